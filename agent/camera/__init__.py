@@ -1,0 +1,1 @@
+"""Camera sources, frame transforms and the frame type."""

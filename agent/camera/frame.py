@@ -1,0 +1,25 @@
+"""The unit of work of the frame path."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+
+@dataclass(frozen=True, slots=True)
+class Frame:
+    """One captured image of a stream.
+
+    ``index`` counts frames of the stream from 0 without gaps; a file source that loops keeps
+    counting. ``captured_at`` is wall-clock (for consumers), ``captured_mono`` monotonic (for latency).
+    """
+
+    stream: str
+    index: int
+    image: npt.NDArray[np.uint8]  # H x W x 3, BGR, as OpenCV decodes
+    captured_at: float
+    captured_mono: float
+    meta: dict[str, Any] | None = None

@@ -1,0 +1,1 @@
+"""The MQTT link. The only package that imports paho."""

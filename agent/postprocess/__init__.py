@@ -1,0 +1,1 @@
+"""Turn raw model outputs into classes, detections or tensors."""
