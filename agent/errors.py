@@ -15,9 +15,16 @@ class AgentError(Exception):
 
 
 class ConfigError(AgentError):
-    """The configuration file or environment is invalid."""
+    """The configuration file or environment is invalid.
+
+    ``problems`` lists every error as ``key.path: what is wrong``, so ``check-config`` can print them all.
+    """
 
     code = "config_invalid"
+
+    def __init__(self, message: str, problems: list[str] | None = None) -> None:
+        super().__init__(message)
+        self.problems = problems or [message]
 
 
 class TransportError(AgentError):
