@@ -13,7 +13,8 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e '.[dev]'
 	@# tensorrt-stubs pins the real tensorrt wheel, which is a stub that downloads from NVIDIA's
 	@# index; --no-deps takes only the type stubs.
-	$(PY) -m pip install -q --no-deps 'tensorrt-stubs>=10.3'
+	$(PY) -m pip install -q --no-deps 'tensorrt-stubs>=10.3,<11'
+	$(PY) tools/fix_tensorrt_stubs.py
 	touch $(STAMP)
 
 venv: $(STAMP)

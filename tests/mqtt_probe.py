@@ -44,8 +44,10 @@ class Probe:
         username: str | None = None,
         password: str | None = None,
         tls: dict[str, Any] | None = None,
+        session_expiry_s: int | None = None,
         timeout: float = 10.0,
     ) -> None:
+        """``session_expiry_s``: keep the broker session (and messages queued for it) across reconnects."""
         self.messages: list[Received] = []
         self._cond = threading.Condition()
         self._subacks: set[int] = set()
@@ -64,9 +66,17 @@ class Probe:
         self.client.on_message = self._on_message
         self.client.on_subscribe = self._on_subscribe
         self.client.on_publish = self._on_publish
-        self.client.connect(host, port, keepalive=30)
+        self.client.reconnect_delay_set(0.1, 0.5)  # type: ignore[arg-type]  # floats work; stub says int
+        connect_props = None
+        if session_expiry_s is not None:
+            connect_props = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
+            connect_props.SessionExpiryInterval = session_expiry_s
+        self.client.connect(
+            host, port, keepalive=30, clean_start=session_expiry_s is None, properties=connect_props
+        )
         self.client.loop_start()
         if not self._connected.wait(timeout):
+            self.client.disconnect()
             self.client.loop_stop()
             raise TimeoutError(f"probe could not connect to {host}:{port}")
 
@@ -121,7 +131,7 @@ class Probe:
         """Publish; for QoS 1 wait for the PUBACK and return its reason code (0 for QoS 0)."""
         props: Properties | None = None
         if response_topic or correlation_data or user_properties:
-            props = Properties(PacketTypes.PUBLISH)
+            props = Properties(PacketTypes.PUBLISH)  # type: ignore[no-untyped-call]
             if response_topic:
                 props.ResponseTopic = response_topic
             if correlation_data:

@@ -22,6 +22,8 @@ class PreprocessSpec(StrictModel):
     layout: Literal["nchw", "nhwc"] = Field("nchw", description="Tensor layout the model expects.")
     dtype: Literal["float32", "float16", "uint8"] = Field("float32", description="Input element type.")
     scale: float = Field(1.0 / 255.0, description="Multiplier applied to 0..255 pixel values first.")
-    mean: tuple[float, float, float] = Field((0.0, 0.0, 0.0), description="Subtracted per channel after scale.")
+    mean: tuple[float, float, float] = Field(
+        (0.0, 0.0, 0.0), description="Subtracted per channel after scale."
+    )
     std: tuple[float, float, float] = Field((1.0, 1.0, 1.0), description="Divisor per channel after mean.")
     input_name: str | None = Field(None, description="Model input to feed; default: the first input.")

@@ -27,7 +27,9 @@ class MqttSettings(StrictModel):
     username: str | None = Field(None, description="User name for password authentication.")
     password_file: Path | None = Field(None, description="File holding the password (secrets never inline).")
     prefix: str = Field("fleet/v1", description="Topic prefix before the device id.")
-    keepalive_s: int = Field(30, ge=5, le=3600, description="MQTT keepalive; a dead link is seen after ~1.5x.")
+    keepalive_s: int = Field(
+        30, ge=5, le=3600, description="MQTT keepalive; a dead link is seen after ~1.5x."
+    )
     session_expiry_s: int = Field(
         3600, ge=0, description="Broker keeps the session (and queued commands) this long after a disconnect."
     )
@@ -36,6 +38,10 @@ class MqttSettings(StrictModel):
     max_payload_bytes: int = Field(
         256 * 1024, gt=0, description="Largest payload the agent publishes; larger ones are refused."
     )
-    max_inflight: int = Field(20, ge=1, le=65535, description="QoS1 messages in flight (<= broker Receive Maximum).")
+    max_inflight: int = Field(
+        20, ge=1, le=65535, description="QoS1 messages in flight (<= broker Receive Maximum)."
+    )
     max_queued: int = Field(1000, ge=1, description="Non-durable QoS1 messages held in memory while offline.")
-    inbox_size: int = Field(256, ge=1, description="Received messages waiting for dispatch; overflow is counted.")
+    inbox_size: int = Field(
+        256, ge=1, description="Received messages waiting for dispatch; overflow is counted."
+    )

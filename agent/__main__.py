@@ -1,0 +1,5 @@
+"""``python -m agent`` is ``edge-agent``."""
+
+from agent.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,360 @@
+"""Composition root: builds the components, starts them in order, stops them in reverse.
+
+One stop event ends everything. SIGTERM/SIGINT set it; SIGHUP asks for a reload (re-read the
+config, hot-swap slots whose model changed). Both are handled on the main thread.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from pathlib import Path
+from types import FrameType
+
+import numpy as np
+import numpy.typing as npt
+import structlog
+
+from agent import __version__
+from agent.camera.source import VideoSource
+from agent.config import AgentConfig, SlotConfig, load_config
+from agent.errors import ConfigError, EngineError
+from agent.fsutil import sha256_file
+from agent.logs import configure_logging
+from agent.mqtt.link import MqttLink
+from agent.platform import detect_platform, platform_summary
+from agent.protocol.messages import BackendInfo, InfoMessage, SlotInfo, TelemetryMessage
+from agent.protocol.topics import Topics
+from agent.runtime.loaded import ModelSource
+from agent.runtime.pipeline import SlotPipeline, StreamPlan
+from agent.runtime.slot import ModelSlot, SlotState
+from agent.spool import Spool
+from agent.state import ModelRecord, StateFile, record_activation
+from agent.systemd import Notifier, Watchdog
+from agent.telemetry import DeviceStats, Metrics, TelemetryLoop
+
+log = structlog.get_logger(__name__)
+
+#: SIGTERM to exit must stay well inside systemd's TimeoutStopSec (15 s in our unit).
+STOP_BUDGET_S = 8.0
+#: Time systemd is asked to allow for each slot's first load at start-up.
+INITIAL_LOAD_BUDGET_S = 300.0
+#: A frame path that has not turned over in this long is reported dead to the watchdog.
+HEARTBEAT_STALE_S = 10.0
+
+
+def model_source(slot: SlotConfig) -> ModelSource:
+    """What to load for a configured slot."""
+    return ModelSource(
+        path=slot.model,
+        model_id=slot.model_id or slot.model.stem,
+        version=slot.version,
+        backend=slot.backend,
+        providers=tuple(slot.providers),
+        intra_op_threads=slot.intra_op_threads,
+        preprocess=slot.preprocess,
+        postprocess=slot.postprocess,
+        max_batch=slot.max_batch,
+    )
+
+
+class Agent:
+    """The daemon: every component, wired once."""
+
+    def __init__(self, config: AgentConfig, config_path: Path | None = None) -> None:
+        self.config = config
+        self.config_path = config_path
+        self.stop_event = threading.Event()
+        self.reload_event = threading.Event()
+        self.metrics = Metrics()
+        self.notifier = Notifier.from_env()
+        config.state_dir.mkdir(parents=True, exist_ok=True)
+        self.state_file = StateFile(config.state_dir / "state.json")
+        self.state = self.state_file.load()
+        self.topics = Topics(config.mqtt.prefix, config.device_id)
+        self.spool = Spool(config.state_dir / "spool.sqlite")
+        self.link = MqttLink(
+            config.mqtt,
+            client_id=config.device_id,
+            status_topic=self.topics.status,
+            agent_version=__version__,
+            spool=self.spool,
+            on_connected=self._on_connected,
+        )
+        self.metrics.add_collector(self.link.stats, prefix="mqtt")
+        self.platform = detect_platform(config.telemetry.sysfs_root)
+        self.slots = {name: ModelSlot(name, on_transition=self._slot_changed) for name in config.slots}
+        self.pipelines: list[SlotPipeline] = []
+        self._swap_threads: list[threading.Thread] = []
+        self.telemetry: TelemetryLoop | None = None
+        self.watchdog: Watchdog | None = None
+
+    # -- start -------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self.link.start()
+        for name, slot_config in self.config.slots.items():
+            # Loading (and later, building) an engine can outlast systemd's start timeout.
+            self.notifier.extend_timeout(INITIAL_LOAD_BUDGET_S)
+            self._load_initial(name, slot_config)
+        self.pipelines = self._build_pipelines()
+        for pipeline in self.pipelines:
+            pipeline.start()
+        self.telemetry = TelemetryLoop(
+            self.metrics,
+            DeviceStats(self.config.telemetry.sysfs_root),
+            self._publish_telemetry,
+            self.config.telemetry.interval_s,
+            self.stop_event,
+        )
+        self.telemetry.start()
+        self.watchdog = Watchdog(self.notifier, self.stop_event)
+        self.watchdog.add_check("frame_loop", self._frame_loop_alive)
+        self.watchdog.add_check("mqtt_link", self.link.healthy)
+        self.watchdog.start()
+        self.notifier.ready(status=self._status_line())
+        log.info("agent.started", device=self.config.device_id, slots=list(self.slots), version=__version__)
+
+    def _load_initial(self, name: str, slot_config: SlotConfig) -> None:
+        """Load the configured model; if it fails, come back on the last model that worked."""
+        source = model_source(slot_config)
+        try:
+            self._activate(name, source)
+            return
+        except EngineError as exc:
+            log.error("agent.slot.initial_failed", slot=name, error=str(exc))
+        saved = self.state.slots.get(name)
+        for record in (saved.active, saved.last_known_good) if saved else ():
+            if record is None or Path(record.path) == source.path or not Path(record.path).exists():
+                continue
+            fallback = ModelSource(
+                **{
+                    **source.__dict__,
+                    "path": Path(record.path),
+                    "model_id": record.model_id,
+                    "version": record.version,
+                }
+            )
+            try:
+                self._activate(name, fallback)
+                log.warning("agent.slot.fallback", slot=name, model=record.model_id, version=record.version)
+                return
+            except EngineError as exc:
+                log.error("agent.slot.fallback_failed", slot=name, error=str(exc))
+
+    def _activate(self, name: str, source: ModelSource) -> None:
+        sample = self._latest_frame(name)
+        loaded = self.slots[name].load(source, sample)
+        record = ModelRecord(
+            model_id=loaded.ref.model_id,
+            version=loaded.ref.version,
+            sha256=loaded.ref.sha256,
+            path=str(source.path),
+            backend=source.backend,
+        )
+        self.state = record_activation(self.state, name, record)
+        self.state_file.save(self.state)
+        if self.link.connected:
+            self._publish_info()
+
+    def _latest_frame(self, slot: str) -> npt.NDArray[np.uint8] | None:
+        for pipeline in self.pipelines:
+            if pipeline.slot.name == slot:
+                return pipeline.last_image
+        return None
+
+    def _build_pipelines(self) -> list[SlotPipeline]:
+        pipelines = []
+        for slot_name, slot in self.slots.items():
+            plans = []
+            for stream_name, stream in self.config.streams.items():
+                if stream.slot != slot_name:
+                    continue
+                source = VideoSource(stream_name, stream.source)
+                policy = stream.drop_policy
+                if policy == "auto":
+                    policy = "keep_newest" if source.is_live else "process_all"
+                plans.append(
+                    StreamPlan(
+                        name=stream_name,
+                        source=source,
+                        slot=slot_name,
+                        topic=self.topics.results(stream_name),
+                        policy=policy,
+                        queue_size=stream.queue_size,
+                        fps_limit=stream.fps_limit,
+                        qos=1 if stream.durable_results else stream.results_qos,
+                        durable=stream.durable_results,
+                    )
+                )
+                self.metrics.rate(f"stream.{stream_name}.fps", f"stream.{stream_name}.frames_published")
+                self.metrics.add_collector(source.stats, prefix=f"stream.{stream_name}.source")
+            if plans:
+                max_batch = self.config.slots[slot_name].max_batch
+                pipelines.append(SlotPipeline(slot, plans, self.link, self.metrics, max_batch=max_batch))
+        self.metrics.add_collector(self._slot_stats, prefix="slot")
+        return pipelines
+
+    # -- run ---------------------------------------------------------------------------------
+
+    def install_signal_handlers(self) -> None:
+        def on_stop(signum: int, _frame: FrameType | None) -> None:
+            log.info("agent.signal", signal=signal.Signals(signum).name)
+            self.stop_event.set()
+
+        def on_reload(_signum: int, _frame: FrameType | None) -> None:
+            self.reload_event.set()
+
+        signal.signal(signal.SIGTERM, on_stop)
+        signal.signal(signal.SIGINT, on_stop)
+        signal.signal(signal.SIGHUP, on_reload)
+
+    def run_forever(self) -> None:
+        """Serve until the stop event; reloads run here, on the main thread."""
+        while not self.stop_event.wait(0.2):
+            if self.reload_event.is_set():
+                self.reload_event.clear()
+                self.reload()
+
+    # -- reload ------------------------------------------------------------------------------
+
+    def reload(self) -> None:
+        """Re-read the config; hot-swap every slot whose model changed. A bad config changes nothing."""
+        if self.config_path is None:
+            return
+        self.notifier.reloading()
+        try:
+            new = load_config(self.config_path, require_models=False)
+        except ConfigError as exc:
+            log.error("config.reload.invalid", problems=exc.problems)
+            self.notifier.ready(status="reload refused: invalid config; still serving the previous one")
+            return
+        if set(new.slots) != set(self.config.slots) or new.streams != self.config.streams:
+            log.warning("config.reload.restart_required", reason="slots or streams changed; restart to apply")
+        for name, slot_config in new.slots.items():
+            if name not in self.slots:
+                continue
+            current = self.slots[name].current
+            source = model_source(slot_config)
+            if (
+                current is not None
+                and current.source == source
+                and _same_file(current.ref.sha256, source.path)
+            ):
+                continue
+            thread = threading.Thread(
+                target=self._swap, args=(name, source), name=f"swap-{name}", daemon=True
+            )
+            self._swap_threads.append(thread)
+            thread.start()
+        self.config = new.model_copy(update={"streams": self.config.streams, "slots": new.slots})
+        self.notifier.ready(status=self._status_line())
+
+    def _swap(self, name: str, source: ModelSource) -> None:
+        try:
+            self._activate(name, source)
+        except EngineError as exc:
+            log.error("slot.swap.rejected", slot=name, error=str(exc))
+            self.metrics.counter(f"slot.{name}.swap_failures").inc()
+
+    # -- stop --------------------------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Ordered stop: frames, inference drain, telemetry, swaps, link (flush + offline), slots."""
+        deadline = time.monotonic() + STOP_BUDGET_S
+        self.stop_event.set()
+        self.notifier.stopping()
+        for pipeline in self.pipelines:
+            pipeline.stop(deadline - 2.5)
+        if self.telemetry is not None:
+            self.telemetry.join(max(0.1, deadline - 2.5 - time.monotonic()))
+        if self.watchdog is not None:
+            self.watchdog.join(1.0)
+        for thread in self._swap_threads:
+            thread.join(max(0.1, deadline - 2.5 - time.monotonic()))
+        self.link.stop(timeout=max(0.5, deadline - time.monotonic()))
+        for slot in self.slots.values():
+            slot.close()
+        self.spool.close()
+        log.info("agent.stopped")
+
+    # -- reporting ---------------------------------------------------------------------------
+
+    def _on_connected(self, session: int) -> None:
+        log.info("agent.connected", session=session)
+        self._publish_info()
+
+    def info_message(self) -> InfoMessage:
+        backends = {
+            name: BackendInfo(available=ok, reason=why) for name, (ok, why) in self.platform.backends.items()
+        }
+        slots = {}
+        for name, slot in self.slots.items():
+            model = slot.current
+            slots[name] = SlotInfo(
+                model=model.ref if model else None,
+                state=slot.state.value,
+                since=model.loaded_at if model else None,
+            )
+        return InfoMessage(
+            device_id=self.config.device_id,
+            agent_version=__version__,
+            platform=platform_summary(self.platform),
+            backends=backends,
+            slots=slots,
+            streams=list(self.config.streams),
+        )
+
+    def _publish_info(self) -> None:
+        self.link.publish(self.topics.info, self.info_message(), qos=1, retain=True)
+
+    def _publish_telemetry(self, values: dict[str, float]) -> None:
+        self.link.publish(self.topics.telemetry, TelemetryMessage.model_validate(values), qos=0)
+
+    def _slot_changed(self, name: str, _old: SlotState, new: SlotState) -> None:
+        self.metrics.counter(f"slot.{name}.transitions.{new.value}").inc()
+
+    def _slot_stats(self) -> dict[str, float]:
+        stats: dict[str, float] = {}
+        for name, slot in self.slots.items():
+            model = slot.current
+            stats[f"{name}.active"] = 1.0 if model else 0.0
+            # Telemetry is numeric: the model is identified by the first 7 hex digits of its sha256.
+            stats[f"{name}.model_sha7"] = float(int(model.ref.sha256[:7], 16)) if model else 0.0
+            stats[f"{name}.swaps"] = float(slot.swaps)
+            stats[f"{name}.failed_loads"] = float(slot.failed_loads)
+        return stats
+
+    def _frame_loop_alive(self) -> bool:
+        return all(p.healthy(HEARTBEAT_STALE_S) for p in self.pipelines)
+
+    def _status_line(self) -> str:
+        parts = []
+        for name, slot in self.slots.items():
+            model = slot.current
+            parts.append(
+                f"{name}={model.ref.model_id}:{model.ref.version or '-'}" if model else f"{name}=empty"
+            )
+        return "serving " + " ".join(parts) if parts else "no slots configured"
+
+
+def _same_file(sha256: str, path: Path) -> bool:
+    try:
+        return sha256_file(path) == sha256
+    except OSError:
+        return False
+
+
+def run(config_path: Path) -> int:
+    """``edge-agent run``: start, serve until SIGTERM, stop in order. Returns the exit code."""
+    config = load_config(config_path, require_models=False)
+    configure_logging(config.logging.format, config.logging.level)
+    agent = Agent(config, config_path)
+    agent.install_signal_handlers()
+    try:
+        agent.start()
+        agent.run_forever()
+    finally:
+        agent.stop()
+    return 0

@@ -1,0 +1,182 @@
+"""ONNX Runtime backend: runs an ONNX model (or ORT's optimized copy of it) on the providers present.
+
+``onnxruntime`` is imported here only, guarded, so the agent imports without it and this backend
+reports itself unavailable with the import error.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from agent.backends.base import Backend, Feeds, LoadOptions, Outputs, Runner, TensorSpec
+from agent.errors import EngineError
+
+try:
+    import onnxruntime as ort
+except ImportError as exc:  # pragma: no cover - onnxruntime is a dependency; guarded for slim images
+    ort = None
+    _IMPORT_ERROR = f"onnxruntime is not importable: {exc}"
+else:
+    _IMPORT_ERROR = ""
+
+log = structlog.get_logger(__name__)
+
+CPU = "CPUExecutionProvider"
+
+#: ORT element type strings to numpy dtype names (TensorSpec.dtype).
+_DTYPES = {
+    "tensor(float)": "float32",
+    "tensor(float16)": "float16",
+    "tensor(double)": "float64",
+    "tensor(bfloat16)": "bfloat16",
+    "tensor(int8)": "int8",
+    "tensor(int16)": "int16",
+    "tensor(int32)": "int32",
+    "tensor(int64)": "int64",
+    "tensor(uint8)": "uint8",
+    "tensor(uint16)": "uint16",
+    "tensor(uint32)": "uint32",
+    "tensor(uint64)": "uint64",
+    "tensor(bool)": "bool",
+    "tensor(string)": "object",
+}
+
+ProviderRequest = str | tuple[str, dict[str, Any]]
+
+
+def numpy_dtype(ort_type: str) -> str:
+    """``tensor(float)`` -> ``float32``; unknown types keep ORT's inner name (``tensor(x)`` -> ``x``)."""
+    if ort_type in _DTYPES:
+        return _DTYPES[ort_type]
+    return ort_type.removeprefix("tensor(").removesuffix(")")
+
+
+def _tensor_specs(args: Sequence[Any]) -> list[TensorSpec]:
+    return [TensorSpec(name=a.name, shape=tuple(a.shape), dtype=numpy_dtype(a.type)) for a in args]
+
+
+def _require_ort() -> Any:
+    if ort is None:
+        raise EngineError(f"{_IMPORT_ERROR}; install onnxruntime or choose another backend")
+    return ort
+
+
+def select_providers(
+    requested: Sequence[ProviderRequest], available: Sequence[str]
+) -> tuple[list[str], list[dict[str, Any]]]:
+    """Requested providers that this ORT build has, in order, with their options; CPU always last resort.
+
+    Each skipped provider is logged as ``engine.provider.missing``.
+    """
+    names: list[str] = []
+    options: list[dict[str, Any]] = []
+    for request in requested:
+        name, opts = (request, {}) if isinstance(request, str) else (request[0], dict(request[1]))
+        if name not in available:
+            log.warning("engine.provider.missing", provider=name, available=list(available))
+            continue
+        if name not in names:
+            names.append(name)
+            options.append(opts)
+    if CPU not in names:
+        names.append(CPU)
+        options.append({})
+    return names, options
+
+
+def _session_options(intra_op_threads: int) -> Any:
+    rt = _require_ort()
+    so = rt.SessionOptions()
+    so.graph_optimization_level = rt.GraphOptimizationLevel.ORT_ENABLE_ALL
+    if intra_op_threads > 0:
+        so.intra_op_num_threads = intra_op_threads
+    return so
+
+
+def _create_session(path: Path, so: Any, providers: Sequence[ProviderRequest]) -> Any:
+    rt = _require_ort()
+    if not path.is_file():
+        raise EngineError(f"engine file {path} does not exist; rebuild or redeploy the model")
+    names, options = select_providers(providers, rt.get_available_providers())
+    try:
+        return rt.InferenceSession(str(path), sess_options=so, providers=names, provider_options=options)
+    except Exception as exc:
+        # ORT raises its own pybind exception types (InvalidProtobuf, Fail, NotImplemented, ...).
+        raise EngineError(f"ONNX Runtime cannot load {path}: {exc}".strip()) from exc
+
+
+class OnnxRuntimeRunner(Runner):
+    """One InferenceSession; outputs come back as a dict by output name."""
+
+    backend = "onnxruntime"
+
+    def __init__(self, session: Any, path: Path) -> None:
+        super().__init__(_tensor_specs(session.get_inputs()), _tensor_specs(session.get_outputs()))
+        self._session = session
+        self._path = path
+        self._output_names = [o.name for o in self.outputs]
+
+    def _infer(self, feeds: Feeds) -> Outputs:
+        try:
+            results = self._session.run(None, dict(feeds))
+        except Exception as exc:
+            raise EngineError(f"ONNX Runtime inference failed on {self._path.name}: {exc}") from exc
+        return dict(zip(self._output_names, results, strict=True))
+
+    def _close(self) -> None:
+        self._session = None
+
+    def describe(self) -> dict[str, Any]:
+        providers = list(self._session.get_providers()) if self._session is not None else []
+        return {
+            "backend": self.backend,
+            "providers": providers,
+            "model": str(self._path),
+            "version": ort.__version__ if ort is not None else None,
+        }
+
+
+class OnnxRuntimeBackend(Backend):
+    """Loads ONNX models into ONNX Runtime sessions (CPU everywhere; CUDA/TensorRT EPs when built in)."""
+
+    key = "onnxruntime"
+
+    def available(self) -> tuple[bool, str]:
+        if ort is None:
+            return False, _IMPORT_ERROR
+        return True, f"onnxruntime {ort.__version__}, providers {', '.join(ort.get_available_providers())}"
+
+    def load(self, engine: Path, options: LoadOptions) -> OnnxRuntimeRunner:
+        engine = Path(engine)
+        session = _create_session(engine, _session_options(options.intra_op_threads), options.providers)
+        runner = OnnxRuntimeRunner(session, engine)
+        log.info("engine.loaded", backend=self.key, model=str(engine), providers=session.get_providers())
+        return runner
+
+
+def optimize_model(src: Path, dst: Path, providers: Sequence[ProviderRequest] = (CPU,)) -> Path:
+    """Write ORT's fully optimized version of ``src`` to ``dst`` (atomically) and return ``dst``.
+
+    The result is specific to the providers and machine it was made for, which is why the engine
+    cache keys it by backend version and device.
+    """
+    src, dst = Path(src), Path(dst)
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dst.with_name(f".{dst.name}.{os.getpid()}.tmp")
+    so = _session_options(0)
+    so.optimized_model_filepath = str(tmp)
+    try:
+        _create_session(src, so, providers)
+        if not tmp.is_file():
+            raise EngineError(f"ONNX Runtime wrote no optimized model for {src}")
+        with tmp.open("rb") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, dst)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return dst

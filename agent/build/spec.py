@@ -1,0 +1,105 @@
+"""What an operator asks to build (``BuildSpec``) and what the planner decided (``BuildPlan``).
+
+The planner (:mod:`agent.build.plan`) maps a spec onto a platform and records a reason for every
+change, so the job status can publish requested vs effective.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from agent.model_base import StrictModel
+
+Precision = Literal["fp32", "fp16", "int8", "best"]
+DeviceTarget = Literal["auto", "gpu", "dla0", "dla1", "cpu"]
+
+
+class ShapeProfile(StrictModel):
+    """min/opt/max shape of one dynamic input (TensorRT optimisation profile)."""
+
+    input: str
+    min: tuple[int, ...]
+    opt: tuple[int, ...]
+    max: tuple[int, ...]
+
+    @model_validator(mode="after")
+    def _ordered(self) -> ShapeProfile:
+        if not (len(self.min) == len(self.opt) == len(self.max)):
+            raise ValueError(f"profile for {self.input!r}: min, opt and max must have the same rank")
+        if any(not (a <= b <= c) for a, b, c in zip(self.min, self.opt, self.max, strict=True)):
+            raise ValueError(f"profile for {self.input!r}: need min <= opt <= max in every dimension")
+        return self
+
+    @property
+    def is_static(self) -> bool:
+        return self.min == self.opt == self.max
+
+
+class CalibrationSource(StrictModel):
+    """Where INT8 scales come from: an existing cache file, live frames, or a directory of images."""
+
+    kind: Literal["cache", "stream", "dataset"]
+    path: Path | None = Field(None, description="Cache file (kind=cache) or image directory (kind=dataset).")
+    stream: str | None = Field(None, description="Stream to take frames from (kind=stream).")
+    frames: int = Field(200, ge=1, le=100_000, description="Frames to calibrate on (stream/dataset).")
+
+    @model_validator(mode="after")
+    def _complete(self) -> CalibrationSource:
+        if self.kind in ("cache", "dataset") and self.path is None:
+            raise ValueError(f"calibration kind {self.kind!r} needs a path")
+        if self.kind == "stream" and not self.stream:
+            raise ValueError("calibration kind 'stream' needs a stream name")
+        return self
+
+
+class BuildSpec(StrictModel):
+    """A build request: precision, target device and limits. Validated once, mapped by each backend."""
+
+    precision: Precision = Field("fp16", description="fp32|fp16|int8|best (best: fastest the device allows).")
+    device: DeviceTarget = Field("auto", description="auto|gpu|dla0|dla1|cpu.")
+    gpu_fallback: bool = Field(True, description="Let layers the DLA cannot run fall back to the GPU.")
+    workspace_mb: int = Field(1024, ge=16, description="TensorRT workspace memory pool limit.")
+    dla_sram_mb: int | None = Field(None, ge=0, description="DLA managed SRAM pool limit.")
+    dla_local_dram_mb: int | None = Field(None, ge=0, description="DLA local DRAM pool limit.")
+    dla_global_dram_mb: int | None = Field(None, ge=0, description="DLA global DRAM pool limit.")
+    optimization_level: int = Field(3, ge=0, le=5, description="TensorRT builder optimisation level.")
+    profiles: list[ShapeProfile] = Field(
+        default_factory=list, description="Shape profiles of dynamic inputs."
+    )
+    calibration: CalibrationSource | None = Field(None, description="INT8 calibration source.")
+
+
+Backend = Literal["tensorrt", "onnxruntime"]
+
+
+class PlanChange(StrictModel):
+    """One way the plan differs from the request, and why (published as requested vs effective)."""
+
+    field: str
+    requested: str
+    effective: str
+    reason: str
+
+
+class BuildPlan(StrictModel):
+    """What will actually be built on this platform."""
+
+    backend: Backend
+    precision: Literal["fp32", "fp16", "int8"]
+    device: Literal["gpu", "dla", "cpu"]
+    dla_core: int | None = None
+    gpu_fallback: bool = False
+    int8_mode: Literal["none", "calibrator", "qdq"] = "none"
+    #: INT8 builds also enable FP16, so layers without an INT8 kernel run FP16, not FP32 (DLA requires it).
+    allow_fp16: bool = False
+    workspace_mb: int = 1024
+    dla_sram_mb: int | None = None
+    dla_local_dram_mb: int | None = None
+    dla_global_dram_mb: int | None = None
+    optimization_level: int = 3
+    profiles: list[ShapeProfile] = Field(default_factory=list)
+    calibration: CalibrationSource | None = None
+    changes: list[PlanChange] = Field(default_factory=list)

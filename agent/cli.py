@@ -1,0 +1,92 @@
+"""``edge-agent``: parse arguments, load config, hand over. No business logic lives here."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from agent import __version__
+from agent.errors import AgentError, ConfigError
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="edge-agent", description="Edge inference agent for Jetson fleets.")
+    parser.add_argument("--version", action="version", version=f"edge-agent {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="run the daemon (systemd: Type=notify)")
+    run.add_argument("-c", "--config", type=Path, required=True, help="agent YAML config")
+
+    check = sub.add_parser("check-config", help="validate a config file; exit 1 naming every problem")
+    check.add_argument("-c", "--config", type=Path, required=True)
+
+    schema = sub.add_parser("schema", help="write the JSON Schema of every MQTT message")
+    schema.add_argument("--out", type=Path, default=Path("schemas"), help="output directory")
+
+    info = sub.add_parser("info", help="print the platform: JetPack/L4T, CUDA, GPU, DLA, TensorRT, backends")
+    info.add_argument("--json", action="store_true", help="machine-readable output")
+
+    demo = sub.add_parser("demo", help="run the end-to-end demo against a private mosquitto")
+    demo.add_argument("--forever", action="store_true", help="run until Ctrl-C instead of ~30 s")
+    demo.add_argument("--duration", type=float, default=30.0, help="seconds to run (default 30)")
+    demo.add_argument("--workdir", type=Path, default=None, help="keep the demo's files here")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        return _dispatch(args)
+    except ConfigError as exc:
+        for problem in exc.problems:
+            print(f"config error: {problem}", file=sys.stderr)
+        return 1
+    except AgentError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+def _dispatch(args: argparse.Namespace) -> int:
+    if args.command == "run":
+        from agent.app import run
+
+        return run(args.config)
+    if args.command == "check-config":
+        from agent.config import check_config
+
+        problems = check_config(args.config)
+        for problem in problems:
+            print(f"{args.config}: {problem}", file=sys.stderr)
+        if not problems:
+            print(f"{args.config}: ok")
+        return 1 if problems else 0
+    if args.command == "schema":
+        from agent.protocol.schema import write_schemas
+
+        for path in write_schemas(args.out):
+            print(path)
+        return 0
+    if args.command == "info":
+        from agent.platform import detect_platform, platform_summary
+
+        platform = detect_platform()
+        summary = platform_summary(platform)
+        if args.json:
+            print(json.dumps({"platform": summary, "backends": platform.backends}, indent=2, default=str))
+        else:
+            width = max(len(k) for k in summary)
+            for key, value in summary.items():
+                print(f"{key:<{width}}  {value}")
+            for name, (usable, reason) in platform.backends.items():
+                print(f"backend {name:<12} {'usable' if usable else 'unusable'}: {reason}")
+        return 0
+    if args.command == "demo":
+        from agent.demo import run_demo
+
+        return run_demo(duration=None if args.forever else args.duration, workdir=args.workdir)
+    raise AssertionError(f"unhandled command {args.command}")

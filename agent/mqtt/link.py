@@ -1,0 +1,620 @@
+"""The MQTT link: one paho client, driven by our own network thread. The only importer of paho.
+
+Why it is built this way (each point is a paho 2.x or mosquitto trap, see docs/protocol.md):
+
+* Our thread calls ``client.loop()`` and does every socket read and write: publishes from other
+  threads only queue a packet (``on_socket_register_write`` is set, so paho never writes from the
+  caller's thread) and wake the loop through paho's socket pair.
+* We reconnect ourselves with jittered exponential backoff; paho's ``reconnect_delay_set`` has no
+  jitter and a fleet would reconnect in lockstep.
+* paho callbacks only enqueue into ``_events`` (or the inbox) inside a catch-all: an exception in a
+  callback would kill paho's loop while ``is_connected()`` still says True, and taking our own lock
+  in ``on_publish`` can deadlock against paho's (paho#226). The network thread handles the events
+  after ``loop()`` returns.
+* Durable messages are published only by the network thread, so a PUBACK (handled after the
+  ``publish()`` call that produced its mid has returned) always finds its spool id, even when the
+  broker answered before ``publish()`` returned.
+* paho ignores the broker's Maximum Packet Size and resends an oversized QoS 1 message forever
+  (paho#760): sizes are checked here, against our limit and the broker's CONNACK limit.
+"""
+
+from __future__ import annotations
+
+import queue
+import random
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import paho.mqtt.client as paho
+import structlog
+from paho.mqtt.enums import CallbackAPIVersion, MQTTErrorCode
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
+from pydantic import BaseModel
+
+from agent.errors import ConfigError, TransportError
+from agent.mqtt.backoff import reconnect_delay
+from agent.mqtt.inbox import STOP, Connected, InboundMessage, Inbox
+from agent.mqtt.settings import MqttSettings
+from agent.protocol.messages import StatusMessage, encode
+from agent.spool import Spool
+
+log = structlog.get_logger(__name__)
+
+#: Spool meta key of the session counter (increases on every connection attempt, across restarts).
+SESSION_KEY = "mqtt.session"
+#: PUBACK reason code "Not authorized" (ACL denied).
+_NOT_AUTHORIZED = 0x87
+#: Fixed header (<= 5) + packet id (2) + property length (<= 4) + slack for small properties.
+_PUBLISH_OVERHEAD = 16
+_LOOP_TIMEOUT_S = 0.05
+_COUNTERS = (
+    "published",
+    "dropped_offline",
+    "dropped_queue_full",
+    "refused_oversize",
+    "acl_denied",
+    "broker_refused",
+    "callback_errors",
+    "handler_errors",
+    "reconnects",
+    "connect_failures",
+    "inbox_dropped",
+)
+
+
+@dataclass(frozen=True)
+class PublishProperties:
+    """MQTT 5 publish properties the agent uses (request/response and expiry)."""
+
+    response_topic: str | None = None
+    correlation_data: bytes | None = None
+    user_properties: tuple[tuple[str, str], ...] = ()
+    message_expiry_s: int | None = None
+
+    def to_paho(self) -> Properties:
+        props = Properties(PacketTypes.PUBLISH)  # type: ignore[no-untyped-call]
+        if self.response_topic is not None:
+            props.ResponseTopic = self.response_topic
+        if self.correlation_data is not None:
+            props.CorrelationData = self.correlation_data
+        if self.user_properties:
+            props.UserProperty = list(self.user_properties)
+        if self.message_expiry_s is not None:
+            props.MessageExpiryInterval = self.message_expiry_s
+        return props
+
+    def wire_size(self) -> int:
+        """Upper bound of the bytes these properties add to a PUBLISH packet."""
+        size = 0
+        if self.response_topic is not None:
+            size += 3 + len(self.response_topic.encode())
+        if self.correlation_data is not None:
+            size += 3 + len(self.correlation_data)
+        for key, value in self.user_properties:
+            size += 5 + len(key.encode()) + len(value.encode())
+        if self.message_expiry_s is not None:
+            size += 5
+        return size
+
+
+Handler = Callable[[InboundMessage], None]
+
+
+@dataclass(frozen=True)
+class _Subscription:
+    topic_filter: str
+    handler: Handler
+    qos: int
+
+
+class MqttLink:
+    """A resilient MQTT 5 connection for one device: status with Last Will, durable publishes, dispatch.
+
+    Threads: ``mqtt-network`` (all socket I/O, reconnects, spool replay, acks) and ``mqtt-dispatch``
+    (calls subscription handlers and ``on_connected`` one at a time).
+    """
+
+    def __init__(
+        self,
+        settings: MqttSettings,
+        *,
+        client_id: str,
+        status_topic: str,
+        agent_version: str,
+        spool: Spool,
+        on_connected: Callable[[int], None] | None = None,
+    ) -> None:
+        self.settings = settings
+        self.client_id = client_id
+        self.status_topic = status_topic
+        self.agent_version = agent_version
+        self._spool = spool
+        self._on_connected = on_connected
+        self._rng = random.Random()
+
+        self._events: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
+        self._inbox = Inbox(settings.inbox_size)
+        self._subs: list[_Subscription] = []
+        self._subs_lock = threading.Lock()
+        self._counts = dict.fromkeys(_COUNTERS, 0)
+        self._counts_lock = threading.Lock()
+
+        self._connected = False
+        self._ever_connected = False
+        self._session = 0
+        self._broker_max_packet: int | None = None
+        self._window = settings.max_inflight
+        # Network-thread state: spool id of each durable message in flight, by mid.
+        self._durable_inflight: dict[int, int] = {}
+        self._spool_cursor = 0
+        self._spool_wake = threading.Event()
+        self._status_mid: int | None = None
+        self._status_acked = threading.Event()
+
+        self._socket_open = False
+        self._attempt = 0
+        self._stop_requested = threading.Event()
+        self._stop_deadline = 0.0
+        self._stopped = threading.Event()
+        self._last_loop = time.monotonic()
+        self._net_thread: threading.Thread | None = None
+        self._dispatch_thread: threading.Thread | None = None
+        self._client = self._make_client()
+
+    # -- construction ------------------------------------------------------------------------------
+
+    def _make_client(self) -> paho.Client:
+        s = self.settings
+        client = paho.Client(CallbackAPIVersion.VERSION2, client_id=self.client_id, protocol=paho.MQTTv5)
+        if s.tls is not None:
+            try:
+                client.tls_set(
+                    ca_certs=str(s.tls.ca_file) if s.tls.ca_file else None,
+                    certfile=str(s.tls.cert_file) if s.tls.cert_file else None,
+                    keyfile=str(s.tls.key_file) if s.tls.key_file else None,
+                )
+            except (OSError, ValueError) as exc:
+                raise ConfigError(
+                    f"mqtt.tls: cannot load the CA/certificate/key ({exc}); check the paths and that "
+                    "the key matches the certificate"
+                ) from exc
+            client.tls_insecure_set(s.tls.insecure)
+        if s.username is not None:
+            password = None
+            if s.password_file is not None:
+                try:
+                    password = s.password_file.read_text().strip()
+                except OSError as exc:
+                    raise ConfigError(
+                        f"mqtt.password_file: cannot read {s.password_file} ({exc}); the file must be "
+                        "readable by the agent's user"
+                    ) from exc
+            client.username_pw_set(s.username, password)
+        # paho's own queue holds non-durable QoS 1 while offline; our durable window comes on top.
+        client.max_queued_messages_set(s.max_queued + s.max_inflight)
+        client.max_inflight_messages_set(s.max_inflight)
+        client.on_connect = self._cb_connect
+        client.on_disconnect = self._cb_disconnect
+        client.on_publish = self._cb_publish
+        client.on_message = self._cb_message
+        client.on_subscribe = self._cb_subscribe
+        # Set on purpose to a no-op: with it, publish() from any thread only queues the packet and
+        # wakes our loop, so exactly one thread ever writes to the socket.
+        client.on_socket_register_write = self._cb_register_write
+        connect_props = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
+        connect_props.SessionExpiryInterval = s.session_expiry_s
+        # clean_start=False: the broker keeps our session (subscriptions, queued QoS 1 commands)
+        # across restarts of the agent; paho's default wipes it on every process start.
+        client.connect_async(
+            s.host, s.port, keepalive=s.keepalive_s, clean_start=False, properties=connect_props
+        )
+        return client
+
+    # -- paho callbacks: enqueue only, never raise -------------------------------------------------
+
+    def _cb_connect(self, client: Any, userdata: Any, flags: Any, reason_code: Any, props: Any) -> None:
+        try:
+            max_packet = getattr(props, "MaximumPacketSize", None)
+            receive_max = getattr(props, "ReceiveMaximum", None)
+            self._events.put(("connack", int(reason_code.value), str(reason_code), max_packet, receive_max))
+        except Exception as exc:  # noqa: BLE001 - nothing may escape into paho's loop
+            self._events.put(("callback_error", "on_connect", repr(exc)))
+
+    def _cb_disconnect(self, client: Any, userdata: Any, flags: Any, reason_code: Any, props: Any) -> None:
+        try:
+            self._events.put(("disconnect", str(reason_code)))
+        except Exception as exc:  # noqa: BLE001
+            self._events.put(("callback_error", "on_disconnect", repr(exc)))
+
+    def _cb_publish(self, client: Any, userdata: Any, mid: int, reason_code: Any, props: Any) -> None:
+        try:
+            self._events.put(("puback", mid, int(reason_code.value), str(reason_code)))
+        except Exception as exc:  # noqa: BLE001
+            self._events.put(("callback_error", "on_publish", repr(exc)))
+
+    def _cb_subscribe(self, client: Any, userdata: Any, mid: int, reason_codes: Any, props: Any) -> None:
+        try:
+            failed = [str(rc) for rc in reason_codes if rc.is_failure]
+            if failed:
+                self._events.put(("suback_failed", mid, failed))
+        except Exception as exc:  # noqa: BLE001
+            self._events.put(("callback_error", "on_subscribe", repr(exc)))
+
+    def _cb_message(self, client: Any, userdata: Any, msg: Any) -> None:
+        try:
+            props = getattr(msg, "properties", None)
+            message = InboundMessage(
+                topic=msg.topic,
+                payload=bytes(msg.payload),
+                qos=int(msg.qos),
+                retain=bool(msg.retain),
+                response_topic=getattr(props, "ResponseTopic", None),
+                correlation_data=getattr(props, "CorrelationData", None),
+                user_properties=tuple(tuple(p) for p in getattr(props, "UserProperty", None) or ()),
+            )
+            if not self._inbox.offer(message):
+                self._events.put(("inbox_dropped", message.topic))
+        except Exception as exc:  # noqa: BLE001
+            self._events.put(("callback_error", "on_message", repr(exc)))
+
+    def _cb_register_write(self, client: Any, userdata: Any, sock: Any) -> None:
+        """No-op on purpose (see ``_make_client``)."""
+
+    # -- public API --------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the network and dispatcher threads; connects in the background, never raises."""
+        if self._net_thread is not None:
+            raise RuntimeError("MqttLink.start() called twice")
+        self._dispatch_thread = threading.Thread(target=self._run_dispatch, name="mqtt-dispatch", daemon=True)
+        self._net_thread = threading.Thread(target=self._run_network, name="mqtt-network", daemon=True)
+        self._dispatch_thread.start()
+        self._net_thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Flush (bounded by ``timeout``), publish the retained offline status, disconnect, join threads.
+
+        Flush: wait for the spool to drain, then publish offline (QoS 1) and wait for its PUBACK.
+        The broker acknowledges QoS 1 in order, so that PUBACK also confirms every earlier message.
+        """
+        if self._net_thread is None:
+            return
+        self._stop_deadline = time.monotonic() + timeout
+        self._stop_requested.set()
+        self._net_thread.join(timeout + 2.0)
+        self._inbox.put_control(STOP)
+        if self._dispatch_thread is not None:
+            self._dispatch_thread.join(2.0)
+        self._stopped.set()
+
+    @property
+    def connected(self) -> bool:
+        """True between a successful CONNACK and the loss of that connection."""
+        return self._connected
+
+    @property
+    def session(self) -> int:
+        """Session number of the current (or last) connection attempt."""
+        return self._session
+
+    def healthy(self) -> bool:
+        """True while both threads are alive and the network loop turned recently (systemd watchdog)."""
+        threads = (self._net_thread, self._dispatch_thread)
+        if any(t is None or not t.is_alive() for t in threads):
+            return False
+        return time.monotonic() - self._last_loop < max(10.0, 2.0 * self.settings.keepalive_s)
+
+    def stats(self) -> dict[str, float]:
+        """Counters since start, plus ``spool_depth``, ``inbox_depth`` and ``connected`` (0/1)."""
+        with self._counts_lock:
+            out: dict[str, float] = {k: float(v) for k, v in self._counts.items()}
+        out["spool_depth"] = float(self._spool.count())
+        out["inbox_depth"] = float(len(self._inbox))
+        out["connected"] = 1.0 if self._connected else 0.0
+        out["session"] = float(self._session)
+        return out
+
+    def payload_limit(self, topic: str, properties: PublishProperties | None = None) -> int:
+        """Largest payload publishable on ``topic`` now: our setting and the broker's packet limit."""
+        limit = self.settings.max_payload_bytes
+        if self._broker_max_packet is not None:
+            extra = properties.wire_size() if properties is not None else 0
+            limit = min(limit, self._broker_max_packet - _PUBLISH_OVERHEAD - 2 - len(topic.encode()) - extra)
+        return limit
+
+    def publish(
+        self,
+        topic: str,
+        payload: bytes | BaseModel,
+        *,
+        qos: int = 0,
+        retain: bool = False,
+        durable: bool = False,
+        properties: PublishProperties | None = None,
+    ) -> None:
+        """Publish a message.
+
+        ``durable``: stored in the spool first (QoS 1), removed only on a successful PUBACK, replayed
+        after reconnects and restarts. Otherwise QoS 0 while disconnected is dropped (counted) and
+        QoS 1 waits in paho's memory queue, bounded by ``max_queued`` (overflow counted, no error).
+        Raises TransportError for a payload over the size limit (nothing is sent) and ValueError for
+        QoS 2 (never used: paho reports broker rejections of QoS 2 as success).
+        """
+        data = encode(payload) if isinstance(payload, BaseModel) else bytes(payload)
+        if qos not in (0, 1):
+            raise ValueError(f"QoS {qos} is not supported by the link (use 0 or 1)")
+        limit = self.payload_limit(topic, properties)
+        if len(data) > limit:
+            self._count("refused_oversize")
+            raise TransportError(
+                f"payload of {len(data)} bytes for {topic} exceeds the limit of {limit} bytes "
+                f"(mqtt.max_payload_bytes={self.settings.max_payload_bytes}, broker maximum packet size="
+                f"{self._broker_max_packet}); not sent: send less (truncate tensors) or raise both limits"
+            )
+        if durable:
+            if properties is not None:
+                raise ValueError(
+                    "durable messages cannot carry MQTT 5 properties (the spool does not store them)"
+                )
+            self._spool.add(topic, data, 1, retain)
+            self._spool_wake.set()
+            return
+        if qos == 0 and not self._connected:
+            self._count("dropped_offline")
+            return
+        info = self._client.publish(
+            topic, data, qos=qos, retain=retain, properties=properties.to_paho() if properties else None
+        )
+        rc = info.rc
+        if rc == MQTTErrorCode.MQTT_ERR_QUEUE_SIZE:
+            self._count("dropped_queue_full")
+        elif rc == MQTTErrorCode.MQTT_ERR_NO_CONN and qos == 0:
+            self._count("dropped_offline")
+        elif rc not in (MQTTErrorCode.MQTT_ERR_SUCCESS, MQTTErrorCode.MQTT_ERR_NO_CONN):
+            # NO_CONN for QoS 1 means "queued in memory, sent after reconnect".
+            self._count("dropped_offline")
+            log.warning("mqtt.publish.failed", topic=topic, rc=paho.error_string(rc))
+
+    def subscribe(self, topic_filter: str, handler: Handler, qos: int = 1) -> None:
+        """Call ``handler`` (on the dispatcher thread) for every message matching ``topic_filter``.
+
+        Remembered and subscribed again on every reconnect. Handler exceptions are logged and counted.
+        """
+        if qos not in (0, 1):
+            raise ValueError(f"QoS {qos} is not supported by the link (use 0 or 1)")
+        with self._subs_lock:
+            self._subs.append(_Subscription(topic_filter, handler, qos))
+        # If the network thread connects concurrently it subscribes too: a double SUBSCRIBE is harmless.
+        if self._connected:
+            self._client.subscribe(topic_filter, qos=qos)
+
+    # -- internals ---------------------------------------------------------------------------------
+
+    def _count(self, name: str, n: int = 1) -> None:
+        with self._counts_lock:
+            self._counts[name] += n
+
+    def _status(self, state: Literal["online", "offline"]) -> bytes:
+        return encode(StatusMessage(state=state, session=self._session, agent_version=self.agent_version))
+
+    def _next_session(self) -> int:
+        previous = self._spool.get_meta(SESSION_KEY)
+        session = (int(previous) if previous is not None else 0) + 1
+        self._spool.set_meta(SESSION_KEY, str(session))
+        return session
+
+    def _run_network(self) -> None:
+        while True:
+            self._last_loop = time.monotonic()
+            try:
+                if self._network_step():
+                    return
+            except Exception as exc:
+                self._count("callback_errors")
+                log.exception("mqtt.network.failed", error=repr(exc))
+                self._stop_requested.wait(0.5)
+
+    def _network_step(self) -> bool:
+        """One turn of the network thread; True when it should exit."""
+        if self._stop_requested.is_set() and self._shutdown_step():
+            return True
+        if not self._socket_open:
+            if self._stop_requested.is_set():
+                return True
+            self._session = self._next_session()
+            self._client.will_set(self.status_topic, self._status("offline"), qos=1, retain=True)
+            try:
+                self._client.reconnect()
+                self._socket_open = True
+            except Exception as exc:  # noqa: BLE001 - OSError, ssl errors, DNS: all mean "retry later"
+                self._count("connect_failures")
+                log.warning(
+                    "mqtt.connect.failed", host=self.settings.host, port=self.settings.port, error=str(exc)
+                )
+                self._sleep_backoff()
+                return False
+        try:
+            rc = self._client.loop(timeout=_LOOP_TIMEOUT_S)
+        except Exception as exc:
+            self._count("callback_errors")
+            log.exception("mqtt.loop.failed", error=repr(exc))
+            rc = MQTTErrorCode.MQTT_ERR_UNKNOWN
+        self._handle_events()
+        if self._connected:
+            self._send_spooled()
+        if rc != MQTTErrorCode.MQTT_ERR_SUCCESS:
+            self._handle_events()
+            if self._connected:
+                self._connected = False
+                log.warning("mqtt.connection.lost", rc=paho.error_string(rc))
+            self._socket_open = False
+            if self._stop_requested.is_set():
+                return True
+            self._sleep_backoff()
+        return False
+
+    def _sleep_backoff(self) -> None:
+        attempt = self._attempt
+        self._attempt += 1
+        delay = reconnect_delay(
+            attempt, self.settings.reconnect_min_s, self.settings.reconnect_max_s, self._rng
+        )
+        log.info("mqtt.reconnect.wait", delay_s=round(delay, 3), attempt=attempt)
+        end = time.monotonic() + delay
+        while not self._stop_requested.is_set():
+            remaining = end - time.monotonic()
+            if remaining <= 0:
+                return
+            self._last_loop = time.monotonic()
+            self._stop_requested.wait(min(remaining, 1.0))
+
+    def _handle_events(self) -> None:
+        """Apply what paho's callbacks reported."""
+        while True:
+            try:
+                event = self._events.get_nowait()
+            except queue.Empty:
+                return
+            kind = event[0]
+            if kind == "connack":
+                _, code, reason, max_packet, receive_max = event
+                if code < 0x80:
+                    self._on_connack(max_packet, receive_max)
+                else:
+                    log.error("mqtt.connect.refused", reason=reason, client_id=self.client_id)
+            elif kind == "puback":
+                self._on_puback(event[1], event[2], event[3])
+            elif kind == "disconnect":
+                if self._connected and not self._stop_requested.is_set():
+                    log.warning("mqtt.disconnected", reason=event[1])
+                self._connected = False
+            elif kind == "inbox_dropped":
+                self._count("inbox_dropped")
+                log.warning("mqtt.inbox.full", topic=event[1], size=self._inbox.maxsize)
+            elif kind == "suback_failed":
+                log.error("mqtt.subscribe.refused", mid=event[1], reasons=event[2])
+            elif kind == "callback_error":
+                self._count("callback_errors")
+                log.error("mqtt.callback.failed", callback=event[1], error=event[2])
+
+    def _on_connack(self, max_packet: int | None, receive_max: int | None) -> None:
+        if self._ever_connected:
+            self._count("reconnects")
+        self._ever_connected = True
+        self._connected = True
+        self._attempt = 0
+        self._broker_max_packet = max_packet
+        # paho ignores the broker's Receive Maximum (and cannot change its own limit while connected):
+        # keep at least our durable window within it.
+        self._window = min(self.settings.max_inflight, receive_max or self.settings.max_inflight)
+        log.info("mqtt.connected", session=self._session, max_packet=max_packet, receive_max=receive_max)
+        with self._subs_lock:
+            subs = list(self._subs)
+        for sub in subs:
+            self._client.subscribe(sub.topic_filter, qos=sub.qos)
+        self._client.publish(self.status_topic, self._status("online"), qos=1, retain=True)
+        self._spool_wake.set()
+        self._inbox.put_control(Connected(self._session))
+
+    def _on_puback(self, mid: int, code: int, reason: str) -> None:
+        spool_id = self._durable_inflight.pop(mid, None)
+        if mid == self._status_mid:
+            self._status_acked.set()
+        if code < 0x80:
+            self._count("published")
+        elif code == _NOT_AUTHORIZED:
+            # Retrying cannot succeed: count it, say so, and (if durable) drop it from the spool.
+            self._count("acl_denied")
+            log.error(
+                "mqtt.publish.denied", mid=mid, reason=reason, spool_id=spool_id, client_id=self.client_id
+            )
+        else:
+            self._count("broker_refused")
+            log.error("mqtt.publish.refused", mid=mid, reason=reason, spool_id=spool_id)
+        if spool_id is not None:
+            self._spool.remove(spool_id)
+            self._spool_wake.set()
+
+    def _send_spooled(self) -> None:
+        if not self._spool_wake.is_set():
+            return
+        free = self._window - len(self._durable_inflight)
+        if free <= 0:
+            return  # a PUBACK sets the wake flag again
+        self._spool_wake.clear()
+        batch = self._spool.pending(limit=free, after_id=self._spool_cursor)
+        for msg in batch:
+            limit = self.payload_limit(msg.topic)
+            if len(msg.payload) > limit:
+                # Spooled before the broker's (smaller) limit was known: it can never be delivered.
+                self._count("refused_oversize")
+                log.error("mqtt.spool.oversize_dropped", topic=msg.topic, size=len(msg.payload), limit=limit)
+                self._spool.remove(msg.id)
+                self._spool_cursor = msg.id
+                continue
+            info = self._client.publish(msg.topic, msg.payload, qos=1, retain=msg.retain)
+            if info.rc == MQTTErrorCode.MQTT_ERR_QUEUE_SIZE:
+                self._spool_wake.set()  # paho's queue is full of non-durable messages: try again later
+                return
+            # SUCCESS, or NO_CONN (connection just dropped): paho holds it and resends after reconnect.
+            self._durable_inflight[info.mid] = msg.id
+            self._spool_cursor = msg.id
+        if len(batch) == free:
+            self._spool_wake.set()  # there may be more
+
+    def _shutdown_step(self) -> bool:
+        """One step of the graceful stop; True when the network thread may exit."""
+        now = time.monotonic()
+        if not self._connected or not self._socket_open:
+            return True
+        drained = self._spool.count() == 0 and not self._durable_inflight
+        # Keep a quarter of the time for the offline status.
+        drain_deadline = self._stop_deadline - 0.25 * max(self._stop_deadline - now, 0.0)
+        if self._status_mid is None and (drained or now >= drain_deadline):
+            info = self._client.publish(self.status_topic, self._status("offline"), qos=1, retain=True)
+            self._status_mid = info.mid
+            return False
+        if self._status_mid is not None and (self._status_acked.is_set() or now >= self._stop_deadline):
+            if not self._status_acked.is_set():
+                log.warning("mqtt.stop.unflushed", spool_depth=self._spool.count())
+            # A normal DISCONNECT: the broker discards the Last Will (we published offline ourselves).
+            self._client.disconnect()
+            end = time.monotonic() + 1.0
+            while self._client.want_write() and time.monotonic() < end:
+                self._client.loop(timeout=_LOOP_TIMEOUT_S)
+            self._client.loop(timeout=0)
+            self._handle_events()
+            self._connected = False
+            log.info("mqtt.stopped", session=self._session, spool_depth=self._spool.count())
+            return True
+        return False
+
+    def _run_dispatch(self) -> None:
+        while True:
+            item = self._inbox.take(timeout=1.0)
+            if item is None:
+                continue
+            if item is STOP:
+                return
+            if isinstance(item, Connected):
+                if self._on_connected is not None:
+                    self._call_guarded("on_connected", lambda s=item.session: self._on_connected(s))  # type: ignore[misc]
+                continue
+            if isinstance(item, InboundMessage):
+                with self._subs_lock:
+                    handlers = [
+                        s.handler for s in self._subs if paho.topic_matches_sub(s.topic_filter, item.topic)
+                    ]
+                for handler in handlers:
+                    self._call_guarded(item.topic, lambda h=handler, m=item: h(m))  # type: ignore[misc]
+
+    def _call_guarded(self, what: str, fn: Callable[[], None]) -> None:
+        try:
+            fn()
+        except Exception as exc:
+            self._count("handler_errors")
+            log.exception("mqtt.handler.failed", target=what, error=repr(exc))

@@ -1,0 +1,251 @@
+"""Every MQTT message as a pydantic model, plus ``encode``/``decode`` at the wire boundary.
+
+Payloads are compact UTF-8 JSON. ``None`` fields are left out when encoding, so every nullable
+field defaults to ``None`` and a decoded message equals the one encoded. Messages that can repeat
+(QoS 1 resends, spool replay) carry a ``msg_id``: consumers drop a ``msg_id`` they have already seen.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import time
+import uuid
+from typing import Any, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from agent.errors import AgentError
+from agent.model_base import StrictModel
+from agent.protocol.results import ClassScore, Detection, RawTensor
+
+
+class ProtocolError(AgentError):
+    """A received payload is not a valid message (malformed JSON or the wrong shape)."""
+
+    code = "bad_message"
+
+
+def _new_msg_id() -> str:
+    return uuid.uuid4().hex
+
+
+class Envelope(StrictModel):
+    """Fields every message carries: a unique id for deduplication and the time it was created."""
+
+    msg_id: str = Field(
+        default_factory=_new_msg_id,
+        min_length=1,
+        description="Unique per message; a repeat (QoS 1 resend, spool replay) has the same id.",
+    )
+    ts: float = Field(default_factory=time.time, description="Creation time, Unix seconds.")
+
+
+# -- up/status -------------------------------------------------------------------------------------
+
+
+class StatusMessage(Envelope):
+    """``up/status`` (retained): online when connected; offline from a graceful stop or the Last Will.
+
+    ``session`` increases with every connection attempt of the device (persisted across restarts).
+    A consumer ignores an offline whose session is lower than the last online it saw: that is a
+    stale Last Will arriving after the device already reconnected.
+    """
+
+    state: Literal["online", "offline"]
+    session: int = Field(ge=0, description="Connection counter; the Last Will repeats the online's value.")
+    agent_version: str
+
+
+# -- up/info ---------------------------------------------------------------------------------------
+
+
+class BackendInfo(StrictModel):
+    """Whether an inference backend can be used on this device, and if not, why."""
+
+    available: bool
+    reason: str = Field("", description="Why unavailable (empty when available).")
+
+
+class ModelRef(StrictModel):
+    """Which model (and which exact bytes) produced something."""
+
+    slot: str
+    model_id: str
+    version: str | None = None
+    sha256: str = Field(description="SHA-256 (hex) of the ONNX model bytes.")
+
+
+class SlotInfo(StrictModel):
+    """The state of one model slot."""
+
+    model: ModelRef | None = None
+    state: str = Field(description="Slot state, e.g. EMPTY, LOADING, VALIDATING, ACTIVE, DRAINING.")
+    since: float | None = Field(None, description="When the slot entered ``state``, Unix seconds.")
+    last_job: str | None = Field(None, description="Id of the last deployment job for this slot.")
+
+
+class InfoMessage(Envelope):
+    """``up/info`` (retained): what the device is and runs."""
+
+    device_id: str
+    agent_version: str
+    platform: dict[str, str | int | float | bool | None] = Field(
+        description="JetPack/L4T, TensorRT, CUDA, GPU, DLA cores, CPU, memory ..."
+    )
+    backends: dict[str, BackendInfo]
+    slots: dict[str, SlotInfo]
+    streams: list[str]
+
+
+# -- up/telemetry ----------------------------------------------------------------------------------
+
+
+class TelemetryMessage(StrictModel):
+    """``up/telemetry``: flat numeric JSON, ``ts`` plus any number of finite numeric fields.
+
+    Flat on purpose: Telegraf's json parser turns every numeric field into an InfluxDB/Prometheus
+    field without configuration; the device id comes from the topic.
+    """
+
+    model_config = ConfigDict(
+        extra="allow", frozen=True, json_schema_extra={"additionalProperties": {"type": "number"}}
+    )
+
+    ts: float = Field(default_factory=time.time, description="Sample time, Unix seconds.")
+
+    @model_validator(mode="after")
+    def _extras_are_finite_numbers(self) -> TelemetryMessage:
+        for key, value in (self.__pydantic_extra__ or {}).items():
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                # ValueError, not TypeError: pydantic turns only ValueError into a validation error.
+                raise ValueError(f"telemetry field {key!r} must be a number, got {type(value).__name__}")  # noqa: TRY004
+            if not math.isfinite(value):
+                raise ValueError(f"telemetry field {key!r} must be finite, got {value}")
+        return self
+
+    def fields(self) -> dict[str, float]:
+        """The numeric fields other than ``ts``."""
+        return {k: float(v) for k, v in (self.__pydantic_extra__ or {}).items()}
+
+
+# -- up/results/{stream} ---------------------------------------------------------------------------
+
+
+class ResultMessage(Envelope):
+    """``up/results/{stream}``: what one frame produced; exactly one of classes/detections/tensors is set."""
+
+    stream: str
+    frame_index: int = Field(ge=0)
+    captured_at: float = Field(description="When the frame was captured, Unix seconds.")
+    published_at: float = Field(description="When the result was handed to MQTT, Unix seconds.")
+    model: ModelRef
+    latency_ms: dict[str, float] = Field(description="Per stage: preprocess, infer, postprocess, total ...")
+    classes: list[ClassScore] | None = None
+    detections: list[Detection] | None = None
+    tensors: list[RawTensor] | None = None
+
+
+# -- up/jobs/{job_id} ------------------------------------------------------------------------------
+
+
+class JobState(str, enum.Enum):
+    """The steps of a deployment job. ``QUEUED -> DOWNLOADING -> VERIFYING -> BUILDING -> VALIDATING
+    -> ACTIVE``; or one of the failure ends."""
+
+    QUEUED = "QUEUED"
+    DOWNLOADING = "DOWNLOADING"
+    VERIFYING = "VERIFYING"
+    BUILDING = "BUILDING"
+    VALIDATING = "VALIDATING"
+    ACTIVE = "ACTIVE"
+    FAILED = "FAILED"
+    REJECTED = "REJECTED"
+    ROLLED_BACK = "ROLLED_BACK"
+    SUPERSEDED = "SUPERSEDED"
+
+    @property
+    def terminal(self) -> bool:
+        """True when the job ends in this state (no further transition is published for it)."""
+        return self in TERMINAL_JOB_STATES
+
+
+#: States after which a job publishes nothing more: success (ACTIVE) and every failure end.
+TERMINAL_JOB_STATES: frozenset[JobState] = frozenset(
+    {JobState.ACTIVE, JobState.FAILED, JobState.REJECTED, JobState.ROLLED_BACK, JobState.SUPERSEDED}
+)
+
+
+class JobStatus(Envelope):
+    """``up/jobs/{job_id}`` (spooled, QoS 1): one state transition of a deployment job."""
+
+    job_id: str
+    slot: str
+    state: JobState
+    progress: float | None = Field(None, ge=0.0, le=1.0, description="Fraction done within ``state``.")
+    bytes_done: int | None = Field(None, ge=0)
+    bytes_total: int | None = Field(None, ge=0)
+    timings_s: dict[str, float] = Field(default_factory=dict, description="Seconds spent per finished step.")
+    requested: dict[str, Any] | None = Field(None, description="What the manifest asked for (BuildSpec).")
+    effective: dict[str, Any] | None = Field(None, description="What the backend actually did.")
+    error_code: str | None = Field(None, description="Stable code of the error (AgentError.code).")
+    error: str | None = Field(None, description="Human-readable error for the operator.")
+
+
+# -- down/cmd/{name}, up/cmd/{name} ----------------------------------------------------------------
+
+
+class CommandRequest(Envelope):
+    """``down/cmd/{name}``: a command; reply to its MQTT 5 response topic with its correlation data."""
+
+    args: dict[str, Any] = Field(default_factory=dict)
+
+
+class CommandReply(Envelope):
+    """``up/cmd/{name}`` (or the request's response topic): the outcome of one command."""
+
+    command: str
+    ok: bool
+    result: dict[str, Any] | None = None
+    error_code: str | None = None
+    error: str | None = None
+
+
+#: Every message model, by name (schema export and docs use this list).
+MESSAGE_MODELS: tuple[type[BaseModel], ...] = (
+    StatusMessage,
+    InfoMessage,
+    TelemetryMessage,
+    ResultMessage,
+    JobStatus,
+    CommandRequest,
+    CommandReply,
+)
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def encode(message: BaseModel) -> bytes:
+    """Compact UTF-8 JSON of ``message``, ``None`` fields left out."""
+    return message.model_dump_json(exclude_none=True).encode()
+
+
+def _describe(exc: ValidationError) -> str:
+    parts = []
+    for err in exc.errors(include_url=False):
+        path = ".".join(str(p) for p in err["loc"]) or "(message)"
+        parts.append(f"{path}: {err['msg']}")
+    return "; ".join(parts)
+
+
+def decode(model_cls: type[M], payload: bytes) -> M:
+    """Parse ``payload`` as ``model_cls``; raise ProtocolError saying what was wrong and where."""
+    try:
+        return model_cls.model_validate_json(payload)
+    except ValidationError as exc:
+        name = model_cls.__name__
+        if any(err["type"] == "json_invalid" for err in exc.errors(include_url=False)):
+            raise ProtocolError(f"{name}: payload is not valid JSON ({_describe(exc)})") from exc
+        if any(err["type"] == "model_type" and not err["loc"] for err in exc.errors(include_url=False)):
+            raise ProtocolError(f"{name}: payload must be a JSON object ({_describe(exc)})") from exc
+        raise ProtocolError(f"{name}: wrong shape: {_describe(exc)}") from exc

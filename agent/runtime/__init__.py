@@ -1,0 +1,1 @@
+"""Model slots, hot-swap and the frame pipeline."""

@@ -1,0 +1,103 @@
+"""Bounded queues between pipeline stages, with named drop policies.
+
+``keep_newest`` (live cameras): a full queue drops its oldest item, so inference always sees the
+freshest frame and latency stays bounded. ``process_all`` (files): a full queue makes the producer
+wait, so every frame is processed. Several streams feeding one slot each get their own queue;
+``take`` gathers a batch across them round-robin so no stream starves another.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Generic, Literal, TypeVar
+
+T = TypeVar("T")
+DropPolicy = Literal["keep_newest", "process_all"]
+
+
+@dataclass
+class _Lane(Generic[T]):
+    capacity: int
+    policy: DropPolicy
+    items: deque[T]
+    dropped: int = 0
+
+
+class SlotInbox(Generic[T]):
+    """Per-stream bounded lanes behind one condition variable."""
+
+    def __init__(self, on_drop: Callable[[str, T], None] | None = None) -> None:
+        self._lanes: dict[str, _Lane[T]] = {}
+        self._order: list[str] = []
+        self._next = 0
+        self._cond = threading.Condition()
+        self._closed = False
+        self._on_drop = on_drop
+
+    def add_lane(self, stream: str, capacity: int, policy: DropPolicy) -> None:
+        with self._cond:
+            self._lanes[stream] = _Lane(capacity=capacity, policy=policy, items=deque())
+            self._order.append(stream)
+
+    def put(self, stream: str, item: T, timeout: float) -> bool:
+        """Queue ``item``. False when a ``process_all`` lane stayed full for ``timeout`` (caller retries)."""
+        dropped: T | None = None
+        with self._cond:
+            lane = self._lanes[stream]
+            if len(lane.items) >= lane.capacity:
+                if lane.policy == "keep_newest":
+                    dropped = lane.items.popleft()
+                    lane.dropped += 1
+                else:
+                    deadline = time.monotonic() + timeout
+                    while len(lane.items) >= lane.capacity:
+                        remaining = deadline - time.monotonic()
+                        if remaining <= 0 or self._closed:
+                            return False
+                        self._cond.wait(remaining)
+            lane.items.append(item)
+            self._cond.notify_all()
+        if dropped is not None and self._on_drop is not None:
+            self._on_drop(stream, dropped)
+        return True
+
+    def take(self, max_items: int, timeout: float) -> list[T]:
+        """Up to ``max_items`` items, round-robin over lanes; waits up to ``timeout`` for the first."""
+        with self._cond:
+            if not self._any():
+                self._cond.wait_for(self._any_or_closed, timeout)
+            batch: list[T] = []
+            while len(batch) < max_items and self._any():
+                name = self._order[self._next % len(self._order)]
+                self._next += 1
+                lane = self._lanes[name]
+                if lane.items:
+                    batch.append(lane.items.popleft())
+            if batch:
+                self._cond.notify_all()  # wake producers waiting on a full process_all lane
+            return batch
+
+    def _any(self) -> bool:
+        return any(lane.items for lane in self._lanes.values())
+
+    def _any_or_closed(self) -> bool:
+        return self._closed or self._any()
+
+    def close(self) -> None:
+        """No more puts; ``drained`` becomes True once the last item is taken."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+    @property
+    def drained(self) -> bool:
+        with self._cond:
+            return self._closed and not self._any()
+
+    def depths(self) -> dict[str, int]:
+        with self._cond:
+            return {name: len(lane.items) for name, lane in self._lanes.items()}

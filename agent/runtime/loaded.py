@@ -1,0 +1,122 @@
+"""A model loaded for a slot: runner, pre/postprocessing, identity, and its in-flight lease count."""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+
+import structlog
+
+from agent.backends.base import Runner
+from agent.camera.preprocess_spec import PreprocessSpec
+from agent.postprocess.runner import Postprocessor
+from agent.protocol.messages import ModelRef
+
+log = structlog.get_logger(__name__)
+
+
+class ModelState(str, Enum):
+    """Lifecycle of one loaded model. A slot swaps whole ``LoadedModel`` objects."""
+
+    LOADING = "loading"
+    VALIDATING = "validating"
+    ACTIVE = "active"
+    DRAINING = "draining"
+    RELEASED = "released"
+    FAILED = "failed"
+
+
+#: Allowed lifecycle transitions, in one table.
+MODEL_TRANSITIONS: dict[ModelState, frozenset[ModelState]] = {
+    ModelState.LOADING: frozenset({ModelState.VALIDATING, ModelState.FAILED}),
+    ModelState.VALIDATING: frozenset({ModelState.ACTIVE, ModelState.FAILED}),
+    ModelState.ACTIVE: frozenset({ModelState.DRAINING}),
+    ModelState.DRAINING: frozenset({ModelState.RELEASED}),
+    ModelState.RELEASED: frozenset(),
+    ModelState.FAILED: frozenset(),
+}
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """Everything needed to load a model into a slot (from the config or from a delivery)."""
+
+    path: Path
+    model_id: str
+    version: str | None
+    backend: str
+    providers: tuple[str, ...]
+    intra_op_threads: int
+    preprocess: PreprocessSpec
+    postprocess: object  # PostprocessSpec (a pydantic union; kept opaque here)
+    base_dir: Path | None = None
+    max_batch: int = 4
+
+
+@dataclass
+class LoadedModel:
+    """A runner plus what it takes to feed it and read it, and a lease count for draining.
+
+    The inference stage leases the slot's current model for each batch; a swapped-out model is
+    released (its runner closed) when its last lease ends, so in-flight batches finish on it.
+    """
+
+    source: ModelSource
+    ref: ModelRef
+    runner: Runner
+    postprocessor: Postprocessor
+    input_name: str
+    loaded_at: float = field(default_factory=time.time)
+    state: ModelState = ModelState.LOADING
+    _leases: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def preprocess(self) -> PreprocessSpec:
+        return self.source.preprocess
+
+    def transition(self, new: ModelState) -> None:
+        with self._lock:
+            self._transition_locked(new)
+
+    def _transition_locked(self, new: ModelState) -> None:
+        if new not in MODEL_TRANSITIONS[self.state]:
+            raise RuntimeError(
+                f"model {self.ref.model_id}: illegal transition {self.state.value} -> {new.value}"
+            )
+        log.info(
+            "model.state", slot=self.ref.slot, model=self.ref.model_id, old=self.state.value, new=new.value
+        )
+        self.state = new
+
+    def acquire(self) -> None:
+        with self._lock:
+            self._leases += 1
+
+    def release(self) -> None:
+        with self._lock:
+            self._leases -= 1
+            done = self._leases == 0 and self.state is ModelState.DRAINING
+            if done:
+                self._transition_locked(ModelState.RELEASED)
+        if done:
+            self.runner.close()
+
+    def retire(self) -> None:
+        """Stop taking new leases; close once in-flight batches have finished."""
+        with self._lock:
+            if self.state is not ModelState.ACTIVE:
+                return
+            self._transition_locked(ModelState.DRAINING)
+            done = self._leases == 0
+            if done:
+                self._transition_locked(ModelState.RELEASED)
+        if done:
+            self.runner.close()
+
+    @property
+    def leases(self) -> int:
+        return self._leases

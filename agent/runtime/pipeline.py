@@ -1,0 +1,311 @@
+"""The frame path: capture -> preprocess -> infer (batched per slot) -> postprocess -> publish.
+
+Stages are threads joined by bounded queues (:mod:`agent.runtime.inbox`). Capture threads decode
+and preprocess (cv2 and numpy release the GIL, so this overlaps with inference); one inference
+thread per slot reads ``slot.lease()`` per batch, which is what makes a hot-swap a reference swap;
+one publish thread per slot postprocesses and publishes. Shutdown drains front to back: captures
+stop, the inference thread empties its inbox, the publisher empties its queue.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+import numpy.typing as npt
+import structlog
+from pydantic import BaseModel
+
+from agent.camera.frame import Frame
+from agent.camera.preprocess import Letterbox, preprocess
+from agent.camera.preprocess_spec import PreprocessSpec
+from agent.camera.source import VideoSource
+from agent.errors import AgentError
+from agent.protocol.messages import ResultMessage
+from agent.runtime.inbox import DropPolicy, SlotInbox
+from agent.runtime.loaded import LoadedModel
+from agent.runtime.slot import ModelSlot
+from agent.telemetry import Metrics
+
+log = structlog.get_logger(__name__)
+
+_POLL_S = 0.1
+
+
+class Publisher(Protocol):
+    """What the pipeline needs of the MQTT link."""
+
+    def publish(
+        self,
+        topic: str,
+        payload: bytes | BaseModel,
+        *,
+        qos: int = 0,
+        retain: bool = False,
+        durable: bool = False,
+    ) -> None: ...
+
+
+@dataclass(frozen=True)
+class StreamPlan:
+    """A stream as the pipeline runs it."""
+
+    name: str
+    source: VideoSource
+    slot: str
+    topic: str
+    policy: DropPolicy
+    queue_size: int = 4
+    fps_limit: float | None = None
+    qos: int = 0
+    durable: bool = False
+
+
+@dataclass(slots=True)
+class WorkItem:
+    """A preprocessed frame on its way to inference."""
+
+    frame: Frame
+    tensor: npt.NDArray[Any]
+    letterbox: Letterbox
+    spec: PreprocessSpec
+    plan: StreamPlan
+    pre_ms: float
+    queued_mono: float = 0.0
+
+
+@dataclass(slots=True)
+class InferredItem:
+    """A frame's outputs (batch axis removed) and the model that produced them."""
+
+    work: WorkItem
+    outputs: dict[str, npt.NDArray[Any]]
+    model: LoadedModel
+    queue_ms: float
+    infer_ms: float
+    batch: int
+    extra: dict[str, float] = field(default_factory=dict)
+
+
+class SlotPipeline:
+    """All stages for one slot: capture threads of its streams, one inference and one publish thread."""
+
+    def __init__(
+        self,
+        slot: ModelSlot,
+        streams: list[StreamPlan],
+        publisher: Publisher,
+        metrics: Metrics,
+        *,
+        max_batch: int = 4,
+        publish_queue: int = 64,
+    ) -> None:
+        self.slot = slot
+        self.streams = streams
+        self._publisher = publisher
+        self._metrics = metrics
+        self._max_batch = max_batch
+        self._inbox: SlotInbox[WorkItem] = SlotInbox(on_drop=self._dropped_in_queue)
+        for plan in streams:
+            self._inbox.add_lane(plan.name, plan.queue_size, plan.policy)
+        self._outbox: SlotInbox[InferredItem] = SlotInbox()
+        self._outbox.add_lane("results", publish_queue, "process_all")
+        self._capture_stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._capture_threads: list[threading.Thread] = []
+        self.last_image: npt.NDArray[np.uint8] | None = None
+        self.heartbeat = time.monotonic()
+        metrics.add_collector(self._depths, prefix=f"slot.{slot.name}.")
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def start(self) -> None:
+        for plan in self.streams:
+            t = threading.Thread(target=self._capture, args=(plan,), name=f"capture-{plan.name}", daemon=True)
+            self._capture_threads.append(t)
+        infer = threading.Thread(target=self._infer_loop, name=f"infer-{self.slot.name}", daemon=True)
+        publish = threading.Thread(target=self._publish_loop, name=f"publish-{self.slot.name}", daemon=True)
+        self._threads = [*self._capture_threads, infer, publish]
+        for t in self._threads:
+            t.start()
+
+    def stop(self, deadline: float) -> None:
+        """Stop capture, then let inference and publishing drain what was captured, until ``deadline``."""
+        self._capture_stop.set()
+        for t in self._capture_threads:
+            t.join(max(0.0, deadline - time.monotonic()))
+        self._inbox.close()
+        for t in self._threads:
+            t.join(max(0.0, deadline - time.monotonic()))
+        for plan in self.streams:
+            plan.source.close()
+        stuck = [t.name for t in self._threads if t.is_alive()]
+        if stuck:
+            log.warning("pipeline.stop.timeout", slot=self.slot.name, threads=stuck)
+
+    def healthy(self, stale_s: float) -> bool:
+        """For the systemd watchdog: the inference loop turns over, or every stream ended on purpose."""
+        if self.finished:
+            return True
+        running = all(t.is_alive() for t in self._threads[-2:]) if self._threads else False
+        return running and time.monotonic() - self.heartbeat < stale_s
+
+    @property
+    def finished(self) -> bool:
+        """True once every stream ended by itself (play-once files) and everything was published."""
+        return bool(self._threads) and not any(t.is_alive() for t in self._threads)
+
+    # -- stages ------------------------------------------------------------------------------
+
+    def _capture(self, plan: StreamPlan) -> None:
+        m = self._metrics
+        captured = m.counter(f"stream.{plan.name}.frames_captured")
+        skipped = m.counter(f"stream.{plan.name}.dropped.fps_limit")
+        no_model = m.counter(f"stream.{plan.name}.dropped.no_model")
+        pre_hist = m.histogram(f"stream.{plan.name}.latency.preprocess")
+        min_gap = 1.0 / plan.fps_limit if plan.fps_limit else 0.0
+        last_taken = -1e9
+        try:
+            for frame in plan.source.frames(self._capture_stop):
+                captured.inc()
+                if min_gap and frame.captured_mono - last_taken < min_gap:
+                    skipped.inc()
+                    continue
+                last_taken = frame.captured_mono
+                self.last_image = frame.image
+                model = self.slot.current
+                if model is None:
+                    no_model.inc()
+                    continue
+                t0 = time.perf_counter()
+                tensor, letterbox = preprocess(frame.image, model.preprocess)
+                pre_ms = (time.perf_counter() - t0) * 1000.0
+                pre_hist.observe(pre_ms / 1000.0)
+                item = WorkItem(frame, tensor, letterbox, model.preprocess, plan, pre_ms, time.monotonic())
+                while not self._inbox.put(plan.name, item, timeout=_POLL_S):
+                    if self._capture_stop.is_set():
+                        m.counter(f"stream.{plan.name}.dropped.shutdown").inc()
+                        break
+        except Exception:
+            log.exception("pipeline.capture.crashed", stream=plan.name)
+        log.info("pipeline.capture.ended", stream=plan.name, state=plan.source.state.value)
+
+    def _dropped_in_queue(self, stream: str, _item: WorkItem) -> None:
+        self._metrics.counter(f"stream.{stream}.dropped.queue_full").inc()
+
+    def _infer_loop(self) -> None:
+        while True:
+            self.heartbeat = time.monotonic()
+            batch = self._inbox.take(self._max_batch, timeout=_POLL_S)
+            if not batch:
+                if self._inbox.drained:
+                    break
+                continue
+            try:
+                self._infer_batch(batch)
+            except Exception:
+                log.exception("pipeline.infer.crashed", slot=self.slot.name)
+        self._outbox.close()
+
+    def _infer_batch(self, batch: list[WorkItem]) -> None:
+        now = time.monotonic()
+        with self.slot.lease() as model:
+            if model is None:
+                for work in batch:
+                    self._metrics.counter(f"stream.{work.plan.name}.dropped.no_model").inc()
+                return
+            spec = model.preprocess
+            for work in batch:
+                if work.spec != spec:
+                    # Preprocessed for the model that was swapped out while this frame waited.
+                    work.tensor, work.letterbox = preprocess(work.frame.image, spec)
+                    work.spec = spec
+            t0 = time.perf_counter()
+            try:
+                outputs = model.runner.infer({model.input_name: np.stack([w.tensor for w in batch])})
+            except AgentError as exc:
+                for work in batch:
+                    self._metrics.counter(f"stream.{work.plan.name}.dropped.infer_error").inc()
+                log.error("pipeline.infer.failed", slot=self.slot.name, error=str(exc))
+                return
+            infer_ms = (time.perf_counter() - t0) * 1000.0
+        self._metrics.histogram(f"slot.{self.slot.name}.latency.infer").observe(infer_ms / 1000.0)
+        self._metrics.counter(f"slot.{self.slot.name}.batches").inc()
+        for i, work in enumerate(batch):
+            item = InferredItem(
+                work=work,
+                outputs={name: array[i] for name, array in outputs.items()},
+                model=model,
+                queue_ms=(now - work.queued_mono) * 1000.0,
+                infer_ms=infer_ms,
+                batch=len(batch),
+            )
+            self._metrics.counter(f"stream.{work.plan.name}.frames_inferred").inc()
+            while not self._outbox.put("results", item, timeout=_POLL_S):
+                pass  # the publisher always drains; results are never dropped here
+
+    def _publish_loop(self) -> None:
+        while True:
+            items = self._outbox.take(16, timeout=_POLL_S)
+            if not items:
+                if self._outbox.drained:
+                    break
+                continue
+            for item in items:
+                try:
+                    self._publish(item)
+                except Exception:
+                    self._metrics.counter(f"stream.{item.work.plan.name}.dropped.publish_error").inc()
+                    log.exception("pipeline.publish.failed", stream=item.work.plan.name)
+
+    def _publish(self, item: InferredItem) -> None:
+        work, plan = item.work, item.work.plan
+        t0 = time.perf_counter()
+        prediction = item.model.postprocessor(item.outputs, work.letterbox)
+        post_ms = (time.perf_counter() - t0) * 1000.0
+        published_at = time.time()
+        total_ms = (time.monotonic() - work.frame.captured_mono) * 1000.0
+        latency = {
+            "preprocess": round(work.pre_ms, 3),
+            "queue": round(item.queue_ms, 3),
+            "infer": round(item.infer_ms, 3),
+            "postprocess": round(post_ms, 3),
+            "total": round(total_ms, 3),
+        }
+        message = ResultMessage(
+            stream=plan.name,
+            frame_index=work.frame.index,
+            captured_at=work.frame.captured_at,
+            published_at=published_at,
+            model=item.model.ref,
+            latency_ms=latency,
+            classes=prediction.classes,
+            detections=prediction.detections,
+            tensors=prediction.tensors,
+        )
+        self._publisher.publish(plan.topic, message, qos=plan.qos, durable=plan.durable)
+        m = self._metrics
+        m.counter(f"stream.{plan.name}.frames_published").inc()
+        m.histogram(f"stream.{plan.name}.latency.postprocess").observe(post_ms / 1000.0)
+        m.histogram(f"stream.{plan.name}.latency.queue").observe(item.queue_ms / 1000.0)
+        m.histogram(f"stream.{plan.name}.latency.total").observe(total_ms / 1000.0)
+
+    def _depths(self) -> dict[str, float]:
+        depths: dict[str, float] = {f"queue.{k}": float(v) for k, v in self._inbox.depths().items()}
+        depths["queue.publish"] = float(self._outbox.depths()["results"])
+        return depths
+
+
+def sample_provider(pipelines: list[SlotPipeline]) -> Callable[[str], npt.NDArray[np.uint8] | None]:
+    """The latest captured frame of a slot, to validate a candidate model on real input."""
+    by_slot = {p.slot.name: p for p in pipelines}
+
+    def latest(slot: str) -> npt.NDArray[np.uint8] | None:
+        pipeline = by_slot.get(slot)
+        return pipeline.last_image if pipeline else None
+
+    return latest

@@ -1,0 +1,212 @@
+"""``ModelSlot``: one model at a time, loaded and validated off the frame path, swapped atomically.
+
+Slot states (one table, changed under a lock, every change logged and counted):
+EMPTY -> LOADING -> VALIDATING -> ACTIVE; a later load goes ACTIVE -> LOADING -> VALIDATING ->
+ACTIVE while the old model keeps serving; a failed load returns to the state it came from
+(ACTIVE with the old model, or EMPTY).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from enum import Enum
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import structlog
+
+from agent.backends.base import LoadOptions, Runner, get_backend
+from agent.camera.preprocess import preprocess
+from agent.errors import AgentError, EngineError
+from agent.fsutil import sha256_file
+from agent.postprocess.runner import Postprocessor, validate_outputs
+from agent.protocol.messages import ModelRef
+from agent.runtime.loaded import LoadedModel, ModelSource, ModelState
+
+log = structlog.get_logger(__name__)
+
+
+class SlotState(str, Enum):
+    EMPTY = "empty"
+    LOADING = "loading"
+    VALIDATING = "validating"
+    ACTIVE = "active"
+
+
+SLOT_TRANSITIONS: dict[SlotState, frozenset[SlotState]] = {
+    SlotState.EMPTY: frozenset({SlotState.LOADING}),
+    SlotState.LOADING: frozenset({SlotState.VALIDATING, SlotState.EMPTY, SlotState.ACTIVE}),
+    SlotState.VALIDATING: frozenset({SlotState.ACTIVE, SlotState.EMPTY}),
+    SlotState.ACTIVE: frozenset({SlotState.LOADING}),
+}
+
+#: Called with (slot name, old state, new state) on every slot transition.
+SlotListener = Callable[[str, SlotState, SlotState], None]
+
+
+def _grey_frame(width: int, height: int) -> npt.NDArray[np.uint8]:
+    return np.full((height, width, 3), 114, dtype=np.uint8)
+
+
+class ModelSlot:
+    """A named place for one model; streams read ``lease()`` per batch."""
+
+    def __init__(self, name: str, *, on_transition: SlotListener | None = None) -> None:
+        self.name = name
+        self._state = SlotState.EMPTY
+        self._current: LoadedModel | None = None
+        self._lock = threading.Lock()
+        # One load at a time per slot: a second reload waits for the first to finish.
+        self._load_lock = threading.Lock()
+        self._on_transition = on_transition
+        self.swaps = 0
+        self.failed_loads = 0
+        self.last_error: str | None = None
+
+    @property
+    def state(self) -> SlotState:
+        return self._state
+
+    @property
+    def current(self) -> LoadedModel | None:
+        return self._current
+
+    def _transition(self, new: SlotState) -> None:
+        with self._lock:
+            old = self._state
+            if new not in SLOT_TRANSITIONS[old]:
+                raise RuntimeError(f"slot {self.name}: illegal transition {old.value} -> {new.value}")
+            self._state = new
+        log.info("slot.state", slot=self.name, old=old.value, new=new.value)
+        if self._on_transition is not None:
+            self._on_transition(self.name, old, new)
+
+    @contextmanager
+    def lease(self) -> Iterator[LoadedModel | None]:
+        """The model to run the next batch on; it stays open until the block ends."""
+        with self._lock:
+            model = self._current
+            if model is not None:
+                model.acquire()
+        try:
+            yield model
+        finally:
+            if model is not None:
+                model.release()
+
+    def load(self, source: ModelSource, sample: npt.NDArray[np.uint8] | None = None) -> LoadedModel:
+        """Load, warm up and validate ``source`` off the frame path, then swap it in.
+
+        On any failure the previous model keeps serving and :class:`EngineError` says why.
+        ``sample`` is a real camera frame to validate on; a grey frame is used when none is known yet.
+        """
+        with self._load_lock:
+            before = self._state
+            self._transition(SlotState.LOADING)
+            candidate: LoadedModel | None = None
+            try:
+                candidate = self._open(source)
+                candidate.transition(ModelState.VALIDATING)
+                self._transition(SlotState.VALIDATING)
+                validate_candidate(candidate, sample)
+            except AgentError as exc:
+                self._fail(candidate, before, exc)
+                raise EngineError(f"slot {self.name}: model {source.path} rejected: {exc}") from exc
+            except Exception as exc:  # a framework raising something unexpected must not kill the agent
+                self._fail(candidate, before, exc)
+                raise EngineError(f"slot {self.name}: model {source.path} rejected: {exc!r}") from exc
+            self._swap(candidate)
+            return candidate
+
+    def _open(self, source: ModelSource) -> LoadedModel:
+        options = LoadOptions(providers=source.providers, intra_op_threads=source.intra_op_threads)
+        runner = get_backend(source.backend).load(source.path, options)
+        try:
+            postprocessor = Postprocessor(source.postprocess, base_dir=source.base_dir)  # type: ignore[arg-type]
+            input_name = _input_name(runner, source)
+            ref = ModelRef(
+                slot=self.name,
+                model_id=source.model_id,
+                version=source.version,
+                sha256=sha256_file(source.path),
+            )
+        except BaseException:
+            runner.close()
+            raise
+        return LoadedModel(
+            source=source, ref=ref, runner=runner, postprocessor=postprocessor, input_name=input_name
+        )
+
+    def _fail(self, candidate: LoadedModel | None, before: SlotState, exc: BaseException) -> None:
+        self.failed_loads += 1
+        self.last_error = str(exc)
+        if candidate is not None:
+            candidate.transition(ModelState.FAILED)
+            candidate.runner.close()
+        self._transition(SlotState.ACTIVE if before is SlotState.ACTIVE else SlotState.EMPTY)
+        log.error("slot.load.failed", slot=self.name, error=str(exc))
+
+    def _swap(self, candidate: LoadedModel) -> None:
+        candidate.transition(ModelState.ACTIVE)
+        with self._lock:
+            old, self._current = self._current, candidate
+        self._transition(SlotState.ACTIVE)
+        if old is not None:
+            self.swaps += 1
+            old.retire()
+        log.info("slot.swapped", slot=self.name, model=candidate.ref.model_id, version=candidate.ref.version)
+
+    def close(self) -> None:
+        """Release the current model (at shutdown, after the frame path has stopped)."""
+        with self._lock:
+            old, self._current = self._current, None
+        if old is not None:
+            old.retire()
+
+    def describe(self) -> dict[str, Any]:
+        model = self._current
+        return {
+            "state": self._state.value,
+            "model": model.ref.model_dump() if model else None,
+            "runner": model.runner.describe() if model else None,
+            "swaps": self.swaps,
+            "failed_loads": self.failed_loads,
+            "last_error": self.last_error,
+        }
+
+
+def _input_name(runner: Runner, source: ModelSource) -> str:
+    names = [spec.name for spec in runner.inputs]
+    wanted = source.preprocess.input_name
+    if wanted is None:
+        if len(names) != 1:
+            raise EngineError(f"model has inputs {names}; set preprocess.input_name to choose one")
+        return names[0]
+    if wanted not in names:
+        raise EngineError(f"preprocess.input_name {wanted!r} is not an input of the model (inputs: {names})")
+    return wanted
+
+
+def validate_candidate(model: LoadedModel, sample: npt.NDArray[np.uint8] | None) -> None:
+    """Warm up and check a model on a real frame: input fits, outputs fit postprocessing and are finite."""
+    spec = model.preprocess
+    runner = model.runner
+    in_spec = next(s for s in runner.inputs if s.name == model.input_name)
+    expected = (3, spec.height, spec.width) if spec.layout == "nchw" else (spec.height, spec.width, 3)
+    for axis, (want, got) in enumerate(zip(in_spec.shape[1:], expected, strict=False), start=1):
+        if isinstance(want, int) and want > 0 and want != got:
+            raise EngineError(
+                f"model input {in_spec.name!r} axis {axis} is {want} but preprocess produces {got} "
+                f"(preprocess {spec.width}x{spec.height} {spec.layout})"
+            )
+    validate_outputs(model.source.postprocess, runner.outputs)  # type: ignore[arg-type]
+    image = sample if sample is not None else _grey_frame(max(spec.width, 64), max(spec.height, 64))
+    tensor, letterbox = preprocess(image, spec)
+    outputs = runner.infer({model.input_name: tensor[np.newaxis]})
+    for name, array in outputs.items():
+        if array.dtype.kind == "f" and not np.all(np.isfinite(array)):
+            raise EngineError(f"output {name!r} has NaN or infinite values on a real frame")
+    model.postprocessor({name: array[0] for name, array in outputs.items()}, letterbox)

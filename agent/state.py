@@ -1,0 +1,135 @@
+"""The agent's persisted state: which model is active in each slot, and the last known good one.
+
+It lives in ``<state_dir>/state.json`` and is rewritten atomically on every change. A missing file
+is a fresh device; a corrupt one is moved aside (``state.json.corrupt-<timestamp>``) and the agent
+starts from empty state instead of crashing, because a device that will not start cannot be fixed
+remotely, while empty state only means the slots fall back to the models in the configuration.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from datetime import datetime, timezone
+from pathlib import Path
+
+import structlog
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from agent.fsutil import atomic_write_json
+
+log = structlog.get_logger(__name__)
+
+#: File name of the state file inside the state directory.
+STATE_FILE_NAME = "state.json"
+
+#: Version of the state file layout, written into the file.
+STATE_SCHEMA_VERSION = 1
+
+
+def _utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+class _StateModel(BaseModel):
+    # Unlike configuration, the state file ignores unknown keys: after an agent downgrade the
+    # older agent must still read what a newer one wrote rather than discard the whole state.
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+
+class ModelRecord(_StateModel):
+    """One model that was activated in a slot."""
+
+    model_id: str = Field(description="Model name reported with results.")
+    version: str | None = Field(default=None, description="Model version reported with results.")
+    sha256: str = Field(
+        pattern=r"^[0-9a-f]{64}$", description="SHA-256 of the ONNX model file (lowercase hex)."
+    )
+    path: str = Field(description="Model file the slot loaded.")
+    backend: str = Field(description="Backend key that ran it, e.g. onnxruntime or tensorrt.")
+    activated_at: datetime = Field(default_factory=_utcnow, description="When it became active (UTC).")
+
+
+class SlotState(_StateModel):
+    """What one slot runs now and what it falls back to."""
+
+    active: ModelRecord | None = Field(default=None, description="Model serving the slot now.")
+    last_known_good: ModelRecord | None = Field(
+        default=None, description="The model active before ``active``: the rollback target."
+    )
+
+
+class AgentState(_StateModel):
+    """The whole state file."""
+
+    schema_version: int = Field(default=STATE_SCHEMA_VERSION, description="Layout version of the file.")
+    slots: dict[str, SlotState] = Field(default_factory=dict, description="State per slot name.")
+
+    def slot(self, name: str) -> SlotState:
+        """Return the state of slot ``name`` (empty if the slot has never activated a model)."""
+        return self.slots.get(name, SlotState())
+
+
+def record_activation(state: AgentState, slot: str, record: ModelRecord) -> AgentState:
+    """Return a new state in which ``record`` is active in ``slot``.
+
+    The previously active model becomes the last known good one, unless it is the same model
+    (same sha256) being activated again, in which case the last known good one is kept.
+    """
+    current = state.slot(slot)
+    previous = current.active
+    last_known_good = current.last_known_good
+    if previous is not None and previous.sha256 != record.sha256:
+        last_known_good = previous
+    slots = dict(state.slots)
+    slots[slot] = SlotState(active=record, last_known_good=last_known_good)
+    return state.model_copy(update={"slots": slots})
+
+
+class StateFile:
+    """Loads and saves :class:`AgentState` at ``path``; safe to share between threads."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self._lock = threading.Lock()
+
+    @classmethod
+    def in_dir(cls, state_dir: Path) -> StateFile:
+        """The state file of the agent whose state directory is ``state_dir``."""
+        return cls(Path(state_dir) / STATE_FILE_NAME)
+
+    def load(self) -> AgentState:
+        """Read the state; a missing file gives empty state, a corrupt one is set aside. Never raises."""
+        with self._lock:
+            try:
+                raw = self.path.read_bytes()
+            except FileNotFoundError:
+                return AgentState()
+            except OSError as exc:
+                return self._set_aside(f"unreadable: {exc}")
+            try:
+                return AgentState.model_validate(json.loads(raw.decode("utf-8")))
+            except (UnicodeDecodeError, json.JSONDecodeError, ValidationError) as exc:
+                return self._set_aside(str(exc))
+
+    def save(self, state: AgentState) -> None:
+        """Write ``state`` atomically, creating the state directory if needed."""
+        with self._lock:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write_json(self.path, state.model_dump(mode="json"))
+
+    def _set_aside(self, reason: str) -> AgentState:
+        stamp = _utcnow().strftime("%Y%m%dT%H%M%SZ")
+        target = self.path.with_name(f"{self.path.name}.corrupt-{stamp}")
+        n = 1
+        while target.exists():
+            target = self.path.with_name(f"{self.path.name}.corrupt-{stamp}.{n}")
+            n += 1
+        try:
+            self.path.rename(target)
+        except OSError as exc:
+            # Keep going with empty state: the next save() overwrites the bad file anyway.
+            log.error("state.corrupt", path=str(self.path), reason=reason, moved_to=None, move_error=str(exc))
+        else:
+            log.error("state.corrupt", path=str(self.path), reason=reason, moved_to=str(target))
+        return AgentState()

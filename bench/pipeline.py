@@ -1,0 +1,275 @@
+"""Frame-path benchmark: raw inference vs a naive loop vs the agent, in one run, as JSON.
+
+Cases: a MobileNet-sized 224x224 classifier (inference-bound) and a tiny classifier (decode costs
+about as much as inference), both on a 640x480 video. Results go to a local mosquitto in the
+naive loop and in the agent alike. Also: capture-to-publish latency with a 30 fps paced source,
+and the largest gap between consecutive results during a hot-swap at full rate.
+
+    .venv/bin/python bench/pipeline.py [--frames 300]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import cv2
+import numpy as np
+import yaml
+
+from agent.app import Agent
+from agent.backends.base import LoadOptions, get_backend
+from agent.camera.preprocess import preprocess
+from agent.camera.preprocess_spec import PreprocessSpec
+from agent.config import load_config
+from agent.demo import write_demo_video
+from agent.localbroker import Broker
+from agent.modelzoo import write_mobilenet_like, write_tiny_classifier
+from agent.mqtt.link import MqttLink
+from agent.mqtt.observer import Observer
+from agent.mqtt.settings import MqttSettings
+from agent.postprocess.runner import Postprocessor
+from agent.postprocess.spec import ClassificationSpec
+from agent.protocol.messages import ModelRef, ResultMessage
+from agent.spool import Spool
+
+
+def _frames(video: Path) -> list[np.ndarray[Any, Any]]:
+    cap = cv2.VideoCapture(str(video))
+    frames = []
+    while True:
+        ok, image = cap.read()
+        if not ok:
+            break
+        frames.append(image)
+    cap.release()
+    return frames
+
+
+def bench_raw(model: Path, spec: PreprocessSpec, video: Path) -> dict[str, float]:
+    """session.run throughput on inputs preprocessed beforehand (batch 1): the ceiling."""
+    runner = get_backend("onnxruntime").load(model, LoadOptions())
+    name = runner.inputs[0].name
+    inputs = [preprocess(image, spec)[0][np.newaxis] for image in _frames(video)]
+    runner.infer({name: inputs[0]})  # warm-up
+    t0, c0 = time.perf_counter(), time.process_time()
+    for tensor in inputs:
+        runner.infer({name: tensor})
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    runner.close()
+    return {"fps": len(inputs) / wall, "cpu_s_per_frame": cpu / len(inputs)}
+
+
+def _link(port: int, workdir: Path, name: str) -> MqttLink:
+    workdir.mkdir(parents=True, exist_ok=True)
+    link = MqttLink(
+        MqttSettings(host="127.0.0.1", port=port),
+        client_id=name,
+        status_topic=f"bench/{name}/up/status",
+        agent_version="bench",
+        spool=Spool(workdir / f"{name}.sqlite"),
+    )
+    link.start()
+    deadline = time.monotonic() + 10
+    while not link.connected and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return link
+
+
+def bench_naive(model: Path, spec: PreprocessSpec, video: Path, port: int, workdir: Path) -> dict[str, float]:
+    """read -> preprocess -> run -> postprocess -> publish, one frame at a time, one thread."""
+    runner = get_backend("onnxruntime").load(model, LoadOptions())
+    name = runner.inputs[0].name
+    post = Postprocessor(ClassificationSpec(top_k=5))
+    ref = ModelRef(slot="bench", model_id=model.stem, version="1", sha256="0" * 64)
+    link = _link(port, workdir, "naive")
+    cap = cv2.VideoCapture(str(video))
+    count = 0
+    t0, c0 = time.perf_counter(), time.process_time()
+    while True:
+        ok, image = cap.read()
+        if not ok:
+            break
+        tensor, letterbox = preprocess(np.asarray(image, dtype=np.uint8), spec)
+        outputs = runner.infer({name: tensor[np.newaxis]})
+        prediction = post({k: v[0] for k, v in outputs.items()}, letterbox)
+        message = ResultMessage(
+            stream="naive",
+            frame_index=count,
+            captured_at=time.time(),
+            published_at=time.time(),
+            model=ref,
+            latency_ms={},
+            classes=prediction.classes,
+        )
+        link.publish("bench/naive/up/results/naive", message, qos=0)
+        count += 1
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    cap.release()
+    link.stop()
+    runner.close()
+    return {"fps": count / wall, "cpu_s_per_frame": cpu / count, "frames": count}
+
+
+def _agent_config(workdir: Path, port: int, model: Path, size: int, video: Path, **source: Any) -> Path:
+    workdir.mkdir(parents=True, exist_ok=True)
+    config = {
+        "device_id": "bench",
+        "state_dir": str(workdir / "state"),
+        "mqtt": {"host": "127.0.0.1", "port": port},
+        "slots": {
+            "cls": {"model": str(model), "version": "1", "preprocess": {"width": size, "height": size}},
+        },
+        "streams": {
+            "cam": {
+                "source": {"type": "file", "path": str(video), **source},
+                "slot": "cls",
+                "drop_policy": "process_all",
+                "queue_size": 8,
+            }
+        },
+        "telemetry": {"interval_s": 60},
+        "logging": {"format": "json", "level": "error"},
+    }
+    path = workdir / "agent.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def _run_agent(
+    config_path: Path, until: Callable[[Agent], bool], timeout: float
+) -> tuple[Agent, float, float]:
+    agent = Agent(load_config(config_path), config_path)
+    agent.start()
+    t0, c0 = time.perf_counter(), time.process_time()
+    deadline = time.monotonic() + timeout
+    while not until(agent) and time.monotonic() < deadline:
+        time.sleep(0.005)
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    return agent, wall, cpu
+
+
+def _published(agent: Agent) -> int:
+    return agent.metrics.counter("stream.cam.frames_published").value
+
+
+def bench_agent(
+    model: Path, size: int, video: Path, port: int, workdir: Path, frames: int
+) -> dict[str, float]:
+    """The agent in this process, file source processing every frame, until all are published."""
+    path = _agent_config(workdir, port, model, size, video, loop=False)
+    agent, wall, cpu = _run_agent(path, lambda a: _published(a) >= frames, timeout=300)
+    done = _published(agent)
+    agent.stop()
+    return {"fps": done / wall, "cpu_s_per_frame": cpu / done, "frames": done}
+
+
+def bench_latency(
+    model: Path, size: int, video: Path, port: int, workdir: Path, seconds: float
+) -> dict[str, float]:
+    """Capture-to-publish latency with the file paced at its own 30 fps."""
+    path = _agent_config(workdir, port, model, size, video, loop=True, realtime=True)
+    agent, _wall, _cpu = _run_agent(path, lambda _a: False, timeout=seconds)
+    snap = agent.metrics.snapshot()
+    agent.stop()
+    return {
+        "p50_ms": snap.get("stream.cam.latency.total.p50_ms", float("nan")),
+        "p99_ms": snap.get("stream.cam.latency.total.p99_ms", float("nan")),
+        "frames": snap.get("stream.cam.frames_published", 0.0),
+    }
+
+
+def bench_swap(
+    model: Path, other: Path, size: int, video: Path, port: int, workdir: Path, frames: int
+) -> dict[str, float]:
+    """Largest gap between consecutive results while the slot hot-swaps at full rate."""
+    observer = Observer(MqttSettings(host="127.0.0.1", port=port), ["fleet/v1/bench/up/results/cam"]).start()
+    path = _agent_config(workdir, port, model, size, video, loop=False)
+    swapped = {"done": False}
+
+    def until(agent: Agent) -> bool:
+        if not swapped["done"] and _published(agent) >= frames // 2:
+            path.write_text(
+                path.read_text().replace(str(model), str(other)).replace("version: '1'", "version: '2'")
+            )
+            agent.reload()
+            swapped["done"] = True
+        return _published(agent) >= frames
+
+    agent, _wall, _cpu = _run_agent(path, until, timeout=300)
+    agent.stop()
+    stamps: list[tuple[int, float, str]] = []
+    while (arrival := observer.get(1.0)) is not None:
+        payload = json.loads(arrival[1])
+        stamps.append((payload["frame_index"], payload["published_at"], payload["model"]["version"]))
+    observer.stop()
+    stamps.sort()
+    gaps = [b[1] - a[1] for a, b in itertools.pairwise(stamps)]
+    versions = sorted({v for _i, _t, v in stamps})
+    indices = [i for i, _t, _v in stamps]
+    return {
+        "results": len(stamps),
+        "lost_frames": (max(indices) - min(indices) + 1 - len(set(indices))) if indices else -1,
+        "versions_seen": len(versions),
+        "median_gap_ms": statistics.median(gaps) * 1000 if gaps else float("nan"),
+        "max_gap_ms": max(gaps) * 1000 if gaps else float("nan"),
+        "max_gap_over_median": (max(gaps) / statistics.median(gaps)) if gaps else float("nan"),
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--frames", type=int, default=300, help="frames in the 640x480 video")
+    parser.add_argument("--latency-seconds", type=float, default=8.0)
+    args = parser.parse_args()
+    report: dict[str, Any] = {
+        "frames": args.frames,
+        "video": "640x480 MJPG",
+        "cpu_count": __import__("os").cpu_count(),
+    }
+    with tempfile.TemporaryDirectory(prefix="bench-pipeline-") as tmp:
+        workdir = Path(tmp)
+        video = write_demo_video(workdir / "bench.avi", frames=args.frames, fps=30.0)
+        with Broker(workdir / "broker") as broker:
+            cases = {
+                "heavy": (write_mobilenet_like(workdir / "heavy.onnx", input_size=224), 224),
+                "tiny": (write_tiny_classifier(workdir / "tiny.onnx", input_size=32), 32),
+            }
+            for case, (model, size) in cases.items():
+                spec = PreprocessSpec(width=size, height=size)
+                raw = bench_raw(model, spec, video)
+                naive = bench_naive(model, spec, video, broker.port, workdir / f"{case}-naive")
+                agent = bench_agent(model, size, video, broker.port, workdir / f"{case}-agent", args.frames)
+                report[case] = {
+                    "raw_infer": raw,
+                    "naive_loop": naive,
+                    "agent": agent,
+                    "ratios": {
+                        "agent_over_raw_fps": agent["fps"] / raw["fps"],
+                        "agent_over_naive_fps": agent["fps"] / naive["fps"],
+                        "agent_over_naive_cpu_per_frame": agent["cpu_s_per_frame"] / naive["cpu_s_per_frame"],
+                    },
+                }
+                print(f"{case}: done", file=sys.stderr)
+            heavy, size = cases["heavy"]
+            report["latency_30fps_heavy"] = bench_latency(
+                heavy, size, video, broker.port, workdir / "latency", args.latency_seconds
+            )
+            other = write_mobilenet_like(workdir / "heavy-v2.onnx", input_size=224, seed=1)
+            report["hot_swap_heavy"] = bench_swap(
+                heavy, other, size, video, broker.port, workdir / "swap", args.frames
+            )
+    print(json.dumps(report, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,121 @@
+"""The real daemon as a subprocess, with its config, models and video written into a temp dir."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from agent.demo import write_demo_video
+from agent.modelzoo import write_classifier
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+class AgentFiles:
+    """Models v1/v2, a short video and a config for one device id, all under ``root``."""
+
+    def __init__(self, root: Path, port: int, device_id: str, frames: int = 60) -> None:
+        self.root = root
+        self.port = port
+        self.device_id = device_id
+        root.mkdir(parents=True, exist_ok=True)
+        self.v1 = write_classifier(root / "cls-v1.onnx", input_size=32, num_classes=4, seed=1)
+        self.v2 = write_classifier(root / "cls-v2.onnx", input_size=32, num_classes=4, seed=2)
+        self.frames = frames
+        self.video = write_demo_video(root / "cam.avi", frames=frames, size=(160, 120), fps=30.0)
+        self.config_path = root / "agent.yaml"
+
+    def write_config(self, *, model: Path | None = None, version: str = "1", **overrides: Any) -> Path:
+        stream: dict[str, Any] = {
+            "source": {"type": "file", "path": str(self.video), "loop": False, "realtime": True},
+            "slot": "cls",
+            "drop_policy": "process_all",
+            "results_qos": 1,
+        }
+        stream.update(overrides.pop("stream", {}))
+        config: dict[str, Any] = {
+            "device_id": self.device_id,
+            "state_dir": str(self.root / "state"),
+            "mqtt": {"host": "127.0.0.1", "port": self.port, "reconnect_min_s": 0.5, "reconnect_max_s": 2.0},
+            "slots": {
+                "cls": {
+                    "model": str(model or self.v1),
+                    "model_id": "cls",
+                    "version": version,
+                    "preprocess": {"width": 32, "height": 32},
+                    "postprocess": {"type": "classification", "top_k": 2},
+                }
+            },
+            "streams": {"cam": stream},
+            "telemetry": {"interval_s": 1.0},
+            "logging": {"format": "json", "level": "info"},
+        }
+        for key, value in overrides.items():
+            config[key] = {**config.get(key, {}), **value} if isinstance(value, dict) else value
+        self.config_path.write_text(yaml.safe_dump(config))
+        return self.config_path
+
+
+class Daemon:
+    """``python -m agent run -c CONFIG`` with its output captured to a log file."""
+
+    def __init__(self, config: Path, log: Path, env: dict[str, str] | None = None) -> None:
+        self.log_path = log
+        self._log = log.open("wb")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "agent", "run", "-c", str(config)],
+            cwd=REPO,
+            env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+        )
+
+    def signal(self, sig: signal.Signals) -> None:
+        self.proc.send_signal(sig)
+
+    def stop(self, timeout: float = 15.0) -> int:
+        """SIGTERM and wait; returns the exit code."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout)
+        finally:
+            self._log.close()
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+        self._log.close()
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def events(self) -> list[dict[str, Any]]:
+        """The daemon's JSON log lines."""
+        out = []
+        for line in self.log().splitlines():
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                continue
+        return out
+
+    def wait_for_event(self, event: str, timeout: float = 20.0) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for entry in self.events():
+                if entry.get("event") == event:
+                    return entry
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.1)
+        raise TimeoutError(f"no {event!r} in the daemon log:\n{self.log()[-3000:]}")

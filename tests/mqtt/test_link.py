@@ -1,0 +1,448 @@
+"""MqttLink against a real mosquitto: round trips, status and Last Will, limits, failures, reconnects."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import pytest
+
+from agent.errors import TransportError
+from agent.mqtt import InboundMessage, PublishProperties
+from agent.protocol.messages import StatusMessage, decode
+from agent.spool import Spool
+from tests.broker import Broker, free_port
+from tests.mqtt.conftest import LinkFactory, fast_settings, wait_until
+from tests.mqtt_probe import Probe, Received
+
+
+def _statuses(probe: Probe, topic: str) -> list[StatusMessage]:
+    return [decode(StatusMessage, m.payload) for m in probe.on_topic(topic)]
+
+
+def test_round_trip_publish_subscribe_with_properties(
+    broker: Broker, make_link: LinkFactory, device_id: str
+) -> None:
+    settings = fast_settings(broker)
+    received: list[InboundMessage] = []
+    link = make_link(settings, client_id=device_id)
+    link.subscribe(f"fleet/v1/{device_id}/down/cmd/+", received.append)
+    link.start()
+    wait_until(lambda: link.connected, what="connect")
+    with Probe(broker.host, broker.port) as probe:
+        probe.subscribe(f"fleet/v1/{device_id}/up/#")
+        link.publish(
+            f"fleet/v1/{device_id}/up/results/cam0",
+            b'{"x":1}',
+            qos=1,
+            properties=PublishProperties(correlation_data=b"c1", user_properties=(("k", "v"),)),
+        )
+        [msg] = probe.wait_for_count(f"fleet/v1/{device_id}/up/results/cam0", 1)
+        assert msg.payload == b'{"x":1}'
+        assert msg.correlation_data == b"c1"
+        assert msg.user_properties == (("k", "v"),)
+
+        # The command arrives on the dispatcher with its MQTT 5 request/response properties.
+        probe.publish(
+            f"fleet/v1/{device_id}/down/cmd/status",
+            b"{}",
+            response_topic=f"fleet/v1/{device_id}/up/cmd/status",
+            correlation_data=b"req-7",
+        )
+        wait_until(lambda: len(received) == 1, what="command delivery")
+        assert received[0].topic == f"fleet/v1/{device_id}/down/cmd/status"
+        assert received[0].response_topic == f"fleet/v1/{device_id}/up/cmd/status"
+        assert received[0].correlation_data == b"req-7"
+    assert link.healthy()
+    assert link.stats()["published"] >= 1
+
+
+def test_online_status_is_retained_with_a_growing_session(
+    broker: Broker, make_link: LinkFactory, device_id: str, tmp_path: Path
+) -> None:
+    settings = fast_settings(broker)
+    status_topic = f"fleet/v1/{device_id}/up/status"
+    spool = Spool(tmp_path / "spool.sqlite")
+    sessions: list[int] = []
+    first = make_link(settings, client_id=device_id, spool=spool, on_connected=sessions.append)
+    first.start()
+    wait_until(lambda: sessions == [first.session], what="on_connected")
+    first.stop()
+    # The agent restarts: the counter lives in the spool, so the new link's session is higher.
+    second = make_link(settings, client_id=device_id, spool=spool, on_connected=sessions.append)
+    second.start()
+    wait_until(lambda: len(sessions) == 2, what="second on_connected")
+    assert sessions[1] > sessions[0]
+    with Probe(broker.host, broker.port) as probe:
+        probe.subscribe(status_topic)
+        [retained] = probe.wait_for_count(status_topic, 1)
+    assert retained.retain
+    status = decode(StatusMessage, retained.payload)
+    assert (status.state, status.session, status.agent_version) == ("online", sessions[1], "0.0.test")
+    second.stop()
+    spool.close()
+
+
+def test_graceful_stop_publishes_retained_offline_with_same_session(
+    broker: Broker, make_link: LinkFactory, device_id: str
+) -> None:
+    status_topic = f"fleet/v1/{device_id}/up/status"
+    link = make_link(fast_settings(broker), client_id=device_id)
+    link.start()
+    wait_until(lambda: link.connected, what="connect")
+    link.stop()
+    assert not link.connected
+    with Probe(broker.host, broker.port) as probe:
+        probe.subscribe(status_topic)
+        [retained] = probe.wait_for_count(status_topic, 1)
+    status = decode(StatusMessage, retained.payload)
+    assert retained.retain
+    assert (status.state, status.session) == ("offline", link.session)
+
+
+def test_last_will_writes_offline_when_the_agent_process_is_killed(broker: Broker, tmp_path: Path) -> None:
+    device = "dev-killed"
+    status_topic = f"fleet/v1/{device}/up/status"
+    child_script = Path(__file__).with_name("link_child.py")
+    with Probe(broker.host, broker.port) as probe:
+        probe.subscribe(status_topic)
+        child = subprocess.Popen(
+            [
+                sys.executable,
+                str(child_script),
+                broker.host,
+                str(broker.port),
+                str(tmp_path / "s.sqlite"),
+                device,
+            ],
+            stdout=subprocess.PIPE,
+            text=True,
+            cwd=Path(__file__).parents[2],
+        )
+        try:
+            assert child.stdout is not None
+            line = child.stdout.readline().split()
+            assert line[:1] == ["connected"], line
+            session = int(line[1])
+            probe.wait_for(lambda ms: any(b'"online"' in m.payload for m in ms))
+            child.kill()  # SIGKILL: no graceful offline; only the broker's Last Will can tell
+            child.wait(timeout=10)
+        finally:
+            if child.poll() is None:
+                child.kill()
+        probe.wait_for(lambda ms: any(b'"offline"' in m.payload for m in ms))
+    offline = [s for s in _statuses(probe, status_topic) if s.state == "offline"]
+    assert offline[0].session == session
+
+
+def test_oversize_payload_is_refused_and_never_sent(
+    broker: Broker, make_link: LinkFactory, device_id: str
+) -> None:
+    link = make_link(fast_settings(broker, max_payload_bytes=1000), client_id=device_id)
+    link.start()
+    wait_until(lambda: link.connected, what="connect")
+    topic = f"fleet/v1/{device_id}/up/results/cam0"
+    with Probe(broker.host, broker.port) as probe:
+        probe.subscribe(topic)
+        with pytest.raises(TransportError, match=r"1001 bytes .*limit of 1000"):
+            link.publish(topic, b"x" * 1001, qos=1)
+        with pytest.raises(TransportError):
+            link.publish(topic, b"x" * 1001, durable=True)
+        link.publish(topic, b"y" * 1000, qos=1)
+        probe.wait_for_count(topic, 1)
+        probe.settle()
+        assert [len(m.payload) for m in probe.on_topic(topic)] == [1000]
+    assert link.stats()["refused_oversize"] == 2
+    assert link.stats()["spool_depth"] == 0
+
+
+def test_broker_max_packet_size_lowers_the_limit(
+    broker_factory: Callable[[Sequence[str]], Broker], make_link: LinkFactory, device_id: str
+) -> None:
+    """paho ignores the broker's Maximum Packet Size (paho#760); the link reads it from CONNACK."""
+    small = broker_factory(["max_packet_size 2000"])
+    topic = f"fleet/v1/{device_id}/up/jobs/j1"
+    link = make_link(fast_settings(small), client_id=device_id)
+    # Spooled under an earlier, larger limit: it can never be delivered and must not block the spool.
+    link._spool.add(topic, b"z" * 5000, 1, False)
+    link.start()
+    wait_until(lambda: link.connected, what="connect")
+    assert link.payload_limit(topic) < 2000
+    with Probe(small.host, small.port) as probe:
+        probe.subscribe(topic)
+        with pytest.raises(TransportError, match="broker maximum packet size=2000"):
+            link.publish(topic, b"x" * 5000, qos=1)
+        link.publish(topic, b"small", durable=True)
+        probe.wait_for_count(topic, 1)
+    assert link.connected  # not kicked by the broker for a too-large packet
+    assert link.stats()["refused_oversize"] == 2
+    wait_until(lambda: link.stats()["spool_depth"] == 0, what="spool drained")
+
+
+def test_qos0_while_offline_is_dropped_and_counted(make_link: LinkFactory, device_id: str) -> None:
+    link = make_link(fast_settings(None, port=free_port()), client_id=device_id)  # nobody listens there
+    link.start()
+    for _ in range(3):
+        link.publish(f"fleet/v1/{device_id}/up/telemetry", b"{}", qos=0)
+    assert not link.connected
+    assert link.stats()["dropped_offline"] == 3
+    assert link.healthy()  # broker down is not a dead link
+
+
+def test_qos1_while_offline_is_bounded_by_max_queued(make_link: LinkFactory, device_id: str) -> None:
+    link = make_link(fast_settings(None, port=free_port(), max_queued=5, max_inflight=1), client_id=device_id)
+    link.start()
+    for _ in range(10):
+        link.publish(f"fleet/v1/{device_id}/up/results/cam0", b"{}", qos=1)  # never raises
+    # paho holds max_queued + max_inflight (the durable window's share) in memory; the rest is counted.
+    assert link.stats()["dropped_queue_full"] == 4
+
+
+def test_qos2_is_refused(broker: Broker, make_link: LinkFactory, device_id: str) -> None:
+    link = make_link(fast_settings(broker), client_id=device_id)
+    with pytest.raises(ValueError, match="QoS 2"):
+        link.publish("fleet/v1/x/up/telemetry", b"{}", qos=2)
+
+
+def test_a_raising_handler_does_not_stop_later_deliveries(
+    broker: Broker, make_link: LinkFactory, device_id: str
+) -> None:
+    seen: list[bytes] = []
+
+    def handler(msg: InboundMessage) -> None:
+        seen.append(msg.payload)
+        if msg.payload == b"boom":
+            raise RuntimeError("handler bug")
+
+    link = make_link(fast_settings(broker), client_id=device_id)
+    link.subscribe(f"fleet/v1/{device_id}/down/cmd/+", handler)
+    link.start()
+    wait_until(lambda: link.connected, what="connect")
+    with Probe(broker.host, broker.port) as probe:
+        for payload in (b"boom", b"after-1", b"after-2"):
+            probe.publish(f"fleet/v1/{device_id}/down/cmd/x", payload)
+    wait_until(lambda: len(seen) == 3, what="three deliveries")
+    assert seen == [b"boom", b"after-1", b"after-2"]
+    assert link.stats()["handler_errors"] == 1
+    assert link.healthy()
+
+
+def test_a_failing_paho_callback_does_not_kill_the_link(
+    broker: Broker, make_link: LinkFactory, device_id: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An exception inside on_message would kill paho's loop (see test_paho_traps); ours is contained."""
+    seen: list[bytes] = []
+    link = make_link(fast_settings(broker), client_id=device_id)
+    link.subscribe(f"fleet/v1/{device_id}/down/cmd/+", lambda m: seen.append(m.payload))
+    link.start()
+    wait_until(lambda: link.connected, what="connect")
+    real_offer = link._inbox.offer
+    calls = {"n": 0}
+
+    def offer_failing_once(message: InboundMessage) -> bool:
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise MemoryError("simulated failure inside the paho callback")
+        return real_offer(message)
+
+    monkeypatch.setattr(link._inbox, "offer", offer_failing_once)
+    with Probe(broker.host, broker.port) as probe:
+        probe.publish(f"fleet/v1/{device_id}/down/cmd/x", b"lost")
+        probe.publish(f"fleet/v1/{device_id}/down/cmd/x", b"delivered")
+    wait_until(lambda: seen == [b"delivered"], what="delivery after the failure")
+    wait_until(lambda: link.stats()["callback_errors"] == 1, what="error counted")
+    assert link.connected
+    assert link.healthy()
+
+
+def test_inbox_overflow_is_counted(broker: Broker, make_link: LinkFactory, device_id: str) -> None:
+    release = threading.Event()
+    entered = threading.Event()
+    seen: list[bytes] = []
+
+    def slow(msg: InboundMessage) -> None:
+        entered.set()
+        release.wait(10)
+        seen.append(msg.payload)
+
+    link = make_link(fast_settings(broker, inbox_size=2), client_id=device_id)
+    link.subscribe(f"fleet/v1/{device_id}/down/cmd/+", slow)
+    link.start()
+    wait_until(lambda: link.connected, what="connect")
+    with Probe(broker.host, broker.port) as probe:
+        probe.publish(f"fleet/v1/{device_id}/down/cmd/x", b"0")
+        assert entered.wait(10)  # the dispatcher is busy with message 0
+        for i in range(1, 6):
+            probe.publish(f"fleet/v1/{device_id}/down/cmd/x", str(i).encode())
+    # One in the handler, two waiting, three dropped.
+    wait_until(lambda: link.stats()["inbox_dropped"] == 3, what="overflow counted")
+    release.set()
+    wait_until(lambda: len(seen) == 3, what="the rest delivered")
+
+
+def test_resubscribes_after_broker_restart(
+    private_broker: Broker, make_link: LinkFactory, device_id: str
+) -> None:
+    seen: list[bytes] = []
+    sessions: list[int] = []
+    link = make_link(fast_settings(private_broker), client_id=device_id, on_connected=sessions.append)
+    link.subscribe(f"fleet/v1/{device_id}/down/cmd/+", lambda m: seen.append(m.payload))
+    link.start()
+    wait_until(lambda: len(sessions) == 1, what="connect")
+    private_broker.restart(hard=True)  # no persistence: the broker forgot every subscription
+    wait_until(lambda: len(sessions) == 2, what="reconnect")
+    with Probe(private_broker.host, private_broker.port) as probe:
+        probe.publish(f"fleet/v1/{device_id}/down/cmd/x", b"after-restart")
+    wait_until(lambda: seen == [b"after-restart"], what="delivery after resubscription")
+    assert sessions[1] > sessions[0]
+    assert link.stats()["reconnects"] == 1
+
+
+def test_queued_commands_survive_an_agent_restart(
+    broker: Broker, make_link: LinkFactory, device_id: str
+) -> None:
+    """clean_start=False + session expiry: QoS 1 commands sent while the agent was down are delivered."""
+    cmd_filter = f"fleet/v1/{device_id}/down/cmd/+"
+    settings = fast_settings(broker)
+    first = make_link(settings, client_id=device_id)
+    first.subscribe(cmd_filter, lambda m: None)
+    first.start()
+    wait_until(lambda: first.connected, what="connect")
+    first.stop()
+    with Probe(broker.host, broker.port) as probe:
+        probe.publish(f"fleet/v1/{device_id}/down/cmd/rollback", b"while-down")
+    seen: list[bytes] = []
+    second = make_link(settings, client_id=device_id)
+    second.subscribe(cmd_filter, lambda m: seen.append(m.payload))
+    second.start()
+    wait_until(lambda: seen == [b"while-down"], what="queued command")
+
+
+def test_durable_messages_survive_a_broker_restart_mid_run(
+    broker_factory: Callable[[Sequence[str]], Broker], make_link: LinkFactory, device_id: str, tmp_path: Path
+) -> None:
+    """Every durable message arrives (duplicates allowed, removed by msg_id) while the broker restarts."""
+    persist = tmp_path / "persist"
+    persist.mkdir()
+    b = broker_factory(["persistence true", f"persistence_location {persist}/"])
+    topic = f"fleet/v1/{device_id}/up/jobs/j1"
+    total = 150
+    with Probe(b.host, b.port, client_id=f"op-{device_id}", session_expiry_s=300) as probe:
+        probe.subscribe(topic)
+        link = make_link(fast_settings(b), client_id=device_id)
+        link.start()
+        wait_until(lambda: link.connected, what="connect")
+        stopper = threading.Timer(0.2, lambda: b.restart(hard=False))
+        stopper.start()
+        for i in range(total):
+            link.publish(topic, json.dumps({"msg_id": f"m{i}", "i": i}).encode(), durable=True)
+            threading.Event().wait(0.004)
+        stopper.join()
+
+        def ids(ms: list[Received]) -> set[str]:
+            return {json.loads(m.payload)["msg_id"] for m in ms if m.topic == topic}
+
+        probe.wait_for(lambda ms: len(ids(ms)) == total, timeout=30)
+    assert ids(probe.snapshot()) == {f"m{i}" for i in range(total)}
+    wait_until(lambda: link.stats()["spool_depth"] == 0, what="spool drained")
+    assert link.stats()["reconnects"] >= 1
+
+
+def test_a_new_link_on_the_same_spool_replays_what_is_left(
+    private_broker: Broker, make_link: LinkFactory, device_id: str, tmp_path: Path
+) -> None:
+    topic = f"fleet/v1/{device_id}/up/jobs/j2"
+    spool = Spool(tmp_path / "agent.sqlite")
+    private_broker.stop()
+    offline = make_link(fast_settings(private_broker), client_id=device_id, spool=spool)
+    offline.start()
+    for i in range(5):
+        offline.publish(topic, f"m{i}".encode(), durable=True)
+    offline.stop(timeout=0.5)  # the agent stops (or dies) before the broker comes back
+    assert spool.count() == 5
+
+    private_broker.start()
+    with Probe(private_broker.host, private_broker.port) as probe:
+        probe.subscribe(topic)
+        restarted = make_link(fast_settings(private_broker), client_id=device_id, spool=spool)
+        restarted.start()
+        probe.wait_for_count(topic, 5)
+    assert [m.payload for m in probe.on_topic(topic)] == [f"m{i}".encode() for i in range(5)]
+    wait_until(lambda: spool.count() == 0, what="spool drained")
+    restarted.stop()
+    spool.close()
+
+
+def test_acl_denied_durable_message_is_dropped_not_retried(
+    broker_factory: Callable[[Sequence[str]], Broker], make_link: LinkFactory, tmp_path: Path
+) -> None:
+    acl = tmp_path / "acl"
+    acl.write_text("topic readwrite allowed/#\n")
+    b = broker_factory([f"acl_file {acl}"])
+    link = make_link(fast_settings(b, prefix="allowed"), client_id="dev-acl")
+    link.start()
+    wait_until(lambda: link.connected, what="connect")
+    link.publish("forbidden/dev-acl/up/jobs/j", b"denied", durable=True)
+    link.publish("allowed/dev-acl/up/jobs/j", b"ok", durable=True)
+    wait_until(lambda: link.stats()["spool_depth"] == 0, what="spool empty")
+    stats = link.stats()
+    assert stats["acl_denied"] == 1
+    assert stats["published"] >= 2  # online status + the allowed one
+    assert link.connected
+
+
+def test_password_auth(
+    broker_factory: Callable[[Sequence[str]], Broker], make_link: LinkFactory, tmp_path: Path
+) -> None:
+    passwd = tmp_path / "passwd"
+    subprocess.run(["mosquitto_passwd", "-c", "-b", str(passwd), "dev-pw", "s3cret"], check=True)
+    b = broker_factory(["allow_anonymous false", f"password_file {passwd}"])
+    good_file = tmp_path / "good"
+    good_file.write_text("s3cret\n")
+    bad_file = tmp_path / "bad"
+    bad_file.write_text("wrong\n")
+
+    bad = make_link(fast_settings(b, username="dev-pw", password_file=bad_file), client_id="dev-pw-bad")
+    bad.start()
+    good = make_link(fast_settings(b, username="dev-pw", password_file=good_file), client_id="dev-pw")
+    good.start()
+    wait_until(lambda: good.connected, what="connect with the right password")
+    wait_until(lambda: bad.stats()["session"] >= 3, what="refused connection retried")
+    assert not bad.connected  # a refused CONNACK is never "connected"
+    assert bad.healthy()
+
+
+def test_concurrent_publishers_and_handlers_do_not_deadlock(
+    broker: Broker, make_link: LinkFactory, device_id: str
+) -> None:
+    """Publishing from many threads (and from a handler) while acks flow back (paho#226, #354, #603)."""
+    topic = f"fleet/v1/{device_id}/up/results/cam"
+    link = make_link(fast_settings(broker, max_inflight=5), client_id=device_id)
+    link.subscribe(
+        f"fleet/v1/{device_id}/down/cmd/+",
+        lambda m: link.publish(f"fleet/v1/{device_id}/up/cmd/echo", m.payload, qos=1),
+    )
+    link.start()
+    wait_until(lambda: link.connected, what="connect")
+    with Probe(broker.host, broker.port) as probe:
+        probe.subscribe(f"fleet/v1/{device_id}/up/#")
+
+        def publisher(n: int) -> None:
+            for i in range(100):
+                link.publish(f"{topic}{n}", f"{i}".encode(), qos=1, durable=i % 2 == 0)
+
+        threads = [threading.Thread(target=publisher, args=(n,)) for n in range(4)]
+        for t in threads:
+            t.start()
+        for i in range(20):
+            probe.publish(f"fleet/v1/{device_id}/down/cmd/echo", str(i).encode(), qos=0)
+        for t in threads:
+            t.join(30)
+            assert not t.is_alive()
+        probe.wait_for(lambda ms: sum(1 for m in ms if m.topic.startswith(topic)) >= 400, timeout=30)
+        probe.wait_for_count(f"fleet/v1/{device_id}/up/cmd/echo", 20)
+    assert link.healthy()

@@ -1,0 +1,77 @@
+"""One realistic instance of every message, used by the docs test and the schema test."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel
+
+from agent.protocol.messages import (
+    BackendInfo,
+    CommandReply,
+    CommandRequest,
+    InfoMessage,
+    JobState,
+    JobStatus,
+    ModelRef,
+    ResultMessage,
+    SlotInfo,
+    StatusMessage,
+    TelemetryMessage,
+)
+from agent.protocol.results import ClassScore
+
+TS = 1767225600.25
+MODEL = ModelRef(slot="main", model_id="mobilenet", version="3", sha256="9f" * 32)
+
+EXAMPLES: dict[str, BaseModel] = {
+    "StatusMessage": StatusMessage(
+        msg_id="5d0c7c1e", ts=TS, state="online", session=42, agent_version="0.1.0"
+    ),
+    "InfoMessage": InfoMessage(
+        msg_id="b1f2",
+        ts=TS,
+        device_id="jet-01",
+        agent_version="0.1.0",
+        platform={"l4t": "36.3.0", "tensorrt": "10.3.0", "cuda": "12.6", "gpu": "Orin", "dla_cores": 2},
+        backends={
+            "tensorrt": BackendInfo(available=True),
+            "onnxruntime": BackendInfo(available=True),
+        },
+        slots={"main": SlotInfo(model=MODEL, state="ACTIVE", since=TS - 60, last_job="job-7")},
+        streams=["cam0"],
+    ),
+    "TelemetryMessage": TelemetryMessage.model_validate(
+        {"ts": TS, "cam0_fps": 29.8, "main_infer_p95_ms": 7.4, "gpu_temp_c": 51.5, "mqtt_spool_depth": 0}
+    ),
+    "ResultMessage": ResultMessage(
+        msg_id="e7a9",
+        ts=TS,
+        stream="cam0",
+        frame_index=1234,
+        captured_at=TS - 0.021,
+        published_at=TS,
+        model=MODEL,
+        latency_ms={"preprocess": 1.9, "infer": 7.1, "postprocess": 0.4, "total": 9.4},
+        classes=[ClassScore(index=281, label="tabby cat", score=0.91)],
+    ),
+    "JobStatus": JobStatus(
+        msg_id="0a11",
+        ts=TS,
+        job_id="job-7",
+        slot="main",
+        state=JobState.BUILDING,
+        progress=0.4,
+        bytes_done=14_000_000,
+        bytes_total=14_000_000,
+        timings_s={"download": 3.2, "verify": 0.1},
+        requested={"precision": "int8", "device": "dla0", "gpu_fallback": True},
+    ),
+    "CommandRequest": CommandRequest(msg_id="c0de", ts=TS, args={"slot": "main"}),
+    "CommandReply": CommandReply(
+        msg_id="r3p1",
+        ts=TS,
+        command="rollback",
+        ok=False,
+        error_code="engine_failed",
+        error="no last-known-good",
+    ),
+}
