@@ -9,37 +9,55 @@ from __future__ import annotations
 import signal
 import threading
 import time
+from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from types import FrameType
+from typing import Any, Literal
 
 import numpy as np
 import numpy.typing as npt
 import structlog
 
 from agent import __version__
+from agent.backends.base import ProviderRequest
+from agent.build.engines import EngineBuilder
+from agent.build.service import EngineService
+from agent.build.spec import BuildSpec
+from agent.camera.preprocess_spec import PreprocessSpec
 from agent.camera.source import VideoSource
 from agent.config import AgentConfig, SlotConfig, load_config
-from agent.errors import ConfigError, EngineError
+from agent.delivery.jobs import DeliveryService
+from agent.delivery.ledger import JobsFile
+from agent.delivery.steps import ActivationRequest, BuildOutcome, JobReporter, no_build
+from agent.delivery.transfer import fetch_model
+from agent.errors import AgentError, BuildError, ConfigError, EngineError
 from agent.fsutil import sha256_file
 from agent.logs import configure_logging
 from agent.mqtt.link import MqttLink
 from agent.platform import detect_platform, platform_summary
+from agent.postprocess.spec import PostprocessSpec
 from agent.protocol.messages import BackendInfo, InfoMessage, SlotInfo, TelemetryMessage
 from agent.protocol.topics import Topics
-from agent.runtime.loaded import ModelSource
+from agent.runtime.loaded import LoadedModel, ModelSource
 from agent.runtime.pipeline import SlotPipeline, StreamPlan
 from agent.runtime.slot import ModelSlot, SlotState
 from agent.spool import Spool
-from agent.state import ModelRecord, StateFile, record_activation
+from agent.state import ModelRecord, StateFile, record_activation, record_config_model
+from agent.store import ModelStore
 from agent.systemd import Notifier, Watchdog
 from agent.telemetry import DeviceStats, Metrics, TelemetryLoop
 
 log = structlog.get_logger(__name__)
 
+Origin = Literal["config", "delivery", "rollback"]
+
 #: SIGTERM to exit must stay well inside systemd's TimeoutStopSec (15 s in our unit).
 STOP_BUDGET_S = 8.0
 #: Time systemd is asked to allow for each slot's first load at start-up.
 INITIAL_LOAD_BUDGET_S = 300.0
+#: How long calibration or the INT8 guard waits for live frames.
+FRAME_TAP_TIMEOUT_S = 60.0
 #: A frame path that has not turned over in this long is reported dead to the watchdog.
 HEARTBEAT_STALE_S = 10.0
 
@@ -72,6 +90,7 @@ class Agent:
         config.state_dir.mkdir(parents=True, exist_ok=True)
         self.state_file = StateFile(config.state_dir / "state.json")
         self.state = self.state_file.load()
+        self._state_lock = threading.Lock()
         self.topics = Topics(config.mqtt.prefix, config.device_id)
         self.spool = Spool(config.state_dir / "spool.sqlite")
         self.link = MqttLink(
@@ -85,6 +104,29 @@ class Agent:
         self.metrics.add_collector(self.link.stats, prefix="mqtt")
         self.platform = detect_platform(config.telemetry.sysfs_root)
         self.slots = {name: ModelSlot(name, on_transition=self._slot_changed) for name in config.slots}
+        self.store = ModelStore(config.state_dir / "models")
+        self.engines = EngineService(
+            EngineBuilder(config.state_dir, config.engines, self.platform), config.engines, self._tap_frames
+        )
+        self._configured: dict[str, tuple[ModelSource, BuildSpec | None, str | None]] = {}
+        self._deferred_builds: list[tuple[str, ModelSource, BuildSpec]] = []
+        self.delivery = DeliveryService(
+            config.delivery,
+            device_id=config.device_id,
+            topics=self.topics,
+            link=self.link,
+            store=self.store,
+            state=JobsFile.in_dir(config.state_dir),
+            fetch=partial(fetch_model, link=self.link, topics=self.topics, config=config.delivery),
+            activate=self._activate_delivered,
+            status=self.status_report,
+            rollback=self.rollback,
+            slot_specs=self._slot_specs,
+            build=self._build_delivered,
+            protect=self._protected_models,
+            part_dir=config.state_dir / "partial",
+        )
+        self.delivery.register_command("calibrate", self.calibrate)
         self.pipelines: list[SlotPipeline] = []
         self._swap_threads: list[threading.Thread] = []
         self.telemetry: TelemetryLoop | None = None
@@ -93,6 +135,7 @@ class Agent:
     # -- start -------------------------------------------------------------------------------
 
     def start(self) -> None:
+        self.delivery.start()  # subscribes before connecting: retained manifests arrive on connect
         self.link.start()
         for name, slot_config in self.config.slots.items():
             # Loading (and later, building) an engine can outlast systemd's start timeout.
@@ -101,6 +144,8 @@ class Agent:
         self.pipelines = self._build_pipelines()
         for pipeline in self.pipelines:
             pipeline.start()
+        for name, source, build in self._deferred_builds:
+            self._start_swap(name, source, build)
         self.telemetry = TelemetryLoop(
             self.metrics,
             DeviceStats(self.config.telemetry.sysfs_root),
@@ -117,46 +162,63 @@ class Agent:
         log.info("agent.started", device=self.config.device_id, slots=list(self.slots), version=__version__)
 
     def _load_initial(self, name: str, slot_config: SlotConfig) -> None:
-        """Load the configured model; if it fails, come back on the last model that worked."""
-        source = model_source(slot_config)
-        try:
-            self._activate(name, source)
-            return
-        except EngineError as exc:
-            log.error("agent.slot.initial_failed", slot=name, error=str(exc))
-        saved = self.state.slots.get(name)
-        for record in (saved.active, saved.last_known_good) if saved else ():
-            if record is None or Path(record.path) == source.path or not Path(record.path).exists():
-                continue
-            fallback = ModelSource(
-                **{
-                    **source.__dict__,
-                    "path": Path(record.path),
-                    "model_id": record.model_id,
-                    "version": record.version,
-                }
-            )
-            try:
-                self._activate(name, fallback)
-                log.warning("agent.slot.fallback", slot=name, model=record.model_id, version=record.version)
-                return
-            except EngineError as exc:
-                log.error("agent.slot.fallback_failed", slot=name, error=str(exc))
+        """Come back on what the slot ran before the restart, else the config's model, else a fallback.
 
-    def _activate(self, name: str, source: ModelSource) -> None:
+        A delivered (or rolled-back-to) model outlives restarts until the operator changes the model
+        file the config names; then the config wins.
+        """
+        configured = model_source(slot_config)
+        config_sha = _sha_or_none(configured.path)
+        saved = self.state.slot(name)
+        candidates: list[tuple[ModelSource, Origin]] = []
+        if saved.active is not None and saved.active.origin != "config" and saved.config_sha256 == config_sha:
+            candidates.append((_from_record(configured, saved.active), saved.active.origin))
+        candidates.append((configured, "config"))
+        candidates.extend(
+            (_from_record(configured, record), record.origin)
+            for record in (saved.active, saved.last_known_good)
+            if record is not None
+        )
+        self._configured[name] = (configured, slot_config.build, config_sha)
+        tried: set[Path] = set()
+        for candidate, origin in candidates:
+            if candidate.path in tried or not candidate.path.exists():
+                continue
+            tried.add(candidate.path)
+            source = candidate
+            try:
+                if candidate is configured and slot_config.build is not None:
+                    if _needs_frames(slot_config.build):
+                        # Calibration needs live frames: serve the ONNX model first, build once streams run.
+                        self._deferred_builds.append((name, configured, slot_config.build))
+                    else:
+                        source = self._prepared(name, configured, slot_config.build)
+                self._activate(name, source, origin=origin)
+                if origin != "config" or candidate.path != configured.path:
+                    log.warning("agent.slot.restored", slot=name, model=source.model_id, ver=source.version)
+                break
+            except (EngineError, BuildError) as exc:
+                log.error("agent.slot.initial_failed", slot=name, model=str(source.path), error=str(exc))
+        self.state = record_config_model(self.state, name, config_sha)
+        self.state_file.save(self.state)
+
+    def _activate(self, name: str, source: ModelSource, *, origin: Origin = "config") -> LoadedModel:
         sample = self._latest_frame(name)
         loaded = self.slots[name].load(source, sample)
         record = ModelRecord(
             model_id=loaded.ref.model_id,
             version=loaded.ref.version,
             sha256=loaded.ref.sha256,
-            path=str(source.path),
+            path=str(source.model_path or source.path),
             backend=source.backend,
+            origin=origin,
         )
-        self.state = record_activation(self.state, name, record)
-        self.state_file.save(self.state)
+        with self._state_lock:
+            self.state = record_activation(self.state, name, record)
+            self.state_file.save(self.state)
         if self.link.connected:
             self._publish_info()
+        return loaded
 
     def _latest_frame(self, slot: str) -> npt.NDArray[np.uint8] | None:
         for pipeline in self.pipelines:
@@ -235,28 +297,152 @@ class Agent:
         for name, slot_config in new.slots.items():
             if name not in self.slots:
                 continue
-            current = self.slots[name].current
             source = model_source(slot_config)
-            if (
-                current is not None
-                and current.source == source
-                and _same_file(current.ref.sha256, source.path)
-            ):
+            wanted = (source, slot_config.build, _sha_or_none(source.path))
+            if self._configured.get(name) == wanted and self.slots[name].current is not None:
                 continue
-            thread = threading.Thread(
-                target=self._swap, args=(name, source), name=f"swap-{name}", daemon=True
-            )
-            self._swap_threads.append(thread)
-            thread.start()
+            self._configured[name] = wanted
+            self._start_swap(name, source, slot_config.build)
         self.config = new.model_copy(update={"streams": self.config.streams, "slots": new.slots})
         self.notifier.ready(status=self._status_line())
 
-    def _swap(self, name: str, source: ModelSource) -> None:
+    def _start_swap(self, name: str, source: ModelSource, build: BuildSpec | None) -> None:
+        thread = threading.Thread(
+            target=self._swap, args=(name, source, build), name=f"swap-{name}", daemon=True
+        )
+        self._swap_threads.append(thread)
+        thread.start()
+
+    def _swap(self, name: str, source: ModelSource, build: BuildSpec | None = None) -> None:
         try:
-            self._activate(name, source)
-        except EngineError as exc:
+            self._activate(name, self._prepared(name, source, build))
+        except (EngineError, BuildError) as exc:
             log.error("slot.swap.rejected", slot=name, error=str(exc))
             self.metrics.counter(f"slot.{name}.swap_failures").inc()
+
+    # -- engines ---------------------------------------------------------------------------------
+
+    def _prepared(self, name: str, source: ModelSource, build: BuildSpec | None) -> ModelSource:
+        """``source`` as the engine its build request asks for (built, or found in the cache)."""
+        if build is None:
+            return source
+        prepared = self.engines.prepare(
+            name,
+            source.path,
+            build,
+            source.preprocess,
+            progress=lambda message: log.info("engine.build.progress", slot=name, message=message),
+        )
+        artifact = prepared.artifact
+        log.info("engine.ready", slot=name, cache_hit=artifact.cache_hit, effective=prepared.effective)
+        return replace(
+            source,
+            path=artifact.engine_path,
+            backend=artifact.backend,
+            providers=tuple(artifact.providers),
+            extra=tuple(artifact.load_extra.items()),
+            sha256=sha256_file(source.path),
+            model_path=source.path,
+        )
+
+    def _tap_frames(self, slot: str, n: int) -> list[npt.NDArray[np.uint8]]:
+        for pipeline in self.pipelines:
+            if pipeline.slot.name == slot:
+                return pipeline.tap(n, every=2, timeout_s=FRAME_TAP_TIMEOUT_S)
+        return []
+
+    def _build_delivered(self, model: Path, spec: BuildSpec | None, reporter: JobReporter) -> BuildOutcome:
+        """A deployment's BUILDING step: the manifest's build request, else the slot's configured one."""
+        slot = reporter.slot or ""
+        slot_config = self.config.slots.get(slot)
+        spec = spec if spec is not None else (slot_config.build if slot_config else None)
+        if spec is None or slot_config is None:
+            return no_build(model, spec, reporter)
+        preprocess = reporter.preprocess or slot_config.preprocess
+        prepared = self.engines.prepare(
+            slot,
+            model,
+            spec,
+            preprocess,
+            progress=lambda message: log.info("engine.build.progress", slot=slot, message=message),
+            cancel=reporter.cancel,
+        )
+        reporter.progress(1.0)
+        return BuildOutcome(
+            engine_path=prepared.artifact.engine_path,
+            backend=prepared.artifact.backend,
+            effective=prepared.effective,
+            load_extra=prepared.load_extra,
+        )
+
+    def calibrate(self, args: dict[str, Any]) -> dict[str, Any]:
+        """``calibrate`` command: ``{"slot": S, "frames": N}`` from the slot's live streams."""
+        slot = str(args.get("slot", ""))
+        if slot not in self.slots or self.slots[slot].current is None:
+            raise AgentError(f"no active slot named {slot!r} to calibrate")
+        frames = int(args.get("frames", 200))
+        current = self.slots[slot].current
+        assert current is not None
+        model = current.source.model_path or current.source.path
+        return self.engines.calibrate(slot, model, current.source.preprocess, frames)
+
+    # -- delivery --------------------------------------------------------------------------------
+
+    def _activate_delivered(self, request: ActivationRequest) -> None:
+        """A deployment's engine into its slot (raises EngineError: the old model keeps serving)."""
+        slot_config = self.config.slots[request.slot]
+        current = self.slots[request.slot].current
+        base = current.source if current is not None else model_source(slot_config)
+        source = replace(
+            base,
+            path=request.engine_path,
+            model_id=request.model_id,
+            version=request.version,
+            backend=request.backend,
+            preprocess=request.preprocess or base.preprocess,
+            postprocess=request.postprocess or base.postprocess,
+            providers=_providers(request.load_extra.get("providers"), base.providers),
+            extra=tuple((k, v) for k, v in request.load_extra.items() if k != "providers"),
+            sha256=request.sha256,
+            model_path=request.model_path,
+        )
+        self._activate(request.slot, source, origin="delivery")
+
+    def _slot_specs(self, slot: str) -> tuple[PreprocessSpec, PostprocessSpec] | None:
+        if slot not in self.slots:
+            return None
+        current = self.slots[slot].current
+        if current is not None:
+            return current.source.preprocess, current.source.postprocess  # type: ignore[return-value]
+        slot_config = self.config.slots[slot]
+        return slot_config.preprocess, slot_config.postprocess
+
+    def _protected_models(self) -> set[str]:
+        with self._state_lock:
+            records = [r for s in self.state.slots.values() for r in (s.active, s.last_known_good) if r]
+        return {r.sha256 for r in records}
+
+    def rollback(self, slot: str) -> dict[str, Any]:
+        """``rollback`` command: make the slot's last-known-good model active again."""
+        if slot not in self.slots:
+            raise AgentError(f"no slot named {slot!r} (slots: {', '.join(sorted(self.slots))})")
+        record = self.state.slot(slot).last_known_good
+        if record is None or not Path(record.path).exists():
+            raise AgentError(f"slot {slot!r} has no last-known-good model to roll back to")
+        current = self.slots[slot].current
+        base = current.source if current is not None else model_source(self.config.slots[slot])
+        loaded = self._activate(slot, _from_record(base, record), origin="rollback")
+        return {"slot": slot, "model": loaded.ref.model_dump()}
+
+    def status_report(self) -> dict[str, Any]:
+        """``status`` command: slots, state.json and every metric."""
+        return {
+            "device_id": self.config.device_id,
+            "agent_version": __version__,
+            "slots": {name: slot.describe() for name, slot in self.slots.items()},
+            "state": self.state.model_dump(mode="json"),
+            "metrics": self.metrics.snapshot(),
+        }
 
     # -- stop --------------------------------------------------------------------------------
 
@@ -273,6 +459,7 @@ class Agent:
             self.watchdog.join(1.0)
         for thread in self._swap_threads:
             thread.join(max(0.1, deadline - 2.5 - time.monotonic()))
+        self.delivery.stop(timeout=max(0.1, deadline - 2.0 - time.monotonic()))
         self.link.stop(timeout=max(0.5, deadline - time.monotonic()))
         for slot in self.slots.values():
             slot.close()
@@ -296,6 +483,7 @@ class Agent:
                 model=model.ref if model else None,
                 state=slot.state.value,
                 since=model.loaded_at if model else None,
+                last_job=self.delivery.last_job(name),
             )
         return InfoMessage(
             device_id=self.config.device_id,
@@ -337,6 +525,34 @@ class Agent:
                 f"{name}={model.ref.model_id}:{model.ref.version or '-'}" if model else f"{name}=empty"
             )
         return "serving " + " ".join(parts) if parts else "no slots configured"
+
+
+def _providers(requested: Any, default: tuple[ProviderRequest, ...]) -> tuple[ProviderRequest, ...]:
+    return tuple(requested) if requested else default
+
+
+def _needs_frames(build: BuildSpec) -> bool:
+    return build.calibration is not None and build.calibration.kind == "stream"
+
+
+def _sha_or_none(path: Path) -> str | None:
+    try:
+        return sha256_file(path)
+    except OSError:
+        return None
+
+
+def _from_record(configured: ModelSource, record: ModelRecord) -> ModelSource:
+    """The slot's configured source, pointed at a model recorded in state.json."""
+    return replace(
+        configured,
+        path=Path(record.path),
+        model_id=record.model_id,
+        version=record.version,
+        backend="onnxruntime" if record.path.endswith(".onnx") else record.backend,
+        sha256=None,
+        model_path=None,
+    )
 
 
 def _same_file(sha256: str, path: Path) -> bool:

@@ -9,7 +9,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from agent import __version__
+from agent.build.command import add_build_arguments
 from agent.errors import AgentError, ConfigError
+from agent.fleet.cli import add_fleet_arguments
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -28,6 +30,12 @@ def _parser() -> argparse.ArgumentParser:
 
     info = sub.add_parser("info", help="print the platform: JetPack/L4T, CUDA, GPU, DLA, TensorRT, backends")
     info.add_argument("--json", action="store_true", help="machine-readable output")
+
+    build = sub.add_parser("build", help="build or find an engine offline, like trtexec")
+    add_build_arguments(build)
+
+    fleet = sub.add_parser("fleet", help="operator commands: keygen, deploy, serve, status, cmd")
+    add_fleet_arguments(fleet)
 
     demo = sub.add_parser("demo", help="run the end-to-end demo against a private mosquitto")
     demo.add_argument("--forever", action="store_true", help="run until Ctrl-C instead of ~30 s")
@@ -85,6 +93,14 @@ def _dispatch(args: argparse.Namespace) -> int:
             for name, (usable, reason) in platform.backends.items():
                 print(f"backend {name:<12} {'usable' if usable else 'unusable'}: {reason}")
         return 0
+    if args.command == "build":
+        from agent.build.command import run_build
+
+        return run_build(args)
+    if args.command == "fleet":
+        from agent.fleet.cli import run_fleet
+
+        return run_fleet(args)
     if args.command == "demo":
         from agent.demo import run_demo
 

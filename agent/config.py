@@ -21,8 +21,11 @@ from pydantic import BaseModel, Field, ValidationError, model_validator
 from pydantic.fields import FieldInfo
 from pydantic_core import ErrorDetails
 
+from agent.build.settings import EngineConfig
+from agent.build.spec import BuildSpec
 from agent.camera.preprocess_spec import PreprocessSpec
 from agent.camera.source_spec import SourceSpec
+from agent.delivery.settings import DeliveryConfig
 from agent.errors import ConfigError
 from agent.model_base import StrictModel
 from agent.mqtt.settings import MqttSettings
@@ -47,11 +50,19 @@ class SlotConfig(StrictModel):
         description="ONNX Runtime providers in order of preference; missing ones are skipped.",
     )
     intra_op_threads: int = Field(0, ge=0, description="ONNX Runtime threads per inference (0 = default).")
+    allow_spinning: bool = Field(
+        False,
+        description="ONNX Runtime worker threads busy-wait between runs: lower latency on an idle "
+        "many-core device, wasted CPU otherwise.",
+    )
     max_batch: int = Field(
         4, ge=1, le=64, description="Most frames run in one batch when streams share a slot."
     )
     preprocess: PreprocessSpec = Field(default_factory=PreprocessSpec)
     postprocess: PostprocessSpec = Field(default_factory=ClassificationSpec)
+    build: BuildSpec | None = Field(
+        None, description="Engine build request; absent: run the ONNX model as it is on ONNX Runtime."
+    )
 
 
 class StreamConfig(StrictModel):
@@ -96,6 +107,8 @@ class AgentConfig(StrictModel):
     streams: dict[Name, StreamConfig] = Field(default_factory=dict)
     telemetry: TelemetryConfig = Field(default_factory=TelemetryConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
+    delivery: DeliveryConfig = Field(default_factory=DeliveryConfig)
+    engines: EngineConfig = Field(default_factory=EngineConfig)
 
     @model_validator(mode="after")
     def _streams_name_known_slots(self) -> AgentConfig:

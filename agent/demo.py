@@ -1,9 +1,11 @@
-"""``edge-agent demo``: the whole agent on one machine, in about 30 seconds.
+"""``edge-agent demo``: the whole agent and the operator side on one machine, in about 30 seconds.
 
-Starts a private mosquitto, writes two versions of a classifier, a detector and a video, runs the
-real daemon as a subprocess, prints its results and telemetry, hot-swaps the classifier from v1 to
-v2 by rewriting the config and sending SIGHUP, stops it with SIGTERM and checks that the file
-stream lost no frame across the swap.
+Starts a private mosquitto, writes a factory classifier, two versions of the shapes classifier, a
+detector and a video of shapes, makes a signing key and trusts it in the agent's config, runs the
+real daemon as a subprocess, and deploys classifier v1 and then v2 over MQTT with the same code as
+``edge-agent fleet deploy`` (signed manifest, retained desired state, chunk pull), printing each job
+state as it happens. Results and telemetry are printed as they arrive; at the end SIGTERM stops the
+agent and the summary checks that the video stream lost no frame across the two hot-swaps.
 """
 
 from __future__ import annotations
@@ -21,12 +23,19 @@ from typing import Any
 
 import cv2
 import numpy as np
+import onnx
 import yaml
 
+from agent.datasets import shapes
+from agent.fleet.deploy import DeployPlan, DeviceProgress, FleetDeploy
+from agent.fleet.keys import KeyPairFiles, load_signing_key, write_keypair
+from agent.fleet.progress import progress_line
 from agent.localbroker import Broker
+from agent.logs import configure_logging
 from agent.modelzoo import write_classifier, write_detector
 from agent.mqtt.observer import Observer
 from agent.mqtt.settings import MqttSettings
+from agent.postprocess.spec import ClassificationSpec
 
 DEVICE = "demo-orin-01"
 PREFIX = "fleet/v1"
@@ -54,35 +63,98 @@ def write_demo_video(
     return path
 
 
+def write_shapes_video(
+    path: Path, *, shapes_count: int = 20, hold: int = 8, size: int = 320, fps: float = 15.0, seed: int = 2024
+) -> tuple[Path, list[int]]:
+    """A video of the shapes the trained classifier knows, each held for ``hold`` frames.
+
+    Returns the path and the true class of each shape: frame ``i`` shows
+    ``truth[(i // hold) % len(truth)]`` (the stream loops). Images come from
+    :func:`agent.datasets.shapes.generate` with a seed the classifier was not trained on.
+    """
+    images, labels = shapes.generate(shapes_count, seed=seed, size=64)
+    writer = cv2.VideoWriter(str(path), cv2.VideoWriter.fourcc(*"MJPG"), fps, (size, size))
+    if not writer.isOpened():
+        raise RuntimeError(f"OpenCV cannot write {path}")
+    for image in images:
+        frame = cv2.resize(image, (size, size), interpolation=cv2.INTER_LINEAR)
+        for _ in range(hold):
+            writer.write(frame)
+    writer.release()
+    return path, [int(label) for label in labels]
+
+
+@dataclass(frozen=True)
+class DemoModels:
+    """The classifier versions the demo deploys, and what the video shows."""
+
+    factory: Path  # what the device ships with (its config names it)
+    v1: Path
+    v2: Path
+    labels: list[str]
+    trained: bool  # the trained shapes classifier (else random weights)
+
+
+def reexport(source: Path, target: Path, version: int) -> Path:
+    """The same network with another ``model_version`` (different bytes, different SHA-256)."""
+    model = onnx.load(str(source))
+    model.model_version = version
+    model.doc_string = f"{model.doc_string} (re-exported as version {version})".strip()
+    onnx.save(model, str(target))
+    return target
+
+
+def demo_models(workdir: Path) -> DemoModels:
+    """v1 = the trained shapes classifier when it is in agent/assets, v2 = it re-exported; else random."""
+    factory = write_classifier(workdir / "classifier-factory.onnx", input_size=64, num_classes=5, seed=0)
+    if shapes.MODEL_PATH.exists() and shapes.LABELS_PATH.exists():
+        v1 = workdir / "classifier-v1.onnx"
+        v1.write_bytes(shapes.MODEL_PATH.read_bytes())
+        v2 = reexport(v1, workdir / "classifier-v2.onnx", 2)
+        labels = [line.strip() for line in shapes.LABELS_PATH.read_text().splitlines() if line.strip()]
+        return DemoModels(factory, v1, v2, labels, trained=True)
+    v1 = write_classifier(workdir / "classifier-v1.onnx", input_size=64, num_classes=5, seed=1)
+    v2 = write_classifier(workdir / "classifier-v2.onnx", input_size=64, num_classes=5, seed=2)
+    return DemoModels(factory, v1, v2, list(shapes.CLASSES), trained=False)
+
+
 @dataclass(frozen=True)
 class DemoFiles:
     """What the demo writes before it starts the agent."""
 
     workdir: Path
     port: int
-    v1: Path
-    v2: Path
+    models: DemoModels
     detector: Path
     video: Path
+    truth: list[int]
+    hold: int
+    key: KeyPairFiles
 
     @property
     def config_path(self) -> Path:
         return self.workdir / "agent.yaml"
 
+    def true_label(self, frame_index: int) -> str:
+        """The class the video shows at ``frame_index``."""
+        return self.models.labels[self.truth[(frame_index // self.hold) % len(self.truth)]]
 
-def demo_config(files: DemoFiles, classifier: Path, version: str) -> dict[str, Any]:
-    """The agent config the demo runs: a file stream on the classifier, a synthetic camera on the detector."""
+
+def demo_config(files: DemoFiles) -> dict[str, Any]:
+    """The agent config the demo runs: a video stream on the classifier, a synthetic camera on the
+    detector; the classifier starts on its factory model and trusts the demo's signing key."""
     return {
         "device_id": DEVICE,
         "state_dir": str(files.workdir / "state"),
         "mqtt": {"host": "127.0.0.1", "port": files.port, "prefix": PREFIX, "keepalive_s": 10},
+        "delivery": {"trusted_keys": {files.key.key_id: str(files.key.public)}},
         "slots": {
             "classifier": {
-                "model": str(classifier),
+                "model": str(files.models.factory),
                 "model_id": "shapes-classifier",
-                "version": version,
+                "version": "0-factory",
                 "preprocess": {"width": 64, "height": 64},
-                "postprocess": {"type": "classification", "top_k": 3},
+                "postprocess": {"type": "classification", "top_k": 3, "labels": files.models.labels},
             },
             "detector": {
                 "model": str(files.detector),
@@ -115,6 +187,9 @@ class DemoLedger:
 
     indices: dict[str, list[int]] = field(default_factory=dict)
     versions: dict[str, list[tuple[int, str]]] = field(default_factory=dict)
+    #: Lobby results per model version: (frames, frames whose top class is what the video shows).
+    scored: dict[str, list[int]] = field(default_factory=dict)
+    deploys: dict[str, DeviceProgress] = field(default_factory=dict)
     telemetry: int = 0
     offline_seen: bool = False
 
@@ -123,6 +198,11 @@ class DemoLedger:
         seen = self.versions.setdefault(stream, [])
         if not seen or seen[-1][1] != version:
             seen.append((index, version))
+
+    def score(self, version: str, correct: bool) -> None:
+        counts = self.scored.setdefault(version, [0, 0])
+        counts[0] += 1
+        counts[1] += int(correct)
 
     def gaps(self, stream: str) -> tuple[int, int]:
         """(frames missing, frames duplicated) between the first and last index seen."""
@@ -160,39 +240,105 @@ def _print_telemetry(values: dict[str, Any]) -> None:
 
 def run_demo(duration: float | None = 30.0, workdir: Path | None = None) -> int:
     """Run the demo; ``duration=None`` runs until Ctrl-C. Returns the exit code."""
+    # The operator side runs in this process: only its warnings, the demo prints what happens.
+    configure_logging("console", "warning")
     if workdir is None:
         workdir = Path(tempfile.mkdtemp(prefix="edge-agent-demo-"))
     workdir.mkdir(parents=True, exist_ok=True)
     print(f"edge-agent demo: files in {workdir}")
-    v1 = write_classifier(workdir / "classifier-v1.onnx", input_size=64, num_classes=5, seed=1)
-    v2 = write_classifier(workdir / "classifier-v2.onnx", input_size=64, num_classes=5, seed=2)
+    models = demo_models(workdir)
     detector = write_detector(workdir / "detector.onnx", input_size=320, num_classes=3, seed=0)
-    video = write_demo_video(workdir / "lobby.avi")
-    print("  wrote classifier v1 and v2, a detector and a 640x480 video")
+    hold = 8
+    video, truth = write_shapes_video(workdir / "lobby.avi", hold=hold)
+    which = (
+        "the trained shapes classifier" if models.trained else "random-weight classifiers (no trained model)"
+    )
+    print(f"  wrote a factory classifier, v1 and v2 ({which}), a detector and a video of shapes")
+    key = write_keypair(workdir / "keys", f"demo-{os.urandom(2).hex()}", overwrite=True)
+    print(
+        f"  demo: deploy manifests are signed with key id {key.key_id}, made for this run and trusted "
+        "by the agent's delivery.trusted_keys"
+    )
 
     with Broker(workdir / "broker") as broker:
         print(f"  mosquitto listening on 127.0.0.1:{broker.port}")
-        files = DemoFiles(workdir, broker.port, v1, v2, detector, video)
-        config_path = files.config_path
-        config_path.write_text(yaml.safe_dump(demo_config(files, v1, "1")))
-        observer = Observer(
-            MqttSettings(host="127.0.0.1", port=broker.port), [f"{PREFIX}/{DEVICE}/up/#"]
-        ).start()
+        files = DemoFiles(workdir, broker.port, models, detector, video, truth, hold, key)
+        files.config_path.write_text(yaml.safe_dump(demo_config(files)))
+        settings = MqttSettings(host="127.0.0.1", port=broker.port, prefix=PREFIX)
+        observer = Observer(settings, [f"{PREFIX}/{DEVICE}/up/#"]).start()
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        daemon = subprocess.Popen([sys.executable, "-m", "agent", "run", "-c", str(config_path)], env=env)
-        print(f"  started the agent daemon (pid {daemon.pid})\n")
+        daemon = subprocess.Popen(
+            [sys.executable, "-m", "agent", "run", "-c", str(files.config_path)], env=env
+        )
+        print(f"  started the agent daemon (pid {daemon.pid}) on the factory classifier\n")
         ledger = DemoLedger()
         try:
-            _watch(observer, ledger, daemon, files, duration)
+            _watch(observer, ledger, daemon, files, settings=settings, duration=duration)
         except KeyboardInterrupt:
             print("\n  Ctrl-C")
         finally:
             if daemon.poll() is None:
                 daemon.send_signal(signal.SIGTERM)
             code = daemon.wait(timeout=20)
-            _drain(observer, ledger, 2.0)
+            _drain(observer, ledger, files, 2.0)
             observer.stop()
     return _verdict(ledger, code)
+
+
+class _DemoDeploy:
+    """One ``fleet deploy`` of the demo, polled from the demo's loop; prints each job state."""
+
+    #: Slow enough to watch the download progress, fast enough for a 30 s demo.
+    RATE_BPS = 256 * 1024
+
+    def __init__(self, files: DemoFiles, settings: MqttSettings, model: Path, version: str, start: float):
+        self.version = version
+        self.start = start
+        self._last: tuple[object, ...] | None = None
+        plan = DeployPlan(
+            model=model,
+            devices=(DEVICE,),
+            slot="classifier",
+            version=version,
+            model_id="shapes-classifier",
+            chunk_size=32 * 1024,
+            postprocess=ClassificationSpec(labels=files.models.labels, top_k=3),
+        )
+        self.deploy = FleetDeploy(
+            settings,
+            plan,
+            signing_key=load_signing_key(files.key.private),
+            key_id=files.key.key_id,
+            max_rate_bps=self.RATE_BPS,
+            on_change=self._show,
+        )
+        manifest = self.deploy.manifest
+        print(
+            f"\n  >>> fleet deploy {model.name} as v{version}: job {manifest.job_id}, "
+            f"{manifest.chunk_count} chunks, signed, retained on down/desired/classifier\n",
+            flush=True,
+        )
+        self.deploy.start()
+        self.done = False
+
+    def _show(self, devices: list[DeviceProgress]) -> None:
+        for p in devices:
+            key = (p.state, int(p.fraction * 10))
+            if key != self._last:
+                self._last = key
+                print(
+                    f"  [{time.monotonic() - self.start:5.1f}s] job v{self.version}  {progress_line(p)}",
+                    flush=True,
+                )
+
+    def poll(self, ledger: DemoLedger) -> bool:
+        """Handle news; True (once) when the job ended, then the deploy is stopped."""
+        if self.done or not self.deploy.poll(0.0):
+            return False
+        self.done = True
+        self.deploy.stop()
+        ledger.deploys[f"v{self.version}"] = self.deploy.snapshot()[0]
+        return True
 
 
 def _watch(
@@ -200,28 +346,42 @@ def _watch(
     ledger: DemoLedger,
     daemon: subprocess.Popen[bytes],
     files: DemoFiles,
+    *,
+    settings: MqttSettings,
     duration: float | None,
 ) -> None:
     start = time.monotonic()
-    swap_at = (duration or 30.0) * 0.45
-    swapped = False
+    first_at = 1.0  # the manifest is retained: the agent gets it whenever it connects
+    second_at = (duration or 30.0) * 0.45
+    deploys: list[_DemoDeploy] = []
     last_print: dict[str, float] = {}
-    while duration is None or time.monotonic() - start < duration:
-        if daemon.poll() is not None:
-            print(f"  the agent exited early with code {daemon.returncode}")
-            return
-        if not swapped and time.monotonic() - start > swap_at:
-            files.config_path.write_text(yaml.safe_dump(demo_config(files, files.v2, "2")))
-            daemon.send_signal(signal.SIGHUP)
-            swapped = True
-            print("\n  >>> rewrote the config to classifier v2 and sent SIGHUP (hot-swap)\n", flush=True)
-        _drain(observer, ledger, 0.2, last_print, start)
+    try:
+        while duration is None or time.monotonic() - start < duration:
+            if daemon.poll() is not None:
+                print(f"  the agent exited early with code {daemon.returncode}")
+                return
+            elapsed = time.monotonic() - start
+            if not deploys and elapsed >= first_at:
+                deploys.append(_DemoDeploy(files, settings, files.models.v1, "1", start))
+            elif len(deploys) == 1 and deploys[0].done and elapsed >= second_at:
+                deploys.append(_DemoDeploy(files, settings, files.models.v2, "2", start))
+            for deploy in deploys:
+                if deploy.poll(ledger):
+                    print("", flush=True)
+            _drain(observer, ledger, files, 0.2, last_print=last_print, start=start)
+    finally:
+        for deploy in deploys:
+            if not deploy.done:
+                deploy.deploy.stop()
+                ledger.deploys[f"v{deploy.version}"] = deploy.deploy.snapshot()[0]
 
 
 def _drain(
     observer: Observer,
     ledger: DemoLedger,
+    files: DemoFiles,
     seconds: float,
+    *,
     last_print: dict[str, float] | None = None,
     start: float = 0.0,
 ) -> None:
@@ -237,12 +397,17 @@ def _drain(
             stream = kind.split("/", 1)[1]
             version = payload["model"].get("version") or "-"
             ledger.record(stream, payload["frame_index"], version)
+            truth = ""
+            if stream == "lobby" and payload.get("classes"):
+                shown = files.true_label(payload["frame_index"])
+                ledger.score(version, payload["classes"][0]["label"] == shown)
+                truth = f"  [video shows: {shown}]"
             if last_print is not None and time.monotonic() - last_print.get(stream, 0.0) > 1.0:
                 last_print[stream] = time.monotonic()
                 print(
                     f"  [{time.monotonic() - start:5.1f}s] {stream:<6} frame {payload['frame_index']:>5}  "
                     f"{payload['model']['model_id']} v{version}  {_describe(payload)}  "
-                    f"{payload['latency_ms']['total']:.1f} ms",
+                    f"{payload['latency_ms']['total']:.1f} ms{truth}",
                     flush=True,
                 )
         elif kind == "telemetry":
@@ -257,6 +422,17 @@ def _verdict(ledger: DemoLedger, code: int) -> int:
     print("\n  summary")
     ok = code == 0
     print(f"    agent exit code          {code}")
+    for name in ("v1", "v2"):
+        progress = ledger.deploys.get(name)
+        if progress is None:
+            print(f"    deploy {name}                not started")
+            ok = False
+            continue
+        states = " -> ".join(s.value for s in progress.history) or "no job state received"
+        print(f"    deploy {name}                {states}")
+        if not progress.ok:
+            print(f"      {progress.error_code}: {progress.error}")
+        ok = ok and progress.ok
     for stream, indices in sorted(ledger.indices.items()):
         missing, dupes = ledger.gaps(stream)
         print(f"    {stream:<6} results          {len(indices)} (frames {min(indices)}..{max(indices)})")
@@ -264,7 +440,10 @@ def _verdict(ledger: DemoLedger, code: int) -> int:
         print(f"    {stream:<6} model versions   {history}")
         if stream == "lobby":
             print(f"    lobby frames lost        {missing} (duplicates {dupes})")
-            ok = ok and missing == 0 and dupes == 0 and len(ledger.versions[stream]) >= 2
+            ok = ok and missing == 0 and dupes == 0 and len(ledger.versions[stream]) >= 3
+    for version, (frames, correct) in ledger.scored.items():
+        share = 100.0 * correct / max(frames, 1)
+        print(f"    lobby top-1 = video      v{version}: {correct}/{frames} ({share:.0f}%)")
     print(f"    telemetry messages       {ledger.telemetry}")
     print(f"    offline status at exit   {'yes' if ledger.offline_seen else 'no'}")
     ok = ok and bool(ledger.indices) and ledger.offline_seen

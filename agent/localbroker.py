@@ -76,6 +76,7 @@ class Broker:
 
     def _write_config(self) -> None:
         lines = [f"listener {self.port} {self.host}", "allow_anonymous true", "persistence false"]
+        lines.append("set_tcp_nodelay true")  # small MQTT packets must not wait for delayed ACKs
         if os.geteuid() == 0:
             # Started as root, mosquitto drops to user `mosquitto`, which cannot read files in the
             # test's private temp directory (password file, certificates).

@@ -12,6 +12,7 @@ import json
 import threading
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Literal
 
 import structlog
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -48,6 +49,9 @@ class ModelRecord(_StateModel):
     path: str = Field(description="Model file the slot loaded.")
     backend: str = Field(description="Backend key that ran it, e.g. onnxruntime or tensorrt.")
     activated_at: datetime = Field(default_factory=_utcnow, description="When it became active (UTC).")
+    origin: Literal["config", "delivery", "rollback"] = Field(
+        default="config", description="How it got there: the config file, a deployment, a rollback."
+    )
 
 
 class SlotState(_StateModel):
@@ -56,6 +60,11 @@ class SlotState(_StateModel):
     active: ModelRecord | None = Field(default=None, description="Model serving the slot now.")
     last_known_good: ModelRecord | None = Field(
         default=None, description="The model active before ``active``: the rollback target."
+    )
+    config_sha256: str | None = Field(
+        default=None,
+        description="SHA-256 of the slot's model file in the config when the agent last started: a "
+        "delivered model outlives restarts until the operator changes the config's model.",
     )
 
 
@@ -82,7 +91,14 @@ def record_activation(state: AgentState, slot: str, record: ModelRecord) -> Agen
     if previous is not None and previous.sha256 != record.sha256:
         last_known_good = previous
     slots = dict(state.slots)
-    slots[slot] = SlotState(active=record, last_known_good=last_known_good)
+    slots[slot] = current.model_copy(update={"active": record, "last_known_good": last_known_good})
+    return state.model_copy(update={"slots": slots})
+
+
+def record_config_model(state: AgentState, slot: str, sha256: str | None) -> AgentState:
+    """Return a new state remembering which model file the config names for ``slot``."""
+    slots = dict(state.slots)
+    slots[slot] = state.slot(slot).model_copy(update={"config_sha256": sha256})
     return state.model_copy(update={"slots": slots})
 
 

@@ -36,6 +36,10 @@ class TensorSpec:
         return all(isinstance(d, int) and d > 0 for d in self.shape)
 
 
+#: An ONNX Runtime provider: a name, or ``(name, options)``.
+ProviderRequest = str | tuple[str, dict[str, Any]]
+
+
 @dataclass(frozen=True)
 class LoadOptions:
     """What the runtime asks of a backend when it loads an engine.
@@ -44,7 +48,7 @@ class LoadOptions:
     by other backends; ``extra`` carries backend-specific settings (DLA core for TensorRT).
     """
 
-    providers: tuple[str | tuple[str, dict[str, Any]], ...] = ("CPUExecutionProvider",)
+    providers: tuple[ProviderRequest, ...] = ("CPUExecutionProvider",)
     intra_op_threads: int = 0
     extra: Mapping[str, Any] = field(default_factory=dict)
 

@@ -43,15 +43,15 @@ class CalibrationSource(StrictModel):
 
     kind: Literal["cache", "stream", "dataset"]
     path: Path | None = Field(None, description="Cache file (kind=cache) or image directory (kind=dataset).")
-    stream: str | None = Field(None, description="Stream to take frames from (kind=stream).")
+    stream: str | None = Field(
+        None, description="Stream to take frames from (kind=stream; default: the slot's)."
+    )
     frames: int = Field(200, ge=1, le=100_000, description="Frames to calibrate on (stream/dataset).")
 
     @model_validator(mode="after")
     def _complete(self) -> CalibrationSource:
         if self.kind in ("cache", "dataset") and self.path is None:
             raise ValueError(f"calibration kind {self.kind!r} needs a path")
-        if self.kind == "stream" and not self.stream:
-            raise ValueError("calibration kind 'stream' needs a stream name")
         return self
 
 

@@ -39,6 +39,7 @@ from agent.errors import ConfigError, TransportError
 from agent.mqtt.backoff import reconnect_delay
 from agent.mqtt.inbox import STOP, Connected, InboundMessage, Inbox
 from agent.mqtt.settings import MqttSettings
+from agent.mqtt.sockets import disable_nagle
 from agent.protocol.messages import StatusMessage, encode
 from agent.spool import Spool
 
@@ -197,6 +198,7 @@ class MqttLink:
         # paho's own queue holds non-durable QoS 1 while offline; our durable window comes on top.
         client.max_queued_messages_set(s.max_queued + s.max_inflight)
         client.max_inflight_messages_set(s.max_inflight)
+        client.on_socket_open = _on_socket_open
         client.on_connect = self._cb_connect
         client.on_disconnect = self._cb_disconnect
         client.on_publish = self._cb_publish
@@ -618,3 +620,7 @@ class MqttLink:
         except Exception as exc:
             self._count("handler_errors")
             log.exception("mqtt.handler.failed", target=what, error=repr(exc))
+
+
+def _on_socket_open(_client: paho.Client, _userdata: object, sock: object) -> None:
+    disable_nagle(sock)

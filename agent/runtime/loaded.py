@@ -10,7 +10,7 @@ from pathlib import Path
 
 import structlog
 
-from agent.backends.base import Runner
+from agent.backends.base import ProviderRequest, Runner
 from agent.camera.preprocess_spec import PreprocessSpec
 from agent.postprocess.runner import Postprocessor
 from agent.protocol.messages import ModelRef
@@ -48,12 +48,20 @@ class ModelSource:
     model_id: str
     version: str | None
     backend: str
-    providers: tuple[str, ...]
+    providers: tuple[ProviderRequest, ...]
     intra_op_threads: int
     preprocess: PreprocessSpec
     postprocess: object  # PostprocessSpec (a pydantic union; kept opaque here)
     base_dir: Path | None = None
     max_batch: int = 4
+    #: ONNX Runtime worker threads busy-wait between runs (see agent.backends.onnxruntime).
+    allow_spinning: bool = False
+    #: Backend-specific load options from the engine build (DLA core, provider options).
+    extra: tuple[tuple[str, object], ...] = ()
+    #: Identity of the ONNX model this engine was built from (default: hash of ``path``).
+    sha256: str | None = None
+    #: The ONNX model file recorded in state.json (default: ``path``); an engine may be rebuilt from it.
+    model_path: Path | None = None
 
 
 @dataclass

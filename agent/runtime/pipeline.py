@@ -65,6 +65,26 @@ class StreamPlan:
     durable: bool = False
 
 
+class FrameTap:
+    """Collects copies of every ``every``-th frame until it has ``n``."""
+
+    def __init__(self, n: int, every: int) -> None:
+        self.n = n
+        self.every = max(1, every)
+        self.frames: list[npt.NDArray[np.uint8]] = []
+        self.done = threading.Event()
+        self._seen = 0
+
+    def offer(self, image: npt.NDArray[np.uint8]) -> None:
+        if self.done.is_set():
+            return
+        self._seen += 1
+        if (self._seen - 1) % self.every == 0:
+            self.frames.append(image.copy())
+            if len(self.frames) >= self.n:
+                self.done.set()
+
+
 @dataclass(slots=True)
 class WorkItem:
     """A preprocessed frame on its way to inference."""
@@ -117,7 +137,11 @@ class SlotPipeline:
         self._capture_stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._capture_threads: list[threading.Thread] = []
+        self._captures_running = len(streams)
+        self._captures_lock = threading.Lock()
         self.last_image: npt.NDArray[np.uint8] | None = None
+        self._taps: list[FrameTap] = []
+        self._taps_lock = threading.Lock()
         self.heartbeat = time.monotonic()
         metrics.add_collector(self._depths, prefix=f"slot.{slot.name}.")
 
@@ -177,6 +201,8 @@ class SlotPipeline:
                     continue
                 last_taken = frame.captured_mono
                 self.last_image = frame.image
+                if self._taps:
+                    self._feed_taps(frame.image)
                 model = self.slot.current
                 if model is None:
                     no_model.inc()
@@ -192,7 +218,40 @@ class SlotPipeline:
                         break
         except Exception:
             log.exception("pipeline.capture.crashed", stream=plan.name)
+        finally:
+            self._capture_ended()
         log.info("pipeline.capture.ended", stream=plan.name, state=plan.source.state.value)
+
+    def tap(self, n: int, *, every: int = 1, timeout_s: float = 30.0) -> list[npt.NDArray[np.uint8]]:
+        """Copies of the next ``n`` captured frames (one in ``every``), for calibration and the INT8 guard.
+
+        Blocks until they are there or ``timeout_s`` passes (then returns what it has). Costs nothing
+        while no one is tapping: frames are copied only for a running tap.
+        """
+        tap = FrameTap(n, every)
+        with self._taps_lock:
+            self._taps.append(tap)
+        try:
+            tap.done.wait(timeout_s)
+        finally:
+            with self._taps_lock:
+                self._taps.remove(tap)
+        return list(tap.frames)
+
+    def _feed_taps(self, image: npt.NDArray[np.uint8]) -> None:
+        with self._taps_lock:
+            taps = list(self._taps)
+        for tap in taps:
+            tap.offer(image)
+
+    def _capture_ended(self) -> None:
+        # When the last stream has ended by itself (play-once files), nothing more can arrive:
+        # close the inbox so inference and publishing drain and end, and ``finished`` turns True.
+        with self._captures_lock:
+            self._captures_running -= 1
+            last = self._captures_running == 0
+        if last:
+            self._inbox.close()
 
     def _dropped_in_queue(self, stream: str, _item: WorkItem) -> None:
         self._metrics.counter(f"stream.{stream}.dropped.queue_full").inc()
@@ -213,6 +272,7 @@ class SlotPipeline:
 
     def _infer_batch(self, batch: list[WorkItem]) -> None:
         now = time.monotonic()
+        done: list[tuple[list[WorkItem], dict[str, npt.NDArray[Any]], float]] = []
         with self.slot.lease() as model:
             if model is None:
                 for work in batch:
@@ -224,29 +284,35 @@ class SlotPipeline:
                     # Preprocessed for the model that was swapped out while this frame waited.
                     work.tensor, work.letterbox = preprocess(work.frame.image, spec)
                     work.spec = spec
-            t0 = time.perf_counter()
-            try:
-                outputs = model.runner.infer({model.input_name: np.stack([w.tensor for w in batch])})
-            except AgentError as exc:
-                for work in batch:
-                    self._metrics.counter(f"stream.{work.plan.name}.dropped.infer_error").inc()
-                log.error("pipeline.infer.failed", slot=self.slot.name, error=str(exc))
-                return
-            infer_ms = (time.perf_counter() - t0) * 1000.0
-        self._metrics.histogram(f"slot.{self.slot.name}.latency.infer").observe(infer_ms / 1000.0)
-        self._metrics.counter(f"slot.{self.slot.name}.batches").inc()
-        for i, work in enumerate(batch):
-            item = InferredItem(
-                work=work,
-                outputs={name: array[i] for name, array in outputs.items()},
-                model=model,
-                queue_ms=(now - work.queued_mono) * 1000.0,
-                infer_ms=infer_ms,
-                batch=len(batch),
-            )
-            self._metrics.counter(f"stream.{work.plan.name}.frames_inferred").inc()
-            while not self._outbox.put("results", item, timeout=_POLL_S):
-                pass  # the publisher always drains; results are never dropped here
+            # A model exported with a fixed batch size (often 1) takes at most that many frames
+            # per run, whatever max_batch says; a larger stack would fail every run.
+            step = model.runner.max_batch or len(batch)
+            for start in range(0, len(batch), step):
+                chunk = batch[start : start + step]
+                t0 = time.perf_counter()
+                try:
+                    outputs = model.runner.infer({model.input_name: np.stack([w.tensor for w in chunk])})
+                except AgentError as exc:
+                    for work in chunk:
+                        self._metrics.counter(f"stream.{work.plan.name}.dropped.infer_error").inc()
+                    log.error("pipeline.infer.failed", slot=self.slot.name, error=str(exc))
+                    continue
+                done.append((chunk, outputs, (time.perf_counter() - t0) * 1000.0))
+        for chunk, outputs, infer_ms in done:
+            self._metrics.histogram(f"slot.{self.slot.name}.latency.infer").observe(infer_ms / 1000.0)
+            self._metrics.counter(f"slot.{self.slot.name}.batches").inc()
+            for i, work in enumerate(chunk):
+                item = InferredItem(
+                    work=work,
+                    outputs={name: array[i] for name, array in outputs.items()},
+                    model=model,
+                    queue_ms=(now - work.queued_mono) * 1000.0,
+                    infer_ms=infer_ms,
+                    batch=len(chunk),
+                )
+                self._metrics.counter(f"stream.{work.plan.name}.frames_inferred").inc()
+                while not self._outbox.put("results", item, timeout=_POLL_S):
+                    pass  # the publisher always drains; results are never dropped here
 
     def _publish_loop(self) -> None:
         while True:

@@ -24,6 +24,7 @@ from agent.errors import AgentError, EngineError
 from agent.fsutil import sha256_file
 from agent.postprocess.runner import Postprocessor, validate_outputs
 from agent.protocol.messages import ModelRef
+from agent.runtime.compat import check_input_fits, select_input
 from agent.runtime.loaded import LoadedModel, ModelSource, ModelState
 
 log = structlog.get_logger(__name__)
@@ -122,7 +123,11 @@ class ModelSlot:
             return candidate
 
     def _open(self, source: ModelSource) -> LoadedModel:
-        options = LoadOptions(providers=source.providers, intra_op_threads=source.intra_op_threads)
+        options = LoadOptions(
+            providers=source.providers,
+            intra_op_threads=source.intra_op_threads,
+            extra={"allow_spinning": source.allow_spinning, **dict(source.extra)},
+        )
         runner = get_backend(source.backend).load(source.path, options)
         try:
             postprocessor = Postprocessor(source.postprocess, base_dir=source.base_dir)  # type: ignore[arg-type]
@@ -131,7 +136,7 @@ class ModelSlot:
                 slot=self.name,
                 model_id=source.model_id,
                 version=source.version,
-                sha256=sha256_file(source.path),
+                sha256=source.sha256 or sha256_file(source.path),
             )
         except BaseException:
             runner.close()
@@ -179,15 +184,7 @@ class ModelSlot:
 
 
 def _input_name(runner: Runner, source: ModelSource) -> str:
-    names = [spec.name for spec in runner.inputs]
-    wanted = source.preprocess.input_name
-    if wanted is None:
-        if len(names) != 1:
-            raise EngineError(f"model has inputs {names}; set preprocess.input_name to choose one")
-        return names[0]
-    if wanted not in names:
-        raise EngineError(f"preprocess.input_name {wanted!r} is not an input of the model (inputs: {names})")
-    return wanted
+    return select_input(source.preprocess, runner.inputs).name
 
 
 def validate_candidate(model: LoadedModel, sample: npt.NDArray[np.uint8] | None) -> None:
@@ -195,13 +192,7 @@ def validate_candidate(model: LoadedModel, sample: npt.NDArray[np.uint8] | None)
     spec = model.preprocess
     runner = model.runner
     in_spec = next(s for s in runner.inputs if s.name == model.input_name)
-    expected = (3, spec.height, spec.width) if spec.layout == "nchw" else (spec.height, spec.width, 3)
-    for axis, (want, got) in enumerate(zip(in_spec.shape[1:], expected, strict=False), start=1):
-        if isinstance(want, int) and want > 0 and want != got:
-            raise EngineError(
-                f"model input {in_spec.name!r} axis {axis} is {want} but preprocess produces {got} "
-                f"(preprocess {spec.width}x{spec.height} {spec.layout})"
-            )
+    check_input_fits(spec, in_spec)
     validate_outputs(model.source.postprocess, runner.outputs)  # type: ignore[arg-type]
     image = sample if sample is not None else _grey_frame(max(spec.width, 64), max(spec.height, 64))
     tensor, letterbox = preprocess(image, spec)

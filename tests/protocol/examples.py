@@ -75,3 +75,55 @@ EXAMPLES: dict[str, BaseModel] = {
         error="no last-known-good",
     ),
 }
+
+
+def _delivery_examples() -> dict[str, BaseModel]:
+    # Imported here: the manifest models live in agent.delivery, not agent.protocol.
+    from agent.build.spec import BuildSpec
+    from agent.camera.preprocess_spec import PreprocessSpec
+    from agent.delivery.manifest import DeployManifest, ModelSourceRef, SignedManifest
+    from agent.postprocess.spec import ClassificationSpec
+
+    manifest = DeployManifest(
+        job_id="job-8",
+        sequence=8,
+        device="jet-01",
+        slot="main",
+        model_id="mobilenet",
+        version="4",
+        size=600_000,
+        sha256="9f" * 32,
+        chunk_size=262_144,
+        chunks=["a1" * 32, "b2" * 32, "c3" * 32],
+        sources=[
+            ModelSourceRef(kind="mqtt"),
+            ModelSourceRef(kind="http", url="https://models.example.com/mobilenet-4.onnx"),
+        ],
+        build=BuildSpec(precision="int8", device="dla0", gpu_fallback=True),
+        preprocess=PreprocessSpec(width=224, height=224),
+        postprocess=ClassificationSpec(top_k=3, labels=["cat", "dog", "bird"]),
+        created_at=TS,
+    )
+    # The signed example wraps a small manifest so the doc stays readable.
+    small = DeployManifest(
+        job_id="job-9",
+        sequence=9,
+        slot="main",
+        model_id="mobilenet",
+        version="5",
+        size=1000,
+        sha256="9f" * 32,
+        chunk_size=262_144,
+        chunks=["9f" * 32],
+        sources=[ModelSourceRef(kind="mqtt")],
+        created_at=TS,
+    )
+    text = small.model_dump_json(exclude_none=True)
+    return {
+        "DeployManifest": manifest,
+        "SignedManifest": SignedManifest(manifest=text, key_id="fleet-2026", signature="0wD2" * 21 + "AA=="),
+    }
+
+
+#: Delivery payloads that are not MESSAGE_MODELS (their doc examples are checked in tests/delivery/).
+DELIVERY_EXAMPLES: dict[str, BaseModel] = _delivery_examples()

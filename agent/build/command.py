@@ -1,0 +1,292 @@
+"""``edge-agent build MODEL.onnx``: build (or find in the cache) an engine offline, like ``trtexec``.
+
+Prints the plan with a reason for every change, the build time, the cache entry (key, path, hit or
+miss), where the layers run (TensorRT placement, or ONNX Runtime's providers), and with ``--bench``
+the throughput of the engine on random input. ``--calib DIR`` calibrates INT8 on the images in DIR,
+preprocessed to ``--width`` x ``--height`` (default: the model's input size), RGB, pixels / 255.
+
+The cache is the agent's own (``--state-dir``, or ``state_dir`` from ``--config``), so an engine
+built here ahead of a deploy is a cache hit for the daemon on the same device.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import structlog
+
+from agent.errors import AgentError, BuildError
+
+# Only argparse is needed to declare the options; the builder (onnx, numpy, ...) loads when the
+# command runs, so `edge-agent --help` and the other commands stay fast.
+if TYPE_CHECKING:
+    from agent.build.engines import EngineArtifact
+    from agent.build.settings import EngineConfig
+    from agent.build.spec import BuildSpec
+    from agent.camera.preprocess_spec import PreprocessSpec
+
+DEFAULT_ITERATIONS = 200
+
+
+def default_state_dir() -> Path:
+    """``$XDG_CACHE_HOME/edge-agent`` (``~/.cache/edge-agent``) when no state dir is given."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "edge-agent"
+
+
+def add_build_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of ``edge-agent build``."""
+    parser.add_argument("model", type=Path, help="ONNX model to build")
+    parser.add_argument("--precision", choices=("fp32", "fp16", "int8", "best"), default="fp16")
+    parser.add_argument("--device", choices=("auto", "gpu", "dla0", "dla1", "cpu"), default="auto")
+    parser.add_argument(
+        "--no-gpu-fallback", action="store_true", help="fail DLA layers instead of using the GPU"
+    )
+    parser.add_argument("--workspace-mb", type=int, default=1024, help="TensorRT workspace limit (MB)")
+    parser.add_argument(
+        "--opt-level", type=int, default=3, choices=range(6), help="builder optimization level"
+    )
+    parser.add_argument("--calib", type=Path, metavar="DIR", help="directory of images to calibrate INT8 on")
+    parser.add_argument("--calib-cache", type=Path, metavar="FILE", help="TensorRT calibration cache to use")
+    parser.add_argument("--calib-frames", type=int, default=200, help="images to calibrate on (default 200)")
+    parser.add_argument("--width", type=int, help="calibration input width (default: the model's)")
+    parser.add_argument("--height", type=int, help="calibration input height (default: the model's)")
+    parser.add_argument("--bench", action="store_true", help="measure throughput on random input")
+    parser.add_argument("--iterations", type=int, default=DEFAULT_ITERATIONS, help="timed runs for --bench")
+    parser.add_argument("--batch", type=int, default=1, help="batch size for --bench")
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("--state-dir", type=Path, help=f"engine cache root (default {default_state_dir()})")
+    where.add_argument(
+        "-c", "--config", type=Path, help="agent config: use its state_dir and engines settings"
+    )
+    parser.add_argument("--timeout", type=float, help="build timeout in seconds (default: the config's)")
+    parser.add_argument("--json", action="store_true", help="print one JSON document instead of text")
+
+
+def _spec(args: argparse.Namespace) -> BuildSpec:
+    from agent.build.spec import BuildSpec, CalibrationSource
+
+    calibration: CalibrationSource | None = None
+    if args.calib is not None and args.calib_cache is not None:
+        raise BuildError("give --calib or --calib-cache, not both")
+    if args.calib is not None:
+        calibration = CalibrationSource(kind="dataset", path=args.calib, frames=args.calib_frames)
+    elif args.calib_cache is not None:
+        calibration = CalibrationSource(kind="cache", path=args.calib_cache)
+    try:
+        return BuildSpec(
+            precision=args.precision,
+            device=args.device,
+            gpu_fallback=not args.no_gpu_fallback,
+            workspace_mb=args.workspace_mb,
+            optimization_level=args.opt_level,
+            calibration=calibration,
+        )
+    except ValueError as exc:
+        raise BuildError(f"invalid build options: {exc}") from exc
+
+
+def _preprocess(args: argparse.Namespace) -> PreprocessSpec | None:
+    if args.calib is None:
+        return None
+    from agent.build.engines import model_input_size
+    from agent.camera.preprocess_spec import PreprocessSpec
+
+    size = model_input_size(args.model)
+    width = args.width or (size[0] if size else None)
+    height = args.height or (size[1] if size else None)
+    if width is None or height is None:
+        raise BuildError(f"{args.model.name} has no fixed input size: give --width and --height for --calib")
+    return PreprocessSpec(width=width, height=height)
+
+
+def _settings(args: argparse.Namespace) -> tuple[Path, EngineConfig]:
+    from agent.build.settings import EngineConfig
+
+    if args.config is not None:
+        from agent.config import load_config
+
+        config = load_config(args.config)
+        state_dir, engines = config.state_dir, config.engines
+    else:
+        state_dir, engines = args.state_dir or default_state_dir(), EngineConfig()
+    if args.timeout is not None:
+        engines = engines.model_copy(update={"build_timeout_s": args.timeout})
+    return Path(state_dir), engines
+
+
+def bench(artifact: EngineArtifact, iterations: int, batch: int) -> dict[str, Any]:
+    """Load the engine, run it on random input: load time, first inference, throughput, latency."""
+    import numpy as np
+
+    from agent.backends.base import get_backend
+
+    started = time.perf_counter()
+    runner = get_backend(artifact.backend).load(artifact.engine_path, artifact.load_options())
+    load_s = time.perf_counter() - started
+    try:
+        rng = np.random.default_rng(0)
+        feeds = {}
+        for spec in runner.inputs:
+            dims = [batch if axis == 0 else d for axis, d in enumerate(spec.shape)]
+            shape = [d for d in dims if isinstance(d, int) and d > 0]
+            if len(shape) != len(dims):
+                raise BuildError(
+                    f"input {spec.name!r} has dynamic axes {spec.shape}: cannot make a bench input"
+                )
+            feeds[spec.name] = rng.random(shape).astype(spec.dtype)
+        first = time.perf_counter()
+        runner.infer(feeds)
+        first_s = time.perf_counter() - first
+        for _ in range(min(10, iterations)):
+            runner.infer(feeds)
+        times = []
+        for _ in range(iterations):
+            t0 = time.perf_counter()
+            runner.infer(feeds)
+            times.append(time.perf_counter() - t0)
+    finally:
+        runner.close()
+    total = sum(times)
+    ordered = sorted(times)
+    return {
+        "iterations": iterations,
+        "batch": batch,
+        "load_s": load_s,
+        "first_inference_s": first_s,
+        "throughput_per_s": batch * iterations / total if total > 0 else None,
+        "latency_ms_mean": 1000 * statistics.fmean(times),
+        "latency_ms_p50": 1000 * ordered[len(ordered) // 2],
+        "latency_ms_p99": 1000 * ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))],
+    }
+
+
+def _placement_text(effective: dict[str, Any]) -> str:
+    placement = effective.get("placement")
+    if not isinstance(placement, dict):
+        return "not reported"
+    if "dla_layers" in placement:
+        return (
+            f"{placement.get('dla_layers', 0)} layers on DLA, {placement.get('gpu_layers', 0)} on GPU "
+            f"(from the {placement.get('source', '?')})"
+        )
+    return "providers " + ", ".join(str(p) for p in placement.get("providers", []))
+
+
+def _print_text(
+    model: Path, artifact: EngineArtifact, seconds: float, bench_result: dict[str, Any] | None
+) -> None:
+    plan = artifact.plan
+    device = plan.device if plan.dla_core is None else f"dla{plan.dla_core}"
+    requested = artifact.effective.get("requested", {})
+    print(f"model      {model}")
+    print(f"requested  precision {requested.get('precision')}, device {requested.get('device')}")
+    print(
+        f"plan       backend {plan.backend}, device {device}, precision {plan.precision}, "
+        f"int8 {plan.int8_mode}{', gpu fallback' if plan.gpu_fallback else ''}"
+    )
+    for change in plan.changes:
+        print(f"  change   {change.field}: {change.requested} -> {change.effective} ({change.reason})")
+    if not plan.changes:
+        print("  change   none: built as requested")
+    state = "hit" if artifact.cache_hit else "miss, built and stored"
+    built = artifact.effective.get("built_seconds")
+    if artifact.cache_hit:
+        print(f"build      cache hit in {seconds:.2f} s (originally built in {built or 0:.1f} s)")
+    else:
+        print(f"build      {built or seconds:.2f} s (total {seconds:.2f} s)")
+    print(f"cache      {state}: key {artifact.key}")
+    print(f"engine     {artifact.engine_path} ({artifact.effective.get('engine_bytes')} bytes)")
+    print(f"placement  {_placement_text(artifact.effective)}")
+    calibration = artifact.effective.get("calibration")
+    if isinstance(calibration, dict):
+        table, trt_cache = calibration.get("table"), calibration.get("trt_cache")
+        print(f"calib      {calibration.get('method')}: table {table}, TensorRT cache {trt_cache}")
+    if bench_result is not None:
+        print(
+            f"bench      {bench_result['throughput_per_s']:.1f} inferences/s "
+            f"(batch {bench_result['batch']}, {bench_result['iterations']} runs), latency "
+            f"mean {bench_result['latency_ms_mean']:.2f} ms, p50 {bench_result['latency_ms_p50']:.2f} ms, "
+            f"p99 {bench_result['latency_ms_p99']:.2f} ms; load {bench_result['load_s'] * 1000:.0f} ms, "
+            f"first inference {bench_result['first_inference_s'] * 1000:.1f} ms"
+        )
+
+
+def quiet_logs() -> None:
+    """Agent log events at warning and above, to stderr: stdout is the report (or the JSON)."""
+    structlog.configure(
+        processors=[structlog.processors.add_log_level, structlog.dev.ConsoleRenderer(colors=False)],
+        wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING),
+        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+        cache_logger_on_first_use=False,
+    )
+
+
+def run_build(args: argparse.Namespace) -> int:
+    """``edge-agent build``: returns the exit status; raises AgentError for the CLI to print."""
+    from agent.build.engines import EngineBuilder
+    from agent.platform import detect_platform
+
+    quiet_logs()
+
+    model = Path(args.model)
+    if not model.is_file():
+        raise BuildError(f"model {model} does not exist")
+    if args.iterations < 1 or args.batch < 1:
+        raise BuildError("--iterations and --batch must be >= 1")
+    spec = _spec(args)
+    preprocess = _preprocess(args)
+    state_dir, engines = _settings(args)
+    builder = EngineBuilder(state_dir, engines, detect_platform())
+    quiet = args.json
+
+    def progress(message: str) -> None:
+        # The plan's changes are printed with the report; the rest is live progress.
+        if not quiet and not message.startswith("plan: "):
+            print(f"  ...      {message}", file=sys.stderr, flush=True)
+
+    started = time.monotonic()
+    artifact = builder.build(model, spec, preprocess=preprocess, progress=progress)
+    seconds = time.monotonic() - started
+    bench_result = bench(artifact, args.iterations, args.batch) if args.bench else None
+    if args.json:
+        document = {
+            "model": str(model),
+            "key": artifact.key,
+            "cache_hit": artifact.cache_hit,
+            "engine": str(artifact.engine_path),
+            "backend": artifact.backend,
+            "seconds": seconds,
+            "plan": artifact.plan.model_dump(mode="json"),
+            "effective": artifact.effective,
+            "bench": bench_result,
+        }
+        print(json.dumps(document, indent=2, default=str))
+    else:
+        _print_text(model, artifact, seconds, bench_result)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Standalone entry (``python -m agent.build.command``), same as ``edge-agent build``."""
+    parser = argparse.ArgumentParser(prog="edge-agent build", description=__doc__.splitlines()[0])
+    add_build_arguments(parser)
+    args = parser.parse_args(argv)
+    try:
+        return run_build(args)
+    except AgentError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,524 @@
+"""Turn an ONNX model and a :class:`BuildSpec` into a cached engine: plan, key, cache, worker.
+
+:class:`EngineBuilder` is what the agent (BUILDING step) and ``edge-agent build`` call:
+
+1. hash the model (:func:`~agent.build.cache_key.model_sha256`) and plan the build for this
+   platform (:func:`~agent.build.plan.plan_build`), with a reason for every change;
+2. compute the cache key from the model, backend version, device, plan and calibration identity;
+3. on a cache hit, return at once: time-to-active is then the engine's load time;
+4. otherwise build in a child process (:class:`~agent.build.worker.BuildWorker`: TensorRT where the
+   plan says so, else ONNX Runtime), store the result in the cache, and return it.
+
+The returned :class:`EngineArtifact` says what was requested and what was effectively built
+(precision, device, DLA core, providers, layer placement, every change with its reason) and carries
+the load options the runtime needs.
+
+Calibration identity (part of the key): a ``cache`` source is its file's SHA-256; a ``dataset``
+is the SHA-256 of its image files, the frame count and the preprocessing; a ``stream`` is its name
+and frame count only, because live frames never repeat: a second deploy of the same model and spec
+reuses the engine instead of recalibrating. Calibration frames are read only when a build happens.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import re
+import shutil
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import onnx
+import structlog
+
+from agent.backends.base import LoadOptions, ProviderRequest
+from agent.build.cache import CacheEntry, EngineCache
+from agent.build.cache_key import (
+    EngineIdentity,
+    canonical_json,
+    engine_cache_key,
+    model_sha256,
+    new_engine_meta,
+)
+from agent.build.ort_builder import (
+    ENGINE_FILE as ORT_ENGINE_FILE,
+)
+from agent.build.ort_builder import (
+    REPORT_FILE,
+    TRT_CACHE_FILE,
+    TRT_ENGINE_DIR,
+    OrtPaths,
+    provider_names,
+    provider_options,
+)
+from agent.build.plan import PlatformFacts, plan_build
+from agent.build.settings import EngineConfig
+from agent.build.spec import BuildPlan, BuildSpec, CalibrationSource
+from agent.build.worker import BuildJob, BuildWorker, save_batches
+from agent.camera.preprocess_spec import PreprocessSpec
+from agent.errors import BuildError
+from agent.fsutil import sha256_file
+from agent.platform import Platform
+
+log = structlog.get_logger(__name__)
+
+MIB = 1 << 20
+
+#: Engine file name of a TensorRT entry.
+TRT_ENGINE_FILE = "engine"
+#: TensorRT version whose header a CPU-made calibration cache gets when no TensorRT is present:
+#: JetPack 6.1/6.2, the main target.
+DEFAULT_TRT_CACHE_VERSION = "10.3.0"
+#: Image files a calibration dataset directory may hold.
+IMAGE_SUFFIXES = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", ".ppm", ".pgm"})
+
+Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class EngineArtifact:
+    """A built (or cached) engine, what it effectively is, and how to load it."""
+
+    engine_path: Path
+    backend: str
+    plan: BuildPlan
+    effective: dict[str, Any]
+    cache_hit: bool
+    build_seconds: float
+    key: str
+    load_extra: dict[str, Any] = field(default_factory=dict)
+    providers: tuple[ProviderRequest, ...] = ("CPUExecutionProvider",)
+
+    def load_options(self, intra_op_threads: int = 0) -> LoadOptions:
+        """:class:`LoadOptions` for loading :attr:`engine_path` with backend :attr:`backend`."""
+        return LoadOptions(providers=self.providers, intra_op_threads=intra_op_threads, extra=self.load_extra)
+
+
+# --------------------------------------------------------------------------- model facts
+
+
+def model_facts(model: Path) -> tuple[bool, bool]:
+    """``(static, has_qdq)``: every input has a fixed shape; the graph has Q/DQ nodes."""
+    try:
+        proto = onnx.load(str(model), load_external_data=False)
+    except Exception as exc:
+        raise BuildError(f"cannot read ONNX model {model}: {exc}; deploy it again") from exc
+    initializers = {init.name for init in proto.graph.initializer}
+    static = True
+    for value in proto.graph.input:
+        if value.name in initializers:
+            continue
+        dims = value.type.tensor_type.shape.dim
+        if not all(d.HasField("dim_value") and d.dim_value > 0 for d in dims):
+            static = False
+    has_qdq = any(node.op_type in ("QuantizeLinear", "DequantizeLinear") for node in proto.graph.node)
+    return static, has_qdq
+
+
+def model_input_size(model: Path) -> tuple[int, int] | None:
+    """``(width, height)`` of an NCHW image input with fixed spatial size, else None."""
+    proto = onnx.load(str(model), load_external_data=False)
+    initializers = {init.name for init in proto.graph.initializer}
+    for value in proto.graph.input:
+        if value.name in initializers:
+            continue
+        dims = value.type.tensor_type.shape.dim
+        if len(dims) == 4 and all(d.HasField("dim_value") and d.dim_value > 0 for d in dims[2:]):
+            return int(dims[3].dim_value), int(dims[2].dim_value)
+        return None
+    return None
+
+
+# --------------------------------------------------------------------------- calibration data
+
+
+def dataset_images(directory: Path) -> list[Path]:
+    """Image files directly in ``directory``, sorted by name."""
+    if not directory.is_dir():
+        raise BuildError(f"calibration dataset {directory} is not a directory of images")
+    return sorted(p for p in directory.iterdir() if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
+
+
+def dataset_batches(directory: Path, preprocess: PreprocessSpec, frames: int) -> Iterator[npt.NDArray[Any]]:
+    """Up to ``frames`` images of ``directory``, each preprocessed as a batch of one."""
+    import cv2
+
+    from agent.camera.preprocess import preprocess as prepare
+
+    images = dataset_images(directory)
+    if not images:
+        raise BuildError(
+            f"calibration dataset {directory} holds no images ({', '.join(sorted(IMAGE_SUFFIXES))})"
+        )
+    for path in images[:frames]:
+        image = cv2.imread(str(path), cv2.IMREAD_COLOR)
+        if image is None or image.dtype != np.uint8:
+            log.warning("engine.calibration.unreadable_image", path=str(path))
+            continue
+        tensor, _ = prepare(image.astype(np.uint8, copy=False), preprocess)
+        yield tensor[np.newaxis]
+
+
+def calibration_identity(source: CalibrationSource, preprocess: PreprocessSpec | None) -> str:
+    """SHA-256 standing for the calibration input in the engine cache key (see the module doc)."""
+    if source.kind == "cache":
+        assert source.path is not None
+        try:
+            return sha256_file(source.path)
+        except OSError as exc:
+            raise BuildError(f"calibration cache {source.path} is unreadable: {exc}") from exc
+    if source.kind == "dataset":
+        assert source.path is not None
+        files = {p.name: sha256_file(p) for p in dataset_images(source.path)[: source.frames]}
+        description: dict[str, Any] = {
+            "dataset": files,
+            "frames": source.frames,
+            "preprocess": preprocess.model_dump(mode="json") if preprocess is not None else None,
+        }
+    else:
+        description = {"stream": source.stream, "frames": source.frames}
+    return hashlib.sha256(canonical_json(description)).hexdigest()
+
+
+def _limit_frames(batches: Iterable[npt.NDArray[Any]], frames: int) -> Iterator[npt.NDArray[Any]]:
+    seen = 0
+    for batch in batches:
+        if seen >= frames:
+            return
+        array = np.asarray(batch)
+        take = min(len(array), frames - seen) if array.ndim > 0 else 1
+        yield array[:take] if array.ndim > 0 else array
+        seen += take
+
+
+def _safe(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", text).strip("_") or "unknown"
+
+
+# --------------------------------------------------------------------------- the builder
+
+
+class EngineBuilder:
+    """Plans, builds (in a child process) and caches engines for one device. Thread-safe."""
+
+    def __init__(
+        self,
+        state_dir: Path,
+        config: EngineConfig,
+        platform: Platform,
+        *,
+        worker: BuildWorker | None = None,
+    ) -> None:
+        # Absolute: the build child gets these paths and must not depend on the working directory.
+        self.state_dir = Path(state_dir).resolve()
+        self.config = config
+        self.platform = platform
+        self.facts = PlatformFacts.from_platform(platform)
+        self.cache = EngineCache(self.state_dir / "engines", config.cache_max_mb * MIB)
+        self.jobs_dir = self.state_dir / "build"
+        self.worker = worker or BuildWorker(
+            timeout_s=config.build_timeout_s,
+            memory_mb=config.build_memory_mb,
+            lock_path=self.state_dir / "build.lock",
+        )
+        self._build_lock = threading.Lock()
+        self._remove_stale_jobs()
+
+    def protect(self, keys: Iterable[str]) -> None:
+        """Keys eviction must never remove: the active and last-known-good engines of every slot."""
+        self.cache.protect(keys)
+
+    def plan(self, model: Path, spec: BuildSpec | None) -> BuildPlan:
+        """The plan :meth:`build` would follow (no build, no cache lookup)."""
+        static, has_qdq = model_facts(model)
+        return plan_build(_spec_or_default(spec), self.facts, model_static=static, model_has_qdq=has_qdq)
+
+    def build(
+        self,
+        model: Path,
+        spec: BuildSpec | None,
+        *,
+        calibration: Iterable[npt.NDArray[Any]] | None = None,
+        preprocess: PreprocessSpec | None = None,
+        progress: Progress | None = None,
+        cancel: threading.Event | None = None,
+    ) -> EngineArtifact:
+        """The engine for ``model`` built as ``spec`` says, from the cache when it is there.
+
+        ``spec`` None: FP32 ONNX Runtime on CPU (the optimized model). ``calibration``: preprocessed
+        batches for INT8 (``[N, ...]`` arrays), consumed only when a build happens; without them a
+        ``dataset`` source is read from its directory with ``preprocess`` (default: the model's
+        input size, RGB, pixels / 255). Raises :class:`BuildError` naming what went wrong.
+        """
+        model = Path(model)
+        say = _safe_progress(progress)
+        started = time.monotonic()
+        requested = _spec_or_default(spec)
+        static, has_qdq = model_facts(model)
+        plan = plan_build(requested, self.facts, model_static=static, model_has_qdq=has_qdq)
+        for change in plan.changes:
+            say(f"plan: {change.field} {change.requested} -> {change.effective}: {change.reason}")
+        if (
+            plan.precision == "int8"
+            and plan.calibration is not None
+            and preprocess is None
+            and calibration is None
+        ):
+            preprocess = self._default_preprocess(model) if plan.calibration.kind == "dataset" else None
+        calib_sha = (
+            calibration_identity(plan.calibration, preprocess) if plan.calibration is not None else None
+        )
+        identity = EngineIdentity.for_build(
+            model_sha256=model_sha256(model), plan=plan, platform=self.platform, calibration_sha256=calib_sha
+        )
+        key = engine_cache_key(identity)
+        entry = self.cache.get(key)
+        if entry is not None:
+            say(f"cache hit {key[:12]}")
+            log.info("engine.cache.hit", key=key, model=model.name)
+            return self._artifact(entry, plan, requested, cache_hit=True, seconds=time.monotonic() - started)
+        # One build at a time per builder; the worker also serialises builds across processes.
+        wait_s = self.config.build_timeout_s + 60.0
+        if not self._build_lock.acquire(timeout=wait_s):
+            raise BuildError(f"another build is still running after {wait_s:.0f}s; retry later")
+        try:
+            return self._build_locked(
+                model=model,
+                plan=plan,
+                requested=requested,
+                identity=identity,
+                key=key,
+                calibration=calibration,
+                preprocess=preprocess,
+                say=say,
+                cancel=cancel,
+                started=started,
+            )
+        finally:
+            self._build_lock.release()
+
+    def _build_locked(
+        self,
+        *,
+        model: Path,
+        plan: BuildPlan,
+        requested: BuildSpec,
+        identity: EngineIdentity,
+        key: str,
+        calibration: Iterable[npt.NDArray[Any]] | None,
+        preprocess: PreprocessSpec | None,
+        say: Progress,
+        cancel: threading.Event | None,
+        started: float,
+    ) -> EngineArtifact:
+        # A concurrent build of the same engine may have finished while this one waited.
+        entry = self.cache.get(key)
+        if entry is not None:
+            say(f"cache hit {key[:12]} (built meanwhile)")
+            return self._artifact(entry, plan, requested, cache_hit=True, seconds=time.monotonic() - started)
+        say(f"cache miss {key[:12]}: building with {plan.backend}")
+        log.info("engine.cache.miss", key=key, model=model.name, backend=plan.backend)
+        job_dir = self.jobs_dir / f"{key[:16]}-{uuid.uuid4().hex[:8]}"
+        try:
+            job = self._job(model, plan, job_dir, calibration, preprocess)
+            result = self.worker.run(job, say, cancel)
+            engine_path = job.out_dir / result.engine_file
+            if not engine_path.is_file():
+                raise BuildError(f"the builder reported success but wrote no engine file {engine_path.name}")
+            report_path = job.out_dir / REPORT_FILE
+            report_path.write_text(json.dumps(result.report, default=str, indent=2), encoding="utf-8")
+            meta = new_engine_meta(
+                identity,
+                engine_path=engine_path,
+                build_seconds=result.build_seconds,
+                plan=plan,
+                extra=result.extra,
+            )
+            files = {name: job.out_dir / name for name in (*result.files, REPORT_FILE)}
+            entry = self.cache.put(key, engine_path, meta, files=files, move=True)
+        finally:
+            shutil.rmtree(job_dir, ignore_errors=True)
+        say(f"built in {result.build_seconds:.1f}s, cached as {key[:12]}")
+        return self._artifact(entry, plan, requested, cache_hit=False, seconds=time.monotonic() - started)
+
+    # -- helpers -----------------------------------------------------------------------------
+
+    def _default_preprocess(self, model: Path) -> PreprocessSpec:
+        size = model_input_size(model)
+        if size is None:
+            raise BuildError(
+                f"cannot calibrate {model.name} from a dataset: its input has no fixed NCHW image size; "
+                "pass the slot's preprocessing (or --width/--height to edge-agent build)"
+            )
+        return PreprocessSpec(width=size[0], height=size[1])
+
+    def _timing_cache(self) -> Path:
+        p = self.platform
+        gpu = _safe(p.gpu_name or "gpu")
+        name = f"{gpu}-sm{_safe(p.compute_capability or 'x')}-trt{_safe(p.tensorrt_version or 'x')}"
+        return self.state_dir / "timing" / f"{name}.cache"
+
+    def _job(
+        self,
+        model: Path,
+        plan: BuildPlan,
+        job_dir: Path,
+        calibration: Iterable[npt.NDArray[Any]] | None,
+        preprocess: PreprocessSpec | None,
+    ) -> BuildJob:
+        calibration_dir: Path | None = None
+        calibration_cache: Path | None = None
+        source = plan.calibration
+        if source is not None:
+            if source.kind == "cache":
+                if plan.backend != "tensorrt":
+                    raise BuildError(
+                        "a TensorRT calibration cache cannot calibrate an ONNX Runtime INT8 build: give a "
+                        "calibration stream or dataset, or a Q/DQ model"
+                    )
+                assert source.path is not None
+                calibration_cache = self.state_dir / "calibration" / f"{sha256_file(source.path)}.cache"
+                calibration_cache.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(source.path, calibration_cache)
+            else:
+                batches = calibration
+                if batches is None and source.kind == "dataset":
+                    assert source.path is not None
+                    assert preprocess is not None
+                    batches = dataset_batches(source.path, preprocess, source.frames)
+                if batches is None:
+                    raise BuildError(
+                        f"INT8 calibration from stream {source.stream!r} needs frames: "
+                        "the caller must pass them"
+                    )
+                calibration_dir = job_dir / "calibration"
+                count, data_sha = save_batches(_limit_frames(batches, source.frames), calibration_dir)
+                if count == 0:
+                    raise BuildError("INT8 calibration got no frames: check the calibration source")
+                if plan.backend == "tensorrt" and plan.int8_mode == "calibrator":
+                    # TensorRT writes its cache here after calibrating; the next build with the same
+                    # model and frames skips calibration.
+                    assert self.platform.tensorrt_version is not None
+                    calib_key = hashlib.sha256(
+                        canonical_json([sha256_file(model), self.platform.tensorrt_version, data_sha])
+                    ).hexdigest()
+                    calibration_cache = self.state_dir / "calibration" / f"{calib_key}.cache"
+        return BuildJob(
+            kind=plan.backend,
+            model=model.resolve(),
+            out_dir=(job_dir / "out").resolve(),
+            plan=plan,
+            engine_file=TRT_ENGINE_FILE if plan.backend == "tensorrt" else ORT_ENGINE_FILE,
+            calibration_dir=calibration_dir.resolve() if calibration_dir is not None else None,
+            calibration_cache=calibration_cache,
+            timing_cache=self._timing_cache()
+            if plan.backend == "tensorrt"
+            else self.state_dir / "timing" / "ort",
+            trt_cache_version=self.platform.tensorrt_version or DEFAULT_TRT_CACHE_VERSION,
+            available_providers=self.platform.ort_providers or ("CPUExecutionProvider",),
+        )
+
+    def _artifact(
+        self, entry: CacheEntry, plan: BuildPlan, requested: BuildSpec, *, cache_hit: bool, seconds: float
+    ) -> EngineArtifact:
+        meta = entry.meta
+        report = _read_report(entry.file(REPORT_FILE))
+        effective: dict[str, Any] = {
+            "backend": plan.backend,
+            "precision": plan.precision,
+            "device": plan.device,
+            "dla_core": plan.dla_core,
+            "gpu_fallback": plan.gpu_fallback,
+            "int8_mode": plan.int8_mode,
+            "requested": {"precision": requested.precision, "device": requested.device},
+            "changes": [change.model_dump(mode="json") for change in plan.changes],
+            "built_seconds": meta.build_seconds,
+            "engine_bytes": meta.engine_bytes,
+        }
+        load_extra: dict[str, Any] = {"precision": plan.precision}
+        providers: tuple[ProviderRequest, ...] = ("CPUExecutionProvider",)
+        if plan.backend == "tensorrt":
+            placement = report.get("placement")
+            effective["placement"] = placement
+            load_extra.update(dla_core=plan.dla_core if plan.device == "dla" else None, placement=placement)
+        else:
+            table = TRT_CACHE_FILE if entry.file(TRT_CACHE_FILE).is_file() else None
+            paths = OrtPaths(
+                engine_cache_dir=entry.file(TRT_ENGINE_DIR),
+                timing_cache_dir=self.state_dir / "timing",
+                calibration_table=table if plan.int8_mode == "calibrator" else None,
+            )
+            requests = provider_options(plan, paths, self.platform.ort_providers or None)
+            providers = tuple(requests)
+            effective["providers"] = report.get("providers", provider_names(requests))
+            effective["placement"] = {"providers": effective["providers"]}
+            if "calibration" in report:
+                effective["calibration"] = {
+                    **report["calibration"],
+                    "table": str(entry.file(str(report["calibration"].get("table", "")))),
+                    "trt_cache": str(entry.file(TRT_CACHE_FILE)),
+                }
+            load_extra["providers"] = list(providers)
+        return EngineArtifact(
+            engine_path=entry.engine_path,
+            backend=plan.backend,
+            plan=plan,
+            effective=effective,
+            cache_hit=cache_hit,
+            build_seconds=seconds,
+            key=entry.key,
+            load_extra=load_extra,
+            providers=providers,
+        )
+
+    def _remove_stale_jobs(self) -> None:
+        """Job directories left by a crashed agent (older than any build may run)."""
+        if not self.jobs_dir.is_dir():
+            return
+        horizon = time.time() - (self.config.build_timeout_s + 600.0)
+        for child in self.jobs_dir.iterdir():
+            with contextlib.suppress(OSError):
+                if child.stat().st_mtime < horizon:
+                    shutil.rmtree(child, ignore_errors=True)
+
+
+def _spec_or_default(spec: BuildSpec | None) -> BuildSpec:
+    # No build spec: run the model as given, FP32 on the CPU (ONNX Runtime's optimized copy).
+    return spec if spec is not None else BuildSpec(precision="fp32", device="cpu")
+
+
+def _read_report(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _safe_progress(progress: Progress | None) -> Progress:
+    def say(message: str) -> None:
+        if progress is None:
+            return
+        try:
+            progress(message)
+        except Exception as exc:  # noqa: BLE001 - an observer must not fail the build
+            log.warning("engine.build.progress_callback_failed", error=str(exc))
+
+    return say
+
+
+__all__ = [
+    "EngineArtifact",
+    "EngineBuilder",
+    "calibration_identity",
+    "dataset_batches",
+    "model_facts",
+]

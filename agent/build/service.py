@@ -1,0 +1,144 @@
+"""The agent's side of engine builds: a slot's model and build request in, a loadable engine out.
+
+Wraps :class:`agent.build.engines.EngineBuilder` (plan, cache, worker) with what only the running
+agent has: live frames of the slot's streams, for calibration (``calibration.kind: stream``) and
+for the INT8 accuracy guard. An INT8 engine whose top-1 agreement with FP32 on held-out frames is
+below ``engines.int8_agreement`` never goes live: the build falls back to FP16 and says why.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import structlog
+
+from agent.backends.base import LoadOptions, get_backend
+from agent.build.calibration_store import CalibrationKey, CalibrationStore, collect_frames
+from agent.build.engines import EngineArtifact, EngineBuilder
+from agent.build.guard import agreement, check_int8
+from agent.build.int8 import quantize_int8
+from agent.build.settings import EngineConfig
+from agent.build.spec import BuildSpec
+from agent.camera.preprocess_spec import PreprocessSpec
+from agent.errors import BuildError
+
+log = structlog.get_logger(__name__)
+
+#: ``frames(slot, n)``: copies of the next ``n`` frames a slot's streams capture ([] if it has none).
+FrameSource = Callable[[str, int], list[npt.NDArray[np.uint8]]]
+Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class PreparedEngine:
+    """An engine to load into a slot, and the requested-vs-effective report for job status."""
+
+    artifact: EngineArtifact
+    effective: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def load_extra(self) -> dict[str, Any]:
+        return {**self.artifact.load_extra, "providers": self.artifact.providers}
+
+
+class EngineService:
+    """Builds engines for slots; one build at a time (the worker enforces it across processes too)."""
+
+    def __init__(self, builder: EngineBuilder, config: EngineConfig, frames: FrameSource) -> None:
+        self.builder = builder
+        self.config = config
+        self.frames = frames
+        self.calibrations = CalibrationStore(builder.state_dir)
+        self._lock = threading.Lock()
+
+    def prepare(
+        self,
+        slot: str,
+        model: Path,
+        spec: BuildSpec | None,
+        preprocess: PreprocessSpec,
+        *,
+        progress: Progress | None = None,
+        cancel: threading.Event | None = None,
+    ) -> PreparedEngine:
+        """Build (or find) the engine for ``model``; INT8 only if it passes the accuracy guard."""
+        say = progress or (lambda _msg: None)
+        calibration = self._stream_calibration(slot, spec, preprocess, say)
+        artifact = self.builder.build(
+            model, spec, calibration=calibration, preprocess=preprocess, progress=say, cancel=cancel
+        )
+        effective = dict(artifact.effective)
+        if artifact.plan.precision != "int8":
+            return PreparedEngine(artifact, effective)
+        ok, reason, report = self._guard(slot, model, artifact, preprocess)
+        effective["int8_guard"] = {"passed": ok, "reason": reason, **(report or {})}
+        say(f"int8 guard: {reason}")
+        if ok:
+            return PreparedEngine(artifact, effective)
+        log.warning("engine.int8.rejected", slot=slot, reason=reason)
+        fallback = (spec or BuildSpec()).model_copy(update={"precision": "fp16", "calibration": None})
+        artifact = self.builder.build(model, fallback, preprocess=preprocess, progress=say, cancel=cancel)
+        effective = {**artifact.effective, "int8_guard": effective["int8_guard"], "fallback_reason": reason}
+        return PreparedEngine(artifact, effective)
+
+    def _stream_calibration(
+        self, slot: str, spec: BuildSpec | None, preprocess: PreprocessSpec, say: Progress
+    ) -> list[npt.NDArray[Any]] | None:
+        if spec is None or spec.calibration is None or spec.calibration.kind != "stream":
+            return None
+        wanted = spec.calibration.frames
+        say(f"calibration: collecting {wanted} frames of slot {slot}")
+        images = self.frames(slot, wanted)
+        if not images:
+            raise BuildError(
+                f"INT8 calibration needs {wanted} frames of slot {slot!r} but its streams delivered none: "
+                "check the cameras, or calibrate from a cache file or dataset"
+            )
+        return collect_frames(images, len(images), preprocess)
+
+    def _guard(
+        self, slot: str, model: Path, artifact: EngineArtifact, preprocess: PreprocessSpec
+    ) -> tuple[bool, str, dict[str, Any] | None]:
+        held_out = self.frames(slot, self.config.guard_frames)
+        reference = get_backend("onnxruntime").load(model, LoadOptions())
+        candidate = get_backend(artifact.backend).load(artifact.engine_path, artifact.load_options())
+        try:
+            report = agreement(reference, candidate, held_out, preprocess)
+        except BuildError as exc:
+            return False, f"INT8 engine failed on held-out frames: {exc}", None
+        finally:
+            reference.close()
+            candidate.close()
+        ok, reason = check_int8(report, self.config.int8_agreement)
+        return ok, reason, report.to_dict()
+
+    def calibrate(self, slot: str, model: Path, preprocess: PreprocessSpec, frames: int) -> dict[str, Any]:
+        """``calibrate`` command: entropy-calibrate ``model`` on ``frames`` live frames; store and reuse."""
+        images = self.frames(slot, frames)
+        if not images:
+            raise BuildError(f"slot {slot!r} delivered no frames to calibrate on: check its streams")
+        batches = collect_frames(images, len(images), preprocess)
+        import onnxruntime as ort
+
+        key = CalibrationKey.for_batches(
+            model, batches, algorithm="entropy", backend="onnxruntime", backend_version=ort.__version__
+        )
+        with self._lock, tempfile.TemporaryDirectory(prefix="calibrate-") as tmp:
+            stored, reused = self.calibrations.get_or_calibrate(
+                key, lambda: quantize_int8(model, Path(tmp), batches).ranges
+            )
+        return {
+            "slot": slot,
+            "frames": len(images),
+            "key": key.digest(),
+            "table": str(stored.table_path),
+            "reused": reused,
+            "tensors": len(stored.ranges),
+        }

@@ -1,0 +1,22 @@
+"""The ``engines:`` section of the configuration: the engine cache and the build worker."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from agent.model_base import StrictModel
+
+
+class EngineConfig(StrictModel):
+    """Where engines are cached and how builds are bounded."""
+
+    cache_max_mb: int = Field(4096, ge=1, description="Engine cache size cap; least recently used go first.")
+    build_timeout_s: float = Field(1800.0, gt=0, description="A build running longer is killed and fails.")
+    build_memory_mb: int = Field(0, ge=0, description="Address-space limit of the build process (0 = none).")
+    int8_agreement: float = Field(
+        0.97,
+        ge=0.0,
+        le=1.0,
+        description="INT8 goes live only if its top-1 agrees with FP32 on this share of frames.",
+    )
+    guard_frames: int = Field(64, ge=1, description="Held-out frames the INT8 accuracy guard compares on.")

@@ -1,0 +1,1 @@
+"""Model delivery: signed desired state, chunk pull with resume, verification, job status."""

@@ -1,0 +1,134 @@
+"""Delivery errors, one class per stable ``code`` (published as ``error_code`` in job status).
+
+``rejects`` decides the job's end state: True means the manifest or model itself is unacceptable
+(REJECTED: sending the same thing again cannot work); False means the attempt failed for a reason
+that may pass next time (FAILED: free disk space, fix the network, then publish a new manifest).
+"""
+
+from __future__ import annotations
+
+from agent.errors import DeliveryError
+
+
+class RejectedError(DeliveryError):
+    """Base of the errors that end a job REJECTED."""
+
+    code = "rejected"
+    rejects = True
+
+    def __init__(self, message: str, *, job_id: str | None = None) -> None:
+        super().__init__(message)
+        #: Job id the refused manifest named, when it could be read (to publish REJECTED on it).
+        self.job_id = job_id
+
+
+class BadJsonError(RejectedError):
+    """The payload (or the manifest string inside it) is not JSON."""
+
+    code = "bad_json"
+
+
+class BadManifestError(RejectedError):
+    """Valid JSON of the wrong shape; the message names the field path."""
+
+    code = "bad_manifest"
+
+
+class BadSignatureError(RejectedError):
+    """The Ed25519 signature does not match the manifest bytes (or is not valid base64)."""
+
+    code = "bad_signature"
+
+
+class UnknownKeyError(RejectedError):
+    """The manifest is signed with a key id the device does not trust."""
+
+    code = "unknown_key"
+
+
+class UnsignedError(RejectedError):
+    """No signature although ``delivery.require_signature`` is true."""
+
+    code = "unsigned"
+
+
+class WrongDeviceError(RejectedError):
+    """The manifest's ``device`` field names another device."""
+
+    code = "wrong_device"
+
+
+class WrongSlotError(RejectedError):
+    """The manifest's ``slot`` differs from the slot of the topic it arrived on, or is not configured."""
+
+    code = "wrong_slot"
+
+
+class BadNameError(RejectedError):
+    """A job id, slot, model id or version contains a path separator, ``..`` or is otherwise unusable."""
+
+    code = "bad_name"
+
+
+class ReplayError(RejectedError):
+    """A manifest whose sequence is not newer than the last one accepted for the slot."""
+
+    code = "replay"
+
+
+class TooLargeError(RejectedError):
+    """The model is larger than ``delivery.max_model_bytes``."""
+
+    code = "too_large"
+
+
+class BadOnnxError(RejectedError):
+    """The model file cannot be parsed as ONNX (truncated, not a model, external data)."""
+
+    code = "bad_onnx"
+
+
+class OnnxCheckerError(RejectedError):
+    """``onnx.checker.check_model`` refuses the model."""
+
+    code = "onnx_checker"
+
+
+class IncompatibleError(RejectedError):
+    """The model's inputs or outputs do not fit the slot's pre/postprocessing."""
+
+    code = "incompatible"
+
+
+class HashMismatchError(RejectedError):
+    """The assembled file's SHA-256 differs from the manifest's.
+
+    Every chunk matched its own hash, so the manifest itself is inconsistent.
+    """
+
+    code = "hash_mismatch"
+
+
+class DiskFullError(DeliveryError):
+    """Not enough free disk space for the model plus the configured headroom."""
+
+    code = "disk_full"
+    rejects = False
+
+
+class JobCancelledError(DeliveryError):
+    """The job was cancelled (superseded by a newer manifest, or the agent is stopping)."""
+
+    code = "cancelled"
+    rejects = False
+
+
+def rejects(exc: BaseException) -> bool:
+    """True when ``exc`` should end a job REJECTED rather than FAILED."""
+    return bool(getattr(exc, "rejects", False))
+
+
+# Short names the transfer modules import (kept so both spellings work).
+Cancelled = JobCancelledError
+DiskFull = DiskFullError
+HashMismatch = HashMismatchError

@@ -1,0 +1,117 @@
+"""The last deployment job of each slot, persisted in ``<state_dir>/jobs.json``.
+
+It is what reconcile compares a desired manifest against: the same job id already finished means
+nothing to do; a job recorded but not finished (the agent stopped or crashed during it) is resumed;
+a sequence not above the recorded one is a replay. Written atomically on every change; a corrupt
+file is set aside and the agent starts with no job history rather than not starting.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+from typing import Protocol
+
+import structlog
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from agent.fsutil import atomic_write_json
+from agent.protocol.messages import JobState
+
+log = structlog.get_logger(__name__)
+
+JOBS_FILE_NAME = "jobs.json"
+
+
+class JobRecord(BaseModel):
+    """The last job of one slot."""
+
+    # Unknown keys ignored: an older agent must read what a newer one wrote.
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    job_id: str
+    slot: str
+    sequence: int
+    sha256: str
+    model_id: str
+    version: str
+    state: JobState = Field(description="Last state published; terminal when the job is done.")
+    error_code: str | None = None
+    updated_at: float = Field(default_factory=time.time)
+
+    @property
+    def done(self) -> bool:
+        """True when the job reached a terminal state (it will not run again)."""
+        return self.state.terminal
+
+
+class JobLedger(Protocol):
+    """Where the delivery service keeps the last job per slot."""
+
+    def last(self, slot: str) -> JobRecord | None:
+        """The last job accepted for ``slot``, or None."""
+
+    def record(self, record: JobRecord) -> None:
+        """Make ``record`` the last job of its slot (persisted before returning)."""
+
+    def all(self) -> dict[str, JobRecord]:
+        """The last job of every slot."""
+
+
+class _JobsDoc(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    schema_version: int = 1
+    slots: dict[str, JobRecord] = Field(default_factory=dict)
+
+
+class JobsFile:
+    """:class:`JobLedger` in a JSON file, rewritten atomically; thread-safe."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self._lock = threading.Lock()
+        self._doc = self._load()
+
+    @classmethod
+    def in_dir(cls, state_dir: Path) -> JobsFile:
+        """The jobs file of the agent whose state directory is ``state_dir``."""
+        return cls(Path(state_dir) / JOBS_FILE_NAME)
+
+    def _load(self) -> _JobsDoc:
+        try:
+            raw = self.path.read_bytes()
+        except FileNotFoundError:
+            return _JobsDoc()
+        except OSError as exc:
+            log.error("delivery.jobs_file.unreadable", path=str(self.path), error=str(exc))
+            return _JobsDoc()
+        try:
+            return _JobsDoc.model_validate(json.loads(raw.decode("utf-8")))
+        except (UnicodeDecodeError, ValueError, ValidationError) as exc:
+            target = self.path.with_name(f"{self.path.name}.corrupt-{int(time.time())}")
+            try:
+                self.path.rename(target)
+            except OSError:
+                target = self.path
+            # Replay protection restarts from zero for every slot: say so loudly.
+            log.error("delivery.jobs_file.corrupt", path=str(self.path), moved_to=str(target), error=str(exc))
+            return _JobsDoc()
+
+    def last(self, slot: str) -> JobRecord | None:
+        with self._lock:
+            return self._doc.slots.get(slot)
+
+    def all(self) -> dict[str, JobRecord]:
+        with self._lock:
+            return dict(self._doc.slots)
+
+    def record(self, record: JobRecord) -> None:
+        with self._lock:
+            slots = {**self._doc.slots, record.slot: record}
+            doc = _JobsDoc(slots=slots)
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write_json(self.path, doc.model_dump(mode="json"))
+            self._doc = doc

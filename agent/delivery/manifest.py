@@ -1,0 +1,346 @@
+"""The deploy manifest: what the operator wants in a slot, signed, retained on ``down/desired/{slot}``.
+
+Wire format (``SignedManifest``): ``{"manifest": "<manifest JSON as a string>", "key_id": ...,
+"signature": "<base64>"}``. The manifest travels as a string so the Ed25519 signature covers its
+exact UTF-8 bytes: nothing is re-serialised before verification, so key order or float formatting
+can never break a signature. :func:`parse_signed` checks in this order: JSON, envelope shape,
+signature, manifest shape and names, target device. Every refusal is a :class:`RejectedError`
+subclass with a stable ``code``.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import json
+import math
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic_core import PydanticCustomError
+
+from agent.build.spec import BuildSpec
+from agent.camera.preprocess_spec import PreprocessSpec
+from agent.config import NAME_PATTERN
+from agent.delivery.errors import (
+    BadJsonError,
+    BadManifestError,
+    BadNameError,
+    BadSignatureError,
+    RejectedError,
+    UnknownKeyError,
+    UnsignedError,
+    WrongDeviceError,
+)
+from agent.model_base import StrictModel
+from agent.postprocess.spec import PostprocessSpec
+from agent.signing import Ed25519PrivateKey, Ed25519PublicKey, sign, verify
+
+KIB = 1024
+MIB = 1024 * KIB
+DEFAULT_CHUNK_SIZE = 256 * KIB
+MIN_CHUNK_SIZE = 1 * KIB
+MAX_CHUNK_SIZE = 1 * MIB
+
+_SHA256 = r"^[0-9a-f]{64}$"
+_JOB_ID_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-")
+_MAX_NAME = 128
+
+
+def _bad_name(field: str, value: str, why: str) -> PydanticCustomError:
+    # A custom error type, so parse_signed can tell a dangerous name (code bad_name) from a shape error.
+    return PydanticCustomError(
+        "bad_name", "{field} {value!r} {why}", {"field": field, "value": value, "why": why}
+    )
+
+
+def _check_path_safe(field: str, value: str) -> str:
+    """Names end up in file names and topics: refuse separators, '..', NUL and control characters."""
+    if not value:
+        raise _bad_name(field, value, "must not be empty")
+    if len(value) > _MAX_NAME:
+        raise _bad_name(field, value[:32] + "...", f"is longer than {_MAX_NAME} characters")
+    if "/" in value or "\\" in value:
+        raise _bad_name(field, value, "must not contain a path separator")
+    if ".." in value:
+        raise _bad_name(field, value, "must not contain '..'")
+    if any(ord(c) < 32 or c in "+#\x7f" for c in value):
+        raise _bad_name(field, value, "must not contain control characters, '+' or '#'")
+    return value
+
+
+def _check_job_id(value: str) -> str:
+    """A job id is one topic level and part of file names."""
+    _check_path_safe("job_id", value)
+    if not set(value) <= _JOB_ID_CHARS:
+        raise _bad_name("job_id", value, "may only contain letters, digits, '_', '.' and '-'")
+    return value
+
+
+class ModelSourceRef(StrictModel):
+    """Where the device can fetch the model bytes; tried in manifest order."""
+
+    kind: Literal["mqtt", "http"] = Field(
+        description="mqtt: pull chunks on up/xfer/req; http: GET the url (Range resume)."
+    )
+    url: str | None = Field(None, description="http(s) URL of the model file (kind=http only).")
+
+    @model_validator(mode="after")
+    def _url_matches_kind(self) -> ModelSourceRef:
+        if self.kind == "http":
+            if not self.url or not self.url.startswith(("http://", "https://")):
+                raise ValueError("an http source needs a url starting with http:// or https://")
+        elif self.url is not None:
+            raise ValueError("an mqtt source takes no url")
+        return self
+
+
+class DeployManifest(StrictModel):
+    """One deployment: which model bytes go into which slot, how to fetch, check and build them."""
+
+    job_id: str = Field(description="Unique id of this deployment; one topic level: [A-Za-z0-9_.-].")
+    sequence: int = Field(
+        ge=1, description="Increases with every manifest for the slot; older ones are replays."
+    )
+    device: str | None = Field(None, description="Target device id; another device refuses the manifest.")
+    slot: str = Field(description="Model slot to deploy into.")
+    model_id: str = Field(description="Model name reported with results.")
+    version: str = Field(description="Model version reported with results.")
+    size: int = Field(gt=0, description="Model file size in bytes.")
+    sha256: str = Field(pattern=_SHA256, description="SHA-256 (lowercase hex) of the whole model file.")
+    chunk_size: int = Field(
+        ge=MIN_CHUNK_SIZE, le=MAX_CHUNK_SIZE, description="Bytes per chunk (the last one may be shorter)."
+    )
+    chunks: list[str] = Field(description="SHA-256 (lowercase hex) of every chunk, in order.")
+    sources: list[ModelSourceRef] = Field(min_length=1, description="Where to fetch the bytes, in order.")
+    build: BuildSpec | None = Field(None, description="Engine build request; absent: run the ONNX as is.")
+    preprocess: PreprocessSpec | None = Field(None, description="New preprocess; absent: keep the slot's.")
+    postprocess: PostprocessSpec | None = Field(
+        None, description="New postprocess (labels inside); absent: keep the slot's."
+    )
+    created_at: float = Field(
+        default_factory=time.time, description="When the manifest was made, Unix seconds."
+    )
+
+    @field_validator("job_id")
+    @classmethod
+    def _job_id(cls, value: str) -> str:
+        return _check_job_id(value)
+
+    @field_validator("slot")
+    @classmethod
+    def _slot(cls, value: str) -> str:
+        _check_path_safe("slot", value)
+        if not NAME_PATTERN.match(value):
+            raise _bad_name("slot", value, f"is not a slot name (pattern {NAME_PATTERN.pattern})")
+        return value
+
+    @field_validator("model_id", "version")
+    @classmethod
+    def _names(cls, value: str, info: Any) -> str:
+        return _check_path_safe(str(info.field_name), value)
+
+    @field_validator("chunks")
+    @classmethod
+    def _chunk_hashes(cls, value: list[str]) -> list[str]:
+        for i, digest in enumerate(value):
+            if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
+                raise ValueError(f"chunk {i}: {digest!r} is not a lowercase hex SHA-256")
+        return value
+
+    @model_validator(mode="after")
+    def _chunk_count(self) -> DeployManifest:
+        expected = math.ceil(self.size / self.chunk_size)
+        if len(self.chunks) != expected:
+            raise ValueError(
+                f"chunks has {len(self.chunks)} hashes but size {self.size} / chunk_size {self.chunk_size} "
+                f"needs {expected}"
+            )
+        return self
+
+    @property
+    def chunk_count(self) -> int:
+        """Number of chunks."""
+        return len(self.chunks)
+
+    def chunk_length(self, index: int) -> int:
+        """Length in bytes of chunk ``index`` (the last one may be shorter)."""
+        if not 0 <= index < len(self.chunks):
+            raise IndexError(f"chunk index {index} out of range 0..{len(self.chunks) - 1}")
+        return min(self.chunk_size, self.size - index * self.chunk_size)
+
+
+class SignedManifest(StrictModel):
+    """What is published (retained) on ``down/desired/{slot}``."""
+
+    manifest: str = Field(description="The DeployManifest JSON, exactly the bytes that were signed.")
+    key_id: str | None = Field(None, description="Id of the signing key (a key of delivery.trusted_keys).")
+    signature: str | None = Field(None, description="Base64 Ed25519 signature of the manifest's UTF-8 bytes.")
+
+
+def build_manifest(
+    model_path: Path,
+    *,
+    job_id: str,
+    sequence: int,
+    slot: str,
+    model_id: str,
+    version: str,
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
+    sources: Sequence[ModelSourceRef] | None = None,
+    build: BuildSpec | None = None,
+    preprocess: PreprocessSpec | None = None,
+    postprocess: PostprocessSpec | None = None,
+    device: str | None = None,
+) -> DeployManifest:
+    """Read ``model_path`` once and describe it: size, SHA-256, per-chunk SHA-256.
+
+    ``sources`` defaults to MQTT pull only. Raises pydantic's ValidationError for invalid values.
+    """
+    whole = hashlib.sha256()
+    chunks: list[str] = []
+    size = 0
+    with open(model_path, "rb") as f:
+        for block in iter(lambda: f.read(chunk_size), b""):
+            whole.update(block)
+            chunks.append(hashlib.sha256(block).hexdigest())
+            size += len(block)
+    return DeployManifest(
+        job_id=job_id,
+        sequence=sequence,
+        device=device,
+        slot=slot,
+        model_id=model_id,
+        version=version,
+        size=size,
+        sha256=whole.hexdigest(),
+        chunk_size=chunk_size,
+        chunks=chunks,
+        sources=list(sources) if sources is not None else [ModelSourceRef(kind="mqtt")],
+        build=build,
+        preprocess=preprocess,
+        postprocess=postprocess,
+    )
+
+
+def sign_manifest(
+    manifest: DeployManifest, private_key: Ed25519PrivateKey | None, key_id: str | None
+) -> bytes:
+    """The SignedManifest JSON to publish; unsigned (no key id, no signature) when ``private_key`` is None."""
+    text = manifest.model_dump_json(exclude_none=True)
+    signature = None
+    if private_key is not None:
+        signature = base64.b64encode(sign(private_key, text.encode("utf-8"))).decode("ascii")
+    else:
+        key_id = None
+    envelope = SignedManifest(manifest=text, key_id=key_id, signature=signature)
+    return envelope.model_dump_json(exclude_none=True).encode("utf-8")
+
+
+def _describe(exc: ValidationError, prefix: str) -> str:
+    parts = []
+    for err in exc.errors(include_url=False):
+        path = ".".join(str(p) for p in (prefix, *err["loc"]) if p != "")
+        parts.append(f"{path or '(payload)'}: {err['msg']}")
+    return "; ".join(parts)
+
+
+def recover_job_id(payload: bytes) -> str | None:
+    """Best effort: the job id a refused payload names, if it is a usable topic level; else None."""
+    try:
+        outer = json.loads(payload)
+        inner = json.loads(outer["manifest"]) if isinstance(outer.get("manifest"), str) else outer
+        job_id = inner.get("job_id")
+    except (ValueError, TypeError, AttributeError, KeyError):
+        return None
+    if not isinstance(job_id, str):
+        return None
+    try:
+        _check_job_id(job_id)
+    except PydanticCustomError:
+        return None
+    return job_id
+
+
+def _check_signature(
+    envelope: SignedManifest,
+    trusted: Mapping[str, Ed25519PublicKey],
+    require_signature: bool,
+    job_id: str | None,
+) -> None:
+    if envelope.signature is None:
+        if require_signature:
+            raise UnsignedError(
+                "manifest is not signed and delivery.require_signature is true; sign it with "
+                "`edge-agent fleet deploy --key KEY`",
+                job_id=job_id,
+            )
+        return
+    if envelope.key_id is None or envelope.key_id not in trusted:
+        known = ", ".join(sorted(trusted)) or "none"
+        raise UnknownKeyError(
+            f"manifest is signed with key id {envelope.key_id!r}, which this device does not trust "
+            f"(trusted: {known}); add its public key to delivery.trusted_keys or sign with a trusted key",
+            job_id=job_id,
+        )
+    try:
+        signature = base64.b64decode(envelope.signature, validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise BadSignatureError(f"signature is not valid base64 ({exc})", job_id=job_id) from exc
+    if not verify(trusted[envelope.key_id], envelope.manifest.encode("utf-8"), signature):
+        raise BadSignatureError(
+            f"signature does not match the manifest for key id {envelope.key_id!r}: the manifest was "
+            "altered after signing, or signed with another key",
+            job_id=job_id,
+        )
+
+
+def parse_signed(
+    payload: bytes,
+    trusted: Mapping[str, Ed25519PublicKey],
+    require_signature: bool,
+    device_id: str,
+) -> DeployManifest:
+    """Check and parse a ``down/desired/{slot}`` payload; raise a :class:`RejectedError` subclass.
+
+    Codes: bad_json, bad_manifest (with field path), bad_signature, unknown_key, unsigned,
+    bad_name, wrong_device. A present signature is always checked, even when not required.
+    """
+    job_id = recover_job_id(payload)
+    try:
+        raw = json.loads(payload)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise BadJsonError(f"desired-state payload is not valid JSON: {exc}", job_id=job_id) from exc
+    if not isinstance(raw, dict):
+        raise BadManifestError(
+            f"desired-state payload must be a JSON object with 'manifest', got {type(raw).__name__}",
+            job_id=job_id,
+        )
+    try:
+        envelope = SignedManifest.model_validate(raw)
+    except ValidationError as exc:
+        raise BadManifestError(f"wrong shape: {_describe(exc, '')}", job_id=job_id) from exc
+    _check_signature(envelope, trusted, require_signature, job_id)
+    try:
+        body = json.loads(envelope.manifest)
+    except ValueError as exc:
+        raise BadJsonError(f"manifest string is not valid JSON: {exc}", job_id=job_id) from exc
+    try:
+        manifest = DeployManifest.model_validate(body)
+    except ValidationError as exc:
+        errors = exc.errors(include_url=False)
+        cls: type[RejectedError] = (
+            BadNameError if any(e["type"] == "bad_name" for e in errors) else BadManifestError
+        )
+        raise cls(f"wrong manifest: {_describe(exc, 'manifest')}", job_id=job_id) from exc
+    if manifest.device is not None and manifest.device != device_id:
+        raise WrongDeviceError(
+            f"manifest is for device {manifest.device!r}, this is {device_id!r}; publish it on that "
+            "device's topic",
+            job_id=manifest.job_id,
+        )
+    return manifest

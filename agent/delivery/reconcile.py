@@ -1,0 +1,55 @@
+"""What to do with a desired-state manifest: a pure decision, so its rules carry the unit tests.
+
+Rules (docs/protocol.md, "Desired state"):
+
+* the job is running or queued already -> ``ignore`` (a retained manifest comes again on every
+  reconnect, and QoS 1 may repeat it);
+* the same job id finished before -> ``ignore`` (a failed job is retried only by a new manifest);
+* the same job id recorded but not finished (the agent stopped during it) -> ``apply`` (resume);
+* a sequence above the last accepted one for the slot -> ``apply`` (it supersedes a running job);
+* otherwise -> ``replay``: an older or equal sequence under another job id is refused.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Collection
+from dataclasses import dataclass
+
+from agent.delivery.ledger import JobRecord
+from agent.delivery.manifest import DeployManifest
+
+
+class Action(str, enum.Enum):
+    IGNORE = "ignore"
+    APPLY = "apply"
+    REPLAY = "replay"
+
+
+@dataclass(frozen=True)
+class Decision:
+    action: Action
+    reason: str
+
+
+def decide(manifest: DeployManifest, last: JobRecord | None, in_flight: Collection[str]) -> Decision:
+    """Decide for ``manifest`` given the slot's last recorded job and the ids queued or running now."""
+    if manifest.job_id in in_flight:
+        return Decision(Action.IGNORE, "job already queued or running")
+    if last is not None and last.job_id == manifest.job_id:
+        if manifest.sequence != last.sequence:
+            return Decision(
+                Action.REPLAY,
+                f"job id {manifest.job_id!r} was accepted with sequence {last.sequence}, "
+                f"not {manifest.sequence}",
+            )
+        if last.done:
+            return Decision(Action.IGNORE, f"job already finished ({last.state.value})")
+        return Decision(Action.APPLY, "job was interrupted; resuming")
+    if last is None or manifest.sequence > last.sequence:
+        return Decision(Action.APPLY, "newer sequence")
+    return Decision(
+        Action.REPLAY,
+        f"sequence {manifest.sequence} is not newer than {last.sequence} (job {last.job_id!r}) for slot "
+        f"{manifest.slot!r}; publish a manifest with a higher sequence",
+    )

@@ -1,0 +1,102 @@
+"""The collaborators a deployment job calls, as types: fetch, build, activate.
+
+The composition root (:mod:`agent.app`) wires the real ones: ``fetch_model`` from
+:mod:`agent.delivery.transfer`, the engine builder, and the slot activation. Keeping them as
+plain callables lets the job runner be tested with real files and a real broker and no TensorRT.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from agent.build.spec import BuildSpec
+from agent.camera.preprocess_spec import PreprocessSpec
+from agent.delivery.manifest import DeployManifest
+from agent.postprocess.spec import PostprocessSpec
+
+#: Called by a fetch with ``(bytes_done, bytes_total)`` as the download advances.
+ProgressFn = Callable[[int, int], None]
+
+#: ``fetch(manifest, part_dir, progress, cancel) -> complete file``. Raises DeliveryError on failure;
+#: returns promptly (raising anything) once ``cancel`` is set. The file it returns is not yet
+#: hash-checked as a whole: the job moves it into the store, which checks.
+FetchFn = Callable[[DeployManifest, Path, ProgressFn, threading.Event], Path]
+
+
+class JobReporter:
+    """What a long step (an engine build) may use to report progress and notice cancellation."""
+
+    def __init__(
+        self,
+        on_progress: Callable[[float], None],
+        cancel: threading.Event,
+        *,
+        slot: str | None = None,
+        preprocess: PreprocessSpec | None = None,
+    ) -> None:
+        self._on_progress = on_progress
+        #: The slot the engine is for, and the manifest's preprocessing (None: the slot's own).
+        self.slot = slot
+        self.preprocess = preprocess
+        #: Set when the job should stop (superseded, agent stopping): a builder checks it between steps.
+        self.cancel = cancel
+
+    def progress(self, fraction: float) -> None:
+        """Report the step as ``fraction`` (0..1) done; published, rate-limited, in job status."""
+        self._on_progress(min(1.0, max(0.0, float(fraction))))
+
+
+@dataclass(frozen=True)
+class BuildOutcome:
+    """What a build produced: the engine file, the backend that loads it, and what it effectively did."""
+
+    engine_path: Path
+    backend: str
+    effective: dict[str, Any] = field(default_factory=dict)
+    #: Backend-specific load settings (e.g. the DLA core) for :class:`agent.backends.base.LoadOptions.extra`.
+    load_extra: dict[str, Any] = field(default_factory=dict)
+
+
+#: ``build(model, spec, reporter) -> BuildOutcome``; raises BuildError on failure.
+BuildFn = Callable[[Path, "BuildSpec | None", JobReporter], BuildOutcome]
+
+
+def no_build(model: Path, spec: BuildSpec | None, reporter: JobReporter) -> BuildOutcome:
+    """The default builder: no engine, the ONNX model itself on ONNX Runtime (CPU)."""
+    reporter.progress(1.0)
+    return BuildOutcome(
+        engine_path=model,
+        backend="onnxruntime",
+        effective={"backend": "onnxruntime", "precision": "fp32", "device": "cpu"},
+    )
+
+
+@dataclass(frozen=True)
+class ActivationRequest:
+    """Load this engine into a slot, validate it off the frame path, swap it in.
+
+    ``preprocess``/``postprocess`` None keep the slot's current ones.
+    """
+
+    slot: str
+    engine_path: Path
+    backend: str
+    load_extra: dict[str, Any]
+    model_id: str
+    version: str
+    sha256: str
+    model_path: Path
+    preprocess: PreprocessSpec | None = None
+    postprocess: PostprocessSpec | None = None
+
+
+#: ``activate(request)``; raises :class:`agent.errors.EngineError` when the candidate fails to load or
+#: validate (the old model keeps serving; the job ends ROLLED_BACK).
+ActivateFn = Callable[[ActivationRequest], None]
+
+#: The slot's current pre/postprocessing, or None when the device has no such slot.
+SlotSpecsFn = Callable[[str], "tuple[PreprocessSpec, PostprocessSpec] | None"]

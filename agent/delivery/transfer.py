@@ -1,0 +1,448 @@
+"""Getting the model bytes: the device-side MQTT chunk pull, and :func:`fetch_model` over all sources.
+
+Why the device pulls (docs/delivery.md): QoS 1 is acknowledged hop by hop, so chunks pushed at a
+device are lost silently when the broker's queue for it overflows. The device instead keeps a
+*window* of chunk requests outstanding on ``up/xfer/req``; the chunk server answers each index on
+the request's MQTT 5 response topic ``down/xfer/{sha256}`` with user properties ``index`` and
+``sha256``. Every chunk is verified against the manifest before it is written; a timeout, a corrupt
+chunk or a reconnect simply asks again. The window also bounds the loss on a crash: chunks written
+but not yet recorded in the bitmap occupy window slots until they are flushed, so a killed agent
+fetches at most one window again.
+"""
+
+from __future__ import annotations
+
+import collections
+import hashlib
+import queue
+import threading
+import time
+import uuid
+import weakref
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import structlog
+from pydantic import Field
+
+from agent.delivery.errors import JobCancelledError
+from agent.delivery.http_source import HttpSource
+from agent.delivery.partial import NoSourceError, PartialDownload, TransferTimeoutError
+from agent.delivery.settings import DeliveryConfig
+from agent.errors import DeliveryError
+from agent.model_base import StrictModel
+from agent.mqtt.inbox import InboundMessage
+from agent.mqtt.link import PublishProperties
+from agent.protocol.topics import Topics, parse
+
+if TYPE_CHECKING:
+    from agent.delivery.manifest import DeployManifest
+    from agent.mqtt.link import MqttLink
+
+log = structlog.get_logger(__name__)
+
+#: User property names on a chunk reply.
+INDEX_PROPERTY = "index"
+SHA256_PROPERTY = "sha256"
+#: Most indices one request may name (a request never asks for more than the window anyway).
+MAX_INDICES = 256
+#: Re-request timeouts double per attempt, up to this multiple of ``chunk_timeout_s``.
+_MAX_BACKOFF_FACTOR = 16
+#: Longest single wait of the pull loop (so cancel, reconnects and the deadline are seen promptly).
+_TICK_S = 0.2
+#: Longest a written chunk waits for the rest of its window before the bitmap is flushed anyway.
+_FLUSH_DELAY_S = 0.25
+
+Progress = Callable[[int, int], None]
+
+
+class ChunkRequest(StrictModel):
+    """``up/xfer/req`` payload: please send these chunks of the model with this SHA-256.
+
+    Published with MQTT 5 ResponseTopic ``{prefix}/{device}/down/xfer/{sha256}`` and CorrelationData
+    (a request id the server echoes). ``chunk_size`` lets a server that has the file but not the
+    manifest (``fleet serve --repo``) cut the chunks.
+    """
+
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$", description="SHA-256 of the whole model file.")
+    indices: list[int] = Field(min_length=1, max_length=MAX_INDICES, description="Chunk indices wanted.")
+    chunk_size: int | None = Field(None, gt=0, description="Chunk size of the device's manifest.")
+    device: str | None = Field(None, description="Requesting device id (must match the topic's).")
+
+
+@dataclass
+class PullStats:
+    """What one pull did; ``refetched_bytes`` only counts chunks requested more than once."""
+
+    requests: int = 0
+    requested_chunks: int = 0
+    requested_bytes: int = 0
+    refetched_bytes: int = 0
+    received: int = 0
+    written: int = 0
+    corrupt: int = 0
+    duplicate: int = 0
+    out_of_range: int = 0
+    malformed: int = 0
+    timeouts: int = 0
+    reconnect_rerequests: int = 0
+    dropped_overflow: int = 0
+    flushes: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        """The counters as a plain dict (telemetry, job status details)."""
+        return asdict(self)
+
+
+# -- routing replies to the running transfer ---------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ChunkReply:
+    """A received chunk reply and the SHA-256 of its payload (hashed on the dispatcher thread)."""
+
+    message: InboundMessage
+    digest: str
+
+
+class ChunkRouter:
+    """Subscribes once to ``down/xfer/+`` on a link and hands each reply to the transfer of its model.
+
+    The link has no unsubscribe, so there is one router per link (:func:`router_for`). The handler
+    runs on the link's dispatcher thread: it hashes the payload there (hashlib releases the GIL),
+    which overlaps hashing with the transfer thread's writes and fsyncs, and enqueues.
+    """
+
+    def __init__(self, link: MqttLink, topics: Topics) -> None:
+        self._topics = topics
+        self._routes: dict[str, queue.Queue[ChunkReply]] = {}
+        self._lock = threading.Lock()
+        self.unrouted = 0
+        self.overflow = 0
+        link.subscribe(topics.xfer_filter, self._on_message)
+
+    def attach(self, sha256: str, maxsize: int) -> queue.Queue[ChunkReply]:
+        """Start routing replies for ``sha256`` to a new bounded queue; one transfer per model at a time."""
+        with self._lock:
+            if sha256 in self._routes:
+                raise DeliveryError(
+                    f"a transfer of model {sha256} is already running in this agent; wait for it to end"
+                )
+            q: queue.Queue[ChunkReply] = queue.Queue(maxsize)
+            self._routes[sha256] = q
+            return q
+
+    def detach(self, sha256: str) -> None:
+        """Stop routing ``sha256``; later replies are counted as unrouted and dropped."""
+        with self._lock:
+            self._routes.pop(sha256, None)
+
+    def _on_message(self, message: InboundMessage) -> None:
+        try:
+            sha = parse(message.topic, self._topics.prefix).arg or ""
+        except ValueError:
+            sha = ""
+        with self._lock:
+            q = self._routes.get(sha)
+        if q is None:
+            self.unrouted += 1  # a late reply of a finished or killed transfer
+            return
+        try:
+            q.put_nowait(ChunkReply(message, hashlib.sha256(message.payload).hexdigest()))
+        except queue.Full:
+            self.overflow += 1  # asked again on timeout
+
+
+_ROUTERS: weakref.WeakKeyDictionary[MqttLink, ChunkRouter] = weakref.WeakKeyDictionary()
+_ROUTERS_LOCK = threading.Lock()
+
+
+def router_for(link: MqttLink, topics: Topics) -> ChunkRouter:
+    """The link's chunk router, subscribing on first use."""
+    with _ROUTERS_LOCK:
+        router = _ROUTERS.get(link)
+        if router is None:
+            router = ChunkRouter(link, topics)
+            _ROUTERS[link] = router
+        return router
+
+
+# -- the pull ----------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Outstanding:
+    due: float  # monotonic time after which the chunk is asked for again
+
+
+class MqttPull:
+    """Pull the missing chunks of ``partial`` over MQTT, with a window, timeouts and backoff.
+
+    Call :meth:`run` on the thread that owns ``partial``. Raises JobCancelledError when ``cancel`` is set,
+    TransferTimeoutError at ``deadline`` (monotonic; default now + ``config.job_deadline_s``).
+    """
+
+    def __init__(
+        self,
+        manifest: DeployManifest,
+        partial: PartialDownload,
+        *,
+        link: MqttLink,
+        topics: Topics,
+        config: DeliveryConfig,
+        progress: Progress | None = None,
+        cancel: threading.Event | None = None,
+        deadline: float | None = None,
+    ) -> None:
+        self.manifest = manifest
+        self.partial = partial
+        self.link = link
+        self.topics = topics
+        self.config = config
+        self.window = config.chunk_window
+        self._progress = progress
+        self._cancel = cancel or threading.Event()
+        self._deadline = deadline if deadline is not None else time.monotonic() + config.job_deadline_s
+        self.stats = PullStats()
+        self._id = uuid.uuid4().hex[:12]
+        self._seq = 0
+        self._outstanding: dict[int, _Outstanding] = {}
+        self._attempts: collections.Counter[int] = collections.Counter()
+        self._retry: collections.deque[int] = collections.deque()
+        self._todo: collections.deque[int] = collections.deque()
+        self._flush_due = 0.0
+        self._reported = partial.bytes_done
+
+    def run(self) -> None:
+        """Pull until every chunk is written and flushed (progress is flushed on any exit)."""
+        if self.partial.complete:
+            return
+        router = router_for(self.link, self.topics)
+        # Room for every reply of a full window twice over (duplicates); overflow is asked again.
+        replies = router.attach(self.manifest.sha256, maxsize=4 * self.window + 16)
+        started = time.monotonic()
+        log.info(
+            "delivery.pull.started",
+            sha256=self.manifest.sha256,
+            missing=len(self.partial.missing()),
+            chunks=self.partial.chunk_count,
+            window=self.window,
+        )
+        try:
+            self._loop(replies)
+        finally:
+            router.detach(self.manifest.sha256)
+            self.partial.flush()
+            self.stats.dropped_overflow = router.overflow
+            self.stats.flushes = self.partial.flushes
+        log.info(
+            "delivery.pull.done",
+            sha256=self.manifest.sha256,
+            seconds=round(time.monotonic() - started, 3),
+            **self.stats.as_dict(),
+        )
+
+    def _loop(self, replies: queue.Queue[ChunkReply]) -> None:
+        partial = self.partial
+        self._todo.extend(partial.missing())
+        session = self.link.session
+        while not partial.complete:
+            now = time.monotonic()
+            if self._cancel.is_set():
+                raise JobCancelledError(f"transfer of model {self.manifest.sha256} cancelled")
+            if now >= self._deadline:
+                raise TransferTimeoutError(self._timeout_message())
+            if self.link.connected and self.link.session != session:
+                # Reconnected: replies in flight on the old connection are likely gone; ask again now.
+                session = self.link.session
+                self._requeue_outstanding()
+            self._expire(now)
+            # A flush costs two fsyncs whatever it covers, so it waits for the whole window to
+            # arrive (bounded by _FLUSH_DELAY_S for stragglers): a few big flushes, not many small ones.
+            if partial.unflushed and (not self._outstanding or now >= self._flush_due):
+                partial.flush()
+            if self.link.connected:
+                self._request(now)
+            wakes = [o.due for o in self._outstanding.values()] + [self._deadline, now + _TICK_S]
+            if partial.unflushed:
+                wakes.append(self._flush_due)
+            try:
+                self._on_reply(replies.get(timeout=max(0.0, min(wakes) - now)))
+            except queue.Empty:
+                continue
+            while True:  # take what else arrived too
+                try:
+                    self._on_reply(replies.get_nowait())
+                except queue.Empty:
+                    break
+            if self._progress is not None and partial.bytes_done != self._reported:
+                self._reported = partial.bytes_done
+                self._progress(partial.bytes_done, self.manifest.size)
+
+    def _timeout_message(self) -> str:
+        missing = len(self.partial.missing())
+        return (
+            f"model {self.manifest.sha256}: {missing} of {self.partial.chunk_count} chunks still "
+            f"missing after delivery.job_deadline_s={self.config.job_deadline_s}s "
+            f"({self.stats.timeouts} request timeouts); check that a chunk server (`edge-agent fleet "
+            "serve` or `fleet deploy`) runs for this model, then publish the manifest again "
+            "(downloaded chunks are kept)"
+        )
+
+    def _requeue_outstanding(self) -> None:
+        lost = sorted(self._outstanding)
+        self._outstanding.clear()
+        self._retry.extendleft(reversed(lost))
+        self.stats.reconnect_rerequests += len(lost)
+
+    def _expire(self, now: float) -> None:
+        expired = sorted(i for i, o in self._outstanding.items() if now >= o.due)
+        for index in expired:
+            del self._outstanding[index]
+            self._retry.append(index)
+        self.stats.timeouts += len(expired)
+
+    def _next_wanted(self) -> int | None:
+        for source in (self._retry, self._todo):
+            while source:
+                index = source.popleft()
+                if not self.partial.has(index) and index not in self._outstanding:
+                    return index
+        return None
+
+    def _request(self, now: float) -> None:
+        # Unflushed chunks count against the window: they are what a crash would lose.
+        free = self.window - len(self._outstanding) - self.partial.unflushed
+        indices: list[int] = []
+        while len(indices) < free:
+            index = self._next_wanted()
+            if index is None:
+                break
+            indices.append(index)
+        if not indices:
+            return
+        base = self.config.chunk_timeout_s
+        for index in indices:
+            factor = min(2 ** self._attempts[index], _MAX_BACKOFF_FACTOR)
+            if self._attempts[index]:
+                self.stats.refetched_bytes += self.partial.chunk_length(index)
+            self._attempts[index] += 1
+            self._outstanding[index] = _Outstanding(due=now + base * factor)
+            self.stats.requested_bytes += self.partial.chunk_length(index)
+        self._seq += 1
+        request = ChunkRequest(
+            sha256=self.manifest.sha256,
+            indices=indices,
+            chunk_size=self.manifest.chunk_size,
+            device=self.topics.device_id,
+        )
+        properties = PublishProperties(
+            response_topic=self.topics.xfer(self.manifest.sha256),
+            correlation_data=f"{self._id}:{self._seq}".encode(),
+        )
+        self.link.publish(
+            self.topics.xfer_req, request.model_dump_json().encode(), qos=1, properties=properties
+        )
+        self.stats.requests += 1
+        self.stats.requested_chunks += len(indices)
+
+    def _on_reply(self, reply: ChunkReply) -> None:
+        message = reply.message
+        self.stats.received += 1
+        props = dict(message.user_properties)
+        try:
+            index = int(props[INDEX_PROPERTY])
+        except (KeyError, ValueError):
+            self.stats.malformed += 1
+            return
+        if not 0 <= index < self.partial.chunk_count:
+            self.stats.out_of_range += 1
+            self.partial.rejected["out_of_range"] += 1
+            return
+        if self.partial.has(index):
+            self.stats.duplicate += 1
+            self.partial.rejected["duplicate"] += 1
+            return
+        claimed = props.get(SHA256_PROPERTY)
+        expected = self.manifest.chunks[index]
+        if (claimed is not None and claimed != expected) or not self.partial.write_chunk(
+            index, message.payload, reply.digest
+        ):
+            self.stats.corrupt += 1
+            log.warning("delivery.pull.chunk_rejected", sha256=self.manifest.sha256, index=index)
+            if self._outstanding.pop(index, None) is not None:
+                self._retry.appendleft(index)  # ask again at once; the deadline bounds a bad server
+            return
+        self._outstanding.pop(index, None)
+        self.stats.written += 1
+        if self.partial.unflushed == 1:
+            self._flush_due = time.monotonic() + _FLUSH_DELAY_S
+
+
+# -- all sources ------------------------------------------------------------------------------------
+
+
+def fetch_model(
+    manifest: DeployManifest,
+    part_dir: Path,
+    progress: Progress,
+    cancel: threading.Event,
+    *,
+    link: MqttLink | None,
+    topics: Topics,
+    config: DeliveryConfig,
+) -> Path:
+    """Download ``manifest``'s model into ``part_dir`` and return the verified file.
+
+    Sources are tried in manifest order (mqtt: :class:`MqttPull`; http: :class:`HttpSource`); a
+    failing source falls through to the next, keeping the chunks it wrote. Resumes what an earlier
+    (killed) attempt left in ``part_dir``. Raises JobCancelledError, TransferTimeoutError (after
+    ``config.job_deadline_s``), HashMismatchError, DiskFullError, or the last source's DeliveryError.
+    """
+    deadline = time.monotonic() + config.job_deadline_s
+    partial = PartialDownload(part_dir, manifest, flush_every=config.chunk_window)
+    try:
+        progress(partial.bytes_done, manifest.size)
+        last_error: DeliveryError | None = None
+        for source in manifest.sources:
+            if partial.complete:
+                break
+            try:
+                if source.kind == "mqtt":
+                    if link is None:
+                        raise NoSourceError(
+                            "the manifest asks for an MQTT pull but this agent has no MQTT link"
+                        )
+                    MqttPull(
+                        manifest,
+                        partial,
+                        link=link,
+                        topics=topics,
+                        config=config,
+                        progress=progress,
+                        cancel=cancel,
+                        deadline=deadline,
+                    ).run()
+                elif source.url is not None:
+                    HttpSource(
+                        source.url, timeout_s=config.http_timeout_s, cancel=cancel, deadline=deadline
+                    ).fetch(partial, progress)
+            except (JobCancelledError, TransferTimeoutError):
+                raise
+            except DeliveryError as exc:
+                last_error = exc
+                log.warning(
+                    "delivery.source.failed",
+                    sha256=manifest.sha256,
+                    source=source.kind,
+                    url=source.url,
+                    code=exc.code,
+                    error=str(exc),
+                )
+        if not partial.complete:
+            raise last_error or NoSourceError(f"manifest for model {manifest.sha256} lists no usable source")
+        return partial.finish()
+    finally:
+        partial.close()

@@ -1,0 +1,101 @@
+"""Checks a delivered model before anything is built from it: size, ONNX validity, slot fit.
+
+Runs on the ONNX graph only (no inference framework), so an unusable model is refused in
+VERIFYING with a precise code, long before an engine build or a load could fail on it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import onnx
+import onnx.checker
+from onnx import helper
+
+from agent.backends.base import Dim, TensorSpec
+from agent.camera.preprocess_spec import PreprocessSpec
+from agent.delivery.errors import BadOnnxError, IncompatibleError, OnnxCheckerError, TooLargeError
+from agent.delivery.manifest import DeployManifest
+from agent.errors import EngineError
+from agent.postprocess.runner import validate_outputs
+from agent.postprocess.spec import PostprocessSpec
+from agent.runtime.compat import check_input_fits, select_input
+
+
+def _dtype_name(elem_type: int) -> str:
+    try:
+        return str(helper.tensor_dtype_to_np_dtype(elem_type))
+    except (KeyError, ValueError, TypeError):
+        return "unknown"
+
+
+def _spec(value: onnx.ValueInfoProto) -> TensorSpec:
+    tensor = value.type.tensor_type
+    dims: list[Dim] = []
+    for dim in tensor.shape.dim:
+        if dim.HasField("dim_value"):
+            dims.append(int(dim.dim_value))
+        elif dim.HasField("dim_param"):
+            dims.append(dim.dim_param)
+        else:
+            dims.append(None)
+    return TensorSpec(name=value.name, shape=tuple(dims), dtype=_dtype_name(tensor.elem_type))
+
+
+def graph_io(model: onnx.ModelProto) -> tuple[list[TensorSpec], list[TensorSpec]]:
+    """Inputs (initializers excluded: old exporters list weights as inputs) and outputs of a model."""
+    weights = {init.name for init in model.graph.initializer}
+    inputs = [_spec(v) for v in model.graph.input if v.name not in weights]
+    outputs = [_spec(v) for v in model.graph.output]
+    return inputs, outputs
+
+
+def _uses_external_data(model: onnx.ModelProto) -> bool:
+    return any(init.data_location == onnx.TensorProto.EXTERNAL for init in model.graph.initializer)
+
+
+def verify_model(
+    path: Path,
+    manifest: DeployManifest,
+    *,
+    max_bytes: int,
+    preprocess: PreprocessSpec,
+    postprocess: PostprocessSpec,
+) -> None:
+    """Raise a RejectedError (too_large, bad_onnx, onnx_checker, incompatible) unless the model fits.
+
+    ``preprocess``/``postprocess`` are what the slot will run with this model: the manifest's own,
+    or the slot's current ones when the manifest leaves them out.
+    """
+    job = manifest.job_id
+    size = Path(path).stat().st_size
+    if size > max_bytes:
+        raise TooLargeError(
+            f"model is {size} bytes, larger than delivery.max_model_bytes={max_bytes}; raise the limit "
+            "or deploy a smaller model",
+            job_id=job,
+        )
+    try:
+        # External data stays unloaded: a model must not make the agent read files beside it.
+        model = onnx.load(str(path), load_external_data=False)
+    except Exception as exc:  # protobuf raises DecodeError, RuntimeWarning-ish or ValueError by version
+        raise BadOnnxError(
+            f"model file is not a readable ONNX model (truncated or corrupt): {exc}", job_id=job
+        ) from exc
+    if not model.graph.node and not model.graph.output:
+        raise BadOnnxError("model file parsed to an empty ONNX model (truncated or not ONNX)", job_id=job)
+    if _uses_external_data(model):
+        raise BadOnnxError(
+            "model uses external data files, which delivery does not support: embed the weights", job_id=job
+        )
+    try:
+        onnx.checker.check_model(model)
+    except (onnx.checker.ValidationError, ValueError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
+        raise OnnxCheckerError(f"onnx.checker refuses the model: {first}", job_id=job) from exc
+    inputs, outputs = graph_io(model)
+    try:
+        check_input_fits(preprocess, select_input(preprocess, inputs))
+        validate_outputs(postprocess, outputs)
+    except EngineError as exc:
+        raise IncompatibleError(f"model does not fit slot {manifest.slot!r}: {exc}", job_id=job) from exc

@@ -1,0 +1,1 @@
+"""Operator side: keygen, sign, deploy, serve chunks, status, commands."""

@@ -1,0 +1,314 @@
+"""The operator-side chunk server: answers devices' chunk requests for the models it knows.
+
+Devices pull (docs/delivery.md): a :class:`~agent.delivery.transfer.ChunkRequest` arrives on
+``{prefix}/{device}/up/xfer/req`` with an MQTT 5 response topic and correlation data; the server
+publishes each requested chunk to that response topic with user properties ``index`` and
+``sha256`` and the request's correlation data. The subscription is an MQTT 5 *shared* one
+(``$share/{group}/{prefix}/+/up/xfer/+``): the broker hands every request to exactly one of the
+servers in the group, so several servers (``fleet serve`` on two hosts, a ``fleet deploy`` next to
+a ``fleet serve``) can share one fleet.
+
+A device can only have chunks sent to itself: a request whose response topic is not
+``{prefix}/{same device}/down/xfer/{sha256}`` is refused (with an ACL on ``up/#`` a device cannot
+write another device's request topic either). Served bytes are counted per device, which is what
+``fleet deploy`` shows as transfer progress.
+"""
+
+from __future__ import annotations
+
+import collections
+import hashlib
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import structlog
+from pydantic import ValidationError
+
+from agent.delivery.transfer import INDEX_PROPERTY, SHA256_PROPERTY, ChunkRequest
+from agent.errors import TransportError
+from agent.fsutil import sha256_file
+from agent.mqtt.client_tools import ServiceClient
+from agent.mqtt.inbox import InboundMessage
+from agent.mqtt.link import PublishProperties
+from agent.mqtt.settings import MqttSettings
+from agent.protocol.topics import Topics, check_level, fleet_filter, parse
+
+if TYPE_CHECKING:
+    from agent.delivery.manifest import DeployManifest
+
+log = structlog.get_logger(__name__)
+
+#: Default shared-subscription group of chunk servers.
+DEFAULT_GROUP = "edge-agent-chunks"
+#: A chunk reply not delivered within this time is dropped by the broker (the device asks again);
+#: without it an offline device's persistent session would hoard chunks in the broker.
+DEFAULT_REPLY_EXPIRY_S = 120
+#: Repo directories are rescanned for an unknown model at most this often.
+_RESCAN_INTERVAL_S = 5.0
+#: Largest chunk size accepted from a request for a repo model (the manifest's limit is 1 MiB).
+_MAX_REQUEST_CHUNK = 16 * 1024 * 1024
+
+#: Called after each chunk is handed to the broker: (device, model sha256, bytes).
+ServedCallback = Callable[[str, str, int], None]
+_COUNTERS = ("requests", "chunks", "refused", "bad_request", "unknown_model", "bad_index", "publish_failed")
+
+
+@dataclass
+class _Model:
+    path: Path
+    size: int
+    fd: int
+    chunk_size: int | None = None  # None: a repo file without a manifest; the request says
+    chunks: tuple[str, ...] = ()
+
+
+class ChunkServer:
+    """Serve model chunks to devices over MQTT (``start`` / ``stop``).
+
+    Models are known by SHA-256 through :meth:`register` (a manifest and its file) or
+    :meth:`add_repo` (every file in a directory, hashed). Requests are handled one at a time on the
+    client's dispatcher thread.
+    """
+
+    def __init__(
+        self,
+        settings: MqttSettings,
+        *,
+        group: str = DEFAULT_GROUP,
+        client_id: str | None = None,
+        reply_expiry_s: int = DEFAULT_REPLY_EXPIRY_S,
+        max_unacked: int = 256,
+        on_served: ServedCallback | None = None,
+    ) -> None:
+        """``max_unacked``: stop answering while this many chunk publishes wait for a PUBACK."""
+        self.settings = settings
+        self.prefix = settings.prefix
+        self.group = check_level(group, "shared subscription group")
+        self.reply_expiry_s = reply_expiry_s
+        self.max_unacked = max_unacked
+        self._on_served = on_served
+        self._models: dict[str, _Model] = {}
+        self._repos: list[Path] = []
+        self._repo_index: dict[Path, tuple[float, int, str]] = {}  # path -> (mtime, size, sha256)
+        self._last_scan = 0.0
+        self._lock = threading.Lock()
+        self._served: collections.Counter[str] = collections.Counter()
+        self._served_model: collections.Counter[tuple[str, str]] = collections.Counter()
+        self._counts: collections.Counter[str] = collections.Counter(dict.fromkeys(_COUNTERS, 0))
+        self._client = ServiceClient(settings, client_id=client_id, handler=self._on_request)
+
+    @property
+    def topic_filter(self) -> str:
+        """The shared subscription: ``$share/{group}/{prefix}/+/up/xfer/+``."""
+        return f"$share/{self.group}/{fleet_filter(self.prefix, 'xfer')}"
+
+    # -- models ----------------------------------------------------------------------------------
+
+    def register(self, manifest: DeployManifest, model_path: Path, *, verify: bool = True) -> None:
+        """Serve ``model_path`` as the model ``manifest`` describes.
+
+        ``verify``: hash the file first and raise ValueError if it is not the manifest's model
+        (serving it would only make every device reject every chunk).
+        """
+        path = Path(model_path)
+        size = path.stat().st_size
+        if size != manifest.size:
+            raise ValueError(f"{path} has {size} bytes, the manifest says {manifest.size}")
+        if verify:
+            actual = sha256_file(path)
+            if actual != manifest.sha256:
+                raise ValueError(f"{path} has SHA-256 {actual}, the manifest says {manifest.sha256}")
+        fd = os.open(path, os.O_RDONLY)
+        with self._lock:
+            old = self._models.pop(manifest.sha256, None)
+            self._models[manifest.sha256] = _Model(
+                path, size, fd, manifest.chunk_size, tuple(manifest.chunks)
+            )
+        if old is not None:
+            os.close(old.fd)
+        log.info("fleet.chunks.registered", sha256=manifest.sha256, path=str(path), size=size)
+
+    def add_repo(self, repo: Path) -> int:
+        """Serve every regular file under ``repo``; returns how many there are.
+
+        Files are hashed now; the directory is scanned again (at most every few seconds) when a
+        device asks for a model not found yet.
+        """
+        repo = Path(repo)
+        if not repo.is_dir():
+            raise ValueError(f"model repository {repo} is not a directory")
+        with self._lock:
+            self._repos.append(repo)
+        return self._scan(force=True)
+
+    def _scan(self, *, force: bool = False) -> int:
+        now = time.monotonic()
+        if not force and now - self._last_scan < _RESCAN_INTERVAL_S:
+            return 0
+        self._last_scan = now
+        found = 0
+        for repo in list(self._repos):
+            for path in sorted(repo.rglob("*")):
+                if not path.is_file() or path.name.startswith("."):
+                    continue
+                stat = path.stat()
+                cached = self._repo_index.get(path)
+                if cached is None or cached[:2] != (stat.st_mtime, stat.st_size):
+                    cached = (stat.st_mtime, stat.st_size, sha256_file(path))
+                    self._repo_index[path] = cached
+                sha = cached[2]
+                found += 1
+                with self._lock:
+                    if sha in self._models:
+                        continue
+                    self._models[sha] = _Model(path, stat.st_size, os.open(path, os.O_RDONLY))
+        return found
+
+    def _model(self, sha256: str) -> _Model | None:
+        with self._lock:
+            model = self._models.get(sha256)
+        if model is None and self._repos:
+            self._scan()
+            with self._lock:
+                model = self._models.get(sha256)
+        return model
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    def start(self, timeout: float = 10.0) -> ChunkServer:
+        """Connect and subscribe; raise TransportError if the broker is unreachable or refuses."""
+        self._client.start(timeout)
+        self._client.subscribe(self.topic_filter, qos=1, timeout=timeout)
+        log.info("fleet.chunks.serving", filter=self.topic_filter, models=len(self._models))
+        return self
+
+    def stop(self, timeout: float = 2.0) -> None:
+        """Wait (bounded) for outstanding chunk publishes, disconnect, close the model files."""
+        self._client.wait_published(timeout)
+        self._client.stop()
+        with self._lock:
+            models, self._models = list(self._models.values()), {}
+        for model in models:
+            os.close(model.fd)
+
+    def __enter__(self) -> ChunkServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # -- accounting ------------------------------------------------------------------------------
+
+    def served_bytes(self, device: str | None = None, sha256: str | None = None) -> int:
+        """Chunk bytes published (to ``device``, of model ``sha256``; None: all)."""
+        with self._lock:
+            if sha256 is not None:
+                if device is not None:
+                    return self._served_model[(device, sha256)]
+                return sum(n for (_, sha), n in self._served_model.items() if sha == sha256)
+            if device is not None:
+                return self._served[device]
+            return sum(self._served.values())
+
+    def stats(self) -> dict[str, int]:
+        """Counters: requests, chunks, refused (wrong response topic), bad_request, unknown_model, ..."""
+        with self._lock:
+            out = dict(self._counts)
+        out["served_bytes"] = self.served_bytes()
+        out.update({f"mqtt_{k}": v for k, v in self._client.stats().items()})
+        return out
+
+    def _count(self, name: str, n: int = 1) -> None:
+        with self._lock:
+            self._counts[name] += n
+
+    # -- serving ---------------------------------------------------------------------------------
+
+    def replies(self, index: int, data: bytes) -> list[tuple[int, bytes]]:
+        """What to publish for requested chunk ``index`` whose bytes are ``data``: ``[(index, data)]``.
+
+        A seam for fault-injection tests (a subclass corrupts, drops, duplicates or mis-numbers
+        replies); a real server never overrides it.
+        """
+        return [(index, data)]
+
+    def _on_request(self, message: InboundMessage) -> None:
+        try:
+            topic = parse(message.topic, self.prefix)
+        except ValueError:
+            self._count("bad_request")
+            return
+        if topic.direction != "up" or topic.kind != "xfer":
+            self._count("bad_request")
+            return
+        device = topic.device
+        try:
+            request = ChunkRequest.model_validate_json(message.payload)
+        except ValidationError as exc:
+            self._count("bad_request")
+            log.warning("fleet.chunks.bad_request", device=device, error=str(exc).splitlines()[0])
+            return
+        reply_topic = Topics(self.prefix, device).xfer(request.sha256)
+        if message.response_topic != reply_topic or request.device not in (None, device):
+            self._count("refused")
+            log.warning(
+                "fleet.chunks.refused",
+                device=device,
+                response_topic=message.response_topic,
+                claimed_device=request.device,
+                why="a device may only ask for chunks sent to its own down/xfer topic",
+            )
+            return
+        model = self._model(request.sha256)
+        if model is None:
+            self._count("unknown_model")
+            log.warning("fleet.chunks.unknown_model", device=device, sha256=request.sha256)
+            return
+        # The device's manifest decides the chunking (the same file may be deployed with several).
+        chunk_size = request.chunk_size or model.chunk_size
+        if chunk_size is None or chunk_size > _MAX_REQUEST_CHUNK:
+            self._count("bad_request")
+            log.warning(
+                "fleet.chunks.bad_chunk_size", device=device, requested=request.chunk_size, served=chunk_size
+            )
+            return
+        self._count("requests")
+        hashes = model.chunks if chunk_size == model.chunk_size else ()
+        for index in request.indices:
+            offset = index * chunk_size
+            if not 0 <= offset < model.size:
+                self._count("bad_index")
+                continue
+            data = os.pread(model.fd, min(chunk_size, model.size - offset), offset)
+            for reply_index, payload in self.replies(index, data):
+                known = payload is data and reply_index == index and index < len(hashes)
+                chunk_hash = hashes[index] if known else hashlib.sha256(payload).hexdigest()
+                properties = PublishProperties(
+                    correlation_data=message.correlation_data,
+                    user_properties=((INDEX_PROPERTY, str(reply_index)), (SHA256_PROPERTY, chunk_hash)),
+                    message_expiry_s=self.reply_expiry_s,
+                )
+                self._send(device, request.sha256, reply_topic, payload, properties)
+
+    def _send(
+        self, device: str, sha256: str, topic: str, payload: bytes, properties: PublishProperties
+    ) -> None:
+        # Flow control: a device asking faster than the broker takes chunks must not grow our memory.
+        self._client.wait_published(10.0, at_most=self.max_unacked)
+        try:
+            self._client.publish(topic, payload, qos=1, properties=properties)
+        except TransportError as exc:
+            self._count("publish_failed")
+            log.error("fleet.chunks.publish_failed", device=device, sha256=sha256, error=str(exc))
+            return
+        with self._lock:
+            self._counts["chunks"] += 1
+            self._served[device] += len(payload)
+            self._served_model[(device, sha256)] += len(payload)
+        if self._on_served is not None:
+            self._on_served(device, sha256, len(payload))

@@ -1,0 +1,313 @@
+"""``edge-agent fleet ...``: the operator commands (keygen, deploy, serve, status, cmd).
+
+:func:`add_fleet_arguments` fills the ``fleet`` sub-parser, :func:`run_fleet` runs the chosen
+command and returns the exit code. The work is done by :mod:`agent.fleet.deploy`, ``serve``,
+``status``, ``command`` and ``keys``; this module only turns flags into their arguments and prints.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+from pydantic import TypeAdapter, ValidationError
+
+from agent.build.spec import BuildSpec
+from agent.camera.preprocess_spec import PreprocessSpec
+from agent.delivery.manifest import DEFAULT_CHUNK_SIZE, MAX_CHUNK_SIZE, MIN_CHUNK_SIZE
+from agent.errors import ConfigError
+from agent.fleet.chunks import DEFAULT_GROUP
+from agent.fleet.connection import add_broker_arguments, settings_from_args
+from agent.logs import configure_logging
+from agent.postprocess.spec import ClassificationSpec, DetectionSpec, PostprocessSpec
+
+#: Exit codes of ``fleet deploy``.
+EXIT_OK, EXIT_FAILED, EXIT_UNFINISHED = 0, 1, 2
+
+
+def add_fleet_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the ``fleet`` sub-commands to ``parser`` (the ``fleet`` sub-parser of ``edge-agent``)."""
+    sub = parser.add_subparsers(dest="fleet_command", required=True, metavar="COMMAND")
+
+    keygen = sub.add_parser("keygen", help="make an Ed25519 key pair for signing deploy manifests")
+    keygen.add_argument("--out", type=Path, required=True, help="directory for KEY_ID.key and KEY_ID.pub")
+    keygen.add_argument("--key-id", default="fleet", help="id devices know the key by (default fleet)")
+    keygen.add_argument("--force", action="store_true", help="replace existing key files")
+
+    deploy = sub.add_parser("deploy", help="deploy a model to devices and follow their jobs")
+    deploy.add_argument("model", type=Path, metavar="MODEL.onnx")
+    deploy.add_argument(
+        "--device", action="append", required=True, help="target device id (repeat, or comma-separated)"
+    )
+    deploy.add_argument("--slot", required=True, help="model slot on the devices")
+    deploy.add_argument("--version", required=True, help="model version reported with results")
+    deploy.add_argument("--model-id", default=None, help="model name (default: the file name's stem)")
+    deploy.add_argument("--precision", choices=("fp32", "fp16", "int8", "best"), default=None)
+    deploy.add_argument(
+        "--device-target",
+        choices=("auto", "gpu", "dla0", "dla1", "cpu"),
+        default=None,
+        help="where the engine runs (TensorRT devices); with --precision this asks for an engine build",
+    )
+    deploy.add_argument("--no-gpu-fallback", action="store_true", help="DLA only: no GPU fallback layers")
+    signing = deploy.add_mutually_exclusive_group(required=True)
+    signing.add_argument("--key", type=Path, help="private key file from `fleet keygen` (needs --key-id)")
+    signing.add_argument(
+        "--unsigned", action="store_true", help="publish unsigned (devices must not require signatures)"
+    )
+    deploy.add_argument("--key-id", default=None, help="the key's id in the devices' delivery.trusted_keys")
+    deploy.add_argument(
+        "--chunk-size",
+        type=int,
+        default=DEFAULT_CHUNK_SIZE,
+        help=f"bytes per chunk (default {DEFAULT_CHUNK_SIZE})",
+    )
+    deploy.add_argument("--http-url", default=None, help="HTTP(S) URL of the same file, tried before MQTT")
+    deploy.add_argument("--preprocess-json", default=None, help="PreprocessSpec JSON (or @file)")
+    deploy.add_argument("--postprocess-json", default=None, help="PostprocessSpec JSON (or @file)")
+    deploy.add_argument("--labels", type=Path, default=None, help="class names, one per line")
+    deploy.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for all devices")
+    deploy.add_argument("--no-serve", action="store_true", help="do not serve chunks (a `fleet serve` does)")
+    deploy.add_argument("--max-rate", type=float, default=None, help="cap served chunk bytes per second")
+    add_broker_arguments(deploy)
+    _add_verbose(deploy)
+
+    serve = sub.add_parser("serve", help="serve model chunks from a directory until SIGTERM")
+    serve.add_argument("--repo", type=Path, required=True, help="directory of model files")
+    serve.add_argument("--group", default=DEFAULT_GROUP, help="shared subscription group of the servers")
+    serve.add_argument("--report", type=float, default=60.0, help="print counters every N seconds (0: never)")
+    add_broker_arguments(serve)
+    _add_verbose(serve)
+
+    status = sub.add_parser("status", help="table of devices from their retained status and info")
+    status.add_argument("--json", action="store_true", help="machine-readable output")
+    status.add_argument("--wait", type=float, default=5.0, help="longest time to collect retained messages")
+    add_broker_arguments(status)
+    _add_verbose(status)
+
+    cmd = sub.add_parser("cmd", help="send a command to a device and print its reply")
+    cmd.add_argument("device", help="device id")
+    cmd.add_argument("name", help="command name: status, rollback, ...")
+    cmd.add_argument(
+        "--args", default="{}", help='command arguments as a JSON object, e.g. \'{"slot": "cls"}\''
+    )
+    cmd.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for the reply")
+    add_broker_arguments(cmd)
+    _add_verbose(cmd)
+
+
+def _add_verbose(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("-v", "--verbose", action="store_true", help="log what happens (info level)")
+
+
+def run_fleet(args: argparse.Namespace) -> int:
+    """Run the ``fleet`` sub-command ``args`` describes; return the exit code.
+
+    Raises AgentError (ConfigError, TransportError) for the caller to print.
+    """
+    configure_logging("console", "info" if getattr(args, "verbose", False) else "error")
+    command = args.fleet_command
+    if command == "keygen":
+        return _keygen(args)
+    if command == "deploy":
+        return _deploy(args)
+    if command == "serve":
+        return _serve(args)
+    if command == "status":
+        return _status(args)
+    if command == "cmd":
+        return _cmd(args)
+    raise AssertionError(f"unhandled fleet command {command}")
+
+
+# -- keygen ----------------------------------------------------------------------------------------
+
+
+def _keygen(args: argparse.Namespace) -> int:
+    from agent.fleet.keys import write_keypair
+
+    pair = write_keypair(args.out, args.key_id, overwrite=args.force)
+    print(f"private key  {pair.private}  (mode 0600; keep it on the operator machine)")
+    print(f"public key   {pair.public}  (fingerprint {pair.fingerprint})")
+    print("trust it on each device (agent.yaml), then deploy with:")
+    print(f"  delivery:\n    trusted_keys:\n      {pair.key_id}: /etc/edge-agent/keys/{pair.public.name}")
+    print(f"  edge-agent fleet deploy MODEL.onnx --key {pair.private} --key-id {pair.key_id} ...")
+    return 0
+
+
+# -- deploy ----------------------------------------------------------------------------------------
+
+
+def _json_arg(value: str, flag: str) -> Any:
+    text = value
+    if value.startswith("@"):
+        try:
+            text = Path(value[1:]).read_text()
+        except OSError as exc:
+            raise ConfigError(f"{flag}: cannot read {value[1:]}: {exc.strerror or exc}") from exc
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise ConfigError(f"{flag}: not valid JSON ({exc})") from exc
+
+
+def _validation_problems(exc: ValidationError, flag: str) -> list[str]:
+    return [
+        f"{flag} {'.'.join(str(p) for p in e['loc']) or '(value)'}: {e['msg']}"
+        for e in exc.errors(include_url=False)
+    ]
+
+
+def _read_labels(path: Path) -> list[str]:
+    try:
+        labels = [line.strip() for line in path.read_text().splitlines() if line.strip()]
+    except OSError as exc:
+        raise ConfigError(f"--labels: cannot read {path}: {exc.strerror or exc}") from exc
+    if not labels:
+        raise ConfigError(f"--labels: {path} holds no class names (one per line expected)")
+    return labels
+
+
+def postprocess_from_args(postprocess_json: str | None, labels_file: Path | None) -> PostprocessSpec | None:
+    """The manifest's postprocess: ``--postprocess-json``, with ``--labels`` put into it.
+
+    ``--labels`` alone means a classification with those labels (top 5, or fewer classes).
+    """
+    labels = _read_labels(labels_file) if labels_file is not None else None
+    spec: PostprocessSpec | None = None
+    if postprocess_json is not None:
+        try:
+            spec = TypeAdapter(PostprocessSpec).validate_python(
+                _json_arg(postprocess_json, "--postprocess-json")
+            )
+        except ValidationError as exc:
+            raise ConfigError(
+                "invalid --postprocess-json", _validation_problems(exc, "--postprocess-json")
+            ) from exc
+    if labels is None:
+        return spec
+    if spec is None:
+        return ClassificationSpec(labels=labels, top_k=min(5, len(labels)))
+    if not isinstance(spec, (ClassificationSpec, DetectionSpec)):
+        raise ConfigError("--labels needs a classification or detection postprocess")
+    return spec.model_copy(update={"labels": labels, "labels_file": None})
+
+
+def build_spec_from_args(args: argparse.Namespace) -> BuildSpec | None:
+    """A BuildSpec when any build flag is given; None runs the ONNX model as it is."""
+    if args.precision is None and args.device_target is None and not args.no_gpu_fallback:
+        return None
+    values: dict[str, Any] = {"gpu_fallback": not args.no_gpu_fallback}
+    if args.precision is not None:
+        values["precision"] = args.precision
+    if args.device_target is not None:
+        values["device"] = args.device_target
+    return BuildSpec.model_validate(values)
+
+
+def _deploy(args: argparse.Namespace) -> int:
+    from agent.fleet.deploy import DeployPlan, FleetDeploy, describe_manifest, parse_devices
+    from agent.fleet.keys import load_signing_key
+    from agent.fleet.progress import ProgressView
+
+    if args.key is not None and not args.key_id:
+        raise ConfigError("--key needs --key-id: the id the devices' delivery.trusted_keys know the key by")
+    if not MIN_CHUNK_SIZE <= args.chunk_size <= MAX_CHUNK_SIZE:
+        raise ConfigError(f"--chunk-size must be between {MIN_CHUNK_SIZE} and {MAX_CHUNK_SIZE} bytes")
+    preprocess = None
+    if args.preprocess_json is not None:
+        try:
+            preprocess = PreprocessSpec.model_validate(_json_arg(args.preprocess_json, "--preprocess-json"))
+        except ValidationError as exc:
+            raise ConfigError(
+                "invalid --preprocess-json", _validation_problems(exc, "--preprocess-json")
+            ) from exc
+    plan = DeployPlan(
+        model=args.model,
+        devices=parse_devices(args.device),
+        slot=args.slot,
+        version=args.version,
+        model_id=args.model_id,
+        chunk_size=args.chunk_size,
+        build=build_spec_from_args(args),
+        preprocess=preprocess,
+        postprocess=postprocess_from_args(args.postprocess_json, args.labels),
+        http_url=args.http_url,
+    )
+    settings = settings_from_args(args)
+    key = load_signing_key(args.key) if args.key is not None else None
+    view = ProgressView()
+    deploy = FleetDeploy(
+        settings,
+        plan,
+        signing_key=key,
+        key_id=args.key_id,
+        serve=not args.no_serve,
+        max_rate_bps=args.max_rate,
+        on_change=view.update,
+    )
+    print(f"deploy: {describe_manifest(deploy.manifest)}")
+    if key is not None:
+        print(f"deploy: signed with key id {args.key_id}")
+    else:
+        print("deploy: UNSIGNED; only devices with delivery.require_signature: false accept it")
+    with deploy:
+        topic = f"{settings.prefix}/{{device}}/down/desired/{plan.slot}"
+        serving = "; serving the chunks" if deploy.server is not None else "; chunks left to `fleet serve`"
+        print(f"deploy: published to {len(plan.devices)} device(s) on {topic} (retained){serving}")
+        view.update(deploy.snapshot(), force=True)
+        outcome = deploy.wait(args.timeout)
+        view.close(deploy.snapshot())
+    total = len(outcome.devices)
+    if outcome.ok:
+        print(f"deploy: all {total} device(s) ACTIVE on {plan.slot}")
+        return EXIT_OK
+    failures = outcome.failures()
+    print(f"deploy: {len(failures)} of {total} device(s) did not reach ACTIVE:", file=sys.stderr)
+    for line in failures:
+        print(f"  {line}", file=sys.stderr)
+    failed = any(p.done and not p.ok for p in outcome.devices.values())
+    return EXIT_FAILED if failed else EXIT_UNFINISHED
+
+
+# -- serve, status, cmd ----------------------------------------------------------------------------
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from agent.fleet.serve import install_stop_signals, serve_repo
+
+    if not args.repo.is_dir():
+        raise ConfigError(f"--repo {args.repo} is not a directory")
+    settings = settings_from_args(args)
+    stop = threading.Event()
+    install_stop_signals(stop)
+    serve_repo(settings, args.repo, stop, group=args.group, out=sys.stdout, report_s=args.report)
+    return 0
+
+
+def _status(args: argparse.Namespace) -> int:
+    from agent.fleet.status import collect_fleet, format_table
+
+    rows = collect_fleet(settings_from_args(args), max_wait_s=args.wait)
+    if args.json:
+        print(json.dumps([row.as_dict() for row in rows], indent=2))
+    elif rows:
+        print(format_table(rows))
+    else:
+        print("no devices found (nothing retained under the prefix; check --prefix and the broker)")
+    return 0
+
+
+def _cmd(args: argparse.Namespace) -> int:
+    from agent.fleet.command import send_command
+
+    command_args = _json_arg(args.args, "--args")
+    if not isinstance(command_args, dict):
+        raise ConfigError('--args must be a JSON object, e.g. \'{"slot": "cls"}\'')
+    reply = send_command(settings_from_args(args), args.device, args.name, command_args, timeout=args.timeout)
+    print(json.dumps(reply.model_dump(mode="json", exclude_none=True), indent=2))
+    return 0 if reply.ok else 1

@@ -1,0 +1,529 @@
+"""``fleet deploy``: sign a manifest, publish it as every target's desired state, serve the chunks,
+and follow each device's job to its end.
+
+The same class drives the CLI, the demo and the end-to-end tests::
+
+    with FleetDeploy(settings, plan, signing_key=key, key_id="fleet-2026") as deploy:
+        outcome = deploy.wait(timeout=600)
+    if not outcome.ok: ...
+
+What happens (docs/fleet.md): one manifest (one job id, one sequence) is built from the model file;
+each device gets a copy naming it in ``device``, signed, published **retained** with QoS 1 on its
+``down/desired/{slot}``. A :class:`~agent.fleet.chunks.ChunkServer` answers the devices' chunk
+requests while the deploy runs. Job states arrive on ``up/jobs/{job_id}``; the deploy is over
+when every device reached a terminal state. Messages can be missed (the broker restarted while a
+device replayed its spool), so a device that stays quiet is asked with the ``status`` command,
+which names its last job and that job's state; after a reconnect the manifests are published
+again, because a broker without persistence forgets retained messages.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+import threading
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import structlog
+from pydantic import ValidationError
+
+from agent.build.spec import BuildSpec
+from agent.camera.preprocess_spec import PreprocessSpec
+from agent.delivery.manifest import (
+    DEFAULT_CHUNK_SIZE,
+    DeployManifest,
+    ModelSourceRef,
+    build_manifest,
+    sign_manifest,
+)
+from agent.errors import ConfigError
+from agent.fleet.chunks import ChunkServer
+from agent.fleet.command import PendingReplies, publish_command
+from agent.mqtt.client_tools import ServiceClient
+from agent.mqtt.inbox import InboundMessage
+from agent.mqtt.settings import MqttSettings
+from agent.postprocess.spec import PostprocessSpec
+from agent.protocol.messages import JobState, JobStatus, ProtocolError, StatusMessage, decode
+from agent.protocol.topics import Topics, check_level, parse
+from agent.signing import Ed25519PrivateKey
+
+log = structlog.get_logger(__name__)
+
+#: A device heard nothing from for this long is asked for its state with the ``status`` command.
+DEFAULT_STATUS_POLL_S = 15.0
+#: A status query unanswered for this long is given up (asked again at the next poll).
+_POLL_REPLY_TIMEOUT_S = 30.0
+_JOB_ID_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
+
+
+class _SequenceClock:
+    """Milliseconds since the epoch, never the same value twice in this process."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._last = 0
+
+    def next(self) -> int:
+        with self._lock:
+            self._last = max(self._last + 1, time.time_ns() // 1_000_000)
+            return self._last
+
+
+_SEQUENCE = _SequenceClock()
+
+
+def next_sequence() -> int:
+    """A manifest sequence number: Unix time in milliseconds, strictly increasing in this process.
+
+    Time-based so that a later deploy outranks an earlier one from any operator machine whose clock
+    is right; devices refuse a sequence that is not above the last one they accepted (``replay``).
+    """
+    return _SEQUENCE.next()
+
+
+def new_job_id(model_id: str, version: str) -> str:
+    """A unique, readable job id: ``{model_id}-{version}-{UTC time}-{random}`` in ``[A-Za-z0-9_.-]``."""
+    base = _JOB_ID_UNSAFE.sub("_", f"{model_id}-{version}")
+    base = re.sub(r"\.{2,}", ".", base).strip(".")[:80] or "job"
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    return f"{base}-{stamp}-{uuid.uuid4().hex[:6]}"
+
+
+@dataclass(frozen=True)
+class DeployPlan:
+    """What to deploy where (everything ``fleet deploy`` takes besides broker and key)."""
+
+    model: Path
+    devices: tuple[str, ...]
+    slot: str
+    version: str
+    model_id: str | None = None  # default: the model file's stem
+    chunk_size: int = DEFAULT_CHUNK_SIZE
+    build: BuildSpec | None = None
+    preprocess: PreprocessSpec | None = None
+    postprocess: PostprocessSpec | None = None
+    #: HTTP(S) URL of the same file; tried before the MQTT pull, which stays as the fallback.
+    http_url: str | None = None
+    job_id: str | None = None  # default: new_job_id()
+    sequence: int | None = None  # default: next_sequence()
+
+
+@dataclass
+class DeviceProgress:
+    """One device's job as seen from the operator side."""
+
+    device: str
+    bytes_total: int
+    state: JobState | None = None  # None: nothing heard yet
+    progress: float | None = None
+    bytes_done: int = 0
+    #: Chunk bytes this deploy's server sent to the device (finer-grained than the job's progress).
+    served: int = 0
+    error_code: str | None = None
+    error: str | None = None
+    history: list[JobState] = field(default_factory=list)
+    online: bool | None = None  # None: no retained status seen
+    timings_s: dict[str, float] = field(default_factory=dict)
+    effective: dict[str, Any] | None = None
+    updated: float = field(default_factory=time.monotonic)
+
+    @property
+    def done(self) -> bool:
+        """True once the job reached a terminal state."""
+        return self.state is not None and self.state.terminal
+
+    @property
+    def ok(self) -> bool:
+        """True when the job ended ACTIVE."""
+        return self.state is JobState.ACTIVE
+
+    @property
+    def fraction(self) -> float:
+        """How far the job is, 0..1: download bytes (reported or served), 1 once downloaded."""
+        if self.state in (None, JobState.QUEUED):
+            return 0.0
+        if self.state is JobState.DOWNLOADING:
+            done = max(self.bytes_done, min(self.served, self.bytes_total))
+            return min(1.0, done / self.bytes_total) if self.bytes_total else 0.0
+        return 1.0 if self.ok or not self.done else min(1.0, self.bytes_done / (self.bytes_total or 1))
+
+    def copy(self) -> DeviceProgress:
+        return replace(self, history=list(self.history), timings_s=dict(self.timings_s))
+
+
+@dataclass(frozen=True)
+class DeployOutcome:
+    """How a deploy ended, per device."""
+
+    job_id: str
+    sequence: int
+    devices: dict[str, DeviceProgress]
+
+    @property
+    def ok(self) -> bool:
+        """True when every device ended ACTIVE."""
+        return all(p.ok for p in self.devices.values())
+
+    @property
+    def finished(self) -> bool:
+        """True when every device reached a terminal state."""
+        return all(p.done for p in self.devices.values())
+
+    def failures(self) -> list[str]:
+        """One line per device that did not end ACTIVE: state, error code and message."""
+        lines = []
+        for name, p in sorted(self.devices.items()):
+            if p.ok:
+                continue
+            if p.state is None:
+                seen = "offline" if p.online is False else "no job status received"
+                lines.append(f"{name}: no final state ({seen}); the manifest stays retained for it")
+            elif not p.done:
+                lines.append(f"{name}: still {p.state.value} when the deploy stopped waiting")
+            else:
+                lines.append(f"{name}: {p.state.value} {p.error_code or ''}: {p.error or ''}".rstrip(": "))
+        return lines
+
+
+ChangeCallback = Callable[[list[DeviceProgress]], None]
+
+
+class FleetDeploy:
+    """One deployment to one or more devices: ``start()``, then ``poll()``/``wait()``, then ``stop()``."""
+
+    def __init__(
+        self,
+        settings: MqttSettings,
+        plan: DeployPlan,
+        *,
+        signing_key: Ed25519PrivateKey | None = None,
+        key_id: str | None = None,
+        serve: bool = True,
+        max_rate_bps: float | None = None,
+        group: str | None = None,
+        on_change: ChangeCallback | None = None,
+        status_poll_s: float = DEFAULT_STATUS_POLL_S,
+    ) -> None:
+        """``signing_key`` None publishes unsigned manifests (devices must have require_signature off).
+
+        ``serve`` False leaves the chunks to a ``fleet serve`` (or the HTTP source). ``max_rate_bps``
+        caps the chunk bytes served per second (a metered uplink; tests slow transfers with it).
+        ``group`` is the chunk server's shared-subscription group (default: one of its own, so every
+        request reaches this deploy whatever other servers run). ``on_change`` gets a snapshot of
+        every device after each poll that saw a change.
+        """
+        if not plan.devices:
+            raise ConfigError("deploy needs at least one --device")
+        if signing_key is not None and not key_id:
+            raise ConfigError("a signed deploy needs --key-id: the id devices know the public key by")
+        for device in plan.devices:
+            try:
+                check_level(device, "device id")
+            except ValueError as exc:
+                raise ConfigError(str(exc)) from exc
+        if not Path(plan.model).is_file():
+            raise ConfigError(f"model file {plan.model} not found")
+        self.settings = settings
+        self.plan = plan
+        self.prefix = settings.prefix
+        self.job_id = plan.job_id or new_job_id(plan.model_id or Path(plan.model).stem, plan.version)
+        self.sequence = plan.sequence or next_sequence()
+        sources = [ModelSourceRef(kind="mqtt")]
+        if plan.http_url:
+            sources.insert(0, ModelSourceRef(kind="http", url=plan.http_url))
+        try:
+            self.manifest = build_manifest(
+                Path(plan.model),
+                job_id=self.job_id,
+                sequence=self.sequence,
+                slot=plan.slot,
+                model_id=plan.model_id or Path(plan.model).stem,
+                version=plan.version,
+                chunk_size=plan.chunk_size,
+                sources=sources,
+                build=plan.build,
+                preprocess=plan.preprocess,
+                postprocess=plan.postprocess,
+            )
+        except ValidationError as exc:
+            problems = [
+                f"{'.'.join(str(p) for p in e['loc']) or 'manifest'}: {e['msg']}"
+                for e in exc.errors(include_url=False)
+            ]
+            raise ConfigError("cannot build the deploy manifest", problems) from exc
+        #: The manifest each device gets (the same job, naming that device).
+        self.manifests: dict[str, DeployManifest] = {
+            d: self.manifest.model_copy(update={"device": d}) for d in plan.devices
+        }
+        #: The exact bytes published on each device's desired topic.
+        self.payloads: dict[str, bytes] = {
+            d: sign_manifest(m, signing_key, key_id) for d, m in self.manifests.items()
+        }
+        self.signed = signing_key is not None
+        self.key_id = key_id if signing_key is not None else None
+        self._topics = {d: Topics(self.prefix, d) for d in plan.devices}
+        self._devices = {d: DeviceProgress(d, bytes_total=self.manifest.size) for d in plan.devices}
+        self._seen: set[str] = set()
+        self._lock = threading.Lock()
+        self._changed = threading.Event()
+        self._on_change = on_change
+        self._status_poll_s = status_poll_s
+        self._pending = PendingReplies()
+        self._polls: dict[bytes, tuple[str, float]] = {}
+        self._last_poll = time.monotonic()
+        self._max_rate = max_rate_bps
+        self._client = ServiceClient(settings, handler=self._on_message)
+        self._connects = 0
+        self._started = False
+        self.server: ChunkServer | None = None
+        if serve:
+            self.server = ChunkServer(
+                settings, group=group or f"deploy-{self.job_id}"[:100], on_served=self._on_served
+            )
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    def start(self, timeout: float = 10.0) -> FleetDeploy:
+        """Serve the chunks, subscribe to the devices' answers, publish the manifests (retained).
+
+        Raises TransportError when the broker cannot be reached or refuses.
+        """
+        if self._started:
+            raise RuntimeError("FleetDeploy.start() called twice")
+        self._started = True
+        if self.server is not None:
+            # The manifest was just made from this file: no need to hash it again.
+            self.server.register(self.manifest, Path(self.plan.model), verify=False)
+            self.server.start(timeout)
+        try:
+            self._client.start(timeout)
+            # Before publishing: QUEUED may follow the manifest within milliseconds.
+            self._client.subscribe(f"{self.prefix}/+/up/jobs/{self.job_id}", qos=1, timeout=timeout)
+            self._client.subscribe(f"{self.prefix}/+/up/status", qos=1, timeout=timeout)
+            self._client.subscribe(f"{self.prefix}/+/up/cmd/status", qos=1, timeout=timeout)
+            self._connects = self._client.connects
+            self._publish_manifests()
+            self._client.wait_published(timeout)
+        except BaseException:
+            self.stop()
+            raise
+        log.info(
+            "fleet.deploy.published",
+            job=self.job_id,
+            sequence=self.sequence,
+            devices=list(self.plan.devices),
+            sha256=self.manifest.sha256,
+            signed=self.signed,
+        )
+        self._last_poll = time.monotonic()
+        return self
+
+    def stop(self) -> None:
+        """Stop serving and disconnect. The retained manifests stay: they are the desired state."""
+        if self.server is not None:
+            self.server.stop()
+        self._client.wait_published(2.0)
+        self._client.stop()
+
+    def __enter__(self) -> FleetDeploy:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # -- following the jobs ----------------------------------------------------------------------
+
+    def poll(self, timeout: float = 0.0) -> bool:
+        """Wait up to ``timeout`` for news, handle it; True once every device reached a terminal state."""
+        changed = self._changed.wait(timeout)
+        self._changed.clear()
+        if self._client.connects != self._connects and self._client.connected:
+            # Reconnected: the broker may have lost the retained manifests and our subscriptions'
+            # messages in between; publish again (devices ignore a job they know) and ask.
+            self._connects = self._client.connects
+            log.warning("fleet.deploy.reconnected", job=self.job_id)
+            self._publish_manifests()
+            self._ask_status(force=True)
+            changed = True
+        changed = self._take_status_replies() or changed
+        if time.monotonic() - self._last_poll >= self._status_poll_s:
+            self._ask_status(force=False)
+        if changed and self._on_change is not None:
+            self._on_change(self.snapshot())
+        return self.finished
+
+    def wait(self, timeout: float | None = None) -> DeployOutcome:
+        """Poll until every device reached a terminal state or ``timeout`` seconds passed."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self.poll(0.2 if deadline is None else max(0.0, min(0.2, deadline - time.monotonic()))):
+            if deadline is not None and time.monotonic() >= deadline:
+                break
+        return self.outcome()
+
+    @property
+    def finished(self) -> bool:
+        """True when every device reached a terminal state."""
+        with self._lock:
+            return all(p.done for p in self._devices.values())
+
+    def snapshot(self) -> list[DeviceProgress]:
+        """A copy of every device's progress, in the order the devices were given."""
+        with self._lock:
+            return [self._devices[d].copy() for d in self.plan.devices]
+
+    def outcome(self) -> DeployOutcome:
+        """The deploy's result so far."""
+        return DeployOutcome(self.job_id, self.sequence, {p.device: p for p in self.snapshot()})
+
+    # -- MQTT ------------------------------------------------------------------------------------
+
+    def _publish_manifests(self) -> None:
+        for device, payload in self.payloads.items():
+            self._client.publish(self._topics[device].desired(self.plan.slot), payload, qos=1, retain=True)
+
+    def _on_message(self, message: InboundMessage) -> None:
+        """Dispatcher thread: job states, online status, status-command replies of our devices."""
+        try:
+            topic = parse(message.topic, self.prefix)
+        except ValueError:
+            return
+        if topic.device not in self._devices:
+            return
+        try:
+            if topic.kind == "jobs" and topic.arg == self.job_id:
+                self._apply(topic.device, decode(JobStatus, message.payload))
+            elif topic.kind == "status":
+                status = decode(StatusMessage, message.payload)
+                with self._lock:
+                    self._devices[topic.device].online = status.state == "online"
+                self._changed.set()
+            elif topic.kind == "cmd":
+                self._pending.offer(message)
+        except ProtocolError as exc:
+            log.warning("fleet.deploy.bad_message", topic=message.topic, error=str(exc))
+
+    def _apply(self, device: str, status: JobStatus) -> None:
+        with self._lock:
+            if status.msg_id in self._seen:
+                return  # a QoS 1 repeat or a spool replay
+            self._seen.add(status.msg_id)
+            p = self._devices[device]
+            if p.done:
+                return  # nothing follows a terminal state; a late echo must not undo it
+            if not p.history or p.history[-1] is not status.state:
+                p.history.append(status.state)
+            p.state = status.state
+            p.progress = status.progress
+            if status.bytes_done is not None:
+                p.bytes_done = status.bytes_done
+            if status.state.terminal and status.state is JobState.ACTIVE:
+                p.bytes_done = p.bytes_total
+            p.error_code, p.error = status.error_code, status.error
+            p.timings_s = dict(status.timings_s)
+            p.effective = status.effective or p.effective
+            p.updated = time.monotonic()
+        log.info("fleet.deploy.job_state", device=device, job=self.job_id, state=status.state.value)
+        self._changed.set()
+
+    def _on_served(self, device: str, sha256: str, size: int) -> None:
+        """Chunk server thread: count the bytes sent; sleeping here is what throttles the server."""
+        if sha256 == self.manifest.sha256 and device in self._devices:
+            with self._lock:
+                self._devices[device].served += size
+            self._changed.set()
+        if self._max_rate:
+            time.sleep(size / self._max_rate)
+
+    # -- catching up with missed messages --------------------------------------------------------
+
+    def _ask_status(self, *, force: bool) -> None:
+        """Send ``status`` to unfinished devices that were quiet for a poll interval (all if ``force``)."""
+        now = time.monotonic()
+        self._last_poll = now
+        asked = {device for device, _ in self._polls.values()}
+        with self._lock:
+            quiet = [
+                p.device
+                for p in self._devices.values()
+                if not p.done and p.device not in asked and (force or now - p.updated >= self._status_poll_s)
+            ]
+        for device in quiet:
+            correlation = self._pending.expect()
+            self._polls[correlation] = (device, now)
+            publish_command(self._client, self._topics[device], "status", {}, correlation)
+
+    def _take_status_replies(self) -> bool:
+        changed = False
+        now = time.monotonic()
+        for correlation, (device, sent) in list(self._polls.items()):
+            reply = self._pending.take(correlation)
+            if reply is None:
+                if now - sent > _POLL_REPLY_TIMEOUT_S:
+                    self._pending.forget(correlation)
+                    del self._polls[correlation]
+                continue
+            del self._polls[correlation]
+            with self._lock:
+                self._devices[device].updated = now
+            record = _last_job(reply.result, self.plan.slot) if reply.ok else None
+            if record is None or record.get("job_id") != self.job_id:
+                continue
+            try:
+                state = JobState(record.get("state"))
+            except ValueError:
+                continue
+            if state.terminal:
+                # The job's own message was missed; the device's job ledger says how it ended.
+                self._apply(
+                    device,
+                    JobStatus(
+                        job_id=self.job_id,
+                        slot=self.plan.slot,
+                        state=state,
+                        error_code=record.get("error_code"),
+                        error="final state read with the status command (its job message was missed)",
+                    ),
+                )
+                changed = True
+        return changed
+
+
+def _last_job(result: dict[str, Any] | None, slot: str) -> dict[str, Any] | None:
+    """``result.delivery.slots[slot].last_job`` of a ``status`` reply, if it is there."""
+    try:
+        record = (result or {})["delivery"]["slots"][slot]["last_job"]
+    except (KeyError, TypeError):
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def describe_manifest(manifest: DeployManifest) -> str:
+    """One line: job, sequence, model, size and chunking."""
+    return (
+        f"job {manifest.job_id} (sequence {manifest.sequence}): {manifest.model_id} v{manifest.version}, "
+        f"{format_bytes(manifest.size)}, {manifest.chunk_count} chunks of "
+        f"{format_bytes(manifest.chunk_size)}, sha256 {manifest.sha256[:12]}..."
+    )
+
+
+def format_bytes(n: float) -> str:
+    """Human-readable byte count: ``812 B``, ``25.1 KiB``, ``3.4 MiB``."""
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"
+
+
+def parse_devices(values: Sequence[str]) -> tuple[str, ...]:
+    """Devices from repeated/comma-separated ``--device`` values, order kept, duplicates dropped."""
+    seen: dict[str, None] = {}
+    for value in itertools.chain.from_iterable(v.split(",") for v in values):
+        if value.strip():
+            seen.setdefault(value.strip(), None)
+    return tuple(seen)

@@ -1,0 +1,93 @@
+"""The live per-device progress of ``fleet deploy``: redrawn in place on a terminal, one line per
+change otherwise (a log file or CI output stays readable)."""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Sequence
+from typing import TextIO
+
+from agent.fleet.deploy import DeviceProgress, format_bytes
+from agent.protocol.messages import JobState
+
+#: Longest error message shown in the live line (the final summary prints it whole).
+_ERROR_WIDTH = 60
+
+
+def progress_line(p: DeviceProgress, width: int = 0) -> str:
+    """``device  STATE  pct  done/total  note`` for one device."""
+    state = p.state.value if p.state is not None else "waiting"
+    pct = f"{p.fraction * 100:3.0f}%"
+    if p.state is JobState.DOWNLOADING:
+        done = max(p.bytes_done, min(p.served, p.bytes_total))
+    elif p.state is None or p.state is JobState.QUEUED:
+        done = 0
+    else:
+        done = p.bytes_total if p.ok or not p.done else p.bytes_done
+    line = f"{p.device:<{width}}  {state:<11} {pct}  {format_bytes(done)} / {format_bytes(p.bytes_total)}"
+    if p.done and not p.ok:
+        error = (p.error or "").replace("\n", " ")
+        if len(error) > _ERROR_WIDTH:
+            error = error[: _ERROR_WIDTH - 3] + "..."
+        line += f"  {p.error_code or ''}: {error}"
+    elif p.ok and p.timings_s:
+        line += f"  in {sum(p.timings_s.values()):.1f} s"
+    elif p.online is False:
+        line += "  (device offline: waiting for it to connect)"
+    return line
+
+
+class ProgressView:
+    """Shows :class:`DeviceProgress` snapshots on ``stream``."""
+
+    def __init__(self, stream: TextIO | None = None, *, tty: bool | None = None, min_interval_s: float = 0.1):
+        self.stream = stream if stream is not None else sys.stdout
+        self.tty = self.stream.isatty() if tty is None else tty
+        self.min_interval_s = min_interval_s
+        self._drawn = 0
+        self._last_draw = 0.0
+        self._last_lines: dict[str, str] = {}
+        self._last_keys: dict[str, tuple[object, ...]] = {}
+
+    def update(self, devices: Sequence[DeviceProgress], *, force: bool = False) -> None:
+        """Show the new state: redraw (terminal, rate-limited) or print the lines that changed."""
+        width = max((len(p.device) for p in devices), default=0)
+        if self.tty:
+            now = time.monotonic()
+            if not force and now - self._last_draw < self.min_interval_s:
+                return
+            self._last_draw = now
+            self._redraw([progress_line(p, width) for p in devices])
+            return
+        for p in devices:
+            # Served bytes change per chunk: a new line only for a new state or another tenth.
+            key = (p.state, int(p.fraction * 10), p.error_code, p.online)
+            if self._last_keys.get(p.device) != key:
+                self._last_keys[p.device] = key
+                self.stream.write(progress_line(p, width) + "\n")
+        self.stream.flush()
+
+    def _redraw(self, lines: list[str]) -> None:
+        out = self.stream
+        if len(lines) == 1 and self._drawn <= 1:
+            previous = self._last_lines.get("", "")
+            out.write("\r" + lines[0] + " " * max(0, len(previous) - len(lines[0])))
+            self._last_lines[""] = lines[0]
+            self._drawn = 1
+        else:
+            if self._drawn > 1:
+                out.write(f"\x1b[{self._drawn}F")  # back to the first line drawn
+            elif self._drawn == 1:
+                out.write("\r")
+            for line in lines:
+                out.write("\x1b[2K" + line + "\n")
+            self._drawn = len(lines)
+        out.flush()
+
+    def close(self, devices: Sequence[DeviceProgress]) -> None:
+        """Draw the final state and leave the cursor on a fresh line."""
+        self.update(devices, force=True)
+        if self.tty and len(devices) == 1:
+            self.stream.write("\n")
+            self.stream.flush()

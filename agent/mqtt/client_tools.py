@@ -1,0 +1,319 @@
+"""An MQTT 5 client for operator-side services (chunk server, deploy, benchmarks).
+
+:class:`agent.mqtt.link.MqttLink` is a *device*: spool, status topic, Last Will, one subscription
+dispatch by topic match. A service needs other things: shared subscriptions (``$share/group/...``,
+which a topic match cannot dispatch), request/response properties on what it receives and sends,
+and a count of PUBACKs so it can wait until what it published has left. This is that client.
+
+paho traps handled here (see docs/protocol.md and the link's module docstring):
+
+* callbacks only append to our queues/counters inside a catch-all, and none of our locks is ever
+  held while calling into paho, so ``on_publish`` (run under paho's lock) cannot deadlock (paho#226);
+* received messages go through a bounded :class:`~agent.mqtt.inbox.Inbox` to one dispatcher thread,
+  so a slow handler never stalls paho's network thread;
+* payload sizes are checked against the broker's Maximum Packet Size (paho ignores it, paho#760);
+* paho's reconnect delay has no jitter: the first delay is drawn at random per client.
+"""
+
+from __future__ import annotations
+
+import random
+import ssl
+import threading
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import paho.mqtt.client as paho
+import structlog
+from paho.mqtt.enums import CallbackAPIVersion, MQTTErrorCode
+
+from agent.errors import TransportError
+from agent.mqtt.inbox import STOP, InboundMessage, Inbox
+from agent.mqtt.link import PublishProperties
+from agent.mqtt.settings import MqttSettings
+from agent.mqtt.sockets import disable_nagle
+
+log = structlog.get_logger(__name__)
+
+#: Fixed header + packet id + property length, as in the link.
+_PUBLISH_OVERHEAD = 16
+
+#: Called for every received message; its return value is ignored.
+Handler = Callable[[InboundMessage], object]
+
+
+class ServiceClient:
+    """Publish with MQTT 5 properties, subscribe (shared subscriptions too), count acks.
+
+    ``handler`` is called on the ``mqtt-service-dispatch`` thread for every message received on any
+    subscription, one at a time. Reconnects are automatic; subscriptions are renewed on each connect.
+    """
+
+    def __init__(
+        self,
+        settings: MqttSettings,
+        *,
+        client_id: str | None = None,
+        handler: Handler | None = None,
+        inbox_size: int = 1024,
+        max_inflight: int = 20,
+    ) -> None:
+        self.settings = settings
+        self.client_id = client_id or f"service-{uuid.uuid4().hex[:10]}"
+        self._handler = handler
+        self._inbox = Inbox(inbox_size)
+        self._filters: list[tuple[str, int]] = []
+        self._cond = threading.Condition()  # guards the fields below; never held while calling paho
+        self._connected = False
+        self._connects = 0
+        self._max_packet: int | None = None
+        self._subacks: dict[int, list[str]] = {}
+        self._sent = 0
+        self._acked = 0
+        self._failed_acks = 0
+        self.inbox_dropped = 0
+        self.callback_errors = 0
+        self.handler_errors = 0
+        self._dispatch: threading.Thread | None = None
+        self._client = self._make_client(max_inflight)
+
+    def _make_client(self, max_inflight: int) -> paho.Client:
+        s = self.settings
+        client = paho.Client(CallbackAPIVersion.VERSION2, client_id=self.client_id, protocol=paho.MQTTv5)
+        if s.tls is not None:
+            try:
+                client.tls_set(
+                    ca_certs=str(s.tls.ca_file) if s.tls.ca_file else None,
+                    certfile=str(s.tls.cert_file) if s.tls.cert_file else None,
+                    keyfile=str(s.tls.key_file) if s.tls.key_file else None,
+                    cert_reqs=ssl.CERT_REQUIRED,
+                )
+            except (OSError, ValueError) as exc:
+                raise TransportError(f"cannot load the MQTT TLS files ({exc}); check the paths") from exc
+            client.tls_insecure_set(s.tls.insecure)
+        if s.username is not None:
+            password = s.password_file.read_text().strip() if s.password_file is not None else None
+            client.username_pw_set(s.username, password)
+        client.max_inflight_messages_set(max_inflight)
+        first = random.uniform(s.reconnect_min_s, 2 * s.reconnect_min_s)
+        client.reconnect_delay_set(first, max(first, s.reconnect_max_s))  # type: ignore[arg-type]  # floats work
+        client.on_connect = self._cb_connect
+        client.on_disconnect = self._cb_disconnect
+        client.on_publish = self._cb_publish
+        client.on_subscribe = self._cb_subscribe
+        client.on_message = self._cb_message
+        client.on_socket_open = self._cb_socket_open
+        return client
+
+    # -- paho callbacks: record and return, never raise ---------------------------------------------
+
+    def _cb_socket_open(self, client: Any, userdata: Any, sock: Any) -> None:
+        if not disable_nagle(sock):
+            self.callback_errors += 1
+
+    def _cb_connect(self, client: Any, userdata: Any, flags: Any, reason_code: Any, props: Any) -> None:
+        try:
+            if reason_code.is_failure:
+                log.error("mqtt.service.refused", client_id=self.client_id, reason=str(reason_code))
+                return
+            with self._cond:
+                self._connected = True
+                self._connects += 1
+                self._max_packet = getattr(props, "MaximumPacketSize", None)
+                filters = list(self._filters)
+                self._cond.notify_all()
+            for topic_filter, qos in filters:
+                client.subscribe(topic_filter, qos=qos)
+        except Exception as exc:  # noqa: BLE001 - nothing may escape into paho's loop
+            self.callback_errors += 1
+            log.error("mqtt.service.callback_failed", callback="on_connect", error=repr(exc))
+
+    def _cb_disconnect(self, client: Any, userdata: Any, flags: Any, reason_code: Any, props: Any) -> None:
+        try:
+            with self._cond:
+                self._connected = False
+                self._cond.notify_all()
+        except Exception:  # noqa: BLE001
+            self.callback_errors += 1
+
+    def _cb_publish(self, client: Any, userdata: Any, mid: int, reason_code: Any, props: Any) -> None:
+        try:
+            with self._cond:
+                self._acked += 1
+                if reason_code.is_failure:
+                    self._failed_acks += 1
+                self._cond.notify_all()
+        except Exception:  # noqa: BLE001
+            self.callback_errors += 1
+
+    def _cb_subscribe(self, client: Any, userdata: Any, mid: int, reason_codes: Any, props: Any) -> None:
+        try:
+            failed = [str(rc) for rc in reason_codes if rc.is_failure]
+            if failed:
+                log.error("mqtt.service.subscribe_refused", client_id=self.client_id, reasons=failed)
+            with self._cond:
+                self._subacks[mid] = failed
+                self._cond.notify_all()
+        except Exception:  # noqa: BLE001
+            self.callback_errors += 1
+
+    def _cb_message(self, client: Any, userdata: Any, msg: Any) -> None:
+        try:
+            props = getattr(msg, "properties", None)
+            message = InboundMessage(
+                topic=msg.topic,
+                payload=bytes(msg.payload),
+                qos=int(msg.qos),
+                retain=bool(msg.retain),
+                response_topic=getattr(props, "ResponseTopic", None),
+                correlation_data=getattr(props, "CorrelationData", None),
+                user_properties=tuple(tuple(p) for p in getattr(props, "UserProperty", None) or ()),
+            )
+            if not self._inbox.offer(message):
+                self.inbox_dropped += 1
+        except Exception:  # noqa: BLE001
+            self.callback_errors += 1
+
+    # -- public API ----------------------------------------------------------------------------------
+
+    def start(self, timeout: float = 10.0) -> ServiceClient:
+        """Connect and start the threads; raise TransportError if not connected within ``timeout``."""
+        if self._dispatch is not None:
+            raise RuntimeError("ServiceClient.start() called twice")
+        self._dispatch = threading.Thread(
+            target=self._run_dispatch, name="mqtt-service-dispatch", daemon=True
+        )
+        self._dispatch.start()
+        s = self.settings
+        self._client.connect_async(s.host, s.port, keepalive=s.keepalive_s)
+        self._client.loop_start()
+        if not self.wait_connected(timeout):
+            self.stop()
+            raise TransportError(
+                f"cannot connect to the MQTT broker at {s.host}:{s.port} within {timeout:.0f}s; check "
+                "mqtt.host/port, TLS files and credentials"
+            )
+        return self
+
+    def stop(self) -> None:
+        """Disconnect and join the threads (what is not yet acknowledged is dropped)."""
+        self._client.disconnect()
+        self._client.loop_stop()
+        self._inbox.put_control(STOP)
+        if self._dispatch is not None:
+            self._dispatch.join(5.0)
+
+    @property
+    def connected(self) -> bool:
+        """True between a successful CONNACK and the loss of that connection."""
+        return self._connected
+
+    @property
+    def connects(self) -> int:
+        """Successful connections so far (1 after the first, +1 per reconnect)."""
+        return self._connects
+
+    def wait_connected(self, timeout: float) -> bool:
+        """Wait until connected; False after ``timeout`` seconds."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self._connected, timeout)
+
+    def subscribe(self, topic_filter: str, qos: int = 1, timeout: float = 10.0) -> None:
+        """Subscribe now and on every reconnect; when connected, wait for the SUBACK.
+
+        Raises TransportError when the broker refuses the subscription or does not answer in time.
+        """
+        with self._cond:
+            self._filters.append((topic_filter, qos))
+        if not self._connected:
+            return
+        rc, mid = self._client.subscribe(topic_filter, qos=qos)
+        if rc != MQTTErrorCode.MQTT_ERR_SUCCESS or mid is None:
+            return  # disconnected meanwhile: on_connect subscribes again
+        with self._cond:
+            if not self._cond.wait_for(lambda: mid in self._subacks, timeout):
+                raise TransportError(f"no SUBACK for {topic_filter} within {timeout:.0f}s")
+            failed = self._subacks.pop(mid)
+        if failed:
+            raise TransportError(f"broker refused the subscription {topic_filter}: {', '.join(failed)}")
+
+    def payload_limit(self, topic: str, properties: PublishProperties | None = None) -> int | None:
+        """Largest payload the broker accepts on ``topic`` (None: the broker announced no limit)."""
+        if self._max_packet is None:
+            return None
+        extra = properties.wire_size() if properties is not None else 0
+        return self._max_packet - _PUBLISH_OVERHEAD - 2 - len(topic.encode()) - extra
+
+    def publish(
+        self,
+        topic: str,
+        payload: bytes,
+        *,
+        qos: int = 1,
+        retain: bool = False,
+        properties: PublishProperties | None = None,
+    ) -> None:
+        """Queue a publish (sent by paho's thread; QoS 1 waits in memory while disconnected).
+
+        Raises TransportError when the payload exceeds the broker's maximum packet size.
+        """
+        limit = self.payload_limit(topic, properties)
+        if limit is not None and len(payload) > limit:
+            raise TransportError(
+                f"payload of {len(payload)} bytes for {topic} exceeds the broker's limit of {limit} bytes; "
+                "use smaller chunks or raise max_packet_size in mosquitto.conf"
+            )
+        if qos == 1:
+            with self._cond:
+                self._sent += 1
+        info = self._client.publish(
+            topic, payload, qos=qos, retain=retain, properties=properties.to_paho() if properties else None
+        )
+        if info.rc not in (MQTTErrorCode.MQTT_ERR_SUCCESS, MQTTErrorCode.MQTT_ERR_NO_CONN):
+            if qos == 1:
+                with self._cond:
+                    self._sent -= 1
+            raise TransportError(f"publish to {topic} failed: {paho.error_string(info.rc)}")
+
+    def unacked(self) -> int:
+        """QoS 1 messages published but not yet acknowledged by the broker."""
+        with self._cond:
+            return self._sent - self._acked
+
+    def wait_published(self, timeout: float, *, at_most: int = 0) -> bool:
+        """Wait until at most ``at_most`` QoS 1 messages published so far are unacknowledged.
+
+        ``at_most=0``: everything published has been acknowledged. False on timeout.
+        """
+        with self._cond:
+            return self._cond.wait_for(lambda: self._sent - self._acked <= at_most, timeout)
+
+    def stats(self) -> dict[str, int]:
+        """Counters: published/acked/failed acks, connects, drops and errors."""
+        with self._cond:
+            return {
+                "published": self._sent,
+                "acked": self._acked,
+                "failed_acks": self._failed_acks,
+                "connects": self._connects,
+                "inbox_dropped": self.inbox_dropped,
+                "callback_errors": self.callback_errors,
+                "handler_errors": self.handler_errors,
+            }
+
+    # -- dispatch ------------------------------------------------------------------------------------
+
+    def _run_dispatch(self) -> None:
+        while True:
+            item = self._inbox.take(timeout=1.0)
+            if item is None:
+                continue
+            if item is STOP:
+                return
+            if isinstance(item, InboundMessage) and self._handler is not None:
+                try:
+                    self._handler(item)
+                except Exception as exc:
+                    self.handler_errors += 1
+                    log.exception("mqtt.service.handler_failed", topic=item.topic, error=repr(exc))

@@ -1,0 +1,353 @@
+"""Model transfer benchmark: the chunk pull protocol vs raw QoS 1 publishing, and resume after a kill.
+
+A 64 MB random model over a local mosquitto, for each chunk size (256 KiB and 1 MiB):
+
+* ``raw_qos1_mb_s``: one client publishes every chunk at QoS 1 to a topic, another receives them;
+  time until the last byte arrived. The ceiling: no requests, no verification, no disk.
+* ``pull_mb_s``: the device (MqttLink + fetch_model: window, per-chunk SHA-256, .part + bitmap with
+  fsync, whole-file SHA-256) pulls from a ChunkServer. ``ratio`` = pull / raw (target >= 0.5).
+* ``kill_at_50pct``: a device process pulls until half the model was served, is SIGKILLed,
+  and a new one resumes over the same partial directory; ``refetched_bytes`` is what the server
+  sent beyond the model size (bound: one window of chunks).
+
+The operator side (publisher, chunk server) runs in a child process, as it would on another host.
+
+    .venv/bin/python bench/transfer.py [--size-mb 64] [--window 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from agent.delivery.manifest import DeployManifest, build_manifest
+from agent.delivery.settings import DeliveryConfig
+from agent.delivery.transfer import fetch_model
+from agent.fleet.chunks import ChunkServer
+from agent.localbroker import Broker
+from agent.mqtt.client_tools import ServiceClient
+from agent.mqtt.inbox import InboundMessage
+from agent.mqtt.link import MqttLink
+from agent.mqtt.settings import MqttSettings
+from agent.protocol.topics import Topics
+from agent.spool import Spool
+
+MIB = 1024 * 1024
+
+
+def _quiet_logs() -> None:
+    """Warnings and errors only, on stderr: stdout carries the JSON result and the child protocol."""
+    structlog.configure(
+        wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING),
+        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+    )
+
+
+def _settings(port: int, prefix: str) -> MqttSettings:
+    return MqttSettings(
+        host="127.0.0.1",
+        port=port,
+        prefix=prefix,
+        max_payload_bytes=4 * MIB,
+        reconnect_min_s=0.05,
+        reconnect_max_s=0.5,
+    )
+
+
+# -- child process: the operator side -----------------------------------------------------------
+
+
+def _child_raw(port: int, topic: str, model: Path, chunk_size: int) -> None:
+    """Publish the model in chunks at QoS 1 when told ``go``; print ``done`` when all are acked."""
+    client = ServiceClient(_settings(port, "bench"), client_id=f"raw-pub-{uuid.uuid4().hex[:6]}").start()
+    data = model.read_bytes()
+    print("ready", flush=True)
+    sys.stdin.readline()
+    for offset in range(0, len(data), chunk_size):
+        client.publish(topic, data[offset : offset + chunk_size], qos=1)
+    client.wait_published(120.0)
+    print("done", flush=True)
+    sys.stdin.readline()
+    client.stop()
+
+
+def _child_server(port: int, prefix: str, model: Path, manifest_file: Path) -> None:
+    """Run a ChunkServer; answer ``stats`` lines with JSON; exit on ``quit``."""
+    manifest = DeployManifest.model_validate_json(manifest_file.read_text())
+    server = ChunkServer(_settings(port, prefix), group="bench")
+    server.register(manifest, model, verify=False)
+    server.start()
+    print("ready", flush=True)
+    for line in sys.stdin:
+        if line.strip() == "quit":
+            break
+        print(json.dumps(server.stats()), flush=True)
+    server.stop()
+
+
+def _child_pull(argv: list[str]) -> None:
+    """A device process that pulls until it is killed (the kill-at-50% case)."""
+    port, prefix, device, state_dir, manifest_file, window, nodelay = argv
+    manifest = DeployManifest.model_validate_json(Path(manifest_file).read_text())
+    dev = _Device(int(port), prefix, device, Path(state_dir), nodelay == "1")
+    dev.fetch(manifest, int(window))
+    dev.close()
+
+
+# -- device side ---------------------------------------------------------------------------------
+
+
+class _Device:
+    def __init__(self, port: int, prefix: str, device_id: str, state_dir: Path, nodelay: bool) -> None:
+        self.topics = Topics(prefix, device_id)
+        self.part_dir = state_dir / "partial"
+        self.spool = Spool(state_dir / "spool.sqlite")
+        self.link = MqttLink(
+            _settings(port, prefix),
+            client_id=device_id,
+            status_topic=self.topics.status,
+            agent_version="bench",
+            spool=self.spool,
+        )
+        self.link.start()
+        deadline = time.monotonic() + 10
+        while not self.link.connected:
+            if time.monotonic() > deadline:
+                raise RuntimeError("device link did not connect")
+            time.sleep(0.01)
+        if nodelay:
+            # Stand-in for the change proposed for MqttLink (TCP_NODELAY in on_socket_open).
+            sock = self.link._client.socket()
+            if isinstance(sock, socket.socket):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def fetch(self, manifest: DeployManifest, window: int) -> Path:
+        config = DeliveryConfig(chunk_window=window, chunk_timeout_s=5.0, job_deadline_s=600.0)
+        return fetch_model(
+            manifest,
+            self.part_dir,
+            lambda done, total: None,
+            threading.Event(),
+            link=self.link,
+            topics=self.topics,
+            config=config,
+        )
+
+    def close(self) -> None:
+        self.link.stop(timeout=1.0)
+        self.spool.close()
+
+
+class _Child:
+    """A child process of this script, talking in lines on stdin/stdout."""
+
+    def __init__(self, *args: str) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, __file__, *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
+
+    def say(self, line: str) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(line + "\n")
+        self.proc.stdin.flush()
+
+    def hear(self) -> str:
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"child {self.proc.args!r} exited with {self.proc.wait()}")
+        return line.strip()
+
+    def served(self) -> int:
+        self.say("stats")
+        stats: dict[str, int] = json.loads(self.hear())
+        return stats["served_bytes"]
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                self.say("quit")
+                self.proc.wait(10)
+            except (OSError, subprocess.TimeoutExpired):
+                self.proc.kill()
+                self.proc.wait(10)
+
+
+# -- measurements --------------------------------------------------------------------------------
+
+
+def bench_raw(port: int, model: Path, chunk_size: int) -> float:
+    """MB/s of QoS 1 publishing the model's chunks from one client to another (subscribed at QoS 1)."""
+    size = model.stat().st_size
+    topic = f"bench/raw/{uuid.uuid4().hex[:8]}"
+    received = {"bytes": 0}
+    all_in = threading.Event()
+
+    def on_message(message: InboundMessage) -> None:
+        received["bytes"] += len(message.payload)
+        if received["bytes"] >= size:
+            all_in.set()
+
+    sub = ServiceClient(_settings(port, "bench"), handler=on_message).start()
+    sub.subscribe(topic, qos=1)
+    pub = _Child("raw", str(port), topic, str(model), str(chunk_size))
+    try:
+        if pub.hear() != "ready":
+            raise RuntimeError("raw publisher did not start")
+        started = time.perf_counter()
+        pub.say("go")
+        if not all_in.wait(300):
+            raise RuntimeError(f"raw: only {received['bytes']} of {size} bytes arrived")
+        seconds = time.perf_counter() - started
+        pub.hear()
+        pub.say("quit")
+    finally:
+        pub.proc.wait(10)
+        sub.stop()
+    return size / MIB / seconds
+
+
+class _PullCase:
+    """One chunk server child for a model; pull cases (window, nodelay) run against it."""
+
+    def __init__(self, port: int, model: Path, manifest_file: Path, manifest: DeployManifest) -> None:
+        self.port = port
+        self.manifest = manifest
+        self.manifest_file = manifest_file
+        self.prefix = f"bench{uuid.uuid4().hex[:6]}/v1"
+        self.work = Path(tempfile.mkdtemp(prefix="bench-transfer-"))
+        self.server = _Child("serve", str(port), self.prefix, str(model), str(manifest_file))
+        if self.server.hear() != "ready":
+            raise RuntimeError("chunk server did not start")
+
+    def speed(self, window: int, nodelay: bool) -> dict[str, Any]:
+        """Pull throughput of a fresh device."""
+        base = self.server.served()
+        device = f"dev-{uuid.uuid4().hex[:6]}"
+        dev = _Device(self.port, self.prefix, device, self.work / device, nodelay)
+        started = time.perf_counter()
+        path = dev.fetch(self.manifest, window)
+        seconds = time.perf_counter() - started
+        dev.close()
+        verified = os.path.getsize(path) == self.manifest.size
+        path.unlink()
+        return {
+            "pull_mb_s": round(self.manifest.size / MIB / seconds, 1),
+            "pull_seconds": round(seconds, 3),
+            "served_bytes": self.server.served() - base,
+            "verified": verified,
+        }
+
+    def kill_and_resume(self, window: int, nodelay: bool) -> dict[str, Any]:
+        """SIGKILL a pulling device process at 50% served; resume; bytes served beyond the size."""
+        base = self.server.served()
+        device = f"dev-{uuid.uuid4().hex[:6]}"
+        state = self.work / device
+        args = [str(self.port), self.prefix, device, str(state), str(self.manifest_file), str(window)]
+        child = _Child("pull", *args, "1" if nodelay else "0")
+        try:
+            while self.server.served() - base < self.manifest.size // 2:
+                if child.proc.poll() is not None:
+                    raise RuntimeError("pulling child ended before it was killed")
+                time.sleep(0.002)
+            os.kill(child.proc.pid, signal.SIGKILL)
+        finally:
+            child.proc.kill()
+            child.proc.wait(10)
+        time.sleep(0.2)  # replies already on their way to the dead process are counted too
+        at_kill = self.server.served() - base
+        dev = _Device(self.port, self.prefix, device, state, nodelay)
+        path = dev.fetch(self.manifest, window)
+        dev.close()
+        return {
+            "killed_at_fraction": round(at_kill / self.manifest.size, 3),
+            "refetched_bytes": self.server.served() - base - self.manifest.size,
+            "window_bytes": window * self.manifest.chunk_size,
+            "resumed_verified": os.path.getsize(path) == self.manifest.size,
+        }
+
+    def close(self) -> None:
+        self.server.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--size-mb", type=int, default=64)
+    parser.add_argument("--window", type=int, nargs="+", default=[DeliveryConfig().chunk_window, 32])
+    parser.add_argument("--chunk-kib", type=int, nargs="+", default=[256, 1024])
+    args = parser.parse_args()
+
+    workdir = Path(tempfile.mkdtemp(prefix="bench-transfer-broker-"))
+    broker = Broker(workdir / "broker", ["set_tcp_nodelay true"])
+    broker.start()
+    try:
+        model = workdir / "model.bin"
+        model.write_bytes(os.urandom(args.size_mb * MIB))
+        results: dict[str, Any] = {
+            "size_mb": args.size_mb,
+            "broker": "local mosquitto, set_tcp_nodelay true",
+            "cases": [],
+        }
+        for chunk_kib in args.chunk_kib:
+            manifest = build_manifest(
+                model,
+                job_id="bench",
+                sequence=1,
+                slot="main",
+                model_id="random",
+                version="1",
+                chunk_size=chunk_kib * 1024,
+            )
+            manifest_file = workdir / f"manifest-{chunk_kib}.json"
+            manifest_file.write_text(manifest.model_dump_json())
+            raw = bench_raw(broker.port, model, manifest.chunk_size)
+            case = _PullCase(broker.port, model, manifest_file, manifest)
+            try:
+                for window in args.window:
+                    for nodelay in (False, True):
+                        speed = case.speed(window, nodelay)
+                        results["cases"].append(
+                            {
+                                "chunk_kib": chunk_kib,
+                                "window": window,
+                                "link_nodelay": nodelay,
+                                "raw_qos1_mb_s": round(raw, 1),
+                                **speed,
+                                "ratio": round(speed["pull_mb_s"] / raw, 2),
+                                "kill_at_50pct": case.kill_and_resume(window, nodelay),
+                            }
+                        )
+            finally:
+                case.close()
+        json.dump(results, sys.stdout, indent=2)
+        print()
+    finally:
+        broker.kill()
+
+
+if __name__ == "__main__":
+    _quiet_logs()
+    if len(sys.argv) > 1 and sys.argv[1] == "raw":
+        _child_raw(int(sys.argv[2]), sys.argv[3], Path(sys.argv[4]), int(sys.argv[5]))
+    elif len(sys.argv) > 1 and sys.argv[1] == "serve":
+        _child_server(int(sys.argv[2]), sys.argv[3], Path(sys.argv[4]), Path(sys.argv[5]))
+    elif len(sys.argv) > 1 and sys.argv[1] == "pull":
+        _child_pull(sys.argv[2:])
+    else:
+        main()

@@ -1,0 +1,128 @@
+"""``edge-agent build``: run as a real subprocess (``python -m agent.build.command``) and in process."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+import structlog
+
+from agent.build.command import add_build_arguments, run_build
+from agent.errors import BuildError
+from agent.modelzoo import write_classifier
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def edge_agent_build(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "agent.build.command", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+
+
+@pytest.fixture
+def model(tmp_path: Path) -> Path:
+    return write_classifier(tmp_path / "classifier.onnx", input_size=32, num_classes=4)
+
+
+def test_build_prints_plan_cache_placement_then_hits_with_bench(tmp_path: Path, model: Path) -> None:
+    state = str(tmp_path / "state")
+    cold = edge_agent_build(str(model), "--precision", "fp16", "--state-dir", state)
+    assert cold.returncode == 0, cold.stderr
+    out = cold.stdout
+    assert "plan       backend onnxruntime, device cpu, precision fp32" in out
+    assert "change   backend: auto -> onnxruntime" in out
+    assert "change   precision: fp16 -> fp32" in out
+    assert "cache      miss, built and stored: key " in out
+    assert "placement  providers CPUExecutionProvider" in out
+    key = out.split("key ")[1].split()[0]
+    assert (tmp_path / "state" / "engines" / key / "model.onnx").is_file()
+
+    warm = edge_agent_build(
+        str(model), "--precision", "fp16", "--state-dir", state, "--bench", "--iterations", "20"
+    )
+    assert warm.returncode == 0, warm.stderr
+    assert f"cache      hit: key {key}" in warm.stdout
+    assert "build      cache hit" in warm.stdout
+    assert "inferences/s (batch 1, 20 runs)" in warm.stdout
+
+
+def test_int8_with_calibration_images_as_json(tmp_path: Path, model: Path) -> None:
+    images = tmp_path / "calib"
+    images.mkdir()
+    rng = np.random.default_rng(0)
+    for i in range(5):
+        cv2.imwrite(str(images / f"{i}.jpg"), rng.integers(0, 255, (40, 40, 3), dtype=np.uint8))
+    result = edge_agent_build(
+        str(model),
+        "--precision",
+        "int8",
+        "--device",
+        "cpu",
+        "--calib",
+        str(images),
+        "--state-dir",
+        str(tmp_path / "state"),
+        "--json",
+        "--bench",
+        "--iterations",
+        "5",
+        "--batch",
+        "2",
+    )
+    assert result.returncode == 0, result.stderr
+    document = json.loads(result.stdout)
+    assert document["plan"]["precision"] == "int8"
+    assert document["plan"]["int8_mode"] == "qdq"
+    assert document["cache_hit"] is False
+    assert Path(document["effective"]["calibration"]["trt_cache"]).is_file()
+    assert document["bench"]["batch"] == 2
+    assert document["bench"]["throughput_per_s"] > 0
+
+
+def test_errors_exit_1_with_a_message(tmp_path: Path, model: Path) -> None:
+    missing = edge_agent_build(str(tmp_path / "nope.onnx"), "--state-dir", str(tmp_path / "s"))
+    assert missing.returncode == 1
+    assert "error: model" in missing.stderr
+    int8 = edge_agent_build(str(model), "--precision", "int8", "--state-dir", str(tmp_path / "s"))
+    assert int8.returncode == 1
+    assert "INT8 needs a calibration" in int8.stderr
+
+
+@pytest.fixture
+def restore_structlog() -> Iterator[None]:
+    """run_build reconfigures structlog for a CLI process; put this test process's config back."""
+    saved = structlog.get_config()
+    yield
+    structlog.configure(**saved)
+
+
+@pytest.mark.usefixtures("restore_structlog")
+def test_run_build_in_process(tmp_path: Path, model: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    parser = argparse.ArgumentParser()
+    add_build_arguments(parser)
+    args = parser.parse_args(
+        [str(model), "--device", "cpu", "--precision", "fp32", "--state-dir", str(tmp_path)]
+    )
+    assert run_build(args) == 0
+    assert (
+        "backend: auto -> onnxruntime (device cpu: TensorRT runs on GPU or DLA only)"
+        in capsys.readouterr().out
+    )
+    assert run_build(args) == 0
+    assert "cache      hit" in capsys.readouterr().out
+    both = parser.parse_args([str(model), "--calib", "d", "--calib-cache", "c", "--state-dir", str(tmp_path)])
+    with pytest.raises(BuildError, match="not both"):
+        run_build(both)

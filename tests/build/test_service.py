@@ -1,0 +1,64 @@
+"""EngineService: INT8 calibrated on a slot's frames goes live only past the accuracy guard."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+
+from agent.build.engines import EngineBuilder
+from agent.build.service import EngineService
+from agent.build.settings import EngineConfig
+from agent.build.spec import BuildSpec
+from agent.camera.preprocess_spec import PreprocessSpec
+from agent.datasets.shapes import generate
+from agent.platform import detect_platform
+
+MODEL = Path(__file__).resolve().parents[2] / "agent" / "assets" / "shapes_classifier.onnx"
+SPEC = BuildSpec.model_validate(
+    {"precision": "int8", "device": "cpu", "calibration": {"kind": "stream", "frames": 32}}
+)
+
+
+class SlotFrames:
+    """Frames a slot 'captures': calibration gets the first request, the guard the second."""
+
+    def __init__(self, calibration: npt.NDArray[np.uint8]) -> None:
+        self.calls: list[int] = []
+        self.calibration = calibration
+
+    def __call__(self, slot: str, n: int) -> list[npt.NDArray[np.uint8]]:
+        self.calls.append(n)
+        if len(self.calls) == 1:
+            return list(self.calibration[:n])
+        images, _ = generate(n, seed=4242, size=64)
+        return list(images)
+
+
+def _service(tmp_path: Path, frames: SlotFrames) -> EngineService:
+    config = EngineConfig(int8_agreement=0.9, guard_frames=48)
+    return EngineService(EngineBuilder(tmp_path, config, detect_platform()), config, frames)
+
+
+def test_good_calibration_goes_live_as_int8(tmp_path: Path) -> None:
+    images, _ = generate(32, seed=7, size=64)
+    frames = SlotFrames(images)
+    prepared = _service(tmp_path, frames).prepare("cls", MODEL, SPEC, PreprocessSpec(width=64, height=64))
+    assert frames.calls == [32, 48]
+    assert prepared.artifact.plan.precision == "int8"
+    assert prepared.effective["int8_guard"]["passed"] is True
+    assert prepared.effective["int8_guard"]["agreement"] >= 0.9
+
+
+def test_degenerate_calibration_is_refused_and_falls_back(tmp_path: Path) -> None:
+    """Calibrated on black frames, INT8 saturates on real scenes: the guard refuses it, FP16/FP32 serves."""
+    black = np.zeros((32, 64, 64, 3), np.uint8)
+    prepared = _service(tmp_path, SlotFrames(black)).prepare(
+        "cls", MODEL, SPEC, PreprocessSpec(width=64, height=64)
+    )
+    guard = prepared.effective["int8_guard"]
+    assert guard["passed"] is False
+    assert "below the required" in guard["reason"]
+    assert prepared.artifact.plan.precision != "int8"
+    assert "fallback_reason" in prepared.effective

@@ -1,0 +1,38 @@
+"""jobs.json: persisted atomically, survives a restart, a corrupt file is set aside."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from agent.delivery.ledger import JobRecord, JobsFile
+from agent.protocol.messages import JobState
+
+
+def _record(job_id: str, state: JobState, slot: str = "main") -> JobRecord:
+    return JobRecord(
+        job_id=job_id, slot=slot, sequence=3, sha256="a" * 64, model_id="m", version="3", state=state
+    )
+
+
+def test_record_survives_reload(tmp_path: Path) -> None:
+    ledger = JobsFile.in_dir(tmp_path)
+    assert ledger.last("main") is None
+    ledger.record(_record("job-1", JobState.QUEUED))
+    ledger.record(_record("job-1", JobState.ACTIVE))
+    ledger.record(_record("job-9", JobState.FAILED, slot="det"))
+    reloaded = JobsFile.in_dir(tmp_path)
+    main = reloaded.last("main")
+    assert main is not None
+    assert main.state is JobState.ACTIVE
+    assert main.done
+    assert set(reloaded.all()) == {"main", "det"}
+    assert [p.name for p in tmp_path.iterdir()] == ["jobs.json"]  # no temp file left
+
+
+def test_corrupt_file_is_set_aside(tmp_path: Path) -> None:
+    (tmp_path / "jobs.json").write_text('{"slots": {"main": {"job_id": ')
+    ledger = JobsFile.in_dir(tmp_path)
+    assert ledger.all() == {}
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith("jobs.json.corrupt-")]
+    ledger.record(_record("job-2", JobState.ACTIVE))
+    assert JobsFile.in_dir(tmp_path).last("main") is not None

@@ -1,0 +1,51 @@
+"""The reconcile decision table."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from agent.delivery.ledger import JobRecord
+from agent.delivery.manifest import DeployManifest, build_manifest
+from agent.delivery.reconcile import Action, decide
+from agent.protocol.messages import JobState
+
+
+@pytest.fixture
+def manifest(tmp_path: Path) -> DeployManifest:
+    model = tmp_path / "m.bin"
+    model.write_bytes(b"x" * 3000)
+    return build_manifest(
+        model, job_id="job-7", sequence=7, slot="main", model_id="m", version="7", chunk_size=1024
+    )
+
+
+def _record(job_id: str, sequence: int, state: JobState) -> JobRecord:
+    return JobRecord(
+        job_id=job_id, slot="main", sequence=sequence, sha256="0" * 64, model_id="m", version="x", state=state
+    )
+
+
+@pytest.mark.parametrize(
+    ("last", "in_flight", "action"),
+    [
+        (None, set(), Action.APPLY),
+        (("job-6", 6, JobState.ACTIVE), set(), Action.APPLY),
+        (("job-6", 6, JobState.DOWNLOADING), {"job-6"}, Action.APPLY),  # newer supersedes a running job
+        (("job-7", 7, JobState.ACTIVE), set(), Action.IGNORE),
+        (("job-7", 7, JobState.FAILED), set(), Action.IGNORE),  # retried only by a new manifest
+        (("job-7", 7, JobState.QUEUED), set(), Action.APPLY),  # interrupted: resume
+        (("job-7", 7, JobState.QUEUED), {"job-7"}, Action.IGNORE),  # running now: a repeat
+        (("job-8", 8, JobState.ACTIVE), set(), Action.REPLAY),
+        (("job-x", 7, JobState.ACTIVE), set(), Action.REPLAY),  # equal sequence, other job id
+        (("job-7", 3, JobState.ACTIVE), set(), Action.REPLAY),  # same id, other sequence
+    ],
+)
+def test_decide(
+    manifest: DeployManifest, last: tuple[str, int, JobState] | None, in_flight: set[str], action: Action
+) -> None:
+    record = _record(*last) if last else None
+    decision = decide(manifest, record, in_flight)
+    assert decision.action is action, decision.reason
+    assert decision.reason

@@ -1,0 +1,343 @@
+"""The MQTT chunk pull against a real mosquitto, a real MqttLink and a real ChunkServer.
+
+Fault injection uses ChunkServer subclasses that override its ``replies`` seam: real servers that
+corrupt, drop, duplicate or mis-number chunk replies on the wire.
+"""
+
+from __future__ import annotations
+
+import collections
+import http.server
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agent.delivery.errors import JobCancelledError
+from agent.delivery.manifest import DeployManifest, ModelSourceRef
+from agent.delivery.partial import PartialDownload, TransferTimeoutError
+from agent.delivery.transfer import MqttPull, PullStats, fetch_model
+from agent.fleet.chunks import ChunkServer
+from tests.broker import Broker
+from tests.delivery.test_transfer_support import (
+    KIB,
+    MIB,
+    Device,
+    Rig,
+    delivery_config,
+    manifest_for,
+    random_model,
+    wait_until,
+)
+
+CHUNK = 64 * KIB
+
+
+@pytest.fixture
+def rig(broker: Broker, tmp_path: Path) -> Iterator[Rig]:
+    r = Rig(broker, tmp_path)
+    yield r
+    r.close()
+
+
+def pull(
+    dev: Device,
+    manifest: DeployManifest,
+    cancel: threading.Event | None = None,
+    **config: float,
+) -> tuple[PullStats, Path]:
+    """Run one MqttPull to completion; return its stats and the verified file."""
+    partial = PartialDownload(dev.part_dir, manifest, flush_every=int(config.get("chunk_window", 4)))
+    puller = MqttPull(
+        manifest, partial, link=dev.link, topics=dev.topics, config=delivery_config(**config), cancel=cancel
+    )
+    try:
+        puller.run()
+        return puller.stats, partial.finish()
+    finally:
+        partial.close()
+
+
+# -- fault-injecting servers (real servers, wrong replies) ----------------------------------------
+
+
+class CorruptsOnce(ChunkServer):
+    """Flips one byte of chunk 3 the first time it is asked for."""
+
+    corrupted = False
+
+    def replies(self, index: int, data: bytes) -> list[tuple[int, bytes]]:
+        if index == 3 and not self.corrupted:
+            self.corrupted = True
+            return [(index, bytes([data[0] ^ 0xFF]) + data[1:])]
+        return [(index, data)]
+
+
+class AnswersOutOfRange(ChunkServer):
+    """Every reply is followed by one for an index far past the end of the model."""
+
+    def replies(self, index: int, data: bytes) -> list[tuple[int, bytes]]:
+        return [(index, data), (10_000 + index, data)]
+
+
+class Duplicates(ChunkServer):
+    """Sends every chunk twice."""
+
+    def replies(self, index: int, data: bytes) -> list[tuple[int, bytes]]:
+        return [(index, data), (index, data)]
+
+
+class SilentOnce(ChunkServer):
+    """Ignores the first request for chunk 2."""
+
+    ignored = False
+
+    def replies(self, index: int, data: bytes) -> list[tuple[int, bytes]]:
+        if index == 2 and not self.ignored:
+            self.ignored = True
+            return []
+        return [(index, data)]
+
+
+class NeverAnswers2(ChunkServer):
+    """Never answers chunk 2; counts how often it was asked for each chunk."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.asked: collections.Counter[int] = collections.Counter()
+
+    def replies(self, index: int, data: bytes) -> list[tuple[int, bytes]]:
+        self.asked[index] += 1
+        return [] if index == 2 else [(index, data)]
+
+
+class Slow(ChunkServer):
+    """Takes 50 ms per chunk (a slow uplink)."""
+
+    def replies(self, index: int, data: bytes) -> list[tuple[int, bytes]]:
+        time.sleep(0.05)
+        return [(index, data)]
+
+
+# -- tests ------------------------------------------------------------------------------------------
+
+
+def test_fetch_model_transfers_a_random_file_exactly(rig: Rig) -> None:
+    model = random_model(rig.tmp_path / "src" / "model.bin", 3 * MIB + 12345)  # short last chunk
+    manifest = manifest_for(model, CHUNK)
+    server = rig.server()
+    server.register(manifest, model)
+    dev = rig.device()
+    progress: list[tuple[int, int]] = []
+
+    path = fetch_model(
+        manifest,
+        dev.part_dir,
+        lambda done, total: progress.append((done, total)),
+        threading.Event(),
+        link=dev.link,
+        topics=dev.topics,
+        config=delivery_config(),
+    )
+
+    assert path.read_bytes() == model.read_bytes()
+    assert path == dev.part_dir / f"{manifest.sha256}.verified"
+    assert not (dev.part_dir / f"{manifest.sha256}.part").exists()
+    assert not (dev.part_dir / f"{manifest.sha256}.bitmap").exists()
+    done = [d for d, _ in progress]
+    assert done == sorted(done)
+    assert progress[-1] == (manifest.size, manifest.size)
+    # A clean transfer asks for every chunk once: nothing served twice.
+    assert server.served_bytes(dev.id) == manifest.size
+    assert server.served_bytes(dev.id, manifest.sha256) == manifest.size
+
+
+def test_a_corrupted_chunk_is_dropped_and_fetched_again(rig: Rig) -> None:
+    model = random_model(rig.tmp_path / "m.bin", 10 * CHUNK)
+    manifest = manifest_for(model, CHUNK)
+    server = rig.server(CorruptsOnce)
+    server.register(manifest, model)
+
+    stats, path = pull(rig.device(), manifest)
+
+    assert path.read_bytes() == model.read_bytes()
+    assert stats.corrupt == 1
+    assert stats.written == manifest.chunk_count
+    assert stats.requested_chunks == manifest.chunk_count + 1  # chunk 3 asked for twice
+
+
+def test_out_of_range_replies_are_counted_and_ignored(rig: Rig) -> None:
+    model = random_model(rig.tmp_path / "m.bin", 6 * CHUNK)
+    manifest = manifest_for(model, CHUNK)
+    rig.server(AnswersOutOfRange).register(manifest, model)
+
+    stats, path = pull(rig.device(), manifest)
+
+    assert path.read_bytes() == model.read_bytes()
+    assert stats.out_of_range >= 1
+    assert stats.corrupt == 0
+
+
+def test_duplicate_replies_are_counted_and_dropped(rig: Rig) -> None:
+    model = random_model(rig.tmp_path / "m.bin", 6 * CHUNK)
+    manifest = manifest_for(model, CHUNK)
+    rig.server(Duplicates).register(manifest, model)
+
+    stats, path = pull(rig.device(), manifest)
+
+    assert path.read_bytes() == model.read_bytes()
+    assert stats.duplicate >= 1
+    assert stats.written == manifest.chunk_count
+
+
+def test_an_unanswered_chunk_is_requested_again_after_its_timeout(rig: Rig) -> None:
+    model = random_model(rig.tmp_path / "m.bin", 6 * CHUNK)
+    manifest = manifest_for(model, CHUNK)
+    rig.server(SilentOnce).register(manifest, model)
+
+    stats, path = pull(rig.device(), manifest, chunk_timeout_s=0.3)
+
+    assert path.read_bytes() == model.read_bytes()
+    assert stats.timeouts == 1
+    assert stats.refetched_bytes == CHUNK
+
+
+def test_chunks_never_answered_fail_at_the_deadline_and_a_new_attempt_resumes(rig: Rig) -> None:
+    model = random_model(rig.tmp_path / "m.bin", 6 * CHUNK)
+    manifest = manifest_for(model, CHUNK)
+    bad = rig.server(NeverAnswers2)
+    bad.register(manifest, model)
+    dev = rig.device()
+
+    with pytest.raises(TransferTimeoutError) as caught:
+        pull(dev, manifest, chunk_timeout_s=0.2, job_deadline_s=1.5)
+
+    assert caught.value.code == "transfer_timeout"
+    assert "1 of 6 chunks still missing" in str(caught.value)
+    with PartialDownload(dev.part_dir, manifest) as partial:
+        assert partial.missing() == [2]  # everything else was kept on disk
+    # Retryable: with a working server the next attempt fetches only the missing chunk.
+    bad.stop()
+    good = rig.server(ChunkServer)
+    good.register(manifest, model)
+    stats, path = pull(dev, manifest)
+    assert path.read_bytes() == model.read_bytes()
+    assert stats.requested_chunks == 1
+    assert good.served_bytes(dev.id) == CHUNK
+
+
+def test_timeouts_back_off_exponentially(rig: Rig) -> None:
+    model = random_model(rig.tmp_path / "m.bin", 3 * CHUNK)
+    manifest = manifest_for(model, CHUNK)
+    server = rig.server(NeverAnswers2)
+    assert isinstance(server, NeverAnswers2)
+    server.register(manifest, model)
+
+    with pytest.raises(TransferTimeoutError):
+        pull(rig.device(), manifest, chunk_timeout_s=0.1, job_deadline_s=1.4)
+
+    # Asked at 0, 0.1, 0.3, 0.7 s (waits double: 0.1, 0.2, 0.4, 0.8): 4 requests before the
+    # deadline; a flat 0.1 s timeout would have asked about 14 times. A loaded machine only
+    # makes the count smaller.
+    assert 2 <= server.asked[2] <= 4
+    assert server.asked[0] == 1
+
+
+def test_cancel_stops_the_pull_and_keeps_what_arrived(rig: Rig) -> None:
+    model = random_model(rig.tmp_path / "m.bin", 40 * CHUNK)
+    manifest = manifest_for(model, CHUNK)
+    rig.server(Slow).register(manifest, model)
+    dev = rig.device()
+    cancel = threading.Event()
+    partial = PartialDownload(dev.part_dir, manifest)
+    puller = MqttPull(
+        manifest, partial, link=dev.link, topics=dev.topics, config=delivery_config(), cancel=cancel
+    )
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            puller.run()
+        except BaseException as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    wait_until(lambda: puller.stats.written >= 3, what="a few chunks")
+    cancel.set()
+    thread.join(5.0)
+
+    assert not thread.is_alive()
+    assert len(errors) == 1
+    assert isinstance(errors[0], JobCancelledError)
+    assert errors[0].code == "cancelled"
+    written = puller.stats.written
+    partial.close()
+    with PartialDownload(dev.part_dir, manifest) as again:
+        assert manifest.chunk_count - len(again.missing()) == written  # flushed on the way out
+
+
+def test_two_devices_pull_at_once_from_two_servers_sharing_the_requests(rig: Rig) -> None:
+    model = random_model(rig.tmp_path / "m.bin", 2 * MIB)
+    manifest = manifest_for(model, CHUNK)
+    servers = [rig.server(), rig.server()]
+    for server in servers:
+        server.register(manifest, model)
+    devices = [rig.device(), rig.device()]
+    results: dict[str, bytes] = {}
+
+    def run(dev: Device) -> None:
+        _, path = pull(dev, manifest)
+        results[dev.id] = path.read_bytes()
+
+    threads = [threading.Thread(target=run, args=(dev,)) for dev in devices]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60.0)
+
+    assert set(results) == {d.id for d in devices}
+    assert all(data == model.read_bytes() for data in results.values())
+    for dev in devices:
+        served = sum(s.served_bytes(dev.id) for s in servers)
+        # A shared subscription gives each request to ONE server; two plain subscribers would
+        # both answer and serve every byte twice.
+        assert manifest.size <= served < 1.5 * manifest.size
+
+
+class _NotFound(http.server.BaseHTTPRequestHandler):
+    def do_GET(self) -> None:
+        self.send_error(404)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+def test_fetch_model_falls_through_a_failing_http_source_to_mqtt(rig: Rig) -> None:
+    model = random_model(rig.tmp_path / "m.bin", 5 * CHUNK)
+    http_server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _NotFound)
+    threading.Thread(target=http_server.serve_forever, args=(0.05,), daemon=True).start()
+    url = f"http://127.0.0.1:{http_server.server_address[1]}/model.bin"
+    sources = [ModelSourceRef(kind="http", url=url), ModelSourceRef(kind="mqtt")]
+    manifest = manifest_for(model, CHUNK, sources=sources)
+    server = rig.server()
+    server.register(manifest, model)
+    dev = rig.device()
+
+    path = fetch_model(
+        manifest,
+        dev.part_dir,
+        lambda done, total: None,
+        threading.Event(),
+        link=dev.link,
+        topics=dev.topics,
+        config=delivery_config(http_timeout_s=1.0),
+    )
+
+    http_server.shutdown()
+    http_server.server_close()
+    assert path.read_bytes() == model.read_bytes()
+    assert server.served_bytes(dev.id) == manifest.size

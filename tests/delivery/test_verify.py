@@ -1,0 +1,95 @@
+"""verify_model on real ONNX files: size limit, unreadable, checker, and slot fit (inputs and outputs)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from agent.backends.base import TensorSpec
+from agent.camera.preprocess_spec import PreprocessSpec
+from agent.delivery.errors import RejectedError
+from agent.delivery.manifest import build_manifest
+from agent.delivery.verify import verify_model
+from agent.errors import EngineError
+from agent.modelzoo import write_classifier, write_detector
+from agent.postprocess.spec import ClassificationSpec, DetectionSpec, PostprocessSpec, RawSpec
+from agent.runtime.compat import check_input_fits, select_input
+
+PRE = PreprocessSpec(width=64, height=64)
+
+
+def _verify(
+    path: Path, *, max_bytes: int = 10**8, pre: PreprocessSpec = PRE, post: PostprocessSpec | None = None
+) -> None:
+    manifest = build_manifest(
+        path, job_id="j", sequence=1, slot="main", model_id="m", version="1", chunk_size=1024
+    )
+    verify_model(
+        path, manifest, max_bytes=max_bytes, preprocess=pre, postprocess=post or ClassificationSpec()
+    )
+
+
+def _code(path: Path, **kw: object) -> str:
+    with pytest.raises(RejectedError) as info:
+        _verify(path, **kw)  # type: ignore[arg-type]
+    return info.value.code
+
+
+def test_good_models_pass(tmp_path: Path) -> None:
+    _verify(write_classifier(tmp_path / "c.onnx", input_size=64))
+    _verify(write_detector(tmp_path / "d.onnx", input_size=64), post=DetectionSpec(format="yolov8"))
+    _verify(write_classifier(tmp_path / "r.onnx", input_size=64), post=RawSpec())
+
+
+def test_too_large(tmp_path: Path) -> None:
+    model = write_classifier(tmp_path / "c.onnx", input_size=64)
+    assert _code(model, max_bytes=model.stat().st_size - 1) == "too_large"
+
+
+def test_truncated_and_garbage_are_bad_onnx(tmp_path: Path) -> None:
+    model = write_classifier(tmp_path / "c.onnx", input_size=64)
+    truncated = tmp_path / "t.onnx"
+    truncated.write_bytes(model.read_bytes()[: model.stat().st_size // 2])
+    assert _code(truncated) == "bad_onnx"
+    garbage = tmp_path / "g.onnx"
+    garbage.write_bytes(b"\x00" * 10)
+    assert _code(garbage) == "bad_onnx"
+
+
+def test_checker_failure(tmp_path: Path) -> None:
+    node = helper.make_node("Relu", ["nowhere"], ["scores"])
+    graph = helper.make_graph(
+        [node],
+        "broken",
+        [helper.make_tensor_value_info("images", TensorProto.FLOAT, ["batch", 3, 64, 64])],
+        [helper.make_tensor_value_info("scores", TensorProto.FLOAT, ["batch", 10])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 9
+    onnx.save_model(model, str(tmp_path / "b.onnx"))
+    assert _code(tmp_path / "b.onnx") == "onnx_checker"
+
+
+def test_incompatible_inputs_and_outputs(tmp_path: Path) -> None:
+    model = write_classifier(tmp_path / "c.onnx", input_size=64)
+    assert _code(model, pre=PreprocessSpec(width=224, height=224)) == "incompatible"
+    assert _code(model, pre=PreprocessSpec(width=64, height=64, layout="nhwc")) == "incompatible"
+    assert _code(model, pre=PreprocessSpec(width=64, height=64, input_name="pixels")) == "incompatible"
+    # A classifier's [batch, 10] output cannot feed a YOLO decoder.
+    assert _code(model, post=DetectionSpec(format="yolov8")) == "incompatible"
+
+
+def test_compat_helpers() -> None:
+    spec = TensorSpec("images", ("batch", 3, 64, 64), "float32")
+    assert select_input(PRE, [spec]) is spec
+    check_input_fits(PRE, spec)
+    check_input_fits(PRE, TensorSpec("images", ("batch", 3, "h", "w"), "float32"))  # dynamic fits
+    with pytest.raises(EngineError, match="axis 3 is 64 but preprocess produces 32"):
+        check_input_fits(PreprocessSpec(width=32, height=64), spec)
+    with pytest.raises(EngineError, match="3 axes"):
+        check_input_fits(PRE, TensorSpec("x", ("batch", 3, 64), "float32"))
+    with pytest.raises(EngineError, match=r"set preprocess\.input_name"):
+        select_input(PRE, [spec, TensorSpec("other", (1,), "float32")])

@@ -1,0 +1,346 @@
+"""End to end: ``fleet deploy`` (the real FleetDeploy and ChunkServer) against real daemons.
+
+Real mosquitto, real ``python -m agent run`` processes, signed manifests verified with a key made by
+``fleet keygen``'s code, models pulled chunk by chunk over MQTT. Transfers that must be caught half
+way are slowed down with the deploy's own rate limit (``max_rate_bps``), not with sleeps.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agent.delivery.manifest import KIB
+from agent.fleet.command import send_command
+from agent.fleet.deploy import DeployOutcome, DeployPlan, FleetDeploy
+from agent.fleet.keys import KeyPairFiles, load_signing_key, write_keypair
+from agent.fsutil import sha256_file
+from agent.mqtt.settings import MqttSettings
+from agent.protocol.messages import InfoMessage, JobState, JobStatus, ResultMessage, decode
+from agent.protocol.topics import Topics
+from tests.broker import Broker
+from tests.e2e.daemon import REPO, AgentFiles, Daemon
+from tests.mqtt_probe import Probe, Received
+
+pytestmark = pytest.mark.slow
+
+HAPPY_PATH = [
+    JobState.QUEUED,
+    JobState.DOWNLOADING,
+    JobState.VERIFYING,
+    JobState.BUILDING,
+    JobState.VALIDATING,
+    JobState.ACTIVE,
+]
+
+
+# -- helpers -----------------------------------------------------------------------------------------
+
+
+def _results(messages: list[Received], topic: str) -> list[ResultMessage]:
+    """Results on ``topic`` by frame index, duplicates (same msg_id: a QoS 1 resend) removed."""
+    seen: dict[str, ResultMessage] = {}
+    for m in messages:
+        if m.topic == topic:
+            result = decode(ResultMessage, m.payload)
+            seen.setdefault(result.msg_id, result)
+    return sorted(seen.values(), key=lambda r: r.frame_index)
+
+
+def _count_version(version: str, topic: str) -> Callable[[list[Received]], bool]:
+    def enough(messages: list[Received]) -> bool:
+        return sum(r.model.version == version for r in _results(messages, topic)) >= 10
+
+    return enough
+
+
+def _wait(predicate: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def _settings(broker: Broker) -> MqttSettings:
+    return MqttSettings(host=broker.host, port=broker.port, reconnect_min_s=0.2, reconnect_max_s=1.0)
+
+
+def _state(files: AgentFiles) -> dict[str, Any]:
+    """state.json, parsed (a corrupt file fails the test here)."""
+    state: dict[str, Any] = json.loads((files.root / "state" / "state.json").read_text())
+    return state
+
+
+class Fleet:
+    """Devices of one test: files, config (trusting the test's key) and daemon processes."""
+
+    def __init__(self, root: Path, broker: Broker, keys: KeyPairFiles) -> None:
+        self.root = root
+        self.broker = broker
+        self.keys = keys
+        self.daemons: list[Daemon] = []
+
+    def files(self, device: str, *, loop: bool = True, **delivery: Any) -> AgentFiles:
+        files = AgentFiles(self.root / device, self.broker.port, device, frames=30)
+        stream = {"source": {"type": "file", "path": str(files.video), "loop": loop, "realtime": True}}
+        trust = {"trusted_keys": {self.keys.key_id: str(self.keys.public)}, **delivery}
+        files.write_config(stream=stream, delivery=trust)
+        return files
+
+    def start(self, files: AgentFiles) -> Daemon:
+        daemon = Daemon(files.config_path, files.root / f"agent-{len(self.daemons)}.log")
+        self.daemons.append(daemon)
+        return daemon
+
+    def deploy(self, model: Path, devices: list[str], version: str = "2", **options: Any) -> FleetDeploy:
+        chunk_size = options.pop("chunk_size", 4 * KIB)
+        plan = DeployPlan(
+            model=model,
+            devices=tuple(devices),
+            slot="cls",
+            version=version,
+            model_id="cls",
+            chunk_size=chunk_size,
+        )
+        return FleetDeploy(
+            _settings(self.broker),
+            plan,
+            signing_key=load_signing_key(self.keys.private),
+            key_id=self.keys.key_id,
+            status_poll_s=2.0,
+            **options,
+        ).start()
+
+    def close(self) -> None:
+        for daemon in self.daemons:
+            daemon.kill()
+
+
+@pytest.fixture
+def keys(tmp_path: Path) -> KeyPairFiles:
+    return write_keypair(tmp_path / "keys", "ops-test")
+
+
+@pytest.fixture
+def fleet(tmp_path: Path, broker: Broker, keys: KeyPairFiles) -> Iterator[Fleet]:
+    f = Fleet(tmp_path, broker, keys)
+    yield f
+    f.close()
+
+
+@pytest.fixture
+def device_id() -> str:
+    return f"dep-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture
+def probe(broker: Broker, device_id: str) -> Iterator[Probe]:
+    with Probe(broker.host, broker.port) as p:
+        p.subscribe(f"fleet/v1/{device_id}/up/#")
+        yield p
+
+
+def _finish(deploy: FleetDeploy, timeout: float = 60.0) -> DeployOutcome:
+    try:
+        return deploy.wait(timeout)
+    finally:
+        deploy.stop()
+
+
+# -- tests -------------------------------------------------------------------------------------------
+
+
+def test_deploy_switches_results_without_a_gap_and_survives_a_restart(
+    fleet: Fleet, device_id: str, probe: Probe
+) -> None:
+    files = fleet.files(device_id)
+    daemon = fleet.start(files)
+    topic = Topics("fleet/v1", device_id)
+    probe.wait_for(_count_version("1", topic.results("cam")), timeout=60)
+
+    outcome = _finish(fleet.deploy(files.v2, [device_id]))
+
+    assert outcome.ok, outcome.failures()
+    assert outcome.devices[device_id].history == HAPPY_PATH
+    probe.wait_for(_count_version("2", topic.results("cam")), timeout=30)
+    info = decode(InfoMessage, probe.on_topic(topic.info)[-1].payload)
+    slot = info.slots["cls"]
+    assert slot.model is not None
+    assert (slot.model.version, slot.model.sha256) == ("2", sha256_file(files.v2))
+    assert slot.last_job == outcome.job_id
+    assert daemon.stop() == 0, daemon.log()[-3000:]
+
+    results = _results(probe.snapshot(), topic.results("cam"))
+    indices = [r.frame_index for r in results]
+    assert indices == list(range(len(indices))), "a result frame is missing or repeated"
+    versions = [r.model.version for r in results]
+    switch = versions.index("2")
+    assert set(versions[:switch]) == {"1"}
+    assert set(versions[switch:]) == {"2"}
+    assert _state(files)["slots"]["cls"]["active"]["origin"] == "delivery"
+
+    # Restarted, the agent comes back on the deployed model, not the one its config names.
+    probe.clear()
+    restarted = fleet.start(files)
+    probe.wait_for(lambda ms: len(_results(ms, topic.results("cam"))) >= 5, timeout=60)
+    assert restarted.stop() == 0
+    after = _results(probe.snapshot(), topic.results("cam"))
+    assert {(r.model.version, r.model.sha256) for r in after} == {("2", sha256_file(files.v2))}
+
+
+def test_agent_killed_half_way_resumes_and_refetches_at_most_one_window(fleet: Fleet, device_id: str) -> None:
+    window, chunk = 2, 1 * KIB
+    files = fleet.files(device_id, loop=False, chunk_window=window)
+    fleet.start(files)
+    # ~25 chunks at ~10 chunks/s: the kill lands mid-transfer.
+    deploy = fleet.deploy(files.v2, [device_id], chunk_size=chunk, max_rate_bps=10 * chunk)
+    try:
+        size = deploy.manifest.size
+        assert deploy.server is not None
+        served = deploy.server.served_bytes
+        _wait(lambda: served(device_id) >= size // 2, timeout=60, what="half of the model served")
+        fleet.daemons[0].proc.send_signal(signal.SIGKILL)
+        fleet.daemons[0].proc.wait(10)
+        time.sleep(0.5)  # requests already received are still answered
+        before = served(device_id)
+        assert before < size, "the transfer finished before the kill; slow it down further"
+
+        fleet.start(files)
+        outcome = deploy.wait(60)
+    finally:
+        deploy.stop()
+
+    assert outcome.ok, outcome.failures()
+    refetched = served(device_id) - size
+    assert 0 <= refetched <= window * chunk, f"{refetched} bytes fetched again (window {window} x {chunk})"
+    history = outcome.devices[device_id].history
+    assert history[-1] is JobState.ACTIVE
+    assert history.count(JobState.DOWNLOADING) == 2, history  # once per agent run: resumed, not restarted
+    assert _state(files)["slots"]["cls"]["active"]["sha256"] == sha256_file(files.v2)
+
+
+def test_broker_restart_mid_transfer_completes(
+    tmp_path: Path, private_broker: Broker, keys: KeyPairFiles, device_id: str
+) -> None:
+    fleet = Fleet(tmp_path, private_broker, keys)
+    try:
+        files = fleet.files(device_id, loop=False, chunk_window=2, chunk_timeout_s=2.0)
+        fleet.start(files)
+        chunk = 1 * KIB
+        deploy = fleet.deploy(files.v2, [device_id], chunk_size=chunk, max_rate_bps=10 * chunk)
+        try:
+            assert deploy.server is not None
+            served = deploy.server.served_bytes
+            _wait(lambda: served(device_id) >= deploy.manifest.size // 3, timeout=60, what="a third served")
+            private_broker.restart(hard=True)  # no persistence: the retained manifest is gone too
+            outcome = deploy.wait(60)
+        finally:
+            deploy.stop()
+    finally:
+        fleet.close()
+    assert outcome.ok, outcome.failures()
+    assert _state(files)["slots"]["cls"]["active"]["sha256"] == sha256_file(files.v2)
+
+
+def test_deploy_to_three_agents_with_the_cli(fleet: Fleet, broker: Broker) -> None:
+    devices = [f"trio-{i}-{uuid.uuid4().hex[:6]}" for i in range(3)]
+    all_files = [fleet.files(d, loop=False) for d in devices]
+    for files in all_files:
+        fleet.start(files)
+    command = [
+        sys.executable, "-m", "agent", "fleet", "deploy", str(all_files[0].v2),
+        "--device", devices[0], "--device", ",".join(devices[1:]),
+        "--slot", "cls", "--version", "2", "--chunk-size", "4096", "--timeout", "90",
+        "--key", str(fleet.keys.private), "--key-id", fleet.keys.key_id,
+        "--broker", f"{broker.host}:{broker.port}",
+    ]  # fmt: skip
+    run = subprocess.run(command, check=False, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "all 3 device(s) ACTIVE" in run.stdout
+    for device in devices:
+        assert f"{device}  ACTIVE" in run.stdout
+    v2 = sha256_file(all_files[0].v2)  # every AgentFiles writes the same v2 (same seed)
+    for files in all_files:
+        assert _state(files)["slots"]["cls"]["active"]["sha256"] == v2
+
+
+def test_rollback_command_returns_to_the_previous_model(
+    fleet: Fleet, broker: Broker, device_id: str, probe: Probe
+) -> None:
+    files = fleet.files(device_id)
+    daemon = fleet.start(files)
+    results = Topics("fleet/v1", device_id).results("cam")
+    probe.wait_for(_count_version("1", results), timeout=60)
+    assert _finish(fleet.deploy(files.v2, [device_id])).ok
+    probe.wait_for(_count_version("2", results), timeout=30)
+
+    command = [
+        sys.executable, "-m", "agent", "fleet", "cmd", device_id, "rollback",
+        "--args", '{"slot": "cls"}', "--broker", f"{broker.host}:{broker.port}",
+    ]  # fmt: skip
+    run = subprocess.run(command, check=False, cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stdout + run.stderr
+    reply = json.loads(run.stdout)
+    assert reply["ok"] is True
+    assert reply["result"]["model"]["version"] == "1"
+
+    probe.clear()
+    probe.wait_for(_count_version("1", results), timeout=30)
+    assert {r.model.version for r in _results(probe.snapshot(), results)} == {"1"}
+    # Without a slot the command is refused with its error code, not ignored.
+    refused = send_command(_settings(broker), device_id, "rollback", {}, timeout=10)
+    assert (refused.ok, refused.error_code) == (False, "bad_args")
+    assert daemon.stop() == 0
+
+
+def test_bad_model_is_rejected_and_the_old_one_keeps_serving(
+    fleet: Fleet, broker: Broker, device_id: str, probe: Probe
+) -> None:
+    files = fleet.files(device_id)
+    daemon = fleet.start(files)
+    topic = Topics("fleet/v1", device_id)
+    probe.wait_for(_count_version("1", topic.results("cam")), timeout=60)
+    state_before = (files.root / "state" / "state.json").read_text()
+    truncated = files.root / "truncated.onnx"
+    truncated.write_bytes(files.v2.read_bytes()[:3000])
+
+    outcome = _finish(fleet.deploy(truncated, [device_id]))
+
+    progress = outcome.devices[device_id]
+    assert (progress.state, progress.error_code) == (JobState.REJECTED, "bad_onnx"), progress
+    assert "bad_onnx" in " ".join(outcome.failures())
+
+    # A manifest naming another device, signed and published on this device's topic: refused.
+    other = FleetDeploy(
+        _settings(broker),
+        DeployPlan(model=files.v2, devices=("someone-else",), slot="cls", version="3", model_id="cls"),
+        signing_key=load_signing_key(fleet.keys.private),
+        key_id=fleet.keys.key_id,
+        serve=False,
+    )
+    probe.publish(topic.desired("cls"), other.payloads["someone-else"], retain=True)
+    jobs = probe.wait_for_count(topic.jobs(other.job_id), 1, timeout=20)
+    rejected = decode(JobStatus, jobs[-1].payload)
+    assert (rejected.state, rejected.error_code) == (JobState.REJECTED, "wrong_device")
+
+    count = len(_results(probe.snapshot(), topic.results("cam")))
+    probe.wait_for(lambda ms: len(_results(ms, topic.results("cam"))) >= count + 10, timeout=30)
+    assert daemon.stop() == 0
+    results = _results(probe.snapshot(), topic.results("cam"))
+    indices = [r.frame_index for r in results]
+    assert indices == list(range(len(indices))), "a result frame is missing or repeated"
+    assert {r.model.version for r in results} == {"1"}
+    state = _state(files)
+    assert state["slots"]["cls"]["active"]["version"] == "1"
+    assert state["slots"]["cls"] == json.loads(state_before)["slots"]["cls"]

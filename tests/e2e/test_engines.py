@@ -1,0 +1,136 @@
+"""End to end: a slot with an INT8 build request, calibrated on its own live stream, guarded, swapped in."""
+
+from __future__ import annotations
+
+import json
+import signal
+import uuid
+from pathlib import Path
+
+import cv2
+import pytest
+import yaml
+
+from agent.datasets.shapes import generate
+from agent.protocol.messages import ResultMessage, decode
+from tests.broker import Broker
+from tests.e2e.daemon import REPO, Daemon
+from tests.mqtt_probe import Probe
+
+pytestmark = pytest.mark.slow
+
+SHAPES = REPO / "agent" / "assets" / "shapes_classifier.onnx"
+
+
+def _shapes_video(path: Path, frames: int) -> Path:
+    images, _labels = generate(frames, seed=123, size=64)
+    writer = cv2.VideoWriter(str(path), cv2.VideoWriter.fourcc(*"MJPG"), 30.0, (128, 128))
+    for image in images:
+        writer.write(cv2.resize(image, (128, 128), interpolation=cv2.INTER_NEAREST))
+    writer.release()
+    return path
+
+
+def _config(tmp_path: Path, port: int, device: str, video: Path, agreement: float) -> Path:
+    config = {
+        "device_id": device,
+        "state_dir": str(tmp_path / "state"),
+        "mqtt": {"host": "127.0.0.1", "port": port},
+        "slots": {
+            "cls": {
+                "model": str(SHAPES),
+                "version": "1",
+                "preprocess": {"width": 64, "height": 64},
+                "postprocess": {
+                    "type": "classification",
+                    "top_k": 1,
+                    "labels_file": str(SHAPES.with_name("shapes_labels.txt")),
+                },
+                "build": {
+                    "precision": "int8",
+                    "device": "cpu",
+                    "calibration": {"kind": "stream", "frames": 24},
+                },
+            }
+        },
+        "streams": {
+            "cam": {
+                "source": {"type": "file", "path": str(video), "loop": True, "realtime": True},
+                "slot": "cls",
+                "drop_policy": "process_all",
+                "results_qos": 1,
+            }
+        },
+        "engines": {"guard_frames": 24, "int8_agreement": agreement},
+        "telemetry": {"interval_s": 5},
+        "logging": {"format": "json", "level": "info"},
+    }
+    path = tmp_path / "agent.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def test_int8_from_live_frames_goes_live_past_the_guard(tmp_path: Path, broker: Broker) -> None:
+    """The slot starts on the ONNX model, calibrates INT8 on its own stream, passes the guard, swaps."""
+    agreement, precision = 0.8, "int8"
+    device = f"eng-{uuid.uuid4().hex[:8]}"
+    video = _shapes_video(tmp_path / "shapes.avi", 90)
+    topic = f"fleet/v1/{device}/up/results/cam"
+    with Probe(broker.host, broker.port) as probe:
+        probe.subscribe(topic)
+        daemon = Daemon(_config(tmp_path, broker.port, device, video, agreement), tmp_path / "agent.log")
+        try:
+            ready = daemon.wait_for_event("engine.ready", timeout=120)
+            count = len(probe.on_topic(topic))
+            probe.wait_for_count(topic, count + 20, timeout=30)
+        finally:
+            code = daemon.stop()
+    assert code == 0, daemon.log()[-3000:]
+    effective = ready["effective"]
+    guard = effective["int8_guard"]
+    assert guard["n"] >= 24
+    assert guard["passed"] is (precision == "int8")
+    assert effective["precision"] in ({"int8"} if precision == "int8" else {"fp16", "fp32"})
+    results = sorted(
+        {r.msg_id: r for r in (decode(ResultMessage, m.payload) for m in probe.on_topic(topic))}.values(),
+        key=lambda r: r.frame_index,
+    )
+    indices = [r.frame_index for r in results]
+    assert indices == list(range(len(indices))), "a frame was lost across the engine swap"
+    assert results[-1].classes is not None
+    assert results[-1].classes[0].label in {"circle", "square", "triangle", "star", "cross"}
+
+
+def test_calibrate_command_stores_and_reuses(tmp_path: Path, broker: Broker) -> None:
+    device = f"cal-{uuid.uuid4().hex[:8]}"
+    video = _shapes_video(tmp_path / "shapes.avi", 60)
+    config = yaml.safe_load(_config(tmp_path, broker.port, device, video, 0.8).read_text())
+    del config["slots"]["cls"]["build"]
+    path = tmp_path / "agent.yaml"
+    path.write_text(yaml.safe_dump(config))
+    with Probe(broker.host, broker.port) as probe:
+        probe.subscribe(f"fleet/v1/{device}/up/#")
+        daemon = Daemon(path, tmp_path / "agent.log")
+        try:
+            probe.wait_for_count(f"fleet/v1/{device}/up/results/cam", 5, timeout=60)
+            replies = []
+            for i in range(2):
+                probe.publish(
+                    f"fleet/v1/{device}/down/cmd/calibrate",
+                    json.dumps({"args": {"slot": "cls", "frames": 16}}).encode(),
+                    qos=1,
+                    response_topic=f"fleet/v1/{device}/up/cmd/calibrate",
+                    correlation_data=f"c{i}".encode(),
+                )
+                replies = probe.wait_for_count(f"fleet/v1/{device}/up/cmd/calibrate", i + 1, timeout=90)
+        finally:
+            daemon.signal(signal.SIGTERM)
+            code = daemon.stop()
+    assert code == 0
+    first, second = (json.loads(r.payload) for r in replies)
+    assert first["ok"], first
+    assert first["result"]["frames"] == 16
+    assert Path(first["result"]["table"]).is_file()
+    # Different live frames give a different data hash: a new entry; the same key would be reused.
+    assert second["ok"]
+    assert [r.correlation_data for r in replies] == [b"c0", b"c1"]

@@ -1,0 +1,100 @@
+"""Real ONNX models that misbehave on purpose, for slot and pipeline tests.
+
+All take ``images`` ``[batch, 3, S, S]`` float32 like :mod:`agent.modelzoo` models, so a slot can
+swap between them and the model zoo's classifiers.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from agent.modelzoo import IR_VERSION, OPSET, write_classifier
+
+
+def _save(
+    path: Path,
+    nodes: list[onnx.NodeProto],
+    inits: list[onnx.TensorProto],
+    size: int,
+    classes: int,
+    batch: int | str = "batch",
+) -> Path:
+    images = helper.make_tensor_value_info("images", TensorProto.FLOAT, [batch, 3, size, size])
+    scores = helper.make_tensor_value_info("scores", TensorProto.FLOAT, [batch, classes])
+    graph = helper.make_graph(nodes, path.stem.replace("-", "_"), [images], [scores], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
+    model.ir_version = IR_VERSION
+    onnx.checker.check_model(model)
+    onnx.save_model(model, str(path))
+    return path
+
+
+def _mean_column(nodes: list[onnx.NodeProto]) -> str:
+    """``images`` -> ``[batch, 1]`` mean pixel value (keeps every model input-dependent)."""
+    nodes.append(helper.make_node("ReduceMean", ["images"], ["mean4"], axes=[1, 2, 3], keepdims=1))
+    nodes.append(helper.make_node("Flatten", ["mean4"], ["mean"], axis=1))
+    return "mean"
+
+
+def write_nan_classifier(path: Path, *, input_size: int = 32, classes: int = 4) -> Path:
+    """Scores are ``mean * 1 + log(-1)``: NaN for every input, with the right shapes."""
+    nodes: list[onnx.NodeProto] = []
+    mean = _mean_column(nodes)
+    inits = [
+        numpy_helper.from_array(np.ones((1, classes), np.float32), "ones"),
+        numpy_helper.from_array(np.full((1, classes), -1.0, np.float32), "minus_one"),
+    ]
+    nodes.append(helper.make_node("Mul", [mean, "ones"], ["spread"]))
+    nodes.append(helper.make_node("Log", ["minus_one"], ["nan"]))
+    nodes.append(helper.make_node("Add", ["spread", "nan"], ["scores"]))
+    return _save(path, nodes, inits, input_size, classes)
+
+
+def write_slow_classifier(
+    path: Path, *, input_size: int = 32, classes: int = 4, dim: int = 256, repeats: int = 6
+) -> Path:
+    """``repeats`` input-dependent ``[dim, dim]`` matrix products per frame (ORT cannot fold them away).
+
+    About ``2 * repeats * dim**3`` FLOPs per frame: a few milliseconds at the defaults, so a camera
+    producing frames unpaced outruns it.
+    """
+    rng = np.random.default_rng(0)
+    nodes: list[onnx.NodeProto] = []
+    mean = _mean_column(nodes)
+    # An orthogonal matrix keeps the products bounded however many are chained.
+    q, _ = np.linalg.qr(rng.normal(size=(dim, dim)))
+    inits = [
+        numpy_helper.from_array(q.astype(np.float32), "q"),
+        numpy_helper.from_array(np.array([-1, 1, 1], np.int64), "shape3"),
+        numpy_helper.from_array(np.array([0], np.int64), "start"),
+        numpy_helper.from_array(np.array([classes], np.int64), "stop"),
+        numpy_helper.from_array(np.array([1], np.int64), "axis1"),
+    ]
+    nodes.append(helper.make_node("Reshape", [mean, "shape3"], ["m0"]))
+    nodes.append(helper.make_node("Mul", ["m0", "q"], ["x0"]))  # [batch, dim, dim]
+    x = "x0"
+    for i in range(repeats):
+        nodes.append(helper.make_node("MatMul", [x, "q"], [f"x{i + 1}"]))
+        x = f"x{i + 1}"
+    nodes.append(helper.make_node("ReduceMean", [x], ["rows"], axes=[2], keepdims=0))  # [batch, dim]
+    nodes.append(helper.make_node("Slice", ["rows", "start", "stop", "axis1"], ["scores"]))
+    return _save(path, nodes, inits, input_size, classes)
+
+
+def write_static_batch_classifier(
+    path: Path, *, input_size: int = 32, classes: int = 4, seed: int = 0
+) -> Path:
+    """The model zoo classifier with its batch axis fixed to 1, as many exported models are."""
+    write_classifier(path, input_size=input_size, num_classes=classes, seed=seed)
+    model = onnx.load_model(str(path))
+    for value in (*model.graph.input, *model.graph.output):
+        dim = value.type.tensor_type.shape.dim[0]
+        dim.ClearField("dim_param")
+        dim.dim_value = 1
+    onnx.checker.check_model(model)
+    onnx.save_model(model, str(path))
+    return path

@@ -1,0 +1,232 @@
+"""SlotPipeline in-process: real sources, real ONNX Runtime, a real MqttLink to the session's mosquitto."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from agent.camera.preprocess_spec import PreprocessSpec
+from agent.camera.source import VideoSource
+from agent.camera.source_spec import FileSourceSpec, SyntheticSourceSpec
+from agent.demo import write_demo_video
+from agent.modelzoo import write_classifier
+from agent.mqtt.link import MqttLink
+from agent.mqtt.settings import MqttSettings
+from agent.postprocess.spec import ClassificationSpec
+from agent.protocol.messages import ResultMessage, decode
+from agent.runtime.inbox import DropPolicy
+from agent.runtime.loaded import ModelSource
+from agent.runtime.pipeline import SlotPipeline, StreamPlan
+from agent.runtime.slot import ModelSlot
+from agent.spool import Spool
+from agent.telemetry import Metrics
+from tests.broker import Broker
+from tests.camera.specs import make
+from tests.mqtt_probe import Probe
+from tests.runtime.models import write_slow_classifier, write_static_batch_classifier
+
+SIZE = 32
+
+
+def model_source(path: Path, version: str = "1") -> ModelSource:
+    return ModelSource(
+        path=path,
+        model_id=path.stem,
+        version=version,
+        backend="onnxruntime",
+        providers=("CPUExecutionProvider",),
+        intra_op_threads=1,
+        preprocess=PreprocessSpec(width=SIZE, height=SIZE),
+        postprocess=ClassificationSpec(top_k=1),
+    )
+
+
+def wait_until(predicate: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.02)
+
+
+@dataclass
+class Rig:
+    """One slot's pipeline publishing through a real link; a probe subscribed to its results."""
+
+    device: str
+    link: MqttLink
+    probe: Probe
+    metrics: Metrics
+    pipelines: list[SlotPipeline]
+
+    def topic(self, stream: str) -> str:
+        return f"fleet/v1/{self.device}/up/results/{stream}"
+
+    def results(self, stream: str) -> list[ResultMessage]:
+        """Results of ``stream`` by frame index, QoS 1 resends (same msg_id) removed."""
+        seen: dict[str, ResultMessage] = {}
+        for m in self.probe.on_topic(self.topic(stream)):
+            result = decode(ResultMessage, m.payload)
+            seen.setdefault(result.msg_id, result)
+        return sorted(seen.values(), key=lambda r: r.frame_index)
+
+    def counter(self, name: str) -> float:
+        return self.metrics.snapshot().get(name, 0.0)
+
+    def start(
+        self,
+        slot: ModelSlot,
+        streams: dict[str, tuple[object, DropPolicy]],
+        *,
+        max_batch: int = 4,
+        queue_size: int = 4,
+    ) -> SlotPipeline:
+        plans = [
+            StreamPlan(
+                name=name,
+                source=VideoSource(name, spec),  # type: ignore[arg-type]
+                slot=slot.name,
+                topic=self.topic(name),
+                policy=policy,
+                queue_size=queue_size,
+                qos=1,
+            )
+            for name, (spec, policy) in streams.items()
+        ]
+        pipeline = SlotPipeline(slot, plans, self.link, self.metrics, max_batch=max_batch)
+        self.pipelines.append(pipeline)
+        pipeline.start()
+        return pipeline
+
+
+@pytest.fixture
+def rig(broker: Broker, tmp_path: Path) -> Iterator[Rig]:
+    device = f"rt-{uuid.uuid4().hex[:8]}"
+    spool = Spool(tmp_path / "spool.sqlite")
+    link = MqttLink(
+        MqttSettings(host=broker.host, port=broker.port, reconnect_min_s=0.05, reconnect_max_s=0.3),
+        client_id=device,
+        status_topic=f"fleet/v1/{device}/up/status",
+        agent_version="0.0.test",
+        spool=spool,
+    )
+    link.start()
+    probe = Probe(broker.host, broker.port)
+    probe.subscribe(f"fleet/v1/{device}/up/results/#")
+    wait_until(lambda: link.connected, "the link to connect")
+    rig = Rig(device, link, probe, Metrics(), [])
+    try:
+        yield rig
+    finally:
+        for pipeline in rig.pipelines:
+            pipeline.stop(time.monotonic() + 5.0)
+            pipeline.slot.close()
+        link.stop(timeout=2.0)
+        probe.close()
+        spool.close()
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("pipeline-models")
+    return {
+        "v1": write_classifier(root / "v1.onnx", input_size=SIZE, num_classes=4, seed=1),
+        "v2": write_classifier(root / "v2.onnx", input_size=SIZE, num_classes=4, seed=2),
+        "slow": write_slow_classifier(root / "slow.onnx", input_size=SIZE, dim=384, repeats=6),
+        "batch1": write_static_batch_classifier(root / "batch1.onnx", input_size=SIZE),
+    }
+
+
+def synthetic(frames: int, fps: float = 0.0) -> SyntheticSourceSpec:
+    return make(SyntheticSourceSpec, width=64, height=48, fps=fps, frames=frames)
+
+
+def loaded_slot(path: Path) -> ModelSlot:
+    slot = ModelSlot("cls")
+    slot.load(model_source(path))
+    return slot
+
+
+def test_a_file_stream_yields_one_result_per_frame_then_finishes(
+    rig: Rig, models: dict[str, Path], tmp_path: Path
+) -> None:
+    video = write_demo_video(tmp_path / "clip.avi", frames=40, size=(96, 72), fps=30.0)
+    spec = make(FileSourceSpec, path=video, loop=False, realtime=False)
+    pipeline = rig.start(loaded_slot(models["v1"]), {"clip": (spec, "process_all")}, queue_size=2)
+    wait_until(lambda: pipeline.finished, "the play-once file to be processed to the end")
+    assert pipeline.healthy(stale_s=0.0)  # ended on purpose: not a stuck frame loop
+    rig.probe.wait_for(lambda _ms: len(rig.results("clip")) >= 40, timeout=10)
+    results = rig.results("clip")
+    assert [r.frame_index for r in results] == list(range(40))
+    assert all(r.stream == "clip" and r.model.version == "1" for r in results)
+    assert all(r.classes is not None and len(r.classes) == 1 for r in results)
+    assert rig.counter("stream.clip.frames_published") == 40
+    assert rig.counter("stream.clip.dropped.queue_full") == 0
+
+
+def test_streams_sharing_a_slot_are_batched(rig: Rig, models: dict[str, Path]) -> None:
+    streams = {"left": (synthetic(24), "process_all"), "right": (synthetic(24), "process_all")}
+    pipeline = rig.start(loaded_slot(models["slow"]), streams, max_batch=4)  # type: ignore[arg-type]
+    wait_until(lambda: pipeline.finished, "both streams to be processed")
+    inferred = rig.counter("stream.left.frames_inferred") + rig.counter("stream.right.frames_inferred")
+    batches = rig.counter("slot.cls.batches")
+    assert inferred == 48
+    assert 0 < batches < inferred
+    rig.probe.wait_for(lambda _ms: len(rig.results("left")) + len(rig.results("right")) >= 48, timeout=10)
+    for stream in ("left", "right"):
+        assert [r.frame_index for r in rig.results(stream)] == list(range(24))
+    totals = [r.latency_ms for r in rig.results("left")]
+    assert all(t["infer"] >= 0.0 for t in totals)
+
+
+def test_a_model_with_a_fixed_batch_of_one_serves_two_streams(rig: Rig, models: dict[str, Path]) -> None:
+    """A static batch axis caps the batch: stacking frames from two streams must not fail every run."""
+    streams = {"left": (synthetic(12), "process_all"), "right": (synthetic(12), "process_all")}
+    pipeline = rig.start(loaded_slot(models["batch1"]), streams, max_batch=4)  # type: ignore[arg-type]
+    wait_until(lambda: pipeline.finished, "both streams to be processed")
+    assert rig.counter("stream.left.dropped.infer_error") == 0
+    assert rig.counter("stream.right.dropped.infer_error") == 0
+    assert rig.counter("stream.left.frames_inferred") + rig.counter("stream.right.frames_inferred") == 24
+    assert rig.counter("slot.cls.batches") == 24
+
+
+def test_keep_newest_with_a_slow_model_drops_queue_full(rig: Rig, models: dict[str, Path]) -> None:
+    streams = {"live": (synthetic(300), "keep_newest")}
+    pipeline = rig.start(loaded_slot(models["slow"]), streams, max_batch=1, queue_size=2)  # type: ignore[arg-type]
+    wait_until(lambda: pipeline.finished, "the burst to end")
+    captured = rig.counter("stream.live.frames_captured")
+    published = rig.counter("stream.live.frames_published")
+    dropped = rig.counter("stream.live.dropped.queue_full")
+    assert captured == 300
+    assert dropped > 0
+    assert published + dropped == captured  # every frame is either published or counted as dropped
+    rig.probe.wait_for(lambda _ms: len(rig.results("live")) >= published, timeout=10)
+    indices = [r.frame_index for r in rig.results("live")]
+    assert len(indices) == published
+    assert indices[-1] == 299  # the newest frame is kept, the old ones give way
+
+
+def test_a_swap_while_streaming_loses_no_frame(rig: Rig, models: dict[str, Path]) -> None:
+    slot = loaded_slot(models["v1"])
+    pipeline = rig.start(slot, {"cam": (synthetic(200, fps=100.0), "process_all")}, queue_size=2)
+    rig.probe.wait_for(lambda _ms: len(rig.results("cam")) >= 20, timeout=20)
+    swapper = threading.Thread(target=slot.load, args=(model_source(models["v2"], "2"),))
+    swapper.start()
+    swapper.join(20)
+    wait_until(lambda: pipeline.finished, "the stream to end")
+    rig.probe.wait_for(lambda _ms: len(rig.results("cam")) >= 200, timeout=10)
+    results = rig.results("cam")
+    assert [r.frame_index for r in results] == list(range(200)), "a frame index is missing or repeated"
+    versions = [r.model.version for r in results]
+    switch = versions.index("2")
+    assert 0 < switch < 200
+    assert set(versions[:switch]) == {"1"}
+    assert set(versions[switch:]) == {"2"}
+    assert results[0].model.sha256 != results[-1].model.sha256
+    assert slot.swaps == 1

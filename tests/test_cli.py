@@ -1,0 +1,138 @@
+"""``python -m agent`` as a real subprocess: check-config, schema, info, --version."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from agent import __version__
+from agent.modelzoo import write_classifier
+from agent.protocol.messages import MESSAGE_MODELS
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def agent_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EDGE_AGENT__")}
+    return subprocess.run(
+        [sys.executable, "-m", "agent", *args],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_classifier(tmp_path_factory.mktemp("cli") / "cls.onnx", input_size=32, num_classes=4)
+
+
+def test_check_config_names_every_problem_with_its_key_path(tmp_path: Path, model: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(
+        yaml.safe_dump(
+            {
+                "device_id": "bad id!",
+                "mqtt": {"port": 70000, "bogus": 1},
+                "slots": {"cls": {"model": str(tmp_path / "missing.onnx"), "max_batch": 0}},
+                "streams": {"cam": {"source": {"type": "synthetic"}, "slot": "nosuch"}},
+                "telemetry": {"interval_s": -1},
+            }
+        )
+    )
+    proc = agent_cli("check-config", "-c", str(bad))
+    assert proc.returncode == 1
+    lines = proc.stderr.splitlines()
+    expected = {
+        "device_id": "not a valid name",
+        "mqtt.bogus": "unknown key",
+        "mqtt.port": "less than 65536",
+        "slots.cls.max_batch": "greater than or equal to 1",
+        "slots.cls.model": "file not found",
+        "streams.cam.slot": "no slot named 'nosuch'",
+        "telemetry.interval_s": "greater than 0",
+    }
+    for key, problem in expected.items():
+        hits = [line for line in lines if line.startswith(f"{bad}: {key}: ")]
+        assert hits, f"{key} not reported in:\n{proc.stderr}"
+        assert problem in hits[0]
+    assert len(lines) == len(expected), proc.stderr
+    assert "ok" not in proc.stdout
+
+
+def test_check_config_reports_yaml_syntax_errors_with_the_line(tmp_path: Path) -> None:
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("device_id: dev\nmqtt:\n  port: [1883\n")
+    proc = agent_cli("check-config", "-c", str(broken))
+    assert proc.returncode == 1
+    assert "YAML syntax error at line" in proc.stderr
+    missing = agent_cli("check-config", "-c", str(tmp_path / "nope.yaml"))
+    assert missing.returncode == 1
+    assert "file not found" in missing.stderr
+
+
+def test_check_config_accepts_a_good_config(tmp_path: Path, model: Path) -> None:
+    good = tmp_path / "good.yaml"
+    good.write_text(
+        yaml.safe_dump(
+            {
+                "device_id": "dev-1",
+                "state_dir": str(tmp_path / "state"),
+                "slots": {"cls": {"model": model.name, "preprocess": {"width": 32, "height": 32}}},
+                "streams": {"cam": {"source": {"type": "synthetic"}, "slot": "cls"}},
+            }
+        )
+    )
+    model_copy = tmp_path / model.name  # relative model paths are read from the config's folder
+    model_copy.write_bytes(model.read_bytes())
+    proc = agent_cli("check-config", "-c", str(good))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == f"{good}: ok"
+    assert proc.stderr == ""
+
+
+def test_schema_writes_one_valid_schema_per_message(tmp_path: Path) -> None:
+    out = tmp_path / "schemas"
+    proc = agent_cli("schema", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    names = {f"{m.__name__}.schema.json" for m in MESSAGE_MODELS}
+    assert {p.name for p in out.iterdir()} == names
+    assert {Path(line).name for line in proc.stdout.split()} == names
+    for model in MESSAGE_MODELS:
+        schema = json.loads((out / f"{model.__name__}.schema.json").read_text())
+        assert schema["title"] == model.__name__
+        assert schema["type"] == "object"
+        assert set(schema["properties"]) == set(model.model_fields)
+
+
+def test_info_json_describes_platform_and_backends() -> None:
+    proc = agent_cli("info", "--json")
+    assert proc.returncode == 0, proc.stderr
+    info = json.loads(proc.stdout)
+    assert set(info) == {"platform", "backends"}
+    assert info["platform"]["machine"]
+    assert info["platform"]["is_jetson"] is False
+    usable, reason = info["backends"]["onnxruntime"]
+    assert usable is True
+    assert "ONNX Runtime" in reason
+    trt_usable, trt_reason = info["backends"]["tensorrt"]
+    assert trt_usable is False  # only the type stubs are installed here
+    assert trt_reason
+
+
+def test_version_and_usage_errors() -> None:
+    proc = agent_cli("--version")
+    assert proc.returncode == 0
+    assert proc.stdout.strip() == f"edge-agent {__version__}"
+    usage = agent_cli("check-config")  # -c is required
+    assert usage.returncode == 2
+    assert "-c/--config" in usage.stderr
