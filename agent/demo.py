@@ -29,7 +29,7 @@ import yaml
 from agent.datasets import shapes
 from agent.fleet.deploy import DeployPlan, DeviceProgress, FleetDeploy
 from agent.fleet.keys import KeyPairFiles, load_signing_key, write_keypair
-from agent.fleet.progress import progress_line
+from agent.fleet.progress import passed_states, progress_line, state_line
 from agent.localbroker import Broker
 from agent.logs import configure_logging
 from agent.modelzoo import write_classifier, write_detector
@@ -295,6 +295,7 @@ class _DemoDeploy:
         self.version = version
         self.start = start
         self._last: tuple[object, ...] | None = None
+        self._shown = 0
         plan = DeployPlan(
             model=model,
             devices=(DEVICE,),
@@ -322,14 +323,15 @@ class _DemoDeploy:
         self.done = False
 
     def _show(self, devices: list[DeviceProgress]) -> None:
+        stamp = f"  [{time.monotonic() - self.start:5.1f}s] job v{self.version}"
         for p in devices:
+            for state in passed_states(p, self._shown):
+                print(f"{stamp}  {state_line(p, state)}", flush=True)
+            self._shown = len(p.history)
             key = (p.state, int(p.fraction * 10))
             if key != self._last:
                 self._last = key
-                print(
-                    f"  [{time.monotonic() - self.start:5.1f}s] job v{self.version}  {progress_line(p)}",
-                    flush=True,
-                )
+                print(f"{stamp}  {progress_line(p)}", flush=True)
 
     def poll(self, ledger: DemoLedger) -> bool:
         """Handle news; True (once) when the job ended, then the deploy is stopped."""

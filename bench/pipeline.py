@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import logging
 import statistics
 import sys
 import tempfile
@@ -23,6 +24,7 @@ from typing import Any
 
 import cv2
 import numpy as np
+import structlog
 import yaml
 
 from agent.app import Agent
@@ -52,6 +54,39 @@ def _frames(video: Path) -> list[np.ndarray[Any, Any]]:
         frames.append(image)
     cap.release()
     return frames
+
+
+def decode_ms(video: Path) -> float:
+    """Milliseconds to decode one frame of ``video`` with OpenCV."""
+    cap = cv2.VideoCapture(str(video))
+    count, t0 = 0, time.perf_counter()
+    while cap.read()[0]:
+        count += 1
+    cap.release()
+    return (time.perf_counter() - t0) / max(count, 1) * 1000
+
+
+def tiny_matching_decode(workdir: Path, video: Path) -> tuple[Path, int, dict[str, float]]:
+    """The tiny classifier whose inference costs about what decoding a frame costs (the issue's case)."""
+    target = decode_ms(video)
+    best: tuple[float, Path, int, float] | None = None
+    for size, width in ((32, 64), (32, 96), (32, 128), (48, 64), (48, 96), (64, 64)):
+        model = write_tiny_classifier(workdir / f"tiny-{size}-{width}.onnx", input_size=size, width=width)
+        runner = get_backend("onnxruntime").load(model, LoadOptions())
+        x = np.random.default_rng(0).random((1, 3, size, size), dtype=np.float32)
+        for _ in range(20):
+            runner.infer({"images": x})
+        t0 = time.perf_counter()
+        for _ in range(100):
+            runner.infer({"images": x})
+        infer = (time.perf_counter() - t0) / 100 * 1000
+        runner.close()
+        if best is None or abs(infer - target) < abs(best[0] - target):
+            best = (infer, model, size, width)
+    assert best is not None
+    best_ms, best_model, best_size, best_width = best
+    facts = {"decode_ms": target, "infer_ms": best_ms, "input_size": best_size, "width": best_width}
+    return best_model, best_size, facts
 
 
 def bench_raw(model: Path, spec: PreprocessSpec, video: Path) -> dict[str, float]:
@@ -221,11 +256,19 @@ def bench_swap(
         "versions_seen": len(versions),
         "median_gap_ms": statistics.median(gaps) * 1000 if gaps else float("nan"),
         "max_gap_ms": max(gaps) * 1000 if gaps else float("nan"),
+        "mean_gap_ms": statistics.fmean(gaps) * 1000 if gaps else float("nan"),
         "max_gap_over_median": (max(gaps) / statistics.median(gaps)) if gaps else float("nan"),
+        # Batches publish several results at once, so the median gap is tiny; the mean is the frame period.
+        "max_gap_over_mean": (max(gaps) / statistics.fmean(gaps)) if gaps else float("nan"),
     }
 
 
 def main() -> int:
+    # stdout carries the JSON report only; the agent's logs go to stderr, warnings and up.
+    structlog.configure(
+        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+        wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING),
+    )
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--frames", type=int, default=300, help="frames in the 640x480 video")
     parser.add_argument("--latency-seconds", type=float, default=8.0)
@@ -239,9 +282,11 @@ def main() -> int:
         workdir = Path(tmp)
         video = write_demo_video(workdir / "bench.avi", frames=args.frames, fps=30.0)
         with Broker(workdir / "broker") as broker:
+            tiny, tiny_size, tiny_facts = tiny_matching_decode(workdir, video)
+            report["tiny_model"] = tiny_facts
             cases = {
                 "heavy": (write_mobilenet_like(workdir / "heavy.onnx", input_size=224), 224),
-                "tiny": (write_tiny_classifier(workdir / "tiny.onnx", input_size=32), 32),
+                "tiny": (tiny, tiny_size),
             }
             for case, (model, size) in cases.items():
                 spec = PreprocessSpec(width=size, height=size)

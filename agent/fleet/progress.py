@@ -15,6 +15,19 @@ from agent.protocol.messages import JobState
 _ERROR_WIDTH = 60
 
 
+def passed_states(p: DeviceProgress, shown: int) -> list[JobState]:
+    """States the job went through after the first ``shown`` and before its current one.
+
+    Snapshots are taken per poll, so a job can pass several states between two of them.
+    """
+    return p.history[shown:-1] if len(p.history) > shown else []
+
+
+def state_line(p: DeviceProgress, state: JobState, width: int = 0) -> str:
+    """``device  STATE`` for a state the job passed through (no progress figures: they are gone)."""
+    return f"{p.device:<{width}}  {state.value}"
+
+
 def progress_line(p: DeviceProgress, width: int = 0) -> str:
     """``device  STATE  pct  done/total  note`` for one device."""
     state = p.state.value if p.state is not None else "waiting"
@@ -49,6 +62,7 @@ class ProgressView:
         self._last_draw = 0.0
         self._last_lines: dict[str, str] = {}
         self._last_keys: dict[str, tuple[object, ...]] = {}
+        self._shown: dict[str, int] = {}  # history entries already printed, per device
 
     def update(self, devices: Sequence[DeviceProgress], *, force: bool = False) -> None:
         """Show the new state: redraw (terminal, rate-limited) or print the lines that changed."""
@@ -61,8 +75,11 @@ class ProgressView:
             self._redraw([progress_line(p, width) for p in devices])
             return
         for p in devices:
+            for state in passed_states(p, self._shown.get(p.device, 0)):
+                self.stream.write(state_line(p, state, width) + "\n")
+            self._shown[p.device] = len(p.history)
             # Served bytes change per chunk: a new line only for a new state or another tenth.
-            key = (p.state, int(p.fraction * 10), p.error_code, p.online)
+            key = (p.state, int(p.fraction * 10), p.error_code, p.online is False)
             if self._last_keys.get(p.device) != key:
                 self._last_keys[p.device] = key
                 self.stream.write(progress_line(p, width) + "\n")

@@ -65,6 +65,24 @@ class StreamPlan:
     durable: bool = False
 
 
+class StreamMetrics:
+    """A stream's metric handles, looked up once: the frame path never formats a metric name."""
+
+    def __init__(self, metrics: Metrics, stream: str) -> None:
+        prefix = f"stream.{stream}"
+        self.captured = metrics.counter(f"{prefix}.frames_captured")
+        self.inferred = metrics.counter(f"{prefix}.frames_inferred")
+        self.published = metrics.counter(f"{prefix}.frames_published")
+        self.dropped = {
+            reason: metrics.counter(f"{prefix}.dropped.{reason}")
+            for reason in ("fps_limit", "no_model", "shutdown", "queue_full", "infer_error", "publish_error")
+        }
+        self.preprocess = metrics.histogram(f"{prefix}.latency.preprocess")
+        self.postprocess = metrics.histogram(f"{prefix}.latency.postprocess")
+        self.queue = metrics.histogram(f"{prefix}.latency.queue")
+        self.total = metrics.histogram(f"{prefix}.latency.total")
+
+
 class FrameTap:
     """Collects copies of every ``every``-th frame until it has ``n``."""
 
@@ -129,6 +147,9 @@ class SlotPipeline:
         self._publisher = publisher
         self._metrics = metrics
         self._max_batch = max_batch
+        self._stream_metrics = {plan.name: StreamMetrics(metrics, plan.name) for plan in streams}
+        self._infer_hist = metrics.histogram(f"slot.{slot.name}.latency.infer")
+        self._batches = metrics.counter(f"slot.{slot.name}.batches")
         self._inbox: SlotInbox[WorkItem] = SlotInbox(on_drop=self._dropped_in_queue)
         for plan in streams:
             self._inbox.add_lane(plan.name, plan.queue_size, plan.policy)
@@ -186,11 +207,9 @@ class SlotPipeline:
     # -- stages ------------------------------------------------------------------------------
 
     def _capture(self, plan: StreamPlan) -> None:
-        m = self._metrics
-        captured = m.counter(f"stream.{plan.name}.frames_captured")
-        skipped = m.counter(f"stream.{plan.name}.dropped.fps_limit")
-        no_model = m.counter(f"stream.{plan.name}.dropped.no_model")
-        pre_hist = m.histogram(f"stream.{plan.name}.latency.preprocess")
+        sm = self._stream_metrics[plan.name]
+        captured, skipped, no_model = sm.captured, sm.dropped["fps_limit"], sm.dropped["no_model"]
+        pre_hist = sm.preprocess
         min_gap = 1.0 / plan.fps_limit if plan.fps_limit else 0.0
         last_taken = -1e9
         try:
@@ -214,7 +233,7 @@ class SlotPipeline:
                 item = WorkItem(frame, tensor, letterbox, model.preprocess, plan, pre_ms, time.monotonic())
                 while not self._inbox.put(plan.name, item, timeout=_POLL_S):
                     if self._capture_stop.is_set():
-                        m.counter(f"stream.{plan.name}.dropped.shutdown").inc()
+                        sm.dropped["shutdown"].inc()
                         break
         except Exception:
             log.exception("pipeline.capture.crashed", stream=plan.name)
@@ -254,7 +273,7 @@ class SlotPipeline:
             self._inbox.close()
 
     def _dropped_in_queue(self, stream: str, _item: WorkItem) -> None:
-        self._metrics.counter(f"stream.{stream}.dropped.queue_full").inc()
+        self._stream_metrics[stream].dropped["queue_full"].inc()
 
     def _infer_loop(self) -> None:
         while True:
@@ -276,7 +295,7 @@ class SlotPipeline:
         with self.slot.lease() as model:
             if model is None:
                 for work in batch:
-                    self._metrics.counter(f"stream.{work.plan.name}.dropped.no_model").inc()
+                    self._stream_metrics[work.plan.name].dropped["no_model"].inc()
                 return
             spec = model.preprocess
             for work in batch:
@@ -294,13 +313,13 @@ class SlotPipeline:
                     outputs = model.runner.infer({model.input_name: np.stack([w.tensor for w in chunk])})
                 except AgentError as exc:
                     for work in chunk:
-                        self._metrics.counter(f"stream.{work.plan.name}.dropped.infer_error").inc()
+                        self._stream_metrics[work.plan.name].dropped["infer_error"].inc()
                     log.error("pipeline.infer.failed", slot=self.slot.name, error=str(exc))
                     continue
                 done.append((chunk, outputs, (time.perf_counter() - t0) * 1000.0))
         for chunk, outputs, infer_ms in done:
-            self._metrics.histogram(f"slot.{self.slot.name}.latency.infer").observe(infer_ms / 1000.0)
-            self._metrics.counter(f"slot.{self.slot.name}.batches").inc()
+            self._infer_hist.observe(infer_ms / 1000.0)
+            self._batches.inc()
             for i, work in enumerate(chunk):
                 item = InferredItem(
                     work=work,
@@ -310,7 +329,7 @@ class SlotPipeline:
                     infer_ms=infer_ms,
                     batch=len(chunk),
                 )
-                self._metrics.counter(f"stream.{work.plan.name}.frames_inferred").inc()
+                self._stream_metrics[work.plan.name].inferred.inc()
                 while not self._outbox.put("results", item, timeout=_POLL_S):
                     pass  # the publisher always drains; results are never dropped here
 
@@ -325,7 +344,7 @@ class SlotPipeline:
                 try:
                     self._publish(item)
                 except Exception:
-                    self._metrics.counter(f"stream.{item.work.plan.name}.dropped.publish_error").inc()
+                    self._stream_metrics[item.work.plan.name].dropped["publish_error"].inc()
                     log.exception("pipeline.publish.failed", stream=item.work.plan.name)
 
     def _publish(self, item: InferredItem) -> None:
@@ -354,11 +373,11 @@ class SlotPipeline:
             tensors=prediction.tensors,
         )
         self._publisher.publish(plan.topic, message, qos=plan.qos, durable=plan.durable)
-        m = self._metrics
-        m.counter(f"stream.{plan.name}.frames_published").inc()
-        m.histogram(f"stream.{plan.name}.latency.postprocess").observe(post_ms / 1000.0)
-        m.histogram(f"stream.{plan.name}.latency.queue").observe(item.queue_ms / 1000.0)
-        m.histogram(f"stream.{plan.name}.latency.total").observe(total_ms / 1000.0)
+        sm = self._stream_metrics[plan.name]
+        sm.published.inc()
+        sm.postprocess.observe(post_ms / 1000.0)
+        sm.queue.observe(item.queue_ms / 1000.0)
+        sm.total.observe(total_ms / 1000.0)
 
     def _depths(self) -> dict[str, float]:
         depths: dict[str, float] = {f"queue.{k}": float(v) for k, v in self._inbox.depths().items()}

@@ -243,6 +243,7 @@ def test_broker_restart_mid_transfer_completes(
             assert deploy.server is not None
             served = deploy.server.served_bytes
             _wait(lambda: served(device_id) >= deploy.manifest.size // 3, timeout=60, what="a third served")
+            assert served(device_id) < deploy.manifest.size, "the transfer finished before the restart"
             private_broker.restart(hard=True)  # no persistence: the retained manifest is gone too
             outcome = deploy.wait(60)
         finally:

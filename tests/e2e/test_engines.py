@@ -99,6 +99,16 @@ def test_int8_from_live_frames_goes_live_past_the_guard(tmp_path: Path, broker: 
     assert indices == list(range(len(indices))), "a frame was lost across the engine swap"
     assert results[-1].classes is not None
     assert results[-1].classes[0].label in {"circle", "square", "triangle", "star", "cross"}
+    assert ready["cache_hit"] is False
+
+    # A restart with the same model and build request finds the engine in the cache: no rebuild.
+    daemon = Daemon(tmp_path / "agent.yaml", tmp_path / "agent-2.log")
+    try:
+        again = daemon.wait_for_event("engine.ready", timeout=120)
+    finally:
+        assert daemon.stop() == 0
+    assert again["cache_hit"] is True
+    assert again["effective"]["precision"] == "int8"
 
 
 def test_calibrate_command_stores_and_reuses(tmp_path: Path, broker: Broker) -> None:

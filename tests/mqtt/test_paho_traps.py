@@ -40,9 +40,14 @@ def test_exception_in_callback_kills_paho_thread_while_is_connected_says_true(br
         client.on_subscribe = lambda *a: subscribed.set()
         client.subscribe(topic, qos=1)
         assert subscribed.wait(5)
+        network_thread = client._thread
+        assert network_thread is not None
         with Probe(broker.host, broker.port) as probe:
             probe.publish(topic, b"x")
-        wait_until(lambda: client._thread is None, what="paho thread death")
+        # Join it here, so the thread's exception is reported inside this test (where it is expected).
+        network_thread.join(5)
+        assert not network_thread.is_alive()
+        assert client._thread is None
         assert client.is_connected()  # stale: nothing reads the socket any more
     finally:
         client.loop_stop()

@@ -1,0 +1,207 @@
+"""Every bad deployment input against one real daemon: a clear error each, and nothing else changes.
+
+The daemon serves a file stream the whole time; afterwards every frame index has exactly one
+result (no gap while bad manifests arrived), state.json still names the last good model, and
+each bad manifest ended as a REJECTED job with its stable error code.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from agent.delivery.manifest import DeployManifest, build_manifest
+from agent.fleet.chunks import ChunkServer
+from agent.modelzoo import write_classifier
+from agent.mqtt.settings import MqttSettings
+from agent.protocol.messages import JobStatus, ResultMessage, decode
+from agent.signing import generate_keypair, private_key_from_bytes, sign
+from tests.broker import Broker
+from tests.e2e.daemon import AgentFiles, Daemon
+from tests.mqtt_probe import Probe, Received
+
+pytestmark = pytest.mark.slow
+
+
+def _checker_failure(path: Path) -> Path:
+    """Parses as ONNX, fails onnx.checker: a node reads a tensor nothing produces."""
+    x = helper.make_tensor_value_info("images", TensorProto.FLOAT, ["batch", 3, 32, 32])
+    y = helper.make_tensor_value_info("scores", TensorProto.FLOAT, ["batch", 4])
+    node = helper.make_node("Add", ["images", "nowhere"], ["scores"])
+    model = helper.make_model(
+        helper.make_graph([node], "bad", [x], [y]), opset_imports=[helper.make_opsetid("", 17)]
+    )
+    model.ir_version = 9
+    onnx.save(model, str(path))
+    return path
+
+
+class Operator:
+    """Publishes signed (or deliberately broken) manifests and serves their chunks."""
+
+    def __init__(self, probe: Probe, server: ChunkServer, device: str, key: bytes) -> None:
+        self.probe, self.server, self.device = probe, server, device
+        self.key = private_key_from_bytes(key)
+        self.sequence = 100
+        self.models: dict[str, Path] = {}
+
+    def manifest(self, model: Path, job_id: str, **fields: Any) -> dict[str, Any]:
+        self.sequence += 1
+        m = build_manifest(
+            model,
+            job_id=job_id,
+            sequence=self.sequence,
+            slot="cls",
+            model_id="cls",
+            version=job_id,
+            chunk_size=4096,
+        )
+        self.models[job_id] = model
+        return {**json.loads(m.model_dump_json(exclude_none=True)), **fields}
+
+    def publish(
+        self,
+        manifest: dict[str, Any] | None,
+        *,
+        raw: bytes | None = None,
+        key_id: str = "k1",
+        signer: Callable[[bytes], bytes] | None = None,
+        signed: bool = True,
+    ) -> None:
+        if raw is None:
+            assert manifest is not None
+            self._serve(manifest)
+            text = json.dumps(manifest)
+            body: dict[str, Any] = {"manifest": text}
+            if signed:
+                signature = (signer or (lambda data: sign(self.key, data)))(text.encode())
+                body |= {"key_id": key_id, "signature": base64.b64encode(signature).decode()}
+            raw = json.dumps(body).encode()
+        self.probe.publish(f"fleet/v1/{self.device}/down/desired/cls", raw, qos=1, retain=True)
+
+    def _serve(self, manifest: dict[str, Any]) -> None:
+        """Serve the chunks of what the manifest names, as it names them (even a wrong whole-file hash)."""
+        try:
+            parsed = DeployManifest.model_validate(manifest)
+        except ValueError:
+            return  # the device refuses it before asking for any chunk
+        self.server.register(parsed, self.models[parsed.job_id], verify=False)
+
+
+def _jobs(messages: list[Received], device: str) -> dict[str, list[JobStatus]]:
+    out: dict[str, list[JobStatus]] = {}
+    for m in messages:
+        if m.topic.startswith(f"fleet/v1/{device}/up/jobs/"):
+            status = decode(JobStatus, m.payload)
+            out.setdefault(status.job_id, []).append(status)
+    return out
+
+
+def _final(probe: Probe, device: str, job_id: str, timeout: float = 30) -> JobStatus:
+    terminal = {"ACTIVE", "FAILED", "REJECTED", "ROLLED_BACK", "SUPERSEDED"}
+    probe.wait_for(
+        lambda ms: any(s.state.value in terminal for s in _jobs(ms, device).get(job_id, [])), timeout
+    )
+    return next(s for s in reversed(_jobs(probe.snapshot(), device)[job_id]) if s.state.value in terminal)
+
+
+def test_bad_deployments_are_rejected_and_cost_nothing(tmp_path: Path, broker: Broker) -> None:
+    device = f"bad-{uuid.uuid4().hex[:8]}"
+    files = AgentFiles(tmp_path, broker.port, device, frames=30)
+    private_pem, public_pem = generate_keypair()
+    (tmp_path / "k1.pub").write_bytes(public_pem)
+    _other_private, other_public = generate_keypair()
+    stream = {"source": {"type": "file", "path": str(files.video), "loop": True, "realtime": True}}
+    config = files.write_config(
+        stream=stream,
+        delivery={
+            "trusted_keys": {"k1": str(tmp_path / "k1.pub")},
+            "max_model_bytes": 2_000_000,
+            "chunk_timeout_s": 1.0,
+        },
+    )
+    results_topic = f"fleet/v1/{device}/up/results/cam"
+    settings = MqttSettings(host=broker.host, port=broker.port)
+    with (
+        Probe(broker.host, broker.port) as probe,
+        ChunkServer(settings, group=f"g-{device}") as server,
+    ):
+        probe.subscribe(f"fleet/v1/{device}/up/#")
+        op = Operator(probe, server, device, private_pem)
+        daemon = Daemon(config, tmp_path / "agent.log")
+        try:
+            probe.wait_for_count(results_topic, 5, timeout=60)
+            # A good deployment first, so that a replay has something to replay against.
+            op.publish(op.manifest(files.v2, "good-1"))
+            assert _final(probe, device, "good-1").state.value == "ACTIVE"
+
+            big = write_classifier(tmp_path / "big.onnx", input_size=32, num_classes=4, seed=3, width=160)
+            wrong_input = write_classifier(tmp_path / "in48.onnx", input_size=48, num_classes=4, seed=4)
+            truncated = tmp_path / "truncated.onnx"
+            truncated.write_bytes(files.v2.read_bytes()[: files.v2.stat().st_size // 2])
+            checker = _checker_failure(tmp_path / "checker.onnx")
+            cases: list[tuple[str, str, Callable[[str], None]]] = [
+                (
+                    "wrong-shape",
+                    "bad_manifest",
+                    lambda j: op.publish({"job_id": j, "sequence": op.sequence + 1}),
+                ),
+                (
+                    "bad-sig",
+                    "bad_signature",
+                    lambda j: op.publish(op.manifest(files.v1, j), signer=lambda d: b"x" * 64),
+                ),
+                ("unknown-key", "unknown_key", lambda j: op.publish(op.manifest(files.v1, j), key_id="k9")),
+                ("unsigned", "unsigned", lambda j: op.publish(op.manifest(files.v1, j), signed=False)),
+                (
+                    "other-device",
+                    "wrong_device",
+                    lambda j: op.publish(op.manifest(files.v1, j, device="someone-else")),
+                ),
+                ("dotdot", "bad_name", lambda j: op.publish(op.manifest(files.v1, j, model_id="../../etc"))),
+                ("replay", "replay", lambda j: op.publish({**op.manifest(files.v1, j), "sequence": 5})),
+                ("too-large", "too_large", lambda j: op.publish(op.manifest(big, j))),
+                ("hash", "hash_mismatch", lambda j: op.publish(op.manifest(files.v1, j, sha256="0" * 64))),
+                ("truncated", "bad_onnx", lambda j: op.publish(op.manifest(truncated, j))),
+                ("checker", "onnx_checker", lambda j: op.publish(op.manifest(checker, j))),
+                ("input48", "incompatible", lambda j: op.publish(op.manifest(wrong_input, j))),
+            ]
+            assert big.stat().st_size > 2_000_000
+            codes = {}
+            for job_id, _code, send in cases:
+                send(job_id)
+                final = _final(probe, device, job_id)
+                codes[job_id] = (final.state.value, final.error_code, final.error)
+            # Malformed JSON has no job id to report on: it is logged, and nothing changes.
+            op.publish(None, raw=b"{not json")
+            daemon.wait_for_event("delivery.manifest.rejected", timeout=10)
+            count = len(probe.on_topic(results_topic))
+            probe.wait_for_count(results_topic, count + 10, timeout=30)
+        finally:
+            code = daemon.stop()
+    assert code == 0, daemon.log()[-3000:]
+    for job_id, expected, _send in cases:
+        state, error_code, error = codes[job_id]
+        assert (state, error_code) == ("REJECTED", expected), (job_id, error)
+        assert error
+    results = sorted(
+        {
+            r.msg_id: r for r in (decode(ResultMessage, m.payload) for m in probe.on_topic(results_topic))
+        }.values(),
+        key=lambda r: r.frame_index,
+    )
+    assert [r.frame_index for r in results] == list(range(len(results))), "results had a gap"
+    assert {r.model.version for r in results} <= {"1", "good-1"}
+    assert results[-1].model.version == "good-1"
+    state = json.loads((tmp_path / "state" / "state.json").read_text())
+    assert state["slots"]["cls"]["active"]["version"] == "good-1"
+    assert state["slots"]["cls"]["last_known_good"]["version"] == "1"
+    del other_public

@@ -1,0 +1,27 @@
+"""Shared parts of the fleet tests (no tests here): a unique prefix per test, operator settings."""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+
+from agent.modelzoo import write_classifier
+from agent.mqtt.settings import MqttSettings
+from tests.broker import Broker
+
+
+def unique_prefix() -> str:
+    """A topic prefix of its own, so tests sharing the session broker never see each other."""
+    return f"t{uuid.uuid4().hex[:8]}/v1"
+
+
+def operator_settings(broker: Broker, prefix: str) -> MqttSettings:
+    return MqttSettings(
+        host=broker.host, port=broker.port, prefix=prefix, reconnect_min_s=0.05, reconnect_max_s=0.3
+    )
+
+
+def tiny_model(path: Path) -> Path:
+    """A small real ONNX classifier (a few KiB)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return write_classifier(path, input_size=32, num_classes=4, seed=3)

@@ -1,0 +1,109 @@
+"""``edge-agent fleet ...`` through the real argument parser: keygen, deploy's flags and exit codes."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import stat
+import threading
+from pathlib import Path
+
+import pytest
+
+from agent.cli import main
+from agent.errors import ConfigError
+from agent.fleet.cli import add_fleet_arguments, build_spec_from_args, postprocess_from_args
+from agent.postprocess.spec import ClassificationSpec, DetectionSpec
+from agent.protocol.messages import JobState, JobStatus, encode
+from agent.protocol.topics import Topics
+from tests.broker import Broker
+from tests.fleet.support import tiny_model, unique_prefix
+from tests.mqtt_probe import Probe
+
+
+def _parse(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    add_fleet_arguments(parser)
+    return parser.parse_args(list(argv))
+
+
+def test_keygen_writes_the_pair_and_refuses_to_overwrite(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["fleet", "keygen", "--out", str(tmp_path), "--key-id", "ops"]) == 0
+    assert stat.S_IMODE((tmp_path / "ops.key").stat().st_mode) == 0o600
+    assert "trusted_keys" in capsys.readouterr().out
+    assert main(["fleet", "keygen", "--out", str(tmp_path), "--key-id", "ops"]) == 1
+    assert "already exists" in capsys.readouterr().err
+
+
+def test_labels_and_postprocess_json(tmp_path: Path) -> None:
+    labels = tmp_path / "labels.txt"
+    labels.write_text("cat\ndog\n\n")
+    assert postprocess_from_args(None, labels) == ClassificationSpec(labels=["cat", "dog"], top_k=2)
+    detection = postprocess_from_args('{"type": "detection", "format": "yolov5"}', labels)
+    assert isinstance(detection, DetectionSpec)
+    assert (detection.format, detection.labels) == ("yolov5", ["cat", "dog"])
+    assert postprocess_from_args(None, None) is None
+    with pytest.raises(ConfigError) as info:
+        postprocess_from_args('{"type": "classification", "top_k": 0}', None)
+    assert "top_k" in info.value.problems[0]
+
+
+def test_build_flags_make_a_build_spec_only_when_given() -> None:
+    base = ("deploy", "m.onnx", "--device", "d", "--slot", "s", "--version", "1", "--unsigned")
+    assert build_spec_from_args(_parse(*base)) is None
+    spec = build_spec_from_args(
+        _parse(*base, "--precision", "int8", "--device-target", "dla0", "--no-gpu-fallback")
+    )
+    assert spec is not None
+    assert (spec.precision, spec.device, spec.gpu_fallback) == ("int8", "dla0", False)
+
+
+def test_signing_is_explicit() -> None:
+    with pytest.raises(SystemExit):
+        _parse("deploy", "m.onnx", "--device", "d", "--slot", "s", "--version", "1")
+    assert (
+        main(["fleet", "deploy", "m.onnx", "--device", "d", "--slot", "s", "--version", "1", "--key", "k"])
+        == 1
+    )
+
+
+def test_deploy_exits_non_zero_and_prints_each_failure(
+    tmp_path: Path, broker: Broker, capsys: pytest.CaptureFixture[str]
+) -> None:
+    prefix = unique_prefix()
+    model = tiny_model(tmp_path / "net.onnx")
+    with Probe(broker.host, broker.port) as device:
+        device.subscribe(f"{prefix}/+/down/desired/cls")
+
+        def refuse_all() -> None:
+            # Plays two devices: each refuses the manifest it finds on its desired topic.
+            for message in device.wait_for(lambda ms: len(ms) >= 2, timeout=20):
+                dev = message.topic.split("/")[2]
+                job_id = json.loads(json.loads(message.payload)["manifest"])["job_id"]
+                status = JobStatus(
+                    job_id=job_id,
+                    slot="cls",
+                    state=JobState.REJECTED,
+                    error_code="unsigned",
+                    error=f"{dev} says no",
+                )
+                device.publish(Topics(prefix, dev).jobs(job_id), encode(status))
+
+        thread = threading.Thread(target=refuse_all, daemon=True)
+        thread.start()
+        code = main(
+            [
+                "fleet", "deploy", str(model), "--device", "jet-1,jet-2", "--slot", "cls", "--version", "3",
+                "--unsigned", "--chunk-size", "4096", "--timeout", "20",
+                "--broker", f"{broker.host}:{broker.port}", "--prefix", prefix,
+            ]
+        )  # fmt: skip
+        thread.join(5)
+    captured = capsys.readouterr()
+    assert code == 1, captured.out + captured.err
+    assert "UNSIGNED" in captured.out
+    assert "2 of 2 device(s) did not reach ACTIVE" in captured.err
+    assert "jet-1: REJECTED unsigned: jet-1 says no" in captured.err
+    assert "jet-2: REJECTED unsigned: jet-2 says no" in captured.err

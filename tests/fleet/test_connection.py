@@ -1,0 +1,67 @@
+"""Broker settings for the fleet commands: the agent YAML's mqtt: section, overridden by flags."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pytest
+
+from agent.errors import ConfigError
+from agent.fleet.connection import add_broker_arguments, parse_broker, settings_from_args
+
+
+def _args(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    add_broker_arguments(parser)
+    return parser.parse_args(list(argv))
+
+
+def test_agent_config_mqtt_section_with_relative_paths(tmp_path: Path) -> None:
+    (tmp_path / "secret").write_text("pw\n")
+    config = tmp_path / "agent.yaml"
+    config.write_text(
+        "device_id: jet-01\nmqtt:\n  host: broker.lan\n  port: 8883\n  username: ops\n"
+        "  password_file: secret\n  tls:\n    ca_file: ca.pem\n  prefix: site/v1\n"
+    )
+
+    settings = settings_from_args(_args("-c", str(config)))
+
+    assert (settings.host, settings.port, settings.username, settings.prefix) == (
+        "broker.lan",
+        8883,
+        "ops",
+        "site/v1",
+    )
+    assert settings.password_file == tmp_path / "secret"
+    assert settings.tls is not None
+    assert settings.tls.ca_file == tmp_path / "ca.pem"
+
+
+def test_flags_override_the_file(tmp_path: Path) -> None:
+    config = tmp_path / "mqtt.yaml"
+    config.write_text("host: a\nport: 1884\n")
+
+    settings = settings_from_args(
+        _args("-c", str(config), "--broker", "b:1999", "--prefix", "x/v1", "--tls-insecure")
+    )
+
+    assert (settings.host, settings.port, settings.prefix) == ("b", 1999, "x/v1")
+    assert settings.tls is not None
+    assert settings.tls.insecure
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [("h", ("h", None)), ("h:1", ("h", 1)), ("[::1]:8883", ("::1", 8883)), ("::1", ("::1", None))],
+)
+def test_parse_broker(value: str, expected: tuple[str, int | None]) -> None:
+    assert parse_broker(value) == expected
+
+
+def test_bad_values_name_the_key() -> None:
+    with pytest.raises(ConfigError) as info:
+        settings_from_args(_args("--broker", "host:70000"))
+    assert any(p.startswith("mqtt.port") for p in info.value.problems)
+    with pytest.raises(ConfigError, match="not a number"):
+        settings_from_args(_args("--broker", "host:http"))

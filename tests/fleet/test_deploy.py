@@ -1,0 +1,168 @@
+"""FleetDeploy against a real mosquitto, with a plain paho probe playing the devices.
+
+The probe shares no code with the fleet side: it reads the retained manifests as a device would and
+publishes job states and command replies by hand, so each of the deploy's rules is checked alone
+(signing per device, following states, dropping repeats, reading a missed end with ``status``).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from agent.delivery.errors import UnsignedError, WrongDeviceError
+from agent.delivery.manifest import parse_signed
+from agent.fleet.deploy import DeployPlan, FleetDeploy, new_job_id, next_sequence
+from agent.fleet.keys import KeyPairFiles, load_signing_key, write_keypair
+from agent.protocol.messages import CommandReply, JobState, JobStatus, encode
+from agent.protocol.topics import Topics
+from agent.signing import load_public_key
+from tests.broker import Broker
+from tests.fleet.support import operator_settings, tiny_model, unique_prefix
+from tests.mqtt_probe import Probe
+
+
+@pytest.fixture
+def prefix() -> str:
+    return unique_prefix()
+
+
+@pytest.fixture
+def probe(broker: Broker) -> Iterator[Probe]:
+    with Probe(broker.host, broker.port) as p:
+        yield p
+
+
+@pytest.fixture
+def keys(tmp_path: Path) -> KeyPairFiles:
+    return write_keypair(tmp_path / "keys", "ops")
+
+
+def _plan(tmp_path: Path, *devices: str) -> DeployPlan:
+    return DeployPlan(
+        model=tiny_model(tmp_path / "m.onnx"), devices=devices, slot="cls", version="7", chunk_size=4096
+    )
+
+
+def _status(deploy: FleetDeploy, state: JobState, **fields: object) -> bytes:
+    return encode(JobStatus(job_id=deploy.job_id, slot="cls", state=state, **fields))
+
+
+def test_each_device_gets_its_own_signed_retained_manifest(
+    tmp_path: Path, broker: Broker, prefix: str, keys: KeyPairFiles
+) -> None:
+    settings = operator_settings(broker, prefix)
+    deploy = FleetDeploy(
+        settings,
+        _plan(tmp_path, "a", "b"),
+        signing_key=load_signing_key(keys.private),
+        key_id="ops",
+        serve=False,
+    )
+    with deploy:
+        pass  # publishing is all this test needs; the manifests stay retained after stop()
+    trusted = {"ops": load_public_key(keys.public)}
+    with Probe(broker.host, broker.port) as late:
+        late.subscribe(f"{prefix}/+/down/desired/cls")
+        retained = late.wait_for(lambda ms: len(ms) >= 2, timeout=5)
+    by_device = {m.topic.split("/")[2]: m for m in retained}
+    assert set(by_device) == {"a", "b"}
+    assert all(m.retain for m in retained)
+    manifest = parse_signed(by_device["a"].payload, trusted, True, "a")
+    assert (manifest.device, manifest.job_id, manifest.sequence) == ("a", deploy.job_id, deploy.sequence)
+    assert manifest.sha256 == deploy.manifest.sha256
+    with pytest.raises(WrongDeviceError):
+        parse_signed(by_device["b"].payload, trusted, True, "a")
+
+
+def test_unsigned_deploy_is_refused_where_signatures_are_required(tmp_path: Path, broker: Broker) -> None:
+    deploy = FleetDeploy(operator_settings(broker, unique_prefix()), _plan(tmp_path, "a"), serve=False)
+    assert not deploy.signed
+    assert parse_signed(deploy.payloads["a"], {}, False, "a").job_id == deploy.job_id
+    with pytest.raises(UnsignedError):
+        parse_signed(deploy.payloads["a"], {}, True, "a")
+
+
+def test_later_deploys_outrank_earlier_ones() -> None:
+    sequences = [next_sequence() for _ in range(100)]
+    assert sequences == sorted(set(sequences))
+    assert new_job_id("m", "1") != new_job_id("m", "1")
+    assert new_job_id("a/../b", "v 1").count("/") == 0
+
+
+def test_states_are_followed_repeats_dropped_and_nothing_undoes_the_end(
+    tmp_path: Path, broker: Broker, prefix: str, probe: Probe
+) -> None:
+    seen: list[list[JobState]] = []
+    deploy = FleetDeploy(
+        operator_settings(broker, prefix),
+        _plan(tmp_path, "dev"),
+        serve=False,
+        on_change=lambda ps: seen.append(list(ps[0].history)),
+    ).start()
+    jobs = Topics(prefix, "dev").jobs(deploy.job_id)
+    try:
+        probe.publish(jobs, _status(deploy, JobState.QUEUED))
+        downloading = _status(deploy, JobState.DOWNLOADING, bytes_done=4096, bytes_total=deploy.manifest.size)
+        probe.publish(jobs, downloading)
+        probe.publish(jobs, downloading)  # a QoS 1 repeat: same msg_id
+        probe.publish(Topics(prefix, "dev").jobs("another-job"), _status(deploy, JobState.FAILED))
+        assert not deploy.wait(0.5).finished
+        assert deploy.snapshot()[0].bytes_done == 4096
+        probe.publish(jobs, _status(deploy, JobState.ACTIVE))
+        probe.publish(jobs, _status(deploy, JobState.DOWNLOADING))  # late echo after the end
+        outcome = deploy.wait(5)
+        deploy.poll(0.3)
+    finally:
+        deploy.stop()
+    assert outcome.ok
+    assert outcome.devices["dev"].history == [JobState.QUEUED, JobState.DOWNLOADING, JobState.ACTIVE]
+    assert deploy.snapshot()[0].state is JobState.ACTIVE
+    assert seen, "on_change was never called"
+
+
+def test_a_missed_final_state_is_read_with_the_status_command(
+    tmp_path: Path, broker: Broker, prefix: str, probe: Probe
+) -> None:
+    topics = Topics(prefix, "dev")
+    probe.subscribe(topics.cmd("status"))
+    deploy = FleetDeploy(
+        operator_settings(broker, prefix), _plan(tmp_path, "dev"), serve=False, status_poll_s=0.2
+    ).start()
+    answered = threading.Event()
+
+    def device() -> None:
+        request = probe.wait_for_count(topics.cmd("status"), 1, timeout=10)[0]
+        record = {"job_id": deploy.job_id, "state": "REJECTED", "error_code": "bad_onnx"}
+        reply = CommandReply(
+            command="status", ok=True, result={"delivery": {"slots": {"cls": {"last_job": record}}}}
+        )
+        probe.publish(request.response_topic or "", encode(reply), correlation_data=request.correlation_data)
+        answered.set()
+
+    thread = threading.Thread(target=device, daemon=True)
+    thread.start()
+    try:
+        outcome = deploy.wait(10)
+    finally:
+        deploy.stop()
+    thread.join(5)
+    assert answered.is_set()
+    assert json.loads(probe.on_topic(topics.cmd("status"))[0].payload)["args"] == {}
+    progress = outcome.devices["dev"]
+    assert (progress.state, progress.error_code) == (JobState.REJECTED, "bad_onnx")
+    assert "dev: REJECTED bad_onnx" in outcome.failures()[0]
+
+
+def test_a_silent_device_is_reported_unfinished(tmp_path: Path, broker: Broker, prefix: str) -> None:
+    with FleetDeploy(operator_settings(broker, prefix), _plan(tmp_path, "ghost"), serve=False) as deploy:
+        outcome = deploy.wait(0.5)
+    assert not outcome.finished
+    assert not outcome.ok
+    assert outcome.failures() == [
+        "ghost: no final state (no job status received); the manifest stays retained for it"
+    ]

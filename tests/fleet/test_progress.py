@@ -1,0 +1,58 @@
+"""The deploy's progress display: one line per change when piped, a redraw on a terminal."""
+
+from __future__ import annotations
+
+import io
+
+from agent.fleet.deploy import DeviceProgress
+from agent.fleet.progress import ProgressView, progress_line
+from agent.protocol.messages import JobState
+
+
+def _p(device: str, state: JobState | None, history: list[JobState], **fields: object) -> DeviceProgress:
+    return DeviceProgress(device, bytes_total=1000, state=state, history=history, **fields)  # type: ignore[arg-type]
+
+
+def test_piped_output_has_a_line_per_state_including_those_passed_between_polls() -> None:
+    out = io.StringIO()
+    view = ProgressView(out, tty=False)
+    view.update([_p("jet-1", None, [])])
+    view.update([_p("jet-1", JobState.DOWNLOADING, [JobState.QUEUED, JobState.DOWNLOADING], bytes_done=400)])
+    view.update([_p("jet-1", JobState.DOWNLOADING, [JobState.QUEUED, JobState.DOWNLOADING], bytes_done=450)])
+    history = [
+        JobState.QUEUED,
+        JobState.DOWNLOADING,
+        JobState.VERIFYING,
+        JobState.BUILDING,
+        JobState.REJECTED,
+    ]
+    view.update([_p("jet-1", JobState.REJECTED, history, error_code="bad_onnx", error="truncated")])
+
+    lines = out.getvalue().splitlines()
+    assert [line.split()[1] for line in lines] == [
+        "waiting",
+        "QUEUED",
+        "DOWNLOADING",
+        "VERIFYING",
+        "BUILDING",
+        "REJECTED",
+    ]
+    assert "40%" in lines[2]
+    assert lines[-1].endswith("bad_onnx: truncated")
+
+
+def test_terminal_output_redraws_every_device_in_place() -> None:
+    out = io.StringIO()
+    view = ProgressView(out, tty=True, min_interval_s=0.0)
+    devices = [_p("a", JobState.QUEUED, [JobState.QUEUED]), _p("bb", None, [])]
+    view.update(devices)
+    view.update(devices)
+    text = out.getvalue()
+    assert text.count("\x1b[2F") == 1  # back up two lines before the second drawing
+    assert text.count("\n") == 4
+
+
+def test_download_progress_uses_served_bytes_when_ahead_of_the_report() -> None:
+    p = _p("a", JobState.DOWNLOADING, [JobState.DOWNLOADING], bytes_done=100, served=600)
+    assert p.fraction == 0.6
+    assert " 60%" in progress_line(p)
