@@ -140,9 +140,11 @@ class DemoFiles:
         return self.models.labels[self.truth[(frame_index // self.hold) % len(self.truth)]]
 
 
-def demo_config(files: DemoFiles) -> dict[str, Any]:
+def demo_config(files: DemoFiles, detector_version: str = "1") -> dict[str, Any]:
     """The agent config the demo runs: a video stream on the classifier, a synthetic camera on the
-    detector; the classifier starts on its factory model and trusts the demo's signing key."""
+    detector; the classifier starts on its factory model and trusts the demo's signing key.
+    ``detector_version`` "2" points the detector slot at its second model (the SIGHUP hot-swap)."""
+    detector = files.detector if detector_version == "1" else detector_v2(files.workdir)
     return {
         "device_id": DEVICE,
         "state_dir": str(files.workdir / "state"),
@@ -157,9 +159,9 @@ def demo_config(files: DemoFiles) -> dict[str, Any]:
                 "postprocess": {"type": "classification", "top_k": 3, "labels": files.models.labels},
             },
             "detector": {
-                "model": str(files.detector),
+                "model": str(detector),
                 "model_id": "toy-detector",
-                "version": "1",
+                "version": detector_version,
                 "preprocess": {"width": 320, "height": 320, "resize": "letterbox"},
                 "postprocess": {"type": "detection", "format": "yolov8", "labels": ["circle", "box", "text"]},
             },
@@ -179,6 +181,11 @@ def demo_config(files: DemoFiles) -> dict[str, Any]:
         "telemetry": {"interval_s": 5},
         "logging": {"format": "console", "level": "warning"},
     }
+
+
+def detector_v2(workdir: Path) -> Path:
+    """The detector's second version, swapped in by rewriting the config and sending SIGHUP."""
+    return workdir / "detector-v2.onnx"
 
 
 @dataclass
@@ -248,6 +255,7 @@ def run_demo(duration: float | None = 30.0, workdir: Path | None = None) -> int:
     print(f"edge-agent demo: files in {workdir}")
     models = demo_models(workdir)
     detector = write_detector(workdir / "detector.onnx", input_size=320, num_classes=3, seed=0)
+    write_detector(detector_v2(workdir), input_size=320, num_classes=3, seed=1)
     hold = 8
     video, truth = write_shapes_video(workdir / "lobby.avi", hold=hold)
     which = (
@@ -355,6 +363,8 @@ def _watch(
     start = time.monotonic()
     first_at = 1.0  # the manifest is retained: the agent gets it whenever it connects
     second_at = (duration or 30.0) * 0.45
+    sighup_at = (duration or 30.0) * 0.75
+    reloaded = False
     deploys: list[_DemoDeploy] = []
     last_print: dict[str, float] = {}
     try:
@@ -367,6 +377,15 @@ def _watch(
                 deploys.append(_DemoDeploy(files, settings, files.models.v1, "1", start))
             elif len(deploys) == 1 and deploys[0].done and elapsed >= second_at:
                 deploys.append(_DemoDeploy(files, settings, files.models.v2, "2", start))
+            if not reloaded and elapsed >= sighup_at:
+                files.config_path.write_text(yaml.safe_dump(demo_config(files, detector_version="2")))
+                daemon.send_signal(signal.SIGHUP)
+                reloaded = True
+                print(
+                    "\n  >>> rewrote the config to detector v2 and sent SIGHUP (systemctl reload): "
+                    "hot-swap\n",
+                    flush=True,
+                )
             for deploy in deploys:
                 if deploy.poll(ledger):
                     print("", flush=True)
@@ -443,6 +462,10 @@ def _verdict(ledger: DemoLedger, code: int) -> int:
         if stream == "lobby":
             print(f"    lobby frames lost        {missing} (duplicates {dupes})")
             ok = ok and missing == 0 and dupes == 0 and len(ledger.versions[stream]) >= 3
+        if stream == "gate":
+            swapped = [v for _i, v in ledger.versions[stream]] == ["1", "2"]
+            print(f"    gate SIGHUP hot-swap     {'v1 -> v2' if swapped else 'did not happen'}")
+            ok = ok and swapped
     for version, (frames, correct) in ledger.scored.items():
         share = 100.0 * correct / max(frames, 1)
         print(f"    lobby top-1 = video      v{version}: {correct}/{frames} ({share:.0f}%)")
