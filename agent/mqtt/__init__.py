@@ -1,6 +1,5 @@
-"""The MQTT link. The only package that imports paho."""
+"""The MQTT link and clients. The only package that imports paho.
 
-from agent.mqtt.inbox import InboundMessage
-from agent.mqtt.link import MqttLink, PublishProperties
-
-__all__ = ["InboundMessage", "MqttLink", "PublishProperties"]
+Import from the modules (``agent.mqtt.link``, ``agent.mqtt.settings``, ...): this package file stays
+empty so that reading the configuration (``agent.mqtt.settings``) does not load paho.
+"""

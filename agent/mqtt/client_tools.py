@@ -18,7 +18,6 @@ paho traps handled here (see docs/protocol.md and the link's module docstring):
 from __future__ import annotations
 
 import random
-import ssl
 import threading
 import uuid
 from collections.abc import Callable
@@ -26,13 +25,13 @@ from typing import Any
 
 import paho.mqtt.client as paho
 import structlog
-from paho.mqtt.enums import CallbackAPIVersion, MQTTErrorCode
+from paho.mqtt.enums import MQTTErrorCode
 
 from agent.errors import TransportError
+from agent.mqtt.clients import new_client
 from agent.mqtt.inbox import STOP, InboundMessage, Inbox
 from agent.mqtt.link import PublishProperties
 from agent.mqtt.settings import MqttSettings
-from agent.mqtt.sockets import disable_nagle
 
 log = structlog.get_logger(__name__)
 
@@ -80,21 +79,7 @@ class ServiceClient:
 
     def _make_client(self, max_inflight: int) -> paho.Client:
         s = self.settings
-        client = paho.Client(CallbackAPIVersion.VERSION2, client_id=self.client_id, protocol=paho.MQTTv5)
-        if s.tls is not None:
-            try:
-                client.tls_set(
-                    ca_certs=str(s.tls.ca_file) if s.tls.ca_file else None,
-                    certfile=str(s.tls.cert_file) if s.tls.cert_file else None,
-                    keyfile=str(s.tls.key_file) if s.tls.key_file else None,
-                    cert_reqs=ssl.CERT_REQUIRED,
-                )
-            except (OSError, ValueError) as exc:
-                raise TransportError(f"cannot load the MQTT TLS files ({exc}); check the paths") from exc
-            client.tls_insecure_set(s.tls.insecure)
-        if s.username is not None:
-            password = s.password_file.read_text().strip() if s.password_file is not None else None
-            client.username_pw_set(s.username, password)
+        client = new_client(s, self.client_id)
         client.max_inflight_messages_set(max_inflight)
         first = random.uniform(s.reconnect_min_s, 2 * s.reconnect_min_s)
         client.reconnect_delay_set(first, max(first, s.reconnect_max_s))  # type: ignore[arg-type]  # floats work
@@ -103,14 +88,9 @@ class ServiceClient:
         client.on_publish = self._cb_publish
         client.on_subscribe = self._cb_subscribe
         client.on_message = self._cb_message
-        client.on_socket_open = self._cb_socket_open
         return client
 
     # -- paho callbacks: record and return, never raise ---------------------------------------------
-
-    def _cb_socket_open(self, client: Any, userdata: Any, sock: Any) -> None:
-        if not disable_nagle(sock):
-            self.callback_errors += 1
 
     def _cb_connect(self, client: Any, userdata: Any, flags: Any, reason_code: Any, props: Any) -> None:
         try:
@@ -160,16 +140,7 @@ class ServiceClient:
 
     def _cb_message(self, client: Any, userdata: Any, msg: Any) -> None:
         try:
-            props = getattr(msg, "properties", None)
-            message = InboundMessage(
-                topic=msg.topic,
-                payload=bytes(msg.payload),
-                qos=int(msg.qos),
-                retain=bool(msg.retain),
-                response_topic=getattr(props, "ResponseTopic", None),
-                correlation_data=getattr(props, "CorrelationData", None),
-                user_properties=tuple(tuple(p) for p in getattr(props, "UserProperty", None) or ()),
-            )
+            message = InboundMessage.from_paho(msg)
             if not self._inbox.offer(message):
                 self.inbox_dropped += 1
         except Exception:  # noqa: BLE001

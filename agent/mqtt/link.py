@@ -30,16 +30,16 @@ from typing import Any, Literal
 
 import paho.mqtt.client as paho
 import structlog
-from paho.mqtt.enums import CallbackAPIVersion, MQTTErrorCode
+from paho.mqtt.enums import MQTTErrorCode
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from pydantic import BaseModel
 
-from agent.errors import ConfigError, TransportError
+from agent.errors import TransportError
 from agent.mqtt.backoff import reconnect_delay
+from agent.mqtt.clients import new_client
 from agent.mqtt.inbox import STOP, Connected, InboundMessage, Inbox
 from agent.mqtt.settings import MqttSettings
-from agent.mqtt.sockets import disable_nagle
 from agent.protocol.messages import StatusMessage, encode
 from agent.spool import Spool
 
@@ -170,35 +170,10 @@ class MqttLink:
 
     def _make_client(self) -> paho.Client:
         s = self.settings
-        client = paho.Client(CallbackAPIVersion.VERSION2, client_id=self.client_id, protocol=paho.MQTTv5)
-        if s.tls is not None:
-            try:
-                client.tls_set(
-                    ca_certs=str(s.tls.ca_file) if s.tls.ca_file else None,
-                    certfile=str(s.tls.cert_file) if s.tls.cert_file else None,
-                    keyfile=str(s.tls.key_file) if s.tls.key_file else None,
-                )
-            except (OSError, ValueError) as exc:
-                raise ConfigError(
-                    f"mqtt.tls: cannot load the CA/certificate/key ({exc}); check the paths and that "
-                    "the key matches the certificate"
-                ) from exc
-            client.tls_insecure_set(s.tls.insecure)
-        if s.username is not None:
-            password = None
-            if s.password_file is not None:
-                try:
-                    password = s.password_file.read_text().strip()
-                except OSError as exc:
-                    raise ConfigError(
-                        f"mqtt.password_file: cannot read {s.password_file} ({exc}); the file must be "
-                        "readable by the agent's user"
-                    ) from exc
-            client.username_pw_set(s.username, password)
+        client = new_client(s, self.client_id)
         # paho's own queue holds non-durable QoS 1 while offline; our durable window comes on top.
         client.max_queued_messages_set(s.max_queued + s.max_inflight)
         client.max_inflight_messages_set(s.max_inflight)
-        client.on_socket_open = _on_socket_open
         client.on_connect = self._cb_connect
         client.on_disconnect = self._cb_disconnect
         client.on_publish = self._cb_publish
@@ -248,16 +223,7 @@ class MqttLink:
 
     def _cb_message(self, client: Any, userdata: Any, msg: Any) -> None:
         try:
-            props = getattr(msg, "properties", None)
-            message = InboundMessage(
-                topic=msg.topic,
-                payload=bytes(msg.payload),
-                qos=int(msg.qos),
-                retain=bool(msg.retain),
-                response_topic=getattr(props, "ResponseTopic", None),
-                correlation_data=getattr(props, "CorrelationData", None),
-                user_properties=tuple(tuple(p) for p in getattr(props, "UserProperty", None) or ()),
-            )
+            message = InboundMessage.from_paho(msg)
             if not self._inbox.offer(message):
                 self._events.put(("inbox_dropped", message.topic))
         except Exception as exc:  # noqa: BLE001
@@ -620,7 +586,3 @@ class MqttLink:
         except Exception as exc:
             self._count("handler_errors")
             log.exception("mqtt.handler.failed", target=what, error=repr(exc))
-
-
-def _on_socket_open(_client: paho.Client, _userdata: object, sock: object) -> None:
-    disable_nagle(sock)

@@ -7,16 +7,15 @@ a viewer, not a device. Messages arrive on a bounded queue; paho's callbacks onl
 from __future__ import annotations
 
 import queue
-import ssl
 import uuid
 from collections.abc import Iterable
 
 import paho.mqtt.client as mqtt
-from paho.mqtt.enums import CallbackAPIVersion
 from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
 
 from agent.errors import TransportError
+from agent.mqtt.clients import new_client
 from agent.mqtt.settings import MqttSettings
 
 #: Arrived message as (topic, payload, retained).
@@ -37,23 +36,7 @@ class Observer:
         self._filters = list(filters)
         self._queue: queue.Queue[Arrival] = queue.Queue(maxsize)
         self.overflow = 0
-        self._client = mqtt.Client(
-            CallbackAPIVersion.VERSION2,
-            client_id=client_id or f"observer-{uuid.uuid4().hex[:8]}",
-            protocol=mqtt.MQTTv5,
-        )
-        if settings.tls is not None:
-            tls = settings.tls
-            self._client.tls_set(
-                ca_certs=str(tls.ca_file) if tls.ca_file else None,
-                certfile=str(tls.cert_file) if tls.cert_file else None,
-                keyfile=str(tls.key_file) if tls.key_file else None,
-                cert_reqs=ssl.CERT_REQUIRED,
-            )
-            self._client.tls_insecure_set(tls.insecure)
-        if settings.username:
-            password = settings.password_file.read_text().rstrip("\n") if settings.password_file else None
-            self._client.username_pw_set(settings.username, password)
+        self._client = new_client(settings, client_id or f"observer-{uuid.uuid4().hex[:8]}")
         self._client.on_connect = self._on_connect
         self._client.on_message = self._on_message
         self._settings = settings

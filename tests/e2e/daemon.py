@@ -15,8 +15,20 @@ import yaml
 
 from agent.demo import write_demo_video
 from agent.modelzoo import write_classifier
+from agent.protocol.messages import ResultMessage, decode
+from tests.mqtt_probe import Received
 
 REPO = Path(__file__).resolve().parents[2]
+
+
+def unique_results(messages: list[Received], topic: str) -> list[ResultMessage]:
+    """Results on ``topic`` by frame index, duplicates (same msg_id: a QoS 1 resend) removed."""
+    seen: dict[str, ResultMessage] = {}
+    for m in messages:
+        if m.topic == topic:
+            result = decode(ResultMessage, m.payload)
+            seen.setdefault(result.msg_id, result)
+    return sorted(seen.values(), key=lambda r: r.frame_index)
 
 
 class AgentFiles:

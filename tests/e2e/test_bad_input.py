@@ -22,10 +22,10 @@ from agent.delivery.manifest import DeployManifest, build_manifest
 from agent.fleet.chunks import ChunkServer
 from agent.modelzoo import write_classifier
 from agent.mqtt.settings import MqttSettings
-from agent.protocol.messages import JobStatus, ResultMessage, decode
+from agent.protocol.messages import JobStatus, decode
 from agent.signing import generate_keypair, private_key_from_bytes, sign
 from tests.broker import Broker
-from tests.e2e.daemon import AgentFiles, Daemon
+from tests.e2e.daemon import AgentFiles, Daemon, unique_results
 from tests.mqtt_probe import Probe, Received
 
 pytestmark = pytest.mark.slow
@@ -192,12 +192,7 @@ def test_bad_deployments_are_rejected_and_cost_nothing(tmp_path: Path, broker: B
         state, error_code, error = codes[job_id]
         assert (state, error_code) == ("REJECTED", expected), (job_id, error)
         assert error
-    results = sorted(
-        {
-            r.msg_id: r for r in (decode(ResultMessage, m.payload) for m in probe.on_topic(results_topic))
-        }.values(),
-        key=lambda r: r.frame_index,
-    )
+    results = unique_results(probe.snapshot(), results_topic)
     assert [r.frame_index for r in results] == list(range(len(results))), "results had a gap"
     assert {r.model.version for r in results} <= {"1", "good-1"}
     assert results[-1].model.version == "good-1"

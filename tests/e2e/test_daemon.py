@@ -13,20 +13,10 @@ import pytest
 
 from agent.protocol.messages import InfoMessage, ResultMessage, StatusMessage, decode
 from tests.broker import Broker
-from tests.e2e.daemon import AgentFiles, Daemon
-from tests.mqtt_probe import Probe, Received
+from tests.e2e.daemon import AgentFiles, Daemon, unique_results
+from tests.mqtt_probe import Probe
 
 pytestmark = pytest.mark.slow
-
-
-def _results(messages: list[Received], topic: str) -> list[ResultMessage]:
-    """Results on ``topic``, duplicates (same msg_id, e.g. a QoS1 resend) removed."""
-    seen: dict[str, ResultMessage] = {}
-    for m in messages:
-        if m.topic == topic:
-            result = decode(ResultMessage, m.payload)
-            seen.setdefault(result.msg_id, result)
-    return sorted(seen.values(), key=lambda r: r.frame_index)
 
 
 def _indices(results: list[ResultMessage]) -> list[int]:
@@ -52,13 +42,13 @@ def test_every_frame_one_result_then_clean_exit(
     daemon = Daemon(files.write_config(), tmp_path / "agent.log")
     topic = f"fleet/v1/{device_id}/up/results/cam"
     try:
-        probe.wait_for(lambda ms: len(_results(ms, topic)) >= files.frames, timeout=60)
+        probe.wait_for(lambda ms: len(unique_results(ms, topic)) >= files.frames, timeout=60)
         info = [m for m in probe.snapshot() if m.topic.endswith("/up/info")]
         telemetry = probe.wait_for_count(f"fleet/v1/{device_id}/up/telemetry", 1, timeout=10)
     finally:
         code = daemon.stop()
     assert code == 0, daemon.log()[-2000:]
-    results = _results(probe.snapshot(), topic)
+    results = unique_results(probe.snapshot(), topic)
     assert _indices(results) == list(range(files.frames))
     first = results[0]
     assert first.model.model_id == "cls"
@@ -88,14 +78,16 @@ def test_sighup_hot_swap_loses_no_frame(tmp_path: Path, broker: Broker, device_i
     daemon = Daemon(files.write_config(stream=stream), tmp_path / "agent.log")
     topic = f"fleet/v1/{device_id}/up/results/cam"
     try:
-        probe.wait_for(lambda ms: len(_results(ms, topic)) >= 20, timeout=60)
+        probe.wait_for(lambda ms: len(unique_results(ms, topic)) >= 20, timeout=60)
         files.write_config(model=files.v2, version="2", stream=stream)
         daemon.signal(signal.SIGHUP)
-        probe.wait_for(lambda ms: sum(r.model.version == "2" for r in _results(ms, topic)) >= 20, timeout=60)
+        probe.wait_for(
+            lambda ms: sum(r.model.version == "2" for r in unique_results(ms, topic)) >= 20, timeout=60
+        )
     finally:
         code = daemon.stop()
     assert code == 0, daemon.log()[-2000:]
-    results = _results(probe.snapshot(), topic)
+    results = unique_results(probe.snapshot(), topic)
     indices = _indices(results)
     assert indices == list(range(len(indices))), "a frame index is missing or repeated"
     versions = [r.model.version for r in results]
@@ -115,17 +107,17 @@ def test_bad_model_on_reload_keeps_old_one_serving(
     daemon = Daemon(files.write_config(stream=stream), tmp_path / "agent.log")
     topic = f"fleet/v1/{device_id}/up/results/cam"
     try:
-        probe.wait_for(lambda ms: len(_results(ms, topic)) >= 10, timeout=60)
+        probe.wait_for(lambda ms: len(unique_results(ms, topic)) >= 10, timeout=60)
         files.write_config(model=broken, version="2", stream=stream)
         daemon.signal(signal.SIGHUP)
         failure = daemon.wait_for_event("slot.swap.rejected")
-        count = len(_results(probe.snapshot(), topic))
-        probe.wait_for(lambda ms: len(_results(ms, topic)) >= count + 15, timeout=30)
+        count = len(unique_results(probe.snapshot(), topic))
+        probe.wait_for(lambda ms: len(unique_results(ms, topic)) >= count + 15, timeout=30)
     finally:
         code = daemon.stop()
     assert code == 0
     assert "broken.onnx" in failure["error"]
-    results = _results(probe.snapshot(), topic)
+    results = unique_results(probe.snapshot(), topic)
     assert {r.model.version for r in results} == {"1"}
     assert _indices(results) == list(range(len(results)))
     state = json.loads((tmp_path / "state" / "state.json").read_text())
@@ -140,12 +132,12 @@ def test_invalid_config_on_reload_changes_nothing(
     daemon = Daemon(files.write_config(stream=stream), tmp_path / "agent.log")
     topic = f"fleet/v1/{device_id}/up/results/cam"
     try:
-        probe.wait_for(lambda ms: len(_results(ms, topic)) >= 5, timeout=60)
+        probe.wait_for(lambda ms: len(unique_results(ms, topic)) >= 5, timeout=60)
         files.config_path.write_text(files.config_path.read_text() + "\nbogus_key: 1\n")
         daemon.signal(signal.SIGHUP)
         event = daemon.wait_for_event("config.reload.invalid")
-        count = len(_results(probe.snapshot(), topic))
-        probe.wait_for(lambda ms: len(_results(ms, topic)) >= count + 10, timeout=30)
+        count = len(unique_results(probe.snapshot(), topic))
+        probe.wait_for(lambda ms: len(unique_results(ms, topic)) >= count + 10, timeout=30)
     finally:
         code = daemon.stop()
     assert code == 0
@@ -168,17 +160,17 @@ def test_broker_restart_loses_no_durable_result(
     probe.subscribe(topic)
     daemon = Daemon(config, tmp_path / "agent.log")
     try:
-        probe.wait_for(lambda ms: len(_results(ms, topic)) >= 15, timeout=60)
+        probe.wait_for(lambda ms: len(unique_results(ms, topic)) >= 15, timeout=60)
         broker.stop()
         time.sleep(1.5)  # the agent keeps producing; its results go to the spool
         broker.start()
-        probe.wait_for(lambda ms: len(_results(ms, topic)) >= files.frames, timeout=60)
+        probe.wait_for(lambda ms: len(unique_results(ms, topic)) >= files.frames, timeout=60)
     finally:
         code = daemon.stop()
         probe.close()
     assert code == 0, daemon.log()[-2000:]
     received = [m for m in probe.snapshot() if m.topic == topic]
-    results = _results(received, topic)
+    results = unique_results(received, topic)
     assert _indices(results) == list(range(files.frames))
     assert len(received) >= len(results)  # duplicates are allowed; dedupe by msg_id leaves exactly one each
 
@@ -194,15 +186,15 @@ def test_restart_comes_back_on_last_known_good(
     daemon = Daemon(files.write_config(model=copy, version="2", stream=stream), tmp_path / "agent-1.log")
     topic = f"fleet/v1/{device_id}/up/results/cam"
     try:
-        probe.wait_for(lambda ms: len(_results(ms, topic)) >= 3, timeout=60)
+        probe.wait_for(lambda ms: len(unique_results(ms, topic)) >= 3, timeout=60)
     finally:
         assert daemon.stop() == 0
     files.write_config(model=tmp_path / "missing.onnx", version="3", stream=stream)
     probe.clear()
     daemon = Daemon(files.config_path, tmp_path / "agent-2.log")
     try:
-        probe.wait_for(lambda ms: len(_results(ms, topic)) >= 3, timeout=60)
+        probe.wait_for(lambda ms: len(unique_results(ms, topic)) >= 3, timeout=60)
     finally:
         assert daemon.stop() == 0
-    versions = {r.model.version for r in _results(probe.snapshot(), topic)}
+    versions = {r.model.version for r in unique_results(probe.snapshot(), topic)}
     assert versions == {"2"}

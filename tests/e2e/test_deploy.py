@@ -25,10 +25,10 @@ from agent.fleet.deploy import DeployOutcome, DeployPlan, FleetDeploy
 from agent.fleet.keys import KeyPairFiles, load_signing_key, write_keypair
 from agent.fsutil import sha256_file
 from agent.mqtt.settings import MqttSettings
-from agent.protocol.messages import InfoMessage, JobState, JobStatus, ResultMessage, decode
+from agent.protocol.messages import InfoMessage, JobState, JobStatus, decode
 from agent.protocol.topics import Topics
 from tests.broker import Broker
-from tests.e2e.daemon import REPO, AgentFiles, Daemon
+from tests.e2e.daemon import REPO, AgentFiles, Daemon, unique_results
 from tests.mqtt_probe import Probe, Received
 
 pytestmark = pytest.mark.slow
@@ -46,19 +46,9 @@ HAPPY_PATH = [
 # -- helpers -----------------------------------------------------------------------------------------
 
 
-def _results(messages: list[Received], topic: str) -> list[ResultMessage]:
-    """Results on ``topic`` by frame index, duplicates (same msg_id: a QoS 1 resend) removed."""
-    seen: dict[str, ResultMessage] = {}
-    for m in messages:
-        if m.topic == topic:
-            result = decode(ResultMessage, m.payload)
-            seen.setdefault(result.msg_id, result)
-    return sorted(seen.values(), key=lambda r: r.frame_index)
-
-
 def _count_version(version: str, topic: str) -> Callable[[list[Received]], bool]:
     def enough(messages: list[Received]) -> bool:
-        return sum(r.model.version == version for r in _results(messages, topic)) >= 10
+        return sum(r.model.version == version for r in unique_results(messages, topic)) >= 10
 
     return enough
 
@@ -181,7 +171,7 @@ def test_deploy_switches_results_without_a_gap_and_survives_a_restart(
     assert slot.last_job == outcome.job_id
     assert daemon.stop() == 0, daemon.log()[-3000:]
 
-    results = _results(probe.snapshot(), topic.results("cam"))
+    results = unique_results(probe.snapshot(), topic.results("cam"))
     indices = [r.frame_index for r in results]
     assert indices == list(range(len(indices))), "a result frame is missing or repeated"
     versions = [r.model.version for r in results]
@@ -193,9 +183,9 @@ def test_deploy_switches_results_without_a_gap_and_survives_a_restart(
     # Restarted, the agent comes back on the deployed model, not the one its config names.
     probe.clear()
     restarted = fleet.start(files)
-    probe.wait_for(lambda ms: len(_results(ms, topic.results("cam"))) >= 5, timeout=60)
+    probe.wait_for(lambda ms: len(unique_results(ms, topic.results("cam"))) >= 5, timeout=60)
     assert restarted.stop() == 0
-    after = _results(probe.snapshot(), topic.results("cam"))
+    after = unique_results(probe.snapshot(), topic.results("cam"))
     assert {(r.model.version, r.model.sha256) for r in after} == {("2", sha256_file(files.v2))}
 
 
@@ -298,7 +288,7 @@ def test_rollback_command_returns_to_the_previous_model(
 
     probe.clear()
     probe.wait_for(_count_version("1", results), timeout=30)
-    assert {r.model.version for r in _results(probe.snapshot(), results)} == {"1"}
+    assert {r.model.version for r in unique_results(probe.snapshot(), results)} == {"1"}
     # Without a slot the command is refused with its error code, not ignored.
     refused = send_command(_settings(broker), device_id, "rollback", {}, timeout=10)
     assert (refused.ok, refused.error_code) == (False, "bad_args")
@@ -335,10 +325,10 @@ def test_bad_model_is_rejected_and_the_old_one_keeps_serving(
     rejected = decode(JobStatus, jobs[-1].payload)
     assert (rejected.state, rejected.error_code) == (JobState.REJECTED, "wrong_device")
 
-    count = len(_results(probe.snapshot(), topic.results("cam")))
-    probe.wait_for(lambda ms: len(_results(ms, topic.results("cam"))) >= count + 10, timeout=30)
+    count = len(unique_results(probe.snapshot(), topic.results("cam")))
+    probe.wait_for(lambda ms: len(unique_results(ms, topic.results("cam"))) >= count + 10, timeout=30)
     assert daemon.stop() == 0
-    results = _results(probe.snapshot(), topic.results("cam"))
+    results = unique_results(probe.snapshot(), topic.results("cam"))
     indices = [r.frame_index for r in results]
     assert indices == list(range(len(indices))), "a result frame is missing or repeated"
     assert {r.model.version for r in results} == {"1"}

@@ -12,9 +12,8 @@ import pytest
 import yaml
 
 from agent.datasets.shapes import generate
-from agent.protocol.messages import ResultMessage, decode
 from tests.broker import Broker
-from tests.e2e.daemon import REPO, Daemon
+from tests.e2e.daemon import REPO, Daemon, unique_results
 from tests.mqtt_probe import Probe
 
 pytestmark = pytest.mark.slow
@@ -91,10 +90,7 @@ def test_int8_from_live_frames_goes_live_past_the_guard(tmp_path: Path, broker: 
     assert guard["n"] >= 24
     assert guard["passed"] is (precision == "int8")
     assert effective["precision"] in ({"int8"} if precision == "int8" else {"fp16", "fp32"})
-    results = sorted(
-        {r.msg_id: r for r in (decode(ResultMessage, m.payload) for m in probe.on_topic(topic))}.values(),
-        key=lambda r: r.frame_index,
-    )
+    results = unique_results(probe.snapshot(), topic)
     indices = [r.frame_index for r in results]
     assert indices == list(range(len(indices))), "a frame was lost across the engine swap"
     assert results[-1].classes is not None

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from agent.mqtt import MqttLink
+from agent.mqtt.link import MqttLink
 from agent.mqtt.settings import MqttSettings
 from agent.spool import Spool
 from tests.broker import Broker

@@ -15,7 +15,7 @@ import structlog
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from agent.mqtt import MqttLink
+from agent.mqtt.link import MqttLink
 from agent.mqtt.settings import MqttSettings
 from agent.spool import Spool
 

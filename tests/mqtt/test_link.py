@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from agent.errors import TransportError
-from agent.mqtt import InboundMessage, PublishProperties
+from agent.mqtt.inbox import InboundMessage
+from agent.mqtt.link import PublishProperties
 from agent.protocol.messages import StatusMessage, decode
 from agent.spool import Spool
 from tests.broker import Broker, free_port
