@@ -359,13 +359,18 @@ class Agent:
         if spec is None or slot_config is None:
             return no_build(model, spec, reporter)
         preprocess = reporter.preprocess or slot_config.preprocess
+        steps = 0
+
+        def progress(message: str) -> None:
+            # The builder reports steps (plan, calibrate, build, cache), not a percentage: each step
+            # moves the job's BUILDING progress part of the way towards done.
+            nonlocal steps
+            steps += 1
+            reporter.progress(min(0.95, 1.0 - 0.7**steps))
+            log.info("engine.build.progress", slot=slot, message=message)
+
         prepared = self.engines.prepare(
-            slot,
-            model,
-            spec,
-            preprocess,
-            progress=lambda message: log.info("engine.build.progress", slot=slot, message=message),
-            cancel=reporter.cancel,
+            slot, model, spec, preprocess, progress=progress, cancel=reporter.cancel
         )
         reporter.progress(1.0)
         return BuildOutcome(

@@ -11,7 +11,11 @@ import cv2
 import pytest
 import yaml
 
+from agent.build.spec import BuildSpec
 from agent.datasets.shapes import generate
+from agent.fleet.deploy import DeployPlan, FleetDeploy
+from agent.mqtt.settings import MqttSettings
+from agent.protocol.messages import JobStatus, decode
 from tests.broker import Broker
 from tests.e2e.daemon import REPO, Daemon, unique_results
 from tests.mqtt_probe import Probe
@@ -140,3 +144,44 @@ def test_calibrate_command_stores_and_reuses(tmp_path: Path, broker: Broker) -> 
     # Different live frames give a different data hash: a new entry; the same key would be reused.
     assert second["ok"]
     assert [r.correlation_data for r in replies] == [b"c0", b"c1"]
+
+
+def test_deployment_with_an_int8_build_reports_requested_and_effective(
+    tmp_path: Path, broker: Broker
+) -> None:
+    """A manifest asking for INT8 calibrated on the live stream: BUILDING runs the guard, the job says so."""
+    device = f"dep8-{uuid.uuid4().hex[:8]}"
+    video = _shapes_video(tmp_path / "shapes.avi", 90)
+    config = yaml.safe_load(_config(tmp_path, broker.port, device, video, 0.8).read_text())
+    del config["slots"]["cls"]["build"]
+    config["delivery"] = {"require_signature": False}
+    path = tmp_path / "agent.yaml"
+    path.write_text(yaml.safe_dump(config))
+    spec = BuildSpec.model_validate(
+        {"precision": "int8", "device": "auto", "calibration": {"kind": "stream", "frames": 24}}
+    )
+    plan = DeployPlan(model=SHAPES, devices=(device,), slot="cls", version="8", model_id="shapes", build=spec)
+    jobs_topic = f"fleet/v1/{device}/up/jobs/+"
+    with Probe(broker.host, broker.port) as probe:
+        probe.subscribe(jobs_topic)
+        daemon = Daemon(path, tmp_path / "agent.log")
+        deploy = FleetDeploy(MqttSettings(host=broker.host, port=broker.port), plan)
+        try:
+            deploy.start()
+            outcome = deploy.wait(timeout=120)
+        finally:
+            deploy.stop()
+            code = daemon.stop()
+        statuses = [decode(JobStatus, m.payload) for m in probe.snapshot() if "/up/jobs/" in m.topic]
+    assert code == 0
+    assert outcome.ok, outcome
+    final = statuses[-1]
+    assert final.state.value == "ACTIVE"
+    assert final.requested is not None
+    assert final.requested["precision"] == "int8"
+    assert final.effective is not None
+    assert final.effective["precision"] == "int8"
+    assert final.effective["int8_guard"]["passed"] is True
+    assert "build" in final.timings_s
+    building = [s.progress for s in statuses if s.state.value == "BUILDING" and s.progress is not None]
+    assert building == sorted(building)
