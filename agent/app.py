@@ -157,8 +157,8 @@ class Agent:
         self.watchdog = Watchdog(self.notifier, self.stop_event)
         self.watchdog.add_check("frame_loop", self._frame_loop_alive)
         self.watchdog.add_check("mqtt_link", self.link.healthy)
-        self.watchdog.start()
         self.notifier.ready(status=self._status_line())
+        self.watchdog.start()  # after READY=1: systemd counts watchdog pings from then on
         log.info("agent.started", device=self.config.device_id, slots=list(self.slots), version=__version__)
 
     def _load_initial(self, name: str, slot_config: SlotConfig) -> None:

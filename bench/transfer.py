@@ -10,9 +10,15 @@ A 64 MB random model over a local mosquitto, for each chunk size (256 KiB and 1 
   and a new one resumes over the same partial directory; ``refetched_bytes`` is what the server
   sent beyond the model size (bound: one window of chunks).
 
-The operator side (publisher, chunk server) runs in a child process, as it would on another host.
+Raw and pull runs alternate (``--repeat`` times each after one warm-up run of both, same broker,
+same chunk size, same publishing client settings) and the medians are compared, so a burst of load
+from elsewhere on the machine does not decide the ratio. The operator side (publisher, chunk
+server) runs in a child process, as it would on another host.
 
-    .venv/bin/python bench/transfer.py [--size-mb 64] [--window 8]
+``--fsync-delay-ms`` adds a delay to every fdatasync of the device, emulating a slow disk (an SD
+card, a busy VM disk) on a fast one.
+
+    .venv/bin/python bench/transfer.py [--size-mb 64] [--window 32] [--repeat 5]
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ import json
 import logging
 import os
 import signal
-import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -37,7 +43,7 @@ import structlog
 from agent.delivery.manifest import DeployManifest, build_manifest
 from agent.delivery.settings import DeliveryConfig
 from agent.delivery.transfer import fetch_model
-from agent.fleet.chunks import ChunkServer
+from agent.fleet.chunks import DEFAULT_MAX_INFLIGHT, ChunkServer
 from agent.localbroker import Broker
 from agent.mqtt.client_tools import ServiceClient
 from agent.mqtt.inbox import InboundMessage
@@ -71,24 +77,29 @@ def _settings(port: int, prefix: str) -> MqttSettings:
 # -- child process: the operator side -----------------------------------------------------------
 
 
-def _child_raw(port: int, topic: str, model: Path, chunk_size: int) -> None:
-    """Publish the model in chunks at QoS 1 when told ``go``; print ``done`` when all are acked."""
-    client = ServiceClient(_settings(port, "bench"), client_id=f"raw-pub-{uuid.uuid4().hex[:6]}").start()
+def _child_raw(port: int, topic: str, model: Path, chunk_size: int, max_inflight: int) -> None:
+    """Publish the model in chunks at QoS 1 on each ``go``; print ``done`` when all are acked."""
+    client = ServiceClient(
+        _settings(port, "bench"),
+        client_id=f"raw-pub-{uuid.uuid4().hex[:6]}",
+        max_inflight=max_inflight,  # the chunk server's publishing window
+    ).start()
     data = model.read_bytes()
     print("ready", flush=True)
-    sys.stdin.readline()
-    for offset in range(0, len(data), chunk_size):
-        client.publish(topic, data[offset : offset + chunk_size], qos=1)
-    client.wait_published(120.0)
-    print("done", flush=True)
-    sys.stdin.readline()
+    for line in sys.stdin:
+        if line.strip() != "go":
+            break
+        for offset in range(0, len(data), chunk_size):
+            client.publish(topic, data[offset : offset + chunk_size], qos=1)
+        client.wait_published(120.0)
+        print("done", flush=True)
     client.stop()
 
 
-def _child_server(port: int, prefix: str, model: Path, manifest_file: Path) -> None:
+def _child_server(port: int, prefix: str, model: Path, manifest_file: Path, max_inflight: int) -> None:
     """Run a ChunkServer; answer ``stats`` lines with JSON; exit on ``quit``."""
     manifest = DeployManifest.model_validate_json(manifest_file.read_text())
-    server = ChunkServer(_settings(port, prefix), group="bench")
+    server = ChunkServer(_settings(port, prefix), group="bench", max_inflight=max_inflight)
     server.register(manifest, model, verify=False)
     server.start()
     print("ready", flush=True)
@@ -101,18 +112,32 @@ def _child_server(port: int, prefix: str, model: Path, manifest_file: Path) -> N
 
 def _child_pull(argv: list[str]) -> None:
     """A device process that pulls until it is killed (the kill-at-50% case)."""
-    port, prefix, device, state_dir, manifest_file, window, nodelay = argv
+    port, prefix, device, state_dir, manifest_file, window, fsync_delay_ms = argv
+    _slow_fsync(float(fsync_delay_ms))
     manifest = DeployManifest.model_validate_json(Path(manifest_file).read_text())
-    dev = _Device(int(port), prefix, device, Path(state_dir), nodelay == "1")
+    dev = _Device(int(port), prefix, device, Path(state_dir))
     dev.fetch(manifest, int(window))
     dev.close()
+
+
+def _slow_fsync(delay_ms: float) -> None:
+    """Emulate a slow disk: every fdatasync of this process takes ``delay_ms`` longer."""
+    if delay_ms <= 0:
+        return
+    real = os.fdatasync
+
+    def fdatasync(fd: Any) -> None:
+        real(fd)
+        time.sleep(delay_ms / 1000)
+
+    os.fdatasync = fdatasync
 
 
 # -- device side ---------------------------------------------------------------------------------
 
 
 class _Device:
-    def __init__(self, port: int, prefix: str, device_id: str, state_dir: Path, nodelay: bool) -> None:
+    def __init__(self, port: int, prefix: str, device_id: str, state_dir: Path) -> None:
         self.topics = Topics(prefix, device_id)
         self.part_dir = state_dir / "partial"
         self.spool = Spool(state_dir / "spool.sqlite")
@@ -129,11 +154,6 @@ class _Device:
             if time.monotonic() > deadline:
                 raise RuntimeError("device link did not connect")
             time.sleep(0.01)
-        if nodelay:
-            # Stand-in for the change proposed for MqttLink (TCP_NODELAY in on_socket_open).
-            sock = self.link._client.socket()
-            if isinstance(sock, socket.socket):
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
     def fetch(self, manifest: DeployManifest, window: int) -> Path:
         config = DeliveryConfig(chunk_window=window, chunk_timeout_s=5.0, job_deadline_s=600.0)
@@ -190,55 +210,65 @@ class _Child:
 # -- measurements --------------------------------------------------------------------------------
 
 
-def bench_raw(port: int, model: Path, chunk_size: int) -> float:
-    """MB/s of QoS 1 publishing the model's chunks from one client to another (subscribed at QoS 1)."""
-    size = model.stat().st_size
-    topic = f"bench/raw/{uuid.uuid4().hex[:8]}"
-    received = {"bytes": 0}
-    all_in = threading.Event()
+class _RawCase:
+    """A publisher child and a subscriber for raw QoS 1 runs of one model in one chunk size."""
 
-    def on_message(message: InboundMessage) -> None:
-        received["bytes"] += len(message.payload)
-        if received["bytes"] >= size:
-            all_in.set()
-
-    sub = ServiceClient(_settings(port, "bench"), handler=on_message).start()
-    sub.subscribe(topic, qos=1)
-    pub = _Child("raw", str(port), topic, str(model), str(chunk_size))
-    try:
-        if pub.hear() != "ready":
+    def __init__(self, port: int, model: Path, chunk_size: int, max_inflight: int) -> None:
+        self.size = model.stat().st_size
+        topic = f"bench/raw/{uuid.uuid4().hex[:8]}"
+        self._received = 0
+        self._all_in = threading.Event()
+        self.sub = ServiceClient(_settings(port, "bench"), handler=self._on_message).start()
+        self.sub.subscribe(topic, qos=1)
+        self.pub = _Child("raw", str(port), topic, str(model), str(chunk_size), str(max_inflight))
+        if self.pub.hear() != "ready":
             raise RuntimeError("raw publisher did not start")
+
+    def _on_message(self, message: InboundMessage) -> None:
+        self._received += len(message.payload)
+        if self._received >= self.size:
+            self._all_in.set()
+
+    def speed(self) -> float:
+        """MB/s of QoS 1 publishing the model's chunks from one client to another (subscribed at QoS 1)."""
+        self._received = 0
+        self._all_in.clear()
         started = time.perf_counter()
-        pub.say("go")
-        if not all_in.wait(300):
-            raise RuntimeError(f"raw: only {received['bytes']} of {size} bytes arrived")
+        self.pub.say("go")
+        if not self._all_in.wait(300):
+            raise RuntimeError(f"raw: only {self._received} of {self.size} bytes arrived")
         seconds = time.perf_counter() - started
-        pub.hear()
-        pub.say("quit")
-    finally:
-        pub.proc.wait(10)
-        sub.stop()
-    return size / MIB / seconds
+        if self.pub.hear() != "done":
+            raise RuntimeError("raw publisher failed")
+        return self.size / MIB / seconds
+
+    def close(self) -> None:
+        self.pub.close()
+        self.sub.stop()
 
 
 class _PullCase:
-    """One chunk server child for a model; pull cases (window, nodelay) run against it."""
+    """One chunk server child for a model; pull cases (one per window) run against it."""
 
-    def __init__(self, port: int, model: Path, manifest_file: Path, manifest: DeployManifest) -> None:
+    def __init__(
+        self, port: int, model: Path, manifest_file: Path, manifest: DeployManifest, max_inflight: int
+    ) -> None:
         self.port = port
         self.manifest = manifest
         self.manifest_file = manifest_file
         self.prefix = f"bench{uuid.uuid4().hex[:6]}/v1"
         self.work = Path(tempfile.mkdtemp(prefix="bench-transfer-"))
-        self.server = _Child("serve", str(port), self.prefix, str(model), str(manifest_file))
+        self.server = _Child(
+            "serve", str(port), self.prefix, str(model), str(manifest_file), str(max_inflight)
+        )
         if self.server.hear() != "ready":
             raise RuntimeError("chunk server did not start")
 
-    def speed(self, window: int, nodelay: bool) -> dict[str, Any]:
+    def speed(self, window: int) -> dict[str, Any]:
         """Pull throughput of a fresh device."""
         base = self.server.served()
         device = f"dev-{uuid.uuid4().hex[:6]}"
-        dev = _Device(self.port, self.prefix, device, self.work / device, nodelay)
+        dev = _Device(self.port, self.prefix, device, self.work / device)
         started = time.perf_counter()
         path = dev.fetch(self.manifest, window)
         seconds = time.perf_counter() - started
@@ -252,13 +282,13 @@ class _PullCase:
             "verified": verified,
         }
 
-    def kill_and_resume(self, window: int, nodelay: bool) -> dict[str, Any]:
+    def kill_and_resume(self, window: int, fsync_delay_ms: float) -> dict[str, Any]:
         """SIGKILL a pulling device process at 50% served; resume; bytes served beyond the size."""
         base = self.server.served()
         device = f"dev-{uuid.uuid4().hex[:6]}"
         state = self.work / device
         args = [str(self.port), self.prefix, device, str(state), str(self.manifest_file), str(window)]
-        child = _Child("pull", *args, "1" if nodelay else "0")
+        child = _Child("pull", *args, str(fsync_delay_ms))
         try:
             while self.server.served() - base < self.manifest.size // 2:
                 if child.proc.poll() is not None:
@@ -270,7 +300,7 @@ class _PullCase:
             child.proc.wait(10)
         time.sleep(0.2)  # replies already on their way to the dead process are counted too
         at_kill = self.server.served() - base
-        dev = _Device(self.port, self.prefix, device, state, nodelay)
+        dev = _Device(self.port, self.prefix, device, state)
         path = dev.fetch(self.manifest, window)
         dev.close()
         return {
@@ -284,24 +314,46 @@ class _PullCase:
         self.server.close()
 
 
+def _median(samples: list[float]) -> float:
+    return round(statistics.median(samples), 1)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--size-mb", type=int, default=64)
-    parser.add_argument("--window", type=int, nargs="+", default=[DeliveryConfig().chunk_window, 32])
+    parser.add_argument("--window", type=int, nargs="+", default=[DeliveryConfig().chunk_window])
     parser.add_argument("--chunk-kib", type=int, nargs="+", default=[256, 1024])
+    parser.add_argument("--repeat", type=int, default=5, help="raw and pull runs per case (medians)")
+    parser.add_argument("--fsync-delay-ms", type=float, default=0.0, help="emulate a slow device disk")
+    parser.add_argument(
+        "--broker-inflight", type=int, default=None, help="mosquitto max_inflight_messages (default 20)"
+    )
+    parser.add_argument(
+        "--publisher-inflight",
+        type=int,
+        default=DEFAULT_MAX_INFLIGHT,
+        help="paho max_inflight of the chunk server and of the raw publisher alike",
+    )
     args = parser.parse_args()
 
+    _slow_fsync(args.fsync_delay_ms)
     workdir = Path(tempfile.mkdtemp(prefix="bench-transfer-broker-"))
-    broker = Broker(workdir / "broker", ["set_tcp_nodelay true"])
+    broker_config = ["set_tcp_nodelay true"]
+    if args.broker_inflight is not None:
+        broker_config.append(f"max_inflight_messages {args.broker_inflight}")
+    broker = Broker(workdir / "broker", broker_config)
     broker.start()
     try:
         model = workdir / "model.bin"
         model.write_bytes(os.urandom(args.size_mb * MIB))
         results: dict[str, Any] = {
             "size_mb": args.size_mb,
-            "broker": "local mosquitto, set_tcp_nodelay true",
+            "broker": ", ".join(["local mosquitto", *broker_config]),
+            "publisher_max_inflight": args.publisher_inflight,
+            "fsync_delay_ms": args.fsync_delay_ms,
+            "repeat": args.repeat,
             "cases": [],
         }
         for chunk_kib in args.chunk_kib:
@@ -316,25 +368,37 @@ def main() -> None:
             )
             manifest_file = workdir / f"manifest-{chunk_kib}.json"
             manifest_file.write_text(manifest.model_dump_json())
-            raw = bench_raw(broker.port, model, manifest.chunk_size)
-            case = _PullCase(broker.port, model, manifest_file, manifest)
+            raw = _RawCase(broker.port, model, manifest.chunk_size, args.publisher_inflight)
+            case = _PullCase(broker.port, model, manifest_file, manifest, args.publisher_inflight)
             try:
                 for window in args.window:
-                    for nodelay in (False, True):
-                        speed = case.speed(window, nodelay)
-                        results["cases"].append(
-                            {
-                                "chunk_kib": chunk_kib,
-                                "window": window,
-                                "link_nodelay": nodelay,
-                                "raw_qos1_mb_s": round(raw, 1),
-                                **speed,
-                                "ratio": round(speed["pull_mb_s"] / raw, 2),
-                                "kill_at_50pct": case.kill_and_resume(window, nodelay),
-                            }
-                        )
+                    raws: list[float] = []
+                    pulls: list[float] = []
+                    verified = True
+                    raw.speed()  # warm-up, not counted: first runs pay for cold caches and lazy setup
+                    case.speed(window)
+                    for _ in range(args.repeat):
+                        raws.append(raw.speed())
+                        speed = case.speed(window)
+                        pulls.append(speed["pull_mb_s"])
+                        verified = verified and speed["verified"] and speed["served_bytes"] == manifest.size
+                    raw_mb_s, pull_mb_s = _median(raws), _median(pulls)
+                    results["cases"].append(
+                        {
+                            "chunk_kib": chunk_kib,
+                            "window": window,
+                            "raw_qos1_mb_s": raw_mb_s,
+                            "pull_mb_s": pull_mb_s,
+                            "ratio": round(pull_mb_s / raw_mb_s, 2),
+                            "raw_samples": [round(x) for x in raws],
+                            "pull_samples": [round(x) for x in pulls],
+                            "verified": verified,
+                            "kill_at_50pct": case.kill_and_resume(window, args.fsync_delay_ms),
+                        }
+                    )
             finally:
                 case.close()
+                raw.close()
         json.dump(results, sys.stdout, indent=2)
         print()
     finally:
@@ -344,9 +408,9 @@ def main() -> None:
 if __name__ == "__main__":
     _quiet_logs()
     if len(sys.argv) > 1 and sys.argv[1] == "raw":
-        _child_raw(int(sys.argv[2]), sys.argv[3], Path(sys.argv[4]), int(sys.argv[5]))
+        _child_raw(int(sys.argv[2]), sys.argv[3], Path(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6]))
     elif len(sys.argv) > 1 and sys.argv[1] == "serve":
-        _child_server(int(sys.argv[2]), sys.argv[3], Path(sys.argv[4]), Path(sys.argv[5]))
+        _child_server(int(sys.argv[2]), sys.argv[3], Path(sys.argv[4]), Path(sys.argv[5]), int(sys.argv[6]))
     elif len(sys.argv) > 1 and sys.argv[1] == "pull":
         _child_pull(sys.argv[2:])
     else:

@@ -4,8 +4,13 @@ Crash safety rests on one ordering rule: the ``.part`` data is fsynced *before* 
 says "these chunks are there" is replaced (atomically, through :mod:`agent.fsutil`). After a crash
 at any moment the bitmap therefore only names chunks whose bytes are on disk; chunks written but not
 yet recorded are simply fetched again. Flushing after every chunk costs three fsyncs per chunk, so
-callers may batch (``flush_every``, :meth:`PartialDownload.flush`); the MQTT pull counts unflushed
-chunks against its window, which keeps "bytes fetched again after a kill" within one window.
+callers batch (``flush_every``, :meth:`PartialDownload.flush`); the MQTT pull counts chunks not yet
+durable against its window, which keeps "bytes fetched again after a kill" within one window.
+
+With ``background=True`` the batches are flushed by a flusher thread, so the disk's fsyncs overlap
+with receiving the next chunks: the flusher takes the batch of chunks written so far, fsyncs the
+data, then writes a bitmap naming only the chunks already durable plus that batch, never a chunk
+written after the batch was taken.
 
 A bitmap that does not describe the manifest (other size, chunk size or chunk list), or a ``.part``
 of the wrong size, means the leftovers belong to another attempt: they are deleted and the download
@@ -23,6 +28,8 @@ import errno
 import hashlib
 import json
 import os
+import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -80,14 +87,27 @@ def chunk_list_digest(chunks: list[str]) -> str:
 class PartialDownload:
     """The on-disk state of one model download, keyed by the model's SHA-256.
 
-    Not thread-safe: one transfer thread owns it.
+    Not thread-safe: one transfer thread owns it and calls every method. With ``background=True``
+    an internal flusher thread makes batches durable; it only touches the ``.part`` descriptor
+    (fsync) and the bitmap, never the chunk bookkeeping the owner uses.
     """
 
-    def __init__(self, part_dir: Path, manifest: DeployManifest, *, flush_every: int = 1) -> None:
+    def __init__(
+        self,
+        part_dir: Path,
+        manifest: DeployManifest,
+        *,
+        flush_every: int = 1,
+        background: bool = False,
+        on_durable: Callable[[], None] | None = None,
+    ) -> None:
         """Open (resume) or create the partial files for ``manifest`` in ``part_dir``.
 
-        ``flush_every``: :meth:`write_chunk` flushes by itself once this many chunks are unflushed.
-        Raises DiskFullError when the ``.part`` file cannot be preallocated.
+        ``flush_every``: once this many written chunks are not yet being flushed, :meth:`write_chunk`
+        flushes them (itself, or with ``background`` by waking the flusher thread and returning at
+        once). ``on_durable``: called on the flusher thread after each background flush (it must
+        only wake its owner, e.g. put into a queue). Raises DiskFullError when the ``.part`` file
+        cannot be preallocated.
         """
         if flush_every < 1:
             raise ValueError("flush_every must be >= 1")
@@ -95,6 +115,8 @@ class PartialDownload:
         self.part_dir = Path(part_dir)
         self.part_dir.mkdir(parents=True, exist_ok=True)
         self.flush_every = flush_every
+        self.background = background
+        self.on_durable = on_durable
         sha = manifest.sha256
         self.part_path = self.part_dir / f"{sha}.part"
         self.bitmap_path = self.part_dir / f"{sha}.bitmap"
@@ -108,10 +130,21 @@ class PartialDownload:
             )
         self.rejected: dict[str, int] = dict.fromkeys(_REJECT_KINDS, 0)
         self._have = bytearray(self.chunk_count)  # 1 = verified (written), durable or not
-        self._unflushed: set[int] = set()
         self._bytes_done = 0
         #: Times the bitmap was persisted (each costs two fsyncs and a rename).
         self.flushes = 0
+        # Durability bookkeeping, shared with the flusher thread under _cond: chunks written and not
+        # yet taken by a flush (_pending), the batch a flush is making durable (_flushing), and the
+        # bitmap of what is durable (_durable_bits, bit i of byte i/8), which is what gets written.
+        self._cond = threading.Condition()
+        self._pending: list[int] = []
+        self._flushing: list[int] = []
+        self._flush_asked = False
+        self._flush_error: BaseException | None = None
+        self._stopping = False
+        self._flusher: threading.Thread | None = None
+        self._io_lock = threading.Lock()  # one flush (fsync + bitmap) at a time, either thread
+        self._durable_bits = bytearray((self.chunk_count + 7) // 8)
         # Whole-file SHA-256 over the chunks 0.._prefix_end-1, fed as they are written, so finish()
         # need not read the file again when this process wrote it all (mostly in order).
         self._prefix_hash = hashlib.sha256()
@@ -181,9 +214,11 @@ class PartialDownload:
             if data is None:
                 bad.append(i)
                 have[i] = 0
-            elif i == self._prefix_end:
-                self._prefix_hash.update(data)
-                self._prefix_end += 1
+            else:
+                self._durable_bits[i >> 3] |= 1 << (i & 7)
+                if i == self._prefix_end:
+                    self._prefix_hash.update(data)
+                    self._prefix_end += 1
         self._have = have
         self._bytes_done = sum(self.chunk_length(i) for i in range(self.chunk_count) if have[i])
         if bad:
@@ -255,8 +290,18 @@ class PartialDownload:
 
     @property
     def unflushed(self) -> int:
-        """Chunks written but not yet recorded in the bitmap on disk (fetched again after a crash)."""
-        return len(self._unflushed)
+        """Chunks written but not yet recorded in the bitmap on disk (fetched again after a crash).
+
+        Counts the batch a background flush is making durable right now, too.
+        """
+        with self._cond:
+            return len(self._pending) + len(self._flushing)
+
+    @property
+    def flushing(self) -> bool:
+        """True while a background flush is running."""
+        with self._cond:
+            return bool(self._flushing)
 
     def contiguous_offset(self) -> int:
         """Byte offset of the first missing chunk (``size`` when complete): where a stream resumes."""
@@ -288,8 +333,10 @@ class PartialDownload:
         Refused, and never written: an index out of range, a chunk already written ("duplicate"), a
         wrong length, a SHA-256 that differs from ``manifest.chunks[index]``. ``digest``: the
         SHA-256 hex of ``data`` when the caller computed it already (the MQTT pull hashes on the
-        thread that receives, so hashing overlaps with disk work here).
+        thread that receives, so hashing overlaps with disk work here). Raises the error of a
+        failed background flush.
         """
+        self.raise_flush_error()
         if self._finished:
             self.rejected["duplicate"] += 1
             return False
@@ -306,10 +353,17 @@ class PartialDownload:
             offset += written
         self._have[index] = 1
         self._bytes_done += len(data)
-        self._unflushed.add(index)
+        with self._cond:
+            # Appended only after pwrite returned: a flush that takes this index fsyncs after it.
+            self._pending.append(index)
+            due = len(self._pending) >= self.flush_every
+            if due and self.background:
+                self._cond.notify_all()
         self._extend_prefix_hash(index, data)
-        if len(self._unflushed) >= self.flush_every:
+        if due and not self.background:
             self.flush()
+        elif due:
+            self._start_flusher()
         return True
 
     def _extend_prefix_hash(self, index: int, data: bytes) -> None:
@@ -324,21 +378,143 @@ class PartialDownload:
             self._prefix_hash.update(os.pread(self._fd, self.chunk_length(self._prefix_end), start))
             self._prefix_end += 1
 
+    # -- durability ------------------------------------------------------------------------------
+
     def flush(self, *, force: bool = False) -> None:
-        """Make written chunks durable: fsync the ``.part``, then atomically replace the bitmap."""
-        if self._fd is None or (not self._unflushed and not force):
+        """Make written chunks durable now: fsync the ``.part``, then atomically replace the bitmap.
+
+        Waits for a background flush that is running. Raises the error of a failed one.
+        """
+        self.raise_flush_error()
+        with self._io_lock:
+            with self._cond:
+                if self._fd is None or (not self._pending and not force):
+                    return
+                batch, self._pending = self._pending, []
+                self._flushing = batch
+            try:
+                self._persist(batch)
+            except BaseException:
+                with self._cond:
+                    self._pending[:0] = batch  # not recorded: still at risk
+                raise
+            finally:
+                with self._cond:
+                    self._flushing = []
+                    self._cond.notify_all()
+
+    def request_flush(self) -> None:
+        """Flush what is written without waiting (``background``; otherwise the same as :meth:`flush`).
+
+        The flusher takes the chunks written so far as soon as it is idle; :attr:`unflushed`
+        drops when they are durable, and ``on_durable`` is called.
+        """
+        self.raise_flush_error()
+        if not self.background:
+            self.flush()
             return
-        if hasattr(os, "fdatasync"):
-            os.fdatasync(self._fd)  # the data blocks are what matters; the size never changes
-        else:
-            os.fsync(self._fd)
-        bits = bytearray((self.chunk_count + 7) // 8)
-        for i in range(self.chunk_count):
-            if self._have[i]:
-                bits[i >> 3] |= 1 << (i & 7)
+        with self._cond:
+            if not self._pending:
+                return
+            self._flush_asked = True
+            self._cond.notify_all()
+        self._start_flusher()
+
+    def _persist(self, batch: list[int]) -> None:
+        """fsync the data of ``batch`` (written before this call), then record it in the bitmap."""
+        assert self._fd is not None
+        if batch:
+            if hasattr(os, "fdatasync"):
+                os.fdatasync(self._fd)  # the data blocks are what matters; the size never changes
+            else:
+                os.fsync(self._fd)
+        # Only durable chunks go into the bitmap: those of earlier flushes and this batch.
+        bits = bytearray(self._durable_bits)
+        for i in batch:
+            bits[i >> 3] |= 1 << (i & 7)
         atomic_write_json(self.bitmap_path, {**self._bitmap_header(), "done": bits.hex()}, indent=None)
-        self._unflushed.clear()
+        self._durable_bits = bits
         self.flushes += 1
+
+    def _start_flusher(self) -> None:
+        if self._flusher is None and self._fd is not None:
+            self._flusher = threading.Thread(
+                target=self._run_flusher, name=f"partial-flush-{self.manifest.sha256[:8]}", daemon=True
+            )
+            self._flusher.start()
+
+    def _batch_due(self) -> bool:
+        """True when the flusher should take the pending chunks (call with ``_cond`` held)."""
+        return bool(self._pending) and (self._flush_asked or len(self._pending) >= self.flush_every)
+
+    def _take_batch(self) -> list[int]:
+        """Move the pending chunks into the flushing batch (call with ``_cond`` held)."""
+        self._flush_asked = False
+        batch, self._pending = self._pending, []
+        self._flushing = batch
+        return batch
+
+    def _run_flusher(self) -> None:
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: self._stopping or self._batch_due())
+                if self._stopping:
+                    return
+            with self._io_lock:
+                with self._cond:
+                    if self._stopping or self._fd is None:
+                        return
+                    batch = self._take_batch()
+                while batch:
+                    try:
+                        self._persist(batch)
+                    except BaseException as exc:  # noqa: BLE001 - handed to the owner, raised there
+                        log.error(
+                            "delivery.partial.flush_failed", sha256=self.manifest.sha256, error=repr(exc)
+                        )
+                        with self._cond:
+                            self._flush_error = exc
+                            self._cond.notify_all()
+                        self._notify_durable()
+                        return  # the batch stays at risk, and nothing after it is recorded
+                    with self._cond:
+                        # The next batch is taken before the owner hears of this one, so a
+                        # flush is always seen running while chunks wait for one.
+                        due = self._batch_due() and not self._stopping
+                        self._flushing = []
+                        batch = self._take_batch() if due else []
+                        self._cond.notify_all()
+                    self._notify_durable()
+
+    def _notify_durable(self) -> None:
+        if self.on_durable is None:
+            return
+        try:
+            self.on_durable()
+        except Exception as exc:  # noqa: BLE001 - a listener must not kill the flusher
+            log.error("delivery.partial.listener_failed", error=repr(exc))
+
+    def raise_flush_error(self) -> None:
+        """Raise the error of a failed background flush (an OSError from fsync or the bitmap write)."""
+        with self._cond:
+            error = self._flush_error
+        if error is not None:
+            raise error
+
+    def _stop_flusher(self) -> None:
+        """Let a running background flush finish, then end the flusher thread."""
+        flusher = self._flusher
+        if flusher is None:
+            return
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        flusher.join()
+        self._flusher = None
+        with self._cond:
+            self._stopping = False
+
+    # -- the end ---------------------------------------------------------------------------------
 
     def finish(self) -> Path:
         """Check the whole file's SHA-256 and return ``<sha>.verified``; the bitmap is removed.
@@ -379,7 +555,11 @@ class PartialDownload:
         )
 
     def close(self) -> None:
-        """Close the ``.part`` file (nothing is flushed: call :meth:`flush` first to keep progress)."""
+        """Close the ``.part`` file, after a running background flush ends.
+
+        Chunks not yet taken by a flush are not flushed (call :meth:`flush` first to keep them).
+        """
+        self._stop_flusher()
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
@@ -392,7 +572,11 @@ class PartialDownload:
                 path.unlink()
         self._have = bytearray(self.chunk_count)
         self._bytes_done = 0
-        self._unflushed.clear()
+        with self._cond:
+            self._pending = []
+            self._flushing = []
+            self._flush_error = None
+        self._durable_bits = bytearray((self.chunk_count + 7) // 8)
         self._prefix_hash = hashlib.sha256()
         self._prefix_end = 0
         self._finished = False

@@ -7,12 +7,14 @@ the request's MQTT 5 response topic ``down/xfer/{sha256}`` with user properties 
 ``sha256``. Every chunk is verified against the manifest before it is written; a timeout, a corrupt
 chunk or a reconnect simply asks again. The window also bounds the loss on a crash: chunks written
 but not yet recorded in the bitmap occupy window slots until they are flushed, so a killed agent
-fetches at most one window again.
+fetches at most one window again. Flushes run on the partial download's flusher thread, half a
+window at a time, so the other half keeps the link busy meanwhile.
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
 import hashlib
 import queue
 import threading
@@ -52,7 +54,7 @@ MAX_INDICES = 256
 _MAX_BACKOFF_FACTOR = 16
 #: Longest single wait of the pull loop (so cancel, reconnects and the deadline are seen promptly).
 _TICK_S = 0.2
-#: Longest a written chunk waits for the rest of its window before the bitmap is flushed anyway.
+#: Longest a written chunk waits for the rest of its batch before the bitmap is flushed anyway.
 _FLUSH_DELAY_S = 0.25
 
 Progress = Callable[[int, int], None]
@@ -90,6 +92,11 @@ class PullStats:
     reconnect_rerequests: int = 0
     dropped_overflow: int = 0
     flushes: int = 0
+    #: Most chunks at risk at once (requested and unanswered, or written and not yet durable),
+    #: seen when requesting; the window bounds it.
+    max_at_risk: int = 0
+    #: Chunks requested while a background flush was running (the window kept busy meanwhile).
+    requested_while_flushing: int = 0
 
     def as_dict(self) -> dict[str, int]:
         """The counters as a plain dict (telemetry, job status details)."""
@@ -117,20 +124,23 @@ class ChunkRouter:
 
     def __init__(self, link: MqttLink, topics: Topics) -> None:
         self._topics = topics
-        self._routes: dict[str, queue.Queue[ChunkReply]] = {}
+        self._routes: dict[str, queue.Queue[ChunkReply | None]] = {}
         self._lock = threading.Lock()
         self.unrouted = 0
         self.overflow = 0
         link.subscribe(topics.xfer_filter, self._on_message)
 
-    def attach(self, sha256: str, maxsize: int) -> queue.Queue[ChunkReply]:
-        """Start routing replies for ``sha256`` to a new bounded queue; one transfer per model at a time."""
+    def attach(self, sha256: str, maxsize: int) -> queue.Queue[ChunkReply | None]:
+        """Start routing replies for ``sha256`` to a new bounded queue; one transfer per model at a time.
+
+        The transfer may put None into the queue itself, to wake its loop.
+        """
         with self._lock:
             if sha256 in self._routes:
                 raise DeliveryError(
                     f"a transfer of model {sha256} is already running in this agent; wait for it to end"
                 )
-            q: queue.Queue[ChunkReply] = queue.Queue(maxsize)
+            q: queue.Queue[ChunkReply | None] = queue.Queue(maxsize)
             self._routes[sha256] = q
             return q
 
@@ -212,7 +222,8 @@ class MqttPull:
         self._attempts: collections.Counter[int] = collections.Counter()
         self._retry: collections.deque[int] = collections.deque()
         self._todo: collections.deque[int] = collections.deque()
-        self._flush_due = 0.0
+        self._flush_due: float | None = None
+        self._durable = threading.Event()  # set by the flusher thread: window slots were freed
         self._reported = partial.bytes_done
 
     def run(self) -> None:
@@ -222,6 +233,13 @@ class MqttPull:
         router = router_for(self.link, self.topics)
         # Room for every reply of a full window twice over (duplicates); overflow is asked again.
         replies = router.attach(self.manifest.sha256, maxsize=4 * self.window + 16)
+
+        def wake() -> None:  # on the flusher thread: chunks became durable, window slots are free
+            self._durable.set()
+            with contextlib.suppress(queue.Full):
+                replies.put_nowait(None)
+
+        self.partial.on_durable = wake
         started = time.monotonic()
         log.info(
             "delivery.pull.started",
@@ -234,6 +252,7 @@ class MqttPull:
             self._loop(replies)
         finally:
             router.detach(self.manifest.sha256)
+            self.partial.on_durable = None
             self.partial.flush()
             self.stats.dropped_overflow = router.overflow
             self.stats.flushes = self.partial.flushes
@@ -244,7 +263,7 @@ class MqttPull:
             **self.stats.as_dict(),
         )
 
-    def _loop(self, replies: queue.Queue[ChunkReply]) -> None:
+    def _loop(self, replies: queue.Queue[ChunkReply | None]) -> None:
         partial = self.partial
         self._todo.extend(partial.missing())
         session = self.link.session
@@ -254,25 +273,34 @@ class MqttPull:
                 raise JobCancelledError(f"transfer of model {self.manifest.sha256} cancelled")
             if now >= self._deadline:
                 raise TransferTimeoutError(self._timeout_message())
+            partial.raise_flush_error()
             if self.link.connected and self.link.session != session:
                 # Reconnected: replies in flight on the old connection are likely gone; ask again now.
                 session = self.link.session
                 self._requeue_outstanding()
             self._expire(now)
-            # A flush costs two fsyncs whatever it covers, so it waits for the whole window to
-            # arrive (bounded by _FLUSH_DELAY_S for stragglers): a few big flushes, not many small ones.
-            if partial.unflushed and (not self._outstanding or now >= self._flush_due):
-                partial.flush()
+            # Written chunks are flushed in batches (PartialDownload.flush_every, by the flusher
+            # thread); what is left over is flushed when nothing else is on its way, or after
+            # _FLUSH_DELAY_S, so a straggler does not hold the rest.
+            if self._flush_due is not None and (not self._outstanding or now >= self._flush_due):
+                self._flush_due = None
+                partial.request_flush()
             if self.link.connected:
+                self._durable.clear()
                 self._request(now)
             wakes = [o.due for o in self._outstanding.values()] + [self._deadline, now + _TICK_S]
-            if partial.unflushed:
+            if self._flush_due is not None:
                 wakes.append(self._flush_due)
             try:
                 self._on_reply(replies.get(timeout=max(0.0, min(wakes) - now)))
             except queue.Empty:
                 continue
             while True:  # take what else arrived too
+                if self._durable.is_set() and self.link.connected:
+                    # Slots were freed: ask now rather than after the replies queued meanwhile
+                    # (processing those takes a while; the server should not idle until then).
+                    self._durable.clear()
+                    self._request(time.monotonic())
                 try:
                     self._on_reply(replies.get_nowait())
                 except queue.Empty:
@@ -347,8 +375,13 @@ class MqttPull:
         )
         self.stats.requests += 1
         self.stats.requested_chunks += len(indices)
+        self.stats.max_at_risk = max(self.stats.max_at_risk, len(self._outstanding) + self.partial.unflushed)
+        if self.partial.flushing:
+            self.stats.requested_while_flushing += len(indices)
 
-    def _on_reply(self, reply: ChunkReply) -> None:
+    def _on_reply(self, reply: ChunkReply | None) -> None:
+        if reply is None:
+            return  # a wake-up: a flush ended
         message = reply.message
         self.stats.received += 1
         props = dict(message.user_properties)
@@ -377,7 +410,7 @@ class MqttPull:
             return
         self._outstanding.pop(index, None)
         self.stats.written += 1
-        if self.partial.unflushed == 1:
+        if self._flush_due is None:
             self._flush_due = time.monotonic() + _FLUSH_DELAY_S
 
 
@@ -402,7 +435,11 @@ def fetch_model(
     ``config.job_deadline_s``), HashMismatchError, DiskFullError, or the last source's DeliveryError.
     """
     deadline = time.monotonic() + config.job_deadline_s
-    partial = PartialDownload(part_dir, manifest, flush_every=config.chunk_window)
+    # Half a window per flush: one half is made durable by the flusher thread while the other
+    # half is on its way, and both together stay within the window a crash may cost.
+    partial = PartialDownload(
+        part_dir, manifest, flush_every=max(1, config.chunk_window // 2), background=True
+    )
     try:
         progress(partial.bytes_done, manifest.size)
         last_error: DeliveryError | None = None

@@ -48,6 +48,8 @@ DEFAULT_GROUP = "edge-agent-chunks"
 #: A chunk reply not delivered within this time is dropped by the broker (the device asks again);
 #: without it an offline device's persistent session would hoard chunks in the broker.
 DEFAULT_REPLY_EXPIRY_S = 120
+#: Chunk publishes on the wire to the broker at once (paho's window; the rest wait in paho's queue).
+DEFAULT_MAX_INFLIGHT = 20
 #: Repo directories are rescanned for an unknown model at most this often.
 _RESCAN_INTERVAL_S = 5.0
 #: Largest chunk size accepted from a request for a repo model (the manifest's limit is 1 MiB).
@@ -84,8 +86,12 @@ class ChunkServer:
         reply_expiry_s: int = DEFAULT_REPLY_EXPIRY_S,
         max_unacked: int = 256,
         on_served: ServedCallback | None = None,
+        max_inflight: int = DEFAULT_MAX_INFLIGHT,
     ) -> None:
-        """``max_unacked``: stop answering while this many chunk publishes wait for a PUBACK."""
+        """``max_unacked``: stop answering while this many chunk publishes wait for a PUBACK.
+
+        ``max_inflight``: of those, how many paho keeps on the wire (the rest wait in its queue).
+        """
         self.settings = settings
         self.prefix = settings.prefix
         self.group = check_level(group, "shared subscription group")
@@ -100,7 +106,9 @@ class ChunkServer:
         self._served: collections.Counter[str] = collections.Counter()
         self._served_model: collections.Counter[tuple[str, str]] = collections.Counter()
         self._counts: collections.Counter[str] = collections.Counter(dict.fromkeys(_COUNTERS, 0))
-        self._client = ServiceClient(settings, client_id=client_id, handler=self._on_request)
+        self._client = ServiceClient(
+            settings, client_id=client_id, handler=self._on_request, max_inflight=max_inflight
+        )
 
     @property
     def topic_filter(self) -> str:

@@ -2,16 +2,24 @@
 
 from __future__ import annotations
 
+import errno
 import json
+import os
+import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from agent import fsutil
+from agent.delivery import partial as partial_module
 from agent.delivery.errors import HashMismatchError
 from agent.delivery.manifest import DeployManifest
 from agent.delivery.partial import PartialDownload
 from agent.errors import DeliveryError
-from tests.delivery.test_transfer_support import KIB, manifest_for, random_model
+from tests.delivery.test_transfer_support import KIB, manifest_for, random_model, wait_until
 
 CHUNK = 4 * KIB
 
@@ -221,3 +229,176 @@ def test_a_finished_download_reopens_complete(tmp_path: Path, model: Path, manif
     assert again.complete
     assert again.missing() == []
     assert again.finish().read_bytes() == model.read_bytes()
+
+
+# -- background flushing ----------------------------------------------------------------------------
+
+
+def _bitmap_chunks(bitmap: Path, count: int) -> set[int]:
+    bits = bytes.fromhex(json.loads(bitmap.read_text())["done"])
+    return {i for i in range(count) if bits[i >> 3] >> (i & 7) & 1}
+
+
+class _SyncGate:
+    """Wraps the real ``os.fdatasync`` and bitmap write: records their order, can hold a sync.
+
+    ``synced``: chunks written before a sync that has completed (so their data is on disk);
+    ``bitmaps``: for every bitmap written, the chunks it names and what was ``synced`` then.
+    """
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.written: set[int] = set()
+        self.synced: set[int] = set()
+        self.bitmaps: list[tuple[set[int], set[int]]] = []
+        self.entered = threading.Event()
+        self.release = threading.Event()
+        self.release.set()
+        self.fail: OSError | None = None
+        real = os.fdatasync
+        real_pwrite = os.pwrite
+
+        def pwrite(fd: int, data: Any, offset: int) -> int:
+            written = real_pwrite(fd, data, offset)
+            if written == len(data):  # chunks go down in one call (else the loop would go on)
+                self.written.add(offset // CHUNK)
+            return written
+
+        def fdatasync(fd: Any) -> None:
+            began = set(self.written)
+            self.entered.set()
+            assert self.release.wait(10), "test never released the sync"
+            if self.fail is not None:
+                raise self.fail
+            real(fd)
+            self.synced |= began
+
+        def atomic_write_json(path: Path, obj: Any, **kwargs: Any) -> None:
+            bits = bytes.fromhex(obj["done"])
+            named = {i for i in range(len(bits) * 8) if bits[i >> 3] >> (i & 7) & 1}
+            self.bitmaps.append((named, set(self.synced)))
+            fsutil.atomic_write_json(path, obj, **kwargs)
+
+        monkeypatch.setattr(os, "pwrite", pwrite)
+        monkeypatch.setattr(os, "fdatasync", fdatasync)
+        monkeypatch.setattr(partial_module, "atomic_write_json", atomic_write_json)
+
+    def write(self, partial: PartialDownload, model: Path, index: int) -> None:
+        assert partial.write_chunk(index, chunk(model, index))
+
+
+def test_a_background_flush_records_only_chunks_whose_data_was_synced_first(
+    tmp_path: Path, model: Path, manifest: DeployManifest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    gate = _SyncGate(monkeypatch)
+    part_dir = tmp_path / "partial"
+    partial = PartialDownload(part_dir, manifest, flush_every=2, background=True)
+    gate.release.clear()
+    gate.write(partial, model, 0)
+    gate.write(partial, model, 1)  # the batch [0, 1] is due: the flusher takes it and syncs
+    assert gate.entered.wait(5)
+    for index in (2, 3, 4):  # written while the sync of [0, 1] is held
+        gate.write(partial, model, index)
+    assert partial.unflushed == 5
+    assert partial.flushing
+    assert _bitmap_chunks(partial.bitmap_path, 11) == set()  # nothing durable yet
+
+    gate.release.set()
+    wait_until(lambda: partial.unflushed == 0, what="both batches durable")
+
+    # [2, 3, 4] went in a second batch with a sync of its own: each bitmap names only chunks
+    # written before a sync that completed before the bitmap was written.
+    named = [bitmap for bitmap, _ in gate.bitmaps]
+    assert named[-2:] == [{0, 1}, {0, 1, 2, 3, 4}]
+    for bitmap, synced in gate.bitmaps:
+        assert bitmap <= synced
+    assert _bitmap_chunks(partial.bitmap_path, 11) == {0, 1, 2, 3, 4}
+    partial.close()
+    with PartialDownload(part_dir, manifest) as again:
+        assert again.missing() == [5, 6, 7, 8, 9, 10]
+
+
+def test_chunks_written_during_a_flush_are_lost_by_a_crash_and_the_flushed_ones_kept(
+    tmp_path: Path, model: Path, manifest: DeployManifest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    gate = _SyncGate(monkeypatch)
+    part_dir = tmp_path / "partial"
+    partial = PartialDownload(part_dir, manifest, flush_every=3, background=True)
+    gate.release.clear()
+    for index in range(3):
+        gate.write(partial, model, index)
+    assert gate.entered.wait(5)
+    gate.write(partial, model, 3)  # not part of the running flush
+    gate.release.set()
+    partial.close()  # waits for the running flush only; like a crash for chunk 3
+
+    with PartialDownload(part_dir, manifest) as again:
+        assert again.missing() == [3, 4, 5, 6, 7, 8, 9, 10]
+
+
+def test_a_failed_background_flush_is_raised_to_the_owner_and_records_nothing(
+    tmp_path: Path, model: Path, manifest: DeployManifest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    gate = _SyncGate(monkeypatch)
+    part_dir = tmp_path / "partial"
+    partial = PartialDownload(part_dir, manifest, flush_every=2, background=True)
+    gate.fail = OSError(errno.EIO, "Input/output error")
+    gate.write(partial, model, 0)
+    gate.write(partial, model, 1)
+    wait_until(gate.entered.is_set, what="the flush to start")
+
+    with pytest.raises(OSError, match="Input/output"):
+        wait_until_raises(lambda: partial.write_chunk(2, chunk(model, 2)))
+    with pytest.raises(OSError):
+        partial.flush()
+    assert partial.unflushed >= 2  # still at risk: never recorded
+    partial.close()
+    gate.fail = None
+    with PartialDownload(part_dir, manifest) as again:
+        assert again.missing()[:2] == [0, 1]
+
+
+def wait_until_raises(action: Callable[[], object], timeout: float = 5.0) -> None:
+    """Call ``action`` until it raises (the exception propagates); fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        action()
+        time.sleep(0.01)
+    raise AssertionError(f"no exception within {timeout}s")
+
+
+def test_request_flush_makes_a_partial_batch_durable_and_tells_the_owner(
+    tmp_path: Path, model: Path, manifest: DeployManifest
+) -> None:
+    told = threading.Event()
+    partial = PartialDownload(
+        tmp_path / "partial", manifest, flush_every=100, background=True, on_durable=told.set
+    )
+    partial.write_chunk(4, chunk(model, 4))
+    assert partial.unflushed == 1
+
+    partial.request_flush()
+
+    assert told.wait(5)
+    assert partial.unflushed == 0
+    assert _bitmap_chunks(partial.bitmap_path, 11) == {4}
+    partial.close()
+
+
+def test_a_failed_flush_keeps_its_chunks_pending_for_the_next_one(
+    tmp_path: Path, model: Path, manifest: DeployManifest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    gate = _SyncGate(monkeypatch)
+    partial = PartialDownload(tmp_path / "partial", manifest, flush_every=100)
+    gate.write(partial, model, 6)
+    gate.fail = OSError(errno.EIO, "Input/output error")
+
+    with pytest.raises(OSError):
+        partial.flush()
+
+    assert partial.unflushed == 1
+    assert _bitmap_chunks(partial.bitmap_path, 11) == set()
+    gate.fail = None
+    partial.flush()
+    assert partial.unflushed == 0
+    assert _bitmap_chunks(partial.bitmap_path, 11) == {6}
+    partial.close()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import collections
 import http.server
+import os
 import threading
 import time
 from collections.abc import Iterator
@@ -49,8 +50,9 @@ def pull(
     cancel: threading.Event | None = None,
     **config: float,
 ) -> tuple[PullStats, Path]:
-    """Run one MqttPull to completion; return its stats and the verified file."""
-    partial = PartialDownload(dev.part_dir, manifest, flush_every=int(config.get("chunk_window", 4)))
+    """Run one MqttPull to completion, set up like fetch_model; return its stats and the verified file."""
+    window = int(config.get("chunk_window", 4))
+    partial = PartialDownload(dev.part_dir, manifest, flush_every=max(1, window // 2), background=True)
     puller = MqttPull(
         manifest, partial, link=dev.link, topics=dev.topics, config=delivery_config(**config), cancel=cancel
     )
@@ -252,7 +254,7 @@ def test_cancel_stops_the_pull_and_keeps_what_arrived(rig: Rig) -> None:
     rig.server(Slow).register(manifest, model)
     dev = rig.device()
     cancel = threading.Event()
-    partial = PartialDownload(dev.part_dir, manifest)
+    partial = PartialDownload(dev.part_dir, manifest, flush_every=2, background=True)
     puller = MqttPull(
         manifest, partial, link=dev.link, topics=dev.topics, config=delivery_config(), cancel=cancel
     )
@@ -278,6 +280,32 @@ def test_cancel_stops_the_pull_and_keeps_what_arrived(rig: Rig) -> None:
     partial.close()
     with PartialDownload(dev.part_dir, manifest) as again:
         assert manifest.chunk_count - len(again.missing()) == written  # flushed on the way out
+
+
+def test_requests_go_on_while_a_slow_disk_flushes_and_stay_within_the_window(
+    rig: Rig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = os.fdatasync
+
+    def slow_fdatasync(fd: Any) -> None:  # the real sync, then 100 ms more: an SD card's latency
+        real(fd)
+        time.sleep(0.1)
+
+    monkeypatch.setattr(os, "fdatasync", slow_fdatasync)
+    model = random_model(rig.tmp_path / "m.bin", 16 * CHUNK)
+    manifest = manifest_for(model, CHUNK)
+    server = rig.server()
+    server.register(manifest, model)
+    dev = rig.device()
+
+    stats, path = pull(dev, manifest, chunk_window=4)
+
+    assert path.read_bytes() == model.read_bytes()
+    # Half a window is flushed while the other half is requested and received ...
+    assert stats.requested_while_flushing > 0
+    # ... and what a crash could cost never exceeds the window.
+    assert 0 < stats.max_at_risk <= 4
+    assert server.served_bytes(dev.id) == manifest.size
 
 
 def test_two_devices_pull_at_once_from_two_servers_sharing_the_requests(rig: Rig) -> None:

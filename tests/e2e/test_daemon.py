@@ -46,7 +46,7 @@ def test_every_frame_one_result_then_clean_exit(
         info = [m for m in probe.snapshot() if m.topic.endswith("/up/info")]
         telemetry = probe.wait_for_count(f"fleet/v1/{device_id}/up/telemetry", 1, timeout=10)
     finally:
-        code = daemon.stop()
+        code = daemon.stop(timeout=10)  # the unit's contract: SIGTERM to exit within 10 s
     assert code == 0, daemon.log()[-2000:]
     results = unique_results(probe.snapshot(), topic)
     assert _indices(results) == list(range(files.frames))
