@@ -28,7 +28,6 @@ import structlog
 import yaml
 
 from agent.app import Agent
-from agent.backends.base import LoadOptions, get_backend
 from agent.camera.preprocess import preprocess
 from agent.camera.preprocess_spec import PreprocessSpec
 from agent.config import load_config
@@ -72,15 +71,14 @@ def tiny_matching_decode(workdir: Path, video: Path) -> tuple[Path, int, dict[st
     best: tuple[float, Path, int, float] | None = None
     for size, width in ((32, 64), (32, 96), (32, 128), (48, 64), (48, 96), (64, 64)):
         model = write_tiny_classifier(workdir / f"tiny-{size}-{width}.onnx", input_size=size, width=width)
-        runner = get_backend("onnxruntime").load(model, LoadOptions())
+        session = _plain_session(model)
         x = np.random.default_rng(0).random((1, 3, size, size), dtype=np.float32)
         for _ in range(20):
-            runner.infer({"images": x})
+            session.run(None, {"images": x})
         t0 = time.perf_counter()
         for _ in range(100):
-            runner.infer({"images": x})
+            session.run(None, {"images": x})
         infer = (time.perf_counter() - t0) / 100 * 1000
-        runner.close()
         if best is None or abs(infer - target) < abs(best[0] - target):
             best = (infer, model, size, width)
     assert best is not None
@@ -89,17 +87,23 @@ def tiny_matching_decode(workdir: Path, video: Path) -> tuple[Path, int, dict[st
     return best_model, best_size, facts
 
 
+def _plain_session(model: Path) -> Any:
+    """What a user's own script would make: ONNX Runtime with its default options."""
+    import onnxruntime as ort
+
+    return ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
+
+
 def bench_raw(model: Path, spec: PreprocessSpec, video: Path) -> dict[str, float]:
     """session.run throughput on inputs preprocessed beforehand (batch 1): the ceiling."""
-    runner = get_backend("onnxruntime").load(model, LoadOptions())
-    name = runner.inputs[0].name
+    session = _plain_session(model)
+    name = session.get_inputs()[0].name
     inputs = [preprocess(image, spec)[0][np.newaxis] for image in _frames(video)]
-    runner.infer({name: inputs[0]})  # warm-up
+    session.run(None, {name: inputs[0]})  # warm-up
     t0, c0 = time.perf_counter(), time.process_time()
     for tensor in inputs:
-        runner.infer({name: tensor})
+        session.run(None, {name: tensor})
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
-    runner.close()
     return {"fps": len(inputs) / wall, "cpu_s_per_frame": cpu / len(inputs)}
 
 
@@ -121,8 +125,9 @@ def _link(port: int, workdir: Path, name: str) -> MqttLink:
 
 def bench_naive(model: Path, spec: PreprocessSpec, video: Path, port: int, workdir: Path) -> dict[str, float]:
     """read -> preprocess -> run -> postprocess -> publish, one frame at a time, one thread."""
-    runner = get_backend("onnxruntime").load(model, LoadOptions())
-    name = runner.inputs[0].name
+    session = _plain_session(model)
+    name = session.get_inputs()[0].name
+    output_names = [o.name for o in session.get_outputs()]
     post = Postprocessor(ClassificationSpec(top_k=5))
     ref = ModelRef(slot="bench", model_id=model.stem, version="1", sha256="0" * 64)
     link = _link(port, workdir, "naive")
@@ -134,8 +139,8 @@ def bench_naive(model: Path, spec: PreprocessSpec, video: Path, port: int, workd
         if not ok:
             break
         tensor, letterbox = preprocess(np.asarray(image, dtype=np.uint8), spec)
-        outputs = runner.infer({name: tensor[np.newaxis]})
-        prediction = post({k: v[0] for k, v in outputs.items()}, letterbox)
+        outputs = session.run(None, {name: tensor[np.newaxis]})
+        prediction = post({k: v[0] for k, v in zip(output_names, outputs, strict=True)}, letterbox)
         message = ResultMessage(
             stream="naive",
             frame_index=count,
@@ -150,13 +155,20 @@ def bench_naive(model: Path, spec: PreprocessSpec, video: Path, port: int, workd
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     cap.release()
     link.stop()
-    runner.close()
     return {"fps": count / wall, "cpu_s_per_frame": cpu / count, "frames": count}
 
 
-def _agent_config(workdir: Path, port: int, model: Path, size: int, video: Path, **source: Any) -> Path:
+def _agent_config(
+    workdir: Path,
+    port: int,
+    model: Path,
+    size: int,
+    video: Path,
+    slot: dict[str, Any] | None = None,
+    **source: Any,
+) -> Path:
     workdir.mkdir(parents=True, exist_ok=True)
-    config = {
+    config: dict[str, Any] = {
         "device_id": "bench",
         "state_dir": str(workdir / "state"),
         "mqtt": {"host": "127.0.0.1", "port": port},
@@ -174,6 +186,7 @@ def _agent_config(workdir: Path, port: int, model: Path, size: int, video: Path,
         "telemetry": {"interval_s": 60},
         "logging": {"format": "json", "level": "error"},
     }
+    config["slots"]["cls"].update(slot or {})
     path = workdir / "agent.yaml"
     path.write_text(yaml.safe_dump(config))
     return path
@@ -197,10 +210,16 @@ def _published(agent: Agent) -> int:
 
 
 def bench_agent(
-    model: Path, size: int, video: Path, port: int, workdir: Path, frames: int
+    model: Path,
+    size: int,
+    video: Path,
+    port: int,
+    workdir: Path,
+    frames: int,
+    slot: dict[str, Any] | None = None,
 ) -> dict[str, float]:
     """The agent in this process, file source processing every frame, until all are published."""
-    path = _agent_config(workdir, port, model, size, video, loop=False)
+    path = _agent_config(workdir, port, model, size, video, slot, loop=False)
     agent, wall, cpu = _run_agent(path, lambda a: _published(a) >= frames, timeout=300)
     done = _published(agent)
     agent.stop()
@@ -293,14 +312,30 @@ def main() -> int:
                 raw = bench_raw(model, spec, video)
                 naive = bench_naive(model, spec, video, broker.port, workdir / f"{case}-naive")
                 agent = bench_agent(model, size, video, broker.port, workdir / f"{case}-agent", args.frames)
+                # The same agent with ORT's thread spinning on (slot option allow_spinning), as the
+                # raw and naive loops have it by default: more throughput, CPU burnt while idle.
+                spinning = bench_agent(
+                    model,
+                    size,
+                    video,
+                    broker.port,
+                    workdir / f"{case}-spin",
+                    args.frames,
+                    {"allow_spinning": True},
+                )
                 report[case] = {
                     "raw_infer": raw,
                     "naive_loop": naive,
                     "agent": agent,
+                    "agent_allow_spinning": spinning,
                     "ratios": {
                         "agent_over_raw_fps": agent["fps"] / raw["fps"],
                         "agent_over_naive_fps": agent["fps"] / naive["fps"],
                         "agent_over_naive_cpu_per_frame": agent["cpu_s_per_frame"] / naive["cpu_s_per_frame"],
+                        "spinning_agent_over_raw_fps": spinning["fps"] / raw["fps"],
+                        "spinning_agent_over_naive_fps": spinning["fps"] / naive["fps"],
+                        "spinning_agent_over_naive_cpu_per_frame": spinning["cpu_s_per_frame"]
+                        / naive["cpu_s_per_frame"],
                     },
                 }
                 print(f"{case}: done", file=sys.stderr)

@@ -7,10 +7,12 @@ reports itself unavailable with the import error.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import structlog
 
 from agent.backends.base import Backend, Feeds, LoadOptions, Outputs, Runner, TensorSpec
@@ -121,6 +123,40 @@ def _create_session(path: Path, so: Any, providers: Sequence[ProviderRequest]) -
         raise EngineError(f"ONNX Runtime cannot load {path}: {exc}".strip()) from exc
 
 
+#: A model faster than this per frame (batch 1, on the CPU provider) gets one intra-op thread when
+#: the thread count is left to the agent (``intra_op_threads: 0``). Splitting a sub-millisecond run
+#: over every core costs more in thread wake-ups than it saves, and those cores are what the capture
+#: threads need to decode the next frames (measured in bench/pipeline.py: the "tiny" case).
+SMALL_MODEL_MS = 1.5
+
+
+def probe_ms(session: Any, runs: int = 5) -> float | None:
+    """Median milliseconds of one batch-1 inference on zeros; None when an input shape is not fixed."""
+    feeds: dict[str, Any] = {}
+    for spec in _tensor_specs(session.get_inputs()):
+        dims = [1 if i == 0 and not isinstance(d, int) else d for i, d in enumerate(spec.shape)]
+        if not all(isinstance(d, int) and d > 0 for d in dims) or spec.dtype == "bfloat16":
+            return None
+        feeds[spec.name] = np.zeros(dims, dtype=spec.dtype)
+    try:
+        session.run(None, feeds)  # warm-up: first runs allocate
+        times = []
+        for _ in range(runs):
+            start = time.perf_counter()
+            session.run(None, feeds)
+            times.append((time.perf_counter() - start) * 1000.0)
+    except Exception:  # noqa: BLE001 - a model that cannot run on zeros is judged by validation, not here
+        return None
+    return float(np.median(times))
+
+
+def small_model_threads(requested: int, probe: float | None, cpus: int) -> int | None:
+    """The thread count to reload a session with, or None to keep it (pure)."""
+    if requested != 0 or probe is None or cpus < 2 or probe >= SMALL_MODEL_MS:
+        return None
+    return 1
+
+
 def _spinning(session: Any) -> bool:
     """Whether the session's intra-op threads busy-wait (ORT's default when the entry is absent)."""
     try:
@@ -135,10 +171,11 @@ class OnnxRuntimeRunner(Runner):
 
     backend = "onnxruntime"
 
-    def __init__(self, session: Any, path: Path) -> None:
+    def __init__(self, session: Any, path: Path, threads: str = "default") -> None:
         super().__init__(_tensor_specs(session.get_inputs()), _tensor_specs(session.get_outputs()))
         self._session = session
         self._path = path
+        self._threads = threads
         self._spinning = _spinning(session)
         self._output_names = [o.name for o in self.outputs]
 
@@ -160,6 +197,7 @@ class OnnxRuntimeRunner(Runner):
             "model": str(self._path),
             "version": ort.__version__ if ort is not None else None,
             "allow_spinning": self._spinning,
+            "intra_op_threads": self._threads,
         }
 
 
@@ -179,7 +217,15 @@ class OnnxRuntimeBackend(Backend):
         session = _create_session(
             engine, _session_options(options.intra_op_threads, spinning), options.providers
         )
-        runner = OnnxRuntimeRunner(session, engine)
+        threads = str(options.intra_op_threads) if options.intra_op_threads else "default"
+        if options.intra_op_threads == 0 and list(session.get_providers()) == [CPU]:
+            took = probe_ms(session)
+            auto = small_model_threads(options.intra_op_threads, took, os.cpu_count() or 1)
+            if auto is not None:
+                # Only the providers that came up the first time: their warnings were logged then.
+                session = _create_session(engine, _session_options(auto, spinning), session.get_providers())
+                threads = f"{auto} (auto: {took:.2f} ms per frame)"
+        runner = OnnxRuntimeRunner(session, engine, threads)
         log.info("engine.loaded", backend=self.key, model=str(engine), providers=session.get_providers())
         return runner
 

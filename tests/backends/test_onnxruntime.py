@@ -18,9 +18,10 @@ from agent.backends.onnxruntime import (
     numpy_dtype,
     optimize_model,
     select_providers,
+    small_model_threads,
 )
 from agent.errors import EngineError
-from agent.modelzoo import write_classifier
+from agent.modelzoo import write_classifier, write_tiny_classifier
 
 
 def _affine_model(path: Path) -> Path:
@@ -182,3 +183,36 @@ def test_optimize_model_missing_source(tmp_path: Path) -> None:
 )
 def test_numpy_dtype(ort_type: str, dtype: str) -> None:
     assert numpy_dtype(ort_type) == dtype
+
+
+@pytest.mark.parametrize(
+    ("requested", "probe", "cpus", "expected"),
+    [
+        (0, 0.3, 2, 1),  # a tiny model on a multi-core CPU: one thread, the rest decode frames
+        (0, 25.0, 2, None),  # a heavy model keeps ORT's default (every core)
+        (0, None, 8, None),  # dynamic input shape: could not measure, keep the default
+        (2, 0.3, 8, None),  # the operator chose a thread count: never overridden
+        (0, 0.3, 1, None),  # one core: nothing to leave free
+    ],
+    ids=["tiny", "heavy", "unmeasured", "explicit", "single-core"],
+)
+def test_small_model_thread_policy(
+    requested: int, probe: float | None, cpus: int, expected: int | None
+) -> None:
+    assert small_model_threads(requested, probe, cpus) == expected
+
+
+def test_a_tiny_model_loads_with_one_thread_unless_told_otherwise(tmp_path: Path) -> None:
+    model = write_tiny_classifier(tmp_path / "tiny.onnx", input_size=32, width=16)
+    auto = OnnxRuntimeBackend().load(model, LoadOptions())
+    explicit = OnnxRuntimeBackend().load(model, LoadOptions(intra_op_threads=2))
+    try:
+        assert auto.describe()["intra_op_threads"].startswith("1 (auto")
+        assert explicit.describe()["intra_op_threads"] == "2"
+        x = np.zeros((2, 3, 32, 32), np.float32)
+        np.testing.assert_allclose(
+            auto.infer({"images": x})["scores"], explicit.infer({"images": x})["scores"], rtol=1e-5
+        )
+    finally:
+        auto.close()
+        explicit.close()
