@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import sys
-from typing import Literal
+from typing import Literal, TextIO
 
 import structlog
 from structlog.typing import Processor
@@ -28,8 +28,12 @@ class _AgentHandler(logging.StreamHandler):  # type: ignore[type-arg]
     """The one handler configure_logging installs; its type lets a second call find and replace it."""
 
 
-def configure_logging(format: Literal["json", "console"] = "json", level: str = "info") -> None:
+def configure_logging(
+    format: Literal["json", "console"] = "json", level: str = "info", stream: TextIO | None = None
+) -> None:
     """Configure structlog and the standard library to write ``format`` lines at ``level`` and above.
+
+    ``stream`` defaults to stdout (journald); tools whose stdout carries data (benchmarks) pass stderr.
 
     Safe to call again (e.g. after the configuration is reloaded): the previous setup is replaced,
     never duplicated. Raises ``ValueError`` for an unknown format or level.
@@ -44,7 +48,7 @@ def configure_logging(format: Literal["json", "console"] = "json", level: str = 
             structlog.processors.JSONRenderer(),
         ]
     elif format == "console":
-        renderer = [structlog.dev.ConsoleRenderer(colors=sys.stdout.isatty())]
+        renderer = [structlog.dev.ConsoleRenderer(colors=(stream or sys.stdout).isatty())]
     else:
         raise ValueError(f"unknown log format {format!r}; use json or console")
 
@@ -74,7 +78,7 @@ def configure_logging(format: Literal["json", "console"] = "json", level: str = 
         foreign_pre_chain=shared,
         processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, *renderer],
     )
-    handler = _AgentHandler(sys.stdout)
+    handler = _AgentHandler(stream or sys.stdout)
     handler.setFormatter(formatter)
 
     root = logging.getLogger()

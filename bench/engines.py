@@ -38,6 +38,7 @@ from agent.build.settings import EngineConfig
 from agent.build.spec import BuildSpec, CalibrationSource
 from agent.camera.preprocess import preprocess
 from agent.camera.preprocess_spec import PreprocessSpec
+from agent.logs import configure_logging
 from agent.modelzoo import write_classifier, write_mobilenet_like
 from agent.platform import detect_platform
 
@@ -212,6 +213,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--heldout", type=int, default=1000, help="held-out images for INT8 vs FP32")
     parser.add_argument("--out", type=Path, help="also write the JSON here")
     args = parser.parse_args(argv)
+    # stdout carries the JSON report only; the agent's logs go to stderr, warnings and up.
+    configure_logging("console", "warning", stream=sys.stderr)
     with tempfile.TemporaryDirectory(prefix="bench-engines-") as tmp:
         workdir = Path(tmp)
         shapes, _trained = shapes_model(workdir)

@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import logging
 import statistics
 import sys
 import tempfile
@@ -24,7 +23,6 @@ from typing import Any
 
 import cv2
 import numpy as np
-import structlog
 import yaml
 
 from agent.app import Agent
@@ -33,6 +31,7 @@ from agent.camera.preprocess_spec import PreprocessSpec
 from agent.config import load_config
 from agent.demo import write_demo_video
 from agent.localbroker import Broker
+from agent.logs import configure_logging
 from agent.modelzoo import write_mobilenet_like, write_tiny_classifier
 from agent.mqtt.link import MqttLink
 from agent.mqtt.observer import Observer
@@ -284,10 +283,7 @@ def bench_swap(
 
 def main() -> int:
     # stdout carries the JSON report only; the agent's logs go to stderr, warnings and up.
-    structlog.configure(
-        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
-        wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING),
-    )
+    configure_logging("console", "warning", stream=sys.stderr)
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--frames", type=int, default=300, help="frames in the 640x480 video")
     parser.add_argument("--latency-seconds", type=float, default=8.0)

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import os
 import signal
 import statistics
@@ -38,13 +37,12 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-import structlog
-
 from agent.delivery.manifest import DeployManifest, build_manifest
 from agent.delivery.settings import DeliveryConfig
 from agent.delivery.transfer import fetch_model
 from agent.fleet.chunks import DEFAULT_MAX_INFLIGHT, ChunkServer
 from agent.localbroker import Broker
+from agent.logs import configure_logging
 from agent.mqtt.client_tools import ServiceClient
 from agent.mqtt.inbox import InboundMessage
 from agent.mqtt.link import MqttLink
@@ -57,10 +55,7 @@ MIB = 1024 * 1024
 
 def _quiet_logs() -> None:
     """Warnings and errors only, on stderr: stdout carries the JSON result and the child protocol."""
-    structlog.configure(
-        wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
-    )
+    configure_logging("console", "warning", stream=sys.stderr)
 
 
 def _settings(port: int, prefix: str) -> MqttSettings:

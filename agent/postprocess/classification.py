@@ -64,9 +64,12 @@ class ClassificationPostprocess:
         k = min(self.spec.top_k, scores.size)
         # Stable sort of the negated scores: equal scores keep index order, lowest index first.
         top = np.argsort(-scores, kind="stable")[:k]
-        return Prediction(
+        # Built from values typed right here: model_construct skips re-validating them per frame.
+        return Prediction.model_construct(
             classes=[
-                ClassScore(index=int(i), label=label_of(self.labels, int(i)), score=float(scores[i]))
+                ClassScore.model_construct(
+                    index=int(i), label=label_of(self.labels, int(i)), score=float(scores[i])
+                )
                 for i in top
             ]
         )

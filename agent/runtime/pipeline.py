@@ -361,7 +361,8 @@ class SlotPipeline:
             "postprocess": round(post_ms, 3),
             "total": round(total_ms, 3),
         }
-        message = ResultMessage(
+        # Every field is produced here, typed: model_construct skips per-frame validation.
+        message = ResultMessage.model_construct(
             stream=plan.name,
             frame_index=work.frame.index,
             captured_at=work.frame.captured_at,
