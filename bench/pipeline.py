@@ -42,6 +42,11 @@ from agent.protocol.messages import ModelRef, ResultMessage
 from agent.spool import Spool
 
 
+def _median(samples: list[dict[str, float]]) -> dict[str, float]:
+    """Per key, the median over repeated runs."""
+    return {key: statistics.median(sample[key] for sample in samples) for key in samples[0]}
+
+
 def _frames(video: Path) -> list[np.ndarray[Any, Any]]:
     cap = cv2.VideoCapture(str(video))
     frames = []
@@ -287,6 +292,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--frames", type=int, default=300, help="frames in the 640x480 video")
     parser.add_argument("--latency-seconds", type=float, default=8.0)
+    parser.add_argument("--repeat", type=int, default=3, help="interleaved runs per variant (median)")
     args = parser.parse_args()
     report: dict[str, Any] = {
         "frames": args.frames,
@@ -305,25 +311,40 @@ def main() -> int:
             }
             for case, (model, size) in cases.items():
                 spec = PreprocessSpec(width=size, height=size)
-                raw = bench_raw(model, spec, video)
-                naive = bench_naive(model, spec, video, broker.port, workdir / f"{case}-naive")
-                agent = bench_agent(model, size, video, broker.port, workdir / f"{case}-agent", args.frames)
-                # The same agent with ORT's thread spinning on (slot option allow_spinning), as the
-                # raw and naive loops have it by default: more throughput, CPU burnt while idle.
-                spinning = bench_agent(
-                    model,
-                    size,
-                    video,
-                    broker.port,
-                    workdir / f"{case}-spin",
-                    args.frames,
-                    {"allow_spinning": True},
-                )
+                rows: dict[str, list[dict[str, float]]] = {"raw": [], "naive": [], "agent": [], "spin": []}
+                # Interleaved repeats, medians compared: a burst of load elsewhere on the machine
+                # then hits every variant alike instead of deciding a ratio.
+                for rep in range(args.repeat):
+                    rows["raw"].append(bench_raw(model, spec, video))
+                    rows["naive"].append(
+                        bench_naive(model, spec, video, broker.port, workdir / f"{case}-naive-{rep}")
+                    )
+                    rows["agent"].append(
+                        bench_agent(
+                            model, size, video, broker.port, workdir / f"{case}-agent-{rep}", args.frames
+                        )
+                    )
+                    # The same agent with ORT's thread spinning on (slot option allow_spinning), as
+                    # the raw and naive loops have it by default: more throughput, CPU burnt idle.
+                    rows["spin"].append(
+                        bench_agent(
+                            model,
+                            size,
+                            video,
+                            broker.port,
+                            workdir / f"{case}-spin-{rep}",
+                            args.frames,
+                            {"allow_spinning": True},
+                        )
+                    )
+                raw, naive, agent, spinning = (_median(rows[k]) for k in ("raw", "naive", "agent", "spin"))
                 report[case] = {
+                    "repeats": args.repeat,
                     "raw_infer": raw,
                     "naive_loop": naive,
                     "agent": agent,
                     "agent_allow_spinning": spinning,
+                    "agent_fps_samples": [round(r["fps"], 1) for r in rows["agent"]],
                     "ratios": {
                         "agent_over_raw_fps": agent["fps"] / raw["fps"],
                         "agent_over_naive_fps": agent["fps"] / naive["fps"],
