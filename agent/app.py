@@ -253,8 +253,17 @@ class Agent:
                 self.metrics.rate(f"stream.{stream_name}.fps", f"stream.{stream_name}.frames_published")
                 self.metrics.add_collector(source.stats, prefix=f"stream.{stream_name}.source")
             if plans:
-                max_batch = self.config.slots[slot_name].max_batch
-                pipelines.append(SlotPipeline(slot, plans, self.link, self.metrics, max_batch=max_batch))
+                slot_config = self.config.slots[slot_name]
+                pipelines.append(
+                    SlotPipeline(
+                        slot,
+                        plans,
+                        self.link,
+                        self.metrics,
+                        max_batch=slot_config.max_batch,
+                        workers=slot_config.inference_workers,
+                    )
+                )
         self.metrics.add_collector(self._slot_stats, prefix="slot")
         return pipelines
 

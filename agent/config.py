@@ -63,6 +63,14 @@ class SlotConfig(StrictModel):
     max_batch: int = Field(
         4, ge=1, le=64, description="Most frames run in one batch when streams share a slot."
     )
+    inference_workers: int = Field(
+        1,
+        ge=1,
+        le=8,
+        description="Inference threads running batches side by side. On a CPU-only device with a "
+        "heavy model, 2 workers with intra_op_threads 1 beat one worker using every core; results "
+        "of a stream may then be published out of frame order (each carries its frame index).",
+    )
     preprocess: PreprocessSpec = Field(default_factory=PreprocessSpec)
     postprocess: PostprocessSpec = Field(default_factory=ClassificationSpec)
     build: BuildSpec | None = Field(

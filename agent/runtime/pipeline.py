@@ -141,12 +141,19 @@ class SlotPipeline:
         *,
         max_batch: int = 4,
         publish_queue: int = 64,
+        workers: int = 1,
     ) -> None:
         self.slot = slot
         self.streams = streams
         self._publisher = publisher
         self._metrics = metrics
         self._max_batch = max_batch
+        # Several inference threads run batches side by side (a session/engine may be run from many
+        # threads; TensorRT gets one execution context per thread). The last one out closes the outbox.
+        self._workers = max(1, workers)
+        self._workers_running = self._workers
+        self._workers_lock = threading.Lock()
+        self._running_threads: list[threading.Thread] = []
         self._stream_metrics = {plan.name: StreamMetrics(metrics, plan.name) for plan in streams}
         self._infer_hist = metrics.histogram(f"slot.{slot.name}.latency.infer")
         self._batches = metrics.counter(f"slot.{slot.name}.batches")
@@ -172,9 +179,13 @@ class SlotPipeline:
         for plan in self.streams:
             t = threading.Thread(target=self._capture, args=(plan,), name=f"capture-{plan.name}", daemon=True)
             self._capture_threads.append(t)
-        infer = threading.Thread(target=self._infer_loop, name=f"infer-{self.slot.name}", daemon=True)
+        infer = [
+            threading.Thread(target=self._infer_loop, name=f"infer-{self.slot.name}-{i}", daemon=True)
+            for i in range(self._workers)
+        ]
         publish = threading.Thread(target=self._publish_loop, name=f"publish-{self.slot.name}", daemon=True)
-        self._threads = [*self._capture_threads, infer, publish]
+        self._running_threads = [*infer, publish]
+        self._threads = [*self._capture_threads, *infer, publish]
         for t in self._threads:
             t.start()
 
@@ -196,7 +207,7 @@ class SlotPipeline:
         """For the systemd watchdog: the inference loop turns over, or every stream ended on purpose."""
         if self.finished:
             return True
-        running = all(t.is_alive() for t in self._threads[-2:]) if self._threads else False
+        running = bool(self._running_threads) and all(t.is_alive() for t in self._running_threads)
         return running and time.monotonic() - self.heartbeat < stale_s
 
     @property
@@ -287,7 +298,11 @@ class SlotPipeline:
                 self._infer_batch(batch)
             except Exception:
                 log.exception("pipeline.infer.crashed", slot=self.slot.name)
-        self._outbox.close()
+        with self._workers_lock:
+            self._workers_running -= 1
+            last = self._workers_running == 0
+        if last:
+            self._outbox.close()
 
     def _infer_batch(self, batch: list[WorkItem]) -> None:
         now = time.monotonic()

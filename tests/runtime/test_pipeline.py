@@ -86,6 +86,7 @@ class Rig:
         *,
         max_batch: int = 4,
         queue_size: int = 4,
+        workers: int = 1,
     ) -> SlotPipeline:
         plans = [
             StreamPlan(
@@ -99,7 +100,7 @@ class Rig:
             )
             for name, (spec, policy) in streams.items()
         ]
-        pipeline = SlotPipeline(slot, plans, self.link, self.metrics, max_batch=max_batch)
+        pipeline = SlotPipeline(slot, plans, self.link, self.metrics, max_batch=max_batch, workers=workers)
         self.pipelines.append(pipeline)
         pipeline.start()
         return pipeline
@@ -168,6 +169,22 @@ def test_a_file_stream_yields_one_result_per_frame_then_finishes(
     assert all(r.classes is not None and len(r.classes) == 1 for r in results)
     assert rig.counter("stream.clip.frames_published") == 40
     assert rig.counter("stream.clip.dropped.queue_full") == 0
+
+
+def test_several_inference_workers_still_give_one_result_per_frame(
+    rig: Rig, models: dict[str, Path], tmp_path: Path
+) -> None:
+    video = write_demo_video(tmp_path / "clip.avi", frames=60, size=(96, 72), fps=30.0)
+    spec = make(FileSourceSpec, path=video, loop=False, realtime=False)
+    pipeline = rig.start(
+        loaded_slot(models["slow"]), {"clip": (spec, "process_all")}, max_batch=2, queue_size=4, workers=3
+    )
+    assert len([t for t in pipeline._threads if t.name.startswith("infer-")]) == 3
+    wait_until(lambda: pipeline.finished, "three workers to drain the file")
+    rig.probe.wait_for(lambda _ms: len(rig.results("clip")) >= 60, timeout=10)
+    # Workers finish batches in any order: every frame index once, whatever the publish order.
+    assert [r.frame_index for r in rig.results("clip")] == list(range(60))
+    assert rig.counter("stream.clip.frames_published") == 60
 
 
 def test_streams_sharing_a_slot_are_batched(rig: Rig, models: dict[str, Path]) -> None:
