@@ -41,7 +41,7 @@ SLOT_TRANSITIONS: dict[SlotState, frozenset[SlotState]] = {
     SlotState.EMPTY: frozenset({SlotState.LOADING}),
     SlotState.LOADING: frozenset({SlotState.VALIDATING, SlotState.EMPTY, SlotState.ACTIVE}),
     SlotState.VALIDATING: frozenset({SlotState.ACTIVE, SlotState.EMPTY}),
-    SlotState.ACTIVE: frozenset({SlotState.LOADING}),
+    SlotState.ACTIVE: frozenset({SlotState.LOADING, SlotState.EMPTY}),  # EMPTY: closed at shutdown
 }
 
 #: Called with (slot name, old state, new state) on every slot transition.
@@ -166,10 +166,13 @@ class ModelSlot:
 
     def close(self) -> None:
         """Release the current model (at shutdown, after the frame path has stopped)."""
+        # Not under the load lock: a build still running at shutdown must not hold the stop up.
         with self._lock:
             old, self._current = self._current, None
         if old is not None:
             old.retire()
+        if self._state is SlotState.ACTIVE:
+            self._transition(SlotState.EMPTY)
 
     def describe(self) -> dict[str, Any]:
         model = self._current
