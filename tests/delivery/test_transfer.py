@@ -23,7 +23,7 @@ from agent.delivery.partial import PartialDownload, TransferTimeoutError
 from agent.delivery.transfer import MqttPull, PullStats, fetch_model
 from agent.fleet.chunks import ChunkServer
 from tests.broker import Broker
-from tests.delivery.test_transfer_support import (
+from tests.delivery.transfer_support import (
     KIB,
     MIB,
     Device,

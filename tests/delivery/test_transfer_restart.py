@@ -23,7 +23,7 @@ from agent.delivery.manifest import DeployManifest
 from agent.delivery.transfer import fetch_model
 from agent.fleet.chunks import ChunkServer
 from tests.broker import Broker
-from tests.delivery.test_transfer_support import (
+from tests.delivery.transfer_support import (
     KIB,
     MIB,
     Device,

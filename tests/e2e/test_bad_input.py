@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import base64
 import json
+import threading
 import uuid
 from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +46,48 @@ def _checker_failure(path: Path) -> Path:
     return path
 
 
+class CorruptsChunk0(ChunkServer):
+    """A real server whose chunk 0 always arrives with a flipped byte."""
+
+    def replies(self, index: int, data: bytes) -> list[tuple[int, bytes]]:
+        return [(index, bytes([data[0] ^ 0xFF]) + data[1:])] if index == 0 else [(index, data)]
+
+
+class NumbersOutOfRange(ChunkServer):
+    """A real server that labels every chunk with an index past the end of the model."""
+
+    def replies(self, index: int, data: bytes) -> list[tuple[int, bytes]]:
+        return [(10_000 + index, data)]
+
+
+class NeverAnswers(ChunkServer):
+    """A real server that takes requests and never answers them."""
+
+    def replies(self, index: int, data: bytes) -> list[tuple[int, bytes]]:
+        return []
+
+
+class BadHttp(BaseHTTPRequestHandler):
+    """/missing: 404. /drop: promises the whole body, sends half, closes the connection."""
+
+    body = b"x" * 20000
+
+    def do_GET(self) -> None:
+        if self.path == "/missing":
+            self.send_error(404)
+            return
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(self.body)))
+        self.send_header("ETag", '"v1"')
+        self.end_headers()
+        self.wfile.write(self.body[: len(self.body) // 2])
+        self.wfile.flush()
+        self.close_connection = True
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
 class Operator:
     """Publishes signed (or deliberately broken) manifests and serves their chunks."""
 
@@ -52,6 +96,13 @@ class Operator:
         self.key = private_key_from_bytes(key)
         self.sequence = 100
         self.models: dict[str, Path] = {}
+
+    def manifest_on(self, server: ChunkServer, model: Path, job_id: str, **fields: Any) -> dict[str, Any]:
+        """A manifest whose chunks only ``server`` answers (the model is unknown to the good server)."""
+        m = self.manifest(model, job_id, **fields)
+        server.register(DeployManifest.model_validate(m), model, verify=False)
+        self.models.pop(job_id)
+        return m
 
     def manifest(self, model: Path, job_id: str, **fields: Any) -> dict[str, Any]:
         self.sequence += 1
@@ -93,7 +144,8 @@ class Operator:
             parsed = DeployManifest.model_validate(manifest)
         except ValueError:
             return  # the device refuses it before asking for any chunk
-        self.server.register(parsed, self.models[parsed.job_id], verify=False)
+        if parsed.job_id in self.models:
+            self.server.register(parsed, self.models[parsed.job_id], verify=False)
 
 
 def _jobs(messages: list[Received], device: str) -> dict[str, list[JobStatus]]:
@@ -118,21 +170,33 @@ def test_bad_deployments_are_rejected_and_cost_nothing(tmp_path: Path, broker: B
     files = AgentFiles(tmp_path, broker.port, device, frames=30)
     private_pem, public_pem = generate_keypair()
     (tmp_path / "k1.pub").write_bytes(public_pem)
-    _other_private, other_public = generate_keypair()
     stream = {"source": {"type": "file", "path": str(files.video), "loop": True, "realtime": True}}
     config = files.write_config(
         stream=stream,
         delivery={
             "trusted_keys": {"k1": str(tmp_path / "k1.pub")},
             "max_model_bytes": 2_000_000,
-            "chunk_timeout_s": 1.0,
+            "chunk_timeout_s": 0.5,
+            "job_deadline_s": 4.0,
+            "http_timeout_s": 2.0,
         },
     )
     results_topic = f"fleet/v1/{device}/up/results/cam"
     settings = MqttSettings(host=broker.host, port=broker.port)
+    http = ThreadingHTTPServer(("127.0.0.1", 0), BadHttp)
+    threading.Thread(target=http.serve_forever, daemon=True).start()
+    base_url = f"http://127.0.0.1:{http.server_address[1]}"
+    # Each faulty server answers only for the model registered with it (a model of its own).
+    odd = [
+        write_classifier(tmp_path / f"odd-{i}.onnx", input_size=32, num_classes=4, seed=10 + i)
+        for i in range(4)
+    ]
     with (
         Probe(broker.host, broker.port) as probe,
         ChunkServer(settings, group=f"g-{device}") as server,
+        CorruptsChunk0(settings, group=f"c-{device}") as corrupts,
+        NumbersOutOfRange(settings, group=f"o-{device}") as misnumbers,
+        NeverAnswers(settings, group=f"n-{device}") as silent,
     ):
         probe.subscribe(f"fleet/v1/{device}/up/#")
         op = Operator(probe, server, device, private_pem)
@@ -148,38 +212,90 @@ def test_bad_deployments_are_rejected_and_cost_nothing(tmp_path: Path, broker: B
             truncated = tmp_path / "truncated.onnx"
             truncated.write_bytes(files.v2.read_bytes()[: files.v2.stat().st_size // 2])
             checker = _checker_failure(tmp_path / "checker.onnx")
-            cases: list[tuple[str, str, Callable[[str], None]]] = [
+
+            def http_only(path: str) -> list[dict[str, str]]:
+                return [{"kind": "http", "url": base_url + path}]
+
+            cases: list[tuple[str, tuple[str, str], Callable[[str], None]]] = [
                 (
                     "wrong-shape",
-                    "bad_manifest",
+                    ("REJECTED", "bad_manifest"),
                     lambda j: op.publish({"job_id": j, "sequence": op.sequence + 1}),
                 ),
                 (
                     "bad-sig",
-                    "bad_signature",
+                    ("REJECTED", "bad_signature"),
                     lambda j: op.publish(op.manifest(files.v1, j), signer=lambda d: b"x" * 64),
                 ),
-                ("unknown-key", "unknown_key", lambda j: op.publish(op.manifest(files.v1, j), key_id="k9")),
-                ("unsigned", "unsigned", lambda j: op.publish(op.manifest(files.v1, j), signed=False)),
+                (
+                    "unknown-key",
+                    ("REJECTED", "unknown_key"),
+                    lambda j: op.publish(op.manifest(files.v1, j), key_id="k9"),
+                ),
+                (
+                    "unsigned",
+                    ("REJECTED", "unsigned"),
+                    lambda j: op.publish(op.manifest(files.v1, j), signed=False),
+                ),
                 (
                     "other-device",
-                    "wrong_device",
+                    ("REJECTED", "wrong_device"),
                     lambda j: op.publish(op.manifest(files.v1, j, device="someone-else")),
                 ),
-                ("dotdot", "bad_name", lambda j: op.publish(op.manifest(files.v1, j, model_id="../../etc"))),
-                ("replay", "replay", lambda j: op.publish({**op.manifest(files.v1, j), "sequence": 5})),
-                ("too-large", "too_large", lambda j: op.publish(op.manifest(big, j))),
-                ("hash", "hash_mismatch", lambda j: op.publish(op.manifest(files.v1, j, sha256="0" * 64))),
-                ("truncated", "bad_onnx", lambda j: op.publish(op.manifest(truncated, j))),
-                ("checker", "onnx_checker", lambda j: op.publish(op.manifest(checker, j))),
-                ("input48", "incompatible", lambda j: op.publish(op.manifest(wrong_input, j))),
+                (
+                    "dotdot",
+                    ("REJECTED", "bad_name"),
+                    lambda j: op.publish(op.manifest(files.v1, j, model_id="../../etc")),
+                ),
+                (
+                    "replay",
+                    ("REJECTED", "replay"),
+                    lambda j: op.publish({**op.manifest(files.v1, j), "sequence": 5}),
+                ),
+                ("too-large", ("REJECTED", "too_large"), lambda j: op.publish(op.manifest(big, j))),
+                (
+                    "hash",
+                    ("REJECTED", "hash_mismatch"),
+                    lambda j: op.publish(op.manifest(files.v1, j, sha256="0" * 64)),
+                ),
+                ("truncated", ("REJECTED", "bad_onnx"), lambda j: op.publish(op.manifest(truncated, j))),
+                ("checker", ("REJECTED", "onnx_checker"), lambda j: op.publish(op.manifest(checker, j))),
+                ("input48", ("REJECTED", "incompatible"), lambda j: op.publish(op.manifest(wrong_input, j))),
+                (
+                    "corrupt-chunk",
+                    ("FAILED", "transfer_timeout"),
+                    lambda j: op.publish(op.manifest_on(corrupts, odd[0], j)),
+                ),
+                (
+                    "chunk-index",
+                    ("FAILED", "transfer_timeout"),
+                    lambda j: op.publish(op.manifest_on(misnumbers, odd[1], j)),
+                ),
+                (
+                    "no-answer",
+                    ("FAILED", "transfer_timeout"),
+                    lambda j: op.publish(op.manifest_on(silent, odd[2], j)),
+                ),
+                (
+                    "http-404",
+                    ("FAILED", "http_not_found"),
+                    lambda j: op.publish(op.manifest(odd[3], j, sources=http_only("/missing"))),
+                ),
+                (
+                    "http-drop",
+                    ("FAILED", "http_failed"),
+                    lambda j: op.publish(op.manifest(odd[3], j, sources=http_only("/drop"))),
+                ),
             ]
             assert big.stat().st_size > 2_000_000
             codes = {}
-            for job_id, _code, send in cases:
+            for job_id, _expected, send in cases:
                 send(job_id)
                 final = _final(probe, device, job_id)
                 codes[job_id] = (final.state.value, final.error_code, final.error)
+            # A job that failed for want of chunks is retryable: a new manifest for the same model.
+            op.publish(op.manifest(odd[2], "retry"))
+            assert _final(probe, device, "retry").state.value == "ACTIVE"
             # Malformed JSON has no job id to report on: it is logged, and nothing changes.
             op.publish(None, raw=b"{not json")
             daemon.wait_for_event("delivery.manifest.rejected", timeout=10)
@@ -187,16 +303,16 @@ def test_bad_deployments_are_rejected_and_cost_nothing(tmp_path: Path, broker: B
             probe.wait_for_count(results_topic, count + 10, timeout=30)
         finally:
             code = daemon.stop()
+            http.shutdown()
     assert code == 0, daemon.log()[-3000:]
     for job_id, expected, _send in cases:
         state, error_code, error = codes[job_id]
-        assert (state, error_code) == ("REJECTED", expected), (job_id, error)
+        assert (state, error_code) == expected, (job_id, error)
         assert error
     results = unique_results(probe.snapshot(), results_topic)
     assert [r.frame_index for r in results] == list(range(len(results))), "results had a gap"
-    assert {r.model.version for r in results} <= {"1", "good-1"}
-    assert results[-1].model.version == "good-1"
+    assert {r.model.version for r in results} <= {"1", "good-1", "retry"}
+    assert results[-1].model.version == "retry"
     state = json.loads((tmp_path / "state" / "state.json").read_text())
-    assert state["slots"]["cls"]["active"]["version"] == "good-1"
-    assert state["slots"]["cls"]["last_known_good"]["version"] == "1"
-    del other_public
+    assert state["slots"]["cls"]["active"]["version"] == "retry"
+    assert state["slots"]["cls"]["last_known_good"]["version"] == "good-1"

@@ -17,7 +17,7 @@ import pytest
 from agent.delivery.manifest import DeployManifest
 from agent.protocol.topics import Topics
 from tests.broker import Broker
-from tests.delivery.test_transfer_support import KIB, Rig, manifest_for, random_model, wait_until
+from tests.delivery.transfer_support import KIB, Rig, manifest_for, random_model, wait_until
 from tests.mqtt_probe import Probe, Received
 
 CHUNK = 4 * KIB
