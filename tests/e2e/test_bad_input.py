@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import base64
 import json
+import subprocess
 import threading
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -316,3 +317,63 @@ def test_bad_deployments_are_rejected_and_cost_nothing(tmp_path: Path, broker: B
     state = json.loads((tmp_path / "state" / "state.json").read_text())
     assert state["slots"]["cls"]["active"]["version"] == "retry"
     assert state["slots"]["cls"]["last_known_good"]["version"] == "good-1"
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A real 8 MiB filesystem (tmpfs) for the agent's state directory; needs root to mount."""
+    mount_point = tmp_path / "small-disk"
+    mount_point.mkdir()
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mount_point)],
+        check=False,
+        capture_output=True,
+        text=True,
+    )
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here ({done.stderr.strip()}): the disk-full case needs root")
+    try:
+        yield mount_point
+    finally:
+        subprocess.run(["umount", "-l", str(mount_point)], check=False)
+
+
+def test_a_model_larger_than_the_free_disk_is_refused_before_download(
+    tmp_path: Path, broker: Broker, small_disk: Path
+) -> None:
+    device = f"disk-{uuid.uuid4().hex[:8]}"
+    files = AgentFiles(tmp_path / "files", broker.port, device, frames=30)
+    private_pem, public_pem = generate_keypair()
+    (tmp_path / "k1.pub").write_bytes(public_pem)
+    stream = {"source": {"type": "file", "path": str(files.video), "loop": True, "realtime": True}}
+    config = files.write_config(
+        stream=stream,
+        state_dir=str(small_disk / "state"),
+        delivery={"trusted_keys": {"k1": str(tmp_path / "k1.pub")}, "disk_headroom_bytes": 0},
+    )
+    huge = write_classifier(tmp_path / "huge.onnx", input_size=32, num_classes=4, seed=5, width=200)
+    assert huge.stat().st_size > 8 * 1024 * 1024
+    results_topic = f"fleet/v1/{device}/up/results/cam"
+    settings = MqttSettings(host=broker.host, port=broker.port)
+    with Probe(broker.host, broker.port) as probe, ChunkServer(settings, group=f"g-{device}") as server:
+        probe.subscribe(f"fleet/v1/{device}/up/#")
+        op = Operator(probe, server, device, private_pem)
+        daemon = Daemon(config, tmp_path / "agent.log")
+        try:
+            probe.wait_for_count(results_topic, 5, timeout=60)
+            state_before = (small_disk / "state" / "state.json").read_text()
+            op.publish(op.manifest(huge, "too-big-for-disk"))
+            final = _final(probe, device, "too-big-for-disk")
+            count = len(probe.on_topic(results_topic))
+            probe.wait_for_count(results_topic, count + 10, timeout=30)
+        finally:
+            code = daemon.stop()
+    assert code == 0
+    assert (final.state.value, final.error_code) == ("FAILED", "disk_full")
+    assert final.error is not None
+    assert "free" in final.error
+    assert server.served_bytes() == 0  # refused before a single chunk was asked for
+    results = unique_results(probe.snapshot(), results_topic)
+    assert [r.frame_index for r in results] == list(range(len(results)))
+    assert {r.model.version for r in results} == {"1"}
+    assert json.loads((small_disk / "state" / "state.json").read_text()) == json.loads(state_before)
