@@ -18,6 +18,7 @@ from typing import Any, Literal
 import numpy as np
 import numpy.typing as npt
 import structlog
+from pydantic import TypeAdapter
 
 from agent import __version__
 from agent.backends.base import ProviderRequest
@@ -51,6 +52,7 @@ from agent.telemetry import DeviceStats, Metrics, TelemetryLoop
 log = structlog.get_logger(__name__)
 
 Origin = Literal["config", "delivery", "rollback"]
+_POSTPROCESS: TypeAdapter[PostprocessSpec] = TypeAdapter(PostprocessSpec)
 
 #: SIGTERM to exit must stay well inside systemd's TimeoutStopSec (15 s in our unit).
 STOP_BUDGET_S = 8.0
@@ -110,6 +112,9 @@ class Agent:
         )
         self._configured: dict[str, tuple[ModelSource, BuildSpec | None, str | None]] = {}
         self._deferred_builds: list[tuple[str, ModelSource, BuildSpec]] = []
+        #: Engine cache key of each engine file built for a deployment, until it is activated.
+        self._engine_keys: dict[Path, tuple[str, BuildSpec]] = {}
+        self._protect_engines()
         self.delivery = DeliveryService(
             config.delivery,
             device_id=config.device_id,
@@ -170,29 +175,32 @@ class Agent:
         configured = model_source(slot_config)
         config_sha = _sha_or_none(configured.path)
         saved = self.state.slot(name)
-        candidates: list[tuple[ModelSource, Origin]] = []
+        # (source, build request, origin), in order of preference.
+        candidates: list[tuple[ModelSource, BuildSpec | None, Origin]] = []
         if saved.active is not None and saved.active.origin != "config" and saved.config_sha256 == config_sha:
-            candidates.append((_from_record(configured, saved.active), saved.active.origin))
-        candidates.append((configured, "config"))
+            candidates.append(
+                (_from_record(configured, saved.active), _build_of(saved.active), saved.active.origin)
+            )
+        candidates.append((configured, slot_config.build, "config"))
         candidates.extend(
-            (_from_record(configured, record), record.origin)
+            (_from_record(configured, record), _build_of(record), record.origin)
             for record in (saved.active, saved.last_known_good)
             if record is not None
         )
         self._configured[name] = (configured, slot_config.build, config_sha)
         tried: set[Path] = set()
-        for candidate, origin in candidates:
+        for candidate, build, origin in candidates:
             if candidate.path in tried or not candidate.path.exists():
                 continue
             tried.add(candidate.path)
             source = candidate
             try:
-                if candidate is configured and slot_config.build is not None:
-                    if _needs_frames(slot_config.build):
-                        # Calibration needs live frames: serve the ONNX model first, build once streams run.
-                        self._deferred_builds.append((name, configured, slot_config.build))
-                    else:
-                        source = self._prepared(name, configured, slot_config.build)
+                if build is not None and _needs_frames(build):
+                    # Calibration needs live frames: serve the ONNX model first, build once streams run.
+                    self._deferred_builds.append((name, candidate, build))
+                else:
+                    # A built engine comes back from the engine cache (rebuilt only if it was evicted).
+                    source = self._prepared(name, candidate, build)
                 self._activate(name, source, origin=origin)
                 if origin != "config" or candidate.path != configured.path:
                     log.warning("agent.slot.restored", slot=name, model=source.model_id, ver=source.version)
@@ -211,11 +219,16 @@ class Agent:
             sha256=loaded.ref.sha256,
             path=str(source.model_path or source.path),
             backend=source.backend,
+            engine_key=source.engine_key,
+            build=source.build.model_dump(mode="json") if source.build is not None else None,
+            preprocess=source.preprocess.model_dump(mode="json"),
+            postprocess=_POSTPROCESS.dump_python(source.postprocess, mode="json"),  # type: ignore[arg-type]
             origin=origin,
         )
         with self._state_lock:
             self.state = record_activation(self.state, name, record)
             self.state_file.save(self.state)
+        self._protect_engines()
         if self.link.connected:
             self._publish_info()
         return loaded
@@ -343,7 +356,13 @@ class Agent:
             progress=lambda message: log.info("engine.build.progress", slot=name, message=message),
         )
         artifact = prepared.artifact
-        log.info("engine.ready", slot=name, cache_hit=artifact.cache_hit, effective=prepared.effective)
+        log.info(
+            "engine.ready",
+            slot=name,
+            key=artifact.key,
+            cache_hit=artifact.cache_hit,
+            effective=prepared.effective,
+        )
         return replace(
             source,
             path=artifact.engine_path,
@@ -352,6 +371,8 @@ class Agent:
             extra=tuple(artifact.load_extra.items()),
             sha256=sha256_file(source.path),
             model_path=source.path,
+            engine_key=artifact.key,
+            build=build,
         )
 
     def _tap_frames(self, slot: str, n: int) -> list[npt.NDArray[np.uint8]]:
@@ -382,6 +403,7 @@ class Agent:
             slot, model, spec, preprocess, progress=progress, cancel=reporter.cancel
         )
         reporter.progress(1.0)
+        self._engine_keys[prepared.artifact.engine_path] = (prepared.artifact.key, spec)
         return BuildOutcome(
             engine_path=prepared.artifact.engine_path,
             backend=prepared.artifact.backend,
@@ -407,6 +429,7 @@ class Agent:
         slot_config = self.config.slots[request.slot]
         current = self.slots[request.slot].current
         base = current.source if current is not None else model_source(slot_config)
+        built = self._engine_keys.pop(request.engine_path, None)
         source = replace(
             base,
             path=request.engine_path,
@@ -419,6 +442,8 @@ class Agent:
             extra=tuple((k, v) for k, v in request.load_extra.items() if k != "providers"),
             sha256=request.sha256,
             model_path=request.model_path,
+            engine_key=built[0] if built else None,
+            build=built[1] if built else None,
         )
         self._activate(request.slot, source, origin="delivery")
 
@@ -430,6 +455,12 @@ class Agent:
             return current.source.preprocess, current.source.postprocess  # type: ignore[return-value]
         slot_config = self.config.slots[slot]
         return slot_config.preprocess, slot_config.postprocess
+
+    def _protect_engines(self) -> None:
+        """The engine cache's eviction never removes an active or last-known-good engine."""
+        with self._state_lock:
+            records = [r for s in self.state.slots.values() for r in (s.active, s.last_known_good) if r]
+        self.engines.builder.protect({r.engine_key for r in records if r.engine_key})
 
     def _protected_models(self) -> set[str]:
         with self._state_lock:
@@ -445,7 +476,8 @@ class Agent:
             raise AgentError(f"slot {slot!r} has no last-known-good model to roll back to")
         current = self.slots[slot].current
         base = current.source if current is not None else model_source(self.config.slots[slot])
-        loaded = self._activate(slot, _from_record(base, record), origin="rollback")
+        source = self._prepared(slot, _from_record(base, record), _build_of(record))
+        loaded = self._activate(slot, source, origin="rollback")
         return {"slot": slot, "model": loaded.ref.model_dump()}
 
     def status_report(self) -> dict[str, Any]:
@@ -545,6 +577,11 @@ def _providers(requested: Any, default: tuple[ProviderRequest, ...]) -> tuple[Pr
     return tuple(requested) if requested else default
 
 
+def _build_of(record: ModelRecord) -> BuildSpec | None:
+    """The build request a recorded engine was made with (None: the ONNX model ran as it is)."""
+    return BuildSpec.model_validate(record.build) if record.build else None
+
+
 def _needs_frames(build: BuildSpec) -> bool:
     return build.calibration is not None and build.calibration.kind == "stream"
 
@@ -558,12 +595,16 @@ def _sha_or_none(path: Path) -> str | None:
 
 def _from_record(configured: ModelSource, record: ModelRecord) -> ModelSource:
     """The slot's configured source, pointed at a model recorded in state.json."""
+    preprocess = PreprocessSpec.model_validate(record.preprocess) if record.preprocess else None
+    postprocess = _POSTPROCESS.validate_python(record.postprocess) if record.postprocess else None
     return replace(
         configured,
         path=Path(record.path),
         model_id=record.model_id,
         version=record.version,
         backend="onnxruntime" if record.path.endswith(".onnx") else record.backend,
+        preprocess=preprocess or configured.preprocess,
+        postprocess=postprocess or configured.postprocess,
         sha256=None,
         model_path=None,
     )

@@ -12,7 +12,7 @@ import json
 import threading
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import structlog
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -49,6 +49,18 @@ class ModelRecord(_StateModel):
     path: str = Field(description="Model file the slot loaded.")
     backend: str = Field(description="Backend key that ran it, e.g. onnxruntime or tensorrt.")
     activated_at: datetime = Field(default_factory=_utcnow, description="When it became active (UTC).")
+    engine_key: str | None = Field(
+        default=None, description="Engine cache key of the built engine it ran (None: the ONNX model itself)."
+    )
+    build: dict[str, Any] | None = Field(
+        default=None, description="The build request (BuildSpec) that engine was made with, to find it again."
+    )
+    preprocess: dict[str, Any] | None = Field(
+        default=None, description="Preprocessing it ran with (a deployment may bring its own)."
+    )
+    postprocess: dict[str, Any] | None = Field(
+        default=None, description="Postprocessing it ran with, labels included."
+    )
     origin: Literal["config", "delivery", "rollback"] = Field(
         default="config", description="How it got there: the config file, a deployment, a rollback."
     )

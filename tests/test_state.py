@@ -153,7 +153,7 @@ def test_unreadable_state_path_does_not_crash(tmp_path: Path) -> None:
 
 def test_unknown_keys_from_a_newer_agent_are_ignored(tmp_path: Path) -> None:
     path = tmp_path / "state.json"
-    record = _record("a").model_dump(mode="json") | {"engine_key": "future-field"}
+    record = _record("a").model_dump(mode="json") | {"accelerator_profile": "future-field"}
     path.write_text(json.dumps({"schema_version": 2, "future": True, "slots": {"cls": {"active": record}}}))
     state = StateFile(path).load()
     assert state.slot("cls").active == _record("a")

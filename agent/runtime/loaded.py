@@ -11,6 +11,7 @@ from pathlib import Path
 import structlog
 
 from agent.backends.base import ProviderRequest, Runner
+from agent.build.spec import BuildSpec
 from agent.camera.preprocess_spec import PreprocessSpec
 from agent.postprocess.runner import Postprocessor
 from agent.protocol.messages import ModelRef
@@ -62,6 +63,10 @@ class ModelSource:
     sha256: str | None = None
     #: The ONNX model file recorded in state.json (default: ``path``); an engine may be rebuilt from it.
     model_path: Path | None = None
+    #: Engine cache key when ``path`` is a built engine (kept from eviction while active or last-known-good).
+    engine_key: str | None = None
+    #: The build request that made the engine (recorded so a restart finds it in the cache again).
+    build: BuildSpec | None = None
 
 
 @dataclass

@@ -185,3 +185,18 @@ def test_deployment_with_an_int8_build_reports_requested_and_effective(
     assert "build" in final.timings_s
     building = [s.progress for s in statuses if s.state.value == "BUILDING" and s.progress is not None]
     assert building == sorted(building)
+    state = json.loads((tmp_path / "state" / "state.json").read_text())
+    active = state["slots"]["cls"]["active"]
+    assert active["origin"] == "delivery"
+    assert active["build"]["precision"] == "int8"
+    assert (tmp_path / "state" / "engines" / active["engine_key"]).is_dir()
+
+    # After a restart the slot comes back on the deployed INT8 engine, from the engine cache.
+    daemon = Daemon(path, tmp_path / "agent-2.log")
+    try:
+        ready = daemon.wait_for_event("engine.ready", timeout=120)
+    finally:
+        assert daemon.stop() == 0
+    assert ready["cache_hit"] is True
+    assert ready["key"] == active["engine_key"]
+    assert ready["effective"]["precision"] == "int8"
