@@ -200,3 +200,43 @@ def test_deployment_with_an_int8_build_reports_requested_and_effective(
     assert ready["cache_hit"] is True
     assert ready["key"] == active["engine_key"]
     assert ready["effective"]["precision"] == "int8"
+
+
+def test_a_failing_build_fails_the_job_and_the_camera_loop_keeps_serving(
+    tmp_path: Path, broker: Broker
+) -> None:
+    """A real build child that runs out of its memory limit: the job FAILS naming why; frames flow on."""
+    device = f"oom-{uuid.uuid4().hex[:8]}"
+    video = _shapes_video(tmp_path / "shapes.avi", 60)
+    config = yaml.safe_load(_config(tmp_path, broker.port, device, video, 0.8).read_text())
+    del config["slots"]["cls"]["build"]
+    config["delivery"] = {"require_signature": False}
+    config["engines"] = {"build_memory_mb": 48}  # far too little for a Python child with ONNX Runtime
+    path = tmp_path / "agent.yaml"
+    path.write_text(yaml.safe_dump(config))
+    spec = BuildSpec.model_validate({"precision": "fp32", "device": "cpu"})
+    plan = DeployPlan(model=SHAPES, devices=(device,), slot="cls", version="9", model_id="shapes", build=spec)
+    results_topic = f"fleet/v1/{device}/up/results/cam"
+    with Probe(broker.host, broker.port) as probe:
+        probe.subscribe(f"fleet/v1/{device}/up/#")
+        daemon = Daemon(path, tmp_path / "agent.log")
+        deploy = FleetDeploy(MqttSettings(host=broker.host, port=broker.port), plan)
+        try:
+            probe.wait_for_count(results_topic, 5, timeout=60)
+            deploy.start()
+            outcome = deploy.wait(timeout=120)
+            count = len(probe.on_topic(results_topic))
+            probe.wait_for_count(results_topic, count + 15, timeout=30)
+        finally:
+            deploy.stop()
+            code = daemon.stop()
+    assert code == 0
+    result = outcome.devices[device]
+    assert result.state is not None
+    assert result.state.value == "FAILED"
+    assert result.error_code == "build_failed"
+    assert result.error is not None
+    assert "memory" in result.error
+    results = unique_results(probe.snapshot(), results_topic)
+    assert [r.frame_index for r in results] == list(range(len(results)))
+    assert {r.model.version for r in results} == {"1"}
