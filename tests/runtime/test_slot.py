@@ -8,10 +8,12 @@ import numpy as np
 import pytest
 
 from agent.camera.preprocess_spec import PreprocessSpec
+from agent.config import SlotConfig
 from agent.errors import EngineError
 from agent.modelzoo import write_classifier
 from agent.postprocess.spec import ClassificationSpec
 from agent.runtime.loaded import MODEL_TRANSITIONS, LoadedModel, ModelSource, ModelState
+from agent.runtime.models import model_source
 from agent.runtime.slot import SLOT_TRANSITIONS, ModelSlot, SlotState
 from tests.runtime.models import write_nan_classifier
 
@@ -201,3 +203,22 @@ def test_onnx_runtime_threads_spin_only_when_asked(models: dict[str, Path]) -> N
     assert busy.runner.describe()["allow_spinning"] is True
     run(busy)
     slot.close()
+
+
+def test_the_slot_config_reaches_the_runner(tmp_path: Path) -> None:
+    """Thread and spinning settings of a configured slot end up in the loaded ONNX Runtime session."""
+    model = write_classifier(tmp_path / "m.onnx", input_size=32, num_classes=4, seed=1)
+    config = SlotConfig.model_validate(
+        {
+            "model": str(model),
+            "intra_op_threads": 2,
+            "allow_spinning": True,
+            "preprocess": {"width": 32, "height": 32},
+        }
+    )
+    slot = ModelSlot("cls")
+    loaded = slot.load(model_source(config))
+    described = loaded.runner.describe()
+    slot.close()
+    assert described["intra_op_threads"] == "2"
+    assert described["allow_spinning"] is True

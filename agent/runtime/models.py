@@ -1,0 +1,372 @@
+"""What every slot runs: the model chosen at start, builds, activations recorded in state.json,
+hot-swaps, deployments and rollbacks.
+
+The composition root (:mod:`agent.app`) owns the components; this owns the decisions about models.
+Every activation goes through :meth:`SlotModels.activate`: the slot loads and validates the model
+off the frame path, and the result is recorded (atomically) in state.json before anyone is told.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import numpy.typing as npt
+import structlog
+from pydantic import TypeAdapter
+
+from agent.backends.base import ProviderRequest
+from agent.build.service import EngineService
+from agent.build.spec import BuildSpec
+from agent.camera.preprocess_spec import PreprocessSpec
+from agent.config import SlotConfig
+from agent.delivery.steps import ActivationRequest, BuildOutcome, JobReporter, no_build
+from agent.errors import AgentError, BuildError, EngineError
+from agent.fsutil import sha256_file
+from agent.postprocess.spec import PostprocessSpec
+from agent.runtime.loaded import LoadedModel, ModelSource
+from agent.runtime.slot import ModelSlot
+from agent.state import ModelRecord, StateFile, record_activation, record_config_model
+from agent.telemetry import Metrics
+
+log = structlog.get_logger(__name__)
+
+Origin = Literal["config", "delivery", "rollback"]
+_POSTPROCESS: TypeAdapter[PostprocessSpec] = TypeAdapter(PostprocessSpec)
+
+
+def model_source(slot: SlotConfig) -> ModelSource:
+    """What to load for a configured slot."""
+    return ModelSource(
+        path=slot.model,
+        model_id=slot.model_id or slot.model.stem,
+        version=slot.version,
+        backend=slot.backend,
+        providers=tuple(slot.providers),
+        intra_op_threads=slot.intra_op_threads,
+        preprocess=slot.preprocess,
+        postprocess=slot.postprocess,
+        max_batch=slot.max_batch,
+        allow_spinning=slot.allow_spinning,
+    )
+
+
+class SlotModels:
+    """The models of every slot, and the one place that changes them."""
+
+    def __init__(
+        self,
+        slots: dict[str, ModelSlot],
+        slot_configs: dict[str, SlotConfig],
+        state_file: StateFile,
+        engines: EngineService,
+        metrics: Metrics,
+        *,
+        latest_frame: Callable[[str], npt.NDArray[np.uint8] | None],
+        on_activated: Callable[[], None],
+    ) -> None:
+        self.slots = slots
+        self.slot_configs = slot_configs
+        self.state_file = state_file
+        self.state = state_file.load()
+        self.engines = engines
+        self.metrics = metrics
+        self._latest_frame = latest_frame
+        self._on_activated = on_activated
+        self._state_lock = threading.Lock()
+        self._configured: dict[str, tuple[ModelSource, BuildSpec | None, str | None]] = {}
+        self._deferred_builds: list[tuple[str, ModelSource, BuildSpec]] = []
+        #: Engine cache key and build request of each engine built for a deployment, until activated.
+        self._engine_keys: dict[Path, tuple[str, BuildSpec]] = {}
+        self._swap_threads: list[threading.Thread] = []
+        self.protect_engines()
+
+    def start_deferred_builds(self) -> None:
+        """Builds that need live frames (stream calibration) start once the streams run."""
+        for name, source, build in self._deferred_builds:
+            self.start_swap(name, source, build)
+        self._deferred_builds.clear()
+
+    def reload(self, slot_configs: dict[str, SlotConfig]) -> None:
+        """Hot-swap every slot whose configured model, file or build request changed."""
+        for name, slot_config in slot_configs.items():
+            if name not in self.slots:
+                continue
+            source = model_source(slot_config)
+            wanted = (source, slot_config.build, _sha_or_none(source.path))
+            if self._configured.get(name) == wanted and self.slots[name].current is not None:
+                continue
+            self._configured[name] = wanted
+            self.start_swap(name, source, slot_config.build)
+        self.slot_configs = {
+            **self.slot_configs,
+            **{k: v for k, v in slot_configs.items() if k in self.slots},
+        }
+
+    def join_swaps(self, timeout: float) -> None:
+        """Wait up to ``timeout`` seconds in all for swaps in progress (at shutdown)."""
+        deadline = time.monotonic() + timeout
+        for thread in self._swap_threads:
+            thread.join(max(0.1, deadline - time.monotonic()))
+
+    def load_initial(self, name: str, slot_config: SlotConfig) -> None:
+        """Come back on what the slot ran before the restart, else the config's model, else a fallback.
+
+        A delivered (or rolled-back-to) model outlives restarts until the operator changes the model
+        file the config names; then the config wins.
+        """
+        configured = model_source(slot_config)
+        config_sha = _sha_or_none(configured.path)
+        saved = self.state.slot(name)
+        # (source, build request, origin), in order of preference.
+        candidates: list[tuple[ModelSource, BuildSpec | None, Origin]] = []
+        if saved.active is not None and saved.active.origin != "config" and saved.config_sha256 == config_sha:
+            candidates.append(
+                (_from_record(configured, saved.active), _build_of(saved.active), saved.active.origin)
+            )
+        candidates.append((configured, slot_config.build, "config"))
+        candidates.extend(
+            (_from_record(configured, record), _build_of(record), record.origin)
+            for record in (saved.active, saved.last_known_good)
+            if record is not None
+        )
+        self._configured[name] = (configured, slot_config.build, config_sha)
+        tried: set[Path] = set()
+        for candidate, build, origin in candidates:
+            if candidate.path in tried or not candidate.path.exists():
+                continue
+            tried.add(candidate.path)
+            source = candidate
+            try:
+                if build is not None and _needs_frames(build):
+                    # Calibration needs live frames: serve the ONNX model first, build once streams run.
+                    self._deferred_builds.append((name, candidate, build))
+                else:
+                    # A built engine comes back from the engine cache (rebuilt only if it was evicted).
+                    source = self.prepared(name, candidate, build)
+                self.activate(name, source, origin=origin)
+                if origin != "config" or candidate.path != configured.path:
+                    log.warning("agent.slot.restored", slot=name, model=source.model_id, ver=source.version)
+                break
+            except (EngineError, BuildError) as exc:
+                log.error("agent.slot.initial_failed", slot=name, model=str(source.path), error=str(exc))
+        self.state = record_config_model(self.state, name, config_sha)
+        self.state_file.save(self.state)
+
+    def activate(self, name: str, source: ModelSource, *, origin: Origin = "config") -> LoadedModel:
+        sample = self._latest_frame(name)
+        loaded = self.slots[name].load(source, sample)
+        record = ModelRecord(
+            model_id=loaded.ref.model_id,
+            version=loaded.ref.version,
+            sha256=loaded.ref.sha256,
+            path=str(source.model_path or source.path),
+            backend=source.backend,
+            engine_key=source.engine_key,
+            build=source.build.model_dump(mode="json") if source.build is not None else None,
+            preprocess=source.preprocess.model_dump(mode="json"),
+            postprocess=_POSTPROCESS.dump_python(source.postprocess, mode="json"),  # type: ignore[arg-type]
+            origin=origin,
+        )
+        with self._state_lock:
+            self.state = record_activation(self.state, name, record)
+            self.state_file.save(self.state)
+        self.protect_engines()
+        self._on_activated()
+        return loaded
+
+    def start_swap(self, name: str, source: ModelSource, build: BuildSpec | None) -> None:
+        thread = threading.Thread(
+            target=self._swap, args=(name, source, build), name=f"swap-{name}", daemon=True
+        )
+        self._swap_threads.append(thread)
+        thread.start()
+
+    def _swap(self, name: str, source: ModelSource, build: BuildSpec | None = None) -> None:
+        try:
+            self.activate(name, self.prepared(name, source, build))
+        except (EngineError, BuildError) as exc:
+            log.error("slot.swap.rejected", slot=name, error=str(exc))
+            self.metrics.counter(f"slot.{name}.swap_failures").inc()
+
+    def prepared(self, name: str, source: ModelSource, build: BuildSpec | None) -> ModelSource:
+        """``source`` as the engine its build request asks for (built, or found in the cache)."""
+        if build is None:
+            return source
+        prepared = self.engines.prepare(
+            name,
+            source.path,
+            build,
+            source.preprocess,
+            progress=lambda message: log.info("engine.build.progress", slot=name, message=message),
+        )
+        artifact = prepared.artifact
+        log.info(
+            "engine.ready",
+            slot=name,
+            key=artifact.key,
+            cache_hit=artifact.cache_hit,
+            effective=prepared.effective,
+        )
+        return replace(
+            source,
+            path=artifact.engine_path,
+            backend=artifact.backend,
+            providers=tuple(artifact.providers),
+            extra=tuple(artifact.load_extra.items()),
+            sha256=sha256_file(source.path),
+            model_path=source.path,
+            engine_key=artifact.key,
+            build=build,
+        )
+
+    def build_delivered(self, model: Path, spec: BuildSpec | None, reporter: JobReporter) -> BuildOutcome:
+        """A deployment's BUILDING step: the manifest's build request, else the slot's configured one."""
+        slot = reporter.slot or ""
+        slot_config = self.slot_configs.get(slot)
+        spec = spec if spec is not None else (slot_config.build if slot_config else None)
+        if spec is None or slot_config is None:
+            return no_build(model, spec, reporter)
+        preprocess = reporter.preprocess or slot_config.preprocess
+        steps = 0
+
+        def progress(message: str) -> None:
+            # The builder reports steps (plan, calibrate, build, cache), not a percentage: each step
+            # moves the job's BUILDING progress part of the way towards done.
+            nonlocal steps
+            steps += 1
+            reporter.progress(min(0.95, 1.0 - 0.7**steps))
+            log.info("engine.build.progress", slot=slot, message=message)
+
+        prepared = self.engines.prepare(
+            slot, model, spec, preprocess, progress=progress, cancel=reporter.cancel
+        )
+        reporter.progress(1.0)
+        self._engine_keys[prepared.artifact.engine_path] = (prepared.artifact.key, spec)
+        return BuildOutcome(
+            engine_path=prepared.artifact.engine_path,
+            backend=prepared.artifact.backend,
+            effective=prepared.effective,
+            load_extra=prepared.load_extra,
+        )
+
+    def calibrate(self, args: dict[str, Any]) -> dict[str, Any]:
+        """``calibrate`` command: ``{"slot": S, "frames": N}`` from the slot's live streams."""
+        slot = str(args.get("slot", ""))
+        if slot not in self.slots or self.slots[slot].current is None:
+            raise AgentError(f"no active slot named {slot!r} to calibrate")
+        frames = int(args.get("frames", 200))
+        current = self.slots[slot].current
+        assert current is not None
+        model = current.source.model_path or current.source.path
+        return self.engines.calibrate(slot, model, current.source.preprocess, frames)
+
+    def activate_delivered(self, request: ActivationRequest) -> None:
+        """A deployment's engine into its slot (raises EngineError: the old model keeps serving)."""
+        slot_config = self.slot_configs[request.slot]
+        current = self.slots[request.slot].current
+        base = current.source if current is not None else model_source(slot_config)
+        built = self._engine_keys.pop(request.engine_path, None)
+        source = replace(
+            base,
+            path=request.engine_path,
+            model_id=request.model_id,
+            version=request.version,
+            backend=request.backend,
+            preprocess=request.preprocess or base.preprocess,
+            postprocess=request.postprocess or base.postprocess,
+            providers=_providers(request.load_extra.get("providers"), base.providers),
+            extra=tuple((k, v) for k, v in request.load_extra.items() if k != "providers"),
+            sha256=request.sha256,
+            model_path=request.model_path,
+            engine_key=built[0] if built else None,
+            build=built[1] if built else None,
+        )
+        self.activate(request.slot, source, origin="delivery")
+
+    def slot_specs(self, slot: str) -> tuple[PreprocessSpec, PostprocessSpec] | None:
+        if slot not in self.slots:
+            return None
+        current = self.slots[slot].current
+        if current is not None:
+            return current.source.preprocess, current.source.postprocess  # type: ignore[return-value]
+        slot_config = self.slot_configs[slot]
+        return slot_config.preprocess, slot_config.postprocess
+
+    def protect_engines(self) -> None:
+        """The engine cache's eviction never removes an active or last-known-good engine."""
+        with self._state_lock:
+            records = [r for s in self.state.slots.values() for r in (s.active, s.last_known_good) if r]
+        self.engines.builder.protect({r.engine_key for r in records if r.engine_key})
+
+    def protected_models(self) -> set[str]:
+        with self._state_lock:
+            records = [r for s in self.state.slots.values() for r in (s.active, s.last_known_good) if r]
+        return {r.sha256 for r in records}
+
+    def rollback(self, slot: str) -> dict[str, Any]:
+        """``rollback`` command: make the slot's last-known-good model active again."""
+        if slot not in self.slots:
+            raise AgentError(f"no slot named {slot!r} (slots: {', '.join(sorted(self.slots))})")
+        record = self.state.slot(slot).last_known_good
+        if record is None or not Path(record.path).exists():
+            raise AgentError(f"slot {slot!r} has no last-known-good model to roll back to")
+        current = self.slots[slot].current
+        base = current.source if current is not None else model_source(self.slot_configs[slot])
+        source = self.prepared(slot, _from_record(base, record), _build_of(record))
+        loaded = self.activate(slot, source, origin="rollback")
+        return {"slot": slot, "model": loaded.ref.model_dump()}
+
+    def snapshot(self) -> dict[str, Any]:
+        """state.json as it is now (for the ``status`` command)."""
+        with self._state_lock:
+            return self.state.model_dump(mode="json")
+
+
+def _providers(requested: Any, default: tuple[ProviderRequest, ...]) -> tuple[ProviderRequest, ...]:
+    return tuple(requested) if requested else default
+
+
+def _build_of(record: ModelRecord) -> BuildSpec | None:
+    """The build request a recorded engine was made with (None: the ONNX model ran as it is)."""
+    return BuildSpec.model_validate(record.build) if record.build else None
+
+
+def _needs_frames(build: BuildSpec) -> bool:
+    return build.calibration is not None and build.calibration.kind == "stream"
+
+
+def _sha_or_none(path: Path) -> str | None:
+    try:
+        return sha256_file(path)
+    except OSError:
+        return None
+
+
+def _from_record(configured: ModelSource, record: ModelRecord) -> ModelSource:
+    """The slot's configured source, pointed at a model recorded in state.json."""
+    preprocess = PreprocessSpec.model_validate(record.preprocess) if record.preprocess else None
+    postprocess = _POSTPROCESS.validate_python(record.postprocess) if record.postprocess else None
+    return replace(
+        configured,
+        path=Path(record.path),
+        model_id=record.model_id,
+        version=record.version,
+        backend="onnxruntime" if record.path.endswith(".onnx") else record.backend,
+        preprocess=preprocess or configured.preprocess,
+        postprocess=postprocess or configured.postprocess,
+        sha256=None,
+        model_path=None,
+    )
+
+
+def _same_file(sha256: str, path: Path) -> bool:
+    try:
+        return sha256_file(path) == sha256
+    except OSError:
+        return False
