@@ -314,7 +314,7 @@ class SlotPipeline:
                 return
             spec = model.preprocess
             for work in batch:
-                if work.spec != spec:
+                if work.spec is not spec and work.spec != spec:
                     # Preprocessed for the model that was swapped out while this frame waited.
                     work.tensor, work.letterbox = preprocess(work.frame.image, spec)
                     work.spec = spec
