@@ -144,11 +144,12 @@ class Agent:
         self.watchdog.start()  # after READY=1: systemd counts watchdog pings from then on
         log.info("agent.started", device=self.config.device_id, slots=list(self.slots), version=__version__)
 
+    def _pipeline(self, slot: str) -> SlotPipeline | None:
+        return next((p for p in self.pipelines if p.slot.name == slot), None)
+
     def _latest_frame(self, slot: str) -> npt.NDArray[np.uint8] | None:
-        for pipeline in self.pipelines:
-            if pipeline.slot.name == slot:
-                return pipeline.last_image
-        return None
+        pipeline = self._pipeline(slot)
+        return pipeline.last_image if pipeline else None
 
     def _build_pipelines(self) -> list[SlotPipeline]:
         pipelines = []
@@ -234,10 +235,8 @@ class Agent:
     # -- engines ---------------------------------------------------------------------------------
 
     def _tap_frames(self, slot: str, n: int) -> list[npt.NDArray[np.uint8]]:
-        for pipeline in self.pipelines:
-            if pipeline.slot.name == slot:
-                return pipeline.tap(n, every=2, timeout_s=FRAME_TAP_TIMEOUT_S)
-        return []
+        pipeline = self._pipeline(slot)
+        return pipeline.tap(n, every=2, timeout_s=FRAME_TAP_TIMEOUT_S) if pipeline else []
 
     # -- delivery --------------------------------------------------------------------------------
 

@@ -121,9 +121,8 @@ def _link(port: int, workdir: Path, name: str) -> MqttLink:
         spool=Spool(workdir / f"{name}.sqlite"),
     )
     link.start()
-    deadline = time.monotonic() + 10
-    while not link.connected and time.monotonic() < deadline:
-        time.sleep(0.05)
+    if not link.wait_connected(10):
+        raise RuntimeError(f"bench link {name} did not connect to 127.0.0.1:{port}")
     return link
 
 

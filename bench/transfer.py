@@ -144,11 +144,8 @@ class _Device:
             spool=self.spool,
         )
         self.link.start()
-        deadline = time.monotonic() + 10
-        while not self.link.connected:
-            if time.monotonic() > deadline:
-                raise RuntimeError("device link did not connect")
-            time.sleep(0.01)
+        if not self.link.wait_connected(10):
+            raise RuntimeError("device link did not connect")
 
     def fetch(self, manifest: DeployManifest, window: int) -> Path:
         config = DeliveryConfig(chunk_window=window, chunk_timeout_s=5.0, job_deadline_s=600.0)

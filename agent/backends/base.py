@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import numpy.typing as npt
 
 from agent.errors import EngineError
@@ -144,8 +143,3 @@ def get_backend(key: str) -> Backend:
     module = importlib.import_module(module_name)
     backend: Backend = getattr(module, class_name)()
     return backend
-
-
-def as_float32(array: npt.NDArray[Any]) -> npt.NDArray[np.float32]:
-    """Outputs are handed to postprocessing as float32, whatever the engine computed in."""
-    return np.asarray(array, dtype=np.float32)

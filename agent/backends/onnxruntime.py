@@ -131,7 +131,8 @@ SMALL_MODEL_MS = 1.5
 
 
 def probe_ms(session: Any, runs: int = 5) -> float | None:
-    """Median milliseconds of one batch-1 inference on zeros; None when an input shape is not fixed."""
+    """Median ms of a batch-1 inference on zeros (stops once a run shows the model is not small);
+    None when an input shape is not fixed."""
     feeds: dict[str, Any] = {}
     for spec in _tensor_specs(session.get_inputs()):
         dims = [1 if i == 0 and not isinstance(d, int) else d for i, d in enumerate(spec.shape)]
@@ -145,6 +146,8 @@ def probe_ms(session: Any, runs: int = 5) -> float | None:
             start = time.perf_counter()
             session.run(None, feeds)
             times.append((time.perf_counter() - start) * 1000.0)
+            if times[-1] > 2 * SMALL_MODEL_MS:
+                break  # clearly not small: spare a heavy model's load the other runs
     except Exception:  # noqa: BLE001 - a model that cannot run on zeros is judged by validation, not here
         return None
     return float(np.median(times))

@@ -43,10 +43,6 @@ class PreparedEngine:
     artifact: EngineArtifact
     effective: dict[str, Any] = field(default_factory=dict)
 
-    @property
-    def load_extra(self) -> dict[str, Any]:
-        return {**self.artifact.load_extra, "providers": self.artifact.providers}
-
 
 class EngineService:
     """Builds engines for slots; one build at a time (the worker enforces it across processes too)."""

@@ -294,6 +294,7 @@ class Deployment:
             engine_path=outcome.engine_path,
             backend=outcome.backend,
             load_extra=dict(outcome.load_extra),
+            providers=outcome.providers,
             model_id=m.model_id,
             version=m.version,
             sha256=m.sha256,

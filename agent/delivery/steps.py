@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from agent.backends.base import ProviderRequest
 from agent.build.spec import BuildSpec
 from agent.camera.preprocess_spec import PreprocessSpec
 from agent.delivery.manifest import DeployManifest
@@ -59,6 +60,8 @@ class BuildOutcome:
     effective: dict[str, Any] = field(default_factory=dict)
     #: Backend-specific load settings (e.g. the DLA core) for :class:`agent.backends.base.LoadOptions.extra`.
     load_extra: dict[str, Any] = field(default_factory=dict)
+    #: ONNX Runtime providers the engine was built for (empty: the slot's own).
+    providers: tuple[ProviderRequest, ...] = ()
 
 
 #: ``build(model, spec, reporter) -> BuildOutcome``; raises BuildError on failure.
@@ -90,6 +93,7 @@ class ActivationRequest:
     version: str
     sha256: str
     model_path: Path
+    providers: tuple[ProviderRequest, ...] = ()
     preprocess: PreprocessSpec | None = None
     postprocess: PostprocessSpec | None = None
 

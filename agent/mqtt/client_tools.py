@@ -247,11 +247,6 @@ class ServiceClient:
                     self._sent -= 1
             raise TransportError(f"publish to {topic} failed: {paho.error_string(info.rc)}")
 
-    def unacked(self) -> int:
-        """QoS 1 messages published but not yet acknowledged by the broker."""
-        with self._cond:
-            return self._sent - self._acked
-
     def wait_published(self, timeout: float, *, at_most: int = 0) -> bool:
         """Wait until at most ``at_most`` QoS 1 messages published so far are unacknowledged.
 

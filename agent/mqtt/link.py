@@ -145,6 +145,7 @@ class MqttLink:
         self._counts_lock = threading.Lock()
 
         self._connected = False
+        self._connected_event = threading.Event()  # mirrors _connected, for wait_connected()
         self._ever_connected = False
         self._session = 0
         self._broker_max_packet: int | None = None
@@ -360,7 +361,18 @@ class MqttLink:
         if self._connected:
             self._client.subscribe(topic_filter, qos=qos)
 
+    def wait_connected(self, timeout: float) -> bool:
+        """Wait until connected; False after ``timeout`` seconds (tools and benchmarks, not the agent)."""
+        return self._connected_event.wait(timeout)
+
     # -- internals ---------------------------------------------------------------------------------
+
+    def _set_connected(self, connected: bool) -> None:
+        self._connected = connected
+        if connected:
+            self._connected_event.set()
+        else:
+            self._connected_event.clear()
 
     def _count(self, name: str, n: int = 1) -> None:
         with self._counts_lock:
@@ -417,7 +429,7 @@ class MqttLink:
         if rc != MQTTErrorCode.MQTT_ERR_SUCCESS:
             self._handle_events()
             if self._connected:
-                self._connected = False
+                self._set_connected(False)
                 log.warning("mqtt.connection.lost", rc=paho.error_string(rc))
             self._socket_open = False
             if self._stop_requested.is_set():
@@ -459,7 +471,7 @@ class MqttLink:
             elif kind == "disconnect":
                 if self._connected and not self._stop_requested.is_set():
                     log.warning("mqtt.disconnected", reason=event[1])
-                self._connected = False
+                self._set_connected(False)
             elif kind == "inbox_dropped":
                 self._count("inbox_dropped")
                 log.warning("mqtt.inbox.full", topic=event[1], size=self._inbox.maxsize)
@@ -473,7 +485,7 @@ class MqttLink:
         if self._ever_connected:
             self._count("reconnects")
         self._ever_connected = True
-        self._connected = True
+        self._set_connected(True)
         self._attempt = 0
         self._broker_max_packet = max_packet
         # paho ignores the broker's Receive Maximum (and cannot change its own limit while connected):
@@ -556,7 +568,7 @@ class MqttLink:
                 self._client.loop(timeout=_LOOP_TIMEOUT_S)
             self._client.loop(timeout=0)
             self._handle_events()
-            self._connected = False
+            self._set_connected(False)
             log.info("mqtt.stopped", session=self._session, spool_depth=self._spool.count())
             return True
         return False

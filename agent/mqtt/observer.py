@@ -1,7 +1,8 @@
-"""A read-mostly MQTT client for operator tools (demo, ``fleet status/watch``): subscribe and iterate.
+"""A read-mostly MQTT viewer for operator tools (demo, benchmarks): subscribe, then iterate.
 
 Unlike :class:`agent.mqtt.link.MqttLink` it has no spool, no status topic and no Last Will: it is
-a viewer, not a device. Messages arrive on a bounded queue; paho's callbacks only enqueue.
+a viewer, not a device. It is a :class:`~agent.mqtt.client_tools.ServiceClient` whose handler puts
+every message on a bounded queue that :meth:`Observer.get` reads.
 """
 
 from __future__ import annotations
@@ -10,12 +11,8 @@ import queue
 import uuid
 from collections.abc import Iterable
 
-import paho.mqtt.client as mqtt
-from paho.mqtt.properties import Properties
-from paho.mqtt.reasoncodes import ReasonCode
-
-from agent.errors import TransportError
-from agent.mqtt.clients import new_client
+from agent.mqtt.client_tools import ServiceClient
+from agent.mqtt.inbox import InboundMessage
 from agent.mqtt.settings import MqttSettings
 
 #: Arrived message as (topic, payload, retained).
@@ -36,39 +33,21 @@ class Observer:
         self._filters = list(filters)
         self._queue: queue.Queue[Arrival] = queue.Queue(maxsize)
         self.overflow = 0
-        self._client = new_client(settings, client_id or f"observer-{uuid.uuid4().hex[:8]}")
-        self._client.on_connect = self._on_connect
-        self._client.on_message = self._on_message
-        self._settings = settings
+        self._client = ServiceClient(
+            settings, client_id=client_id or f"observer-{uuid.uuid4().hex[:8]}", handler=self._on_message
+        )
 
-    def _on_connect(
-        self,
-        client: mqtt.Client,
-        _userdata: object,
-        _flags: object,
-        reason: ReasonCode,
-        _properties: Properties | None,
-    ) -> None:
-        if not reason.is_failure:
-            for topic_filter in self._filters:
-                client.subscribe(topic_filter, qos=1)
-
-    def _on_message(self, _client: mqtt.Client, _userdata: object, message: mqtt.MQTTMessage) -> None:
+    def _on_message(self, message: InboundMessage) -> None:
         try:
-            self._queue.put_nowait((message.topic, bytes(message.payload), bool(message.retain)))
+            self._queue.put_nowait((message.topic, message.payload, message.retain))
         except queue.Full:
             self.overflow += 1
 
-    def start(self) -> Observer:
-        try:
-            self._client.connect(
-                self._settings.host, self._settings.port, keepalive=self._settings.keepalive_s
-            )
-        except OSError as exc:
-            raise TransportError(
-                f"cannot reach the broker at {self._settings.host}:{self._settings.port}: {exc}"
-            ) from exc
-        self._client.loop_start()
+    def start(self, timeout: float = 10.0) -> Observer:
+        """Connect and subscribe; TransportError when the broker cannot be reached in ``timeout``."""
+        self._client.start(timeout)
+        for topic_filter in self._filters:
+            self._client.subscribe(topic_filter, qos=1)
         return self
 
     def get(self, timeout: float) -> Arrival | None:
@@ -78,9 +57,5 @@ class Observer:
         except queue.Empty:
             return None
 
-    def publish(self, topic: str, payload: bytes, *, qos: int = 1, retain: bool = False) -> None:
-        self._client.publish(topic, payload, qos=qos, retain=retain)
-
     def stop(self) -> None:
-        self._client.disconnect()
-        self._client.loop_stop()
+        self._client.stop()

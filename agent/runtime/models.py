@@ -20,7 +20,6 @@ import numpy.typing as npt
 import structlog
 from pydantic import TypeAdapter
 
-from agent.backends.base import ProviderRequest
 from agent.build.service import EngineService
 from agent.build.spec import BuildSpec
 from agent.camera.preprocess_spec import PreprocessSpec
@@ -252,7 +251,8 @@ class SlotModels:
             engine_path=prepared.artifact.engine_path,
             backend=prepared.artifact.backend,
             effective=prepared.effective,
-            load_extra=prepared.load_extra,
+            load_extra=prepared.artifact.load_extra,
+            providers=prepared.artifact.providers,
         )
 
     def calibrate(self, args: dict[str, Any]) -> dict[str, Any]:
@@ -280,8 +280,8 @@ class SlotModels:
             backend=request.backend,
             preprocess=request.preprocess or base.preprocess,
             postprocess=request.postprocess or base.postprocess,
-            providers=_providers(request.load_extra.get("providers"), base.providers),
-            extra=tuple((k, v) for k, v in request.load_extra.items() if k != "providers"),
+            providers=request.providers or base.providers,
+            extra=tuple(request.load_extra.items()),
             sha256=request.sha256,
             model_path=request.model_path,
             engine_key=built[0] if built else None,
@@ -328,10 +328,6 @@ class SlotModels:
             return self.state.model_dump(mode="json")
 
 
-def _providers(requested: Any, default: tuple[ProviderRequest, ...]) -> tuple[ProviderRequest, ...]:
-    return tuple(requested) if requested else default
-
-
 def _build_of(record: ModelRecord) -> BuildSpec | None:
     """The build request a recorded engine was made with (None: the ONNX model ran as it is)."""
     return BuildSpec.model_validate(record.build) if record.build else None
@@ -363,10 +359,3 @@ def _from_record(configured: ModelSource, record: ModelRecord) -> ModelSource:
         sha256=None,
         model_path=None,
     )
-
-
-def _same_file(sha256: str, path: Path) -> bool:
-    try:
-        return sha256_file(path) == sha256
-    except OSError:
-        return False

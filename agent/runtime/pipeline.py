@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -399,14 +398,3 @@ class SlotPipeline:
         depths: dict[str, float] = {f"queue.{k}": float(v) for k, v in self._inbox.depths().items()}
         depths["queue.publish"] = float(self._outbox.depths()["results"])
         return depths
-
-
-def sample_provider(pipelines: list[SlotPipeline]) -> Callable[[str], npt.NDArray[np.uint8] | None]:
-    """The latest captured frame of a slot, to validate a candidate model on real input."""
-    by_slot = {p.slot.name: p for p in pipelines}
-
-    def latest(slot: str) -> npt.NDArray[np.uint8] | None:
-        pipeline = by_slot.get(slot)
-        return pipeline.last_image if pipeline else None
-
-    return latest

@@ -9,9 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import onnx
 import pytest
-from onnx import TensorProto, helper
 
 from agent.delivery.manifest import SignedManifest
 from agent.errors import DeliveryError
@@ -20,6 +18,7 @@ from agent.protocol.messages import JobState
 from agent.store import DiskUsage
 from tests.delivery.conftest import HarnessFactory
 from tests.delivery.harness import SLOT, Harness, make_keys, states
+from tests.runtime.models import write_checker_failure
 
 HAPPY = [
     JobState.QUEUED,
@@ -210,21 +209,6 @@ def test_same_job_again_does_nothing(device: Harness, model_v1: Path) -> None:
 # -- bad models: refused in VERIFYING, the slot untouched ---------------------------------------
 
 
-def _checker_failure(path: Path) -> Path:
-    """Parses as ONNX, but a node reads a tensor nothing produces: onnx.checker refuses it."""
-    node = helper.make_node("Relu", ["nowhere"], ["scores"])
-    graph = helper.make_graph(
-        [node],
-        "broken",
-        [helper.make_tensor_value_info("images", TensorProto.FLOAT, ["batch", 3, 64, 64])],
-        [helper.make_tensor_value_info("scores", TensorProto.FLOAT, ["batch", 10])],
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 9
-    onnx.save_model(model, str(path))
-    return path
-
-
 @pytest.mark.parametrize(
     ("case", "state", "code"),
     [
@@ -254,7 +238,7 @@ def test_bad_model_fails_the_job_and_keeps_the_slot(
     if case == "truncated_onnx":
         bad.write_bytes(model_v2.read_bytes()[: model_v2.stat().st_size // 2])
     elif case == "checker_failure":
-        _checker_failure(bad)
+        write_checker_failure(bad)
     elif case == "input_shape_mismatch":
         write_classifier(bad, input_size=96, seed=3)  # the slot feeds 64x64
     else:

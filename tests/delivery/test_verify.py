@@ -4,9 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import onnx
 import pytest
-from onnx import TensorProto, helper
 
 from agent.backends.base import TensorSpec
 from agent.camera.preprocess_spec import PreprocessSpec
@@ -17,6 +15,7 @@ from agent.errors import EngineError
 from agent.modelzoo import write_classifier, write_detector
 from agent.postprocess.spec import ClassificationSpec, DetectionSpec, PostprocessSpec, RawSpec
 from agent.runtime.compat import check_input_fits, select_input
+from tests.runtime.models import write_checker_failure
 
 PRE = PreprocessSpec(width=64, height=64)
 
@@ -60,17 +59,7 @@ def test_truncated_and_garbage_are_bad_onnx(tmp_path: Path) -> None:
 
 
 def test_checker_failure(tmp_path: Path) -> None:
-    node = helper.make_node("Relu", ["nowhere"], ["scores"])
-    graph = helper.make_graph(
-        [node],
-        "broken",
-        [helper.make_tensor_value_info("images", TensorProto.FLOAT, ["batch", 3, 64, 64])],
-        [helper.make_tensor_value_info("scores", TensorProto.FLOAT, ["batch", 10])],
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 9
-    onnx.save_model(model, str(tmp_path / "b.onnx"))
-    assert _code(tmp_path / "b.onnx") == "onnx_checker"
+    assert _code(write_checker_failure(tmp_path / "b.onnx")) == "onnx_checker"
 
 
 def test_incompatible_inputs_and_outputs(tmp_path: Path) -> None:

@@ -103,7 +103,7 @@ class Device:
             spool=self.spool,
         )
         self.link.start()
-        wait_until(lambda: self.link.connected, what=f"device {device_id} connected")
+        assert self.link.wait_connected(10), f"device {device_id} did not connect"
 
     def close(self) -> None:
         self.link.stop(timeout=1.0)

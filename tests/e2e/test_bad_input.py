@@ -17,9 +17,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-import onnx
 import pytest
-from onnx import TensorProto, helper
 
 from agent.delivery.manifest import DeployManifest, build_manifest
 from agent.fleet.chunks import ChunkServer
@@ -30,21 +28,9 @@ from agent.signing import generate_keypair, private_key_from_bytes, sign
 from tests.broker import Broker
 from tests.e2e.daemon import AgentFiles, Daemon, unique_results
 from tests.mqtt_probe import Probe, Received
+from tests.runtime.models import write_checker_failure
 
 pytestmark = pytest.mark.slow
-
-
-def _checker_failure(path: Path) -> Path:
-    """Parses as ONNX, fails onnx.checker: a node reads a tensor nothing produces."""
-    x = helper.make_tensor_value_info("images", TensorProto.FLOAT, ["batch", 3, 32, 32])
-    y = helper.make_tensor_value_info("scores", TensorProto.FLOAT, ["batch", 4])
-    node = helper.make_node("Add", ["images", "nowhere"], ["scores"])
-    model = helper.make_model(
-        helper.make_graph([node], "bad", [x], [y]), opset_imports=[helper.make_opsetid("", 17)]
-    )
-    model.ir_version = 9
-    onnx.save(model, str(path))
-    return path
 
 
 class CorruptsChunk0(ChunkServer):
@@ -212,7 +198,7 @@ def test_bad_deployments_are_rejected_and_cost_nothing(tmp_path: Path, broker: B
             wrong_input = write_classifier(tmp_path / "in48.onnx", input_size=48, num_classes=4, seed=4)
             truncated = tmp_path / "truncated.onnx"
             truncated.write_bytes(files.v2.read_bytes()[: files.v2.stat().st_size // 2])
-            checker = _checker_failure(tmp_path / "checker.onnx")
+            checker = write_checker_failure(tmp_path / "checker.onnx", size=32, classes=4)
 
             def http_only(path: str) -> list[dict[str, str]]:
                 return [{"kind": "http", "url": base_url + path}]
