@@ -30,10 +30,11 @@ from agent.delivery.transfer import fetch_model
 from agent.errors import ConfigError
 from agent.logs import configure_logging
 from agent.mqtt.link import MqttLink
-from agent.platform import detect_platform, platform_summary
+from agent.platform import detect_platform, platform_summary, usable_cpus
 from agent.postprocess.spec import PostprocessSpec
 from agent.protocol.messages import BackendInfo, InfoMessage, SlotInfo, TelemetryMessage
 from agent.protocol.topics import Topics
+from agent.runtime.layout import Layout, slot_layout
 from agent.runtime.models import SlotModels
 from agent.runtime.pipeline import SlotPipeline, StreamPlan
 from agent.runtime.slot import ModelSlot, SlotState
@@ -81,7 +82,11 @@ class Agent:
         )
         self.metrics.add_collector(self.link.stats, prefix="mqtt")
         self.platform = detect_platform(config.telemetry.sysfs_root)
-        self.slots = {name: ModelSlot(name, on_transition=self._slot_changed) for name in config.slots}
+        self.layouts: dict[str, Layout] = {name: self._layout(name) for name in config.slots}
+        self.slots = {
+            name: ModelSlot(name, on_transition=self._slot_changed, parallel_runs=self.layouts[name].workers)
+            for name in config.slots
+        }
         self.store = ModelStore(config.state_dir / "models")
         self.engines = EngineService(
             EngineBuilder(config.state_dir, config.engines, self.platform), config.engines, self._tap_frames
@@ -151,6 +156,10 @@ class Agent:
         pipeline = self._pipeline(slot)
         return pipeline.last_image if pipeline else None
 
+    def _layout(self, slot: str, model_ms: float | None = None) -> Layout:
+        streams = [s for s in self.config.streams.values() if s.slot == slot]
+        return slot_layout(self.config.slots[slot], streams, usable_cpus(), model_ms)
+
     def _build_pipelines(self) -> list[SlotPipeline]:
         pipelines = []
         for slot_name, slot in self.slots.items():
@@ -179,6 +188,12 @@ class Agent:
                 self.metrics.add_collector(source.stats, prefix=f"stream.{stream_name}.source")
             if plans:
                 slot_config = self.config.slots[slot_name]
+                # Decided again now that the first model is loaded: its measured run time can keep
+                # a small model on one worker.
+                current = slot.current
+                layout = self._layout(slot_name, current.runner.probe_ms if current is not None else None)
+                self.layouts[slot_name] = layout
+                slot.parallel_runs = layout.workers
                 pipelines.append(
                     SlotPipeline(
                         slot,
@@ -186,9 +201,10 @@ class Agent:
                         self.link,
                         self.metrics,
                         max_batch=slot_config.max_batch,
-                        workers=slot_config.inference_workers,
+                        workers=layout.workers,
                     )
                 )
+                log.info("pipeline.layout", slot=slot_name, workers=layout.workers, reason=layout.reason)
         self.metrics.add_collector(self._slot_stats, prefix="slot")
         return pipelines
 
@@ -293,6 +309,8 @@ class Agent:
                 state=slot.state.value,
                 since=model.loaded_at if model else None,
                 last_job=self.delivery.last_job(name),
+                workers=self.layouts[name].workers,
+                layout=self.layouts[name].reason,
             )
         return InfoMessage(
             device_id=self.config.device_id,

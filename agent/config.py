@@ -52,8 +52,9 @@ class SlotConfig(StrictModel):
     intra_op_threads: int = Field(
         0,
         ge=0,
-        description="ONNX Runtime threads per inference; 0 = auto: ORT's default, or 1 for a model that "
-        "runs in under 1.5 ms per frame on the CPU (the other cores decode frames).",
+        description="ONNX Runtime threads per inference; 0 = auto: the cores divided by the slot's "
+        "inference workers, ORT's default for one worker, and 1 for a model that runs in under 1.5 ms "
+        "per frame on the CPU (the other cores decode frames).",
     )
     allow_spinning: bool = Field(
         False,
@@ -64,12 +65,12 @@ class SlotConfig(StrictModel):
         4, ge=1, le=64, description="Most frames run in one batch when streams share a slot."
     )
     inference_workers: int = Field(
-        1,
-        ge=1,
+        0,
+        ge=0,
         le=8,
-        description="Inference threads running batches side by side. On a CPU-only device with a "
-        "heavy model, 2 workers with intra_op_threads 1 beat one worker using every core; results "
-        "of a stream may then be published out of frame order (each carries its frame index).",
+        description="Inference threads running batches side by side; results are still published in "
+        "the order frames were taken. 0 = auto: one single-threaded run per core (at most 4) for a "
+        "CPU-only slot fed only by unpaced files (throughput), else 1 run over every core (latency).",
     )
     preprocess: PreprocessSpec = Field(default_factory=PreprocessSpec)
     postprocess: PostprocessSpec = Field(default_factory=ClassificationSpec)

@@ -12,6 +12,7 @@ importing this module costs nothing.
 from __future__ import annotations
 
 import importlib
+import os
 import platform as host_platform
 import re
 from collections.abc import Callable
@@ -88,6 +89,14 @@ class Platform:
 
 
 # --------------------------------------------------------------------------- pure parsers
+
+
+def usable_cpus() -> int:
+    """CPUs this process may run on (a container's cpuset, taskset), not every CPU of the host."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):  # sched_getaffinity is Linux-only
+        return os.cpu_count() or 1
 
 
 def parse_tegra_release(text: str) -> str | None:

@@ -35,6 +35,13 @@ class TensorSpec:
         return all(isinstance(d, int) and d > 0 for d in self.shape)
 
 
+#: A model faster than this per frame (batch 1, on the CPU provider) gets one intra-op thread when
+#: the thread count is left to the agent (``intra_op_threads: 0``). Splitting a sub-millisecond run
+#: over every core costs more in thread wake-ups than it saves, and those cores are what the capture
+#: threads need to decode the next frames (measured in bench/pipeline.py: the "tiny" case).
+#: A slot fed by unpaced files also keeps such a model on one inference worker (agent.runtime.layout).
+SMALL_MODEL_MS = 1.5
+
 #: An ONNX Runtime provider: a name, or ``(name, options)``.
 ProviderRequest = str | tuple[str, dict[str, Any]]
 
@@ -49,6 +56,9 @@ class LoadOptions:
 
     providers: tuple[ProviderRequest, ...] = ("CPUExecutionProvider",)
     intra_op_threads: int = 0
+    #: Runs of this engine the pipeline makes side by side (its inference workers): a backend that
+    #: sizes its own thread pool divides the cores by it instead of giving every run all of them.
+    parallel_runs: int = 1
     extra: Mapping[str, Any] = field(default_factory=dict)
 
 
@@ -69,6 +79,8 @@ class Runner(ABC):
     def __init__(self, inputs: list[TensorSpec], outputs: list[TensorSpec]) -> None:
         self.inputs = inputs
         self.outputs = outputs
+        #: Milliseconds of one batch-1 run as loaded, when the backend measured it at load time.
+        self.probe_ms: float | None = None
         self._closed = False
 
     def infer(self, feeds: Feeds) -> Outputs:

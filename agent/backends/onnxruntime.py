@@ -15,8 +15,9 @@ from typing import Any
 import numpy as np
 import structlog
 
-from agent.backends.base import Backend, Feeds, LoadOptions, Outputs, Runner, TensorSpec
+from agent.backends.base import SMALL_MODEL_MS, Backend, Feeds, LoadOptions, Outputs, Runner, TensorSpec
 from agent.errors import EngineError
+from agent.platform import usable_cpus
 
 try:
     import onnxruntime as ort
@@ -123,13 +124,6 @@ def _create_session(path: Path, so: Any, providers: Sequence[ProviderRequest]) -
         raise EngineError(f"ONNX Runtime cannot load {path}: {exc}".strip()) from exc
 
 
-#: A model faster than this per frame (batch 1, on the CPU provider) gets one intra-op thread when
-#: the thread count is left to the agent (``intra_op_threads: 0``). Splitting a sub-millisecond run
-#: over every core costs more in thread wake-ups than it saves, and those cores are what the capture
-#: threads need to decode the next frames (measured in bench/pipeline.py: the "tiny" case).
-SMALL_MODEL_MS = 1.5
-
-
 def probe_ms(session: Any, runs: int = 5) -> float | None:
     """Median ms of a batch-1 inference on zeros (stops once a run shows the model is not small);
     None when an input shape is not fixed."""
@@ -151,6 +145,19 @@ def probe_ms(session: Any, runs: int = 5) -> float | None:
     except Exception:  # noqa: BLE001 - a model that cannot run on zeros is judged by validation, not here
         return None
     return float(np.median(times))
+
+
+def split_threads(requested: int, cpus: int, parallel_runs: int) -> int:
+    """Intra-op threads to create a session with (pure); 0 leaves the count to ONNX Runtime.
+
+    An explicit request wins. With several runs side by side each gets its share of the cores (at
+    least one), so the workers do not oversubscribe the CPU and wait on each other's threads.
+    """
+    if requested > 0:
+        return requested
+    if parallel_runs > 1:
+        return max(1, cpus // parallel_runs)
+    return 0
 
 
 def small_model_threads(requested: int, probe: float | None, cpus: int) -> int | None:
@@ -217,18 +224,22 @@ class OnnxRuntimeBackend(Backend):
     def load(self, engine: Path, options: LoadOptions) -> OnnxRuntimeRunner:
         engine = Path(engine)
         spinning = bool(options.extra.get(ALLOW_SPINNING, False))
-        session = _create_session(
-            engine, _session_options(options.intra_op_threads, spinning), options.providers
-        )
-        threads = str(options.intra_op_threads) if options.intra_op_threads else "default"
+        cpus = usable_cpus()
+        initial = split_threads(options.intra_op_threads, cpus, options.parallel_runs)
+        session = _create_session(engine, _session_options(initial, spinning), options.providers)
+        threads = str(initial) if initial else "default"
+        if initial != options.intra_op_threads:
+            threads = f"{initial} (auto: {options.parallel_runs} runs side by side on {cpus} cores)"
+        took: float | None = None
         if options.intra_op_threads == 0 and list(session.get_providers()) == [CPU]:
             took = probe_ms(session)
-            auto = small_model_threads(options.intra_op_threads, took, os.cpu_count() or 1)
+            auto = small_model_threads(initial, took, cpus)
             if auto is not None:
                 # Only the providers that came up the first time: their warnings were logged then.
                 session = _create_session(engine, _session_options(auto, spinning), session.get_providers())
                 threads = f"{auto} (auto: {took:.2f} ms per frame)"
         runner = OnnxRuntimeRunner(session, engine, threads)
+        runner.probe_ms = took
         log.info("engine.loaded", backend=self.key, model=str(engine), providers=session.get_providers())
         return runner
 

@@ -83,6 +83,8 @@ class SlotInfo(StrictModel):
     state: str = Field(description="Slot state, e.g. EMPTY, LOADING, VALIDATING, ACTIVE, DRAINING.")
     since: float | None = Field(None, description="When the slot entered ``state``, Unix seconds.")
     last_job: str | None = Field(None, description="Id of the last deployment job for this slot.")
+    workers: int = Field(1, description="Inference workers running the slot's batches side by side.")
+    layout: str | None = Field(None, description="Why that many workers: configured, or the auto rule.")
 
 
 class InfoMessage(Envelope):

@@ -27,15 +27,37 @@ class _Lane(Generic[T]):
     dropped: int = 0
 
 
-class SlotInbox(Generic[T]):
+class StageQueue:
+    """A queue between two pipeline stages that the producers close when they are done."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._closed = False
+
+    def _empty(self) -> bool:
+        """Nothing left to take (called with the condition held)."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """No more puts; ``drained`` becomes True once the last item is taken."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+    @property
+    def drained(self) -> bool:
+        with self._cond:
+            return self._closed and self._empty()
+
+
+class SlotInbox(StageQueue, Generic[T]):
     """Per-stream bounded lanes behind one condition variable."""
 
     def __init__(self, on_drop: Callable[[str, T], None] | None = None) -> None:
+        super().__init__()
         self._lanes: dict[str, _Lane[T]] = {}
         self._order: list[str] = []
         self._next = 0
-        self._cond = threading.Condition()
-        self._closed = False
         self._on_drop = on_drop
 
     def add_lane(self, stream: str, capacity: int, policy: DropPolicy) -> None:
@@ -87,16 +109,8 @@ class SlotInbox(Generic[T]):
     def _any_or_closed(self) -> bool:
         return self._closed or self._any()
 
-    def close(self) -> None:
-        """No more puts; ``drained`` becomes True once the last item is taken."""
-        with self._cond:
-            self._closed = True
-            self._cond.notify_all()
-
-    @property
-    def drained(self) -> bool:
-        with self._cond:
-            return self._closed and not self._any()
+    def _empty(self) -> bool:
+        return not self._any()
 
     def depths(self) -> dict[str, int]:
         with self._cond:

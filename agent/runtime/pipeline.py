@@ -27,6 +27,7 @@ from agent.errors import AgentError
 from agent.protocol.messages import ResultMessage
 from agent.runtime.inbox import DropPolicy, SlotInbox
 from agent.runtime.loaded import LoadedModel
+from agent.runtime.outbox import OrderedOutbox
 from agent.runtime.slot import ModelSlot
 from agent.telemetry import Metrics
 
@@ -159,8 +160,11 @@ class SlotPipeline:
         self._inbox: SlotInbox[WorkItem] = SlotInbox(on_drop=self._dropped_in_queue)
         for plan in streams:
             self._inbox.add_lane(plan.name, plan.queue_size, plan.policy)
-        self._outbox: SlotInbox[InferredItem] = SlotInbox()
-        self._outbox.add_lane("results", publish_queue, "process_all")
+        self._outbox: OrderedOutbox[InferredItem] = OrderedOutbox(publish_queue)
+        # Batches are numbered as they are taken, under this lock, so the outbox can restore the
+        # inbox's order however the workers finish.
+        self._take_lock = threading.Lock()
+        self._taken = 0
         self._capture_stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._capture_threads: list[threading.Thread] = []
@@ -288,29 +292,37 @@ class SlotPipeline:
     def _infer_loop(self) -> None:
         while True:
             self.heartbeat = time.monotonic()
-            batch = self._inbox.take(self._max_batch, timeout=_POLL_S)
+            with self._take_lock:
+                batch = self._inbox.take(self._max_batch, timeout=_POLL_S)
+                number = self._taken
+                self._taken += 1 if batch else 0
             if not batch:
                 if self._inbox.drained:
                     break
                 continue
+            results: list[InferredItem] = []
             try:
-                self._infer_batch(batch)
+                results = self._infer_batch(batch)
             except Exception:
                 log.exception("pipeline.infer.crashed", slot=self.slot.name)
+            finally:
+                # Handed in even when empty: later batches wait for this number.
+                while not self._outbox.put(number, results, timeout=_POLL_S):
+                    pass  # the publisher always drains; results are never dropped here
         with self._workers_lock:
             self._workers_running -= 1
             last = self._workers_running == 0
         if last:
             self._outbox.close()
 
-    def _infer_batch(self, batch: list[WorkItem]) -> None:
+    def _infer_batch(self, batch: list[WorkItem]) -> list[InferredItem]:
         now = time.monotonic()
         done: list[tuple[list[WorkItem], dict[str, npt.NDArray[Any]], float]] = []
         with self.slot.lease() as model:
             if model is None:
                 for work in batch:
                     self._stream_metrics[work.plan.name].dropped["no_model"].inc()
-                return
+                return []
             spec = model.preprocess
             for work in batch:
                 if work.spec is not spec and work.spec != spec:
@@ -331,21 +343,23 @@ class SlotPipeline:
                     log.error("pipeline.infer.failed", slot=self.slot.name, error=str(exc))
                     continue
                 done.append((chunk, outputs, (time.perf_counter() - t0) * 1000.0))
+        results: list[InferredItem] = []
         for chunk, outputs, infer_ms in done:
             self._infer_hist.observe(infer_ms / 1000.0)
             self._batches.inc()
             for i, work in enumerate(chunk):
-                item = InferredItem(
-                    work=work,
-                    outputs={name: array[i] for name, array in outputs.items()},
-                    model=model,
-                    queue_ms=(now - work.queued_mono) * 1000.0,
-                    infer_ms=infer_ms,
-                    batch=len(chunk),
+                results.append(
+                    InferredItem(
+                        work=work,
+                        outputs={name: array[i] for name, array in outputs.items()},
+                        model=model,
+                        queue_ms=(now - work.queued_mono) * 1000.0,
+                        infer_ms=infer_ms,
+                        batch=len(chunk),
+                    )
                 )
                 self._stream_metrics[work.plan.name].inferred.inc()
-                while not self._outbox.put("results", item, timeout=_POLL_S):
-                    pass  # the publisher always drains; results are never dropped here
+        return results
 
     def _publish_loop(self) -> None:
         while True:
@@ -396,5 +410,5 @@ class SlotPipeline:
 
     def _depths(self) -> dict[str, float]:
         depths: dict[str, float] = {f"queue.{k}": float(v) for k, v in self._inbox.depths().items()}
-        depths["queue.publish"] = float(self._outbox.depths()["results"])
+        depths["queue.publish"] = float(self._outbox.depth)
         return depths

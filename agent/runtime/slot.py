@@ -55,8 +55,12 @@ def _grey_frame(width: int, height: int) -> npt.NDArray[np.uint8]:
 class ModelSlot:
     """A named place for one model; streams read ``lease()`` per batch."""
 
-    def __init__(self, name: str, *, on_transition: SlotListener | None = None) -> None:
+    def __init__(
+        self, name: str, *, on_transition: SlotListener | None = None, parallel_runs: int = 1
+    ) -> None:
         self.name = name
+        #: Inference workers that run this slot's model side by side (the backend sizes its threads by it).
+        self.parallel_runs = parallel_runs
         self._state = SlotState.EMPTY
         self._current: LoadedModel | None = None
         self._lock = threading.Lock()
@@ -126,6 +130,7 @@ class ModelSlot:
         options = LoadOptions(
             providers=source.providers,
             intra_op_threads=source.intra_op_threads,
+            parallel_runs=self.parallel_runs,
             extra={"allow_spinning": source.allow_spinning, **dict(source.extra)},
         )
         runner = get_backend(source.backend).load(source.path, options)

@@ -19,6 +19,7 @@ from agent.backends.onnxruntime import (
     optimize_model,
     select_providers,
     small_model_threads,
+    split_threads,
 )
 from agent.errors import EngineError
 from agent.modelzoo import write_classifier, write_tiny_classifier
@@ -215,4 +216,34 @@ def test_a_tiny_model_loads_with_one_thread_unless_told_otherwise(tmp_path: Path
         )
     finally:
         auto.close()
+        explicit.close()
+
+
+@pytest.mark.parametrize(
+    ("requested", "cpus", "parallel_runs", "expected"),
+    [
+        (0, 2, 1, 0),  # one run at a time: ORT's default (every core)
+        (0, 2, 2, 1),  # two runs side by side on two cores: one thread each
+        (0, 8, 2, 4),
+        (0, 2, 4, 1),  # never fewer than one
+        (3, 8, 4, 3),  # the operator's number wins
+    ],
+)
+def test_runs_side_by_side_share_the_cores(
+    requested: int, cpus: int, parallel_runs: int, expected: int
+) -> None:
+    assert split_threads(requested, cpus, parallel_runs) == expected
+
+
+def test_a_load_for_parallel_runs_takes_its_share_and_reports_its_measured_run_time(tmp_path: Path) -> None:
+    model = write_classifier(tmp_path / "m.onnx", input_size=32, num_classes=4)
+    runner = OnnxRuntimeBackend().load(model, LoadOptions(parallel_runs=64))
+    explicit = OnnxRuntimeBackend().load(model, LoadOptions(intra_op_threads=1))
+    try:
+        assert runner.describe()["intra_op_threads"].startswith("1 (auto: 64 runs side by side")
+        assert runner.probe_ms is not None
+        assert runner.probe_ms > 0.0
+        assert explicit.probe_ms is None  # a chosen thread count needs no measurement
+    finally:
+        runner.close()
         explicit.close()

@@ -9,6 +9,8 @@ import cv2
 import numpy as np
 import pytest
 
+from agent.camera.drivers._cv2capture import SINGLE_THREAD_MAX_PIXELS, decode_threads
+from agent.camera.drivers.file import FileDriver
 from agent.camera.source import SourceState, VideoSource
 from agent.camera.source_spec import FileSourceSpec
 from tests.camera.recorder import Recorder
@@ -102,3 +104,37 @@ def test_file_that_is_not_a_video_is_retried(tmp_path: Path) -> None:
     rec.stop()
     assert "junk.avi" in next(e.reason for e in rec.events if e.new is S.RECONNECTING)
     assert rec.source.state is S.STOPPED
+
+
+@pytest.mark.parametrize(
+    ("requested", "width", "height", "expected"),
+    [
+        (0, 640, 480, 1),  # auto: one thread is the least CPU per frame
+        (0, 1920, 1080, 1),
+        (0, 3840, 2160, 0),  # 4K: FFmpeg's default threads keep up with the frame rate
+        (0, 0, 0, 0),  # size unknown: FFmpeg's default
+        (4, 640, 480, 4),  # the operator's number wins
+    ],
+)
+def test_decode_threads_policy(requested: int, width: int, height: int, expected: int) -> None:
+    assert decode_threads(requested, width, height) == expected
+
+
+def test_a_file_is_decoded_on_one_thread_unless_its_frames_are_big_or_the_config_says(
+    video: Path, tmp_path: Path
+) -> None:
+    big = tmp_path / "big.avi"
+    width, height = 2048, SINGLE_THREAD_MAX_PIXELS // 2048 + 8
+    writer = cv2.VideoWriter(str(big), cv2.VideoWriter.fourcc(*"MJPG"), FPS, (width, height))
+    writer.write(np.full((height, width, 3), 80, dtype=np.uint8))
+    writer.release()
+    for path, requested, expected in ((video, 0, 1), (big, 0, 0), (video, 2, 2)):
+        driver = FileDriver(make(FileSourceSpec, path=path, loop=False, decode_threads=requested))
+        driver.open()
+        try:
+            assert driver.decode_threads == expected, path.name
+            image = driver.read(1.0)
+            assert image is not None
+            assert image.shape[:2] == ((48, 64) if path == video else (height, width))
+        finally:
+            driver.close()

@@ -60,7 +60,12 @@ def test_every_frame_one_result_then_clean_exit(
     assert first.published_at >= first.captured_at
     # Retained info names the active model; telemetry is flat numeric JSON.
     assert info
-    assert decode(InfoMessage, info[-1].payload).slots["cls"].model is not None
+    slot = decode(InfoMessage, info[-1].payload).slots["cls"]
+    assert slot.model is not None
+    # The file is paced at its frame rate like a camera: the latency layout, one worker.
+    assert slot.workers == 1
+    assert slot.layout is not None
+    assert slot.layout.startswith("auto: a live or paced stream")
     values = json.loads(telemetry[0].payload)
     assert all(isinstance(v, (int, float)) for v in values.values())
     assert values["stream.cam.frames_captured"] >= 1

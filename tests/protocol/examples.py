@@ -36,7 +36,16 @@ EXAMPLES: dict[str, BaseModel] = {
             "tensorrt": BackendInfo(available=True),
             "onnxruntime": BackendInfo(available=True),
         },
-        slots={"main": SlotInfo(model=MODEL, state="ACTIVE", since=TS - 60, last_job="job-7")},
+        slots={
+            "main": SlotInfo(
+                model=MODEL,
+                state="ACTIVE",
+                since=TS - 60,
+                last_job="job-7",
+                workers=1,
+                layout="auto: a live or paced stream: one run over every core for the lowest latency",
+            )
+        },
         streams=["cam0"],
     ),
     "TelemetryMessage": TelemetryMessage.model_validate(

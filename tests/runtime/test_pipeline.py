@@ -171,7 +171,7 @@ def test_a_file_stream_yields_one_result_per_frame_then_finishes(
     assert rig.counter("stream.clip.dropped.queue_full") == 0
 
 
-def test_several_inference_workers_still_give_one_result_per_frame(
+def test_several_inference_workers_publish_every_frame_once_in_frame_order(
     rig: Rig, models: dict[str, Path], tmp_path: Path
 ) -> None:
     video = write_demo_video(tmp_path / "clip.avi", frames=60, size=(96, 72), fps=30.0)
@@ -182,8 +182,15 @@ def test_several_inference_workers_still_give_one_result_per_frame(
     assert len([t for t in pipeline._threads if t.name.startswith("infer-")]) == 3
     wait_until(lambda: pipeline.finished, "three workers to drain the file")
     rig.probe.wait_for(lambda _ms: len(rig.results("clip")) >= 60, timeout=10)
-    # Workers finish batches in any order: every frame index once, whatever the publish order.
     assert [r.frame_index for r in rig.results("clip")] == list(range(60))
+    # Workers finish batches in any order (batches of 1 and 2 on a slow model); the outbox restores
+    # the order they were taken in, so results arrive in frame order (QoS 1 from one client keeps it).
+    arrival: list[int] = []
+    for m in rig.probe.on_topic(rig.topic("clip")):
+        index = decode(ResultMessage, m.payload).frame_index
+        if index not in arrival:
+            arrival.append(index)
+    assert arrival == list(range(60))
     assert rig.counter("stream.clip.frames_published") == 60
 
 

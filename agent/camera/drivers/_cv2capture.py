@@ -23,3 +23,27 @@ def release(capture: Any) -> None:
         return
     with contextlib.suppress(cv2.error):
         capture.release()
+
+
+#: With ``decode_threads: 0`` (auto), frames up to this many pixels are decoded on one FFmpeg thread.
+#: FFmpeg's own default (a thread per core) cost ~20 % more CPU per 640x480 MJPEG frame here
+#: (bench/pipeline.py), CPU the agent's other stages run on; bigger frames (4K H.264) need the
+#: threads to keep up with their frame rate.
+SINGLE_THREAD_MAX_PIXELS = 1920 * 1080
+
+
+def decode_threads(requested: int, width: int, height: int) -> int:
+    """FFmpeg decoder threads for a stream of ``width`` x ``height``; 0 leaves FFmpeg's default (pure)."""
+    if requested > 0:
+        return requested
+    return 1 if 0 < width * height <= SINGLE_THREAD_MAX_PIXELS else 0
+
+
+def thread_params(threads: int) -> list[int]:
+    """``cv2.VideoCapture`` open parameters that set the decoder's thread count (none for 0)."""
+    return [cv2.CAP_PROP_N_THREADS, threads] if threads > 0 else []
+
+
+def frame_size(capture: Any) -> tuple[int, int]:
+    """Width and height a capture reports (0 when unknown)."""
+    return int(capture.get(cv2.CAP_PROP_FRAME_WIDTH)), int(capture.get(cv2.CAP_PROP_FRAME_HEIGHT))

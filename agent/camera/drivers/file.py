@@ -7,7 +7,7 @@ from typing import Any, ClassVar
 import cv2
 import structlog
 
-from agent.camera.drivers._cv2capture import capture_fps, release
+from agent.camera.drivers._cv2capture import capture_fps, decode_threads, frame_size, release, thread_params
 from agent.camera.drivers.base import Driver, Image, as_bgr
 from agent.camera.source_spec import FileSourceSpec
 from agent.errors import SourceError
@@ -28,6 +28,8 @@ class FileDriver(Driver[FileSourceSpec]):
         super().__init__(spec)
         self._capture: Any = None
         self._frames_since_open = 0
+        #: FFmpeg decoder threads of the open file (0: FFmpeg's default).
+        self.decode_threads = 0
 
     @property
     def pace_fps(self) -> float | None:
@@ -40,15 +42,26 @@ class FileDriver(Driver[FileSourceSpec]):
         if not path.is_file():
             raise SourceError(f"video file {path} does not exist or is not a file: check source.path")
         self.close()
-        capture = cv2.VideoCapture(str(path))
-        if not capture.isOpened():
+        # Opened on one decoder thread first (cheap); a frame too big for one thread reopens with more.
+        capture = self._open_capture(self.spec.decode_threads or 1)
+        threads = decode_threads(self.spec.decode_threads, *frame_size(capture))
+        if threads != (self.spec.decode_threads or 1):
             release(capture)
-            raise SourceError(f"OpenCV cannot decode video file {path}: is it a video in a supported codec?")
+            capture = self._open_capture(threads)
         self._capture = capture
+        self.decode_threads = threads
         self._frames_since_open = 0
         self.nominal_fps = capture_fps(capture)
         if self.spec.realtime and self.nominal_fps is None:
             log.warning("camera.file.no_fps", path=str(path), pace_fps=FALLBACK_FPS)
+
+    def _open_capture(self, threads: int) -> Any:
+        path = self.spec.path
+        capture = cv2.VideoCapture(str(path), cv2.CAP_ANY, thread_params(threads))
+        if not capture.isOpened():
+            release(capture)
+            raise SourceError(f"OpenCV cannot decode video file {path}: is it a video in a supported codec?")
+        return capture
 
     def read(self, timeout_s: float) -> Image | None:
         # A local file never blocks for long, so the timeout is not needed here.

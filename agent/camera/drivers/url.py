@@ -11,7 +11,7 @@ from typing import Any, ClassVar
 
 import cv2
 
-from agent.camera.drivers._cv2capture import capture_fps, release
+from agent.camera.drivers._cv2capture import capture_fps, release, thread_params
 from agent.camera.drivers.base import Driver, Image, as_bgr
 from agent.camera.source_spec import UrlSourceSpec
 from agent.errors import SourceError
@@ -49,6 +49,7 @@ class UrlDriver(Driver[UrlSourceSpec]):
             int(OPEN_TIMEOUT_S * 1000),
             cv2.CAP_PROP_READ_TIMEOUT_MSEC,
             int(READ_TIMEOUT_S * 1000),
+            *thread_params(self.spec.decode_threads),
         ]
         capture = cv2.VideoCapture(url, cv2.CAP_FFMPEG, params)
         if not capture.isOpened():

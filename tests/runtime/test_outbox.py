@@ -1,0 +1,92 @@
+"""OrderedOutbox: numbered batches from several workers come out in number order, bounded."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+
+from agent.runtime.outbox import OrderedOutbox
+
+
+def drain(box: OrderedOutbox[int]) -> list[int]:
+    out: list[int] = []
+    while items := box.take(100, timeout=0.0):
+        out.extend(items)
+    return out
+
+
+def test_a_later_batch_waits_for_the_earlier_one() -> None:
+    box: OrderedOutbox[int] = OrderedOutbox(capacity=16)
+    assert box.put(1, [3, 4], timeout=0.1)
+    assert drain(box) == []  # batch 0 is still being inferred
+    assert box.put(0, [1, 2], timeout=0.1)
+    assert drain(box) == [1, 2, 3, 4]
+
+
+def test_an_empty_batch_releases_the_batches_after_it() -> None:
+    box: OrderedOutbox[int] = OrderedOutbox(capacity=16)
+    box.put(1, [7], timeout=0.1)
+    box.put(0, [], timeout=0.1)  # inference failed: nothing to publish, but the number is used
+    assert drain(box) == [7]
+
+
+def test_a_full_outbox_makes_a_later_batch_wait_but_never_the_next_one() -> None:
+    box: OrderedOutbox[int] = OrderedOutbox(capacity=2)
+    assert box.put(1, [10, 11], timeout=0.1)  # fills it while batch 0 is out
+    started = time.monotonic()
+    assert not box.put(2, [12], timeout=0.2)  # not next and no room: refused after the timeout
+    assert time.monotonic() - started >= 0.2
+    assert box.put(0, [9], timeout=0.0)  # the next batch always gets in, or nothing could move
+    assert box.depth == 3
+    assert box.take(2, timeout=0.0) == [9, 10]
+    assert box.put(2, [12], timeout=0.1)  # room again
+    assert drain(box) == [11, 12]
+
+
+def test_drained_only_after_close_and_the_last_item_taken() -> None:
+    box: OrderedOutbox[int] = OrderedOutbox(capacity=4)
+    box.put(0, [1], timeout=0.1)
+    box.close()
+    assert not box.drained
+    assert box.take(10, timeout=0.0) == [1]
+    assert box.drained
+
+
+def test_take_waits_for_the_first_item_and_wakes_on_close() -> None:
+    box: OrderedOutbox[int] = OrderedOutbox(capacity=4)
+    threading.Timer(0.1, box.close).start()
+    started = time.monotonic()
+    assert box.take(10, timeout=5.0) == []
+    assert time.monotonic() - started < 4.0  # woken by close, not by the timeout
+
+
+def test_workers_finishing_in_any_order_publish_in_take_order() -> None:
+    box: OrderedOutbox[int] = OrderedOutbox(capacity=8)
+    lock = threading.Lock()
+    taken = {"next": 0}
+    rng = random.Random(7)
+    delays = [rng.random() * 0.002 for _ in range(300)]
+
+    def worker() -> None:
+        while True:
+            with lock:  # what the pipeline does: number a batch as it is taken
+                number = taken["next"]
+                if number >= 300:
+                    return
+                taken["next"] += 1
+            time.sleep(delays[number])  # "inference" of uneven length
+            while not box.put(number, [number * 2, number * 2 + 1], timeout=0.05):
+                pass
+
+    threads = [threading.Thread(target=worker) for _ in range(4)]
+    for t in threads:
+        t.start()
+    published: list[int] = []
+    deadline = time.monotonic() + 30
+    while len(published) < 600 and time.monotonic() < deadline:
+        published.extend(box.take(5, timeout=0.1))
+        assert box.depth <= 8 + 2  # the bound, plus the next batch that may always enter
+    for t in threads:
+        t.join()
+    assert published == list(range(600))
