@@ -4,7 +4,9 @@ Why it is built this way (each point is a paho 2.x or mosquitto trap, see docs/p
 
 * Our thread calls ``client.loop()`` and does every socket read and write: publishes from other
   threads only queue a packet (``on_socket_register_write`` is set, so paho never writes from the
-  caller's thread) and wake the loop through paho's socket pair.
+  caller's thread) and wake the loop through paho's socket pair. paho writes one wake byte per
+  publish; :class:`CoalescedWake` writes one per turn of the loop (results at 800 fps cost the
+  loop ~0.1 ms of CPU per wake-up on two cores).
 * We reconnect ourselves with jittered exponential backoff; paho's ``reconnect_delay_set`` has no
   jitter and a fleet would reconnect in lockstep.
 * paho callbacks only enqueue into ``_events`` (or the inbox) inside a catch-all: an exception in a
@@ -20,6 +22,7 @@ Why it is built this way (each point is a paho 2.x or mosquitto trap, see docs/p
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import random
 import threading
@@ -110,6 +113,53 @@ class _Subscription:
     topic_filter: str
     handler: Handler
     qos: int
+
+
+class CoalescedWake:
+    """paho's socket-pair write end, writing at most one wake byte per turn of our network loop.
+
+    paho's ``publish()`` from another thread appends the packet to its queue, then writes a byte here
+    to break the loop out of ``select()``. One byte already waiting wakes the loop just as well, so
+    the next ones are skipped until :meth:`rearm`, called by the network thread before every
+    ``loop()``. Nothing is lost: a publisher that skips its byte appended its packet before it looked
+    at the flag, so before the rearm, so before ``loop()`` checks ``want_write()`` and selects on
+    the socket for writing. paho keeps the pair in private attributes (paho 2.x: ``_sockpairW``,
+    recreated on reconnect); tests/mqtt/test_link.py checks that a lone publish still wakes the loop.
+    """
+
+    def __init__(self, sock: Any) -> None:
+        self._sock = sock
+        self.pending = False
+
+    def send(self, data: bytes) -> int:
+        if self.pending:
+            return len(data)
+        self.pending = True
+        sent: int = self._sock.send(data)  # BlockingIOError (buffer full of wake bytes): paho ignores it
+        return sent
+
+    def close(self) -> None:
+        self._sock.close()
+
+    @staticmethod
+    def wake_now(client: Any) -> None:
+        """Break the loop out of ``select()`` now, pending byte or not (stop must not wait a turn)."""
+        wake = getattr(client, "_sockpairW", None)
+        sock = wake._sock if isinstance(wake, CoalescedWake) else wake
+        if sock is not None:
+            with contextlib.suppress(OSError):  # full (a wake is pending anyway) or already closed
+                sock.send(b"\0")
+
+    @classmethod
+    def rearm(cls, client: Any) -> None:
+        """Wrap paho's current write end (once per socket pair) and allow the next wake byte."""
+        wake = getattr(client, "_sockpairW", None)
+        if wake is None:
+            return  # paho makes a new pair inside loop(); wrapped on the next turn
+        if not isinstance(wake, cls):
+            wake = cls(wake)
+            client._sockpairW = wake
+        wake.pending = False
 
 
 class MqttLink:
@@ -210,6 +260,11 @@ class MqttLink:
 
     def _cb_publish(self, client: Any, userdata: Any, mid: int, reason_code: Any, props: Any) -> None:
         try:
+            # Runs on the network thread, the only one that touches _durable_inflight and _status_mid.
+            # A success nobody waits for (every QoS 0 result) is only counted: no event round trip.
+            if reason_code.value == 0 and mid not in self._durable_inflight and mid != self._status_mid:
+                self._count("published")
+                return
             self._events.put(("puback", mid, int(reason_code.value), str(reason_code)))
         except Exception as exc:  # noqa: BLE001
             self._events.put(("callback_error", "on_publish", repr(exc)))
@@ -254,6 +309,7 @@ class MqttLink:
             return
         self._stop_deadline = time.monotonic() + timeout
         self._stop_requested.set()
+        CoalescedWake.wake_now(self._client)
         self._net_thread.join(timeout + 2.0)
         self._inbox.put_control(STOP)
         if self._dispatch_thread is not None:
@@ -417,6 +473,7 @@ class MqttLink:
                 )
                 self._sleep_backoff()
                 return False
+        CoalescedWake.rearm(self._client)
         try:
             rc = self._client.loop(timeout=_LOOP_TIMEOUT_S)
         except Exception as exc:

@@ -42,7 +42,8 @@ def needs_softmax(scores: npt.NDArray[Any], mode: str) -> bool:
     """``auto``: apply softmax unless the scores already are non-negative and sum to ~1."""
     if mode != "auto":
         return mode == "always"
-    return not (bool(np.all(scores >= 0.0)) and abs(float(scores.sum(dtype=np.float64)) - 1.0) < 1e-3)
+    # min() and sum(): two reductions, no temporary boolean array (this runs once per frame).
+    return not (float(scores.min()) >= 0.0 and abs(float(scores.sum(dtype=np.float64)) - 1.0) < 1e-3)
 
 
 class ClassificationPostprocess:
@@ -64,12 +65,12 @@ class ClassificationPostprocess:
         k = min(self.spec.top_k, scores.size)
         # Stable sort of the negated scores: equal scores keep index order, lowest index first.
         top = np.argsort(-scores, kind="stable")[:k]
-        # Built from values typed right here: model_construct skips re-validating them per frame.
-        return Prediction.model_construct(
+        # Plain Python numbers in bulk (tolist) rather than one numpy scalar per class; validated
+        # constructors, which pydantic-core runs faster than model_construct's Python path.
+        labels = self.labels
+        return Prediction(
             classes=[
-                ClassScore.model_construct(
-                    index=int(i), label=label_of(self.labels, int(i)), score=float(scores[i])
-                )
-                for i in top
+                ClassScore(index=i, label=label_of(labels, i), score=score)
+                for i, score in zip(top.tolist(), scores[top].tolist(), strict=True)
             ]
         )

@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 
 from agent.errors import TransportError
+from agent.mqtt import link as link_module
 from agent.mqtt.inbox import InboundMessage
-from agent.mqtt.link import PublishProperties
+from agent.mqtt.link import CoalescedWake, PublishProperties
 from agent.protocol.messages import StatusMessage, decode
 from agent.spool import Spool
 from tests.broker import Broker, free_port
@@ -447,3 +448,50 @@ def test_concurrent_publishers_and_handlers_do_not_deadlock(
         probe.wait_for(lambda ms: sum(1 for m in ms if m.topic.startswith(topic)) >= 400, timeout=30)
         probe.wait_for_count(f"fleet/v1/{device_id}/up/cmd/echo", 20)
     assert link.healthy()
+
+
+def arrived(payload: bytes) -> Callable[[list[Received]], bool]:
+    return lambda messages: any(m.payload == payload for m in messages)
+
+
+def test_publishes_from_other_threads_wake_the_loop_once_per_turn_and_none_is_left_behind(
+    broker: Broker, make_link: LinkFactory, device_id: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """CoalescedWake skips wake bytes while one is pending; a publish must still never wait for the
+    loop's select() timeout. The timeout is raised to 5 s so that waiting for it would fail here."""
+    monkeypatch.setattr(link_module, "_LOOP_TIMEOUT_S", 5.0)
+    topic = f"fleet/v1/{device_id}/up/results/cam"
+    link = make_link(fast_settings(broker), client_id=device_id)
+    link.start()
+    wait_until(lambda: link.connected, what="connect")
+    with Probe(broker.host, broker.port) as probe:
+        probe.subscribe(f"fleet/v1/{device_id}/up/#")
+        probe.wait_for_count(f"fleet/v1/{device_id}/up/status", 1)
+        wait_until(lambda: isinstance(link._client._sockpairW, CoalescedWake), what="the wake to be wrapped")
+        for round_ in range(3):
+            # A lone QoS 0 publish while the loop sleeps in select(): the wake byte must go out.
+            threading.Event().wait(0.3)
+            lone = f"lone-{round_}".encode()
+            link.publish(topic, lone, qos=0)
+            probe.wait_for(arrived(lone), timeout=2.0)
+        # Bursts from two threads: most wake bytes are skipped, every message arrives, none twice.
+        sent = [f"b{n}-{i}".encode() for n in range(2) for i in range(500)]
+
+        def burst(n: int) -> None:
+            for i in range(500):
+                link.publish(topic, f"b{n}-{i}".encode(), qos=0)
+
+        threads = [threading.Thread(target=burst, args=(n,)) for n in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        got = probe.wait_for(
+            lambda ms: sum(1 for m in ms if m.payload.startswith(b"b")) >= len(sent), timeout=4.0
+        )
+    burst_payloads = [m.payload for m in got if m.topic == topic and m.payload.startswith(b"b")]
+    assert sorted(burst_payloads) == sorted(sent)
+    # Per publisher thread, order is kept (one writer, one socket).
+    for n in range(2):
+        mine = [p for p in burst_payloads if p.startswith(f"b{n}-".encode())]
+        assert mine == [f"b{n}-{i}".encode() for i in range(500)]
