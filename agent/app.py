@@ -200,11 +200,17 @@ class Agent:
                         plans,
                         self.link,
                         self.metrics,
-                        max_batch=slot_config.max_batch,
+                        max_batch=layout.max_batch or slot_config.max_batch,
                         workers=layout.workers,
                     )
                 )
-                log.info("pipeline.layout", slot=slot_name, workers=layout.workers, reason=layout.reason)
+                log.info(
+                    "pipeline.layout",
+                    slot=slot_name,
+                    workers=layout.workers,
+                    max_batch=layout.max_batch or slot_config.max_batch,
+                    reason=layout.reason,
+                )
         self.metrics.add_collector(self._slot_stats, prefix="slot")
         return pipelines
 

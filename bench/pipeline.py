@@ -250,15 +250,16 @@ def bench_swap(
     """Largest gap between consecutive results while the slot hot-swaps at full rate."""
     observer = Observer(MqttSettings(host="127.0.0.1", port=port), ["fleet/v1/bench/up/results/cam"]).start()
     path = _agent_config(workdir, port, model, size, video, loop=False)
-    swapped = {"done": False}
+    swap_window: list[float] = []  # wall-clock start of the reload, end of the reload
 
     def until(agent: Agent) -> bool:
-        if not swapped["done"] and _published(agent) >= frames // 2:
+        if not swap_window and _published(agent) >= frames // 2:
             path.write_text(
                 path.read_text().replace(str(model), str(other)).replace("version: '1'", "version: '2'")
             )
+            swap_window.append(time.time())
             agent.reload()
-            swapped["done"] = True
+            swap_window.append(time.time())
         return _published(agent) >= frames
 
     agent, _wall, _cpu = _run_agent(path, until, timeout=300)
@@ -270,6 +271,12 @@ def bench_swap(
     observer.stop()
     stamps.sort()
     gaps = [b[1] - a[1] for a, b in itertools.pairwise(stamps)]
+    # Gaps that end between the reload and 0.5 s after the first result of the new model (loading,
+    # validating, the frames queued meanwhile), against every other gap of the run: the swap's cost.
+    went_live = min((t for _i, t, v in stamps if v == "2"), default=swap_window[-1] if swap_window else 0.0)
+    start, end = (swap_window[0], went_live + 0.5) if swap_window else (0.0, 0.0)
+    during = [b[1] - a[1] for a, b in itertools.pairwise(stamps) if start <= b[1] <= end]
+    steady = [b[1] - a[1] for a, b in itertools.pairwise(stamps) if not start <= b[1] <= end]
     versions = sorted({v for _i, _t, v in stamps})
     indices = [i for i, _t, _v in stamps]
     return {
@@ -282,6 +289,10 @@ def bench_swap(
         "max_gap_over_median": (max(gaps) / statistics.median(gaps)) if gaps else float("nan"),
         # Batches publish several results at once, so the median gap is tiny; the mean is the frame period.
         "max_gap_over_mean": (max(gaps) / statistics.fmean(gaps)) if gaps else float("nan"),
+        "reload_to_first_new_result_s": (went_live - swap_window[0]) if swap_window else float("nan"),
+        "max_gap_during_swap_ms": max(during) * 1000 if during else float("nan"),
+        "max_gap_steady_ms": max(steady) * 1000 if steady else float("nan"),
+        "swap_over_steady_max_gap": (max(during) / max(steady)) if during and steady else float("nan"),
     }
 
 

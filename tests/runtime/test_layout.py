@@ -20,7 +20,7 @@ FILE = {"type": "file", "path": "clip.mp4"}
 
 def test_a_configured_count_always_wins() -> None:
     layout = inference_layout(3, backend="tensorrt", providers=[], cpus=1, unpaced_only=False)
-    assert (layout.workers, layout.reason) == (3, "configured")
+    assert (layout.workers, layout.reason, layout.max_batch) == (3, "configured", None)
 
 
 @pytest.mark.parametrize(
@@ -50,6 +50,8 @@ def test_auto_layout(
         0, backend=backend, providers=providers, cpus=cpus, unpaced_only=unpaced_only, model_ms=model_ms
     )
     assert layout.workers == workers
+    # Several single-threaded CPU runs take one frame each; otherwise the slot's max_batch holds.
+    assert layout.max_batch == (1 if workers > 1 else None)
     assert layout.reason.startswith("auto")
     assert why in layout.reason
 
