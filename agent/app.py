@@ -125,6 +125,9 @@ class Agent:
         )
         self.delivery.register_command("calibrate", self.models.calibrate)
         self.pipelines: list[SlotPipeline] = []
+        # Set once the pipelines exist: a deployment whose manifest arrives (retained) while the
+        # first models load must wait for them before it can tap live frames for calibration.
+        self._pipelines_built = threading.Event()
         self.telemetry: TelemetryLoop | None = None
         self.watchdog: Watchdog | None = None
 
@@ -139,6 +142,7 @@ class Agent:
             self.notifier.extend_timeout(INITIAL_LOAD_BUDGET_S)
             self.models.load_initial(name, slot_config)
         self.pipelines = self._build_pipelines()
+        self._pipelines_built.set()
         for pipeline in self.pipelines:
             pipeline.start()
         self.models.start_deferred_builds()
@@ -265,6 +269,7 @@ class Agent:
     # -- engines ---------------------------------------------------------------------------------
 
     def _tap_frames(self, slot: str, n: int) -> list[npt.NDArray[np.uint8]]:
+        self._pipelines_built.wait(FRAME_TAP_TIMEOUT_S)
         pipeline = self._pipeline(slot)
         return pipeline.tap(n, every=2, timeout_s=FRAME_TAP_TIMEOUT_S) if pipeline else []
 

@@ -345,7 +345,9 @@ class BuildWorker:
             raise BuildError(message)
         if rc is not None and rc < 0:
             name = signal_name(-rc)
-            hint = _memory_hint(job.memory_mb) if name in ("SIGKILL", "SIGABRT") else ""
+            # Under a memory limit a failed allocation may end as any of these (a C library that
+            # dereferences the NULL it got back segfaults), so the limit is named with each.
+            hint = _memory_hint(job.memory_mb) if name in ("SIGKILL", "SIGABRT", "SIGSEGV", "SIGBUS") else ""
             if name == "SIGKILL" and not hint:
                 hint = " (killed from outside: the kernel's out-of-memory killer?)"
             message = f"builder crashed: {name}{hint}"
@@ -406,6 +408,16 @@ def _kill_group(proc: subprocess.Popen[bytes]) -> None:
 
 
 # --------------------------------------------------------------------------- child side
+
+
+def raised_during_import(exc: BaseException) -> bool:
+    """Whether ``exc`` was raised while a module was being imported (a frame of importlib's bootstrap)."""
+    tb = exc.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename.startswith("<frozen importlib"):
+            return True
+        tb = tb.tb_next
+    return False
 
 
 def _apply_memory_limit(job: BuildJob) -> None:
@@ -530,7 +542,16 @@ def main() -> int:
         emit({"type": "error", "code": "build_failed", "message": str(exc)})
         return 1
     except Exception as exc:  # noqa: BLE001 - the child reports every failure to the parent
-        emit({"type": "error", "code": "build_failed", "message": f"{type(exc).__name__}: {exc}"})
+        message = f"{type(exc).__name__}: {exc}"
+        if job.memory_mb > 0 and raised_during_import(exc):
+            # Under an address-space limit a failed allocation inside the import machinery does not
+            # always surface as MemoryError (seen: "ValueError: field 'target' is required for
+            # AnnAssign" from the compiler). A framework import that fails under a limit is reported
+            # as what it almost surely is, with the original error kept.
+            message = f"importing the build framework failed under the memory limit ({message})"
+            emit({"type": "error", "code": "out_of_memory", "message": message})
+            return 1
+        emit({"type": "error", "code": "build_failed", "message": message})
         return 1
     emit({"type": "result", "result": result.model_dump(mode="json")})
     return 0

@@ -1,14 +1,15 @@
 """The frame path: capture -> preprocess -> infer (batched per slot) -> postprocess -> publish.
 
 Stages are threads joined by bounded queues (:mod:`agent.runtime.inbox`). Capture threads decode
-and preprocess (cv2 and numpy release the GIL, so this overlaps with inference); one inference
-thread per slot reads ``slot.lease()`` per batch, which is what makes a hot-swap a reference swap;
-one publish thread per slot postprocesses and publishes. Shutdown drains front to back: captures
-stop, the inference thread empties its inbox, the publisher empties its queue.
-"""
+and preprocess (cv2 and numpy release the GIL, so this overlaps with inference); the slot's
+inference workers (one, or one per core: :mod:`agent.runtime.layout`) lease ``slot`` per batch,
+which is what makes a hot-swap a reference swap; one publish thread per slot postprocesses and
+publishes, in the order batches were taken (:mod:`agent.runtime.outbox`). Shutdown drains front
+to back: captures stop, the workers empty the inbox, the publisher empties the outbox."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from dataclasses import dataclass, field
@@ -292,57 +293,60 @@ class SlotPipeline:
     def _infer_loop(self) -> None:
         while True:
             self.heartbeat = time.monotonic()
-            with self._take_lock:
-                batch = self._inbox.take(self._max_batch, timeout=_POLL_S)
-                number = self._taken
-                self._taken += 1 if batch else 0
-            if not batch:
-                if self._inbox.drained:
-                    break
-                continue
-            results: list[InferredItem] = []
-            try:
-                results = self._infer_batch(batch)
-            except Exception:
-                log.exception("pipeline.infer.crashed", slot=self.slot.name)
-            finally:
-                # Handed in even when empty: later batches wait for this number.
-                while not self._outbox.put(number, results, timeout=_POLL_S):
-                    pass  # the publisher always drains; results are never dropped here
+            with contextlib.ExitStack() as leased:
+                # Numbered and leased in one step, in take order: a later batch can never run on an
+                # older model than an earlier one, so a stream's results never switch back after a swap.
+                with self._take_lock:
+                    batch = self._inbox.take(self._max_batch, timeout=_POLL_S)
+                    number = self._taken
+                    self._taken += 1 if batch else 0
+                    model = leased.enter_context(self.slot.lease()) if batch else None
+                if not batch:
+                    if self._inbox.drained:
+                        break
+                    continue
+                results: list[InferredItem] = []
+                try:
+                    results = self._infer_batch(batch, model)
+                except Exception:
+                    log.exception("pipeline.infer.crashed", slot=self.slot.name)
+                finally:
+                    # Handed in even when empty: later batches wait for this number.
+                    while not self._outbox.put(number, results, timeout=_POLL_S):
+                        pass  # the publisher always drains; results are never dropped here
         with self._workers_lock:
             self._workers_running -= 1
             last = self._workers_running == 0
         if last:
             self._outbox.close()
 
-    def _infer_batch(self, batch: list[WorkItem]) -> list[InferredItem]:
+    def _infer_batch(self, batch: list[WorkItem], model: LoadedModel | None) -> list[InferredItem]:
         now = time.monotonic()
         done: list[tuple[list[WorkItem], dict[str, npt.NDArray[Any]], float]] = []
-        with self.slot.lease() as model:
-            if model is None:
-                for work in batch:
-                    self._stream_metrics[work.plan.name].dropped["no_model"].inc()
-                return []
-            spec = model.preprocess
+        if model is None:
             for work in batch:
-                if work.spec is not spec and work.spec != spec:
-                    # Preprocessed for the model that was swapped out while this frame waited.
-                    work.tensor, work.letterbox = preprocess(work.frame.image, spec)
-                    work.spec = spec
-            # A model exported with a fixed batch size (often 1) takes at most that many frames
-            # per run, whatever max_batch says; a larger stack would fail every run.
-            step = model.runner.max_batch or len(batch)
-            for start in range(0, len(batch), step):
-                chunk = batch[start : start + step]
-                t0 = time.perf_counter()
-                try:
-                    outputs = model.runner.infer({model.input_name: np.stack([w.tensor for w in chunk])})
-                except AgentError as exc:
-                    for work in chunk:
-                        self._stream_metrics[work.plan.name].dropped["infer_error"].inc()
-                    log.error("pipeline.infer.failed", slot=self.slot.name, error=str(exc))
-                    continue
-                done.append((chunk, outputs, (time.perf_counter() - t0) * 1000.0))
+                self._stream_metrics[work.plan.name].dropped["no_model"].inc()
+            return []
+        spec = model.preprocess
+        for work in batch:
+            if work.spec is not spec and work.spec != spec:
+                # Preprocessed for the model that was swapped out while this frame waited.
+                work.tensor, work.letterbox = preprocess(work.frame.image, spec)
+                work.spec = spec
+        # A model exported with a fixed batch size (often 1) takes at most that many frames
+        # per run, whatever max_batch says; a larger stack would fail every run.
+        step = model.runner.max_batch or len(batch)
+        for start in range(0, len(batch), step):
+            chunk = batch[start : start + step]
+            t0 = time.perf_counter()
+            try:
+                outputs = model.runner.infer({model.input_name: np.stack([w.tensor for w in chunk])})
+            except AgentError as exc:
+                for work in chunk:
+                    self._stream_metrics[work.plan.name].dropped["infer_error"].inc()
+                log.error("pipeline.infer.failed", slot=self.slot.name, error=str(exc))
+                continue
+            done.append((chunk, outputs, (time.perf_counter() - t0) * 1000.0))
         results: list[InferredItem] = []
         for chunk, outputs, infer_ms in done:
             self._infer_hist.observe(infer_ms / 1000.0)

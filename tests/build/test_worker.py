@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import os
 import signal
 import threading
@@ -18,6 +19,7 @@ from agent.build.worker import (
     BuildJob,
     BuildWorker,
     load_batches,
+    raised_during_import,
     save_batches,
     signal_name,
 )
@@ -101,6 +103,27 @@ def test_memory_limit_gives_a_clear_message(tmp_path: Path) -> None:
         worker.run(job(tmp_path, "memory"))
     assert "engines.build_memory_mb" in str(info.value)
     assert "512 MB" in str(info.value)
+
+
+def test_a_real_build_under_a_tiny_memory_limit_names_the_limit(tmp_path: Path, model: Path) -> None:
+    """48 MB cannot hold Python with ONNX Runtime: however the child dies (MemoryError, an odd error
+    from the import machinery, a signal), the message says it was the memory limit and what to raise."""
+    worker = BuildWorker(timeout_s=120, memory_mb=48)
+    with pytest.raises(BuildError) as info:
+        worker.run(job(tmp_path, "onnxruntime", model))
+    assert "48 MB" in str(info.value)
+    assert "engines.build_memory_mb" in str(info.value)
+
+
+def test_an_error_raised_by_an_import_is_told_apart(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "explodes_on_import.py").write_text("raise ValueError('half-built AST')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ValueError, match="half-built") as during_import:
+        importlib.import_module("explodes_on_import")
+    assert raised_during_import(during_import.value)
+    with pytest.raises(ValueError, match="plain") as plain:
+        raise ValueError("plain")
+    assert not raised_during_import(plain.value)
 
 
 def test_test_jobs_are_refused_without_the_env_var(tmp_path: Path) -> None:

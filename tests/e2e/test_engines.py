@@ -174,7 +174,7 @@ def test_deployment_with_an_int8_build_reports_requested_and_effective(
             code = daemon.stop()
         statuses = [decode(JobStatus, m.payload) for m in probe.snapshot() if "/up/jobs/" in m.topic]
     assert code == 0
-    assert outcome.ok, outcome
+    assert outcome.ok, f"{outcome.failures()} / agent log: {daemon.log()[-3000:]}"
     final = statuses[-1]
     assert final.state.value == "ACTIVE"
     assert final.requested is not None
