@@ -19,6 +19,7 @@ from agent.protocol.messages import StatusMessage, decode
 from agent.spool import Spool
 from tests.broker import Broker, free_port
 from tests.mqtt.conftest import LinkFactory, fast_settings, wait_until
+from tests.mqtt.tcp_proxy import FreezableProxy
 from tests.mqtt_probe import Probe, Received
 
 
@@ -495,3 +496,43 @@ def test_publishes_from_other_threads_wake_the_loop_once_per_turn_and_none_is_le
     for n in range(2):
         mine = [p for p in burst_payloads if p.startswith(f"b{n}-".encode())]
         assert mine == [f"b{n}-{i}".encode() for i in range(500)]
+
+
+def test_a_half_open_connection_is_detected_and_durable_messages_arrive_after_the_reconnect(
+    broker: Broker, make_link: LinkFactory, device_id: str
+) -> None:
+    """The reference's half-open trap: the link goes silent with both ends open. paho notices after
+    ~1.5x keepalive (5 s here); the link reconnects and replays unacknowledged durable messages,
+    which may then arrive twice, so each carries an id to deduplicate by."""
+    proxy = FreezableProxy(broker.host, broker.port).start()
+    topic = f"fleet/v1/{device_id}/up/results/cam"
+    sessions: list[int] = []
+    try:
+        link = make_link(
+            fast_settings(broker, port=proxy.port, keepalive_s=5),
+            client_id=device_id,
+            on_connected=sessions.append,
+        )
+        link.start()
+        wait_until(lambda: link.connected, what="connect through the proxy")
+        with Probe(broker.host, broker.port) as probe:  # straight to the broker
+            probe.subscribe(topic)
+            for i in range(5):
+                link.publish(topic, f"before-{i}".encode(), qos=1, durable=True)
+            probe.wait_for(lambda ms: len({m.payload for m in ms}) >= 5, timeout=10)
+            proxy.freeze()
+            for i in range(10):
+                link.publish(topic, f"during-{i}".encode(), qos=1, durable=True)
+            wait_until(lambda: not link.connected, timeout=15.0, what="the dead link to be noticed")
+            wait_until(lambda: link.connected and len(sessions) == 2, timeout=15.0, what="a reconnect")
+            expected = {f"before-{i}".encode() for i in range(5)} | {
+                f"during-{i}".encode() for i in range(10)
+            }
+            got = probe.wait_for(lambda ms: {m.payload for m in ms} >= expected, timeout=15)
+        assert {m.payload for m in got} == expected  # after dedupe: each exactly once, none lost
+        assert sessions[1] > sessions[0]
+        assert proxy.accepted == 2
+        # Each leaves the spool on its PUBACK, which may come just after the subscriber saw it.
+        wait_until(lambda: link.stats()["spool_depth"] == 0, what="the spool to drain")
+    finally:
+        proxy.close()

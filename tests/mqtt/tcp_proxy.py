@@ -1,0 +1,92 @@
+"""A TCP proxy on loopback that can freeze its connections: a half-open link without iptables.
+
+Frozen connections stay open at both ends but carry no byte in either direction, which is what a
+pulled cable or a dead NAT entry looks like to both peers. Connections accepted after the freeze
+pass normally, so a client that notices and reconnects gets through.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+
+from tests.broker import free_port
+
+
+class FreezableProxy:
+    """``127.0.0.1:port`` -> ``upstream``; :meth:`freeze` stalls every connection open at that moment."""
+
+    def __init__(self, upstream_host: str, upstream_port: int) -> None:
+        self.upstream = (upstream_host, upstream_port)
+        self.port = free_port()
+        self._listener = socket.create_server(("127.0.0.1", self.port))
+        self._lock = threading.Lock()
+        self._generation = 0  # connections opened before the current freeze are frozen
+        self._frozen_below = -1
+        self._sockets: list[socket.socket] = []
+        self._closed = threading.Event()
+        self.accepted = 0
+
+    def start(self) -> FreezableProxy:
+        threading.Thread(target=self._accept, daemon=True, name="proxy-accept").start()
+        return self
+
+    def freeze(self) -> None:
+        with self._lock:
+            self._frozen_below = self._generation
+
+    def _accept(self) -> None:
+        while not self._closed.is_set():
+            try:
+                client, _addr = self._listener.accept()
+            except OSError:
+                return
+            try:
+                server = socket.create_connection(self.upstream, timeout=5)
+            except OSError:
+                client.close()
+                continue
+            with self._lock:
+                self._generation += 1
+                generation = self._generation
+                self._sockets += [client, server]
+                self.accepted += 1
+            for src, dst in ((client, server), (server, client)):
+                threading.Thread(target=self._pump, args=(src, dst, generation), daemon=True).start()
+
+    def _frozen(self, generation: int) -> bool:
+        with self._lock:
+            return generation <= self._frozen_below
+
+    def _pump(self, src: socket.socket, dst: socket.socket, generation: int) -> None:
+        src.settimeout(0.1)
+        while not self._closed.is_set():
+            if self._frozen(generation):
+                self._closed.wait(0.1)  # hold the bytes: nothing is read, nothing is closed
+                continue
+            try:
+                data = src.recv(65536)
+            except TimeoutError:
+                continue
+            except OSError:
+                break
+            if not data:
+                break
+            try:
+                dst.sendall(data)
+            except OSError:
+                break
+        if not self._frozen(generation):
+            for s in (src, dst):
+                with contextlib.suppress(OSError):
+                    s.shutdown(socket.SHUT_RDWR)
+
+    def close(self) -> None:
+        self._closed.set()
+        self._listener.close()
+        with self._lock:
+            sockets = list(self._sockets)
+        for s in sockets:
+            with contextlib.suppress(OSError):
+                s.close()
