@@ -12,13 +12,14 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from structlog.testing import capture_logs
 
 from agent.systemd import Heartbeat, Notifier, Watchdog
+from tests.waiting import wait_until
 
 REPO = Path(__file__).resolve().parents[1]
 UNIT = REPO / "systemd" / "edge-agent.service"
@@ -68,13 +69,6 @@ def abstract_socket() -> Iterator[NotifySocket]:
     s = NotifySocket(b"\0" + name.encode(), "@" + name)
     yield s
     s.sock.close()
-
-
-def wait_until(predicate: Callable[[], bool], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        time.sleep(0.01)
 
 
 # --- Notifier ---------------------------------------------------------------------------------

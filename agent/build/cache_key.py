@@ -43,6 +43,10 @@ _SHA256 = r"^[0-9a-f]{64}$"
 
 ExtraValue = str | int | float | bool | None
 
+#: BuildPlan fields that do not change the engine: why the plan is what it is, and where the
+#: calibration comes from (its content is keyed by ``calibration_sha256``).
+_PLAN_FIELDS_NOT_IN_KEY: set[str] = {"changes", "calibration"}
+
 
 class EngineIdentity(StrictModel):
     """Everything an engine depends on. Two builds with equal identities produce interchangeable engines."""
@@ -91,29 +95,20 @@ class EngineIdentity(StrictModel):
         version = platform.tensorrt_version if plan.backend == "tensorrt" else platform.onnxruntime_version
         if not version:
             raise BuildError(f"cannot key an engine: the {plan.backend} version on this device is unknown")
+        # Every plan field that shapes the engine, taken whole: a field added to BuildPlan and not
+        # here fails the (strict) validation at the first build instead of silently sharing a key.
+        engine_fields = plan.model_dump(exclude=_PLAN_FIELDS_NOT_IN_KEY)
         return cls(
             model_sha256=model_sha256,
-            backend=plan.backend,
             backend_version=version,
             gpu_name=platform.gpu_name,
             compute_capability=platform.compute_capability,
             l4t_release=platform.l4t_release,
             cuda_version=platform.cuda_runtime,
             machine=platform.machine,
-            precision=plan.precision,
-            device=plan.device,
-            dla_core=plan.dla_core,
-            gpu_fallback=plan.gpu_fallback,
-            int8_mode=plan.int8_mode,
-            allow_fp16=plan.allow_fp16,
-            workspace_mb=plan.workspace_mb,
-            dla_sram_mb=plan.dla_sram_mb,
-            dla_local_dram_mb=plan.dla_local_dram_mb,
-            dla_global_dram_mb=plan.dla_global_dram_mb,
-            optimization_level=plan.optimization_level,
-            profiles=tuple(plan.profiles),
             calibration_sha256=calibration_sha256,
             extra=dict(extra or {}),
+            **engine_fields,
         )
 
 

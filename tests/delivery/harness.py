@@ -10,9 +10,7 @@ from __future__ import annotations
 import json
 import shutil
 import threading
-import time
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,21 +33,12 @@ from agent.spool import Spool
 from agent.store import DiskUsageFn, ModelStore
 from tests.broker import Broker
 from tests.mqtt_probe import Probe
+from tests.waiting import wait_until
 
 SLOT = "main"
 KEY_ID = "fleet-test"
 PREPROCESS = PreprocessSpec(width=64, height=64)
 POSTPROCESS = ClassificationSpec(top_k=3)
-
-
-def wait_until(predicate: Callable[[], bool], timeout: float = 10.0, what: str = "condition") -> None:
-    """Poll ``predicate`` until true; fail the test after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.01)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 class LocalRepo:

@@ -31,8 +31,8 @@ from tests.delivery.transfer_support import (
     delivery_config,
     manifest_for,
     random_model,
-    wait_until,
 )
+from tests.waiting import wait_until
 
 CHUNK = 64 * KIB
 

@@ -8,9 +8,7 @@ the session broker never see each other's requests (the servers' shared subscrip
 from __future__ import annotations
 
 import os
-import time
 import uuid
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,16 +23,6 @@ from tests.broker import Broker
 
 KIB = 1024
 MIB = 1024 * KIB
-
-
-def wait_until(predicate: Callable[[], bool], timeout: float = 10.0, what: str = "condition") -> None:
-    """Poll ``predicate`` until true; fail the test after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.01)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 def random_model(path: Path, size: int) -> Path:

@@ -17,8 +17,9 @@ import pytest
 from agent.delivery.manifest import DeployManifest
 from agent.protocol.topics import Topics
 from tests.broker import Broker
-from tests.delivery.transfer_support import KIB, Rig, manifest_for, random_model, wait_until
+from tests.delivery.transfer_support import KIB, Rig, manifest_for, random_model
 from tests.mqtt_probe import Probe, Received
+from tests.waiting import wait_until
 
 CHUNK = 4 * KIB
 

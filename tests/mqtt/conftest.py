@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -16,16 +15,6 @@ from agent.spool import Spool
 from tests.broker import Broker
 
 LinkFactory = Callable[..., MqttLink]
-
-
-def wait_until(predicate: Callable[[], bool], timeout: float = 10.0, what: str = "condition") -> None:
-    """Poll ``predicate`` until true; fail the test after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.01)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 def fast_settings(broker: Broker | None, **overrides: Any) -> MqttSettings:

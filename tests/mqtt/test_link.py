@@ -18,9 +18,10 @@ from agent.mqtt.link import CoalescedWake, PublishProperties
 from agent.protocol.messages import StatusMessage, decode
 from agent.spool import Spool
 from tests.broker import Broker, free_port
-from tests.mqtt.conftest import LinkFactory, fast_settings, wait_until
+from tests.mqtt.conftest import LinkFactory, fast_settings
 from tests.mqtt.tcp_proxy import FreezableProxy
 from tests.mqtt_probe import Probe, Received
+from tests.waiting import wait_until
 
 
 def _statuses(probe: Probe, topic: str) -> list[StatusMessage]:

@@ -14,8 +14,8 @@ import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 
 from tests.broker import Broker
-from tests.mqtt.conftest import wait_until
 from tests.mqtt_probe import Probe
+from tests.waiting import wait_until
 
 
 def _client(client_id: str) -> mqtt.Client:

@@ -14,8 +14,9 @@ import pytest
 
 from agent.mqtt.settings import TlsSettings
 from tests.broker import Broker
-from tests.mqtt.conftest import LinkFactory, fast_settings, wait_until
+from tests.mqtt.conftest import LinkFactory, fast_settings
 from tests.mqtt_probe import Probe
+from tests.waiting import wait_until
 
 
 def _openssl(*args: str, cwd: Path) -> None:

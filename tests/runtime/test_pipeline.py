@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,6 +30,7 @@ from tests.broker import Broker
 from tests.camera.specs import make
 from tests.mqtt_probe import Probe
 from tests.runtime.models import write_slow_classifier, write_static_batch_classifier
+from tests.waiting import wait_until
 
 SIZE = 32
 
@@ -45,14 +46,6 @@ def model_source(path: Path, version: str = "1") -> ModelSource:
         preprocess=PreprocessSpec(width=SIZE, height=SIZE),
         postprocess=ClassificationSpec(top_k=1),
     )
-
-
-def wait_until(predicate: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
 
 
 @dataclass
@@ -120,7 +113,7 @@ def rig(broker: Broker, tmp_path: Path) -> Iterator[Rig]:
     link.start()
     probe = Probe(broker.host, broker.port)
     probe.subscribe(f"fleet/v1/{device}/up/results/#")
-    wait_until(lambda: link.connected, "the link to connect")
+    wait_until(lambda: link.connected, timeout=30.0, what="the link to connect")
     rig = Rig(device, link, probe, Metrics(), [])
     try:
         yield rig
@@ -160,7 +153,7 @@ def test_a_file_stream_yields_one_result_per_frame_then_finishes(
     video = write_demo_video(tmp_path / "clip.avi", frames=40, size=(96, 72), fps=30.0)
     spec = make(FileSourceSpec, path=video, loop=False, realtime=False)
     pipeline = rig.start(loaded_slot(models["v1"]), {"clip": (spec, "process_all")}, queue_size=2)
-    wait_until(lambda: pipeline.finished, "the play-once file to be processed to the end")
+    wait_until(lambda: pipeline.finished, timeout=30.0, what="the play-once file to be processed to the end")
     assert pipeline.healthy(stale_s=0.0)  # ended on purpose: not a stuck frame loop
     rig.probe.wait_for(lambda _ms: len(rig.results("clip")) >= 40, timeout=10)
     results = rig.results("clip")
@@ -180,7 +173,7 @@ def test_several_inference_workers_publish_every_frame_once_in_frame_order(
         loaded_slot(models["slow"]), {"clip": (spec, "process_all")}, max_batch=2, queue_size=4, workers=3
     )
     assert len([t for t in pipeline._threads if t.name.startswith("infer-")]) == 3
-    wait_until(lambda: pipeline.finished, "three workers to drain the file")
+    wait_until(lambda: pipeline.finished, timeout=30.0, what="three workers to drain the file")
     rig.probe.wait_for(lambda _ms: len(rig.results("clip")) >= 60, timeout=10)
     assert [r.frame_index for r in rig.results("clip")] == list(range(60))
     # Workers finish batches in any order (batches of 1 and 2 on a slow model); the outbox restores
@@ -197,7 +190,7 @@ def test_several_inference_workers_publish_every_frame_once_in_frame_order(
 def test_streams_sharing_a_slot_are_batched(rig: Rig, models: dict[str, Path]) -> None:
     streams = {"left": (synthetic(24), "process_all"), "right": (synthetic(24), "process_all")}
     pipeline = rig.start(loaded_slot(models["slow"]), streams, max_batch=4)  # type: ignore[arg-type]
-    wait_until(lambda: pipeline.finished, "both streams to be processed")
+    wait_until(lambda: pipeline.finished, timeout=30.0, what="both streams to be processed")
     inferred = rig.counter("stream.left.frames_inferred") + rig.counter("stream.right.frames_inferred")
     batches = rig.counter("slot.cls.batches")
     assert inferred == 48
@@ -213,7 +206,7 @@ def test_a_model_with_a_fixed_batch_of_one_serves_two_streams(rig: Rig, models: 
     """A static batch axis caps the batch: stacking frames from two streams must not fail every run."""
     streams = {"left": (synthetic(12), "process_all"), "right": (synthetic(12), "process_all")}
     pipeline = rig.start(loaded_slot(models["batch1"]), streams, max_batch=4)  # type: ignore[arg-type]
-    wait_until(lambda: pipeline.finished, "both streams to be processed")
+    wait_until(lambda: pipeline.finished, timeout=30.0, what="both streams to be processed")
     assert rig.counter("stream.left.dropped.infer_error") == 0
     assert rig.counter("stream.right.dropped.infer_error") == 0
     assert rig.counter("stream.left.frames_inferred") + rig.counter("stream.right.frames_inferred") == 24
@@ -223,7 +216,7 @@ def test_a_model_with_a_fixed_batch_of_one_serves_two_streams(rig: Rig, models: 
 def test_keep_newest_with_a_slow_model_drops_queue_full(rig: Rig, models: dict[str, Path]) -> None:
     streams = {"live": (synthetic(300), "keep_newest")}
     pipeline = rig.start(loaded_slot(models["slow"]), streams, max_batch=1, queue_size=2)  # type: ignore[arg-type]
-    wait_until(lambda: pipeline.finished, "the burst to end")
+    wait_until(lambda: pipeline.finished, timeout=30.0, what="the burst to end")
     captured = rig.counter("stream.live.frames_captured")
     published = rig.counter("stream.live.frames_published")
     dropped = rig.counter("stream.live.dropped.queue_full")
@@ -246,7 +239,7 @@ def test_a_swap_while_streaming_loses_no_frame(rig: Rig, models: dict[str, Path]
     swapper = threading.Thread(target=slot.load, args=(model_source(models["v2"], "2"),))
     swapper.start()
     swapper.join(20)
-    wait_until(lambda: pipeline.finished, "the stream to end")
+    wait_until(lambda: pipeline.finished, timeout=30.0, what="the stream to end")
     rig.probe.wait_for(lambda _ms: len(rig.results("cam")) >= 200, timeout=10)
     results = rig.results("cam")
     assert [r.frame_index for r in results] == list(range(200)), "a frame index is missing or repeated"
