@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import math
+import platform as host_platform
 import tempfile
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -54,6 +55,40 @@ TRT_ALGORITHMS: dict[str, str] = {"entropy": "EntropyCalibration2", "minmax": "M
 #: Highest IR version written: ONNX Runtime 1.31 refuses IR 14, which onnx >= 1.20 writes by
 #: default; older Jetson builds of ORT accept less. A model never gets a higher IR than its source's.
 MAX_IR_VERSION = 10
+
+
+#: x86 instruction sets with an INT8 dot product that accumulates without saturating.
+_VNNI_FLAGS = frozenset({"avx512_vnni", "avx_vnni", "amx_int8"})
+
+
+def reduce_range_for(target: Target, machine: str, cpu_flags: frozenset[str]) -> bool:
+    """Quantize weights to 7 bits: only for ORT's CPU kernels on an x86 CPU without VNNI (pure).
+
+    Without VNNI, ORT's x86 INT8 kernels multiply-add pairs of 8-bit values into 16 bits
+    (``vpmaddubsw``), which saturates on full-range weights. Measured on this project's AVX2 build
+    machine (AMD EPYC, no VNNI), shapes model, 1,000 held-out images: FP32 top-1 98.9 %; 8-bit weights
+    96.7 % (asymmetric) and 52 % (symmetric); 7-bit weights 99.0 %. A TensorRT-target model is never
+    reduced: TensorRT accumulates in 32 bits and would only lose a bit of weight precision.
+    """
+    if target != "cpu" or machine.lower() not in {"x86_64", "amd64", "i686", "i386"}:
+        return False
+    return not (_VNNI_FLAGS & cpu_flags)
+
+
+def parse_cpu_flags(cpuinfo: str) -> frozenset[str]:
+    """The ``flags`` of the first processor in a ``/proc/cpuinfo`` text (empty when absent)."""
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "flags":
+            return frozenset(value.split())
+    return frozenset()
+
+
+def host_cpu_flags() -> frozenset[str]:
+    try:
+        return parse_cpu_flags(Path("/proc/cpuinfo").read_text(errors="replace"))
+    except OSError:
+        return frozenset()
 
 
 @dataclass(frozen=True)
@@ -188,6 +223,7 @@ def quantize_with_ranges(
                 weight_type=QuantType.QInt8,
                 calibrate_method=calibration_method,
                 calibration_cache_path=str(ort_cache),
+                reduce_range=reduce_range_for(target, host_platform.machine(), host_cpu_flags()),
                 extra_options={"ActivationSymmetric": symmetric, "WeightSymmetric": True},
             )
         except TypeError as exc:

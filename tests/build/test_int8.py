@@ -26,9 +26,11 @@ from agent.build.int8 import (
     Int8Result,
     calibrate,
     calibration_table_to_trt,
+    parse_cpu_flags,
     quantize_int8,
     quantize_with_ranges,
     read_table,
+    reduce_range_for,
 )
 from agent.camera.preprocess import preprocess
 from agent.camera.preprocess_spec import PreprocessSpec
@@ -52,6 +54,17 @@ def top1_accuracy(model: Path, inputs: npt.NDArray[np.float32], labels: npt.NDAr
         scores = runner.infer({"images": inputs})["scores"]
     finally:
         runner.close()
+    return float(np.mean(scores.argmax(axis=1) == labels))
+
+
+def fake_quant_accuracy(model: Path, inputs: npt.NDArray[np.float32], labels: npt.NDArray[np.int64]) -> float:
+    """Top-1 of a Q/DQ model evaluated as written: with graph optimisations off, ORT runs each
+    QuantizeLinear/DequantizeLinear pair in float, which is the model's numerics as TensorRT (32-bit
+    accumulation) computes them, whatever INT8 kernels this CPU has."""
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    session = ort.InferenceSession(str(model), options, providers=["CPUExecutionProvider"])
+    scores = session.run(None, {"images": inputs})[0]
     return float(np.mean(scores.argmax(axis=1) == labels))
 
 
@@ -181,9 +194,10 @@ def test_minmax_and_tensorrt_target_stay_accurate(
     # CPU: asymmetric UINT8 activations; TensorRT accepts only symmetric INT8 Q/DQ.
     assert bool(zero_points) == (target == "cpu")
     inputs, labels = held_out
-    assert (
-        top1_accuracy(result.model_path, inputs, labels) >= top1_accuracy(MODEL_PATH, inputs, labels) - 0.02
-    )
+    # A TensorRT-target model is for TensorRT: its accuracy is measured as TensorRT computes it. On ORT's
+    # x86 INT8 kernels without VNNI its full-range symmetric weights saturate (52 % here).
+    accuracy = top1_accuracy if target == "cpu" else fake_quant_accuracy
+    assert accuracy(result.model_path, inputs, labels) >= top1_accuracy(MODEL_PATH, inputs, labels) - 0.02
     assert read_trt_cache(calibration_table_to_trt(result, "10.3.0")).algorithm == "MinMaxCalibration"
 
 
@@ -252,3 +266,25 @@ def test_corrupt_tables_are_refused(tmp_path: Path) -> None:
         read_table(path)
     with pytest.raises(BuildError, match="no calibration ranges"):
         quantize_with_ranges(MODEL_PATH, tmp_path, {})
+
+
+@pytest.mark.parametrize(
+    ("target", "machine", "flags", "expected"),
+    [
+        ("cpu", "x86_64", {"avx2", "fma"}, True),  # AVX2 only: 16-bit intermediate sums saturate
+        ("cpu", "x86_64", {"avx2", "avx512_vnni"}, False),
+        ("cpu", "x86_64", {"avx2", "avx_vnni"}, False),
+        ("cpu", "aarch64", set(), False),  # Jetson CPU: sdot accumulates in 32 bits
+        ("tensorrt", "x86_64", {"avx2"}, False),  # TensorRT accumulates in 32 bits
+    ],
+)
+def test_weights_are_reduced_to_7_bits_only_where_the_kernels_saturate(
+    target: Any, machine: str, flags: set[str], expected: bool
+) -> None:
+    assert reduce_range_for(target, machine, frozenset(flags)) is expected
+
+
+def test_cpu_flags_come_from_the_first_processor() -> None:
+    cpuinfo = "processor\t: 0\nflags\t\t: fpu avx2 fma\n\nprocessor\t: 1\nflags\t\t: fpu\n"
+    assert parse_cpu_flags(cpuinfo) == {"fpu", "avx2", "fma"}
+    assert parse_cpu_flags("Processor\t: ARMv8\nFeatures\t: fp asimd\n") == frozenset()
