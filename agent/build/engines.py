@@ -48,6 +48,7 @@ from agent.build.cache_key import (
     model_sha256,
     new_engine_meta,
 )
+from agent.build.int8 import host_cpu_flags, reduce_range_for
 from agent.build.ort_builder import (
     ENGINE_FILE as ORT_ENGINE_FILE,
 )
@@ -209,6 +210,14 @@ def _safe(text: str) -> str:
 class EngineBuilder:
     """Plans, builds (in a child process) and caches engines for one device. Thread-safe."""
 
+    def _int8_weight_bits(self, plan: BuildPlan) -> dict[str, str]:
+        """An ORT INT8 model's weights are 7-bit on an x86 CPU without VNNI (agent.build.int8), so the
+        key says which: the same model, plan and machine name can otherwise differ in CPU flags."""
+        if plan.backend != "onnxruntime" or plan.precision != "int8":
+            return {}
+        reduced = reduce_range_for("cpu", self.platform.machine or "", host_cpu_flags())
+        return {"int8_weight_bits": "7" if reduced else "8"}
+
     def __init__(
         self,
         state_dir: Path,
@@ -277,7 +286,11 @@ class EngineBuilder:
             calibration_identity(plan.calibration, preprocess) if plan.calibration is not None else None
         )
         identity = EngineIdentity.for_build(
-            model_sha256=model_sha256(model), plan=plan, platform=self.platform, calibration_sha256=calib_sha
+            model_sha256=model_sha256(model),
+            plan=plan,
+            platform=self.platform,
+            calibration_sha256=calib_sha,
+            extra=self._int8_weight_bits(plan),
         )
         key = engine_cache_key(identity)
         entry = self.cache.get(key)

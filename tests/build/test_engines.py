@@ -17,6 +17,7 @@ import pytest
 from agent.backends.base import get_backend
 from agent.build.cache_key import SIDECAR_NAME
 from agent.build.engines import EngineBuilder, calibration_identity, model_facts
+from agent.build.int8 import host_cpu_flags, reduce_range_for
 from agent.build.settings import EngineConfig
 from agent.build.spec import BuildSpec, CalibrationSource
 from agent.build.worker import TEST_JOBS_ENV, BuildJob, BuildWorker, Progress, WorkerResult
@@ -176,6 +177,11 @@ def test_int8_builds_a_qdq_model_that_runs(builder: EngineBuilder, model: Path) 
     calibration = artifact.effective["calibration"]
     assert Path(calibration["table"]).is_file()
     assert Path(calibration["trt_cache"]).read_bytes().startswith(b"TRT-100300-EntropyCalibration2")
+    # 7-bit weights on an x86 CPU without VNNI, 8 elsewhere: part of the key, as it changes the engine.
+    entry = builder.cache.get(artifact.key)
+    assert entry is not None
+    reduced = reduce_range_for("cpu", PLATFORM.machine or "", host_cpu_flags())
+    assert entry.meta.identity.extra == {"int8_weight_bits": "7" if reduced else "8"}
     # A stream's frames never repeat: the same stream and frame count reuse the engine.
     consumed: list[int] = []
 
