@@ -21,13 +21,13 @@ import structlog
 from pydantic import TypeAdapter
 
 from agent import __version__
-from agent.build.engines import EngineBuilder
-from agent.build.service import EngineService
 from agent.camera.source import VideoSource
 from agent.config import AgentConfig, load_config
 from agent.delivery.jobs import DeliveryService
 from agent.delivery.ledger import JobsFile
 from agent.delivery.transfer import fetch_model
+from agent.engines.builder import EngineBuilder
+from agent.engines.service import EngineService
 from agent.errors import ConfigError
 from agent.logs import configure_logging
 from agent.mqtt.link import MqttLink

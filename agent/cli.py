@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from agent import __version__
-from agent.build.command import add_build_arguments
+from agent.engines.command import add_build_arguments
 from agent.errors import AgentError, ConfigError
 from agent.fleet.cli import add_fleet_arguments
 
@@ -94,7 +94,7 @@ def _dispatch(args: argparse.Namespace) -> int:
                 print(f"backend {name:<12} {'usable' if usable else 'unusable'}: {reason}")
         return 0
     if args.command == "build":
-        from agent.build.command import run_build
+        from agent.engines.command import run_build
 
         return run_build(args)
     if args.command == "fleet":

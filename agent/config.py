@@ -21,11 +21,11 @@ from pydantic import BaseModel, Field, ValidationError, model_validator
 from pydantic.fields import FieldInfo
 from pydantic_core import ErrorDetails
 
-from agent.build.settings import EngineConfig
-from agent.build.spec import BuildSpec
 from agent.camera.preprocess_spec import PreprocessSpec
 from agent.camera.source_spec import SourceSpec
 from agent.delivery.settings import DeliveryConfig
+from agent.engines.settings import EngineConfig
+from agent.engines.spec import BuildSpec
 from agent.errors import ConfigError
 from agent.model_base import StrictModel
 from agent.mqtt.settings import MqttSettings

@@ -33,11 +33,11 @@ import numpy.typing as npt
 import onnxruntime as ort
 
 from agent.backends.base import LoadOptions, get_backend
-from agent.build.engines import EngineArtifact, EngineBuilder
-from agent.build.settings import EngineConfig
-from agent.build.spec import BuildSpec, CalibrationSource
 from agent.camera.preprocess import preprocess
 from agent.camera.preprocess_spec import PreprocessSpec
+from agent.engines.builder import EngineArtifact, EngineBuilder
+from agent.engines.settings import EngineConfig
+from agent.engines.spec import BuildSpec, CalibrationSource
 from agent.logs import configure_logging
 from agent.modelzoo import write_classifier, write_mobilenet_like
 from agent.platform import detect_platform

@@ -23,7 +23,6 @@ from typing import Any, Literal
 from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
-from agent.build.spec import BuildSpec
 from agent.camera.preprocess_spec import PreprocessSpec
 from agent.config import NAME_PATTERN
 from agent.delivery.errors import (
@@ -36,6 +35,7 @@ from agent.delivery.errors import (
     UnsignedError,
     WrongDeviceError,
 )
+from agent.engines.spec import BuildSpec
 from agent.model_base import StrictModel
 from agent.postprocess.spec import PostprocessSpec
 from agent.signing import Ed25519PrivateKey, Ed25519PublicKey, sign, verify

@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from agent.backends.base import ProviderRequest
-from agent.build.spec import BuildSpec
 from agent.camera.preprocess_spec import PreprocessSpec
 from agent.delivery.manifest import DeployManifest
+from agent.engines.spec import BuildSpec
 from agent.postprocess.spec import PostprocessSpec
 
 #: Called by a fetch with ``(bytes_done, bytes_total)`` as the download advances.

@@ -16,9 +16,9 @@ from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
 
-from agent.build.spec import BuildSpec
 from agent.camera.preprocess_spec import PreprocessSpec
 from agent.delivery.manifest import DEFAULT_CHUNK_SIZE, MAX_CHUNK_SIZE, MIN_CHUNK_SIZE
+from agent.engines.spec import BuildSpec
 from agent.errors import ConfigError
 from agent.fleet.chunks import DEFAULT_GROUP
 from agent.fleet.connection import add_broker_arguments, settings_from_args

@@ -32,7 +32,6 @@ from typing import Any
 import structlog
 from pydantic import ValidationError
 
-from agent.build.spec import BuildSpec
 from agent.camera.preprocess_spec import PreprocessSpec
 from agent.delivery.manifest import (
     DEFAULT_CHUNK_SIZE,
@@ -41,6 +40,7 @@ from agent.delivery.manifest import (
     build_manifest,
     sign_manifest,
 )
+from agent.engines.spec import BuildSpec
 from agent.errors import ConfigError
 from agent.fleet.chunks import ChunkServer
 from agent.fleet.command import PendingReplies, publish_command

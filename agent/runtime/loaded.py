@@ -11,8 +11,8 @@ from pathlib import Path
 import structlog
 
 from agent.backends.base import ProviderRequest, Runner
-from agent.build.spec import BuildSpec
 from agent.camera.preprocess_spec import PreprocessSpec
+from agent.engines.spec import BuildSpec
 from agent.postprocess.runner import Postprocessor
 from agent.protocol.messages import ModelRef
 

@@ -20,11 +20,11 @@ import numpy.typing as npt
 import structlog
 from pydantic import TypeAdapter
 
-from agent.build.service import EngineService
-from agent.build.spec import BuildSpec
 from agent.camera.preprocess_spec import PreprocessSpec
 from agent.config import SlotConfig
 from agent.delivery.steps import ActivationRequest, BuildOutcome, JobReporter, no_build
+from agent.engines.service import EngineService
+from agent.engines.spec import BuildSpec
 from agent.errors import AgentError, BuildError, EngineError
 from agent.fsutil import sha256_file
 from agent.postprocess.spec import PostprocessSpec

@@ -74,7 +74,7 @@ def test_deploy_publishes_every_step_and_activates(device: Harness, model_v1: Pa
 
 
 def test_build_request_is_published_as_requested(device: Harness, model_v1: Path) -> None:
-    from agent.build.spec import BuildSpec
+    from agent.engines.spec import BuildSpec
 
     manifest = device.manifest(model_v1, build=BuildSpec(precision="int8", device="dla0"))
     device.deploy(device.signed(manifest))

@@ -11,8 +11,8 @@ import cv2
 import pytest
 import yaml
 
-from agent.build.spec import BuildSpec
 from agent.datasets.shapes import generate
+from agent.engines.spec import BuildSpec
 from agent.fleet.deploy import DeployPlan, FleetDeploy
 from agent.mqtt.settings import MqttSettings
 from agent.protocol.messages import JobStatus, decode

@@ -88,9 +88,9 @@ EXAMPLES: dict[str, BaseModel] = {
 
 def _delivery_examples() -> dict[str, BaseModel]:
     # Imported here: the manifest models live in agent.delivery, not agent.protocol.
-    from agent.build.spec import BuildSpec
     from agent.camera.preprocess_spec import PreprocessSpec
     from agent.delivery.manifest import DeployManifest, ModelSourceRef, SignedManifest
+    from agent.engines.spec import BuildSpec
     from agent.postprocess.spec import ClassificationSpec
 
     manifest = DeployManifest(

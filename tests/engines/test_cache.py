@@ -7,8 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from agent.build.cache import LAST_USED_NAME, EngineCache
-from agent.build.cache_key import SIDECAR_NAME, EngineIdentity, EngineMeta, engine_cache_key, new_engine_meta
+from agent.engines.cache import LAST_USED_NAME, EngineCache
+from agent.engines.cache_key import (
+    SIDECAR_NAME,
+    EngineIdentity,
+    EngineMeta,
+    engine_cache_key,
+    new_engine_meta,
+)
 from agent.errors import BuildError
 
 

@@ -7,12 +7,12 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
-from agent.build.engines import EngineBuilder
-from agent.build.service import EngineService
-from agent.build.settings import EngineConfig
-from agent.build.spec import BuildSpec
 from agent.camera.preprocess_spec import PreprocessSpec
 from agent.datasets.shapes import generate
+from agent.engines.builder import EngineBuilder
+from agent.engines.service import EngineService
+from agent.engines.settings import EngineConfig
+from agent.engines.spec import BuildSpec
 from agent.platform import detect_platform
 
 MODEL = Path(__file__).resolve().parents[2] / "agent" / "assets" / "shapes_classifier.onnx"

@@ -2,11 +2,11 @@
 
 :class:`EngineBuilder` is what the agent (BUILDING step) and ``edge-agent build`` call:
 
-1. hash the model (:func:`~agent.build.cache_key.model_sha256`) and plan the build for this
-   platform (:func:`~agent.build.plan.plan_build`), with a reason for every change;
+1. hash the model (:func:`~agent.engines.cache_key.model_sha256`) and plan the build for this
+   platform (:func:`~agent.engines.plan.plan_build`), with a reason for every change;
 2. compute the cache key from the model, backend version, device, plan and calibration identity;
 3. on a cache hit, return at once: time-to-active is then the engine's load time;
-4. otherwise build in a child process (:class:`~agent.build.worker.BuildWorker`: TensorRT where the
+4. otherwise build in a child process (:class:`~agent.engines.worker.BuildWorker`: TensorRT where the
    plan says so, else ONNX Runtime), store the result in the cache, and return it.
 
 The returned :class:`EngineArtifact` says what was requested and what was effectively built
@@ -40,19 +40,20 @@ import onnx
 import structlog
 
 from agent.backends.base import LoadOptions, ProviderRequest
-from agent.build.cache import CacheEntry, EngineCache
-from agent.build.cache_key import (
+from agent.camera.preprocess_spec import PreprocessSpec
+from agent.engines.cache import CacheEntry, EngineCache
+from agent.engines.cache_key import (
     EngineIdentity,
     canonical_json,
     engine_cache_key,
     model_sha256,
     new_engine_meta,
 )
-from agent.build.int8 import host_cpu_flags, reduce_range_for
-from agent.build.ort_builder import (
+from agent.engines.int8 import host_cpu_flags, reduce_range_for
+from agent.engines.ort_builder import (
     ENGINE_FILE as ORT_ENGINE_FILE,
 )
-from agent.build.ort_builder import (
+from agent.engines.ort_builder import (
     REPORT_FILE,
     TRT_CACHE_FILE,
     TRT_ENGINE_DIR,
@@ -60,11 +61,10 @@ from agent.build.ort_builder import (
     provider_names,
     provider_options,
 )
-from agent.build.plan import PlatformFacts, plan_build
-from agent.build.settings import EngineConfig
-from agent.build.spec import BuildPlan, BuildSpec, CalibrationSource
-from agent.build.worker import BuildJob, BuildWorker, save_batches
-from agent.camera.preprocess_spec import PreprocessSpec
+from agent.engines.plan import PlatformFacts, plan_build
+from agent.engines.settings import EngineConfig
+from agent.engines.spec import BuildPlan, BuildSpec, CalibrationSource
+from agent.engines.worker import BuildJob, BuildWorker, save_batches
 from agent.errors import BuildError
 from agent.fsutil import sha256_file
 from agent.platform import Platform
@@ -211,7 +211,7 @@ class EngineBuilder:
     """Plans, builds (in a child process) and caches engines for one device. Thread-safe."""
 
     def _int8_weight_bits(self, plan: BuildPlan) -> dict[str, str]:
-        """An ORT INT8 model's weights are 7-bit on an x86 CPU without VNNI (agent.build.int8), so the
+        """An ORT INT8 model's weights are 7-bit on an x86 CPU without VNNI (agent.engines.int8), so the
         key says which: the same model, plan and machine name can otherwise differ in CPU flags."""
         if plan.backend != "onnxruntime" or plan.precision != "int8":
             return {}

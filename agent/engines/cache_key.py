@@ -25,7 +25,7 @@ import onnx
 import structlog
 from pydantic import Field, ValidationError
 
-from agent.build.spec import BuildPlan, ShapeProfile
+from agent.engines.spec import BuildPlan, ShapeProfile
 from agent.errors import BuildError
 from agent.fsutil import atomic_write_json, sha256_file
 from agent.model_base import StrictModel

@@ -15,13 +15,13 @@ import onnxruntime as ort
 import pytest
 
 from agent.backends.base import get_backend
-from agent.build.cache_key import SIDECAR_NAME
-from agent.build.engines import EngineBuilder, calibration_identity, model_facts
-from agent.build.int8 import host_cpu_flags, reduce_range_for
-from agent.build.settings import EngineConfig
-from agent.build.spec import BuildSpec, CalibrationSource
-from agent.build.worker import TEST_JOBS_ENV, BuildJob, BuildWorker, Progress, WorkerResult
 from agent.camera.preprocess_spec import PreprocessSpec
+from agent.engines.builder import EngineBuilder, calibration_identity, model_facts
+from agent.engines.cache_key import SIDECAR_NAME
+from agent.engines.int8 import host_cpu_flags, reduce_range_for
+from agent.engines.settings import EngineConfig
+from agent.engines.spec import BuildSpec, CalibrationSource
+from agent.engines.worker import TEST_JOBS_ENV, BuildJob, BuildWorker, Progress, WorkerResult
 from agent.errors import BuildError
 from agent.modelzoo import write_classifier
 from agent.platform import BackendAvailability, Platform

@@ -14,7 +14,7 @@ TensorRT calibration cache with :func:`calibration_table_to_trt`, so a table com
 feed a Jetson build.
 
 ``onnxruntime.quantization`` is imported lazily, inside the functions (it pulls in onnx and the
-quantizer registry), like every framework import under ``agent/build``.
+quantizer registry), like every framework import under ``agent/engines``.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ import numpy.typing as npt
 import onnx
 import structlog
 
-from agent.build.calibration_cache import from_ort_ranges, write_trt_cache
+from agent.engines.calibration_cache import from_ort_ranges, write_trt_cache
 from agent.errors import BuildError
 from agent.fsutil import atomic_write_bytes, atomic_write_json
 
@@ -180,7 +180,7 @@ def quantize_with_ranges(
     """Quantize ``model`` statically with known ``ranges`` (no calibration run) into ``out_dir``.
 
     Writes the Q/DQ model and the calibration table atomically. Used directly when a stored
-    calibration table is reused (:mod:`agent.build.calibration_store`).
+    calibration table is reused (:mod:`agent.engines.calibration_store`).
     """
     import onnxruntime
     from onnxruntime.quantization import (

@@ -9,9 +9,9 @@ import onnx
 import onnxruntime as ort
 import pytest
 
-from agent.build.calibration_cache import read_trt_cache
-from agent.build.int8 import read_table
-from agent.build.ort_builder import (
+from agent.engines.calibration_cache import read_trt_cache
+from agent.engines.int8 import read_table
+from agent.engines.ort_builder import (
     CPU_EP,
     CUDA_EP,
     TABLE_FILE,
@@ -23,8 +23,8 @@ from agent.build.ort_builder import (
     provider_options,
     tensorrt_provider_options,
 )
-from agent.build.spec import BuildPlan, CalibrationSource, ShapeProfile
-from agent.build.worker import BuildJob, save_batches
+from agent.engines.spec import BuildPlan, CalibrationSource, ShapeProfile
+from agent.engines.worker import BuildJob, save_batches
 from agent.errors import BuildError
 from agent.modelzoo import write_classifier
 

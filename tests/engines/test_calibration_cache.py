@@ -7,7 +7,7 @@ import struct
 import numpy as np
 import pytest
 
-from agent.build.calibration_cache import (
+from agent.engines.calibration_cache import (
     TrtCalibrationCache,
     check_cache_version,
     from_ort_ranges,

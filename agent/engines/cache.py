@@ -1,6 +1,6 @@
 """The engine cache: ``engines/<key>/{<engine file>, meta.json, last_used}`` under the state dir.
 
-One directory per cache key (:func:`agent.build.cache_key.engine_cache_key`). An entry is written
+One directory per cache key (:func:`agent.engines.cache_key.engine_cache_key`). An entry is written
 into a hidden temporary directory next to it, fsynced, and renamed into place, so a reader sees
 either no entry or a complete one, never a torn engine. :meth:`EngineCache.get` checks the sidecar
 against the key and the engine file against the size and SHA-256 the sidecar recorded; anything
@@ -27,7 +27,7 @@ from pathlib import Path
 
 import structlog
 
-from agent.build.cache_key import SIDECAR_NAME, EngineMeta, read_sidecar, write_sidecar
+from agent.engines.cache_key import SIDECAR_NAME, EngineMeta, read_sidecar, write_sidecar
 from agent.errors import BuildError
 from agent.fsutil import fsync_directory, sha256_file
 

@@ -19,8 +19,11 @@ from onnx import TensorProto, helper
 
 from agent.backends.base import LoadOptions
 from agent.backends.onnxruntime import OnnxRuntimeBackend
-from agent.build.calibration_cache import from_ort_ranges, read_trt_cache
-from agent.build.int8 import (
+from agent.camera.preprocess import preprocess
+from agent.camera.preprocess_spec import PreprocessSpec
+from agent.datasets.shapes import CLASSES, LABELS_PATH, MODEL_PATH, generate
+from agent.engines.calibration_cache import from_ort_ranges, read_trt_cache
+from agent.engines.int8 import (
     MODEL_FILE,
     TABLE_FILE,
     Int8Result,
@@ -32,9 +35,6 @@ from agent.build.int8 import (
     read_table,
     reduce_range_for,
 )
-from agent.camera.preprocess import preprocess
-from agent.camera.preprocess_spec import PreprocessSpec
-from agent.datasets.shapes import CLASSES, LABELS_PATH, MODEL_PATH, generate
 from agent.errors import BuildError
 
 #: Seeds never used by tools/train_shapes.py (it trains on 1 and validates on 2).

@@ -18,8 +18,8 @@ import numpy.typing as npt
 import pytest
 
 from agent.backends.tensorrt import tensorrt_status
-from agent.build.spec import BuildPlan, ShapeProfile
-from agent.build.trt_builder import (
+from agent.engines.spec import BuildPlan, ShapeProfile
+from agent.engines.trt_builder import (
     BuildLog,
     Placement,
     build_engine,
@@ -34,7 +34,7 @@ from agent.build.trt_builder import (
     pool_limits,
     profile_shapes,
 )
-from agent.build.trt_calibrator import (
+from agent.engines.trt_calibrator import (
     CalibrationFeed,
     make_entropy_calibrator,
     read_cache_bytes,

@@ -1,6 +1,6 @@
 """The agent's side of engine builds: a slot's model and build request in, a loadable engine out.
 
-Wraps :class:`agent.build.engines.EngineBuilder` (plan, cache, worker) with what only the running
+Wraps :class:`agent.engines.builder.EngineBuilder` (plan, cache, worker) with what only the running
 agent has: live frames of the slot's streams, for calibration (``calibration.kind: stream``) and
 for the INT8 accuracy guard. An INT8 engine whose top-1 agreement with FP32 on held-out frames is
 below ``engines.int8_agreement`` never goes live: the build falls back to FP16 and says why.
@@ -20,13 +20,13 @@ import numpy.typing as npt
 import structlog
 
 from agent.backends.base import LoadOptions, get_backend
-from agent.build.calibration_store import CalibrationKey, CalibrationStore, collect_frames
-from agent.build.engines import EngineArtifact, EngineBuilder
-from agent.build.guard import agreement, check_int8
-from agent.build.int8 import quantize_int8
-from agent.build.settings import EngineConfig
-from agent.build.spec import BuildSpec
 from agent.camera.preprocess_spec import PreprocessSpec
+from agent.engines.builder import EngineArtifact, EngineBuilder
+from agent.engines.calibration_store import CalibrationKey, CalibrationStore, collect_frames
+from agent.engines.guard import agreement, check_int8
+from agent.engines.int8 import quantize_int8
+from agent.engines.settings import EngineConfig
+from agent.engines.spec import BuildSpec
 from agent.errors import BuildError
 
 log = structlog.get_logger(__name__)

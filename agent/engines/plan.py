@@ -13,8 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
-from agent.build.calibration_cache import parse_trt_version
-from agent.build.spec import BuildPlan, BuildSpec, CalibrationSource, PlanChange, ShapeProfile
+from agent.engines.calibration_cache import parse_trt_version
+from agent.engines.spec import BuildPlan, BuildSpec, CalibrationSource, PlanChange, ShapeProfile
 from agent.errors import BuildError
 
 if TYPE_CHECKING:

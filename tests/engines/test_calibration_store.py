@@ -14,19 +14,19 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-from agent.build.calibration_cache import read_trt_cache
-from agent.build.calibration_store import (
-    CalibrationKey,
-    CalibrationStore,
-    collect_frames,
-    data_sha256,
-)
-from agent.build.int8 import Int8Result, calibrate, calibration_table_to_trt, quantize_with_ranges
 from agent.camera.frame import Frame
 from agent.camera.preprocess_spec import PreprocessSpec
 from agent.camera.source import VideoSource
 from agent.camera.source_spec import FileSourceSpec
 from agent.datasets.shapes import MODEL_PATH, generate
+from agent.engines.calibration_cache import read_trt_cache
+from agent.engines.calibration_store import (
+    CalibrationKey,
+    CalibrationStore,
+    collect_frames,
+    data_sha256,
+)
+from agent.engines.int8 import Int8Result, calibrate, calibration_table_to_trt, quantize_with_ranges
 from agent.errors import BuildError
 
 SPEC = PreprocessSpec(width=64, height=64)

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from agent.build.plan import PlatformFacts, plan_build, shapes_dynamic
-from agent.build.spec import BuildPlan, BuildSpec, CalibrationSource, ShapeProfile
+from agent.engines.plan import PlatformFacts, plan_build, shapes_dynamic
+from agent.engines.spec import BuildPlan, BuildSpec, CalibrationSource, ShapeProfile
 from agent.errors import BuildError
 from agent.platform import BackendAvailability, Platform
 

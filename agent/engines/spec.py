@@ -1,6 +1,6 @@
 """What an operator asks to build (``BuildSpec``) and what the planner decided (``BuildPlan``).
 
-The planner (:mod:`agent.build.plan`) maps a spec onto a platform and records a reason for every
+The planner (:mod:`agent.engines.plan`) maps a spec onto a platform and records a reason for every
 change, so the job status can publish requested vs effective.
 """
 

@@ -14,7 +14,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from agent.build.cache_key import (
+from agent.engines.cache_key import (
     KEY_SCHEMA,
     SIDECAR_NAME,
     EngineIdentity,
@@ -27,8 +27,8 @@ from agent.build.cache_key import (
     read_sidecar,
     write_sidecar,
 )
-from agent.build.plan import PlatformFacts, plan_build
-from agent.build.spec import BuildSpec, ShapeProfile
+from agent.engines.plan import PlatformFacts, plan_build
+from agent.engines.spec import BuildSpec, ShapeProfile
 from agent.errors import BuildError
 from agent.platform import Platform
 
@@ -126,7 +126,7 @@ def test_key_independent_of_dict_and_profile_order() -> None:
 def test_key_stable_across_processes() -> None:
     """A fresh interpreter (other hash seed) computes the same key."""
     code = (
-        "from agent.build.cache_key import EngineIdentity, engine_cache_key;"
+        "from agent.engines.cache_key import EngineIdentity, engine_cache_key;"
         f"print(engine_cache_key(EngineIdentity.model_validate_json({identity().model_dump_json()!r})))"
     )
     out = subprocess.run(

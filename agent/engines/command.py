@@ -29,10 +29,10 @@ from agent.errors import AgentError, BuildError
 # Only argparse is needed to declare the options; the builder (onnx, numpy, ...) loads when the
 # command runs, so `edge-agent --help` and the other commands stay fast.
 if TYPE_CHECKING:
-    from agent.build.engines import EngineArtifact
-    from agent.build.settings import EngineConfig
-    from agent.build.spec import BuildSpec
     from agent.camera.preprocess_spec import PreprocessSpec
+    from agent.engines.builder import EngineArtifact
+    from agent.engines.settings import EngineConfig
+    from agent.engines.spec import BuildSpec
 
 DEFAULT_ITERATIONS = 200
 
@@ -73,7 +73,7 @@ def add_build_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _spec(args: argparse.Namespace) -> BuildSpec:
-    from agent.build.spec import BuildSpec, CalibrationSource
+    from agent.engines.spec import BuildSpec, CalibrationSource
 
     calibration: CalibrationSource | None = None
     if args.calib is not None and args.calib_cache is not None:
@@ -98,8 +98,8 @@ def _spec(args: argparse.Namespace) -> BuildSpec:
 def _preprocess(args: argparse.Namespace) -> PreprocessSpec | None:
     if args.calib is None:
         return None
-    from agent.build.engines import model_input_size
     from agent.camera.preprocess_spec import PreprocessSpec
+    from agent.engines.builder import model_input_size
 
     size = model_input_size(args.model)
     width = args.width or (size[0] if size else None)
@@ -110,7 +110,7 @@ def _preprocess(args: argparse.Namespace) -> PreprocessSpec | None:
 
 
 def _settings(args: argparse.Namespace) -> tuple[Path, EngineConfig]:
-    from agent.build.settings import EngineConfig
+    from agent.engines.settings import EngineConfig
 
     if args.config is not None:
         from agent.config import load_config
@@ -233,7 +233,7 @@ def quiet_logs() -> None:
 
 def run_build(args: argparse.Namespace) -> int:
     """``edge-agent build``: returns the exit status; raises AgentError for the CLI to print."""
-    from agent.build.engines import EngineBuilder
+    from agent.engines.builder import EngineBuilder
     from agent.platform import detect_platform
 
     quiet_logs()
@@ -277,7 +277,7 @@ def run_build(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Standalone entry (``python -m agent.build.command``), same as ``edge-agent build``."""
+    """Standalone entry (``python -m agent.engines.command``), same as ``edge-agent build``."""
     parser = argparse.ArgumentParser(prog="edge-agent build", description=__doc__.splitlines()[0])
     add_build_arguments(parser)
     args = parser.parse_args(argv)

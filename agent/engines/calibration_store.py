@@ -4,7 +4,7 @@ A calibration depends on the model, the algorithm, the backend that computes or 
 its exact version: TensorRT ignores caches of another version, TensorRT#1378) and the frames it saw.
 :class:`CalibrationKey` hashes those five; the store keeps, under ``<state_dir>/calibration/``:
 
-- ``<key>.json``: the ranges as a calibration table (:func:`agent.build.int8.write_table` format,
+- ``<key>.json``: the ranges as a calibration table (:func:`agent.engines.int8.write_table` format,
   plus the key's fields), what ONNX Runtime quantizes with;
 - ``<key>.trtcache``: optionally the same calibration in TensorRT's cache format.
 
@@ -27,13 +27,13 @@ import numpy as np
 import numpy.typing as npt
 import structlog
 
-from agent.build.cache_key import model_sha256
-from agent.build.calibration_cache import read_trt_cache
-from agent.build.guard import Preprocess
-from agent.build.int8 import Method, read_table, write_table
 from agent.camera.frame import Frame
 from agent.camera.preprocess import preprocess as preprocess_frame
 from agent.camera.preprocess_spec import PreprocessSpec
+from agent.engines.cache_key import model_sha256
+from agent.engines.calibration_cache import read_trt_cache
+from agent.engines.guard import Preprocess
+from agent.engines.int8 import Method, read_table, write_table
 from agent.errors import BuildError
 from agent.fsutil import atomic_write_bytes
 
@@ -195,7 +195,7 @@ def collect_frames(
     ``every`` keeps one frame in that many, so calibration covers more of the scene than a
     second of near-identical frames. Stops early, with what it has, when the stream ends or
     ``timeout_s`` has passed (checked between frames); BuildError when it got no frame at all.
-    The result feeds :func:`agent.build.int8.quantize_int8` and :func:`data_sha256` directly.
+    The result feeds :func:`agent.engines.int8.quantize_int8` and :func:`data_sha256` directly.
     """
     if n < 1 or batch_size < 1 or every < 1:
         raise ValueError(f"n, batch_size and every must be >= 1 (got {n}, {batch_size}, {every})")

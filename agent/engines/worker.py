@@ -1,4 +1,4 @@
-"""Builds run in a child process: ``python -m agent.build.worker`` with a JSON job on stdin.
+"""Builds run in a child process: ``python -m agent.engines.worker`` with a JSON job on stdin.
 
 A TensorRT or ONNX Runtime build can crash (a segfault in a parser or builder), hang, or eat the
 device's memory; in a child it cannot take the camera loop down with it. The parent
@@ -42,7 +42,7 @@ import numpy.typing as npt
 import structlog
 from pydantic import Field
 
-from agent.build.spec import BuildPlan
+from agent.engines.spec import BuildPlan
 from agent.errors import BuildError
 from agent.model_base import StrictModel
 
@@ -240,7 +240,7 @@ class BuildWorker:
         job.out_dir.mkdir(parents=True, exist_ok=True)
         started = time.monotonic()
         proc = subprocess.Popen(
-            [self.python, "-m", "agent.build.worker"],
+            [self.python, "-m", "agent.engines.worker"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -452,13 +452,13 @@ def _run_test_job(job: BuildJob, say: Progress) -> WorkerResult:
 
 def _run_tensorrt(job: BuildJob, say: Progress) -> WorkerResult:
     """TensorRT build in the child: optional Q/DQ quantization (TensorRT 11), then build_engine."""
-    from agent.build.trt_builder import build_engine
+    from agent.engines.trt_builder import build_engine
 
     model = job.model
     calib_batches: Iterable[Any] | None = None
     if job.plan.int8_mode == "qdq" and job.calibration_dir is not None:
         # TensorRT >= 11 has no calibrators: quantize to Q/DQ with ONNX Runtime's calibrator first.
-        from agent.build.int8 import quantize_int8
+        from agent.engines.int8 import quantize_int8
 
         say("quantizing to Q/DQ for TensorRT")
         batches = load_batches(job.calibration_dir)
@@ -467,8 +467,8 @@ def _run_tensorrt(job: BuildJob, say: Progress) -> WorkerResult:
         if job.calibration_cache is not None and job.calibration_cache.is_file():
             import tensorrt as trt
 
-            from agent.build.calibration_cache import check_cache_version, read_trt_cache
-            from agent.build.trt_calibrator import read_cache_bytes
+            from agent.engines.calibration_cache import check_cache_version, read_trt_cache
+            from agent.engines.trt_calibrator import read_cache_bytes
 
             data = read_cache_bytes(job.calibration_cache)
             if data is not None:
@@ -504,7 +504,7 @@ def run_job(job: BuildJob, say: Progress) -> WorkerResult:
         return _run_test_job(job, say)
     if job.kind == "tensorrt":
         return _run_tensorrt(job, say)
-    from agent.build.ort_builder import build_onnxruntime
+    from agent.engines.ort_builder import build_onnxruntime
 
     return build_onnxruntime(job, say)
 
@@ -551,7 +551,9 @@ def main() -> int:
             message = f"importing the build framework failed under the memory limit ({message})"
             emit({"type": "error", "code": "out_of_memory", "message": message})
             return 1
-        emit({"type": "error", "code": "build_failed", "message": message})
+        # The same odd errors also come from code the compiler runs outside an import (dataclasses
+        # and pydantic exec generated source): under a limit, name it beside the error.
+        emit({"type": "error", "code": "build_failed", "message": message + _memory_hint(job.memory_mb)})
         return 1
     emit({"type": "result", "result": result.model_dump(mode="json")})
     return 0

@@ -13,8 +13,8 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from agent.build.spec import BuildPlan
-from agent.build.worker import (
+from agent.engines.spec import BuildPlan
+from agent.engines.worker import (
     TEST_JOBS_ENV,
     BuildJob,
     BuildWorker,

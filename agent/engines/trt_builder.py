@@ -27,8 +27,8 @@ from typing import TYPE_CHECKING, Any, Literal
 import structlog
 
 from agent.backends.tensorrt import dims_of, nullable, succeeded, tensorrt_status, trt_major
-from agent.build.spec import BuildPlan, ShapeProfile
-from agent.build.trt_calibrator import CalibrationBatch, Calibrator, make_entropy_calibrator
+from agent.engines.spec import BuildPlan, ShapeProfile
+from agent.engines.trt_calibrator import CalibrationBatch, Calibrator, make_entropy_calibrator
 from agent.errors import BuildError, EngineError
 from agent.fsutil import atomic_write_bytes
 

@@ -5,14 +5,14 @@
 - GPU (CUDA or TensorRT provider): the model as given. A CPU-optimized graph carries CPU-only fused
   operators, so ORT optimizes at load with the GPU providers; with the TensorRT provider the build
   opens one session to fill the provider's engine cache (stored in the cache entry).
-- INT8: :func:`agent.build.int8.quantize_int8` calibrates on the frames (Entropy) and writes a Q/DQ
+- INT8: :func:`agent.engines.int8.quantize_int8` calibrates on the frames (Entropy) and writes a Q/DQ
   model plus the calibration table; both are cached, and the table is also converted to a TensorRT
   calibration cache (``calibration.trt.cache``) so a calibration done here can feed a Jetson build.
 
 :func:`provider_options` (pure) maps a :class:`BuildPlan` onto ONNX Runtime's provider list: the
 TensorRT provider with FP16/INT8, DLA core, calibration table, engine/timing cache paths,
 optimization level and workspace; then CUDA; then CPU. :func:`build_onnxruntime` runs in the build
-child (:mod:`agent.build.worker`).
+child (:mod:`agent.engines.worker`).
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ from typing import Any, Literal
 
 import structlog
 
-from agent.build.spec import BuildPlan, ShapeProfile
-from agent.build.worker import BuildJob, Progress, WorkerResult, load_batches
+from agent.engines.spec import BuildPlan, ShapeProfile
+from agent.engines.worker import BuildJob, Progress, WorkerResult, load_batches
 from agent.errors import BuildError, EngineError
 
 log = structlog.get_logger(__name__)
@@ -165,7 +165,7 @@ def build_onnxruntime(job: BuildJob, say: Progress) -> WorkerResult:
 
     source = job.model
     if plan.precision == "int8" and plan.int8_mode == "qdq" and job.calibration_dir is not None:
-        from agent.build.int8 import calibration_table_to_trt, quantize_int8
+        from agent.engines.int8 import calibration_table_to_trt, quantize_int8
 
         # The TensorRT provider accepts only symmetric Q/DQ; the CPU kernels prefer asymmetric UINT8.
         target: Literal["cpu", "tensorrt"] = "tensorrt" if TENSORRT_EP in names else "cpu"
