@@ -31,6 +31,7 @@ from agent.camera.drivers import Driver, driver_for, read_timeout_s
 from agent.camera.frame import Frame
 from agent.camera.source_spec import SourceSpec
 from agent.errors import SourceError
+from agent.transitions import TransitionTable
 
 log = structlog.get_logger(__name__)
 
@@ -57,25 +58,28 @@ class SourceState(str, Enum):
 _S = SourceState
 
 #: The transition table: state -> states it may change to. ENDED and STOPPED are terminal.
-ALLOWED: dict[SourceState, frozenset[SourceState]] = {
-    _S.IDLE: frozenset({_S.CONNECTING, _S.STOPPED}),
-    _S.CONNECTING: frozenset({_S.STREAMING, _S.RECONNECTING, _S.ENDED, _S.STOPPED}),
-    _S.STREAMING: frozenset({_S.RECONNECTING, _S.ENDED, _S.STOPPED}),
-    _S.RECONNECTING: frozenset({_S.CONNECTING, _S.STOPPED}),
-    _S.ENDED: frozenset(),
-    _S.STOPPED: frozenset(),
-}
+ALLOWED = TransitionTable(
+    SourceState,
+    {
+        _S.IDLE: frozenset({_S.CONNECTING, _S.STOPPED}),
+        _S.CONNECTING: frozenset({_S.STREAMING, _S.RECONNECTING, _S.ENDED, _S.STOPPED}),
+        _S.STREAMING: frozenset({_S.RECONNECTING, _S.ENDED, _S.STOPPED}),
+        _S.RECONNECTING: frozenset({_S.CONNECTING, _S.STOPPED}),
+        _S.ENDED: frozenset(),
+        _S.STOPPED: frozenset(),
+    },
+    kind="camera source",
+)
 
 #: Numeric state for telemetry (flat numeric JSON): the position in the enum.
 STATE_CODES: dict[SourceState, int] = {state: code for code, state in enumerate(SourceState)}
 
-_TERMINAL = frozenset({_S.ENDED, _S.STOPPED})
+_TERMINAL = ALLOWED.terminal
 
 
 def check_transition(old: SourceState, new: SourceState) -> None:
     """Raise ``RuntimeError`` unless the table allows ``old`` -> ``new`` (a bug, never camera trouble)."""
-    if new not in ALLOWED[old]:
-        raise RuntimeError(f"illegal camera source transition {old.value} -> {new.value}")
+    ALLOWED.check(old, new)
 
 
 def backoff_delay(attempt: int, min_s: float, max_s: float, rng: random.Random | None = None) -> float:

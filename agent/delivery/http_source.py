@@ -24,6 +24,7 @@ from typing import IO, Any
 
 import structlog
 
+from agent.backoff import reconnect_delay
 from agent.delivery.errors import JobCancelledError
 from agent.delivery.partial import HttpFailedError, HttpNotFoundError, PartialDownload, TransferTimeoutError
 
@@ -99,7 +100,10 @@ class HttpSource:
                             f"(last: {exc}); check the server and the network, or list an mqtt source "
                             "in the manifest"
                         ) from exc
-                    delay = min(self.retry_delay_s * 2 ** max(failures - 1, 0), 10.0)
+                    # Jittered like the MQTT reconnect: a fleet behind one flaky proxy does not retry in step.
+                    delay = reconnect_delay(
+                        max(failures - 1, 0), self.retry_delay_s, max(self.retry_delay_s, 10.0)
+                    )
                     if self._cancel.wait(delay):
                         continue  # _check_stop raises JobCancelledError
         finally:

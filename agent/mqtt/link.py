@@ -38,8 +38,8 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from pydantic import BaseModel
 
+from agent.backoff import reconnect_delay
 from agent.errors import TransportError
-from agent.mqtt.backoff import reconnect_delay
 from agent.mqtt.clients import new_client
 from agent.mqtt.inbox import STOP, Connected, InboundMessage, Inbox
 from agent.mqtt.settings import MqttSettings

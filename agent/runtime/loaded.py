@@ -15,6 +15,7 @@ from agent.camera.preprocess_spec import PreprocessSpec
 from agent.engines.spec import BuildSpec
 from agent.postprocess.runner import Postprocessor
 from agent.protocol.messages import ModelRef
+from agent.transitions import TransitionTable
 
 log = structlog.get_logger(__name__)
 
@@ -31,14 +32,17 @@ class ModelState(str, Enum):
 
 
 #: Allowed lifecycle transitions, in one table.
-MODEL_TRANSITIONS: dict[ModelState, frozenset[ModelState]] = {
-    ModelState.LOADING: frozenset({ModelState.VALIDATING, ModelState.FAILED}),
-    ModelState.VALIDATING: frozenset({ModelState.ACTIVE, ModelState.FAILED}),
-    ModelState.ACTIVE: frozenset({ModelState.DRAINING}),
-    ModelState.DRAINING: frozenset({ModelState.RELEASED}),
-    ModelState.RELEASED: frozenset(),
-    ModelState.FAILED: frozenset(),
-}
+MODEL_TRANSITIONS = TransitionTable(
+    ModelState,
+    {
+        ModelState.LOADING: frozenset({ModelState.VALIDATING, ModelState.FAILED}),
+        ModelState.VALIDATING: frozenset({ModelState.ACTIVE, ModelState.FAILED}),
+        ModelState.ACTIVE: frozenset({ModelState.DRAINING}),
+        ModelState.DRAINING: frozenset({ModelState.RELEASED}),
+        ModelState.RELEASED: frozenset(),
+        ModelState.FAILED: frozenset(),
+    },
+)
 
 
 @dataclass(frozen=True)
@@ -96,10 +100,7 @@ class LoadedModel:
             self._transition_locked(new)
 
     def _transition_locked(self, new: ModelState) -> None:
-        if new not in MODEL_TRANSITIONS[self.state]:
-            raise RuntimeError(
-                f"model {self.ref.model_id}: illegal transition {self.state.value} -> {new.value}"
-            )
+        MODEL_TRANSITIONS.check(self.state, new, who=f"model {self.ref.model_id}")
         log.info(
             "model.state", slot=self.ref.slot, model=self.ref.model_id, old=self.state.value, new=new.value
         )

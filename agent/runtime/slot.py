@@ -26,6 +26,7 @@ from agent.postprocess.runner import Postprocessor, validate_outputs
 from agent.protocol.messages import ModelRef
 from agent.runtime.compat import check_input_fits, select_input
 from agent.runtime.loaded import LoadedModel, ModelSource, ModelState
+from agent.transitions import TransitionTable
 
 log = structlog.get_logger(__name__)
 
@@ -37,12 +38,15 @@ class SlotState(str, Enum):
     ACTIVE = "active"
 
 
-SLOT_TRANSITIONS: dict[SlotState, frozenset[SlotState]] = {
-    SlotState.EMPTY: frozenset({SlotState.LOADING}),
-    SlotState.LOADING: frozenset({SlotState.VALIDATING, SlotState.EMPTY, SlotState.ACTIVE}),
-    SlotState.VALIDATING: frozenset({SlotState.ACTIVE, SlotState.EMPTY}),
-    SlotState.ACTIVE: frozenset({SlotState.LOADING, SlotState.EMPTY}),  # EMPTY: closed at shutdown
-}
+SLOT_TRANSITIONS = TransitionTable(
+    SlotState,
+    {
+        SlotState.EMPTY: frozenset({SlotState.LOADING}),
+        SlotState.LOADING: frozenset({SlotState.VALIDATING, SlotState.EMPTY, SlotState.ACTIVE}),
+        SlotState.VALIDATING: frozenset({SlotState.ACTIVE, SlotState.EMPTY}),
+        SlotState.ACTIVE: frozenset({SlotState.LOADING, SlotState.EMPTY}),  # EMPTY: closed at shutdown
+    },
+)
 
 #: Called with (slot name, old state, new state) on every slot transition.
 SlotListener = Callable[[str, SlotState, SlotState], None]
@@ -82,8 +86,7 @@ class ModelSlot:
     def _transition(self, new: SlotState) -> None:
         with self._lock:
             old = self._state
-            if new not in SLOT_TRANSITIONS[old]:
-                raise RuntimeError(f"slot {self.name}: illegal transition {old.value} -> {new.value}")
+            SLOT_TRANSITIONS.check(old, new, who=f"slot {self.name}")
             self._state = new
         log.info("slot.state", slot=self.name, old=old.value, new=new.value)
         if self._on_transition is not None:

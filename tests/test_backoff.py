@@ -7,7 +7,7 @@ import statistics
 
 import pytest
 
-from agent.mqtt.backoff import reconnect_delay
+from agent.backoff import reconnect_delay
 
 
 def test_delays_stay_within_bounds() -> None:

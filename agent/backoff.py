@@ -1,4 +1,6 @@
-"""Reconnect delays: exponential backoff with full jitter (a pure function, unit-tested).
+"""Retry delays: exponential backoff with full jitter (a pure function, unit-tested).
+
+Used by the MQTT link (reconnects) and the HTTP model source (retries after a failed GET).
 
 paho's ``reconnect_delay_set`` doubles the delay without jitter, so after a broker restart a whole
 fleet reconnects in lockstep and hammers it again. Each device here draws its delay at random
