@@ -16,8 +16,9 @@ from typing import Any
 import structlog
 
 from agent.errors import AgentError, TransportError
+from agent.mqtt.core import PublishProperties
 from agent.mqtt.inbox import InboundMessage
-from agent.mqtt.link import MqttLink, PublishProperties
+from agent.mqtt.link import MqttLink
 from agent.protocol.messages import CommandReply, CommandRequest, ProtocolError, decode
 from agent.protocol.topics import Topics
 

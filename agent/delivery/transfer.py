@@ -35,8 +35,8 @@ from agent.delivery.partial import NoSourceError, PartialDownload, TransferTimeo
 from agent.delivery.settings import DeliveryConfig
 from agent.errors import DeliveryError
 from agent.model_base import StrictModel
+from agent.mqtt.core import PublishProperties
 from agent.mqtt.inbox import InboundMessage
-from agent.mqtt.link import PublishProperties
 from agent.protocol.topics import Topics, parse
 
 if TYPE_CHECKING:

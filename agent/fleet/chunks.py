@@ -32,9 +32,9 @@ from pydantic import ValidationError
 from agent.delivery.transfer import INDEX_PROPERTY, SHA256_PROPERTY, ChunkRequest
 from agent.errors import TransportError
 from agent.fsutil import sha256_file
-from agent.mqtt.client_tools import ServiceClient
+from agent.mqtt.core import PublishProperties
 from agent.mqtt.inbox import InboundMessage
-from agent.mqtt.link import PublishProperties
+from agent.mqtt.service_client import ServiceClient
 from agent.mqtt.settings import MqttSettings
 from agent.protocol.topics import Topics, check_level, fleet_filter, parse
 

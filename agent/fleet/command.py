@@ -13,9 +13,9 @@ import uuid
 from typing import Any
 
 from agent.errors import TransportError
-from agent.mqtt.client_tools import ServiceClient
+from agent.mqtt.core import PublishProperties
 from agent.mqtt.inbox import InboundMessage
-from agent.mqtt.link import PublishProperties
+from agent.mqtt.service_client import ServiceClient
 from agent.mqtt.settings import MqttSettings
 from agent.protocol.messages import CommandReply, CommandRequest, ProtocolError, decode, encode
 from agent.protocol.topics import Topics

@@ -44,8 +44,8 @@ from agent.engines.spec import BuildSpec
 from agent.errors import ConfigError
 from agent.fleet.chunks import ChunkServer
 from agent.fleet.command import PendingReplies, publish_command
-from agent.mqtt.client_tools import ServiceClient
 from agent.mqtt.inbox import InboundMessage
+from agent.mqtt.service_client import ServiceClient
 from agent.mqtt.settings import MqttSettings
 from agent.postprocess.spec import PostprocessSpec
 from agent.protocol.messages import JobState, JobStatus, ProtocolError, StatusMessage, decode

@@ -11,8 +11,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from agent.mqtt.client_tools import ServiceClient
 from agent.mqtt.inbox import InboundMessage
+from agent.mqtt.service_client import ServiceClient
 from agent.mqtt.settings import MqttSettings
 from agent.protocol.messages import InfoMessage, ProtocolError, StatusMessage, decode
 from agent.protocol.topics import fleet_filter, parse

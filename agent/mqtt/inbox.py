@@ -5,7 +5,6 @@ from __future__ import annotations
 import collections
 import threading
 from dataclasses import dataclass
-from typing import Any
 
 
 @dataclass(frozen=True)
@@ -19,20 +18,6 @@ class InboundMessage:
     response_topic: str | None = None
     correlation_data: bytes | None = None
     user_properties: tuple[tuple[str, str], ...] = ()
-
-    @classmethod
-    def from_paho(cls, msg: Any) -> InboundMessage:
-        """Copy a paho ``MQTTMessage`` (its payload buffer is reused by paho after the callback)."""
-        props = getattr(msg, "properties", None)
-        return cls(
-            topic=msg.topic,
-            payload=bytes(msg.payload),
-            qos=int(msg.qos),
-            retain=bool(msg.retain),
-            response_topic=getattr(props, "ResponseTopic", None),
-            correlation_data=getattr(props, "CorrelationData", None),
-            user_properties=tuple(tuple(p) for p in getattr(props, "UserProperty", None) or ()),
-        )
 
 
 @dataclass(frozen=True)

@@ -1,18 +1,17 @@
-"""The MQTT link: one paho client, driven by our own network thread. The only importer of paho.
+"""The MQTT link of a device: one :class:`~agent.mqtt.core.MqttCore`, driven by our own network thread.
 
-Why it is built this way (each point is a paho 2.x or mosquitto trap, see docs/protocol.md):
+Why it is built this way (each point is a paho 2.x or mosquitto trap, see docs/protocol.md; the
+paho side of each lives in :mod:`agent.mqtt.core`, the only module that imports paho):
 
-* Our thread calls ``client.loop()`` and does every socket read and write: publishes from other
-  threads only queue a packet (``on_socket_register_write`` is set, so paho never writes from the
-  caller's thread) and wake the loop through paho's socket pair. paho writes one wake byte per
-  publish; :class:`CoalescedWake` writes one per turn of the loop (results at 800 fps cost the
-  loop ~0.1 ms of CPU per wake-up on two cores).
+* Our thread runs the core's loop and does every socket read and write: publishes from other
+  threads only queue a packet (the core is a ``single_writer``) and wake the loop through paho's
+  socket pair. paho writes one wake byte per publish; the core's ``CoalescedWake`` writes one per
+  turn of the loop (results at 800 fps cost the loop ~0.1 ms of CPU per wake-up on two cores).
 * We reconnect ourselves with jittered exponential backoff; paho's ``reconnect_delay_set`` has no
   jitter and a fleet would reconnect in lockstep.
-* paho callbacks only enqueue into ``_events`` (or the inbox) inside a catch-all: an exception in a
-  callback would kill paho's loop while ``is_connected()`` still says True, and taking our own lock
-  in ``on_publish`` can deadlock against paho's (paho#226). The network thread handles the events
-  after ``loop()`` returns.
+* The core's events only go into ``_events`` (messages into the inbox): taking our own lock in
+  ``on_publish`` could deadlock against paho's (paho#226). The network thread handles the events
+  after each turn of the loop.
 * Durable messages are published only by the network thread, so a PUBACK (handled after the
   ``publish()`` call that produced its mid has returned) always finds its spool id, even when the
   broker answered before ``publish()`` returned.
@@ -22,25 +21,33 @@ Why it is built this way (each point is a paho 2.x or mosquitto trap, see docs/p
 
 from __future__ import annotations
 
-import contextlib
 import queue
 import random
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
-import paho.mqtt.client as paho
 import structlog
-from paho.mqtt.enums import MQTTErrorCode
-from paho.mqtt.packettypes import PacketTypes
-from paho.mqtt.properties import Properties
 from pydantic import BaseModel
 
 from agent.backoff import reconnect_delay
 from agent.errors import TransportError
-from agent.mqtt.clients import new_client
+from agent.mqtt.core import (
+    NOT_AUTHORIZED,
+    CallbackFailed,
+    ConnAck,
+    Disconnected,
+    Event,
+    MqttCore,
+    PubAck,
+    PublishOutcome,
+    PublishProperties,
+    SubAck,
+    payload_limit,
+    topic_matches,
+)
 from agent.mqtt.inbox import STOP, Connected, InboundMessage, Inbox
 from agent.mqtt.settings import MqttSettings
 from agent.protocol.messages import StatusMessage, encode
@@ -50,10 +57,6 @@ log = structlog.get_logger(__name__)
 
 #: Spool meta key of the session counter (increases on every connection attempt, across restarts).
 SESSION_KEY = "mqtt.session"
-#: PUBACK reason code "Not authorized" (ACL denied).
-_NOT_AUTHORIZED = 0x87
-#: Fixed header (<= 5) + packet id (2) + property length (<= 4) + slack for small properties.
-_PUBLISH_OVERHEAD = 16
 _LOOP_TIMEOUT_S = 0.05
 _COUNTERS = (
     "published",
@@ -70,42 +73,14 @@ _COUNTERS = (
 )
 
 
-@dataclass(frozen=True)
-class PublishProperties:
-    """MQTT 5 publish properties the agent uses (request/response and expiry)."""
-
-    response_topic: str | None = None
-    correlation_data: bytes | None = None
-    user_properties: tuple[tuple[str, str], ...] = ()
-    message_expiry_s: int | None = None
-
-    def to_paho(self) -> Properties:
-        props = Properties(PacketTypes.PUBLISH)  # type: ignore[no-untyped-call]
-        if self.response_topic is not None:
-            props.ResponseTopic = self.response_topic
-        if self.correlation_data is not None:
-            props.CorrelationData = self.correlation_data
-        if self.user_properties:
-            props.UserProperty = list(self.user_properties)
-        if self.message_expiry_s is not None:
-            props.MessageExpiryInterval = self.message_expiry_s
-        return props
-
-    def wire_size(self) -> int:
-        """Upper bound of the bytes these properties add to a PUBLISH packet."""
-        size = 0
-        if self.response_topic is not None:
-            size += 3 + len(self.response_topic.encode())
-        if self.correlation_data is not None:
-            size += 3 + len(self.correlation_data)
-        for key, value in self.user_properties:
-            size += 5 + len(key.encode()) + len(value.encode())
-        if self.message_expiry_s is not None:
-            size += 5
-        return size
-
-
 Handler = Callable[[InboundMessage], None]
+
+
+@dataclass(frozen=True)
+class _InboxFull:
+    """A received message was dropped: the inbox was full (counted and logged by the network thread)."""
+
+    topic: str
 
 
 @dataclass(frozen=True)
@@ -113,53 +88,6 @@ class _Subscription:
     topic_filter: str
     handler: Handler
     qos: int
-
-
-class CoalescedWake:
-    """paho's socket-pair write end, writing at most one wake byte per turn of our network loop.
-
-    paho's ``publish()`` from another thread appends the packet to its queue, then writes a byte here
-    to break the loop out of ``select()``. One byte already waiting wakes the loop just as well, so
-    the next ones are skipped until :meth:`rearm`, called by the network thread before every
-    ``loop()``. Nothing is lost: a publisher that skips its byte appended its packet before it looked
-    at the flag, so before the rearm, so before ``loop()`` checks ``want_write()`` and selects on
-    the socket for writing. paho keeps the pair in private attributes (paho 2.x: ``_sockpairW``,
-    recreated on reconnect); tests/mqtt/test_link.py checks that a lone publish still wakes the loop.
-    """
-
-    def __init__(self, sock: Any) -> None:
-        self._sock = sock
-        self.pending = False
-
-    def send(self, data: bytes) -> int:
-        if self.pending:
-            return len(data)
-        self.pending = True
-        sent: int = self._sock.send(data)  # BlockingIOError (buffer full of wake bytes): paho ignores it
-        return sent
-
-    def close(self) -> None:
-        self._sock.close()
-
-    @staticmethod
-    def wake_now(client: Any) -> None:
-        """Break the loop out of ``select()`` now, pending byte or not (stop must not wait a turn)."""
-        wake = getattr(client, "_sockpairW", None)
-        sock = wake._sock if isinstance(wake, CoalescedWake) else wake
-        if sock is not None:
-            with contextlib.suppress(OSError):  # full (a wake is pending anyway) or already closed
-                sock.send(b"\0")
-
-    @classmethod
-    def rearm(cls, client: Any) -> None:
-        """Wrap paho's current write end (once per socket pair) and allow the next wake byte."""
-        wake = getattr(client, "_sockpairW", None)
-        if wake is None:
-            return  # paho makes a new pair inside loop(); wrapped on the next turn
-        if not isinstance(wake, cls):
-            wake = cls(wake)
-            client._sockpairW = wake
-        wake.pending = False
 
 
 class MqttLink:
@@ -187,7 +115,7 @@ class MqttLink:
         self._on_connected = on_connected
         self._rng = random.Random()
 
-        self._events: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
+        self._events: queue.SimpleQueue[Event | _InboxFull] = queue.SimpleQueue()
         self._inbox = Inbox(settings.inbox_size)
         self._subs: list[_Subscription] = []
         self._subs_lock = threading.Lock()
@@ -215,78 +143,36 @@ class MqttLink:
         self._last_loop = time.monotonic()
         self._net_thread: threading.Thread | None = None
         self._dispatch_thread: threading.Thread | None = None
-        self._client = self._make_client()
+        self._core = self._make_core()
 
     # -- construction ------------------------------------------------------------------------------
 
-    def _make_client(self) -> paho.Client:
+    def _make_core(self) -> MqttCore:
         s = self.settings
-        client = new_client(s, self.client_id)
-        # paho's own queue holds non-durable QoS 1 while offline; our durable window comes on top.
-        client.max_queued_messages_set(s.max_queued + s.max_inflight)
-        client.max_inflight_messages_set(s.max_inflight)
-        client.on_connect = self._cb_connect
-        client.on_disconnect = self._cb_disconnect
-        client.on_publish = self._cb_publish
-        client.on_message = self._cb_message
-        client.on_subscribe = self._cb_subscribe
-        # Set on purpose to a no-op: with it, publish() from any thread only queues the packet and
-        # wakes our loop, so exactly one thread ever writes to the socket.
-        client.on_socket_register_write = self._cb_register_write
-        connect_props = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
-        connect_props.SessionExpiryInterval = s.session_expiry_s
-        # clean_start=False: the broker keeps our session (subscriptions, queued QoS 1 commands)
-        # across restarts of the agent; paho's default wipes it on every process start.
-        client.connect_async(
-            s.host, s.port, keepalive=s.keepalive_s, clean_start=False, properties=connect_props
+        core = MqttCore(
+            s,
+            self.client_id,
+            on_event=self._events.put,
+            on_message=self._on_message,
+            quiet_ack=self._quiet_ack,
+            on_quiet_ack=lambda: self._count("published"),
+            single_writer=True,
         )
-        return client
+        # paho's own queue holds non-durable QoS 1 while offline; our durable window comes on top.
+        core.set_limits(max_inflight=s.max_inflight, max_queued=s.max_queued + s.max_inflight)
+        core.connect_async(persistent_session_s=s.session_expiry_s)
+        return core
 
-    # -- paho callbacks: enqueue only, never raise -------------------------------------------------
+    # -- the core's reports (paho's callbacks): enqueue or count only ------------------------------
 
-    def _cb_connect(self, client: Any, userdata: Any, flags: Any, reason_code: Any, props: Any) -> None:
-        try:
-            max_packet = getattr(props, "MaximumPacketSize", None)
-            receive_max = getattr(props, "ReceiveMaximum", None)
-            self._events.put(("connack", int(reason_code.value), str(reason_code), max_packet, receive_max))
-        except Exception as exc:  # noqa: BLE001 - nothing may escape into paho's loop
-            self._events.put(("callback_error", "on_connect", repr(exc)))
+    def _quiet_ack(self, mid: int) -> bool:
+        # Runs on the network thread, the only one that touches _durable_inflight and _status_mid.
+        # A success nobody waits for (every QoS 0 result) is only counted: no event round trip.
+        return mid not in self._durable_inflight and mid != self._status_mid
 
-    def _cb_disconnect(self, client: Any, userdata: Any, flags: Any, reason_code: Any, props: Any) -> None:
-        try:
-            self._events.put(("disconnect", str(reason_code)))
-        except Exception as exc:  # noqa: BLE001
-            self._events.put(("callback_error", "on_disconnect", repr(exc)))
-
-    def _cb_publish(self, client: Any, userdata: Any, mid: int, reason_code: Any, props: Any) -> None:
-        try:
-            # Runs on the network thread, the only one that touches _durable_inflight and _status_mid.
-            # A success nobody waits for (every QoS 0 result) is only counted: no event round trip.
-            if reason_code.value == 0 and mid not in self._durable_inflight and mid != self._status_mid:
-                self._count("published")
-                return
-            self._events.put(("puback", mid, int(reason_code.value), str(reason_code)))
-        except Exception as exc:  # noqa: BLE001
-            self._events.put(("callback_error", "on_publish", repr(exc)))
-
-    def _cb_subscribe(self, client: Any, userdata: Any, mid: int, reason_codes: Any, props: Any) -> None:
-        try:
-            failed = [str(rc) for rc in reason_codes if rc.is_failure]
-            if failed:
-                self._events.put(("suback_failed", mid, failed))
-        except Exception as exc:  # noqa: BLE001
-            self._events.put(("callback_error", "on_subscribe", repr(exc)))
-
-    def _cb_message(self, client: Any, userdata: Any, msg: Any) -> None:
-        try:
-            message = InboundMessage.from_paho(msg)
-            if not self._inbox.offer(message):
-                self._events.put(("inbox_dropped", message.topic))
-        except Exception as exc:  # noqa: BLE001
-            self._events.put(("callback_error", "on_message", repr(exc)))
-
-    def _cb_register_write(self, client: Any, userdata: Any, sock: Any) -> None:
-        """No-op on purpose (see ``_make_client``)."""
+    def _on_message(self, message: InboundMessage) -> None:
+        if not self._inbox.offer(message):
+            self._events.put(_InboxFull(message.topic))
 
     # -- public API --------------------------------------------------------------------------------
 
@@ -309,7 +195,7 @@ class MqttLink:
             return
         self._stop_deadline = time.monotonic() + timeout
         self._stop_requested.set()
-        CoalescedWake.wake_now(self._client)
+        self._core.wake_now()
         self._net_thread.join(timeout + 2.0)
         self._inbox.put_control(STOP)
         if self._dispatch_thread is not None:
@@ -347,8 +233,7 @@ class MqttLink:
         """Largest payload publishable on ``topic`` now: our setting and the broker's packet limit."""
         limit = self.settings.max_payload_bytes
         if self._broker_max_packet is not None:
-            extra = properties.wire_size() if properties is not None else 0
-            limit = min(limit, self._broker_max_packet - _PUBLISH_OVERHEAD - 2 - len(topic.encode()) - extra)
+            limit = min(limit, payload_limit(self._broker_max_packet, topic, properties))
         return limit
 
     def publish(
@@ -391,18 +276,15 @@ class MqttLink:
         if qos == 0 and not self._connected:
             self._count("dropped_offline")
             return
-        info = self._client.publish(
-            topic, data, qos=qos, retain=retain, properties=properties.to_paho() if properties else None
-        )
-        rc = info.rc
-        if rc == MQTTErrorCode.MQTT_ERR_QUEUE_SIZE:
+        sent = self._core.publish(topic, data, qos=qos, retain=retain, properties=properties)
+        if sent.outcome is PublishOutcome.QUEUE_FULL:
             self._count("dropped_queue_full")
-        elif rc == MQTTErrorCode.MQTT_ERR_NO_CONN and qos == 0:
+        elif sent.outcome is PublishOutcome.NO_CONNECTION and qos == 0:
             self._count("dropped_offline")
-        elif rc not in (MQTTErrorCode.MQTT_ERR_SUCCESS, MQTTErrorCode.MQTT_ERR_NO_CONN):
-            # NO_CONN for QoS 1 means "queued in memory, sent after reconnect".
+        elif sent.outcome is PublishOutcome.ERROR:
+            # NO_CONNECTION for QoS 1 means "queued in memory, sent after reconnect".
             self._count("dropped_offline")
-            log.warning("mqtt.publish.failed", topic=topic, rc=paho.error_string(rc))
+            log.warning("mqtt.publish.failed", topic=topic, rc=sent.error)
 
     def subscribe(self, topic_filter: str, handler: Handler, qos: int = 1) -> None:
         """Call ``handler`` (on the dispatcher thread) for every message matching ``topic_filter``.
@@ -415,7 +297,7 @@ class MqttLink:
             self._subs.append(_Subscription(topic_filter, handler, qos))
         # If the network thread connects concurrently it subscribes too: a double SUBSCRIBE is harmless.
         if self._connected:
-            self._client.subscribe(topic_filter, qos=qos)
+            self._core.subscribe(topic_filter, qos)
 
     def wait_connected(self, timeout: float) -> bool:
         """Wait until connected; False after ``timeout`` seconds (tools and benchmarks, not the agent)."""
@@ -462,9 +344,9 @@ class MqttLink:
             if self._stop_requested.is_set():
                 return True
             self._session = self._next_session()
-            self._client.will_set(self.status_topic, self._status("offline"), qos=1, retain=True)
+            self._core.will_set(self.status_topic, self._status("offline"), qos=1, retain=True)
             try:
-                self._client.reconnect()
+                self._core.reconnect()
                 self._socket_open = True
             except Exception as exc:  # noqa: BLE001 - OSError, ssl errors, DNS: all mean "retry later"
                 self._count("connect_failures")
@@ -473,21 +355,21 @@ class MqttLink:
                 )
                 self._sleep_backoff()
                 return False
-        CoalescedWake.rearm(self._client)
+        self._core.rearm_wake()
         try:
-            rc = self._client.loop(timeout=_LOOP_TIMEOUT_S)
+            lost = self._core.loop(_LOOP_TIMEOUT_S)
         except Exception as exc:
             self._count("callback_errors")
             log.exception("mqtt.loop.failed", error=repr(exc))
-            rc = MQTTErrorCode.MQTT_ERR_UNKNOWN
+            lost = repr(exc)
         self._handle_events()
         if self._connected:
             self._send_spooled()
-        if rc != MQTTErrorCode.MQTT_ERR_SUCCESS:
+        if lost is not None:
             self._handle_events()
             if self._connected:
                 self._set_connected(False)
-                log.warning("mqtt.connection.lost", rc=paho.error_string(rc))
+                log.warning("mqtt.connection.lost", rc=lost)
             self._socket_open = False
             if self._stop_requested.is_set():
                 return True
@@ -516,27 +398,26 @@ class MqttLink:
                 event = self._events.get_nowait()
             except queue.Empty:
                 return
-            kind = event[0]
-            if kind == "connack":
-                _, code, reason, max_packet, receive_max = event
-                if code < 0x80:
-                    self._on_connack(max_packet, receive_max)
+            if isinstance(event, ConnAck):
+                if event.ok:
+                    self._on_connack(event.max_packet, event.receive_max)
                 else:
-                    log.error("mqtt.connect.refused", reason=reason, client_id=self.client_id)
-            elif kind == "puback":
-                self._on_puback(event[1], event[2], event[3])
-            elif kind == "disconnect":
+                    log.error("mqtt.connect.refused", reason=event.reason, client_id=self.client_id)
+            elif isinstance(event, PubAck):
+                self._on_puback(event.mid, event.code, event.reason)
+            elif isinstance(event, Disconnected):
                 if self._connected and not self._stop_requested.is_set():
-                    log.warning("mqtt.disconnected", reason=event[1])
+                    log.warning("mqtt.disconnected", reason=event.reason)
                 self._set_connected(False)
-            elif kind == "inbox_dropped":
+            elif isinstance(event, SubAck):
+                if event.failed:
+                    log.error("mqtt.subscribe.refused", mid=event.mid, reasons=list(event.failed))
+            elif isinstance(event, _InboxFull):
                 self._count("inbox_dropped")
-                log.warning("mqtt.inbox.full", topic=event[1], size=self._inbox.maxsize)
-            elif kind == "suback_failed":
-                log.error("mqtt.subscribe.refused", mid=event[1], reasons=event[2])
-            elif kind == "callback_error":
+                log.warning("mqtt.inbox.full", topic=event.topic, size=self._inbox.maxsize)
+            elif isinstance(event, CallbackFailed):
                 self._count("callback_errors")
-                log.error("mqtt.callback.failed", callback=event[1], error=event[2])
+                log.error("mqtt.callback.failed", callback=event.callback, error=event.error)
 
     def _on_connack(self, max_packet: int | None, receive_max: int | None) -> None:
         if self._ever_connected:
@@ -552,8 +433,8 @@ class MqttLink:
         with self._subs_lock:
             subs = list(self._subs)
         for sub in subs:
-            self._client.subscribe(sub.topic_filter, qos=sub.qos)
-        self._client.publish(self.status_topic, self._status("online"), qos=1, retain=True)
+            self._core.subscribe(sub.topic_filter, sub.qos)
+        self._core.publish(self.status_topic, self._status("online"), qos=1, retain=True)
         self._spool_wake.set()
         self._inbox.put_control(Connected(self._session))
 
@@ -563,7 +444,7 @@ class MqttLink:
             self._status_acked.set()
         if code < 0x80:
             self._count("published")
-        elif code == _NOT_AUTHORIZED:
+        elif code == NOT_AUTHORIZED:
             # Retrying cannot succeed: count it, say so, and (if durable) drop it from the spool.
             self._count("acl_denied")
             log.error(
@@ -593,12 +474,12 @@ class MqttLink:
                 self._spool.remove(msg.id)
                 self._spool_cursor = msg.id
                 continue
-            info = self._client.publish(msg.topic, msg.payload, qos=1, retain=msg.retain)
-            if info.rc == MQTTErrorCode.MQTT_ERR_QUEUE_SIZE:
+            sent = self._core.publish(msg.topic, msg.payload, qos=1, retain=msg.retain)
+            if sent.outcome is PublishOutcome.QUEUE_FULL:
                 self._spool_wake.set()  # paho's queue is full of non-durable messages: try again later
                 return
             # SUCCESS, or NO_CONN (connection just dropped): paho holds it and resends after reconnect.
-            self._durable_inflight[info.mid] = msg.id
+            self._durable_inflight[sent.mid] = msg.id
             self._spool_cursor = msg.id
         if len(batch) == free:
             self._spool_wake.set()  # there may be more
@@ -612,18 +493,14 @@ class MqttLink:
         # Keep a quarter of the time for the offline status.
         drain_deadline = self._stop_deadline - 0.25 * max(self._stop_deadline - now, 0.0)
         if self._status_mid is None and (drained or now >= drain_deadline):
-            info = self._client.publish(self.status_topic, self._status("offline"), qos=1, retain=True)
-            self._status_mid = info.mid
+            sent = self._core.publish(self.status_topic, self._status("offline"), qos=1, retain=True)
+            self._status_mid = sent.mid
             return False
         if self._status_mid is not None and (self._status_acked.is_set() or now >= self._stop_deadline):
             if not self._status_acked.is_set():
                 log.warning("mqtt.stop.unflushed", spool_depth=self._spool.count())
             # A normal DISCONNECT: the broker discards the Last Will (we published offline ourselves).
-            self._client.disconnect()
-            end = time.monotonic() + 1.0
-            while self._client.want_write() and time.monotonic() < end:
-                self._client.loop(timeout=_LOOP_TIMEOUT_S)
-            self._client.loop(timeout=0)
+            self._core.disconnect(flush_s=1.0, loop_timeout=_LOOP_TIMEOUT_S)
             self._handle_events()
             self._set_connected(False)
             log.info("mqtt.stopped", session=self._session, spool_depth=self._spool.count())
@@ -643,9 +520,7 @@ class MqttLink:
                 continue
             if isinstance(item, InboundMessage):
                 with self._subs_lock:
-                    handlers = [
-                        s.handler for s in self._subs if paho.topic_matches_sub(s.topic_filter, item.topic)
-                    ]
+                    handlers = [s.handler for s in self._subs if topic_matches(s.topic_filter, item.topic)]
                 for handler in handlers:
                     self._call_guarded(item.topic, lambda h=handler, m=item: h(m))  # type: ignore[misc]
 

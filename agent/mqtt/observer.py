@@ -1,7 +1,7 @@
 """A read-mostly MQTT viewer for operator tools (demo, benchmarks): subscribe, then iterate.
 
 Unlike :class:`agent.mqtt.link.MqttLink` it has no spool, no status topic and no Last Will: it is
-a viewer, not a device. It is a :class:`~agent.mqtt.client_tools.ServiceClient` whose handler puts
+a viewer, not a device. It is a :class:`~agent.mqtt.service_client.ServiceClient` whose handler puts
 every message on a bounded queue that :meth:`Observer.get` reads.
 """
 
@@ -11,8 +11,8 @@ import queue
 import uuid
 from collections.abc import Iterable
 
-from agent.mqtt.client_tools import ServiceClient
 from agent.mqtt.inbox import InboundMessage
+from agent.mqtt.service_client import ServiceClient
 from agent.mqtt.settings import MqttSettings
 
 #: Arrived message as (topic, payload, retained).

@@ -13,8 +13,8 @@ import pytest
 
 from agent.errors import TransportError
 from agent.mqtt import link as link_module
+from agent.mqtt.core import CoalescedWake, PublishProperties
 from agent.mqtt.inbox import InboundMessage
-from agent.mqtt.link import CoalescedWake, PublishProperties
 from agent.protocol.messages import StatusMessage, decode
 from agent.spool import Spool
 from tests.broker import Broker, free_port
@@ -469,7 +469,9 @@ def test_publishes_from_other_threads_wake_the_loop_once_per_turn_and_none_is_le
     with Probe(broker.host, broker.port) as probe:
         probe.subscribe(f"fleet/v1/{device_id}/up/#")
         probe.wait_for_count(f"fleet/v1/{device_id}/up/status", 1)
-        wait_until(lambda: isinstance(link._client._sockpairW, CoalescedWake), what="the wake to be wrapped")
+        wait_until(
+            lambda: isinstance(link._core._client._sockpairW, CoalescedWake), what="the wake to be wrapped"
+        )
         for round_ in range(3):
             # A lone QoS 0 publish while the loop sleeps in select(): the wake byte must go out.
             threading.Event().wait(0.3)

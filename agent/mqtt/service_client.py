@@ -5,14 +5,12 @@ dispatch by topic match. A service needs other things: shared subscriptions (``$
 which a topic match cannot dispatch), request/response properties on what it receives and sends,
 and a count of PUBACKs so it can wait until what it published has left. This is that client.
 
-paho traps handled here (see docs/protocol.md and the link's module docstring):
-
-* callbacks only append to our queues/counters inside a catch-all, and none of our locks is ever
-  held while calling into paho, so ``on_publish`` (run under paho's lock) cannot deadlock (paho#226);
-* received messages go through a bounded :class:`~agent.mqtt.inbox.Inbox` to one dispatcher thread,
-  so a slow handler never stalls paho's network thread;
-* payload sizes are checked against the broker's Maximum Packet Size (paho ignores it, paho#760);
-* paho's reconnect delay has no jitter: the first delay is drawn at random per client.
+Built on :class:`~agent.mqtt.core.MqttCore` (the paho core, which owns every paho trap it can):
+received messages go through a bounded :class:`~agent.mqtt.inbox.Inbox` to one dispatcher thread, so
+a slow handler never stalls paho's network thread; the core's events update this client's counters
+under ``_cond``, which is never held while calling into the core (so ``on_publish``, run under paho's
+lock, cannot deadlock: paho#226); paho's reconnect delay has no jitter, so the first delay is drawn
+at random per client.
 """
 
 from __future__ import annotations
@@ -21,22 +19,26 @@ import random
 import threading
 import uuid
 from collections.abc import Callable
-from typing import Any
 
-import paho.mqtt.client as paho
 import structlog
-from paho.mqtt.enums import MQTTErrorCode
 
 from agent.errors import TransportError
-from agent.mqtt.clients import new_client
+from agent.mqtt.core import (
+    CallbackFailed,
+    ConnAck,
+    Disconnected,
+    Event,
+    MqttCore,
+    PubAck,
+    PublishOutcome,
+    PublishProperties,
+    SubAck,
+    payload_limit,
+)
 from agent.mqtt.inbox import STOP, InboundMessage, Inbox
-from agent.mqtt.link import PublishProperties
 from agent.mqtt.settings import MqttSettings
 
 log = structlog.get_logger(__name__)
-
-#: Fixed header + packet id + property length, as in the link.
-_PUBLISH_OVERHEAD = 16
 
 #: Called for every received message; its return value is ignored.
 Handler = Callable[[InboundMessage], object]
@@ -75,76 +77,54 @@ class ServiceClient:
         self.callback_errors = 0
         self.handler_errors = 0
         self._dispatch: threading.Thread | None = None
-        self._client = self._make_client(max_inflight)
+        self._core = MqttCore(settings, self.client_id, on_event=self._on_event, on_message=self._on_message)
+        self._core.set_limits(max_inflight=max_inflight)
+        first = random.uniform(settings.reconnect_min_s, 2 * settings.reconnect_min_s)
+        self._core.set_reconnect_delay(first, max(first, settings.reconnect_max_s))
 
-    def _make_client(self, max_inflight: int) -> paho.Client:
-        s = self.settings
-        client = new_client(s, self.client_id)
-        client.max_inflight_messages_set(max_inflight)
-        first = random.uniform(s.reconnect_min_s, 2 * s.reconnect_min_s)
-        client.reconnect_delay_set(first, max(first, s.reconnect_max_s))  # type: ignore[arg-type]  # floats work
-        client.on_connect = self._cb_connect
-        client.on_disconnect = self._cb_disconnect
-        client.on_publish = self._cb_publish
-        client.on_subscribe = self._cb_subscribe
-        client.on_message = self._cb_message
-        return client
+    # -- the core's reports: record and return (they run on paho's thread) ---------------------------
 
-    # -- paho callbacks: record and return, never raise ---------------------------------------------
-
-    def _cb_connect(self, client: Any, userdata: Any, flags: Any, reason_code: Any, props: Any) -> None:
-        try:
-            if reason_code.is_failure:
-                log.error("mqtt.service.refused", client_id=self.client_id, reason=str(reason_code))
-                return
-            with self._cond:
-                self._connected = True
-                self._connects += 1
-                self._max_packet = getattr(props, "MaximumPacketSize", None)
-                filters = list(self._filters)
-                self._cond.notify_all()
-            for topic_filter, qos in filters:
-                client.subscribe(topic_filter, qos=qos)
-        except Exception as exc:  # noqa: BLE001 - nothing may escape into paho's loop
-            self.callback_errors += 1
-            log.error("mqtt.service.callback_failed", callback="on_connect", error=repr(exc))
-
-    def _cb_disconnect(self, client: Any, userdata: Any, flags: Any, reason_code: Any, props: Any) -> None:
-        try:
+    def _on_event(self, event: Event) -> None:
+        if isinstance(event, ConnAck):
+            self._on_connack(event)
+        elif isinstance(event, Disconnected):
             with self._cond:
                 self._connected = False
                 self._cond.notify_all()
-        except Exception:  # noqa: BLE001
-            self.callback_errors += 1
-
-    def _cb_publish(self, client: Any, userdata: Any, mid: int, reason_code: Any, props: Any) -> None:
-        try:
+        elif isinstance(event, PubAck):
             with self._cond:
                 self._acked += 1
-                if reason_code.is_failure:
+                if not event.ok:
                     self._failed_acks += 1
                 self._cond.notify_all()
-        except Exception:  # noqa: BLE001
-            self.callback_errors += 1
-
-    def _cb_subscribe(self, client: Any, userdata: Any, mid: int, reason_codes: Any, props: Any) -> None:
-        try:
-            failed = [str(rc) for rc in reason_codes if rc.is_failure]
-            if failed:
-                log.error("mqtt.service.subscribe_refused", client_id=self.client_id, reasons=failed)
+        elif isinstance(event, SubAck):
+            if event.failed:
+                log.error(
+                    "mqtt.service.subscribe_refused", client_id=self.client_id, reasons=list(event.failed)
+                )
             with self._cond:
-                self._subacks[mid] = failed
+                self._subacks[event.mid] = list(event.failed)
                 self._cond.notify_all()
-        except Exception:  # noqa: BLE001
+        elif isinstance(event, CallbackFailed):
             self.callback_errors += 1
+            log.error("mqtt.service.callback_failed", callback=event.callback, error=event.error)
 
-    def _cb_message(self, client: Any, userdata: Any, msg: Any) -> None:
-        try:
-            message = InboundMessage.from_paho(msg)
-            if not self._inbox.offer(message):
-                self.inbox_dropped += 1
-        except Exception:  # noqa: BLE001
-            self.callback_errors += 1
+    def _on_connack(self, event: ConnAck) -> None:
+        if not event.ok:
+            log.error("mqtt.service.refused", client_id=self.client_id, reason=event.reason)
+            return
+        with self._cond:
+            self._connected = True
+            self._connects += 1
+            self._max_packet = event.max_packet
+            filters = list(self._filters)
+            self._cond.notify_all()
+        for topic_filter, qos in filters:
+            self._core.subscribe(topic_filter, qos)
+
+    def _on_message(self, message: InboundMessage) -> None:
+        if not self._inbox.offer(message):
+            self.inbox_dropped += 1
 
     # -- public API ----------------------------------------------------------------------------------
 
@@ -157,8 +137,8 @@ class ServiceClient:
         )
         self._dispatch.start()
         s = self.settings
-        self._client.connect_async(s.host, s.port, keepalive=s.keepalive_s)
-        self._client.loop_start()
+        self._core.connect_async()
+        self._core.loop_start()
         if not self.wait_connected(timeout):
             self.stop()
             raise TransportError(
@@ -169,8 +149,8 @@ class ServiceClient:
 
     def stop(self) -> None:
         """Disconnect and join the threads (what is not yet acknowledged is dropped)."""
-        self._client.disconnect()
-        self._client.loop_stop()
+        self._core.disconnect()
+        self._core.loop_stop()
         self._inbox.put_control(STOP)
         if self._dispatch is not None:
             self._dispatch.join(5.0)
@@ -199,8 +179,8 @@ class ServiceClient:
             self._filters.append((topic_filter, qos))
         if not self._connected:
             return
-        rc, mid = self._client.subscribe(topic_filter, qos=qos)
-        if rc != MQTTErrorCode.MQTT_ERR_SUCCESS or mid is None:
+        mid = self._core.subscribe(topic_filter, qos)
+        if mid is None:
             return  # disconnected meanwhile: on_connect subscribes again
         with self._cond:
             if not self._cond.wait_for(lambda: mid in self._subacks, timeout):
@@ -213,8 +193,7 @@ class ServiceClient:
         """Largest payload the broker accepts on ``topic`` (None: the broker announced no limit)."""
         if self._max_packet is None:
             return None
-        extra = properties.wire_size() if properties is not None else 0
-        return self._max_packet - _PUBLISH_OVERHEAD - 2 - len(topic.encode()) - extra
+        return payload_limit(self._max_packet, topic, properties)
 
     def publish(
         self,
@@ -238,14 +217,12 @@ class ServiceClient:
         if qos == 1:
             with self._cond:
                 self._sent += 1
-        info = self._client.publish(
-            topic, payload, qos=qos, retain=retain, properties=properties.to_paho() if properties else None
-        )
-        if info.rc not in (MQTTErrorCode.MQTT_ERR_SUCCESS, MQTTErrorCode.MQTT_ERR_NO_CONN):
+        sent = self._core.publish(topic, payload, qos=qos, retain=retain, properties=properties)
+        if sent.outcome not in (PublishOutcome.QUEUED, PublishOutcome.NO_CONNECTION):
             if qos == 1:
                 with self._cond:
                     self._sent -= 1
-            raise TransportError(f"publish to {topic} failed: {paho.error_string(info.rc)}")
+            raise TransportError(f"publish to {topic} failed: {sent.error or sent.outcome.value}")
 
     def wait_published(self, timeout: float, *, at_most: int = 0) -> bool:
         """Wait until at most ``at_most`` QoS 1 messages published so far are unacknowledged.

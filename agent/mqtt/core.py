@@ -1,0 +1,442 @@
+"""The paho core: the only module that imports paho. The device link and the operator's service client
+are both built on :class:`MqttCore`.
+
+What it owns, so that neither user has to know paho:
+
+* making the client: MQTT 5, TLS, credentials, TCP_NODELAY (:func:`_new_paho_client`);
+* paho's callbacks, which only turn paho's arguments into small typed events (:class:`ConnAck`,
+  :class:`PubAck`, :class:`SubAck`, :class:`Disconnected`, :class:`CallbackFailed`) and hand them to
+  the user's ``on_event``, and received messages (copied into :class:`InboundMessage`) to
+  ``on_message``; inside a catch-all, because an exception escaping a callback kills paho's loop
+  while ``is_connected()`` still says True. Both sinks must only enqueue or count: they run on paho's
+  thread, some under paho's own lock (``on_publish``: paho#226), and must never call back into paho;
+* publishing, with paho's return codes turned into a :class:`PublishOutcome`, and MQTT 5
+  properties (:class:`PublishProperties`);
+* the payload limit paho ignores (paho#760: an oversized QoS 1 message is resent for ever):
+  :func:`payload_limit`;
+* the wake-up socket pair of paho's loop (:class:`CoalescedWake`), for a user that runs the loop on
+  its own thread.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+import paho.mqtt.client as paho
+from paho.mqtt.enums import CallbackAPIVersion, MQTTErrorCode
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
+
+from agent.config import read_secret
+from agent.errors import ConfigError
+from agent.mqtt.inbox import InboundMessage
+from agent.mqtt.settings import MqttSettings
+
+#: PUBACK reason code "Not authorized" (ACL denied).
+NOT_AUTHORIZED = 0x87
+#: Fixed header (<= 5) + packet id (2) + property length (<= 4) + slack for small properties.
+PUBLISH_OVERHEAD = 16
+
+
+@dataclass(frozen=True)
+class PublishProperties:
+    """MQTT 5 publish properties the agent uses (request/response and expiry)."""
+
+    response_topic: str | None = None
+    correlation_data: bytes | None = None
+    user_properties: tuple[tuple[str, str], ...] = ()
+    message_expiry_s: int | None = None
+
+    def to_paho(self) -> Properties:
+        props = Properties(PacketTypes.PUBLISH)  # type: ignore[no-untyped-call]
+        if self.response_topic is not None:
+            props.ResponseTopic = self.response_topic
+        if self.correlation_data is not None:
+            props.CorrelationData = self.correlation_data
+        if self.user_properties:
+            props.UserProperty = list(self.user_properties)
+        if self.message_expiry_s is not None:
+            props.MessageExpiryInterval = self.message_expiry_s
+        return props
+
+    def wire_size(self) -> int:
+        """Upper bound of the bytes these properties add to a PUBLISH packet."""
+        size = 0
+        if self.response_topic is not None:
+            size += 3 + len(self.response_topic.encode())
+        if self.correlation_data is not None:
+            size += 3 + len(self.correlation_data)
+        for key, value in self.user_properties:
+            size += 5 + len(key.encode()) + len(value.encode())
+        if self.message_expiry_s is not None:
+            size += 5
+        return size
+
+
+def payload_limit(max_packet: int, topic: str, properties: PublishProperties | None = None) -> int:
+    """Largest payload that fits a broker's Maximum Packet Size on ``topic`` with ``properties``."""
+    extra = properties.wire_size() if properties is not None else 0
+    return max_packet - PUBLISH_OVERHEAD - 2 - len(topic.encode()) - extra
+
+
+def topic_matches(topic_filter: str, topic: str) -> bool:
+    """Whether ``topic`` matches ``topic_filter`` (``+`` and ``#`` wildcards)."""
+    return bool(paho.topic_matches_sub(topic_filter, topic))
+
+
+# -- events: what paho's callbacks report ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ConnAck:
+    """The broker answered CONNECT; ``max_packet``/``receive_max`` are its CONNACK limits, if any."""
+
+    code: int
+    reason: str
+    max_packet: int | None
+    receive_max: int | None
+
+    @property
+    def ok(self) -> bool:
+        return self.code < 0x80
+
+
+@dataclass(frozen=True)
+class Disconnected:
+    reason: str
+
+
+@dataclass(frozen=True)
+class PubAck:
+    """A QoS 1 publish was acknowledged (or refused, ``code >= 0x80``); QoS 0 reports one at once."""
+
+    mid: int
+    code: int
+    reason: str
+
+    @property
+    def ok(self) -> bool:
+        return self.code < 0x80
+
+
+@dataclass(frozen=True)
+class SubAck:
+    mid: int
+    failed: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class CallbackFailed:
+    """A callback of ours raised (a bug): reported, never let into paho's loop."""
+
+    callback: str
+    error: str
+
+
+Event = ConnAck | Disconnected | PubAck | SubAck | CallbackFailed
+
+
+class PublishOutcome(Enum):
+    """What paho did with a publish."""
+
+    QUEUED = "queued"  # on the wire or in paho's queue
+    NO_CONNECTION = "no_connection"  # QoS 1: kept in paho's queue for the reconnect; QoS 0: dropped
+    QUEUE_FULL = "queue_full"  # paho's bounded queue refused it
+    ERROR = "error"
+
+
+@dataclass(frozen=True)
+class Sent:
+    outcome: PublishOutcome
+    mid: int
+    error: str = ""
+
+
+_OUTCOMES = {
+    MQTTErrorCode.MQTT_ERR_SUCCESS: PublishOutcome.QUEUED,
+    MQTTErrorCode.MQTT_ERR_NO_CONN: PublishOutcome.NO_CONNECTION,
+    MQTTErrorCode.MQTT_ERR_QUEUE_SIZE: PublishOutcome.QUEUE_FULL,
+}
+
+
+def disable_nagle(sock: Any) -> bool:
+    """Set TCP_NODELAY; False when the socket does not take it (e.g. a TLS wrapper without it).
+
+    paho leaves Nagle on: a small packet (PUBACK, chunk request) written while an earlier small
+    one is unacknowledged waits for the peer's delayed ACK, ~40 ms on Linux, per round trip.
+    """
+    try:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    except (OSError, AttributeError):
+        return False
+    return True
+
+
+def _on_socket_open(_client: paho.Client, _userdata: object, sock: Any) -> None:
+    disable_nagle(sock)
+
+
+def _new_paho_client(settings: MqttSettings, client_id: str) -> paho.Client:
+    """An MQTT 5 paho client with the settings' TLS and credentials; raises ConfigError naming the key."""
+    client = paho.Client(CallbackAPIVersion.VERSION2, client_id=client_id, protocol=paho.MQTTv5)
+    tls = settings.tls
+    if tls is not None:
+        try:
+            client.tls_set(
+                ca_certs=str(tls.ca_file) if tls.ca_file else None,
+                certfile=str(tls.cert_file) if tls.cert_file else None,
+                keyfile=str(tls.key_file) if tls.key_file else None,
+            )
+        except (OSError, ValueError) as exc:
+            raise ConfigError(
+                f"mqtt.tls: cannot load the CA/certificate/key ({exc}); check the paths and that "
+                "the key matches the certificate"
+            ) from exc
+        client.tls_insecure_set(tls.insecure)
+    if settings.username is not None:
+        password = read_secret(settings.password_file) if settings.password_file is not None else None
+        client.username_pw_set(settings.username, password)
+    client.on_socket_open = _on_socket_open
+    return client
+
+
+def _inbound(msg: Any) -> InboundMessage:
+    """Copy a paho ``MQTTMessage`` (its payload buffer is reused by paho after the callback)."""
+    props = getattr(msg, "properties", None)
+    return InboundMessage(
+        topic=msg.topic,
+        payload=bytes(msg.payload),
+        qos=int(msg.qos),
+        retain=bool(msg.retain),
+        response_topic=getattr(props, "ResponseTopic", None),
+        correlation_data=getattr(props, "CorrelationData", None),
+        user_properties=tuple(tuple(p) for p in getattr(props, "UserProperty", None) or ()),
+    )
+
+
+#: ``quiet_ack(mid)``: True when a successful PUBACK for ``mid`` needs no event (only counting).
+QuietAck = Callable[[int], bool]
+
+
+class MqttCore:
+    """One paho client: connect, loop, publish, subscribe; callbacks reported as :data:`Event` s.
+
+    ``single_writer``: only the thread that calls :meth:`loop` ever writes to the socket (publishes
+    from other threads only queue and wake the loop); for a user that runs its own network thread.
+    Otherwise :meth:`loop_start` runs paho's thread.
+    """
+
+    def __init__(
+        self,
+        settings: MqttSettings,
+        client_id: str,
+        *,
+        on_event: Callable[[Event], None],
+        on_message: Callable[[InboundMessage], None],
+        quiet_ack: QuietAck | None = None,
+        on_quiet_ack: Callable[[], None] | None = None,
+        single_writer: bool = False,
+    ) -> None:
+        self.settings = settings
+        self.client_id = client_id
+        self._on_event = on_event
+        self._on_message = on_message
+        self._quiet_ack = quiet_ack
+        self._on_quiet_ack = on_quiet_ack
+        client = _new_paho_client(settings, client_id)
+        client.on_connect = self._cb_connect
+        client.on_disconnect = self._cb_disconnect
+        client.on_publish = self._cb_publish
+        client.on_subscribe = self._cb_subscribe
+        client.on_message = self._cb_message
+        if single_writer:
+            # A no-op on purpose: with it set, publish() from any thread only queues the packet and
+            # wakes the loop, so exactly one thread ever writes to the socket.
+            client.on_socket_register_write = _no_op
+        self._client = client
+
+    # -- paho callbacks: report, never raise -----------------------------------------------------------
+
+    def _report_failure(self, callback: str, exc: Exception) -> None:
+        with contextlib.suppress(Exception):
+            self._on_event(CallbackFailed(callback, repr(exc)))
+
+    def _cb_connect(self, client: Any, userdata: Any, flags: Any, reason_code: Any, props: Any) -> None:
+        try:
+            max_packet = getattr(props, "MaximumPacketSize", None)
+            receive_max = getattr(props, "ReceiveMaximum", None)
+            self._on_event(ConnAck(int(reason_code.value), str(reason_code), max_packet, receive_max))
+        except Exception as exc:  # noqa: BLE001 - nothing may escape into paho's loop
+            self._report_failure("on_connect", exc)
+
+    def _cb_disconnect(self, client: Any, userdata: Any, flags: Any, reason_code: Any, props: Any) -> None:
+        try:
+            self._on_event(Disconnected(str(reason_code)))
+        except Exception as exc:  # noqa: BLE001
+            self._report_failure("on_disconnect", exc)
+
+    def _cb_publish(self, client: Any, userdata: Any, mid: int, reason_code: Any, props: Any) -> None:
+        try:
+            code = int(reason_code.value)
+            # Every QoS 0 publish "acks" at once: a success nobody waits for is only counted.
+            if code == 0 and self._quiet_ack is not None and self._quiet_ack(mid):
+                if self._on_quiet_ack is not None:
+                    self._on_quiet_ack()
+                return
+            self._on_event(PubAck(mid, code, str(reason_code)))
+        except Exception as exc:  # noqa: BLE001
+            self._report_failure("on_publish", exc)
+
+    def _cb_subscribe(self, client: Any, userdata: Any, mid: int, reason_codes: Any, props: Any) -> None:
+        try:
+            self._on_event(SubAck(mid, tuple(str(rc) for rc in reason_codes if rc.is_failure)))
+        except Exception as exc:  # noqa: BLE001
+            self._report_failure("on_subscribe", exc)
+
+    def _cb_message(self, client: Any, userdata: Any, msg: Any) -> None:
+        try:
+            self._on_message(_inbound(msg))
+        except Exception as exc:  # noqa: BLE001
+            self._report_failure("on_message", exc)
+
+    # -- connection ------------------------------------------------------------------------------------
+
+    def set_limits(self, *, max_inflight: int, max_queued: int = 0) -> None:
+        """paho's window of unacknowledged QoS 1 messages, and its queue bound (0 = unbounded)."""
+        self._client.max_inflight_messages_set(max_inflight)
+        self._client.max_queued_messages_set(max_queued)
+
+    def set_reconnect_delay(self, first_s: float, max_s: float) -> None:
+        """paho's own reconnect delays (for :meth:`loop_start` users)."""
+        self._client.reconnect_delay_set(first_s, max_s)  # type: ignore[arg-type]  # floats work; stub says int
+
+    def will_set(self, topic: str, payload: bytes, *, qos: int, retain: bool) -> None:
+        self._client.will_set(topic, payload, qos=qos, retain=retain)
+
+    def connect_async(self, *, persistent_session_s: int | None = None) -> None:
+        """Remember where to connect; ``persistent_session_s``: keep the broker session that long.
+
+        A persistent session uses clean_start=False: the broker keeps our subscriptions and queued
+        QoS 1 messages across restarts (paho's default wipes them on every process start).
+        """
+        s = self.settings
+        if persistent_session_s is None:
+            self._client.connect_async(s.host, s.port, keepalive=s.keepalive_s)
+            return
+        props = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
+        props.SessionExpiryInterval = persistent_session_s
+        self._client.connect_async(
+            s.host, s.port, keepalive=s.keepalive_s, clean_start=False, properties=props
+        )
+
+    def reconnect(self) -> None:
+        """Open the socket and send CONNECT; raises OSError (and ssl/DNS errors) when it cannot."""
+        self._client.reconnect()
+
+    def loop(self, timeout: float) -> str | None:
+        """One turn of paho's loop on this thread: None when fine, else why the connection is gone."""
+        rc = self._client.loop(timeout=timeout)
+        return None if rc == MQTTErrorCode.MQTT_ERR_SUCCESS else paho.error_string(rc)
+
+    def loop_start(self) -> None:
+        self._client.loop_start()
+
+    def loop_stop(self) -> None:
+        self._client.loop_stop()
+
+    def disconnect(self, *, flush_s: float = 0.0, loop_timeout: float = 0.05) -> None:
+        """A normal DISCONNECT (the broker discards the Last Will); with ``flush_s``, write it out now."""
+        self._client.disconnect()
+        end = time.monotonic() + flush_s
+        while flush_s > 0 and self._client.want_write() and time.monotonic() < end:
+            self._client.loop(timeout=loop_timeout)
+        if flush_s > 0:
+            self._client.loop(timeout=0)
+
+    # -- traffic ---------------------------------------------------------------------------------------
+
+    def publish(
+        self,
+        topic: str,
+        payload: bytes,
+        *,
+        qos: int,
+        retain: bool = False,
+        properties: PublishProperties | None = None,
+    ) -> Sent:
+        info = self._client.publish(
+            topic, payload, qos=qos, retain=retain, properties=properties.to_paho() if properties else None
+        )
+        outcome = _OUTCOMES.get(info.rc, PublishOutcome.ERROR)
+        error = paho.error_string(info.rc) if outcome is PublishOutcome.ERROR else ""
+        return Sent(outcome, info.mid, error)
+
+    def subscribe(self, topic_filter: str, qos: int) -> int | None:
+        """Send SUBSCRIBE; the mid to wait for, or None when not connected (subscribe on connect)."""
+        rc, mid = self._client.subscribe(topic_filter, qos=qos)
+        return mid if rc == MQTTErrorCode.MQTT_ERR_SUCCESS else None
+
+    # -- the loop's wake-up pair (single-writer users) -------------------------------------------------
+
+    def rearm_wake(self) -> None:
+        CoalescedWake.rearm(self._client)
+
+    def wake_now(self) -> None:
+        CoalescedWake.wake_now(self._client)
+
+
+def _no_op(client: Any, userdata: Any, sock: Any) -> None:
+    """paho's ``on_socket_register_write``, set on purpose to do nothing (see :class:`MqttCore`)."""
+
+
+class CoalescedWake:
+    """paho's socket-pair write end, writing at most one wake byte per turn of our network loop.
+
+    paho's ``publish()`` from another thread appends the packet to its queue, then writes a byte here
+    to break the loop out of ``select()``. One byte already waiting wakes the loop just as well, so
+    the next ones are skipped until :meth:`rearm`, called by the network thread before every
+    ``loop()``. Nothing is lost: a publisher that skips its byte appended its packet before it looked
+    at the flag, so before the rearm, so before ``loop()`` checks ``want_write()`` and selects on
+    the socket for writing. paho keeps the pair in private attributes (paho 2.x: ``_sockpairW``,
+    recreated on reconnect); tests/mqtt/test_link.py checks that a lone publish still wakes the loop.
+    """
+
+    def __init__(self, sock: Any) -> None:
+        self._sock = sock
+        self.pending = False
+
+    def send(self, data: bytes) -> int:
+        if self.pending:
+            return len(data)
+        self.pending = True
+        sent: int = self._sock.send(data)  # BlockingIOError (buffer full of wake bytes): paho ignores it
+        return sent
+
+    def close(self) -> None:
+        self._sock.close()
+
+    @staticmethod
+    def wake_now(client: Any) -> None:
+        """Break the loop out of ``select()`` now, pending byte or not (stop must not wait a turn)."""
+        wake = getattr(client, "_sockpairW", None)
+        sock = wake._sock if isinstance(wake, CoalescedWake) else wake
+        if sock is not None:
+            with contextlib.suppress(OSError):  # full (a wake is pending anyway) or already closed
+                sock.send(b"\0")
+
+    @classmethod
+    def rearm(cls, client: Any) -> None:
+        """Wrap paho's current write end (once per socket pair) and allow the next wake byte."""
+        wake = getattr(client, "_sockpairW", None)
+        if wake is None:
+            return  # paho makes a new pair inside loop(); wrapped on the next turn
+        if not isinstance(wake, cls):
+            wake = cls(wake)
+            client._sockpairW = wake
+        wake.pending = False
