@@ -123,6 +123,37 @@ class JobCancelledError(DeliveryError):
     rejects = False
 
 
+# -- transfer errors (codes published in job status; all end a job FAILED, a new manifest retries) --
+
+
+class TransferTimeoutError(DeliveryError):
+    """The download did not finish within ``delivery.job_deadline_s``."""
+
+    code = "transfer_timeout"
+    rejects = False
+
+
+class HttpNotFoundError(DeliveryError):
+    """An HTTP(S) model source answered 404."""
+
+    code = "http_not_found"
+    rejects = False
+
+
+class HttpFailedError(DeliveryError):
+    """An HTTP(S) model source failed (connection, status, retries exhausted, wrong bytes)."""
+
+    code = "http_failed"
+    rejects = False
+
+
+class NoSourceError(DeliveryError):
+    """The manifest lists no source this agent can use."""
+
+    code = "no_source"
+    rejects = False
+
+
 def rejects(exc: BaseException) -> bool:
     """True when ``exc`` should end a job REJECTED rather than FAILED."""
     return bool(getattr(exc, "rejects", False))

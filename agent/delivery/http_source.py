@@ -25,8 +25,8 @@ from typing import IO, Any
 import structlog
 
 from agent.backoff import reconnect_delay
-from agent.delivery.errors import JobCancelledError
-from agent.delivery.partial import HttpFailedError, HttpNotFoundError, PartialDownload, TransferTimeoutError
+from agent.delivery.errors import HttpFailedError, HttpNotFoundError, JobCancelledError, TransferTimeoutError
+from agent.delivery.partial import PartialDownload
 
 log = structlog.get_logger(__name__)
 

@@ -48,37 +48,6 @@ _BITMAP_VERSION = 1
 _REJECT_KINDS = ("out_of_range", "bad_length", "bad_hash", "duplicate")
 
 
-# -- transfer errors (codes published in job status; all end a job FAILED, a new manifest retries) --
-
-
-class TransferTimeoutError(DeliveryError):
-    """The download did not finish within ``delivery.job_deadline_s``."""
-
-    code = "transfer_timeout"
-    rejects = False
-
-
-class HttpNotFoundError(DeliveryError):
-    """An HTTP(S) model source answered 404."""
-
-    code = "http_not_found"
-    rejects = False
-
-
-class HttpFailedError(DeliveryError):
-    """An HTTP(S) model source failed (connection, status, retries exhausted, wrong bytes)."""
-
-    code = "http_failed"
-    rejects = False
-
-
-class NoSourceError(DeliveryError):
-    """The manifest lists no source this agent can use."""
-
-    code = "no_source"
-    rejects = False
-
-
 def chunk_list_digest(chunks: list[str]) -> str:
     """SHA-256 over the manifest's chunk hashes: identifies the chunk layout a bitmap belongs to."""
     return hashlib.sha256("\n".join(chunks).encode()).hexdigest()

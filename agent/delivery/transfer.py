@@ -29,9 +29,9 @@ from typing import TYPE_CHECKING
 import structlog
 from pydantic import Field
 
-from agent.delivery.errors import JobCancelledError
+from agent.delivery.errors import JobCancelledError, NoSourceError, TransferTimeoutError
 from agent.delivery.http_source import HttpSource
-from agent.delivery.partial import NoSourceError, PartialDownload, TransferTimeoutError
+from agent.delivery.partial import PartialDownload
 from agent.delivery.settings import DeliveryConfig
 from agent.errors import DeliveryError
 from agent.model_base import StrictModel

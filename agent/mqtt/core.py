@@ -25,7 +25,6 @@ import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from enum import Enum
 from typing import Any
 
 import paho.mqtt.client as paho
@@ -35,8 +34,19 @@ from paho.mqtt.properties import Properties
 
 from agent.config import read_secret
 from agent.errors import ConfigError
+from agent.mqtt.events import (
+    CallbackFailed,
+    ConnAck,
+    Disconnected,
+    Event,
+    PubAck,
+    PublishOutcome,
+    Sent,
+    SubAck,
+)
 from agent.mqtt.inbox import InboundMessage
 from agent.mqtt.settings import MqttSettings
+from agent.mqtt.wake import CoalescedWake
 
 #: PUBACK reason code "Not authorized" (ACL denied).
 NOT_AUTHORIZED = 0x87
@@ -88,74 +98,6 @@ def payload_limit(max_packet: int, topic: str, properties: PublishProperties | N
 def topic_matches(topic_filter: str, topic: str) -> bool:
     """Whether ``topic`` matches ``topic_filter`` (``+`` and ``#`` wildcards)."""
     return bool(paho.topic_matches_sub(topic_filter, topic))
-
-
-# -- events: what paho's callbacks report ------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ConnAck:
-    """The broker answered CONNECT; ``max_packet``/``receive_max`` are its CONNACK limits, if any."""
-
-    code: int
-    reason: str
-    max_packet: int | None
-    receive_max: int | None
-
-    @property
-    def ok(self) -> bool:
-        return self.code < 0x80
-
-
-@dataclass(frozen=True)
-class Disconnected:
-    reason: str
-
-
-@dataclass(frozen=True)
-class PubAck:
-    """A QoS 1 publish was acknowledged (or refused, ``code >= 0x80``); QoS 0 reports one at once."""
-
-    mid: int
-    code: int
-    reason: str
-
-    @property
-    def ok(self) -> bool:
-        return self.code < 0x80
-
-
-@dataclass(frozen=True)
-class SubAck:
-    mid: int
-    failed: tuple[str, ...]
-
-
-@dataclass(frozen=True)
-class CallbackFailed:
-    """A callback of ours raised (a bug): reported, never let into paho's loop."""
-
-    callback: str
-    error: str
-
-
-Event = ConnAck | Disconnected | PubAck | SubAck | CallbackFailed
-
-
-class PublishOutcome(Enum):
-    """What paho did with a publish."""
-
-    QUEUED = "queued"  # on the wire or in paho's queue
-    NO_CONNECTION = "no_connection"  # QoS 1: kept in paho's queue for the reconnect; QoS 0: dropped
-    QUEUE_FULL = "queue_full"  # paho's bounded queue refused it
-    ERROR = "error"
-
-
-@dataclass(frozen=True)
-class Sent:
-    outcome: PublishOutcome
-    mid: int
-    error: str = ""
 
 
 _OUTCOMES = {
@@ -393,50 +335,3 @@ class MqttCore:
 
 def _no_op(client: Any, userdata: Any, sock: Any) -> None:
     """paho's ``on_socket_register_write``, set on purpose to do nothing (see :class:`MqttCore`)."""
-
-
-class CoalescedWake:
-    """paho's socket-pair write end, writing at most one wake byte per turn of our network loop.
-
-    paho's ``publish()`` from another thread appends the packet to its queue, then writes a byte here
-    to break the loop out of ``select()``. One byte already waiting wakes the loop just as well, so
-    the next ones are skipped until :meth:`rearm`, called by the network thread before every
-    ``loop()``. Nothing is lost: a publisher that skips its byte appended its packet before it looked
-    at the flag, so before the rearm, so before ``loop()`` checks ``want_write()`` and selects on
-    the socket for writing. paho keeps the pair in private attributes (paho 2.x: ``_sockpairW``,
-    recreated on reconnect); tests/mqtt/test_link.py checks that a lone publish still wakes the loop.
-    """
-
-    def __init__(self, sock: Any) -> None:
-        self._sock = sock
-        self.pending = False
-
-    def send(self, data: bytes) -> int:
-        if self.pending:
-            return len(data)
-        self.pending = True
-        sent: int = self._sock.send(data)  # BlockingIOError (buffer full of wake bytes): paho ignores it
-        return sent
-
-    def close(self) -> None:
-        self._sock.close()
-
-    @staticmethod
-    def wake_now(client: Any) -> None:
-        """Break the loop out of ``select()`` now, pending byte or not (stop must not wait a turn)."""
-        wake = getattr(client, "_sockpairW", None)
-        sock = wake._sock if isinstance(wake, CoalescedWake) else wake
-        if sock is not None:
-            with contextlib.suppress(OSError):  # full (a wake is pending anyway) or already closed
-                sock.send(b"\0")
-
-    @classmethod
-    def rearm(cls, client: Any) -> None:
-        """Wrap paho's current write end (once per socket pair) and allow the next wake byte."""
-        wake = getattr(client, "_sockpairW", None)
-        if wake is None:
-            return  # paho makes a new pair inside loop(); wrapped on the next turn
-        if not isinstance(wake, cls):
-            wake = cls(wake)
-            client._sockpairW = wake
-        wake.pending = False

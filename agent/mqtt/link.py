@@ -34,20 +34,8 @@ from pydantic import BaseModel
 
 from agent.backoff import reconnect_delay
 from agent.errors import TransportError
-from agent.mqtt.core import (
-    NOT_AUTHORIZED,
-    CallbackFailed,
-    ConnAck,
-    Disconnected,
-    Event,
-    MqttCore,
-    PubAck,
-    PublishOutcome,
-    PublishProperties,
-    SubAck,
-    payload_limit,
-    topic_matches,
-)
+from agent.mqtt.core import NOT_AUTHORIZED, MqttCore, PublishProperties, payload_limit, topic_matches
+from agent.mqtt.events import CallbackFailed, ConnAck, Disconnected, Event, PubAck, PublishOutcome, SubAck
 from agent.mqtt.inbox import STOP, Connected, InboundMessage, Inbox
 from agent.mqtt.settings import MqttSettings
 from agent.protocol.messages import StatusMessage, encode

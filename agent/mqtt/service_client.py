@@ -23,18 +23,8 @@ from collections.abc import Callable
 import structlog
 
 from agent.errors import TransportError
-from agent.mqtt.core import (
-    CallbackFailed,
-    ConnAck,
-    Disconnected,
-    Event,
-    MqttCore,
-    PubAck,
-    PublishOutcome,
-    PublishProperties,
-    SubAck,
-    payload_limit,
-)
+from agent.mqtt.core import MqttCore, PublishProperties, payload_limit
+from agent.mqtt.events import CallbackFailed, ConnAck, Disconnected, Event, PubAck, PublishOutcome, SubAck
 from agent.mqtt.inbox import STOP, InboundMessage, Inbox
 from agent.mqtt.settings import MqttSettings
 

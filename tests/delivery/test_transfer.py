@@ -17,9 +17,9 @@ from typing import Any
 
 import pytest
 
-from agent.delivery.errors import JobCancelledError
+from agent.delivery.errors import JobCancelledError, TransferTimeoutError
 from agent.delivery.manifest import DeployManifest, ModelSourceRef
-from agent.delivery.partial import PartialDownload, TransferTimeoutError
+from agent.delivery.partial import PartialDownload
 from agent.delivery.transfer import MqttPull, PullStats, fetch_model
 from agent.fleet.chunks import ChunkServer
 from tests.broker import Broker

@@ -13,8 +13,9 @@ import pytest
 
 from agent.errors import TransportError
 from agent.mqtt import link as link_module
-from agent.mqtt.core import CoalescedWake, PublishProperties
+from agent.mqtt.core import PublishProperties
 from agent.mqtt.inbox import InboundMessage
+from agent.mqtt.wake import CoalescedWake
 from agent.protocol.messages import StatusMessage, decode
 from agent.spool import Spool
 from tests.broker import Broker, free_port
