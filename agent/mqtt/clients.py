@@ -12,9 +12,9 @@ from typing import Any
 import paho.mqtt.client as paho
 from paho.mqtt.enums import CallbackAPIVersion
 
-from agent.config import read_secret
 from agent.errors import ConfigError
 from agent.mqtt.settings import MqttSettings
+from agent.secret_file import read_secret
 
 
 def disable_nagle(sock: Any) -> bool:
