@@ -39,6 +39,37 @@ class DeliveryError(AgentError):
     code = "delivery_failed"
 
 
+# --- delivery errors the model store raises too (agent.delivery.errors holds the rest) -----------
+
+
+class RejectedError(DeliveryError):
+    """Base of the errors that end a job REJECTED."""
+
+    code = "rejected"
+    rejects = True
+
+    def __init__(self, message: str, *, job_id: str | None = None) -> None:
+        super().__init__(message)
+        #: Job id the refused manifest named, when it could be read (to publish REJECTED on it).
+        self.job_id = job_id
+
+
+class HashMismatchError(RejectedError):
+    """The assembled file's SHA-256 differs from the manifest's.
+
+    Every chunk matched its own hash, so the manifest itself is inconsistent.
+    """
+
+    code = "hash_mismatch"
+
+
+class DiskFullError(DeliveryError):
+    """Not enough free disk space for the model plus the configured headroom."""
+
+    code = "disk_full"
+    rejects = False
+
+
 class BuildError(AgentError):
     """An engine could not be planned or built."""
 

@@ -21,7 +21,7 @@ from typing import NamedTuple
 
 import structlog
 
-from agent.delivery.errors import DiskFullError, HashMismatchError
+from agent.errors import DiskFullError, HashMismatchError
 from agent.fsutil import atomic_writer, fsync_directory, sha256_file
 
 log = structlog.get_logger(__name__)

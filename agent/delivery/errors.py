@@ -7,19 +7,33 @@ that may pass next time (FAILED: free disk space, fix the network, then publish 
 
 from __future__ import annotations
 
-from agent.errors import DeliveryError
+# The errors the model store raises too live at the ground floor, so the store need not import
+# delivery (which imports the store); they are delivery errors all the same, importable from here.
+from agent.errors import DeliveryError, DiskFullError, HashMismatchError, RejectedError
 
-
-class RejectedError(DeliveryError):
-    """Base of the errors that end a job REJECTED."""
-
-    code = "rejected"
-    rejects = True
-
-    def __init__(self, message: str, *, job_id: str | None = None) -> None:
-        super().__init__(message)
-        #: Job id the refused manifest named, when it could be read (to publish REJECTED on it).
-        self.job_id = job_id
+__all__ = [
+    "BadJsonError",
+    "BadManifestError",
+    "BadNameError",
+    "BadOnnxError",
+    "BadSignatureError",
+    "Cancelled",
+    "DiskFull",
+    "DiskFullError",
+    "HashMismatch",
+    "HashMismatchError",
+    "IncompatibleError",
+    "JobCancelledError",
+    "OnnxCheckerError",
+    "RejectedError",
+    "ReplayError",
+    "TooLargeError",
+    "UnknownKeyError",
+    "UnsignedError",
+    "WrongDeviceError",
+    "WrongSlotError",
+    "rejects",
+]
 
 
 class BadJsonError(RejectedError):
@@ -98,22 +112,6 @@ class IncompatibleError(RejectedError):
     """The model's inputs or outputs do not fit the slot's pre/postprocessing."""
 
     code = "incompatible"
-
-
-class HashMismatchError(RejectedError):
-    """The assembled file's SHA-256 differs from the manifest's.
-
-    Every chunk matched its own hash, so the manifest itself is inconsistent.
-    """
-
-    code = "hash_mismatch"
-
-
-class DiskFullError(DeliveryError):
-    """Not enough free disk space for the model plus the configured headroom."""
-
-    code = "disk_full"
-    rejects = False
 
 
 class JobCancelledError(DeliveryError):

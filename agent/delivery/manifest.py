@@ -24,7 +24,6 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from agent.camera.preprocess_spec import PreprocessSpec
-from agent.config import NAME_PATTERN
 from agent.delivery.errors import (
     BadJsonError,
     BadManifestError,
@@ -37,6 +36,7 @@ from agent.delivery.errors import (
 )
 from agent.engines.spec import BuildSpec
 from agent.model_base import StrictModel
+from agent.names import NAME_PATTERN
 from agent.postprocess.spec import PostprocessSpec
 from agent.signing import Ed25519PrivateKey, Ed25519PublicKey, sign, verify
 

@@ -13,13 +13,13 @@ import onnx.checker
 from onnx import helper
 
 from agent.backends.base import Dim, TensorSpec
+from agent.camera.input_fit import check_input_fits, select_input
 from agent.camera.preprocess_spec import PreprocessSpec
 from agent.delivery.errors import BadOnnxError, IncompatibleError, OnnxCheckerError, TooLargeError
 from agent.delivery.manifest import DeployManifest
 from agent.errors import EngineError
 from agent.postprocess.runner import validate_outputs
 from agent.postprocess.spec import PostprocessSpec
-from agent.runtime.compat import check_input_fits, select_input
 
 
 def _dtype_name(elem_type: int) -> str:

@@ -11,14 +11,11 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import ValidationError
 
+from agent.config import base_dir, read_yaml, resolve_paths
 from agent.errors import ConfigError
 from agent.mqtt.settings import MqttSettings
-
-_PATH_KEYS = ("password_file",)
-_TLS_PATH_KEYS = ("ca_file", "cert_file", "key_file")
 
 
 def add_broker_arguments(parser: argparse.ArgumentParser) -> None:
@@ -43,27 +40,14 @@ def add_broker_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _resolve(value: Any, base: Path) -> Any:
-    if isinstance(value, str) and value and not Path(value).is_absolute():
-        return str(base / value)
-    return value
-
-
 def load_mqtt_section(path: Path) -> dict[str, Any]:
     """The ``mqtt:`` mapping of an agent-style YAML (or the whole file if it has no ``mqtt:`` key).
 
-    Relative file paths in it are taken from the YAML file's directory, as the agent does.
+    Read by the agent's own YAML reader, and relative file paths in it are taken from the YAML
+    file's directory by the agent's own rule (:func:`agent.config.base_dir`), so a file both sides
+    read names the same files for both. An empty file stands for all defaults.
     """
-    try:
-        data = yaml.safe_load(Path(path).read_text())
-    except OSError as exc:
-        raise ConfigError(f"cannot read {path}: {exc.strerror or exc}") from exc
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path} is not valid YAML: {exc}") from exc
-    if data is None:
-        data = {}
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: expected a mapping with an mqtt: section")
+    data = read_yaml(path, allow_empty=True)
     if "mqtt" in data:
         section = data["mqtt"]
     elif "device_id" in data or "slots" in data:
@@ -72,18 +56,8 @@ def load_mqtt_section(path: Path) -> dict[str, Any]:
         section = data  # a file holding only the mqtt settings
     if not isinstance(section, dict):
         raise ConfigError(f"{path}: mqtt: must be a mapping")
-    section = dict(section)
-    base = Path(path).resolve().parent
-    for key in _PATH_KEYS:
-        if key in section:
-            section[key] = _resolve(section[key], base)
-    if isinstance(section.get("tls"), dict):
-        tls = dict(section["tls"])
-        for key in _TLS_PATH_KEYS:
-            if key in tls:
-                tls[key] = _resolve(tls[key], base)
-        section["tls"] = tls
-    return section
+    resolved: dict[str, Any] = resolve_paths(section, MqttSettings, base_dir(path))
+    return resolved
 
 
 def parse_broker(value: str) -> tuple[str, int | None]:

@@ -32,7 +32,6 @@ from paho.mqtt.enums import CallbackAPIVersion, MQTTErrorCode
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
-from agent.config import read_secret
 from agent.errors import ConfigError
 from agent.mqtt.events import (
     CallbackFailed,
@@ -47,6 +46,7 @@ from agent.mqtt.events import (
 from agent.mqtt.inbox import InboundMessage
 from agent.mqtt.settings import MqttSettings
 from agent.mqtt.wake import CoalescedWake
+from agent.secret_file import read_secret
 
 #: PUBACK reason code "Not authorized" (ACL denied).
 NOT_AUTHORIZED = 0x87

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from agent.backends.base import TensorSpec
+from agent.camera.input_fit import check_input_fits, select_input
 from agent.camera.preprocess_spec import PreprocessSpec
 from agent.delivery.errors import RejectedError
 from agent.delivery.manifest import build_manifest
@@ -14,7 +15,6 @@ from agent.delivery.verify import verify_model
 from agent.errors import EngineError
 from agent.modelzoo import write_classifier, write_detector
 from agent.postprocess.spec import ClassificationSpec, DetectionSpec, PostprocessSpec, RawSpec
-from agent.runtime.compat import check_input_fits, select_input
 from tests.runtime.models import write_checker_failure
 
 PRE = PreprocessSpec(width=64, height=64)

@@ -65,3 +65,35 @@ def test_bad_values_name_the_key() -> None:
     assert any(p.startswith("mqtt.port") for p in info.value.problems)
     with pytest.raises(ConfigError, match="not a number"):
         settings_from_args(_args("--broker", "host:http"))
+
+
+def test_relative_paths_follow_the_agent_rule_through_a_linked_file(tmp_path: Path) -> None:
+    # The agent takes relative paths from the directory the config was named in, not from where
+    # a symlink points; the fleet tools read the same file by the same rule.
+    real = tmp_path / "real"
+    site = tmp_path / "site"
+    real.mkdir()
+    site.mkdir()
+    (real / "agent.yaml").write_text("device_id: jet-01\nmqtt:\n  username: ops\n  password_file: secret\n")
+    (site / "agent.yaml").symlink_to(real / "agent.yaml")
+
+    settings = settings_from_args(_args("-c", str(site / "agent.yaml")))
+
+    assert settings.password_file == site / "secret"
+
+
+def test_a_duplicate_key_is_refused_with_its_line(tmp_path: Path) -> None:
+    config = tmp_path / "mqtt.yaml"
+    config.write_text("host: a\nport: 1884\nhost: b\n")
+
+    with pytest.raises(ConfigError, match=r"duplicate key 'host' \(first at line 1\)"):
+        settings_from_args(_args("-c", str(config)))
+
+
+def test_an_empty_file_means_the_defaults(tmp_path: Path) -> None:
+    config = tmp_path / "mqtt.yaml"
+    config.write_text("")
+
+    settings = settings_from_args(_args("-c", str(config)))
+
+    assert (settings.host, settings.port) == ("localhost", 1883)

@@ -2,7 +2,8 @@
 
 Shared by delivery (checked on the ONNX graph before anything is built) and by
 :func:`agent.runtime.slot.validate_candidate` (checked on the loaded runner), so both refuse the
-same models with the same words.
+same models with the same words. It lives with the preprocessing it checks against, below both
+users: delivery must not import runtime, which imports delivery's job steps.
 """
 
 from __future__ import annotations

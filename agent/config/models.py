@@ -1,0 +1,128 @@
+"""The configuration models: the YAML file's shape, each key with its default and description.
+
+At the ground floor (docs/architecture.md): these models import nothing of the agent but names,
+errors, the pydantic base and each package's own settings/spec model. Reading the file, environment
+overrides and the operator's error text are in :mod:`agent.config.loading`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, model_validator
+
+from agent.camera.preprocess_spec import PreprocessSpec
+from agent.camera.source_spec import SourceSpec
+from agent.delivery.settings import DeliveryConfig
+from agent.engines.settings import EngineConfig
+from agent.engines.spec import BuildSpec
+from agent.model_base import StrictModel
+from agent.mqtt.settings import MqttSettings
+from agent.names import Name
+from agent.postprocess.spec import ClassificationSpec, PostprocessSpec
+
+
+class SlotConfig(StrictModel):
+    """A model slot: one model at a time, hot-swappable, shared by any number of streams."""
+
+    model: Path = Field(description="ONNX model file (relative paths are from the config file).")
+    model_id: str | None = Field(None, description="Name reported with results; default: the file stem.")
+    version: str | None = Field(None, description="Version reported with results.")
+    backend: str = Field("onnxruntime", description="Inference backend key.")
+    providers: list[str] = Field(
+        default_factory=lambda: ["CPUExecutionProvider"],
+        description="ONNX Runtime providers in order of preference; missing ones are skipped.",
+    )
+    intra_op_threads: int = Field(
+        0,
+        ge=0,
+        description="ONNX Runtime threads per inference; 0 = auto: the cores divided by the slot's "
+        "inference workers, ORT's default for one worker, and 1 for a model that runs in under 1.5 ms "
+        "per frame on the CPU (the other cores decode frames).",
+    )
+    allow_spinning: bool = Field(
+        False,
+        description="ONNX Runtime worker threads busy-wait between runs: lower latency on an idle "
+        "many-core device, wasted CPU otherwise.",
+    )
+    max_batch: int = Field(
+        4, ge=1, le=64, description="Most frames run in one batch when streams share a slot."
+    )
+    inference_workers: int = Field(
+        0,
+        ge=0,
+        le=8,
+        description="Inference threads running batches side by side; results are still published in "
+        "the order frames were taken. 0 = auto: one single-threaded run per core (at most 4) for a "
+        "CPU-only slot fed only by unpaced files (throughput), else 1 run over every core (latency).",
+    )
+    preprocess: PreprocessSpec = Field(default_factory=PreprocessSpec)
+    postprocess: PostprocessSpec = Field(default_factory=ClassificationSpec)
+    build: BuildSpec | None = Field(
+        None, description="Engine build request; absent: run the ONNX model as it is on ONNX Runtime."
+    )
+
+
+class StreamConfig(StrictModel):
+    """A camera stream feeding one slot."""
+
+    source: SourceSpec
+    slot: Name = Field(description="Slot (key of ``slots``) whose model processes this stream.")
+    fps_limit: float | None = Field(None, gt=0, description="Process at most this many frames per second.")
+    drop_policy: Literal["auto", "keep_newest", "process_all"] = Field(
+        "auto",
+        description="When inference falls behind: keep_newest drops old frames (live cameras), "
+        "process_all blocks capture (files). auto picks by source type.",
+    )
+    queue_size: int = Field(4, ge=1, le=1024, description="Frames buffered between capture and inference.")
+    results_qos: Literal[0, 1] = Field(0, description="MQTT QoS of result messages.")
+    durable_results: bool = Field(False, description="Spool results to disk so none is lost (implies QoS 1).")
+
+
+class TelemetryConfig(StrictModel):
+    """Periodic telemetry on ``up/telemetry``."""
+
+    interval_s: float = Field(10.0, gt=0, description="Seconds between telemetry messages.")
+    sysfs_root: Path = Field(
+        Path("/"), description="Root for /sys and /proc reads (tests point it elsewhere)."
+    )
+
+
+class LoggingConfig(StrictModel):
+    """structlog output."""
+
+    format: Literal["json", "console"] = Field("json", description="json for journald, console for humans.")
+    level: Literal["debug", "info", "warning", "error"] = Field("info", description="Lowest level logged.")
+
+
+class AgentConfig(StrictModel):
+    """The whole configuration file."""
+
+    device_id: Name = Field(description="Device id: MQTT client id, topic level and certificate CN.")
+    state_dir: Path = Field(Path("/var/lib/edge-agent"), description="Models, engines, state.json, spool.")
+    mqtt: MqttSettings = Field(default_factory=MqttSettings)
+    slots: dict[Name, SlotConfig] = Field(default_factory=dict)
+    streams: dict[Name, StreamConfig] = Field(default_factory=dict)
+    telemetry: TelemetryConfig = Field(default_factory=TelemetryConfig)
+    logging: LoggingConfig = Field(default_factory=LoggingConfig)
+    delivery: DeliveryConfig = Field(default_factory=DeliveryConfig)
+    engines: EngineConfig = Field(default_factory=EngineConfig)
+
+    @model_validator(mode="after")
+    def _streams_name_known_slots(self) -> AgentConfig:
+        for name, stream in self.streams.items():
+            if stream.slot not in self.slots:
+                raise ValueError(_unknown_slot_message(name, stream.slot, self.slots))
+        return self
+
+
+def unknown_slot_what(slot: str, slots: Iterable[Any]) -> str:
+    """What is wrong with a stream naming ``slot``, which is none of ``slots``."""
+    known = ", ".join(sorted(str(s) for s in slots)) or "none"
+    return f"no slot named {slot!r} (slots: {known})"
+
+
+def _unknown_slot_message(stream: str, slot: str, slots: Iterable[Any]) -> str:
+    return f"streams.{stream}.slot: {unknown_slot_what(slot, slots)}"

@@ -1,0 +1,407 @@
+"""The import graph of ``agent/`` keeps the house's shape (docs/architecture.md).
+
+Four rules, each checked over the real tree and, with a small synthetic tree that breaks it, shown
+to fail:
+
+(a) no two packages import each other (a package is the first level under ``agent/``; a top-level
+    module such as ``agent/store.py`` is its own package);
+(b) no circle between files;
+(c) ``agent/config*`` imports only the ground floor, and the ground floor imports only itself;
+(d) only the paho core imports ``paho``.
+
+Every import counts: at module level, under ``if TYPE_CHECKING:``, and inside functions. A lazy or
+type-only import is still a dependency of the code that writes it; moving an import into a function
+is how a circle is usually hidden, not how it is removed. The exceptions listed below are known and
+being removed; a new violation fails the test.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+AGENT_DIR = Path(__file__).resolve().parents[1] / "agent"
+
+#: Modules at the ground floor: they import nothing of the agent but each other. ``agent.config``
+#: and everything below it belong here too (matched by prefix in :func:`is_ground_floor`).
+GROUND_FLOOR = frozenset(
+    {
+        "agent.names",
+        "agent.errors",
+        "agent.fsutil",
+        "agent.model_base",
+        "agent.secret_file",
+        # each package's own small settings model / spec module
+        "agent.camera.preprocess_spec",
+        "agent.camera.source_spec",
+        "agent.delivery.settings",
+        "agent.engines.settings",
+        "agent.engines.spec",
+        "agent.mqtt.settings",
+        "agent.postprocess.spec",
+    }
+)
+
+#: The only module that may import paho: the MQTT core (the device link and the service client are
+#: built on it).
+PAHO_CORE = frozenset({"agent/mqtt/core.py"})
+
+#: Package pairs that import each other today, each pair sorted.
+KNOWN_PACKAGE_CYCLES: frozenset[tuple[str, str]] = frozenset(
+    {
+        # being removed in the engines refactor: agent/engines/command.py (the offline
+        # `edge-agent build`) imports agent.config.load_config; it moves to the CLI.
+        ("agent.config", "agent.engines"),
+    }
+)
+
+#: Circles between files today, each as the set of its modules.
+KNOWN_FILE_CYCLES: frozenset[frozenset[str]] = frozenset(
+    {
+        # being removed in the engines refactor: the worker imports the ORT builder (inside a
+        # function), which imports the worker's job types back.
+        frozenset({"agent.engines.ort_builder", "agent.engines.worker"}),
+    }
+)
+
+
+@dataclass(frozen=True)
+class Import:
+    """One import statement's target inside the tree, as seen from the importing module."""
+
+    importer: str  # dotted module name, e.g. "agent.delivery.jobs"
+    target: str  # dotted module name, resolved to a module file when one exists
+    line: int
+    where: str  # "module", "type-checking" or "function"
+
+    def __str__(self) -> str:
+        return f"{self.importer}:{self.line} imports {self.target} ({self.where} level)"
+
+
+def module_files(root: Path) -> dict[str, Path]:
+    """Map the dotted name of every module under ``root`` (a package directory) to its file."""
+    base = root.parent
+    modules = {}
+    for path in sorted(root.rglob("*.py")):
+        parts = list(path.relative_to(base).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        modules[".".join(parts)] = path
+    return modules
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _walk(node: ast.AST, where: str) -> Iterator[tuple[ast.Import | ast.ImportFrom, str]]:
+    """Yield every import below ``node`` with where it stands."""
+    for child in ast.iter_child_nodes(node):
+        if isinstance(child, (ast.Import, ast.ImportFrom)):
+            yield child, where
+        elif isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            yield from _walk(child, "function")
+        elif isinstance(child, ast.If) and _is_type_checking(child.test) and where == "module":
+            for stmt in child.body:
+                yield from _walk(ast.Module(body=[stmt], type_ignores=[]), "type-checking")
+            for stmt in child.orelse:
+                yield from _walk(ast.Module(body=[stmt], type_ignores=[]), where)
+        else:
+            yield from _walk(child, where)
+
+
+def _absolute(module: str, is_package: bool, node: ast.ImportFrom) -> str:
+    if not node.level:
+        return node.module or ""
+    package = module.split(".") if is_package else module.split(".")[:-1]
+    package = package[: len(package) - (node.level - 1)]
+    return ".".join([*package, *([node.module] if node.module else [])])
+
+
+def imports_of(module: str, path: Path, modules: dict[str, Path]) -> Iterator[tuple[str, int, str]]:
+    """Yield ``(imported name, line, where)`` for every import in ``path``, names made absolute.
+
+    ``from a.b import c`` yields ``a.b.c`` when that is a module of the tree, else ``a.b``.
+    """
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    is_package = path.name == "__init__.py"
+    for node, where in _walk(tree, "module"):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield alias.name, node.lineno, where
+            continue
+        base = _absolute(module, is_package, node)
+        for alias in node.names:
+            candidate = f"{base}.{alias.name}"
+            yield (candidate if candidate in modules else base), node.lineno, where
+
+
+def internal_imports(root: Path) -> list[Import]:
+    """Every import from one module of the tree under ``root`` of another module of it."""
+    modules = module_files(root)
+    found: dict[Import, None] = {}  # ordered and without repeats (two names from one module)
+    for module, path in modules.items():
+        for name, line, where in imports_of(module, path, modules):
+            target = _enclosing_module(name, modules)
+            if target is not None and target != module:
+                found[Import(module, target, line, where)] = None
+    return list(found)
+
+
+def _enclosing_module(name: str, modules: dict[str, Path]) -> str | None:
+    parts = name.split(".")
+    while parts:
+        if ".".join(parts) in modules:
+            return ".".join(parts)
+        parts.pop()
+    return None
+
+
+def package_of(module: str) -> str:
+    """The first level under the root package: ``agent.delivery.jobs`` -> ``agent.delivery``."""
+    return ".".join(module.split(".")[:2])
+
+
+# --- the rules ------------------------------------------------------------------------------
+
+
+def package_cycles(imports: Iterable[Import]) -> dict[tuple[str, str], list[Import]]:
+    """Pairs of packages that import each other, each with the imports that make the pair."""
+    between: dict[tuple[str, str], list[Import]] = {}
+    for imp in imports:
+        a, b = package_of(imp.importer), package_of(imp.target)
+        if a != b:
+            between.setdefault((a, b), []).append(imp)
+    return {
+        (a, b): between[(a, b)] + between[(b, a)] for (a, b) in sorted(between) if a < b and (b, a) in between
+    }
+
+
+def file_cycles(imports: Iterable[Import]) -> list[frozenset[str]]:
+    """Sets of modules that reach each other through imports (strongly connected, 2 or more)."""
+    graph: dict[str, set[str]] = {}
+    for imp in imports:
+        graph.setdefault(imp.importer, set()).add(imp.target)
+        graph.setdefault(imp.target, set())
+    # Tarjan's algorithm, iterative so a deep graph cannot hit the recursion limit.
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    components: list[frozenset[str]] = []
+    for start in sorted(graph):
+        if start in index:
+            continue
+        work = [(start, iter(sorted(graph[start])))]
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = set()
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.add(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    components.append(frozenset(component))
+    return sorted(components, key=sorted)
+
+
+def is_ground_floor(module: str, ground_floor: frozenset[str] = GROUND_FLOOR) -> bool:
+    """Whether ``module`` is at the ground floor (the listed modules and ``agent.config*``)."""
+    return module in ground_floor or module == "agent.config" or module.startswith("agent.config.")
+
+
+def ground_floor_violations(
+    imports: Iterable[Import], modules: Iterable[str], ground_floor: frozenset[str] = GROUND_FLOOR
+) -> list[str]:
+    """Imports from the ground floor of anything above it.
+
+    Importing ``agent.engines.spec`` runs ``agent/engines/__init__.py`` first, so the package files
+    above a ground-floor module must import nothing of the agent either.
+    """
+    modules = set(modules)
+    floor = {m for m in modules if is_ground_floor(m, ground_floor)}
+    parents = {".".join(m.split(".")[:i]) for m in floor for i in range(2, m.count(".") + 1)} & modules
+    problems = [
+        f"{imp} (above the ground floor)"
+        for imp in imports
+        if imp.importer in floor and not is_ground_floor(imp.target, ground_floor)
+    ]
+    problems += [
+        f"{imp} (a ground-floor package file imports)" for imp in imports if imp.importer in parents - floor
+    ]
+    return sorted(set(problems))
+
+
+def paho_importers(root: Path, allowed: frozenset[str] = PAHO_CORE) -> list[str]:
+    """Imports of ``paho`` outside the allowed files (paths relative to ``root``'s parent)."""
+    modules = module_files(root)
+    problems = []
+    for module, path in modules.items():
+        relative = path.relative_to(root.parent).as_posix()
+        for name, line, where in imports_of(module, path, modules):
+            if (name == "paho" or name.startswith("paho.")) and relative not in allowed:
+                problems.append(f"{relative}:{line} imports {name} ({where} level)")
+    return problems
+
+
+# --- the real tree --------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def agent_imports() -> list[Import]:
+    return internal_imports(AGENT_DIR)
+
+
+def test_no_two_packages_import_each_other(agent_imports: list[Import]) -> None:
+    cycles = package_cycles(agent_imports)
+    new = {pair: imps for pair, imps in cycles.items() if pair not in KNOWN_PACKAGE_CYCLES}
+    assert not new, "packages that import each other:\n" + "\n".join(
+        f"{a} <-> {b}:\n" + "\n".join(f"    {imp}" for imp in imps) for (a, b), imps in new.items()
+    )
+
+
+def test_known_package_cycles_are_still_there(agent_imports: list[Import]) -> None:
+    # An exception that no longer happens must leave the list, so it cannot hide a new one.
+    assert set(KNOWN_PACKAGE_CYCLES) <= set(package_cycles(agent_imports))
+
+
+def test_no_circle_between_files(agent_imports: list[Import]) -> None:
+    new = [c for c in file_cycles(agent_imports) if c not in KNOWN_FILE_CYCLES]
+    assert not new, "circles between files:\n" + "\n".join("    " + ", ".join(sorted(c)) for c in new)
+
+
+def test_known_file_cycles_are_still_there(agent_imports: list[Import]) -> None:
+    assert set(KNOWN_FILE_CYCLES) <= set(file_cycles(agent_imports))
+
+
+def test_configuration_imports_only_the_ground_floor(agent_imports: list[Import]) -> None:
+    problems = ground_floor_violations(agent_imports, module_files(AGENT_DIR))
+    assert not problems, "\n".join(problems)
+
+
+def test_ground_floor_list_names_real_modules() -> None:
+    assert set(module_files(AGENT_DIR)) >= GROUND_FLOOR
+    assert {"agent.config"} <= set(module_files(AGENT_DIR))
+
+
+def test_only_the_paho_core_imports_paho() -> None:
+    problems = paho_importers(AGENT_DIR)
+    assert not problems, "\n".join(problems)
+    assert all((AGENT_DIR.parent / path).is_file() for path in PAHO_CORE)
+
+
+# --- each rule fails on a tree that breaks it -------------------------------------------------
+
+
+def _tree(tmp_path: Path, files: dict[str, str]) -> Path:
+    root = tmp_path / "agent"
+    for name, text in {"__init__.py": "", **files}.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        for parent in path.relative_to(root).parents:
+            (root / parent / "__init__.py").touch()
+        path.write_text(text, encoding="utf-8")
+    return root
+
+
+def test_two_packages_importing_each_other_are_found(tmp_path: Path) -> None:
+    root = _tree(
+        tmp_path,
+        {
+            "delivery/verify.py": "from agent.runtime.compat import check\n",
+            "runtime/compat.py": "def check():\n    from agent.delivery import verify\n",
+            "store.py": "import agent.delivery.verify\n",
+        },
+    )
+    cycles = package_cycles(internal_imports(root))
+    assert list(cycles) == [("agent.delivery", "agent.runtime")]
+    assert {imp.where for imp in cycles[("agent.delivery", "agent.runtime")]} == {"module", "function"}
+
+
+def test_a_top_level_module_is_its_own_package(tmp_path: Path) -> None:
+    root = _tree(
+        tmp_path,
+        {"store.py": "from agent.delivery.errors import Bad\n", "delivery/errors.py": "import agent.store\n"},
+    )
+    assert list(package_cycles(internal_imports(root))) == [("agent.delivery", "agent.store")]
+
+
+def test_a_circle_between_files_is_found_through_type_checking_imports(tmp_path: Path) -> None:
+    root = _tree(
+        tmp_path,
+        {
+            "engines/worker.py": "from agent.engines import ort_builder\n",
+            "engines/ort_builder.py": (
+                "from typing import TYPE_CHECKING\n"
+                "if TYPE_CHECKING:\n    from agent.engines.plan import Plan\n"
+            ),
+            "engines/plan.py": "from . import worker\n",
+            "engines/spec.py": "from .plan import Plan\n",
+        },
+    )
+    imports = internal_imports(root)
+    assert {imp.where for imp in imports if imp.importer == "agent.engines.ort_builder"} == {"type-checking"}
+    assert file_cycles(imports) == [
+        frozenset({"agent.engines.worker", "agent.engines.ort_builder", "agent.engines.plan"})
+    ]
+
+
+def test_configuration_importing_above_the_ground_floor_is_found(tmp_path: Path) -> None:
+    root = _tree(
+        tmp_path,
+        {
+            "config/models.py": "from agent.engines.spec import BuildSpec\nfrom agent.errors import E\n",
+            "config/loading.py": "def load():\n    from agent.mqtt.link import Link\n",
+            "engines/spec.py": "from agent.engines.plan import Plan\n",
+            "engines/plan.py": "",
+            "mqtt/__init__.py": "from agent.mqtt.link import Link\n",
+            "mqtt/settings.py": "",
+            "mqtt/link.py": "",
+            "errors.py": "",
+        },
+    )
+    floor = frozenset({"agent.errors", "agent.engines.spec", "agent.mqtt.settings"})
+    problems = ground_floor_violations(internal_imports(root), module_files(root), floor)
+    assert problems == [
+        "agent.config.loading:2 imports agent.mqtt.link (function level) (above the ground floor)",
+        "agent.engines.spec:1 imports agent.engines.plan (module level) (above the ground floor)",
+        "agent.mqtt:1 imports agent.mqtt.link (module level) (a ground-floor package file imports)",
+    ]
+
+
+def test_paho_outside_the_core_is_found(tmp_path: Path) -> None:
+    root = _tree(
+        tmp_path,
+        {
+            "mqtt/link.py": "import paho.mqtt.client as mqtt\n",
+            "fleet/watch.py": "def run():\n    from paho.mqtt.properties import Properties\n",
+        },
+    )
+    assert paho_importers(root, frozenset({"agent/mqtt/link.py"})) == [
+        "agent/fleet/watch.py:2 imports paho.mqtt.properties (function level)"
+    ]
