@@ -1,7 +1,7 @@
 """The paho 2.x traps the link works around, shown on plain paho against a real broker.
 
 If one of these starts failing after a paho upgrade, the trap is gone: re-check the workaround in
-agent/mqtt/link.py before removing it.
+agent/mqtt/core.py (and the link, agent/mqtt/link.py) before removing it.
 """
 
 from __future__ import annotations
