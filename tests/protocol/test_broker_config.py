@@ -1,0 +1,89 @@
+"""docs/protocol.md's broker configuration, run as written, keeps each device to itself.
+
+A real mosquitto started with the doc's config and ACL (tests/protocol/broker_doc.py), TLS client
+certificates made in the test, the agent's real MqttLink on the devices, the real ChunkServer and
+MqttPull for a model transfer, and a hijacker holding jet-a's certificate.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from agent.mqtt.link import MqttLink
+from agent.protocol.topics import Topics
+from agent.spool import Spool
+from tests.mqtt_probe import Probe
+from tests.protocol.broker_doc import OPERATOR, OPERATOR_PASSWORD, DocBroker
+from tests.waiting import wait_until
+
+
+@pytest.fixture
+def doc_broker(tmp_path: Path) -> Iterator[DocBroker]:
+    broker = DocBroker.start(tmp_path / "broker")
+    yield broker
+    broker.stop()
+
+
+@pytest.fixture
+def links(tmp_path: Path) -> Iterator[list[MqttLink]]:
+    started: list[MqttLink] = []
+    yield started
+    for link in started:
+        link.stop(timeout=1.0)
+
+
+def device_link(broker: DocBroker, device: str, tmp_path: Path, links: list[MqttLink]) -> MqttLink:
+    """The agent's link on ``device``, connected with its own certificate; stopped at teardown."""
+    topics = Topics("fleet/v1", device)
+    link = MqttLink(
+        broker.device_settings(device),
+        client_id=device,
+        status_topic=topics.status,
+        agent_version="0.0.test",
+        spool=Spool(tmp_path / f"{device}.sqlite"),
+    )
+    links.append(link)
+    link.start()
+    assert link.wait_connected(10), f"{device} did not connect:\n{broker.log()}"
+    return link
+
+
+def operator_probe(broker: DocBroker) -> Probe:
+    """A plain paho client on the operator listener (user name + password over TLS)."""
+    return Probe(
+        broker.host,
+        broker.operator_port,
+        username=OPERATOR,
+        password=OPERATOR_PASSWORD,
+        tls={"ca_certs": str(broker.pki.ca_file)},
+    )
+
+
+def test_a_certificate_cannot_take_over_another_devices_connection_or_session(
+    doc_broker: DocBroker, tmp_path: Path, links: list[MqttLink]
+) -> None:
+    jet_b = Topics("fleet/v1", "jet-b")
+    commands: list[bytes] = []
+    link_b = device_link(doc_broker, "jet-b", tmp_path, links)
+    link_b.subscribe(jet_b.cmd_filter, lambda m: commands.append(m.payload))
+    with Probe(
+        doc_broker.host,
+        doc_broker.device_port,
+        client_id="jet-b",  # jet-a's certificate, jet-b's client id, a persistent session
+        tls=doc_broker.pki.probe_tls("jet-a"),
+        session_expiry_s=3600,
+    ) as hijacker:
+        hijacker.subscribe(jet_b.cmd_filter)  # granted (subscriptions are not ACL-checked), never fed
+        with operator_probe(doc_broker) as operator:
+            assert operator.publish(jet_b.cmd("status"), b"for jet-b", qos=1) in (0x00, 0x10)
+            wait_until(lambda: commands == [b"for jet-b"], what="jet-b's command reaches jet-b")
+        hijacker.settle(0.5)
+        assert hijacker.snapshot() == []
+    # jet-b was never disconnected: mosquitto named the hijacker jet-a, not jet-b.
+    assert link_b.connected
+    assert link_b.stats()["reconnects"] == 0
+    assert "Client jet-b already connected" not in doc_broker.log()
+    assert "as jet-a (" in doc_broker.log()
