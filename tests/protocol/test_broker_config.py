@@ -12,9 +12,13 @@ from pathlib import Path
 
 import pytest
 
+from agent.delivery.partial import PartialDownload
+from agent.delivery.transfer import MqttPull
+from agent.fleet.chunks import GROUP_PREFIX, ChunkServer
 from agent.mqtt.link import MqttLink
 from agent.protocol.topics import Topics
 from agent.spool import Spool
+from tests.delivery.transfer_support import KIB, MIB, delivery_config, manifest_for, random_model
 from tests.mqtt_probe import Probe
 from tests.protocol.broker_doc import OPERATOR, OPERATOR_PASSWORD, DocBroker
 from tests.waiting import wait_until
@@ -87,3 +91,36 @@ def test_a_certificate_cannot_take_over_another_devices_connection_or_session(
     assert link_b.stats()["reconnects"] == 0
     assert "Client jet-b already connected" not in doc_broker.log()
     assert "as jet-a (" in doc_broker.log()
+
+
+def test_a_device_joining_the_chunk_servers_group_loses_no_other_devices_chunk_request(
+    doc_broker: DocBroker, tmp_path: Path, links: list[MqttLink]
+) -> None:
+    model = random_model(tmp_path / "repo" / "model.onnx", 2 * MIB + 123)
+    manifest = manifest_for(model, 64 * KIB, device="jet-b")
+    link_b = device_link(doc_broker, "jet-b", tmp_path, links)
+    xfer = "fleet/v1/+/up/xfer/+"
+    with (
+        ChunkServer(doc_broker.operator_settings(tmp_path / "operator.secret")) as server,
+        Probe(doc_broker.host, doc_broker.device_port, tls=doc_broker.pki.probe_tls("jet-a")) as hijacker,
+    ):
+        server.register(manifest, model)
+        # Every group name a device can know: the documented prefix alone (the old default), the
+        # deploy's job id (the old fleet deploy group). Mosquitto grants each subscription.
+        for group in (GROUP_PREFIX, f"deploy-{manifest.job_id}", "deploy"):
+            hijacker.subscribe(f"$share/{group}/{xfer}")
+        partial = PartialDownload(tmp_path / "jet-b" / "partial", manifest, flush_every=2)
+        pull = MqttPull(
+            manifest,
+            partial,
+            link=link_b,
+            topics=Topics("fleet/v1", "jet-b"),
+            config=delivery_config(chunk_window=4, chunk_timeout_s=1.0, job_deadline_s=60.0),
+        )
+        pull.run()
+        assert partial.finish().read_bytes() == model.read_bytes()
+        # No request was handed to the hijacker (and lost there): none timed out, none asked twice.
+        assert pull.stats.timeouts == 0
+        assert pull.stats.requested_chunks == len(manifest.chunks)
+        assert server.served_bytes("jet-b") == manifest.size
+        assert hijacker.snapshot() == []
