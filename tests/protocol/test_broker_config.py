@@ -7,10 +7,13 @@ MqttPull for a model transfer, and a hijacker holding jet-a's certificate.
 
 from __future__ import annotations
 
+import json
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from structlog.testing import capture_logs
 
 from agent.delivery.partial import PartialDownload
 from agent.delivery.transfer import MqttPull
@@ -18,6 +21,8 @@ from agent.fleet.chunks import GROUP_PREFIX, ChunkServer
 from agent.mqtt.link import MqttLink
 from agent.protocol.topics import Topics
 from agent.spool import Spool
+from agent.telemetry.loop import TelemetryLoop
+from agent.telemetry.metrics import Metrics
 from tests.delivery.transfer_support import KIB, MIB, delivery_config, manifest_for, random_model
 from tests.mqtt_probe import Probe
 from tests.protocol.broker_doc import OPERATOR, OPERATOR_PASSWORD, DocBroker
@@ -124,3 +129,38 @@ def test_a_device_joining_the_chunk_servers_group_loses_no_other_devices_chunk_r
         assert pull.stats.requested_chunks == len(manifest.chunks)
         assert server.served_bytes("jet-b") == manifest.size
         assert hijacker.snapshot() == []
+
+
+def test_publishing_outside_its_tree_is_refused_counted_logged_once_and_reported_in_telemetry(
+    doc_broker: DocBroker, tmp_path: Path, links: list[MqttLink]
+) -> None:
+    link_a = device_link(doc_broker, "jet-a", tmp_path, links)
+    jet_a, jet_b = Topics("fleet/v1", "jet-a"), Topics("fleet/v1", "jet-b")
+    metrics = Metrics()
+    metrics.add_collector(link_a.stats, prefix="mqtt")  # as agent/app.py does
+    telemetry = TelemetryLoop(
+        metrics,
+        None,
+        lambda m: link_a.publish(jet_a.telemetry, json.dumps(m).encode()),
+        60.0,
+        threading.Event(),
+    )
+    with operator_probe(doc_broker) as operator, capture_logs() as logs:
+        operator.subscribe("fleet/v1/#")
+        for i in range(40):  # durable results at frame rate, into another device's tree
+            link_a.publish(jet_b.results("cam"), f'{{"frame": {i}}}'.encode(), durable=True)
+        wait_until(lambda: link_a.stats()["acl_denied"] == 40, what="40 refusals counted")
+        denied = [e for e in logs if e["event"] == "mqtt.publish.denied"]
+        assert len(denied) == 1, denied
+        assert operator.on_topic(jet_b.results("cam")) == []
+        # The device's own tree is still open to it: the counter reaches the operator.
+        assert telemetry.tick()
+        (message,) = operator.wait_for_count(jet_a.telemetry, 1)
+        assert json.loads(message.payload)["mqtt.acl_denied"] == 40
+        # An accepted publish ends the episode; the next refusal is logged again.
+        link_a.publish(jet_a.jobs("j1"), b"{}", durable=True)
+        operator.wait_for_count(jet_a.jobs("j1"), 1)
+        wait_until(lambda: any(e["event"] == "mqtt.publish.denied.ended" for e in logs), what="episode end")
+        link_a.publish(jet_b.results("cam"), b"{}", durable=True)
+        wait_until(lambda: link_a.stats()["acl_denied"] == 41, what="41st refusal")
+        assert [e["event"] for e in logs].count("mqtt.publish.denied") == 2
