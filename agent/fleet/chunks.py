@@ -5,8 +5,12 @@ Devices pull (docs/delivery.md): a :class:`~agent.delivery.transfer.ChunkRequest
 publishes each requested chunk to that response topic with user properties ``index`` and
 ``sha256`` and the request's correlation data. The subscription is an MQTT 5 *shared* one
 (``$share/{group}/{prefix}/+/up/xfer/+``): the broker hands every request to exactly one of the
-servers in the group, so several servers (``fleet serve`` on two hosts, a ``fleet deploy`` next to
-a ``fleet serve``) can share one fleet.
+servers in the group, so several servers (``fleet serve`` on two hosts) can share one fleet.
+
+The group name is a secret of the operator side, random unless given: mosquitto's ACL file never
+checks a SUBSCRIBE, so a device that knew the name could join the group, and every request the
+broker handed to it would be lost (it may not read other devices' requests; docs/protocol.md,
+"Broker configuration").
 
 A device can only have chunks sent to itself: a request whose response topic is not
 ``{prefix}/{same device}/down/xfer/{sha256}`` is refused (with an ACL on ``up/#`` a device cannot
@@ -19,6 +23,7 @@ from __future__ import annotations
 import collections
 import hashlib
 import os
+import secrets
 import threading
 import time
 from collections.abc import Callable
@@ -43,8 +48,9 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger(__name__)
 
-#: Default shared-subscription group of chunk servers.
-DEFAULT_GROUP = "edge-agent-chunks"
+#: How a chunk server's shared-subscription group name starts; a random part follows unless the
+#: operator names the group (a name devices cannot guess: they never see it).
+GROUP_PREFIX = "edge-agent-chunks"
 #: A chunk reply not delivered within this time is dropped by the broker (the device asks again);
 #: without it an offline device's persistent session would hoard chunks in the broker.
 DEFAULT_REPLY_EXPIRY_S = 120
@@ -69,6 +75,11 @@ class _Model:
     chunks: tuple[str, ...] = ()
 
 
+def random_group(prefix: str = GROUP_PREFIX) -> str:
+    """A shared-subscription group name no device can guess (128 random bits)."""
+    return f"{prefix}-{secrets.token_hex(16)}"
+
+
 class ChunkServer:
     """Serve model chunks to devices over MQTT (``start`` / ``stop``).
 
@@ -81,20 +92,22 @@ class ChunkServer:
         self,
         settings: MqttSettings,
         *,
-        group: str = DEFAULT_GROUP,
+        group: str | None = None,
         client_id: str | None = None,
         reply_expiry_s: int = DEFAULT_REPLY_EXPIRY_S,
         max_unacked: int = 256,
         on_served: ServedCallback | None = None,
         max_inflight: int = DEFAULT_MAX_INFLIGHT,
     ) -> None:
-        """``max_unacked``: stop answering while this many chunk publishes wait for a PUBACK.
+        """``group``: the shared-subscription group (None: a random one, answered by this server only).
+
+        ``max_unacked``: stop answering while this many chunk publishes wait for a PUBACK.
 
         ``max_inflight``: of those, how many paho keeps on the wire (the rest wait in its queue).
         """
         self.settings = settings
         self.prefix = settings.prefix
-        self.group = check_level(group, "shared subscription group")
+        self.group = check_level(group or random_group(), "shared subscription group")
         self.reply_expiry_s = reply_expiry_s
         self.max_unacked = max_unacked
         self._on_served = on_served

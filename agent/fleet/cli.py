@@ -20,7 +20,6 @@ from agent.camera.preprocess_spec import PreprocessSpec
 from agent.delivery.manifest import DEFAULT_CHUNK_SIZE, MAX_CHUNK_SIZE, MIN_CHUNK_SIZE
 from agent.engines.spec import BuildSpec
 from agent.errors import ConfigError
-from agent.fleet.chunks import DEFAULT_GROUP
 from agent.fleet.connection import add_broker_arguments, settings_from_args
 from agent.logs import configure_logging
 from agent.postprocess.spec import ClassificationSpec, DetectionSpec, PostprocessSpec
@@ -78,7 +77,12 @@ def add_fleet_arguments(parser: argparse.ArgumentParser) -> None:
 
     serve = sub.add_parser("serve", help="serve model chunks from a directory until SIGTERM")
     serve.add_argument("--repo", type=Path, required=True, help="directory of model files")
-    serve.add_argument("--group", default=DEFAULT_GROUP, help="shared subscription group of the servers")
+    serve.add_argument(
+        "--group",
+        default=None,
+        help="shared subscription group, to share the load with other fleet serve processes: a name "
+        "devices cannot guess (default: a random one of this process)",
+    )
     serve.add_argument("--report", type=float, default=60.0, help="print counters every N seconds (0: never)")
     add_broker_arguments(serve)
     _add_verbose(serve)

@@ -42,7 +42,7 @@ from agent.delivery.manifest import (
 )
 from agent.engines.spec import BuildSpec
 from agent.errors import ConfigError
-from agent.fleet.chunks import ChunkServer
+from agent.fleet.chunks import ChunkServer, random_group
 from agent.fleet.command import PendingReplies, publish_command
 from agent.mqtt.inbox import InboundMessage
 from agent.mqtt.service_client import ServiceClient
@@ -282,8 +282,9 @@ class FleetDeploy:
         self._started = False
         self.server: ChunkServer | None = None
         if serve:
+            # Not named after the job id: devices see that, and could join the group (chunks.py).
             self.server = ChunkServer(
-                settings, group=group or f"deploy-{self.job_id}"[:100], on_served=self._on_served
+                settings, group=group or random_group("deploy"), on_served=self._on_served
             )
 
     # -- lifecycle -------------------------------------------------------------------------------

@@ -2,8 +2,9 @@
 
 Devices ask by SHA-256, so any manifest whose model file lies in the repository is served, whoever
 published it. Several ``fleet serve`` processes (on several hosts) share the load through one MQTT 5
-shared subscription group. SIGTERM or SIGINT stops it: outstanding chunk publishes are flushed, the
-connection is closed, exit code 0.
+shared subscription group (``--group``: a name devices cannot guess; without it each process
+serves under a random group of its own). SIGTERM or SIGINT stops it: outstanding chunk publishes
+are flushed, the connection is closed, exit code 0.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import TextIO
 
 import structlog
 
-from agent.fleet.chunks import DEFAULT_GROUP, ChunkServer
+from agent.fleet.chunks import ChunkServer
 from agent.fleet.deploy import format_bytes
 from agent.mqtt.settings import MqttSettings
 
@@ -31,14 +32,15 @@ def serve_repo(
     repo: Path,
     stop: threading.Event,
     *,
-    group: str = DEFAULT_GROUP,
+    group: str | None = None,
     out: TextIO | None = None,
     report_s: float = DEFAULT_REPORT_S,
     ready: threading.Event | None = None,
 ) -> ChunkServer:
     """Serve ``repo`` until ``stop`` is set; returns the (stopped) server for its counters.
 
-    ``ready`` is set once the server is subscribed. Raises TransportError when the broker cannot be
+    ``group`` None serves under a random shared-subscription group of its own. ``ready`` is set
+    once the server is subscribed. Raises TransportError when the broker cannot be
     reached at start, ValueError when ``repo`` is not a directory.
     """
     server = ChunkServer(settings, group=group)

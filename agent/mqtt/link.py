@@ -113,6 +113,7 @@ class MqttLink:
         self._connected = False
         self._connected_event = threading.Event()  # mirrors _connected, for wait_connected()
         self._ever_connected = False
+        self._denied_run = 0  # refusals (0x87) since the last accepted QoS 1 publish or connect
         self._session = 0
         self._broker_max_packet: int | None = None
         self._window = settings.max_inflight
@@ -411,6 +412,7 @@ class MqttLink:
         if self._ever_connected:
             self._count("reconnects")
         self._ever_connected = True
+        self._end_denied_run()
         self._set_connected(True)
         self._attempt = 0
         self._broker_max_packet = max_packet
@@ -432,18 +434,34 @@ class MqttLink:
             self._status_acked.set()
         if code < 0x80:
             self._count("published")
+            self._end_denied_run()
         elif code == NOT_AUTHORIZED:
-            # Retrying cannot succeed: count it, say so, and (if durable) drop it from the spool.
+            # Retrying cannot succeed: count it and (if durable) drop it from the spool. Logged once
+            # per episode: a misconfigured device is refused at frame rate (durable results).
             self._count("acl_denied")
-            log.error(
-                "mqtt.publish.denied", mid=mid, reason=reason, spool_id=spool_id, client_id=self.client_id
-            )
+            self._denied_run += 1
+            if self._denied_run == 1:
+                log.error(
+                    "mqtt.publish.denied",
+                    mid=mid,
+                    reason=reason,
+                    spool_id=spool_id,
+                    client_id=self.client_id,
+                    hint="the broker's ACL refuses this topic for this user name; if every topic is "
+                    "refused, the device id is not the certificate CN. Logged once until a publish "
+                    "is accepted again; counted in mqtt.acl_denied",
+                )
         else:
             self._count("broker_refused")
             log.error("mqtt.publish.refused", mid=mid, reason=reason, spool_id=spool_id)
         if spool_id is not None:
             self._spool.remove(spool_id)
             self._spool_wake.set()
+
+    def _end_denied_run(self) -> None:
+        if self._denied_run:
+            log.warning("mqtt.publish.denied.ended", refused=self._denied_run, client_id=self.client_id)
+            self._denied_run = 0
 
     def _send_spooled(self) -> None:
         if not self._spool_wake.is_set():

@@ -1,0 +1,166 @@
+"""docs/protocol.md's broker configuration, run as written, keeps each device to itself.
+
+A real mosquitto started with the doc's config and ACL (tests/protocol/broker_doc.py), TLS client
+certificates made in the test, the agent's real MqttLink on the devices, the real ChunkServer and
+MqttPull for a model transfer, and a hijacker holding jet-a's certificate.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from structlog.testing import capture_logs
+
+from agent.delivery.partial import PartialDownload
+from agent.delivery.transfer import MqttPull
+from agent.fleet.chunks import GROUP_PREFIX, ChunkServer
+from agent.mqtt.link import MqttLink
+from agent.protocol.topics import Topics
+from agent.spool import Spool
+from agent.telemetry.loop import TelemetryLoop
+from agent.telemetry.metrics import Metrics
+from tests.delivery.transfer_support import KIB, MIB, delivery_config, manifest_for, random_model
+from tests.mqtt_probe import Probe
+from tests.protocol.broker_doc import OPERATOR, OPERATOR_PASSWORD, DocBroker
+from tests.waiting import wait_until
+
+
+@pytest.fixture
+def doc_broker(tmp_path: Path) -> Iterator[DocBroker]:
+    broker = DocBroker.start(tmp_path / "broker")
+    yield broker
+    broker.stop()
+
+
+@pytest.fixture
+def links(tmp_path: Path) -> Iterator[list[MqttLink]]:
+    started: list[MqttLink] = []
+    yield started
+    for link in started:
+        link.stop(timeout=1.0)
+
+
+def device_link(broker: DocBroker, device: str, tmp_path: Path, links: list[MqttLink]) -> MqttLink:
+    """The agent's link on ``device``, connected with its own certificate; stopped at teardown."""
+    topics = Topics("fleet/v1", device)
+    link = MqttLink(
+        broker.device_settings(device),
+        client_id=device,
+        status_topic=topics.status,
+        agent_version="0.0.test",
+        spool=Spool(tmp_path / f"{device}.sqlite"),
+    )
+    links.append(link)
+    link.start()
+    assert link.wait_connected(10), f"{device} did not connect:\n{broker.log()}"
+    return link
+
+
+def operator_probe(broker: DocBroker) -> Probe:
+    """A plain paho client on the operator listener (user name + password over TLS)."""
+    return Probe(
+        broker.host,
+        broker.operator_port,
+        username=OPERATOR,
+        password=OPERATOR_PASSWORD,
+        tls={"ca_certs": str(broker.pki.ca_file)},
+    )
+
+
+def test_a_certificate_cannot_take_over_another_devices_connection_or_session(
+    doc_broker: DocBroker, tmp_path: Path, links: list[MqttLink]
+) -> None:
+    jet_b = Topics("fleet/v1", "jet-b")
+    commands: list[bytes] = []
+    link_b = device_link(doc_broker, "jet-b", tmp_path, links)
+    link_b.subscribe(jet_b.cmd_filter, lambda m: commands.append(m.payload))
+    with Probe(
+        doc_broker.host,
+        doc_broker.device_port,
+        client_id="jet-b",  # jet-a's certificate, jet-b's client id, a persistent session
+        tls=doc_broker.pki.probe_tls("jet-a"),
+        session_expiry_s=3600,
+    ) as hijacker:
+        hijacker.subscribe(jet_b.cmd_filter)  # granted (subscriptions are not ACL-checked), never fed
+        with operator_probe(doc_broker) as operator:
+            assert operator.publish(jet_b.cmd("status"), b"for jet-b", qos=1) in (0x00, 0x10)
+            wait_until(lambda: commands == [b"for jet-b"], what="jet-b's command reaches jet-b")
+        hijacker.settle(0.5)
+        assert hijacker.snapshot() == []
+    # jet-b was never disconnected: mosquitto named the hijacker jet-a, not jet-b.
+    assert link_b.connected
+    assert link_b.stats()["reconnects"] == 0
+    assert "Client jet-b already connected" not in doc_broker.log()
+    assert "as jet-a (" in doc_broker.log()
+
+
+def test_a_device_joining_the_chunk_servers_group_loses_no_other_devices_chunk_request(
+    doc_broker: DocBroker, tmp_path: Path, links: list[MqttLink]
+) -> None:
+    model = random_model(tmp_path / "repo" / "model.onnx", 2 * MIB + 123)
+    manifest = manifest_for(model, 64 * KIB, device="jet-b")
+    link_b = device_link(doc_broker, "jet-b", tmp_path, links)
+    xfer = "fleet/v1/+/up/xfer/+"
+    with (
+        ChunkServer(doc_broker.operator_settings(tmp_path / "operator.secret")) as server,
+        Probe(doc_broker.host, doc_broker.device_port, tls=doc_broker.pki.probe_tls("jet-a")) as hijacker,
+    ):
+        server.register(manifest, model)
+        # Every group name a device can know: the documented prefix alone (the old default), the
+        # deploy's job id (the old fleet deploy group). Mosquitto grants each subscription.
+        for group in (GROUP_PREFIX, f"deploy-{manifest.job_id}", "deploy"):
+            hijacker.subscribe(f"$share/{group}/{xfer}")
+        partial = PartialDownload(tmp_path / "jet-b" / "partial", manifest, flush_every=2)
+        pull = MqttPull(
+            manifest,
+            partial,
+            link=link_b,
+            topics=Topics("fleet/v1", "jet-b"),
+            config=delivery_config(chunk_window=4, chunk_timeout_s=1.0, job_deadline_s=60.0),
+        )
+        pull.run()
+        assert partial.finish().read_bytes() == model.read_bytes()
+        # No request was handed to the hijacker (and lost there): none timed out, none asked twice.
+        assert pull.stats.timeouts == 0
+        assert pull.stats.requested_chunks == len(manifest.chunks)
+        assert server.served_bytes("jet-b") == manifest.size
+        assert hijacker.snapshot() == []
+
+
+def test_publishing_outside_its_tree_is_refused_counted_logged_once_and_reported_in_telemetry(
+    doc_broker: DocBroker, tmp_path: Path, links: list[MqttLink]
+) -> None:
+    link_a = device_link(doc_broker, "jet-a", tmp_path, links)
+    jet_a, jet_b = Topics("fleet/v1", "jet-a"), Topics("fleet/v1", "jet-b")
+    metrics = Metrics()
+    metrics.add_collector(link_a.stats, prefix="mqtt")  # as agent/app.py does
+    telemetry = TelemetryLoop(
+        metrics,
+        None,
+        lambda m: link_a.publish(jet_a.telemetry, json.dumps(m).encode()),
+        60.0,
+        threading.Event(),
+    )
+    with operator_probe(doc_broker) as operator, capture_logs() as logs:
+        operator.subscribe("fleet/v1/#")
+        for i in range(40):  # durable results at frame rate, into another device's tree
+            link_a.publish(jet_b.results("cam"), f'{{"frame": {i}}}'.encode(), durable=True)
+        wait_until(lambda: link_a.stats()["acl_denied"] == 40, what="40 refusals counted")
+        denied = [e for e in logs if e["event"] == "mqtt.publish.denied"]
+        assert len(denied) == 1, denied
+        assert operator.on_topic(jet_b.results("cam")) == []
+        # The device's own tree is still open to it: the counter reaches the operator.
+        assert telemetry.tick()
+        (message,) = operator.wait_for_count(jet_a.telemetry, 1)
+        assert json.loads(message.payload)["mqtt.acl_denied"] == 40
+        # An accepted publish ends the episode; the next refusal is logged again.
+        link_a.publish(jet_a.jobs("j1"), b"{}", durable=True)
+        operator.wait_for_count(jet_a.jobs("j1"), 1)
+        wait_until(lambda: any(e["event"] == "mqtt.publish.denied.ended" for e in logs), what="episode end")
+        link_a.publish(jet_b.results("cam"), b"{}", durable=True)
+        wait_until(lambda: link_a.stats()["acl_denied"] == 41, what="41st refusal")
+        assert [e["event"] for e in logs].count("mqtt.publish.denied") == 2
