@@ -361,7 +361,12 @@ class Agent:
         return stats
 
     def _frame_loop_alive(self) -> bool:
-        return all(p.healthy(HEARTBEAT_STALE_S) for p in self.pipelines)
+        bound = self.config.watchdog.stuck_call_s
+        problems = [problem for p in self.pipelines for problem in p.problems(HEARTBEAT_STALE_S, bound)]
+        if problems:
+            # The watchdog's own line names only the check; this one says what is stuck, and where.
+            log.warning("pipeline.stuck", problems=problems, stuck_call_s=bound)
+        return not problems
 
     def _status_line(self) -> str:
         parts = []

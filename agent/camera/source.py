@@ -31,6 +31,7 @@ from agent.camera.drivers import Driver, driver_for, read_timeout_s
 from agent.camera.frame import Frame
 from agent.camera.source_spec import SourceSpec
 from agent.errors import SourceError
+from agent.liveness import CallWatch, OpenCall
 from agent.transitions import TransitionTable
 
 log = structlog.get_logger(__name__)
@@ -133,6 +134,9 @@ class VideoSource:
         # Held for every call into the driver, so close() on another thread never releases a
         # capture in the middle of a read (OpenCV does not survive that).
         self._driver_lock = threading.Lock()
+        # The driver call in progress, for the watchdog: a read stuck in a camera driver is the
+        # one hang that no state change and no frame counter can show.
+        self._call = CallWatch()
         self._state = SourceState.IDLE
         self._closed = False
         self._index = 0
@@ -183,6 +187,14 @@ class VideoSource:
             raise
         finally:
             self._release(reason)
+
+    def driver_call(self) -> OpenCall | None:
+        """The driver call (``open``, ``read``, ``close``) in progress now, and for how long.
+
+        None between calls: while waiting out a reconnect backoff or pacing a file, the source is
+        not inside the driver, so a camera that is unplugged and reconnecting never looks stuck.
+        """
+        return self._call.current()
 
     def stats(self) -> dict[str, float]:
         """Counters for telemetry.
@@ -316,11 +328,19 @@ class VideoSource:
         with self._driver_lock:
             if self._closed:
                 raise _ClosedError
-            return call(*args)
+            self._call.enter(call.__name__)
+            try:
+                return call(*args)
+            finally:
+                self._call.leave()
 
     def _release(self, reason: str) -> None:
         with self._driver_lock:
-            self._driver.close()
+            self._call.enter("close")
+            try:
+                self._driver.close()
+            finally:
+                self._call.leave()
         with self._lock:
             if self._state not in _TERMINAL:
                 self._transition(SourceState.STOPPED, reason)

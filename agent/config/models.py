@@ -90,6 +90,20 @@ class TelemetryConfig(StrictModel):
     )
 
 
+class WatchdogConfig(StrictModel):
+    """What the systemd watchdog (``WatchdogSec=``) counts as a stuck frame path."""
+
+    stuck_call_s: float = Field(
+        30.0,
+        gt=0,
+        description=(
+            "A camera driver call (open/read/close) or an inference call still running after this "
+            "many seconds withholds the watchdog ping. Keep it above the drivers' own timeouts "
+            "(10 s: URL open, first GStreamer frame) and above the slowest inference of a batch."
+        ),
+    )
+
+
 class LoggingConfig(StrictModel):
     """structlog output."""
 
@@ -107,6 +121,7 @@ class AgentConfig(StrictModel):
     streams: dict[Name, StreamConfig] = Field(default_factory=dict)
     telemetry: TelemetryConfig = Field(default_factory=TelemetryConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
+    watchdog: WatchdogConfig = Field(default_factory=WatchdogConfig)
     delivery: DeliveryConfig = Field(default_factory=DeliveryConfig)
     engines: EngineConfig = Field(default_factory=EngineConfig)
 

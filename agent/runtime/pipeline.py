@@ -25,6 +25,7 @@ from agent.camera.preprocess import Letterbox, preprocess
 from agent.camera.preprocess_spec import PreprocessSpec
 from agent.camera.source import VideoSource
 from agent.errors import AgentError
+from agent.liveness import CallWatch
 from agent.protocol.messages import ResultMessage
 from agent.runtime.inbox import DropPolicy, SlotInbox
 from agent.runtime.loaded import LoadedModel
@@ -154,6 +155,9 @@ class SlotPipeline:
         self._workers = max(1, workers)
         self._workers_running = self._workers
         self._workers_lock = threading.Lock()
+        # One per inference worker: the heartbeat below is shared, so a worker stuck inside
+        # runner.infer stays invisible while another one idles and refreshes it.
+        self._infer_calls = [CallWatch() for _ in range(self._workers)]
         self._running_threads: list[threading.Thread] = []
         self._stream_metrics = {plan.name: StreamMetrics(metrics, plan.name) for plan in streams}
         self._infer_hist = metrics.histogram(f"slot.{slot.name}.latency.infer")
@@ -184,8 +188,10 @@ class SlotPipeline:
             t = threading.Thread(target=self._capture, args=(plan,), name=f"capture-{plan.name}", daemon=True)
             self._capture_threads.append(t)
         infer = [
-            threading.Thread(target=self._infer_loop, name=f"infer-{self.slot.name}-{i}", daemon=True)
-            for i in range(self._workers)
+            threading.Thread(
+                target=self._infer_loop, args=(calls,), name=f"infer-{self.slot.name}-{i}", daemon=True
+            )
+            for i, calls in enumerate(self._infer_calls)
         ]
         publish = threading.Thread(target=self._publish_loop, name=f"publish-{self.slot.name}", daemon=True)
         self._running_threads = [*infer, publish]
@@ -207,12 +213,43 @@ class SlotPipeline:
         if stuck:
             log.warning("pipeline.stop.timeout", slot=self.slot.name, threads=stuck)
 
-    def healthy(self, stale_s: float) -> bool:
-        """For the systemd watchdog: the inference loop turns over, or every stream ended on purpose."""
+    def healthy(self, stale_s: float, call_bound_s: float | None = None) -> bool:
+        """For the systemd watchdog: True when :meth:`problems` finds none."""
+        return not self.problems(stale_s, call_bound_s)
+
+    def problems(self, stale_s: float, call_bound_s: float | None = None) -> list[str]:
+        """What keeps this pipeline from being alive, one sentence each; empty when it is alive.
+
+        Alive means: the inference and publish threads run, the inference loop turned over within
+        ``stale_s``, and no camera driver call (open/read/close) and no inference call has been in
+        progress for longer than ``call_bound_s`` (None: calls are not checked). A camera that is
+        reconnecting waits outside the driver, and an idle loop is between calls: both are alive.
+        A pipeline whose streams all ended on purpose (play-once files) is finished, not dead.
+        """
         if self.finished:
-            return True
-        running = bool(self._running_threads) and all(t.is_alive() for t in self._running_threads)
-        return running and time.monotonic() - self.heartbeat < stale_s
+            return []
+        problems = [f"thread {t.name} has ended" for t in self._running_threads if not t.is_alive()]
+        if not self._running_threads:
+            problems.append(f"slot {self.slot.name}: pipeline not started")
+        idle = time.monotonic() - self.heartbeat
+        if idle >= stale_s:
+            problems.append(f"slot {self.slot.name}: inference loop has not turned over for {idle:.1f} s")
+        if call_bound_s is not None:
+            for plan in self.streams:
+                call = plan.source.driver_call()
+                if call is not None and call.seconds > call_bound_s:
+                    problems.append(
+                        f"stream {plan.name}: camera driver {call.what}() has not returned "
+                        f"for {call.seconds:.1f} s"
+                    )
+            for i, calls in enumerate(self._infer_calls):
+                stuck = calls.over(call_bound_s)
+                if stuck is not None:
+                    problems.append(
+                        f"slot {self.slot.name}: inference worker {i} has been in {stuck.what}() "
+                        f"for {stuck.seconds:.1f} s"
+                    )
+        return problems
 
     @property
     def finished(self) -> bool:
@@ -290,7 +327,7 @@ class SlotPipeline:
     def _dropped_in_queue(self, stream: str, _item: WorkItem) -> None:
         self._stream_metrics[stream].dropped["queue_full"].inc()
 
-    def _infer_loop(self) -> None:
+    def _infer_loop(self, calls: CallWatch) -> None:
         while True:
             self.heartbeat = time.monotonic()
             with contextlib.ExitStack() as leased:
@@ -307,7 +344,7 @@ class SlotPipeline:
                     continue
                 results: list[InferredItem] = []
                 try:
-                    results = self._infer_batch(batch, model)
+                    results = self._infer_batch(batch, model, calls)
                 except Exception:
                     log.exception("pipeline.infer.crashed", slot=self.slot.name)
                 finally:
@@ -320,7 +357,10 @@ class SlotPipeline:
         if last:
             self._outbox.close()
 
-    def _infer_batch(self, batch: list[WorkItem], model: LoadedModel | None) -> list[InferredItem]:
+    def _infer_batch(
+        self, batch: list[WorkItem], model: LoadedModel | None, calls: CallWatch | None = None
+    ) -> list[InferredItem]:
+        calls = calls or CallWatch()
         now = time.monotonic()
         done: list[tuple[list[WorkItem], dict[str, npt.NDArray[Any]], float]] = []
         if model is None:
@@ -339,6 +379,7 @@ class SlotPipeline:
         for start in range(0, len(batch), step):
             chunk = batch[start : start + step]
             t0 = time.perf_counter()
+            calls.enter("infer")
             try:
                 outputs = model.runner.infer({model.input_name: np.stack([w.tensor for w in chunk])})
             except AgentError as exc:
@@ -346,6 +387,8 @@ class SlotPipeline:
                     self._stream_metrics[work.plan.name].dropped["infer_error"].inc()
                 log.error("pipeline.infer.failed", slot=self.slot.name, error=str(exc))
                 continue
+            finally:
+                calls.leave()
             done.append((chunk, outputs, (time.perf_counter() - t0) * 1000.0))
         results: list[InferredItem] = []
         for chunk, outputs, infer_ms in done:

@@ -15,7 +15,11 @@ BOUNDARY = "frame"
 
 
 class MjpegServer:
-    """Serves an endless MJPEG stream of solid frames; can be stopped and restarted on its port."""
+    """Serves an endless MJPEG stream of solid frames; can be stopped and restarted on its port.
+
+    :meth:`stall` makes it a camera that hangs mid-frame: it sends the first half of one more
+    frame and then nothing, keeping the connection open, so the reader blocks inside its read.
+    """
 
     def __init__(self, width: int = 64, height: int = 48, fps: float = 50.0) -> None:
         self.width, self.height, self.interval = width, height, 1.0 / fps
@@ -23,6 +27,7 @@ class MjpegServer:
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
+        self._stalled = threading.Event()
         self._connections: list[socket.socket] = []
         self._lock = threading.Lock()
         self.sent = 0
@@ -45,6 +50,11 @@ class MjpegServer:
                     assert ok
                     body = jpeg.tobytes()
                     head = f"--{BOUNDARY}\r\nContent-Type: image/jpeg\r\nContent-Length: {len(body)}\r\n\r\n"
+                    if owner._stalled.is_set():
+                        with contextlib.suppress(OSError):
+                            self.wfile.write(head.encode() + body[: len(body) // 2])
+                        owner._stopping.wait()  # hold the connection open, silent, until stop()
+                        return
                     try:
                         self.wfile.write(head.encode() + body + b"\r\n")
                     except OSError:
@@ -66,6 +76,10 @@ class MjpegServer:
         self._thread.start()
         return self
 
+    def stall(self) -> None:
+        """From the next frame on, send half a frame and then nothing on every open stream."""
+        self._stalled.set()
+
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}/stream.mjpg"
@@ -75,6 +89,7 @@ class MjpegServer:
         if self._server is None:
             return
         self._stopping.set()
+        self._stalled.clear()
         self._server.shutdown()
         self._server.server_close()
         with self._lock:

@@ -6,31 +6,38 @@ credentials (SO_PASSCRED), as systemd does with ``NotifyAccess=main``.
 
 from __future__ import annotations
 
+import itertools
 import signal
 import socket
 import struct
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tests.broker import Broker
+from tests.camera.mjpeg_server import MjpegServer
 from tests.e2e.daemon import AgentFiles, Daemon
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 
 WATCHDOG_USEC = 2_000_000
+WATCHDOG_S = WATCHDOG_USEC / 1_000_000
 
 
 @dataclass(frozen=True)
 class Notification:
-    """One datagram: its ``KEY=value`` fields and the pid the kernel says sent it."""
+    """One datagram: its ``KEY=value`` fields, the pid the kernel says sent it, when it came (monotonic)."""
 
     fields: dict[str, str]
     pid: int
+    at: float = field(default_factory=time.monotonic)
 
 
 class NotifySocket:
@@ -150,3 +157,79 @@ def test_ready_watchdog_reload_stopping(
     stopping = _index(notes, "STOPPING", "1")
     assert stopping > ready_again
     assert all("READY" not in n.fields for n in notes[stopping:])
+
+
+def _pings(notes: list[Notification]) -> list[float]:
+    return [n.at for n in notes if n.fields.get("WATCHDOG") == "1"]
+
+
+def _events(daemon: Daemon, event: str, **match: Any) -> list[dict[str, Any]]:
+    return [
+        e for e in daemon.events() if e.get("event") == event and all(e.get(k) == v for k, v in match.items())
+    ]
+
+
+def test_watchdog_is_withheld_while_a_camera_read_hangs_and_kept_while_an_unplugged_camera_reconnects(
+    tmp_path: Path, broker: Broker, notify_socket: NotifySocket, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """systemd restarts a daemon whose capture is stuck inside a driver call, not one whose camera is gone.
+
+    The camera is a real HTTP MJPEG server that stops in the middle of a frame with the connection
+    open: FFmpeg blocks in its read (up to its own 5 s timeout, longer than ``stuck_call_s``).
+    """
+    monkeypatch.delenv("WATCHDOG_PID", raising=False)
+    camera = MjpegServer().start()
+    files = AgentFiles(tmp_path, broker.port, f"sd-{uuid.uuid4().hex[:8]}", frames=10)
+    source = {"type": "url", "url": camera.url, "reconnect_min_s": 0.2, "reconnect_max_s": 0.5}
+    config = files.write_config(
+        stream={"source": source, "drop_policy": "keep_newest", "results_qos": 0},
+        watchdog={"stuck_call_s": 1.0},
+    )
+    env = {"NOTIFY_SOCKET": str(notify_socket.path), "WATCHDOG_USEC": str(WATCHDOG_USEC)}
+    daemon = Daemon(config, tmp_path / "agent.log", env=env)
+    try:
+        notify_socket.wait_for("READY=1", lambda ns: any("READY" in n.fields for n in ns))
+        notify_socket.wait_for("two watchdog pings while streaming", lambda ns: len(_pings(ns)) >= 2)
+        assert _events(daemon, "camera.source.state", new="streaming")
+
+        camera.stall()
+        stuck = daemon.wait_for_event("pipeline.stuck", timeout=10.0)
+        assert any(
+            p.startswith("stream cam: camera driver read() has not returned") for p in stuck["problems"]
+        )
+        # No ping for longer than WatchdogSec: systemd would now kill and restart the service.
+        wait_until(
+            lambda: time.monotonic() - _pings(notify_socket.snapshot())[-1] > WATCHDOG_S + 0.5,
+            timeout=4.0,
+            what=f"a silence of more than WatchdogSec={WATCHDOG_S:g} s",
+        )
+        withheld = _events(daemon, "systemd.watchdog.withheld")
+        assert withheld
+        assert all(e["failing"] == ["frame_loop"] for e in withheld)
+
+        camera.stop()  # unplugged: the read fails at once, every reopen is refused, backoff in between
+        wait_until(
+            lambda: len(_events(daemon, "camera.source.failed", phase="open")) >= 1,
+            timeout=10.0,
+            what="the first refused reopen",
+        )
+        first_retry, retry_seen = len(daemon.events()), time.monotonic()
+        pings_before = len(_pings(notify_socket.snapshot()))
+        wait_until(
+            lambda: (
+                len(_events(daemon, "camera.source.failed", phase="open")) >= 4
+                and len(_pings(notify_socket.snapshot())) >= pings_before + 3
+            ),
+            timeout=20.0,
+            what="three more refused reopens and three pings",
+        )
+        later = daemon.events()[first_retry:]
+        assert not [e for e in later if e.get("event") in ("pipeline.stuck", "systemd.watchdog.withheld")]
+        reconnecting = [retry_seen, *_pings(notify_socket.snapshot())[pings_before:]]
+        gaps = [b - a for a, b in itertools.pairwise(reconnecting)]
+        assert max(gaps) < WATCHDOG_S, gaps  # pinged all along: systemd leaves it running
+        assert daemon.proc.poll() is None
+    finally:
+        camera.stop()
+        code = daemon.stop()
+    assert code == 0, daemon.log()[-3000:]
