@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 import threading
 from pathlib import Path
@@ -27,7 +26,6 @@ from agent.fleet.deploy import DEFAULT_STATUS_POLL_S
 from agent.fleet.untrusted import shown
 from agent.logs import configure_logging
 from agent.postprocess.spec import ClassificationSpec, DetectionSpec, PostprocessSpec
-from agent.protocol.messages import MAX_COUNT
 
 if TYPE_CHECKING:
     from agent.fleet.deploy import DeployOutcome
@@ -343,21 +341,7 @@ def _cmd(args: argparse.Namespace) -> int:
     if not isinstance(command_args, dict):
         raise ConfigError('--args must be a JSON object, e.g. \'{"slot": "cls"}\'')
     reply = send_command(settings_from_args(args), args.device, args.name, command_args, timeout=args.timeout)
-    # json.dumps escapes control characters (ensure_ascii); _printable_json makes the numbers printable.
-    print(json.dumps(_printable_json(reply.model_dump(mode="json", exclude_none=True)), indent=2))
+    # Device text: json.dumps escapes control characters (ensure_ascii), and pydantic's JSON mode
+    # writes NaN and the infinities as null (tests/fleet/test_hostile_devices.py checks both).
+    print(json.dumps(reply.model_dump(mode="json", exclude_none=True), indent=2))
     return 0 if reply.ok else 1
-
-
-def _printable_json(value: Any) -> Any:
-    """``value`` with the numbers JSON cannot carry as strings: NaN and infinities (``json.dumps``
-    would write the invalid ``NaN``) and integers past 64 bits (``str()`` of one past 4,300 digits
-    raises). A command's ``result`` is free-form, so a device can put either there."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return str(value)
-    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_COUNT:
-        return f"<integer of {value.bit_length()} bits>"
-    if isinstance(value, dict):
-        return {k: _printable_json(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_printable_json(v) for v in value]
-    return value

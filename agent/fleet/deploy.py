@@ -48,6 +48,7 @@ from agent.engines.spec import BuildSpec
 from agent.errors import ConfigError
 from agent.fleet.chunks import ChunkServer
 from agent.fleet.command import PendingReplies, publish_command
+from agent.fleet.untrusted import shown
 from agent.mqtt.client_tools import ServiceClient
 from agent.mqtt.inbox import InboundMessage
 from agent.mqtt.settings import MqttSettings
@@ -445,8 +446,8 @@ class FleetDeploy:
             p.malformed += 1
             if len(p.malformed_notes) < MAX_MALFORMED_NOTES:
                 p.malformed_notes.append(note)
-        # repr: the note holds device text, and a console log line must not carry its escapes raw.
-        log.warning("fleet.deploy.bad_message", device=device, job=self.job_id, error=repr(note[:300]))
+        # The note holds device text; a console log line must not carry its escapes raw.
+        log.warning("fleet.deploy.bad_message", device=device, job=self.job_id, error=shown(note, 300))
         self._changed.set()
 
     def _apply(self, device: str, status: JobStatus) -> None:

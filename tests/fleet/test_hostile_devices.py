@@ -251,3 +251,36 @@ def test_deploy_shows_hostile_device_text_escaped_and_capped(
     )
     assert re.search(r"^jet-nan\s+ACTIVE", out, re.MULTILINE)
     assert len(out) + len(err) < 8192, len(out) + len(err)
+
+
+def test_fleet_cmd_prints_a_hostile_reply_as_valid_escaped_json(
+    broker: Broker, capsys: pytest.CaptureFixture[str]
+) -> None:
+    prefix = unique_prefix()
+    topics = Topics(prefix, "jet-evil")
+    with Probe(broker.host, broker.port) as device:
+        device.subscribe(topics.cmd("status"))
+
+        def answer() -> None:
+            request = device.wait_for_count(topics.cmd("status"), 1, timeout=20)[0]
+            text = json.dumps(ESCAPES)
+            reply = (
+                f'{{"command": "status", "ok": true, "result": {{"t": NaN, "u": -Infinity, "s": {text}}}}}'
+            )
+            device.publish(
+                request.response_topic or "", reply.encode(), correlation_data=request.correlation_data
+            )
+
+        thread = threading.Thread(target=answer, daemon=True)
+        thread.start()
+        code = main(["fleet", "cmd", "jet-evil", "status", *_broker_args(broker, prefix)])
+        thread.join(5)
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    _assert_terminal_safe(out + err)
+
+    def refuse(constant: str) -> None:
+        raise AssertionError(f"{constant} is not JSON")
+
+    result = json.loads(out, parse_constant=refuse)["result"]
+    assert result == {"t": None, "u": None, "s": ESCAPES}  # the text itself, escaped only in the JSON
