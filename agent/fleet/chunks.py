@@ -36,6 +36,7 @@ from pydantic import ValidationError
 
 from agent.delivery.transfer import INDEX_PROPERTY, SHA256_PROPERTY, ChunkRequest
 from agent.errors import TransportError
+from agent.fleet.untrusted import shown
 from agent.fsutil import sha256_file
 from agent.mqtt.core import PublishProperties
 from agent.mqtt.inbox import InboundMessage
@@ -259,6 +260,7 @@ class ChunkServer:
         return [(index, data)]
 
     def _on_request(self, message: InboundMessage) -> None:
+        # Device text goes into the log lines through shown(): `fleet serve -v` prints them on a console.
         try:
             topic = parse(message.topic, self.prefix)
         except ValueError:
@@ -272,30 +274,33 @@ class ChunkServer:
             request = ChunkRequest.model_validate_json(message.payload)
         except ValidationError as exc:
             self._count("bad_request")
-            log.warning("fleet.chunks.bad_request", device=device, error=str(exc).splitlines()[0])
+            log.warning("fleet.chunks.bad_request", device=shown(device), error=shown(str(exc), 200))
             return
         reply_topic = Topics(self.prefix, device).xfer(request.sha256)
         if message.response_topic != reply_topic or request.device not in (None, device):
             self._count("refused")
             log.warning(
                 "fleet.chunks.refused",
-                device=device,
-                response_topic=message.response_topic,
-                claimed_device=request.device,
+                device=shown(device),
+                response_topic=shown(message.response_topic or ""),
+                claimed_device=shown(request.device or ""),
                 why="a device may only ask for chunks sent to its own down/xfer topic",
             )
             return
         model = self._model(request.sha256)
         if model is None:
             self._count("unknown_model")
-            log.warning("fleet.chunks.unknown_model", device=device, sha256=request.sha256)
+            log.warning("fleet.chunks.unknown_model", device=shown(device), sha256=shown(request.sha256))
             return
         # The device's manifest decides the chunking (the same file may be deployed with several).
         chunk_size = request.chunk_size or model.chunk_size
         if chunk_size is None or chunk_size > _MAX_REQUEST_CHUNK:
             self._count("bad_request")
             log.warning(
-                "fleet.chunks.bad_chunk_size", device=device, requested=request.chunk_size, served=chunk_size
+                "fleet.chunks.bad_chunk_size",
+                device=shown(device),
+                requested=request.chunk_size,
+                served=chunk_size,
             )
             return
         self._count("requests")

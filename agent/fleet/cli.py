@@ -12,7 +12,7 @@ import json
 import sys
 import threading
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import TypeAdapter, ValidationError
 
@@ -21,11 +21,21 @@ from agent.delivery.manifest import DEFAULT_CHUNK_SIZE, MAX_CHUNK_SIZE, MIN_CHUN
 from agent.engines.spec import BuildSpec
 from agent.errors import ConfigError
 from agent.fleet.connection import add_broker_arguments, settings_from_args
+from agent.fleet.deploy import DEFAULT_STATUS_POLL_S
+from agent.fleet.untrusted import shown
 from agent.logs import configure_logging
 from agent.postprocess.spec import ClassificationSpec, DetectionSpec, PostprocessSpec
 
-#: Exit codes of ``fleet deploy``.
-EXIT_OK, EXIT_FAILED, EXIT_UNFINISHED = 0, 1, 2
+if TYPE_CHECKING:
+    from agent.fleet.deploy import DeployOutcome
+
+#: Exit codes of ``fleet deploy`` (docs/fleet.md): every device ACTIVE; a device ended in a failure
+#: state; some device unfinished at --timeout; a device sent a message that did not parse (and none
+#: failed). A failure outranks a malformed message, which outranks unfinished: a device whose end
+#: state did not parse is also unfinished, and the malformed message is what the operator must see.
+EXIT_OK, EXIT_FAILED, EXIT_UNFINISHED, EXIT_MALFORMED = 0, 1, 2, 3
+#: Longest summary line printed per device (its error text is the device's).
+_SUMMARY_WIDTH = 300
 
 
 def add_fleet_arguments(parser: argparse.ArgumentParser) -> None:
@@ -72,6 +82,13 @@ def add_fleet_arguments(parser: argparse.ArgumentParser) -> None:
     deploy.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for all devices")
     deploy.add_argument("--no-serve", action="store_true", help="do not serve chunks (a `fleet serve` does)")
     deploy.add_argument("--max-rate", type=float, default=None, help="cap served chunk bytes per second")
+    deploy.add_argument(
+        "--status-poll",
+        type=float,
+        default=DEFAULT_STATUS_POLL_S,
+        metavar="SECONDS",
+        help=f"ask a device quiet this long for its job state (default {DEFAULT_STATUS_POLL_S:.0f})",
+    )
     add_broker_arguments(deploy)
     _add_verbose(deploy)
 
@@ -220,6 +237,8 @@ def _deploy(args: argparse.Namespace) -> int:
 
     if args.key is not None and not args.key_id:
         raise ConfigError("--key needs --key-id: the id the devices' delivery.trusted_keys know the key by")
+    if not args.status_poll > 0:
+        raise ConfigError("--status-poll must be a number of seconds above 0")
     if not MIN_CHUNK_SIZE <= args.chunk_size <= MAX_CHUNK_SIZE:
         raise ConfigError(f"--chunk-size must be between {MIN_CHUNK_SIZE} and {MAX_CHUNK_SIZE} bytes")
     preprocess = None
@@ -253,6 +272,7 @@ def _deploy(args: argparse.Namespace) -> int:
         serve=not args.no_serve,
         max_rate_bps=args.max_rate,
         on_change=view.update,
+        status_poll_s=args.status_poll,
     )
     print(f"deploy: {describe_manifest(deploy.manifest)}")
     if key is not None:
@@ -266,16 +286,28 @@ def _deploy(args: argparse.Namespace) -> int:
         view.update(deploy.snapshot(), force=True)
         outcome = deploy.wait(args.timeout)
         view.close(deploy.snapshot())
+    return _report_outcome(outcome, plan.slot)
+
+
+def _report_outcome(outcome: DeployOutcome, slot: str) -> int:
+    """Print how the deploy ended (device text made safe for the terminal); return the exit code."""
     total = len(outcome.devices)
+    malformed = outcome.malformed_lines()
+    if malformed:
+        bad = sum(1 for p in outcome.devices.values() if p.malformed)
+        print(f"deploy: {bad} device(s) sent malformed messages:", file=sys.stderr)
+        for line in malformed:
+            print(f"  {shown(line, _SUMMARY_WIDTH)}", file=sys.stderr)
     if outcome.ok:
-        print(f"deploy: all {total} device(s) ACTIVE on {plan.slot}")
-        return EXIT_OK
+        print(f"deploy: all {total} device(s) ACTIVE on {slot}")
+        return EXIT_MALFORMED if malformed else EXIT_OK
     failures = outcome.failures()
     print(f"deploy: {len(failures)} of {total} device(s) did not reach ACTIVE:", file=sys.stderr)
     for line in failures:
-        print(f"  {line}", file=sys.stderr)
-    failed = any(p.done and not p.ok for p in outcome.devices.values())
-    return EXIT_FAILED if failed else EXIT_UNFINISHED
+        print(f"  {shown(line, _SUMMARY_WIDTH)}", file=sys.stderr)
+    if any(p.done and not p.ok for p in outcome.devices.values()):
+        return EXIT_FAILED
+    return EXIT_MALFORMED if malformed else EXIT_UNFINISHED
 
 
 # -- serve, status, cmd ----------------------------------------------------------------------------
@@ -313,5 +345,7 @@ def _cmd(args: argparse.Namespace) -> int:
     if not isinstance(command_args, dict):
         raise ConfigError('--args must be a JSON object, e.g. \'{"slot": "cls"}\'')
     reply = send_command(settings_from_args(args), args.device, args.name, command_args, timeout=args.timeout)
+    # Device text: json.dumps escapes control characters (ensure_ascii), and pydantic's JSON mode
+    # writes NaN and the infinities as null (tests/fleet/test_hostile_devices.py checks both).
     print(json.dumps(reply.model_dump(mode="json", exclude_none=True), indent=2))
     return 0 if reply.ok else 1

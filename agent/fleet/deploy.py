@@ -15,6 +15,10 @@ when every device reached a terminal state. Messages can be missed (the broker r
 device replayed its spool), so a device that stays quiet is asked with the ``status`` command,
 which names its last job and that job's state; after a reconnect the manifests are published
 again, because a broker without persistence forgets retained messages.
+
+A message from a target device that does not parse (its job status, its retained status, its reply
+to ``status``) is kept as a note on that device naming the message and the field, and the deploy
+goes on: one device's bad message must not end the deploy for the others.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import structlog
-from pydantic import ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from agent.camera.preprocess_spec import PreprocessSpec
 from agent.delivery.manifest import (
@@ -44,6 +48,7 @@ from agent.engines.spec import BuildSpec
 from agent.errors import ConfigError
 from agent.fleet.chunks import ChunkServer, random_group
 from agent.fleet.command import PendingReplies, publish_command
+from agent.fleet.untrusted import shown
 from agent.mqtt.inbox import InboundMessage
 from agent.mqtt.service_client import ServiceClient
 from agent.mqtt.settings import MqttSettings
@@ -59,6 +64,8 @@ DEFAULT_STATUS_POLL_S = 15.0
 #: A status query unanswered for this long is given up (asked again at the next poll).
 _POLL_REPLY_TIMEOUT_S = 30.0
 _JOB_ID_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
+#: Malformed-message notes kept per device; later ones are only counted (a device can loop).
+MAX_MALFORMED_NOTES = 3
 
 
 class _SequenceClock:
@@ -131,6 +138,9 @@ class DeviceProgress:
     timings_s: dict[str, float] = field(default_factory=dict)
     effective: dict[str, Any] | None = None
     updated: float = field(default_factory=time.monotonic)
+    #: Messages from this device that did not parse, and the first few of them, described.
+    malformed: int = 0
+    malformed_notes: list[str] = field(default_factory=list)
 
     @property
     def done(self) -> bool:
@@ -153,7 +163,12 @@ class DeviceProgress:
         return 1.0 if self.ok or not self.done else min(1.0, self.bytes_done / (self.bytes_total or 1))
 
     def copy(self) -> DeviceProgress:
-        return replace(self, history=list(self.history), timings_s=dict(self.timings_s))
+        return replace(
+            self,
+            history=list(self.history),
+            timings_s=dict(self.timings_s),
+            malformed_notes=list(self.malformed_notes),
+        )
 
 
 @dataclass(frozen=True)
@@ -173,6 +188,23 @@ class DeployOutcome:
     def finished(self) -> bool:
         """True when every device reached a terminal state."""
         return all(p.done for p in self.devices.values())
+
+    @property
+    def malformed(self) -> bool:
+        """True when some device sent a message about this deploy that did not parse."""
+        return any(p.malformed for p in self.devices.values())
+
+    def malformed_lines(self) -> list[str]:
+        """One line per malformed message kept: the device, which message, which field and why.
+
+        Device text in them is not yet made safe for a terminal (see agent.fleet.untrusted).
+        """
+        lines: list[str] = []
+        for name, p in sorted(self.devices.items()):
+            lines.extend(f"{name}: malformed {note}" for note in p.malformed_notes)
+            if p.malformed > len(p.malformed_notes):
+                lines.append(f"{name}: {p.malformed - len(p.malformed_notes)} more malformed message(s)")
+        return lines
 
     def failures(self) -> list[str]:
         """One line per device that did not end ACTIVE: state, error code and message."""
@@ -406,7 +438,18 @@ class FleetDeploy:
             elif topic.kind == "cmd":
                 self._pending.offer(message)
         except ProtocolError as exc:
-            log.warning("fleet.deploy.bad_message", topic=message.topic, error=str(exc))
+            self._note_malformed(topic.device, f"{topic.kind} message: {exc}")
+
+    def _note_malformed(self, device: str, note: str) -> None:
+        """Keep ``note`` on ``device``'s progress: a message of it about this deploy did not parse."""
+        with self._lock:
+            p = self._devices[device]
+            p.malformed += 1
+            if len(p.malformed_notes) < MAX_MALFORMED_NOTES:
+                p.malformed_notes.append(note)
+        # The note holds device text; a console log line must not carry its escapes raw.
+        log.warning("fleet.deploy.bad_message", device=device, job=self.job_id, error=shown(note, 300))
+        self._changed.set()
 
     def _apply(self, device: str, status: JobStatus) -> None:
         with self._lock:
@@ -471,27 +514,53 @@ class FleetDeploy:
             del self._polls[correlation]
             with self._lock:
                 self._devices[device].updated = now
+            if not reply.ok and reply.error_code == ProtocolError.code:
+                # PendingReplies turned a reply that did not parse into this error reply.
+                self._note_malformed(device, f"status reply: {reply.error}")
+                changed = True
+                continue
             record = _last_job(reply.result, self.plan.slot) if reply.ok else None
             if record is None or record.get("job_id") != self.job_id:
                 continue
             try:
-                state = JobState(record.get("state"))
-            except ValueError:
+                last = _LastJob.model_validate(record)
+            except ValidationError as exc:
+                where = f"result.delivery.slots.{self.plan.slot}.last_job"
+                problems = "; ".join(
+                    f"{'.'.join((where, *(str(p) for p in e['loc'])))}: {e['msg']}"
+                    for e in exc.errors(include_url=False)
+                )
+                self._note_malformed(device, f"status reply: {problems}")
+                changed = True
                 continue
-            if state.terminal:
+            if last.state.terminal:
                 # The job's own message was missed; the device's job ledger says how it ended.
                 self._apply(
                     device,
                     JobStatus(
                         job_id=self.job_id,
                         slot=self.plan.slot,
-                        state=state,
-                        error_code=record.get("error_code"),
+                        state=last.state,
+                        error_code=last.error_code,
                         error="final state read with the status command (its job message was missed)",
                     ),
                 )
                 changed = True
         return changed
+
+
+class _LastJob(BaseModel):
+    """The part of a ``status`` reply's ``last_job`` record the deploy reads (the rest is ignored).
+
+    Validated like any message: a device's ``error_code: 12345`` is a malformed reply of that
+    device, not a crash of the deploy.
+    """
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    job_id: str
+    state: JobState
+    error_code: str | None = None
 
 
 def _last_job(result: dict[str, Any] | None, slot: str) -> dict[str, Any] | None:

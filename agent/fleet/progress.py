@@ -1,5 +1,9 @@
 """The live per-device progress of ``fleet deploy``: redrawn in place on a terminal, one line per
-change otherwise (a log file or CI output stays readable)."""
+change otherwise (a log file or CI output stays readable).
+
+Error codes and texts come from the devices: they pass through :func:`~agent.fleet.untrusted.shown`,
+so no device can move the cursor or draw a line of its own, and each fits its column.
+"""
 
 from __future__ import annotations
 
@@ -9,10 +13,13 @@ from collections.abc import Sequence
 from typing import TextIO
 
 from agent.fleet.deploy import DeviceProgress, format_bytes
+from agent.fleet.untrusted import shown
 from agent.protocol.messages import JobState
 
-#: Longest error message shown in the live line (the final summary prints it whole).
+#: Longest error message shown in the live line (the final summary shows more of it).
 _ERROR_WIDTH = 60
+#: Longest error code shown (codes are short words; a device can send anything).
+_CODE_WIDTH = 32
 
 
 def passed_states(p: DeviceProgress, shown: int) -> list[JobState]:
@@ -25,7 +32,7 @@ def passed_states(p: DeviceProgress, shown: int) -> list[JobState]:
 
 def state_line(p: DeviceProgress, state: JobState, width: int = 0) -> str:
     """``device  STATE`` for a state the job passed through (no progress figures: they are gone)."""
-    return f"{p.device:<{width}}  {state.value}"
+    return f"{shown(p.device):<{width}}  {state.value}"
 
 
 def progress_line(p: DeviceProgress, width: int = 0) -> str:
@@ -38,16 +45,17 @@ def progress_line(p: DeviceProgress, width: int = 0) -> str:
         done = 0
     else:
         done = p.bytes_total if p.ok or not p.done else p.bytes_done
-    line = f"{p.device:<{width}}  {state:<11} {pct}  {format_bytes(done)} / {format_bytes(p.bytes_total)}"
+    line = (
+        f"{shown(p.device):<{width}}  {state:<11} {pct}  {format_bytes(done)} / {format_bytes(p.bytes_total)}"
+    )
     if p.done and not p.ok:
-        error = (p.error or "").replace("\n", " ")
-        if len(error) > _ERROR_WIDTH:
-            error = error[: _ERROR_WIDTH - 3] + "..."
-        line += f"  {p.error_code or ''}: {error}"
+        line += f"  {shown(p.error_code or '', _CODE_WIDTH)}: {shown(p.error or '', _ERROR_WIDTH)}"
     elif p.ok and p.timings_s:
         line += f"  in {sum(p.timings_s.values()):.1f} s"
     elif p.online is False:
         line += "  (device offline: waiting for it to connect)"
+    if p.malformed:
+        line += f"  ({p.malformed} malformed message(s) from it)"
     return line
 
 
@@ -66,7 +74,7 @@ class ProgressView:
 
     def update(self, devices: Sequence[DeviceProgress], *, force: bool = False) -> None:
         """Show the new state: redraw (terminal, rate-limited) or print the lines that changed."""
-        width = max((len(p.device) for p in devices), default=0)
+        width = max((len(shown(p.device)) for p in devices), default=0)
         if self.tty:
             now = time.monotonic()
             if not force and now - self._last_draw < self.min_interval_s:
@@ -79,7 +87,7 @@ class ProgressView:
                 self.stream.write(state_line(p, state, width) + "\n")
             self._shown[p.device] = len(p.history)
             # Served bytes change per chunk: a new line only for a new state or another tenth.
-            key = (p.state, int(p.fraction * 10), p.error_code, p.online is False)
+            key = (p.state, int(p.fraction * 10), p.error_code, p.online is False, p.malformed)
             if self._last_keys.get(p.device) != key:
                 self._last_keys[p.device] = key
                 self.stream.write(progress_line(p, width) + "\n")

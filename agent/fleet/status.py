@@ -2,20 +2,34 @@
 
 Retained messages arrive right after the subscription; there is no end marker, so collection stops
 after a short quiet period (or a bounded total wait).
+
+Everything in a row except the operator's own words came from a device: the table passes each cell
+through :func:`~agent.fleet.untrusted.shown` (escapes, length cap), ``--json`` through
+:meth:`DeviceRow.as_dict` (length cap; the JSON encoder escapes control characters), and a device
+whose message does not parse gets a problem line naming the message and the field, not a crash.
 """
 
 from __future__ import annotations
 
+import math
 import queue
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from agent.fleet.untrusted import clipped, shown
 from agent.mqtt.inbox import InboundMessage
 from agent.mqtt.service_client import ServiceClient
 from agent.mqtt.settings import MqttSettings
 from agent.protocol.messages import InfoMessage, ProtocolError, StatusMessage, decode
 from agent.protocol.topics import fleet_filter, parse
+
+#: Longest device text kept per field in ``--json`` output (a device can send megabytes).
+JSON_TEXT_LIMIT = 1024
+#: Slots listed per device in the table (a device can claim thousands).
+_MAX_SLOTS_SHOWN = 8
+#: Malformed-message notes kept per device (a device can publish malformed messages in a loop).
+MAX_PROBLEMS = 5
 
 
 @dataclass
@@ -32,17 +46,31 @@ class DeviceRow:
     problems: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
-        """The row for ``--json``."""
-        return {
-            "device": self.device,
-            "state": self.state,
-            "since": self.since,
-            "session": self.session,
-            "agent_version": self.agent_version,
-            "slots": self.slots,
-            "platform": self.platform,
-            "problems": self.problems,
-        }
+        """The row for ``--json``, every device string cut to :data:`JSON_TEXT_LIMIT` characters."""
+        row: dict[str, Any] = _clip_strings(
+            {
+                "device": self.device,
+                "state": self.state,
+                "since": self.since,
+                "session": self.session,
+                "agent_version": self.agent_version,
+                "slots": self.slots,
+                "platform": self.platform,
+                "problems": self.problems,
+            }
+        )
+        return row
+
+
+def _clip_strings(value: Any) -> Any:
+    """``value`` with every string (keys too) cut to :data:`JSON_TEXT_LIMIT` characters."""
+    if isinstance(value, str):
+        return clipped(value, JSON_TEXT_LIMIT)
+    if isinstance(value, dict):
+        return {clipped(str(k), JSON_TEXT_LIMIT): _clip_strings(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_clip_strings(v) for v in value]
+    return value
 
 
 def collect_fleet(
@@ -99,25 +127,28 @@ def _apply(rows: dict[str, DeviceRow], message: InboundMessage, prefix: str) -> 
                 for name, slot in info.slots.items()
             }
     except ProtocolError as exc:
-        row.problems.append(f"{topic.kind}: {exc}")
+        if len(row.problems) < MAX_PROBLEMS:
+            row.problems.append(f"{topic.kind}: {exc}")
 
 
 def platform_bits(platform: dict[str, Any]) -> str:
     """A short platform description: board or machine, JetPack, TensorRT, DLA cores."""
-    parts = [str(platform.get("device_model") or platform.get("machine") or "?")]
+    parts = [shown(platform.get("device_model") or platform.get("machine") or "?", 40)]
     if platform.get("jetpack"):
-        parts.append(f"JetPack {platform['jetpack']}")
+        parts.append(f"JetPack {shown(platform['jetpack'], 16)}")
     if platform.get("tensorrt_version"):
-        parts.append(f"TRT {platform['tensorrt_version']}")
+        parts.append(f"TRT {shown(platform['tensorrt_version'], 16)}")
     elif platform.get("onnxruntime_version"):
-        parts.append(f"ORT {platform['onnxruntime_version']}")
+        parts.append(f"ORT {shown(platform['onnxruntime_version'], 16)}")
     if platform.get("dla_cores"):
-        parts.append(f"{platform['dla_cores']} DLA")
+        parts.append(f"{shown(platform['dla_cores'], 4)} DLA")
     return ", ".join(parts)
 
 
 def age(seconds: float) -> str:
-    """``42s``, ``7m03s``, ``5h12m``, ``3d04h``."""
+    """``42s``, ``7m03s``, ``5h12m``, ``3d04h``; ``?`` for a time that is not a number."""
+    if not math.isfinite(seconds):
+        return "?"  # messages refuse non-finite times; a DeviceRow made in code may still hold one
     s = max(0, int(seconds))
     if s < 60:
         return f"{s}s"
@@ -129,27 +160,42 @@ def age(seconds: float) -> str:
 
 
 def format_table(rows: list[DeviceRow], now: float | None = None) -> str:
-    """The devices as an aligned text table (one line per device)."""
+    """The devices as an aligned text table (one line per device), then one line per problem.
+
+    Every cell a device controls is passed through :func:`shown`: no control characters reach the
+    terminal and no cell is longer than its cap, whatever the device sent.
+    """
     now = time.time() if now is None else now
     header = ("DEVICE", "STATUS", "AGENT", "SLOTS (model:version)", "LAST JOB", "PLATFORM")
     lines: list[tuple[str, ...]] = [header]
+    notes: list[str] = []
     for row in rows:
+        device = shown(row.device, 40)
         status = row.state if row.since is None else f"{row.state} {age(now - row.since)}"
         slots = " ".join(
-            f"{name}={s['model_id'] or '-'}:{s['version'] or '-'}" for name, s in sorted(row.slots.items())
+            f"{shown(name, 24)}={shown(s['model_id'] or '-', 40)}:{shown(s['version'] or '-', 24)}"
+            for name, s in sorted(row.slots.items())[:_MAX_SLOTS_SHOWN]
         )
-        jobs = " ".join(f"{name}={s['last_job']}" for name, s in sorted(row.slots.items()) if s["last_job"])
+        jobs = " ".join(
+            f"{shown(name, 24)}={shown(s['last_job'], 64)}"
+            for name, s in sorted(row.slots.items())[:_MAX_SLOTS_SHOWN]
+            if s["last_job"]
+        )
+        if len(row.slots) > _MAX_SLOTS_SHOWN:
+            slots += f" (+{len(row.slots) - _MAX_SLOTS_SHOWN} more)"
         lines.append(
             (
-                row.device,
-                status,
-                row.agent_version or "-",
+                device,
+                shown(status, 24),
+                shown(row.agent_version or "-", 24),
                 slots or "-",
                 jobs or "-",
                 platform_bits(row.platform) if row.platform else "-",
             )
         )
+        notes.extend(f"{device}: malformed {shown(problem, 200)}" for problem in row.problems)
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
-    return "\n".join(
+    table = [
         "  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip() for line in lines
-    )
+    ]
+    return "\n".join(table + notes)

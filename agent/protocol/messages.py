@@ -11,7 +11,7 @@ import enum
 import math
 import time
 import uuid
-from typing import Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -26,6 +26,20 @@ class ProtocolError(AgentError):
     code = "bad_message"
 
 
+#: Largest count a message may carry: a signed 64-bit integer, what SQLite and the JSON readers of
+#: other languages hold. Python reads any length of digits, and ``str()`` of one past 4,300 digits
+#: raises, so an unbounded count from a device crashes whoever prints it.
+MAX_COUNT = 2**63 - 1
+
+#: A time or duration (Unix seconds, seconds, milliseconds). JSON parsers accept ``NaN``,
+#: ``Infinity`` and ``1e400`` (which overflows to infinity); none of them is a time, and each one
+#: crashes or poisons whatever computes with it (``int(nan)`` raises), so they are refused here, once.
+FiniteTime = Annotated[float, Field(allow_inf_nan=False)]
+
+#: A count (bytes, frames, sessions, workers): a whole number from 0 to :data:`MAX_COUNT`.
+Count = Annotated[int, Field(ge=0, le=MAX_COUNT)]
+
+
 def _new_msg_id() -> str:
     return uuid.uuid4().hex
 
@@ -38,7 +52,7 @@ class Envelope(StrictModel):
         min_length=1,
         description="Unique per message; a repeat (QoS 1 resend, spool replay) has the same id.",
     )
-    ts: float = Field(default_factory=time.time, description="Creation time, Unix seconds.")
+    ts: FiniteTime = Field(default_factory=time.time, description="Creation time, Unix seconds.")
 
 
 # -- up/status -------------------------------------------------------------------------------------
@@ -53,7 +67,7 @@ class StatusMessage(Envelope):
     """
 
     state: Literal["online", "offline"]
-    session: int = Field(ge=0, description="Connection counter; the Last Will repeats the online's value.")
+    session: Count = Field(description="Connection counter; the Last Will repeats the online's value.")
     agent_version: str
 
 
@@ -81,9 +95,9 @@ class SlotInfo(StrictModel):
 
     model: ModelRef | None = None
     state: str = Field(description="Slot state, e.g. EMPTY, LOADING, VALIDATING, ACTIVE, DRAINING.")
-    since: float | None = Field(None, description="When the slot entered ``state``, Unix seconds.")
+    since: FiniteTime | None = Field(None, description="When the slot entered ``state``, Unix seconds.")
     last_job: str | None = Field(None, description="Id of the last deployment job for this slot.")
-    workers: int = Field(1, description="Inference workers running the slot's batches side by side.")
+    workers: Count = Field(1, description="Inference workers running the slot's batches side by side.")
     layout: str | None = Field(None, description="Why that many workers: configured, or the auto rule.")
 
 
@@ -92,7 +106,7 @@ class InfoMessage(Envelope):
 
     device_id: str
     agent_version: str
-    platform: dict[str, str | int | float | bool | None] = Field(
+    platform: dict[str, str | bool | Count | FiniteTime | None] = Field(
         description="JetPack/L4T, TensorRT, CUDA, GPU, DLA cores, CPU, memory ..."
     )
     backends: dict[str, BackendInfo]
@@ -101,6 +115,10 @@ class InfoMessage(Envelope):
 
 
 # -- up/telemetry ----------------------------------------------------------------------------------
+
+
+#: Largest telemetry value: integers above it do not fit a float (Telegraf and InfluxDB store floats).
+_MAX_TELEMETRY = 1e308
 
 
 class TelemetryMessage(StrictModel):
@@ -114,7 +132,7 @@ class TelemetryMessage(StrictModel):
         extra="allow", frozen=True, json_schema_extra={"additionalProperties": {"type": "number"}}
     )
 
-    ts: float = Field(default_factory=time.time, description="Sample time, Unix seconds.")
+    ts: FiniteTime = Field(default_factory=time.time, description="Sample time, Unix seconds.")
 
     @model_validator(mode="after")
     def _extras_are_finite_numbers(self) -> TelemetryMessage:
@@ -122,8 +140,9 @@ class TelemetryMessage(StrictModel):
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 # ValueError, not TypeError: pydantic turns only ValueError into a validation error.
                 raise ValueError(f"telemetry field {key!r} must be a number, got {type(value).__name__}")  # noqa: TRY004
-            if not math.isfinite(value):
-                raise ValueError(f"telemetry field {key!r} must be finite, got {value}")
+            # An integer of hundreds of digits is valid JSON; as a float it is infinite (OverflowError).
+            if abs(value) > _MAX_TELEMETRY or not math.isfinite(value):
+                raise ValueError(f"telemetry field {key!r} must be finite, of size at most 1e308")
         return self
 
     def fields(self) -> dict[str, float]:
@@ -138,11 +157,13 @@ class ResultMessage(Envelope):
     """``up/results/{stream}``: what one frame produced; exactly one of classes/detections/tensors is set."""
 
     stream: str
-    frame_index: int = Field(ge=0)
-    captured_at: float = Field(description="When the frame was captured, Unix seconds.")
-    published_at: float = Field(description="When the result was handed to MQTT, Unix seconds.")
+    frame_index: Count
+    captured_at: FiniteTime = Field(description="When the frame was captured, Unix seconds.")
+    published_at: FiniteTime = Field(description="When the result was handed to MQTT, Unix seconds.")
     model: ModelRef
-    latency_ms: dict[str, float] = Field(description="Per stage: preprocess, infer, postprocess, total ...")
+    latency_ms: dict[str, FiniteTime] = Field(
+        description="Per stage: preprocess, infer, postprocess, total ..."
+    )
     classes: list[ClassScore] | None = None
     detections: list[Detection] | None = None
     tensors: list[RawTensor] | None = None
@@ -185,9 +206,11 @@ class JobStatus(Envelope):
     slot: str
     state: JobState
     progress: float | None = Field(None, ge=0.0, le=1.0, description="Fraction done within ``state``.")
-    bytes_done: int | None = Field(None, ge=0)
-    bytes_total: int | None = Field(None, ge=0)
-    timings_s: dict[str, float] = Field(default_factory=dict, description="Seconds spent per finished step.")
+    bytes_done: Count | None = None
+    bytes_total: Count | None = None
+    timings_s: dict[str, FiniteTime] = Field(
+        default_factory=dict, description="Seconds spent per finished step."
+    )
     requested: dict[str, Any] | None = Field(None, description="What the manifest asked for (BuildSpec).")
     effective: dict[str, Any] | None = Field(None, description="What the backend actually did.")
     error_code: str | None = Field(None, description="Stable code of the error (AgentError.code).")

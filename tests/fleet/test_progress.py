@@ -56,3 +56,23 @@ def test_download_progress_uses_served_bytes_when_ahead_of_the_report() -> None:
     p = _p("a", JobState.DOWNLOADING, [JobState.DOWNLOADING], bytes_done=100, served=600)
     assert p.fraction == 0.6
     assert " 60%" in progress_line(p)
+
+
+def test_terminal_redraw_carries_only_its_own_escapes_whatever_the_device_sent() -> None:
+    out = io.StringIO()
+    view = ProgressView(out, tty=True, min_interval_s=0.0)
+    evil = "\x1b[1A\x1b[2K\rjet-01  ACTIVE 100%\n\u202e"
+    devices = [
+        _p("a", JobState.REJECTED, [JobState.REJECTED], error_code=evil, error=evil * 1000),
+        _p("b", JobState.QUEUED, [JobState.QUEUED], malformed=2),
+    ]
+    view.update(devices)
+    view.update(devices)
+    text = out.getvalue()
+    own = text.replace("\x1b[2K", "").replace("\x1b[2F", "")
+    assert "\x1b" not in own
+    assert "\r" not in own
+    assert "\u202e" not in own
+    assert text.count("\n") == 4  # two lines per drawing: nothing the device sent added one
+    assert max(len(line) for line in own.splitlines()) < 200
+    assert "(2 malformed message(s) from it)" in own

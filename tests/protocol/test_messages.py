@@ -10,6 +10,7 @@ from agent.protocol.messages import (
     MESSAGE_MODELS,
     TERMINAL_JOB_STATES,
     CommandRequest,
+    InfoMessage,
     JobState,
     JobStatus,
     ProtocolError,
@@ -82,3 +83,52 @@ def test_decode_errors_name_the_problem() -> None:
         )
     with pytest.raises(ProtocolError, match="extra: Extra inputs are not permitted"):
         decode(StatusMessage, b'{"state":"online","session":1,"agent_version":"x","extra":1}')
+
+
+_JOB = b'"job_id": "j", "slot": "s", "state": "QUEUED"'
+_REF = b'"model": {"slot": "s", "model_id": "m", "sha256": "ab"}'
+_RESULT = b'"stream": "cam", "frame_index": 1, "captured_at": 1, "published_at": 1, "latency_ms": {}, ' + _REF
+
+
+@pytest.mark.parametrize("number", [b"NaN", b"Infinity", b"-Infinity", b"1e400", b'"nan"', b'"-inf"'])
+@pytest.mark.parametrize(
+    ("model", "body"),
+    [
+        (StatusMessage, b'"state": "online", "session": 1, "agent_version": "x", "ts": %s'),
+        (JobStatus, _JOB + b', "ts": %s'),
+        (JobStatus, _JOB + b', "timings_s": {"download": %s}'),
+        (TelemetryMessage, b'"ts": %s'),
+        (ResultMessage, _RESULT.replace(b'"captured_at": 1', b'"captured_at": %s')),
+        (ResultMessage, _RESULT.replace(b'"latency_ms": {}', b'"latency_ms": {"infer": %s}')),
+        (InfoMessage, b'"device_id": "d", "agent_version": "x", "backends": {}, "streams": [], '
+         b'"platform": {}, "slots": {"s": {"state": "EMPTY", "since": %s}}'),
+    ],
+    ids=[
+        "status.ts", "job.ts", "job.timings_s", "telemetry.ts", "result.captured_at", "result.latency",
+        "info.since",
+    ],
+)  # fmt: skip
+def test_times_refuse_nan_infinity_and_overflow(model: type[BaseModel], body: bytes, number: bytes) -> None:
+    assert decode(model, b"{" + body % b"1.5" + b"}")  # the same message with a finite time is fine
+    with pytest.raises(ProtocolError, match="finite number"):
+        decode(model, b"{" + body % number + b"}")
+
+
+@pytest.mark.parametrize(
+    ("model", "body", "field"),
+    [
+        (StatusMessage, b'"state": "online", "session": %s, "agent_version": "x"', "session"),
+        (JobStatus, _JOB + b', "bytes_done": %s', "bytes_done"),
+        (ResultMessage, _RESULT.replace(b'"frame_index": 1', b'"frame_index": %s'), "frame_index"),
+    ],
+)
+def test_counts_fit_64_bits(model: type[BaseModel], body: bytes, field: str) -> None:
+    assert decode(model, b"{" + body % str(2**63 - 1).encode() + b"}")
+    for number in (str(2**63).encode(), b"1" + b"0" * 400, b"-1"):
+        with pytest.raises(ProtocolError, match=field):
+            decode(model, b"{" + body % number + b"}")
+
+
+def test_a_telemetry_integer_too_large_for_a_float_is_refused_not_raised() -> None:
+    with pytest.raises(ProtocolError, match="'x' must be finite"):
+        decode(TelemetryMessage, b'{"ts": 1, "x": 1' + b"0" * 400 + b"}")
