@@ -27,7 +27,9 @@ import onnx
 import yaml
 
 from agent.datasets import shapes
-from agent.fleet.deploy import DeployPlan, DeviceProgress, FleetDeploy
+from agent.fleet.deploy import FleetDeploy
+from agent.fleet.deploy_outcome import DeviceProgress
+from agent.fleet.deploy_plan import DeployPlan
 from agent.fleet.keys import KeyPairFiles, load_signing_key, write_keypair
 from agent.fleet.progress import passed_states, progress_line, state_line
 from agent.localbroker import Broker

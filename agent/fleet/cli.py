@@ -27,7 +27,7 @@ from agent.logs import configure_logging
 from agent.postprocess.spec import ClassificationSpec, DetectionSpec, PostprocessSpec
 
 if TYPE_CHECKING:
-    from agent.fleet.deploy import DeployOutcome
+    from agent.fleet.deploy_outcome import DeployOutcome
 
 #: Exit codes of ``fleet deploy`` (docs/fleet.md): every device ACTIVE; a device ended in a failure
 #: state; some device unfinished at --timeout; a device sent a message that did not parse (and none
@@ -231,9 +231,10 @@ def build_spec_from_args(args: argparse.Namespace) -> BuildSpec | None:
 
 
 def _deploy(args: argparse.Namespace) -> int:
-    from agent.fleet.deploy import DeployPlan, FleetDeploy, describe_manifest, parse_devices
+    from agent.fleet.deploy import FleetDeploy
+    from agent.fleet.deploy_plan import DeployPlan, parse_devices
     from agent.fleet.keys import load_signing_key
-    from agent.fleet.progress import ProgressView
+    from agent.fleet.progress import ProgressView, describe_manifest
 
     if args.key is not None and not args.key_id:
         raise ConfigError("--key needs --key-id: the id the devices' delivery.trusted_keys know the key by")

@@ -23,36 +23,30 @@ goes on: one device's bad message must not end the deploy for the others.
 
 from __future__ import annotations
 
-import itertools
-import re
 import threading
 import time
-import uuid
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import structlog
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from agent.camera.preprocess_spec import PreprocessSpec
 from agent.delivery.manifest import (
-    DEFAULT_CHUNK_SIZE,
     DeployManifest,
     ModelSourceRef,
     build_manifest,
     sign_manifest,
 )
-from agent.engines.spec import BuildSpec
 from agent.errors import ConfigError
 from agent.fleet.chunks import ChunkServer, random_group
 from agent.fleet.command import PendingReplies, publish_command
+from agent.fleet.deploy_outcome import MAX_MALFORMED_NOTES, DeployOutcome, DeviceProgress
+from agent.fleet.deploy_plan import DeployPlan, new_job_id, next_sequence
 from agent.fleet.untrusted import shown
 from agent.mqtt.inbox import InboundMessage
 from agent.mqtt.service_client import ServiceClient
 from agent.mqtt.settings import MqttSettings
-from agent.postprocess.spec import PostprocessSpec
 from agent.protocol.messages import JobState, JobStatus, ProtocolError, StatusMessage, decode
 from agent.protocol.topics import Topics, check_level, parse
 from agent.signing import Ed25519PrivateKey
@@ -63,163 +57,6 @@ log = structlog.get_logger(__name__)
 DEFAULT_STATUS_POLL_S = 15.0
 #: A status query unanswered for this long is given up (asked again at the next poll).
 _POLL_REPLY_TIMEOUT_S = 30.0
-_JOB_ID_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
-#: Malformed-message notes kept per device; later ones are only counted (a device can loop).
-MAX_MALFORMED_NOTES = 3
-
-
-class _SequenceClock:
-    """Milliseconds since the epoch, never the same value twice in this process."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._last = 0
-
-    def next(self) -> int:
-        with self._lock:
-            self._last = max(self._last + 1, time.time_ns() // 1_000_000)
-            return self._last
-
-
-_SEQUENCE = _SequenceClock()
-
-
-def next_sequence() -> int:
-    """A manifest sequence number: Unix time in milliseconds, strictly increasing in this process.
-
-    Time-based so that a later deploy outranks an earlier one from any operator machine whose clock
-    is right; devices refuse a sequence that is not above the last one they accepted (``replay``).
-    """
-    return _SEQUENCE.next()
-
-
-def new_job_id(model_id: str, version: str) -> str:
-    """A unique, readable job id: ``{model_id}-{version}-{UTC time}-{random}`` in ``[A-Za-z0-9_.-]``."""
-    base = _JOB_ID_UNSAFE.sub("_", f"{model_id}-{version}")
-    base = re.sub(r"\.{2,}", ".", base).strip(".")[:80] or "job"
-    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    return f"{base}-{stamp}-{uuid.uuid4().hex[:6]}"
-
-
-@dataclass(frozen=True)
-class DeployPlan:
-    """What to deploy where (everything ``fleet deploy`` takes besides broker and key)."""
-
-    model: Path
-    devices: tuple[str, ...]
-    slot: str
-    version: str
-    model_id: str | None = None  # default: the model file's stem
-    chunk_size: int = DEFAULT_CHUNK_SIZE
-    build: BuildSpec | None = None
-    preprocess: PreprocessSpec | None = None
-    postprocess: PostprocessSpec | None = None
-    #: HTTP(S) URL of the same file; tried before the MQTT pull, which stays as the fallback.
-    http_url: str | None = None
-    job_id: str | None = None  # default: new_job_id()
-    sequence: int | None = None  # default: next_sequence()
-
-
-@dataclass
-class DeviceProgress:
-    """One device's job as seen from the operator side."""
-
-    device: str
-    bytes_total: int
-    state: JobState | None = None  # None: nothing heard yet
-    progress: float | None = None
-    bytes_done: int = 0
-    #: Chunk bytes this deploy's server sent to the device (finer-grained than the job's progress).
-    served: int = 0
-    error_code: str | None = None
-    error: str | None = None
-    history: list[JobState] = field(default_factory=list)
-    online: bool | None = None  # None: no retained status seen
-    timings_s: dict[str, float] = field(default_factory=dict)
-    effective: dict[str, Any] | None = None
-    updated: float = field(default_factory=time.monotonic)
-    #: Messages from this device that did not parse, and the first few of them, described.
-    malformed: int = 0
-    malformed_notes: list[str] = field(default_factory=list)
-
-    @property
-    def done(self) -> bool:
-        """True once the job reached a terminal state."""
-        return self.state is not None and self.state.terminal
-
-    @property
-    def ok(self) -> bool:
-        """True when the job ended ACTIVE."""
-        return self.state is JobState.ACTIVE
-
-    @property
-    def fraction(self) -> float:
-        """How far the job is, 0..1: download bytes (reported or served), 1 once downloaded."""
-        if self.state in (None, JobState.QUEUED):
-            return 0.0
-        if self.state is JobState.DOWNLOADING:
-            done = max(self.bytes_done, min(self.served, self.bytes_total))
-            return min(1.0, done / self.bytes_total) if self.bytes_total else 0.0
-        return 1.0 if self.ok or not self.done else min(1.0, self.bytes_done / (self.bytes_total or 1))
-
-    def copy(self) -> DeviceProgress:
-        return replace(
-            self,
-            history=list(self.history),
-            timings_s=dict(self.timings_s),
-            malformed_notes=list(self.malformed_notes),
-        )
-
-
-@dataclass(frozen=True)
-class DeployOutcome:
-    """How a deploy ended, per device."""
-
-    job_id: str
-    sequence: int
-    devices: dict[str, DeviceProgress]
-
-    @property
-    def ok(self) -> bool:
-        """True when every device ended ACTIVE."""
-        return all(p.ok for p in self.devices.values())
-
-    @property
-    def finished(self) -> bool:
-        """True when every device reached a terminal state."""
-        return all(p.done for p in self.devices.values())
-
-    @property
-    def malformed(self) -> bool:
-        """True when some device sent a message about this deploy that did not parse."""
-        return any(p.malformed for p in self.devices.values())
-
-    def malformed_lines(self) -> list[str]:
-        """One line per malformed message kept: the device, which message, which field and why.
-
-        Device text in them is not yet made safe for a terminal (see agent.fleet.untrusted).
-        """
-        lines: list[str] = []
-        for name, p in sorted(self.devices.items()):
-            lines.extend(f"{name}: malformed {note}" for note in p.malformed_notes)
-            if p.malformed > len(p.malformed_notes):
-                lines.append(f"{name}: {p.malformed - len(p.malformed_notes)} more malformed message(s)")
-        return lines
-
-    def failures(self) -> list[str]:
-        """One line per device that did not end ACTIVE: state, error code and message."""
-        lines = []
-        for name, p in sorted(self.devices.items()):
-            if p.ok:
-                continue
-            if p.state is None:
-                seen = "offline" if p.online is False else "no job status received"
-                lines.append(f"{name}: no final state ({seen}); the manifest stays retained for it")
-            elif not p.done:
-                lines.append(f"{name}: still {p.state.value} when the deploy stopped waiting")
-            else:
-                lines.append(f"{name}: {p.state.value} {p.error_code or ''}: {p.error or ''}".rstrip(": "))
-        return lines
 
 
 ChangeCallback = Callable[[list[DeviceProgress]], None]
@@ -570,30 +407,3 @@ def _last_job(result: dict[str, Any] | None, slot: str) -> dict[str, Any] | None
     except (KeyError, TypeError):
         return None
     return record if isinstance(record, dict) else None
-
-
-def describe_manifest(manifest: DeployManifest) -> str:
-    """One line: job, sequence, model, size and chunking."""
-    return (
-        f"job {manifest.job_id} (sequence {manifest.sequence}): {manifest.model_id} v{manifest.version}, "
-        f"{format_bytes(manifest.size)}, {manifest.chunk_count} chunks of "
-        f"{format_bytes(manifest.chunk_size)}, sha256 {manifest.sha256[:12]}..."
-    )
-
-
-def format_bytes(n: float) -> str:
-    """Human-readable byte count: ``812 B``, ``25.1 KiB``, ``3.4 MiB``."""
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} GiB"
-
-
-def parse_devices(values: Sequence[str]) -> tuple[str, ...]:
-    """Devices from repeated/comma-separated ``--device`` values, order kept, duplicates dropped."""
-    seen: dict[str, None] = {}
-    for value in itertools.chain.from_iterable(v.split(",") for v in values):
-        if value.strip():
-            seen.setdefault(value.strip(), None)
-    return tuple(seen)

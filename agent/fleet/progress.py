@@ -3,6 +3,8 @@ change otherwise (a log file or CI output stays readable).
 
 Error codes and texts come from the devices: they pass through :func:`~agent.fleet.untrusted.shown`,
 so no device can move the cursor or draw a line of its own, and each fits its column.
+
+Also the one-line texts the fleet commands print about a manifest and a byte count.
 """
 
 from __future__ import annotations
@@ -12,7 +14,8 @@ import time
 from collections.abc import Sequence
 from typing import TextIO
 
-from agent.fleet.deploy import DeviceProgress, format_bytes
+from agent.delivery.manifest import DeployManifest
+from agent.fleet.deploy_outcome import DeviceProgress
 from agent.fleet.untrusted import shown
 from agent.protocol.messages import JobState
 
@@ -116,3 +119,21 @@ class ProgressView:
         if self.tty and len(devices) == 1:
             self.stream.write("\n")
             self.stream.flush()
+
+
+def describe_manifest(manifest: DeployManifest) -> str:
+    """One line: job, sequence, model, size and chunking."""
+    return (
+        f"job {manifest.job_id} (sequence {manifest.sequence}): {manifest.model_id} v{manifest.version}, "
+        f"{format_bytes(manifest.size)}, {manifest.chunk_count} chunks of "
+        f"{format_bytes(manifest.chunk_size)}, sha256 {manifest.sha256[:12]}..."
+    )
+
+
+def format_bytes(n: float) -> str:
+    """Human-readable byte count: ``812 B``, ``25.1 KiB``, ``3.4 MiB``."""
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"

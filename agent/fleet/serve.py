@@ -18,7 +18,7 @@ from typing import TextIO
 import structlog
 
 from agent.fleet.chunks import ChunkServer
-from agent.fleet.deploy import format_bytes
+from agent.fleet.progress import format_bytes
 from agent.mqtt.settings import MqttSettings
 
 log = structlog.get_logger(__name__)

@@ -21,7 +21,9 @@ import pytest
 
 from agent.delivery.manifest import KIB
 from agent.fleet.command import send_command
-from agent.fleet.deploy import DeployOutcome, DeployPlan, FleetDeploy
+from agent.fleet.deploy import FleetDeploy
+from agent.fleet.deploy_outcome import DeployOutcome
+from agent.fleet.deploy_plan import DeployPlan
 from agent.fleet.keys import KeyPairFiles, load_signing_key, write_keypair
 from agent.fsutil import sha256_file
 from agent.mqtt.settings import MqttSettings

@@ -16,7 +16,8 @@ import pytest
 
 from agent.delivery.errors import UnsignedError, WrongDeviceError
 from agent.delivery.manifest import parse_signed
-from agent.fleet.deploy import DeployPlan, FleetDeploy, new_job_id, next_sequence
+from agent.fleet.deploy import FleetDeploy
+from agent.fleet.deploy_plan import DeployPlan, new_job_id, next_sequence
 from agent.fleet.keys import KeyPairFiles, load_signing_key, write_keypair
 from agent.protocol.messages import CommandReply, JobState, JobStatus, encode
 from agent.protocol.topics import Topics

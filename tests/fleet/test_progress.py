@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import io
 
-from agent.fleet.deploy import DeviceProgress
+from agent.fleet.deploy_outcome import DeviceProgress
 from agent.fleet.progress import ProgressView, progress_line
 from agent.protocol.messages import JobState
 

@@ -1,0 +1,80 @@
+"""What a deploy sends where: the plan, its job id and its manifest sequence, the ``--device`` list."""
+
+from __future__ import annotations
+
+import itertools
+import re
+import threading
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from agent.camera.preprocess_spec import PreprocessSpec
+from agent.delivery.manifest import DEFAULT_CHUNK_SIZE
+from agent.engines.spec import BuildSpec
+from agent.postprocess.spec import PostprocessSpec
+
+_JOB_ID_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
+
+
+class _SequenceClock:
+    """Milliseconds since the epoch, never the same value twice in this process."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._last = 0
+
+    def next(self) -> int:
+        with self._lock:
+            self._last = max(self._last + 1, time.time_ns() // 1_000_000)
+            return self._last
+
+
+_SEQUENCE = _SequenceClock()
+
+
+def next_sequence() -> int:
+    """A manifest sequence number: Unix time in milliseconds, strictly increasing in this process.
+
+    Time-based so that a later deploy outranks an earlier one from any operator machine whose clock
+    is right; devices refuse a sequence that is not above the last one they accepted (``replay``).
+    """
+    return _SEQUENCE.next()
+
+
+def new_job_id(model_id: str, version: str) -> str:
+    """A unique, readable job id: ``{model_id}-{version}-{UTC time}-{random}`` in ``[A-Za-z0-9_.-]``."""
+    base = _JOB_ID_UNSAFE.sub("_", f"{model_id}-{version}")
+    base = re.sub(r"\.{2,}", ".", base).strip(".")[:80] or "job"
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    return f"{base}-{stamp}-{uuid.uuid4().hex[:6]}"
+
+
+@dataclass(frozen=True)
+class DeployPlan:
+    """What to deploy where (everything ``fleet deploy`` takes besides broker and key)."""
+
+    model: Path
+    devices: tuple[str, ...]
+    slot: str
+    version: str
+    model_id: str | None = None  # default: the model file's stem
+    chunk_size: int = DEFAULT_CHUNK_SIZE
+    build: BuildSpec | None = None
+    preprocess: PreprocessSpec | None = None
+    postprocess: PostprocessSpec | None = None
+    #: HTTP(S) URL of the same file; tried before the MQTT pull, which stays as the fallback.
+    http_url: str | None = None
+    job_id: str | None = None  # default: new_job_id()
+    sequence: int | None = None  # default: next_sequence()
+
+
+def parse_devices(values: Sequence[str]) -> tuple[str, ...]:
+    """Devices from repeated/comma-separated ``--device`` values, order kept, duplicates dropped."""
+    seen: dict[str, None] = {}
+    for value in itertools.chain.from_iterable(v.split(",") for v in values):
+        if value.strip():
+            seen.setdefault(value.strip(), None)
+    return tuple(seen)
