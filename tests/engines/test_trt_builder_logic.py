@@ -19,26 +19,28 @@ import pytest
 
 from agent.backends.tensorrt import tensorrt_status
 from agent.engines.spec import BuildPlan, ShapeProfile
-from agent.engines.trt_builder import (
-    BuildLog,
-    Placement,
-    build_engine,
-    builder_flags,
-    classify_inspector_layer,
-    combine_placement,
-    format_parser_errors,
-    network_flags,
-    parse_inspector_json,
-    parse_placement_log,
-    plan_problems,
-    pool_limits,
-    profile_shapes,
-)
+from agent.engines.trt_builder import build_engine
 from agent.engines.trt_calibrator import (
     CalibrationFeed,
     make_entropy_calibrator,
     read_cache_bytes,
     write_cache_bytes,
+)
+from agent.engines.trt_decisions import (
+    builder_flags,
+    format_parser_errors,
+    network_flags,
+    plan_problems,
+    pool_limits,
+    profile_shapes,
+)
+from agent.engines.trt_log import BuildLog
+from agent.engines.trt_placement import (
+    Placement,
+    classify_inspector_layer,
+    combine_placement,
+    parse_inspector_json,
+    parse_placement_log,
 )
 from agent.errors import BuildError
 
