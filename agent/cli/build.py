@@ -30,7 +30,7 @@ from agent.errors import AgentError, BuildError
 # command runs, so `edge-agent --help` and the other commands stay fast.
 if TYPE_CHECKING:
     from agent.camera.preprocess_spec import PreprocessSpec
-    from agent.engines.builder import EngineArtifact
+    from agent.engines.artifact import EngineArtifact
     from agent.engines.settings import EngineConfig
     from agent.engines.spec import BuildSpec
 

@@ -30,15 +30,14 @@ import threading
 import time
 import uuid
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy.typing as npt
 import structlog
 
-from agent.backends.base import LoadOptions, ProviderRequest
 from agent.camera.preprocess_spec import PreprocessSpec
+from agent.engines.artifact import EngineArtifact, artifact_of
 from agent.engines.cache import CacheEntry, EngineCache
 from agent.engines.cache_key import (
     EngineIdentity,
@@ -56,11 +55,6 @@ from agent.engines.ort_builder import (
 )
 from agent.engines.ort_builder import (
     REPORT_FILE,
-    TRT_CACHE_FILE,
-    TRT_ENGINE_DIR,
-    OrtPaths,
-    provider_names,
-    provider_options,
 )
 from agent.engines.plan import PlatformFacts, plan_build
 from agent.engines.settings import EngineConfig
@@ -77,25 +71,6 @@ TRT_ENGINE_FILE = "engine"
 #: TensorRT version whose header a CPU-made calibration cache gets when no TensorRT is present:
 #: JetPack 6.1/6.2, the main target.
 DEFAULT_TRT_CACHE_VERSION = "10.3.0"
-
-
-@dataclass(frozen=True)
-class EngineArtifact:
-    """A built (or cached) engine, what it effectively is, and how to load it."""
-
-    engine_path: Path
-    backend: str
-    plan: BuildPlan
-    effective: dict[str, Any]
-    cache_hit: bool
-    build_seconds: float
-    key: str
-    load_extra: dict[str, Any] = field(default_factory=dict)
-    providers: tuple[ProviderRequest, ...] = ("CPUExecutionProvider",)
-
-    def load_options(self, intra_op_threads: int = 0) -> LoadOptions:
-        """:class:`LoadOptions` for loading :attr:`engine_path` with backend :attr:`backend`."""
-        return LoadOptions(providers=self.providers, intra_op_threads=intra_op_threads, extra=self.load_extra)
 
 
 def _safe(text: str) -> str:
@@ -340,54 +315,9 @@ class EngineBuilder:
     def _artifact(
         self, entry: CacheEntry, plan: BuildPlan, requested: BuildSpec, *, cache_hit: bool, seconds: float
     ) -> EngineArtifact:
-        meta = entry.meta
-        report = _read_report(entry.file(REPORT_FILE))
-        effective: dict[str, Any] = {
-            "backend": plan.backend,
-            "precision": plan.precision,
-            "device": plan.device,
-            "dla_core": plan.dla_core,
-            "gpu_fallback": plan.gpu_fallback,
-            "int8_mode": plan.int8_mode,
-            "requested": {"precision": requested.precision, "device": requested.device},
-            "changes": [change.model_dump(mode="json") for change in plan.changes],
-            "built_seconds": meta.build_seconds,
-            "engine_bytes": meta.engine_bytes,
-        }
-        load_extra: dict[str, Any] = {"precision": plan.precision}
-        providers: tuple[ProviderRequest, ...] = ("CPUExecutionProvider",)
-        if plan.backend == "tensorrt":
-            placement = report.get("placement")
-            effective["placement"] = placement
-            load_extra.update(dla_core=plan.dla_core if plan.device == "dla" else None, placement=placement)
-        else:
-            table = TRT_CACHE_FILE if entry.file(TRT_CACHE_FILE).is_file() else None
-            paths = OrtPaths(
-                engine_cache_dir=entry.file(TRT_ENGINE_DIR),
-                timing_cache_dir=self.state_dir / "timing",
-                calibration_table=table if plan.int8_mode == "calibrator" else None,
-            )
-            requests = provider_options(plan, paths, self.platform.ort_providers or None)
-            providers = tuple(requests)
-            effective["providers"] = report.get("providers", provider_names(requests))
-            effective["placement"] = {"providers": effective["providers"]}
-            if "calibration" in report:
-                effective["calibration"] = {
-                    **report["calibration"],
-                    "table": str(entry.file(str(report["calibration"].get("table", "")))),
-                    "trt_cache": str(entry.file(TRT_CACHE_FILE)),
-                }
-            load_extra["providers"] = list(providers)
-        return EngineArtifact(
-            engine_path=entry.engine_path,
-            backend=plan.backend,
-            plan=plan,
-            effective=effective,
-            cache_hit=cache_hit,
-            build_seconds=seconds,
-            key=entry.key,
-            load_extra=load_extra,
-            providers=providers,
+        timing_dir = self.state_dir / "timing"
+        return artifact_of(
+            entry, plan, requested, self.platform, timing_dir=timing_dir, cache_hit=cache_hit, seconds=seconds
         )
 
     def _remove_stale_jobs(self) -> None:
@@ -404,14 +334,6 @@ class EngineBuilder:
 def _spec_or_default(spec: BuildSpec | None) -> BuildSpec:
     # No build spec: run the model as given, FP32 on the CPU (ONNX Runtime's optimized copy).
     return spec if spec is not None else BuildSpec(precision="fp32", device="cpu")
-
-
-def _read_report(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
 
 
 def _safe_progress(progress: Progress | None) -> Progress:
