@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from agent.backends.tensorrt import tensorrt_status
+from agent.backends.trt_api import tensorrt_status
 from agent.engines.calibration_data import load_batches
 from agent.engines.job import BuildJob, Progress, WorkerResult
 from agent.engines.spec import BuildPlan

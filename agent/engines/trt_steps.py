@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 import structlog
 
-from agent.backends.tensorrt import dims_of, nullable, succeeded, trt_major
+from agent.backends.trt_api import dims_of, nullable, succeeded, trt_major
 from agent.engines.job import Progress
 from agent.engines.spec import BuildPlan
 from agent.engines.trt_calibrator import CalibrationBatch, Calibrator, make_entropy_calibrator

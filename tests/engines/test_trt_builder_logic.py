@@ -17,7 +17,7 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-from agent.backends.tensorrt import tensorrt_status
+from agent.backends.trt_api import tensorrt_status
 from agent.engines.spec import BuildPlan, ShapeProfile
 from agent.engines.trt_builder import build_engine
 from agent.engines.trt_calibrator import (
