@@ -105,7 +105,7 @@ class EngineOptions(StrictModel):
     dla_local_dram_mb: int | None = None
     dla_global_dram_mb: int | None = None
     optimization_level: int = 3
-    profiles: tuple[ShapeProfile, ...] = ()
+    profiles: list[ShapeProfile] = Field(default_factory=list)
 
 
 class BuildPlan(EngineOptions):
