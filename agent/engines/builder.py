@@ -29,18 +29,15 @@ import shutil
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import numpy.typing as npt
-import onnx
 import structlog
 
-from agent.backends.base import LoadOptions, ProviderRequest
 from agent.camera.preprocess_spec import PreprocessSpec
+from agent.engines.artifact import EngineArtifact, artifact_of
 from agent.engines.cache import CacheEntry, EngineCache
 from agent.engines.cache_key import (
     EngineIdentity,
@@ -49,155 +46,31 @@ from agent.engines.cache_key import (
     model_sha256,
     new_engine_meta,
 )
+from agent.engines.calibration_data import calibration_identity, dataset_batches, limit_frames, save_batches
 from agent.engines.int8 import host_cpu_flags, reduce_range_for
+from agent.engines.job import MIB, BuildJob, Progress
+from agent.engines.model_facts import model_facts, model_input_size
 from agent.engines.ort_builder import (
     ENGINE_FILE as ORT_ENGINE_FILE,
 )
 from agent.engines.ort_builder import (
     REPORT_FILE,
-    TRT_CACHE_FILE,
-    TRT_ENGINE_DIR,
-    OrtPaths,
-    provider_names,
-    provider_options,
 )
 from agent.engines.plan import PlatformFacts, plan_build
 from agent.engines.settings import EngineConfig
-from agent.engines.spec import BuildPlan, BuildSpec, CalibrationSource
-from agent.engines.worker import BuildJob, BuildWorker, save_batches
+from agent.engines.spec import BuildPlan, BuildSpec
+from agent.engines.worker import BuildWorker
 from agent.errors import BuildError
 from agent.fsutil import sha256_file
 from agent.platform import Platform
 
 log = structlog.get_logger(__name__)
 
-MIB = 1 << 20
-
 #: Engine file name of a TensorRT entry.
 TRT_ENGINE_FILE = "engine"
 #: TensorRT version whose header a CPU-made calibration cache gets when no TensorRT is present:
 #: JetPack 6.1/6.2, the main target.
 DEFAULT_TRT_CACHE_VERSION = "10.3.0"
-#: Image files a calibration dataset directory may hold.
-IMAGE_SUFFIXES = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", ".ppm", ".pgm"})
-
-Progress = Callable[[str], None]
-
-
-@dataclass(frozen=True)
-class EngineArtifact:
-    """A built (or cached) engine, what it effectively is, and how to load it."""
-
-    engine_path: Path
-    backend: str
-    plan: BuildPlan
-    effective: dict[str, Any]
-    cache_hit: bool
-    build_seconds: float
-    key: str
-    load_extra: dict[str, Any] = field(default_factory=dict)
-    providers: tuple[ProviderRequest, ...] = ("CPUExecutionProvider",)
-
-    def load_options(self, intra_op_threads: int = 0) -> LoadOptions:
-        """:class:`LoadOptions` for loading :attr:`engine_path` with backend :attr:`backend`."""
-        return LoadOptions(providers=self.providers, intra_op_threads=intra_op_threads, extra=self.load_extra)
-
-
-# --------------------------------------------------------------------------- model facts
-
-
-def model_facts(model: Path) -> tuple[bool, bool]:
-    """``(static, has_qdq)``: every input has a fixed shape; the graph has Q/DQ nodes."""
-    try:
-        proto = onnx.load(str(model), load_external_data=False)
-    except Exception as exc:
-        raise BuildError(f"cannot read ONNX model {model}: {exc}; deploy it again") from exc
-    initializers = {init.name for init in proto.graph.initializer}
-    static = True
-    for value in proto.graph.input:
-        if value.name in initializers:
-            continue
-        dims = value.type.tensor_type.shape.dim
-        if not all(d.HasField("dim_value") and d.dim_value > 0 for d in dims):
-            static = False
-    has_qdq = any(node.op_type in ("QuantizeLinear", "DequantizeLinear") for node in proto.graph.node)
-    return static, has_qdq
-
-
-def model_input_size(model: Path) -> tuple[int, int] | None:
-    """``(width, height)`` of an NCHW image input with fixed spatial size, else None."""
-    proto = onnx.load(str(model), load_external_data=False)
-    initializers = {init.name for init in proto.graph.initializer}
-    for value in proto.graph.input:
-        if value.name in initializers:
-            continue
-        dims = value.type.tensor_type.shape.dim
-        if len(dims) == 4 and all(d.HasField("dim_value") and d.dim_value > 0 for d in dims[2:]):
-            return int(dims[3].dim_value), int(dims[2].dim_value)
-        return None
-    return None
-
-
-# --------------------------------------------------------------------------- calibration data
-
-
-def dataset_images(directory: Path) -> list[Path]:
-    """Image files directly in ``directory``, sorted by name."""
-    if not directory.is_dir():
-        raise BuildError(f"calibration dataset {directory} is not a directory of images")
-    return sorted(p for p in directory.iterdir() if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
-
-
-def dataset_batches(directory: Path, preprocess: PreprocessSpec, frames: int) -> Iterator[npt.NDArray[Any]]:
-    """Up to ``frames`` images of ``directory``, each preprocessed as a batch of one."""
-    import cv2
-
-    from agent.camera.preprocess import preprocess as prepare
-
-    images = dataset_images(directory)
-    if not images:
-        raise BuildError(
-            f"calibration dataset {directory} holds no images ({', '.join(sorted(IMAGE_SUFFIXES))})"
-        )
-    for path in images[:frames]:
-        image = cv2.imread(str(path), cv2.IMREAD_COLOR)
-        if image is None or image.dtype != np.uint8:
-            log.warning("engine.calibration.unreadable_image", path=str(path))
-            continue
-        tensor, _ = prepare(image.astype(np.uint8, copy=False), preprocess)
-        yield tensor[np.newaxis]
-
-
-def calibration_identity(source: CalibrationSource, preprocess: PreprocessSpec | None) -> str:
-    """SHA-256 standing for the calibration input in the engine cache key (see the module doc)."""
-    if source.kind == "cache":
-        assert source.path is not None
-        try:
-            return sha256_file(source.path)
-        except OSError as exc:
-            raise BuildError(f"calibration cache {source.path} is unreadable: {exc}") from exc
-    if source.kind == "dataset":
-        assert source.path is not None
-        files = {p.name: sha256_file(p) for p in dataset_images(source.path)[: source.frames]}
-        description: dict[str, Any] = {
-            "dataset": files,
-            "frames": source.frames,
-            "preprocess": preprocess.model_dump(mode="json") if preprocess is not None else None,
-        }
-    else:
-        description = {"stream": source.stream, "frames": source.frames}
-    return hashlib.sha256(canonical_json(description)).hexdigest()
-
-
-def _limit_frames(batches: Iterable[npt.NDArray[Any]], frames: int) -> Iterator[npt.NDArray[Any]]:
-    seen = 0
-    for batch in batches:
-        if seen >= frames:
-            return
-        array = np.asarray(batch)
-        take = min(len(array), frames - seen) if array.ndim > 0 else 1
-        yield array[:take] if array.ndim > 0 else array
-        seen += take
 
 
 def _safe(text: str) -> str:
@@ -413,7 +286,7 @@ class EngineBuilder:
                         "the caller must pass them"
                     )
                 calibration_dir = job_dir / "calibration"
-                count, data_sha = save_batches(_limit_frames(batches, source.frames), calibration_dir)
+                count, data_sha = save_batches(limit_frames(batches, source.frames), calibration_dir)
                 if count == 0:
                     raise BuildError("INT8 calibration got no frames: check the calibration source")
                 if plan.backend == "tensorrt" and plan.int8_mode == "calibrator":
@@ -442,54 +315,9 @@ class EngineBuilder:
     def _artifact(
         self, entry: CacheEntry, plan: BuildPlan, requested: BuildSpec, *, cache_hit: bool, seconds: float
     ) -> EngineArtifact:
-        meta = entry.meta
-        report = _read_report(entry.file(REPORT_FILE))
-        effective: dict[str, Any] = {
-            "backend": plan.backend,
-            "precision": plan.precision,
-            "device": plan.device,
-            "dla_core": plan.dla_core,
-            "gpu_fallback": plan.gpu_fallback,
-            "int8_mode": plan.int8_mode,
-            "requested": {"precision": requested.precision, "device": requested.device},
-            "changes": [change.model_dump(mode="json") for change in plan.changes],
-            "built_seconds": meta.build_seconds,
-            "engine_bytes": meta.engine_bytes,
-        }
-        load_extra: dict[str, Any] = {"precision": plan.precision}
-        providers: tuple[ProviderRequest, ...] = ("CPUExecutionProvider",)
-        if plan.backend == "tensorrt":
-            placement = report.get("placement")
-            effective["placement"] = placement
-            load_extra.update(dla_core=plan.dla_core if plan.device == "dla" else None, placement=placement)
-        else:
-            table = TRT_CACHE_FILE if entry.file(TRT_CACHE_FILE).is_file() else None
-            paths = OrtPaths(
-                engine_cache_dir=entry.file(TRT_ENGINE_DIR),
-                timing_cache_dir=self.state_dir / "timing",
-                calibration_table=table if plan.int8_mode == "calibrator" else None,
-            )
-            requests = provider_options(plan, paths, self.platform.ort_providers or None)
-            providers = tuple(requests)
-            effective["providers"] = report.get("providers", provider_names(requests))
-            effective["placement"] = {"providers": effective["providers"]}
-            if "calibration" in report:
-                effective["calibration"] = {
-                    **report["calibration"],
-                    "table": str(entry.file(str(report["calibration"].get("table", "")))),
-                    "trt_cache": str(entry.file(TRT_CACHE_FILE)),
-                }
-            load_extra["providers"] = list(providers)
-        return EngineArtifact(
-            engine_path=entry.engine_path,
-            backend=plan.backend,
-            plan=plan,
-            effective=effective,
-            cache_hit=cache_hit,
-            build_seconds=seconds,
-            key=entry.key,
-            load_extra=load_extra,
-            providers=providers,
+        timing_dir = self.state_dir / "timing"
+        return artifact_of(
+            entry, plan, requested, self.platform, timing_dir=timing_dir, cache_hit=cache_hit, seconds=seconds
         )
 
     def _remove_stale_jobs(self) -> None:
@@ -508,14 +336,6 @@ def _spec_or_default(spec: BuildSpec | None) -> BuildSpec:
     return spec if spec is not None else BuildSpec(precision="fp32", device="cpu")
 
 
-def _read_report(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
 def _safe_progress(progress: Progress | None) -> Progress:
     def say(message: str) -> None:
         if progress is None:
@@ -528,10 +348,4 @@ def _safe_progress(progress: Progress | None) -> Progress:
     return say
 
 
-__all__ = [
-    "EngineArtifact",
-    "EngineBuilder",
-    "calibration_identity",
-    "dataset_batches",
-    "model_facts",
-]
+__all__ = ["EngineArtifact", "EngineBuilder"]

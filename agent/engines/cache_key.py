@@ -19,13 +19,13 @@ import json
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path, PurePosixPath
-from typing import Any, Literal
+from typing import Any
 
 import onnx
 import structlog
 from pydantic import Field, ValidationError
 
-from agent.engines.spec import BuildPlan, ShapeProfile
+from agent.engines.spec import BuildPlan, EngineOptions
 from agent.errors import BuildError
 from agent.fsutil import atomic_write_json, sha256_file
 from agent.model_base import StrictModel
@@ -44,16 +44,20 @@ _SHA256 = r"^[0-9a-f]{64}$"
 ExtraValue = str | int | float | bool | None
 
 #: BuildPlan fields that do not change the engine: why the plan is what it is, and where the
-#: calibration comes from (its content is keyed by ``calibration_sha256``).
-_PLAN_FIELDS_NOT_IN_KEY: set[str] = {"changes", "calibration"}
+#: calibration comes from (its content is keyed by ``calibration_sha256``). Written out, not derived:
+#: any other field a plan has must be an engine option, or ``for_build`` refuses the plan.
+PLAN_FIELDS_NOT_IN_KEY = frozenset({"changes", "calibration"})
 
 
-class EngineIdentity(StrictModel):
-    """Everything an engine depends on. Two builds with equal identities produce interchangeable engines."""
+class EngineIdentity(EngineOptions):
+    """Everything an engine depends on. Two builds with equal identities produce interchangeable engines.
+
+    The plan's part is inherited whole from :class:`~agent.engines.spec.EngineOptions`; the rest is
+    what the plan does not know: the model, the backend's exact version, the device, the calibration.
+    """
 
     key_schema: int = KEY_SCHEMA
     model_sha256: str = Field(pattern=_SHA256, description="model_sha256(): model bytes with external data.")
-    backend: Literal["tensorrt", "onnxruntime"]
     backend_version: str = Field(min_length=1, description="trt.__version__ or onnxruntime.__version__.")
     # Device identity.
     gpu_name: str | None = None
@@ -61,19 +65,6 @@ class EngineIdentity(StrictModel):
     l4t_release: str | None = Field(default=None, description="Pins the JetPack's DLA compiler and drivers.")
     cuda_version: str | None = None
     machine: str | None = None
-    # Plan fields that change the engine (not the reasons in plan.changes).
-    precision: Literal["fp32", "fp16", "int8"]
-    device: Literal["gpu", "dla", "cpu"]
-    dla_core: int | None = None
-    gpu_fallback: bool = False
-    int8_mode: Literal["none", "calibrator", "qdq"] = "none"
-    allow_fp16: bool = False
-    workspace_mb: int
-    dla_sram_mb: int | None = None
-    dla_local_dram_mb: int | None = None
-    dla_global_dram_mb: int | None = None
-    optimization_level: int
-    profiles: tuple[ShapeProfile, ...] = ()
     calibration_sha256: str | None = Field(
         default=None, pattern=_SHA256, description="SHA-256 of the calibration cache."
     )
@@ -95,9 +86,15 @@ class EngineIdentity(StrictModel):
         version = platform.tensorrt_version if plan.backend == "tensorrt" else platform.onnxruntime_version
         if not version:
             raise BuildError(f"cannot key an engine: the {plan.backend} version on this device is unknown")
-        # Every plan field that shapes the engine, taken whole: a field added to BuildPlan and not
-        # here fails the (strict) validation at the first build instead of silently sharing a key.
-        engine_fields = plan.model_dump(exclude=_PLAN_FIELDS_NOT_IN_KEY)
+        # Every plan field that shapes the engine, taken whole. A field a BuildPlan (or a subclass)
+        # has beyond EngineOptions and the known exceptions would silently share keys: refuse it.
+        engine_fields = plan.model_dump(exclude=set(PLAN_FIELDS_NOT_IN_KEY))
+        unkeyed = sorted(set(engine_fields) - set(cls.model_fields))
+        if unkeyed:
+            raise BuildError(
+                f"plan field(s) {unkeyed} are not part of the engine key: declare them in "
+                "agent.engines.spec.EngineOptions, or in PLAN_FIELDS_NOT_IN_KEY if they do not change it"
+            )
         return cls(
             model_sha256=model_sha256,
             backend_version=version,

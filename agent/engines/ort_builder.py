@@ -12,7 +12,7 @@
 :func:`provider_options` (pure) maps a :class:`BuildPlan` onto ONNX Runtime's provider list: the
 TensorRT provider with FP16/INT8, DLA core, calibration table, engine/timing cache paths,
 optimization level and workspace; then CUDA; then CPU. :func:`build_onnxruntime` runs in the build
-child (:mod:`agent.engines.worker`).
+child (:mod:`agent.engines.worker_child`).
 """
 
 from __future__ import annotations
@@ -26,8 +26,9 @@ from typing import Any, Literal
 
 import structlog
 
+from agent.engines.calibration_data import load_batches
+from agent.engines.job import MIB, BuildJob, Progress, WorkerResult
 from agent.engines.spec import BuildPlan, ShapeProfile
-from agent.engines.worker import BuildJob, Progress, WorkerResult, load_batches
 from agent.errors import BuildError, EngineError
 
 log = structlog.get_logger(__name__)
@@ -42,8 +43,6 @@ TABLE_FILE = "calibration.json"
 TRT_CACHE_FILE = "calibration.trt.cache"
 TRT_ENGINE_DIR = "trt_engines"
 REPORT_FILE = "report.json"
-
-MIB = 1 << 20
 
 ProviderOptions = list[tuple[str, dict[str, str]]]
 

@@ -21,7 +21,8 @@ import structlog
 
 from agent.backends.base import LoadOptions, get_backend
 from agent.camera.preprocess_spec import PreprocessSpec
-from agent.engines.builder import EngineArtifact, EngineBuilder
+from agent.engines.artifact import EngineArtifact
+from agent.engines.builder import EngineBuilder
 from agent.engines.calibration_store import CalibrationKey, CalibrationStore, collect_frames
 from agent.engines.guard import agreement, check_int8
 from agent.engines.int8 import quantize_int8

@@ -84,8 +84,13 @@ class PlanChange(StrictModel):
     reason: str
 
 
-class BuildPlan(StrictModel):
-    """What will actually be built on this platform."""
+class EngineOptions(StrictModel):
+    """The plan's choices that change the engine. The engine cache key takes every one of them.
+
+    :class:`BuildPlan` and :class:`~agent.engines.cache_key.EngineIdentity` both derive from this
+    class, so a field added here is planned and keyed at once; one added to BuildPlan alone is
+    refused when the key is made (see ``EngineIdentity.for_build``).
+    """
 
     backend: Backend
     precision: Literal["fp32", "fp16", "int8"]
@@ -101,5 +106,11 @@ class BuildPlan(StrictModel):
     dla_global_dram_mb: int | None = None
     optimization_level: int = 3
     profiles: list[ShapeProfile] = Field(default_factory=list)
+
+
+class BuildPlan(EngineOptions):
+    """What will actually be built on this platform: the engine options, plus where the INT8 scales
+    come from and why the plan differs from the request (neither is part of the engine key)."""
+
     calibration: CalibrationSource | None = None
     changes: list[PlanChange] = Field(default_factory=list)

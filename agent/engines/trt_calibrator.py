@@ -26,7 +26,7 @@ import numpy as np
 import numpy.typing as npt
 import structlog
 
-from agent.backends.tensorrt import tensorrt_status
+from agent.backends.trt_api import tensorrt_status
 from agent.errors import BuildError
 from agent.fsutil import atomic_write_bytes
 

@@ -26,9 +26,8 @@ from agent.backends.tensorrt import (
     parse_dla_core,
     required_capacity,
     resolve_input_shape,
-    tensorrt_status,
-    trt_major,
 )
+from agent.backends.trt_api import tensorrt_status, trt_major
 from agent.errors import EngineError
 
 # --- pure helpers ------------------------------------------------------------------------------

@@ -16,15 +16,19 @@ import pytest
 
 from agent.backends.base import get_backend
 from agent.camera.preprocess_spec import PreprocessSpec
-from agent.engines.builder import EngineBuilder, calibration_identity, model_facts
+from agent.engines.builder import EngineBuilder
 from agent.engines.cache_key import SIDECAR_NAME
+from agent.engines.calibration_data import calibration_identity
 from agent.engines.int8 import host_cpu_flags, reduce_range_for
+from agent.engines.job import BuildJob, Progress, WorkerResult
+from agent.engines.model_facts import model_facts
 from agent.engines.settings import EngineConfig
 from agent.engines.spec import BuildSpec, CalibrationSource
-from agent.engines.worker import TEST_JOBS_ENV, BuildJob, BuildWorker, Progress, WorkerResult
+from agent.engines.worker import BuildWorker
 from agent.errors import BuildError
 from agent.modelzoo import write_classifier
 from agent.platform import BackendAvailability, Platform
+from tests.engines.failing_jobs import TEST_ENV
 
 PLATFORM = Platform(
     machine="x86_64",
@@ -231,7 +235,7 @@ def test_stream_calibration_without_frames_is_refused(builder: EngineBuilder, mo
 
 def test_crash_in_worker_fails_the_build_and_caches_nothing(tmp_path: Path, model: Path) -> None:
     config = EngineConfig(build_timeout_s=60)
-    worker = CrashingWorker(timeout_s=60, env={TEST_JOBS_ENV: "1"})
+    worker = CrashingWorker(timeout_s=60, env=TEST_ENV)
     builder = EngineBuilder(tmp_path / "state", config, PLATFORM, worker=worker)
     with pytest.raises(BuildError, match="builder crashed: SIGSEGV"):
         builder.build(model, None)

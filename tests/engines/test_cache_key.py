@@ -16,6 +16,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from agent.engines.cache_key import (
     KEY_SCHEMA,
+    PLAN_FIELDS_NOT_IN_KEY,
     SIDECAR_NAME,
     EngineIdentity,
     EngineMeta,
@@ -28,7 +29,7 @@ from agent.engines.cache_key import (
     write_sidecar,
 )
 from agent.engines.plan import PlatformFacts, plan_build
-from agent.engines.spec import BuildSpec, ShapeProfile
+from agent.engines.spec import BuildPlan, BuildSpec, EngineOptions, ShapeProfile
 from agent.errors import BuildError
 from agent.platform import Platform
 
@@ -192,6 +193,58 @@ def test_identity_for_build_needs_backend_version() -> None:
     plan = plan_build(spec(device="cpu", precision="fp32"), PlatformFacts(None, 0, False), model_static=True)
     with pytest.raises(BuildError, match="onnxruntime version"):
         EngineIdentity.for_build(model_sha256=SHA_A, plan=plan, platform=Platform())
+
+
+def test_identity_takes_every_plan_field_but_the_listed_ones() -> None:
+    """The key's plan part is the plan's engine options, whole: nothing copied field by field."""
+    keyed = set(BuildPlan.model_fields) - PLAN_FIELDS_NOT_IN_KEY
+    assert keyed == set(EngineOptions.model_fields)
+    assert keyed <= set(EngineIdentity.model_fields)
+    assert {"changes", "calibration"} == PLAN_FIELDS_NOT_IN_KEY
+
+
+def _facts_platform() -> tuple[PlatformFacts, Platform]:
+    return PlatformFacts(None, 0, False), Platform(machine="x86_64", onnxruntime_version="1.31.1")
+
+
+def test_a_new_engine_option_changes_the_key() -> None:
+    """An option added to EngineOptions reaches the key with no edit to cache_key.py."""
+
+    class WiderOptions(EngineOptions):
+        tactic_sources: str = "all"
+
+    class WiderPlan(WiderOptions, BuildPlan):
+        pass
+
+    class WiderIdentity(WiderOptions, EngineIdentity):
+        pass
+
+    facts, platform = _facts_platform()
+    plan = plan_build(spec(device="cpu", precision="fp32"), facts, model_static=True)
+    keys = {
+        engine_cache_key(
+            WiderIdentity.for_build(
+                model_sha256=SHA_A,
+                plan=WiderPlan(**plan.model_dump(), tactic_sources=sources),
+                platform=platform,
+            )
+        )
+        for sources in ("all", "cublas")
+    }
+    assert len(keys) == 2
+
+
+def test_a_plan_field_outside_the_key_is_refused_by_name() -> None:
+    """A field a plan grows without making it an engine option would let two engines share a key."""
+
+    class PlanWithStray(BuildPlan):
+        tactic_sources: str = "all"
+
+    facts, platform = _facts_platform()
+    plan = plan_build(spec(device="cpu", precision="fp32"), facts, model_static=True)
+    stray = PlanWithStray(**plan.model_dump())
+    with pytest.raises(BuildError, match=r"\['tactic_sources'\] are not part of the engine key"):
+        EngineIdentity.for_build(model_sha256=SHA_A, plan=stray, platform=platform)
 
 
 # --------------------------------------------------------------------------- model hash

@@ -10,7 +10,9 @@ import onnxruntime as ort
 import pytest
 
 from agent.engines.calibration_cache import read_trt_cache
+from agent.engines.calibration_data import save_batches
 from agent.engines.int8 import read_table
+from agent.engines.job import BuildJob
 from agent.engines.ort_builder import (
     CPU_EP,
     CUDA_EP,
@@ -24,7 +26,6 @@ from agent.engines.ort_builder import (
     tensorrt_provider_options,
 )
 from agent.engines.spec import BuildPlan, CalibrationSource, ShapeProfile
-from agent.engines.worker import BuildJob, save_batches
 from agent.errors import BuildError
 from agent.modelzoo import write_classifier
 

@@ -17,28 +17,35 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-from agent.backends.tensorrt import tensorrt_status
+from agent.backends.trt_api import tensorrt_status
 from agent.engines.spec import BuildPlan, ShapeProfile
-from agent.engines.trt_builder import (
-    BuildLog,
-    Placement,
-    build_engine,
-    builder_flags,
-    classify_inspector_layer,
-    combine_placement,
-    format_parser_errors,
-    network_flags,
-    parse_inspector_json,
-    parse_placement_log,
-    plan_problems,
-    pool_limits,
-    profile_shapes,
-)
+from agent.engines.trt_builder import build_engine
 from agent.engines.trt_calibrator import (
     CalibrationFeed,
     make_entropy_calibrator,
     read_cache_bytes,
     write_cache_bytes,
+)
+from agent.engines.trt_decisions import (
+    ProfileShape,
+    builder_flags,
+    calibration_batch_size,
+    calibration_problem,
+    format_parser_errors,
+    network_flags,
+    plan_problems,
+    pool_limits,
+    profile_shapes,
+    target_label,
+    warning_lines,
+)
+from agent.engines.trt_log import BuildLog
+from agent.engines.trt_placement import (
+    Placement,
+    classify_inspector_layer,
+    combine_placement,
+    parse_inspector_json,
+    parse_placement_log,
 )
 from agent.errors import BuildError
 
@@ -476,3 +483,44 @@ def test_build_engine_without_tensorrt_is_a_build_error(tmp_path: Path) -> None:
 def test_calibrator_without_tensorrt_is_a_build_error(tmp_path: Path) -> None:
     with pytest.raises(BuildError, match="TensorRT is not installed"):
         make_entropy_calibrator([], batch_size=1, cache_path=tmp_path / "c.cache")
+
+
+# --- the small decisions of the build steps ----------------------------------------------------
+
+
+def test_calibration_batch_size_follows_the_profile_else_the_fixed_batch() -> None:
+    shape = ProfileShape("images", (1, 3, 8, 8), (4, 3, 8, 8), (8, 3, 8, 8))
+    assert calibration_batch_size([shape], [("images", [-1, 3, 8, 8])]) == 4
+    assert calibration_batch_size([], [("a", [2, 3, 8, 8]), ("b", [6, 4])]) == 6
+    assert calibration_batch_size([], [("scalar", []), ("dynamic", [-1, 3])]) == 1
+    assert calibration_batch_size([], []) == 1
+
+
+def test_calibrator_needs_frames_or_an_existing_cache() -> None:
+    plan = _plan(precision="int8", int8_mode="calibrator")
+    assert calibration_problem(plan, has_batches=False, cache_exists=False) == (
+        "INT8 calibration needs calibration frames or an existing calibration cache"
+    )
+    assert calibration_problem(plan, has_batches=True, cache_exists=False) is None
+    assert calibration_problem(plan, has_batches=False, cache_exists=True) is None
+    assert calibration_problem(_plan(), has_batches=False, cache_exists=False) is None
+    qdq = _plan(precision="int8", int8_mode="qdq")
+    assert calibration_problem(qdq, has_batches=False, cache_exists=False) is None
+
+
+def test_target_label_names_the_dla_core() -> None:
+    assert target_label(_plan()) == "gpu fp16"
+    assert target_label(_dla_plan(precision="int8", int8_mode="calibrator")) == "dla0 int8"
+
+
+def test_warning_lines_keep_the_last_warnings_only() -> None:
+    log = BuildLog()
+    for i in range(60):
+        log.add("WARNING", f"w{i}")
+        log.add("INFO", f"i{i}")
+    log.add("ERROR", "broken")
+    warnings = warning_lines(log.text())
+    assert len(warnings) == 50
+    assert warnings[0] == "[W] w10"
+    assert warnings[-1] == "[W] w59"
+    assert warning_lines(log.text(), keep=2) == ["[W] w58", "[W] w59"]

@@ -13,20 +13,15 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
+from agent.engines.calibration_data import load_batches, save_batches
+from agent.engines.job import BuildJob
 from agent.engines.spec import BuildPlan
-from agent.engines.worker import (
-    TEST_JOBS_ENV,
-    BuildJob,
-    BuildWorker,
-    load_batches,
-    raised_during_import,
-    save_batches,
-    signal_name,
-)
+from agent.engines.worker import BuildWorker, signal_name
+from agent.engines.worker_child import TEST_JOBS_ENV, raised_during_import
 from agent.errors import BuildError
 from agent.modelzoo import write_classifier
+from tests.engines.failing_jobs import TEST_ENV
 
-TEST_ENV = {TEST_JOBS_ENV: "1"}
 CPU_PLAN = BuildPlan(backend="onnxruntime", precision="fp32", device="cpu")
 
 

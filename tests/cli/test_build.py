@@ -1,4 +1,4 @@
-"""``edge-agent build``: run as a real subprocess (``python -m agent.engines.command``) and in process."""
+"""``edge-agent build``: run as a real subprocess (``python -m agent.cli.build``) and in process."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import structlog
 
-from agent.engines.command import add_build_arguments, run_build
+from agent.cli.build import add_build_arguments, run_build
 from agent.errors import BuildError
 from agent.modelzoo import write_classifier
 
@@ -23,7 +23,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 def edge_agent_build(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "agent.engines.command", *args],
+        [sys.executable, "-m", "agent.cli.build", *args],
         cwd=REPO,
         capture_output=True,
         text=True,

@@ -1,4 +1,8 @@
-"""``edge-agent``: parse arguments, load config, hand over. No business logic lives here."""
+"""``edge-agent``: parse arguments, load config, hand over. No business logic lives here.
+
+A package so each command with options of its own has its own module beside this one
+(``edge-agent build``: :mod:`agent.cli.build`); ``main`` here is the ``edge-agent`` entry point.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from agent import __version__
-from agent.engines.command import add_build_arguments
+from agent.cli.build import add_build_arguments
 from agent.errors import AgentError, ConfigError
 from agent.fleet.cli import add_fleet_arguments
 
@@ -94,7 +98,7 @@ def _dispatch(args: argparse.Namespace) -> int:
                 print(f"backend {name:<12} {'usable' if usable else 'unusable'}: {reason}")
         return 0
     if args.command == "build":
-        from agent.engines.command import run_build
+        from agent.cli.build import run_build
 
         return run_build(args)
     if args.command == "fleet":

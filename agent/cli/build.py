@@ -30,7 +30,7 @@ from agent.errors import AgentError, BuildError
 # command runs, so `edge-agent --help` and the other commands stay fast.
 if TYPE_CHECKING:
     from agent.camera.preprocess_spec import PreprocessSpec
-    from agent.engines.builder import EngineArtifact
+    from agent.engines.artifact import EngineArtifact
     from agent.engines.settings import EngineConfig
     from agent.engines.spec import BuildSpec
 
@@ -99,7 +99,7 @@ def _preprocess(args: argparse.Namespace) -> PreprocessSpec | None:
     if args.calib is None:
         return None
     from agent.camera.preprocess_spec import PreprocessSpec
-    from agent.engines.builder import model_input_size
+    from agent.engines.model_facts import model_input_size
 
     size = model_input_size(args.model)
     width = args.width or (size[0] if size else None)
@@ -277,7 +277,7 @@ def run_build(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Standalone entry (``python -m agent.engines.command``), same as ``edge-agent build``."""
+    """Standalone entry (``python -m agent.cli.build``), same as ``edge-agent build``."""
     parser = argparse.ArgumentParser(prog="edge-agent build", description=__doc__.splitlines()[0])
     add_build_arguments(parser)
     args = parser.parse_args(argv)

@@ -1,0 +1,117 @@
+"""Calibration data on its way to a build: dataset images, their identity, and batch files.
+
+The parent reads calibration frames (a dataset directory of images, or frames collected from a
+stream) only when a build happens, and hands them to the build child as ``batch_NNNNNN.npy`` files
+(:func:`save_batches`, read back in the child by :func:`load_batches`). :func:`calibration_identity`
+is what stands for the calibration input in the engine cache key.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import structlog
+
+from agent.camera.preprocess_spec import PreprocessSpec
+from agent.engines.cache_key import canonical_json
+from agent.engines.spec import CalibrationSource
+from agent.errors import BuildError
+from agent.fsutil import sha256_file
+
+log = structlog.get_logger(__name__)
+
+#: Image files a calibration dataset directory may hold.
+IMAGE_SUFFIXES = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", ".ppm", ".pgm"})
+
+
+def dataset_images(directory: Path) -> list[Path]:
+    """Image files directly in ``directory``, sorted by name."""
+    if not directory.is_dir():
+        raise BuildError(f"calibration dataset {directory} is not a directory of images")
+    return sorted(p for p in directory.iterdir() if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
+
+
+def dataset_batches(directory: Path, preprocess: PreprocessSpec, frames: int) -> Iterator[npt.NDArray[Any]]:
+    """Up to ``frames`` images of ``directory``, each preprocessed as a batch of one."""
+    import cv2
+
+    from agent.camera.preprocess import preprocess as prepare
+
+    images = dataset_images(directory)
+    if not images:
+        raise BuildError(
+            f"calibration dataset {directory} holds no images ({', '.join(sorted(IMAGE_SUFFIXES))})"
+        )
+    for path in images[:frames]:
+        image = cv2.imread(str(path), cv2.IMREAD_COLOR)
+        if image is None or image.dtype != np.uint8:
+            log.warning("engine.calibration.unreadable_image", path=str(path))
+            continue
+        tensor, _ = prepare(image.astype(np.uint8, copy=False), preprocess)
+        yield tensor[np.newaxis]
+
+
+def calibration_identity(source: CalibrationSource, preprocess: PreprocessSpec | None) -> str:
+    """SHA-256 standing for the calibration input in the engine cache key (see the module doc)."""
+    if source.kind == "cache":
+        assert source.path is not None
+        try:
+            return sha256_file(source.path)
+        except OSError as exc:
+            raise BuildError(f"calibration cache {source.path} is unreadable: {exc}") from exc
+    if source.kind == "dataset":
+        assert source.path is not None
+        files = {p.name: sha256_file(p) for p in dataset_images(source.path)[: source.frames]}
+        description: dict[str, Any] = {
+            "dataset": files,
+            "frames": source.frames,
+            "preprocess": preprocess.model_dump(mode="json") if preprocess is not None else None,
+        }
+    else:
+        description = {"stream": source.stream, "frames": source.frames}
+    return hashlib.sha256(canonical_json(description)).hexdigest()
+
+
+def limit_frames(batches: Iterable[npt.NDArray[Any]], frames: int) -> Iterator[npt.NDArray[Any]]:
+    """The first ``frames`` frames of ``batches``, cutting the last batch short where needed."""
+    seen = 0
+    for batch in batches:
+        if seen >= frames:
+            return
+        array = np.asarray(batch)
+        take = min(len(array), frames - seen) if array.ndim > 0 else 1
+        yield array[:take] if array.ndim > 0 else array
+        seen += take
+
+
+def save_batches(
+    batches: Iterable[npt.NDArray[Any]], directory: Path, limit: int | None = None
+) -> tuple[int, str]:
+    """Write calibration batches as ``batch_NNNNNN.npy`` into ``directory``; returns (count, SHA-256).
+
+    The hash covers each batch's dtype, shape and bytes, so it identifies the calibration data.
+    ``limit`` stops after that many batches (an endless stream).
+    """
+    directory.mkdir(parents=True, exist_ok=True)
+    digest = hashlib.sha256()
+    count = 0
+    for batch in batches:
+        if limit is not None and count >= limit:
+            break
+        array = np.ascontiguousarray(batch)
+        digest.update(f"{array.dtype.str}{array.shape}".encode())
+        digest.update(array.tobytes())
+        np.save(directory / f"batch_{count:06d}.npy", array, allow_pickle=False)
+        count += 1
+    return count, digest.hexdigest()
+
+
+def load_batches(directory: Path) -> Iterator[npt.NDArray[Any]]:
+    """The batches :func:`save_batches` wrote, in order."""
+    for path in sorted(directory.glob("batch_*.npy")):
+        yield np.load(path, allow_pickle=False)
