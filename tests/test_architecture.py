@@ -11,8 +11,8 @@ to fail:
 
 Every import counts: at module level, under ``if TYPE_CHECKING:``, and inside functions. A lazy or
 type-only import is still a dependency of the code that writes it; moving an import into a function
-is how a circle is usually hidden, not how it is removed. The exceptions listed below are known and
-being removed; a new violation fails the test.
+is how a circle is usually hidden, not how it is removed. There are no exceptions: any violation
+fails the test.
 """
 
 from __future__ import annotations
@@ -49,24 +49,6 @@ GROUND_FLOOR = frozenset(
 #: The only module that may import paho: the MQTT core (the device link and the service client are
 #: built on it).
 PAHO_CORE = frozenset({"agent/mqtt/core.py"})
-
-#: Package pairs that import each other today, each pair sorted.
-KNOWN_PACKAGE_CYCLES: frozenset[tuple[str, str]] = frozenset(
-    {
-        # being removed in the engines refactor: agent/engines/command.py (the offline
-        # `edge-agent build`) imports agent.config.load_config; it moves to the CLI.
-        ("agent.config", "agent.engines"),
-    }
-)
-
-#: Circles between files today, each as the set of its modules.
-KNOWN_FILE_CYCLES: frozenset[frozenset[str]] = frozenset(
-    {
-        # being removed in the engines refactor: the worker imports the ORT builder (inside a
-        # function), which imports the worker's job types back.
-        frozenset({"agent.engines.ort_builder", "agent.engines.worker"}),
-    }
-)
 
 
 @dataclass(frozen=True)
@@ -279,24 +261,14 @@ def agent_imports() -> list[Import]:
 
 def test_no_two_packages_import_each_other(agent_imports: list[Import]) -> None:
     cycles = package_cycles(agent_imports)
-    new = {pair: imps for pair, imps in cycles.items() if pair not in KNOWN_PACKAGE_CYCLES}
-    assert not new, "packages that import each other:\n" + "\n".join(
-        f"{a} <-> {b}:\n" + "\n".join(f"    {imp}" for imp in imps) for (a, b), imps in new.items()
+    assert not cycles, "packages that import each other:\n" + "\n".join(
+        f"{a} <-> {b}:\n" + "\n".join(f"    {imp}" for imp in imps) for (a, b), imps in cycles.items()
     )
 
 
-def test_known_package_cycles_are_still_there(agent_imports: list[Import]) -> None:
-    # An exception that no longer happens must leave the list, so it cannot hide a new one.
-    assert set(KNOWN_PACKAGE_CYCLES) <= set(package_cycles(agent_imports))
-
-
 def test_no_circle_between_files(agent_imports: list[Import]) -> None:
-    new = [c for c in file_cycles(agent_imports) if c not in KNOWN_FILE_CYCLES]
-    assert not new, "circles between files:\n" + "\n".join("    " + ", ".join(sorted(c)) for c in new)
-
-
-def test_known_file_cycles_are_still_there(agent_imports: list[Import]) -> None:
-    assert set(KNOWN_FILE_CYCLES) <= set(file_cycles(agent_imports))
+    cycles = file_cycles(agent_imports)
+    assert not cycles, "circles between files:\n" + "\n".join("    " + ", ".join(sorted(c)) for c in cycles)
 
 
 def test_configuration_imports_only_the_ground_floor(agent_imports: list[Import]) -> None:
