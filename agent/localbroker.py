@@ -3,6 +3,9 @@
 Tests talk to a real broker (no fakes): this class writes a mosquitto config into a temporary
 directory, runs ``mosquitto -c`` as a subprocess on a free loopback port and waits until the port
 accepts connections. ``restart()`` keeps the port, so clients reconnect to the same address.
+
+Ships with the package because ``edge-agent demo`` (and the benchmarks) start their own broker
+with it; the tests use the same class.
 """
 
 from __future__ import annotations

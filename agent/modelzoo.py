@@ -5,6 +5,9 @@ Every model takes ``images`` (``[batch, 3, S, S]`` float32, NCHW) with a dynamic
 so a path, a seed and the arguments always give the same bytes; different seeds give different
 outputs (the demo hot-swaps v1 -> v2 by seed). Nothing here is trained: outputs are plausible, not
 meaningful.
+
+Ships with the package because ``edge-agent demo`` builds its models with it (the benchmarks and
+tests use it too); models that misbehave on purpose, which only tests need, are in ``tests/``.
 """
 
 from __future__ import annotations

@@ -43,7 +43,7 @@ from agent.delivery.transfer import fetch_model
 from agent.fleet.chunks import DEFAULT_MAX_INFLIGHT, ChunkServer
 from agent.localbroker import Broker
 from agent.logs import configure_logging
-from agent.mqtt.inbox import InboundMessage
+from agent.mqtt.inbound import InboundMessage
 from agent.mqtt.link import MqttLink
 from agent.mqtt.service_client import ServiceClient
 from agent.mqtt.settings import MqttSettings

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.broker import Broker
+from agent.localbroker import Broker
 
 
 @pytest.fixture(scope="session")

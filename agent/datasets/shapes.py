@@ -7,6 +7,9 @@ test set are just three seeds, and a test can regenerate exactly what a model wa
 
 Images are ``uint8`` BGR ``H x W x 3``, what OpenCV decodes from a camera, so they go through the
 agent's own preprocessing (:func:`agent.camera.preprocess.preprocess`) like live frames.
+
+Ships with the package because ``edge-agent demo`` draws its video from it, and the bundled
+shapes model was trained and is calibrated on it (``tools/train_shapes.py``, the INT8 tests).
 """
 
 from __future__ import annotations

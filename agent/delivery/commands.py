@@ -17,7 +17,7 @@ import structlog
 
 from agent.errors import AgentError, TransportError
 from agent.mqtt.core import PublishProperties
-from agent.mqtt.inbox import InboundMessage
+from agent.mqtt.inbound import InboundMessage
 from agent.mqtt.link import MqttLink
 from agent.protocol.messages import CommandReply, CommandRequest, ProtocolError, decode
 from agent.protocol.topics import Topics

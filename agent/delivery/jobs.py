@@ -41,7 +41,7 @@ from agent.delivery.steps import (
 )
 from agent.delivery.verify import verify_model
 from agent.errors import AgentError, DeliveryError, EngineError, TransportError
-from agent.mqtt.inbox import InboundMessage
+from agent.mqtt.inbound import InboundMessage
 from agent.mqtt.link import MqttLink
 from agent.postprocess.spec import PostprocessSpec
 from agent.protocol.messages import JobState, JobStatus

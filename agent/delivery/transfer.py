@@ -36,7 +36,7 @@ from agent.delivery.settings import DeliveryConfig
 from agent.errors import DeliveryError
 from agent.model_base import StrictModel
 from agent.mqtt.core import PublishProperties
-from agent.mqtt.inbox import InboundMessage
+from agent.mqtt.inbound import InboundMessage
 from agent.protocol.topics import Topics, parse
 
 if TYPE_CHECKING:

@@ -39,7 +39,7 @@ from agent.errors import TransportError
 from agent.fleet.untrusted import shown
 from agent.fsutil import sha256_file
 from agent.mqtt.core import PublishProperties
-from agent.mqtt.inbox import InboundMessage
+from agent.mqtt.inbound import InboundMessage
 from agent.mqtt.service_client import ServiceClient
 from agent.mqtt.settings import MqttSettings
 from agent.protocol.topics import Topics, check_level, fleet_filter, parse

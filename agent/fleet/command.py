@@ -14,7 +14,7 @@ from typing import Any
 
 from agent.errors import TransportError
 from agent.mqtt.core import PublishProperties
-from agent.mqtt.inbox import InboundMessage
+from agent.mqtt.inbound import InboundMessage
 from agent.mqtt.service_client import ServiceClient
 from agent.mqtt.settings import MqttSettings
 from agent.protocol.messages import CommandReply, CommandRequest, ProtocolError, decode, encode

@@ -44,7 +44,7 @@ from agent.fleet.command import PendingReplies, publish_command
 from agent.fleet.deploy_outcome import MAX_MALFORMED_NOTES, DeployOutcome, DeviceProgress
 from agent.fleet.deploy_plan import DeployPlan, new_job_id, next_sequence
 from agent.fleet.untrusted import shown
-from agent.mqtt.inbox import InboundMessage
+from agent.mqtt.inbound import InboundMessage
 from agent.mqtt.service_client import ServiceClient
 from agent.mqtt.settings import MqttSettings
 from agent.protocol.messages import JobState, JobStatus, ProtocolError, StatusMessage, decode

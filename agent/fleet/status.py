@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agent.fleet.untrusted import clipped, shown
-from agent.mqtt.inbox import InboundMessage
+from agent.mqtt.inbound import InboundMessage
 from agent.mqtt.service_client import ServiceClient
 from agent.mqtt.settings import MqttSettings
 from agent.protocol.messages import InfoMessage, ProtocolError, StatusMessage, decode

@@ -43,7 +43,7 @@ from agent.mqtt.events import (
     Sent,
     SubAck,
 )
-from agent.mqtt.inbox import InboundMessage
+from agent.mqtt.inbound import InboundMessage
 from agent.mqtt.settings import MqttSettings
 from agent.mqtt.wake import CoalescedWake
 from agent.secret_file import read_secret

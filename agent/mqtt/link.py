@@ -36,7 +36,7 @@ from agent.backoff import reconnect_delay
 from agent.errors import TransportError
 from agent.mqtt.core import NOT_AUTHORIZED, MqttCore, PublishProperties, payload_limit, topic_matches
 from agent.mqtt.events import CallbackFailed, ConnAck, Disconnected, Event, PubAck, PublishOutcome, SubAck
-from agent.mqtt.inbox import STOP, Connected, InboundMessage, Inbox
+from agent.mqtt.inbound import STOP, Connected, InboundMessage, Inbox
 from agent.mqtt.settings import MqttSettings
 from agent.protocol.messages import StatusMessage, encode
 from agent.spool import Spool

@@ -11,7 +11,7 @@ import queue
 import uuid
 from collections.abc import Iterable
 
-from agent.mqtt.inbox import InboundMessage
+from agent.mqtt.inbound import InboundMessage
 from agent.mqtt.service_client import ServiceClient
 from agent.mqtt.settings import MqttSettings
 

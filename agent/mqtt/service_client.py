@@ -6,7 +6,7 @@ which a topic match cannot dispatch), request/response properties on what it rec
 and a count of PUBACKs so it can wait until what it published has left. This is that client.
 
 Built on :class:`~agent.mqtt.core.MqttCore` (the paho core, which owns every paho trap it can):
-received messages go through a bounded :class:`~agent.mqtt.inbox.Inbox` to one dispatcher thread, so
+received messages go through a bounded :class:`~agent.mqtt.inbound.Inbox` to one dispatcher thread, so
 a slow handler never stalls paho's network thread; the core's events update this client's counters
 under ``_cond``, which is never held while calling into the core (so ``on_publish``, run under paho's
 lock, cannot deadlock: paho#226); paho's reconnect delay has no jitter, so the first delay is drawn
@@ -25,7 +25,7 @@ import structlog
 from agent.errors import TransportError
 from agent.mqtt.core import MqttCore, PublishProperties, payload_limit
 from agent.mqtt.events import CallbackFailed, ConnAck, Disconnected, Event, PubAck, PublishOutcome, SubAck
-from agent.mqtt.inbox import STOP, InboundMessage, Inbox
+from agent.mqtt.inbound import STOP, InboundMessage, Inbox
 from agent.mqtt.settings import MqttSettings
 
 log = structlog.get_logger(__name__)

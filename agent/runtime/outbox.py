@@ -16,7 +16,7 @@ import time
 from collections import deque
 from typing import Generic, TypeVar
 
-from agent.runtime.inbox import StageQueue
+from agent.runtime.stage_queue import StageQueue
 
 T = TypeVar("T")
 

@@ -1,6 +1,6 @@
 """The frame path: capture -> preprocess -> infer (batched per slot) -> postprocess -> publish.
 
-Stages are threads joined by bounded queues (:mod:`agent.runtime.inbox`). Capture threads decode
+Stages are threads joined by bounded queues (:mod:`agent.runtime.stage_queue`). Capture threads decode
 and preprocess (cv2 and numpy release the GIL, so this overlaps with inference); the slot's
 inference workers (one, or one per core: :mod:`agent.runtime.layout`) lease ``slot`` per batch,
 which is what makes a hot-swap a reference swap; one publish thread per slot postprocesses and
@@ -27,10 +27,10 @@ from agent.camera.source import VideoSource
 from agent.errors import AgentError
 from agent.liveness import CallWatch
 from agent.protocol.messages import ResultMessage
-from agent.runtime.inbox import DropPolicy, SlotInbox
 from agent.runtime.loaded import LoadedModel
 from agent.runtime.outbox import OrderedOutbox
 from agent.runtime.slot import ModelSlot
+from agent.runtime.stage_queue import DropPolicy, SlotInbox
 from agent.telemetry import Metrics
 
 log = structlog.get_logger(__name__)

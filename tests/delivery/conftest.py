@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
+from agent.localbroker import Broker
 from agent.modelzoo import write_classifier
-from tests.broker import Broker
-from tests.delivery.harness import Harness, Keys, make_keys
+from tests.delivery.delivery_stack import Harness, Keys, make_keys
 
 HarnessFactory = Callable[..., Harness]
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from agent.protocol.messages import CommandReply, decode
-from tests.delivery.harness import SLOT, Harness
+from tests.delivery.delivery_stack import SLOT, Harness
 
 
 def _reply(device: Harness, topic: str, correlation: bytes) -> CommandReply:

@@ -24,7 +24,7 @@ from agent.delivery.manifest import DeployManifest, ModelSourceRef
 from agent.delivery.partial import PartialDownload
 from agent.delivery.transfer import fetch_model
 from agent.protocol.topics import Topics
-from tests.delivery.transfer_support import KIB, delivery_config, manifest_for, random_model
+from tests.delivery.transfer_rig import KIB, delivery_config, manifest_for, random_model
 
 CHUNK = 16 * KIB
 SIZE = 20 * CHUNK + 777

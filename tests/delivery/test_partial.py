@@ -19,7 +19,7 @@ from agent.delivery.errors import HashMismatchError
 from agent.delivery.manifest import DeployManifest
 from agent.delivery.partial import PartialDownload
 from agent.errors import DeliveryError
-from tests.delivery.transfer_support import KIB, manifest_for, random_model
+from tests.delivery.transfer_rig import KIB, manifest_for, random_model
 from tests.waiting import wait_until
 
 CHUNK = 4 * KIB

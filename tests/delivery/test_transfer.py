@@ -22,8 +22,8 @@ from agent.delivery.manifest import DeployManifest, ModelSourceRef
 from agent.delivery.partial import PartialDownload
 from agent.delivery.transfer import MqttPull, PullStats, fetch_model
 from agent.fleet.chunks import ChunkServer
-from tests.broker import Broker
-from tests.delivery.transfer_support import (
+from agent.localbroker import Broker
+from tests.delivery.transfer_rig import (
     KIB,
     MIB,
     Device,

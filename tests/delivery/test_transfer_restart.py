@@ -22,8 +22,8 @@ import pytest
 from agent.delivery.manifest import DeployManifest
 from agent.delivery.transfer import fetch_model
 from agent.fleet.chunks import ChunkServer
-from tests.broker import Broker
-from tests.delivery.transfer_support import (
+from agent.localbroker import Broker
+from tests.delivery.transfer_rig import (
     KIB,
     MIB,
     Device,

@@ -21,11 +21,11 @@ import pytest
 
 from agent.delivery.manifest import DeployManifest, build_manifest
 from agent.fleet.chunks import ChunkServer
+from agent.localbroker import Broker
 from agent.modelzoo import write_classifier
 from agent.mqtt.settings import MqttSettings
 from agent.protocol.messages import JobStatus, decode
 from agent.signing import generate_keypair, private_key_from_bytes, sign
-from tests.broker import Broker
 from tests.e2e.daemon import AgentFiles, Daemon, unique_results
 from tests.mqtt_probe import Probe, Received
 from tests.runtime.models import write_checker_failure

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from agent.localbroker import Broker
 from agent.protocol.messages import InfoMessage, ResultMessage, StatusMessage, decode
-from tests.broker import Broker
 from tests.e2e.daemon import AgentFiles, Daemon, unique_results
 from tests.mqtt_probe import Probe
 

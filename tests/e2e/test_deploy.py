@@ -26,10 +26,10 @@ from agent.fleet.deploy_outcome import DeployOutcome
 from agent.fleet.deploy_plan import DeployPlan
 from agent.fleet.keys import KeyPairFiles, load_signing_key, write_keypair
 from agent.fsutil import sha256_file
+from agent.localbroker import Broker
 from agent.mqtt.settings import MqttSettings
 from agent.protocol.messages import InfoMessage, JobState, JobStatus, decode
 from agent.protocol.topics import Topics
-from tests.broker import Broker
 from tests.e2e.daemon import REPO, AgentFiles, Daemon, unique_results
 from tests.mqtt_probe import Probe, Received
 

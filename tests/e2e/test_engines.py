@@ -15,9 +15,9 @@ from agent.datasets.shapes import generate
 from agent.engines.spec import BuildSpec
 from agent.fleet.deploy import FleetDeploy
 from agent.fleet.deploy_plan import DeployPlan
+from agent.localbroker import Broker
 from agent.mqtt.settings import MqttSettings
 from agent.protocol.messages import JobStatus, decode
-from tests.broker import Broker
 from tests.e2e.daemon import REPO, Daemon, unique_results
 from tests.mqtt_probe import Probe
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from tests.broker import Broker
+from agent.localbroker import Broker
 from tests.camera.mjpeg_server import MjpegServer
 from tests.e2e.daemon import AgentFiles, Daemon
 from tests.waiting import wait_until

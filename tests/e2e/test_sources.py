@@ -17,8 +17,8 @@ import pytest
 import yaml
 
 from agent.camera.source import STATE_CODES, SourceState
+from agent.localbroker import Broker
 from agent.protocol.messages import ResultMessage, decode
-from tests.broker import Broker
 from tests.camera.mjpeg_server import MjpegServer
 from tests.e2e.daemon import AgentFiles, Daemon
 from tests.mqtt_probe import Probe, Received

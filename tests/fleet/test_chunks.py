@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from agent.delivery.manifest import DeployManifest
+from agent.localbroker import Broker
 from agent.protocol.topics import Topics
-from tests.broker import Broker
-from tests.delivery.transfer_support import KIB, Rig, manifest_for, random_model
+from tests.delivery.transfer_rig import KIB, Rig, manifest_for, random_model
 from tests.mqtt_probe import Probe, Received
 from tests.waiting import wait_until
 

@@ -13,11 +13,11 @@ import pytest
 from agent.cli import main
 from agent.errors import ConfigError
 from agent.fleet.cli import add_fleet_arguments, build_spec_from_args, postprocess_from_args
+from agent.localbroker import Broker
 from agent.postprocess.spec import ClassificationSpec, DetectionSpec
 from agent.protocol.messages import JobState, JobStatus, encode
 from agent.protocol.topics import Topics
-from tests.broker import Broker
-from tests.fleet.support import tiny_model, unique_prefix
+from tests.fleet.operator_side import tiny_model, unique_prefix
 from tests.mqtt_probe import Probe
 
 

@@ -9,10 +9,10 @@ from collections.abc import Iterator
 import pytest
 
 from agent.fleet.command import NoReplyError, send_command
+from agent.localbroker import Broker
 from agent.protocol.messages import CommandReply, encode
 from agent.protocol.topics import Topics
-from tests.broker import Broker
-from tests.fleet.support import operator_settings, unique_prefix
+from tests.fleet.operator_side import operator_settings, unique_prefix
 from tests.mqtt_probe import Probe
 
 

@@ -19,11 +19,11 @@ from agent.delivery.manifest import parse_signed
 from agent.fleet.deploy import FleetDeploy
 from agent.fleet.deploy_plan import DeployPlan, new_job_id, next_sequence
 from agent.fleet.keys import KeyPairFiles, load_signing_key, write_keypair
+from agent.localbroker import Broker
 from agent.protocol.messages import CommandReply, JobState, JobStatus, encode
 from agent.protocol.topics import Topics
 from agent.signing import load_public_key
-from tests.broker import Broker
-from tests.fleet.support import operator_settings, tiny_model, unique_prefix
+from tests.fleet.operator_side import operator_settings, tiny_model, unique_prefix
 from tests.mqtt_probe import Probe
 
 

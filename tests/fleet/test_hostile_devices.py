@@ -20,10 +20,10 @@ import pytest
 
 from agent.cli import main
 from agent.fleet.cli import EXIT_FAILED, EXIT_MALFORMED
+from agent.localbroker import Broker
 from agent.protocol.messages import CommandReply, encode
 from agent.protocol.topics import Topics
-from tests.broker import Broker
-from tests.fleet.support import tiny_model, unique_prefix
+from tests.fleet.operator_side import tiny_model, unique_prefix
 from tests.mqtt_probe import Probe
 
 #: What an attacker's escape sequence tries to draw over the real progress or table.

@@ -10,9 +10,9 @@ from pathlib import Path
 
 from agent.fleet.chunks import ChunkServer
 from agent.fleet.serve import serve_repo
+from agent.localbroker import Broker
 from agent.protocol.topics import Topics
-from tests.broker import Broker
-from tests.fleet.support import operator_settings, tiny_model, unique_prefix
+from tests.fleet.operator_side import operator_settings, tiny_model, unique_prefix
 from tests.mqtt_probe import Probe
 
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import time
 
 from agent.fleet.status import age, collect_fleet, format_table
+from agent.localbroker import Broker
 from agent.protocol.messages import InfoMessage, ModelRef, SlotInfo, StatusMessage, encode
 from agent.protocol.topics import Topics
-from tests.broker import Broker
-from tests.fleet.support import operator_settings, unique_prefix
+from tests.fleet.operator_side import operator_settings, unique_prefix
 from tests.mqtt_probe import Probe
 
 

@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
+from agent.localbroker import Broker
 from agent.mqtt.link import MqttLink
 from agent.mqtt.settings import MqttSettings
 from agent.spool import Spool
-from tests.broker import Broker
 
 LinkFactory = Callable[..., MqttLink]
 

@@ -11,7 +11,7 @@ import contextlib
 import socket
 import threading
 
-from tests.broker import free_port
+from agent.localbroker import free_port
 
 
 class FreezableProxy:

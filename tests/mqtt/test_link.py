@@ -12,13 +12,13 @@ from pathlib import Path
 import pytest
 
 from agent.errors import TransportError
+from agent.localbroker import Broker, free_port
 from agent.mqtt import link as link_module
 from agent.mqtt.core import PublishProperties
-from agent.mqtt.inbox import InboundMessage
+from agent.mqtt.inbound import InboundMessage
 from agent.mqtt.wake import CoalescedWake
 from agent.protocol.messages import StatusMessage, decode
 from agent.spool import Spool
-from tests.broker import Broker, free_port
 from tests.mqtt.conftest import LinkFactory, fast_settings
 from tests.mqtt.tcp_proxy import FreezableProxy
 from tests.mqtt_probe import Probe, Received

@@ -23,7 +23,7 @@ from agent.protocol.topics import Topics
 from agent.spool import Spool
 from agent.telemetry.loop import TelemetryLoop
 from agent.telemetry.metrics import Metrics
-from tests.delivery.transfer_support import KIB, MIB, delivery_config, manifest_for, random_model
+from tests.delivery.transfer_rig import KIB, MIB, delivery_config, manifest_for, random_model
 from tests.mqtt_probe import Probe
 from tests.protocol.broker_doc import OPERATOR, OPERATOR_PASSWORD, DocBroker
 from tests.waiting import wait_until

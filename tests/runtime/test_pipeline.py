@@ -15,18 +15,18 @@ from agent.camera.preprocess_spec import PreprocessSpec
 from agent.camera.source import VideoSource
 from agent.camera.source_spec import FileSourceSpec, SyntheticSourceSpec
 from agent.demo import write_demo_video
+from agent.localbroker import Broker
 from agent.modelzoo import write_classifier
 from agent.mqtt.link import MqttLink
 from agent.mqtt.settings import MqttSettings
 from agent.postprocess.spec import ClassificationSpec
 from agent.protocol.messages import ResultMessage, decode
-from agent.runtime.inbox import DropPolicy
 from agent.runtime.loaded import ModelSource
 from agent.runtime.pipeline import SlotPipeline, StreamPlan
 from agent.runtime.slot import ModelSlot
+from agent.runtime.stage_queue import DropPolicy
 from agent.spool import Spool
 from agent.telemetry import Metrics
-from tests.broker import Broker
 from tests.camera.specs import make
 from tests.mqtt_probe import Probe
 from tests.runtime.models import write_slow_classifier, write_static_batch_classifier

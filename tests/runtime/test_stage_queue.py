@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from agent.runtime.inbox import SlotInbox
+from agent.runtime.stage_queue import SlotInbox
 
 
 def test_keep_newest_drops_the_oldest_and_reports_it() -> None:

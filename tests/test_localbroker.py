@@ -6,7 +6,7 @@ from collections.abc import Callable, Sequence
 
 import pytest
 
-from tests.broker import Broker
+from agent.localbroker import Broker
 from tests.mqtt_probe import Probe
 
 

@@ -17,7 +17,7 @@ from agent.modelzoo import write_classifier
 from agent.protocol.messages import JobState
 from agent.store import DiskUsage
 from tests.delivery.conftest import HarnessFactory
-from tests.delivery.harness import SLOT, Harness, make_keys, states
+from tests.delivery.delivery_stack import SLOT, Harness, make_keys, states
 from tests.runtime.models import write_checker_failure
 
 HAPPY = [

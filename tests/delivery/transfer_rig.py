@@ -15,11 +15,11 @@ from typing import Any
 from agent.delivery.manifest import DeployManifest, ModelSourceRef, build_manifest
 from agent.delivery.settings import DeliveryConfig
 from agent.fleet.chunks import ChunkServer
+from agent.localbroker import Broker
 from agent.mqtt.link import MqttLink
 from agent.mqtt.settings import MqttSettings
 from agent.protocol.topics import Topics
 from agent.spool import Spool
-from tests.broker import Broker
 
 KIB = 1024
 MIB = 1024 * KIB

@@ -23,6 +23,7 @@ from agent.delivery.manifest import DeployManifest, build_manifest, sign_manifes
 from agent.delivery.settings import DeliveryConfig
 from agent.delivery.steps import ProgressFn
 from agent.errors import EngineError
+from agent.localbroker import Broker
 from agent.mqtt.link import MqttLink
 from agent.mqtt.settings import MqttSettings
 from agent.postprocess.spec import ClassificationSpec
@@ -31,7 +32,6 @@ from agent.protocol.topics import Topics
 from agent.signing import Ed25519PrivateKey, generate_keypair, private_key_from_bytes
 from agent.spool import Spool
 from agent.store import DiskUsageFn, ModelStore
-from tests.broker import Broker
 from tests.mqtt_probe import Probe
 from tests.waiting import wait_until
 

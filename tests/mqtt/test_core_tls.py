@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from agent.localbroker import Broker
 from agent.mqtt.settings import TlsSettings
-from tests.broker import Broker
 from tests.mqtt.conftest import LinkFactory, fast_settings
 from tests.mqtt_probe import Probe
 from tests.waiting import wait_until
