@@ -40,7 +40,8 @@ def free_port() -> int:
         return port
 
 
-def _port_open(host: str, port: int) -> bool:
+def port_open(host: str, port: int) -> bool:
+    """Whether something accepts TCP connections on ``host:port`` now."""
     try:
         with socket.create_connection((host, port), timeout=0.2):
             return True
@@ -100,7 +101,7 @@ class Broker:
             while time.monotonic() < deadline:
                 if self._proc.poll() is not None:
                     break
-                if _port_open(self.host, self.port):
+                if port_open(self.host, self.port):
                     return
                 time.sleep(0.02)
             self._reap()

@@ -12,7 +12,6 @@ import datetime
 import ipaddress
 import os
 import re
-import socket
 import subprocess
 import time
 from dataclasses import dataclass
@@ -23,7 +22,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from agent.localbroker import free_port, mosquitto_binary
+from agent.localbroker import free_port, mosquitto_binary, port_open
 from agent.mqtt.settings import MqttSettings, TlsSettings
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "protocol.md"
@@ -31,14 +30,6 @@ OPERATOR = "operator"
 OPERATOR_PASSWORD = "pw-operator"
 _START_TIMEOUT_S = 10.0
 _LOOPBACK = ipaddress.ip_address("127.0.0.1")
-
-
-def _port_open(host: str, port: int) -> bool:
-    try:
-        with socket.create_connection((host, port), timeout=0.2):
-            return True
-    except OSError:
-        return False
 
 
 def doc_config() -> tuple[str, str]:
@@ -184,7 +175,7 @@ class DocBroker:
             )
         deadline = time.monotonic() + _START_TIMEOUT_S
         while time.monotonic() < deadline and self._proc.poll() is None:
-            if all(_port_open(self.host, port) for port in (self.device_port, self.operator_port)):
+            if all(port_open(self.host, port) for port in (self.device_port, self.operator_port)):
                 return
             time.sleep(0.05)
         raise RuntimeError(f"mosquitto did not start with the doc's configuration:\n{self.log()}")
