@@ -344,7 +344,8 @@ def test_interrupted_job_resumes_after_restart(
     assert first.repo.waiting.wait(10)
     first.stop()  # the agent stops mid-download: no terminal state, the job stays open
     assert first.statuses("job-resume")[-1].state is JobState.DOWNLOADING
-    assert first.jobs_json()["slots"][SLOT]["state"] == "QUEUED"
+    # Every state is recorded before it is published: the ledger knows where the job stopped.
+    assert first.jobs_json()["slots"][SLOT]["state"] == "DOWNLOADING"
 
     # A new agent process on the same state dir: the retained manifest arrives on subscribe.
     second = make_device(state_dir=state_dir, device_id=first.device_id, start=False)
