@@ -554,7 +554,19 @@ class DeliveryService:
             with lane.cond:
                 entry["running"] = lane.running.job_id if lane.running else None
                 entry["queued"] = lane.pending.job_id if lane.pending else None
-        return {"slots": slots, "require_signature": self.config.require_signature}
+        with self._lock:
+            waiting = {slot: m.job_id for slot, (m, _digest) in self._waiting_for_space.items()}
+        return {
+            "slots": slots,
+            "require_signature": self.config.require_signature,
+            "held_statuses": self.held_statuses(),
+            "waiting_for_space": waiting,
+        }
+
+    def held_statuses(self) -> int:
+        """Job statuses waiting in memory because the spool could not store them (a full disk)."""
+        with self._held_lock:
+            return len(self._held)
 
     # -- desired state ---------------------------------------------------------------------------
 

@@ -7,10 +7,7 @@ stopped and started, a real signed deploy pulled over MQTT from the real ChunkSe
 
 from __future__ import annotations
 
-import errno
 import json
-import os
-import subprocess
 import time
 import uuid
 from collections.abc import Iterator
@@ -24,6 +21,7 @@ from agent.fsutil import sha256_file
 from agent.mqtt.settings import MqttSettings
 from agent.protocol.messages import JobState, JobStatus, decode
 from tests.broker import Broker
+from tests.disks import fill, mounted_tmpfs
 from tests.e2e.daemon import AgentFiles, Daemon
 from tests.mqtt_probe import Probe
 
@@ -33,36 +31,8 @@ pytestmark = pytest.mark.slow
 @pytest.fixture
 def state_disk(tmp_path: Path) -> Iterator[Path]:
     """A real 16 MiB filesystem (tmpfs) for the agent's state directory; needs root to mount."""
-    mount_point = tmp_path / "state-disk"
-    mount_point.mkdir()
-    done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(mount_point)],
-        check=False,
-        capture_output=True,
-        text=True,
-    )
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here ({done.stderr.strip()}): the disk-full case needs root")
-    try:
-        yield mount_point
-    finally:
-        subprocess.run(["umount", "-l", str(mount_point)], check=False)
-
-
-def fill(disk: Path) -> Path:
-    """Write a file until ``disk`` has 0 bytes free; return it."""
-    filler = disk / "filler"
-    errors = set()
-    with filler.open("wb", buffering=0) as f:
-        for block in (1024 * 1024, 4096, 1):
-            try:
-                while True:
-                    f.write(b"\0" * block)
-            except OSError as exc:
-                errors.add(exc.errno)
-    assert errors == {errno.ENOSPC}
-    assert os.statvfs(disk).f_bavail == 0
-    return filler
+    with mounted_tmpfs(tmp_path / "state-disk", "16m") as disk:
+        yield disk
 
 
 def _statuses(probe: Probe, job_id: str) -> list[JobStatus]:
