@@ -461,6 +461,7 @@ class DeliveryService:
         self._lanes: dict[str, _Lane] = {}
         self._lock = threading.Lock()
         self._ledger_lock = threading.Lock()
+        self._reconcile_lock = threading.RLock()
         self._rejected: dict[str, deque[str]] = {}
         #: Statuses the spool refused (disk full), in publication order, until the spool or link takes them.
         self._held: deque[JobStatus] = deque()
@@ -613,6 +614,12 @@ class DeliveryService:
         )
 
     def _reconcile(self, manifest: DeployManifest, slot: str, digest: str, *, retry: bool = False) -> None:
+        # One decision at a time: the dispatcher (a redelivered manifest) and the upkeep thread (a
+        # disk_full retry) could otherwise both apply the same job, and one would supersede the other.
+        with self._reconcile_lock:
+            self._reconcile_locked(manifest, slot, digest, retry=retry)
+
+    def _reconcile_locked(self, manifest: DeployManifest, slot: str, digest: str, *, retry: bool) -> None:
         with self._lock:
             if self._stopped:
                 return
@@ -733,15 +740,16 @@ class DeliveryService:
                 self.store.check_free_space(max(needed, _RETRY_MIN_FREE), self.config.disk_headroom_bytes)
             except (DeliveryError, OSError):
                 continue  # still full: try at the next round, publishing nothing meanwhile
-            with self._lock:
-                if self._waiting_for_space.get(slot) != (manifest, digest):
-                    continue
-                del self._waiting_for_space[slot]
-            log.info("delivery.job.retry", slot=slot, job=manifest.job_id, reason="disk space returned")
-            try:
-                self._reconcile(manifest, slot, digest, retry=True)
-            except DeliveryError as exc:
-                self._refuse(exc, b"", slot, digest)
+            with self._reconcile_lock:  # not interleaved with the same manifest redelivered on connect
+                with self._lock:
+                    if self._waiting_for_space.get(slot) != (manifest, digest):
+                        continue
+                    del self._waiting_for_space[slot]
+                log.info("delivery.job.retry", slot=slot, job=manifest.job_id, reason="disk space returned")
+                try:
+                    self._reconcile(manifest, slot, digest, retry=True)
+                except DeliveryError as exc:
+                    self._refuse(exc, b"", slot, digest)
 
     def _collect_garbage(self) -> None:
         protect = set(self._protect()) if self._protect is not None else set()
