@@ -462,6 +462,8 @@ class DeliveryService:
         self._lock = threading.Lock()
         self._ledger_lock = threading.Lock()
         self._reconcile_lock = threading.RLock()
+        #: Per slot, a terminal record the full disk refused; the upkeep thread writes it later.
+        self._unrecorded: dict[str, JobRecord] = {}
         self._rejected: dict[str, deque[str]] = {}
         #: Statuses the spool refused (disk full), in publication order, until the spool or link takes them.
         self._held: deque[JobStatus] = deque()
@@ -534,7 +536,7 @@ class DeliveryService:
 
     def last_job(self, slot: str) -> str | None:
         """Id of the last job accepted for ``slot`` (for ``up/info``)."""
-        record = self.ledger.last(slot)
+        record = self._last(slot)
         return record.job_id if record is not None else None
 
     def idle(self) -> bool:
@@ -633,7 +635,7 @@ class DeliveryService:
             log.info("delivery.desired.waiting_for_space", slot=slot, job=manifest.job_id)
             return
         in_flight = {d.job_id for d in lane.in_flight()}
-        decision = decide(manifest, self.ledger.last(slot), in_flight, retry=retry)
+        decision = decide(manifest, self._last(slot), in_flight, retry=retry)
         if decision.action is Action.IGNORE:
             log.info("delivery.desired.unchanged", slot=slot, job=manifest.job_id, reason=decision.reason)
             return
@@ -692,12 +694,39 @@ class DeliveryService:
         QUEUED makes the job the slot's last; later states are recorded only while it still is: a
         newer job may have been recorded concurrently, and must never be overwritten.
         """
+        record = _record(manifest, status)
         with self._ledger_lock:
             if status.state is not JobState.QUEUED:
-                last = self.ledger.last(manifest.slot)
+                last = self._last_locked(manifest.slot)
                 if last is None or last.job_id != manifest.job_id:
                     return
-            self.ledger.record(_record(manifest, status))
+            try:
+                self.ledger.record(record)
+            except OSError:
+                if status.state.terminal:
+                    # This process knows the job is over even if the disk does not yet: a redelivered
+                    # manifest must not resume it. The upkeep thread writes it once the disk takes it.
+                    self._unrecorded[manifest.slot] = record
+                raise
+            self._unrecorded.pop(manifest.slot, None)
+
+    def _last_locked(self, slot: str) -> JobRecord | None:
+        return self._unrecorded.get(slot) or self.ledger.last(slot)
+
+    def _last(self, slot: str) -> JobRecord | None:
+        """The slot's last job: the ledger's, or a terminal state the full disk has not taken yet."""
+        with self._ledger_lock:
+            return self._last_locked(slot)
+
+    def _write_unrecorded(self) -> None:
+        with self._ledger_lock:
+            for slot, record in list(self._unrecorded.items()):
+                try:
+                    self.ledger.record(record)
+                except OSError:
+                    continue
+                del self._unrecorded[slot]
+                log.info("delivery.job.recorded_late", slot=slot, job=record.job_id, state=record.state.value)
 
     def _run_job(self, job: Deployment) -> None:
         state = job.run()
@@ -706,7 +735,7 @@ class DeliveryService:
         if state is JobState.FAILED and job.error_code == DISK_FULL:
             with self._lock:
                 current = self._waiting_for_space.get(job.manifest.slot)
-                last = self.ledger.last(job.manifest.slot)
+                last = self._last(job.manifest.slot)
                 # Not when a newer manifest took the slot meanwhile (it is the slot's attempt now).
                 newer = last is not None and last.sequence > job.manifest.sequence
                 if current is None and not newer:
@@ -721,6 +750,7 @@ class DeliveryService:
         while not self._upkeep_stop.wait(_HELD_RETRY_S):
             try:
                 self._flush_held()
+                self._write_unrecorded()
                 if time.monotonic() >= next_retry:
                     next_retry = time.monotonic() + self.config.disk_full_retry_s
                     self._retry_disk_full()

@@ -50,6 +50,9 @@ def test_a_status_nothing_can_take_is_held_in_memory_and_the_job_retried_when_sp
         (spooled,) = device.spool.pending()
         failed = decode(JobStatus, spooled.payload)
         assert (failed.job_id, failed.state, failed.error_code) == ("job-held", JobState.FAILED, "disk_full")
+        # The end the full disk refused to record is written now: a restart will not resume the job.
+        wait_until(lambda: device.jobs_json()["slots"][SLOT]["state"] == "FAILED", 10, "the late record")
+        assert device.jobs_json()["slots"][SLOT]["error_code"] == "disk_full"
         assert device.repo.fetched == ["job-held"]  # no retry while offline
 
         private_broker.restart()
