@@ -2,20 +2,25 @@
 that reconciles desired state into jobs.
 
 A :class:`Deployment` goes QUEUED -> DOWNLOADING -> VERIFYING -> BUILDING -> VALIDATING -> ACTIVE,
-or ends FAILED / REJECTED / ROLLED_BACK / SUPERSEDED; every transition is published as a
-:class:`~agent.protocol.messages.JobStatus` through the durable spool. :class:`DeliveryService`
-subscribes to ``down/desired/+`` and ``down/cmd/+``, decides per manifest (:mod:`.reconcile`), and
-runs one job at a time per slot on a worker thread of that slot: the MQTT dispatcher thread only
-parses, decides and hands over.
+or ends FAILED / REJECTED / ROLLED_BACK / SUPERSEDED; every transition is first recorded in the job
+ledger (``jobs.json``, atomically) and only then published as a
+:class:`~agent.protocol.messages.JobStatus` through the durable spool, so a kill at any point can
+lose a publication but never make a finished job run again. A ledger write that fails (a full
+state disk) ends the job ``FAILED disk_full``; the service retries it when space returns.
+:class:`DeliveryService` subscribes to ``down/desired/+`` and ``down/cmd/+``, decides per manifest
+(:mod:`.reconcile`), and runs one job at a time per slot on a worker thread of that slot: the MQTT
+dispatcher thread only parses, decides and hands over.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
+from functools import partial
 from pathlib import Path
 from typing import Any, Literal
 
@@ -23,10 +28,17 @@ import structlog
 
 from agent.camera.preprocess_spec import PreprocessSpec
 from agent.delivery.commands import BadArgsError, CommandHandler, CommandRouter
-from agent.delivery.errors import JobCancelledError, ReplayError, TooLargeError, WrongSlotError, rejects
+from agent.delivery.errors import (
+    DiskFullError,
+    JobCancelledError,
+    ReplayError,
+    TooLargeError,
+    WrongSlotError,
+    rejects,
+)
 from agent.delivery.ledger import JobLedger, JobRecord
 from agent.delivery.manifest import DeployManifest, parse_signed, recover_job_id
-from agent.delivery.reconcile import Action, decide
+from agent.delivery.reconcile import DISK_FULL, Action, decide
 from agent.delivery.settings import DeliveryConfig
 from agent.delivery.steps import (
     ActivateFn,
@@ -70,6 +82,14 @@ _PROGRESS_STEPS = 10
 #: Refused payloads remembered per slot, so a retained bad manifest is reported once, not per reconnect.
 _REJECTED_MEMORY = 32
 _JOIN_SLACK_S = 0.5
+#: A write failing with one of these means the disk is full (a quota counts too).
+_NO_SPACE = frozenset({errno.ENOSPC, errno.EDQUOT})
+#: Statuses the spool could not take (disk full), held in memory in order; the oldest go first.
+_HELD_MAX = 256
+#: How often held statuses are offered again to the spool or the link.
+_HELD_RETRY_S = 0.5
+#: Least free space before a disk_full job is retried (a model already stored needs no more).
+_RETRY_MIN_FREE = 1024 * 1024
 
 
 class _ActivationFailedError(Exception):
@@ -86,6 +106,7 @@ class Deployment:
         manifest: DeployManifest,
         *,
         publish: Callable[[JobStatus], None],
+        record: Callable[[JobStatus], None],
         store: ModelStore,
         fetch: FetchFn,
         build: BuildFn,
@@ -98,6 +119,7 @@ class Deployment:
     ) -> None:
         self.manifest = manifest
         self._publish_fn = publish
+        self._record_fn = record
         self._store = store
         self._fetch = fetch
         self._build = build
@@ -131,7 +153,7 @@ class Deployment:
 
     # -- publishing ------------------------------------------------------------------------------
 
-    def _publish(self, state: JobState, **fields: Any) -> None:
+    def _status(self, state: JobState, **fields: Any) -> JobStatus:
         status = JobStatus(
             job_id=self.job_id,
             slot=self.manifest.slot,
@@ -149,29 +171,52 @@ class Deployment:
             error_code=fields.get("error_code"),
             error=fields.get("error"),
         )
-        self._publish_fn(status)
+        return status
+
+    def _publish(self, state: JobState, **fields: Any) -> None:
+        """Publish a progress update within the current state (not recorded: the state is)."""
+        self._publish_fn(self._status(state, **fields))
 
     def _enter(self, state: JobState, **fields: Any) -> None:
+        """Record ``state`` in the ledger, then publish it (DiskFullError when it cannot be recorded)."""
         with self._state_lock:
             if self._finished:
                 return
             self.state = state
             self._progress_step = -1
-        self._publish(state, **fields)
+        status = self._status(state, **fields)
+        try:
+            self._record_fn(status)
+        except OSError as exc:
+            raise DiskFullError(
+                f"cannot record job {self.job_id} in the job ledger (jobs.json): {exc}; free space on "
+                "the state disk: the device retries the job when space returns"
+            ) from exc
+        self._publish_fn(status)
 
     def queued(self) -> None:
-        """Publish QUEUED (called when the service accepts the manifest)."""
-        self._publish(JobState.QUEUED, bytes_done=0, bytes_total=self.manifest.size, progress=0.0)
+        """Record and publish QUEUED (when the service accepts the manifest); DiskFullError if the
+        ledger cannot be written (nothing was published then)."""
+        self._enter(JobState.QUEUED, bytes_done=0, bytes_total=self.manifest.size, progress=0.0)
 
     def finish(self, state: JobState, *, error_code: str | None = None, error: str | None = None) -> bool:
-        """Publish the terminal ``state`` once; False if the job had already finished."""
+        """Record, then publish the terminal ``state`` once; False if the job had already finished.
+
+        A terminal state that cannot be recorded (disk full) is published all the same: it is true
+        now, and the operator must hear it. Until the record is written, a restart resumes the job.
+        """
         with self._state_lock:
             if self._finished:
                 return False
             self._finished = True
             self.state = state
             self.error_code = error_code
-        self._publish(state, error_code=error_code, error=error)
+        status = self._status(state, error_code=error_code, error=error)
+        try:
+            self._record_fn(status)
+        except OSError as exc:
+            log.error("delivery.job.record_failed", job=self.job_id, state=state.value, error=str(exc))
+        self._publish_fn(status)
         return True
 
     def _on_bytes(self, done: int, total: int) -> None:
@@ -229,6 +274,14 @@ class Deployment:
             self.finish(
                 JobState.REJECTED if rejects(exc) else JobState.FAILED, error_code=exc.code, error=str(exc)
             )
+        except OSError as exc:
+            if exc.errno not in _NO_SPACE:
+                log.exception("delivery.job.crashed", job=self.job_id)
+                self.finish(JobState.FAILED, error_code="internal_error", error=repr(exc))
+            else:
+                self.finish(
+                    JobState.FAILED, error_code=DISK_FULL, error=f"{exc}; free space on the state disk"
+                )
         except Exception as exc:  # a bug or a library surprise must fail the job, not the worker
             log.exception("delivery.job.crashed", job=self.job_id)
             self.finish(JobState.FAILED, error_code="internal_error", error=repr(exc))
@@ -408,7 +461,17 @@ class DeliveryService:
         self._lanes: dict[str, _Lane] = {}
         self._lock = threading.Lock()
         self._ledger_lock = threading.Lock()
+        self._reconcile_lock = threading.RLock()
+        #: Per slot, a terminal record the full disk refused; the upkeep thread writes it later.
+        self._unrecorded: dict[str, JobRecord] = {}
         self._rejected: dict[str, deque[str]] = {}
+        #: Statuses the spool refused (disk full), in publication order, until the spool or link takes them.
+        self._held: deque[JobStatus] = deque()
+        self._held_lock = threading.Lock()
+        #: Per slot, the manifest (and payload digest) of a job that failed disk_full: retried by itself.
+        self._waiting_for_space: dict[str, tuple[DeployManifest, str]] = {}
+        self._upkeep_stop = threading.Event()
+        self._upkeep: threading.Thread | None = None
         self._started = False
         self._stopped = False
         self.commands = CommandRouter(link, topics)
@@ -431,6 +494,13 @@ class DeliveryService:
         self._started = True
         self.commands.start()
         self.link.subscribe(self.topics.cmd_filter, self.commands.handle)
+        self._upkeep = threading.Thread(target=self._upkeep_loop, name="delivery-upkeep", daemon=True)
+        self._upkeep.start()
+        # Publish from the record: a kill between recording a terminal state and spooling it would
+        # otherwise leave the operator waiting forever. Same msg_id, so at worst a dropped duplicate.
+        for record in self.ledger.all().values():
+            if record.done and record.status is not None:
+                self._publish(record.status)
         if not self.config.enabled:
             log.info("delivery.disabled")
             return
@@ -453,13 +523,20 @@ class DeliveryService:
             lane.thread.join(max(0.0, deadline - time.monotonic()) + _JOIN_SLACK_S)
             if lane.thread.is_alive():
                 log.warning("delivery.stop.job_still_running", slot=lane.slot)
+        self._upkeep_stop.set()
+        if self._upkeep is not None:
+            self._upkeep.join(max(0.1, deadline - time.monotonic()))
+        self._flush_held()  # last chance: the link is still up, it stops after us
+        with self._held_lock:
+            if self._held:
+                log.error("delivery.job.status_lost", statuses=len(self._held), reason="disk full until stop")
         self.commands.stop(max(0.1, deadline - time.monotonic()))
 
     # -- queries ---------------------------------------------------------------------------------
 
     def last_job(self, slot: str) -> str | None:
         """Id of the last job accepted for ``slot`` (for ``up/info``)."""
-        record = self.ledger.last(slot)
+        record = self._last(slot)
         return record.job_id if record is not None else None
 
     def idle(self) -> bool:
@@ -480,7 +557,19 @@ class DeliveryService:
             with lane.cond:
                 entry["running"] = lane.running.job_id if lane.running else None
                 entry["queued"] = lane.pending.job_id if lane.pending else None
-        return {"slots": slots, "require_signature": self.config.require_signature}
+        with self._lock:
+            waiting = {slot: m.job_id for slot, (m, _digest) in self._waiting_for_space.items()}
+        return {
+            "slots": slots,
+            "require_signature": self.config.require_signature,
+            "held_statuses": self.held_statuses(),
+            "waiting_for_space": waiting,
+        }
+
+    def held_statuses(self) -> int:
+        """Job statuses waiting in memory because the spool could not store them (a full disk)."""
+        with self._held_lock:
+            return len(self._held)
 
     # -- desired state ---------------------------------------------------------------------------
 
@@ -526,25 +615,45 @@ class DeliveryService:
             JobStatus(job_id=job_id, slot=slot, state=JobState.REJECTED, error_code=exc.code, error=str(exc))
         )
 
-    def _reconcile(self, manifest: DeployManifest, slot: str, digest: str) -> None:
+    def _reconcile(self, manifest: DeployManifest, slot: str, digest: str, *, retry: bool = False) -> None:
+        # One decision at a time: the dispatcher (a redelivered manifest) and the upkeep thread (a
+        # disk_full retry) could otherwise both apply the same job, and one would supersede the other.
+        with self._reconcile_lock:
+            self._reconcile_locked(manifest, slot, digest, retry=retry)
+
+    def _reconcile_locked(self, manifest: DeployManifest, slot: str, digest: str, *, retry: bool) -> None:
         with self._lock:
             if self._stopped:
                 return
             lane = self._lanes.get(slot)
             if lane is None:
                 lane = self._lanes[slot] = _Lane(slot, self._run_job)
+            waiting = self._waiting_for_space.get(slot)
+        if not retry and waiting is not None and waiting[0].job_id == manifest.job_id:
+            # Failed disk_full and not recorded as such (the ledger could not be written): the same
+            # manifest again (a reconnect) waits for space like the recorded case, not a new attempt.
+            log.info("delivery.desired.waiting_for_space", slot=slot, job=manifest.job_id)
+            return
         in_flight = {d.job_id for d in lane.in_flight()}
-        decision = decide(manifest, self.ledger.last(slot), in_flight)
+        decision = decide(manifest, self._last(slot), in_flight, retry=retry)
         if decision.action is Action.IGNORE:
             log.info("delivery.desired.unchanged", slot=slot, job=manifest.job_id, reason=decision.reason)
             return
+        if decision.action is Action.WAIT_FOR_SPACE:
+            with self._lock:
+                self._waiting_for_space[slot] = (manifest, digest)
+            log.info("delivery.desired.waiting_for_space", slot=slot, job=manifest.job_id)
+            return
         if decision.action is Action.REPLAY:
             raise ReplayError(f"replayed manifest refused: {decision.reason}", job_id=manifest.job_id)
+        with self._lock:
+            self._waiting_for_space.pop(slot, None)  # this manifest is the slot's attempt now
         specs = self._slot_specs(slot)
         assert specs is not None  # checked by _check_slot
         job = Deployment(
             manifest,
             publish=self._publish,
+            record=partial(self._record, manifest),
             store=self.store,
             fetch=self._fetch,
             build=self._build,
@@ -556,9 +665,14 @@ class DeliveryService:
             postprocess=specs[1],
         )
         # Recorded before anything runs: its sequence now bounds replays, and a crash mid-job resumes it.
-        with self._ledger_lock:
-            self.ledger.record(_record(manifest, JobState.QUEUED))
-        job.queued()
+        try:
+            job.queued()
+        except DiskFullError as exc:
+            log.error("delivery.job.not_recorded", slot=slot, job=manifest.job_id, error=str(exc))
+            job.finish(JobState.FAILED, error_code=exc.code, error=str(exc))
+            with self._lock:
+                self._waiting_for_space[slot] = (manifest, digest)
+            return
         log.info(
             "delivery.job.accepted",
             slot=slot,
@@ -574,15 +688,98 @@ class DeliveryService:
 
     # -- the worker side -------------------------------------------------------------------------
 
+    def _record(self, manifest: DeployManifest, status: JobStatus) -> None:
+        """Make ``status`` the ledger's record of its job (raises OSError when it cannot be written).
+
+        QUEUED makes the job the slot's last; later states are recorded only while it still is: a
+        newer job may have been recorded concurrently, and must never be overwritten.
+        """
+        record = _record(manifest, status)
+        with self._ledger_lock:
+            if status.state is not JobState.QUEUED:
+                last = self._last_locked(manifest.slot)
+                if last is None or last.job_id != manifest.job_id:
+                    return
+            try:
+                self.ledger.record(record)
+            except OSError:
+                if status.state.terminal:
+                    # This process knows the job is over even if the disk does not yet: a redelivered
+                    # manifest must not resume it. The upkeep thread writes it once the disk takes it.
+                    self._unrecorded[manifest.slot] = record
+                raise
+            self._unrecorded.pop(manifest.slot, None)
+
+    def _last_locked(self, slot: str) -> JobRecord | None:
+        return self._unrecorded.get(slot) or self.ledger.last(slot)
+
+    def _last(self, slot: str) -> JobRecord | None:
+        """The slot's last job: the ledger's, or a terminal state the full disk has not taken yet."""
+        with self._ledger_lock:
+            return self._last_locked(slot)
+
+    def _write_unrecorded(self) -> None:
+        with self._ledger_lock:
+            for slot, record in list(self._unrecorded.items()):
+                try:
+                    self.ledger.record(record)
+                except OSError:
+                    continue
+                del self._unrecorded[slot]
+                log.info("delivery.job.recorded_late", slot=slot, job=record.job_id, state=record.state.value)
+
     def _run_job(self, job: Deployment) -> None:
         state = job.run()
         if state is None:
             return
-        with self._ledger_lock:  # a newer job may be recorded concurrently: never overwrite it
-            last = self.ledger.last(job.manifest.slot)
-            if last is not None and last.job_id == job.job_id:
-                self.ledger.record(_record(job.manifest, state, job.error_code))
+        if state is JobState.FAILED and job.error_code == DISK_FULL:
+            with self._lock:
+                current = self._waiting_for_space.get(job.manifest.slot)
+                last = self._last(job.manifest.slot)
+                # Not when a newer manifest took the slot meanwhile (it is the slot's attempt now).
+                newer = last is not None and last.sequence > job.manifest.sequence
+                if current is None and not newer:
+                    digest = hashlib.sha256(job.manifest.model_dump_json().encode()).hexdigest()
+                    self._waiting_for_space[job.manifest.slot] = (job.manifest, digest)
         self._collect_garbage()
+
+    # -- upkeep: held statuses, disk_full retries -------------------------------------------------
+
+    def _upkeep_loop(self) -> None:
+        next_retry = time.monotonic() + self.config.disk_full_retry_s
+        while not self._upkeep_stop.wait(_HELD_RETRY_S):
+            try:
+                self._flush_held()
+                self._write_unrecorded()
+                if time.monotonic() >= next_retry:
+                    next_retry = time.monotonic() + self.config.disk_full_retry_s
+                    self._retry_disk_full()
+            except Exception:  # the loop must outlive a surprise: it carries the retries
+                log.exception("delivery.upkeep.failed")
+
+    def _retry_disk_full(self) -> None:
+        """Run again the jobs that failed disk_full, once space returned and the link is up (their
+        download needs it: a retry while offline would only fail on the transfer instead)."""
+        if not self.link.connected:
+            return
+        with self._lock:
+            waiting = list(self._waiting_for_space.items())
+        for slot, (manifest, digest) in waiting:
+            needed = 0 if self.store.has(manifest.sha256) else manifest.size
+            try:
+                self.store.check_free_space(max(needed, _RETRY_MIN_FREE), self.config.disk_headroom_bytes)
+            except (DeliveryError, OSError):
+                continue  # still full: try at the next round, publishing nothing meanwhile
+            with self._reconcile_lock:  # not interleaved with the same manifest redelivered on connect
+                with self._lock:
+                    if self._waiting_for_space.get(slot) != (manifest, digest):
+                        continue
+                    del self._waiting_for_space[slot]
+                log.info("delivery.job.retry", slot=slot, job=manifest.job_id, reason="disk space returned")
+                try:
+                    self._reconcile(manifest, slot, digest, retry=True)
+                except DeliveryError as exc:
+                    self._refuse(exc, b"", slot, digest)
 
     def _collect_garbage(self) -> None:
         protect = set(self._protect()) if self._protect is not None else set()
@@ -597,13 +794,45 @@ class DeliveryService:
             log.error("delivery.gc.failed", error=str(exc))
 
     def _publish(self, status: JobStatus) -> None:
+        """Through the spool; when it cannot take the status (disk full), held in memory, in order."""
+        with self._held_lock:
+            if not self._held and self._send(status, fallback=False):
+                return
+            if len(self._held) == _HELD_MAX:
+                dropped = self._held.popleft()
+                log.error("delivery.job.status_dropped", job=dropped.job_id, state=dropped.state.value)
+            self._held.append(status)
+            log.warning("delivery.job.status_held", job=status.job_id, state=status.state.value)
+        self._flush_held()
+
+    def _flush_held(self) -> None:
+        """Offer the held statuses, oldest first, to the spool, else (connected) straight to the link."""
+        with self._held_lock:
+            while self._held and self._send(self._held[0], fallback=True):
+                self._held.popleft()
+
+    def _send(self, status: JobStatus, *, fallback: bool) -> bool:
+        topic = self.topics.jobs(status.job_id)
         try:
-            self.link.publish(self.topics.jobs(status.job_id), status, qos=1, durable=True)
-        except (TransportError, ValueError) as exc:
+            self.link.publish(topic, status, qos=1, durable=True)
+            return True
+        except ValueError as exc:  # a bug: never retried
             log.error("delivery.job.publish_failed", job=status.job_id, error=str(exc))
+            return True
+        except TransportError as exc:
+            if not fallback or not self.link.connected:
+                log.debug("delivery.job.spool_refused", job=status.job_id, error=str(exc))
+                return False
+        # The spool is full but the broker is there: QoS 1 from memory (paho resends it until acked
+        # while this process lives), rather than the operator never hearing how the job ended.
+        try:
+            self.link.publish(topic, status, qos=1)
+        except TransportError as exc:
+            log.error("delivery.job.publish_failed", job=status.job_id, error=str(exc))
+        return True
 
 
-def _record(manifest: DeployManifest, state: JobState, error_code: str | None = None) -> JobRecord:
+def _record(manifest: DeployManifest, status: JobStatus) -> JobRecord:
     return JobRecord(
         job_id=manifest.job_id,
         slot=manifest.slot,
@@ -611,8 +840,9 @@ def _record(manifest: DeployManifest, state: JobState, error_code: str | None = 
         sha256=manifest.sha256,
         model_id=manifest.model_id,
         version=manifest.version,
-        state=state,
-        error_code=error_code,
+        state=status.state,
+        error_code=status.error_code,
+        status=status,
     )
 
 

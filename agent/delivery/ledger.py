@@ -2,8 +2,10 @@
 
 It is what reconcile compares a desired manifest against: the same job id already finished means
 nothing to do; a job recorded but not finished (the agent stopped or crashed during it) is resumed;
-a sequence not above the recorded one is a replay. Written atomically on every change; a corrupt
-file is set aside and the agent starts with no job history rather than not starting.
+a sequence not above the recorded one is a replay. Written atomically on every state change, *before*
+that state is published (the record holds the exact status message, which is what gets published): a
+kill between the two can lose a publication, never make a finished job run again. A corrupt file is
+set aside and the agent starts with no job history rather than not starting.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import structlog
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from agent.fsutil import atomic_write_json
-from agent.protocol.messages import JobState
+from agent.protocol.messages import JobState, JobStatus
 
 log = structlog.get_logger(__name__)
 
@@ -40,6 +42,11 @@ class JobRecord(BaseModel):
     state: JobState = Field(description="Last state published; terminal when the job is done.")
     error_code: str | None = None
     updated_at: float = Field(default_factory=time.time)
+    status: JobStatus | None = Field(
+        default=None,
+        description="The status message of ``state`` as published (same msg_id): a terminal one is "
+        "published again from here after a restart, in case the kill came before it reached the spool.",
+    )
 
     @property
     def done(self) -> bool:

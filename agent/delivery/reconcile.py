@@ -4,7 +4,9 @@ Rules (docs/protocol.md, "Desired state"):
 
 * the job is running or queued already -> ``ignore`` (a retained manifest comes again on every
   reconnect, and QoS 1 may repeat it);
-* the same job id finished before -> ``ignore`` (a failed job is retried only by a new manifest);
+* the same job id finished before -> ``ignore`` (a failed job is retried only by a new manifest),
+  except a job that ended ``FAILED`` with ``disk_full``: ``wait_for_space``, and ``apply`` when the
+  service retries it because space returned (``retry=True``);
 * the same job id recorded but not finished (the agent stopped during it) -> ``apply`` (resume);
 * a sequence above the last accepted one for the slot -> ``apply`` (it supersedes a running job);
 * otherwise -> ``replay``: an older or equal sequence under another job id is refused.
@@ -18,12 +20,18 @@ from dataclasses import dataclass
 
 from agent.delivery.ledger import JobRecord
 from agent.delivery.manifest import DeployManifest
+from agent.protocol.messages import JobState
+
+#: The error code of a job that failed for want of disk space (:class:`~agent.delivery.errors.DiskFullError`).
+DISK_FULL = "disk_full"
 
 
 class Action(str, enum.Enum):
     IGNORE = "ignore"
     APPLY = "apply"
     REPLAY = "replay"
+    #: The job ended FAILED disk_full: the service retries it by itself once space returns.
+    WAIT_FOR_SPACE = "wait_for_space"
 
 
 @dataclass(frozen=True)
@@ -32,8 +40,13 @@ class Decision:
     reason: str
 
 
-def decide(manifest: DeployManifest, last: JobRecord | None, in_flight: Collection[str]) -> Decision:
-    """Decide for ``manifest`` given the slot's last recorded job and the ids queued or running now."""
+def decide(
+    manifest: DeployManifest, last: JobRecord | None, in_flight: Collection[str], *, retry: bool = False
+) -> Decision:
+    """Decide for ``manifest`` given the slot's last recorded job and the ids queued or running now.
+
+    ``retry``: the service asks again for a job that failed ``disk_full``, because space returned.
+    """
     if manifest.job_id in in_flight:
         return Decision(Action.IGNORE, "job already queued or running")
     if last is not None and last.job_id == manifest.job_id:
@@ -43,6 +56,10 @@ def decide(manifest: DeployManifest, last: JobRecord | None, in_flight: Collecti
                 f"job id {manifest.job_id!r} was accepted with sequence {last.sequence}, "
                 f"not {manifest.sequence}",
             )
+        if last.done and last.state is JobState.FAILED and last.error_code == DISK_FULL:
+            if retry:
+                return Decision(Action.APPLY, "retrying: disk space returned")
+            return Decision(Action.WAIT_FOR_SPACE, "job failed disk_full; retried when space returns")
         if last.done:
             return Decision(Action.IGNORE, f"job already finished ({last.state.value})")
         return Decision(Action.APPLY, "job was interrupted; resuming")

@@ -34,3 +34,9 @@ class DeliveryConfig(StrictModel):
         600.0, gt=0, description="A download not finished in this time fails the job."
     )
     http_timeout_s: float = Field(30.0, gt=0, description="Connect/read timeout of HTTP(S) model sources.")
+    disk_full_retry_s: float = Field(
+        30.0,
+        gt=0,
+        description="How often a job that failed disk_full is retried by the device itself, once the "
+        "free space it needs is back and the link is up.",
+    )

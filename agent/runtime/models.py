@@ -36,6 +36,8 @@ from agent.telemetry import Metrics
 log = structlog.get_logger(__name__)
 
 Origin = Literal["config", "delivery", "rollback"]
+#: How long a deployment or rollback waits for the slot's start-up load (which may build an engine).
+INITIAL_LOAD_WAIT_S = 600.0
 _POSTPROCESS: TypeAdapter[PostprocessSpec] = TypeAdapter(PostprocessSpec)
 
 
@@ -83,6 +85,12 @@ class SlotModels:
         #: Engine cache key and build request of each engine built for a deployment, until activated.
         self._engine_keys: dict[Path, tuple[str, BuildSpec]] = {}
         self._swap_threads: list[threading.Thread] = []
+        # One owner per slot: a slot's activations (load + state.json record) never interleave, and
+        # nothing but the start-up load touches a slot before that load is over. A deployment resumed
+        # at start-up (its retained manifest arrives while the first model loads) would otherwise
+        # activate and then be overwritten by the start-up load, or race it for state.json.
+        self._slot_locks = {name: threading.Lock() for name in slots}
+        self._initial_done = {name: threading.Event() for name in slots}
         self.protect_engines()
 
     def start_deferred_builds(self) -> None:
@@ -117,8 +125,14 @@ class SlotModels:
         """Come back on what the slot ran before the restart, else the config's model, else a fallback.
 
         A delivered (or rolled-back-to) model outlives restarts until the operator changes the model
-        file the config names; then the config wins.
+        file the config names; then the config wins. Deployments and rollbacks of the slot wait for it.
         """
+        try:
+            self._load_initial(name, slot_config)
+        finally:
+            self._initial_done[name].set()
+
+    def _load_initial(self, name: str, slot_config: SlotConfig) -> None:
         configured = model_source(slot_config)
         config_sha = _sha_or_none(configured.path)
         saved = self.state.slot(name)
@@ -154,10 +168,24 @@ class SlotModels:
                 break
             except (EngineError, BuildError) as exc:
                 log.error("agent.slot.initial_failed", slot=name, model=str(source.path), error=str(exc))
-        self.state = record_config_model(self.state, name, config_sha)
-        self.state_file.save(self.state)
+        with self._state_lock:
+            self.state = record_config_model(self.state, name, config_sha)
+            self.state_file.save(self.state)
+
+    def wait_initial_load(self, name: str, timeout: float = INITIAL_LOAD_WAIT_S) -> None:
+        """Block until the start-up load of slot ``name`` is over (EngineError after ``timeout``)."""
+        if not self._initial_done[name].wait(timeout):
+            raise EngineError(
+                f"slot {name}: its start-up model load is still running after {timeout:.0f} s; "
+                "the deployment waits for no longer: publish it again once the slot serves"
+            )
 
     def activate(self, name: str, source: ModelSource, *, origin: Origin = "config") -> LoadedModel:
+        """Load ``source`` into slot ``name`` and record it in state.json, as the slot's only owner."""
+        with self._slot_locks[name]:
+            return self._activate(name, source, origin)
+
+    def _activate(self, name: str, source: ModelSource, origin: Origin) -> LoadedModel:
         sample = self._latest_frame(name)
         loaded = self.slots[name].load(source, sample)
         record = ModelRecord(
@@ -267,7 +295,10 @@ class SlotModels:
         return self.engines.calibrate(slot, model, current.source.preprocess, frames)
 
     def activate_delivered(self, request: ActivationRequest) -> None:
-        """A deployment's engine into its slot (raises EngineError: the old model keeps serving)."""
+        """A deployment's engine into its slot (raises EngineError: the old model keeps serving).
+
+        Waits for the slot's start-up load first: one owner per slot."""
+        self.wait_initial_load(request.slot)
         slot_config = self.slot_configs[request.slot]
         current = self.slots[request.slot].current
         base = current.source if current is not None else model_source(slot_config)
@@ -313,6 +344,7 @@ class SlotModels:
         """``rollback`` command: make the slot's last-known-good model active again."""
         if slot not in self.slots:
             raise AgentError(f"no slot named {slot!r} (slots: {', '.join(sorted(self.slots))})")
+        self.wait_initial_load(slot)
         record = self.state.slot(slot).last_known_good
         if record is None or not Path(record.path).exists():
             raise AgentError(f"slot {slot!r} has no last-known-good model to roll back to")

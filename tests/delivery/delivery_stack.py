@@ -46,6 +46,7 @@ class LocalRepo:
 
     ``hold``: job ids whose fetch stops half way (setting ``waiting``) until it is cancelled, so a
     test can act while a download is in progress. ``fail``: raise this instead of fetching.
+    ``gate``: job ids whose fetch, once every byte is written, waits for that event (set ``at_gate``).
     """
 
     def __init__(self) -> None:
@@ -54,6 +55,8 @@ class LocalRepo:
         self.waiting = threading.Event()
         self.fail: Exception | None = None
         self.fetched: list[str] = []
+        self.gate: dict[str, threading.Event] = {}
+        self.at_gate = threading.Event()
 
     def add(self, manifest: DeployManifest, path: Path) -> None:
         self.files[manifest.sha256] = path
@@ -77,6 +80,10 @@ class LocalRepo:
                     raise JobCancelledError("fetch cancelled")
                 f.write(data[offset : offset + block])
                 progress(min(len(data), offset + block), len(data))
+        gate = self.gate.get(manifest.job_id)
+        if gate is not None:
+            self.at_gate.set()
+            gate.wait(30.0)
         return part
 
 
@@ -227,7 +234,7 @@ class Harness:
             return any(decode(JobStatus, m.payload).state.terminal for m in ms if m.topic == topic)
 
         self.probe.wait_for(done, timeout)
-        # The terminal status is published before the job is recorded in jobs.json and gc runs.
+        # The terminal status is published (after it was recorded in jobs.json) before gc runs.
         wait_until(self.service.idle, timeout, "the delivery service to become idle")
         return self.statuses(job_id)
 

@@ -344,7 +344,8 @@ def test_interrupted_job_resumes_after_restart(
     assert first.repo.waiting.wait(10)
     first.stop()  # the agent stops mid-download: no terminal state, the job stays open
     assert first.statuses("job-resume")[-1].state is JobState.DOWNLOADING
-    assert first.jobs_json()["slots"][SLOT]["state"] == "QUEUED"
+    # Every state is recorded before it is published: the ledger knows where the job stopped.
+    assert first.jobs_json()["slots"][SLOT]["state"] == "DOWNLOADING"
 
     # A new agent process on the same state dir: the retained manifest arrives on subscribe.
     second = make_device(state_dir=state_dir, device_id=first.device_id, start=False)
@@ -353,6 +354,30 @@ def test_interrupted_job_resumes_after_restart(
     statuses = second.wait_terminal("job-resume")
     assert statuses[-1].state is JobState.ACTIVE
     assert second.jobs_json()["slots"][SLOT]["state"] == "ACTIVE"
+
+
+def test_a_finished_job_is_published_again_from_its_record_and_never_runs_again(
+    make_device: HarnessFactory, tmp_path: Path, model_v1: Path
+) -> None:
+    state_dir = tmp_path / "state-done"
+    first = make_device(state_dir=state_dir)
+    manifest = first.manifest(model_v1, job_id="job-done")
+    first.deploy(first.signed(manifest))
+    active = first.wait_terminal("job-done")[-1]
+    first.stop()
+    recorded = first.jobs_json()["slots"][SLOT]
+    assert (recorded["state"], recorded["status"]["msg_id"]) == ("ACTIVE", active.msg_id)
+
+    # Restarted on the same state dir, with the retained manifest still there.
+    second = make_device(state_dir=state_dir, device_id=first.device_id, start=False)
+    second.repo.files.update(first.repo.files)
+    second.start()
+    second.probe.wait_for(lambda _ms: len(second.statuses("job-done")) >= 1, timeout=10)
+    second.probe.settle(1.0)
+    again = second.statuses("job-done")
+    assert [(s.state, s.msg_id) for s in again] == [(JobState.ACTIVE, active.msg_id)]  # a duplicate
+    assert second.repo.fetched == []
+    assert second.activations.requests == []
 
 
 def test_retained_manifest_applied_on_connect(make_device: HarnessFactory, model_v1: Path) -> None:

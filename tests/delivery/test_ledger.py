@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from agent.delivery.ledger import JobRecord, JobsFile
-from agent.protocol.messages import JobState
+from agent.protocol.messages import JobState, JobStatus
 
 
 def _record(job_id: str, state: JobState, slot: str = "main") -> JobRecord:
@@ -36,3 +36,12 @@ def test_corrupt_file_is_set_aside(tmp_path: Path) -> None:
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith("jobs.json.corrupt-")]
     ledger.record(_record("job-2", JobState.ACTIVE))
     assert JobsFile.in_dir(tmp_path).last("main") is not None
+
+
+def test_record_keeps_the_status_it_published_with_its_msg_id(tmp_path: Path) -> None:
+    status = JobStatus(job_id="job-1", slot="main", state=JobState.ACTIVE, timings_s={"validate": 0.2})
+    ledger = JobsFile.in_dir(tmp_path)
+    ledger.record(_record("job-1", JobState.ACTIVE).model_copy(update={"status": status}))
+    reloaded = JobsFile.in_dir(tmp_path).last("main")
+    assert reloaded is not None
+    assert reloaded.status == status  # same msg_id: republished after a restart, it is a duplicate

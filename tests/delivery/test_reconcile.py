@@ -49,3 +49,19 @@ def test_decide(
     decision = decide(manifest, record, in_flight)
     assert decision.action is action, decision.reason
     assert decision.reason
+
+
+@pytest.mark.parametrize(
+    ("error_code", "retry", "action"),
+    [
+        ("disk_full", False, Action.WAIT_FOR_SPACE),  # a reconnect's redelivery does not start a run
+        ("disk_full", True, Action.APPLY),  # the service's retry once space is back
+        ("build_failed", True, Action.IGNORE),  # only disk_full is retried by the device
+    ],
+)
+def test_a_job_that_failed_disk_full_is_retried_only_by_the_service(
+    manifest: DeployManifest, error_code: str, retry: bool, action: Action
+) -> None:
+    record = _record("job-7", 7, JobState.FAILED).model_copy(update={"error_code": error_code})
+    decision = decide(manifest, record, set(), retry=retry)
+    assert decision.action is action, decision.reason

@@ -1,0 +1,84 @@
+"""SlotModels: one owner per slot. Real ONNX models, real ModelSlot, real state.json; no stand-ins."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+from agent.config import SlotConfig
+from agent.delivery.steps import ActivationRequest
+from agent.engines.builder import EngineBuilder
+from agent.engines.service import EngineService
+from agent.engines.settings import EngineConfig
+from agent.fsutil import sha256_file
+from agent.modelzoo import write_classifier
+from agent.platform import detect_platform
+from agent.runtime.models import SlotModels
+from agent.runtime.slot import ModelSlot
+from agent.state import StateFile
+from agent.telemetry import Metrics
+
+
+def test_a_deployment_waits_for_the_slots_start_up_load_and_then_wins(tmp_path: Path) -> None:
+    v1 = write_classifier(tmp_path / "v1.onnx", input_size=32, num_classes=4, seed=1)
+    v2 = write_classifier(tmp_path / "v2.onnx", input_size=32, num_classes=4, seed=2)
+    config = SlotConfig.model_validate(
+        {
+            "model": v1,
+            "model_id": "cls",
+            "version": "1",
+            "preprocess": {"width": 32, "height": 32},
+            "postprocess": {"type": "classification", "top_k": 2},
+        }
+    )
+    state_file = StateFile(tmp_path / "state" / "state.json")
+    engines = EngineService(
+        EngineBuilder(tmp_path / "state", EngineConfig(), detect_platform()),
+        EngineConfig(),
+        lambda _s, _n: [],
+    )
+    slot = ModelSlot("cls")
+    models = SlotModels(
+        {"cls": slot},
+        {"cls": config},
+        state_file,
+        engines,
+        Metrics(),
+        latest_frame=lambda _slot: None,
+        on_activated=lambda: None,
+    )
+    request = ActivationRequest(
+        slot="cls",
+        engine_path=v2,
+        backend="onnxruntime",
+        load_extra={},
+        model_id="cls",
+        version="2",
+        sha256=sha256_file(v2),
+        model_path=v2,
+    )
+    # A resumed deployment's retained manifest arrives while the agent has not loaded the slot yet.
+    activated = threading.Event()
+
+    def deploy() -> None:
+        models.activate_delivered(request)
+        activated.set()
+
+    deployment = threading.Thread(target=deploy)
+    deployment.start()
+    try:
+        assert not activated.wait(0.5), "the deployment activated before the slot's start-up load"
+        assert models.slots["cls"].current is None
+        models.load_initial("cls", config)
+        assert activated.wait(20)
+    finally:
+        deployment.join(20)
+    current = slot.current
+    assert current is not None
+    assert current.ref.sha256 == sha256_file(v2)
+    saved = state_file.load().slot("cls")
+    assert saved.active is not None
+    assert saved.last_known_good is not None
+    assert (saved.active.sha256, saved.active.origin) == (sha256_file(v2), "delivery")
+    assert saved.last_known_good.sha256 == sha256_file(v1)
+    slot.close()
