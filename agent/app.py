@@ -23,8 +23,8 @@ from pydantic import TypeAdapter
 from agent import __version__
 from agent.camera.source import VideoSource
 from agent.config import AgentConfig, load_config
-from agent.delivery.jobs import DeliveryService
 from agent.delivery.ledger import JobsFile
+from agent.delivery.service import DeliveryService
 from agent.delivery.transfer import fetch_model
 from agent.engines.builder import EngineBuilder
 from agent.engines.service import EngineService

@@ -17,11 +17,11 @@ from typing import Any
 
 from agent.camera.preprocess_spec import PreprocessSpec
 from agent.delivery.errors import JobCancelledError
-from agent.delivery.jobs import ActivationRequest, DeliveryService
 from agent.delivery.ledger import JobsFile
 from agent.delivery.manifest import DeployManifest, build_manifest, sign_manifest
+from agent.delivery.service import DeliveryService
 from agent.delivery.settings import DeliveryConfig
-from agent.delivery.steps import ProgressFn
+from agent.delivery.steps import ActivationRequest, ProgressFn
 from agent.errors import EngineError
 from agent.localbroker import Broker
 from agent.mqtt.link import MqttLink

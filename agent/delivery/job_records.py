@@ -1,0 +1,85 @@
+"""The job ledger as the delivery service keeps it: record first, and a full disk does not forget.
+
+Every state change of a job is recorded in ``jobs.json`` (:class:`~agent.delivery.ledger.JobLedger`)
+before it is published. When the disk refuses a terminal record, this process still knows the job
+is over (a redelivered manifest must not resume it): the record is kept in memory and written by
+:meth:`JobRecords.write_unrecorded` once the disk takes it.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import structlog
+
+from agent.delivery.ledger import JobLedger, JobRecord
+from agent.delivery.manifest import DeployManifest
+from agent.protocol.messages import JobState, JobStatus
+
+log = structlog.get_logger(__name__)
+
+
+class JobRecords:
+    """The slot's last job per slot, from the ledger or from memory while the disk is full."""
+
+    def __init__(self, ledger: JobLedger) -> None:
+        self.ledger = ledger
+        self._lock = threading.Lock()
+        #: Per slot, a terminal record the full disk refused.
+        self._unrecorded: dict[str, JobRecord] = {}
+
+    def record(self, manifest: DeployManifest, status: JobStatus) -> None:
+        """Make ``status`` the ledger's record of its job (raises OSError when it cannot be written).
+
+        QUEUED makes the job the slot's last; later states are recorded only while it still is: a
+        newer job may have been recorded concurrently, and must never be overwritten.
+        """
+        record = record_of(manifest, status)
+        with self._lock:
+            if status.state is not JobState.QUEUED:
+                last = self._last_locked(manifest.slot)
+                if last is None or last.job_id != manifest.job_id:
+                    return
+            try:
+                self.ledger.record(record)
+            except OSError:
+                if status.state.terminal:
+                    # This process knows the job is over even if the disk does not yet: a redelivered
+                    # manifest must not resume it. The upkeep thread writes it once the disk takes it.
+                    self._unrecorded[manifest.slot] = record
+                raise
+            self._unrecorded.pop(manifest.slot, None)
+
+    def _last_locked(self, slot: str) -> JobRecord | None:
+        return self._unrecorded.get(slot) or self.ledger.last(slot)
+
+    def last(self, slot: str) -> JobRecord | None:
+        """The slot's last job: the ledger's, or a terminal state the full disk has not taken yet."""
+        with self._lock:
+            return self._last_locked(slot)
+
+    def write_unrecorded(self) -> None:
+        """Write the terminal records a full disk refused, now that it may take them."""
+        with self._lock:
+            for slot, record in list(self._unrecorded.items()):
+                try:
+                    self.ledger.record(record)
+                except OSError:
+                    continue
+                del self._unrecorded[slot]
+                log.info("delivery.job.recorded_late", slot=slot, job=record.job_id, state=record.state.value)
+
+
+def record_of(manifest: DeployManifest, status: JobStatus) -> JobRecord:
+    """The ledger's record of ``manifest``'s job in the state ``status`` reports."""
+    return JobRecord(
+        job_id=manifest.job_id,
+        slot=manifest.slot,
+        sequence=manifest.sequence,
+        sha256=manifest.sha256,
+        model_id=manifest.model_id,
+        version=manifest.version,
+        state=status.state,
+        error_code=status.error_code,
+        status=status,
+    )

@@ -1,0 +1,407 @@
+"""The delivery service: desired state in, deployment jobs out, commands too.
+
+:class:`DeliveryService` subscribes to ``down/desired/+`` and ``down/cmd/+``, decides per manifest
+(:mod:`.reconcile`), and runs one job at a time per slot on that slot's lane (:mod:`.lanes`): the
+MQTT dispatcher thread only parses, decides and hands over. Job statuses go out through the durable
+spool; when a full disk refuses them they are held in memory, in order, until the spool or the link
+takes them. A job that failed ``disk_full`` is retried by the upkeep thread once space returns.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from agent.delivery.commands import BadArgsError, CommandHandler, CommandRouter
+from agent.delivery.deployment import Deployment
+from agent.delivery.errors import (
+    DiskFullError,
+    ReplayError,
+    WrongSlotError,
+)
+from agent.delivery.job_records import JobRecords
+from agent.delivery.lanes import SlotLane
+from agent.delivery.ledger import JobLedger
+from agent.delivery.manifest import DeployManifest, parse_signed, recover_job_id
+from agent.delivery.reconcile import DISK_FULL, Action, decide
+from agent.delivery.settings import DeliveryConfig
+from agent.delivery.status_sender import JobStatusSender
+from agent.delivery.steps import (
+    ActivateFn,
+    BuildFn,
+    FetchFn,
+    SlotSpecsFn,
+    no_build,
+)
+from agent.errors import DeliveryError
+from agent.mqtt.inbound import InboundMessage
+from agent.mqtt.link import MqttLink
+from agent.protocol.messages import JobState, JobStatus
+from agent.protocol.topics import Topics
+from agent.signing import Ed25519PublicKey, load_public_key
+from agent.store import ModelStore
+
+log = structlog.get_logger(__name__)
+
+#: Refused payloads remembered per slot, so a retained bad manifest is reported once, not per reconnect.
+_REJECTED_MEMORY = 32
+_JOIN_SLACK_S = 0.5
+#: How often held statuses are offered again to the spool or the link.
+_HELD_RETRY_S = 0.5
+#: Least free space before a disk_full job is retried (a model already stored needs no more).
+_RETRY_MIN_FREE = 1024 * 1024
+
+
+class DeliveryService:
+    """Desired state in, jobs out; commands too. ``start()`` subscribes, ``stop()`` cancels and joins."""
+
+    def __init__(
+        self,
+        config: DeliveryConfig,
+        *,
+        device_id: str,
+        topics: Topics,
+        link: MqttLink,
+        store: ModelStore,
+        state: JobLedger,
+        fetch: FetchFn,
+        activate: ActivateFn,
+        status: Callable[[], dict[str, Any]],
+        rollback: Callable[[str], dict[str, Any]],
+        slot_specs: SlotSpecsFn,
+        build: BuildFn = no_build,
+        protect: Callable[[], set[str]] | None = None,
+        part_dir: Path | None = None,
+        trusted_keys: Mapping[str, Ed25519PublicKey] | None = None,
+    ) -> None:
+        """``slot_specs(slot)`` gives a slot's current (preprocess, postprocess), None for an unknown slot.
+        ``protect()`` gives model SHA-256s gc must keep (active and last-known-good of every slot);
+        by default the models of the jobs recorded in ``state``. ``part_dir`` defaults to
+        ``<store.root>/../partial``. ``trusted_keys`` overrides loading ``config.trusted_keys`` files.
+        """
+        self.config = config
+        self.device_id = device_id
+        self.topics = topics
+        self.link = link
+        self.store = store
+        self.ledger = state
+        self._fetch = fetch
+        self._build = build
+        self._activate = activate
+        self._slot_specs = slot_specs
+        self._protect = protect
+        self.part_dir = part_dir if part_dir is not None else store.root.parent / "partial"
+        self.trusted: dict[str, Ed25519PublicKey] = (
+            dict(trusted_keys)
+            if trusted_keys is not None
+            else {key_id: load_public_key(path) for key_id, path in config.trusted_keys.items()}
+        )
+        self._lanes: dict[str, SlotLane] = {}
+        self._lock = threading.Lock()
+        self._reconcile_lock = threading.RLock()
+        #: The ledger, and terminal records the full disk refused until the upkeep thread writes them.
+        self._records = JobRecords(state)
+        self._rejected: dict[str, deque[str]] = {}
+        #: Statuses the spool refused (disk full) wait there, in order, until the spool or link takes them.
+        self._statuses = JobStatusSender(link, topics)
+        self._publish = self._statuses.publish
+        #: Per slot, the manifest (and payload digest) of a job that failed disk_full: retried by itself.
+        self._waiting_for_space: dict[str, tuple[DeployManifest, str]] = {}
+        self._upkeep_stop = threading.Event()
+        self._upkeep: threading.Thread | None = None
+        self._started = False
+        self._stopped = False
+        self.commands = CommandRouter(link, topics)
+        self.commands.register("status", lambda _args: {**status(), "delivery": self.describe()})
+        self.commands.register("rollback", _rollback_handler(rollback))
+        if not config.require_signature:
+            log.warning("delivery.signature.not_required", hint="unsigned manifests are accepted; demo only")
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    def register_command(self, name: str, handler: CommandHandler) -> None:
+        """Add a command (e.g. ``calibrate``) served on ``down/cmd/{name}``."""
+        self.commands.register(name, handler)
+
+    def start(self) -> None:
+        """Subscribe to desired state and commands. Retained manifests arrive on every (re)subscribe,
+        which is what reconciles after each connect."""
+        if self._started:
+            raise RuntimeError("DeliveryService.start() called twice")
+        self._started = True
+        self.commands.start()
+        self.link.subscribe(self.topics.cmd_filter, self.commands.handle)
+        self._upkeep = threading.Thread(target=self._upkeep_loop, name="delivery-upkeep", daemon=True)
+        self._upkeep.start()
+        # Publish from the record: a kill between recording a terminal state and spooling it would
+        # otherwise leave the operator waiting forever. Same msg_id, so at worst a dropped duplicate.
+        for record in self.ledger.all().values():
+            if record.done and record.status is not None:
+                self._publish(record.status)
+        if not self.config.enabled:
+            log.info("delivery.disabled")
+            return
+        self.link.subscribe(self.topics.desired_filter, self.handle_desired)
+        log.info(
+            "delivery.started",
+            trusted_keys=sorted(self.trusted),
+            require_signature=self.config.require_signature,
+        )
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Cancel running jobs (they resume on the next start) and join the workers within ``timeout``."""
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            self._stopped = True
+            lanes = list(self._lanes.values())
+        for lane in lanes:
+            lane.stop()
+        for lane in lanes:
+            lane.thread.join(max(0.0, deadline - time.monotonic()) + _JOIN_SLACK_S)
+            if lane.thread.is_alive():
+                log.warning("delivery.stop.job_still_running", slot=lane.slot)
+        self._upkeep_stop.set()
+        if self._upkeep is not None:
+            self._upkeep.join(max(0.1, deadline - time.monotonic()))
+        self._statuses.flush()  # last chance: the link is still up, it stops after us
+        if self._statuses.held:
+            log.error("delivery.job.status_lost", statuses=self._statuses.held, reason="disk full until stop")
+        self.commands.stop(max(0.1, deadline - time.monotonic()))
+
+    # -- queries ---------------------------------------------------------------------------------
+
+    def last_job(self, slot: str) -> str | None:
+        """Id of the last job accepted for ``slot`` (for ``up/info``)."""
+        record = self._records.last(slot)
+        return record.job_id if record is not None else None
+
+    def idle(self) -> bool:
+        """True when no job runs or waits (a finished job's bookkeeping and gc are done too)."""
+        with self._lock:
+            lanes = list(self._lanes.values())
+        return not any(lane.in_flight() for lane in lanes)
+
+    def describe(self) -> dict[str, Any]:
+        """Per slot: the last recorded job, and the jobs running and queued now."""
+        with self._lock:
+            lanes = dict(self._lanes)
+        slots: dict[str, Any] = {}
+        for slot, record in self.ledger.all().items():
+            slots[slot] = {"last_job": record.model_dump(mode="json")}
+        for slot, lane in lanes.items():
+            entry = slots.setdefault(slot, {})
+            with lane.cond:
+                entry["running"] = lane.running.job_id if lane.running else None
+                entry["queued"] = lane.pending.job_id if lane.pending else None
+        with self._lock:
+            waiting = {slot: m.job_id for slot, (m, _digest) in self._waiting_for_space.items()}
+        return {
+            "slots": slots,
+            "require_signature": self.config.require_signature,
+            "held_statuses": self.held_statuses(),
+            "waiting_for_space": waiting,
+        }
+
+    def held_statuses(self) -> int:
+        """Job statuses waiting in memory because the spool could not store them (a full disk)."""
+        return self._statuses.held
+
+    # -- desired state ---------------------------------------------------------------------------
+
+    def handle_desired(self, message: InboundMessage) -> None:
+        """Handle one ``down/desired/{slot}`` message (on the dispatcher thread: decide, hand over)."""
+        topic_slot = message.topic.rsplit("/", 1)[-1]
+        if not message.payload:
+            log.info("delivery.desired.cleared", slot=topic_slot)
+            return
+        digest = hashlib.sha256(message.payload).hexdigest()
+        if digest in self._rejected.get(topic_slot, ()):
+            return  # the same refused payload again (retained, re-delivered on reconnect)
+        try:
+            manifest = parse_signed(
+                message.payload, self.trusted, self.config.require_signature, self.device_id
+            )
+            self._check_slot(manifest, topic_slot)
+            self._reconcile(manifest, topic_slot, digest)
+        except DeliveryError as exc:
+            self._refuse(exc, message.payload, topic_slot, digest)
+
+    def _check_slot(self, manifest: DeployManifest, topic_slot: str) -> None:
+        if manifest.slot != topic_slot:
+            raise WrongSlotError(
+                f"manifest is for slot {manifest.slot!r} but arrived on the desired topic of slot "
+                f"{topic_slot!r}; publish it on down/desired/{manifest.slot}",
+                job_id=manifest.job_id,
+            )
+        if self._slot_specs(manifest.slot) is None:
+            raise WrongSlotError(
+                f"this device has no slot {manifest.slot!r}; configure it under slots: first",
+                job_id=manifest.job_id,
+            )
+
+    def _refuse(self, exc: DeliveryError, payload: bytes, slot: str, digest: str) -> None:
+        job_id = getattr(exc, "job_id", None) or recover_job_id(payload)
+        log.error("delivery.manifest.rejected", slot=slot, job=job_id, code=exc.code, error=str(exc))
+        memory = self._rejected.setdefault(slot, deque(maxlen=_REJECTED_MEMORY))
+        memory.append(digest)
+        if job_id is None:
+            return
+        self._publish(
+            JobStatus(job_id=job_id, slot=slot, state=JobState.REJECTED, error_code=exc.code, error=str(exc))
+        )
+
+    def _reconcile(self, manifest: DeployManifest, slot: str, digest: str, *, retry: bool = False) -> None:
+        # One decision at a time: the dispatcher (a redelivered manifest) and the upkeep thread (a
+        # disk_full retry) could otherwise both apply the same job, and one would supersede the other.
+        with self._reconcile_lock:
+            self._reconcile_locked(manifest, slot, digest, retry=retry)
+
+    def _reconcile_locked(self, manifest: DeployManifest, slot: str, digest: str, *, retry: bool) -> None:
+        with self._lock:
+            if self._stopped:
+                return
+            lane = self._lanes.get(slot)
+            if lane is None:
+                lane = self._lanes[slot] = SlotLane(slot, self._run_job)
+            waiting = self._waiting_for_space.get(slot)
+        if not retry and waiting is not None and waiting[0].job_id == manifest.job_id:
+            # Failed disk_full and not recorded as such (the ledger could not be written): the same
+            # manifest again (a reconnect) waits for space like the recorded case, not a new attempt.
+            log.info("delivery.desired.waiting_for_space", slot=slot, job=manifest.job_id)
+            return
+        in_flight = {d.job_id for d in lane.in_flight()}
+        decision = decide(manifest, self._records.last(slot), in_flight, retry=retry)
+        if decision.action is Action.IGNORE:
+            log.info("delivery.desired.unchanged", slot=slot, job=manifest.job_id, reason=decision.reason)
+            return
+        if decision.action is Action.WAIT_FOR_SPACE:
+            with self._lock:
+                self._waiting_for_space[slot] = (manifest, digest)
+            log.info("delivery.desired.waiting_for_space", slot=slot, job=manifest.job_id)
+            return
+        if decision.action is Action.REPLAY:
+            raise ReplayError(f"replayed manifest refused: {decision.reason}", job_id=manifest.job_id)
+        with self._lock:
+            self._waiting_for_space.pop(slot, None)  # this manifest is the slot's attempt now
+        specs = self._slot_specs(slot)
+        assert specs is not None  # checked by _check_slot
+        job = Deployment(
+            manifest,
+            publish=self._publish,
+            record=partial(self._records.record, manifest),
+            store=self.store,
+            fetch=self._fetch,
+            build=self._build,
+            activate=self._activate,
+            part_dir=self.part_dir,
+            max_bytes=self.config.max_model_bytes,
+            headroom=self.config.disk_headroom_bytes,
+            preprocess=specs[0],
+            postprocess=specs[1],
+        )
+        # Recorded before anything runs: its sequence now bounds replays, and a crash mid-job resumes it.
+        try:
+            job.queued()
+        except DiskFullError as exc:
+            log.error("delivery.job.not_recorded", slot=slot, job=manifest.job_id, error=str(exc))
+            job.finish(JobState.FAILED, error_code=exc.code, error=str(exc))
+            with self._lock:
+                self._waiting_for_space[slot] = (manifest, digest)
+            return
+        log.info(
+            "delivery.job.accepted",
+            slot=slot,
+            job=manifest.job_id,
+            sequence=manifest.sequence,
+            reason=decision.reason,
+        )
+        replaced = lane.submit(job)
+        if replaced is not None:
+            replaced.finish(
+                JobState.SUPERSEDED, error_code="superseded", error=f"superseded by job {manifest.job_id}"
+            )
+
+    # -- the worker side -------------------------------------------------------------------------
+
+    def _run_job(self, job: Deployment) -> None:
+        state = job.run()
+        if state is None:
+            return
+        if state is JobState.FAILED and job.error_code == DISK_FULL:
+            with self._lock:
+                current = self._waiting_for_space.get(job.manifest.slot)
+                last = self._records.last(job.manifest.slot)
+                # Not when a newer manifest took the slot meanwhile (it is the slot's attempt now).
+                newer = last is not None and last.sequence > job.manifest.sequence
+                if current is None and not newer:
+                    digest = hashlib.sha256(job.manifest.model_dump_json().encode()).hexdigest()
+                    self._waiting_for_space[job.manifest.slot] = (job.manifest, digest)
+        self._collect_garbage()
+
+    # -- upkeep: held statuses, disk_full retries -------------------------------------------------
+
+    def _upkeep_loop(self) -> None:
+        next_retry = time.monotonic() + self.config.disk_full_retry_s
+        while not self._upkeep_stop.wait(_HELD_RETRY_S):
+            try:
+                self._statuses.flush()
+                self._records.write_unrecorded()
+                if time.monotonic() >= next_retry:
+                    next_retry = time.monotonic() + self.config.disk_full_retry_s
+                    self._retry_disk_full()
+            except Exception:  # the loop must outlive a surprise: it carries the retries
+                log.exception("delivery.upkeep.failed")
+
+    def _retry_disk_full(self) -> None:
+        """Run again the jobs that failed disk_full, once space returned and the link is up (their
+        download needs it: a retry while offline would only fail on the transfer instead)."""
+        if not self.link.connected:
+            return
+        with self._lock:
+            waiting = list(self._waiting_for_space.items())
+        for slot, (manifest, digest) in waiting:
+            needed = 0 if self.store.has(manifest.sha256) else manifest.size
+            try:
+                self.store.check_free_space(max(needed, _RETRY_MIN_FREE), self.config.disk_headroom_bytes)
+            except (DeliveryError, OSError):
+                continue  # still full: try at the next round, publishing nothing meanwhile
+            with self._reconcile_lock:  # not interleaved with the same manifest redelivered on connect
+                with self._lock:
+                    if self._waiting_for_space.get(slot) != (manifest, digest):
+                        continue
+                    del self._waiting_for_space[slot]
+                log.info("delivery.job.retry", slot=slot, job=manifest.job_id, reason="disk space returned")
+                try:
+                    self._reconcile(manifest, slot, digest, retry=True)
+                except DeliveryError as exc:
+                    self._refuse(exc, b"", slot, digest)
+
+    def _collect_garbage(self) -> None:
+        protect = set(self._protect()) if self._protect is not None else set()
+        protect.update(record.sha256 for record in self.ledger.all().values())
+        with self._lock:
+            lanes = list(self._lanes.values())
+        for lane in lanes:
+            protect.update(d.manifest.sha256 for d in lane.in_flight())
+        try:
+            self.store.gc(protect, self.config.keep_models)
+        except OSError as exc:
+            log.error("delivery.gc.failed", error=str(exc))
+
+
+def _rollback_handler(rollback: Callable[[str], dict[str, Any]]) -> CommandHandler:
+    def handle(args: dict[str, Any]) -> dict[str, Any]:
+        slot = args.get("slot")
+        if not isinstance(slot, str) or not slot:
+            raise BadArgsError('rollback needs args {"slot": "<slot name>"}')
+        return rollback(slot)
+
+    return handle
