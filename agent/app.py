@@ -23,6 +23,7 @@ from pydantic import TypeAdapter
 from agent import __version__
 from agent.camera.source import VideoSource
 from agent.config import AgentConfig, load_config
+from agent.cpus import usable_cpus
 from agent.delivery.ledger import JobsFile
 from agent.delivery.service import DeliveryService
 from agent.delivery.transfer import fetch_model
@@ -31,7 +32,7 @@ from agent.engines.service import EngineService
 from agent.errors import ConfigError
 from agent.logs import configure_logging
 from agent.mqtt.link import MqttLink
-from agent.platform import detect_platform, platform_summary, usable_cpus
+from agent.platform import detect_platform, platform_summary
 from agent.postprocess.spec import PostprocessSpec
 from agent.protocol.messages import BackendInfo, InfoMessage, SlotInfo, TelemetryMessage
 from agent.protocol.topics import Topics

@@ -7,12 +7,14 @@ absent, no driver) leaves its fields ``None`` and records a one-line reason in
 
 Heavy libraries (``tensorrt``, ``cuda``, ``onnxruntime``) are imported lazily inside the probes, so
 importing this module costs nothing.
+
+One job, a little over 400 lines: each probe (Jetson files, CUDA, TensorRT, ONNX Runtime) carries
+its own failure reasons, and they share one result type; splitting them would scatter the facts.
 """
 
 from __future__ import annotations
 
 import importlib
-import os
 import platform as host_platform
 import re
 from collections.abc import Callable
@@ -89,37 +91,6 @@ class Platform:
 
 
 # --------------------------------------------------------------------------- pure parsers
-
-
-#: cgroup v2 CPU limit of this process's cgroup (``max 100000`` when unlimited).
-CGROUP_CPU_MAX = Path("/sys/fs/cgroup/cpu.max")
-
-
-def cpu_quota(cpu_max: str | None) -> int | None:
-    """Whole CPUs a cgroup v2 ``cpu.max`` (``"<quota> <period>"``) allows, rounded up; None if unlimited."""
-    if not cpu_max:
-        return None
-    parts = cpu_max.split()
-    if len(parts) != 2 or parts[0] == "max":
-        return None
-    try:
-        quota, period = int(parts[0]), int(parts[1])
-    except ValueError:
-        return None
-    if quota <= 0 or period <= 0:
-        return None
-    return max(1, -(-quota // period))
-
-
-def usable_cpus(cpu_max_file: Path = CGROUP_CPU_MAX) -> int:
-    """CPUs this process may use: its affinity (a container's cpuset, taskset), lowered to the
-    container's CPU quota (``docker --cpus 2`` sets a quota, not a cpuset)."""
-    try:
-        cpus = len(os.sched_getaffinity(0)) or 1
-    except (AttributeError, OSError):  # sched_getaffinity is Linux-only
-        cpus = os.cpu_count() or 1
-    quota = cpu_quota(_read_text(cpu_max_file))
-    return min(cpus, quota) if quota is not None else cpus
 
 
 def parse_tegra_release(text: str) -> str | None:

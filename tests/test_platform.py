@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import enum
 import importlib
-import os
 from pathlib import Path
 from types import ModuleType, SimpleNamespace
 from typing import Any
@@ -23,7 +22,6 @@ from agent.platform import (
     L4T_TO_JETPACK,
     BackendAvailability,
     Platform,
-    cpu_quota,
     cuda_version_string,
     detect_platform,
     jetpack_for_l4t,
@@ -31,7 +29,6 @@ from agent.platform import (
     platform_summary,
     probe_cuda,
     probe_tensorrt,
-    usable_cpus,
 )
 
 AGX_RELEASE = (
@@ -316,31 +313,3 @@ def test_platform_summary_explains_missing_fields() -> None:
     assert summary["gpu_name_reason"] == "no CUDA driver"
     assert summary["backend_tensorrt"] is False
     assert summary["backend_tensorrt_reason"] == "absent"
-
-
-@pytest.mark.parametrize(
-    ("cpu_max", "expected"),
-    [
-        ("max 100000\n", None),  # no limit
-        ("200000 100000\n", 2),  # docker --cpus 2
-        ("150000 100000", 2),  # 1.5 CPUs: two threads can each get work done
-        ("50000 100000", 1),
-        ("", None),
-        (None, None),
-        ("garbage", None),
-        ("0 100000", None),
-    ],
-)
-def test_cgroup_cpu_quota(cpu_max: str | None, expected: int | None) -> None:
-    assert cpu_quota(cpu_max) == expected
-
-
-def test_usable_cpus_is_the_affinity_lowered_to_the_quota(tmp_path: Path) -> None:
-    affinity = len(os.sched_getaffinity(0))
-    limited = tmp_path / "cpu.max"
-    limited.write_text("100000 100000\n")
-    unlimited = tmp_path / "cpu.max.unlimited"
-    unlimited.write_text("max 100000\n")
-    assert usable_cpus(limited) == 1
-    assert usable_cpus(unlimited) == affinity
-    assert usable_cpus(tmp_path / "absent") == affinity  # cgroup v1 or no cgroup fs: affinity only

@@ -1,6 +1,6 @@
 """The operator-side chunk server: answers devices' chunk requests for the models it knows.
 
-Devices pull (docs/delivery.md): a :class:`~agent.delivery.transfer.ChunkRequest` arrives on
+Devices pull (docs/delivery.md): a :class:`~agent.delivery.chunks.ChunkRequest` arrives on
 ``{prefix}/{device}/up/xfer/req`` with an MQTT 5 response topic and correlation data; the server
 publishes each requested chunk to that response topic with user properties ``index`` and
 ``sha256`` and the request's correlation data. The subscription is an MQTT 5 *shared* one
@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING
 import structlog
 from pydantic import ValidationError
 
-from agent.delivery.transfer import INDEX_PROPERTY, SHA256_PROPERTY, ChunkRequest
+from agent.delivery.chunks import INDEX_PROPERTY, SHA256_PROPERTY, ChunkRequest
 from agent.errors import TransportError
 from agent.fleet.untrusted import shown
 from agent.fsutil import sha256_file
