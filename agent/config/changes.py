@@ -76,8 +76,8 @@ def config_changes(old: AgentConfig, new: AgentConfig) -> list[ConfigChange]:
         changes.append(
             ConfigChange(
                 key=key,
-                old=None if a is _ABSENT else _safe(key, a),
-                new=None if b is _ABSENT else _safe(key, b),
+                old=None if a is _ABSENT else safe_value(key, a),
+                new=None if b is _ABSENT else safe_value(key, b),
                 had_old=a is not _ABSENT,
                 has_new=b is not _ABSENT,
             )
@@ -112,8 +112,8 @@ def _flatten(data: Any, prefix: str = "") -> dict[str, Any]:
     return {prefix: data}
 
 
-def _safe(key: str, value: Any) -> Any:
-    """``value`` with secrets hidden and long values summarised."""
+def safe_value(key: str, value: Any) -> Any:
+    """``value`` of config key ``key`` as it may be logged: secrets hidden, long values summarised."""
     if _SECRET_NAME.search(key.rsplit(".", 1)[-1]) and not key.endswith("_file"):
         return REDACTED if value is not None else None
     value = _hide_url_passwords(value)
