@@ -23,6 +23,7 @@ from pydantic import TypeAdapter
 from agent import __version__
 from agent.camera.source import VideoSource
 from agent.config import AgentConfig, load_config
+from agent.config.changes import config_changes, needs_restart
 from agent.cpus import usable_cpus
 from agent.delivery.ledger import JobsFile
 from agent.delivery.service import DeliveryService
@@ -160,7 +161,14 @@ class Agent:
         self.watchdog.add_check("mqtt_link", self.link.healthy)
         self.notifier.ready(status=self._status_line())
         self.watchdog.start()  # after READY=1: systemd counts watchdog pings from then on
-        log.info("agent.started", device=self.config.device_id, slots=list(self.slots), version=__version__)
+        empty = [name for name, slot in self.slots.items() if slot.current is None]
+        log.info(
+            "agent.started",
+            device=self.config.device_id,
+            slots=list(self.slots),
+            empty_slots=empty,
+            version=__version__,
+        )
 
     def _pipeline(self, slot: str) -> SlotPipeline | None:
         return next((p for p in self.pipelines if p.slot.name == slot), None)
@@ -261,10 +269,21 @@ class Agent:
             log.error("config.reload.invalid", problems=exc.problems)
             self.notifier.ready(status="reload refused: invalid config; still serving the previous one")
             return
-        if set(new.slots) != set(self.config.slots) or new.streams != self.config.streams:
-            log.warning("config.reload.restart_required", reason="slots or streams changed; restart to apply")
-        self.models.reload(new.slots)
-        self.config = new.model_copy(update={"streams": self.config.streams, "slots": new.slots})
+        changes = config_changes(self.config, new)
+        later = [c.key for c in changes if needs_restart(c, set(self.slots))]
+        if later:
+            log.warning("config.reload.restart_required", keys=later, reason="these take effect at restart")
+        swapping = self.models.reload(new.slots)
+        log.info(
+            "config.reload.applied",
+            changed={c.key: c.shown() for c in changes},
+            swapping=swapping,
+            restart_required=later,
+        )
+        # What runs now: the slots that exist (with their new settings) and the watchdog's bound; every
+        # other key waits for a restart, so the next reload reports it again instead of forgetting it.
+        slots = {name: new.slots.get(name, self.config.slots[name]) for name in self.slots}
+        self.config = self.config.model_copy(update={"slots": slots, "watchdog": new.watchdog})
         self.notifier.ready(status=self._status_line())
 
     # -- engines ---------------------------------------------------------------------------------
@@ -327,6 +346,7 @@ class Agent:
             slots[name] = SlotInfo(
                 model=model.ref if model else None,
                 state=slot.state.value,
+                reason=None if model else slot.empty_reason,
                 since=model.loaded_at if model else None,
                 last_job=self.delivery.last_job(name),
                 workers=self.layouts[name].workers,
@@ -374,7 +394,9 @@ class Agent:
         for name, slot in self.slots.items():
             model = slot.current
             parts.append(
-                f"{name}={model.ref.model_id}:{model.ref.version or '-'}" if model else f"{name}=empty"
+                f"{name}={model.ref.model_id}:{model.ref.version or '-'}"
+                if model
+                else f"{name}=empty ({slot.empty_reason})"
             )
         return "serving " + " ".join(parts) if parts else "no slots configured"
 

@@ -71,7 +71,9 @@ class SlotState(_StateModel):
 
     active: ModelRecord | None = Field(default=None, description="Model serving the slot now.")
     last_known_good: ModelRecord | None = Field(
-        default=None, description="The model active before ``active``: the rollback target."
+        default=None,
+        description="The model active before ``active``: the rollback target. None after a rollback "
+        "(a rollback goes back one step, never forward) until another model is activated.",
     )
     config_sha256: str | None = Field(
         default=None,
@@ -104,6 +106,19 @@ def record_activation(state: AgentState, slot: str, record: ModelRecord) -> Agen
         last_known_good = previous
     slots = dict(state.slots)
     slots[slot] = current.model_copy(update={"active": record, "last_known_good": last_known_good})
+    return state.model_copy(update={"slots": slots})
+
+
+def record_rollback(state: AgentState, slot: str, record: ModelRecord) -> AgentState:
+    """Return a new state in which ``record`` (the slot's last-known-good model) is active again.
+
+    A rollback goes back one step and never forward: the model it leaves is not kept as the next
+    rollback target (it is the one being rolled back from), so the slot has no last-known-good
+    until another model is activated (a deployment, a config change). A second rollback is refused
+    instead of swapping back to the newer model.
+    """
+    slots = dict(state.slots)
+    slots[slot] = state.slot(slot).model_copy(update={"active": record, "last_known_good": None})
     return state.model_copy(update={"slots": slots})
 
 

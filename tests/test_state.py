@@ -15,6 +15,7 @@ from agent.state import (
     SlotState,
     StateFile,
     record_activation,
+    record_rollback,
 )
 
 
@@ -74,6 +75,17 @@ def test_reactivating_the_same_model_keeps_last_known_good() -> None:
     again = record_activation(state, "cls", _record("b", version="1-rebuilt"))
     assert again.slot("cls").active == _record("b", version="1-rebuilt")
     assert again.slot("cls").last_known_good == _record("a")
+
+
+def test_a_rollback_leaves_no_target_so_a_second_one_cannot_swap_forward() -> None:
+    state = record_activation(AgentState(), "cls", _record("a"))
+    state = record_activation(state, "cls", _record("b"))
+    back = record_rollback(state, "cls", _record("a"))
+    assert back.slot("cls").active == _record("a")
+    assert back.slot("cls").last_known_good is None
+    # The next activation makes the rolled-back-to model the rollback target again.
+    onward = record_activation(back, "cls", _record("c"))
+    assert onward.slot("cls").last_known_good == _record("a")
 
 
 def test_slots_are_independent() -> None:

@@ -4,8 +4,9 @@ The ground floor of the house (docs/architecture.md): nothing here imports the a
 errors, the pydantic base and each package's own settings/spec model. The package holds one job per
 module: :mod:`~agent.config.models` (the file's shape), :mod:`~agent.config.loading` (YAML,
 environment, relative paths, files that must exist), :mod:`~agent.config.problems` (the operator's
-error text) and :mod:`~agent.config.walk` (raw data along the models' types). The names below are
-the public entry point, so ``from agent.config import AgentConfig, load_config`` keeps working;
+error text), :mod:`~agent.config.walk` (raw data along the models' types) and
+:mod:`~agent.config.changes` (what a reload changed, secrets hidden). The names below are the
+public entry point, so ``from agent.config import AgentConfig, load_config`` keeps working;
 docs/configuration.md describes the file for operators.
 """
 

@@ -122,6 +122,7 @@ def _apply(rows: dict[str, DeviceRow], message: InboundMessage, prefix: str) -> 
                     "version": slot.model.version if slot.model else None,
                     "sha256": slot.model.sha256 if slot.model else None,
                     "state": slot.state,
+                    "reason": slot.reason,
                     "last_job": slot.last_job,
                 }
                 for name, slot in info.slots.items()
@@ -159,6 +160,13 @@ def age(seconds: float) -> str:
     return f"{s // 86400}d{s % 86400 // 3600:02d}h"
 
 
+def _slot_cell(name: str, slot: dict[str, Any]) -> str:
+    """``main=mobilenet:4``; an empty slot says so (``main=empty``; a note line says why)."""
+    if slot["model_id"] is None:
+        return f"{shown(name, 24)}={shown(slot['state'] or 'empty', 16)}"
+    return f"{shown(name, 24)}={shown(slot['model_id'], 40)}:{shown(slot['version'] or '-', 24)}"
+
+
 def format_table(rows: list[DeviceRow], now: float | None = None) -> str:
     """The devices as an aligned text table (one line per device), then one line per problem.
 
@@ -172,10 +180,7 @@ def format_table(rows: list[DeviceRow], now: float | None = None) -> str:
     for row in rows:
         device = shown(row.device, 40)
         status = row.state if row.since is None else f"{row.state} {age(now - row.since)}"
-        slots = " ".join(
-            f"{shown(name, 24)}={shown(s['model_id'] or '-', 40)}:{shown(s['version'] or '-', 24)}"
-            for name, s in sorted(row.slots.items())[:_MAX_SLOTS_SHOWN]
-        )
+        slots = " ".join(_slot_cell(name, s) for name, s in sorted(row.slots.items())[:_MAX_SLOTS_SHOWN])
         jobs = " ".join(
             f"{shown(name, 24)}={shown(s['last_job'], 64)}"
             for name, s in sorted(row.slots.items())[:_MAX_SLOTS_SHOWN]
@@ -194,6 +199,11 @@ def format_table(rows: list[DeviceRow], now: float | None = None) -> str:
             )
         )
         notes.extend(f"{device}: malformed {shown(problem, 200)}" for problem in row.problems)
+        notes.extend(
+            f"{device}: slot {shown(name, 24)} is empty: {shown(s['reason'], 200)}"
+            for name, s in sorted(row.slots.items())
+            if s.get("reason") and not s["model_id"]
+        )
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
     table = [
         "  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip() for line in lines

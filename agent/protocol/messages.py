@@ -94,7 +94,12 @@ class SlotInfo(StrictModel):
     """The state of one model slot."""
 
     model: ModelRef | None = None
-    state: str = Field(description="Slot state, e.g. EMPTY, LOADING, VALIDATING, ACTIVE, DRAINING.")
+    state: str = Field(description="Slot state: empty, loading, validating or active.")
+    reason: str | None = Field(
+        None,
+        description="Why the slot holds no model (a missing model file, a failed load); absent while "
+        "it serves one.",
+    )
     since: FiniteTime | None = Field(None, description="When the slot entered ``state``, Unix seconds.")
     last_job: str | None = Field(None, description="Id of the last deployment job for this slot.")
     workers: Count = Field(1, description="Inference workers running the slot's batches side by side.")

@@ -30,7 +30,7 @@ from agent.fsutil import sha256_file
 from agent.postprocess.spec import PostprocessSpec
 from agent.runtime.loaded import LoadedModel, ModelSource
 from agent.runtime.slot import ModelSlot
-from agent.state import ModelRecord, StateFile, record_activation, record_config_model
+from agent.state import ModelRecord, StateFile, record_activation, record_config_model, record_rollback
 from agent.telemetry import Metrics
 
 log = structlog.get_logger(__name__)
@@ -55,6 +55,12 @@ def model_source(slot: SlotConfig) -> ModelSource:
         max_batch=slot.max_batch,
         allow_spinning=slot.allow_spinning,
     )
+
+
+class NoRollbackTargetError(AgentError):
+    """``rollback`` on a slot with no older model to go back to (never had one, or already rolled back)."""
+
+    code = "no_rollback_target"
 
 
 class SlotModels:
@@ -99,8 +105,10 @@ class SlotModels:
             self.start_swap(name, source, build)
         self._deferred_builds.clear()
 
-    def reload(self, slot_configs: dict[str, SlotConfig]) -> None:
-        """Hot-swap every slot whose configured model, file or build request changed."""
+    def reload(self, slot_configs: dict[str, SlotConfig]) -> list[str]:
+        """Hot-swap every slot whose configured model, file or build request changed (or that is
+        empty); return their names. The swaps run in the background and log their outcome."""
+        swapping = []
         for name, slot_config in slot_configs.items():
             if name not in self.slots:
                 continue
@@ -110,10 +118,12 @@ class SlotModels:
                 continue
             self._configured[name] = wanted
             self.start_swap(name, source, slot_config.build)
+            swapping.append(name)
         self.slot_configs = {
             **self.slot_configs,
             **{k: v for k, v in slot_configs.items() if k in self.slots},
         }
+        return swapping
 
     def join_swaps(self, timeout: float) -> None:
         """Wait up to ``timeout`` seconds in all for swaps in progress (at shutdown)."""
@@ -150,8 +160,10 @@ class SlotModels:
         )
         self._configured[name] = (configured, slot_config.build, config_sha)
         tried: set[Path] = set()
+        problems: dict[Path, str] = {}  # why each candidate did not serve: says why an empty slot is empty
         for candidate, build, origin in candidates:
             if candidate.path in tried or not candidate.path.exists():
+                problems.setdefault(candidate.path, f"model file {candidate.path} not found")
                 continue
             tried.add(candidate.path)
             source = candidate
@@ -168,6 +180,9 @@ class SlotModels:
                 break
             except (EngineError, BuildError) as exc:
                 log.error("agent.slot.initial_failed", slot=name, model=str(source.path), error=str(exc))
+                problems[candidate.path] = f"model {candidate.path} failed to load: {exc}"
+        if self.slots[name].current is None:
+            _report_empty(self.slots[name], problems)
         with self._state_lock:
             self.state = record_config_model(self.state, name, config_sha)
             self.state_file.save(self.state)
@@ -200,8 +215,11 @@ class SlotModels:
             postprocess=_POSTPROCESS.dump_python(source.postprocess, mode="json"),  # type: ignore[arg-type]
             origin=origin,
         )
+        # A rollback leaves no rollback target behind: a second one must not swap forward. (A restart
+        # that restores a rolled-back model finds no target already, so the same rule holds there.)
+        record_change = record_rollback if origin == "rollback" else record_activation
         with self._state_lock:
-            self.state = record_activation(self.state, name, record)
+            self.state = record_change(self.state, name, record)
             self.state_file.save(self.state)
         self.protect_engines()
         self._on_activated()
@@ -345,19 +363,50 @@ class SlotModels:
         if slot not in self.slots:
             raise AgentError(f"no slot named {slot!r} (slots: {', '.join(sorted(self.slots))})")
         self.wait_initial_load(slot)
-        record = self.state.slot(slot).last_known_good
-        if record is None or not Path(record.path).exists():
-            raise AgentError(f"slot {slot!r} has no last-known-good model to roll back to")
+        saved = self.state.slot(slot)
+        record = saved.last_known_good
+        if record is None:
+            raise NoRollbackTargetError(_why_no_rollback_target(slot, saved.active))
+        if not Path(record.path).exists():
+            raise NoRollbackTargetError(
+                f"slot {slot!r} cannot roll back to {_named(record)}: its file {record.path} is gone"
+            )
         current = self.slots[slot].current
         base = current.source if current is not None else model_source(self.slot_configs[slot])
         source = self.prepared(slot, _from_record(base, record), _build_of(record))
         loaded = self.activate(slot, source, origin="rollback")
+        log.warning("slot.rolled_back", slot=slot, model=record.model_id, version=record.version)
         return {"slot": slot, "model": loaded.ref.model_dump()}
 
     def snapshot(self) -> dict[str, Any]:
         """state.json as it is now (for the ``status`` command)."""
         with self._state_lock:
             return self.state.model_dump(mode="json")
+
+
+def _named(record: ModelRecord) -> str:
+    return f"{record.model_id} {record.version or '(no version)'}"
+
+
+def _why_no_rollback_target(slot: str, active: ModelRecord | None) -> str:
+    if active is not None and active.origin == "rollback":
+        return (
+            f"slot {slot!r} was already rolled back to {_named(active)}; a rollback goes back one step, "
+            "never forward: deploy a model (or change the config's) to move on"
+        )
+    return f"slot {slot!r} has no last-known-good model to roll back to (no earlier model ran in it)"
+
+
+def _report_empty(slot: ModelSlot, problems: dict[Path, str]) -> None:
+    """Say once, loudly, that a slot starts with no model, why, and what brings one."""
+    slot.empty_reason = "; ".join(problems.values()) or "no model configured"
+    log.warning(
+        "agent.slot.empty",
+        slot=slot.name,
+        reason=slot.empty_reason,
+        fix="put the model file in place and reload (systemctl reload edge-agent), or deploy a model "
+        "to the slot; its streams publish no results until then",
+    )
 
 
 def _build_of(record: ModelRecord) -> BuildSpec | None:

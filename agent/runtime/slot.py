@@ -74,6 +74,9 @@ class ModelSlot:
         self.swaps = 0
         self.failed_loads = 0
         self.last_error: str | None = None
+        #: Why the slot holds no model (None while it serves one); up/info and the status line show
+        #: it, so an empty slot says what to fix instead of just serving nothing.
+        self.empty_reason: str | None = "no model loaded yet"
 
     @property
     def state(self) -> SlotState:
@@ -121,10 +124,10 @@ class ModelSlot:
                 self._transition(SlotState.VALIDATING)
                 validate_candidate(candidate, sample)
             except AgentError as exc:
-                self._fail(candidate, before, exc)
+                self._fail(source, candidate, before, exc)
                 raise EngineError(f"slot {self.name}: model {source.path} rejected: {exc}") from exc
             except Exception as exc:  # a framework raising something unexpected must not kill the agent
-                self._fail(candidate, before, exc)
+                self._fail(source, candidate, before, exc)
                 raise EngineError(f"slot {self.name}: model {source.path} rejected: {exc!r}") from exc
             self._swap(candidate)
             return candidate
@@ -153,9 +156,13 @@ class ModelSlot:
             source=source, ref=ref, runner=runner, postprocessor=postprocessor, input_name=input_name
         )
 
-    def _fail(self, candidate: LoadedModel | None, before: SlotState, exc: BaseException) -> None:
+    def _fail(
+        self, source: ModelSource, candidate: LoadedModel | None, before: SlotState, exc: BaseException
+    ) -> None:
         self.failed_loads += 1
         self.last_error = str(exc)
+        if before is not SlotState.ACTIVE:
+            self.empty_reason = f"model {source.path} failed to load: {exc}"
         if candidate is not None:
             candidate.transition(ModelState.FAILED)
             candidate.runner.close()
@@ -166,6 +173,7 @@ class ModelSlot:
         candidate.transition(ModelState.ACTIVE)
         with self._lock:
             old, self._current = self._current, candidate
+        self.empty_reason = None
         self._transition(SlotState.ACTIVE)
         if old is not None:
             self.swaps += 1
@@ -179,6 +187,7 @@ class ModelSlot:
             old, self._current = self._current, None
         if old is not None:
             old.retire()
+            self.empty_reason = "agent stopping"
         if self._state is SlotState.ACTIVE:
             self._transition(SlotState.EMPTY)
 
@@ -191,6 +200,7 @@ class ModelSlot:
             "swaps": self.swaps,
             "failed_loads": self.failed_loads,
             "last_error": self.last_error,
+            "empty_reason": self.empty_reason,
         }
 
 

@@ -25,7 +25,8 @@ def test_devices_from_retained_status_and_info(broker: Broker) -> None:
                 model=ModelRef(slot="cls", model_id="net", version="4", sha256="ab" * 32),
                 state="ACTIVE",
                 last_job="job-4",
-            )
+            ),
+            "aux": SlotInfo(state="empty", reason="model file /opt/aux.onnx not found"),
         },
         streams=["cam"],
     )
@@ -52,6 +53,8 @@ def test_devices_from_retained_status_and_info(broker: Broker) -> None:
     lines = table.splitlines()
     assert lines[0].split()[:2] == ["DEVICE", "STATUS"]
     assert "cls=net:4" in lines[1]
+    assert "aux=empty" in lines[1]  # not "aux=-:-"
+    assert "jet-a: slot aux is empty: model file /opt/aux.onnx not found" in lines
     assert "cls=job-4" in lines[1]
     assert "Orin NX, JetPack 6.0, TRT 8.6.2, 2 DLA" in lines[1]
     assert lines[2].startswith("jet-b")

@@ -39,12 +39,18 @@ EXAMPLES: dict[str, BaseModel] = {
         slots={
             "main": SlotInfo(
                 model=MODEL,
-                state="ACTIVE",
+                state="active",
                 since=TS - 60,
                 last_job="job-7",
                 workers=1,
                 layout="auto: a live or paced stream: one run over every core for the lowest latency",
-            )
+            ),
+            "aux": SlotInfo(
+                state="empty",
+                reason="model file /opt/models/aux.onnx not found",
+                workers=1,
+                layout="configured",
+            ),
         },
         streams=["cam0"],
     ),
