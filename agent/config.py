@@ -30,6 +30,7 @@ from agent.errors import ConfigError
 from agent.model_base import StrictModel
 from agent.mqtt.settings import MqttSettings
 from agent.postprocess.spec import ClassificationSpec, PostprocessSpec
+from agent.spool_settings import SpoolSettings
 
 _log = structlog.get_logger(__name__)
 
@@ -123,6 +124,7 @@ class AgentConfig(StrictModel):
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
     delivery: DeliveryConfig = Field(default_factory=DeliveryConfig)
     engines: EngineConfig = Field(default_factory=EngineConfig)
+    spool: SpoolSettings = Field(default_factory=SpoolSettings)
 
     @model_validator(mode="after")
     def _streams_name_known_slots(self) -> AgentConfig:

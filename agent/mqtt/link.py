@@ -23,11 +23,12 @@ Why it is built this way (each point is a paho 2.x or mosquitto trap, see docs/p
 from __future__ import annotations
 
 import contextlib
+import math
 import queue
 import random
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -42,14 +43,14 @@ from agent.errors import TransportError
 from agent.mqtt.backoff import reconnect_delay
 from agent.mqtt.clients import new_client
 from agent.mqtt.inbox import STOP, Connected, InboundMessage, Inbox
+from agent.mqtt.session import SESSION_KEY, SessionCounter
 from agent.mqtt.settings import MqttSettings
 from agent.protocol.messages import StatusMessage, encode
-from agent.spool import Spool
+from agent.spool import MessageKind, Spool, SpoolEntry, SpoolWriteError
 
 log = structlog.get_logger(__name__)
 
-#: Spool meta key of the session counter (increases on every connection attempt, across restarts).
-SESSION_KEY = "mqtt.session"
+__all__ = ["SESSION_KEY", "MqttLink", "PublishProperties"]
 #: PUBACK reason code "Not authorized" (ACL denied).
 _NOT_AUTHORIZED = 0x87
 #: Fixed header (<= 5) + packet id (2) + property length (<= 4) + slack for small properties.
@@ -67,6 +68,7 @@ _COUNTERS = (
     "reconnects",
     "connect_failures",
     "inbox_dropped",
+    "spool_fallback_memory",
 )
 
 
@@ -198,6 +200,7 @@ class MqttLink:
         self._connected_event = threading.Event()  # mirrors _connected, for wait_connected()
         self._ever_connected = False
         self._session = 0
+        self._sessions = SessionCounter(spool)
         self._broker_max_packet: int | None = None
         self._window = settings.max_inflight
         # Network-thread state: spool id of each durable message in flight, by mid.
@@ -359,13 +362,18 @@ class MqttLink:
         qos: int = 0,
         retain: bool = False,
         durable: bool = False,
+        kind: MessageKind = "state",
         properties: PublishProperties | None = None,
     ) -> None:
         """Publish a message.
 
         ``durable``: stored in the spool first (QoS 1), removed only on a successful PUBACK, replayed
-        after reconnects and restarts. Otherwise QoS 0 while disconnected is dropped (counted) and
-        QoS 1 waits in paho's memory queue, bounded by ``max_queued`` (overflow counted, no error).
+        after reconnects and restarts. ``kind`` picks its spool policy: a ``result`` may be dropped at
+        the spool's cap or on a full disk (counted) and expires; a ``state`` (job status) never is: when
+        the spool cannot store it (full disk), it waits in paho's memory queue like a non-durable
+        QoS 1 message instead (counted as ``spool_fallback_memory``). Otherwise QoS 0 while
+        disconnected is dropped (counted) and QoS 1 waits in paho's memory queue, bounded by
+        ``max_queued`` (overflow counted, no error).
         Raises TransportError for a payload over the size limit (nothing is sent) and ValueError for
         QoS 2 (never used: paho reports broker rejections of QoS 2 as success).
         """
@@ -385,9 +393,49 @@ class MqttLink:
                 raise ValueError(
                     "durable messages cannot carry MQTT 5 properties (the spool does not store them)"
                 )
-            self._spool.add(topic, data, 1, retain)
+            try:
+                self._spool.add(topic, data, 1, retain, kind=kind)
+            except SpoolWriteError:
+                # Full disk: a job state must still get out, so it takes the in-memory QoS 1 path
+                # (the spool warned once; no traceback per message).
+                self._count("spool_fallback_memory")
+                self._publish_now(topic, data, 1, retain, None)
+                return
             self._spool_wake.set()
             return
+        self._publish_now(topic, data, qos, retain, properties)
+
+    def publish_durable(
+        self, messages: Sequence[tuple[str, bytes | BaseModel]], *, kind: MessageKind
+    ) -> None:
+        """Spool many durable QoS 1 messages in one transaction (one fsync for all), then send them.
+
+        What :meth:`publish` does with ``durable=True`` for each, at a fraction of the disk cost. An
+        oversized payload is refused (TransportError) before anything is stored.
+        """
+        entries = []
+        for topic, payload in messages:
+            data = encode(payload) if isinstance(payload, BaseModel) else bytes(payload)
+            limit = self.payload_limit(topic)
+            if len(data) > limit:
+                self._count("refused_oversize")
+                raise TransportError(
+                    f"payload of {len(data)} bytes for {topic} exceeds the limit of {limit} bytes; "
+                    "not sent: send less (truncate tensors) or raise mqtt.max_payload_bytes"
+                )
+            entries.append(SpoolEntry(topic, data, False, kind))
+        try:
+            self._spool.add_many(entries)
+        except SpoolWriteError:
+            self._count("spool_fallback_memory", len(entries))
+            for entry in entries:
+                self._publish_now(entry.topic, entry.payload, 1, entry.retain, None)
+            return
+        self._spool_wake.set()
+
+    def _publish_now(
+        self, topic: str, data: bytes, qos: int, retain: bool, properties: PublishProperties | None
+    ) -> None:
         if qos == 0 and not self._connected:
             self._count("dropped_offline")
             return
@@ -438,10 +486,8 @@ class MqttLink:
         return encode(StatusMessage(state=state, session=self._session, agent_version=self.agent_version))
 
     def _next_session(self) -> int:
-        previous = self._spool.get_meta(SESSION_KEY)
-        session = (int(previous) if previous is not None else 0) + 1
-        self._spool.set_meta(SESSION_KEY, str(session))
-        return session
+        # Best-effort write (see agent/mqtt/session.py): connecting must work on a full disk.
+        return self._sessions.next()
 
     def _run_network(self) -> None:
         while True:
@@ -593,7 +639,9 @@ class MqttLink:
                 self._spool.remove(msg.id)
                 self._spool_cursor = msg.id
                 continue
-            info = self._client.publish(msg.topic, msg.payload, qos=1, retain=msg.retain)
+            info = self._client.publish(
+                msg.topic, msg.payload, qos=1, retain=msg.retain, properties=_expiry(msg.expires_at)
+            )
             if info.rc == MQTTErrorCode.MQTT_ERR_QUEUE_SIZE:
                 self._spool_wake.set()  # paho's queue is full of non-durable messages: try again later
                 return
@@ -655,3 +703,11 @@ class MqttLink:
         except Exception as exc:
             self._count("handler_errors")
             log.exception("mqtt.handler.failed", target=what, error=repr(exc))
+
+
+def _expiry(expires_at: float | None) -> Properties | None:
+    """MQTT 5 Message Expiry Interval for a spooled message with a time-to-live (the broker then drops
+    it for a subscriber that was offline longer than it is worth)."""
+    if expires_at is None:
+        return None
+    return PublishProperties(message_expiry_s=max(1, math.ceil(expires_at - time.time()))).to_paho()
