@@ -19,8 +19,8 @@ class SpoolSettings(StrictModel):
         1024 * 1024 * 1024,
         ge=1024 * 1024,
         description="Most bytes of messages (payload + topic + per-row overhead) the spool holds; the "
-        "file on disk stays within about 1.3x this plus the write-ahead log. 1 GiB: about 1.8 million "
-        "results of 600 bytes, a small share of a 32 GB eMMC.",
+        "file on disk stays within about 1.5x this (SQLite page slack) plus the write-ahead log. "
+        "1 GiB: about 1.6 million results of 600 bytes, a small share of a 32 GB eMMC.",
     )
     max_rows: int = Field(
         1_000_000, ge=100, description="Most messages the spool holds (whichever cap is reached first)."

@@ -537,3 +537,57 @@ def test_a_half_open_connection_is_detected_and_durable_messages_arrive_after_th
         wait_until(lambda: link.stats()["spool_depth"] == 0, what="the spool to drain")
     finally:
         proxy.close()
+
+
+def test_on_a_full_disk_the_link_reconnects_and_job_states_still_arrive(
+    tmp_path: Path, broker_factory: Callable[[Sequence[str]], Broker], make_link: LinkFactory, device_id: str
+) -> None:
+    """Issue 8: a full disk (real tmpfs, 0 bytes free) with the broker stopped and started."""
+    from structlog.testing import capture_logs
+
+    from tests.small_disk import small_disk
+
+    persist = tmp_path / "mosquitto-db"
+    persist.mkdir()
+    broker = broker_factory(["persistence true", f"persistence_location {persist}/", "autosave_interval 1"])
+    prefix = f"fleet/v1/{device_id}"
+    probe = Probe(broker.host, broker.port, client_id=f"probe-{device_id}", session_expiry_s=600)
+    commands: list[bytes] = []
+    with small_disk(tmp_path / "disk", "4m") as disk, Spool(disk.path / "spool.sqlite") as spool:
+        probe.subscribe(f"{prefix}/up/#")
+        link = make_link(fast_settings(broker), client_id=device_id, spool=spool)
+        link.subscribe(f"{prefix}/down/cmd/+", lambda m: commands.append(m.payload))
+        link.start()
+        wait_until(lambda: link.connected, what="connect")
+        disk.fill()
+        with capture_logs() as logs:
+            broker.stop()
+            wait_until(lambda: not link.connected, what="disconnect")
+            for i in range(300):  # results while the broker is down and the disk full: dropped, counted
+                link.publish(f"{prefix}/up/results/cam", f"r{i}".encode(), qos=1, durable=True, kind="result")
+            link.publish_durable([(f"{prefix}/up/results/cam", b"batch")] * 10, kind="result")
+            link.publish(f"{prefix}/up/jobs/j1", b"FAILED", qos=1, durable=True)  # must not be lost
+            session_down = link.session
+            broker.start()
+            wait_until(lambda: link.connected, timeout=15.0, what="reconnect on a full disk")
+            probe.wait_for_count(f"{prefix}/up/jobs/j1", 1, timeout=15.0)
+            link.publish(f"{prefix}/up/telemetry", b'{"ts": 1}', qos=0)
+            probe.wait_for_count(f"{prefix}/up/telemetry", 1)
+            probe.publish(f"{prefix}/down/cmd/status", b"{}")
+            wait_until(lambda: commands == [b"{}"], what="a command on a full disk")
+        assert disk.free_bytes() == 0
+    probe.close()
+    statuses = [s for s in _statuses(probe, f"{prefix}/up/status") if s.state == "online"]
+    assert statuses[-1].session > session_down  # the new connection announced itself
+    stats = link.stats()
+    assert stats["callback_errors"] == 0  # no "mqtt.network.failed: database or disk is full"
+    assert stats["spool_fallback_memory"] == 1
+    assert spool.stats()["dropped_write_failed"] == 310
+    problems = [
+        e
+        for e in logs
+        if e["log_level"] in ("warning", "error")
+        and e["event"].startswith(("spool", "mqtt.network", "mqtt.session"))
+    ]
+    assert [e["event"] for e in problems] == ["spool.write.failed"], problems
+    assert not any("exc_info" in e or "exception" in e for e in logs)
