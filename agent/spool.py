@@ -367,6 +367,35 @@ class Spool:
             self._delete(message_id)
             self._note_level()
 
+    def remove_many(self, message_ids: Sequence[int]) -> None:
+        """:meth:`remove` for many in one transaction: one fsync per batch of PUBACKs, not one each."""
+        if not message_ids:
+            return
+        with self._lock:
+            try:
+                self._db.execute("BEGIN IMMEDIATE")
+                try:
+                    sizes = [
+                        int(r[0]) + ROW_OVERHEAD
+                        for message_id in message_ids
+                        for r in self._db.execute(
+                            "DELETE FROM outbox WHERE id = ? RETURNING length(payload) + length(topic)",
+                            (message_id,),
+                        )
+                    ]
+                    self._db.execute("COMMIT")
+                except BaseException:
+                    self._rollback()
+                    raise
+            except sqlite3.Error:
+                for message_id in message_ids:  # one by one: what can be deleted is, the rest is retried
+                    self._delete(message_id)
+            else:
+                self._unremoved.difference_update(message_ids)
+                self._n.rows -= len(sizes)
+                self._n.bytes -= sum(sizes)
+            self._note_level()
+
     def _delete(self, message_id: int) -> bool:
         """Delete one row (lock held); False when the write failed."""
         try:
@@ -393,17 +422,20 @@ class Spool:
     def stats(self) -> dict[str, float]:
         """Telemetry: ``rows``, ``bytes``, the drop counters, and ``write_failing`` (0/1)."""
         with self._lock:
-            n = self._n
-            return {
-                "rows": float(n.rows),
-                "bytes": float(n.bytes),
-                "evicted": float(n.evicted),
-                "dropped_at_cap": float(n.dropped_at_cap),
-                "expired": float(n.expired),
-                "dropped_write_failed": float(n.dropped_write_failed),
-                "state_write_failed": float(n.state_write_failed),
-                "write_failing": 1.0 if self._write_error is not None else 0.0,
-            }
+            return self._stats()
+
+    def _stats(self) -> dict[str, float]:
+        n = self._n
+        return {
+            "rows": float(n.rows),
+            "bytes": float(n.bytes),
+            "evicted": float(n.evicted),
+            "dropped_at_cap": float(n.dropped_at_cap),
+            "expired": float(n.expired),
+            "dropped_write_failed": float(n.dropped_write_failed),
+            "state_write_failed": float(n.state_write_failed),
+            "write_failing": 1.0 if self._write_error is not None else 0.0,
+        }
 
     # -- key/value table -------------------------------------------------------------------
 
@@ -434,6 +466,8 @@ class Spool:
             if not self._closed:
                 self._closed = True
                 self._db.close()
+                # The episode's figures, once, for the journal (what was dropped, and why).
+                log.info("spool.closed", path=str(self.path), **{k: int(v) for k, v in self._stats().items()})
 
     def __enter__(self) -> Spool:
         return self

@@ -56,6 +56,10 @@ _NOT_AUTHORIZED = 0x87
 #: Fixed header (<= 5) + packet id (2) + property length (<= 4) + slack for small properties.
 _PUBLISH_OVERHEAD = 16
 _LOOP_TIMEOUT_S = 0.05
+#: While connected, durable publishers wait (at most this long per call) for the spool's backlog to
+#: fall below a few windows: the frame path then runs at the rate the link can deliver (back-pressure
+#: through the pipeline's drop policies) instead of filling the spool to its cap with the broker up.
+_BACKLOG_WAIT_S = 1.0
 _COUNTERS = (
     "published",
     "dropped_offline",
@@ -206,6 +210,11 @@ class MqttLink:
         # Network-thread state: spool id of each durable message in flight, by mid.
         self._durable_inflight: dict[int, int] = {}
         self._spool_cursor = 0
+        # Spool ids acknowledged during this turn of the loop: deleted in one transaction (one fsync
+        # per turn instead of one per PUBACK, which capped replay below the durable result rate).
+        self._acked: list[int] = []
+        self._backlog_limit = 4 * settings.max_inflight
+        self._spool_room = threading.Event()  # set by the network thread after acknowledgements
         self._spool_wake = threading.Event()
         self._status_mid: int | None = None
         self._status_acked = threading.Event()
@@ -424,6 +433,7 @@ class MqttLink:
                     "not sent: send less (truncate tensors) or raise mqtt.max_payload_bytes"
                 )
             entries.append(SpoolEntry(topic, data, False, kind))
+        self._wait_for_backlog()
         try:
             self._spool.add_many(entries)
         except SpoolWriteError:
@@ -432,6 +442,19 @@ class MqttLink:
                 self._publish_now(entry.topic, entry.payload, 1, entry.retain, None)
             return
         self._spool_wake.set()
+
+    def _wait_for_backlog(self) -> None:
+        """Connected with a backlog of more than a few windows: wait (bounded) for the link to catch up.
+
+        Not while disconnected: then the spool is the outage buffer, bounded by its caps.
+        """
+        deadline = time.monotonic() + _BACKLOG_WAIT_S
+        while self._connected and self._spool.count() > self._backlog_limit:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or self._stop_requested.is_set():
+                return
+            self._spool_room.clear()
+            self._spool_room.wait(min(remaining, 0.05))
 
     def _publish_now(
         self, topic: str, data: bytes, qos: int, retain: bool, properties: PublishProperties | None
@@ -557,6 +580,15 @@ class MqttLink:
 
     def _handle_events(self) -> None:
         """Apply what paho's callbacks reported."""
+        try:
+            self._apply_events()
+        finally:
+            if self._acked:
+                acked, self._acked = self._acked, []
+                self._spool.remove_many(acked)
+                self._spool_room.set()
+
+    def _apply_events(self) -> None:
         while True:
             try:
                 event = self._events.get_nowait()
@@ -619,7 +651,7 @@ class MqttLink:
             self._count("broker_refused")
             log.error("mqtt.publish.refused", mid=mid, reason=reason, spool_id=spool_id)
         if spool_id is not None:
-            self._spool.remove(spool_id)
+            self._acked.append(spool_id)
             self._spool_wake.set()
 
     def _send_spooled(self) -> None:

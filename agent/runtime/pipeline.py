@@ -324,7 +324,9 @@ class SlotPipeline:
                 finally:
                     # Handed in even when empty: later batches wait for this number.
                     while not self._outbox.put(number, results, timeout=_POLL_S):
-                        pass  # the publisher always drains; results are never dropped here
+                        # Back-pressure from the publisher (the spool, the link): alive, waiting.
+                        # The publisher always drains; results are never dropped here.
+                        self.heartbeat = time.monotonic()
         with self._workers_lock:
             self._workers_running -= 1
             last = self._workers_running == 0

@@ -1,0 +1,125 @@
+"""A long broker outage at full frame rate with durable results: bounded memory, bounded spool, no loss.
+
+Issue 8: the real daemon, a real mosquitto stopped for 60 s and started again, RSS read from /proc.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import pytest
+
+from agent.protocol.messages import ResultMessage, decode
+from tests.broker import Broker
+from tests.e2e.daemon import AgentFiles, Daemon
+from tests.mqtt_probe import Probe
+
+pytestmark = pytest.mark.slow
+
+OUTAGE_S = 60.0
+#: The daemon's RSS may never exceed this. It idles at ~200 MB here (Python, numpy, OpenCV, ONNX
+#: Runtime); the outbox (64 results), the inbox (4 frames) and paho's queue are what may add to it.
+#: Before the fix the outbox alone grew by tens of MB a second (a test run was stopped at this bound).
+RSS_BOUND_MB = 450.0
+MAX_ROWS = 3000
+
+
+def _rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024.0
+    raise AssertionError(f"no VmRSS for {pid}")
+
+
+def _telemetry(probe: Probe, topic: str) -> list[dict[str, float]]:
+    return [json.loads(m.payload) for m in probe.on_topic(topic)]
+
+
+def test_a_60_s_outage_at_full_rate_keeps_memory_and_spool_bounded_and_loses_only_what_policy_drops(
+    tmp_path: Path, broker_factory: Callable[[Sequence[str]], Broker]
+) -> None:
+    device = f"outage-{uuid.uuid4().hex[:8]}"
+    persist = tmp_path / "mosquitto-db"
+    persist.mkdir()
+    # Persistence and no per-client queue limit: the probe's subscription and everything queued for
+    # it survive the broker's own restart, so what the probe misses is what the device never sent.
+    broker = broker_factory(
+        [
+            "persistence true",
+            f"persistence_location {persist}/",
+            "autosave_interval 1",
+            "max_queued_messages 0",
+        ]
+    )
+    files = AgentFiles(tmp_path / "agent", broker.port, device, frames=60)
+    stream = {"source": {"type": "file", "path": str(files.video), "loop": True, "realtime": False}}
+    config = files.write_config(
+        stream={**stream, "durable_results": True},
+        spool={"max_rows": MAX_ROWS, "results_ttl_s": 3600.0},
+        mqtt={"reconnect_min_s": 0.2, "reconnect_max_s": 1.0},
+    )
+    results_topic = f"fleet/v1/{device}/up/results/cam"
+    telemetry_topic = f"fleet/v1/{device}/up/telemetry"
+    probe = Probe(broker.host, broker.port, client_id=f"probe-{device}", session_expiry_s=600)
+    probe.subscribe(f"fleet/v1/{device}/up/#")
+    daemon = Daemon(config, tmp_path / "agent.log")
+    rss: list[float] = []
+    try:
+        probe.wait_for_count(results_topic, 50, timeout=60)
+        broker.stop()
+        end = time.monotonic() + OUTAGE_S
+        while time.monotonic() < end:
+            rss.append(_rss_mb(daemon.proc.pid))
+            # Fail fast (and spare the machine) instead of sampling a process on its way to gigabytes.
+            assert rss[-1] < RSS_BOUND_MB, f"RSS {rss[-1]:.0f} MB after {len(rss) * 0.5:.1f} s of outage"
+            time.sleep(0.5)
+        broker.start()
+        # Back online: the spool drains while frames keep coming at full rate.
+        probe.wait_for(
+            lambda ms: any(
+                m.topic == telemetry_topic and json.loads(m.payload)["spool.rows"] < 200 for m in ms
+            ),
+            timeout=40,
+        )
+        rss.append(_rss_mb(daemon.proc.pid))
+    finally:
+        code = daemon.stop()
+    probe.settle(1.0)
+    probe.close()
+    assert code == 0, daemon.log()[-3000:]
+    assert max(rss) < RSS_BOUND_MB
+
+    closed = next(e for e in daemon.events() if e.get("event") == "spool.closed")
+    telemetry = _telemetry(probe, telemetry_topic)
+    spool_rows_max = max(t["spool.rows"] for t in telemetry)
+    assert spool_rows_max <= MAX_ROWS
+    # What the device produced: frames 0..last without a gap (a file source is never dropped from).
+    received: dict[int, set[str]] = {}
+    for m in probe.on_topic(results_topic):
+        r = decode(ResultMessage, m.payload)
+        received.setdefault(r.frame_index, set()).add(r.msg_id)
+    assert all(len(ids) == 1 for ids in received.values())  # one msg_id per frame: published once
+    db = sqlite3.connect(files.root / "state" / "spool.sqlite")
+    left = {decode(ResultMessage, bytes(p)).frame_index for (p,) in db.execute("SELECT payload FROM outbox")}
+    db.close()
+    produced = range(max(received.keys() | left) + 1)
+    missing = sorted(set(produced) - received.keys() - left)
+    # Every result not dropped by policy arrived (or waits in the spool for the next start), and the
+    # drops are exactly the counted ones: the oldest results of the outage, in one run.
+    assert closed["evicted"] > 0, "the outage never reached the cap: lower MAX_ROWS"
+    assert len(missing) == closed["evicted"]
+    assert missing == list(range(missing[0], missing[0] + len(missing)))
+    assert closed["dropped_write_failed"] == 0
+    warnings = [e["event"] for e in daemon.events() if e.get("event", "").startswith("spool.cap")]
+    assert warnings[0] == "spool.cap.reached"
+    assert warnings.count("spool.cap.reached") <= 2  # once per episode, not per frame
+    print(
+        f"\noutage {OUTAGE_S:.0f}s: frames {len(produced)}, received {len(received)}, evicted "
+        f"{closed['evicted']}, left in spool {len(left)}, RSS max {max(rss):.0f} MB "
+        f"(first {rss[0]:.0f} MB), spool rows max {spool_rows_max:.0f}"
+    )
