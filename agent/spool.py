@@ -126,6 +126,9 @@ class Spool:
         self._at_cap = False  # inside a cap episode (logged once when it starts and once when it ends)
         self._write_error: str | None = None  # inside a write-failure episode (same)
         self._unremoved: set[int] = set()  # acknowledged, but the DELETE failed (disk full): retried
+        # Rows up to this id were handed to the MQTT client: they are in its memory and resent after a
+        # reconnect, so evicting them would drop nothing; the cap evicts only rows after it.
+        self._sent_upto = 0
         try:
             # isolation_level=None: autocommit; every statement (or BEGIN..COMMIT) is its own durable
             # transaction.
@@ -240,9 +243,9 @@ class Spool:
                     int(r[0]) + ROW_OVERHEAD
                     for r in self._db.execute(
                         "DELETE FROM outbox WHERE id IN "
-                        "(SELECT id FROM outbox WHERE kind = 1 ORDER BY id LIMIT ?) "
+                        "(SELECT id FROM outbox WHERE kind = 1 AND id > ? ORDER BY id LIMIT ?) "
                         "RETURNING length(payload) + length(topic)",
-                        (want,),
+                        (self._sent_upto, want),
                     )
                 ]
                 if not sizes:
@@ -356,6 +359,11 @@ class Spool:
                     out.append(SpooledMessage(r[0], r[1], bytes(r[2]), r[3], bool(r[4]), r[5]))
             self._note_level()
         return out
+
+    def mark_sent(self, message_id: int) -> None:
+        """Messages up to ``message_id`` are with the MQTT client (in flight): the cap leaves them alone."""
+        with self._lock:
+            self._sent_upto = max(self._sent_upto, message_id)
 
     def remove(self, message_id: int) -> None:
         """Forget a message (it was acknowledged, or refused for good). Unknown ids are ignored.

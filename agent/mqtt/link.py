@@ -676,10 +676,11 @@ class MqttLink:
             )
             if info.rc == MQTTErrorCode.MQTT_ERR_QUEUE_SIZE:
                 self._spool_wake.set()  # paho's queue is full of non-durable messages: try again later
-                return
+                break
             # SUCCESS, or NO_CONN (connection just dropped): paho holds it and resends after reconnect.
             self._durable_inflight[info.mid] = msg.id
             self._spool_cursor = msg.id
+        self._spool.mark_sent(self._spool_cursor)
         if len(batch) == free:
             self._spool_wake.set()  # there may be more
 

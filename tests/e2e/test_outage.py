@@ -5,6 +5,7 @@ Issue 8: the real daemon, a real mosquitto stopped for 60 s and started again, R
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sqlite3
 import time
@@ -22,10 +23,10 @@ from tests.mqtt_probe import Probe
 pytestmark = pytest.mark.slow
 
 OUTAGE_S = 60.0
-#: The daemon's RSS may never exceed this. It idles at ~200 MB here (Python, numpy, OpenCV, ONNX
+#: The daemon's RSS may never exceed this. It idles at ~130 MB here (Python, numpy, OpenCV, ONNX
 #: Runtime); the outbox (64 results), the inbox (4 frames) and paho's queue are what may add to it.
 #: Before the fix the outbox alone grew by tens of MB a second (a test run was stopped at this bound).
-RSS_BOUND_MB = 450.0
+RSS_BOUND_MB = 300.0
 MAX_ROWS = 3000
 
 
@@ -34,10 +35,6 @@ def _rss_mb(pid: int) -> float:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024.0
     raise AssertionError(f"no VmRSS for {pid}")
-
-
-def _telemetry(probe: Probe, topic: str) -> list[dict[str, float]]:
-    return [json.loads(m.payload) for m in probe.on_topic(topic)]
 
 
 def test_a_60_s_outage_at_full_rate_keeps_memory_and_spool_bounded_and_loses_only_what_policy_drops(
@@ -69,6 +66,8 @@ def test_a_60_s_outage_at_full_rate_keeps_memory_and_spool_bounded_and_loses_onl
     probe.subscribe(f"fleet/v1/{device}/up/#")
     daemon = Daemon(config, tmp_path / "agent.log")
     rss: list[float] = []
+    spool_rows: list[int] = []
+    spool_path = files.root / "state" / "spool.sqlite"
     try:
         probe.wait_for_count(results_topic, 50, timeout=60)
         broker.stop()
@@ -77,6 +76,9 @@ def test_a_60_s_outage_at_full_rate_keeps_memory_and_spool_bounded_and_loses_onl
             rss.append(_rss_mb(daemon.proc.pid))
             # Fail fast (and spare the machine) instead of sampling a process on its way to gigabytes.
             assert rss[-1] < RSS_BOUND_MB, f"RSS {rss[-1]:.0f} MB after {len(rss) * 0.5:.1f} s of outage"
+            if len(rss) % 10 == 0:  # the spool as another reader sees it (WAL: no lock taken from the writer)
+                with contextlib.closing(sqlite3.connect(spool_path, timeout=5.0)) as db:
+                    spool_rows.append(db.execute("SELECT COUNT(*) FROM outbox").fetchone()[0])
             time.sleep(0.5)
         broker.start()
         # Back online: the spool drains while frames keep coming at full rate.
@@ -95,9 +97,9 @@ def test_a_60_s_outage_at_full_rate_keeps_memory_and_spool_bounded_and_loses_onl
     assert max(rss) < RSS_BOUND_MB
 
     closed = next(e for e in daemon.events() if e.get("event") == "spool.closed")
-    telemetry = _telemetry(probe, telemetry_topic)
-    spool_rows_max = max(t["spool.rows"] for t in telemetry)
-    assert spool_rows_max <= MAX_ROWS
+    # The cap holds during the outage (the rows in flight when the broker went away come on top).
+    assert max(spool_rows) <= MAX_ROWS + 20, spool_rows
+    assert spool_rows[-1] >= 0.9 * MAX_ROWS  # and the spool really was at the cap
     # What the device produced: frames 0..last without a gap (a file source is never dropped from).
     received: dict[int, set[str]] = {}
     for m in probe.on_topic(results_topic):
@@ -121,5 +123,5 @@ def test_a_60_s_outage_at_full_rate_keeps_memory_and_spool_bounded_and_loses_onl
     print(
         f"\noutage {OUTAGE_S:.0f}s: frames {len(produced)}, received {len(received)}, evicted "
         f"{closed['evicted']}, left in spool {len(left)}, RSS max {max(rss):.0f} MB "
-        f"(first {rss[0]:.0f} MB), spool rows max {spool_rows_max:.0f}"
+        f"(first {rss[0]:.0f} MB), spool rows during the outage {spool_rows}"
     )
