@@ -27,6 +27,7 @@ import yaml
 
 from agent.demo import write_demo_video
 from agent.localbroker import Broker
+from agent.logs import configure_logging
 from agent.modelzoo import write_classifier
 from agent.spool import Spool, SpoolEntry
 
@@ -157,6 +158,7 @@ def main() -> None:
     parser.add_argument("--max-rows", type=int, default=100_000, help="spool.max_rows of the daemon")
     parser.add_argument("--dir", type=Path, default=None, help="where the spool lives (default: a temp dir)")
     args = parser.parse_args()
+    configure_logging("json", "warning")  # stdout is the JSON result
     root = Path(tempfile.mkdtemp(prefix="bench-outage-", dir=args.dir))
     try:
         per_row = spool_rows_per_s(root, args.spool_s, 1)
