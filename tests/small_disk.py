@@ -20,16 +20,15 @@ class SmallDisk:
 
     def fill(self) -> None:
         """Write a filler file until the filesystem says ENOSPC: 0 bytes free afterwards."""
-        with self._filler.open("ab") as f:
-            block = b"\0" * (64 * 1024)
-            with contextlib.suppress(OSError):  # ENOSPC: full
-                while True:
-                    f.write(block)
-                    f.flush()
-            # Whatever did not fit in 64 KiB pieces, in 1-byte ones: really nothing left.
-            with contextlib.suppress(OSError):
-                while True:
-                    os.write(f.fileno(), b"\0")
+        # Unbuffered: a buffered file would keep what did not fit and raise ENOSPC again on close.
+        fd = os.open(self._filler, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        try:
+            for size in (64 * 1024, 1):  # big pieces, then whatever is left byte by byte
+                with contextlib.suppress(OSError):  # ENOSPC: full
+                    while True:
+                        os.write(fd, b"\0" * size)
+        finally:
+            os.close(fd)
         assert self.free_bytes() == 0, f"{self.path} still has {self.free_bytes()} bytes free"
 
     def free(self) -> None:

@@ -1,6 +1,7 @@
-"""A long broker outage at full frame rate with durable results: bounded memory, bounded spool, no loss.
+"""A long broker outage at full frame rate with durable results: bounded memory, bounded spool, no loss;
+and a full disk that costs nothing but the results it cannot store.
 
-Issue 8: the real daemon, a real mosquitto stopped for 60 s and started again, RSS read from /proc.
+Issue 8: the real daemon, a real mosquitto stopped and started again, RSS read from /proc, a real tmpfs.
 """
 
 from __future__ import annotations
@@ -15,10 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from agent.protocol.messages import ResultMessage, decode
+from agent.protocol.messages import CommandReply, CommandRequest, ResultMessage, StatusMessage, decode, encode
 from tests.broker import Broker
 from tests.e2e.daemon import AgentFiles, Daemon
 from tests.mqtt_probe import Probe
+from tests.small_disk import small_disk
 
 pytestmark = pytest.mark.slow
 
@@ -125,3 +127,68 @@ def test_a_60_s_outage_at_full_rate_keeps_memory_and_spool_bounded_and_loses_onl
         f"{closed['evicted']}, left in spool {len(left)}, RSS max {max(rss):.0f} MB "
         f"(first {rss[0]:.0f} MB), spool rows during the outage {spool_rows}"
     )
+
+
+def test_a_full_disk_with_the_broker_stopped_and_started_costs_only_the_results_it_cannot_store(
+    tmp_path: Path, broker_factory: Callable[[Sequence[str]], Broker]
+) -> None:
+    """The state directory on a real tmpfs filled to 0 bytes free: one warning, counters, and the
+    device reconnects, publishes status and telemetry and answers commands (issue 8)."""
+    device = f"full-{uuid.uuid4().hex[:8]}"
+    broker = broker_factory([])
+    prefix = f"fleet/v1/{device}"
+    files = AgentFiles(tmp_path / "agent", broker.port, device, frames=60)
+    stream = {"source": {"type": "file", "path": str(files.video), "loop": True, "realtime": True}}
+    with small_disk(tmp_path / "disk", "16m") as disk:
+        config = files.write_config(
+            stream={**stream, "durable_results": True},
+            state_dir=str(disk.path / "state"),
+            mqtt={"reconnect_min_s": 0.2, "reconnect_max_s": 1.0},
+        )
+        daemon = Daemon(config, tmp_path / "agent.log")
+        try:
+            with Probe(broker.host, broker.port) as probe:
+                probe.subscribe(f"{prefix}/up/#")
+                probe.wait_for_count(f"{prefix}/up/results/cam", 10, timeout=60)
+            disk.fill()
+            broker.stop()
+            time.sleep(3.0)  # ~90 frames whose durable results cannot be stored anywhere
+            broker.start()
+            with Probe(broker.host, broker.port) as probe:
+                probe.subscribe(f"{prefix}/up/#")
+                online = probe.wait_for(
+                    lambda ms: any(
+                        m.topic == f"{prefix}/up/status"
+                        and decode(StatusMessage, m.payload).state == "online"
+                        for m in ms
+                    ),
+                    timeout=20,
+                )
+                telemetry = probe.wait_for_count(f"{prefix}/up/telemetry", 1, timeout=10)
+                probe.publish(
+                    f"{prefix}/down/cmd/status",
+                    encode(CommandRequest()),
+                    response_topic=f"{prefix}/up/cmd/status",
+                    correlation_data=b"full-disk",
+                )
+                [reply] = probe.wait_for_count(f"{prefix}/up/cmd/status", 1, timeout=20)
+                assert disk.free_bytes() == 0
+                disk.free()
+                # Space is back: durable results are stored and published again.
+                count = len(probe.on_topic(f"{prefix}/up/results/cam"))
+                probe.wait_for_count(f"{prefix}/up/results/cam", count + 10, timeout=30)
+        finally:
+            code = daemon.stop()
+    assert code == 0, daemon.log()[-3000:]
+    assert online
+    assert json.loads(telemetry[0].payload)["spool.dropped_write_failed"] > 0
+    assert decode(CommandReply, reply.payload).ok
+    events = daemon.events()
+    names = [e.get("event") for e in events]
+    assert names.count("spool.write.failed") == 1  # one warning per episode, not one per frame
+    assert names.count("spool.write.recovered") == 1
+    assert "pipeline.publish.failed" not in names
+    assert "mqtt.network.failed" not in names  # the session counter no longer needs a disk write
+    assert not [e for e in events if e.get("level") == "error"], [
+        e for e in events if e.get("level") == "error"
+    ]
