@@ -591,3 +591,42 @@ def test_on_a_full_disk_the_link_reconnects_and_job_states_still_arrive(
     ]
     assert [e["event"] for e in problems] == ["spool.write.failed"], problems
     assert not any("exc_info" in e or "exception" in e for e in logs)
+
+
+def test_durable_results_carry_their_remaining_time_to_live_and_job_states_none(
+    broker: Broker, tmp_path: Path, make_link: LinkFactory, device_id: str
+) -> None:
+    from agent.spool_settings import SpoolSettings
+
+    spool = Spool(tmp_path / "ttl.sqlite", SpoolSettings(results_ttl_s=600.0))
+    link = make_link(fast_settings(broker), client_id=device_id, spool=spool)
+    prefix = f"fleet/v1/{device_id}"
+    with Probe(broker.host, broker.port) as probe:
+        probe.subscribe(f"{prefix}/up/#")
+        link.start()
+        link.publish_durable([(f"{prefix}/up/results/cam", b"r")], kind="result")
+        link.publish(f"{prefix}/up/jobs/j", b"s", qos=1, durable=True)
+        [result] = probe.wait_for_count(f"{prefix}/up/results/cam", 1)
+        [job] = probe.wait_for_count(f"{prefix}/up/jobs/j", 1)
+    link.stop()
+    spool.close()
+    assert result.message_expiry_s is not None
+    assert 590 <= result.message_expiry_s <= 600
+    assert job.message_expiry_s is None
+
+
+def test_while_connected_durable_publishers_wait_for_the_link_instead_of_filling_the_spool(
+    broker: Broker, make_link: LinkFactory, device_id: str
+) -> None:
+    settings = fast_settings(broker, max_inflight=10)
+    link = make_link(settings, client_id=device_id)
+    link.start()
+    wait_until(lambda: link.connected, what="connect")
+    depths = []
+    for i in range(200):  # 6,400 results as fast as the caller can hand them in
+        link.publish_durable([(f"fleet/v1/{device_id}/up/results/cam", b"%d" % i)] * 32, kind="result")
+        depths.append(link.stats()["spool_depth"])
+    # The backlog stays within a few windows (4 x max_inflight, plus the batch handed in last; a
+    # margin for a loaded machine, where a wait may run out): without the wait it reaches thousands.
+    assert max(depths) <= 500, max(depths)
+    wait_until(lambda: link.stats()["spool_depth"] == 0, timeout=30.0, what="drained")
