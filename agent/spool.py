@@ -104,7 +104,9 @@ class _Counters:
     dropped_at_cap: int = 0  # new results refused at the cap
     expired: int = 0  # results deleted past their time-to-live
     dropped_write_failed: int = 0  # results not stored because the write failed (disk full)
-    state_write_failed: int = 0  # job states the caller had to keep elsewhere
+    write_failed_raised: int = (
+        0  # not stored, handed back to the caller (SpoolWriteError): job states, results while connected
+    )
 
 
 class Spool:
@@ -173,11 +175,13 @@ class Spool:
         del qos  # spooled messages are always sent with QoS 1
         return self.add_many([SpoolEntry(topic, payload, retain, kind)])[0]
 
-    def add_many(self, entries: Sequence[SpoolEntry]) -> list[int | None]:
+    def add_many(self, entries: Sequence[SpoolEntry], *, raise_on_failure: bool = False) -> list[int | None]:
         """Store a batch in one transaction (one fsync); the id of each, None for a dropped result.
 
         Raises :class:`SpoolWriteError` (nothing stored) when the write failed and the batch holds a
-        job state; a batch of results only is dropped and counted instead (one warning per episode).
+        job state, or ``raise_on_failure`` (the caller has somewhere else to put them: nothing is
+        counted as dropped); a batch of results only is dropped and counted instead (one warning per
+        episode).
         """
         if not entries:
             return []
@@ -211,7 +215,7 @@ class Spool:
                     self._rollback()
                     raise
             except sqlite3.Error as exc:
-                return self._write_failed(entries, exc)
+                return self._write_failed(entries, exc, raise_on_failure)
             stored = [e for e, i in zip(entries, ids, strict=True) if i is not None]
             self._n.rows += len(stored) - evicted_rows
             self._n.bytes += sum(e.size for e in stored) - evicted_bytes
@@ -273,11 +277,16 @@ class Spool:
         with contextlib.suppress(sqlite3.Error):
             self._db.execute("ROLLBACK")
 
-    def _write_failed(self, entries: Sequence[SpoolEntry], exc: sqlite3.Error) -> list[int | None]:
+    def _write_failed(
+        self, entries: Sequence[SpoolEntry], exc: sqlite3.Error, raise_on_failure: bool
+    ) -> list[int | None]:
         """A failed write (lock held): results are dropped and counted; a job state raises."""
         states = sum(1 for e in entries if e.kind == "state")
-        self._n.dropped_write_failed += len(entries) - states
-        self._n.state_write_failed += states
+        if raise_on_failure:
+            states = len(entries)  # all of them go elsewhere: none is dropped here
+        else:
+            self._n.dropped_write_failed += len(entries) - states
+        self._n.write_failed_raised += states
         if self._write_error is None:
             # Once per episode: a full disk with the broker down would otherwise log per frame.
             self._write_error = str(exc)
@@ -441,7 +450,7 @@ class Spool:
             "dropped_at_cap": float(n.dropped_at_cap),
             "expired": float(n.expired),
             "dropped_write_failed": float(n.dropped_write_failed),
-            "state_write_failed": float(n.state_write_failed),
+            "write_failed_raised": float(n.write_failed_raised),
             "write_failing": 1.0 if self._write_error is not None else 0.0,
         }
 

@@ -378,9 +378,10 @@ class MqttLink:
 
         ``durable``: stored in the spool first (QoS 1), removed only on a successful PUBACK, replayed
         after reconnects and restarts. ``kind`` picks its spool policy: a ``result`` may be dropped at
-        the spool's cap or on a full disk (counted) and expires; a ``state`` (job status) never is: when
-        the spool cannot store it (full disk), it waits in paho's memory queue like a non-durable
-        QoS 1 message instead (counted as ``spool_fallback_memory``). Otherwise QoS 0 while
+        the spool's cap or on a full disk while disconnected (counted) and expires; a ``state`` (job
+        status) never is: when the spool cannot store it (full disk), it waits in paho's memory queue
+        like a non-durable QoS 1 message instead (counted as ``spool_fallback_memory``), as a result
+        does while connected. Otherwise QoS 0 while
         disconnected is dropped (counted) and QoS 1 waits in paho's memory queue, bounded by
         ``max_queued`` (overflow counted, no error).
         Raises TransportError for a payload over the size limit (nothing is sent) and ValueError for
@@ -403,10 +404,12 @@ class MqttLink:
                     "durable messages cannot carry MQTT 5 properties (the spool does not store them)"
                 )
             try:
-                self._spool.add(topic, data, 1, retain, kind=kind)
+                self._spool.add_many(
+                    [SpoolEntry(topic, data, retain, kind)], raise_on_failure=self._connected
+                )
             except SpoolWriteError:
-                # Full disk: a job state must still get out, so it takes the in-memory QoS 1 path
-                # (the spool warned once; no traceback per message).
+                # Full disk: a job state must still get out (and a result may, while connected), so
+                # it takes the in-memory QoS 1 path (the spool warned once; no traceback per message).
                 self._count("spool_fallback_memory")
                 self._publish_now(topic, data, 1, retain, None)
                 return
@@ -420,7 +423,9 @@ class MqttLink:
         """Spool many durable QoS 1 messages in one transaction (one fsync for all), then send them.
 
         What :meth:`publish` does with ``durable=True`` for each, at a fraction of the disk cost. An
-        oversized payload is refused (TransportError) before anything is stored.
+        oversized payload is refused (TransportError) before anything is stored. When the spool
+        cannot write (full disk) while the link is connected, they are sent from memory (QoS 1,
+        counted as ``spool_fallback_memory``).
         """
         entries = []
         for topic, payload in messages:
@@ -435,7 +440,9 @@ class MqttLink:
             entries.append(SpoolEntry(topic, data, False, kind))
         self._wait_for_backlog()
         try:
-            self._spool.add_many(entries)
+            # Connected, a full disk need not lose results: they go out from paho's memory queue
+            # (bounded by max_queued) instead. Disconnected, the spool drops and counts them.
+            self._spool.add_many(entries, raise_on_failure=self._connected)
         except SpoolWriteError:
             self._count("spool_fallback_memory", len(entries))
             for entry in entries:

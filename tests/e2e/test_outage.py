@@ -172,6 +172,8 @@ def test_a_full_disk_with_the_broker_stopped_and_started_costs_only_the_results_
                     correlation_data=b"full-disk",
                 )
                 [reply] = probe.wait_for_count(f"{prefix}/up/cmd/status", 1, timeout=20)
+                # Connected again on a still-full disk: results go out from memory.
+                full_disk_results = probe.wait_for_count(f"{prefix}/up/results/cam", 10, timeout=30)
                 assert disk.free_bytes() == 0
                 disk.free()
                 # Space is back: durable results are stored and published again.
@@ -183,6 +185,7 @@ def test_a_full_disk_with_the_broker_stopped_and_started_costs_only_the_results_
     assert online
     assert json.loads(telemetry[0].payload)["spool.dropped_write_failed"] > 0
     assert decode(CommandReply, reply.payload).ok
+    assert len(full_disk_results) >= 10
     events = daemon.events()
     names = [e.get("event") for e in events]
     assert names.count("spool.write.failed") == 1  # one warning per episode, not one per frame

@@ -575,13 +575,17 @@ def test_on_a_full_disk_the_link_reconnects_and_job_states_still_arrive(
             probe.wait_for_count(f"{prefix}/up/telemetry", 1)
             probe.publish(f"{prefix}/down/cmd/status", b"{}")
             wait_until(lambda: commands == [b"{}"], what="a command on a full disk")
+            # Connected on a full disk: a durable result goes out from memory instead of being lost.
+            link.publish_durable([(f"{prefix}/up/results/cam", b"connected")], kind="result")
+            [result] = probe.wait_for_count(f"{prefix}/up/results/cam", 1)
+            assert result.payload == b"connected"
         assert disk.free_bytes() == 0
     probe.close()
     statuses = [s for s in _statuses(probe, f"{prefix}/up/status") if s.state == "online"]
     assert statuses[-1].session > session_down  # the new connection announced itself
     stats = link.stats()
     assert stats["callback_errors"] == 0  # no "mqtt.network.failed: database or disk is full"
-    assert stats["spool_fallback_memory"] == 1
+    assert stats["spool_fallback_memory"] == 2
     assert spool.stats()["dropped_write_failed"] == 310
     problems = [
         e
