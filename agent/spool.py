@@ -357,15 +357,17 @@ class Spool:
                 ).fetchall()
                 if not rows:
                     break
+                expired = []
                 for r in rows:
                     after_id = r[0]
                     if r[0] in self._unremoved:
                         continue
                     if r[5] is not None and r[5] <= now:
-                        if self._delete(r[0]):
-                            self._n.expired += 1
+                        expired.append(r[0])
                         continue
                     out.append(SpooledMessage(r[0], r[1], bytes(r[2]), r[3], bool(r[4]), r[5]))
+                # One transaction per page: after a long outage the replay may meet a million of them.
+                self._n.expired += self._delete_many(expired)
             self._note_level()
         return out
 
@@ -389,29 +391,35 @@ class Spool:
         if not message_ids:
             return
         with self._lock:
-            try:
-                self._db.execute("BEGIN IMMEDIATE")
-                try:
-                    sizes = [
-                        int(r[0]) + ROW_OVERHEAD
-                        for message_id in message_ids
-                        for r in self._db.execute(
-                            "DELETE FROM outbox WHERE id = ? RETURNING length(payload) + length(topic)",
-                            (message_id,),
-                        )
-                    ]
-                    self._db.execute("COMMIT")
-                except BaseException:
-                    self._rollback()
-                    raise
-            except sqlite3.Error:
-                for message_id in message_ids:  # one by one: what can be deleted is, the rest is retried
-                    self._delete(message_id)
-            else:
-                self._unremoved.difference_update(message_ids)
-                self._n.rows -= len(sizes)
-                self._n.bytes -= sum(sizes)
+            self._delete_many(message_ids)
             self._note_level()
+
+    def _delete_many(self, message_ids: Sequence[int]) -> int:
+        """Delete rows in one transaction (lock held); the number of rows deleted."""
+        if not message_ids:
+            return 0
+        try:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                sizes = [
+                    int(r[0]) + ROW_OVERHEAD
+                    for message_id in message_ids
+                    for r in self._db.execute(
+                        "DELETE FROM outbox WHERE id = ? RETURNING length(payload) + length(topic)",
+                        (message_id,),
+                    )
+                ]
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._rollback()
+                raise
+        except sqlite3.Error:
+            # One by one: what can be deleted is, the rest is remembered and retried.
+            return sum(1 for message_id in message_ids if self._delete(message_id))
+        self._unremoved.difference_update(message_ids)
+        self._n.rows -= len(sizes)
+        self._n.bytes -= sum(sizes)
+        return len(sizes)
 
     def _delete(self, message_id: int) -> bool:
         """Delete one row (lock held); False when the write failed."""
