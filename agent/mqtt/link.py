@@ -381,9 +381,8 @@ class MqttLink:
         the spool's cap or on a full disk while disconnected (counted) and expires; a ``state`` (job
         status) never is: when the spool cannot store it (full disk), it waits in paho's memory queue
         like a non-durable QoS 1 message instead (counted as ``spool_fallback_memory``), as a result
-        does while connected. Otherwise QoS 0 while
-        disconnected is dropped (counted) and QoS 1 waits in paho's memory queue, bounded by
-        ``max_queued`` (overflow counted, no error).
+        does while connected. Otherwise QoS 0 while disconnected is dropped (counted) and QoS 1
+        waits in paho's memory queue, bounded by ``max_queued`` (overflow counted, no error).
         Raises TransportError for a payload over the size limit (nothing is sent) and ValueError for
         QoS 2 (never used: paho reports broker rejections of QoS 2 as success).
         """
@@ -419,25 +418,30 @@ class MqttLink:
 
     def publish_durable(
         self, messages: Sequence[tuple[str, bytes | BaseModel]], *, kind: MessageKind
-    ) -> None:
+    ) -> list[str | None]:
         """Spool many durable QoS 1 messages in one transaction (one fsync for all), then send them.
 
-        What :meth:`publish` does with ``durable=True`` for each, at a fraction of the disk cost. An
-        oversized payload is refused (TransportError) before anything is stored. When the spool
-        cannot write (full disk) while the link is connected, they are sent from memory (QoS 1,
-        counted as ``spool_fallback_memory``).
+        What :meth:`publish` does with ``durable=True`` for each, at a fraction of the disk cost.
+        Returns, per message, None or why it was refused (a payload over the size limit: counted,
+        never sent; the others go on). When the spool cannot write (full disk) while the link is
+        connected, they are sent from memory (QoS 1, counted as ``spool_fallback_memory``).
         """
         entries = []
+        refused: list[str | None] = []
         for topic, payload in messages:
             data = encode(payload) if isinstance(payload, BaseModel) else bytes(payload)
             limit = self.payload_limit(topic)
             if len(data) > limit:
                 self._count("refused_oversize")
-                raise TransportError(
+                refused.append(
                     f"payload of {len(data)} bytes for {topic} exceeds the limit of {limit} bytes; "
                     "not sent: send less (truncate tensors) or raise mqtt.max_payload_bytes"
                 )
+                continue
+            refused.append(None)
             entries.append(SpoolEntry(topic, data, False, kind))
+        if not entries:
+            return refused
         self._wait_for_backlog()
         try:
             # Connected, a full disk need not lose results: they go out from paho's memory queue
@@ -447,8 +451,9 @@ class MqttLink:
             self._count("spool_fallback_memory", len(entries))
             for entry in entries:
                 self._publish_now(entry.topic, entry.payload, 1, entry.retain, None)
-            return
+            return refused
         self._spool_wake.set()
+        return refused
 
     def _wait_for_backlog(self) -> None:
         """Connected with a backlog of more than a few windows: wait (bounded) for the link to catch up.

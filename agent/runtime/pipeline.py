@@ -59,7 +59,7 @@ class Publisher(Protocol):
 
     def publish_durable(
         self, messages: Sequence[tuple[str, bytes | BaseModel]], *, kind: Literal["state", "result"]
-    ) -> None: ...
+    ) -> list[str | None]: ...
 
 
 @dataclass(frozen=True)
@@ -406,14 +406,24 @@ class SlotPipeline:
         # One spool transaction (one fsync) for the whole batch: durable results at full frame rate
         # cost a fraction of a disk flush each.
         try:
-            self._publisher.publish_durable([(i.work.plan.topic, m) for i, m, _ in batch], kind="result")
+            refused = self._publisher.publish_durable(
+                [(i.work.plan.topic, m) for i, m, _ in batch], kind="result"
+            )
         except Exception:
             for item, _, _ in batch:
                 self._stream_metrics[item.work.plan.name].dropped["publish_error"].inc()
             log.exception("pipeline.publish.failed", streams=sorted({i.work.plan.name for i, _, _ in batch}))
             return
-        for item, message, post_ms in batch:
-            self._published(item, message, post_ms)
+        first_refusal: str | None = None
+        for (item, message, post_ms), why in zip(batch, refused, strict=True):
+            if why is None:
+                self._published(item, message, post_ms)
+            else:
+                self._stream_metrics[item.work.plan.name].dropped["publish_error"].inc()
+                first_refusal = first_refusal or why
+        if first_refusal is not None:
+            # One line per batch, not per frame (the link counts each as refused_oversize).
+            log.error("pipeline.publish.refused", slot=self.slot.name, error=first_refusal)
 
     def _result(self, item: InferredItem) -> tuple[ResultMessage, float]:
         """Postprocess ``item`` into its result message; also the postprocess time in ms."""

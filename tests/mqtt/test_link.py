@@ -634,3 +634,22 @@ def test_while_connected_durable_publishers_wait_for_the_link_instead_of_filling
     # margin for a loaded machine, where a wait may run out): without the wait it reaches thousands.
     assert max(depths) <= 500, max(depths)
     wait_until(lambda: link.stats()["spool_depth"] == 0, timeout=30.0, what="drained")
+
+
+def test_a_batch_of_durable_results_refuses_only_its_oversized_message(
+    broker: Broker, make_link: LinkFactory, device_id: str
+) -> None:
+    link = make_link(fast_settings(broker, max_payload_bytes=100), client_id=device_id)
+    topic = f"fleet/v1/{device_id}/up/results/cam"
+    with Probe(broker.host, broker.port) as probe:
+        probe.subscribe(topic)
+        link.start()
+        refused = link.publish_durable([(topic, b"a"), (topic, b"x" * 101), (topic, b"c")], kind="result")
+        probe.wait_for_count(topic, 2)
+        probe.settle()
+    assert refused[0] is None
+    assert refused[1] is not None
+    assert "exceeds the limit of 100 bytes" in refused[1]
+    assert refused[2] is None
+    assert [m.payload for m in probe.on_topic(topic)] == [b"a", b"c"]
+    assert link.stats()["refused_oversize"] == 1
