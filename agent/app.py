@@ -80,7 +80,7 @@ class Agent:
         self.notifier = Notifier.from_env()
         config.state_dir.mkdir(parents=True, exist_ok=True)
         self.topics = Topics(config.mqtt.prefix, config.device_id)
-        self.spool = Spool(config.state_dir / "spool.sqlite")
+        self.spool = Spool(config.state_dir / "spool.sqlite", config.spool)
         self.link = MqttLink(
             config.mqtt,
             client_id=config.device_id,
@@ -90,6 +90,7 @@ class Agent:
             on_connected=self._on_connected,
         )
         self.metrics.add_collector(self.link.stats, prefix="mqtt")
+        self.metrics.add_collector(self.spool.stats, prefix="spool")
         self.platform = detect_platform(config.telemetry.sysfs_root)
         self.layouts: dict[str, Layout] = {name: self._layout(name) for name in config.slots}
         self.slots = {

@@ -30,6 +30,7 @@ class Received:
     response_topic: str | None = None
     correlation_data: bytes | None = None
     user_properties: tuple[tuple[str, str], ...] = ()
+    message_expiry_s: int | None = None
 
 
 class Probe:
@@ -94,6 +95,7 @@ class Probe:
             response_topic=getattr(props, "ResponseTopic", None),
             correlation_data=getattr(props, "CorrelationData", None),
             user_properties=tuple(getattr(props, "UserProperty", ()) or ()),
+            message_expiry_s=getattr(props, "MessageExpiryInterval", None),
         )
         with self._cond:
             self.messages.append(received)

@@ -22,6 +22,7 @@ from agent.model_base import StrictModel
 from agent.mqtt.settings import MqttSettings
 from agent.names import Name
 from agent.postprocess.spec import ClassificationSpec, PostprocessSpec
+from agent.spool_settings import SpoolSettings
 
 
 class SlotConfig(StrictModel):
@@ -124,6 +125,7 @@ class AgentConfig(StrictModel):
     watchdog: WatchdogConfig = Field(default_factory=WatchdogConfig)
     delivery: DeliveryConfig = Field(default_factory=DeliveryConfig)
     engines: EngineConfig = Field(default_factory=EngineConfig)
+    spool: SpoolSettings = Field(default_factory=SpoolSettings)
 
     @model_validator(mode="after")
     def _streams_name_known_slots(self) -> AgentConfig:

@@ -21,11 +21,12 @@ paho side of each lives in :mod:`agent.mqtt.core`, the only module that imports 
 
 from __future__ import annotations
 
+import math
 import queue
 import random
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -37,15 +38,19 @@ from agent.errors import TransportError
 from agent.mqtt.core import NOT_AUTHORIZED, MqttCore, PublishProperties, payload_limit, topic_matches
 from agent.mqtt.events import CallbackFailed, ConnAck, Disconnected, Event, PubAck, PublishOutcome, SubAck
 from agent.mqtt.inbound import STOP, Connected, InboundMessage, Inbox
+from agent.mqtt.session import SESSION_KEY, SessionCounter
 from agent.mqtt.settings import MqttSettings
 from agent.protocol.messages import StatusMessage, encode
-from agent.spool import Spool
+from agent.spool import MessageKind, Spool, SpoolEntry, SpoolWriteError
 
 log = structlog.get_logger(__name__)
 
-#: Spool meta key of the session counter (increases on every connection attempt, across restarts).
-SESSION_KEY = "mqtt.session"
+__all__ = ["SESSION_KEY", "MqttLink", "PublishProperties"]
 _LOOP_TIMEOUT_S = 0.05
+#: While connected, durable publishers wait (at most this long per call) for the spool's backlog to
+#: fall below a few windows: the frame path then runs at the rate the link can deliver (back-pressure
+#: through the pipeline's drop policies) instead of filling the spool to its cap with the broker up.
+_BACKLOG_WAIT_S = 1.0
 _COUNTERS = (
     "published",
     "dropped_offline",
@@ -58,6 +63,7 @@ _COUNTERS = (
     "reconnects",
     "connect_failures",
     "inbox_dropped",
+    "spool_fallback_memory",
 )
 
 
@@ -115,11 +121,17 @@ class MqttLink:
         self._ever_connected = False
         self._denied_run = 0  # refusals (0x87) since the last accepted QoS 1 publish or connect
         self._session = 0
+        self._sessions = SessionCounter(spool)
         self._broker_max_packet: int | None = None
         self._window = settings.max_inflight
         # Network-thread state: spool id of each durable message in flight, by mid.
         self._durable_inflight: dict[int, int] = {}
         self._spool_cursor = 0
+        # Spool ids acknowledged during this turn of the loop: deleted in one transaction (one fsync
+        # per turn instead of one per PUBACK, which capped replay below the durable result rate).
+        self._acked: list[int] = []
+        self._backlog_limit = 4 * settings.max_inflight
+        self._spool_room = threading.Event()  # set by the network thread after acknowledgements
         self._spool_wake = threading.Event()
         self._status_mid: int | None = None
         self._status_acked = threading.Event()
@@ -233,13 +245,18 @@ class MqttLink:
         qos: int = 0,
         retain: bool = False,
         durable: bool = False,
+        kind: MessageKind = "state",
         properties: PublishProperties | None = None,
     ) -> None:
         """Publish a message.
 
         ``durable``: stored in the spool first (QoS 1), removed only on a successful PUBACK, replayed
-        after reconnects and restarts. Otherwise QoS 0 while disconnected is dropped (counted) and
-        QoS 1 waits in paho's memory queue, bounded by ``max_queued`` (overflow counted, no error).
+        after reconnects and restarts. ``kind`` picks its spool policy: a ``result`` may be dropped at
+        the spool's cap or on a full disk while disconnected (counted) and expires; a ``state`` (job
+        status) never is: when the spool cannot store it (full disk), it waits in paho's memory queue
+        like a non-durable QoS 1 message instead (counted as ``spool_fallback_memory``), as a result
+        does while connected. Otherwise QoS 0 while disconnected is dropped (counted) and QoS 1
+        waits in paho's memory queue, bounded by ``max_queued`` (overflow counted, no error).
         Raises TransportError for a payload over the size limit (nothing is sent) and ValueError for
         QoS 2 (never used: paho reports broker rejections of QoS 2 as success).
         """
@@ -259,9 +276,83 @@ class MqttLink:
                 raise ValueError(
                     "durable messages cannot carry MQTT 5 properties (the spool does not store them)"
                 )
-            self._spool.add(topic, data, 1, retain)
+            try:
+                self._spool.add_many(
+                    [SpoolEntry(topic, data, retain, kind)], raise_on_failure=self._connected
+                )
+            except SpoolWriteError as exc:
+                if not self._connected:
+                    # Full disk, broker away: only a job state gets here (results are dropped and
+                    # counted by the spool). The caller holds it and offers it again, to the spool
+                    # once space returns (durable again) or to the link once connected.
+                    raise TransportError(
+                        f"the spool cannot store {topic} ({exc}) and the broker is not connected; "
+                        "hold it and publish it again"
+                    ) from exc
+                # Full disk, broker there: out from paho's memory queue (QoS 1) rather than lost; the
+                # spool warned once, no traceback per message.
+                self._count("spool_fallback_memory")
+                self._publish_now(topic, data, 1, retain, None)
+                return
             self._spool_wake.set()
             return
+        self._publish_now(topic, data, qos, retain, properties)
+
+    def publish_durable(
+        self, messages: Sequence[tuple[str, bytes | BaseModel]], *, kind: MessageKind
+    ) -> list[str | None]:
+        """Spool many durable QoS 1 messages in one transaction (one fsync for all), then send them.
+
+        What :meth:`publish` does with ``durable=True`` for each, at a fraction of the disk cost.
+        Returns, per message, None or why it was refused (a payload over the size limit: counted,
+        never sent; the others go on). When the spool cannot write (full disk) while the link is
+        connected, they are sent from memory (QoS 1, counted as ``spool_fallback_memory``).
+        """
+        entries = []
+        refused: list[str | None] = []
+        for topic, payload in messages:
+            data = encode(payload) if isinstance(payload, BaseModel) else bytes(payload)
+            limit = self.payload_limit(topic)
+            if len(data) > limit:
+                self._count("refused_oversize")
+                refused.append(
+                    f"payload of {len(data)} bytes for {topic} exceeds the limit of {limit} bytes; "
+                    "not sent: send less (truncate tensors) or raise mqtt.max_payload_bytes"
+                )
+                continue
+            refused.append(None)
+            entries.append(SpoolEntry(topic, data, False, kind))
+        if not entries:
+            return refused
+        self._wait_for_backlog()
+        try:
+            # Connected, a full disk need not lose results: they go out from paho's memory queue
+            # (bounded by max_queued) instead. Disconnected, the spool drops and counts them.
+            self._spool.add_many(entries, raise_on_failure=self._connected)
+        except SpoolWriteError:
+            self._count("spool_fallback_memory", len(entries))
+            for entry in entries:
+                self._publish_now(entry.topic, entry.payload, 1, entry.retain, None)
+            return refused
+        self._spool_wake.set()
+        return refused
+
+    def _wait_for_backlog(self) -> None:
+        """Connected with a backlog of more than a few windows: wait (bounded) for the link to catch up.
+
+        Not while disconnected: then the spool is the outage buffer, bounded by its caps.
+        """
+        deadline = time.monotonic() + _BACKLOG_WAIT_S
+        while self._connected and self._spool.count() > self._backlog_limit:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or self._stop_requested.is_set():
+                return
+            self._spool_room.clear()
+            self._spool_room.wait(min(remaining, 0.05))
+
+    def _publish_now(
+        self, topic: str, data: bytes, qos: int, retain: bool, properties: PublishProperties | None
+    ) -> None:
         if qos == 0 and not self._connected:
             self._count("dropped_offline")
             return
@@ -309,10 +400,8 @@ class MqttLink:
         return encode(StatusMessage(state=state, session=self._session, agent_version=self.agent_version))
 
     def _next_session(self) -> int:
-        previous = self._spool.get_meta(SESSION_KEY)
-        session = (int(previous) if previous is not None else 0) + 1
-        self._spool.set_meta(SESSION_KEY, str(session))
-        return session
+        # Best-effort write (see agent/mqtt/session.py): connecting must work on a full disk.
+        return self._sessions.next()
 
     def _run_network(self) -> None:
         while True:
@@ -382,6 +471,15 @@ class MqttLink:
 
     def _handle_events(self) -> None:
         """Apply what paho's callbacks reported."""
+        try:
+            self._apply_events()
+        finally:
+            if self._acked:
+                acked, self._acked = self._acked, []
+                self._spool.remove_many(acked)
+                self._spool_room.set()
+
+    def _apply_events(self) -> None:
         while True:
             try:
                 event = self._events.get_nowait()
@@ -455,7 +553,7 @@ class MqttLink:
             self._count("broker_refused")
             log.error("mqtt.publish.refused", mid=mid, reason=reason, spool_id=spool_id)
         if spool_id is not None:
-            self._spool.remove(spool_id)
+            self._acked.append(spool_id)
             self._spool_wake.set()
 
     def _end_denied_run(self) -> None:
@@ -480,13 +578,16 @@ class MqttLink:
                 self._spool.remove(msg.id)
                 self._spool_cursor = msg.id
                 continue
-            sent = self._core.publish(msg.topic, msg.payload, qos=1, retain=msg.retain)
+            sent = self._core.publish(
+                msg.topic, msg.payload, qos=1, retain=msg.retain, properties=_expiry(msg.expires_at)
+            )
             if sent.outcome is PublishOutcome.QUEUE_FULL:
                 self._spool_wake.set()  # paho's queue is full of non-durable messages: try again later
-                return
+                break
             # SUCCESS, or NO_CONN (connection just dropped): paho holds it and resends after reconnect.
             self._durable_inflight[sent.mid] = msg.id
             self._spool_cursor = msg.id
+        self._spool.mark_sent(self._spool_cursor)
         if len(batch) == free:
             self._spool_wake.set()  # there may be more
 
@@ -536,3 +637,11 @@ class MqttLink:
         except Exception as exc:
             self._count("handler_errors")
             log.exception("mqtt.handler.failed", target=what, error=repr(exc))
+
+
+def _expiry(expires_at: float | None) -> PublishProperties | None:
+    """MQTT 5 Message Expiry Interval for a spooled message with a time-to-live (the broker then drops
+    it for a subscriber that was offline longer than it is worth)."""
+    if expires_at is None:
+        return None
+    return PublishProperties(message_expiry_s=max(1, math.ceil(expires_at - time.time())))

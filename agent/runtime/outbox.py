@@ -6,8 +6,13 @@ numbers follow the inbox's order) and handed in here under that number; the publ
 from the longest run of consecutive numbers that are in. A batch that produced nothing (inference
 failed, no model) is still handed in, empty, or every later batch would wait for it forever.
 
-Bounded: a worker whose batch is not the next one waits while the outbox is full; the next one never
-waits, so the publisher can always make progress and the workers cannot deadlock each other.
+Bounded: a worker waits while the outbox is full, and so applies back-pressure to the inbox (whose
+drop policy then drops frames of a live camera as ``queue_full``, or slows a file source down). The
+one exception is the next batch while nothing is ready to take: the publisher could not make progress
+without it (a full outbox of later batches would deadlock the workers), so it always enters. The
+bound is therefore ``capacity`` plus one batch. (The next batch used to enter unconditionally; with
+one inference worker every batch is the next one, so the bound never held and a publisher slowed by
+the spool's fsyncs let the outbox, and the frames its items hold, grow by gigabytes: issue 8.)
 """
 
 from __future__ import annotations
@@ -33,11 +38,11 @@ class OrderedOutbox(StageQueue, Generic[T]):
         self._size = 0  # items held, waiting or ready
 
     def put(self, number: int, items: list[T], timeout: float) -> bool:
-        """Hand in batch ``number``. False when it is not next and the outbox stayed full for ``timeout``."""
+        """Hand in batch ``number``. False when the outbox stayed full for ``timeout`` (caller retries)."""
         with self._cond:
-            if number != self._next and self._size >= self._capacity:
+            if self._must_wait(number):
                 deadline = time.monotonic() + timeout
-                while number != self._next and self._size >= self._capacity:
+                while self._must_wait(number):
                     remaining = deadline - time.monotonic()
                     if remaining <= 0:
                         return False
@@ -49,6 +54,12 @@ class OrderedOutbox(StageQueue, Generic[T]):
                 self._next += 1
             self._cond.notify_all()
             return True
+
+    def _must_wait(self, number: int) -> bool:
+        """Full, and the publisher has something to take without this batch (condition held)."""
+        if self._size < self._capacity:
+            return False
+        return number != self._next or bool(self._ready)
 
     def take(self, max_items: int, timeout: float) -> list[T]:
         """Up to ``max_items`` items in order; waits up to ``timeout`` for the first."""

@@ -12,8 +12,9 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -36,6 +37,12 @@ from agent.telemetry import Metrics
 log = structlog.get_logger(__name__)
 
 _POLL_S = 0.1
+#: Most results the publisher takes at once; durable ones among them are spooled in one transaction.
+_PUBLISH_BATCH = 32
+#: What an inferred frame keeps instead of its image and tensor: the publisher needs neither, and
+#: holding them while results wait for the spool is what made memory grow (issue 8).
+_RELEASED_IMAGE: npt.NDArray[np.uint8] = np.zeros((0, 0, 3), np.uint8)
+_RELEASED_TENSOR: npt.NDArray[Any] = np.zeros((0,), np.float32)
 
 
 class Publisher(Protocol):
@@ -50,6 +57,10 @@ class Publisher(Protocol):
         retain: bool = False,
         durable: bool = False,
     ) -> None: ...
+
+    def publish_durable(
+        self, messages: Sequence[tuple[str, bytes | BaseModel]], *, kind: Literal["state", "result"]
+    ) -> list[str | None]: ...
 
 
 @dataclass(frozen=True)
@@ -350,7 +361,9 @@ class SlotPipeline:
                 finally:
                     # Handed in even when empty: later batches wait for this number.
                     while not self._outbox.put(number, results, timeout=_POLL_S):
-                        pass  # the publisher always drains; results are never dropped here
+                        # Back-pressure from the publisher (the spool, the link): alive, waiting.
+                        # The publisher always drains; results are never dropped here.
+                        self.heartbeat = time.monotonic()
         with self._workers_lock:
             self._workers_running -= 1
             last = self._workers_running == 0
@@ -395,6 +408,8 @@ class SlotPipeline:
             self._infer_hist.observe(infer_ms / 1000.0)
             self._batches.inc()
             for i, work in enumerate(chunk):
+                work.frame = replace(work.frame, image=_RELEASED_IMAGE)
+                work.tensor = _RELEASED_TENSOR
                 results.append(
                     InferredItem(
                         work=work,
@@ -410,19 +425,51 @@ class SlotPipeline:
 
     def _publish_loop(self) -> None:
         while True:
-            items = self._outbox.take(16, timeout=_POLL_S)
+            items = self._outbox.take(_PUBLISH_BATCH, timeout=_POLL_S)
             if not items:
                 if self._outbox.drained:
                     break
                 continue
+            durable: list[tuple[InferredItem, ResultMessage, float]] = []
             for item in items:
                 try:
-                    self._publish(item)
+                    message, post_ms = self._result(item)
+                    if item.work.plan.durable:
+                        durable.append((item, message, post_ms))
+                        continue
+                    self._publisher.publish(item.work.plan.topic, message, qos=item.work.plan.qos)
+                    self._published(item, message, post_ms)
                 except Exception:
                     self._stream_metrics[item.work.plan.name].dropped["publish_error"].inc()
                     log.exception("pipeline.publish.failed", stream=item.work.plan.name)
+            if durable:
+                self._publish_durable(durable)
 
-    def _publish(self, item: InferredItem) -> None:
+    def _publish_durable(self, batch: list[tuple[InferredItem, ResultMessage, float]]) -> None:
+        # One spool transaction (one fsync) for the whole batch: durable results at full frame rate
+        # cost a fraction of a disk flush each.
+        try:
+            refused = self._publisher.publish_durable(
+                [(i.work.plan.topic, m) for i, m, _ in batch], kind="result"
+            )
+        except Exception:
+            for item, _, _ in batch:
+                self._stream_metrics[item.work.plan.name].dropped["publish_error"].inc()
+            log.exception("pipeline.publish.failed", streams=sorted({i.work.plan.name for i, _, _ in batch}))
+            return
+        first_refusal: str | None = None
+        for (item, message, post_ms), why in zip(batch, refused, strict=True):
+            if why is None:
+                self._published(item, message, post_ms)
+            else:
+                self._stream_metrics[item.work.plan.name].dropped["publish_error"].inc()
+                first_refusal = first_refusal or why
+        if first_refusal is not None:
+            # One line per batch, not per frame (the link counts each as refused_oversize).
+            log.error("pipeline.publish.refused", slot=self.slot.name, error=first_refusal)
+
+    def _result(self, item: InferredItem) -> tuple[ResultMessage, float]:
+        """Postprocess ``item`` into its result message; also the postprocess time in ms."""
         work, plan = item.work, item.work.plan
         t0 = time.perf_counter()
         prediction = item.model.postprocessor(item.outputs, work.letterbox)
@@ -449,12 +496,14 @@ class SlotPipeline:
             detections=prediction.detections,
             tensors=prediction.tensors,
         )
-        self._publisher.publish(plan.topic, message, qos=plan.qos, durable=plan.durable)
-        sm = self._stream_metrics[plan.name]
+        return message, post_ms
+
+    def _published(self, item: InferredItem, message: ResultMessage, post_ms: float) -> None:
+        sm = self._stream_metrics[item.work.plan.name]
         sm.published.inc()
         sm.postprocess.observe(post_ms / 1000.0)
         sm.queue.observe(item.queue_ms / 1000.0)
-        sm.total.observe(total_ms / 1000.0)
+        sm.total.observe(message.latency_ms["total"] / 1000.0)
 
     def _depths(self) -> dict[str, float]:
         depths: dict[str, float] = {f"queue.{k}": float(v) for k, v in self._inbox.depths().items()}

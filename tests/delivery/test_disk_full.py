@@ -15,20 +15,20 @@ import pytest
 from agent.localbroker import Broker
 from agent.protocol.messages import JobState, JobStatus, decode
 from tests.delivery.delivery_stack import SLOT, Harness, Keys
-from tests.disks import fill, mounted_tmpfs
+from tests.small_disk import SmallDisk, small_disk
 from tests.waiting import wait_until
 
 
 @pytest.fixture
-def state_disk(tmp_path: Path) -> Iterator[Path]:
-    with mounted_tmpfs(tmp_path / "state-disk", "4m") as disk:
+def state_disk(tmp_path: Path) -> Iterator[SmallDisk]:
+    with small_disk(tmp_path / "state-disk", "4m") as disk:
         yield disk
 
 
 def test_a_status_nothing_can_take_is_held_in_memory_and_the_job_retried_when_space_returns(
-    private_broker: Broker, state_disk: Path, keys: Keys, model_v1: Path
+    private_broker: Broker, state_disk: SmallDisk, keys: Keys, model_v1: Path
 ) -> None:
-    device = Harness(private_broker, state_disk / "state", keys, config={"disk_full_retry_s": 0.2})
+    device = Harness(private_broker, state_disk.path / "state", keys, config={"disk_full_retry_s": 0.2})
     try:
         device.start()
         manifest = device.manifest(model_v1, job_id="job-held")
@@ -37,7 +37,7 @@ def test_a_status_nothing_can_take_is_held_in_memory_and_the_job_retried_when_sp
         assert device.repo.at_gate.wait(10)  # downloaded, not yet VERIFYING
         wait_until(lambda: device.spool.count() == 0, 10, "QUEUED and DOWNLOADING to be acknowledged")
 
-        filler = fill(state_disk)
+        state_disk.fill()
         private_broker.stop()
         wait_until(lambda: not device.link.connected, 10, "the link to notice the broker is gone")
         gate.set()  # VERIFYING cannot be recorded: the job ends FAILED disk_full, with nowhere to go
@@ -45,7 +45,7 @@ def test_a_status_nothing_can_take_is_held_in_memory_and_the_job_retried_when_sp
         assert device.service.describe()["waiting_for_space"] == {SLOT: "job-held"}
         assert device.spool.count() == 0
 
-        filler.unlink()  # the spool takes the held status at once; the retry waits for the link
+        state_disk.free()  # the spool takes the held status at once; the retry waits for the link
         wait_until(lambda: device.service.held_statuses() == 0, 10, "the held status to be spooled")
         (spooled,) = device.spool.pending()
         failed = decode(JobStatus, spooled.payload)

@@ -22,17 +22,17 @@ from agent.fsutil import sha256_file
 from agent.localbroker import Broker
 from agent.mqtt.settings import MqttSettings
 from agent.protocol.messages import JobState, JobStatus, decode
-from tests.disks import fill, mounted_tmpfs
 from tests.e2e.daemon import AgentFiles, Daemon
 from tests.mqtt_probe import Probe
+from tests.small_disk import SmallDisk, small_disk
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture
-def state_disk(tmp_path: Path) -> Iterator[Path]:
+def state_disk(tmp_path: Path) -> Iterator[SmallDisk]:
     """A real 16 MiB filesystem (tmpfs) for the agent's state directory; needs root to mount."""
-    with mounted_tmpfs(tmp_path / "state-disk", "16m") as disk:
+    with small_disk(tmp_path / "state-disk", "16m") as disk:
         yield disk
 
 
@@ -46,7 +46,7 @@ def _statuses(probe: Probe, job_id: str) -> list[JobStatus]:
 
 
 def test_deploy_on_a_full_disk_fails_disk_full_and_is_retried_when_space_returns(
-    tmp_path: Path, private_broker: Broker, state_disk: Path
+    tmp_path: Path, private_broker: Broker, state_disk: SmallDisk
 ) -> None:
     broker = private_broker
     device = f"full-{uuid.uuid4().hex[:8]}"
@@ -58,7 +58,7 @@ def test_deploy_on_a_full_disk_fails_disk_full_and_is_retried_when_space_returns
         "disk_headroom_bytes": 0,
         "disk_full_retry_s": 0.5,
     }
-    files.write_config(stream=stream, state_dir=str(state_disk / "state"), delivery=delivery)
+    files.write_config(stream=stream, state_dir=str(state_disk.path / "state"), delivery=delivery)
     settings = MqttSettings(host=broker.host, port=broker.port, reconnect_min_s=0.2, reconnect_max_s=1.0)
     plan = DeployPlan(
         model=files.v2, devices=(device,), slot="cls", version="2", model_id="cls", chunk_size=4096
@@ -71,14 +71,14 @@ def test_deploy_on_a_full_disk_fails_disk_full_and_is_retried_when_space_returns
         with Probe(broker.host, broker.port) as before:
             before.subscribe(topic)
             daemon.wait_for_event("agent.started", timeout=60)
-            filler = fill(state_disk)
+            state_disk.fill()
             deploy.start()
             before.wait_for(lambda _m: len(_statuses(before, job)) >= 1, timeout=30)
 
             # The broker goes away while the disk is still full: nothing is lost, nothing retried.
             broker.stop()
             time.sleep(1.0)
-            filler.unlink()  # space returns while the broker is down: no retry without the link
+            state_disk.free()  # space returns while the broker is down: no retry without the link
             time.sleep(1.5)
             failed = _statuses(before, job)
         broker.restart()  # no persistence: a new observer; the agent reconnects after >= 0.5 s
@@ -101,5 +101,5 @@ def test_deploy_on_a_full_disk_fails_disk_full_and_is_retried_when_space_returns
     assert JobState.FAILED not in states
     assert states.count(JobState.QUEUED) == 1, states
     assert [e["event"] for e in daemon.events()].count("delivery.job.retry") == 1
-    state = json.loads((state_disk / "state" / "state.json").read_text())
+    state = json.loads((state_disk.path / "state" / "state.json").read_text())
     assert state["slots"]["cls"]["active"]["sha256"] == sha256_file(files.v2)

@@ -540,3 +540,123 @@ def test_a_half_open_connection_is_detected_and_durable_messages_arrive_after_th
         wait_until(lambda: link.stats()["spool_depth"] == 0, what="the spool to drain")
     finally:
         proxy.close()
+
+
+def test_on_a_full_disk_the_link_reconnects_and_job_states_still_arrive(
+    tmp_path: Path, broker_factory: Callable[[Sequence[str]], Broker], make_link: LinkFactory, device_id: str
+) -> None:
+    """Issue 8: a full disk (real tmpfs, 0 bytes free) with the broker stopped and started."""
+    from structlog.testing import capture_logs
+
+    from tests.small_disk import small_disk
+
+    persist = tmp_path / "mosquitto-db"
+    persist.mkdir()
+    broker = broker_factory(["persistence true", f"persistence_location {persist}/", "autosave_interval 1"])
+    prefix = f"fleet/v1/{device_id}"
+    probe = Probe(broker.host, broker.port, client_id=f"probe-{device_id}", session_expiry_s=600)
+    commands: list[bytes] = []
+    with small_disk(tmp_path / "disk", "4m") as disk, Spool(disk.path / "spool.sqlite") as spool:
+        probe.subscribe(f"{prefix}/up/#")
+        link = make_link(fast_settings(broker), client_id=device_id, spool=spool)
+        link.subscribe(f"{prefix}/down/cmd/+", lambda m: commands.append(m.payload))
+        link.start()
+        wait_until(lambda: link.connected, what="connect")
+        disk.fill()
+        with capture_logs() as logs:
+            broker.stop()
+            wait_until(lambda: not link.connected, what="disconnect")
+            for i in range(300):  # results while the broker is down and the disk full: dropped, counted
+                link.publish(f"{prefix}/up/results/cam", f"r{i}".encode(), qos=1, durable=True, kind="result")
+            link.publish_durable([(f"{prefix}/up/results/cam", b"batch")] * 10, kind="result")
+            # A job state nothing can take now is refused, for the caller to hold (the delivery
+            # service does: tests/delivery/test_disk_full.py).
+            with pytest.raises(TransportError, match="hold it and publish it again"):
+                link.publish(f"{prefix}/up/jobs/j1", b"FAILED", qos=1, durable=True)
+            session_down = link.session
+            broker.start()
+            wait_until(lambda: link.connected, timeout=15.0, what="reconnect on a full disk")
+            link.publish(f"{prefix}/up/jobs/j1", b"FAILED", qos=1, durable=True)  # connected: from memory
+            probe.wait_for_count(f"{prefix}/up/jobs/j1", 1, timeout=15.0)
+            link.publish(f"{prefix}/up/telemetry", b'{"ts": 1}', qos=0)
+            probe.wait_for_count(f"{prefix}/up/telemetry", 1)
+            probe.publish(f"{prefix}/down/cmd/status", b"{}")
+            wait_until(lambda: commands == [b"{}"], what="a command on a full disk")
+            # Connected on a full disk: a durable result goes out from memory instead of being lost.
+            link.publish_durable([(f"{prefix}/up/results/cam", b"connected")], kind="result")
+            [result] = probe.wait_for_count(f"{prefix}/up/results/cam", 1)
+            assert result.payload == b"connected"
+        assert disk.free_bytes() == 0
+    probe.close()
+    statuses = [s for s in _statuses(probe, f"{prefix}/up/status") if s.state == "online"]
+    assert statuses[-1].session > session_down  # the new connection announced itself
+    stats = link.stats()
+    assert stats["callback_errors"] == 0  # no "mqtt.network.failed: database or disk is full"
+    assert stats["spool_fallback_memory"] == 2
+    assert spool.stats()["dropped_write_failed"] == 310
+    problems = [
+        e
+        for e in logs
+        if e["log_level"] in ("warning", "error")
+        and e["event"].startswith(("spool", "mqtt.network", "mqtt.session"))
+    ]
+    assert [e["event"] for e in problems] == ["spool.write.failed"], problems
+    assert not any("exc_info" in e or "exception" in e for e in logs)
+
+
+def test_durable_results_carry_their_remaining_time_to_live_and_job_states_none(
+    broker: Broker, tmp_path: Path, make_link: LinkFactory, device_id: str
+) -> None:
+    from agent.spool_settings import SpoolSettings
+
+    spool = Spool(tmp_path / "ttl.sqlite", SpoolSettings(results_ttl_s=600.0))
+    link = make_link(fast_settings(broker), client_id=device_id, spool=spool)
+    prefix = f"fleet/v1/{device_id}"
+    with Probe(broker.host, broker.port) as probe:
+        probe.subscribe(f"{prefix}/up/#")
+        link.start()
+        link.publish_durable([(f"{prefix}/up/results/cam", b"r")], kind="result")
+        link.publish(f"{prefix}/up/jobs/j", b"s", qos=1, durable=True)
+        [result] = probe.wait_for_count(f"{prefix}/up/results/cam", 1)
+        [job] = probe.wait_for_count(f"{prefix}/up/jobs/j", 1)
+    link.stop()
+    spool.close()
+    assert result.message_expiry_s is not None
+    assert 590 <= result.message_expiry_s <= 600
+    assert job.message_expiry_s is None
+
+
+def test_while_connected_durable_publishers_wait_for_the_link_instead_of_filling_the_spool(
+    broker: Broker, make_link: LinkFactory, device_id: str
+) -> None:
+    settings = fast_settings(broker, max_inflight=10)
+    link = make_link(settings, client_id=device_id)
+    link.start()
+    wait_until(lambda: link.connected, what="connect")
+    depths = []
+    for i in range(200):  # 6,400 results as fast as the caller can hand them in
+        link.publish_durable([(f"fleet/v1/{device_id}/up/results/cam", b"%d" % i)] * 32, kind="result")
+        depths.append(link.stats()["spool_depth"])
+    # The backlog stays within a few windows (4 x max_inflight, plus the batch handed in last; a
+    # margin for a loaded machine, where a wait may run out): without the wait it reaches thousands.
+    assert max(depths) <= 500, max(depths)
+    wait_until(lambda: link.stats()["spool_depth"] == 0, timeout=30.0, what="drained")
+
+
+def test_a_batch_of_durable_results_refuses_only_its_oversized_message(
+    broker: Broker, make_link: LinkFactory, device_id: str
+) -> None:
+    link = make_link(fast_settings(broker, max_payload_bytes=100), client_id=device_id)
+    topic = f"fleet/v1/{device_id}/up/results/cam"
+    with Probe(broker.host, broker.port) as probe:
+        probe.subscribe(topic)
+        link.start()
+        refused = link.publish_durable([(topic, b"a"), (topic, b"x" * 101), (topic, b"c")], kind="result")
+        probe.wait_for_count(topic, 2)
+        probe.settle()
+    assert refused[0] is None
+    assert refused[1] is not None
+    assert "exceeds the limit of 100 bytes" in refused[1]
+    assert refused[2] is None
+    assert [m.payload for m in probe.on_topic(topic)] == [b"a", b"c"]
+    assert link.stats()["refused_oversize"] == 1

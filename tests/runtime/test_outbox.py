@@ -90,3 +90,45 @@ def test_workers_finishing_in_any_order_publish_in_take_order() -> None:
     for t in threads:
         t.join()
     assert published == list(range(600))
+
+
+def test_with_one_worker_the_bound_holds_as_every_batch_is_the_next_one() -> None:
+    # Issue 8: the next batch skipped the capacity check, and with one worker every batch is next,
+    # so a slow publisher let the outbox grow without bound.
+    box: OrderedOutbox[int] = OrderedOutbox(capacity=4)
+    assert box.put(0, [1, 2, 3, 4], timeout=0.0)
+    started = time.monotonic()
+    assert not box.put(1, [5], timeout=0.1)  # the publisher has 4 items to take: the worker waits
+    assert time.monotonic() - started >= 0.1
+    assert box.depth == 4
+    assert box.take(1, timeout=0.0) == [1]
+    assert box.put(1, [5], timeout=0.0)
+    assert drain(box) == [2, 3, 4, 5]
+
+
+def test_the_next_batch_enters_a_full_outbox_when_nothing_is_ready() -> None:
+    box: OrderedOutbox[int] = OrderedOutbox(capacity=2)
+    assert box.put(1, [10, 11], timeout=0.0)  # full of a later batch; batch 0 is still out
+    assert box.put(0, [9], timeout=0.0)  # refusing it would deadlock: the publisher needs it
+    assert drain(box) == [9, 10, 11]
+
+
+def test_a_slow_publisher_holds_one_fast_worker_within_the_bound() -> None:
+    box: OrderedOutbox[int] = OrderedOutbox(capacity=8)
+    done = threading.Event()
+
+    def worker() -> None:
+        for number in range(200):
+            while not box.put(number, [number], timeout=0.05):
+                pass
+        done.set()
+
+    t = threading.Thread(target=worker)
+    t.start()
+    published: list[int] = []
+    while not (done.is_set() and box.depth == 0):
+        assert box.depth <= 8 + 1  # the bound, plus one batch
+        published.extend(box.take(1, timeout=0.05))
+        time.sleep(0.0005)  # the publisher is slower than the worker
+    t.join()
+    assert published == list(range(200))
