@@ -45,6 +45,9 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--forever", action="store_true", help="run until Ctrl-C instead of ~30 s")
     demo.add_argument("--duration", type=float, default=30.0, help="seconds to run (default 30)")
     demo.add_argument("--workdir", type=Path, default=None, help="keep the demo's files here")
+    demo.add_argument(
+        "--keep", action="store_true", help="keep the temporary directory of files (default: removed at exit)"
+    )
     return parser
 
 
@@ -108,5 +111,7 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "demo":
         from agent.demo import run_demo
 
-        return run_demo(duration=None if args.forever else args.duration, workdir=args.workdir)
+        return run_demo(
+            duration=None if args.forever else args.duration, workdir=args.workdir, keep=args.keep
+        )
     raise AssertionError(f"unhandled command {args.command}")
