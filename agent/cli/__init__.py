@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from agent import __version__
+from agent.cli.broker import add_broker_arguments
 from agent.cli.build import add_build_arguments
 from agent.errors import AgentError, ConfigError
 from agent.fleet.cli import add_fleet_arguments
@@ -37,6 +38,9 @@ def _parser() -> argparse.ArgumentParser:
 
     build = sub.add_parser("build", help="build or find an engine offline, like trtexec")
     add_build_arguments(build)
+
+    broker = sub.add_parser("broker", help="run a local mosquitto (for configs/local.yaml) until Ctrl-C")
+    add_broker_arguments(broker)
 
     fleet = sub.add_parser("fleet", help="operator commands: keygen, deploy, serve, status, cmd")
     add_fleet_arguments(fleet)
@@ -104,6 +108,10 @@ def _dispatch(args: argparse.Namespace) -> int:
         from agent.cli.build import run_build
 
         return run_build(args)
+    if args.command == "broker":
+        from agent.cli.broker import run_broker
+
+        return run_broker(args.port)
     if args.command == "fleet":
         from agent.fleet.cli import run_fleet
 
