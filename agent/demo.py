@@ -12,11 +12,14 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -247,14 +250,40 @@ def _print_telemetry(values: dict[str, Any]) -> None:
     print(f"  telemetry  {' | '.join(parts)}", flush=True)
 
 
-def run_demo(duration: float | None = 30.0, workdir: Path | None = None) -> int:
-    """Run the demo; ``duration=None`` runs until Ctrl-C. Returns the exit code."""
+@contextmanager
+def demo_workdir(workdir: Path | None, *, keep: bool) -> Iterator[Path]:
+    """The demo's directory: ``workdir`` (created, always kept: the user chose it) or a new temporary
+    one, removed at exit unless ``keep`` (each run writes about 2.3 MB of models, video and state)."""
+    if workdir is not None:
+        workdir.mkdir(parents=True, exist_ok=True)
+        print(f"edge-agent demo: files in {workdir}")
+        yield workdir
+        return
+    made = Path(tempfile.mkdtemp(prefix="edge-agent-demo-"))
+    if keep:
+        print(f"edge-agent demo: files in {made} (kept: --keep)")
+    else:
+        print(f"edge-agent demo: files in {made} (removed at exit; --keep keeps them)")
+    try:
+        yield made
+    finally:
+        if not keep:
+            shutil.rmtree(made, ignore_errors=True)
+
+
+def run_demo(duration: float | None = 30.0, workdir: Path | None = None, *, keep: bool = False) -> int:
+    """Run the demo; ``duration=None`` runs until Ctrl-C. Returns the exit code.
+
+    Files go to ``workdir`` when given (kept), else to a temporary directory removed at the end
+    unless ``keep``.
+    """
     # The operator side runs in this process: only its warnings, the demo prints what happens.
     configure_logging("console", "warning")
-    if workdir is None:
-        workdir = Path(tempfile.mkdtemp(prefix="edge-agent-demo-"))
-    workdir.mkdir(parents=True, exist_ok=True)
-    print(f"edge-agent demo: files in {workdir}")
+    with demo_workdir(workdir, keep=keep) as where:
+        return _run_demo_in(where, duration)
+
+
+def _run_demo_in(workdir: Path, duration: float | None) -> int:
     models = demo_models(workdir)
     detector = write_detector(workdir / "detector.onnx", input_size=320, num_classes=3, seed=0)
     write_detector(detector_v2(workdir), input_size=320, num_classes=3, seed=1)

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from agent import __version__
+from agent.cli.broker import add_broker_arguments
 from agent.cli.build import add_build_arguments
 from agent.errors import AgentError, ConfigError
 from agent.fleet.cli import add_fleet_arguments
@@ -38,6 +39,9 @@ def _parser() -> argparse.ArgumentParser:
     build = sub.add_parser("build", help="build or find an engine offline, like trtexec")
     add_build_arguments(build)
 
+    broker = sub.add_parser("broker", help="run a local mosquitto (for configs/local.yaml) until Ctrl-C")
+    add_broker_arguments(broker)
+
     fleet = sub.add_parser("fleet", help="operator commands: keygen, deploy, serve, status, cmd")
     add_fleet_arguments(fleet)
 
@@ -45,6 +49,9 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--forever", action="store_true", help="run until Ctrl-C instead of ~30 s")
     demo.add_argument("--duration", type=float, default=30.0, help="seconds to run (default 30)")
     demo.add_argument("--workdir", type=Path, default=None, help="keep the demo's files here")
+    demo.add_argument(
+        "--keep", action="store_true", help="keep the temporary directory of files (default: removed at exit)"
+    )
     return parser
 
 
@@ -101,6 +108,10 @@ def _dispatch(args: argparse.Namespace) -> int:
         from agent.cli.build import run_build
 
         return run_build(args)
+    if args.command == "broker":
+        from agent.cli.broker import run_broker
+
+        return run_broker(args.port)
     if args.command == "fleet":
         from agent.fleet.cli import run_fleet
 
@@ -108,5 +119,7 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "demo":
         from agent.demo import run_demo
 
-        return run_demo(duration=None if args.forever else args.duration, workdir=args.workdir)
+        return run_demo(
+            duration=None if args.forever else args.duration, workdir=args.workdir, keep=args.keep
+        )
     raise AssertionError(f"unhandled command {args.command}")

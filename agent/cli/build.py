@@ -3,7 +3,9 @@
 Prints the plan with a reason for every change, the build time, the cache entry (key, path, hit or
 miss), where the layers run (TensorRT placement, or ONNX Runtime's providers), and with ``--bench``
 the throughput of the engine on random input. ``--calib DIR`` calibrates INT8 on the images in DIR,
-preprocessed to ``--width`` x ``--height`` (default: the model's input size), RGB, pixels / 255.
+preprocessed to ``--width`` x ``--height`` (default: the model's input size), RGB, pixels / 255;
+``--calib-from VIDEO`` first writes ``--calib-frames`` frames of a video file or stream into that
+directory (:mod:`agent.engines.calibration_video`).
 
 The cache is the agent's own (``--state-dir``, or ``state_dir`` from ``--config``), so an engine
 built here ahead of a deploy is a cache hit for the daemon on the same device.
@@ -56,6 +58,12 @@ def add_build_arguments(parser: argparse.ArgumentParser) -> None:
         "--opt-level", type=int, default=3, choices=range(6), help="builder optimization level"
     )
     parser.add_argument("--calib", type=Path, metavar="DIR", help="directory of images to calibrate INT8 on")
+    parser.add_argument(
+        "--calib-from",
+        metavar="VIDEO",
+        help="make the --calib DIR first: --calib-frames frames spread over this video file or stream "
+        "URL (default DIR: ./calib-<video name>)",
+    )
     parser.add_argument("--calib-cache", type=Path, metavar="FILE", help="TensorRT calibration cache to use")
     parser.add_argument("--calib-frames", type=int, default=200, help="images to calibrate on (default 200)")
     parser.add_argument("--width", type=int, help="calibration input width (default: the model's)")
@@ -78,6 +86,8 @@ def _spec(args: argparse.Namespace) -> BuildSpec:
     calibration: CalibrationSource | None = None
     if args.calib is not None and args.calib_cache is not None:
         raise BuildError("give --calib or --calib-cache, not both")
+    if args.calib_from is not None and args.calib_cache is not None:
+        raise BuildError("give --calib-from or --calib-cache, not both")
     if args.calib is not None:
         calibration = CalibrationSource(kind="dataset", path=args.calib, frames=args.calib_frames)
     elif args.calib_cache is not None:
@@ -107,6 +117,33 @@ def _preprocess(args: argparse.Namespace) -> PreprocessSpec | None:
     if width is None or height is None:
         raise BuildError(f"{args.model.name} has no fixed input size: give --width and --height for --calib")
     return PreprocessSpec(width=width, height=height)
+
+
+def calib_dir_for(source: str) -> Path:
+    """Where ``--calib-from SOURCE`` writes its frames without ``--calib``: ``./calib-<name>``."""
+    name = source.rstrip("/").rsplit("/", 1)[-1].split("?", 1)[0]
+    stem = Path(name).stem or "stream"
+    return Path(f"calib-{stem}")
+
+
+def _frames_from_video(args: argparse.Namespace) -> None:
+    """``--calib-from``: fill ``--calib`` (default ./calib-<name>) with frames, then calibrate on it."""
+    from agent.engines.calibration_video import write_calibration_frames
+
+    if args.precision not in ("int8", "best"):
+        raise BuildError(
+            f"--calib-from makes INT8 calibration images: add --precision int8 (not {args.precision})"
+        )
+    if args.calib is None:
+        args.calib = calib_dir_for(args.calib_from)
+    written = write_calibration_frames(
+        args.calib_from,
+        args.calib,
+        args.calib_frames,
+        progress=None if args.json else lambda m: print(f"  ...      {m}", file=sys.stderr, flush=True),
+    )
+    if not args.json:
+        print(f"calib      {len(written)} frames of {args.calib_from} written to {args.calib}/", flush=True)
 
 
 def _settings(args: argparse.Namespace) -> tuple[Path, EngineConfig]:
@@ -243,6 +280,8 @@ def run_build(args: argparse.Namespace) -> int:
         raise BuildError(f"model {model} does not exist")
     if args.iterations < 1 or args.batch < 1:
         raise BuildError("--iterations and --batch must be >= 1")
+    if args.calib_from is not None:
+        _frames_from_video(args)
     spec = _spec(args)
     preprocess = _preprocess(args)
     state_dir, engines = _settings(args)

@@ -1,8 +1,8 @@
-"""``edge-agent fleet ...``: the operator commands (keygen, deploy, serve, status, cmd).
+"""``edge-agent fleet ...``: the operator commands (keygen, deploy, serve, status, watch, cmd).
 
 :func:`add_fleet_arguments` fills the ``fleet`` sub-parser, :func:`run_fleet` runs the chosen
 command and returns the exit code. The work is done by :mod:`agent.fleet.deploy`, ``serve``,
-``status``, ``command`` and ``keys``; this module only turns flags into their arguments and prints.
+``status``, ``watch``, ``command`` and ``keys``; this module only turns flags into their arguments and prints.
 """
 
 from __future__ import annotations
@@ -110,6 +110,21 @@ def add_fleet_arguments(parser: argparse.ArgumentParser) -> None:
     add_broker_arguments(status)
     _add_verbose(status)
 
+    watch = sub.add_parser("watch", help="print a device's results, telemetry and status live")
+    watch.add_argument("device", metavar="DEVICE", help="device id")
+    watch.add_argument("--json", action="store_true", help="one JSON object per message, every result")
+    watch.add_argument(
+        "--every",
+        type=float,
+        default=1.0,
+        metavar="SECONDS",
+        help="text mode: at most one result line per stream this often (default 1; 0: every result)",
+    )
+    watch.add_argument("--count", type=int, default=None, help="stop after printing this many messages")
+    watch.add_argument("--duration", type=float, default=None, help="stop after this many seconds")
+    add_broker_arguments(watch)
+    _add_verbose(watch)
+
     cmd = sub.add_parser("cmd", help="send a command to a device and print its reply")
     cmd.add_argument("device", help="device id")
     cmd.add_argument("name", help="command name: status, rollback, ...")
@@ -140,6 +155,8 @@ def run_fleet(args: argparse.Namespace) -> int:
         return _serve(args)
     if command == "status":
         return _status(args)
+    if command == "watch":
+        return _watch(args)
     if command == "cmd":
         return _cmd(args)
     raise AssertionError(f"unhandled fleet command {command}")
@@ -337,6 +354,22 @@ def _status(args: argparse.Namespace) -> int:
     else:
         print("no devices found (nothing retained under the prefix; check --prefix and the broker)")
     return 0
+
+
+def _watch(args: argparse.Namespace) -> int:
+    from agent.fleet.serve import install_stop_signals
+    from agent.fleet.watch import WatchOptions, watch_device
+
+    if args.every < 0:
+        raise ConfigError("--every must be a number of seconds, 0 or more")
+    if args.count is not None and args.count < 1:
+        raise ConfigError("--count must be 1 or more")
+    if args.duration is not None and not args.duration > 0:
+        raise ConfigError("--duration must be a number of seconds above 0")
+    options = WatchOptions(as_json=args.json, every=args.every, count=args.count, duration=args.duration)
+    stop = threading.Event()
+    install_stop_signals(stop)  # Ctrl-C and SIGTERM end the watch with exit 0
+    return watch_device(settings_from_args(args), args.device, options, stop, out=sys.stdout, err=sys.stderr)
 
 
 def _cmd(args: argparse.Namespace) -> int:

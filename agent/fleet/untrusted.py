@@ -75,3 +75,15 @@ def clipped(value: str, limit: int) -> str:
     if len(value) <= limit:
         return value
     return value[: max(0, limit - len(_ELLIPSIS))] + _ELLIPSIS
+
+
+def clipped_strings(value: object, limit: int) -> object:
+    """``value`` (parsed JSON: dicts, lists, strings, numbers) with every string and key cut by
+    :func:`clipped`: the ``--json`` output of a command that prints a device's whole message."""
+    if isinstance(value, str):
+        return clipped(value, limit)
+    if isinstance(value, dict):
+        return {clipped(str(k), limit): clipped_strings(v, limit) for k, v in value.items()}
+    if isinstance(value, list):
+        return [clipped_strings(v, limit) for v in value]
+    return value

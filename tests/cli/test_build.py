@@ -126,3 +126,43 @@ def test_run_build_in_process(tmp_path: Path, model: Path, capsys: pytest.Captur
     both = parser.parse_args([str(model), "--calib", "d", "--calib-cache", "c", "--state-dir", str(tmp_path)])
     with pytest.raises(BuildError, match="not both"):
         run_build(both)
+
+
+def test_int8_calibrated_on_frames_of_a_video(tmp_path: Path, model: Path) -> None:
+    from agent.demo import write_demo_video
+
+    video = write_demo_video(tmp_path / "lobby.avi", frames=40, size=(80, 60), fps=15.0)
+    images = tmp_path / "calib-lobby"
+    result = edge_agent_build(
+        str(model),
+        *("--precision", "int8", "--device", "cpu", "--calib-from", str(video), "--calib", str(images)),
+        *("--calib-frames", "8", "--state-dir", str(tmp_path / "state")),
+    )
+    assert result.returncode == 0, result.stderr
+    assert f"calib      8 frames of {video} written to {images}/" in result.stdout
+    assert len(list(images.glob("frame-*.jpg"))) == 8
+    assert "plan       backend onnxruntime, device cpu, precision int8" in result.stdout
+    assert "calib      entropy: table" in result.stdout
+
+
+def test_calib_from_without_int8_is_one_error_line(tmp_path: Path, model: Path) -> None:
+    # `edge-agent build` as a user types it (python -m agent.cli.build adds runpy's warning line).
+    result = subprocess.run(
+        [sys.executable, "-m", "agent", "build", str(model), "--calib-from", "x.avi"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 1
+    assert result.stderr.splitlines() == [
+        "error: --calib-from makes INT8 calibration images: add --precision int8 (not fp16)"
+    ]
+
+
+def test_calib_from_names_its_folder_after_the_video() -> None:
+    from agent.cli.build import calib_dir_for
+
+    assert calib_dir_for("/data/lobby.avi") == Path("calib-lobby")
+    assert calib_dir_for("rtsp://cam-3.local:554/live/main?ch=1") == Path("calib-main")
