@@ -35,6 +35,7 @@ from agent.logs import configure_logging
 from agent.mqtt.link import MqttLink
 from agent.platform import detect_platform, platform_summary
 from agent.postprocess.spec import PostprocessSpec
+from agent.protocol.command_args import CalibrateArgs
 from agent.protocol.messages import BackendInfo, InfoMessage, SlotInfo, TelemetryMessage
 from agent.protocol.topics import Topics
 from agent.runtime.layout import Layout, slot_layout
@@ -126,7 +127,8 @@ class Agent:
             protect=self.models.protected_models,
             part_dir=config.state_dir / "partial",
         )
-        self.delivery.register_command("calibrate", self.models.calibrate)
+        self.delivery.register_command("calibrate", self.models.calibrate, CalibrateArgs)
+        self.metrics.add_collector(self.delivery.commands.stats, prefix="commands")
         self.pipelines: list[SlotPipeline] = []
         # Set once the pipelines exist: a deployment whose manifest arrives (retained) while the
         # first models load must wait for them before it can tap live frames for calibration.

@@ -27,6 +27,16 @@ class ConfigError(AgentError):
         self.problems = problems or [message]
 
 
+class UsageError(ConfigError):
+    """A command-line flag or argument is wrong; the message names the flag (``--args: not valid JSON``).
+
+    A ConfigError, so code that handles bad settings handles it too; the CLI prints it as a plain
+    ``error:``, not a ``config error:``, since no configuration file is involved.
+    """
+
+    code = "usage_error"
+
+
 class TransportError(AgentError):
     """The MQTT link refused an operation (payload too large, queue full, not connected)."""
 

@@ -12,6 +12,8 @@ import pytest
 import yaml
 
 from agent import __version__
+from agent.cli import EXIT_CLOSED_PIPE
+from agent.localbroker import Broker
 from agent.modelzoo import write_classifier
 from agent.protocol.messages import MESSAGE_MODELS
 
@@ -136,3 +138,49 @@ def test_version_and_usage_errors() -> None:
     usage = agent_cli("check-config")  # -c is required
     assert usage.returncode == 2
     assert "-c/--config" in usage.stderr
+
+
+def _with_closed_stdout(*args: str) -> subprocess.CompletedProcess[str]:
+    """Run ``python -m agent ARGS`` whose stdout's reader is already gone, as after ``| head -2``."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        return subprocess.run(
+            [sys.executable, "-m", "agent", *args],
+            cwd=REPO,
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    finally:
+        os.close(write_end)
+
+
+def test_a_closed_pipe_ends_quietly(broker: Broker) -> None:
+    for args in (
+        ("info",),
+        (
+            "fleet",
+            "status",
+            "--broker",
+            f"{broker.host}:{broker.port}",
+            "--prefix",
+            "closed/pipe",
+            "--wait",
+            "0.2",
+        ),
+    ):
+        proc = _with_closed_stdout(*args)
+        assert proc.returncode == EXIT_CLOSED_PIPE, (args, proc.stderr)
+        assert proc.stderr == "", (args, proc.stderr)
+
+
+def test_a_missing_config_file_is_named_once(tmp_path: Path) -> None:
+    missing = tmp_path / "x.yaml"
+    for command in ("check-config", "run"):
+        proc = agent_cli(command, "-c", str(missing))
+        assert proc.returncode == 1
+        assert proc.stderr.count(str(missing)) == 1, proc.stderr
+        assert "file not found" in proc.stderr

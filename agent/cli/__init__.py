@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -15,7 +16,7 @@ from pathlib import Path
 from agent import __version__
 from agent.cli.broker import add_broker_arguments
 from agent.cli.build import add_build_arguments
-from agent.errors import AgentError, ConfigError
+from agent.errors import AgentError, ConfigError, UsageError
 from agent.fleet.cli import add_fleet_arguments
 
 
@@ -55,10 +56,23 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+#: Exit status when the reader of our output went away (``| head``): 128 + SIGPIPE, as a shell reports
+#: a process that SIGPIPE ended.
+EXIT_CLOSED_PIPE = 141
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    """The ``edge-agent`` entry point: run the command; every expected failure is one line on stderr."""
     args = _parser().parse_args(argv)
     try:
-        return _dispatch(args)
+        code = _dispatch(args)
+        sys.stdout.flush()  # a closed pipe shows here, inside the try, not at interpreter exit
+    except BrokenPipeError:
+        return _closed_pipe()
+    except UsageError as exc:  # a flag: not about a configuration file
+        for problem in exc.problems:
+            print(f"error: {problem}", file=sys.stderr)
+        return 1
     except ConfigError as exc:
         for problem in exc.problems:
             print(f"config error: {problem}", file=sys.stderr)
@@ -68,6 +82,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
+    return code
+
+
+def _closed_pipe() -> int:
+    """``edge-agent fleet status | head -2``: the reader has what it wanted; exit without a traceback.
+
+    Python ignores SIGPIPE, so the write raised instead; what is still buffered for stdout would raise
+    again when the interpreter flushes it at exit, so stdout is pointed at /dev/null first.
+    """
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return EXIT_CLOSED_PIPE
 
 
 def _dispatch(args: argparse.Namespace) -> int:
@@ -80,7 +107,9 @@ def _dispatch(args: argparse.Namespace) -> int:
 
         problems = check_config(args.config)
         for problem in problems:
-            print(f"{args.config}: {problem}", file=sys.stderr)
+            # A problem with the file itself (not found, not YAML) already starts with its name.
+            named = problem.startswith(f"{args.config}:")
+            print(problem if named else f"{args.config}: {problem}", file=sys.stderr)
         if not problems:
             print(f"{args.config}: ok")
         return 1 if problems else 0

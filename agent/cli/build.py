@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from agent.errors import AgentError, BuildError
+from agent.errors import AgentError, BuildError, UsageError
 
 # Only argparse is needed to declare the options; the builder (onnx, numpy, ...) loads when the
 # command runs, so `edge-agent --help` and the other commands stay fast.
@@ -103,6 +103,21 @@ def _spec(args: argparse.Namespace) -> BuildSpec:
         )
     except ValueError as exc:
         raise BuildError(f"invalid build options: {exc}") from exc
+
+
+def _check_int8_scales(model: Path, spec: BuildSpec) -> None:
+    """INT8 needs scales: say so in this command's flags (the planner's own message speaks of the
+    build spec of a deploy manifest)."""
+    if spec.precision != "int8" or spec.calibration is not None:
+        return
+    from agent.engines.model_facts import model_facts
+
+    _, has_qdq = model_facts(model)
+    if not has_qdq:
+        raise UsageError(
+            f"--precision int8: {model.name} is not quantized (no Q/DQ nodes), so INT8 needs scales: "
+            "add --calib DIR (images to calibrate on) or --calib-cache FILE, or use --precision fp16"
+        )
 
 
 def _preprocess(args: argparse.Namespace) -> PreprocessSpec | None:
@@ -283,6 +298,7 @@ def run_build(args: argparse.Namespace) -> int:
     if args.calib_from is not None:
         _frames_from_video(args)
     spec = _spec(args)
+    _check_int8_scales(model, spec)
     preprocess = _preprocess(args)
     state_dir, engines = _settings(args)
     builder = EngineBuilder(state_dir, engines, detect_platform())

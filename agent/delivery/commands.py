@@ -11,29 +11,46 @@ from __future__ import annotations
 import queue
 import threading
 from collections.abc import Callable
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, TypeVar, overload
 
 import structlog
+from pydantic import BaseModel, ValidationError
 
 from agent.errors import AgentError, TransportError
 from agent.mqtt.core import PublishProperties
 from agent.mqtt.inbound import InboundMessage
 from agent.mqtt.link import MqttLink
 from agent.protocol.messages import CommandReply, CommandRequest, ProtocolError, decode
-from agent.protocol.topics import Topics
+from agent.protocol.topics import Topics, check_level
 
 log = structlog.get_logger(__name__)
 
 #: ``handler(args) -> result``; raises an AgentError (its ``code`` is the reply's error_code).
 CommandHandler = Callable[[dict[str, Any]], dict[str, Any]]
+ArgsT = TypeVar("ArgsT", bound=BaseModel)
 
 _QUEUE_SIZE = 32
+#: Longest argument value quoted back in a ``bad_args`` reply.
+_SHOWN_INPUT = 60
 
 
 class BadArgsError(AgentError):
-    """A command's arguments are missing or of the wrong type."""
+    """A command's arguments are missing, unknown or of the wrong type."""
 
     code = "bad_args"
+
+
+class NoSuchSlotError(AgentError):
+    """A command names a model slot the device does not have."""
+
+    code = "wrong_slot"
+
+
+@dataclass(frozen=True)
+class _Command:
+    handler: Callable[[Any], dict[str, Any]]
+    args: type[BaseModel] | None
 
 
 class CommandRouter:
@@ -42,14 +59,37 @@ class CommandRouter:
     def __init__(self, link: MqttLink, topics: Topics) -> None:
         self.link = link
         self.topics = topics
-        self.handlers: dict[str, CommandHandler] = {}
+        self.handlers: dict[str, _Command] = {}
+        self._counts = {"served": 0, "failed": 0, "refused": 0, "busy": 0}
+        self._counts_lock = threading.Lock()
         self._queue: queue.Queue[InboundMessage | None] = queue.Queue(_QUEUE_SIZE)
         self._thread: threading.Thread | None = None
         self._up_prefix = f"{topics.prefix}/{topics.device_id}/up/"
 
-    def register(self, name: str, handler: CommandHandler) -> None:
-        """Serve command ``name`` with ``handler`` (replaces an earlier one of that name)."""
-        self.handlers[name] = handler
+    @overload
+    def register(self, name: str, handler: Callable[[ArgsT], dict[str, Any]], args: type[ArgsT]) -> None: ...
+    @overload
+    def register(self, name: str, handler: CommandHandler, args: None = None) -> None: ...
+
+    def register(
+        self, name: str, handler: Callable[[Any], dict[str, Any]], args: type[BaseModel] | None = None
+    ) -> None:
+        """Serve command ``name`` with ``handler`` (replaces an earlier one of that name).
+
+        With ``args`` (a model of the command's arguments), the request's args are validated first and
+        the handler gets the model; a mismatch is answered ``bad_args`` naming the argument. Without
+        it, the handler gets the args as a dict and checks them itself.
+        """
+        self.handlers[name] = _Command(handler, args)
+
+    def stats(self) -> dict[str, float]:
+        """Commands served (ok), failed (the handler raised), refused (bad request) and busy, since start."""
+        with self._counts_lock:
+            return {k: float(v) for k, v in self._counts.items()}
+
+    def _count(self, what: str) -> None:
+        with self._counts_lock:
+            self._counts[what] += 1
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._loop, name="delivery-commands", daemon=True)
@@ -70,6 +110,7 @@ class CommandRouter:
             self._queue.put_nowait(message)
         except queue.Full:
             name = message.topic.rsplit("/", 1)[-1]
+            self._count("busy")
             self._reply(
                 message,
                 CommandReply(
@@ -90,33 +131,68 @@ class CommandRouter:
     def _serve(self, message: InboundMessage) -> None:
         name = message.topic.rsplit("/", 1)[-1]
         try:
+            check_level(name, "command name")
+        except ValueError as exc:
+            # ``down/cmd/`` matches ``down/cmd/+`` with an empty level; there is no ``up/cmd/`` to
+            # answer on, so only a valid response topic hears back.
+            self._refuse(
+                message,
+                CommandReply(
+                    command=name,
+                    ok=False,
+                    error_code="unknown_command",
+                    error=f"{exc}: publish commands on down/cmd/{{name}}",
+                ),
+            )
+            return
+        try:
             request = decode(CommandRequest, message.payload or b"{}")
         except ProtocolError as exc:
-            self._reply(message, CommandReply(command=name, ok=False, error_code=exc.code, error=str(exc)))
+            self._refuse(message, CommandReply(command=name, ok=False, error_code=exc.code, error=str(exc)))
             return
-        handler = self.handlers.get(name)
-        if handler is None:
+        command = self.handlers.get(name)
+        if command is None:
             known = ", ".join(sorted(self.handlers))
-            reply = CommandReply(
-                command=name,
-                ok=False,
-                error_code="unknown_command",
-                error=f"unknown command {name!r}; known: {known}",
+            error = f"unknown command {name!r}; known: {known}"
+            self._refuse(
+                message, CommandReply(command=name, ok=False, error_code="unknown_command", error=error)
             )
-        else:
+            return
+        args: Any = dict(request.args)
+        if command.args is not None:
             try:
-                reply = CommandReply(command=name, ok=True, result=handler(dict(request.args)))
-            except AgentError as exc:
-                reply = CommandReply(command=name, ok=False, error_code=exc.code, error=str(exc))
-            except Exception as exc:
-                log.exception("delivery.command.failed", command=name)
-                reply = CommandReply(command=name, ok=False, error_code="internal_error", error=repr(exc))
+                args = command.args.model_validate(request.args)
+            except ValidationError as exc:
+                error = bad_args_text(name, command.args, exc)
+                self._refuse(
+                    message, CommandReply(command=name, ok=False, error_code=BadArgsError.code, error=error)
+                )
+                return
+        try:
+            reply = CommandReply(command=name, ok=True, result=command.handler(args))
+        except AgentError as exc:
+            reply = CommandReply(command=name, ok=False, error_code=exc.code, error=str(exc))
+        except Exception as exc:
+            log.exception("delivery.command.failed", command=name)
+            reply = CommandReply(command=name, ok=False, error_code="internal_error", error=repr(exc))
+        self._count("served" if reply.ok else "failed")
         log.info("delivery.command", command=name, ok=reply.ok, error_code=reply.error_code)
+        self._reply(message, reply)
+
+    def _refuse(self, message: InboundMessage, reply: CommandReply) -> None:
+        """A request that never reached a handler: counted, logged on one line, answered."""
+        self._count("refused")
+        log.warning(
+            "delivery.command.refused", topic=message.topic, error_code=reply.error_code, error=reply.error
+        )
         self._reply(message, reply)
 
     def _reply(self, message: InboundMessage, reply: CommandReply) -> None:
         props = PublishProperties(correlation_data=message.correlation_data)
-        targets = [self.topics.cmd_reply(reply.command)]
+        try:
+            targets = [self.topics.cmd_reply(reply.command)]
+        except ValueError:
+            targets = []  # no valid command name: nothing to answer on but a response topic
         wanted = message.response_topic
         if wanted and wanted not in targets:
             if wanted.startswith(self._up_prefix) and not any(c in wanted for c in "+#\0"):
@@ -131,3 +207,23 @@ class CommandRouter:
                 # Too large (a huge status): say so instead of staying silent.
                 short = CommandReply(command=reply.command, ok=False, error_code=exc.code, error=str(exc))
                 self.link.publish(topic, short, qos=1, properties=props)
+
+
+def bad_args_text(command: str, model: type[BaseModel], exc: ValidationError) -> str:
+    """One line naming each wrong argument of ``command``, and the arguments it takes."""
+    problems = []
+    for error in exc.errors(include_url=False):
+        arg = ".".join(str(part) for part in error["loc"])
+        if error["type"] == "extra_forbidden":
+            problems.append(f"unknown argument {arg!r}")
+        elif error["type"] == "missing":
+            problems.append(f"argument {arg!r} is missing")
+        elif not arg:
+            problems.append(f"args must be a JSON object ({error['msg']})")
+        else:
+            shown = repr(error["input"])
+            if len(shown) > _SHOWN_INPUT:
+                shown = shown[:_SHOWN_INPUT] + "..."
+            problems.append(f"argument {arg!r}: {error['msg']}, got {shown}")
+    takes = ", ".join(model.model_fields) or "no arguments"
+    return f"{command}: {'; '.join(problems)} ({command} takes: {takes})"

@@ -53,8 +53,9 @@ _MAX_NAME = 128
 
 def _bad_name(field: str, value: str, why: str) -> PydanticCustomError:
     # A custom error type, so parse_signed can tell a dangerous name (code bad_name) from a shape error.
+    # Its template knows only plain {name} placeholders (no !r): the value goes in already quoted.
     return PydanticCustomError(
-        "bad_name", "{field} {value!r} {why}", {"field": field, "value": value, "why": why}
+        "bad_name", "{field} {value} {why}", {"field": field, "value": repr(value), "why": why}
     )
 
 

@@ -16,11 +16,12 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, overload
 
 import structlog
+from pydantic import BaseModel
 
-from agent.delivery.commands import BadArgsError, CommandHandler, CommandRouter
+from agent.delivery.commands import ArgsT, CommandHandler, CommandRouter
 from agent.delivery.deployment import Deployment
 from agent.delivery.errors import (
     DiskFullError,
@@ -44,6 +45,7 @@ from agent.delivery.steps import (
 from agent.errors import DeliveryError
 from agent.mqtt.inbound import InboundMessage
 from agent.mqtt.link import MqttLink
+from agent.protocol.command_args import NoArgs, SlotArgs
 from agent.protocol.messages import JobState, JobStatus
 from agent.protocol.topics import Topics
 from agent.signing import Ed25519PublicKey, load_public_key
@@ -120,16 +122,25 @@ class DeliveryService:
         self._started = False
         self._stopped = False
         self.commands = CommandRouter(link, topics)
-        self.commands.register("status", lambda _args: {**status(), "delivery": self.describe()})
-        self.commands.register("rollback", _rollback_handler(rollback))
+        self.commands.register("status", lambda _args: {**status(), "delivery": self.describe()}, NoArgs)
+        self.commands.register("rollback", lambda args: rollback(args.slot), SlotArgs)
         if not config.require_signature:
             log.warning("delivery.signature.not_required", hint="unsigned manifests are accepted; demo only")
 
     # -- lifecycle -------------------------------------------------------------------------------
 
-    def register_command(self, name: str, handler: CommandHandler) -> None:
-        """Add a command (e.g. ``calibrate``) served on ``down/cmd/{name}``."""
-        self.commands.register(name, handler)
+    @overload
+    def register_command(
+        self, name: str, handler: Callable[[ArgsT], dict[str, Any]], args: type[ArgsT]
+    ) -> None: ...
+    @overload
+    def register_command(self, name: str, handler: CommandHandler, args: None = None) -> None: ...
+
+    def register_command(
+        self, name: str, handler: Callable[[Any], dict[str, Any]], args: type[BaseModel] | None = None
+    ) -> None:
+        """Add a command (e.g. ``calibrate``) on ``down/cmd/{name}``; ``args``: its arguments' model."""
+        self.commands.register(name, handler, args)
 
     def start(self) -> None:
         """Subscribe to desired state and commands. Retained manifests arrive on every (re)subscribe,
@@ -395,13 +406,3 @@ class DeliveryService:
             self.store.gc(protect, self.config.keep_models)
         except OSError as exc:
             log.error("delivery.gc.failed", error=str(exc))
-
-
-def _rollback_handler(rollback: Callable[[str], dict[str, Any]]) -> CommandHandler:
-    def handle(args: dict[str, Any]) -> dict[str, Any]:
-        slot = args.get("slot")
-        if not isinstance(slot, str) or not slot:
-            raise BadArgsError('rollback needs args {"slot": "<slot name>"}')
-        return rollback(slot)
-
-    return handle

@@ -14,7 +14,9 @@ def model_facts(model: Path) -> tuple[bool, bool]:
     try:
         proto = onnx.load(str(model), load_external_data=False)
     except Exception as exc:
-        raise BuildError(f"cannot read ONNX model {model}: {exc}; deploy it again") from exc
+        # Said to an operator whose device holds a bad deployment and to `edge-agent build` alike:
+        # both fix it at the source.
+        raise BuildError(f"{model} is not a readable ONNX model ({exc}): export it again") from exc
     initializers = {init.name for init in proto.graph.initializer}
     static = True
     for value in proto.graph.input:

@@ -19,7 +19,7 @@ from pydantic import TypeAdapter, ValidationError
 from agent.camera.preprocess_spec import PreprocessSpec
 from agent.delivery.manifest import DEFAULT_CHUNK_SIZE, MAX_CHUNK_SIZE, MIN_CHUNK_SIZE
 from agent.engines.spec import BuildSpec
-from agent.errors import ConfigError
+from agent.errors import UsageError
 from agent.fleet.connection import add_broker_arguments, settings_from_args
 from agent.fleet.deploy import DEFAULT_STATUS_POLL_S
 from agent.fleet.untrusted import shown
@@ -186,11 +186,11 @@ def _json_arg(value: str, flag: str) -> Any:
         try:
             text = Path(value[1:]).read_text()
         except OSError as exc:
-            raise ConfigError(f"{flag}: cannot read {value[1:]}: {exc.strerror or exc}") from exc
+            raise UsageError(f"{flag}: cannot read {value[1:]}: {exc.strerror or exc}") from exc
     try:
         return json.loads(text)
     except ValueError as exc:
-        raise ConfigError(f"{flag}: not valid JSON ({exc})") from exc
+        raise UsageError(f"{flag}: not valid JSON ({exc})") from exc
 
 
 def _validation_problems(exc: ValidationError, flag: str) -> list[str]:
@@ -204,9 +204,9 @@ def _read_labels(path: Path) -> list[str]:
     try:
         labels = [line.strip() for line in path.read_text().splitlines() if line.strip()]
     except OSError as exc:
-        raise ConfigError(f"--labels: cannot read {path}: {exc.strerror or exc}") from exc
+        raise UsageError(f"--labels: cannot read {path}: {exc.strerror or exc}") from exc
     if not labels:
-        raise ConfigError(f"--labels: {path} holds no class names (one per line expected)")
+        raise UsageError(f"--labels: {path} holds no class names (one per line expected)")
     return labels
 
 
@@ -223,7 +223,7 @@ def postprocess_from_args(postprocess_json: str | None, labels_file: Path | None
                 _json_arg(postprocess_json, "--postprocess-json")
             )
         except ValidationError as exc:
-            raise ConfigError(
+            raise UsageError(
                 "invalid --postprocess-json", _validation_problems(exc, "--postprocess-json")
             ) from exc
     if labels is None:
@@ -231,7 +231,7 @@ def postprocess_from_args(postprocess_json: str | None, labels_file: Path | None
     if spec is None:
         return ClassificationSpec(labels=labels, top_k=min(5, len(labels)))
     if not isinstance(spec, (ClassificationSpec, DetectionSpec)):
-        raise ConfigError("--labels needs a classification or detection postprocess")
+        raise UsageError("--labels needs a classification or detection postprocess")
     return spec.model_copy(update={"labels": labels, "labels_file": None})
 
 
@@ -253,18 +253,20 @@ def _deploy(args: argparse.Namespace) -> int:
     from agent.fleet.keys import load_signing_key
     from agent.fleet.progress import ProgressView, describe_manifest
 
+    if not args.model.is_file():
+        raise UsageError(f"MODEL.onnx: {args.model} is not a file")
     if args.key is not None and not args.key_id:
-        raise ConfigError("--key needs --key-id: the id the devices' delivery.trusted_keys know the key by")
+        raise UsageError("--key needs --key-id: the id the devices' delivery.trusted_keys know the key by")
     if not args.status_poll > 0:
-        raise ConfigError("--status-poll must be a number of seconds above 0")
+        raise UsageError("--status-poll must be a number of seconds above 0")
     if not MIN_CHUNK_SIZE <= args.chunk_size <= MAX_CHUNK_SIZE:
-        raise ConfigError(f"--chunk-size must be between {MIN_CHUNK_SIZE} and {MAX_CHUNK_SIZE} bytes")
+        raise UsageError(f"--chunk-size must be between {MIN_CHUNK_SIZE} and {MAX_CHUNK_SIZE} bytes")
     preprocess = None
     if args.preprocess_json is not None:
         try:
             preprocess = PreprocessSpec.model_validate(_json_arg(args.preprocess_json, "--preprocess-json"))
         except ValidationError as exc:
-            raise ConfigError(
+            raise UsageError(
                 "invalid --preprocess-json", _validation_problems(exc, "--preprocess-json")
             ) from exc
     plan = DeployPlan(
@@ -335,7 +337,7 @@ def _serve(args: argparse.Namespace) -> int:
     from agent.fleet.serve import install_stop_signals, serve_repo
 
     if not args.repo.is_dir():
-        raise ConfigError(f"--repo {args.repo} is not a directory")
+        raise UsageError(f"--repo {args.repo} is not a directory")
     settings = settings_from_args(args)
     stop = threading.Event()
     install_stop_signals(stop)
@@ -361,11 +363,11 @@ def _watch(args: argparse.Namespace) -> int:
     from agent.fleet.watch import WatchOptions, watch_device
 
     if args.every < 0:
-        raise ConfigError("--every must be a number of seconds, 0 or more")
+        raise UsageError("--every must be a number of seconds, 0 or more")
     if args.count is not None and args.count < 1:
-        raise ConfigError("--count must be 1 or more")
+        raise UsageError("--count must be 1 or more")
     if args.duration is not None and not args.duration > 0:
-        raise ConfigError("--duration must be a number of seconds above 0")
+        raise UsageError("--duration must be a number of seconds above 0")
     options = WatchOptions(as_json=args.json, every=args.every, count=args.count, duration=args.duration)
     stop = threading.Event()
     install_stop_signals(stop)  # Ctrl-C and SIGTERM end the watch with exit 0
@@ -377,7 +379,7 @@ def _cmd(args: argparse.Namespace) -> int:
 
     command_args = _json_arg(args.args, "--args")
     if not isinstance(command_args, dict):
-        raise ConfigError('--args must be a JSON object, e.g. \'{"slot": "cls"}\'')
+        raise UsageError('--args must be a JSON object, e.g. \'{"slot": "cls"}\'')
     reply = send_command(settings_from_args(args), args.device, args.name, command_args, timeout=args.timeout)
     # Device text: json.dumps escapes control characters (ensure_ascii), and pydantic's JSON mode
     # writes NaN and the infinities as null (tests/fleet/test_hostile_devices.py checks both).

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from pydantic import ValidationError
 
 from agent.config import base_dir, read_yaml, resolve_paths
-from agent.errors import ConfigError
+from agent.errors import ConfigError, UsageError
 from agent.mqtt.settings import MqttSettings
 
 
@@ -70,40 +70,74 @@ def parse_broker(value: str) -> tuple[str, int | None]:
     else:
         host, port_text = value, ""
     if not host:
-        raise ConfigError(f"--broker {value!r}: the host is missing; use HOST or HOST:PORT")
+        raise UsageError(f"--broker {value!r}: the host is missing; use HOST or HOST:PORT")
     if not port_text:
         return host, None
     try:
         return host, int(port_text)
     except ValueError as exc:
-        raise ConfigError(f"--broker {value!r}: port {port_text!r} is not a number") from exc
+        raise UsageError(f"--broker {value!r}: port {port_text!r} is not a number") from exc
+
+
+#: The flag that sets each broker setting, to name it when its value is wrong.
+_FLAG_OF = {
+    ("host",): "--broker",
+    ("port",): "--broker",
+    ("prefix",): "--prefix",
+    ("username",): "--username",
+    ("password_file",): "--password-file",
+    ("tls", "ca_file"): "--tls-ca",
+    ("tls", "cert_file"): "--tls-cert",
+    ("tls", "key_file"): "--tls-key",
+}
 
 
 def settings_from_args(args: argparse.Namespace) -> MqttSettings:
-    """MqttSettings from ``-c`` (if given) overridden by the broker flags; ConfigError with key paths."""
+    """MqttSettings from ``-c`` (if given) overridden by the broker flags.
+
+    A wrong flag value is a UsageError naming the flag; a wrong file value a ConfigError with its key
+    path. Connection errors later name ``--broker`` unless the address came from the ``-c`` file.
+    """
     values: dict[str, Any] = load_mqtt_section(args.config) if args.config is not None else {}
+    flagged: set[tuple[str, ...]] = set()
     if args.broker:
         host, port = parse_broker(args.broker)
         values["host"] = host
+        flagged.add(("host",))
         if port is not None:
             values["port"] = port
+            flagged.add(("port",))
     for flag, key in (("prefix", "prefix"), ("username", "username"), ("password_file", "password_file")):
         value = getattr(args, flag)
         if value is not None:
             values[key] = value
+            flagged.add((key,))
     if args.tls_ca or args.tls_cert or args.tls_key or args.tls_insecure:
         tls = dict(values.get("tls") or {})
         for flag, key in (("tls_ca", "ca_file"), ("tls_cert", "cert_file"), ("tls_key", "key_file")):
             if getattr(args, flag) is not None:
                 tls[key] = getattr(args, flag)
+                flagged.add(("tls", key))
         if args.tls_insecure:
             tls["insecure"] = True
         values["tls"] = tls
     try:
-        return MqttSettings.model_validate(values)
+        settings = MqttSettings.model_validate(values)
     except ValidationError as exc:
-        problems = [
-            f"mqtt.{'.'.join(str(p) for p in err['loc'])}: {err['msg']}"
-            for err in exc.errors(include_url=False)
-        ]
-        raise ConfigError("invalid broker settings", problems) from exc
+        _raise_problems(exc, flagged, args.config)
+    from_file = args.config is not None and not args.broker and ("host" in values or "port" in values)
+    return settings.with_address_from(f"mqtt.host/port in {args.config}" if from_file else "--broker")
+
+
+def _raise_problems(exc: ValidationError, flagged: set[tuple[str, ...]], config: Path | None) -> NoReturn:
+    flag_problems, file_problems = [], []
+    for err in exc.errors(include_url=False):
+        loc = tuple(str(p) for p in err["loc"])
+        if loc in flagged:
+            flag_problems.append(f"{_FLAG_OF[loc]}: {err['msg']}")
+        else:
+            where = f"{config}: " if config is not None else ""
+            file_problems.append(f"{where}mqtt.{'.'.join(loc)}: {err['msg']}")
+    if file_problems:
+        raise ConfigError("invalid broker settings", file_problems + flag_problems) from exc
+    raise UsageError("invalid broker flags", flag_problems) from exc

@@ -10,7 +10,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent.errors import ConfigError
+from agent.errors import ConfigError, UsageError
 from agent.fsutil import atomic_write_bytes
 from agent.signing import Ed25519PrivateKey, generate_keypair, key_fingerprint, load_private_key
 
@@ -50,7 +50,9 @@ def write_keypair(out_dir: Path, key_id: str = "fleet", *, overwrite: bool = Fal
     private_path, public_path = out_dir / f"{key_id}.key", out_dir / f"{key_id}.pub"
     for path in (private_path, public_path):
         if path.exists() and not overwrite:
-            raise ConfigError(f"{path} already exists; choose another --key-id or --out, or delete it first")
+            raise UsageError(
+                f"{path} already exists; pass --force to replace it, or choose another --key-id or --out"
+            )
     private_pem, public_pem = generate_keypair()
     # mkstemp creates the temporary file 0600, so the key is never readable by others, even briefly.
     atomic_write_bytes(private_path, private_pem, mode=0o600)

@@ -16,6 +16,7 @@ at random per client.
 from __future__ import annotations
 
 import random
+import ssl
 import threading
 import uuid
 from collections.abc import Callable
@@ -57,6 +58,7 @@ class ServiceClient:
         self._filters: list[tuple[str, int]] = []
         self._cond = threading.Condition()  # guards the fields below; never held while calling paho
         self._connected = False
+        self._refused: str | None = None  # the broker's reason when it refused our CONNECT
         self._connects = 0
         self._max_packet: int | None = None
         self._subacks: dict[int, list[str]] = {}
@@ -102,6 +104,9 @@ class ServiceClient:
     def _on_connack(self, event: ConnAck) -> None:
         if not event.ok:
             log.error("mqtt.service.refused", client_id=self.client_id, reason=event.reason)
+            with self._cond:
+                self._refused = event.reason
+                self._cond.notify_all()
             return
         with self._cond:
             self._connected = True
@@ -119,23 +124,54 @@ class ServiceClient:
     # -- public API ----------------------------------------------------------------------------------
 
     def start(self, timeout: float = 10.0) -> ServiceClient:
-        """Connect and start the threads; raise TransportError if not connected within ``timeout``."""
+        """Connect and start the threads; raise TransportError if not connected within ``timeout``.
+
+        Fails at once, with the reason, when the first connection attempt is refused (nothing listens
+        there, the name does not resolve, TLS fails) or the broker refuses the CONNECT (credentials):
+        waiting out ``timeout`` would not change the answer. The error names what to check as the
+        user set it (``settings.address_from``: ``--broker`` or ``mqtt.host/port``).
+        """
         if self._dispatch is not None:
             raise RuntimeError("ServiceClient.start() called twice")
+        s = self.settings
+        where = f"the MQTT broker at {s.host}:{s.port}"
+        self._core.connect_async()
+        try:
+            # The first attempt on this thread, so its OSError reaches us; paho's loop thread would
+            # only retry it quietly (loop_forever(retry_first_connection=True)). Reconnects after
+            # a lost connection stay with the loop thread.
+            self._core.reconnect()
+        except ssl.SSLError as exc:
+            tls = "--tls-ca, --tls-cert, --tls-key" if s.address_from.startswith("--") else "mqtt.tls"
+            reason = getattr(exc, "verify_message", None) or exc.reason or exc
+            raise TransportError(f"TLS with {where} failed ({reason}); check {tls}") from exc
+        except OSError as exc:
+            hint = " (is the broker running there?)" if isinstance(exc, ConnectionRefusedError) else ""
+            raise TransportError(
+                f"cannot connect to {where}: {_os_reason(exc)}; check {s.address_from}{hint}"
+            ) from exc
         self._dispatch = threading.Thread(
             target=self._run_dispatch, name="mqtt-service-dispatch", daemon=True
         )
         self._dispatch.start()
-        s = self.settings
-        self._core.connect_async()
         self._core.loop_start()
-        if not self.wait_connected(timeout):
-            self.stop()
-            raise TransportError(
-                f"cannot connect to the MQTT broker at {s.host}:{s.port} within {timeout:.0f}s; check "
-                "mqtt.host/port, TLS files and credentials"
+        with self._cond:
+            self._cond.wait_for(lambda: self._connected or self._refused is not None, timeout)
+            connected, refused = self._connected, self._refused
+        if connected:
+            return self
+        self.stop()
+        if refused is not None:
+            flags = s.address_from.startswith("--")
+            check = (
+                "--username, --password-file, --tls-cert/--tls-key"
+                if flags
+                else "mqtt.username, mqtt.password_file, mqtt.tls"
             )
-        return self
+            raise TransportError(f"{where} refused the connection ({refused}); check {check}")
+        raise TransportError(
+            f"no answer from {where} within {timeout:.0f}s; check {s.address_from}, TLS files and credentials"
+        )
 
     def stop(self) -> None:
         """Disconnect and join the threads (what is not yet acknowledged is dropped)."""
@@ -250,3 +286,8 @@ class ServiceClient:
                 except Exception as exc:
                     self.handler_errors += 1
                     log.exception("mqtt.service.handler_failed", topic=item.topic, error=repr(exc))
+
+
+def _os_reason(exc: OSError) -> str:
+    """``Connection refused``, ``Name or service not known``, a TLS failure: short, without errno noise."""
+    return str(exc.strerror or exc)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, PrivateAttr
 
 from agent.model_base import StrictModel
 
@@ -20,6 +20,10 @@ class TlsSettings(StrictModel):
 
 class MqttSettings(StrictModel):
     """Broker address, credentials and the link's limits."""
+
+    # Not a setting: what a user set the broker address with, so a connection error can name it
+    # (a config file's keys, or the --broker flag of the operator CLI). See with_address_from().
+    _address_from: str = PrivateAttr("mqtt.host/port")
 
     host: str = Field("localhost", description="Broker host name or address.")
     port: int = Field(1883, gt=0, lt=65536, description="Broker port (8883 for TLS by convention).")
@@ -45,3 +49,14 @@ class MqttSettings(StrictModel):
     inbox_size: int = Field(
         256, ge=1, description="Received messages waiting for dispatch; overflow is counted."
     )
+
+    @property
+    def address_from(self) -> str:
+        """What set ``host``/``port``, as the user knows it: ``mqtt.host/port`` or ``--broker``."""
+        return self._address_from
+
+    def with_address_from(self, source: str) -> MqttSettings:
+        """A copy whose connection errors tell the user to check ``source`` (e.g. ``--broker``)."""
+        copy = self.model_copy()
+        copy._address_from = source
+        return copy

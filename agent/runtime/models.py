@@ -22,12 +22,14 @@ from pydantic import TypeAdapter
 
 from agent.camera.preprocess_spec import PreprocessSpec
 from agent.config import SlotConfig
+from agent.delivery.commands import NoSuchSlotError
 from agent.delivery.steps import ActivationRequest, BuildOutcome, JobReporter, no_build
 from agent.engines.service import EngineService
 from agent.engines.spec import BuildSpec
 from agent.errors import AgentError, BuildError, EngineError
 from agent.fsutil import sha256_file
 from agent.postprocess.spec import PostprocessSpec
+from agent.protocol.command_args import CalibrateArgs
 from agent.runtime.loaded import LoadedModel, ModelSource
 from agent.runtime.slot import ModelSlot
 from agent.state import ModelRecord, StateFile, record_activation, record_config_model, record_rollback
@@ -301,14 +303,13 @@ class SlotModels:
             providers=prepared.artifact.providers,
         )
 
-    def calibrate(self, args: dict[str, Any]) -> dict[str, Any]:
+    def calibrate(self, args: CalibrateArgs) -> dict[str, Any]:
         """``calibrate`` command: ``{"slot": S, "frames": N}`` from the slot's live streams."""
-        slot = str(args.get("slot", ""))
-        if slot not in self.slots or self.slots[slot].current is None:
-            raise AgentError(f"no active slot named {slot!r} to calibrate")
-        frames = int(args.get("frames", 200))
+        slot, frames = args.slot, args.frames
+        self._check_slot(slot)
         current = self.slots[slot].current
-        assert current is not None
+        if current is None:
+            raise AgentError(f"slot {slot!r} has no active model to calibrate")
         model = current.source.model_path or current.source.path
         return self.engines.calibrate(slot, model, current.source.preprocess, frames)
 
@@ -360,8 +361,7 @@ class SlotModels:
 
     def rollback(self, slot: str) -> dict[str, Any]:
         """``rollback`` command: make the slot's last-known-good model active again."""
-        if slot not in self.slots:
-            raise AgentError(f"no slot named {slot!r} (slots: {', '.join(sorted(self.slots))})")
+        self._check_slot(slot)
         self.wait_initial_load(slot)
         saved = self.state.slot(slot)
         record = saved.last_known_good
@@ -377,6 +377,11 @@ class SlotModels:
         loaded = self.activate(slot, source, origin="rollback")
         log.warning("slot.rolled_back", slot=slot, model=record.model_id, version=record.version)
         return {"slot": slot, "model": loaded.ref.model_dump()}
+
+    def _check_slot(self, slot: str) -> None:
+        if slot not in self.slots:
+            known = ", ".join(sorted(self.slots))
+            raise NoSuchSlotError(f"no slot named {slot!r} on this device (slots: {known})")
 
     def snapshot(self) -> dict[str, Any]:
         """state.json as it is now (for the ``status`` command)."""

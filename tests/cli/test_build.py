@@ -98,7 +98,17 @@ def test_errors_exit_1_with_a_message(tmp_path: Path, model: Path) -> None:
     assert "error: model" in missing.stderr
     int8 = edge_agent_build(str(model), "--precision", "int8", "--state-dir", str(tmp_path / "s"))
     assert int8.returncode == 1
-    assert "INT8 needs a calibration" in int8.stderr
+    # Said in this command's flags, not in a deploy manifest's build spec.
+    assert "error: --precision int8: classifier.onnx is not quantized" in int8.stderr
+    assert "add --calib DIR (images to calibrate on) or --calib-cache FILE" in int8.stderr
+    assert "build spec" not in int8.stderr
+    garbage = tmp_path / "bad.onnx"
+    garbage.write_text("not a model")
+    bad = edge_agent_build(str(garbage), "--state-dir", str(tmp_path / "s"))
+    assert bad.returncode == 1
+    assert f"error: {garbage} is not a readable ONNX model" in bad.stderr
+    assert "deploy" not in bad.stderr  # offline: there is nothing to deploy again
+    assert "Traceback" not in missing.stderr + int8.stderr + bad.stderr
 
 
 @pytest.fixture

@@ -137,6 +137,16 @@ def test_every_refusal_has_its_code(model: Path, keypair: tuple[Any, Ed25519Publ
         assert words in str(exc), (code, str(exc))
 
 
+def test_bad_name_quotes_the_value_it_refuses(model: Path, keypair: tuple[Any, Ed25519PublicKey]) -> None:
+    private, public = keypair
+    body = _manifest(model).model_dump(mode="json")
+    for field, value in (("model_id", "a/b"), ("version", ".."), ("job_id", "job+1"), ("slot", "x/../y")):
+        exc = _refusal(_signed(private, {**body, field: value}), {"k1": public})
+        assert exc.code == "bad_name"
+        assert f"{field} {value!r} " in str(exc), str(exc)
+        assert "{value" not in str(exc), str(exc)
+
+
 def test_unsigned_accepted_only_when_not_required(model: Path, keypair: tuple[Any, Ed25519PublicKey]) -> None:
     m = _manifest(model)
     assert parse_signed(sign_manifest(m, None, None), {}, False, DEVICE) == m

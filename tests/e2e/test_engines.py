@@ -134,6 +134,19 @@ def test_calibrate_command_stores_and_reuses(tmp_path: Path, broker: Broker) -> 
                     correlation_data=f"c{i}".encode(),
                 )
                 replies = probe.wait_for_count(f"fleet/v1/{device}/up/cmd/calibrate", i + 1, timeout=90)
+            # Mistakes get their own codes from the real handlers, not internal_error.
+            mistakes = [
+                ("calibrate", {"slot": "cls", "frames": "many"}),
+                ("calibrate", {"slot": "nope"}),
+                ("rollback", {"slot": "nope"}),
+            ]
+            for name, args in mistakes:
+                payload = json.dumps({"args": args}).encode()
+                probe.publish(f"fleet/v1/{device}/down/cmd/{name}", payload, qos=1)
+            wrong = [
+                *probe.wait_for_count(f"fleet/v1/{device}/up/cmd/calibrate", 4, timeout=30)[2:],
+                *probe.wait_for_count(f"fleet/v1/{device}/up/cmd/rollback", 1, timeout=30),
+            ]
         finally:
             daemon.signal(signal.SIGTERM)
             code = daemon.stop()
@@ -145,6 +158,14 @@ def test_calibrate_command_stores_and_reuses(tmp_path: Path, broker: Broker) -> 
     # Different live frames give a different data hash: a new entry; the same key would be reused.
     assert second["ok"]
     assert [r.correlation_data for r in replies] == [b"c0", b"c1"]
+    bad_frames, calibrate_nope, rollback_nope = (json.loads(r.payload) for r in wrong)
+    assert (bad_frames["error_code"], bad_frames["ok"]) == ("bad_args", False), bad_frames
+    assert "'frames'" in bad_frames["error"]
+    assert "'many'" in bad_frames["error"]
+    assert calibrate_nope["error_code"] == "wrong_slot", calibrate_nope
+    assert rollback_nope["error_code"] == "wrong_slot", rollback_nope
+    assert "'nope'" in rollback_nope["error"]
+    assert "cls" in rollback_nope["error"]
 
 
 def test_deployment_with_an_int8_build_reports_requested_and_effective(

@@ -13,7 +13,7 @@ import pytest
 from agent.cli import main
 from agent.errors import ConfigError
 from agent.fleet.cli import add_fleet_arguments, build_spec_from_args, postprocess_from_args
-from agent.localbroker import Broker
+from agent.localbroker import Broker, free_port
 from agent.postprocess.spec import ClassificationSpec, DetectionSpec
 from agent.protocol.messages import JobState, JobStatus, encode
 from agent.protocol.topics import Topics
@@ -107,3 +107,60 @@ def test_deploy_exits_non_zero_and_prints_each_failure(
     assert "2 of 2 device(s) did not reach ACTIVE" in captured.err
     assert "jet-1: REJECTED unsigned: jet-1 says no" in captured.err
     assert "jet-2: REJECTED unsigned: jet-2 says no" in captured.err
+
+
+def _one_error_line(capsys: pytest.CaptureFixture[str]) -> str:
+    err = capsys.readouterr().err
+    lines = err.splitlines()
+    assert len(lines) == 1, err
+    assert "Traceback" not in err
+    return lines[0]
+
+
+def test_command_line_mistakes_name_the_flag_and_are_not_config_errors(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    model = tiny_model(tmp_path / "m.onnx")
+    deploy = ["fleet", "deploy", str(model), "--device", "d1", "--slot", "cls", "--version", "1"]
+    cases = [
+        (["fleet", "cmd", "d1", "status", "--args", "{"], "error: --args: not valid JSON"),
+        ([*deploy, "--key", str(tmp_path / "k.key")], "error: --key needs --key-id"),
+        (
+            ["fleet", "deploy", str(tmp_path / "nope.onnx"), *deploy[3:], "--unsigned"],
+            f"error: MODEL.onnx: {tmp_path / 'nope.onnx'} is not a file",
+        ),
+        (
+            ["fleet", "status", "--broker", "localhost:99999"],
+            "error: --broker: Input should be less than 65536",
+        ),
+        (["fleet", "status", "--broker", "localhost:http"], "error: --broker 'localhost:http': port 'http'"),
+    ]
+    for argv, start in cases:
+        assert main(argv) == 1, argv
+        line = _one_error_line(capsys)
+        assert line.startswith(start), (argv, line)
+
+
+def test_keygen_on_an_existing_key_points_at_force(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["fleet", "keygen", "--out", str(tmp_path)]) == 0
+    capsys.readouterr()
+    assert main(["fleet", "keygen", "--out", str(tmp_path)]) == 1
+    line = _one_error_line(capsys)
+    assert line.startswith(f"error: {tmp_path / 'fleet.key'} already exists; pass --force"), line
+    assert main(["fleet", "keygen", "--out", str(tmp_path), "--force"]) == 0
+
+
+def test_a_refused_broker_names_what_the_user_set(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    port = free_port()
+    assert main(["fleet", "status", "--broker", f"127.0.0.1:{port}", "--wait", "20"]) == 1
+    line = _one_error_line(capsys)
+    assert line == (
+        f"error: cannot connect to the MQTT broker at 127.0.0.1:{port}: Connection refused; "
+        "check --broker (is the broker running there?)"
+    )
+    config = tmp_path / "operator.yaml"
+    config.write_text(f"mqtt:\n  host: 127.0.0.1\n  port: {port}\n")
+    assert main(["fleet", "status", "-c", str(config), "--wait", "20"]) == 1
+    assert f"check mqtt.host/port in {config}" in _one_error_line(capsys)

@@ -1,0 +1,29 @@
+"""The arguments of each device command (``CommandRequest.args``), one model per command.
+
+The command router validates a request's ``args`` against the command's model before the handler
+runs, so a wrong argument is answered ``bad_args`` naming it, never a Python error from deep inside
+the handler. Unknown arguments are refused too: a typo (``"frame": 50``) must not be silently ignored.
+"""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from agent.model_base import StrictModel
+
+
+class NoArgs(StrictModel):
+    """A command without arguments (``status``)."""
+
+
+class SlotArgs(StrictModel):
+    """A command on one model slot (``rollback``)."""
+
+    slot: str = Field(min_length=1, description="The model slot, as named in the device's `slots:`.")
+
+
+class CalibrateArgs(SlotArgs):
+    """``calibrate``: INT8-calibrate the slot's model on live frames of its streams."""
+
+    # strict: "200" or 200.5 is a client bug to report, not a number to guess at.
+    frames: int = Field(200, ge=1, le=100_000, strict=True, description="Live frames to calibrate on.")
