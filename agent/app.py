@@ -122,6 +122,7 @@ class Agent:
             build=self.models.build_delivered,
             protect=self.models.protected_models,
             part_dir=config.state_dir / "partial",
+            on_job_end=self._on_job_end,
         )
         self.delivery.register_command("calibrate", self.models.calibrate)
         self.pipelines: list[SlotPipeline] = []
@@ -312,6 +313,11 @@ class Agent:
         if self.link.connected:
             self._publish_info()
 
+    def _on_job_end(self, _slot: str) -> None:
+        # up/info is retained: `fleet status` shows each slot's last job and last failure from it.
+        if self.link.connected:
+            self._publish_info()
+
     def _on_connected(self, session: int) -> None:
         log.info("agent.connected", session=session)
         self._publish_info()
@@ -327,7 +333,7 @@ class Agent:
                 model=model.ref if model else None,
                 state=slot.state.value,
                 since=model.loaded_at if model else None,
-                last_job=self.delivery.last_job(name),
+                **self.delivery.job_fields(name),
                 workers=self.layouts[name].workers,
                 layout=self.layouts[name].reason,
             )

@@ -44,7 +44,7 @@ from agent.errors import AgentError, DeliveryError, EngineError, TransportError
 from agent.mqtt.inbound import InboundMessage
 from agent.mqtt.link import MqttLink
 from agent.postprocess.spec import PostprocessSpec
-from agent.protocol.messages import JobState, JobStatus
+from agent.protocol.messages import JobEnd, JobState, JobStatus
 from agent.protocol.topics import Topics
 from agent.signing import Ed25519PublicKey, load_public_key
 from agent.store import ModelStore
@@ -67,6 +67,10 @@ log = structlog.get_logger(__name__)
 CancelReason = Literal["superseded", "stopping"]
 #: Progress is published when it crosses another tenth (bounded spool traffic for any model size).
 _PROGRESS_STEPS = 10
+#: Ends that are failures (``up/info``'s ``last_failure``); SUPERSEDED is not one: nothing to fix.
+_FAILURE_ENDS = frozenset({JobState.FAILED, JobState.REJECTED, JobState.ROLLED_BACK})
+#: Longest error message kept in ``up/info`` per end (the job message carries all of it).
+_END_ERROR_CHARS = 300
 #: Refused payloads remembered per slot, so a retained bad manifest is reported once, not per reconnect.
 _REJECTED_MEMORY = 32
 _JOIN_SLACK_S = 0.5
@@ -382,11 +386,14 @@ class DeliveryService:
         protect: Callable[[], set[str]] | None = None,
         part_dir: Path | None = None,
         trusted_keys: Mapping[str, Ed25519PublicKey] | None = None,
+        on_job_end: Callable[[str], None] | None = None,
     ) -> None:
         """``slot_specs(slot)`` gives a slot's current (preprocess, postprocess), None for an unknown slot.
         ``protect()`` gives model SHA-256s gc must keep (active and last-known-good of every slot);
         by default the models of the jobs recorded in ``state``. ``part_dir`` defaults to
         ``<store.root>/../partial``. ``trusted_keys`` overrides loading ``config.trusted_keys`` files.
+        ``on_job_end(slot)`` is called after a job of ``slot`` ended (a refused manifest too), once its
+        end is visible in :meth:`job_fields`: the agent republishes ``up/info`` with it.
         """
         self.config = config
         self.device_id = device_id
@@ -409,6 +416,12 @@ class DeliveryService:
         self._lock = threading.Lock()
         self._ledger_lock = threading.Lock()
         self._rejected: dict[str, deque[str]] = {}
+        # How the last job of each slot ended, and its last failure: in memory (the ledger keeps
+        # the last accepted job's state; a refused manifest is refused again after a restart).
+        self._ends_lock = threading.Lock()  # its own: ends are published under other locks' holders
+        self._ends: dict[str, JobEnd] = {}
+        self._failures: dict[str, JobEnd] = {}
+        self._on_job_end = on_job_end
         self._started = False
         self._stopped = False
         self.commands = CommandRouter(link, topics)
@@ -461,6 +474,26 @@ class DeliveryService:
         """Id of the last job accepted for ``slot`` (for ``up/info``)."""
         record = self.ledger.last(slot)
         return record.job_id if record is not None else None
+
+    def job_fields(self, slot: str) -> dict[str, Any]:
+        """``up/info``'s job fields of ``slot``: last job (a refused one too), its state, last failure."""
+        record = self.ledger.last(slot)
+        with self._ends_lock:
+            end, failure = self._ends.get(slot), self._failures.get(slot)
+        fields: dict[str, Any] = {"last_failure": failure}
+        if end is not None and (record is None or end.job_id == record.job_id or end.ts >= record.updated_at):
+            # The end of the ledger's job (recorded a moment later), or a refusal newer than it.
+            fields.update(last_job=end.job_id, last_job_state=end.state, last_job_error_code=end.error_code)
+        elif record is not None:
+            fields.update(
+                last_job=record.job_id, last_job_state=record.state, last_job_error_code=record.error_code
+            )
+        if failure is None and record is not None and record.state in _FAILURE_ENDS:
+            # After a restart: the ledger still knows how the last job failed (not its message).
+            fields["last_failure"] = JobEnd(
+                job_id=record.job_id, state=record.state, error_code=record.error_code, ts=record.updated_at
+            )
+        return fields
 
     def idle(self) -> bool:
         """True when no job runs or waits (a finished job's bookkeeping and gc are done too)."""
@@ -601,6 +634,24 @@ class DeliveryService:
             self.link.publish(self.topics.jobs(status.job_id), status, qos=1, durable=True)
         except (TransportError, ValueError) as exc:
             log.error("delivery.job.publish_failed", job=status.job_id, error=str(exc))
+        if status.state.terminal:
+            self._note_end(status)
+
+    def _note_end(self, status: JobStatus) -> None:
+        """Keep how the job ended for ``up/info`` (every end passes ``_publish``) and say so."""
+        error = status.error[:_END_ERROR_CHARS] if status.error else None
+        end = JobEnd(
+            job_id=status.job_id, state=status.state, error_code=status.error_code, error=error, ts=status.ts
+        )
+        with self._ends_lock:
+            self._ends[status.slot] = end
+            if status.state in _FAILURE_ENDS:
+                self._failures[status.slot] = end
+        if self._on_job_end is not None:
+            try:
+                self._on_job_end(status.slot)
+            except Exception as exc:  # noqa: BLE001 - reporting must not fail the job that ended
+                log.warning("delivery.job_end.report_failed", slot=status.slot, error=repr(exc))
 
 
 def _record(manifest: DeployManifest, state: JobState, error_code: str | None = None) -> JobRecord:

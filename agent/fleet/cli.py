@@ -36,6 +36,8 @@ if TYPE_CHECKING:
 #: end state did not parse is also unfinished, and the malformed message is what the operator must
 #: see; a misspelt id is news, the others' timeout follows from it.
 EXIT_OK, EXIT_FAILED, EXIT_UNFINISHED, EXIT_MALFORMED, EXIT_UNKNOWN = 0, 1, 2, 3, 4
+#: ``fleet status --telemetry-wait`` default: the agent's default telemetry interval (10 s) and a margin.
+DEFAULT_TELEMETRY_WAIT_S = 11.0
 #: Longest summary line printed per device (its error text is the device's).
 _SUMMARY_WIDTH = 300
 
@@ -119,6 +121,14 @@ def add_fleet_arguments(parser: argparse.ArgumentParser) -> None:
     status = sub.add_parser("status", help="table of devices from their retained status and info")
     status.add_argument("--json", action="store_true", help="machine-readable output")
     status.add_argument("--wait", type=float, default=5.0, help="longest time to collect retained messages")
+    status.add_argument(
+        "--telemetry-wait",
+        type=float,
+        default=DEFAULT_TELEMETRY_WAIT_S,
+        metavar="SECONDS",
+        help="longest wait for each online device's next telemetry (fps, CPU, temperature; not "
+        f"retained, sent every telemetry.interval_s); 0 skips it (default {DEFAULT_TELEMETRY_WAIT_S:.0f})",
+    )
     add_broker_arguments(status)
     _add_verbose(status)
 
@@ -368,7 +378,7 @@ def _serve(args: argparse.Namespace) -> int:
 def _status(args: argparse.Namespace) -> int:
     from agent.fleet.status import collect_fleet, format_table
 
-    rows = collect_fleet(settings_from_args(args), max_wait_s=args.wait)
+    rows = collect_fleet(settings_from_args(args), max_wait_s=args.wait, telemetry_wait_s=args.telemetry_wait)
     if args.json:
         print(json.dumps([row.as_dict() for row in rows], indent=2))
     elif rows:

@@ -376,3 +376,44 @@ def test_store_keeps_active_and_collects_old_models(make_device: HarnessFactory,
     # Without an injected protect(): the last job's model plus keep_models=1 others.
     assert shas[-1] in stored
     assert len(stored) == 2
+
+
+def test_info_fields_show_the_last_job_a_refused_one_included_and_the_last_failure(
+    device: Harness, model_v1: Path, model_v2: Path
+) -> None:
+    good = _deploy_ok(device, model_v1, sequence=1, job_id="job-good")
+    fields = device.service.job_fields(SLOT)
+    assert (fields["last_job"], fields["last_job_state"], fields["last_failure"]) == (
+        good,
+        JobState.ACTIVE,
+        None,
+    )
+    ends = len(device.job_ends)
+    unsigned = device.manifest(model_v2, sequence=2, job_id="job-unsigned")
+    device.deploy(
+        SignedManifest(manifest=unsigned.model_dump_json()).model_dump_json(exclude_none=True).encode()
+    )
+    device.wait_terminal("job-unsigned")
+
+    # The ledger still names the good job (the refused one must not bound replays) ...
+    assert device.service.last_job(SLOT) == good
+    # ... but up/info says what the operator needs: the last job was refused, and why.
+    fields = device.service.job_fields(SLOT)
+    assert (fields["last_job"], fields["last_job_state"], fields["last_job_error_code"]) == (
+        "job-unsigned",
+        JobState.REJECTED,
+        "unsigned",
+    )
+    failure = fields["last_failure"]
+    assert (failure.job_id, failure.state, failure.error_code) == (
+        "job-unsigned",
+        JobState.REJECTED,
+        "unsigned",
+    )
+    assert failure.error
+    assert device.job_ends[ends:] == [SLOT]  # the agent is told, to republish up/info
+
+    later = _deploy_ok(device, model_v2, sequence=3, job_id="job-later")
+    fields = device.service.job_fields(SLOT)
+    assert (fields["last_job"], fields["last_job_state"]) == (later, JobState.ACTIVE)
+    assert fields["last_failure"].job_id == "job-unsigned"  # the last failure stays in view

@@ -25,6 +25,7 @@ from agent.fleet.deploy import FleetDeploy
 from agent.fleet.deploy_outcome import DeployOutcome
 from agent.fleet.deploy_plan import DeployPlan
 from agent.fleet.keys import KeyPairFiles, load_signing_key, write_keypair
+from agent.fleet.status import collect_fleet, format_table
 from agent.fsutil import sha256_file
 from agent.localbroker import Broker
 from agent.mqtt.settings import MqttSettings
@@ -326,6 +327,16 @@ def test_bad_model_is_rejected_and_the_old_one_keeps_serving(
     jobs = probe.wait_for_count(topic.jobs(other.job_id), 1, timeout=20)
     rejected = decode(JobStatus, jobs[-1].payload)
     assert (rejected.state, rejected.error_code) == (JobState.REJECTED, "wrong_device")
+
+    # `fleet status` shows that last job and how it ended, not the model still active.
+    def last_job_shown() -> bool:
+        [row] = [r for r in collect_fleet(_settings(broker), quiet_s=0.3) if r.device == device_id]
+        return f"cls={other.job_id} REJECTED wrong_device" in format_table([row])
+
+    _wait(last_job_shown, timeout=20, what="fleet status showing the refused job")
+    [row] = [r for r in collect_fleet(_settings(broker), quiet_s=0.3) if r.device == device_id]
+    assert row.slots["cls"]["version"] == "1"
+    assert row.slots["cls"]["last_failure"]["error_code"] == "wrong_device"
 
     count = len(unique_results(probe.snapshot(), topic.results("cam")))
     probe.wait_for(lambda ms: len(unique_results(ms, topic.results("cam"))) >= count + 10, timeout=30)

@@ -110,7 +110,9 @@ def hostile_fleet(broker: Broker) -> str:
 def test_fleet_status_table_reports_each_hostile_device_and_prints_nothing_raw(
     broker: Broker, hostile_fleet: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    code = main(["fleet", "status", "--wait", "10", *_broker_args(broker, hostile_fleet)])
+    code = main(
+        ["fleet", "status", "--wait", "10", "--telemetry-wait", "0", *_broker_args(broker, hostile_fleet)]
+    )
     out, err = capsys.readouterr()
     assert code == 0, err
     _assert_terminal_safe(out + err)
@@ -130,7 +132,18 @@ def test_fleet_status_table_reports_each_hostile_device_and_prints_nothing_raw(
 def test_fleet_status_json_is_valid_and_bounded(
     broker: Broker, hostile_fleet: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    code = main(["fleet", "status", "--json", "--wait", "10", *_broker_args(broker, hostile_fleet)])
+    code = main(
+        [
+            "fleet",
+            "status",
+            "--json",
+            "--wait",
+            "10",
+            "--telemetry-wait",
+            "0",
+            *_broker_args(broker, hostile_fleet),
+        ]
+    )
     out, err = capsys.readouterr()
     assert code == 0, err
 

@@ -9,6 +9,7 @@ from agent.protocol.messages import (
     CommandReply,
     CommandRequest,
     InfoMessage,
+    JobEnd,
     JobState,
     JobStatus,
     ModelRef,
@@ -42,6 +43,14 @@ EXAMPLES: dict[str, BaseModel] = {
                 state="ACTIVE",
                 since=TS - 60,
                 last_job="job-7",
+                last_job_state=JobState.ACTIVE,
+                last_failure=JobEnd(
+                    job_id="job-6",
+                    state=JobState.REJECTED,
+                    error_code="unknown_key",
+                    error="manifest signed with key id 'fleet-2025', which this device does not trust",
+                    ts=TS - 7200,
+                ),
                 workers=1,
                 layout="auto: a live or paced stream: one run over every core for the lowest latency",
             )
