@@ -481,8 +481,14 @@ class DeliveryService:
         with self._ends_lock:
             end, failure = self._ends.get(slot), self._failures.get(slot)
         fields: dict[str, Any] = {"last_failure": failure}
-        if end is not None and (record is None or end.job_id == record.job_id or end.ts >= record.updated_at):
-            # The end of the ledger's job (recorded a moment later), or a refusal newer than it.
+        refused_later = (
+            end is not None
+            and end.state is JobState.REJECTED
+            and (record is None or end.ts >= record.updated_at)
+        )
+        if end is not None and (refused_later or (record is not None and end.job_id == record.job_id)):
+            # The end of the ledger's job (recorded there a moment later), or a manifest refused after
+            # it (never in the ledger). Another job's end (SUPERSEDED by the ledger's) is older news.
             fields.update(last_job=end.job_id, last_job_state=end.state, last_job_error_code=end.error_code)
         elif record is not None:
             fields.update(

@@ -417,3 +417,23 @@ def test_info_fields_show_the_last_job_a_refused_one_included_and_the_last_failu
     fields = device.service.job_fields(SLOT)
     assert (fields["last_job"], fields["last_job_state"]) == (later, JobState.ACTIVE)
     assert fields["last_failure"].job_id == "job-unsigned"  # the last failure stays in view
+
+
+def test_info_fields_name_the_running_job_not_the_one_it_superseded(
+    device: Harness, model_v1: Path, model_v2: Path
+) -> None:
+    device.repo.hold.update({"job-slow", "job-next"})
+    device.deploy(device.signed(device.manifest(model_v1, sequence=1, job_id="job-slow")))
+    assert device.repo.waiting.wait(10), "first download never started"
+    device.deploy(device.signed(device.manifest(model_v2, sequence=2, job_id="job-next")))
+    slow = device.topics.jobs("job-slow")
+    device.probe.wait_for(lambda ms: any(b'"SUPERSEDED"' in m.payload for m in ms if m.topic == slow), 10)
+    # job-slow's end is the newest end, but job-next (accepted, running) is the slot's last job.
+    fields = device.service.job_fields(SLOT)
+    assert (fields["last_job"], fields["last_job_state"], fields["last_failure"]) == (
+        "job-next",
+        JobState.QUEUED,
+        None,
+    )
+    device.deploy(device.signed(device.manifest(model_v2, sequence=3, job_id="job-end")))
+    assert states(device.wait_terminal("job-end")) == HAPPY
