@@ -126,6 +126,7 @@ class Agent:
             build=self.models.build_delivered,
             protect=self.models.protected_models,
             part_dir=config.state_dir / "partial",
+            on_job_end=self._on_job_end,
         )
         self.delivery.register_command("calibrate", self.models.calibrate, CalibrateArgs)
         self.metrics.add_collector(self.delivery.commands.stats, prefix="commands")
@@ -335,6 +336,11 @@ class Agent:
         if self.link.connected:
             self._publish_info()
 
+    def _on_job_end(self, _slot: str) -> None:
+        # up/info is retained: `fleet status` shows each slot's last job and last failure from it.
+        if self.link.connected:
+            self._publish_info()
+
     def _on_connected(self, session: int) -> None:
         log.info("agent.connected", session=session)
         self._publish_info()
@@ -351,7 +357,7 @@ class Agent:
                 state=slot.state.value,
                 reason=None if model else slot.empty_reason,
                 since=model.loaded_at if model else None,
-                last_job=self.delivery.last_job(name),
+                **self.delivery.job_fields(name),
                 workers=self.layouts[name].workers,
                 layout=self.layouts[name].reason,
             )

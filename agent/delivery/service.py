@@ -28,6 +28,7 @@ from agent.delivery.errors import (
     ReplayError,
     WrongSlotError,
 )
+from agent.delivery.job_ends import JobEnds
 from agent.delivery.job_records import JobRecords
 from agent.delivery.lanes import SlotLane
 from agent.delivery.ledger import JobLedger
@@ -83,11 +84,14 @@ class DeliveryService:
         protect: Callable[[], set[str]] | None = None,
         part_dir: Path | None = None,
         trusted_keys: Mapping[str, Ed25519PublicKey] | None = None,
+        on_job_end: Callable[[str], None] | None = None,
     ) -> None:
         """``slot_specs(slot)`` gives a slot's current (preprocess, postprocess), None for an unknown slot.
         ``protect()`` gives model SHA-256s gc must keep (active and last-known-good of every slot);
         by default the models of the jobs recorded in ``state``. ``part_dir`` defaults to
         ``<store.root>/../partial``. ``trusted_keys`` overrides loading ``config.trusted_keys`` files.
+        ``on_job_end(slot)`` is called after a job of ``slot`` ended (a refused manifest too), once its
+        end is visible in :meth:`job_fields`: the agent republishes ``up/info`` with it.
         """
         self.config = config
         self.device_id = device_id
@@ -114,7 +118,7 @@ class DeliveryService:
         self._rejected: dict[str, deque[str]] = {}
         #: Statuses the spool refused (disk full) wait there, in order, until the spool or link takes them.
         self._statuses = JobStatusSender(link, topics)
-        self._publish = self._statuses.publish
+        self._ends = JobEnds(on_job_end)
         #: Per slot, the manifest (and payload digest) of a job that failed disk_full: retried by itself.
         self._waiting_for_space: dict[str, tuple[DeployManifest, str]] = {}
         self._upkeep_stop = threading.Event()
@@ -193,6 +197,10 @@ class DeliveryService:
         """Id of the last job accepted for ``slot`` (for ``up/info``)."""
         record = self._records.last(slot)
         return record.job_id if record is not None else None
+
+    def job_fields(self, slot: str) -> dict[str, Any]:
+        """``up/info``'s job fields of ``slot``: last job (a refused one too), its state, last failure."""
+        return self._ends.fields(slot, self._records.last(slot))
 
     def idle(self) -> bool:
         """True when no job runs or waits (a finished job's bookkeeping and gc are done too)."""
@@ -406,3 +414,9 @@ class DeliveryService:
             self.store.gc(protect, self.config.keep_models)
         except OSError as exc:
             log.error("delivery.gc.failed", error=str(exc))
+
+    def _publish(self, status: JobStatus) -> None:
+        """Out through the spool (held in memory when a full disk refuses it); a job end is noted."""
+        self._statuses.publish(status)
+        if status.state.terminal:
+            self._ends.note(status)

@@ -14,8 +14,8 @@ broker handed to it would be lost (it may not read other devices' requests; docs
 
 A device can only have chunks sent to itself: a request whose response topic is not
 ``{prefix}/{same device}/down/xfer/{sha256}`` is refused (with an ACL on ``up/#`` a device cannot
-write another device's request topic either). Served bytes are counted per device, which is what
-``fleet deploy`` shows as transfer progress.
+write another device's request topic either). Served bytes are counted per device: not progress
+(only the device knows what it has), but what shows ``fleet deploy`` that another server answered.
 """
 
 from __future__ import annotations

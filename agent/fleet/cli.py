@@ -27,13 +27,17 @@ from agent.logs import configure_logging
 from agent.postprocess.spec import ClassificationSpec, DetectionSpec, PostprocessSpec
 
 if TYPE_CHECKING:
-    from agent.fleet.deploy_outcome import DeployOutcome
+    from agent.fleet.deploy_outcome import DeployOutcome, DeviceProgress
 
 #: Exit codes of ``fleet deploy`` (docs/fleet.md): every device ACTIVE; a device ended in a failure
 #: state; some device unfinished at --timeout; a device sent a message that did not parse (and none
-#: failed). A failure outranks a malformed message, which outranks unfinished: a device whose end
-#: state did not parse is also unfinished, and the malformed message is what the operator must see.
-EXIT_OK, EXIT_FAILED, EXIT_UNFINISHED, EXIT_MALFORMED = 0, 1, 2, 3
+#: failed); a device was unknown (no retained status, no --wait-unknown). A failure outranks a
+#: malformed message, which outranks an unknown device, which outranks unfinished: a device whose
+#: end state did not parse is also unfinished, and the malformed message is what the operator must
+#: see; a misspelt id is news, the others' timeout follows from it.
+EXIT_OK, EXIT_FAILED, EXIT_UNFINISHED, EXIT_MALFORMED, EXIT_UNKNOWN = 0, 1, 2, 3, 4
+#: ``fleet status --telemetry-wait`` default: the agent's default telemetry interval (10 s) and a margin.
+DEFAULT_TELEMETRY_WAIT_S = 11.0
 #: Longest summary line printed per device (its error text is the device's).
 _SUMMARY_WIDTH = 300
 
@@ -81,7 +85,17 @@ def add_fleet_arguments(parser: argparse.ArgumentParser) -> None:
     deploy.add_argument("--labels", type=Path, default=None, help="class names, one per line")
     deploy.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for all devices")
     deploy.add_argument("--no-serve", action="store_true", help="do not serve chunks (a `fleet serve` does)")
-    deploy.add_argument("--max-rate", type=float, default=None, help="cap served chunk bytes per second")
+    deploy.add_argument(
+        "--max-rate",
+        type=float,
+        default=None,
+        help="cap the chunk bytes this deploy serves per second (no `fleet serve` may run beside it)",
+    )
+    deploy.add_argument(
+        "--wait-unknown",
+        action="store_true",
+        help="publish to and wait for devices with no retained status (not yet connected) too",
+    )
     deploy.add_argument(
         "--status-poll",
         type=float,
@@ -107,6 +121,14 @@ def add_fleet_arguments(parser: argparse.ArgumentParser) -> None:
     status = sub.add_parser("status", help="table of devices from their retained status and info")
     status.add_argument("--json", action="store_true", help="machine-readable output")
     status.add_argument("--wait", type=float, default=5.0, help="longest time to collect retained messages")
+    status.add_argument(
+        "--telemetry-wait",
+        type=float,
+        default=DEFAULT_TELEMETRY_WAIT_S,
+        metavar="SECONDS",
+        help="longest wait for each online device's next telemetry (fps, CPU, temperature; not "
+        f"retained, sent every telemetry.interval_s); 0 skips it (default {DEFAULT_TELEMETRY_WAIT_S:.0f})",
+    )
     add_broker_arguments(status)
     _add_verbose(status)
 
@@ -251,7 +273,7 @@ def _deploy(args: argparse.Namespace) -> int:
     from agent.fleet.deploy import FleetDeploy
     from agent.fleet.deploy_plan import DeployPlan, parse_devices
     from agent.fleet.keys import load_signing_key
-    from agent.fleet.progress import ProgressView, describe_manifest
+    from agent.fleet.progress import ProgressView, describe_manifest, format_bytes
 
     if not args.model.is_file():
         raise UsageError(f"MODEL.onnx: {args.model} is not a file")
@@ -293,6 +315,7 @@ def _deploy(args: argparse.Namespace) -> int:
         max_rate_bps=args.max_rate,
         on_change=view.update,
         status_poll_s=args.status_poll,
+        wait_unknown=args.wait_unknown,
     )
     print(f"deploy: {describe_manifest(deploy.manifest)}")
     if key is not None:
@@ -302,11 +325,33 @@ def _deploy(args: argparse.Namespace) -> int:
     with deploy:
         topic = f"{settings.prefix}/{{device}}/down/desired/{plan.slot}"
         serving = "; serving the chunks" if deploy.server is not None else "; chunks left to `fleet serve`"
-        print(f"deploy: published to {len(plan.devices)} device(s) on {topic} (retained){serving}")
+        if args.max_rate and deploy.server is not None:
+            serving += f" at most {format_bytes(args.max_rate)}/s"
+        devices = deploy.snapshot()
+        published = sum(1 for p in devices if not p.skipped)
+        print(f"deploy: published to {published} device(s) on {topic} (retained){serving}")
+        _print_unknown(devices, settings.prefix, waiting=args.wait_unknown)
         view.update(deploy.snapshot(), force=True)
         outcome = deploy.wait(args.timeout)
         view.close(deploy.snapshot())
     return _report_outcome(outcome, plan.slot)
+
+
+def _print_unknown(devices: list[DeviceProgress], prefix: str, *, waiting: bool) -> None:
+    """Say at once which targets have no retained status (never connected, or a misspelt id)."""
+    unknown = [shown(p.device, 64) for p in devices if p.unknown]
+    if not unknown:
+        return
+    names = ", ".join(unknown[:20]) + (f" (+{len(unknown) - 20} more)" if len(unknown) > 20 else "")
+    where = f"{prefix}/{{device}}/up/status"
+    if waiting:
+        print(f"deploy: unknown device(s) {names}: no retained {where}; waiting for them to connect")
+    else:
+        print(
+            f"deploy: unknown device(s) {names}: no retained {where} (never connected to this broker "
+            "under this prefix, or misspelt); not deployed to; --wait-unknown waits for them",
+            file=sys.stderr,
+        )
 
 
 def _report_outcome(outcome: DeployOutcome, slot: str) -> int:
@@ -318,6 +363,8 @@ def _report_outcome(outcome: DeployOutcome, slot: str) -> int:
         print(f"deploy: {bad} device(s) sent malformed messages:", file=sys.stderr)
         for line in malformed:
             print(f"  {shown(line, _SUMMARY_WIDTH)}", file=sys.stderr)
+    for line in outcome.rate_cap_lines():
+        print(f"deploy: {shown(line, _SUMMARY_WIDTH)}", file=sys.stderr)
     if outcome.ok:
         print(f"deploy: all {total} device(s) ACTIVE on {slot}")
         return EXIT_MALFORMED if malformed else EXIT_OK
@@ -325,9 +372,11 @@ def _report_outcome(outcome: DeployOutcome, slot: str) -> int:
     print(f"deploy: {len(failures)} of {total} device(s) did not reach ACTIVE:", file=sys.stderr)
     for line in failures:
         print(f"  {shown(line, _SUMMARY_WIDTH)}", file=sys.stderr)
-    if any(p.done and not p.ok for p in outcome.devices.values()):
+    if outcome.failed:
         return EXIT_FAILED
-    return EXIT_MALFORMED if malformed else EXIT_UNFINISHED
+    if malformed:
+        return EXIT_MALFORMED
+    return EXIT_UNKNOWN if outcome.skipped else EXIT_UNFINISHED
 
 
 # -- serve, status, cmd ----------------------------------------------------------------------------
@@ -348,7 +397,7 @@ def _serve(args: argparse.Namespace) -> int:
 def _status(args: argparse.Namespace) -> int:
     from agent.fleet.status import collect_fleet, format_table
 
-    rows = collect_fleet(settings_from_args(args), max_wait_s=args.wait)
+    rows = collect_fleet(settings_from_args(args), max_wait_s=args.wait, telemetry_wait_s=args.telemetry_wait)
     if args.json:
         print(json.dumps([row.as_dict() for row in rows], indent=2))
     elif rows:

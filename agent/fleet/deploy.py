@@ -57,6 +57,9 @@ log = structlog.get_logger(__name__)
 DEFAULT_STATUS_POLL_S = 15.0
 #: A status query unanswered for this long is given up (asked again at the next poll).
 _POLL_REPLY_TIMEOUT_S = 30.0
+#: How long start() waits for the targets' retained ``up/status`` before calling a device unknown.
+#: A broker sends retained messages right after the SUBACK: milliseconds; this bounds a slow link.
+DEFAULT_UNKNOWN_GRACE_S = 2.0
 
 
 ChangeCallback = Callable[[list[DeviceProgress]], None]
@@ -77,6 +80,8 @@ class FleetDeploy:
         group: str | None = None,
         on_change: ChangeCallback | None = None,
         status_poll_s: float = DEFAULT_STATUS_POLL_S,
+        wait_unknown: bool = True,
+        unknown_grace_s: float = DEFAULT_UNKNOWN_GRACE_S,
     ) -> None:
         """``signing_key`` None publishes unsigned manifests (devices must have require_signature off).
 
@@ -85,6 +90,12 @@ class FleetDeploy:
         ``group`` is the chunk server's shared-subscription group (default: one of its own, so every
         request reaches this deploy whatever other servers run). ``on_change`` gets a snapshot of
         every device after each poll that saw a change.
+
+        A device without a retained ``up/status`` when the deploy starts never connected to this
+        broker under this prefix (or its id is misspelt): it is marked ``unknown``. With
+        ``wait_unknown`` (the class's default) it still gets the retained manifest and the deploy
+        waits for it; without (the CLI's default) nothing is published to it and the deploy does
+        not wait for it, so a typo ends at once instead of after the whole timeout.
         """
         if not plan.devices:
             raise ConfigError("deploy needs at least one --device")
@@ -146,6 +157,8 @@ class FleetDeploy:
         self._polls: dict[bytes, tuple[str, float]] = {}
         self._last_poll = time.monotonic()
         self._max_rate = max_rate_bps
+        self._wait_unknown = wait_unknown
+        self._unknown_grace_s = unknown_grace_s
         self._client = ServiceClient(settings, handler=self._on_message)
         self._connects = 0
         self._started = False
@@ -177,6 +190,7 @@ class FleetDeploy:
             self._client.subscribe(f"{self.prefix}/+/up/status", qos=1, timeout=timeout)
             self._client.subscribe(f"{self.prefix}/+/up/cmd/status", qos=1, timeout=timeout)
             self._connects = self._client.connects
+            self._find_unknown()
             self._publish_manifests()
             self._client.wait_published(timeout)
         except BaseException:
@@ -186,7 +200,7 @@ class FleetDeploy:
             "fleet.deploy.published",
             job=self.job_id,
             sequence=self.sequence,
-            devices=list(self.plan.devices),
+            devices=[d for d in self.plan.devices if not self._devices[d].skipped],
             sha256=self.manifest.sha256,
             signed=self.signed,
         )
@@ -252,8 +266,33 @@ class FleetDeploy:
 
     # -- MQTT ------------------------------------------------------------------------------------
 
+    def _find_unknown(self) -> None:
+        """Mark the targets without a retained ``up/status`` (subscribed already) as unknown."""
+        deadline = time.monotonic() + self._unknown_grace_s
+        while True:
+            with self._lock:
+                missing = [p for p in self._devices.values() if p.online is None]
+            if not missing or time.monotonic() >= deadline:
+                break
+            self._changed.wait(min(0.05, max(0.0, deadline - time.monotonic())))
+            self._changed.clear()
+        with self._lock:
+            for p in missing:
+                p.unknown = True
+                p.skipped = not self._wait_unknown
+        if missing:
+            log.warning(
+                "fleet.deploy.unknown_devices",
+                devices=[shown(p.device) for p in missing],
+                waiting=self._wait_unknown,
+                why="no retained up/status: never connected to this broker under this prefix, or misspelt",
+            )
+        self._changed.set()  # the first poll shows them
+
     def _publish_manifests(self) -> None:
         for device, payload in self.payloads.items():
+            if self._devices[device].skipped:
+                continue  # a misspelt id must not keep a retained manifest on the broker forever
             self._client.publish(self._topics[device].desired(self.plan.slot), payload, qos=1, retain=True)
 
     def _on_message(self, message: InboundMessage) -> None:
@@ -270,7 +309,10 @@ class FleetDeploy:
             elif topic.kind == "status":
                 status = decode(StatusMessage, message.payload)
                 with self._lock:
-                    self._devices[topic.device].online = status.state == "online"
+                    p = self._devices[topic.device]
+                    p.online = status.state == "online"
+                    if not p.skipped:
+                        p.unknown = False  # heard of now: a device waited for has connected
                 self._changed.set()
             elif topic.kind == "cmd":
                 self._pending.offer(message)
@@ -302,6 +344,8 @@ class FleetDeploy:
             p.progress = status.progress
             if status.bytes_done is not None:
                 p.bytes_done = status.bytes_done
+                if status.state is JobState.DOWNLOADING:
+                    self._check_rate_cap(p)
             if status.state.terminal and status.state is JobState.ACTIVE:
                 p.bytes_done = p.bytes_total
             p.error_code, p.error = status.error_code, status.error
@@ -310,6 +354,32 @@ class FleetDeploy:
             p.updated = time.monotonic()
         log.info("fleet.deploy.job_state", device=device, job=self.job_id, state=status.state.value)
         self._changed.set()
+
+    def _check_rate_cap(self, p: DeviceProgress) -> None:
+        """Notice bytes the device got from elsewhere while ``--max-rate`` is meant to hold (locked).
+
+        Growth of the device's ``bytes_done`` beyond the first non-zero report (what it had on
+        resuming, or its first tenth) can only come from chunks someone sent after that report;
+        if it exceeds every byte this deploy's server sent, another chunk server (a ``fleet
+        serve`` in any group) answered it, and the cap did not hold. One chunk of slack covers a
+        chunk counted a moment after the device's report of it.
+        """
+        if p.bytes_baseline is None:
+            if p.bytes_done > 0:
+                p.bytes_baseline = p.bytes_done
+            return
+        if not self._max_rate or self.server is None or self.plan.http_url:
+            return  # no cap to hold, or HTTP bytes are expected too
+        foreign = p.bytes_done - p.bytes_baseline - p.served - self.manifest.chunk_size
+        if foreign > p.foreign_bytes:
+            if not p.foreign_bytes:
+                log.warning(
+                    "fleet.deploy.rate_cap_bypassed",
+                    device=shown(p.device),
+                    job=self.job_id,
+                    why="another chunk server answers this device's requests",
+                )
+            p.foreign_bytes = foreign
 
     def _on_served(self, device: str, sha256: str, size: int) -> None:
         """Chunk server thread: count the bytes sent; sleeping here is what throttles the server."""

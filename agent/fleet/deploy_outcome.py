@@ -21,8 +21,20 @@ class DeviceProgress:
     state: JobState | None = None  # None: nothing heard yet
     progress: float | None = None
     bytes_done: int = 0
-    #: Chunk bytes this deploy's server sent to the device (finer-grained than the job's progress).
+    #: Chunk bytes this deploy's server sent to the device. Not progress (other servers and the
+    #: HTTP source send bytes too; the device's own ``bytes_done`` is the progress): it is what
+    #: shows that another chunk server answers this device while ``--max-rate`` is meant to hold.
     served: int = 0
+    #: The first non-zero ``bytes_done`` the device reported in this deploy (what it already had
+    #: when it resumed, or the first tenth): growth beyond it is compared with ``served``.
+    bytes_baseline: int | None = None
+    #: Bytes the device reported receiving that this deploy's server never sent (0: none seen).
+    foreign_bytes: int = 0
+    #: No retained ``up/status`` when the deploy started: the id never connected to this broker
+    #: (or is misspelt). Without ``wait_unknown`` nothing is published to it and nothing awaited.
+    unknown: bool = False
+    #: The deploy does not wait for this device (an unknown device it was not asked to wait for).
+    skipped: bool = False
     error_code: str | None = None
     error: str | None = None
     history: list[JobState] = field(default_factory=list)
@@ -36,8 +48,18 @@ class DeviceProgress:
 
     @property
     def done(self) -> bool:
-        """True once the job reached a terminal state."""
+        """True once the job reached a terminal state, or the deploy does not wait for the device."""
+        return self.skipped or self.ended
+
+    @property
+    def ended(self) -> bool:
+        """True once the job reached a terminal state (ACTIVE or a failure end)."""
         return self.state is not None and self.state.terminal
+
+    @property
+    def failed(self) -> bool:
+        """True when the job ended in a state other than ACTIVE."""
+        return self.ended and not self.ok
 
     @property
     def ok(self) -> bool:
@@ -46,13 +68,16 @@ class DeviceProgress:
 
     @property
     def fraction(self) -> float:
-        """How far the job is, 0..1: download bytes (reported or served), 1 once downloaded."""
+        """How far the job is, 0..1, as the device reports it: its downloaded bytes, 1 once downloaded.
+
+        Only the device knows what it has: bytes this deploy served may be lost, duplicated or
+        joined by another server's, so they never count here.
+        """
         if self.state in (None, JobState.QUEUED):
             return 0.0
         if self.state is JobState.DOWNLOADING:
-            done = max(self.bytes_done, min(self.served, self.bytes_total))
-            return min(1.0, done / self.bytes_total) if self.bytes_total else 0.0
-        return 1.0 if self.ok or not self.done else min(1.0, self.bytes_done / (self.bytes_total or 1))
+            return min(1.0, self.bytes_done / self.bytes_total) if self.bytes_total else 0.0
+        return 1.0 if self.ok or not self.ended else min(1.0, self.bytes_done / (self.bytes_total or 1))
 
     def copy(self) -> DeviceProgress:
         return replace(
@@ -82,6 +107,25 @@ class DeployOutcome:
         return all(p.done for p in self.devices.values())
 
     @property
+    def skipped(self) -> list[str]:
+        """Devices the deploy did not wait for: no retained status, and not asked to wait for them."""
+        return sorted(name for name, p in self.devices.items() if p.skipped)
+
+    @property
+    def failed(self) -> bool:
+        """True when some device's job ended in a state other than ACTIVE."""
+        return any(p.failed for p in self.devices.values())
+
+    def rate_cap_lines(self) -> list[str]:
+        """One line per device that received chunk bytes this deploy's server did not send."""
+        return [
+            f"{name}: received {p.foreign_bytes} bytes this deploy did not send: another chunk server "
+            "(a `fleet serve`) answers its requests, so --max-rate did not hold for it"
+            for name, p in sorted(self.devices.items())
+            if p.foreign_bytes
+        ]
+
+    @property
     def malformed(self) -> bool:
         """True when some device sent a message about this deploy that did not parse."""
         return any(p.malformed for p in self.devices.values())
@@ -104,10 +148,16 @@ class DeployOutcome:
         for name, p in sorted(self.devices.items()):
             if p.ok:
                 continue
-            if p.state is None:
+            if p.skipped:
+                lines.append(
+                    f"{name}: unknown device: no retained status (it never connected to this broker "
+                    "under this prefix, or the id is misspelt); nothing was published to it "
+                    "(--wait-unknown publishes and waits for it)"
+                )
+            elif p.state is None:
                 seen = "offline" if p.online is False else "no job status received"
                 lines.append(f"{name}: no final state ({seen}); the manifest stays retained for it")
-            elif not p.done:
+            elif not p.ended:
                 lines.append(f"{name}: still {p.state.value} when the deploy stopped waiting")
             else:
                 lines.append(f"{name}: {p.state.value} {p.error_code or ''}: {p.error or ''}".rstrip(": "))

@@ -39,24 +39,31 @@ def state_line(p: DeviceProgress, state: JobState, width: int = 0) -> str:
 
 
 def progress_line(p: DeviceProgress, width: int = 0) -> str:
-    """``device  STATE  pct  done/total  note`` for one device."""
+    """``device  STATE  pct  done/total  note`` for one device; figures as the device reported them."""
+    if p.skipped:
+        note = "(no retained status: not deployed to, not waited for)"
+        return f"{shown(p.device):<{width}}  {'unknown':<11} {note}"
     state = p.state.value if p.state is not None else "waiting"
     pct = f"{p.fraction * 100:3.0f}%"
-    if p.state is JobState.DOWNLOADING:
-        done = max(p.bytes_done, min(p.served, p.bytes_total))
-    elif p.state is None or p.state is JobState.QUEUED:
+    if p.state is None or p.state is JobState.QUEUED:
         done = 0
+    elif p.state is JobState.DOWNLOADING:
+        done = p.bytes_done
     else:
-        done = p.bytes_total if p.ok or not p.done else p.bytes_done
+        done = p.bytes_total if p.ok or not p.ended else p.bytes_done
     line = (
         f"{shown(p.device):<{width}}  {state:<11} {pct}  {format_bytes(done)} / {format_bytes(p.bytes_total)}"
     )
-    if p.done and not p.ok:
+    if p.failed:
         line += f"  {shown(p.error_code or '', _CODE_WIDTH)}: {shown(p.error or '', _ERROR_WIDTH)}"
     elif p.ok and p.timings_s:
         line += f"  in {sum(p.timings_s.values()):.1f} s"
+    elif p.unknown and p.state is None:
+        line += "  (unknown device: no retained status yet; waiting for it to connect)"
     elif p.online is False:
         line += "  (device offline: waiting for it to connect)"
+    if p.foreign_bytes:
+        line += "  (another chunk server answers it: --max-rate does not hold)"
     if p.malformed:
         line += f"  ({p.malformed} malformed message(s) from it)"
     return line
@@ -89,8 +96,17 @@ class ProgressView:
             for state in passed_states(p, self._shown.get(p.device, 0)):
                 self.stream.write(state_line(p, state, width) + "\n")
             self._shown[p.device] = len(p.history)
-            # Served bytes change per chunk: a new line only for a new state or another tenth.
-            key = (p.state, int(p.fraction * 10), p.error_code, p.online is False, p.malformed)
+            # A new line only for a new state, another tenth or a new note.
+            key = (
+                p.state,
+                int(p.fraction * 10),
+                p.error_code,
+                p.online is False,
+                p.malformed,
+                p.unknown,
+                p.skipped,
+                p.foreign_bytes > 0,
+            )
             if self._last_keys.get(p.device) != key:
                 self._last_keys[p.device] = key
                 self.stream.write(progress_line(p, width) + "\n")

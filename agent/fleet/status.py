@@ -1,7 +1,13 @@
-"""``fleet status``: every device's retained ``up/status`` and ``up/info`` as a table (or JSON).
+"""``fleet status``: every device's retained ``up/status`` and ``up/info`` as a table (or JSON), with
+each online device's latest ``up/telemetry`` figures (fps, CPU, temperature).
 
 Retained messages arrive right after the subscription; there is no end marker, so collection stops
-after a short quiet period (or a bounded total wait).
+after a short quiet period (or a bounded total wait). Telemetry is not retained: it comes every
+``telemetry.interval_s`` (10 s by default), so the command then listens up to ``telemetry_wait_s``
+for one message from each online device, and stops as soon as every one has sent one.
+
+Each slot's last job and its end state, and its last failure, come from ``up/info`` (the device
+republishes it whenever a job ends, a refused manifest included).
 
 Everything in a row except the operator's own words came from a device: the table passes each cell
 through :func:`~agent.fleet.untrusted.shown` (escapes, length cap), ``--json`` through
@@ -21,7 +27,7 @@ from agent.fleet.untrusted import clipped, shown
 from agent.mqtt.inbound import InboundMessage
 from agent.mqtt.service_client import ServiceClient
 from agent.mqtt.settings import MqttSettings
-from agent.protocol.messages import InfoMessage, ProtocolError, StatusMessage, decode
+from agent.protocol.messages import InfoMessage, ProtocolError, StatusMessage, TelemetryMessage, decode
 from agent.protocol.topics import fleet_filter, parse
 
 #: Longest device text kept per field in ``--json`` output (a device can send megabytes).
@@ -44,6 +50,11 @@ class DeviceRow:
     slots: dict[str, dict[str, Any]] = field(default_factory=dict)
     platform: dict[str, Any] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
+    #: From the latest ``up/telemetry`` heard (None: none heard, or the field was not in it).
+    telemetry_at: float | None = None
+    fps: float | None = None  # sum of the streams' ``stream.<s>.fps``
+    cpu_percent: float | None = None  # ``cpu.percent`` (the whole system)
+    temp_c: float | None = None  # the hottest ``temp.<zone>_c``
 
     def as_dict(self) -> dict[str, Any]:
         """The row for ``--json``, every device string cut to :data:`JSON_TEXT_LIMIT` characters."""
@@ -57,6 +68,10 @@ class DeviceRow:
                 "slots": self.slots,
                 "platform": self.platform,
                 "problems": self.problems,
+                "telemetry_at": self.telemetry_at,
+                "fps": self.fps,
+                "cpu_percent": self.cpu_percent,
+                "temp_c": self.temp_c,
             }
         )
         return row
@@ -74,9 +89,17 @@ def _clip_strings(value: Any) -> Any:
 
 
 def collect_fleet(
-    settings: MqttSettings, *, quiet_s: float = 0.5, max_wait_s: float = 5.0, timeout: float = 10.0
+    settings: MqttSettings,
+    *,
+    quiet_s: float = 0.5,
+    max_wait_s: float = 5.0,
+    timeout: float = 10.0,
+    telemetry_wait_s: float = 0.0,
 ) -> list[DeviceRow]:
     """Subscribe to every device's retained status and info; rows sorted by device id.
+
+    ``telemetry_wait_s`` > 0 also listens to ``up/telemetry`` and, once the retained messages are
+    in, goes on until every online device sent one (or that long after the start).
 
     Raises TransportError when the broker cannot be reached.
     """
@@ -86,13 +109,33 @@ def collect_fleet(
     try:
         client.subscribe(fleet_filter(settings.prefix, "status"), qos=1, timeout=timeout)
         client.subscribe(fleet_filter(settings.prefix, "info"), qos=1, timeout=timeout)
+        if telemetry_wait_s > 0:
+            client.subscribe(fleet_filter(settings.prefix, "telemetry"), qos=0, timeout=timeout)
         rows: dict[str, DeviceRow] = {}
-        deadline = time.monotonic() + max_wait_s
-        while (left := deadline - time.monotonic()) > 0:
-            try:
-                message = arrivals.get(timeout=min(quiet_s, left))
-            except queue.Empty:
+        start = time.monotonic()
+        retained_until = start + max_wait_s
+        telemetry_until = start + telemetry_wait_s
+        retained_done = False
+        while True:
+            now = time.monotonic()
+            if not retained_done:
+                wait = min(quiet_s, retained_until - now)
+            elif now >= telemetry_until or all(
+                r.telemetry_at is not None for r in rows.values() if r.state == "online"
+            ):
                 break
+            else:
+                wait = telemetry_until - now
+            if wait <= 0:
+                retained_done = True
+                continue
+            try:
+                message = arrivals.get(timeout=wait)
+            except queue.Empty:
+                if retained_done:
+                    break
+                retained_done = True
+                continue
             _apply(rows, message, settings.prefix)
     finally:
         client.stop()
@@ -124,12 +167,28 @@ def _apply(rows: dict[str, DeviceRow], message: InboundMessage, prefix: str) -> 
                     "state": slot.state,
                     "reason": slot.reason,
                     "last_job": slot.last_job,
+                    "last_job_state": slot.last_job_state.value if slot.last_job_state else None,
+                    "last_job_error_code": slot.last_job_error_code,
+                    "last_failure": slot.last_failure.model_dump(mode="json") if slot.last_failure else None,
                 }
                 for name, slot in info.slots.items()
             }
+        elif topic.kind == "telemetry":
+            _apply_telemetry(row, decode(TelemetryMessage, message.payload))
     except ProtocolError as exc:
         if len(row.problems) < MAX_PROBLEMS:
             row.problems.append(f"{topic.kind}: {exc}")
+
+
+def _apply_telemetry(row: DeviceRow, telemetry: TelemetryMessage) -> None:
+    """The table's figures from one telemetry message (field names: docs/operations.md)."""
+    values = telemetry.fields()
+    fps = [v for k, v in values.items() if k.startswith("stream.") and k.endswith(".fps")]
+    temps = [v for k, v in values.items() if k.startswith("temp.") and k.endswith("_c")]
+    row.telemetry_at = telemetry.ts
+    row.fps = sum(fps) if fps else None
+    row.cpu_percent = values.get("cpu.percent")
+    row.temp_c = max(temps) if temps else None
 
 
 def platform_bits(platform: dict[str, Any]) -> str:
@@ -167,6 +226,47 @@ def _slot_cell(name: str, slot: dict[str, Any]) -> str:
     return f"{shown(name, 24)}={shown(slot['model_id'], 40)}:{shown(slot['version'] or '-', 24)}"
 
 
+def figure(value: float | None, unit: str = "") -> str:
+    """A telemetry figure for a table cell: ``24.9``, ``37%``; ``-`` when absent; never wide."""
+    if value is None:
+        return "-"
+    # A device may send 1e308 (finite, so valid): it must not print 309 digits.
+    if abs(value) >= 1e6:
+        text = f"{value:.2g}"
+    elif unit:
+        text = f"{value:.0f}"
+    else:
+        text = f"{value:.1f}"
+    return text + unit
+
+
+def last_job_cell(slots: dict[str, dict[str, Any]]) -> str:
+    """``slot=job-id STATE code`` per slot: the last job, a refused one included, and how it stands."""
+    cells = []
+    for name, s in sorted(slots.items())[:_MAX_SLOTS_SHOWN]:
+        if not s.get("last_job"):
+            continue
+        cell = f"{shown(name, 24)}={shown(s['last_job'], 64)}"
+        if s.get("last_job_state"):
+            cell += f" {shown(s['last_job_state'], 16)}"
+        if s.get("last_job_error_code"):
+            cell += f" {shown(s['last_job_error_code'], 24)}"
+        cells.append(cell)
+    return " ".join(cells)
+
+
+def last_failure_cell(slots: dict[str, dict[str, Any]], now: float) -> str:
+    """``slot=code age`` per slot with a failure: the last job that ended FAILED, REJECTED, ROLLED_BACK."""
+    cells = []
+    for name, s in sorted(slots.items())[:_MAX_SLOTS_SHOWN]:
+        failure = s.get("last_failure")
+        if not failure:
+            continue
+        what = failure.get("error_code") or failure.get("state") or "?"
+        cells.append(f"{shown(name, 24)}={shown(what, 24)} {age(now - failure['ts'])} ago")
+    return " ".join(cells)
+
+
 def format_table(rows: list[DeviceRow], now: float | None = None) -> str:
     """The devices as an aligned text table (one line per device), then one line per problem.
 
@@ -174,18 +274,24 @@ def format_table(rows: list[DeviceRow], now: float | None = None) -> str:
     terminal and no cell is longer than its cap, whatever the device sent.
     """
     now = time.time() if now is None else now
-    header = ("DEVICE", "STATUS", "AGENT", "SLOTS (model:version)", "LAST JOB", "PLATFORM")
+    header = (
+        "DEVICE",
+        "STATUS",
+        "AGENT",
+        "FPS",
+        "CPU",
+        "TEMP",
+        "SLOTS (model:version)",
+        "LAST JOB",
+        "LAST FAILURE",
+        "PLATFORM",
+    )
     lines: list[tuple[str, ...]] = [header]
     notes: list[str] = []
     for row in rows:
         device = shown(row.device, 40)
         status = row.state if row.since is None else f"{row.state} {age(now - row.since)}"
         slots = " ".join(_slot_cell(name, s) for name, s in sorted(row.slots.items())[:_MAX_SLOTS_SHOWN])
-        jobs = " ".join(
-            f"{shown(name, 24)}={shown(s['last_job'], 64)}"
-            for name, s in sorted(row.slots.items())[:_MAX_SLOTS_SHOWN]
-            if s["last_job"]
-        )
         if len(row.slots) > _MAX_SLOTS_SHOWN:
             slots += f" (+{len(row.slots) - _MAX_SLOTS_SHOWN} more)"
         lines.append(
@@ -193,8 +299,12 @@ def format_table(rows: list[DeviceRow], now: float | None = None) -> str:
                 device,
                 shown(status, 24),
                 shown(row.agent_version or "-", 24),
+                figure(row.fps),
+                figure(row.cpu_percent, "%"),
+                figure(row.temp_c, "C"),
                 slots or "-",
-                jobs or "-",
+                last_job_cell(row.slots) or "-",
+                last_failure_cell(row.slots, now) or "-",
                 platform_bits(row.platform) if row.platform else "-",
             )
         )

@@ -90,6 +90,16 @@ class ModelRef(StrictModel):
     sha256: str = Field(description="SHA-256 (hex) of the ONNX model bytes.")
 
 
+class JobEnd(StrictModel):
+    """How one deployment job ended (``up/info``: the slot's last job, and its last failure)."""
+
+    job_id: str
+    state: JobState = Field(description="The terminal state: ACTIVE or a failure end.")
+    error_code: str | None = None
+    error: str | None = Field(None, description="The job's error message, cut to 300 characters.")
+    ts: FiniteTime = Field(description="When the job ended, Unix seconds.")
+
+
 class SlotInfo(StrictModel):
     """The state of one model slot."""
 
@@ -101,7 +111,16 @@ class SlotInfo(StrictModel):
         "it serves one.",
     )
     since: FiniteTime | None = Field(None, description="When the slot entered ``state``, Unix seconds.")
-    last_job: str | None = Field(None, description="Id of the last deployment job for this slot.")
+    last_job: str | None = Field(
+        None, description="Id of the last deployment job for this slot, a refused manifest's included."
+    )
+    last_job_state: JobState | None = Field(
+        None, description="Its state: a terminal one once it ended, else the last one recorded."
+    )
+    last_job_error_code: str | None = Field(None, description="Its error code when it failed.")
+    last_failure: JobEnd | None = Field(
+        None, description="The last job of the slot that ended FAILED, REJECTED or ROLLED_BACK."
+    )
     workers: Count = Field(1, description="Inference workers running the slot's batches side by side.")
     layout: str | None = Field(None, description="Why that many workers: configured, or the auto rule.")
 

@@ -141,6 +141,7 @@ class Harness:
         self.repo = repo or LocalRepo()
         self.activations = activations or Activations()
         self.rollbacks: list[str] = []
+        self.job_ends: list[str] = []  # slots whose job ended, in order (the agent republishes up/info)
         self.spool = Spool(state_dir / "spool.sqlite")
         settings = MqttSettings(
             host=broker.host, port=broker.port, reconnect_min_s=0.05, reconnect_max_s=0.3, keepalive_s=5
@@ -167,6 +168,7 @@ class Harness:
             status=lambda: {"slots": {SLOT: {"state": "active"}}},
             rollback=self._rollback,
             slot_specs=lambda slot: (PREPROCESS, POSTPROCESS) if slot == SLOT else None,
+            on_job_end=self.job_ends.append,
         )
         self.probe = Probe(broker.host, broker.port)
         self.probe.subscribe(f"fleet/v1/{self.device_id}/up/#")

@@ -401,3 +401,67 @@ def test_store_keeps_active_and_collects_old_models(make_device: HarnessFactory,
     # Without an injected protect(): the last job's model plus keep_models=1 others.
     assert shas[-1] in stored
     assert len(stored) == 2
+
+
+def test_info_fields_show_the_last_job_a_refused_one_included_and_the_last_failure(
+    device: Harness, model_v1: Path, model_v2: Path
+) -> None:
+    good = _deploy_ok(device, model_v1, sequence=1, job_id="job-good")
+    fields = device.service.job_fields(SLOT)
+    assert (fields["last_job"], fields["last_job_state"], fields["last_failure"]) == (
+        good,
+        JobState.ACTIVE,
+        None,
+    )
+    ends = len(device.job_ends)
+    unsigned = device.manifest(model_v2, sequence=2, job_id="job-unsigned")
+    device.deploy(
+        SignedManifest(manifest=unsigned.model_dump_json()).model_dump_json(exclude_none=True).encode()
+    )
+    device.wait_terminal("job-unsigned")
+
+    # The ledger still names the good job (the refused one must not bound replays) ...
+    assert device.service.last_job(SLOT) == good
+    # ... but up/info says what the operator needs: the last job was refused, and why.
+    fields = device.service.job_fields(SLOT)
+    assert (fields["last_job"], fields["last_job_state"], fields["last_job_error_code"]) == (
+        "job-unsigned",
+        JobState.REJECTED,
+        "unsigned",
+    )
+    failure = fields["last_failure"]
+    assert (failure.job_id, failure.state, failure.error_code) == (
+        "job-unsigned",
+        JobState.REJECTED,
+        "unsigned",
+    )
+    assert failure.error
+    assert device.job_ends[ends:] == [SLOT]  # the agent is told, to republish up/info
+
+    later = _deploy_ok(device, model_v2, sequence=3, job_id="job-later")
+    fields = device.service.job_fields(SLOT)
+    assert (fields["last_job"], fields["last_job_state"]) == (later, JobState.ACTIVE)
+    assert fields["last_failure"].job_id == "job-unsigned"  # the last failure stays in view
+
+
+def test_info_fields_name_the_running_job_not_the_one_it_superseded(
+    device: Harness, model_v1: Path, model_v2: Path
+) -> None:
+    device.repo.hold.update({"job-slow", "job-next"})
+    device.deploy(device.signed(device.manifest(model_v1, sequence=1, job_id="job-slow")))
+    assert device.repo.waiting.wait(10), "first download never started"
+    device.deploy(device.signed(device.manifest(model_v2, sequence=2, job_id="job-next")))
+    slow = device.topics.jobs("job-slow")
+    device.probe.wait_for(lambda ms: any(b'"SUPERSEDED"' in m.payload for m in ms if m.topic == slow), 10)
+    nxt = device.topics.jobs("job-next")
+    device.probe.wait_for(lambda ms: any(b'"DOWNLOADING"' in m.payload for m in ms if m.topic == nxt), 10)
+    # job-slow's end is the newest end, but job-next (accepted, running: the ledger records each of
+    # its states first) is the slot's last job.
+    fields = device.service.job_fields(SLOT)
+    assert (fields["last_job"], fields["last_job_state"], fields["last_failure"]) == (
+        "job-next",
+        JobState.DOWNLOADING,
+        None,
+    )
+    device.deploy(device.signed(device.manifest(model_v2, sequence=3, job_id="job-end")))
+    assert states(device.wait_terminal("job-end")) == HAPPY

@@ -20,11 +20,13 @@ from typing import Any
 import pytest
 
 from agent.delivery.manifest import KIB
+from agent.fleet.chunks import ChunkServer
 from agent.fleet.command import send_command
 from agent.fleet.deploy import FleetDeploy
 from agent.fleet.deploy_outcome import DeployOutcome
 from agent.fleet.deploy_plan import DeployPlan
 from agent.fleet.keys import KeyPairFiles, load_signing_key, write_keypair
+from agent.fleet.status import collect_fleet, format_table
 from agent.fsutil import sha256_file
 from agent.localbroker import Broker
 from agent.mqtt.settings import MqttSettings
@@ -327,6 +329,16 @@ def test_bad_model_is_rejected_and_the_old_one_keeps_serving(
     rejected = decode(JobStatus, jobs[-1].payload)
     assert (rejected.state, rejected.error_code) == (JobState.REJECTED, "wrong_device")
 
+    # `fleet status` shows that last job and how it ended, not the model still active.
+    def last_job_shown() -> bool:
+        [row] = [r for r in collect_fleet(_settings(broker), quiet_s=0.3) if r.device == device_id]
+        return f"cls={other.job_id} REJECTED wrong_device" in format_table([row])
+
+    _wait(last_job_shown, timeout=20, what="fleet status showing the refused job")
+    [row] = [r for r in collect_fleet(_settings(broker), quiet_s=0.3) if r.device == device_id]
+    assert row.slots["cls"]["version"] == "1"
+    assert row.slots["cls"]["last_failure"]["error_code"] == "wrong_device"
+
     count = len(unique_results(probe.snapshot(), topic.results("cam")))
     probe.wait_for(lambda ms: len(unique_results(ms, topic.results("cam"))) >= count + 10, timeout=30)
     assert daemon.stop() == 0
@@ -337,3 +349,28 @@ def test_bad_model_is_rejected_and_the_old_one_keeps_serving(
     state = _state(files)
     assert state["slots"]["cls"]["active"]["version"] == "1"
     assert state["slots"]["cls"] == json.loads(state_before)["slots"]["cls"]
+
+
+def test_a_rate_capped_deploy_beside_a_fleet_serve_says_the_cap_did_not_hold(
+    fleet: Fleet, broker: Broker, device_id: str, probe: Probe, tmp_path: Path
+) -> None:
+    files = fleet.files(device_id)
+    fleet.start(files)
+    probe.wait_for(_count_version("1", Topics("fleet/v1", device_id).results("cam")), timeout=60)
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "v2.onnx").write_bytes(files.v2.read_bytes())
+    # A `fleet serve` of the operator (its own group): it answers the same requests at full speed.
+    with ChunkServer(_settings(broker)) as serve:
+        serve.add_repo(repo)
+        chunk = 1 * KIB
+        outcome = _finish(fleet.deploy(files.v2, [device_id], chunk_size=chunk, max_rate_bps=4 * chunk))
+
+    assert outcome.ok, outcome.failures()
+    p = outcome.devices[device_id]
+    assert serve.served_bytes(device_id) >= p.bytes_total
+    assert p.served < p.bytes_total  # the capped server sent a fraction; the device had it all
+    assert p.foreign_bytes > 0
+    [line] = outcome.rate_cap_lines()
+    assert line.startswith(f"{device_id}: received")
+    assert "--max-rate did not hold" in line

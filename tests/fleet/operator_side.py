@@ -8,6 +8,9 @@ from pathlib import Path
 from agent.localbroker import Broker
 from agent.modelzoo import write_classifier
 from agent.mqtt.settings import MqttSettings
+from agent.protocol.messages import StatusMessage, encode
+from agent.protocol.topics import Topics
+from tests.mqtt_probe import Probe
 
 
 def unique_prefix() -> str:
@@ -25,3 +28,10 @@ def tiny_model(path: Path) -> Path:
     """A small real ONNX classifier (a few KiB)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     return write_classifier(path, input_size=32, num_classes=4, seed=3)
+
+
+def announce(probe: Probe, prefix: str, *devices: str) -> None:
+    """Publish each device's retained ``up/status`` (online), as a connected agent does."""
+    for device in devices:
+        status = StatusMessage(state="online", session=1, agent_version="test")
+        probe.publish(Topics(prefix, device).status, encode(status), retain=True)

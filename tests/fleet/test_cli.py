@@ -17,7 +17,7 @@ from agent.localbroker import Broker, free_port
 from agent.postprocess.spec import ClassificationSpec, DetectionSpec
 from agent.protocol.messages import JobState, JobStatus, encode
 from agent.protocol.topics import Topics
-from tests.fleet.operator_side import tiny_model, unique_prefix
+from tests.fleet.operator_side import announce, tiny_model, unique_prefix
 from tests.mqtt_probe import Probe
 
 
@@ -75,6 +75,7 @@ def test_deploy_exits_non_zero_and_prints_each_failure(
     prefix = unique_prefix()
     model = tiny_model(tmp_path / "net.onnx")
     with Probe(broker.host, broker.port) as device:
+        announce(device, prefix, "jet-1", "jet-2")
         device.subscribe(f"{prefix}/+/down/desired/cls")
 
         def refuse_all() -> None:
@@ -164,3 +165,22 @@ def test_a_refused_broker_names_what_the_user_set(tmp_path: Path, capsys: pytest
     config.write_text(f"mqtt:\n  host: 127.0.0.1\n  port: {port}\n")
     assert main(["fleet", "status", "-c", str(config), "--wait", "20"]) == 1
     assert f"check mqtt.host/port in {config}" in _one_error_line(capsys)
+
+
+def test_deploy_to_an_unknown_device_ends_at_once_naming_it(
+    tmp_path: Path, broker: Broker, capsys: pytest.CaptureFixture[str]
+) -> None:
+    prefix = unique_prefix()
+    model = tiny_model(tmp_path / "net.onnx")
+    code = main(
+        [
+            "fleet", "deploy", str(model), "--device", "jet-typo", "--slot", "cls", "--version", "3",
+            "--unsigned", "--timeout", "600", "--broker", f"{broker.host}:{broker.port}", "--prefix", prefix,
+        ]
+    )  # fmt: skip
+    captured = capsys.readouterr()
+    assert code == 4, captured.out + captured.err
+    assert "published to 0 device(s)" in captured.out
+    assert f"unknown device(s) jet-typo: no retained {prefix}/{{device}}/up/status" in captured.err
+    assert "--wait-unknown waits for them" in captured.err
+    assert "jet-typo: unknown device" in captured.err

@@ -23,7 +23,7 @@ from agent.localbroker import Broker
 from agent.protocol.messages import CommandReply, JobState, JobStatus, encode
 from agent.protocol.topics import Topics
 from agent.signing import load_public_key
-from tests.fleet.operator_side import operator_settings, tiny_model, unique_prefix
+from tests.fleet.operator_side import announce, operator_settings, tiny_model, unique_prefix
 from tests.mqtt_probe import Probe
 
 
@@ -167,3 +167,63 @@ def test_a_silent_device_is_reported_unfinished(tmp_path: Path, broker: Broker, 
     assert outcome.failures() == [
         "ghost: no final state (no job status received); the manifest stays retained for it"
     ]
+
+
+def test_an_unknown_device_is_named_at_once_and_gets_no_manifest(
+    tmp_path: Path, broker: Broker, prefix: str, probe: Probe
+) -> None:
+    announce(probe, prefix, "jet-01")
+    plan = _plan(tmp_path, "jet-01", "jet-0l")
+    deploy = FleetDeploy(operator_settings(broker, prefix), plan, serve=False, wait_unknown=False)
+    with deploy:
+        known, typo = deploy.snapshot()
+        assert (known.unknown, typo.unknown, typo.skipped) == (False, True, True)
+        probe.publish(Topics(prefix, "jet-01").jobs(deploy.job_id), _status(deploy, JobState.ACTIVE))
+        # Nothing left to wait for once the known device is done: no timeout runs out for the typo.
+        outcome = deploy.wait(timeout=None)
+    assert outcome.skipped == ["jet-0l"]
+    assert not outcome.ok
+    assert not outcome.failed
+    assert "jet-0l: unknown device: no retained status" in outcome.failures()[0]
+    with Probe(broker.host, broker.port) as late:
+        late.subscribe(f"{prefix}/+/down/desired/cls")
+        late.settle(0.5)
+        retained = {m.topic.split("/")[2] for m in late.snapshot()}
+    assert retained == {"jet-01"}  # the misspelt id keeps no retained manifest on the broker
+
+
+def test_an_unknown_device_is_waited_for_only_when_asked(
+    tmp_path: Path, broker: Broker, prefix: str, probe: Probe
+) -> None:
+    probe.subscribe(f"{prefix}/+/down/desired/cls")
+    deploy = FleetDeploy(operator_settings(broker, prefix), _plan(tmp_path, "jet-new"), serve=False)
+    with deploy:
+        assert deploy.snapshot()[0].unknown
+        assert not deploy.poll(0.2)
+        probe.wait_for(lambda ms: len(ms) >= 1, timeout=5)  # it got the manifest: it may still come
+        announce(probe, prefix, "jet-new")
+        probe.publish(Topics(prefix, "jet-new").jobs(deploy.job_id), _status(deploy, JobState.ACTIVE))
+        outcome = deploy.wait(timeout=10)
+    assert outcome.ok
+    assert not outcome.devices["jet-new"].unknown
+
+
+def test_a_rate_capped_deploy_notices_bytes_it_did_not_send(
+    tmp_path: Path, broker: Broker, prefix: str, probe: Probe
+) -> None:
+    announce(probe, prefix, "dev")
+    plan = _plan(tmp_path, "dev")
+    deploy = FleetDeploy(operator_settings(broker, prefix), plan, max_rate_bps=1000.0)
+    total = deploy.manifest.size
+    jobs = Topics(prefix, "dev").jobs(deploy.job_id)
+    with deploy:
+        # The device reports the whole file while this deploy's server sent it nothing: another
+        # server (a `fleet serve`) answered its requests.
+        for done in (0, 4096, total):
+            probe.publish(jobs, _status(deploy, JobState.DOWNLOADING, bytes_done=done, bytes_total=total))
+        probe.publish(jobs, _status(deploy, JobState.ACTIVE))
+        outcome = deploy.wait(timeout=10)
+    assert outcome.devices["dev"].served == 0
+    assert outcome.devices["dev"].foreign_bytes == total - 4096 - plan.chunk_size
+    assert outcome.rate_cap_lines()[0].startswith("dev: received")
+    assert "--max-rate did not hold" in outcome.rate_cap_lines()[0]

@@ -23,7 +23,7 @@ from agent.fleet.cli import EXIT_FAILED, EXIT_MALFORMED
 from agent.localbroker import Broker
 from agent.protocol.messages import CommandReply, encode
 from agent.protocol.topics import Topics
-from tests.fleet.operator_side import tiny_model, unique_prefix
+from tests.fleet.operator_side import announce, tiny_model, unique_prefix
 from tests.mqtt_probe import Probe
 
 #: What an attacker's escape sequence tries to draw over the real progress or table.
@@ -110,7 +110,9 @@ def hostile_fleet(broker: Broker) -> str:
 def test_fleet_status_table_reports_each_hostile_device_and_prints_nothing_raw(
     broker: Broker, hostile_fleet: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    code = main(["fleet", "status", "--wait", "10", *_broker_args(broker, hostile_fleet)])
+    code = main(
+        ["fleet", "status", "--wait", "10", "--telemetry-wait", "0", *_broker_args(broker, hostile_fleet)]
+    )
     out, err = capsys.readouterr()
     assert code == 0, err
     _assert_terminal_safe(out + err)
@@ -130,7 +132,18 @@ def test_fleet_status_table_reports_each_hostile_device_and_prints_nothing_raw(
 def test_fleet_status_json_is_valid_and_bounded(
     broker: Broker, hostile_fleet: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    code = main(["fleet", "status", "--json", "--wait", "10", *_broker_args(broker, hostile_fleet)])
+    code = main(
+        [
+            "fleet",
+            "status",
+            "--json",
+            "--wait",
+            "10",
+            "--telemetry-wait",
+            "0",
+            *_broker_args(broker, hostile_fleet),
+        ]
+    )
     out, err = capsys.readouterr()
     assert code == 0, err
 
@@ -150,6 +163,7 @@ def _play_devices(
 ) -> threading.Thread:
     """Each device publishes its job messages once it sees its manifest; ``bad_status_reply``
     answers the deploy's ``status`` commands with a last_job record whose ``error_code`` is a number."""
+    announce(probe, prefix, *devices)  # connected devices: the deploy knows them
     probe.subscribe(f"{prefix}/+/down/desired/cls")
     if bad_status_reply is not None:
         probe.subscribe(Topics(prefix, bad_status_reply).cmd("status"))

@@ -52,10 +52,19 @@ def test_terminal_output_redraws_every_device_in_place() -> None:
     assert text.count("\n") == 4
 
 
-def test_download_progress_uses_served_bytes_when_ahead_of_the_report() -> None:
+def test_download_progress_is_the_devices_report_not_the_bytes_served() -> None:
+    # Served bytes can be lost or joined by another server's: only the device knows what it has.
     p = _p("a", JobState.DOWNLOADING, [JobState.DOWNLOADING], bytes_done=100, served=600)
-    assert p.fraction == 0.6
-    assert " 60%" in progress_line(p)
+    assert p.fraction == 0.1
+    assert " 10%  100 B / 1000 B" in progress_line(p)
+
+
+def test_an_unknown_device_says_so_instead_of_waiting_at_zero() -> None:
+    waited = _p("jet-9", None, [], unknown=True)
+    assert "unknown device: no retained status yet" in progress_line(waited)
+    skipped = _p("jet-9", None, [], unknown=True, skipped=True)
+    assert progress_line(skipped).split()[1] == "unknown"
+    assert "%" not in progress_line(skipped)
 
 
 def test_terminal_redraw_carries_only_its_own_escapes_whatever_the_device_sent() -> None:
