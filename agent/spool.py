@@ -12,6 +12,10 @@ instead of being published. A full disk never raises for a result: it is dropped
 warned about once per episode; a job state raises :class:`SpoolWriteError` so the caller can keep it
 in memory instead. Each write is one transaction, and :meth:`Spool.add_many` writes a whole batch in
 one, so a publisher of many results pays one fsync per batch, not one per result.
+
+One job (a capped, crash-safe outbox), about 500 lines: the cap, the eviction order, the TTL and the
+counters all live in the same transactions as the rows they change; apart, a crash between them
+would leave the counters lying.
 """
 
 from __future__ import annotations

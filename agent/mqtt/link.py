@@ -17,6 +17,11 @@ paho side of each lives in :mod:`agent.mqtt.core`, the only module that imports 
   broker answered before ``publish()`` returned.
 * paho ignores the broker's Maximum Packet Size and resends an oversized QoS 1 message forever
   (paho#760): sizes are checked here, against our limit and the broker's CONNACK limit.
+
+One job, about 600 lines: the network thread's state (connection, session, the durable window and
+its spool ids in flight, the acknowledgements batched per turn, the offline status at stop) is one
+state machine that only that thread touches; split across modules, the rule "only the network
+thread publishes durable messages" would hold in no one place. The dispatcher is its own module.
 """
 
 from __future__ import annotations
@@ -35,9 +40,10 @@ from pydantic import BaseModel
 
 from agent.backoff import reconnect_delay
 from agent.errors import TransportError
-from agent.mqtt.core import NOT_AUTHORIZED, MqttCore, PublishProperties, payload_limit, topic_matches
+from agent.mqtt.core import NOT_AUTHORIZED, MqttCore, PublishProperties, payload_limit
+from agent.mqtt.dispatch import Dispatcher, Handler
 from agent.mqtt.events import CallbackFailed, ConnAck, Disconnected, Event, PubAck, PublishOutcome, SubAck
-from agent.mqtt.inbound import STOP, Connected, InboundMessage, Inbox
+from agent.mqtt.inbound import Connected, InboundMessage, Inbox
 from agent.mqtt.session import SESSION_KEY, SessionCounter
 from agent.mqtt.settings import MqttSettings
 from agent.protocol.messages import StatusMessage, encode
@@ -67,21 +73,11 @@ _COUNTERS = (
 )
 
 
-Handler = Callable[[InboundMessage], None]
-
-
 @dataclass(frozen=True)
 class _InboxFull:
     """A received message was dropped: the inbox was full (counted and logged by the network thread)."""
 
     topic: str
-
-
-@dataclass(frozen=True)
-class _Subscription:
-    topic_filter: str
-    handler: Handler
-    qos: int
 
 
 class MqttLink:
@@ -106,13 +102,13 @@ class MqttLink:
         self.status_topic = status_topic
         self.agent_version = agent_version
         self._spool = spool
-        self._on_connected = on_connected
         self._rng = random.Random()
 
         self._events: queue.SimpleQueue[Event | _InboxFull] = queue.SimpleQueue()
         self._inbox = Inbox(settings.inbox_size)
-        self._subs: list[_Subscription] = []
-        self._subs_lock = threading.Lock()
+        self._dispatcher = Dispatcher(
+            self._inbox, on_connected=on_connected, on_error=lambda: self._count("handler_errors")
+        )
         self._counts = dict.fromkeys(_COUNTERS, 0)
         self._counts_lock = threading.Lock()
 
@@ -143,7 +139,6 @@ class MqttLink:
         self._stopped = threading.Event()
         self._last_loop = time.monotonic()
         self._net_thread: threading.Thread | None = None
-        self._dispatch_thread: threading.Thread | None = None
         self._core = self._make_core()
 
     # -- construction ------------------------------------------------------------------------------
@@ -181,9 +176,8 @@ class MqttLink:
         """Start the network and dispatcher threads; connects in the background, never raises."""
         if self._net_thread is not None:
             raise RuntimeError("MqttLink.start() called twice")
-        self._dispatch_thread = threading.Thread(target=self._run_dispatch, name="mqtt-dispatch", daemon=True)
         self._net_thread = threading.Thread(target=self._run_network, name="mqtt-network", daemon=True)
-        self._dispatch_thread.start()
+        self._dispatcher.start()
         self._net_thread.start()
 
     def stop(self, timeout: float = 5.0) -> None:
@@ -198,9 +192,7 @@ class MqttLink:
         self._stop_requested.set()
         self._core.wake_now()
         self._net_thread.join(timeout + 2.0)
-        self._inbox.put_control(STOP)
-        if self._dispatch_thread is not None:
-            self._dispatch_thread.join(2.0)
+        self._dispatcher.stop(2.0)
         self._stopped.set()
 
     @property
@@ -215,8 +207,7 @@ class MqttLink:
 
     def healthy(self) -> bool:
         """True while both threads are alive and the network loop turned recently (systemd watchdog)."""
-        threads = (self._net_thread, self._dispatch_thread)
-        if any(t is None or not t.is_alive() for t in threads):
+        if self._net_thread is None or not self._net_thread.is_alive() or not self._dispatcher.alive():
             return False
         return time.monotonic() - self._last_loop < max(10.0, 2.0 * self.settings.keepalive_s)
 
@@ -373,8 +364,7 @@ class MqttLink:
         """
         if qos not in (0, 1):
             raise ValueError(f"QoS {qos} is not supported by the link (use 0 or 1)")
-        with self._subs_lock:
-            self._subs.append(_Subscription(topic_filter, handler, qos))
+        self._dispatcher.add(topic_filter, handler, qos)
         # If the network thread connects concurrently it subscribes too: a double SUBSCRIBE is harmless.
         if self._connected:
             self._core.subscribe(topic_filter, qos)
@@ -518,9 +508,7 @@ class MqttLink:
         # keep at least our durable window within it.
         self._window = min(self.settings.max_inflight, receive_max or self.settings.max_inflight)
         log.info("mqtt.connected", session=self._session, max_packet=max_packet, receive_max=receive_max)
-        with self._subs_lock:
-            subs = list(self._subs)
-        for sub in subs:
+        for sub in self._dispatcher.subscriptions():
             self._core.subscribe(sub.topic_filter, sub.qos)
         self._core.publish(self.status_topic, self._status("online"), qos=1, retain=True)
         self._spool_wake.set()
@@ -613,30 +601,6 @@ class MqttLink:
             log.info("mqtt.stopped", session=self._session, spool_depth=self._spool.count())
             return True
         return False
-
-    def _run_dispatch(self) -> None:
-        while True:
-            item = self._inbox.take(timeout=1.0)
-            if item is None:
-                continue
-            if item is STOP:
-                return
-            if isinstance(item, Connected):
-                if self._on_connected is not None:
-                    self._call_guarded("on_connected", lambda s=item.session: self._on_connected(s))  # type: ignore[misc]
-                continue
-            if isinstance(item, InboundMessage):
-                with self._subs_lock:
-                    handlers = [s.handler for s in self._subs if topic_matches(s.topic_filter, item.topic)]
-                for handler in handlers:
-                    self._call_guarded(item.topic, lambda h=handler, m=item: h(m))  # type: ignore[misc]
-
-    def _call_guarded(self, what: str, fn: Callable[[], None]) -> None:
-        try:
-            fn()
-        except Exception as exc:
-            self._count("handler_errors")
-            log.exception("mqtt.handler.failed", target=what, error=repr(exc))
 
 
 def _expiry(expires_at: float | None) -> PublishProperties | None:
