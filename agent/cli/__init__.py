@@ -16,6 +16,7 @@ from pathlib import Path
 from agent import __version__
 from agent.cli.broker import add_broker_arguments
 from agent.cli.build import add_build_arguments
+from agent.cli.selftest import add_selftest_arguments
 from agent.errors import AgentError, ConfigError, UsageError
 from agent.fleet.cli import add_fleet_arguments
 
@@ -39,6 +40,11 @@ def _parser() -> argparse.ArgumentParser:
 
     build = sub.add_parser("build", help="build or find an engine offline, like trtexec")
     add_build_arguments(build)
+
+    selftest = sub.add_parser(
+        "selftest", help="prove what the agent can do on this machine, step by step; JSON + Markdown report"
+    )
+    add_selftest_arguments(selftest)
 
     broker = sub.add_parser("broker", help="run a local mosquitto (for configs/local.yaml) until Ctrl-C")
     add_broker_arguments(broker)
@@ -137,6 +143,10 @@ def _dispatch(args: argparse.Namespace) -> int:
         from agent.cli.build import run_build
 
         return run_build(args)
+    if args.command == "selftest":
+        from agent.cli.selftest import run_selftest
+
+        return run_selftest(args)
     if args.command == "broker":
         from agent.cli.broker import run_broker
 

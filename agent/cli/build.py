@@ -2,7 +2,9 @@
 
 Prints the plan with a reason for every change, the build time, the cache entry (key, path, hit or
 miss), where the layers run (TensorRT placement, or ONNX Runtime's providers), and with ``--bench``
-the throughput of the engine on random input. ``--calib DIR`` calibrates INT8 on the images in DIR,
+the throughput of the engine on random input, beside every other backend this device has (ONNX
+Runtime CPU, CUDA, TensorRT EP, native TensorRT; :mod:`agent.benchmark`), each skipped with its reason
+when absent. ``--calib DIR`` calibrates INT8 on the images in DIR,
 preprocessed to ``--width`` x ``--height`` (default: the model's input size), RGB, pixels / 255;
 ``--calib-from VIDEO`` first writes ``--calib-frames`` frames of a video file or stream into that
 directory (:mod:`agent.engines.calibration_video`).
@@ -17,7 +19,6 @@ import argparse
 import json
 import logging
 import os
-import statistics
 import sys
 import time
 from collections.abc import Sequence
@@ -31,8 +32,12 @@ from agent.errors import AgentError, BuildError, UsageError
 # Only argparse is needed to declare the options; the builder (onnx, numpy, ...) loads when the
 # command runs, so `edge-agent --help` and the other commands stay fast.
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from agent.benchmark import ComparisonRow
     from agent.camera.preprocess_spec import PreprocessSpec
     from agent.engines.artifact import EngineArtifact
+    from agent.engines.builder import EngineBuilder
     from agent.engines.settings import EngineConfig
     from agent.engines.spec import BuildSpec
 
@@ -68,7 +73,12 @@ def add_build_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--calib-frames", type=int, default=200, help="images to calibrate on (default 200)")
     parser.add_argument("--width", type=int, help="calibration input width (default: the model's)")
     parser.add_argument("--height", type=int, help="calibration input height (default: the model's)")
-    parser.add_argument("--bench", action="store_true", help="measure throughput on random input")
+    parser.add_argument(
+        "--bench",
+        action="store_true",
+        help="measure throughput on random input, and compare every backend this device has "
+        "(ONNX Runtime CPU, CUDA, TensorRT EP, native TensorRT) on the same model and input",
+    )
     parser.add_argument("--iterations", type=int, default=DEFAULT_ITERATIONS, help="timed runs for --bench")
     parser.add_argument("--batch", type=int, default=1, help="batch size for --bench")
     where = parser.add_mutually_exclusive_group()
@@ -176,52 +186,6 @@ def _settings(args: argparse.Namespace) -> tuple[Path, EngineConfig]:
     return Path(state_dir), engines
 
 
-def bench(artifact: EngineArtifact, iterations: int, batch: int) -> dict[str, Any]:
-    """Load the engine, run it on random input: load time, first inference, throughput, latency."""
-    import numpy as np
-
-    from agent.backends.base import get_backend
-
-    started = time.perf_counter()
-    runner = get_backend(artifact.backend).load(artifact.engine_path, artifact.load_options())
-    load_s = time.perf_counter() - started
-    try:
-        rng = np.random.default_rng(0)
-        feeds = {}
-        for spec in runner.inputs:
-            dims = [batch if axis == 0 else d for axis, d in enumerate(spec.shape)]
-            shape = [d for d in dims if isinstance(d, int) and d > 0]
-            if len(shape) != len(dims):
-                raise BuildError(
-                    f"input {spec.name!r} has dynamic axes {spec.shape}: cannot make a bench input"
-                )
-            feeds[spec.name] = rng.random(shape).astype(spec.dtype)
-        first = time.perf_counter()
-        runner.infer(feeds)
-        first_s = time.perf_counter() - first
-        for _ in range(min(10, iterations)):
-            runner.infer(feeds)
-        times = []
-        for _ in range(iterations):
-            t0 = time.perf_counter()
-            runner.infer(feeds)
-            times.append(time.perf_counter() - t0)
-    finally:
-        runner.close()
-    total = sum(times)
-    ordered = sorted(times)
-    return {
-        "iterations": iterations,
-        "batch": batch,
-        "load_s": load_s,
-        "first_inference_s": first_s,
-        "throughput_per_s": batch * iterations / total if total > 0 else None,
-        "latency_ms_mean": 1000 * statistics.fmean(times),
-        "latency_ms_p50": 1000 * ordered[len(ordered) // 2],
-        "latency_ms_p99": 1000 * ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))],
-    }
-
-
 def _placement_text(effective: dict[str, Any]) -> str:
     placement = effective.get("placement")
     if not isinstance(placement, dict):
@@ -273,6 +237,50 @@ def _print_text(
         )
 
 
+def _compare(  # noqa: PLR0917 - a private step of run_build, called once
+    model: Path,
+    spec: BuildSpec,
+    builder: EngineBuilder,
+    artifact: EngineArtifact,
+    args: argparse.Namespace,
+    progress: Callable[[str], None],
+) -> list[ComparisonRow]:
+    """Every backend of this device on the same model and input; native TensorRT built for the GPU
+    (a cache hit when this build already was one, or was made before)."""
+    from agent.benchmark import bench_candidates, compare_backends
+
+    def native() -> EngineArtifact:
+        return builder.build(model, spec.model_copy(update={"device": "gpu"}), progress=progress)
+
+    return compare_backends(
+        model,
+        bench_candidates(builder.platform),
+        iterations=args.iterations,
+        batch=args.batch,
+        native=native,
+        built=artifact,
+    )
+
+
+def comparison_lines(rows: Sequence[ComparisonRow]) -> list[str]:
+    """The ``compare`` lines of the text report: one per backend, measured, skipped or failed."""
+    width = max((len(row.label) for row in rows), default=0)
+    lines = []
+    for row in rows:
+        head = f"compare    {row.label:<{width}}"
+        if row.status != "measured" or row.result is None:
+            lines.append(f"{head}  {row.status}: {row.reason}")
+            continue
+        result = row.result
+        diff = "" if row.max_abs_diff is None else f", max abs diff {row.max_abs_diff:.3g} vs first row"
+        note = f" ({row.note})" if row.note else ""
+        lines.append(
+            f"{head}  {result['throughput_per_s']:.1f} inferences/s, p50 {result['latency_ms_p50']:.2f} ms, "
+            f"p99 {result['latency_ms_p99']:.2f} ms{diff}{note}"
+        )
+    return lines
+
+
 def quiet_logs() -> None:
     """Agent log events at warning and above, to stderr: stdout is the report (or the JSON)."""
     structlog.configure(
@@ -285,6 +293,7 @@ def quiet_logs() -> None:
 
 def run_build(args: argparse.Namespace) -> int:
     """``edge-agent build``: returns the exit status; raises AgentError for the CLI to print."""
+    from agent.benchmark import THIS_BUILD, bench
     from agent.engines.builder import EngineBuilder
     from agent.platform import detect_platform
 
@@ -312,7 +321,12 @@ def run_build(args: argparse.Namespace) -> int:
     started = time.monotonic()
     artifact = builder.build(model, spec, preprocess=preprocess, progress=progress)
     seconds = time.monotonic() - started
-    bench_result = bench(artifact, args.iterations, args.batch) if args.bench else None
+    bench_result: dict[str, Any] | None = None
+    rows: list[ComparisonRow] = []
+    if args.bench:
+        rows = _compare(model, spec, builder, artifact, args, progress)
+        ours = [row for row in rows if row.note == THIS_BUILD and row.result is not None]
+        bench_result = ours[0].result if ours else bench(artifact, args.iterations, args.batch)
     if args.json:
         document = {
             "model": str(model),
@@ -324,10 +338,13 @@ def run_build(args: argparse.Namespace) -> int:
             "plan": artifact.plan.model_dump(mode="json"),
             "effective": artifact.effective,
             "bench": bench_result,
+            "compare": [row.as_dict() for row in rows],
         }
         print(json.dumps(document, indent=2, default=str))
     else:
         _print_text(model, artifact, seconds, bench_result)
+        for line in comparison_lines(rows):
+            print(line)
     return 0
 
 

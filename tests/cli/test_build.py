@@ -57,6 +57,18 @@ def test_build_prints_plan_cache_placement_then_hits_with_bench(tmp_path: Path, 
     assert f"cache      hit: key {key}" in warm.stdout
     assert "build      cache hit" in warm.stdout
     assert "inferences/s (batch 1, 20 runs)" in warm.stdout
+    # Every backend side by side: this build's row measured, the absent ones skipped with the reason.
+    compare = [line for line in warm.stdout.splitlines() if line.startswith("compare    ")]
+    assert [line.split("  ")[2].strip() for line in compare] == [
+        "ONNX Runtime CPU",
+        "ONNX Runtime CUDA",
+        "ONNX Runtime TensorRT EP",
+        "TensorRT (native)",
+    ]
+    assert compare[0].endswith("(this build)")
+    assert "inferences/s" in compare[0]
+    assert "skipped: this ONNX Runtime build has no CUDAExecutionProvider" in compare[1]
+    assert "skipped: tensorrt" in compare[3]
 
 
 def test_int8_with_calibration_images_as_json(tmp_path: Path, model: Path) -> None:
@@ -90,6 +102,10 @@ def test_int8_with_calibration_images_as_json(tmp_path: Path, model: Path) -> No
     assert Path(document["effective"]["calibration"]["trt_cache"]).is_file()
     assert document["bench"]["batch"] == 2
     assert document["bench"]["throughput_per_s"] > 0
+    rows = {row["key"]: row for row in document["compare"]}
+    assert rows["ort-cpu"]["note"] == "this build"
+    assert rows["ort-cpu"]["bench"] == document["bench"]
+    assert rows["tensorrt"]["status"] == "skipped"
 
 
 def test_errors_exit_1_with_a_message(tmp_path: Path, model: Path) -> None:
