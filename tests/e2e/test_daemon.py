@@ -5,8 +5,6 @@ from __future__ import annotations
 import json
 import signal
 import time
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -21,18 +19,6 @@ pytestmark = pytest.mark.slow
 
 def _indices(results: list[ResultMessage]) -> list[int]:
     return [r.frame_index for r in results]
-
-
-@pytest.fixture
-def device_id() -> str:
-    return f"e2e-{uuid.uuid4().hex[:8]}"
-
-
-@pytest.fixture
-def probe(broker: Broker, device_id: str) -> Iterator[Probe]:
-    with Probe(broker.host, broker.port) as p:
-        p.subscribe(f"fleet/v1/{device_id}/up/#")
-        yield p
 
 
 def test_every_frame_one_result_then_clean_exit(

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import json
 import signal
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,18 +19,6 @@ from tests.mqtt_probe import Probe, Received
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture
-def device_id() -> str:
-    return f"e2e-{uuid.uuid4().hex[:8]}"
-
-
-@pytest.fixture
-def probe(broker: Broker, device_id: str) -> Iterator[Probe]:
-    with Probe(broker.host, broker.port) as p:
-        p.subscribe(f"fleet/v1/{device_id}/up/#")
-        yield p
 
 
 def _slot_info(messages: list[Received], device_id: str) -> SlotInfo | None:

@@ -133,18 +133,6 @@ def fleet(tmp_path: Path, broker: Broker, keys: KeyPairFiles) -> Iterator[Fleet]
     f.close()
 
 
-@pytest.fixture
-def device_id() -> str:
-    return f"dep-{uuid.uuid4().hex[:8]}"
-
-
-@pytest.fixture
-def probe(broker: Broker, device_id: str) -> Iterator[Probe]:
-    with Probe(broker.host, broker.port) as p:
-        p.subscribe(f"fleet/v1/{device_id}/up/#")
-        yield p
-
-
 def _finish(deploy: FleetDeploy, timeout: float = 60.0) -> DeployOutcome:
     try:
         return deploy.wait(timeout)
