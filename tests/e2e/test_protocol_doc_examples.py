@@ -132,6 +132,10 @@ def real(tmp_path_factory: pytest.TempPathFactory, broker: Broker) -> Iterator[R
                 topics.desired("main"), sign_manifest(other, load_signing_key(keys.private), keys.key_id)
             )
             probe.wait_for(lambda ms: any(m.topic == topics.jobs("doc-refused") for m in ms), timeout=30)
+            # The same manifest on the other slot's topic: that job id has its end already.
+            probe.publish(
+                topics.desired("aux"), sign_manifest(other, load_signing_key(keys.private), keys.key_id)
+            )
             assert send_command(settings, device, "rollback", {"slot": "main"}).ok
             assert not send_command(settings, device, "rollback", {"slot": "main"}).ok
             assert send_command(settings, device, "status").ok
@@ -231,3 +235,9 @@ def test_command_results_are_the_documented_keys(real: RealDevice) -> None:
         results = [r["result"] for r in real.on(real.topics.cmd_reply(command)) if r["ok"]]
         assert results, f"no successful {command} reply"
         assert set(results[0]) == _documented_result(command), command
+
+
+def test_a_refused_job_id_gets_one_terminal_state(real: RealDevice) -> None:
+    """docs/protocol.md, JobStatus: one terminal state per job id, the REJECTED of a refusal included."""
+    refused = [j for j in real.jobs() if j["job_id"] == "doc-refused"]
+    assert [(j["state"], j["error_code"]) for j in refused] == [("REJECTED", "wrong_device")]
