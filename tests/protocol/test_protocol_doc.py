@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel
 
+from agent.platform import BackendAvailability, Platform, platform_summary
 from agent.protocol.messages import MESSAGE_MODELS, decode, encode
 from agent.protocol.topics import Topics
 from tests.protocol.examples import EXAMPLES, MORE_EXAMPLES
@@ -52,3 +53,15 @@ def test_doc_spells_every_topic_of_the_tree() -> None:
     for topic in topics:
         assert f"`{topic}`" in text, topic
     assert "pattern write fleet/v1/%u/up/#" in text
+
+
+def test_info_example_platform_has_the_keys_platform_summary_gives_a_jetson() -> None:
+    """The fast half of tests/e2e/test_protocol_doc_examples.py's check, for a Jetson that read everything."""
+    (example,) = _examples_under_heading(DOC.read_text(), "InfoMessage")
+    jetson = Platform(
+        is_jetson=True, machine="aarch64", l4t_release="36.4.0", jetpack="6.1", device_model="Orin",
+        cuda_driver="12.6", cuda_runtime="12.6", gpu_name="Orin", compute_capability="8.7", dla_cores=2,
+        tensorrt_version="10.3.0", onnxruntime_version="1.20.0", ort_providers=("CPUExecutionProvider",),
+        backends={name: BackendAvailability(True, name) for name in ("tensorrt", "onnxruntime")},
+    )  # fmt: skip
+    assert set(json.loads(example)["platform"]) == set(platform_summary(jetson))
