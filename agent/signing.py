@@ -19,6 +19,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 from agent.errors import ConfigError
 
 __all__ = [
+    "PUBLIC_PEM_FORM",
     "Ed25519PrivateKey",
     "Ed25519PublicKey",
     "generate_keypair",
@@ -71,8 +72,18 @@ def private_key_from_bytes(data: bytes, what: str = "private key") -> Ed25519Pri
     return Ed25519PrivateKey.from_private_bytes(raw)
 
 
+#: The one PEM form a public key file takes, as the operator sees it in the file.
+PUBLIC_PEM_FORM = "an Ed25519 public key in PEM (-----BEGIN PUBLIC KEY-----, the .pub of `fleet keygen`)"
+
+
 def public_key_from_bytes(data: bytes, what: str = "public key") -> Ed25519PublicKey:
     """Parse a PEM or raw-base64 Ed25519 public key; ValueError saying what is wrong."""
+    # The two near misses operators make, named instead of reported as "not PEM": the private key
+    # copied where its public half belongs (a secret leaked onto every device), and an OpenSSH key.
+    if b"PRIVATE KEY-----" in data:
+        raise ValueError(f"{what}: holds a PRIVATE key; give {PUBLIC_PEM_FORM}, never the private key")
+    if data.lstrip().startswith((b"ssh-ed25519 ", b"ssh-rsa ", b"ecdsa-sha2-")):
+        raise ValueError(f"{what}: is an OpenSSH public key; give {PUBLIC_PEM_FORM}")
     if b"-----BEGIN" in data:
         try:
             key = serialization.load_pem_public_key(data)
@@ -83,7 +94,7 @@ def public_key_from_bytes(data: bytes, what: str = "public key") -> Ed25519Publi
         return key
     raw = _raw_key(data)
     if raw is None:
-        raise ValueError(f"{what}: neither PEM nor a base64 raw 32-byte Ed25519 key")
+        raise ValueError(f"{what}: neither PEM nor a base64 raw 32-byte Ed25519 key; give {PUBLIC_PEM_FORM}")
     return Ed25519PublicKey.from_public_bytes(raw)
 
 

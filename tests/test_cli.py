@@ -10,9 +10,11 @@ from pathlib import Path
 
 import pytest
 import yaml
+from pydantic import BaseModel
 
 from agent import __version__
 from agent.cli import EXIT_CLOSED_PIPE
+from agent.delivery.manifest import DeployManifest, SignedManifest
 from agent.localbroker import Broker
 from agent.modelzoo import write_classifier
 from agent.protocol.messages import MESSAGE_MODELS
@@ -100,16 +102,35 @@ def test_check_config_accepts_a_good_config(tmp_path: Path, model: Path) -> None
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == f"{good}: ok"
     assert proc.stderr == ""
+    # The form docs/configuration.md and the example config's header show: the file as an argument.
+    positional = agent_cli("check-config", str(good))
+    assert (positional.returncode, positional.stdout.strip(), positional.stderr) == (0, f"{good}: ok", "")
+    both = agent_cli("check-config", str(good), "-c", str(good))
+    assert both.returncode == 0, both.stderr
 
 
-def test_schema_writes_one_valid_schema_per_message(tmp_path: Path) -> None:
+def test_check_config_takes_one_file(tmp_path: Path) -> None:
+    none = agent_cli("check-config")
+    assert none.returncode == 2
+    assert "give the config file: edge-agent check-config FILE" in none.stderr
+    two = agent_cli("check-config", str(tmp_path / "a.yaml"), "-c", str(tmp_path / "b.yaml"))
+    assert two.returncode == 2
+    assert "two config files given" in two.stderr
+    missing = agent_cli("check-config", str(tmp_path / "nope.yaml"))
+    assert missing.returncode == 1
+    assert "file not found" in missing.stderr
+
+
+def test_schema_writes_one_valid_schema_per_message_and_the_deploy_manifest(tmp_path: Path) -> None:
     out = tmp_path / "schemas"
     proc = agent_cli("schema", "--out", str(out))
     assert proc.returncode == 0, proc.stderr
-    names = {f"{m.__name__}.schema.json" for m in MESSAGE_MODELS}
+    # The README says "every MQTT message": what the operator publishes on down/desired is one too.
+    models: tuple[type[BaseModel], ...] = (*MESSAGE_MODELS, SignedManifest, DeployManifest)
+    names = {f"{m.__name__}.schema.json" for m in models}
     assert {p.name for p in out.iterdir()} == names
     assert {Path(line).name for line in proc.stdout.split()} == names
-    for model in MESSAGE_MODELS:
+    for model in models:
         schema = json.loads((out / f"{model.__name__}.schema.json").read_text())
         assert schema["title"] == model.__name__
         assert schema["type"] == "object"
@@ -135,7 +156,7 @@ def test_version_and_usage_errors() -> None:
     proc = agent_cli("--version")
     assert proc.returncode == 0
     assert proc.stdout.strip() == f"edge-agent {__version__}"
-    usage = agent_cli("check-config")  # -c is required
+    usage = agent_cli("run")  # -c is required
     assert usage.returncode == 2
     assert "-c/--config" in usage.stderr
 

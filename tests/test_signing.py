@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -78,3 +79,27 @@ def test_unusable_key_files_name_the_file(tmp_path: Path) -> None:
     (tmp_path / "short.key").write_bytes(base64.b64encode(b"x" * 16))
     with pytest.raises(ConfigError, match=r"short\.key"):
         load_private_key(tmp_path / "short.key")
+
+
+def test_a_trusted_key_in_the_documented_forms_loads(tmp_path: Path) -> None:
+    """docs/protocol.md: ``delivery.trusted_keys`` takes SubjectPublicKeyInfo PEM (``BEGIN PUBLIC KEY``)
+    as openssl writes it, or the raw 32-byte key in base64."""
+    private = tmp_path / "k.pem"
+    subprocess.run(["openssl", "genpkey", "-algorithm", "ed25519", "-out", str(private)], check=True)
+    public_pem = subprocess.run(
+        ["openssl", "pkey", "-in", str(private), "-pubout"], check=True, capture_output=True
+    ).stdout
+    assert public_pem.startswith(b"-----BEGIN PUBLIC KEY-----\n")
+    (tmp_path / "k.pub").write_bytes(public_pem)
+    signature = sign(load_private_key(private), b"manifest")
+    assert verify(load_public_key(tmp_path / "k.pub"), b"manifest", signature)
+
+
+def test_a_private_or_openssh_key_as_trusted_key_is_one_clear_error(tmp_path: Path) -> None:
+    private_pem, _ = generate_keypair()
+    (tmp_path / "oops.pub").write_bytes(private_pem)
+    with pytest.raises(ConfigError, match=r"oops\.pub: holds a PRIVATE key; give an Ed25519 public key"):
+        load_public_key(tmp_path / "oops.pub")
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp_path / "id")], check=True)
+    with pytest.raises(ConfigError, match=r"id\.pub: is an OpenSSH public key; give .*BEGIN PUBLIC KEY"):
+        load_public_key(tmp_path / "id.pub")

@@ -30,9 +30,14 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("-c", "--config", type=Path, required=True, help="agent YAML config")
 
     check = sub.add_parser("check-config", help="validate a config file; exit 1 naming every problem")
-    check.add_argument("-c", "--config", type=Path, required=True)
+    # Both spellings: `check-config FILE` is what the docs and the example config show, `-c FILE`
+    # matches `run -c FILE`.
+    check.add_argument("file", type=Path, nargs="?", metavar="FILE", help="agent YAML config")
+    check.add_argument("-c", "--config", type=Path, default=None, help="agent YAML config (same as FILE)")
 
-    schema = sub.add_parser("schema", help="write the JSON Schema of every MQTT message")
+    schema = sub.add_parser(
+        "schema", help="write the JSON Schema of every MQTT message, the deploy manifest included"
+    )
     schema.add_argument("--out", type=Path, default=Path("schemas"), help="output directory")
 
     info = sub.add_parser("info", help="print the platform: JetPack/L4T, CUDA, GPU, DLA, TensorRT, backends")
@@ -69,7 +74,10 @@ EXIT_CLOSED_PIPE = 141
 
 def main(argv: Sequence[str] | None = None) -> int:
     """The ``edge-agent`` entry point: run the command; every expected failure is one line on stderr."""
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.command == "check-config":
+        args.config = _check_config_file(parser, args.file, args.config)
     try:
         code = _dispatch(args)
         sys.stdout.flush()  # a closed pipe shows here, inside the try, not at interpreter exit
@@ -89,6 +97,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     return code
+
+
+def _check_config_file(parser: argparse.ArgumentParser, file: Path | None, flag: Path | None) -> Path:
+    """The file of ``check-config FILE`` or ``check-config -c FILE``; a usage error (exit 2) otherwise."""
+    if file is not None and flag is not None and file != flag:
+        parser.error(f"check-config: two config files given ({file} and -c {flag}); give one")
+    chosen = file or flag
+    if chosen is None:
+        parser.error("check-config: give the config file: edge-agent check-config FILE")
+    return chosen
 
 
 def _closed_pipe() -> int:
@@ -120,9 +138,12 @@ def _dispatch(args: argparse.Namespace) -> int:
             print(f"{args.config}: ok")
         return 1 if problems else 0
     if args.command == "schema":
+        from agent.delivery.manifest import DeployManifest, SignedManifest
+        from agent.protocol.messages import MESSAGE_MODELS
         from agent.protocol.schema import write_schemas
 
-        for path in write_schemas(args.out):
+        # The manifest models live in delivery (protocol must not import it); the CLI may use both.
+        for path in write_schemas(args.out, (*MESSAGE_MODELS, SignedManifest, DeployManifest)):
             print(path)
         return 0
     if args.command == "info":

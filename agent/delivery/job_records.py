@@ -27,6 +27,8 @@ class JobRecords:
         self._lock = threading.Lock()
         #: Per slot, a terminal record the full disk refused.
         self._unrecorded: dict[str, JobRecord] = {}
+        #: Refused job ids the full disk did not take: still ended for this process.
+        self._refused: set[str] = set()
 
     def record(self, manifest: DeployManifest, status: JobStatus) -> None:
         """Make ``status`` the ledger's record of its job (raises OSError when it cannot be written).
@@ -57,6 +59,23 @@ class JobRecords:
         """The slot's last job: the ledger's, or a terminal state the full disk has not taken yet."""
         with self._lock:
             return self._last_locked(slot)
+
+    def has_ended(self, job_id: str) -> bool:
+        """True when ``job_id`` reached a terminal state: in the ledger, or only in memory (disk full)."""
+        with self._lock:
+            if job_id in self._refused or any(r.job_id == job_id for r in self._unrecorded.values()):
+                return True
+            return self.ledger.has_ended(job_id)
+
+    def remember_refused(self, job_id: str) -> None:
+        """``job_id`` got its REJECTED without running: ended, in the ledger or (disk full) in memory."""
+        with self._lock:
+            try:
+                self.ledger.remember_ended(job_id)
+            except OSError as exc:
+                # Known to this process anyway; a restart with the disk still full may report it again.
+                self._refused.add(job_id)
+                log.warning("delivery.job.refusal_not_recorded", job=job_id, error=str(exc))
 
     def write_unrecorded(self) -> None:
         """Write the terminal records a full disk refused, now that it may take them."""

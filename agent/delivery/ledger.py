@@ -1,4 +1,4 @@
-"""The last deployment job of each slot, persisted in ``<state_dir>/jobs.json``.
+"""The last deployment job of each slot, and the ids of recently ended jobs, in ``<state_dir>/jobs.json``.
 
 It is what reconcile compares a desired manifest against: the same job id already finished means
 nothing to do; a job recorded but not finished (the agent stopped or crashed during it) is resumed;
@@ -6,6 +6,11 @@ a sequence not above the recorded one is a replay. Written atomically on every s
 that state is published (the record holds the exact status message, which is what gets published): a
 kill between the two can lose a publication, never make a finished job run again. A corrupt file is
 set aside and the agent starts with no job history rather than not starting.
+
+The ended ids (the last :data:`ENDED_MAX`, any slot, refused manifests included) are what keeps the
+rule "one terminal state per job id" (docs/protocol.md, "JobStatus"): a manifest of a job that ended is
+ignored, not refused again, however it comes back (re-published, on another slot's topic, after a
+restart) and though a newer job replaced it as its slot's last.
 """
 
 from __future__ import annotations
@@ -25,6 +30,9 @@ from agent.protocol.messages import JobState, JobStatus
 log = structlog.get_logger(__name__)
 
 JOBS_FILE_NAME = "jobs.json"
+#: Ended job ids remembered (some 40 KB of JSON): far more than the manifests a broker still retains
+#: or an operator re-publishes by hand for one device.
+ENDED_MAX = 1000
 
 
 class JobRecord(BaseModel):
@@ -66,12 +74,25 @@ class JobLedger(Protocol):
     def all(self) -> dict[str, JobRecord]:
         """The last job of every slot."""
 
+    def has_ended(self, job_id: str) -> bool:
+        """True when ``job_id`` reached a terminal state (recorded, or remembered as refused)."""
+
+    def remember_ended(self, job_id: str) -> None:
+        """Remember ``job_id`` as ended though no slot ran it (a refused manifest); persisted."""
+
 
 class _JobsDoc(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     schema_version: int = 1
     slots: dict[str, JobRecord] = Field(default_factory=dict)
+    #: Ids of ended jobs, oldest first, at most ENDED_MAX (absent in files of older agents).
+    ended: list[str] = Field(default_factory=list)
+
+
+def _with_ended(ended: list[str], job_id: str) -> list[str]:
+    """``ended`` with ``job_id`` moved to the end, the oldest dropped beyond ENDED_MAX."""
+    return [*(j for j in ended if j != job_id), job_id][-ENDED_MAX:]
 
 
 class JobsFile:
@@ -115,10 +136,21 @@ class JobsFile:
         with self._lock:
             return dict(self._doc.slots)
 
+    def has_ended(self, job_id: str) -> bool:
+        with self._lock:
+            return job_id in self._doc.ended
+
     def record(self, record: JobRecord) -> None:
         with self._lock:
             slots = {**self._doc.slots, record.slot: record}
-            doc = _JobsDoc(slots=slots)
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            atomic_write_json(self.path, doc.model_dump(mode="json"))
-            self._doc = doc
+            ended = _with_ended(self._doc.ended, record.job_id) if record.done else self._doc.ended
+            self._write(_JobsDoc(slots=slots, ended=ended))
+
+    def remember_ended(self, job_id: str) -> None:
+        with self._lock:
+            self._write(_JobsDoc(slots=self._doc.slots, ended=_with_ended(self._doc.ended, job_id)))
+
+    def _write(self, doc: _JobsDoc) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(self.path, doc.model_dump(mode="json"))
+        self._doc = doc

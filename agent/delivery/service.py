@@ -268,14 +268,36 @@ class DeliveryService:
 
     def _refuse(self, exc: DeliveryError, payload: bytes, slot: str, digest: str) -> None:
         job_id = getattr(exc, "job_id", None) or recover_job_id(payload)
-        log.error("delivery.manifest.rejected", slot=slot, job=job_id, code=exc.code, error=str(exc))
+        # One terminal state per job id: a job id that runs, ran or was refused already gets no REJECTED
+        # (the same manifest on several slots' topics, an old one re-published, one refused before a
+        # restart); the refusal is logged either way.
+        report = job_id is not None and not self._job_id_known(job_id)
+        log.error(
+            "delivery.manifest.rejected",
+            slot=slot,
+            job=job_id,
+            code=exc.code,
+            error=str(exc),
+            published=report,
+        )
         memory = self._rejected.setdefault(slot, deque(maxlen=_REJECTED_MEMORY))
         memory.append(digest)
-        if job_id is None:
+        if job_id is None or not report:
             return
+        self._records.remember_refused(job_id)
         self._publish(
             JobStatus(job_id=job_id, slot=slot, state=JobState.REJECTED, error_code=exc.code, error=str(exc))
         )
+
+    def _job_id_known(self, job_id: str) -> bool:
+        """True when ``job_id`` has states already: queued or running, a slot's last job, or ended."""
+        with self._lock:
+            lanes = list(self._lanes.values())
+        if any(job_id == d.job_id for lane in lanes for d in lane.in_flight()):
+            return True
+        if any(record.job_id == job_id for record in self.ledger.all().values()):
+            return True
+        return self._records.has_ended(job_id)
 
     def _reconcile(self, manifest: DeployManifest, slot: str, digest: str, *, retry: bool = False) -> None:
         # One decision at a time: the dispatcher (a redelivered manifest) and the upkeep thread (a
@@ -297,7 +319,8 @@ class DeliveryService:
             log.info("delivery.desired.waiting_for_space", slot=slot, job=manifest.job_id)
             return
         in_flight = {d.job_id for d in lane.in_flight()}
-        decision = decide(manifest, self._records.last(slot), in_flight, retry=retry)
+        ended = self._records.has_ended(manifest.job_id)
+        decision = decide(manifest, self._records.last(slot), in_flight, retry=retry, ended=ended)
         if decision.action is Action.IGNORE:
             log.info("delivery.desired.unchanged", slot=slot, job=manifest.job_id, reason=decision.reason)
             return

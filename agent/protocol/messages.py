@@ -131,7 +131,9 @@ class InfoMessage(Envelope):
     device_id: str
     agent_version: str
     platform: dict[str, str | bool | Count | FiniteTime | None] = Field(
-        description="JetPack/L4T, TensorRT, CUDA, GPU, DLA cores, CPU, memory ..."
+        description="What agent.platform.platform_summary reports: l4t_release, jetpack, cuda_driver, "
+        "cuda_runtime, gpu_name, compute_capability, dla_cores, tensorrt_version, onnxruntime_version, ... "
+        "A value that could not be read is null, and <key>_reason says why."
     )
     backends: dict[str, BackendInfo]
     slots: dict[str, SlotInfo]

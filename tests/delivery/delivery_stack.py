@@ -245,12 +245,18 @@ class Harness:
         return json.loads(path.read_text()) if path.exists() else None
 
     def state_files(self) -> dict[str, bytes]:
-        """Every file under the state dir except the spool (which changes with every message)."""
-        return {
-            str(p.relative_to(self.state_dir)): p.read_bytes()
-            for p in sorted(self.state_dir.rglob("*"))
-            if p.is_file() and not p.name.startswith("spool.sqlite")
-        }
+        """Every file under the state dir except the spool (which changes with every message); jobs.json
+        without its ``ended`` ids, which a refused manifest adds to (what a slot runs is the rest)."""
+        files = {}
+        for p in sorted(self.state_dir.rglob("*")):
+            if p.is_file() and not p.name.startswith("spool.sqlite"):
+                data = p.read_bytes()
+                if p.name == "jobs.json":
+                    doc = json.loads(data)
+                    doc.pop("ended", None)
+                    data = json.dumps(doc, sort_keys=True).encode()
+                files[str(p.relative_to(self.state_dir))] = data
+        return files
 
 
 def states(statuses: list[JobStatus]) -> list[JobState]:

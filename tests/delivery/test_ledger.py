@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from agent.delivery.ledger import JobRecord, JobsFile
+from agent.delivery.ledger import ENDED_MAX, JobRecord, JobsFile
 from agent.protocol.messages import JobState, JobStatus
 
 
@@ -45,3 +45,20 @@ def test_record_keeps_the_status_it_published_with_its_msg_id(tmp_path: Path) ->
     reloaded = JobsFile.in_dir(tmp_path).last("main")
     assert reloaded is not None
     assert reloaded.status == status  # same msg_id: republished after a restart, it is a duplicate
+
+
+def test_ended_job_ids_survive_a_restart_and_stay_bounded(tmp_path: Path) -> None:
+    ledger = JobsFile.in_dir(tmp_path)
+    ledger.record(_record("job-1", JobState.DOWNLOADING))
+    assert not ledger.has_ended("job-1")  # running: not ended
+    ledger.record(_record("job-1", JobState.ACTIVE))
+    ledger.record(_record("job-2", JobState.QUEUED))  # replaces job-1 as the slot's last
+    ledger.remember_ended("job-refused")  # a refused manifest never becomes a slot's job
+    reloaded = JobsFile.in_dir(tmp_path)
+    assert reloaded.has_ended("job-1")
+    assert reloaded.has_ended("job-refused")
+    assert not reloaded.has_ended("job-2")
+    for n in range(ENDED_MAX):
+        reloaded.remember_ended(f"job-x{n}")
+    assert not JobsFile.in_dir(tmp_path).has_ended("job-1")  # the oldest go first
+    assert JobsFile.in_dir(tmp_path).has_ended(f"job-x{ENDED_MAX - 1}")

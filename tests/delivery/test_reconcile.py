@@ -39,7 +39,9 @@ def _record(job_id: str, sequence: int, state: JobState) -> JobRecord:
         (("job-7", 7, JobState.QUEUED), {"job-7"}, Action.IGNORE),  # running now: a repeat
         (("job-8", 8, JobState.ACTIVE), set(), Action.REPLAY),
         (("job-x", 7, JobState.ACTIVE), set(), Action.REPLAY),  # equal sequence, other job id
-        (("job-7", 3, JobState.ACTIVE), set(), Action.REPLAY),  # same id, other sequence
+        # Same id, other sequence: that job id has its states; a REJECTED would be a second end.
+        (("job-7", 3, JobState.ACTIVE), set(), Action.IGNORE),
+        (("job-7", 3, JobState.DOWNLOADING), set(), Action.IGNORE),
     ],
 )
 def test_decide(
@@ -47,6 +49,24 @@ def test_decide(
 ) -> None:
     record = _record(*last) if last else None
     decision = decide(manifest, record, in_flight)
+    assert decision.action is action, decision.reason
+    assert decision.reason
+
+
+@pytest.mark.parametrize(
+    ("last", "action"),
+    [
+        (("job-8", 8, JobState.ACTIVE), Action.IGNORE),  # an old manifest re-published: not a replay
+        (("job-6", 6, JobState.ACTIVE), Action.IGNORE),  # ended, even with a sequence that would win
+        (None, Action.IGNORE),
+        (("job-7", 7, JobState.QUEUED), Action.APPLY),  # the slot's own interrupted job still resumes
+    ],
+)
+def test_a_job_id_that_ended_is_ignored(
+    manifest: DeployManifest, last: tuple[str, int, JobState] | None, action: Action
+) -> None:
+    record = _record(*last) if last else None
+    decision = decide(manifest, record, set(), ended=True)
     assert decision.action is action, decision.reason
     assert decision.reason
 

@@ -193,6 +193,64 @@ def test_replayed_old_sequence_is_rejected(device: Harness, model_v1: Path, mode
     assert len(device.activations.requests) == 1
 
 
+def test_an_old_finished_manifest_republished_is_ignored_not_rejected_even_after_a_restart(
+    make_device: HarnessFactory, tmp_path: Path, model_v1: Path, model_v2: Path
+) -> None:
+    """One terminal state per job id: job-a ended ACTIVE, so its manifest again is not a REJECTED replay."""
+    state_dir = tmp_path / "state-old"
+    device = make_device(state_dir=state_dir)
+    old = device.signed(device.manifest(model_v1, sequence=1, job_id="job-a"))
+    device.deploy(old)
+    device.wait_terminal("job-a")
+    _deploy_ok(device, model_v2, sequence=2, job_id="job-b")
+    count = len(device.statuses("job-a"))
+    device.deploy(old)  # an operator re-publishes the old manifest by hand
+    device.probe.settle(0.5)
+    assert [s.state for s in device.statuses("job-a")][count:] == []
+    device.stop()
+
+    restarted = make_device(state_dir=state_dir, device_id=device.device_id)
+    restarted.deploy(old)
+    restarted.probe.settle(0.5)
+    assert restarted.statuses("job-a") == []
+    assert restarted.repo.fetched == []
+
+
+def test_one_manifest_on_several_wrong_slot_topics_is_rejected_once(
+    make_device: HarnessFactory, tmp_path: Path, model_v1: Path
+) -> None:
+    state_dir = tmp_path / "state-wrong"
+    device = make_device(state_dir=state_dir)
+    payload = device.signed(device.manifest(model_v1, job_id="job-lost"))
+    for topic_slot in ("cam-a", "cam-b", "cam-c", "cam-d"):
+        device.probe.publish(device.topics.desired(topic_slot), payload)  # not retained: nothing left over
+    [status] = device.wait_terminal("job-lost")
+    device.probe.settle(0.5)
+    assert [(s.state, s.error_code) for s in device.statuses("job-lost")] == [
+        (JobState.REJECTED, "wrong_slot")
+    ]
+    assert "cam-a" in (status.error or "")
+    # Its job id has its end: the same manifest on the right topic is ignored, not run after a REJECTED.
+    device.deploy(payload)
+    device.probe.settle(0.5)
+    assert len(device.statuses("job-lost")) == 1
+    assert device.repo.fetched == []
+    device.stop()
+    restarted = make_device(state_dir=state_dir, device_id=device.device_id)
+    restarted.probe.publish(restarted.topics.desired("cam-a"), payload)
+    restarted.probe.settle(0.5)
+    assert restarted.statuses("job-lost") == []
+
+
+def test_a_known_job_id_under_another_sequence_gets_no_second_end(device: Harness, model_v1: Path) -> None:
+    manifest = device.manifest(model_v1, sequence=3, job_id="job-twice")
+    device.deploy(device.signed(manifest))
+    ended = device.wait_terminal("job-twice")
+    device.deploy(device.signed(manifest.model_copy(update={"sequence": 1})))
+    device.probe.settle(0.5)
+    assert device.statuses("job-twice") == ended
+
+
 def test_same_job_again_does_nothing(device: Harness, model_v1: Path) -> None:
     manifest = device.manifest(model_v1, job_id="job-once")
     payload = device.signed(manifest)
@@ -294,7 +352,7 @@ def test_disk_too_small_fails_before_download(make_device: HarnessFactory, model
     assert "need" in (statuses[-1].error or "")
     assert "free" in (statuses[-1].error or "")
     assert device.repo.fetched == []
-    assert device.state_files() == {"jobs.json": (device.state_dir / "jobs.json").read_bytes()}
+    assert list(device.state_files()) == ["jobs.json"]
     # Retryable: a new manifest after space was freed succeeds.
     free["bytes"] = 10**12
     _deploy_ok(device, model_v1, sequence=2)

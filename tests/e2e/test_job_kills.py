@@ -171,6 +171,11 @@ KILL_POINTS = (
 )
 
 
+#: States killed at which the job is still far from its end (tens of ms of download, build and
+#: validation ahead), so the restarted agent must resume it rather than find it finished.
+EARLY = (JobState.QUEUED, JobState.DOWNLOADING)
+
+
 class Device:
     """One daemon's files and its successive processes (a new one after every kill)."""
 
@@ -255,6 +260,13 @@ def test_sigkill_at_every_state_never_runs_a_job_twice(
             states = killer.states(job)
             check_machine(job, states, runs=2)
             assert states[-1] is JobState.ACTIVE, f"{job}: {states}"
+            if state in EARLY and delay == 0.0:
+                # Killed long before its end: the restarted agent resumes the job, and says so the
+                # documented way (docs/protocol.md, JobStatus): a second run, from QUEUED again.
+                assert states.count(JobState.QUEUED) == 2, f"{job}: not resumed as a new run: {states}"
+                second = states.index(JobState.QUEUED, 1)
+                assert states[second:] == sorted(states[second:], key=RUN_ORDER.index), f"{job}: {states}"
+                assert states[second + 1] is JobState.DOWNLOADING, f"{job}: {states}"
             # One owner per slot: the start-up load did not undo the job's activation (or vice versa).
             assert device.active_sha256() == sha256_file(model), (
                 f"{job} (killed at {state.value}+{delay}s) is ACTIVE but the slot runs another model"

@@ -23,6 +23,63 @@ from agent.protocol.results import ClassScore
 TS = 1767225600.25
 MODEL = ModelRef(slot="main", model_id="mobilenet", version="3", sha256="9f" * 32)
 
+ORT_REASON = "ONNX Runtime 1.20.0, providers: CUDAExecutionProvider, CPUExecutionProvider"
+
+#: ``up/info``'s platform as an Orin that read every value reports it (agent.platform.platform_summary).
+JETSON_PLATFORM: dict[str, str | bool | int | float | None] = {
+    "is_jetson": True,
+    "machine": "aarch64",
+    "device_model": "NVIDIA Jetson AGX Orin Developer Kit",
+    "l4t_release": "36.4.0",
+    "jetpack": "6.1",
+    "cuda_driver": "12.6",
+    "cuda_runtime": "12.6",
+    "gpu_name": "Orin",
+    "compute_capability": "8.7",
+    "dla_cores": 2,
+    "tensorrt_version": "10.3.0",
+    "onnxruntime_version": "1.20.0",
+    "ort_providers": "CUDAExecutionProvider,CPUExecutionProvider",
+    "backend_onnxruntime": True,
+    "backend_onnxruntime_reason": ORT_REASON,
+    "backend_tensorrt": True,
+    "backend_tensorrt_reason": "TensorRT 10.3.0, DLA cores: 2",
+}
+
+#: What ``fleet deploy --precision fp32 --device cpu`` puts in the manifest, and so what the device
+#: publishes as ``requested``: the whole BuildSpec.
+REQUESTED = {
+    "precision": "fp32",
+    "device": "cpu",
+    "gpu_fallback": True,
+    "workspace_mb": 1024,
+    "optimization_level": 3,
+    "profiles": [],
+}
+
+#: What the engine service reports for that request on ONNX Runtime (agent.engines.artifact.artifact_of).
+EFFECTIVE = {
+    "backend": "onnxruntime",
+    "precision": "fp32",
+    "device": "cpu",
+    "dla_core": None,
+    "gpu_fallback": False,
+    "int8_mode": "none",
+    "requested": {"precision": "fp32", "device": "cpu"},
+    "changes": [
+        {
+            "field": "backend",
+            "requested": "auto",
+            "effective": "onnxruntime",
+            "reason": "device cpu: TensorRT runs on GPU or DLA only",
+        }
+    ],
+    "built_seconds": 0.48,
+    "engine_bytes": 13987002,
+    "providers": ["CPUExecutionProvider"],
+    "placement": {"providers": ["CPUExecutionProvider"]},
+}
+
 EXAMPLES: dict[str, BaseModel] = {
     "StatusMessage": StatusMessage(
         msg_id="5d0c7c1e", ts=TS, state="online", session=42, agent_version="0.1.0"
@@ -32,20 +89,21 @@ EXAMPLES: dict[str, BaseModel] = {
         ts=TS,
         device_id="jet-01",
         agent_version="0.1.0",
-        platform={"l4t": "36.3.0", "tensorrt": "10.3.0", "cuda": "12.6", "gpu": "Orin", "dla_cores": 2},
+        platform=JETSON_PLATFORM,
         backends={
-            "tensorrt": BackendInfo(available=True),
-            "onnxruntime": BackendInfo(available=True),
+            "tensorrt": BackendInfo(available=True, reason="TensorRT 10.3.0, DLA cores: 2"),
+            "onnxruntime": BackendInfo(available=True, reason=ORT_REASON),
         },
         slots={
             "main": SlotInfo(
                 model=MODEL,
                 state="active",
                 since=TS - 60,
-                last_job="job-7",
-                last_job_state=JobState.ACTIVE,
+                last_job="job-8",
+                last_job_state=JobState.REJECTED,
+                last_job_error_code="unknown_key",
                 last_failure=JobEnd(
-                    job_id="job-6",
+                    job_id="job-8",
                     state=JobState.REJECTED,
                     error_code="unknown_key",
                     error="manifest signed with key id 'fleet-2025', which this device does not trust",
@@ -64,7 +122,19 @@ EXAMPLES: dict[str, BaseModel] = {
         streams=["cam0"],
     ),
     "TelemetryMessage": TelemetryMessage.model_validate(
-        {"ts": TS, "cam0_fps": 29.8, "main_infer_p95_ms": 7.4, "gpu_temp_c": 51.5, "mqtt_spool_depth": 0}
+        {
+            "ts": TS,
+            "stream.cam0.fps": 29.8,
+            "stream.cam0.frames_published": 51234,
+            "stream.cam0.dropped.queue_full": 3,
+            "stream.cam0.latency.total.p95_ms": 9.9,
+            "slot.main.latency.infer.p95_ms": 7.4,
+            "slot.main.active": 1,
+            "mqtt.connected": 1,
+            "mqtt.spool_depth": 0,
+            "process.cpu_percent": 31.5,
+            "memory.percent": 42.1,
+        }
     ),
     "ResultMessage": ResultMessage(
         msg_id="e7a9",
@@ -74,7 +144,7 @@ EXAMPLES: dict[str, BaseModel] = {
         captured_at=TS - 0.021,
         published_at=TS,
         model=MODEL,
-        latency_ms={"preprocess": 1.9, "infer": 7.1, "postprocess": 0.4, "total": 9.4},
+        latency_ms={"preprocess": 1.9, "queue": 0.3, "infer": 7.1, "postprocess": 0.4, "total": 9.7},
         classes=[ClassScore(index=281, label="tabby cat", score=0.91)],
     ),
     "JobStatus": JobStatus(
@@ -82,22 +152,59 @@ EXAMPLES: dict[str, BaseModel] = {
         ts=TS,
         job_id="job-7",
         slot="main",
-        state=JobState.BUILDING,
+        state=JobState.DOWNLOADING,
         progress=0.4,
-        bytes_done=14_000_000,
+        bytes_done=5_600_000,
         bytes_total=14_000_000,
-        timings_s={"download": 3.2, "verify": 0.1},
-        requested={"precision": "int8", "device": "dla0", "gpu_fallback": True},
+        timings_s={},
+        requested=REQUESTED,
     ),
     "CommandRequest": CommandRequest(msg_id="c0de", ts=TS, args={"slot": "main"}),
     "CommandReply": CommandReply(
         msg_id="r3p1",
         ts=TS,
         command="rollback",
-        ok=False,
-        error_code="engine_failed",
-        error="no last-known-good",
+        ok=True,
+        result={"slot": "main", "model": MODEL.model_dump(mode="json", exclude_none=True)},
     ),
+}
+
+
+#: Examples after the first under the same heading of docs/protocol.md, in the doc's order.
+MORE_EXAMPLES: dict[str, list[BaseModel]] = {
+    "JobStatus": [
+        JobStatus(
+            msg_id="0a12",
+            ts=TS + 41,
+            job_id="job-7",
+            slot="main",
+            state=JobState.ACTIVE,
+            timings_s={"download": 3.2, "verify": 0.1, "build": 0.5, "validate": 0.2},
+            requested=REQUESTED,
+            effective=EFFECTIVE,
+        ),
+        JobStatus(
+            msg_id="0b01",
+            ts=TS,
+            job_id="job-8",
+            slot="main",
+            state=JobState.REJECTED,
+            timings_s={},
+            error_code="wrong_device",
+            error="manifest is for device 'jet-02', this is 'jet-01'; publish it on that device's topic",
+        ),
+    ],
+    "CommandReply": [
+        CommandReply(
+            msg_id="r3p2",
+            ts=TS + 5,
+            command="rollback",
+            ok=False,
+            error_code="no_rollback_target",
+            error="slot 'main' was already rolled back to mobilenet 3; a rollback goes back one step, never "
+            "forward: deploy a model (or change the config's) to move on",
+        ),
+    ],
 }
 
 

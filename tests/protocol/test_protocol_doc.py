@@ -9,27 +9,34 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel
 
+from agent.platform import BackendAvailability, Platform, platform_summary
 from agent.protocol.messages import MESSAGE_MODELS, decode, encode
 from agent.protocol.topics import Topics
-from tests.protocol.examples import EXAMPLES
+from tests.protocol.examples import EXAMPLES, MORE_EXAMPLES
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "protocol.md"
 
 
-def _example_after_heading(text: str, name: str) -> str:
-    match = re.search(rf"^### {name}\n(.*?)```json\n(.*?)```", text, re.S | re.M)
-    assert match, f"docs/protocol.md has no '### {name}' section with a ```json example"
-    return match.group(2)
+def _examples_under_heading(text: str, name: str) -> list[str]:
+    match = re.search(rf"^### {name}\n(.*?)(?=^#)", text + "\n#", re.S | re.M)
+    assert match, f"docs/protocol.md has no '### {name}' section"
+    blocks = re.findall(r"```json\n(.*?)```", match.group(1), re.S)
+    assert blocks, f"docs/protocol.md's '### {name}' has no ```json example"
+    return blocks
 
 
 @pytest.mark.parametrize("model", MESSAGE_MODELS, ids=lambda m: m.__name__)
-def test_doc_example_is_valid_and_current(model: type[BaseModel]) -> None:
+def test_doc_examples_are_valid_and_current(model: type[BaseModel]) -> None:
     text = DOC.read_text()
-    example = _example_after_heading(text, model.__name__)
-    parsed = decode(model, example.encode())
-    # Current: the doc shows what the model encodes today (regenerate from tests/protocol/examples.py).
-    assert json.loads(example) == json.loads(encode(EXAMPLES[model.__name__]))
-    assert parsed == EXAMPLES[model.__name__]
+    examples = _examples_under_heading(text, model.__name__)
+    expected = [EXAMPLES[model.__name__], *MORE_EXAMPLES.get(model.__name__, [])]
+    assert len(examples) == len(expected), "one entry in tests/protocol/examples.py per doc example"
+    for example, wanted in zip(examples, expected, strict=True):
+        parsed = decode(model, example.encode())
+        # Current: the doc shows what the model encodes today (regenerate from tests/protocol/examples.py;
+        # tests/e2e/test_protocol_doc_examples.py checks the keys against a real device's messages).
+        assert json.loads(example) == json.loads(encode(wanted))
+        assert parsed == wanted
 
 
 def test_every_message_has_an_example() -> None:
@@ -46,3 +53,15 @@ def test_doc_spells_every_topic_of_the_tree() -> None:
     for topic in topics:
         assert f"`{topic}`" in text, topic
     assert "pattern write fleet/v1/%u/up/#" in text
+
+
+def test_info_example_platform_has_the_keys_platform_summary_gives_a_jetson() -> None:
+    """The fast half of tests/e2e/test_protocol_doc_examples.py's check, for a Jetson that read everything."""
+    (example,) = _examples_under_heading(DOC.read_text(), "InfoMessage")
+    jetson = Platform(
+        is_jetson=True, machine="aarch64", l4t_release="36.4.0", jetpack="6.1", device_model="Orin",
+        cuda_driver="12.6", cuda_runtime="12.6", gpu_name="Orin", compute_capability="8.7", dla_cores=2,
+        tensorrt_version="10.3.0", onnxruntime_version="1.20.0", ort_providers=("CPUExecutionProvider",),
+        backends={name: BackendAvailability(True, name) for name in ("tensorrt", "onnxruntime")},
+    )  # fmt: skip
+    assert set(json.loads(example)["platform"]) == set(platform_summary(jetson))
