@@ -25,7 +25,7 @@ from typing import Any
 
 import yaml
 
-from agent.demo import write_demo_video
+from agent.demo_setup import write_demo_video
 from agent.localbroker import Broker
 from agent.logs import configure_logging
 from agent.modelzoo import write_classifier

@@ -29,7 +29,7 @@ from agent.app import Agent
 from agent.camera.preprocess import preprocess
 from agent.camera.preprocess_spec import PreprocessSpec
 from agent.config import load_config
-from agent.demo import write_demo_video
+from agent.demo_setup import write_demo_video
 from agent.localbroker import Broker
 from agent.logs import configure_logging
 from agent.modelzoo import write_mobilenet_like, write_tiny_classifier

@@ -155,7 +155,7 @@ def test_run_build_in_process(tmp_path: Path, model: Path, capsys: pytest.Captur
 
 
 def test_int8_calibrated_on_frames_of_a_video(tmp_path: Path, model: Path) -> None:
-    from agent.demo import write_demo_video
+    from agent.demo_setup import write_demo_video
 
     video = write_demo_video(tmp_path / "lobby.avi", frames=40, size=(80, 60), fps=15.0)
     images = tmp_path / "calib-lobby"

@@ -14,7 +14,7 @@ import pytest
 from agent.camera.preprocess_spec import PreprocessSpec
 from agent.camera.source import VideoSource
 from agent.camera.source_spec import FileSourceSpec, SyntheticSourceSpec
-from agent.demo import write_demo_video
+from agent.demo_setup import write_demo_video
 from agent.localbroker import Broker
 from agent.modelzoo import write_classifier
 from agent.mqtt.link import MqttLink
