@@ -30,6 +30,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -56,7 +57,7 @@ from agent.engines.ort_builder import (
 from agent.engines.ort_builder import (
     REPORT_FILE,
 )
-from agent.engines.plan import PlatformFacts, plan_build
+from agent.engines.plan import PlatformFacts, plan_build, plan_fallback
 from agent.engines.settings import EngineConfig
 from agent.engines.spec import BuildPlan, BuildSpec
 from agent.engines.worker import BuildWorker
@@ -71,6 +72,8 @@ TRT_ENGINE_FILE = "engine"
 #: TensorRT version whose header a CPU-made calibration cache gets when no TensorRT is present:
 #: JetPack 6.1/6.2, the main target.
 DEFAULT_TRT_CACHE_VERSION = "10.3.0"
+#: How much of a failed TensorRT build's error (with a crashed child's last output) job status carries.
+MAX_FAILURE_CHARS = 2000
 
 
 def _safe(text: str) -> str:
@@ -146,6 +149,74 @@ class EngineBuilder:
         requested = _spec_or_default(spec)
         static, has_qdq = model_facts(model)
         plan = plan_build(requested, self.facts, model_static=static, model_has_qdq=has_qdq)
+        if plan.backend == "tensorrt" and calibration is not None:
+            # A failed TensorRT build falls back to ONNX Runtime, which needs the same frames again.
+            calibration = list(calibration)
+        try:
+            return self._build_plan(
+                model,
+                plan,
+                requested,
+                calibration=calibration,
+                preprocess=preprocess,
+                say=say,
+                cancel=cancel,
+                started=started,
+            )
+        except BuildError as exc:
+            # Only a failed TensorRT build falls back: not a busy builder, not a cancelled job.
+            busy = isinstance(exc, _BuilderBusyError)
+            if plan.backend != "tensorrt" or busy or (cancel is not None and cancel.is_set()):
+                raise
+            failure = str(exc)
+            # The first line names the failure; a crash adds the child's last output after it.
+            headline = failure.splitlines()[0] if failure else "no reason given"
+            fallback = plan_fallback(
+                requested, self.facts, headline, model_static=static, model_has_qdq=has_qdq
+            )
+            if fallback is None:
+                raise BuildError(
+                    "the TensorRT build failed and the build spec says fallback: none, so no ONNX Runtime "
+                    f"engine is built instead: {failure}"
+                ) from exc
+            log.warning("engine.build.tensorrt_failed", model=model.name, error=failure)
+            say(f"TensorRT build failed: {failure}; falling back to ONNX Runtime")
+            try:
+                artifact = self._build_plan(
+                    model,
+                    fallback,
+                    requested,
+                    calibration=calibration,
+                    preprocess=preprocess,
+                    say=say,
+                    cancel=cancel,
+                    started=started,
+                )
+            except BuildError as second:
+                raise BuildError(
+                    f"the TensorRT build failed: {failure}; the ONNX Runtime fallback failed too: {second}"
+                ) from second
+        record = {
+            "from": "tensorrt",
+            "to": "onnxruntime",
+            "reason": headline,
+            "error": failure[:MAX_FAILURE_CHARS],
+        }
+        return replace(artifact, effective={**artifact.effective, "fallback": record})
+
+    def _build_plan(
+        self,
+        model: Path,
+        plan: BuildPlan,
+        requested: BuildSpec,
+        *,
+        calibration: Iterable[npt.NDArray[Any]] | None,
+        preprocess: PreprocessSpec | None,
+        say: Progress,
+        cancel: threading.Event | None,
+        started: float,
+    ) -> EngineArtifact:
+        """Key, cache lookup and (on a miss) the build of one plan."""
         for change in plan.changes:
             say(f"plan: {change.field} {change.requested} -> {change.effective}: {change.reason}")
         if (
@@ -174,7 +245,7 @@ class EngineBuilder:
         # One build at a time per builder; the worker also serialises builds across processes.
         wait_s = self.config.build_timeout_s + 60.0
         if not self._build_lock.acquire(timeout=wait_s):
-            raise BuildError(f"another build is still running after {wait_s:.0f}s; retry later")
+            raise _BuilderBusyError(f"another build is still running after {wait_s:.0f}s; retry later")
         try:
             return self._build_locked(
                 model=model,
@@ -329,6 +400,10 @@ class EngineBuilder:
             with contextlib.suppress(OSError):
                 if child.stat().st_mtime < horizon:
                     shutil.rmtree(child, ignore_errors=True)
+
+
+class _BuilderBusyError(BuildError):
+    """The builder stayed busy with another build: nothing was tried, so nothing to fall back from."""
 
 
 def _spec_or_default(spec: BuildSpec | None) -> BuildSpec:

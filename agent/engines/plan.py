@@ -10,7 +10,7 @@ can publish requested vs effective. A request that cannot be honoured in any sen
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Literal
 
 from agent.engines.calibration_cache import parse_trt_version
@@ -35,13 +35,16 @@ class PlatformFacts:
     """The few platform facts the planner needs; tests build them directly.
 
     ``tensorrt_version`` is None when TensorRT is absent or unusable; ``dla_cores`` is what
-    ``builder.num_DLA_cores`` reported (0 when unknown).
+    ``builder.num_DLA_cores`` reported (0 when unknown). ``tensorrt_failure`` is set when a TensorRT
+    build of this model already failed here: the planner then plans the ONNX Runtime fallback and
+    names the failure as the reason (see :func:`plan_fallback`).
     """
 
     tensorrt_version: str | None
     dla_cores: int
     has_gpu: bool
     ort_providers: tuple[str, ...] = ("CPUExecutionProvider",)
+    tensorrt_failure: str | None = None
 
     @classmethod
     def from_platform(cls, platform: Platform) -> PlatformFacts:
@@ -98,6 +101,15 @@ class _Planner:
         facts = self.facts
         if self.spec.device == "cpu":
             self.change("backend", "auto", "onnxruntime", "device cpu: TensorRT runs on GPU or DLA only")
+            return "onnxruntime"
+        if facts.tensorrt_failure is not None:
+            self.change(
+                "backend",
+                "tensorrt",
+                "onnxruntime",
+                f"the TensorRT build failed ({facts.tensorrt_failure}); fallback: ONNX Runtime with the best "
+                "provider present",
+            )
             return "onnxruntime"
         if facts.tensorrt_version is None:
             self.change("backend", "auto", "onnxruntime", "TensorRT is not installed on this device")
@@ -289,6 +301,26 @@ class _Planner:
             )
             return "qdq", calibration
         return "calibrator", calibration
+
+
+def plan_fallback(
+    spec: BuildSpec,
+    facts: PlatformFacts,
+    failure: str,
+    *,
+    model_static: bool,
+    model_has_qdq: bool = False,
+) -> BuildPlan | None:
+    """The ONNX Runtime plan to build after a TensorRT build failed with ``failure``, or None when
+    ``spec.fallback`` is ``none`` (the operator wants TensorRT or nothing).
+
+    The plan's changes start with the backend change naming the failure, so the job status says
+    why it runs on ONNX Runtime. The device follows ONNX Runtime's providers (TensorRT EP, CUDA, CPU).
+    """
+    if spec.fallback == "none":
+        return None
+    failed = replace(facts, tensorrt_failure=failure or "no reason given")
+    return plan_build(spec, failed, model_static=model_static, model_has_qdq=model_has_qdq)
 
 
 def plan_build(

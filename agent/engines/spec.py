@@ -70,6 +70,11 @@ class BuildSpec(StrictModel):
         default_factory=list, description="Shape profiles of dynamic inputs."
     )
     calibration: CalibrationSource | None = Field(None, description="INT8 calibration source.")
+    fallback: Literal["onnxruntime", "none"] = Field(
+        "onnxruntime",
+        description="When a TensorRT build fails on the device: build the ONNX Runtime engine with the best "
+        "provider present (onnxruntime), or fail the job (none).",
+    )
 
 
 Backend = Literal["tensorrt", "onnxruntime"]
