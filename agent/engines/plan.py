@@ -45,17 +45,25 @@ class PlatformFacts:
     has_gpu: bool
     ort_providers: tuple[str, ...] = ("CPUExecutionProvider",)
     tensorrt_failure: str | None = None
+    #: Set on a chip that has no DLA at all (Jetson Thor): the reason the planner gives for the GPU.
+    no_dla: str | None = None
 
     @classmethod
     def from_platform(cls, platform: Platform) -> PlatformFacts:
         """Facts from a detected :class:`~agent.platform.Platform`; unusable TensorRT counts as absent."""
         trt = platform.backends.get("tensorrt")
         usable = trt.usable if trt is not None else platform.tensorrt_version is not None
+        no_dla = (
+            f"Jetson {platform.soc_family} ({platform.soc}) has no DLA"
+            if platform.soc_has_dla is False
+            else None
+        )
         return cls(
             tensorrt_version=platform.tensorrt_version if usable else None,
-            dla_cores=platform.dla_cores or 0,
+            dla_cores=0 if no_dla else platform.dla_cores or 0,
             has_gpu=platform.has_gpu,
             ort_providers=platform.ort_providers,
+            no_dla=no_dla,
         )
 
     @property
@@ -128,6 +136,8 @@ class _Planner:
 
     def _usable_dla_cores(self) -> tuple[int, str]:
         """DLA cores TensorRT can use here, and how to explain a shortage."""
+        if self.facts.no_dla is not None:
+            return 0, self.facts.no_dla
         version = self.facts.tensorrt_version
         major_minor = self.facts.trt_major_minor
         if major_minor is not None and major_minor[0] == 11 and major_minor[1] < 4:
@@ -301,6 +311,24 @@ class _Planner:
             )
             return "qdq", calibration
         return "calibrator", calibration
+
+
+def placement_candidates(spec: BuildSpec, facts: PlatformFacts, *, model_static: bool) -> tuple[str, ...]:
+    """The devices ``device: auto`` builds and times on this platform (placement by measurement).
+
+    TensorRT with a GPU: ``gpu`` plus every usable DLA core, when the precision and shapes allow the
+    DLA (FP16/INT8/best, static shapes). Otherwise the single device the planner picks, so there is
+    nothing to measure: ONNX Runtime's provider order already decides (TensorRT EP, CUDA, CPU).
+    An explicit device is never second-guessed: it is its own only candidate.
+    """
+    if spec.device != "auto":
+        return (spec.device,)
+    if facts.tensorrt_version is None or not facts.has_gpu or facts.tensorrt_failure is not None:
+        return ("auto",)
+    cores, _ = _Planner(spec, facts, model_static, model_has_qdq=False)._usable_dla_cores()
+    if cores == 0 or spec.precision == "fp32" or shapes_dynamic(spec, model_static):
+        return ("gpu",)
+    return ("gpu", *(f"dla{core}" for core in range(min(cores, 2))))
 
 
 def plan_fallback(

@@ -70,6 +70,11 @@ class BuildSpec(StrictModel):
         default_factory=list, description="Shape profiles of dynamic inputs."
     )
     calibration: CalibrationSource | None = Field(None, description="INT8 calibration source.")
+    prefer: Literal["throughput", "efficiency"] = Field(
+        "throughput",
+        description="device auto with several candidates (GPU, DLA cores): keep the fastest (throughput) "
+        "or the DLA unless it is more than engines.placement_dla_max_slowdown times slower (efficiency).",
+    )
     fallback: Literal["onnxruntime", "none"] = Field(
         "onnxruntime",
         description="When a TensorRT build fails on the device: build the ONNX Runtime engine with the best "

@@ -9,7 +9,13 @@ from typing import Any
 
 import pytest
 
-from agent.engines.plan import PlatformFacts, plan_build, plan_fallback, shapes_dynamic
+from agent.engines.plan import (
+    PlatformFacts,
+    placement_candidates,
+    plan_build,
+    plan_fallback,
+    shapes_dynamic,
+)
 from agent.engines.spec import BuildPlan, BuildSpec, CalibrationSource, ShapeProfile
 from agent.errors import BuildError
 from agent.platform import BackendAvailability, Platform
@@ -577,3 +583,57 @@ def test_fallback_none_plans_nothing() -> None:
 def test_fallback_is_refused_for_an_unknown_value() -> None:
     with pytest.raises(ValueError, match="fallback"):
         spec(fallback="cuda")
+
+
+THOR_JP7 = PlatformFacts(
+    tensorrt_version="10.13.3", dla_cores=0, has_gpu=True, no_dla="Jetson Thor (tegra264) has no DLA"
+)
+
+
+@pytest.mark.parametrize(
+    ("facts", "fields", "model_static", "candidates"),
+    [
+        (ORIN_AGX, {"precision": "fp16"}, True, ("gpu", "dla0", "dla1")),
+        (ORIN_NX_1DLA, {"precision": "int8", "calibration": CACHE}, True, ("gpu", "dla0")),
+        (ORIN_NANO, {"precision": "fp16"}, True, ("gpu",)),
+        (JP5_AGX, {"precision": "best"}, True, ("gpu", "dla0", "dla1")),
+        (ORIN_AGX, {"precision": "fp32"}, True, ("gpu",)),  # DLA runs FP16/INT8 only
+        (ORIN_AGX, {"precision": "fp16"}, False, ("gpu",)),  # dynamic shapes: DLA needs static
+        (TRT11_0, {"precision": "fp16"}, True, ("gpu",)),  # no DLA in TensorRT 11.0-11.3
+        (THOR_JP7, {"precision": "fp16"}, True, ("gpu",)),
+        (CPU_ONLY, {"precision": "fp16"}, True, ("auto",)),
+        (ORIN_AGX, {"precision": "fp16", "device": "dla1"}, True, ("dla1",)),  # explicit: not second-guessed
+    ],
+    ids=[
+        "orin-agx",
+        "orin-nx-one-dla",
+        "orin-nano-no-dla",
+        "jetpack5-agx",
+        "fp32-gpu-only",
+        "dynamic-gpu-only",
+        "trt11.0-gpu-only",
+        "thor-jetpack7-gpu-only",
+        "no-tensorrt",
+        "explicit-device",
+    ],
+)
+def test_placement_candidates(
+    facts: PlatformFacts, fields: dict[str, Any], model_static: bool, candidates: tuple[str, ...]
+) -> None:
+    assert placement_candidates(spec(**fields), facts, model_static=model_static) == candidates
+
+
+def test_thor_plans_the_gpu_and_names_the_chip() -> None:
+    plan = plan_build(spec(device="auto"), THOR_JP7, model_static=True)
+    assert (plan.backend, plan.device, plan.precision) == ("tensorrt", "gpu", "fp16")
+    (change,) = plan.changes
+    assert change.reason == "no usable DLA core: Jetson Thor (tegra264) has no DLA"
+    plan = plan_build(spec(device="dla0"), THOR_JP7, model_static=True)
+    assert plan.device == "gpu"
+    assert "Thor (tegra264) has no DLA" in plan.changes[0].reason
+
+
+def test_thor_int8_calibrates_through_the_tensorrt_10_calibrator() -> None:
+    # TensorRT 10.13 (JetPack 7) still has the implicit INT8 calibrators; 11 removed them.
+    plan = plan_build(spec(precision="int8", device="gpu", calibration=CACHE), THOR_JP7, model_static=True)
+    assert plan.int8_mode == "calibrator"
