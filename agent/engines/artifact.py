@@ -74,6 +74,8 @@ def artifact_of(
         "built_seconds": meta.build_seconds,
         "engine_bytes": meta.engine_bytes,
     }
+    if "slim" in report:
+        effective["slim"] = report["slim"]
     load_extra: dict[str, Any] = {"precision": plan.precision}
     providers: tuple[ProviderRequest, ...] = ("CPUExecutionProvider",)
     if plan.backend == "tensorrt":

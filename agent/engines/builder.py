@@ -59,6 +59,7 @@ from agent.engines.ort_builder import (
 )
 from agent.engines.plan import PlatformFacts, plan_build, plan_fallback
 from agent.engines.settings import EngineConfig
+from agent.engines.slim import onnxslim_version
 from agent.engines.spec import BuildPlan, BuildSpec
 from agent.engines.worker import BuildWorker
 from agent.errors import BuildError
@@ -234,7 +235,7 @@ class EngineBuilder:
             plan=plan,
             platform=self.platform,
             calibration_sha256=calib_sha,
-            extra=self._int8_weight_bits(plan),
+            extra={**self._int8_weight_bits(plan), **_slim_identity(plan)},
         )
         key = engine_cache_key(identity)
         entry = self.cache.get(key)
@@ -380,6 +381,8 @@ class EngineBuilder:
             if plan.backend == "tensorrt"
             else self.state_dir / "timing" / "ort",
             trt_cache_version=self.platform.tensorrt_version or DEFAULT_TRT_CACHE_VERSION,
+            model_sha256=model_sha256(model),
+            slim_cache_dir=self.state_dir / "slim",
             available_providers=self.platform.ort_providers or ("CPUExecutionProvider",),
         )
 
@@ -400,6 +403,11 @@ class EngineBuilder:
             with contextlib.suppress(OSError):
                 if child.stat().st_mtime < horizon:
                     shutil.rmtree(child, ignore_errors=True)
+
+
+def _slim_identity(plan: BuildPlan) -> dict[str, str]:
+    # Another onnxslim version may slim differently: its version is part of the engine's identity.
+    return {"onnxslim": onnxslim_version() or "absent"} if plan.slim else {}
 
 
 class _BuilderBusyError(BuildError):

@@ -391,6 +391,7 @@ def plan_build(
         dla_global_dram_mb=spec.dla_global_dram_mb if on_dla else None,
         optimization_level=spec.optimization_level,
         profiles=profiles,
+        slim=spec.slim,
         calibration=calibration,
         changes=planner.changes,
     )

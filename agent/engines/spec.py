@@ -70,6 +70,9 @@ class BuildSpec(StrictModel):
         default_factory=list, description="Shape profiles of dynamic inputs."
     )
     calibration: CalibrationSource | None = Field(None, description="INT8 calibration source.")
+    slim: bool = Field(
+        True, description="Run onnxslim on the model before the engine build (false: build from it as given)."
+    )
     prefer: Literal["throughput", "efficiency"] = Field(
         "throughput",
         description="device auto with several candidates (GPU, DLA cores): keep the fastest (throughput) "
@@ -116,6 +119,8 @@ class EngineOptions(StrictModel):
     dla_global_dram_mb: int | None = None
     optimization_level: int = 3
     profiles: list[ShapeProfile] = Field(default_factory=list)
+    #: The engine is built from the onnxslim-ed model (ONNX -> OnnxSlim -> engine).
+    slim: bool = True
 
 
 class BuildPlan(EngineOptions):
