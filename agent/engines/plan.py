@@ -376,6 +376,7 @@ def plan_build(
     profiles = planner.profiles(device)
     int8_mode, calibration = planner.int8(backend, precision)
     on_dla = device == "dla"
+    ort_trt = backend == "onnxruntime" and device == "gpu" and ORT_TENSORRT_PROVIDER in facts.ort_providers
     return BuildPlan(
         backend=backend,
         precision=precision,
@@ -392,6 +393,11 @@ def plan_build(
         optimization_level=spec.optimization_level,
         profiles=profiles,
         slim=spec.slim,
+        # Options of ONNX Runtime's TensorRT provider: they matter only where that provider builds,
+        # so elsewhere they take their defaults and do not split the engine key.
+        ep_context=spec.ep_context if ort_trt else "off",
+        trt_context_memory_sharing=spec.trt_context_memory_sharing if ort_trt else False,
+        trt_auxiliary_streams=spec.trt_auxiliary_streams if ort_trt else None,
         calibration=calibration,
         changes=planner.changes,
     )

@@ -70,6 +70,17 @@ class BuildSpec(StrictModel):
         default_factory=list, description="Shape profiles of dynamic inputs."
     )
     calibration: CalibrationSource | None = Field(None, description="INT8 calibration source.")
+    ep_context: Literal["embed", "file", "off"] = Field(
+        "embed",
+        description="ONNX Runtime's TensorRT provider: dump an EP-context model so a later load skips the "
+        "engine build (embed: engine inside the model; file: beside it; off).",
+    )
+    trt_context_memory_sharing: bool = Field(
+        False, description="ONNX Runtime's TensorRT provider: share execution-context memory between engines."
+    )
+    trt_auxiliary_streams: int | None = Field(
+        None, ge=-1, description="ONNX Runtime's TensorRT provider: auxiliary streams (-1: TensorRT decides)."
+    )
     slim: bool = Field(
         True, description="Run onnxslim on the model before the engine build (false: build from it as given)."
     )
@@ -121,6 +132,11 @@ class EngineOptions(StrictModel):
     profiles: list[ShapeProfile] = Field(default_factory=list)
     #: The engine is built from the onnxslim-ed model (ONNX -> OnnxSlim -> engine).
     slim: bool = True
+    #: ONNX Runtime's TensorRT provider only (mapped by agent.engines.ort_builder): the EP-context
+    #: model it dumps, shared context memory, auxiliary streams.
+    ep_context: Literal["embed", "file", "off"] = "embed"
+    trt_context_memory_sharing: bool = False
+    trt_auxiliary_streams: int | None = None
 
 
 class BuildPlan(EngineOptions):

@@ -637,3 +637,25 @@ def test_thor_int8_calibrates_through_the_tensorrt_10_calibrator() -> None:
     # TensorRT 10.13 (JetPack 7) still has the implicit INT8 calibrators; 11 removed them.
     plan = plan_build(spec(precision="int8", device="gpu", calibration=CACHE), THOR_JP7, model_static=True)
     assert plan.int8_mode == "calibrator"
+
+
+def test_ort_tensorrt_provider_options_are_planned_only_where_that_provider_builds() -> None:
+    fields = {
+        "device": "gpu",
+        "ep_context": "file",
+        "trt_context_memory_sharing": True,
+        "trt_auxiliary_streams": 2,
+    }
+    on_trt_ep = plan_build(spec(**fields), ORT_TRT_EP, model_static=True)
+    assert (on_trt_ep.ep_context, on_trt_ep.trt_context_memory_sharing, on_trt_ep.trt_auxiliary_streams) == (
+        "file",
+        True,
+        2,
+    )
+    for facts in (ORT_CUDA, CPU_ONLY, ORIN_AGX):  # CUDA provider, CPU, native TensorRT
+        other = plan_build(spec(**fields), facts, model_static=True)
+        assert (other.ep_context, other.trt_context_memory_sharing, other.trt_auxiliary_streams) == (
+            "off",
+            False,
+            None,
+        )
