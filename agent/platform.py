@@ -52,6 +52,15 @@ L4T_TO_JETPACK: tuple[tuple[str, str], ...] = (
     ("R38.2", "7.0"),
 )
 
+#: Tegra SoC (device-tree ``compatible``) -> product family and how many DLA cores the chip has at
+#: most (a module may fuse some off: Orin NX has 1, Orin Nano 0; TensorRT's count is the truth).
+#: Jetson Thor (JetPack 7) has no DLA at all: its planner reason names the chip, not a count.
+SOC_FACTS: dict[str, tuple[str, int]] = {
+    "tegra194": ("Xavier", 2),
+    "tegra234": ("Orin", 2),
+    "tegra264": ("Thor", 0),
+}
+
 _TEGRA_RELEASE_RE = re.compile(
     r"#\s*R(?P<major>\d+)\s*\(release\),\s*REVISION:\s*(?P<revision>\d+(?:\.\d+)*)"
 )
@@ -73,6 +82,8 @@ class Platform:
     l4t_release: str | None = None
     jetpack: str | None = None
     device_model: str | None = None
+    #: Tegra SoC from the device tree (``tegra234`` = Orin, ``tegra264`` = Thor); see :data:`SOC_FACTS`.
+    soc: str | None = None
     cuda_driver: str | None = None
     cuda_runtime: str | None = None
     gpu_name: str | None = None
@@ -83,6 +94,18 @@ class Platform:
     ort_providers: tuple[str, ...] = ()
     backends: dict[str, BackendAvailability] = field(default_factory=dict)
     reasons: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def soc_family(self) -> str | None:
+        """``Orin``, ``Thor``, ... for a known :attr:`soc`, else None."""
+        facts = SOC_FACTS.get(self.soc or "")
+        return facts[0] if facts else None
+
+    @property
+    def soc_has_dla(self) -> bool | None:
+        """False on a chip without DLA (Thor), True on one with DLA, None when the chip is unknown."""
+        facts = SOC_FACTS.get(self.soc or "")
+        return facts[1] > 0 if facts else None
 
     @property
     def has_gpu(self) -> bool:
@@ -147,8 +170,15 @@ def _read_text(path: Path) -> str | None:
         return None
 
 
+def parse_soc(compatible: str) -> str | None:
+    """The Tegra SoC of a device-tree ``compatible`` list (NUL-separated): ``'...nvidia,tegra234'`` ->
+    ``'tegra234'``; None when no ``nvidia,tegraNNN`` entry is there."""
+    match = re.search(r"nvidia,(tegra\d+)", compatible.lower())
+    return match[1] if match else None
+
+
 def probe_jetson_files(root: Path) -> tuple[dict[str, Any], dict[str, str]]:
-    """L4T release, JetPack, device model and is_jetson from the files under ``root``."""
+    """L4T release, JetPack, device model, SoC and is_jetson from the files under ``root``."""
     values: dict[str, Any] = {}
     reasons: dict[str, str] = {}
     release_text = _read_text(root / NV_TEGRA_RELEASE)
@@ -172,6 +202,11 @@ def probe_jetson_files(root: Path) -> tuple[dict[str, Any], dict[str, str]]:
         # Device-tree strings end with NUL.
         values["device_model"] = model_text.replace("\x00", "").strip() or None
     compatible = (_read_text(root / DEVICE_TREE_COMPATIBLE) or "").lower()
+    soc = parse_soc(compatible)
+    if soc is None:
+        reasons["soc"] = f"no nvidia,tegra entry in /{DEVICE_TREE_COMPATIBLE}"
+    else:
+        values["soc"] = soc
     values["is_jetson"] = (
         release_text is not None or "jetson" in (model_text or "").lower() or "nvidia,tegra" in compatible
     )
@@ -340,7 +375,7 @@ def detect_platform(root: Path = Path("/")) -> Platform:
         return values
 
     probe.run("machine", ("machine",), lambda: {"machine": host_platform.machine() or None})
-    probe.run("jetson", ("is_jetson", "l4t_release", "jetpack", "device_model"), jetson_files)
+    probe.run("jetson", ("is_jetson", "l4t_release", "jetpack", "device_model", "soc"), jetson_files)
     cuda_fields = ("cuda_driver", "cuda_runtime", "gpu_name", "compute_capability")
     probe.run(
         "cuda",
@@ -370,6 +405,7 @@ def detect_platform(root: Path = Path("/")) -> Platform:
         l4t_release=values.get("l4t_release"),
         jetpack=values.get("jetpack"),
         device_model=values.get("device_model"),
+        soc=values.get("soc"),
         cuda_driver=values.get("cuda_driver"),
         cuda_runtime=values.get("cuda_runtime"),
         gpu_name=values.get("gpu_name"),
@@ -396,6 +432,8 @@ def platform_summary(p: Platform) -> dict[str, SummaryValue]:
         "is_jetson": p.is_jetson,
         "machine": p.machine,
         "device_model": p.device_model,
+        "soc": p.soc,
+        "soc_family": p.soc_family,
         "l4t_release": p.l4t_release,
         "jetpack": p.jetpack,
         "cuda_driver": p.cuda_driver,

@@ -39,16 +39,25 @@ AGX_RELEASE = (
 )
 
 
-def jetson_root(tmp_path: Path, release: str = AGX_RELEASE, model: bytes | None = None) -> Path:
+ORIN_COMPATIBLE = b"nvidia,p3737-0000+p3701-0005\x00nvidia,p3701-0005\x00nvidia,tegra234\x00"
+#: Jetson AGX Thor (JetPack 7.0 = L4T R38.2): board ids illustrative, the SoC entry is what counts.
+THOR_RELEASE = "# R38 (release), REVISION: 2.0, GCID: 41844464, BOARD: generic, EABI: aarch64\n"
+THOR_COMPATIBLE = b"nvidia,p3971-0000+p3834-0000\x00nvidia,p3834-0000\x00nvidia,tegra264\x00"
+
+
+def jetson_root(
+    tmp_path: Path,
+    release: str = AGX_RELEASE,
+    model: bytes | None = None,
+    compatible: bytes = ORIN_COMPATIBLE,
+) -> Path:
     """A fake filesystem root with the files a Jetson has (hardware absent here)."""
     (tmp_path / "etc").mkdir()
     (tmp_path / "etc/nv_tegra_release").write_text(release)
     dt = tmp_path / "proc/device-tree"
     dt.mkdir(parents=True)
     (dt / "model").write_bytes(model if model is not None else b"NVIDIA Jetson AGX Orin Developer Kit\x00")
-    (dt / "compatible").write_bytes(
-        b"nvidia,p3737-0000+p3701-0005\x00nvidia,p3701-0005\x00nvidia,tegra234\x00"
-    )
+    (dt / "compatible").write_bytes(compatible)
     return tmp_path
 
 
@@ -313,3 +322,69 @@ def test_platform_summary_explains_missing_fields() -> None:
     assert summary["gpu_name_reason"] == "no CUDA driver"
     assert summary["backend_tensorrt"] is False
     assert summary["backend_tensorrt_reason"] == "absent"
+
+
+# --------------------------------------------------------------------------- Orin JP5/6 and Thor JP7
+
+
+def test_thor_on_jetpack7_has_no_dla_and_a_newer_tensorrt(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Fakes for absent hardware: Thor's files, cuda-python and TensorRT 10.13 (JetPack 7.0)."""
+    from agent.engines.plan import PlatformFacts, plan_build
+    from agent.engines.spec import BuildSpec
+
+    monkeypatch.setattr(platform_mod, "_load_cudart", lambda: (fake_cudart(driver=13000, runtime=13000), ""))
+    monkeypatch.setattr(platform_mod, "_load_tensorrt", lambda: (fake_tensorrt("10.13.3", 0), ""))
+    root = jetson_root(
+        tmp_path, THOR_RELEASE, model=b"NVIDIA Jetson AGX Thor Developer Kit\x00", compatible=THOR_COMPATIBLE
+    )
+    p = detect_platform(root)
+    assert (p.l4t_release, p.jetpack, p.soc, p.soc_family) == ("R38.2.0", "7.0", "tegra264", "Thor")
+    assert p.soc_has_dla is False
+    assert (p.tensorrt_version, p.dla_cores, p.cuda_runtime) == ("10.13.3", 0, "13.0")
+    summary = platform_summary(p)  # what edge-agent info and up/info show
+    assert (summary["soc"], summary["soc_family"], summary["dla_cores"]) == ("tegra264", "Thor", 0)
+    facts = PlatformFacts.from_platform(p)
+    assert facts.no_dla == "Jetson Thor (tegra264) has no DLA"
+    plan = plan_build(BuildSpec(device="auto"), facts, model_static=True)
+    assert (plan.backend, plan.device) == ("tensorrt", "gpu")
+    assert "Thor (tegra264) has no DLA" in plan.changes[0].reason
+
+
+@pytest.mark.parametrize(
+    ("release", "trt", "jetpack"),
+    [
+        ("# R35 (release), REVISION: 4.1, GCID: 1, BOARD: t186ref", "8.5.2.2", "5.1.2"),
+        (AGX_RELEASE, "10.3.0", "6.1"),
+    ],
+    ids=["orin-jetpack5", "orin-jetpack6"],
+)
+def test_orin_on_jetpack5_and_6_plans_the_dla(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, release: str, trt: str, jetpack: str
+) -> None:
+    """Fakes for absent hardware: an AGX Orin's files and TensorRT with two DLA cores."""
+    from agent.engines.plan import PlatformFacts, placement_candidates, plan_build
+    from agent.engines.spec import BuildSpec
+
+    monkeypatch.setattr(platform_mod, "_load_cudart", lambda: (fake_cudart(), ""))
+    monkeypatch.setattr(platform_mod, "_load_tensorrt", lambda: (fake_tensorrt(trt, 2), ""))
+    p = detect_platform(jetson_root(tmp_path, release))
+    assert (p.jetpack, p.soc, p.soc_family, p.soc_has_dla, p.dla_cores) == (
+        jetpack,
+        "tegra234",
+        "Orin",
+        True,
+        2,
+    )
+    facts = PlatformFacts.from_platform(p)
+    assert facts.no_dla is None
+    assert plan_build(BuildSpec(device="auto"), facts, model_static=True).device == "dla"
+    assert placement_candidates(BuildSpec(device="auto"), facts, model_static=True) == ("gpu", "dla0", "dla1")
+
+
+def test_a_machine_without_a_device_tree_has_no_soc(tmp_path: Path) -> None:
+    p = detect_platform(tmp_path)
+    assert p.soc is None
+    assert p.soc_has_dla is None
+    assert "soc" in p.reasons

@@ -16,6 +16,7 @@ from typing import Any
 from agent.backends.base import LoadOptions, ProviderRequest
 from agent.engines.cache import CacheEntry
 from agent.engines.ort_builder import (
+    EP_CONTEXT_FILE,
     REPORT_FILE,
     TRT_CACHE_FILE,
     TRT_ENGINE_DIR,
@@ -74,7 +75,10 @@ def artifact_of(
         "built_seconds": meta.build_seconds,
         "engine_bytes": meta.engine_bytes,
     }
+    if "slim" in report:
+        effective["slim"] = report["slim"]
     load_extra: dict[str, Any] = {"precision": plan.precision}
+    engine_path = entry.engine_path
     providers: tuple[ProviderRequest, ...] = ("CPUExecutionProvider",)
     if plan.backend == "tensorrt":
         placement = report.get("placement")
@@ -87,7 +91,12 @@ def artifact_of(
             timing_cache_dir=timing_dir,
             calibration_table=table if plan.int8_mode == "calibrator" else None,
         )
+        # Loading: the paths carry no dump target, so the provider never dumps again.
         requests = provider_options(plan, paths, platform.ort_providers or None)
+        ep_context = entry.file(EP_CONTEXT_FILE)
+        if ep_context.is_file():
+            engine_path = ep_context
+            effective["ep_context"] = {"path": str(ep_context), "mode": plan.ep_context}
         providers = tuple(requests)
         effective["providers"] = report.get("providers", provider_names(requests))
         effective["placement"] = {"providers": effective["providers"]}
@@ -99,7 +108,7 @@ def artifact_of(
             }
         load_extra["providers"] = list(providers)
     return EngineArtifact(
-        engine_path=entry.engine_path,
+        engine_path=engine_path,
         backend=plan.backend,
         plan=plan,
         effective=effective,

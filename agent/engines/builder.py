@@ -30,6 +30,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -56,8 +57,9 @@ from agent.engines.ort_builder import (
 from agent.engines.ort_builder import (
     REPORT_FILE,
 )
-from agent.engines.plan import PlatformFacts, plan_build
+from agent.engines.plan import PlatformFacts, plan_build, plan_fallback
 from agent.engines.settings import EngineConfig
+from agent.engines.slim import onnxslim_version
 from agent.engines.spec import BuildPlan, BuildSpec
 from agent.engines.worker import BuildWorker
 from agent.errors import BuildError
@@ -71,6 +73,8 @@ TRT_ENGINE_FILE = "engine"
 #: TensorRT version whose header a CPU-made calibration cache gets when no TensorRT is present:
 #: JetPack 6.1/6.2, the main target.
 DEFAULT_TRT_CACHE_VERSION = "10.3.0"
+#: How much of a failed TensorRT build's error (with a crashed child's last output) job status carries.
+MAX_FAILURE_CHARS = 2000
 
 
 def _safe(text: str) -> str:
@@ -146,6 +150,74 @@ class EngineBuilder:
         requested = _spec_or_default(spec)
         static, has_qdq = model_facts(model)
         plan = plan_build(requested, self.facts, model_static=static, model_has_qdq=has_qdq)
+        if plan.backend == "tensorrt" and calibration is not None:
+            # A failed TensorRT build falls back to ONNX Runtime, which needs the same frames again.
+            calibration = list(calibration)
+        try:
+            return self._build_plan(
+                model,
+                plan,
+                requested,
+                calibration=calibration,
+                preprocess=preprocess,
+                say=say,
+                cancel=cancel,
+                started=started,
+            )
+        except BuildError as exc:
+            # Only a failed TensorRT build falls back: not a busy builder, not a cancelled job.
+            busy = isinstance(exc, _BuilderBusyError)
+            if plan.backend != "tensorrt" or busy or (cancel is not None and cancel.is_set()):
+                raise
+            failure = str(exc)
+            # The first line names the failure; a crash adds the child's last output after it.
+            headline = failure.splitlines()[0] if failure else "no reason given"
+            fallback = plan_fallback(
+                requested, self.facts, headline, model_static=static, model_has_qdq=has_qdq
+            )
+            if fallback is None:
+                raise BuildError(
+                    "the TensorRT build failed and the build spec says fallback: none, so no ONNX Runtime "
+                    f"engine is built instead: {failure}"
+                ) from exc
+            log.warning("engine.build.tensorrt_failed", model=model.name, error=failure)
+            say(f"TensorRT build failed: {failure}; falling back to ONNX Runtime")
+            try:
+                artifact = self._build_plan(
+                    model,
+                    fallback,
+                    requested,
+                    calibration=calibration,
+                    preprocess=preprocess,
+                    say=say,
+                    cancel=cancel,
+                    started=started,
+                )
+            except BuildError as second:
+                raise BuildError(
+                    f"the TensorRT build failed: {failure}; the ONNX Runtime fallback failed too: {second}"
+                ) from second
+        record = {
+            "from": "tensorrt",
+            "to": "onnxruntime",
+            "reason": headline,
+            "error": failure[:MAX_FAILURE_CHARS],
+        }
+        return replace(artifact, effective={**artifact.effective, "fallback": record})
+
+    def _build_plan(
+        self,
+        model: Path,
+        plan: BuildPlan,
+        requested: BuildSpec,
+        *,
+        calibration: Iterable[npt.NDArray[Any]] | None,
+        preprocess: PreprocessSpec | None,
+        say: Progress,
+        cancel: threading.Event | None,
+        started: float,
+    ) -> EngineArtifact:
+        """Key, cache lookup and (on a miss) the build of one plan."""
         for change in plan.changes:
             say(f"plan: {change.field} {change.requested} -> {change.effective}: {change.reason}")
         if (
@@ -163,7 +235,7 @@ class EngineBuilder:
             plan=plan,
             platform=self.platform,
             calibration_sha256=calib_sha,
-            extra=self._int8_weight_bits(plan),
+            extra={**self._int8_weight_bits(plan), **_slim_identity(plan)},
         )
         key = engine_cache_key(identity)
         entry = self.cache.get(key)
@@ -174,7 +246,7 @@ class EngineBuilder:
         # One build at a time per builder; the worker also serialises builds across processes.
         wait_s = self.config.build_timeout_s + 60.0
         if not self._build_lock.acquire(timeout=wait_s):
-            raise BuildError(f"another build is still running after {wait_s:.0f}s; retry later")
+            raise _BuilderBusyError(f"another build is still running after {wait_s:.0f}s; retry later")
         try:
             return self._build_locked(
                 model=model,
@@ -309,6 +381,8 @@ class EngineBuilder:
             if plan.backend == "tensorrt"
             else self.state_dir / "timing" / "ort",
             trt_cache_version=self.platform.tensorrt_version or DEFAULT_TRT_CACHE_VERSION,
+            model_sha256=model_sha256(model),
+            slim_cache_dir=self.state_dir / "slim",
             available_providers=self.platform.ort_providers or ("CPUExecutionProvider",),
         )
 
@@ -329,6 +403,15 @@ class EngineBuilder:
             with contextlib.suppress(OSError):
                 if child.stat().st_mtime < horizon:
                     shutil.rmtree(child, ignore_errors=True)
+
+
+def _slim_identity(plan: BuildPlan) -> dict[str, str]:
+    # Another onnxslim version may slim differently: its version is part of the engine's identity.
+    return {"onnxslim": onnxslim_version() or "absent"} if plan.slim else {}
+
+
+class _BuilderBusyError(BuildError):
+    """The builder stayed busy with another build: nothing was tried, so nothing to fall back from."""
 
 
 def _spec_or_default(spec: BuildSpec | None) -> BuildSpec:

@@ -46,6 +46,10 @@ class BuildJob(StrictModel):
         "10.3.0", description="TensorRT version whose header an ONNX Runtime calibration is converted for."
     )
     available_providers: tuple[str, ...] = ("CPUExecutionProvider",)
+    model_sha256: str | None = Field(None, description="The model's hash: the slimmed model's cache name.")
+    slim_cache_dir: Path | None = Field(
+        None, description="Where slimmed models are cached (the plan's slim field says whether to slim)."
+    )
     memory_mb: int = Field(0, ge=0, description="Memory limit of the child (0 = none).")
     memory_limit: Literal["as", "data"] = "as"
 

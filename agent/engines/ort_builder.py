@@ -43,6 +43,8 @@ TABLE_FILE = "calibration.json"
 TRT_CACHE_FILE = "calibration.trt.cache"
 TRT_ENGINE_DIR = "trt_engines"
 REPORT_FILE = "report.json"
+#: The EP-context model ONNX Runtime's TensorRT provider dumps (loads without an engine build).
+EP_CONTEXT_FILE = "model_ctx.onnx"
 
 ProviderOptions = list[tuple[str, dict[str, str]]]
 
@@ -58,6 +60,34 @@ class OrtPaths:
     engine_cache_dir: Path
     timing_cache_dir: Path
     calibration_table: str | None = None
+    #: Where the build dumps the EP-context model (None: loading, or no dump wanted).
+    ep_context_dump: Path | None = None
+
+
+def ep_context_options(plan: BuildPlan, dump_to: Path | None) -> dict[str, str]:
+    """TensorRT provider options that dump an EP-context model to ``dump_to`` (build time only).
+
+    ``embed`` puts the serialized engine inside the context model (one file: the cache entry can
+    move); ``file`` writes it beside the context model and refers to it by name. At load time
+    (``dump_to`` None) the context model itself is loaded and nothing is dumped.
+    """
+    if plan.ep_context == "off" or dump_to is None:
+        return {}
+    return {
+        "trt_dump_ep_context_model": "True",
+        "trt_ep_context_file_path": str(dump_to),
+        "trt_ep_context_embed_mode": "1" if plan.ep_context == "embed" else "0",
+    }
+
+
+def runtime_options(plan: BuildPlan) -> dict[str, str]:
+    """TensorRT provider options for the run, where the plan asks for them (else the provider's defaults)."""
+    options: dict[str, str] = {}
+    if plan.trt_context_memory_sharing:
+        options["trt_context_memory_sharing_enable"] = "True"
+    if plan.trt_auxiliary_streams is not None:
+        options["trt_auxiliary_streams"] = str(plan.trt_auxiliary_streams)
+    return options
 
 
 def _flag(value: bool) -> str:
@@ -93,6 +123,8 @@ def tensorrt_provider_options(plan: BuildPlan, paths: OrtPaths) -> dict[str, str
         # DLA applies only with FP16 or INT8, which the planner guarantees on DLA.
         options["trt_dla_enable"] = "True"
         options["trt_dla_core"] = str(plan.dla_core)
+    options.update(runtime_options(plan))
+    options.update(ep_context_options(plan, paths.ep_context_dump))
     if plan.profiles:
         options["trt_profile_min_shapes"] = _shapes(plan.profiles, "min")
         options["trt_profile_opt_shapes"] = _shapes(plan.profiles, "opt")
@@ -155,6 +187,7 @@ def build_onnxruntime(job: BuildJob, say: Progress) -> WorkerResult:
     paths = OrtPaths(
         engine_cache_dir=trt_engines,
         timing_cache_dir=job.timing_cache.parent if job.timing_cache is not None else out / "timing",
+        ep_context_dump=out / EP_CONTEXT_FILE,
     )
     providers = provider_options(plan, paths, job.available_providers)
     names = provider_names(providers)
@@ -211,6 +244,10 @@ def build_onnxruntime(job: BuildJob, say: Progress) -> WorkerResult:
     effective = _session_providers(engine, providers)
     if TENSORRT_EP in names:
         files.append(TRT_ENGINE_DIR)
+        if (out / EP_CONTEXT_FILE).is_file():
+            # Cached like an engine: the artifact loads it instead of the model, skipping the build.
+            files.append(EP_CONTEXT_FILE)
+            report["ep_context"] = {"file": EP_CONTEXT_FILE, "mode": plan.ep_context}
     shutil.rmtree(out / "int8", ignore_errors=True)
     extra["providers"] = ",".join(effective)
     report["providers"] = effective

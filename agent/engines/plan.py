@@ -10,7 +10,7 @@ can publish requested vs effective. A request that cannot be honoured in any sen
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Literal
 
 from agent.engines.calibration_cache import parse_trt_version
@@ -35,24 +35,35 @@ class PlatformFacts:
     """The few platform facts the planner needs; tests build them directly.
 
     ``tensorrt_version`` is None when TensorRT is absent or unusable; ``dla_cores`` is what
-    ``builder.num_DLA_cores`` reported (0 when unknown).
+    ``builder.num_DLA_cores`` reported (0 when unknown). ``tensorrt_failure`` is set when a TensorRT
+    build of this model already failed here: the planner then plans the ONNX Runtime fallback and
+    names the failure as the reason (see :func:`plan_fallback`).
     """
 
     tensorrt_version: str | None
     dla_cores: int
     has_gpu: bool
     ort_providers: tuple[str, ...] = ("CPUExecutionProvider",)
+    tensorrt_failure: str | None = None
+    #: Set on a chip that has no DLA at all (Jetson Thor): the reason the planner gives for the GPU.
+    no_dla: str | None = None
 
     @classmethod
     def from_platform(cls, platform: Platform) -> PlatformFacts:
         """Facts from a detected :class:`~agent.platform.Platform`; unusable TensorRT counts as absent."""
         trt = platform.backends.get("tensorrt")
         usable = trt.usable if trt is not None else platform.tensorrt_version is not None
+        no_dla = (
+            f"Jetson {platform.soc_family} ({platform.soc}) has no DLA"
+            if platform.soc_has_dla is False
+            else None
+        )
         return cls(
             tensorrt_version=platform.tensorrt_version if usable else None,
-            dla_cores=platform.dla_cores or 0,
+            dla_cores=0 if no_dla else platform.dla_cores or 0,
             has_gpu=platform.has_gpu,
             ort_providers=platform.ort_providers,
+            no_dla=no_dla,
         )
 
     @property
@@ -99,6 +110,15 @@ class _Planner:
         if self.spec.device == "cpu":
             self.change("backend", "auto", "onnxruntime", "device cpu: TensorRT runs on GPU or DLA only")
             return "onnxruntime"
+        if facts.tensorrt_failure is not None:
+            self.change(
+                "backend",
+                "tensorrt",
+                "onnxruntime",
+                f"the TensorRT build failed ({facts.tensorrt_failure}); fallback: ONNX Runtime with the best "
+                "provider present",
+            )
+            return "onnxruntime"
         if facts.tensorrt_version is None:
             self.change("backend", "auto", "onnxruntime", "TensorRT is not installed on this device")
             return "onnxruntime"
@@ -116,6 +136,8 @@ class _Planner:
 
     def _usable_dla_cores(self) -> tuple[int, str]:
         """DLA cores TensorRT can use here, and how to explain a shortage."""
+        if self.facts.no_dla is not None:
+            return 0, self.facts.no_dla
         version = self.facts.tensorrt_version
         major_minor = self.facts.trt_major_minor
         if major_minor is not None and major_minor[0] == 11 and major_minor[1] < 4:
@@ -291,6 +313,44 @@ class _Planner:
         return "calibrator", calibration
 
 
+def placement_candidates(spec: BuildSpec, facts: PlatformFacts, *, model_static: bool) -> tuple[str, ...]:
+    """The devices ``device: auto`` builds and times on this platform (placement by measurement).
+
+    TensorRT with a GPU: ``gpu`` plus every usable DLA core, when the precision and shapes allow the
+    DLA (FP16/INT8/best, static shapes). Otherwise the single device the planner picks, so there is
+    nothing to measure: ONNX Runtime's provider order already decides (TensorRT EP, CUDA, CPU).
+    An explicit device is never second-guessed: it is its own only candidate.
+    """
+    if spec.device != "auto":
+        return (spec.device,)
+    if facts.tensorrt_version is None or not facts.has_gpu or facts.tensorrt_failure is not None:
+        return ("auto",)
+    cores, _ = _Planner(spec, facts, model_static, model_has_qdq=False)._usable_dla_cores()
+    if cores == 0 or spec.precision == "fp32" or shapes_dynamic(spec, model_static):
+        return ("gpu",)
+    return ("gpu", *(f"dla{core}" for core in range(min(cores, 2))))
+
+
+def plan_fallback(
+    spec: BuildSpec,
+    facts: PlatformFacts,
+    failure: str,
+    *,
+    model_static: bool,
+    model_has_qdq: bool = False,
+) -> BuildPlan | None:
+    """The ONNX Runtime plan to build after a TensorRT build failed with ``failure``, or None when
+    ``spec.fallback`` is ``none`` (the operator wants TensorRT or nothing).
+
+    The plan's changes start with the backend change naming the failure, so the job status says
+    why it runs on ONNX Runtime. The device follows ONNX Runtime's providers (TensorRT EP, CUDA, CPU).
+    """
+    if spec.fallback == "none":
+        return None
+    failed = replace(facts, tensorrt_failure=failure or "no reason given")
+    return plan_build(spec, failed, model_static=model_static, model_has_qdq=model_has_qdq)
+
+
 def plan_build(
     spec: BuildSpec, facts: PlatformFacts, *, model_static: bool, model_has_qdq: bool = False
 ) -> BuildPlan:
@@ -316,6 +376,7 @@ def plan_build(
     profiles = planner.profiles(device)
     int8_mode, calibration = planner.int8(backend, precision)
     on_dla = device == "dla"
+    ort_trt = backend == "onnxruntime" and device == "gpu" and ORT_TENSORRT_PROVIDER in facts.ort_providers
     return BuildPlan(
         backend=backend,
         precision=precision,
@@ -331,6 +392,12 @@ def plan_build(
         dla_global_dram_mb=spec.dla_global_dram_mb if on_dla else None,
         optimization_level=spec.optimization_level,
         profiles=profiles,
+        slim=spec.slim,
+        # Options of ONNX Runtime's TensorRT provider: they matter only where that provider builds,
+        # so elsewhere they take their defaults and do not split the engine key.
+        ep_context=spec.ep_context if ort_trt else "off",
+        trt_context_memory_sharing=spec.trt_context_memory_sharing if ort_trt else False,
+        trt_auxiliary_streams=spec.trt_auxiliary_streams if ort_trt else None,
         calibration=calibration,
         changes=planner.changes,
     )

@@ -26,9 +26,13 @@ from agent.engines.builder import EngineBuilder
 from agent.engines.calibration_store import CalibrationKey, CalibrationStore, collect_frames
 from agent.engines.guard import agreement, check_int8
 from agent.engines.int8 import quantize_int8
+from agent.engines.model_facts import model_facts
+from agent.engines.placement_choice import CandidateTiming, choose_placement
+from agent.engines.plan import placement_candidates
 from agent.engines.settings import EngineConfig
 from agent.engines.spec import BuildSpec
-from agent.errors import BuildError
+from agent.engines.timing import time_runner
+from agent.errors import BuildError, EngineError
 
 log = structlog.get_logger(__name__)
 
@@ -68,10 +72,13 @@ class EngineService:
         """Build (or find) the engine for ``model``; INT8 only if it passes the accuracy guard."""
         say = progress or (lambda _msg: None)
         calibration = self._stream_calibration(slot, spec, preprocess, say)
-        artifact = self.builder.build(
-            model, spec, calibration=calibration, preprocess=preprocess, progress=say, cancel=cancel
+        artifact, placement = self._placed_build(
+            slot, model, spec, calibration=calibration, preprocess=preprocess, say=say, cancel=cancel
         )
         effective = dict(artifact.effective)
+        if placement is not None:
+            effective["requested"] = {**effective.get("requested", {}), "device": "auto"}
+            effective["placement_choice"] = placement
         if artifact.plan.precision != "int8":
             return PreparedEngine(artifact, effective)
         ok, reason, report = self._guard(slot, model, artifact, preprocess)
@@ -84,6 +91,108 @@ class EngineService:
         artifact = self.builder.build(model, fallback, preprocess=preprocess, progress=say, cancel=cancel)
         effective = {**artifact.effective, "int8_guard": effective["int8_guard"], "fallback_reason": reason}
         return PreparedEngine(artifact, effective)
+
+    def _placed_build(
+        self,
+        slot: str,
+        model: Path,
+        spec: BuildSpec | None,
+        *,
+        calibration: list[npt.NDArray[Any]] | None,
+        preprocess: PreprocessSpec,
+        say: Progress,
+        cancel: threading.Event | None,
+    ) -> tuple[EngineArtifact, dict[str, Any] | None]:
+        """``device: auto`` with several candidate devices: build each, time each on the slot's live
+        frames, keep the one :func:`choose_placement` picks (report for job status). Otherwise, or
+        when nothing could be timed, the planner's choice."""
+
+        def planned() -> EngineArtifact:
+            return self.builder.build(
+                model, spec, calibration=calibration, preprocess=preprocess, progress=say, cancel=cancel
+            )
+
+        if spec is None or spec.device != "auto":
+            return planned(), None
+        static, _ = model_facts(model)
+        candidates = placement_candidates(spec, self.builder.facts, model_static=static)
+        if len(candidates) < 2:
+            return planned(), None
+        report: dict[str, Any] = {"candidates": list(candidates), "prefer": spec.prefer}
+        images = self.frames(slot, self.config.placement_frames)
+        if not images:
+            report["reason"] = "the slot's streams delivered no frames to time on: the planner's choice"
+            say(f"placement: {report['reason']}")
+            return planned(), report
+        tensors = collect_frames(images, len(images), preprocess, batch_size=1)
+        specs = {d: spec.model_copy(update={"device": d, "fallback": "none"}) for d in candidates}
+        built, timed, failed = self.measure_candidates(
+            model, specs, tensors, calibration=calibration, preprocess=preprocess, say=say, cancel=cancel
+        )
+        report["timings"] = [t.as_dict() for t in timed]
+        report["failed"] = failed
+        if not timed:
+            report["reason"] = "no candidate could be built and timed: the planner's choice"
+            say(f"placement: {report['reason']}")
+            return planned(), report
+        choice = choose_placement(timed, spec.prefer, dla_max_slowdown=self.config.placement_dla_max_slowdown)
+        report.update(chosen=list(choice.devices), reason=choice.reason)
+        say(f"placement: {choice.reason}")
+        log.info("engine.placement.chosen", slot=slot, chosen=choice.devices, reason=choice.reason)
+        return built[choice.devices[0]], report
+
+    def measure_candidates(
+        self,
+        model: Path,
+        specs: dict[str, BuildSpec],
+        frames: list[npt.NDArray[Any]],
+        *,
+        calibration: list[npt.NDArray[Any]] | None = None,
+        preprocess: PreprocessSpec | None = None,
+        say: Progress | None = None,
+        cancel: threading.Event | None = None,
+    ) -> tuple[dict[str, EngineArtifact], list[CandidateTiming], dict[str, str]]:
+        """Build each candidate of ``specs`` (label -> spec) and time it on ``frames`` for
+        ``engines.placement_seconds``: the artifacts, the timings, and why a candidate failed."""
+        tell = say or (lambda _msg: None)
+        built: dict[str, EngineArtifact] = {}
+        timed: list[CandidateTiming] = []
+        failed: dict[str, str] = {}
+        for label, candidate in specs.items():
+            try:
+                artifact = self.builder.build(
+                    model,
+                    candidate,
+                    calibration=calibration,
+                    preprocess=preprocess,
+                    progress=say,
+                    cancel=cancel,
+                )
+                runner = get_backend(artifact.backend).load(artifact.engine_path, artifact.load_options())
+                try:
+                    timing = time_runner(runner, frames, seconds=self.config.placement_seconds, cancel=cancel)
+                finally:
+                    runner.close()
+            except (BuildError, EngineError) as exc:
+                if cancel is not None and cancel.is_set():
+                    raise
+                failed[label] = (str(exc).splitlines() or ["no reason given"])[0]
+                tell(f"placement: candidate {label} dropped: {failed[label]}")
+                continue
+            placement = artifact.effective.get("placement") or {}
+            built[label] = artifact
+            timed.append(
+                CandidateTiming(
+                    device=label,
+                    fps=timing.fps,
+                    p50_ms=timing.p50_ms,
+                    frames=timing.frames,
+                    dla_layers=placement.get("dla_layers"),
+                    gpu_layers=placement.get("gpu_layers"),
+                )
+            )
+            tell(f"placement: {label} {timing.fps:.1f} fps, p50 {timing.p50_ms:.2f} ms")
+        return built, timed, failed
 
     def _stream_calibration(
         self, slot: str, spec: BuildSpec | None, preprocess: PreprocessSpec, say: Progress

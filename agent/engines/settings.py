@@ -20,3 +20,15 @@ class EngineConfig(StrictModel):
         description="INT8 goes live only if its top-1 agrees with FP32 on this share of frames.",
     )
     guard_frames: int = Field(64, ge=1, description="Held-out frames the INT8 accuracy guard compares on.")
+    placement_seconds: float = Field(
+        3.0, gt=0, le=60, description="device auto: how long each candidate engine is timed on live frames."
+    )
+    placement_frames: int = Field(
+        16, ge=1, le=1000, description="device auto: live frames the candidates are timed on (cycled)."
+    )
+    placement_dla_max_slowdown: float = Field(
+        2.0,
+        ge=1.0,
+        description="prefer efficiency: the DLA is kept unless its throughput is this many times below "
+        "the GPU's.",
+    )

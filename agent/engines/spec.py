@@ -70,6 +70,30 @@ class BuildSpec(StrictModel):
         default_factory=list, description="Shape profiles of dynamic inputs."
     )
     calibration: CalibrationSource | None = Field(None, description="INT8 calibration source.")
+    ep_context: Literal["embed", "file", "off"] = Field(
+        "embed",
+        description="ONNX Runtime's TensorRT provider: dump an EP-context model so a later load skips the "
+        "engine build (embed: engine inside the model; file: beside it; off).",
+    )
+    trt_context_memory_sharing: bool = Field(
+        False, description="ONNX Runtime's TensorRT provider: share execution-context memory between engines."
+    )
+    trt_auxiliary_streams: int | None = Field(
+        None, ge=-1, description="ONNX Runtime's TensorRT provider: auxiliary streams (-1: TensorRT decides)."
+    )
+    slim: bool = Field(
+        True, description="Run onnxslim on the model before the engine build (false: build from it as given)."
+    )
+    prefer: Literal["throughput", "efficiency"] = Field(
+        "throughput",
+        description="device auto with several candidates (GPU, DLA cores): keep the fastest (throughput) "
+        "or the DLA unless it is more than engines.placement_dla_max_slowdown times slower (efficiency).",
+    )
+    fallback: Literal["onnxruntime", "none"] = Field(
+        "onnxruntime",
+        description="When a TensorRT build fails on the device: build the ONNX Runtime engine with the best "
+        "provider present (onnxruntime), or fail the job (none).",
+    )
 
 
 Backend = Literal["tensorrt", "onnxruntime"]
@@ -106,6 +130,13 @@ class EngineOptions(StrictModel):
     dla_global_dram_mb: int | None = None
     optimization_level: int = 3
     profiles: list[ShapeProfile] = Field(default_factory=list)
+    #: The engine is built from the onnxslim-ed model (ONNX -> OnnxSlim -> engine).
+    slim: bool = True
+    #: ONNX Runtime's TensorRT provider only (mapped by agent.engines.ort_builder): the EP-context
+    #: model it dumps, shared context memory, auxiliary streams.
+    ep_context: Literal["embed", "file", "off"] = "embed"
+    trt_context_memory_sharing: bool = False
+    trt_auxiliary_streams: int | None = None
 
 
 class BuildPlan(EngineOptions):

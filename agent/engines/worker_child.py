@@ -65,6 +65,27 @@ def _run_test_job(job: BuildJob, say: Progress) -> WorkerResult:
 
 def run_job(job: BuildJob, say: Progress) -> WorkerResult:
     """Execute ``job`` in this process (the child). Raises BuildError on failure."""
+    if job.kind in BUILD_KINDS and job.plan.slim and job.slim_cache_dir is not None:
+        from agent.engines.slim import onnxslim_version, slim_model
+
+        if onnxslim_version() is None:
+            # A declared dependency, but an install with --no-deps (or a hand-made venv on a Jetson)
+            # may lack it: build from the model as given and say so, rather than fail every build.
+            skipped = "onnxslim is not installed: built from the model as given (pip install onnxslim)"
+            say(skipped)
+            result = _build(job, say)
+            return result.model_copy(update={"report": {**result.report, "slim": {"skipped": skipped}}})
+        slimmed = slim_model(job.model, job.model_sha256 or "unhashed", job.slim_cache_dir)
+        say(
+            f"onnxslim {slimmed.onnxslim_version}: {slimmed.nodes_before} -> {slimmed.nodes_after} nodes"
+            + (" (cached)" if slimmed.cached else "")
+        )
+        result = _build(job.model_copy(update={"model": slimmed.path}), say)
+        return result.model_copy(update={"report": {**result.report, "slim": slimmed.report()}})
+    return _build(job, say)
+
+
+def _build(job: BuildJob, say: Progress) -> WorkerResult:
     if job.kind == "tensorrt":
         from agent.engines.trt_builder import build_tensorrt
 

@@ -2,7 +2,8 @@
 
 ``fetch`` copies a real model file from a local repository (the MQTT/HTTP transfer has its own
 tests); ``activate`` records what it was asked to load and can be told to fail with an EngineError,
-standing in for the model slot (the daemon-level tests swap real slots).
+standing in for the model slot (the daemon-level tests swap real slots); a test may pass a real
+slot's ``build``/``activate`` instead (``SlotModels.build_delivered``/``activate_delivered``).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from agent.delivery.ledger import JobsFile
 from agent.delivery.manifest import DeployManifest, build_manifest, sign_manifest
 from agent.delivery.service import DeliveryService
 from agent.delivery.settings import DeliveryConfig
-from agent.delivery.steps import ActivationRequest, ProgressFn
+from agent.delivery.steps import ActivateFn, ActivationRequest, BuildFn, ProgressFn, no_build
 from agent.errors import EngineError
 from agent.localbroker import Broker
 from agent.mqtt.link import MqttLink
@@ -129,6 +130,8 @@ class Harness:
         disk_usage: DiskUsageFn | None = None,
         repo: LocalRepo | None = None,
         activations: Activations | None = None,
+        build: BuildFn = no_build,
+        activate: ActivateFn | None = None,
     ) -> None:
         self.broker = broker
         self.device_id = device_id or f"dev-{uuid.uuid4().hex[:10]}"
@@ -164,7 +167,8 @@ class Harness:
             store=self.store,
             state=self.jobs_file,
             fetch=self.repo.fetch,
-            activate=self.activations,
+            activate=activate or self.activations,
+            build=build,
             status=lambda: {"slots": {SLOT: {"state": "active"}}},
             rollback=self._rollback,
             slot_specs=lambda slot: (PREPROCESS, POSTPROCESS) if slot == SLOT else None,

@@ -84,6 +84,10 @@ VARIANTS: dict[str, Any] = {
     "dla_global_dram_mb": 256,
     "optimization_level": 5,
     "profiles": (ShapeProfile(input="images", min=(2, 3, 8, 8), opt=(2, 3, 8, 8), max=(2, 3, 8, 8)),),
+    "slim": False,
+    "ep_context": "file",
+    "trt_context_memory_sharing": True,
+    "trt_auxiliary_streams": 0,
     "calibration_sha256": None,
     "extra": {"plugins": "libnms.so:" + "d" * 8},
 }

@@ -21,6 +21,7 @@ from agent.engines.ort_builder import (
     TRT_CACHE_FILE,
     OrtPaths,
     build_onnxruntime,
+    ep_context_options,
     provider_names,
     provider_options,
     tensorrt_provider_options,
@@ -192,3 +193,63 @@ def test_int8_without_frames_is_refused(tmp_path: Path) -> None:
     )
     with pytest.raises(BuildError, match="needs calibration frames"):
         build_onnxruntime(job(tmp_path, model, build_plan), lambda _m: None)
+
+
+# --------------------------------------------------------------------------- EP context, run options
+# The TensorRT provider is absent here: the mapping is pure and tested as such.
+
+DUMP = Path("/s/build/out/model_ctx.onnx")
+
+
+@pytest.mark.parametrize(
+    ("mode", "expected"),
+    [
+        (
+            "embed",
+            {
+                "trt_dump_ep_context_model": "True",
+                "trt_ep_context_file_path": str(DUMP),
+                "trt_ep_context_embed_mode": "1",
+            },
+        ),
+        (
+            "file",
+            {
+                "trt_dump_ep_context_model": "True",
+                "trt_ep_context_file_path": str(DUMP),
+                "trt_ep_context_embed_mode": "0",
+            },
+        ),
+        ("off", {}),
+    ],
+)
+def test_ep_context_dump_options_at_build_time(mode: str, expected: dict[str, str]) -> None:
+    assert ep_context_options(plan(ep_context=mode), DUMP) == expected
+    build_paths = OrtPaths(PATHS.engine_cache_dir, PATHS.timing_cache_dir, ep_context_dump=DUMP)
+    options = tensorrt_provider_options(plan(ep_context=mode), build_paths)
+    assert {k: v for k, v in options.items() if "ep_context" in k} == expected
+
+
+def test_loading_never_dumps_the_ep_context_again() -> None:
+    assert ep_context_options(plan(ep_context="embed"), None) == {}
+    options = tensorrt_provider_options(plan(ep_context="embed"), PATHS)
+    assert not any("ep_context" in k for k in options)
+
+
+@pytest.mark.parametrize(
+    ("fields", "expected"),
+    [
+        ({}, {}),
+        ({"trt_context_memory_sharing": True}, {"trt_context_memory_sharing_enable": "True"}),
+        ({"trt_auxiliary_streams": 0}, {"trt_auxiliary_streams": "0"}),
+        (
+            {"trt_context_memory_sharing": True, "trt_auxiliary_streams": -1},
+            {"trt_context_memory_sharing_enable": "True", "trt_auxiliary_streams": "-1"},
+        ),
+    ],
+    ids=["defaults", "memory-sharing", "no-aux-streams", "both"],
+)
+def test_run_options_only_where_the_plan_asks(fields: dict[str, object], expected: dict[str, str]) -> None:
+    options = tensorrt_provider_options(plan(**fields), PATHS)
+    keys = ("trt_context_memory_sharing_enable", "trt_auxiliary_streams")
+    assert {k: options[k] for k in keys if k in options} == expected

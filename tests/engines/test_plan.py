@@ -9,7 +9,13 @@ from typing import Any
 
 import pytest
 
-from agent.engines.plan import PlatformFacts, plan_build, shapes_dynamic
+from agent.engines.plan import (
+    PlatformFacts,
+    placement_candidates,
+    plan_build,
+    plan_fallback,
+    shapes_dynamic,
+)
 from agent.engines.spec import BuildPlan, BuildSpec, CalibrationSource, ShapeProfile
 from agent.errors import BuildError
 from agent.platform import BackendAvailability, Platform
@@ -502,3 +508,154 @@ def test_facts_from_platform_unusable_tensorrt_counts_as_absent() -> None:
     assert facts.tensorrt_version is None
     assert facts.dla_cores == 0
     assert not facts.has_gpu
+
+
+@dataclass(frozen=True)
+class FallbackCase:
+    """After a failed TensorRT build: the request, the platform, and the ONNX Runtime plan expected."""
+
+    id: str
+    facts: PlatformFacts
+    spec: dict[str, Any]
+    expect: dict[str, Any]
+
+
+ORIN_WITH_ORT_GPU = PlatformFacts(
+    tensorrt_version="10.3.0",
+    dla_cores=2,
+    has_gpu=True,
+    ort_providers=("TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"),
+)
+ORIN_WITH_ORT_CUDA = PlatformFacts(
+    tensorrt_version="10.3.0",
+    dla_cores=2,
+    has_gpu=True,
+    ort_providers=("CUDAExecutionProvider", "CPUExecutionProvider"),
+)
+
+FALLBACKS = [
+    FallbackCase(
+        "gpu-fp16-to-ort-trt-ep",
+        ORIN_WITH_ORT_GPU,
+        {"device": "gpu", "precision": "fp16"},
+        {"backend": "onnxruntime", "device": "gpu", "precision": "fp16"},
+    ),
+    FallbackCase(
+        "dla0-to-ort-cuda-fp32",
+        ORIN_WITH_ORT_CUDA,
+        {"device": "dla0", "precision": "fp16"},
+        {"backend": "onnxruntime", "device": "gpu", "precision": "fp32", "dla_core": None},
+    ),
+    FallbackCase(
+        "auto-to-cpu",
+        ORIN_AGX,
+        {"device": "auto", "precision": "best"},
+        {"backend": "onnxruntime", "device": "cpu", "precision": "fp32"},
+    ),
+    FallbackCase(
+        "int8-calibrated-to-ort-qdq",
+        ORIN_WITH_ORT_GPU,
+        {"device": "gpu", "precision": "int8", "calibration": {"kind": "stream"}},
+        {"backend": "onnxruntime", "device": "gpu", "precision": "int8", "int8_mode": "qdq"},
+    ),
+]
+
+
+@pytest.mark.parametrize("case", FALLBACKS, ids=[c.id for c in FALLBACKS])
+def test_fallback_plan_after_a_failed_tensorrt_build(case: FallbackCase) -> None:
+    requested = BuildSpec.model_validate(case.spec)
+    assert plan_build(requested, case.facts, model_static=True).backend == "tensorrt"
+    plan = plan_fallback(requested, case.facts, "parser error: Unsupported ONNX op Foo", model_static=True)
+    assert plan is not None
+    for name, value in case.expect.items():
+        assert getattr(plan, name) == value, f"{name}: {getattr(plan, name)!r} != {value!r}"
+    first = plan.changes[0]
+    assert (first.field, first.requested, first.effective) == ("backend", "tensorrt", "onnxruntime")
+    assert "Unsupported ONNX op Foo" in first.reason
+    assert all(c.reason for c in plan.changes)
+
+
+def test_fallback_none_plans_nothing() -> None:
+    requested = spec(device="gpu", fallback="none")
+    assert plan_fallback(requested, ORIN_WITH_ORT_GPU, "out of memory", model_static=True) is None
+
+
+def test_fallback_is_refused_for_an_unknown_value() -> None:
+    with pytest.raises(ValueError, match="fallback"):
+        spec(fallback="cuda")
+
+
+THOR_JP7 = PlatformFacts(
+    tensorrt_version="10.13.3", dla_cores=0, has_gpu=True, no_dla="Jetson Thor (tegra264) has no DLA"
+)
+
+
+@pytest.mark.parametrize(
+    ("facts", "fields", "model_static", "candidates"),
+    [
+        (ORIN_AGX, {"precision": "fp16"}, True, ("gpu", "dla0", "dla1")),
+        (ORIN_NX_1DLA, {"precision": "int8", "calibration": CACHE}, True, ("gpu", "dla0")),
+        (ORIN_NANO, {"precision": "fp16"}, True, ("gpu",)),
+        (JP5_AGX, {"precision": "best"}, True, ("gpu", "dla0", "dla1")),
+        (ORIN_AGX, {"precision": "fp32"}, True, ("gpu",)),  # DLA runs FP16/INT8 only
+        (ORIN_AGX, {"precision": "fp16"}, False, ("gpu",)),  # dynamic shapes: DLA needs static
+        (TRT11_0, {"precision": "fp16"}, True, ("gpu",)),  # no DLA in TensorRT 11.0-11.3
+        (THOR_JP7, {"precision": "fp16"}, True, ("gpu",)),
+        (CPU_ONLY, {"precision": "fp16"}, True, ("auto",)),
+        (ORIN_AGX, {"precision": "fp16", "device": "dla1"}, True, ("dla1",)),  # explicit: not second-guessed
+    ],
+    ids=[
+        "orin-agx",
+        "orin-nx-one-dla",
+        "orin-nano-no-dla",
+        "jetpack5-agx",
+        "fp32-gpu-only",
+        "dynamic-gpu-only",
+        "trt11.0-gpu-only",
+        "thor-jetpack7-gpu-only",
+        "no-tensorrt",
+        "explicit-device",
+    ],
+)
+def test_placement_candidates(
+    facts: PlatformFacts, fields: dict[str, Any], model_static: bool, candidates: tuple[str, ...]
+) -> None:
+    assert placement_candidates(spec(**fields), facts, model_static=model_static) == candidates
+
+
+def test_thor_plans_the_gpu_and_names_the_chip() -> None:
+    plan = plan_build(spec(device="auto"), THOR_JP7, model_static=True)
+    assert (plan.backend, plan.device, plan.precision) == ("tensorrt", "gpu", "fp16")
+    (change,) = plan.changes
+    assert change.reason == "no usable DLA core: Jetson Thor (tegra264) has no DLA"
+    plan = plan_build(spec(device="dla0"), THOR_JP7, model_static=True)
+    assert plan.device == "gpu"
+    assert "Thor (tegra264) has no DLA" in plan.changes[0].reason
+
+
+def test_thor_int8_calibrates_through_the_tensorrt_10_calibrator() -> None:
+    # TensorRT 10.13 (JetPack 7) still has the implicit INT8 calibrators; 11 removed them.
+    plan = plan_build(spec(precision="int8", device="gpu", calibration=CACHE), THOR_JP7, model_static=True)
+    assert plan.int8_mode == "calibrator"
+
+
+def test_ort_tensorrt_provider_options_are_planned_only_where_that_provider_builds() -> None:
+    fields = {
+        "device": "gpu",
+        "ep_context": "file",
+        "trt_context_memory_sharing": True,
+        "trt_auxiliary_streams": 2,
+    }
+    on_trt_ep = plan_build(spec(**fields), ORT_TRT_EP, model_static=True)
+    assert (on_trt_ep.ep_context, on_trt_ep.trt_context_memory_sharing, on_trt_ep.trt_auxiliary_streams) == (
+        "file",
+        True,
+        2,
+    )
+    for facts in (ORT_CUDA, CPU_ONLY, ORIN_AGX):  # CUDA provider, CPU, native TensorRT
+        other = plan_build(spec(**fields), facts, model_static=True)
+        assert (other.ep_context, other.trt_context_memory_sharing, other.trt_auxiliary_streams) == (
+            "off",
+            False,
+            None,
+        )
