@@ -30,6 +30,8 @@ JETSON_PLATFORM: dict[str, str | bool | int | float | None] = {
     "is_jetson": True,
     "machine": "aarch64",
     "device_model": "NVIDIA Jetson AGX Orin Developer Kit",
+    "soc": "tegra234",
+    "soc_family": "Orin",
     "l4t_release": "36.4.0",
     "jetpack": "6.1",
     "cuda_driver": "12.6",
@@ -55,6 +57,11 @@ REQUESTED = {
     "workspace_mb": 1024,
     "optimization_level": 3,
     "profiles": [],
+    "ep_context": "embed",
+    "trt_context_memory_sharing": False,
+    "slim": True,
+    "prefer": "throughput",
+    "fallback": "onnxruntime",
 }
 
 #: What the engine service reports for that request on ONNX Runtime (agent.engines.artifact.artifact_of).
@@ -76,6 +83,13 @@ EFFECTIVE = {
     ],
     "built_seconds": 0.48,
     "engine_bytes": 13987002,
+    "slim": {
+        "path": f"/var/lib/edge-agent/slim/{'9f' * 32}-onnxslim0.1.98.onnx",
+        "nodes_before": 112,
+        "nodes_after": 97,
+        "onnxslim_version": "0.1.98",
+        "cached": False,
+    },
     "providers": ["CPUExecutionProvider"],
     "placement": {"providers": ["CPUExecutionProvider"]},
 }
