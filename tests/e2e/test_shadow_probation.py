@@ -175,6 +175,19 @@ def test_a_restart_in_probation_comes_back_on_the_old_model_and_a_rollback_comma
 
     probe.wait_for(in_probation, timeout=60)
     probe.wait_for(_count_version("2", topic.results("cam")), timeout=30)
+
+    def probation_telemetry(messages: list[Received]) -> bool:
+        for m in messages:
+            if m.topic == topic.telemetry:
+                values = json.loads(m.payload)
+                if (
+                    values.get("slot.cls.probation.active") == 1
+                    and "slot.cls.probation.current.fps.cam" in values
+                ):
+                    return "slot.cls.probation.baseline.fps.cam" in values
+        return False
+
+    probe.wait_for(probation_telemetry, timeout=30)  # a dashboard sees the probation and its figures
     daemon.signal(signal.SIGKILL)
     daemon.proc.wait(10)
     state = json.loads((files.root / "state" / "state.json").read_text())
