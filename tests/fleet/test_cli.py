@@ -164,3 +164,31 @@ def test_a_refused_broker_names_what_the_user_set(tmp_path: Path, capsys: pytest
     config.write_text(f"mqtt:\n  host: 127.0.0.1\n  port: {port}\n")
     assert main(["fleet", "status", "-c", str(config), "--wait", "20"]) == 1
     assert f"check mqtt.host/port in {config}" in _one_error_line(capsys)
+
+
+def test_shadow_and_probation_flag_mistakes_name_the_flag(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    model = tiny_model(tmp_path / "m.onnx")
+    deploy = [
+        "fleet",
+        "deploy",
+        str(model),
+        "--device",
+        "d1",
+        "--slot",
+        "cls",
+        "--version",
+        "1",
+        "--unsigned",
+    ]
+    cases = [
+        ([*deploy, "--shadow-json", '{"frames": 0}'], "error: --shadow-json frames: Input should be greater"),
+        ([*deploy, "--shadow-json", '{"min_agreement": 2}'], "error: --shadow-json min_agreement:"),
+        ([*deploy, "--probation-json", '{"max_fps": 1}'], "error: --probation-json max_fps:"),
+        ([*deploy, "--probation-s", "-1"], "error: --probation-s must be between 0 and 86400"),
+    ]
+    for argv, start in cases:
+        assert main(argv) == 1, argv
+        line = _one_error_line(capsys)
+        assert line.startswith(start), (argv, line)
