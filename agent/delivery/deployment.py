@@ -1,10 +1,11 @@
 """One deployment job: a manifest run once through download, verify, build and validate.
 
-A :class:`Deployment` goes QUEUED -> DOWNLOADING -> VERIFYING -> BUILDING -> VALIDATING -> ACTIVE,
-or ends FAILED / REJECTED / ROLLED_BACK / SUPERSEDED (:data:`JOB_TRANSITIONS`); every transition is
-first recorded in the job ledger (``jobs.json``, atomically) and only then published as a
-:class:`~agent.protocol.messages.JobStatus`, so a kill at any point can lose a publication but never
-make a finished job run again. A ledger write that fails (a full state disk) ends the job
+A :class:`Deployment` goes QUEUED -> DOWNLOADING -> VERIFYING -> BUILDING -> VALIDATING ->
+[SHADOW] -> [PROBATION] -> ACTIVE (the bracketed steps when the manifest asks for them), or ends
+FAILED / REJECTED / ROLLED_BACK / SUPERSEDED (:data:`JOB_TRANSITIONS`); every transition is first
+recorded in the job ledger (``jobs.json``, atomically) and only then published as a
+:class:`~agent.protocol.messages.JobStatus`, so a kill at any point can lose a publication but
+never make a finished job run again. A ledger write that fails (a full state disk) ends the job
 ``FAILED disk_full``; the service retries it when space returns.
 """
 
@@ -24,9 +25,11 @@ from agent.camera.preprocess_spec import PreprocessSpec
 from agent.delivery.errors import (
     DiskFullError,
     JobCancelledError,
+    RolledBackError,
     TooLargeError,
     rejects,
 )
+from agent.delivery.guard import ProbationSpec
 from agent.delivery.manifest import DeployManifest
 from agent.delivery.reconcile import DISK_FULL
 from agent.delivery.steps import (
@@ -34,12 +37,13 @@ from agent.delivery.steps import (
     ActivationRequest,
     BuildFn,
     FetchFn,
+    GuardReporter,
     JobReporter,
 )
 from agent.delivery.verify import verify_model
 from agent.errors import AgentError, EngineError
 from agent.postprocess.spec import PostprocessSpec
-from agent.protocol.messages import JobState, JobStatus
+from agent.protocol.messages import JobState, JobStatus, ProbationFigures, ShadowFigures
 from agent.store import ModelStore
 from agent.transitions import TransitionTable
 
@@ -54,15 +58,21 @@ _NO_SPACE = frozenset({errno.ENOSPC, errno.EDQUOT})
 _J = JobState
 _STEPS = (_J.QUEUED, _J.DOWNLOADING, _J.VERIFYING, _J.BUILDING, _J.VALIDATING, _J.ACTIVE)
 _FAILURES = frozenset({_J.FAILED, _J.REJECTED, _J.ROLLED_BACK, _J.SUPERSEDED})
-#: One run of a job: each step to the next, any step to a failure end; the ends are final.
+#: One run of a job: each step to the next, any step to a failure end; the ends are final. SHADOW
+#: and PROBATION are optional steps between VALIDATING and ACTIVE (either, both or neither).
 JOB_TRANSITIONS = TransitionTable(
     JobState,
     {
         **{step: {after} | _FAILURES for step, after in itertools.pairwise(_STEPS)},
+        _J.VALIDATING: {_J.SHADOW, _J.PROBATION, _J.ACTIVE} | _FAILURES,
+        _J.SHADOW: {_J.PROBATION, _J.ACTIVE} | _FAILURES,
+        _J.PROBATION: {_J.ACTIVE} | _FAILURES,
         **{end: frozenset() for end in _FAILURES | {_J.ACTIVE}},
     },
     kind="job",
 )
+#: The timing name of the step a job leaves (``validate`` for VALIDATING, as before).
+_TIMING = {_J.VALIDATING: "validate", _J.SHADOW: "shadow", _J.PROBATION: "probation"}
 
 
 class _ActivationFailedError(Exception):
@@ -110,6 +120,10 @@ class Deployment:
         self.timings: dict[str, float] = {}
         self.effective: dict[str, Any] | None = None
         self.error_code: str | None = None
+        #: Figures of the guard phases, carried in every status from when they were measured.
+        self.shadow: ShadowFigures | None = None
+        self.probation: ProbationFigures | None = None
+        self._step_started = time.monotonic()
         self._finished = False
         self._state_lock = threading.Lock()
         self._progress_step = -1
@@ -134,6 +148,8 @@ class Deployment:
             timings_s=dict(self.timings),
             requested=self.requested,
             effective=self.effective,
+            shadow=self.shadow,
+            probation=self.probation,
             **fields,
         )
         log.info(
@@ -240,6 +256,9 @@ class Deployment:
                 error_code="superseded",
                 error=f"superseded by job {self.superseded_by}" if self.superseded_by else "superseded",
             )
+        except RolledBackError as exc:
+            self._timed(_TIMING.get(self.state, "validate"), self._step_started)
+            self.finish(JobState.ROLLED_BACK, error_code=exc.code, error=str(exc))
         except _ActivationFailedError as exc:
             self.finish(
                 JobState.ROLLED_BACK,
@@ -330,11 +349,33 @@ class Deployment:
             model_path=model,
             preprocess=m.preprocess,
             postprocess=m.postprocess,
+            shadow=m.shadow,
+            probation_s=m.probation_s or 0.0,
+            probation=m.probation or ProbationSpec(),
+            guard=GuardReporter(self._enter_guard, self._guard_figures, self.cancel_event),
         )
+        self._step_started = started
         try:
             self._activate(request)
         except EngineError as exc:
             self._timed("validate", started)
             raise _ActivationFailedError(exc) from exc
-        self._timed("validate", started)
+        except AgentError:
+            self._timed(_TIMING.get(self.state, "validate"), self._step_started)
+            raise
+        self._timed(_TIMING.get(self.state, "validate"), self._step_started)
         self.finish(JobState.ACTIVE)
+
+    # -- the guard phases (called by the runtime from inside activate) ---------------------------
+
+    def _enter_guard(self, state: JobState) -> None:
+        self._timed(_TIMING.get(self.state, "validate"), self._step_started)
+        self._step_started = time.monotonic()
+        self._enter(state)
+
+    def _guard_figures(self, shadow: ShadowFigures | None, probation: ProbationFigures | None) -> None:
+        if shadow is not None:
+            self.shadow = shadow
+        if probation is not None:
+            self.probation = probation
+        self._publish(self.state)

@@ -27,6 +27,8 @@ __all__ = [
     "OnnxCheckerError",
     "RejectedError",
     "ReplayError",
+    "RolledBackError",
+    "ShadowRejectedError",
     "TooLargeError",
     "UnknownKeyError",
     "UnsignedError",
@@ -150,6 +152,32 @@ class NoSourceError(DeliveryError):
 
     code = "no_source"
     rejects = False
+
+
+class ShadowRejectedError(RejectedError):
+    """The candidate failed its shadow run (the old model never stopped serving).
+
+    ``code`` is set per instance: ``shadow_disagrees``, ``too_slow``, ``bad_output`` or ``shadow_no_frames``.
+    """
+
+    code = "shadow_disagrees"
+
+    def __init__(self, message: str, *, code: str, job_id: str | None = None) -> None:
+        super().__init__(message, job_id=job_id)
+        self.code = code
+
+
+class RolledBackError(DeliveryError):
+    """The new model served and was swapped back to the last-known-good one (job ends ROLLED_BACK).
+
+    ``code``: ``unhealthy`` (a probation figure crossed its bar) or ``operator_rollback``.
+    """
+
+    code = "unhealthy"
+
+    def __init__(self, message: str, *, code: str = "unhealthy") -> None:
+        super().__init__(message)
+        self.code = code
 
 
 def rejects(exc: BaseException) -> bool:

@@ -34,6 +34,7 @@ from agent.delivery.errors import (
     UnsignedError,
     WrongDeviceError,
 )
+from agent.delivery.guard import ProbationSpec, ShadowSpec
 from agent.engines.spec import BuildSpec
 from agent.model_base import StrictModel
 from agent.names import NAME_PATTERN
@@ -126,6 +127,21 @@ class DeployManifest(StrictModel):
     created_at: float = Field(
         default_factory=time.time, description="When the manifest was made, Unix seconds."
     )
+    shadow: ShadowSpec | None = Field(
+        None,
+        description="Compare the candidate with the serving model on live frames first; absent: no shadow.",
+    )
+    # Both absent by default: a manifest without them means what it meant before this feature, and
+    # an older agent (extra keys forbidden) still accepts one that does not ask for a probation.
+    probation_s: float | None = Field(
+        None,
+        ge=0.0,
+        le=86_400.0,
+        description="Seconds the new model serves on probation after the swap; absent or 0 skips it.",
+    )
+    probation: ProbationSpec | None = Field(
+        None, description="The probation's health bars; absent: the defaults (used when probation_s > 0)."
+    )
 
     @field_validator("job_id")
     @classmethod
@@ -197,6 +213,9 @@ def build_manifest(
     preprocess: PreprocessSpec | None = None,
     postprocess: PostprocessSpec | None = None,
     device: str | None = None,
+    shadow: ShadowSpec | None = None,
+    probation_s: float | None = None,
+    probation: ProbationSpec | None = None,
 ) -> DeployManifest:
     """Read ``model_path`` once and describe it: size, SHA-256, per-chunk SHA-256.
 
@@ -225,6 +244,9 @@ def build_manifest(
         build=build,
         preprocess=preprocess,
         postprocess=postprocess,
+        shadow=shadow,
+        probation_s=probation_s,
+        probation=probation,
     )
 
 

@@ -15,9 +15,11 @@ from typing import Any
 
 from agent.backends.base import ProviderRequest
 from agent.camera.preprocess_spec import PreprocessSpec
+from agent.delivery.guard import ProbationSpec, ShadowSpec
 from agent.delivery.manifest import DeployManifest
 from agent.engines.spec import BuildSpec
 from agent.postprocess.spec import PostprocessSpec
+from agent.protocol.messages import JobState, ProbationFigures, ShadowFigures
 
 #: Called by a fetch with ``(bytes_done, bytes_total)`` as the download advances.
 ProgressFn = Callable[[int, int], None]
@@ -78,11 +80,40 @@ def no_build(model: Path, spec: BuildSpec | None, reporter: JobReporter) -> Buil
     )
 
 
+class GuardReporter:
+    """How the slot activation tells the job where a guarded activation stands (SHADOW, PROBATION).
+
+    The runtime calls :meth:`enter` when a phase starts and :meth:`figures` as measurements come in;
+    the job records and publishes them. ``cancel`` is the job's: set when it is superseded or the
+    agent stops, and the runtime ends the phase at once (swapping back if the new model serves).
+    """
+
+    def __init__(
+        self,
+        enter: Callable[[JobState], None],
+        figures: Callable[[ShadowFigures | None, ProbationFigures | None], None],
+        cancel: threading.Event,
+    ) -> None:
+        self._enter = enter
+        self._figures = figures
+        self.cancel = cancel
+
+    def enter(self, state: JobState) -> None:
+        """The job moves to ``state`` (SHADOW or PROBATION); recorded, then published."""
+        self._enter(state)
+
+    def figures(self, shadow: ShadowFigures | None = None, probation: ProbationFigures | None = None) -> None:
+        """New figures for the job status (published as progress within the current state)."""
+        self._figures(shadow, probation)
+
+
 @dataclass(frozen=True)
 class ActivationRequest:
     """Load this engine into a slot, validate it off the frame path, swap it in.
 
-    ``preprocess``/``postprocess`` None keep the slot's current ones.
+    ``preprocess``/``postprocess`` None keep the slot's current ones. ``shadow`` and a positive
+    ``probation_s`` guard the swap (reported through ``guard``): the runtime raises
+    :class:`~agent.delivery.errors.ShadowRejectedError` or :class:`~agent.delivery.errors.RolledBackError`.
     """
 
     slot: str
@@ -96,6 +127,10 @@ class ActivationRequest:
     providers: tuple[ProviderRequest, ...] = ()
     preprocess: PreprocessSpec | None = None
     postprocess: PostprocessSpec | None = None
+    shadow: ShadowSpec | None = None
+    probation_s: float = 0.0
+    probation: ProbationSpec = field(default_factory=ProbationSpec)
+    guard: GuardReporter | None = None
 
 
 #: ``activate(request)``; raises :class:`agent.errors.EngineError` when the candidate fails to load or

@@ -12,11 +12,12 @@ import json
 import sys
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from pydantic import TypeAdapter, ValidationError
+from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from agent.camera.preprocess_spec import PreprocessSpec
+from agent.delivery.guard import ProbationSpec, ShadowSpec
 from agent.delivery.manifest import DEFAULT_CHUNK_SIZE, MAX_CHUNK_SIZE, MIN_CHUNK_SIZE
 from agent.engines.spec import BuildSpec
 from agent.errors import UsageError
@@ -28,6 +29,8 @@ from agent.postprocess.spec import ClassificationSpec, DetectionSpec, Postproces
 
 if TYPE_CHECKING:
     from agent.fleet.deploy_outcome import DeployOutcome, DeviceProgress
+
+SpecT = TypeVar("SpecT", bound=BaseModel)
 
 #: Exit codes of ``fleet deploy`` (docs/fleet.md): every device ACTIVE; a device ended in a failure
 #: state; some device unfinished at --timeout; a device sent a message that did not parse (and none
@@ -83,6 +86,17 @@ def add_fleet_arguments(parser: argparse.ArgumentParser) -> None:
     deploy.add_argument("--preprocess-json", default=None, help="PreprocessSpec JSON (or @file)")
     deploy.add_argument("--postprocess-json", default=None, help="PostprocessSpec JSON (or @file)")
     deploy.add_argument("--labels", type=Path, default=None, help="class names, one per line")
+    deploy.add_argument(
+        "--shadow-json",
+        default=None,
+        help='shadow comparison before the swap: ShadowSpec JSON (or @file); "{}" for the defaults',
+    )
+    deploy.add_argument(
+        "--probation-s", type=float, default=None, help="seconds of probation after the swap (0: none)"
+    )
+    deploy.add_argument(
+        "--probation-json", default=None, help="probation health bars: ProbationSpec JSON (or @file)"
+    )
     deploy.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for all devices")
     deploy.add_argument("--no-serve", action="store_true", help="do not serve chunks (a `fleet serve` does)")
     deploy.add_argument(
@@ -202,6 +216,16 @@ def _keygen(args: argparse.Namespace) -> int:
 # -- deploy ----------------------------------------------------------------------------------------
 
 
+def _spec_arg(model: type[SpecT], value: str | None, flag: str) -> SpecT | None:
+    """``value`` (JSON or @file) validated as ``model``; a UsageError naming ``flag`` when it is not."""
+    if value is None:
+        return None
+    try:
+        return model.model_validate(_json_arg(value, flag))
+    except ValidationError as exc:
+        raise UsageError(f"invalid {flag}", _validation_problems(exc, flag)) from exc
+
+
 def _json_arg(value: str, flag: str) -> Any:
     text = value
     if value.startswith("@"):
@@ -291,6 +315,10 @@ def _deploy(args: argparse.Namespace) -> int:
             raise UsageError(
                 "invalid --preprocess-json", _validation_problems(exc, "--preprocess-json")
             ) from exc
+    shadow = _spec_arg(ShadowSpec, args.shadow_json, "--shadow-json")
+    probation = _spec_arg(ProbationSpec, args.probation_json, "--probation-json")
+    if args.probation_s is not None and not 0 <= args.probation_s <= 86_400:
+        raise UsageError("--probation-s must be between 0 and 86400 seconds")
     plan = DeployPlan(
         model=args.model,
         devices=parse_devices(args.device),
@@ -302,6 +330,9 @@ def _deploy(args: argparse.Namespace) -> int:
         preprocess=preprocess,
         postprocess=postprocess_from_args(args.postprocess_json, args.labels),
         http_url=args.http_url,
+        shadow=shadow,
+        probation_s=args.probation_s,
+        probation=probation,
     )
     settings = settings_from_args(args)
     key = load_signing_key(args.key) if args.key is not None else None

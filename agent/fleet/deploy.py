@@ -129,6 +129,9 @@ class FleetDeploy:
                 build=plan.build,
                 preprocess=plan.preprocess,
                 postprocess=plan.postprocess,
+                shadow=plan.shadow,
+                probation_s=plan.probation_s,
+                probation=plan.probation,
             )
         except ValidationError as exc:
             problems = [

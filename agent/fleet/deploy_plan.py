@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agent.camera.preprocess_spec import PreprocessSpec
+from agent.delivery.guard import ProbationSpec, ShadowSpec
 from agent.delivery.manifest import DEFAULT_CHUNK_SIZE
 from agent.engines.spec import BuildSpec
 from agent.postprocess.spec import PostprocessSpec
@@ -69,6 +70,10 @@ class DeployPlan:
     http_url: str | None = None
     job_id: str | None = None  # default: new_job_id()
     sequence: int | None = None  # default: next_sequence()
+    #: Shadow comparison on live frames before the swap (None: none), probation after it (None/0: none).
+    shadow: ShadowSpec | None = None
+    probation_s: float | None = None
+    probation: ProbationSpec | None = None
 
 
 def parse_devices(values: Sequence[str]) -> tuple[str, ...]:

@@ -200,13 +200,17 @@ class ResultMessage(Envelope):
 
 class JobState(str, enum.Enum):
     """The steps of a deployment job. ``QUEUED -> DOWNLOADING -> VERIFYING -> BUILDING -> VALIDATING
-    -> ACTIVE``; or one of the failure ends."""
+    -> [SHADOW] -> [PROBATION] -> ACTIVE``; or one of the failure ends. SHADOW (the candidate runs on
+    sampled live frames beside the serving model) and PROBATION (it serves, watched against the old
+    model's baseline) happen only when the manifest asks for them."""
 
     QUEUED = "QUEUED"
     DOWNLOADING = "DOWNLOADING"
     VERIFYING = "VERIFYING"
     BUILDING = "BUILDING"
     VALIDATING = "VALIDATING"
+    SHADOW = "SHADOW"
+    PROBATION = "PROBATION"
     ACTIVE = "ACTIVE"
     FAILED = "FAILED"
     REJECTED = "REJECTED"
@@ -225,6 +229,40 @@ TERMINAL_JOB_STATES: frozenset[JobState] = frozenset(
 )
 
 
+class ShadowFigures(StrictModel):
+    """What a shadow run measured: the candidate against the serving model on the same live frames."""
+
+    frames: Count = Field(description="Frames both models ran on.")
+    agreement: float | None = Field(
+        None,
+        description="Mean agreement 0..1: top-1 agreement (classifiers), F1 of boxes matched by class at "
+        "IoU >= 0.5 (detectors), cosine similarity (raw tensors).",
+    )
+    latency_ratio: float | None = Field(None, description="Median candidate / median serving inference time.")
+    top5_overlap: float | None = Field(
+        None, description="Classifiers: mean share of top-5 classes in common."
+    )
+    bad_outputs: Count | None = Field(None, description="Frames on which the candidate gave NaN or Inf.")
+
+
+class FailedFigure(StrictModel):
+    """The health figure that ended a probation: its name, its value and the bar it crossed."""
+
+    figure: str = Field(description="e.g. nan_outputs, infer_errors, p99_ratio, fps_ratio.cam0, class_shift.")
+    value: float
+    bar: float
+
+
+class ProbationFigures(StrictModel):
+    """The new model's live health against the baseline the old one set before the swap."""
+
+    elapsed_s: FiniteTime = Field(description="Seconds since the swap.")
+    probation_s: FiniteTime = Field(description="How long the probation lasts.")
+    baseline: dict[str, FiniteTime] = Field(default_factory=dict, description="The old model's figures.")
+    current: dict[str, FiniteTime] = Field(default_factory=dict, description="The new model's figures.")
+    failed: FailedFigure | None = Field(None, description="Set when a figure crossed its bar (ROLLED_BACK).")
+
+
 class JobStatus(Envelope):
     """``up/jobs/{job_id}`` (spooled, QoS 1): one state transition of a deployment job."""
 
@@ -241,6 +279,8 @@ class JobStatus(Envelope):
     effective: dict[str, Any] | None = Field(None, description="What the backend actually did.")
     error_code: str | None = Field(None, description="Stable code of the error (AgentError.code).")
     error: str | None = Field(None, description="Human-readable error for the operator.")
+    shadow: ShadowFigures | None = Field(None, description="Shadow comparison figures, once it ran.")
+    probation: ProbationFigures | None = Field(None, description="Probation health figures, once it ran.")
 
 
 # -- down/cmd/{name}, up/cmd/{name} ----------------------------------------------------------------

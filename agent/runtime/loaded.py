@@ -15,6 +15,7 @@ from agent.camera.preprocess_spec import PreprocessSpec
 from agent.engines.spec import BuildSpec
 from agent.postprocess.runner import Postprocessor
 from agent.protocol.messages import ModelRef
+from agent.runtime.health import ModelHealth
 from agent.transitions import TransitionTable
 
 log = structlog.get_logger(__name__)
@@ -88,7 +89,11 @@ class LoadedModel:
     input_name: str
     loaded_at: float = field(default_factory=time.time)
     state: ModelState = ModelState.LOADING
+    #: What the frame path saw of this model (probation compares it with the previous model's).
+    health: ModelHealth = field(default_factory=ModelHealth)
     _leases: int = 0
+    #: Results inferred on this model and not yet published (or dropped) by the publish stage.
+    _unpublished: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property
@@ -134,3 +139,21 @@ class LoadedModel:
     @property
     def leases(self) -> int:
         return self._leases
+
+    def results_pending(self, n: int) -> None:
+        """``n`` results of this model entered (positive) or left (negative) the publish stage."""
+        with self._lock:
+            self._unpublished += n
+
+    def wait_idle(self, timeout: float) -> bool:
+        """Wait until no batch runs on this model and none of its results waits to be published.
+
+        After a swap-back, this is what makes "no result comes from the rejected model after the
+        decision" true: the decision is announced only once its last result is out.
+        """
+        deadline = time.monotonic() + timeout
+        while self._leases > 0 or self._unpublished > 0:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.005)
+        return True

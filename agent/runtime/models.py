@@ -30,7 +30,9 @@ from agent.errors import AgentError, BuildError, EngineError
 from agent.fsutil import sha256_file
 from agent.postprocess.spec import PostprocessSpec
 from agent.protocol.command_args import CalibrateArgs
+from agent.runtime.guarded import GuardedSlot, GuardRun, activate_guarded
 from agent.runtime.loaded import LoadedModel, ModelSource
+from agent.runtime.probation import ProbationRun
 from agent.runtime.slot import ModelSlot
 from agent.state import ModelRecord, StateFile, record_activation, record_config_model, record_rollback
 from agent.telemetry import Metrics
@@ -40,6 +42,8 @@ log = structlog.get_logger(__name__)
 Origin = Literal["config", "delivery", "rollback"]
 #: How long a deployment or rollback waits for the slot's start-up load (which may build an engine).
 INITIAL_LOAD_WAIT_S = 600.0
+#: How long a ``rollback`` during probation waits for the swap back and the rejected model's last result.
+ROLLBACK_WAIT_S = 15.0
 _POSTPROCESS: TypeAdapter[PostprocessSpec] = TypeAdapter(PostprocessSpec)
 
 
@@ -99,6 +103,9 @@ class SlotModels:
         # activate and then be overwritten by the start-up load, or race it for state.json.
         self._slot_locks = {name: threading.Lock() for name in slots}
         self._initial_done = {name: threading.Event() for name in slots}
+        #: The shadow or probation running (or last run) per slot: telemetry and rollback read it.
+        self._guard_runs: dict[str, GuardRun] = {}
+        metrics.add_collector(self._guard_stats, prefix="slot.")
         self.protect_engines()
 
     def start_deferred_builds(self) -> None:
@@ -205,6 +212,12 @@ class SlotModels:
     def _activate(self, name: str, source: ModelSource, origin: Origin) -> LoadedModel:
         sample = self._latest_frame(name)
         loaded = self.slots[name].load(source, sample)
+        self._record(name, source, loaded, origin)
+        return loaded
+
+    def _record(self, name: str, source: ModelSource, loaded: LoadedModel, origin: Origin) -> None:
+        """Record ``loaded`` as the slot's active model in state.json (its predecessor becomes the
+        last-known-good), then tell whoever publishes up/info."""
         record = ModelRecord(
             model_id=loaded.ref.model_id,
             version=loaded.ref.version,
@@ -225,7 +238,6 @@ class SlotModels:
             self.state_file.save(self.state)
         self.protect_engines()
         self._on_activated()
-        return loaded
 
     def start_swap(self, name: str, source: ModelSource, build: BuildSpec | None) -> None:
         thread = threading.Thread(
@@ -337,7 +349,32 @@ class SlotModels:
             engine_key=built[0] if built else None,
             build=built[1] if built else None,
         )
-        self.activate(request.slot, source, origin="delivery")
+        guarded = request.guard is not None and (request.shadow is not None or request.probation_s > 0)
+        # An empty slot has nothing to compare with and nothing to fall back to: no shadow, no probation.
+        if not guarded or current is None:
+            self.activate(request.slot, source, origin="delivery")
+            return
+        with self._slot_locks[request.slot]:
+            activate_guarded(self._guarded_slot(request.slot), request, source)
+
+    def _guarded_slot(self, name: str) -> GuardedSlot:
+        return GuardedSlot(
+            slot=self.slots[name],
+            latest_frame=lambda: self._latest_frame(name),
+            record=lambda source, loaded: self._record(name, source, loaded, "delivery"),
+            runs=self._guard_runs,
+        )
+
+    def _guard_stats(self) -> dict[str, float]:
+        """Per slot, for up/telemetry: whether a shadow or probation runs, and its figures."""
+        stats: dict[str, float] = {}
+        for name in self.slots:
+            run = self._guard_runs.get(name)
+            fields = run.telemetry() if run is not None and not run.done.is_set() else {}
+            stats[f"{name}.shadow.active"] = fields.pop("shadow.active", 0.0)
+            stats[f"{name}.probation.active"] = fields.pop("probation.active", 0.0)
+            stats.update({f"{name}.{key}": value for key, value in fields.items()})
+        return stats
 
     def slot_specs(self, slot: str) -> tuple[PreprocessSpec, PostprocessSpec] | None:
         if slot not in self.slots:
@@ -360,8 +397,20 @@ class SlotModels:
         return {r.sha256 for r in records}
 
     def rollback(self, slot: str) -> dict[str, Any]:
-        """``rollback`` command: make the slot's last-known-good model active again."""
+        """``rollback`` command: make the slot's last-known-good model active again.
+
+        During a probation the last-known-good model is still loaded: the probation ends at once,
+        swapping back to it (the job ends ROLLED_BACK operator_rollback)."""
         self._check_slot(slot)
+        run = self._guard_runs.get(slot)
+        if isinstance(run, ProbationRun) and run.end_by_operator(ROLLBACK_WAIT_S):
+            current = self.slots[slot].current
+            log.warning("slot.rolled_back", slot=slot, during="probation")
+            return {
+                "slot": slot,
+                "model": current.ref.model_dump() if current else None,
+                "probation": "ended",
+            }
         self.wait_initial_load(slot)
         saved = self.state.slot(slot)
         record = saved.last_known_good

@@ -337,6 +337,9 @@ class SlotPipeline:
 
     def _dropped_in_queue(self, stream: str, _item: WorkItem) -> None:
         self._stream_metrics[stream].dropped["queue_full"].inc()
+        model = self.slot.current
+        if model is not None:
+            model.health.dropped()
 
     def _infer_loop(self, calls: CallWatch) -> None:
         while True:
@@ -398,6 +401,7 @@ class SlotPipeline:
             except AgentError as exc:
                 for work in chunk:
                     self._stream_metrics[work.plan.name].dropped["infer_error"].inc()
+                model.health.failed(len(chunk))
                 log.error("pipeline.infer.failed", slot=self.slot.name, error=str(exc))
                 continue
             finally:
@@ -407,6 +411,10 @@ class SlotPipeline:
         for chunk, outputs, infer_ms in done:
             self._infer_hist.observe(infer_ms / 1000.0)
             self._batches.inc()
+            # Only a model on probation pays for the NaN/Inf check (one isfinite pass per batch).
+            nan_frames = _nan_frames(outputs, len(chunk)) if model.health.watch_outputs else 0
+            model.health.inferred(infer_ms, nan_frames=nan_frames)
+            model.results_pending(len(chunk))
             for i, work in enumerate(chunk):
                 work.frame = replace(work.frame, image=_RELEASED_IMAGE)
                 work.tensor = _RELEASED_TENSOR
@@ -442,8 +450,13 @@ class SlotPipeline:
                 except Exception:
                     self._stream_metrics[item.work.plan.name].dropped["publish_error"].inc()
                     log.exception("pipeline.publish.failed", stream=item.work.plan.name)
+                item.model.results_pending(-1)
             if durable:
-                self._publish_durable(durable)
+                try:
+                    self._publish_durable(durable)
+                finally:
+                    for item, _, _ in durable:
+                        item.model.results_pending(-1)
 
     def _publish_durable(self, batch: list[tuple[InferredItem, ResultMessage, float]]) -> None:
         # One spool transaction (one fsync) for the whole batch: durable results at full frame rate
@@ -501,6 +514,9 @@ class SlotPipeline:
     def _published(self, item: InferredItem, message: ResultMessage, post_ms: float) -> None:
         sm = self._stream_metrics[item.work.plan.name]
         sm.published.inc()
+        item.model.health.published(
+            item.work.plan.name, message.classes[0].index if message.classes else None
+        )
         sm.postprocess.observe(post_ms / 1000.0)
         sm.queue.observe(item.queue_ms / 1000.0)
         sm.total.observe(message.latency_ms["total"] / 1000.0)
@@ -509,3 +525,12 @@ class SlotPipeline:
         depths: dict[str, float] = {f"queue.{k}": float(v) for k, v in self._inbox.depths().items()}
         depths["queue.publish"] = float(self._outbox.depth)
         return depths
+
+
+def _nan_frames(outputs: dict[str, npt.NDArray[Any]], frames: int) -> int:
+    """How many of a batch's ``frames`` have a NaN or infinite value in any float output."""
+    bad = np.zeros(frames, dtype=bool)
+    for array in outputs.values():
+        if array.dtype.kind == "f" and array.shape[:1] == (frames,):
+            bad |= ~np.isfinite(array.reshape(frames, -1)).all(axis=1)
+    return int(bad.sum())

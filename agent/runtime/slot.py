@@ -115,22 +115,60 @@ class ModelSlot:
         ``sample`` is a real camera frame to validate on; a grey frame is used when none is known yet.
         """
         with self._load_lock:
-            before = self._state
-            self._transition(SlotState.LOADING)
-            candidate: LoadedModel | None = None
-            try:
-                candidate = self._open(source)
-                candidate.transition(ModelState.VALIDATING)
-                self._transition(SlotState.VALIDATING)
-                validate_candidate(candidate, sample)
-            except AgentError as exc:
-                self._fail(source, candidate, before, exc)
-                raise EngineError(f"slot {self.name}: model {source.path} rejected: {exc}") from exc
-            except Exception as exc:  # a framework raising something unexpected must not kill the agent
-                self._fail(source, candidate, before, exc)
-                raise EngineError(f"slot {self.name}: model {source.path} rejected: {exc!r}") from exc
+            candidate = self._validated(source, sample)
             self._swap(candidate)
             return candidate
+
+    def load_candidate(self, source: ModelSource, sample: npt.NDArray[np.uint8] | None = None) -> LoadedModel:
+        """Load and validate ``source`` like :meth:`load`, but do not swap it in: the current model
+        keeps serving (the slot returns to ACTIVE) and the candidate waits, VALIDATING, for a shadow
+        run. The caller swaps it in with :meth:`swap_in` or drops it with :meth:`discard`."""
+        with self._load_lock:
+            candidate = self._validated(source, sample)
+            self._transition(SlotState.ACTIVE if self._current is not None else SlotState.EMPTY)
+            return candidate
+
+    def _validated(self, source: ModelSource, sample: npt.NDArray[np.uint8] | None) -> LoadedModel:
+        before = self._state
+        self._transition(SlotState.LOADING)
+        candidate: LoadedModel | None = None
+        try:
+            candidate = self._open(source)
+            candidate.transition(ModelState.VALIDATING)
+            self._transition(SlotState.VALIDATING)
+            validate_candidate(candidate, sample)
+        except AgentError as exc:
+            self._fail(source, candidate, before, exc)
+            raise EngineError(f"slot {self.name}: model {source.path} rejected: {exc}") from exc
+        except Exception as exc:  # a framework raising something unexpected must not kill the agent
+            self._fail(source, candidate, before, exc)
+            raise EngineError(f"slot {self.name}: model {source.path} rejected: {exc!r}") from exc
+        return candidate
+
+    def discard(self, candidate: LoadedModel) -> None:
+        """Drop a candidate that was never swapped in (its shadow run refused it)."""
+        candidate.transition(ModelState.FAILED)
+        candidate.runner.close()
+
+    def swap_in(self, candidate: LoadedModel) -> LoadedModel | None:
+        """Swap a validated candidate in and return the previous model, kept loaded (not retired):
+        probation may swap back to it without a load, so without losing a frame."""
+        candidate.transition(ModelState.ACTIVE)
+        with self._lock:
+            previous, self._current = self._current, candidate
+        self.swaps += 1
+        log.info("slot.swapped", slot=self.name, model=candidate.ref.model_id, version=candidate.ref.version)
+        return previous
+
+    def swap_back(self, previous: LoadedModel, rejected: LoadedModel) -> None:
+        """Serve ``previous`` again (a reference swap) and retire ``rejected`` once its batches end."""
+        with self._lock:
+            self._current = previous
+        self.swaps += 1
+        rejected.retire()
+        log.warning(
+            "slot.swapped_back", slot=self.name, model=previous.ref.model_id, version=previous.ref.version
+        )
 
     def _open(self, source: ModelSource) -> LoadedModel:
         options = LoadOptions(

@@ -12,6 +12,7 @@ import json
 import shutil
 import threading
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -94,12 +95,17 @@ class Activations:
 
     requests: list[ActivationRequest] = field(default_factory=list)
     fail: str | None = None
+    #: What the slot does through ``request.guard`` (SHADOW, PROBATION, figures, an outcome), as the
+    #: runtime would: the job side of a guarded activation, tested without a camera.
+    guard_script: Callable[[ActivationRequest], None] | None = None
 
     def __call__(self, request: ActivationRequest) -> None:
         assert request.engine_path.is_file(), "activate must be given an existing engine file"
         if self.fail is not None:
             raise EngineError(self.fail)
         self.requests.append(request)
+        if self.guard_script is not None:
+            self.guard_script(request)
 
 
 @dataclass

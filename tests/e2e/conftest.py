@@ -1,13 +1,17 @@
-"""Fixtures of the daemon tests: a fresh device id per test, and a probe on its ``up/#``."""
+"""Fixtures of the daemon tests: a fresh device id per test, a probe on its ``up/#``, a signing key
+and a fleet of agent processes trusting it."""
 
 from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
+from agent.fleet.keys import KeyPairFiles, write_keypair
 from agent.localbroker import Broker
+from tests.e2e.fleet_rig import Fleet
 from tests.mqtt_probe import Probe
 
 
@@ -21,3 +25,15 @@ def probe(broker: Broker, device_id: str) -> Iterator[Probe]:
     with Probe(broker.host, broker.port) as p:
         p.subscribe(f"fleet/v1/{device_id}/up/#")
         yield p
+
+
+@pytest.fixture
+def keys(tmp_path: Path) -> KeyPairFiles:
+    return write_keypair(tmp_path / "keys", "ops-test")
+
+
+@pytest.fixture
+def fleet(tmp_path: Path, broker: Broker, keys: KeyPairFiles) -> Iterator[Fleet]:
+    f = Fleet(tmp_path, broker, keys)
+    yield f
+    f.close()

@@ -13,9 +13,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -23,17 +21,17 @@ from agent.delivery.manifest import KIB
 from agent.fleet.chunks import ChunkServer
 from agent.fleet.command import send_command
 from agent.fleet.deploy import FleetDeploy
-from agent.fleet.deploy_outcome import DeployOutcome
 from agent.fleet.deploy_plan import DeployPlan
-from agent.fleet.keys import KeyPairFiles, load_signing_key, write_keypair
+from agent.fleet.keys import KeyPairFiles, load_signing_key
 from agent.fleet.status import collect_fleet, format_table
 from agent.fsutil import sha256_file
 from agent.localbroker import Broker
-from agent.mqtt.settings import MqttSettings
 from agent.protocol.messages import InfoMessage, JobState, JobStatus, decode
 from agent.protocol.topics import Topics
-from tests.e2e.daemon import REPO, AgentFiles, Daemon, unique_results
-from tests.mqtt_probe import Probe, Received
+from tests.e2e.daemon import REPO, unique_results
+from tests.e2e.fleet_rig import Fleet, agent_state, count_version, finish, operator_settings
+from tests.mqtt_probe import Probe
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -50,96 +48,6 @@ HAPPY_PATH = [
 # -- helpers -----------------------------------------------------------------------------------------
 
 
-def _count_version(version: str, topic: str) -> Callable[[list[Received]], bool]:
-    def enough(messages: list[Received]) -> bool:
-        return sum(r.model.version == version for r in unique_results(messages, topic)) >= 10
-
-    return enough
-
-
-def _wait(predicate: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.02)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-
-
-def _settings(broker: Broker) -> MqttSettings:
-    return MqttSettings(host=broker.host, port=broker.port, reconnect_min_s=0.2, reconnect_max_s=1.0)
-
-
-def _state(files: AgentFiles) -> dict[str, Any]:
-    """state.json, parsed (a corrupt file fails the test here)."""
-    state: dict[str, Any] = json.loads((files.root / "state" / "state.json").read_text())
-    return state
-
-
-class Fleet:
-    """Devices of one test: files, config (trusting the test's key) and daemon processes."""
-
-    def __init__(self, root: Path, broker: Broker, keys: KeyPairFiles) -> None:
-        self.root = root
-        self.broker = broker
-        self.keys = keys
-        self.daemons: list[Daemon] = []
-
-    def files(self, device: str, *, loop: bool = True, **delivery: Any) -> AgentFiles:
-        files = AgentFiles(self.root / device, self.broker.port, device, frames=30)
-        stream = {"source": {"type": "file", "path": str(files.video), "loop": loop, "realtime": True}}
-        trust = {"trusted_keys": {self.keys.key_id: str(self.keys.public)}, **delivery}
-        files.write_config(stream=stream, delivery=trust)
-        return files
-
-    def start(self, files: AgentFiles) -> Daemon:
-        daemon = Daemon(files.config_path, files.root / f"agent-{len(self.daemons)}.log")
-        self.daemons.append(daemon)
-        return daemon
-
-    def deploy(self, model: Path, devices: list[str], version: str = "2", **options: Any) -> FleetDeploy:
-        chunk_size = options.pop("chunk_size", 4 * KIB)
-        plan = DeployPlan(
-            model=model,
-            devices=tuple(devices),
-            slot="cls",
-            version=version,
-            model_id="cls",
-            chunk_size=chunk_size,
-        )
-        return FleetDeploy(
-            _settings(self.broker),
-            plan,
-            signing_key=load_signing_key(self.keys.private),
-            key_id=self.keys.key_id,
-            status_poll_s=2.0,
-            **options,
-        ).start()
-
-    def close(self) -> None:
-        for daemon in self.daemons:
-            daemon.kill()
-
-
-@pytest.fixture
-def keys(tmp_path: Path) -> KeyPairFiles:
-    return write_keypair(tmp_path / "keys", "ops-test")
-
-
-@pytest.fixture
-def fleet(tmp_path: Path, broker: Broker, keys: KeyPairFiles) -> Iterator[Fleet]:
-    f = Fleet(tmp_path, broker, keys)
-    yield f
-    f.close()
-
-
-def _finish(deploy: FleetDeploy, timeout: float = 60.0) -> DeployOutcome:
-    try:
-        return deploy.wait(timeout)
-    finally:
-        deploy.stop()
-
-
 # -- tests -------------------------------------------------------------------------------------------
 
 
@@ -149,13 +57,13 @@ def test_deploy_switches_results_without_a_gap_and_survives_a_restart(
     files = fleet.files(device_id)
     daemon = fleet.start(files)
     topic = Topics("fleet/v1", device_id)
-    probe.wait_for(_count_version("1", topic.results("cam")), timeout=60)
+    probe.wait_for(count_version("1", topic.results("cam")), timeout=60)
 
-    outcome = _finish(fleet.deploy(files.v2, [device_id]))
+    outcome = finish(fleet.deploy(files.v2, [device_id]))
 
     assert outcome.ok, outcome.failures()
     assert outcome.devices[device_id].history == HAPPY_PATH
-    probe.wait_for(_count_version("2", topic.results("cam")), timeout=30)
+    probe.wait_for(count_version("2", topic.results("cam")), timeout=30)
     info = decode(InfoMessage, probe.on_topic(topic.info)[-1].payload)
     slot = info.slots["cls"]
     assert slot.model is not None
@@ -170,7 +78,7 @@ def test_deploy_switches_results_without_a_gap_and_survives_a_restart(
     switch = versions.index("2")
     assert set(versions[:switch]) == {"1"}
     assert set(versions[switch:]) == {"2"}
-    assert _state(files)["slots"]["cls"]["active"]["origin"] == "delivery"
+    assert agent_state(files)["slots"]["cls"]["active"]["origin"] == "delivery"
 
     # Restarted, the agent comes back on the deployed model, not the one its config names.
     probe.clear()
@@ -191,7 +99,7 @@ def test_agent_killed_half_way_resumes_and_refetches_at_most_one_window(fleet: F
         size = deploy.manifest.size
         assert deploy.server is not None
         served = deploy.server.served_bytes
-        _wait(lambda: served(device_id) >= size // 2, timeout=60, what="half of the model served")
+        wait_until(lambda: served(device_id) >= size // 2, timeout=60, what="half of the model served")
         fleet.daemons[0].proc.send_signal(signal.SIGKILL)
         fleet.daemons[0].proc.wait(10)
         time.sleep(0.5)  # requests already received are still answered
@@ -209,7 +117,7 @@ def test_agent_killed_half_way_resumes_and_refetches_at_most_one_window(fleet: F
     history = outcome.devices[device_id].history
     assert history[-1] is JobState.ACTIVE
     assert history.count(JobState.DOWNLOADING) == 2, history  # once per agent run: resumed, not restarted
-    assert _state(files)["slots"]["cls"]["active"]["sha256"] == sha256_file(files.v2)
+    assert agent_state(files)["slots"]["cls"]["active"]["sha256"] == sha256_file(files.v2)
 
 
 def test_broker_restart_mid_transfer_completes(
@@ -224,7 +132,9 @@ def test_broker_restart_mid_transfer_completes(
         try:
             assert deploy.server is not None
             served = deploy.server.served_bytes
-            _wait(lambda: served(device_id) >= deploy.manifest.size // 3, timeout=60, what="a third served")
+            wait_until(
+                lambda: served(device_id) >= deploy.manifest.size // 3, timeout=60, what="a third served"
+            )
             assert served(device_id) < deploy.manifest.size, "the transfer finished before the restart"
             private_broker.restart(hard=True)  # no persistence: the retained manifest is gone too
             outcome = deploy.wait(60)
@@ -233,7 +143,7 @@ def test_broker_restart_mid_transfer_completes(
     finally:
         fleet.close()
     assert outcome.ok, outcome.failures()
-    assert _state(files)["slots"]["cls"]["active"]["sha256"] == sha256_file(files.v2)
+    assert agent_state(files)["slots"]["cls"]["active"]["sha256"] == sha256_file(files.v2)
 
 
 def test_deploy_to_three_agents_with_the_cli(fleet: Fleet, broker: Broker) -> None:
@@ -255,7 +165,7 @@ def test_deploy_to_three_agents_with_the_cli(fleet: Fleet, broker: Broker) -> No
         assert f"{device}  ACTIVE" in run.stdout
     v2 = sha256_file(all_files[0].v2)  # every AgentFiles writes the same v2 (same seed)
     for files in all_files:
-        assert _state(files)["slots"]["cls"]["active"]["sha256"] == v2
+        assert agent_state(files)["slots"]["cls"]["active"]["sha256"] == v2
 
 
 def test_rollback_command_returns_to_the_previous_model(
@@ -264,9 +174,9 @@ def test_rollback_command_returns_to_the_previous_model(
     files = fleet.files(device_id)
     daemon = fleet.start(files)
     results = Topics("fleet/v1", device_id).results("cam")
-    probe.wait_for(_count_version("1", results), timeout=60)
-    assert _finish(fleet.deploy(files.v2, [device_id])).ok
-    probe.wait_for(_count_version("2", results), timeout=30)
+    probe.wait_for(count_version("1", results), timeout=60)
+    assert finish(fleet.deploy(files.v2, [device_id])).ok
+    probe.wait_for(count_version("2", results), timeout=30)
 
     command = [
         sys.executable, "-m", "agent", "fleet", "cmd", device_id, "rollback",
@@ -279,10 +189,10 @@ def test_rollback_command_returns_to_the_previous_model(
     assert reply["result"]["model"]["version"] == "1"
 
     probe.clear()
-    probe.wait_for(_count_version("1", results), timeout=30)
+    probe.wait_for(count_version("1", results), timeout=30)
     assert {r.model.version for r in unique_results(probe.snapshot(), results)} == {"1"}
     # Without a slot the command is refused with its error code, not ignored.
-    refused = send_command(_settings(broker), device_id, "rollback", {}, timeout=10)
+    refused = send_command(operator_settings(broker), device_id, "rollback", {}, timeout=10)
     assert (refused.ok, refused.error_code) == (False, "bad_args")
     assert daemon.stop() == 0
 
@@ -293,12 +203,12 @@ def test_bad_model_is_rejected_and_the_old_one_keeps_serving(
     files = fleet.files(device_id)
     daemon = fleet.start(files)
     topic = Topics("fleet/v1", device_id)
-    probe.wait_for(_count_version("1", topic.results("cam")), timeout=60)
+    probe.wait_for(count_version("1", topic.results("cam")), timeout=60)
     state_before = (files.root / "state" / "state.json").read_text()
     truncated = files.root / "truncated.onnx"
     truncated.write_bytes(files.v2.read_bytes()[:3000])
 
-    outcome = _finish(fleet.deploy(truncated, [device_id]))
+    outcome = finish(fleet.deploy(truncated, [device_id]))
 
     progress = outcome.devices[device_id]
     assert (progress.state, progress.error_code) == (JobState.REJECTED, "bad_onnx"), progress
@@ -306,7 +216,7 @@ def test_bad_model_is_rejected_and_the_old_one_keeps_serving(
 
     # A manifest naming another device, signed and published on this device's topic: refused.
     other = FleetDeploy(
-        _settings(broker),
+        operator_settings(broker),
         DeployPlan(model=files.v2, devices=("someone-else",), slot="cls", version="3", model_id="cls"),
         signing_key=load_signing_key(fleet.keys.private),
         key_id=fleet.keys.key_id,
@@ -319,11 +229,11 @@ def test_bad_model_is_rejected_and_the_old_one_keeps_serving(
 
     # `fleet status` shows that last job and how it ended, not the model still active.
     def last_job_shown() -> bool:
-        [row] = [r for r in collect_fleet(_settings(broker), quiet_s=0.3) if r.device == device_id]
+        [row] = [r for r in collect_fleet(operator_settings(broker), quiet_s=0.3) if r.device == device_id]
         return f"cls={other.job_id} REJECTED wrong_device" in format_table([row])
 
-    _wait(last_job_shown, timeout=20, what="fleet status showing the refused job")
-    [row] = [r for r in collect_fleet(_settings(broker), quiet_s=0.3) if r.device == device_id]
+    wait_until(last_job_shown, timeout=20, what="fleet status showing the refused job")
+    [row] = [r for r in collect_fleet(operator_settings(broker), quiet_s=0.3) if r.device == device_id]
     assert row.slots["cls"]["version"] == "1"
     assert row.slots["cls"]["last_failure"]["error_code"] == "wrong_device"
 
@@ -334,7 +244,7 @@ def test_bad_model_is_rejected_and_the_old_one_keeps_serving(
     indices = [r.frame_index for r in results]
     assert indices == list(range(len(indices))), "a result frame is missing or repeated"
     assert {r.model.version for r in results} == {"1"}
-    state = _state(files)
+    state = agent_state(files)
     assert state["slots"]["cls"]["active"]["version"] == "1"
     assert state["slots"]["cls"] == json.loads(state_before)["slots"]["cls"]
 
@@ -344,15 +254,15 @@ def test_a_rate_capped_deploy_beside_a_fleet_serve_says_the_cap_did_not_hold(
 ) -> None:
     files = fleet.files(device_id)
     fleet.start(files)
-    probe.wait_for(_count_version("1", Topics("fleet/v1", device_id).results("cam")), timeout=60)
+    probe.wait_for(count_version("1", Topics("fleet/v1", device_id).results("cam")), timeout=60)
     repo = tmp_path / "repo"
     repo.mkdir()
     (repo / "v2.onnx").write_bytes(files.v2.read_bytes())
     # A `fleet serve` of the operator (its own group): it answers the same requests at full speed.
-    with ChunkServer(_settings(broker)) as serve:
+    with ChunkServer(operator_settings(broker)) as serve:
         serve.add_repo(repo)
         chunk = 1 * KIB
-        outcome = _finish(fleet.deploy(files.v2, [device_id], chunk_size=chunk, max_rate_bps=4 * chunk))
+        outcome = finish(fleet.deploy(files.v2, [device_id], chunk_size=chunk, max_rate_bps=4 * chunk))
 
     assert outcome.ok, outcome.failures()
     p = outcome.devices[device_id]

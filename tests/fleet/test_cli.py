@@ -184,3 +184,31 @@ def test_deploy_to_an_unknown_device_ends_at_once_naming_it(
     assert f"unknown device(s) jet-typo: no retained {prefix}/{{device}}/up/status" in captured.err
     assert "--wait-unknown waits for them" in captured.err
     assert "jet-typo: unknown device" in captured.err
+
+
+def test_shadow_and_probation_flag_mistakes_name_the_flag(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    model = tiny_model(tmp_path / "m.onnx")
+    deploy = [
+        "fleet",
+        "deploy",
+        str(model),
+        "--device",
+        "d1",
+        "--slot",
+        "cls",
+        "--version",
+        "1",
+        "--unsigned",
+    ]
+    cases = [
+        ([*deploy, "--shadow-json", '{"frames": 0}'], "error: --shadow-json frames: Input should be greater"),
+        ([*deploy, "--shadow-json", '{"min_agreement": 2}'], "error: --shadow-json min_agreement:"),
+        ([*deploy, "--probation-json", '{"max_fps": 1}'], "error: --probation-json max_fps:"),
+        ([*deploy, "--probation-s", "-1"], "error: --probation-s must be between 0 and 86400"),
+    ]
+    for argv, start in cases:
+        assert main(argv) == 1, argv
+        line = _one_error_line(capsys)
+        assert line.startswith(start), (argv, line)

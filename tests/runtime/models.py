@@ -105,3 +105,80 @@ def write_static_batch_classifier(
 def write_checker_failure(path: Path, *, size: int = 64, classes: int = 10) -> Path:
     """Parses as ONNX, but a node reads a tensor nothing produces: onnx.checker refuses it."""
     return _save(path, [helper.make_node("Relu", ["nowhere"], ["scores"])], [], size, classes, check=False)
+
+
+def _rewire_scores(src: Path, dst: Path) -> tuple[onnx.ModelProto, str]:
+    """``src`` loaded with its ``scores`` output renamed, so new nodes can compute ``scores`` from it."""
+    model = onnx.load_model(str(src))
+    for node in model.graph.node:
+        node.output[:] = ["scores_src" if name == "scores" else name for name in node.output]
+    return model, "scores_src"
+
+
+def _finish(model: onnx.ModelProto, dst: Path) -> Path:
+    onnx.checker.check_model(model)
+    onnx.save_model(model, str(dst))
+    return dst
+
+
+def write_swapped_classes(src: Path, dst: Path, *, classes: int = 4) -> Path:
+    """``src`` with its classes moved one place (a mislabeled export: for two classes, swapped).
+
+    Same weights, same speed, same shapes, finite outputs: only the top-1 class differs, on every frame.
+    """
+    model, scores = _rewire_scores(src, dst)
+    perm = np.roll(np.arange(classes, dtype=np.int64), 1)
+    model.graph.initializer.append(numpy_helper.from_array(perm, "class_perm"))
+    model.graph.node.append(helper.make_node("Gather", [scores, "class_perm"], ["scores"], axis=1))
+    return _finish(model, dst)
+
+
+def write_slower(src: Path, dst: Path, *, dim: int = 192, repeats: int = 6) -> Path:
+    """``src`` plus an input-dependent side branch of ``repeats`` ``[dim, dim]`` matrix products whose
+    result is multiplied by zero: the same answers as ``src`` (agreement 1.0), several times slower."""
+    model, scores = _rewire_scores(src, dst)
+    q, _ = np.linalg.qr(np.random.default_rng(0).normal(size=(dim, dim)))
+    model.graph.initializer.extend(
+        [
+            numpy_helper.from_array(q.astype(np.float32), "slow_q"),
+            numpy_helper.from_array(np.array([-1, 1, 1], np.int64), "slow_shape3"),
+            numpy_helper.from_array(np.zeros((1, 1), np.float32), "slow_zero"),
+        ]
+    )
+    nodes = model.graph.node
+    nodes.append(helper.make_node("ReduceMean", ["images"], ["slow_mean4"], axes=[1, 2, 3], keepdims=1))
+    nodes.append(helper.make_node("Reshape", ["slow_mean4", "slow_shape3"], ["slow_m"]))
+    nodes.append(helper.make_node("Mul", ["slow_m", "slow_q"], ["slow_x0"]))
+    x = "slow_x0"
+    for i in range(repeats):
+        nodes.append(helper.make_node("MatMul", [x, "slow_q"], [f"slow_x{i + 1}"]))
+        x = f"slow_x{i + 1}"
+    nodes.append(helper.make_node("ReduceMean", [x], ["slow_sum"], axes=[1, 2], keepdims=1))
+    nodes.append(helper.make_node("Flatten", ["slow_sum"], ["slow_col"], axis=1))
+    nodes.append(helper.make_node("Mul", ["slow_col", "slow_zero"], ["slow_nothing"]))
+    nodes.append(helper.make_node("Add", [scores, "slow_nothing"], ["scores"]))
+    return _finish(model, dst)
+
+
+def write_nan_when_bright(src: Path, dst: Path, *, threshold: float = 0.5) -> Path:
+    """``src``, except that its scores turn NaN on frames whose mean input value exceeds ``threshold``.
+
+    ``scores + 0 * log(threshold - mean)``: finite (the same answers) on darker frames, NaN on brighter
+    ones. On a video that brightens over time, it "emits NaN after N frames": it passes validation
+    and a shadow run on the early, dark frames and fails once the bright ones arrive.
+    """
+    model, scores = _rewire_scores(src, dst)
+    model.graph.initializer.extend(
+        [
+            numpy_helper.from_array(np.full((1, 1), threshold, np.float32), "nan_threshold"),
+            numpy_helper.from_array(np.zeros((1, 1), np.float32), "nan_zero"),
+        ]
+    )
+    nodes = model.graph.node
+    nodes.append(helper.make_node("ReduceMean", ["images"], ["nan_mean4"], axes=[1, 2, 3], keepdims=1))
+    nodes.append(helper.make_node("Flatten", ["nan_mean4"], ["nan_mean"], axis=1))
+    nodes.append(helper.make_node("Sub", ["nan_threshold", "nan_mean"], ["nan_margin"]))
+    nodes.append(helper.make_node("Log", ["nan_margin"], ["nan_log"]))
+    nodes.append(helper.make_node("Mul", ["nan_log", "nan_zero"], ["nan_term"]))
+    nodes.append(helper.make_node("Add", [scores, "nan_term"], ["scores"]))
+    return _finish(model, dst)

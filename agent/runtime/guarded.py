@@ -1,0 +1,181 @@
+"""A guarded activation: validate, shadow, swap, probation, then commit or swap back.
+
+The row of steps (docs/protocol.md, "Shadow and probation"), run by the deployment's worker thread
+while it owns the slot:
+
+1. load and validate the candidate beside the serving model (:meth:`ModelSlot.load_candidate`);
+2. SHADOW (when the manifest asks): compare both on sampled live frames
+   (:func:`~agent.runtime.shadow.run_shadow`); below the bar the candidate is dropped, never having
+   served, and the job ends REJECTED with the figures;
+3. swap it in, keeping the previous model loaded;
+4. PROBATION (when ``probation_s`` > 0): watch its health against the previous model's baseline
+   (:func:`~agent.runtime.probation.run_probation`); unhealthy, an operator rollback, a newer job or
+   the agent stopping swap the previous model back in (a reference swap: no frame is lost) and the
+   rejected model's last result is published before the job's end is;
+5. commit: only now is the new model recorded in state.json as active (its predecessor becoming the
+   last-known-good). A restart before this comes back on the previous model.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TypeAlias
+
+import numpy as np
+import numpy.typing as npt
+import structlog
+
+from agent.delivery.errors import JobCancelledError, RolledBackError, ShadowRejectedError
+from agent.delivery.steps import ActivationRequest, GuardReporter
+from agent.protocol.messages import JobState, ShadowFigures
+from agent.runtime.agreement import ShadowTally
+from agent.runtime.loaded import LoadedModel, ModelSource
+from agent.runtime.probation import ProbationRun, run_probation
+from agent.runtime.shadow import run_shadow
+from agent.runtime.slot import ModelSlot
+
+log = structlog.get_logger(__name__)
+
+#: How long the end of a probation waits for the rejected model's in-flight batches and results.
+_DRAIN_S = 10.0
+
+
+@dataclass
+class ShadowRun:
+    """One slot's shadow run in progress (what telemetry shows of it)."""
+
+    slot: str
+    tally: ShadowTally | None = None
+    done: threading.Event = field(default_factory=threading.Event)
+
+    def telemetry(self) -> dict[str, float]:
+        out = {"shadow.active": 1.0}
+        if self.tally is not None:
+            out.update({f"shadow.{k}": float(v) for k, v in self.tally.figures().items() if v is not None})
+        return out
+
+
+GuardRun: TypeAlias = ShadowRun | ProbationRun
+
+
+@dataclass(frozen=True)
+class GuardedSlot:
+    """What a guarded activation needs of its slot and of :class:`~agent.runtime.models.SlotModels`."""
+
+    slot: ModelSlot
+    latest_frame: Callable[[], npt.NDArray[np.uint8] | None]
+    #: Record the model as the slot's active one in state.json (the commit).
+    record: Callable[[ModelSource, LoadedModel], None]
+    #: Where the runs are published for telemetry and the rollback command.
+    runs: dict[str, GuardRun]
+
+
+def activate_guarded(target: GuardedSlot, request: ActivationRequest, source: ModelSource) -> None:
+    """Run the guarded activation of ``request`` (``source`` resolved); raises like the ActivateFn."""
+    guard = request.guard
+    assert guard is not None
+    slot = target.slot
+    candidate = slot.load_candidate(source, target.latest_frame())
+    if request.shadow is not None:
+        _shadow(target, request, candidate, guard)
+    swap_at = time.monotonic()
+    previous = slot.swap_in(candidate)
+    if previous is None or request.probation_s <= 0:
+        _commit(target, source, candidate, previous)
+        return
+    baseline = previous.health.figures(swap_at - request.probation.baseline_s, swap_at)
+    run = ProbationRun(slot.name, request.probation_s, swap_at, baseline)
+    target.runs[slot.name] = run
+    try:
+        guard.enter(JobState.PROBATION)
+        outcome = run_probation(
+            run, candidate, request.probation, guard.cancel, report=lambda f: guard.figures(probation=f)
+        )
+    except BaseException:
+        slot.swap_back(previous, candidate)
+        run.done.set()
+        raise
+    if outcome == "healthy":
+        _commit(target, source, candidate, previous)
+        run.done.set()
+        guard.figures(probation=run.figures)
+        return
+    slot.swap_back(previous, candidate)
+    if outcome != "cancelled" and not candidate.wait_idle(_DRAIN_S):
+        log.warning("probation.drain_timeout", slot=slot.name, model=candidate.ref.model_id)
+    run.done.set()
+    if outcome == "cancelled":
+        raise JobCancelledError(
+            f"slot {slot.name}: probation ended (job cancelled); the previous model serves"
+        )
+    guard.figures(probation=run.figures)
+    old = f"{previous.ref.model_id} {previous.ref.version or ''}".strip()
+    if outcome == "operator_rollback":
+        raise RolledBackError(
+            f"rollback command during probation: slot {slot.name} swapped back to {old}",
+            code="operator_rollback",
+        )
+    failed = run.figures.failed if run.figures is not None else None
+    what = f"{failed.figure} = {failed.value:g}, bar {failed.bar:g}" if failed is not None else "unhealthy"
+    raise RolledBackError(
+        f"new model unhealthy in probation ({what}); slot {slot.name} swapped back to {old}, "
+        "which keeps serving"
+    )
+
+
+def _shadow(
+    target: GuardedSlot, request: ActivationRequest, candidate: LoadedModel, guard: GuardReporter
+) -> None:
+    assert request.shadow is not None
+    slot = target.slot
+    run = ShadowRun(slot.name)
+    target.runs[slot.name] = run
+    try:
+        guard.enter(JobState.SHADOW)
+
+        def report(tally: ShadowTally) -> None:
+            run.tally = tally
+            guard.figures(shadow=ShadowFigures.model_validate(tally.figures()))
+
+        tally, verdict = run_shadow(
+            slot,
+            candidate,
+            request.shadow,
+            latest_frame=target.latest_frame,
+            cancel=guard.cancel,
+            report=report,
+        )
+    except BaseException:
+        slot.discard(candidate)
+        run.done.set()
+        raise
+    run.tally = tally
+    run.done.set()
+    figures = ShadowFigures.model_validate(tally.figures())
+    guard.figures(shadow=figures)
+    if verdict == "pass":
+        return
+    slot.discard(candidate)
+    spec = request.shadow
+    why = {
+        "shadow_disagrees": f"agreement {figures.agreement} is below min_agreement {spec.min_agreement}",
+        "too_slow": f"latency ratio {figures.latency_ratio} is above max_latency_ratio "
+        f"{spec.max_latency_ratio}",
+        "bad_output": f"NaN or infinite outputs on {figures.bad_outputs} live frames",
+        None: f"no live frame to compare within timeout_s {spec.timeout_s:g} (is the camera running?)",
+    }[verdict]
+    raise ShadowRejectedError(
+        f"shadow on {figures.frames} live frames: {why}; the previous model never stopped serving",
+        code=verdict or "shadow_no_frames",
+    )
+
+
+def _commit(
+    target: GuardedSlot, source: ModelSource, model: LoadedModel, previous: LoadedModel | None
+) -> None:
+    target.record(source, model)
+    if previous is not None:
+        previous.retire()

@@ -1,0 +1,87 @@
+"""Deploys to real daemons in tests: a fleet of agent processes trusting the test's key, and waits."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from agent.delivery.manifest import KIB
+from agent.fleet.deploy import FleetDeploy
+from agent.fleet.deploy_outcome import DeployOutcome
+from agent.fleet.deploy_plan import DeployPlan
+from agent.fleet.keys import KeyPairFiles, load_signing_key
+from agent.localbroker import Broker
+from agent.mqtt.settings import MqttSettings
+from tests.e2e.daemon import AgentFiles, Daemon, unique_results
+from tests.mqtt_probe import Received
+
+
+def count_version(version: str, topic: str) -> Callable[[list[Received]], bool]:
+    def enough(messages: list[Received]) -> bool:
+        return sum(r.model.version == version for r in unique_results(messages, topic)) >= 10
+
+    return enough
+
+
+def operator_settings(broker: Broker) -> MqttSettings:
+    return MqttSettings(host=broker.host, port=broker.port, reconnect_min_s=0.2, reconnect_max_s=1.0)
+
+
+def agent_state(files: AgentFiles) -> dict[str, Any]:
+    """state.json, parsed (a corrupt file fails the test here)."""
+    state: dict[str, Any] = json.loads((files.root / "state" / "state.json").read_text())
+    return state
+
+
+class Fleet:
+    """Devices of one test: files, config (trusting the test's key) and daemon processes."""
+
+    def __init__(self, root: Path, broker: Broker, keys: KeyPairFiles) -> None:
+        self.root = root
+        self.broker = broker
+        self.keys = keys
+        self.daemons: list[Daemon] = []
+
+    def files(self, device: str, *, loop: bool = True, **delivery: Any) -> AgentFiles:
+        files = AgentFiles(self.root / device, self.broker.port, device, frames=30)
+        stream = {"source": {"type": "file", "path": str(files.video), "loop": loop, "realtime": True}}
+        trust = {"trusted_keys": {self.keys.key_id: str(self.keys.public)}, **delivery}
+        files.write_config(stream=stream, delivery=trust)
+        return files
+
+    def start(self, files: AgentFiles) -> Daemon:
+        daemon = Daemon(files.config_path, files.root / f"agent-{len(self.daemons)}.log")
+        self.daemons.append(daemon)
+        return daemon
+
+    def deploy(self, model: Path, devices: list[str], version: str = "2", **options: Any) -> FleetDeploy:
+        chunk_size = options.pop("chunk_size", 4 * KIB)
+        plan = DeployPlan(
+            model=model,
+            devices=tuple(devices),
+            slot="cls",
+            version=version,
+            model_id="cls",
+            chunk_size=chunk_size,
+        )
+        return FleetDeploy(
+            operator_settings(self.broker),
+            plan,
+            signing_key=load_signing_key(self.keys.private),
+            key_id=self.keys.key_id,
+            status_poll_s=2.0,
+            **options,
+        ).start()
+
+    def close(self) -> None:
+        for daemon in self.daemons:
+            daemon.kill()
+
+
+def finish(deploy: FleetDeploy, timeout: float = 60.0) -> DeployOutcome:
+    try:
+        return deploy.wait(timeout)
+    finally:
+        deploy.stop()

@@ -1,0 +1,204 @@
+"""End to end: a new model proves itself on a running daemon (shadow, probation, swap back, restart).
+
+Real mosquitto, real ``python -m agent run`` processes on a real video, models deployed with the
+real FleetDeploy (signed, pulled in chunks); the bad models come from tests/runtime/models.py.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import cv2
+import numpy as np
+import pytest
+
+from agent.delivery.guard import ProbationSpec, ShadowSpec
+from agent.delivery.manifest import KIB
+from agent.fleet.command import send_command
+from agent.fleet.deploy import FleetDeploy
+from agent.fleet.deploy_plan import DeployPlan
+from agent.fleet.keys import load_signing_key
+from agent.protocol.messages import JobState, JobStatus, decode
+from agent.protocol.topics import Topics
+from tests.e2e.fleet_rig import Fleet, count_version, finish, operator_settings
+from tests.mqtt_probe import Probe, Received
+from tests.runtime.models import write_nan_when_bright, write_swapped_classes
+
+pytestmark = pytest.mark.slow
+
+
+def deploy(fleet: Fleet, model: Path, device: str, version: str, **guard: Any) -> FleetDeploy:
+    plan = DeployPlan(
+        model=model,
+        devices=(device,),
+        slot="cls",
+        version=version,
+        model_id="cls",
+        chunk_size=4 * KIB,
+        **guard,
+    )
+    return FleetDeploy(
+        operator_settings(fleet.broker),
+        plan,
+        signing_key=load_signing_key(fleet.keys.private),
+        key_id=fleet.keys.key_id,
+        status_poll_s=2.0,
+    ).start()
+
+
+def results(messages: list[Received], topic: str) -> list[dict[str, Any]]:
+    """Results by frame index, read as plain JSON (a NaN score arrives as null), duplicates removed."""
+    seen: dict[str, dict[str, Any]] = {}
+    for m in messages:
+        if m.topic == topic:
+            raw = json.loads(m.payload)
+            seen.setdefault(raw["msg_id"], raw)
+    return sorted(seen.values(), key=lambda r: r["frame_index"])
+
+
+def job_statuses(probe: Probe, job_id: str, device: str) -> list[JobStatus]:
+    topic = Topics("fleet/v1", device).jobs(job_id)
+    return [decode(JobStatus, m.payload) for m in probe.snapshot() if m.topic == topic]
+
+
+def assert_no_gap(found: list[dict[str, Any]]) -> None:
+    indexes = [r["frame_index"] for r in found]
+    assert indexes == list(range(indexes[0], indexes[0] + len(indexes))), "a frame index lost or repeated"
+
+
+def test_a_model_with_swapped_classes_ends_rejected_in_shadow_and_never_serves(
+    fleet: Fleet,
+    device_id: str,
+    probe: Probe,
+) -> None:
+    files = fleet.files(device_id)
+    daemon = fleet.start(files)
+    topic = Topics("fleet/v1", device_id)
+    probe.wait_for(count_version("1", topic.results("cam")), timeout=60)
+    swapped = write_swapped_classes(files.v1, files.root / "swapped.onnx")
+
+    job = deploy(fleet, swapped, device_id, "2", shadow=ShadowSpec(frames=20, sample_fps=10.0))
+    outcome = finish(job)
+
+    progress = outcome.devices[device_id]
+    assert (progress.state, progress.error_code) == (JobState.REJECTED, "shadow_disagrees"), progress
+    assert JobState.SHADOW in progress.history
+    final = job_statuses(probe, job.job_id, device_id)[-1]
+    assert final.shadow is not None
+    assert final.shadow.agreement == 0.0
+    assert final.shadow.frames >= 1
+    time.sleep(1.0)
+    found = results(probe.snapshot(), topic.results("cam"))
+    assert {r["model"]["version"] for r in found} == {"1"}
+    assert daemon.stop() == 0
+
+
+@pytest.fixture
+def dark_then_bright(tmp_path: Path) -> Path:
+    """20 s of dark frames, then 10 s of bright ones, at 30 fps (the late-NaN model's trigger)."""
+    path = tmp_path / "dark-then-bright.avi"
+    writer = cv2.VideoWriter(str(path), cv2.VideoWriter.fourcc(*"MJPG"), 30.0, (64, 48))
+    for i in range(900):
+        writer.write(np.full((48, 64, 3), 40 if i < 600 else 220, np.uint8))
+    writer.release()
+    return path
+
+
+def test_a_model_that_turns_nan_after_n_frames_is_rolled_back_in_probation_without_losing_a_frame(
+    fleet: Fleet,
+    device_id: str,
+    probe: Probe,
+    dark_then_bright: Path,
+) -> None:
+    files = fleet.files(device_id)
+    source = {"type": "file", "path": str(dark_then_bright), "loop": False, "realtime": True}
+    trust = {"trusted_keys": {fleet.keys.key_id: str(fleet.keys.public)}}
+    files.write_config(stream={"source": source}, delivery=trust)
+    daemon = fleet.start(files)
+    topic = Topics("fleet/v1", device_id)
+    probe.wait_for(count_version("1", topic.results("cam")), timeout=60)
+    late_nan = write_nan_when_bright(files.v1, files.root / "late-nan.onnx")
+
+    job = deploy(
+        fleet, late_nan, device_id, "2", probation_s=60.0, probation=ProbationSpec(max_class_shift=None)
+    )
+    outcome = finish(job, timeout=90.0)
+
+    progress = outcome.devices[device_id]
+    assert (progress.state, progress.error_code) == (JobState.ROLLED_BACK, "unhealthy"), progress
+    final = job_statuses(probe, job.job_id, device_id)[-1]
+    assert final.probation is not None
+    assert final.probation.failed is not None
+    assert (final.probation.failed.figure, final.probation.failed.bar) == ("nan_outputs", 0)
+    probe.wait_for(lambda ms: len(results(ms, topic.results("cam"))) >= 900, timeout=30)
+    found = results(probe.snapshot(), topic.results("cam"))
+    assert_no_gap(found)
+    assert [r["frame_index"] for r in found] == list(range(900))
+    assert {r["model"]["version"] for r in found} == {"1", "2"}
+    after = [r for r in found if r["published_at"] > final.ts]
+    assert after
+    assert {r["model"]["version"] for r in after} == {"1"}
+    assert daemon.stop() == 0
+
+
+def test_a_restart_in_probation_comes_back_on_the_old_model_and_a_rollback_command_ends_the_resumed_job(
+    fleet: Fleet,
+    device_id: str,
+    probe: Probe,
+) -> None:
+    files = fleet.files(device_id)
+    daemon = fleet.start(files)
+    topic = Topics("fleet/v1", device_id)
+    probe.wait_for(count_version("1", topic.results("cam")), timeout=60)
+    job = deploy(
+        fleet, files.v2, device_id, "2", probation_s=120.0, probation=ProbationSpec(max_class_shift=None)
+    )
+
+    def in_probation(messages: list[Received]) -> bool:
+        return any(
+            m.topic == topic.jobs(job.job_id) and decode(JobStatus, m.payload).state is JobState.PROBATION
+            for m in messages
+        )
+
+    probe.wait_for(in_probation, timeout=60)
+    probe.wait_for(count_version("2", topic.results("cam")), timeout=30)
+
+    def probation_telemetry(messages: list[Received]) -> bool:
+        for m in messages:
+            if m.topic == topic.telemetry:
+                values = json.loads(m.payload)
+                if (
+                    values.get("slot.cls.probation.active") == 1
+                    and "slot.cls.probation.current.fps.cam" in values
+                ):
+                    return "slot.cls.probation.baseline.fps.cam" in values
+        return False
+
+    probe.wait_for(probation_telemetry, timeout=30)  # a dashboard sees the probation and its figures
+    daemon.signal(signal.SIGKILL)
+    daemon.proc.wait(10)
+    state = json.loads((files.root / "state" / "state.json").read_text())
+    assert state["slots"]["cls"]["active"]["version"] == "1"  # never committed during probation
+
+    probe.clear()
+    daemon = fleet.start(files)
+    # The retained manifest resumes the job at once, so the old model may serve only a few frames.
+    probe.wait_for(lambda ms: bool(results(ms, topic.results("cam"))), timeout=60)
+    first = results(probe.snapshot(), topic.results("cam"))[0]
+    assert first["model"]["version"] == "1"  # back on the last-known-good model
+    probe.wait_for(in_probation, timeout=60)  # the retained manifest resumed the job
+
+    reply = send_command(operator_settings(fleet.broker), device_id, "rollback", {"slot": "cls"}, timeout=20)
+    assert reply.ok, reply
+    assert reply.result is not None
+    assert reply.result["model"]["version"] == "1"
+    outcome = finish(job, timeout=30.0)
+    progress = outcome.devices[device_id]
+    assert (progress.state, progress.error_code) == (JobState.ROLLED_BACK, "operator_rollback"), progress
+    state = json.loads((files.root / "state" / "state.json").read_text())
+    assert state["slots"]["cls"]["active"]["version"] == "1"
+    assert daemon.stop() == 0

@@ -1,0 +1,297 @@
+"""Guarded activation on a running pipeline: shadow on live frames, swap, probation, swap back.
+
+Real parts: a slot pipeline on a real source (synthetic pattern or an OpenCV-written video),
+ONNX Runtime, the session's mosquitto (through the pipeline rig), and models that are bad on
+purpose (tests/runtime/models.py). The job side is a real :class:`GuardReporter` recording what
+the runtime tells it.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+
+from agent.camera.source_spec import FileSourceSpec
+from agent.delivery.errors import JobCancelledError, RolledBackError, ShadowRejectedError
+from agent.delivery.guard import ProbationSpec, ShadowSpec
+from agent.delivery.steps import ActivationRequest, GuardReporter
+from agent.modelzoo import write_classifier
+from agent.protocol.messages import JobState, ProbationFigures, ShadowFigures
+from agent.runtime.guarded import GuardedSlot, GuardRun, activate_guarded
+from agent.runtime.loaded import LoadedModel, ModelSource
+from agent.runtime.pipeline import SlotPipeline
+from agent.runtime.probation import ProbationRun
+from agent.runtime.slot import ModelSlot
+from tests.camera.specs import make
+from tests.runtime.models import write_nan_when_bright, write_slower, write_swapped_classes
+from tests.runtime.test_pipeline import Rig, model_source, rig, synthetic  # noqa: F401 (rig: a fixture)
+from tests.waiting import wait_until
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("guarded-models")
+    v1 = write_classifier(root / "v1.onnx", input_size=32, num_classes=4, seed=1)
+    good = root / "v1-again.onnx"
+    good.write_bytes(v1.read_bytes())
+    return {
+        "v1": v1,
+        "good": good,
+        "swapped": write_swapped_classes(v1, root / "swapped.onnx"),
+        "slow": write_slower(v1, root / "slow.onnx"),
+        "late_nan": write_nan_when_bright(v1, root / "late-nan.onnx"),
+    }
+
+
+@pytest.fixture(scope="module")
+def brightening_video(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """150 frames at 25 fps growing from dark to bright: mean pixel passes 0.5 at about frame 75."""
+    path = tmp_path_factory.mktemp("guarded-video") / "brightening.avi"
+    writer = cv2.VideoWriter(str(path), cv2.VideoWriter.fourcc(*"MJPG"), 25.0, (64, 48))
+    for i in range(150):
+        writer.write(np.full((48, 64, 3), int(20 + 215 * i / 149), np.uint8))
+    writer.release()
+    return path
+
+
+@dataclass
+class JobSide:
+    """What the deployment job would see: the states entered and the figures published."""
+
+    states: list[JobState] = field(default_factory=list)
+    shadow: list[ShadowFigures] = field(default_factory=list)
+    probation: list[ProbationFigures] = field(default_factory=list)
+    cancel: threading.Event = field(default_factory=threading.Event)
+
+    def reporter(self) -> GuardReporter:
+        return GuardReporter(self.states.append, self._figures, self.cancel)
+
+    def _figures(self, shadow: ShadowFigures | None, probation: ProbationFigures | None) -> None:
+        if shadow is not None:
+            self.shadow.append(shadow)
+        if probation is not None:
+            self.probation.append(probation)
+
+
+@dataclass
+class Target:
+    slot: ModelSlot
+    pipeline: SlotPipeline
+    committed: list[LoadedModel] = field(default_factory=list)
+    runs: dict[str, GuardRun] = field(default_factory=dict)
+
+    def guarded(self) -> GuardedSlot:
+        return GuardedSlot(
+            slot=self.slot,
+            latest_frame=lambda: self.pipeline.last_image,
+            record=lambda _source, loaded: self.committed.append(loaded),
+            runs=self.runs,
+        )
+
+
+def start(rig: Rig, v1: Path, spec: object, name: str = "cam0") -> Target:  # noqa: F811 (rig)
+    slot = ModelSlot("s")
+    slot.load(model_source(v1, "1"))
+    pipeline = rig.start(slot, {name: (spec, "process_all")})
+    wait_until(lambda: pipeline.last_image is not None, timeout=20.0, what="live frames")
+    return Target(slot, pipeline)
+
+
+def request(
+    path: Path, *, shadow: ShadowSpec | None = None, probation_s: float = 0.0, job: JobSide
+) -> tuple[ActivationRequest, ModelSource]:
+    source = model_source(path, "2")
+    req = ActivationRequest(
+        slot="s",
+        engine_path=path,
+        backend="onnxruntime",
+        load_extra={},
+        model_id=source.model_id,
+        version="2",
+        sha256="0" * 64,
+        model_path=path,
+        shadow=shadow,
+        probation_s=probation_s,
+        probation=ProbationSpec(max_class_shift=None),
+        guard=job.reporter(),
+    )
+    return req, source
+
+
+@dataclass(frozen=True)
+class Result:
+    frame_index: int
+    version: str
+    published_at: float
+
+
+def results(rig: Rig, stream: str = "cam0") -> list[Result]:  # noqa: F811 (rig)
+    """Results by frame index, read as plain JSON: a NaN score arrives as null, which the strict
+    ResultMessage refuses, and the NaN model's results are exactly what these tests look at."""
+    seen: dict[str, Result] = {}
+    for m in rig.probe.on_topic(rig.topic(stream)):
+        raw = json.loads(m.payload)
+        seen.setdefault(
+            raw["msg_id"], Result(raw["frame_index"], raw["model"]["version"], raw["published_at"])
+        )
+    return sorted(seen.values(), key=lambda r: r.frame_index)
+
+
+def assert_no_gap(found: list[Result]) -> None:
+    indexes = [r.frame_index for r in found]
+    assert indexes == list(range(indexes[0], indexes[0] + len(indexes))), "a frame index lost or repeated"
+
+
+def test_a_model_with_swapped_classes_is_rejected_in_shadow_early_and_never_serves(
+    rig: Rig,  # noqa: F811
+    models: dict[str, Path],
+) -> None:
+    target = start(rig, models["v1"], synthetic(100_000, fps=30.0))
+    job = JobSide()
+    req, source = request(models["swapped"], shadow=ShadowSpec(frames=20, min_agreement=0.9), job=job)
+    with pytest.raises(ShadowRejectedError) as caught:
+        activate_guarded(target.guarded(), req, source)
+    assert caught.value.code == "shadow_disagrees"
+    assert job.states == [JobState.SHADOW]
+    figures = job.shadow[-1]
+    assert figures.agreement == 0.0
+    assert figures.frames < 20  # stopped once the bar was out of reach
+    assert target.slot.current is not None
+    assert target.slot.current.ref.version == "1"
+    assert not target.committed
+    time.sleep(0.5)
+    found = results(rig)
+    assert found
+    assert {r.version for r in found} == {"1"}
+    assert_no_gap(found)
+
+
+def test_a_model_three_times_slower_is_rejected_too_slow_with_its_figures(
+    rig: Rig,  # noqa: F811
+    models: dict[str, Path],
+) -> None:
+    target = start(rig, models["v1"], synthetic(100_000, fps=30.0))
+    job = JobSide()
+    req, source = request(models["slow"], shadow=ShadowSpec(frames=8, max_latency_ratio=2.0), job=job)
+    with pytest.raises(ShadowRejectedError) as caught:
+        activate_guarded(target.guarded(), req, source)
+    assert caught.value.code == "too_slow"
+    figures = job.shadow[-1]
+    assert figures.agreement == 1.0
+    assert figures.latency_ratio is not None
+    assert figures.latency_ratio > 2.0
+    assert "max_latency_ratio 2.0" in str(caught.value)
+    assert target.slot.current is not None
+    assert target.slot.current.ref.version == "1"
+
+
+def test_a_good_model_passes_shadow_and_probation_and_only_then_is_committed(
+    rig: Rig,  # noqa: F811
+    models: dict[str, Path],
+) -> None:
+    target = start(rig, models["v1"], synthetic(100_000, fps=30.0))
+    previous = target.slot.current
+    job = JobSide()
+    req, source = request(models["good"], shadow=ShadowSpec(frames=6), probation_s=1.5, job=job)
+    activate_guarded(target.guarded(), req, source)
+    assert job.states == [JobState.SHADOW, JobState.PROBATION]
+    assert job.shadow[-1].agreement == 1.0
+    final = job.probation[-1]
+    assert final.failed is None
+    assert final.elapsed_s >= 1.5
+    assert final.current["fps.cam0"] > 0
+    assert final.baseline["fps.cam0"] > 0
+    assert target.slot.current is not None
+    assert target.slot.current.ref.version == "2"
+    assert target.committed == [target.slot.current]
+    assert previous is not None
+    wait_until(lambda: previous.state.value == "released", timeout=5.0, what="the old model to be released")
+    time.sleep(0.3)
+    found = results(rig)
+    assert_no_gap(found)
+    versions = [r.version for r in found]
+    assert versions.index("2") == versions.count("1")  # one switch, never back
+
+
+def test_a_model_that_turns_nan_after_n_frames_is_swapped_back_in_probation_without_a_lost_frame(
+    rig: Rig,  # noqa: F811
+    models: dict[str, Path],
+    brightening_video: Path,
+) -> None:
+    target = start(rig, models["v1"], make(FileSourceSpec, path=brightening_video, loop=False, realtime=True))
+    job = JobSide()
+    req, source = request(models["late_nan"], probation_s=30.0, job=job)
+    with pytest.raises(RolledBackError) as caught:
+        activate_guarded(target.guarded(), req, source)
+    decided = time.time()
+    assert caught.value.code == "unhealthy"
+    assert "nan_outputs" in str(caught.value)
+    failed = job.probation[-1].failed
+    assert failed is not None
+    assert failed.figure == "nan_outputs"
+    assert failed.bar == 0
+    assert job.states == [JobState.PROBATION]
+    assert target.slot.current is not None
+    assert target.slot.current.ref.version == "1"
+    assert not target.committed
+    wait_until(lambda: target.pipeline.finished, timeout=20.0, what="the video to end")
+    found = results(rig)
+    assert len(found) == 150
+    assert_no_gap(found)
+    assert {r.version for r in found} == {"1", "2"}
+    after = [r for r in found if r.published_at > decided]
+    assert after
+    assert {r.version for r in after} == {"1"}
+
+
+def test_a_rollback_command_during_probation_ends_it_at_once(
+    rig: Rig,  # noqa: F811
+    models: dict[str, Path],
+) -> None:
+    target = start(rig, models["v1"], synthetic(100_000, fps=30.0))
+    job = JobSide()
+    req, source = request(models["good"], probation_s=60.0, job=job)
+    outcome: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            activate_guarded(target.guarded(), req, source)
+        except BaseException as exc:
+            outcome.append(exc)
+
+    worker = threading.Thread(target=run)
+    worker.start()
+    wait_until(lambda: isinstance(target.runs.get("s"), ProbationRun), timeout=10.0, what="probation")
+    run_ = target.runs["s"]
+    assert isinstance(run_, ProbationRun)
+    started = time.monotonic()
+    assert run_.end_by_operator(10.0)
+    worker.join(10.0)
+    assert time.monotonic() - started < 5.0
+    assert len(outcome) == 1
+    assert isinstance(outcome[0], RolledBackError)
+    assert outcome[0].code == "operator_rollback"
+    assert target.slot.current is not None
+    assert target.slot.current.ref.version == "1"
+
+
+def test_a_cancelled_job_during_probation_swaps_back_and_commits_nothing(
+    rig: Rig,  # noqa: F811
+    models: dict[str, Path],
+) -> None:
+    target = start(rig, models["v1"], synthetic(100_000, fps=30.0))
+    job = JobSide()
+    req, source = request(models["good"], probation_s=60.0, job=job)
+    threading.Timer(1.0, job.cancel.set).start()
+    with pytest.raises(JobCancelledError):
+        activate_guarded(target.guarded(), req, source)
+    assert target.slot.current is not None
+    assert target.slot.current.ref.version == "1"
+    assert not target.committed
