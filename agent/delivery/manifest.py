@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, field_serializer, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from agent.camera.preprocess_spec import PreprocessSpec
@@ -120,6 +120,14 @@ class DeployManifest(StrictModel):
     chunks: list[str] = Field(description="SHA-256 (lowercase hex) of every chunk, in order.")
     sources: list[ModelSourceRef] = Field(min_length=1, description="Where to fetch the bytes, in order.")
     build: BuildSpec | None = Field(None, description="Engine build request; absent: run the ONNX as is.")
+
+    @field_serializer("build")
+    def _build_as_set(self, build: BuildSpec | None) -> dict[str, object] | None:
+        # Only the keys the operator set: the device applies its own defaults. A key with a default
+        # that only newer agents know (slim, fallback, ...) would make an older agent, which refuses
+        # unknown keys, reject the whole manifest.
+        return None if build is None else build.model_dump(mode="json", exclude_defaults=True)
+
     preprocess: PreprocessSpec | None = Field(None, description="New preprocess; absent: keep the slot's.")
     postprocess: PostprocessSpec | None = Field(
         None, description="New postprocess (labels inside); absent: keep the slot's."

@@ -20,6 +20,7 @@ from agent.delivery.manifest import (
     recover_job_id,
     sign_manifest,
 )
+from agent.engines.spec import BuildSpec
 from agent.modelzoo import write_classifier
 from agent.postprocess.spec import ClassificationSpec
 from agent.signing import (
@@ -164,3 +165,19 @@ def test_job_id_recovered_for_rejection_reports(model: Path, keypair: tuple[Any,
     assert recover_job_id(b'{"manifest": "{\\"job_id\\": \\"a/b\\"}"}') is None  # not a usable topic level
     exc = _refusal(sign_manifest(m, private, "k1").replace(b"job-77", b"job-78"), {"k1": public})
     assert exc.job_id == "job-78"
+
+
+def test_a_signed_manifest_carries_only_the_build_keys_that_were_set(tmp_path: Path) -> None:
+    """An older agent refuses unknown keys: defaults it may not know must not travel."""
+    model = tmp_path / "m.onnx"
+    model.write_bytes(b"\0" * 4096)
+    manifest = build_manifest(
+        model, job_id="j1", sequence=1, slot="main", model_id="m", version="1",
+        build=BuildSpec(precision="int8", device="dla0"),
+    )  # fmt: skip
+    envelope = json.loads(sign_manifest(manifest, None, None))
+    sent = json.loads(envelope["manifest"])
+    assert sent["build"] == {"precision": "int8", "device": "dla0"}
+    # The device reads it back as the whole spec, its own defaults filled in.
+    parsed = parse_signed(json.dumps(envelope).encode(), {}, False, "dev-1")
+    assert parsed.build == BuildSpec(precision="int8", device="dla0")
