@@ -2,9 +2,20 @@
 
 from __future__ import annotations
 
-from pydantic import Field
+from typing import Annotated
+
+from pydantic import BeforeValidator, Field
 
 from agent.model_base import StrictModel
+
+
+def _null_is_nan(value: object) -> object:
+    return float("nan") if value is None else value
+
+
+#: A score; JSON has no NaN, so a NaN or infinite score is sent as null and read back as NaN: what a
+#: broken model produces must stay a valid message, or consumers drop exactly the results that show it.
+Score = Annotated[float, BeforeValidator(_null_is_nan)]
 
 
 class ClassScore(StrictModel):
@@ -12,7 +23,7 @@ class ClassScore(StrictModel):
 
     index: int = Field(ge=0)
     label: str
-    score: float
+    score: Score
 
 
 class Detection(StrictModel):
@@ -20,7 +31,7 @@ class Detection(StrictModel):
 
     index: int = Field(ge=0)
     label: str
-    score: float
+    score: Score
     box: tuple[float, float, float, float]
 
 

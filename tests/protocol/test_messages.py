@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 from pydantic import BaseModel
 
@@ -132,3 +134,13 @@ def test_counts_fit_64_bits(model: type[BaseModel], body: bytes, field: str) -> 
 def test_a_telemetry_integer_too_large_for_a_float_is_refused_not_raised() -> None:
     with pytest.raises(ProtocolError, match="'x' must be finite"):
         decode(TelemetryMessage, b'{"ts": 1, "x": 1' + b"0" * 400 + b"}")
+
+
+def test_a_nan_score_is_sent_as_null_and_read_back_as_nan() -> None:
+    """A model gone bad (NaN outputs) still produces valid result messages: they show the breakage."""
+    from agent.protocol.results import ClassScore
+
+    sent = ClassScore(index=0, label="cat", score=float("nan")).model_dump_json()
+    assert '"score":null' in sent
+    back = ClassScore.model_validate_json(sent)
+    assert math.isnan(back.score)
