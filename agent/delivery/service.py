@@ -5,6 +5,11 @@
 MQTT dispatcher thread only parses, decides and hands over. Job statuses go out through the durable
 spool; when a full disk refuses them they are held in memory, in order, until the spool or the link
 takes them. A job that failed ``disk_full`` is retried by the upkeep thread once space returns.
+
+One job, a little over 400 lines: the reconcile decision, the per-slot lanes and the disk_full retry
+share one lock order (reconcile, then the service's lock) that would be easy to break across
+modules; the pieces that stand alone already moved out (deployment, lanes, job records, job ends,
+the status sender).
 """
 
 from __future__ import annotations
