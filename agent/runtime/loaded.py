@@ -158,7 +158,7 @@ class LoadedModel:
         total = sum(e.frames for e in engines)
         rows: list[dict[str, object]] = []
         for i, engine in enumerate(engines):
-            report = engine.source.report or EngineReport(device=engine.source.backend)
+            report = engine.source.report or EngineReport(device=_device_of(engine.source))
             rows.append(
                 {
                     "index": i,
@@ -237,3 +237,10 @@ class LoadedModel:
                 return False
             time.sleep(0.005)
         return True
+
+
+def _device_of(source: ModelSource) -> str:
+    """Where a model that was not built by the agent runs: its first ONNX Runtime provider's device."""
+    first = source.providers[0] if source.providers else "CPUExecutionProvider"
+    name = first if isinstance(first, str) else first[0]
+    return "cpu" if name == "CPUExecutionProvider" else "gpu"
