@@ -126,7 +126,11 @@ EXAMPLES: dict[str, BaseModel] = {
                 ),
                 workers=1,
                 layout="auto: a live or paced stream: one run over every core for the lowest latency",
-                engines=[EngineInfo(index=0, device="cpu", frames=1800, share=1.0)],
+                engines=[
+                    EngineInfo(
+                        index=0, device="cpu", precision="fp32", requested="auto", frames=1800, share=1.0
+                    )
+                ],
             ),
             "aux": SlotInfo(
                 state="empty",
