@@ -36,7 +36,7 @@ from agent.mqtt.link import MqttLink
 from agent.platform import detect_platform, platform_summary
 from agent.postprocess.spec import PostprocessSpec
 from agent.protocol.command_args import CalibrateArgs
-from agent.protocol.messages import BackendInfo, InfoMessage, SlotInfo, TelemetryMessage
+from agent.protocol.messages import BackendInfo, EngineInfo, InfoMessage, SlotInfo, TelemetryMessage
 from agent.protocol.topics import Topics
 from agent.runtime.layout import Layout, slot_layout
 from agent.runtime.models import SlotModels
@@ -181,9 +181,9 @@ class Agent:
         pipeline = self._pipeline(slot)
         return pipeline.last_image if pipeline else None
 
-    def _layout(self, slot: str, model_ms: float | None = None) -> Layout:
+    def _layout(self, slot: str, model_ms: float | None = None, engines: int | None = None) -> Layout:
         streams = [s for s in self.config.streams.values() if s.slot == slot]
-        return slot_layout(self.config.slots[slot], streams, usable_cpus(), model_ms)
+        return slot_layout(self.config.slots[slot], streams, usable_cpus(), model_ms, engines)
 
     def _build_pipelines(self) -> list[SlotPipeline]:
         pipelines = []
@@ -216,7 +216,11 @@ class Agent:
                 # Decided again now that the first model is loaded: its measured run time can keep
                 # a small model on one worker.
                 current = slot.current
-                layout = self._layout(slot_name, current.runner.probe_ms if current is not None else None)
+                layout = self._layout(
+                    slot_name,
+                    current.runner.probe_ms if current is not None else None,
+                    len(current.engines) if current is not None else None,
+                )
                 self.layouts[slot_name] = layout
                 slot.parallel_runs = layout.workers
                 pipelines.append(
@@ -360,6 +364,7 @@ class Agent:
                 **self.delivery.job_fields(name),
                 workers=self.layouts[name].workers,
                 layout=self.layouts[name].reason,
+                engines=[EngineInfo.model_validate(row) for row in model.engine_shares()] if model else None,
             )
         return InfoMessage(
             device_id=self.config.device_id,

@@ -14,7 +14,14 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Literal
 
 from agent.engines.calibration_cache import parse_trt_version
-from agent.engines.spec import BuildPlan, BuildSpec, CalibrationSource, PlanChange, ShapeProfile
+from agent.engines.spec import (
+    BuildPlan,
+    BuildSpec,
+    CalibrationSource,
+    DeviceTarget,
+    PlanChange,
+    ShapeProfile,
+)
 from agent.errors import BuildError
 
 if TYPE_CHECKING:
@@ -329,6 +336,38 @@ def placement_candidates(spec: BuildSpec, facts: PlatformFacts, *, model_static:
     if cores == 0 or spec.precision == "fp32" or shapes_dynamic(spec, model_static):
         return ("gpu",)
     return ("gpu", *(f"dla{core}" for core in range(min(cores, 2))))
+
+
+def engine_devices(
+    spec: BuildSpec, facts: PlatformFacts, *, model_static: bool
+) -> list[tuple[DeviceTarget, str]]:
+    """The devices a slot runs engines on, one engine each, with the reason for each (pure).
+
+    No ``devices``: one engine on ``device`` (its own plan decides where that is). A list: one engine
+    per entry, as given (each entry is planned like ``device``, so a ``dla1`` the platform lacks is
+    planned onto the GPU or CPU and its plan says why). ``auto``: every usable device: each DLA core
+    TensorRT can use for this precision and these shapes, then the GPU (TensorRT, or ONNX Runtime's
+    CUDA/TensorRT provider); the CPU alone only when neither is there.
+    """
+    if spec.devices is None:
+        return [(spec.device, f"build.device {spec.device}: one engine")]
+    if spec.devices != "auto":
+        return [(device, "listed in build.devices") for device in spec.devices]
+    chosen: list[tuple[DeviceTarget, str]] = []
+    trt = facts.tensorrt_version is not None and facts.has_gpu and facts.tensorrt_failure is None
+    if trt:
+        cores, why = _Planner(spec, facts, model_static, model_has_qdq=False)._usable_dla_cores()
+        if cores and spec.precision != "fp32" and not shapes_dynamic(spec, model_static):
+            # Orin has at most two DLA cores; DeviceTarget names dla0 and dla1 only.
+            dlas: tuple[DeviceTarget, ...] = ("dla0", "dla1")
+            chosen.extend((dla, f"{why}; TensorRT runs {spec.precision} there") for dla in dlas[:cores])
+        chosen.append(("gpu", f"TensorRT {facts.tensorrt_version} on the GPU"))
+    elif facts.ort_gpu:
+        chosen.append(("gpu", "ONNX Runtime's GPU provider (TensorRT is not usable here)"))
+    if not chosen:
+        providers = ", ".join(facts.ort_providers) or "none"
+        chosen.append(("cpu", f"no GPU or DLA usable here (ONNX Runtime providers: {providers})"))
+    return chosen
 
 
 def plan_fallback(

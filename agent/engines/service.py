@@ -28,7 +28,7 @@ from agent.engines.guard import agreement, check_int8
 from agent.engines.int8 import quantize_int8
 from agent.engines.model_facts import model_facts
 from agent.engines.placement_choice import CandidateTiming, choose_placement
-from agent.engines.plan import placement_candidates
+from agent.engines.plan import engine_devices, placement_candidates
 from agent.engines.settings import EngineConfig
 from agent.engines.spec import BuildSpec
 from agent.engines.timing import time_runner
@@ -91,6 +91,39 @@ class EngineService:
         artifact = self.builder.build(model, fallback, preprocess=preprocess, progress=say, cancel=cancel)
         effective = {**artifact.effective, "int8_guard": effective["int8_guard"], "fallback_reason": reason}
         return PreparedEngine(artifact, effective)
+
+    def prepare_set(
+        self,
+        slot: str,
+        model: Path,
+        spec: BuildSpec | None,
+        preprocess: PreprocessSpec,
+        *,
+        progress: Progress | None = None,
+        cancel: threading.Event | None = None,
+    ) -> list[PreparedEngine]:
+        """The engines of a slot: one per device of ``spec.devices`` (each its own build and cache
+        entry, as if ``device`` named it), or the one :meth:`prepare` gives when ``devices`` is unset.
+
+        Each engine's effective report carries ``engine_device`` (what the set asked for) and
+        ``engine_reason`` (why that device is in the set). One failed engine fails the set: a slot
+        never serves part of what the operator asked for without saying so.
+        """
+        if spec is None or spec.devices is None:
+            return [self.prepare(slot, model, spec, preprocess, progress=progress, cancel=cancel)]
+        say = progress or (lambda _msg: None)
+        static, _ = model_facts(model)
+        devices = engine_devices(spec, self.builder.facts, model_static=static)
+        say(f"engines: {len(devices)} ({', '.join(d for d, _ in devices)})")
+        prepared: list[PreparedEngine] = []
+        for device, reason in devices:
+            one = self.prepare(slot, model, spec.for_device(device), preprocess, progress=say, cancel=cancel)
+            prepared.append(
+                PreparedEngine(
+                    one.artifact, {**one.effective, "engine_device": device, "engine_reason": reason}
+                )
+            )
+        return prepared
 
     def _placed_build(
         self,

@@ -15,6 +15,10 @@ from agent.model_base import StrictModel
 
 Precision = Literal["fp32", "fp16", "int8", "best"]
 DeviceTarget = Literal["auto", "gpu", "dla0", "dla1", "cpu"]
+#: One engine's device in ``build.devices`` (a slot on several devices at once).
+EngineDevice = Literal["gpu", "dla0", "dla1", "cpu"]
+#: Most engines one slot runs at once (an AGX Orin has three devices; CPU sessions may repeat).
+MAX_ENGINES = 8
 
 
 class ShapeProfile(StrictModel):
@@ -60,6 +64,11 @@ class BuildSpec(StrictModel):
 
     precision: Precision = Field("fp16", description="fp32|fp16|int8|best (best: fastest the device allows).")
     device: DeviceTarget = Field("auto", description="auto|gpu|dla0|dla1|cpu.")
+    devices: list[EngineDevice] | Literal["auto"] | None = Field(
+        None,
+        description="Run the slot on several devices at once, one engine per entry (e.g. [dla0, dla1, gpu]; "
+        "auto: every usable one); each inference worker owns one engine. Unset: one engine on 'device'.",
+    )
     gpu_fallback: bool = Field(True, description="Let layers the DLA cannot run fall back to the GPU.")
     workspace_mb: int = Field(1024, ge=16, description="TensorRT workspace memory pool limit.")
     dla_sram_mb: int | None = Field(None, ge=0, description="DLA managed SRAM pool limit.")
@@ -94,6 +103,19 @@ class BuildSpec(StrictModel):
         description="When a TensorRT build fails on the device: build the ONNX Runtime engine with the best "
         "provider present (onnxruntime), or fail the job (none).",
     )
+
+    @model_validator(mode="after")
+    def _engine_list(self) -> BuildSpec:
+        if isinstance(self.devices, list) and not 1 <= len(self.devices) <= MAX_ENGINES:
+            raise ValueError(
+                f"devices: give 1 to {MAX_ENGINES} devices (e.g. [dla0, dla1, gpu]) or auto, "
+                f"not {len(self.devices)}"
+            )
+        return self
+
+    def for_device(self, device: DeviceTarget) -> BuildSpec:
+        """This request narrowed to one engine of a multi-device slot (``device`` set, no ``devices``)."""
+        return self.model_copy(update={"device": device, "devices": None})
 
 
 Backend = Literal["tensorrt", "onnxruntime"]

@@ -100,6 +100,21 @@ class JobEnd(StrictModel):
     ts: FiniteTime = Field(description="When the job ended, Unix seconds.")
 
 
+class EngineInfo(StrictModel):
+    """One engine of a slot's model (a slot on several devices, ``build.devices``, has one per device)."""
+
+    index: Count = Field(description="Position in the slot's set; worker i runs engine i mod the count.")
+    device: str = Field(description="Where it effectively runs: gpu, dla0, dla1 or cpu.")
+    precision: str | None = Field(None, description="fp32, fp16 or int8 (absent for a model run as given).")
+    dla_layers: Count | None = Field(None, description="Layers TensorRT placed on the DLA (TensorRT only).")
+    gpu_layers: Count | None = Field(
+        None, description="Layers on the GPU, DLA fallbacks included (TensorRT)."
+    )
+    requested: str | None = Field(None, description="The device the build asked for, when it was built.")
+    frames: Count = Field(0, description="Frames this engine inferred since the model went live.")
+    share: float = Field(0.0, ge=0.0, le=1.0, description="Its share of the slot's frames since then.")
+
+
 class SlotInfo(StrictModel):
     """The state of one model slot."""
 
@@ -123,6 +138,9 @@ class SlotInfo(StrictModel):
     )
     workers: Count = Field(1, description="Inference workers running the slot's batches side by side.")
     layout: str | None = Field(None, description="Why that many workers: configured, or the auto rule.")
+    engines: list[EngineInfo] | None = Field(
+        None, description="Each engine of the model it serves (absent while empty), with its measured share."
+    )
 
 
 class InfoMessage(Envelope):

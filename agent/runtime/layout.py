@@ -45,8 +45,12 @@ def inference_layout(
     cpus: int,
     unpaced_only: bool,
     model_ms: float | None = None,
+    engines: int = 1,
 ) -> Layout:
     """Workers for a slot. ``configured`` > 0 wins; 0 is auto.
+
+    A slot on several engines (``build.devices``) runs at least one worker per engine, each worker
+    owning one: fewer would leave a device idle, and that is the point of the set.
 
     Auto gives one worker per core (up to :data:`MAX_AUTO_WORKERS`) only when the slot runs on
     ONNX Runtime's CPU provider alone and every stream feeding it is an unpaced file
@@ -55,6 +59,8 @@ def inference_layout(
     ``model_ms`` (a batch-1 run on one thread, when measured) keeps a small model on one worker: its
     runs are shorter than a frame's decode, so a second worker would only split batches in two.
     """
+    if engines > 1 and configured < engines:
+        return Layout(engines, f"one worker per engine ({engines} engines: build.devices)")
     if configured > 0:
         return Layout(configured, "configured")
     if backend != "onnxruntime":
@@ -89,9 +95,19 @@ def unpaced(stream: StreamConfig) -> bool:
 
 
 def slot_layout(
-    slot: SlotConfig, streams: Sequence[StreamConfig], cpus: int, model_ms: float | None = None
+    slot: SlotConfig,
+    streams: Sequence[StreamConfig],
+    cpus: int,
+    model_ms: float | None = None,
+    engines: int | None = None,
 ) -> Layout:
-    """:func:`inference_layout` for a configured slot and the streams that feed it."""
+    """:func:`inference_layout` for a configured slot and the streams that feed it.
+
+    ``engines``: the engines of the slot's loaded set; unknown (None), the length of a listed
+    ``build.devices`` (``auto`` is known once the set is built)."""
+    if engines is None:
+        devices = slot.build.devices if slot.build is not None else None
+        engines = len(devices) if isinstance(devices, list) else 1
     return inference_layout(
         slot.inference_workers,
         backend=slot.backend,
@@ -99,4 +115,5 @@ def slot_layout(
         cpus=cpus,
         unpaced_only=bool(streams) and all(unpaced(s) for s in streams),
         model_ms=model_ms,
+        engines=engines,
     )

@@ -72,6 +72,34 @@ class ModelSource:
     engine_key: str | None = None
     #: The build request that made the engine (recorded so a restart finds it in the cache again).
     build: BuildSpec | None = None
+    #: What this engine effectively is (device, precision, layers on DLA vs GPU), for status and up/info.
+    report: EngineReport | None = None
+    #: The slot's other engines when it runs on several devices at once (``build.devices``): each is
+    #: loaded as one more :class:`LoadedModel` of the same set, and the set is swapped as one unit.
+    engines: tuple[ModelSource, ...] = ()
+
+
+@dataclass(frozen=True)
+class EngineReport:
+    """One engine of a slot as built: where it runs and at what precision (published per engine)."""
+
+    device: str
+    precision: str | None = None
+    dla_layers: int | None = None
+    gpu_layers: int | None = None
+    #: The build's requested device (``dla1``) when the plan moved it elsewhere (``gpu``, ``cpu``).
+    requested: str | None = None
+
+    def as_dict(self) -> dict[str, object]:
+        """The report as a JSON object, without unknown fields."""
+        fields = {
+            "device": self.device,
+            "precision": self.precision,
+            "dla_layers": self.dla_layers,
+            "gpu_layers": self.gpu_layers,
+            "requested": self.requested,
+        }
+        return {k: v for k, v in fields.items() if v is not None}
 
 
 @dataclass
@@ -80,6 +108,11 @@ class LoadedModel:
 
     The inference stage leases the slot's current model for each batch; a swapped-out model is
     released (its runner closed) when its last lease ends, so in-flight batches finish on it.
+
+    A slot on several devices holds a *set*: this model (the first engine) and its ``peers`` (one
+    per further device). The set shares one identity (``ref``) and one :class:`ModelHealth`, and
+    lifecycle transitions and retirement apply to the whole set, so a swap replaces every engine at
+    once; each inference worker leases one engine of the set (:meth:`engine_for`).
     """
 
     source: ModelSource
@@ -91,6 +124,10 @@ class LoadedModel:
     state: ModelState = ModelState.LOADING
     #: What the frame path saw of this model (probation compares it with the previous model's).
     health: ModelHealth = field(default_factory=ModelHealth)
+    #: The other engines of the set (empty: a slot on one device).
+    peers: tuple[LoadedModel, ...] = ()
+    #: Frames this engine inferred (its share of the slot's frames).
+    frames: int = 0
     _leases: int = 0
     #: Results inferred on this model and not yet published (or dropped) by the publish stage.
     _unpublished: int = 0
@@ -100,9 +137,42 @@ class LoadedModel:
     def preprocess(self) -> PreprocessSpec:
         return self.source.preprocess
 
-    def transition(self, new: ModelState) -> None:
+    @property
+    def engines(self) -> tuple[LoadedModel, ...]:
+        """Every engine of the set, this one first."""
+        return (self, *self.peers)
+
+    def engine_for(self, worker: int) -> LoadedModel:
+        """The engine inference worker ``worker`` runs on: workers are spread over the set in turn."""
+        engines = self.engines
+        return engines[worker % len(engines)]
+
+    def counted(self, frames: int) -> None:
+        """``frames`` more frames ran on this engine (its share, reported per engine)."""
         with self._lock:
-            self._transition_locked(new)
+            self.frames += frames
+
+    def engine_shares(self) -> list[dict[str, object]]:
+        """Per engine of the set: its report, frames inferred and share of the set's frames."""
+        engines = self.engines
+        total = sum(e.frames for e in engines)
+        rows: list[dict[str, object]] = []
+        for i, engine in enumerate(engines):
+            report = engine.source.report or EngineReport(device=_device_of(engine.source))
+            rows.append(
+                {
+                    "index": i,
+                    **report.as_dict(),
+                    "frames": engine.frames,
+                    "share": round(engine.frames / total, 4) if total else 0.0,
+                }
+            )
+        return rows
+
+    def transition(self, new: ModelState) -> None:
+        for engine in self.engines:
+            with engine._lock:
+                engine._transition_locked(new)
 
     def _transition_locked(self, new: ModelState) -> None:
         MODEL_TRANSITIONS.check(self.state, new, who=f"model {self.ref.model_id}")
@@ -125,7 +195,17 @@ class LoadedModel:
             self.runner.close()
 
     def retire(self) -> None:
-        """Stop taking new leases; close once in-flight batches have finished."""
+        """Stop taking new leases; close once in-flight batches have finished (every engine of the set)."""
+        for peer in self.peers:
+            peer._retire_one()
+        self._retire_one()
+
+    def close_all(self) -> None:
+        """Close every engine's runner (a candidate that failed or was discarded, never swapped in)."""
+        for engine in self.engines:
+            engine.runner.close()
+
+    def _retire_one(self) -> None:
         with self._lock:
             if self.state is not ModelState.ACTIVE:
                 return
@@ -152,8 +232,15 @@ class LoadedModel:
         decision" true: the decision is announced only once its last result is out.
         """
         deadline = time.monotonic() + timeout
-        while self._leases > 0 or self._unpublished > 0:
+        while any(e._leases > 0 or e._unpublished > 0 for e in self.engines):
             if time.monotonic() >= deadline:
                 return False
             time.sleep(0.005)
         return True
+
+
+def _device_of(source: ModelSource) -> str:
+    """Where a model that was not built by the agent runs: its first ONNX Runtime provider's device."""
+    first = source.providers[0] if source.providers else "CPUExecutionProvider"
+    name = first if isinstance(first, str) else first[0]
+    return "cpu" if name == "CPUExecutionProvider" else "gpu"

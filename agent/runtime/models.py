@@ -24,14 +24,14 @@ from agent.camera.preprocess_spec import PreprocessSpec
 from agent.config import SlotConfig
 from agent.delivery.commands import NoSuchSlotError
 from agent.delivery.steps import ActivationRequest, BuildOutcome, JobReporter, no_build
-from agent.engines.service import EngineService
+from agent.engines.service import EngineService, PreparedEngine
 from agent.engines.spec import BuildSpec
 from agent.errors import AgentError, BuildError, EngineError
 from agent.fsutil import sha256_file
 from agent.postprocess.spec import PostprocessSpec
 from agent.protocol.command_args import CalibrateArgs
 from agent.runtime.guarded import GuardedSlot, GuardRun, activate_guarded
-from agent.runtime.loaded import LoadedModel, ModelSource
+from agent.runtime.loaded import EngineReport, LoadedModel, ModelSource
 from agent.runtime.probation import ProbationRun
 from agent.runtime.slot import ModelSlot
 from agent.state import ModelRecord, StateFile, record_activation, record_config_model, record_rollback
@@ -94,8 +94,9 @@ class SlotModels:
         self._state_lock = threading.Lock()
         self._configured: dict[str, tuple[ModelSource, BuildSpec | None, str | None]] = {}
         self._deferred_builds: list[tuple[str, ModelSource, BuildSpec]] = []
-        #: Engine cache key and build request of each engine built for a deployment, until activated.
-        self._engine_keys: dict[Path, tuple[str, BuildSpec]] = {}
+        #: Engine cache key, build request and every engine of its set (itself first; several with
+        #: ``build.devices``) of each engine built for a deployment, until activated.
+        self._engine_keys: dict[Path, tuple[str, BuildSpec, list[PreparedEngine]]] = {}
         self._swap_threads: list[threading.Thread] = []
         # One owner per slot: a slot's activations (load + state.json record) never interleave, and
         # nothing but the start-up load touches a slot before that load is over. A deployment resumed
@@ -257,32 +258,25 @@ class SlotModels:
         """``source`` as the engine its build request asks for (built, or found in the cache)."""
         if build is None:
             return source
-        prepared = self.engines.prepare(
+        engines = self.engines.prepare_set(
             name,
             source.path,
             build,
             source.preprocess,
             progress=lambda message: log.info("engine.build.progress", slot=name, message=message),
         )
-        artifact = prepared.artifact
-        log.info(
-            "engine.ready",
-            slot=name,
-            key=artifact.key,
-            cache_hit=artifact.cache_hit,
-            effective=prepared.effective,
-        )
-        return replace(
-            source,
-            path=artifact.engine_path,
-            backend=artifact.backend,
-            providers=tuple(artifact.providers),
-            extra=tuple(artifact.load_extra.items()),
-            sha256=sha256_file(source.path),
-            model_path=source.path,
-            engine_key=artifact.key,
-            build=build,
-        )
+        for prepared in engines:
+            artifact = prepared.artifact
+            log.info(
+                "engine.ready",
+                slot=name,
+                key=artifact.key,
+                cache_hit=artifact.cache_hit,
+                effective=prepared.effective,
+            )
+        base = replace(source, sha256=sha256_file(source.path), model_path=source.path, build=build)
+        first, *rest = (engine_source(base, prepared) for prepared in engines)
+        return replace(first, engines=tuple(rest))
 
     def build_delivered(self, model: Path, spec: BuildSpec | None, reporter: JobReporter) -> BuildOutcome:
         """A deployment's BUILDING step: the manifest's build request, else the slot's configured one."""
@@ -302,15 +296,18 @@ class SlotModels:
             reporter.progress(min(0.95, 1.0 - 0.7**steps))
             log.info("engine.build.progress", slot=slot, message=message)
 
-        prepared = self.engines.prepare(
+        prepared, *more = self.engines.prepare_set(
             slot, model, spec, preprocess, progress=progress, cancel=reporter.cancel
         )
         reporter.progress(1.0)
-        self._engine_keys[prepared.artifact.engine_path] = (prepared.artifact.key, spec)
+        self._engine_keys[prepared.artifact.engine_path] = (prepared.artifact.key, spec, [prepared, *more])
+        effective = prepared.effective
+        if spec.devices is not None:
+            effective = {**effective, "engines": [engine_summary(p.effective) for p in (prepared, *more)]}
         return BuildOutcome(
             engine_path=prepared.artifact.engine_path,
             backend=prepared.artifact.backend,
-            effective=prepared.effective,
+            effective=effective,
             load_extra=prepared.artifact.load_extra,
             providers=prepared.artifact.providers,
         )
@@ -348,7 +345,14 @@ class SlotModels:
             model_path=request.model_path,
             engine_key=built[0] if built else None,
             build=built[1] if built else None,
+            report=None,
+            engines=(),
         )
+        if built is not None:
+            # A set's first engine is the request's; the others were built beside it (build.devices).
+            first, *more = built[2]
+            source = replace(source, report=engine_report(first.effective))
+            source = replace(source, engines=tuple(engine_source(source, p) for p in more))
         guarded = request.guard is not None and (request.shadow is not None or request.probation_s > 0)
         # An empty slot has nothing to compare with and nothing to fall back to: no shadow, no probation.
         if not guarded or current is None:
@@ -389,7 +393,14 @@ class SlotModels:
         """The engine cache's eviction never removes an active or last-known-good engine."""
         with self._state_lock:
             records = [r for s in self.state.slots.values() for r in (s.active, s.last_known_good) if r]
-        self.engines.builder.protect({r.engine_key for r in records if r.engine_key})
+        keys = {r.engine_key for r in records if r.engine_key}
+        # state.json names a set's first engine; the others of the sets now serving are kept too.
+        for slot in self.slots.values():
+            current = slot.current
+            keys.update(
+                e.source.engine_key for e in (current.engines if current else ()) if e.source.engine_key
+            )
+        self.engines.builder.protect(keys)
 
     def protected_models(self) -> set[str]:
         with self._state_lock:
@@ -436,6 +447,42 @@ class SlotModels:
         """state.json as it is now (for the ``status`` command)."""
         with self._state_lock:
             return self.state.model_dump(mode="json")
+
+
+def engine_report(effective: dict[str, Any]) -> EngineReport:
+    """What one built engine effectively is, from its build's effective report (pure)."""
+    device = str(effective.get("device", "cpu"))
+    if device == "dla" and effective.get("dla_core") is not None:
+        device = f"dla{effective['dla_core']}"
+    placement = effective.get("placement") or {}
+    requested = effective.get("engine_device") or (effective.get("requested") or {}).get("device")
+    return EngineReport(
+        device=device,
+        precision=effective.get("precision"),
+        dla_layers=placement.get("dla_layers"),
+        gpu_layers=placement.get("gpu_layers"),
+        requested=str(requested) if requested is not None else None,
+    )
+
+
+def engine_summary(effective: dict[str, Any]) -> dict[str, object]:
+    """One engine of a set as job status lists it in ``effective.engines`` (pure)."""
+    return {**engine_report(effective).as_dict(), "reason": effective.get("engine_reason")}
+
+
+def engine_source(base: ModelSource, prepared: PreparedEngine) -> ModelSource:
+    """``base`` (the slot's model) as one built engine: its file, backend, load options and report."""
+    artifact = prepared.artifact
+    return replace(
+        base,
+        path=artifact.engine_path,
+        backend=artifact.backend,
+        providers=tuple(artifact.providers),
+        extra=tuple(artifact.load_extra.items()),
+        engine_key=artifact.key,
+        report=engine_report(prepared.effective),
+        engines=(),
+    )
 
 
 def _named(record: ModelRecord) -> str:

@@ -200,7 +200,7 @@ class SlotPipeline:
             self._capture_threads.append(t)
         infer = [
             threading.Thread(
-                target=self._infer_loop, args=(calls,), name=f"infer-{self.slot.name}-{i}", daemon=True
+                target=self._infer_loop, args=(calls, i), name=f"infer-{self.slot.name}-{i}", daemon=True
             )
             for i, calls in enumerate(self._infer_calls)
         ]
@@ -341,7 +341,9 @@ class SlotPipeline:
         if model is not None:
             model.health.dropped()
 
-    def _infer_loop(self, calls: CallWatch) -> None:
+    def _infer_loop(self, calls: CallWatch, worker: int = 0) -> None:
+        # A slot on several devices: this worker owns engine ``worker`` (modulo the set's size) of
+        # whatever set is current, so frames go to whichever worker, hence device, is free.
         while True:
             self.heartbeat = time.monotonic()
             with contextlib.ExitStack() as leased:
@@ -351,7 +353,7 @@ class SlotPipeline:
                     batch = self._inbox.take(self._max_batch, timeout=_POLL_S)
                     number = self._taken
                     self._taken += 1 if batch else 0
-                    model = leased.enter_context(self.slot.lease()) if batch else None
+                    model = leased.enter_context(self.slot.lease(worker)) if batch else None
                 if not batch:
                     if self._inbox.drained:
                         break
@@ -415,6 +417,7 @@ class SlotPipeline:
             nan_frames = _nan_frames(outputs, len(chunk)) if model.health.watch_outputs else 0
             model.health.inferred(infer_ms, nan_frames=nan_frames)
             model.results_pending(len(chunk))
+            model.counted(len(chunk))
             for i, work in enumerate(chunk):
                 work.frame = replace(work.frame, image=_RELEASED_IMAGE)
                 work.tensor = _RELEASED_TENSOR

@@ -96,10 +96,11 @@ class ModelSlot:
             self._on_transition(self.name, old, new)
 
     @contextmanager
-    def lease(self) -> Iterator[LoadedModel | None]:
-        """The model to run the next batch on; it stays open until the block ends."""
+    def lease(self, worker: int = 0) -> Iterator[LoadedModel | None]:
+        """The engine inference worker ``worker`` runs its next batch on; it stays open until the
+        block ends. Taken under the slot lock, so it always comes from one set, the current one."""
         with self._lock:
-            model = self._current
+            model = self._current.engine_for(worker) if self._current is not None else None
             if model is not None:
                 model.acquire()
         try:
@@ -136,7 +137,8 @@ class ModelSlot:
             candidate = self._open(source)
             candidate.transition(ModelState.VALIDATING)
             self._transition(SlotState.VALIDATING)
-            validate_candidate(candidate, sample)
+            for engine in candidate.engines:  # every engine of a set must pass before any serves
+                validate_candidate(engine, sample)
         except AgentError as exc:
             self._fail(source, candidate, before, exc)
             raise EngineError(f"slot {self.name}: model {source.path} rejected: {exc}") from exc
@@ -148,7 +150,7 @@ class ModelSlot:
     def discard(self, candidate: LoadedModel) -> None:
         """Drop a candidate that was never swapped in (its shadow run refused it)."""
         candidate.transition(ModelState.FAILED)
-        candidate.runner.close()
+        candidate.close_all()
 
     def swap_in(self, candidate: LoadedModel) -> LoadedModel | None:
         """Swap a validated candidate in and return the previous model, kept loaded (not retired):
@@ -171,6 +173,24 @@ class ModelSlot:
         )
 
     def _open(self, source: ModelSource) -> LoadedModel:
+        """The model of ``source``: one engine, or a set when ``source.engines`` names more devices."""
+        first = self._open_one(source)
+        peers: list[LoadedModel] = []
+        try:
+            for engine_source in source.engines:
+                peer = self._open_one(engine_source, ref=first.ref)
+                # One set, one health record: probation judges the set, not one engine's share.
+                peer.health = first.health
+                peers.append(peer)
+        except BaseException:
+            first.close_all()
+            for peer in peers:
+                peer.runner.close()
+            raise
+        first.peers = tuple(peers)
+        return first
+
+    def _open_one(self, source: ModelSource, ref: ModelRef | None = None) -> LoadedModel:
         options = LoadOptions(
             providers=source.providers,
             intra_op_threads=source.intra_op_threads,
@@ -181,7 +201,7 @@ class ModelSlot:
         try:
             postprocessor = Postprocessor(source.postprocess, base_dir=source.base_dir)  # type: ignore[arg-type]
             input_name = _input_name(runner, source)
-            ref = ModelRef(
+            ref = ref or ModelRef(
                 slot=self.name,
                 model_id=source.model_id,
                 version=source.version,
@@ -203,7 +223,7 @@ class ModelSlot:
             self.empty_reason = f"model {source.path} failed to load: {exc}"
         if candidate is not None:
             candidate.transition(ModelState.FAILED)
-            candidate.runner.close()
+            candidate.close_all()
         self._transition(SlotState.ACTIVE if before is SlotState.ACTIVE else SlotState.EMPTY)
         log.error("slot.load.failed", slot=self.name, error=str(exc))
 
@@ -235,6 +255,7 @@ class ModelSlot:
             "state": self._state.value,
             "model": model.ref.model_dump() if model else None,
             "runner": model.runner.describe() if model else None,
+            "engines": model.engine_shares() if model else [],
             "swaps": self.swaps,
             "failed_loads": self.failed_loads,
             "last_error": self.last_error,

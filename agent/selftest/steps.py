@@ -14,7 +14,7 @@ import os
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -33,7 +33,7 @@ from agent.engines.spec import BuildSpec, CalibrationSource
 from agent.platform import Platform, platform_summary
 from agent.postprocess.spec import ClassificationSpec
 from agent.protocol.messages import ResultMessage
-from agent.runtime.loaded import ModelSource
+from agent.runtime.loaded import EngineReport, ModelSource
 from agent.runtime.pipeline import SlotPipeline, StreamPlan
 from agent.runtime.slot import ModelSlot
 from agent.selftest.step import Passed, Skipped, Step, StepFailure
@@ -50,8 +50,8 @@ from agent.telemetry import DeviceStats, Metrics
 
 #: The bundled model's input size (shapes.MODEL_PATH: [batch, 3, 64, 64], RGB / 255).
 INPUT_SIZE = 64
-#: Why the multi-engine step skips until one slot can run on several devices.
-MULTI_ENGINE_MISSING = "not implemented in this version"
+#: Engines the multi-engine step runs when fewer than two devices are usable: CPU sessions stand in.
+CPU_STAND_INS = 3
 #: Largest drop of free device memory the leak check accepts (allocator noise, not 1 MiB per cycle).
 LEAK_TOLERANCE_BYTES = 8 * 2**20
 
@@ -290,9 +290,95 @@ def compare_step(run: SelfTestRun) -> Passed:
     return Passed(", ".join(parts), data)
 
 
-def multi_engine_step(_run: SelfTestRun) -> Passed:
-    """One slot across every usable device: absent until slots run several engines."""
-    raise Skipped(MULTI_ENGINE_MISSING)
+def _engine_set(run: SelfTestRun) -> tuple[ModelSource, str]:
+    """One engine per usable device (its FP16 engine from the build steps); with fewer than two,
+    :data:`CPU_STAND_INS` ONNX Runtime CPU sessions of the ONNX model stand in for the devices."""
+    common: dict[str, Any] = {
+        "model_id": "shapes",
+        "version": "1",
+        "intra_op_threads": 1,
+        "preprocess": PreprocessSpec(width=INPUT_SIZE, height=INPUT_SIZE),
+        "postprocess": ClassificationSpec(top_k=1),
+    }
+    built = [
+        (target.device, run.engines[(target.device, "fp16")])
+        for target in run.targets
+        if target.usable and (target.device, "fp16") in run.engines
+    ]
+    sources: list[ModelSource]
+    if len(built) >= 2:  # a set needs two devices
+        sources = [
+            ModelSource(
+                path=a.engine_path,
+                backend=a.backend,
+                providers=tuple(a.providers),
+                extra=tuple(a.load_extra.items()),
+                report=EngineReport(device=device, precision=a.plan.precision, requested=device),
+                **common,
+            )
+            for device, a in built
+        ]
+        what = " + ".join(device for device, _ in built)
+    else:
+        sources = [
+            ModelSource(
+                path=run.model,
+                backend="onnxruntime",
+                providers=("CPUExecutionProvider",),
+                report=EngineReport(device="cpu", precision="fp32"),
+                **common,
+            )
+            for _ in range(CPU_STAND_INS)
+        ]
+        what = f"{CPU_STAND_INS} ONNX Runtime CPU sessions standing in (fewer than two devices usable here)"
+    return replace(sources[0], engines=tuple(sources[1:])), what
+
+
+def multi_engine_step(run: SelfTestRun) -> Passed:
+    """One slot across every usable device at once, each inference worker on its own engine: every
+    frame published once, in frame order, and every engine served a share."""
+    frames = run.sizes.stream_frames
+    source, what = _engine_set(run)
+    engines = 1 + len(source.engines)
+    slot = ModelSlot("selftest-multi", parallel_runs=engines)
+    slot.load(source)
+    sink = ResultSink()
+    spec = SyntheticSourceSpec.model_validate({"width": 160, "height": 120, "fps": 0.0, "frames": frames})
+    plan = StreamPlan(
+        name="synthetic",
+        source=VideoSource("synthetic", spec),
+        slot=slot.name,
+        topic="selftest/results/synthetic",
+        policy="process_all",
+        queue_size=2 * engines,
+    )
+    pipeline = SlotPipeline(slot, [plan], sink, Metrics(), max_batch=1, workers=engines)
+    deadline = time.monotonic() + max(30.0, frames / 10.0)
+    pipeline.start()
+    try:
+        while not pipeline.finished and time.monotonic() < deadline:
+            time.sleep(0.05)
+        rows = slot.describe()["engines"]
+    finally:
+        pipeline.stop(time.monotonic() + 5.0)
+        slot.close()
+    return judge_engines([r.frame_index for r in sink.results], frames, rows, what)
+
+
+def judge_engines(indices: list[int], frames: int, rows: list[dict[str, Any]], what: str) -> Passed:
+    """Every frame published once and in order, and every engine of the set inferred some (pure)."""
+    data = {"frames": frames, "published": len(indices), "engines": rows, "set": what}
+    if indices != list(range(frames)):
+        lost = sorted(set(range(frames)) - set(indices))
+        raise StepFailure(
+            f"{len(lost)} frame(s) lost, or results out of frame order, of {frames} (first lost: {lost[:5]})",
+            data,
+        )
+    idle = [f"{r['index']} ({r['device']})" for r in rows if not r["frames"]]
+    if idle:
+        raise StepFailure(f"engine(s) {', '.join(idle)} served no frame", data)
+    shares = ", ".join(f"{r['device']} {100 * r['share']:.0f}%" for r in rows)
+    return Passed(f"{frames} frames in order, 0 lost, on {len(rows)} engines: {shares} ({what})", data)
 
 
 # --------------------------------------------------------------------------- hot-swap

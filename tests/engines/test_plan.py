@@ -11,6 +11,7 @@ import pytest
 
 from agent.engines.plan import (
     PlatformFacts,
+    engine_devices,
     placement_candidates,
     plan_build,
     plan_fallback,
@@ -659,3 +660,55 @@ def test_ort_tensorrt_provider_options_are_planned_only_where_that_provider_buil
             False,
             None,
         )
+
+
+# -- one slot on several devices (build.devices) -------------------------------------------------
+
+ENGINE_DEVICES = [
+    # (facts, spec fields, model static, devices the slot runs engines on)
+    (ORIN_AGX, {"devices": "auto"}, True, ["dla0", "dla1", "gpu"]),
+    (JP5_AGX, {"devices": "auto", "precision": "int8", "calibration": CACHE}, True, ["dla0", "dla1", "gpu"]),
+    (ORIN_NX_1DLA, {"devices": "auto"}, True, ["dla0", "gpu"]),
+    (ORIN_NANO, {"devices": "auto"}, True, ["gpu"]),
+    (THOR_JP7, {"devices": "auto"}, True, ["gpu"]),
+    (TRT11_0, {"devices": "auto"}, True, ["gpu"]),
+    (ORIN_AGX, {"devices": "auto", "precision": "fp32"}, True, ["gpu"]),
+    (ORIN_AGX, {"devices": "auto"}, False, ["gpu"]),  # dynamic shapes, no profile: no DLA
+    (ORT_CUDA, {"devices": "auto"}, True, ["gpu"]),
+    (CPU_ONLY, {"devices": "auto"}, True, ["cpu"]),
+    (CPU_ONLY, {"devices": ["dla0", "dla1", "gpu"]}, True, ["dla0", "dla1", "gpu"]),  # each planned apart
+    (CPU_ONLY, {"devices": ["cpu", "cpu", "cpu"]}, True, ["cpu", "cpu", "cpu"]),
+    (ORIN_AGX, {"device": "dla1"}, True, ["dla1"]),  # no devices: one engine on device
+]
+
+
+@pytest.mark.parametrize(("facts", "fields", "static", "devices"), ENGINE_DEVICES)
+def test_engine_devices(
+    facts: PlatformFacts, fields: dict[str, Any], static: bool, devices: list[str]
+) -> None:
+    chosen = engine_devices(spec(**fields), facts, model_static=static)
+    assert [device for device, _ in chosen] == devices
+    assert all(reason for _, reason in chosen), "every engine's device has a reason"
+
+
+def test_engine_devices_auto_names_why_there_is_no_gpu_or_dla() -> None:
+    [(device, reason)] = engine_devices(spec(devices="auto"), CPU_ONLY, model_static=True)
+    assert device == "cpu"
+    assert "no GPU or DLA usable here" in reason
+
+
+def test_each_engine_of_a_set_is_planned_like_device() -> None:
+    """dla1 on a one-DLA Orin NX is planned onto the GPU, and its plan says why (its own cache key)."""
+    request = spec(devices=["dla0", "dla1"])
+    plans = [
+        plan_build(request.for_device(d), ORIN_NX_1DLA, model_static=True)
+        for d, _ in engine_devices(request, ORIN_NX_1DLA, model_static=True)
+    ]
+    assert [(p.device, p.dla_core) for p in plans] == [("dla", 0), ("gpu", None)]
+    assert "dla1 requested" in plans[1].changes[0].reason
+
+
+@pytest.mark.parametrize("devices", [[], ["gpu"] * 9, ["dla2"], ["auto"]])
+def test_a_bad_devices_list_is_refused_naming_the_field(devices: list[str]) -> None:
+    with pytest.raises(ValueError, match="devices"):
+        BuildSpec.model_validate({"devices": devices})

@@ -62,3 +62,24 @@ def test_degenerate_calibration_is_refused_and_falls_back(tmp_path: Path) -> Non
     assert "below the required" in guard["reason"]
     assert prepared.artifact.plan.precision != "int8"
     assert "fallback_reason" in prepared.effective
+
+
+def test_a_set_of_devices_gives_one_engine_each_with_its_reason(tmp_path: Path) -> None:
+    """build.devices [dla0, dla1, gpu] here (no DLA, no GPU): each is planned apart onto the CPU,
+    says why, and the set has three engines (ONNX Runtime CPU sessions stand in for the devices)."""
+    spec = BuildSpec.model_validate({"precision": "fp16", "devices": ["dla0", "dla1", "gpu"]})
+    service = _service(tmp_path, SlotFrames(np.zeros((1, 64, 64, 3), np.uint8)))
+    prepared = service.prepare_set("cls", MODEL, spec, PreprocessSpec(width=64, height=64))
+    assert [p.effective["engine_device"] for p in prepared] == ["dla0", "dla1", "gpu"]
+    assert [p.effective["device"] for p in prepared] == ["cpu", "cpu", "cpu"]
+    assert all(p.effective["engine_reason"] == "listed in build.devices" for p in prepared)
+    assert [p.effective["requested"]["device"] for p in prepared] == ["dla0", "dla1", "gpu"]
+    # The same plan here, so the same cache entry: built once, then found.
+    assert [p.artifact.cache_hit for p in prepared] == [False, True, True]
+
+
+def test_no_devices_prepares_one_engine(tmp_path: Path) -> None:
+    service = _service(tmp_path, SlotFrames(np.zeros((1, 64, 64, 3), np.uint8)))
+    prepared = service.prepare_set("cls", MODEL, BuildSpec(device="cpu"), PreprocessSpec(width=64, height=64))
+    assert len(prepared) == 1
+    assert "engine_device" not in prepared[0].effective

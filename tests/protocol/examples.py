@@ -8,6 +8,7 @@ from agent.protocol.messages import (
     BackendInfo,
     CommandReply,
     CommandRequest,
+    EngineInfo,
     InfoMessage,
     JobEnd,
     JobState,
@@ -125,6 +126,11 @@ EXAMPLES: dict[str, BaseModel] = {
                 ),
                 workers=1,
                 layout="auto: a live or paced stream: one run over every core for the lowest latency",
+                engines=[
+                    EngineInfo(
+                        index=0, device="cpu", precision="fp32", requested="auto", frames=1800, share=1.0
+                    )
+                ],
             ),
             "aux": SlotInfo(
                 state="empty",

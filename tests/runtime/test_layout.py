@@ -80,3 +80,11 @@ def test_one_live_stream_keeps_the_slot_on_the_latency_layout(tmp_path: Path) ->
     assert slot_layout(slot, [], cpus=4).workers == 1  # no stream: nothing to be fast for
     explicit = SlotConfig(model=tmp_path / "m.onnx", inference_workers=2)
     assert slot_layout(explicit, [stream({"type": "v4l2"})], cpus=4).workers == 2
+
+
+@pytest.mark.parametrize(("configured", "workers"), [(0, 3), (1, 3), (2, 3), (4, 4)])
+def test_a_slot_on_three_engines_runs_at_least_one_worker_per_engine(configured: int, workers: int) -> None:
+    layout = inference_layout(
+        configured, backend="tensorrt", providers=(), cpus=2, unpaced_only=False, engines=3
+    )
+    assert layout.workers == workers

@@ -6,7 +6,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
@@ -21,7 +21,7 @@ from agent.mqtt.link import MqttLink
 from agent.mqtt.settings import MqttSettings
 from agent.postprocess.spec import ClassificationSpec
 from agent.protocol.messages import ResultMessage, decode
-from agent.runtime.loaded import ModelSource
+from agent.runtime.loaded import EngineReport, ModelSource
 from agent.runtime.pipeline import SlotPipeline, StreamPlan
 from agent.runtime.slot import ModelSlot
 from agent.runtime.stage_queue import DropPolicy
@@ -251,3 +251,67 @@ def test_a_swap_while_streaming_loses_no_frame(rig: Rig, models: dict[str, Path]
     assert set(versions[switch:]) == {"2"}
     assert results[0].model.sha256 != results[-1].model.sha256
     assert slot.swaps == 1
+
+
+# -- one slot on several engines (build.devices) -------------------------------------------------
+# Several ONNX Runtime CPU sessions stand in for the devices (DLA0, DLA1, GPU) a Jetson would run:
+# no machine here has them. The path is the daemon's own: one LoadedModel per engine, one inference
+# worker per engine, the ordered outbox, a real link to the session's mosquitto.
+
+#: The devices a Jetson slot would span; each is a CPU session here.
+STAND_INS = ("dla0", "dla1", "gpu")
+
+
+def engine_set(path: Path, version: str = "1") -> ModelSource:
+    """A three-engine source of ``path``: the first engine and two more, each its own CPU session."""
+    sources = [
+        replace(model_source(path, version), report=EngineReport(device="cpu", precision="fp32", requested=d))
+        for d in STAND_INS
+    ]
+    return replace(sources[0], engines=tuple(sources[1:]))
+
+
+def test_a_slot_on_three_engines_publishes_every_frame_once_in_order_and_each_engine_gets_a_share(
+    rig: Rig, models: dict[str, Path], tmp_path: Path
+) -> None:
+    slot = ModelSlot("cls", parallel_runs=3)
+    loaded = slot.load(engine_set(models["slow"]))
+    assert len(loaded.engines) == 3
+    assert len({id(e.runner) for e in loaded.engines}) == 3, "each engine is its own session"
+    video = write_demo_video(tmp_path / "clip.avi", frames=60, size=(96, 72), fps=30.0)
+    spec = make(FileSourceSpec, path=video, loop=False, realtime=False)
+    pipeline = rig.start(slot, {"clip": (spec, "process_all")}, max_batch=1, queue_size=6, workers=3)
+    wait_until(lambda: pipeline.finished, timeout=60.0, what="three engines to drain the file")
+    rig.probe.wait_for(lambda _ms: len(rig.results("clip")) >= 60, timeout=10)
+    assert [r.frame_index for r in rig.results("clip")] == list(range(60))
+    rows = slot.describe()["engines"]
+    assert [row["requested"] for row in rows] == list(STAND_INS)
+    assert sum(row["frames"] for row in rows) == 60
+    assert all(row["frames"] > 0 for row in rows), f"an engine got no frames: {rows}"
+    assert abs(sum(row["share"] for row in rows) - 1.0) < 1e-3
+
+
+def test_a_hot_swap_of_a_three_engine_slot_loses_no_frame_and_never_mixes_versions(
+    rig: Rig, models: dict[str, Path]
+) -> None:
+    slot = ModelSlot("cls", parallel_runs=3)
+    old = slot.load(engine_set(models["v1"]))
+    pipeline = rig.start(slot, {"cam": (synthetic(240, fps=100.0), "process_all")}, queue_size=2, workers=3)
+    rig.probe.wait_for(lambda _ms: len(rig.results("cam")) >= 30, timeout=20)
+    swapper = threading.Thread(target=slot.load, args=(engine_set(models["v2"], "2"),))
+    swapper.start()
+    swapper.join(20)
+    wait_until(lambda: pipeline.finished, timeout=30.0, what="the stream to end")
+    rig.probe.wait_for(lambda _ms: len(rig.results("cam")) >= 240, timeout=10)
+    results = rig.results("cam")
+    assert [r.frame_index for r in results] == list(range(240)), "a frame index is missing or repeated"
+    versions = [r.model.version for r in results]
+    switch = versions.index("2")
+    assert 0 < switch < 240
+    assert set(versions[:switch]) == {"1"}
+    assert set(versions[switch:]) == {"2"}, "an old-version result came after the first new one"
+    # The whole old set went out together: every engine of it drained and closed.
+    assert {e.state.value for e in old.engines} == {"released"}
+    new = slot.current
+    assert new is not None
+    assert sum(e.frames for e in new.engines) == 240 - switch

@@ -3,7 +3,9 @@ Jetson sysfs tree, the step runner's pass/fail/skip outcomes."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -11,7 +13,7 @@ from agent.errors import EngineError
 from agent.platform import Platform
 from agent.protocol.messages import ModelRef, ResultMessage
 from agent.selftest.step import Passed, Skipped, Step, StepFailure, run_step
-from agent.selftest.steps import _judge_swap, telemetry_step
+from agent.selftest.steps import _judge_swap, judge_engines, telemetry_step
 
 
 def result(index: int, version: str) -> ResultMessage:
@@ -110,3 +112,29 @@ def test_run_step_turns_skips_failures_and_crashes_into_lines() -> None:
     ]
     ok = run_step(Step("d", 0.0, "p", lambda _: Passed("fine", {"n": 1})), None)
     assert (ok.status, ok.data, ok.over_budget) == ("pass", {"n": 1}, True)
+
+
+def _rows(*frames: int) -> list[dict[str, Any]]:
+    total = sum(frames)
+    return [
+        {"index": i, "device": d, "frames": n, "share": n / total}
+        for i, (d, n) in enumerate(zip(("dla0", "dla1", "gpu"), frames, strict=False))
+    ]
+
+
+def test_judge_engines_passes_every_frame_in_order_with_every_engine_serving() -> None:
+    passed = judge_engines(list(range(10)), 10, _rows(3, 3, 4), "dla0 + dla1 + gpu")
+    assert "on 3 engines: dla0 30%, dla1 30%, gpu 40%" in passed.detail
+
+
+@pytest.mark.parametrize(
+    ("indices", "rows", "why"),
+    [
+        ([0, 1, 2, 4, 5, 6, 7, 8, 9], _rows(3, 3, 3), "1 frame(s) lost"),
+        ([1, 0, 2, 3, 4, 5, 6, 7, 8, 9], _rows(3, 3, 4), "out of frame order"),
+        (list(range(10)), _rows(5, 0, 5), "engine(s) 1 (dla1) served no frame"),
+    ],
+)
+def test_judge_engines_fails(indices: list[int], rows: list[dict[str, Any]], why: str) -> None:
+    with pytest.raises(StepFailure, match=re.escape(why)):
+        judge_engines(indices, 10, rows, "set")
