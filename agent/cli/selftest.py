@@ -90,8 +90,9 @@ def _run(work_dir: Path, quick: bool) -> tuple[list[StepResult], float]:
     from agent.engines.settings import EngineConfig
     from agent.platform import detect_platform
     from agent.selftest.report import step_line
+    from agent.selftest.run import FULL, QUICK, SelfTestRun
     from agent.selftest.step import run_steps
-    from agent.selftest.steps import FULL, QUICK, SelfTestRun, all_steps
+    from agent.selftest.steps import all_steps
 
     started = time.monotonic()
     platform = detect_platform()

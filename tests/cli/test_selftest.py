@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from agent.platform import detect_platform
-from agent.selftest.steps import CPU_STAND_INS
+from agent.selftest.run import CPU_STAND_INS
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -12,8 +12,9 @@ import pytest
 from agent.errors import EngineError
 from agent.platform import Platform
 from agent.protocol.messages import ModelRef, ResultMessage
+from agent.selftest.device_steps import telemetry_step
+from agent.selftest.runtime_steps import _judge_swap, judge_engines
 from agent.selftest.step import Passed, Skipped, Step, StepFailure, run_step
-from agent.selftest.steps import _judge_swap, judge_engines, telemetry_step
 
 
 def result(index: int, version: str) -> ResultMessage:
