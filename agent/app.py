@@ -40,8 +40,9 @@ from agent.protocol.messages import BackendInfo, EngineInfo, InfoMessage, SlotIn
 from agent.protocol.topics import Topics
 from agent.runtime.layout import Layout, slot_layout
 from agent.runtime.models import SlotModels
-from agent.runtime.pipeline import SlotPipeline, StreamPlan
+from agent.runtime.pipeline import SlotPipeline
 from agent.runtime.slot import ModelSlot, SlotState
+from agent.runtime.stage_items import StreamPlan
 from agent.spool import Spool
 from agent.state import StateFile
 from agent.store import ModelStore

@@ -5,33 +5,33 @@ and preprocess (cv2 and numpy release the GIL, so this overlaps with inference);
 inference workers (one, or one per core: :mod:`agent.runtime.layout`) lease ``slot`` per batch,
 which is what makes a hot-swap a reference swap; one publish thread per slot postprocesses and
 publishes, in the order batches were taken (:mod:`agent.runtime.outbox`). Shutdown drains front
-to back: captures stop, the workers empty the inbox, the publisher empties the outbox."""
+to back: captures stop, the workers empty the inbox, the publisher empties the outbox.
+
+One job (the stages and their threads), a little over 400 lines: the call tracking the watchdog
+reads, the health hooks probation reads and the per-engine leases are each a few lines inside the
+stage loops they watch; what travels between the stages is in :mod:`agent.runtime.stage_items`."""
 
 from __future__ import annotations
 
 import contextlib
 import threading
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
-from typing import Any, Literal, Protocol
+from dataclasses import replace
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 import structlog
-from pydantic import BaseModel
 
-from agent.camera.frame import Frame
-from agent.camera.preprocess import Letterbox, preprocess
-from agent.camera.preprocess_spec import PreprocessSpec
-from agent.camera.source import VideoSource
+from agent.camera.preprocess import preprocess
 from agent.errors import AgentError
 from agent.liveness import CallWatch
 from agent.protocol.messages import ResultMessage
 from agent.runtime.loaded import LoadedModel
 from agent.runtime.outbox import OrderedOutbox
 from agent.runtime.slot import ModelSlot
-from agent.runtime.stage_queue import DropPolicy, SlotInbox
+from agent.runtime.stage_items import FrameTap, InferredItem, Publisher, StreamMetrics, StreamPlan, WorkItem
+from agent.runtime.stage_queue import SlotInbox
 from agent.telemetry import Metrics
 
 log = structlog.get_logger(__name__)
@@ -43,103 +43,6 @@ _PUBLISH_BATCH = 32
 #: holding them while results wait for the spool is what made memory grow (issue 8).
 _RELEASED_IMAGE: npt.NDArray[np.uint8] = np.zeros((0, 0, 3), np.uint8)
 _RELEASED_TENSOR: npt.NDArray[Any] = np.zeros((0,), np.float32)
-
-
-class Publisher(Protocol):
-    """What the pipeline needs of the MQTT link."""
-
-    def publish(
-        self,
-        topic: str,
-        payload: bytes | BaseModel,
-        *,
-        qos: int = 0,
-        retain: bool = False,
-        durable: bool = False,
-    ) -> None: ...
-
-    def publish_durable(
-        self, messages: Sequence[tuple[str, bytes | BaseModel]], *, kind: Literal["state", "result"]
-    ) -> list[str | None]: ...
-
-
-@dataclass(frozen=True)
-class StreamPlan:
-    """A stream as the pipeline runs it."""
-
-    name: str
-    source: VideoSource
-    slot: str
-    topic: str
-    policy: DropPolicy
-    queue_size: int = 4
-    fps_limit: float | None = None
-    qos: int = 0
-    durable: bool = False
-
-
-class StreamMetrics:
-    """A stream's metric handles, looked up once: the frame path never formats a metric name."""
-
-    def __init__(self, metrics: Metrics, stream: str) -> None:
-        prefix = f"stream.{stream}"
-        self.captured = metrics.counter(f"{prefix}.frames_captured")
-        self.inferred = metrics.counter(f"{prefix}.frames_inferred")
-        self.published = metrics.counter(f"{prefix}.frames_published")
-        self.dropped = {
-            reason: metrics.counter(f"{prefix}.dropped.{reason}")
-            for reason in ("fps_limit", "no_model", "shutdown", "queue_full", "infer_error", "publish_error")
-        }
-        self.preprocess = metrics.histogram(f"{prefix}.latency.preprocess")
-        self.postprocess = metrics.histogram(f"{prefix}.latency.postprocess")
-        self.queue = metrics.histogram(f"{prefix}.latency.queue")
-        self.total = metrics.histogram(f"{prefix}.latency.total")
-
-
-class FrameTap:
-    """Collects copies of every ``every``-th frame until it has ``n``."""
-
-    def __init__(self, n: int, every: int) -> None:
-        self.n = n
-        self.every = max(1, every)
-        self.frames: list[npt.NDArray[np.uint8]] = []
-        self.done = threading.Event()
-        self._seen = 0
-
-    def offer(self, image: npt.NDArray[np.uint8]) -> None:
-        if self.done.is_set():
-            return
-        self._seen += 1
-        if (self._seen - 1) % self.every == 0:
-            self.frames.append(image.copy())
-            if len(self.frames) >= self.n:
-                self.done.set()
-
-
-@dataclass(slots=True)
-class WorkItem:
-    """A preprocessed frame on its way to inference."""
-
-    frame: Frame
-    tensor: npt.NDArray[Any]
-    letterbox: Letterbox
-    spec: PreprocessSpec
-    plan: StreamPlan
-    pre_ms: float
-    queued_mono: float = 0.0
-
-
-@dataclass(slots=True)
-class InferredItem:
-    """A frame's outputs (batch axis removed) and the model that produced them."""
-
-    work: WorkItem
-    outputs: dict[str, npt.NDArray[Any]]
-    model: LoadedModel
-    queue_ms: float
-    infer_ms: float
-    batch: int
-    extra: dict[str, float] = field(default_factory=dict)
 
 
 class SlotPipeline:

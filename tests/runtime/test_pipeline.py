@@ -22,8 +22,9 @@ from agent.mqtt.settings import MqttSettings
 from agent.postprocess.spec import ClassificationSpec
 from agent.protocol.messages import ResultMessage, decode
 from agent.runtime.loaded import EngineReport, ModelSource
-from agent.runtime.pipeline import SlotPipeline, StreamPlan
+from agent.runtime.pipeline import SlotPipeline
 from agent.runtime.slot import ModelSlot
+from agent.runtime.stage_items import StreamPlan
 from agent.runtime.stage_queue import DropPolicy
 from agent.spool import Spool
 from agent.telemetry import Metrics
