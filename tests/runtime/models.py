@@ -208,3 +208,34 @@ def write_squeezed_activation_scales(src: Path, dst: Path, *, factor: float = 0.
     if not squeezed:
         raise ValueError(f"{src} has no QuantizeLinear activation scale to perturb: is it a Q/DQ model?")
     return _finish(model, dst)
+
+
+def _rewire(src: Path, output: str) -> tuple[onnx.ModelProto, str]:
+    """``src`` loaded with its ``output`` renamed, so new nodes can compute ``output`` from it."""
+    model = onnx.load_model(str(src))
+    renamed = f"{output}_src"
+    for node in model.graph.node:
+        node.output[:] = [renamed if name == output else name for name in node.output]
+    return model, renamed
+
+
+def write_detector_classes_rolled(src: Path, dst: Path, *, classes: int = 3) -> Path:
+    """A yolov8-layout detector (``output0`` ``[batch, 4 + classes, n]``) with its class rows moved one
+    place: the same boxes, each with another class (a mislabeled export)."""
+    model, out = _rewire(src, "output0")
+    rows = np.concatenate([np.arange(4), 4 + np.roll(np.arange(classes), 1)]).astype(np.int64)
+    model.graph.initializer.append(numpy_helper.from_array(rows, "rolled_rows"))
+    model.graph.node.append(helper.make_node("Gather", [out, "rolled_rows"], ["output0"], axis=1))
+    return _finish(model, dst)
+
+
+def write_detector_boxes_moved(src: Path, dst: Path, *, shift: float, classes: int = 3) -> Path:
+    """A yolov8-layout detector whose box centres are moved ``shift`` pixels right: the same classes
+    and scores, boxes in the wrong place (no overlap with the originals once ``shift`` exceeds the
+    widest box)."""
+    model, out = _rewire(src, "output0")
+    offset = np.zeros((1, 4 + classes, 1), np.float32)
+    offset[0, 0, 0] = shift
+    model.graph.initializer.append(numpy_helper.from_array(offset, "moved_offset"))
+    model.graph.node.append(helper.make_node("Add", [out, "moved_offset"], ["output0"]))
+    return _finish(model, dst)

@@ -8,6 +8,7 @@ the runtime tells it.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 import time
@@ -18,11 +19,14 @@ import cv2
 import numpy as np
 import pytest
 
+from agent.camera.preprocess_spec import PreprocessSpec
 from agent.camera.source_spec import FileSourceSpec
+from agent.datasets.shapes import generate
 from agent.delivery.errors import JobCancelledError, RolledBackError, ShadowRejectedError
 from agent.delivery.guard import ProbationSpec, ShadowSpec
 from agent.delivery.steps import ActivationRequest, GuardReporter
-from agent.modelzoo import write_classifier
+from agent.modelzoo import write_classifier, write_detector
+from agent.postprocess.spec import DetectionSpec
 from agent.protocol.messages import JobState, ProbationFigures, ShadowFigures
 from agent.runtime.guarded import GuardedSlot, GuardRun, activate_guarded
 from agent.runtime.loaded import LoadedModel, ModelSource
@@ -30,7 +34,13 @@ from agent.runtime.pipeline import SlotPipeline
 from agent.runtime.probation import ProbationRun
 from agent.runtime.slot import ModelSlot
 from tests.camera.specs import make
-from tests.runtime.models import write_nan_when_bright, write_slower, write_swapped_classes
+from tests.runtime.models import (
+    write_detector_boxes_moved,
+    write_detector_classes_rolled,
+    write_nan_when_bright,
+    write_slower,
+    write_swapped_classes,
+)
 from tests.runtime.test_pipeline import Rig, model_source, rig, synthetic  # noqa: F401 (rig: a fixture)
 from tests.waiting import wait_until
 
@@ -295,3 +305,86 @@ def test_a_cancelled_job_during_probation_swaps_back_and_commits_nothing(
     assert target.slot.current is not None
     assert target.slot.current.ref.version == "1"
     assert not target.committed
+
+
+DETECTOR_SIZE = 64
+
+
+@pytest.fixture(scope="module")
+def detectors(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The model zoo's detector, its exact re-export, and two bad exports of it."""
+    root = tmp_path_factory.mktemp("guarded-detectors")
+    v1 = write_detector(root / "det-v1.onnx", input_size=DETECTOR_SIZE, num_classes=3, seed=3)
+    again = root / "det-v1-again.onnx"
+    again.write_bytes(v1.read_bytes())
+    return {
+        "v1": v1,
+        "again": again,
+        "classes_rolled": write_detector_classes_rolled(v1, root / "det-rolled.onnx"),
+        # Boxes are at most DETECTOR_SIZE / 4 wide: half the input clears every one of them.
+        "boxes_moved": write_detector_boxes_moved(v1, root / "det-moved.onnx", shift=DETECTOR_SIZE / 2),
+    }
+
+
+@pytest.fixture(scope="module")
+def shapes_video(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """60 generated shape images (cluttered backgrounds: the detector finds boxes on every one) at 30 fps."""
+    path = tmp_path_factory.mktemp("guarded-shapes") / "shapes.avi"
+    images, _labels = generate(60, seed=123, size=DETECTOR_SIZE)
+    writer = cv2.VideoWriter(str(path), cv2.VideoWriter.fourcc(*"MJPG"), 30.0, (DETECTOR_SIZE, DETECTOR_SIZE))
+    for image in images:
+        writer.write(image)
+    writer.release()
+    return path
+
+
+def detector_source(path: Path, version: str) -> ModelSource:
+    return dataclasses.replace(
+        model_source(path, version),
+        preprocess=PreprocessSpec(width=DETECTOR_SIZE, height=DETECTOR_SIZE),
+        postprocess=DetectionSpec(format="yolov8", conf_threshold=0.1),
+    )
+
+
+@pytest.mark.parametrize("bad", ["classes_rolled", "boxes_moved"])
+def test_a_detector_with_moved_boxes_or_swapped_classes_is_rejected_in_shadow_and_its_reexport_passes(
+    rig: Rig,  # noqa: F811
+    detectors: dict[str, Path],
+    shapes_video: Path,
+    bad: str,
+) -> None:
+    """Shadow with a real detector: agreement is the F1 of boxes matched by class at IoU >= 0.5."""
+    slot = ModelSlot("s")
+    slot.load(detector_source(detectors["v1"], "1"))
+    video = make(FileSourceSpec, path=shapes_video, loop=True, realtime=True)
+    pipeline = rig.start(slot, {"cam0": (video, "process_all")})
+    wait_until(lambda: pipeline.last_image is not None, timeout=20.0, what="live frames")
+    target = Target(slot, pipeline)
+    wait_until(lambda: len(results(rig)) >= 5, timeout=20.0, what="detector results")
+    served = [json.loads(m.payload) for m in rig.probe.on_topic(rig.topic("cam0"))]
+    # Frames without a box on either side agree (F1 of nothing against nothing is 1): a test of
+    # disagreement needs boxes on every frame.
+    assert all(r["detections"] for r in served), "a frame without a box: the shadow would compare nothing"
+
+    job = JobSide()
+    req, _ = request(detectors[bad], shadow=ShadowSpec(frames=10, min_agreement=0.7), job=job)
+    with pytest.raises(ShadowRejectedError) as caught:
+        activate_guarded(target.guarded(), req, detector_source(detectors[bad], "2"))
+    assert caught.value.code == "shadow_disagrees"
+    rejected = job.shadow[-1]
+    assert rejected.agreement is not None
+    assert rejected.agreement < 0.5, rejected  # measured: 0.0 (classes), 0.14 (boxes)
+    assert slot.current is not None
+    assert slot.current.ref.version == "1"
+
+    job = JobSide()
+    req, _ = request(detectors["again"], shadow=ShadowSpec(frames=10, min_agreement=0.7), job=job)
+    activate_guarded(target.guarded(), req, detector_source(detectors["again"], "3"))
+    passed = job.shadow[-1]
+    assert passed.agreement == 1.0, passed
+    assert slot.current is not None
+    assert slot.current.ref.version == "3"
+    time.sleep(0.3)
+    found = results(rig)
+    assert_no_gap(found)
+    assert "2" not in {r.version for r in found}
