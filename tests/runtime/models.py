@@ -110,9 +110,14 @@ def write_checker_failure(path: Path, *, size: int = 64, classes: int = 10) -> P
 def _rewire_scores(src: Path, dst: Path) -> tuple[onnx.ModelProto, str]:
     """``src`` loaded with its ``scores`` output renamed, so new nodes can compute ``scores`` from it."""
     model = onnx.load_model(str(src))
+    # A model already rewired once (bad models compose: slow and late-NaN) has a scores_src.
+    taken = {name for node in model.graph.node for name in node.output}
+    renamed = "scores_src"
+    while renamed in taken:
+        renamed += "_"
     for node in model.graph.node:
-        node.output[:] = ["scores_src" if name == "scores" else name for name in node.output]
-    return model, "scores_src"
+        node.output[:] = [renamed if name == "scores" else name for name in node.output]
+    return model, renamed
 
 
 def _finish(model: onnx.ModelProto, dst: Path) -> Path:

@@ -57,6 +57,15 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "swapped": write_swapped_classes(v1, root / "swapped.onnx"),
         "slow": write_slower(v1, root / "slow.onnx"),
         "late_nan": write_nan_when_bright(v1, root / "late-nan.onnx"),
+        # About 4 GFLOP a frame (some 100 ms here): slower than the 25 fps video, so a backlog forms
+        # and the inference thread is nearly always inside one of its batches. NaN from a mean pixel
+        # of 0.3 (frame 40 of the brightening video) keeps the slow part of the test short.
+        "slow_late_nan": write_slower(
+            write_nan_when_bright(v1, root / "late-nan-2.onnx", threshold=0.3),
+            root / "slow-late-nan.onnx",
+            dim=640,
+            repeats=8,
+        ),
     }
 
 
@@ -106,10 +115,10 @@ class Target:
         )
 
 
-def start(rig: Rig, v1: Path, spec: object, name: str = "cam0") -> Target:  # noqa: F811 (rig)
+def start(rig: Rig, v1: Path, spec: object, name: str = "cam0", max_batch: int = 4) -> Target:  # noqa: F811 (rig)
     slot = ModelSlot("s")
     slot.load(model_source(v1, "1"))
-    pipeline = rig.start(slot, {name: (spec, "process_all")})
+    pipeline = rig.start(slot, {name: (spec, "process_all")}, max_batch=max_batch)
     wait_until(lambda: pipeline.last_image is not None, timeout=20.0, what="live frames")
     return Target(slot, pipeline)
 
@@ -259,6 +268,39 @@ def test_a_model_that_turns_nan_after_n_frames_is_swapped_back_in_probation_with
     after = [r for r in found if r.published_at > decided]
     assert after
     assert {r.version for r in after} == {"1"}
+
+
+def test_a_slow_model_rolled_back_in_probation_publishes_its_in_flight_batch_before_the_decision(
+    rig: Rig,  # noqa: F811
+    models: dict[str, Path],
+    brightening_video: Path,
+) -> None:
+    """The drain: a batch of the rejected model is in flight when the slot swaps back (the model is
+    slower than the camera, so the inference thread is nearly always inside one). The job may end only
+    once that batch's results are out; otherwise they would reach MQTT after the decision, results of
+    a model the operator was told is gone. Fails with ``candidate.wait_idle`` removed from
+    :func:`activate_guarded`."""
+    # One frame a batch: with a backlog, every instant is inside some batch of the slow model.
+    video = make(FileSourceSpec, path=brightening_video, loop=False, realtime=True)
+    target = start(rig, models["v1"], video, max_batch=1)
+    job = JobSide()
+    req, source = request(models["slow_late_nan"], probation_s=60.0, job=job)
+    with pytest.raises(RolledBackError) as caught:
+        activate_guarded(target.guarded(), req, source)
+    decided = time.time()
+    assert caught.value.code == "unhealthy"
+    serving = target.slot.current
+    assert serving is not None
+    assert serving.ref.version == "1"
+    wait_until(lambda: target.pipeline.finished, timeout=60.0, what="the video to end")
+    found = results(rig)
+    assert len(found) == 150
+    assert_no_gap(found)
+    versions = [r.version for r in found]
+    last_rejected = max(i for i, v in enumerate(versions) if v == "2")
+    assert set(versions[last_rejected + 1 :]) == {"1"}  # one switch back, never again
+    late = [r for r in found if r.version == "2" and r.published_at > decided]
+    assert late == [], f"{len(late)} results of the rejected model published after the decision"
 
 
 def test_a_rollback_command_during_probation_ends_it_at_once(
