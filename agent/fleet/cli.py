@@ -23,6 +23,7 @@ from agent.engines.spec import BuildSpec
 from agent.errors import UsageError
 from agent.fleet.connection import add_broker_arguments, settings_from_args
 from agent.fleet.deploy import DEFAULT_STATUS_POLL_S
+from agent.fleet.deploy_plan import DEFAULT_PROBATION_S
 from agent.fleet.untrusted import shown
 from agent.logs import configure_logging
 from agent.postprocess.spec import ClassificationSpec, DetectionSpec, PostprocessSpec
@@ -92,7 +93,11 @@ def add_fleet_arguments(parser: argparse.ArgumentParser) -> None:
         help='shadow comparison before the swap: ShadowSpec JSON (or @file); "{}" for the defaults',
     )
     deploy.add_argument(
-        "--probation-s", type=float, default=None, help="seconds of probation after the swap (0: none)"
+        "--probation-s",
+        type=float,
+        default=DEFAULT_PROBATION_S,
+        help=f"seconds of probation after the swap (default {DEFAULT_PROBATION_S:g}; 0: none, and the "
+        "manifest leaves the field out, as older agents need)",
     )
     deploy.add_argument(
         "--probation-json", default=None, help="probation health bars: ProbationSpec JSON (or @file)"
@@ -293,6 +298,19 @@ def build_spec_from_args(args: argparse.Namespace) -> BuildSpec | None:
     return BuildSpec.model_validate(values)
 
 
+def probation_s_from_arg(value: float) -> float | None:
+    """The manifest's ``probation_s`` for ``--probation-s`` (pure): 0 leaves the field out.
+
+    The 60 s default lives here, where operators create manifests, not in the manifest model: a
+    manifest without the field keeps meaning "no probation" for older manifests and agents. A 0
+    leaves the field out rather than sending 0, so an agent that predates probation (it refuses
+    unknown manifest keys) still accepts the deploy.
+    """
+    if not 0 <= value <= 86_400:
+        raise UsageError("--probation-s must be between 0 and 86400 seconds")
+    return value or None
+
+
 def _deploy(args: argparse.Namespace) -> int:
     from agent.fleet.deploy import FleetDeploy
     from agent.fleet.deploy_plan import DeployPlan, parse_devices
@@ -317,8 +335,7 @@ def _deploy(args: argparse.Namespace) -> int:
             ) from exc
     shadow = _spec_arg(ShadowSpec, args.shadow_json, "--shadow-json")
     probation = _spec_arg(ProbationSpec, args.probation_json, "--probation-json")
-    if args.probation_s is not None and not 0 <= args.probation_s <= 86_400:
-        raise UsageError("--probation-s must be between 0 and 86400 seconds")
+    probation_s = probation_s_from_arg(args.probation_s)
     plan = DeployPlan(
         model=args.model,
         devices=parse_devices(args.device),
@@ -331,7 +348,7 @@ def _deploy(args: argparse.Namespace) -> int:
         postprocess=postprocess_from_args(args.postprocess_json, args.labels),
         http_url=args.http_url,
         shadow=shadow,
-        probation_s=args.probation_s,
+        probation_s=probation_s,
         probation=probation,
     )
     settings = settings_from_args(args)

@@ -17,6 +17,11 @@ from agent.delivery.manifest import DEFAULT_CHUNK_SIZE
 from agent.engines.spec import BuildSpec
 from agent.postprocess.spec import PostprocessSpec
 
+#: Seconds of probation ``fleet deploy`` asks for unless ``--probation-s`` says otherwise. The
+#: default is the operator tool's, not the manifest's: a manifest without ``probation_s`` keeps
+#: meaning "no probation" (older manifests, older agents), and a DeployPlan keeps None.
+DEFAULT_PROBATION_S = 60.0
+
 _JOB_ID_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 
 

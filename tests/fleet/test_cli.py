@@ -212,3 +212,45 @@ def test_shadow_and_probation_flag_mistakes_name_the_flag(
         assert main(argv) == 1, argv
         line = _one_error_line(capsys)
         assert line.startswith(start), (argv, line)
+
+
+def _manifest_sent(tmp_path: Path, broker: Broker, *flags: str) -> dict[str, object]:
+    """The manifest ``fleet deploy ... FLAGS`` publishes, read by a probe playing the device (which
+    then refuses it, so the deploy ends at once)."""
+    prefix = unique_prefix()
+    model = tiny_model(tmp_path / "net.onnx")
+    sent: list[dict[str, object]] = []
+    with Probe(broker.host, broker.port) as device:
+        announce(device, prefix, "jet-1")
+        device.subscribe(f"{prefix}/jet-1/down/desired/cls")
+
+        def refuse() -> None:
+            message = device.wait_for(bool, timeout=20)[0]
+            manifest = json.loads(json.loads(message.payload)["manifest"])
+            sent.append(manifest)
+            status = JobStatus(job_id=manifest["job_id"], slot="cls", state=JobState.REJECTED, error_code="x")
+            device.publish(Topics(prefix, "jet-1").jobs(manifest["job_id"]), encode(status))
+
+        thread = threading.Thread(target=refuse, daemon=True)
+        thread.start()
+        main(
+            [
+                "fleet", "deploy", str(model), "--device", "jet-1", "--slot", "cls", "--version", "3",
+                "--unsigned", "--timeout", "20", "--broker", f"{broker.host}:{broker.port}",
+                "--prefix", prefix, *flags,
+            ]
+        )  # fmt: skip
+        thread.join(5)
+    assert len(sent) == 1
+    return sent[0]
+
+
+def test_deploy_asks_for_60_s_of_probation_unless_told_and_0_leaves_the_field_out(
+    tmp_path: Path, broker: Broker
+) -> None:
+    """The manifest model keeps "absent: no probation" (older manifests and agents); the operator
+    tool is where the issue's 60 s default lives."""
+    assert _manifest_sent(tmp_path, broker)["probation_s"] == 60.0
+    assert _manifest_sent(tmp_path, broker, "--probation-s", "5")["probation_s"] == 5.0
+    # 0 skips it by leaving the key out: an agent that predates probation refuses unknown keys.
+    assert "probation_s" not in _manifest_sent(tmp_path, broker, "--probation-s", "0")

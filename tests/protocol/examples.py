@@ -254,6 +254,7 @@ def _delivery_examples() -> dict[str, BaseModel]:
         preprocess=PreprocessSpec(width=224, height=224),
         postprocess=ClassificationSpec(top_k=3, labels=["cat", "dog", "bird"]),
         created_at=TS,
+        probation_s=60.0,  # what `fleet deploy` sends unless --probation-s says otherwise
     )
     # The signed example wraps a small manifest so the doc stays readable.
     small = DeployManifest(

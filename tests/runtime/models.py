@@ -110,9 +110,14 @@ def write_checker_failure(path: Path, *, size: int = 64, classes: int = 10) -> P
 def _rewire_scores(src: Path, dst: Path) -> tuple[onnx.ModelProto, str]:
     """``src`` loaded with its ``scores`` output renamed, so new nodes can compute ``scores`` from it."""
     model = onnx.load_model(str(src))
+    # A model already rewired once (bad models compose: slow and late-NaN) has a scores_src.
+    taken = {name for node in model.graph.node for name in node.output}
+    renamed = "scores_src"
+    while renamed in taken:
+        renamed += "_"
     for node in model.graph.node:
-        node.output[:] = ["scores_src" if name == "scores" else name for name in node.output]
-    return model, "scores_src"
+        node.output[:] = [renamed if name == "scores" else name for name in node.output]
+    return model, renamed
 
 
 def _finish(model: onnx.ModelProto, dst: Path) -> Path:
@@ -181,4 +186,61 @@ def write_nan_when_bright(src: Path, dst: Path, *, threshold: float = 0.5) -> Pa
     nodes.append(helper.make_node("Log", ["nan_margin"], ["nan_log"]))
     nodes.append(helper.make_node("Mul", ["nan_log", "nan_zero"], ["nan_term"]))
     nodes.append(helper.make_node("Add", [scores, "nan_term"], ["scores"]))
+    return _finish(model, dst)
+
+
+def write_squeezed_activation_scales(src: Path, dst: Path, *, factor: float = 0.05) -> Path:
+    """A Q/DQ model (``src``) with every activation scale but the input's multiplied by ``factor``.
+
+    A deliberately poor INT8 build, made reliably poor: with each activation's step ``factor`` times
+    too small, every quantized activation saturates at ``factor`` of its calibrated range, the
+    features lose their shape and the classifier settles on one class for most frames. Measured on
+    the bundled shapes model (entropy calibration on 64 generated images, then ``factor`` 0.05):
+    top-1 agreement with FP32 on 200 generated frames 0.21, against 1.0 for the unperturbed build.
+    Weights, graph and speed are untouched: only the initializers that QuantizeLinear reads as its
+    scale change (dequantization reads the same initializers, so each Q/DQ pair stays consistent).
+    """
+    model = onnx.load_model(str(src))
+    scales = {node.input[1] for node in model.graph.node if node.op_type == "QuantizeLinear"}
+    graph_input = {value.name for value in model.graph.input}
+    squeezed = 0
+    for init in model.graph.initializer:
+        # The input's scale stays: squeezing it would only clip the pixels, a camera problem.
+        if init.name in scales and init.name.removesuffix("_scale") not in graph_input:
+            scale = numpy_helper.to_array(init).astype(np.float32) * np.float32(factor)
+            init.CopyFrom(numpy_helper.from_array(scale, init.name))
+            squeezed += 1
+    if not squeezed:
+        raise ValueError(f"{src} has no QuantizeLinear activation scale to perturb: is it a Q/DQ model?")
+    return _finish(model, dst)
+
+
+def _rewire(src: Path, output: str) -> tuple[onnx.ModelProto, str]:
+    """``src`` loaded with its ``output`` renamed, so new nodes can compute ``output`` from it."""
+    model = onnx.load_model(str(src))
+    renamed = f"{output}_src"
+    for node in model.graph.node:
+        node.output[:] = [renamed if name == output else name for name in node.output]
+    return model, renamed
+
+
+def write_detector_classes_rolled(src: Path, dst: Path, *, classes: int = 3) -> Path:
+    """A yolov8-layout detector (``output0`` ``[batch, 4 + classes, n]``) with its class rows moved one
+    place: the same boxes, each with another class (a mislabeled export)."""
+    model, out = _rewire(src, "output0")
+    rows = np.concatenate([np.arange(4), 4 + np.roll(np.arange(classes), 1)]).astype(np.int64)
+    model.graph.initializer.append(numpy_helper.from_array(rows, "rolled_rows"))
+    model.graph.node.append(helper.make_node("Gather", [out, "rolled_rows"], ["output0"], axis=1))
+    return _finish(model, dst)
+
+
+def write_detector_boxes_moved(src: Path, dst: Path, *, shift: float, classes: int = 3) -> Path:
+    """A yolov8-layout detector whose box centres are moved ``shift`` pixels right: the same classes
+    and scores, boxes in the wrong place (no overlap with the originals once ``shift`` exceeds the
+    widest box)."""
+    model, out = _rewire(src, "output0")
+    offset = np.zeros((1, 4 + classes, 1), np.float32)
+    offset[0, 0, 0] = shift
+    model.graph.initializer.append(numpy_helper.from_array(offset, "moved_offset"))
+    model.graph.node.append(helper.make_node("Add", [out, "moved_offset"], ["output0"]))
     return _finish(model, dst)

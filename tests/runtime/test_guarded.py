@@ -8,6 +8,7 @@ the runtime tells it.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 import time
@@ -18,11 +19,14 @@ import cv2
 import numpy as np
 import pytest
 
+from agent.camera.preprocess_spec import PreprocessSpec
 from agent.camera.source_spec import FileSourceSpec
+from agent.datasets.shapes import generate
 from agent.delivery.errors import JobCancelledError, RolledBackError, ShadowRejectedError
 from agent.delivery.guard import ProbationSpec, ShadowSpec
 from agent.delivery.steps import ActivationRequest, GuardReporter
-from agent.modelzoo import write_classifier
+from agent.modelzoo import write_classifier, write_detector
+from agent.postprocess.spec import DetectionSpec
 from agent.protocol.messages import JobState, ProbationFigures, ShadowFigures
 from agent.runtime.guarded import GuardedSlot, GuardRun, activate_guarded
 from agent.runtime.loaded import LoadedModel, ModelSource
@@ -30,7 +34,13 @@ from agent.runtime.pipeline import SlotPipeline
 from agent.runtime.probation import ProbationRun
 from agent.runtime.slot import ModelSlot
 from tests.camera.specs import make
-from tests.runtime.models import write_nan_when_bright, write_slower, write_swapped_classes
+from tests.runtime.models import (
+    write_detector_boxes_moved,
+    write_detector_classes_rolled,
+    write_nan_when_bright,
+    write_slower,
+    write_swapped_classes,
+)
 from tests.runtime.test_pipeline import Rig, model_source, rig, synthetic  # noqa: F401 (rig: a fixture)
 from tests.waiting import wait_until
 
@@ -47,6 +57,15 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "swapped": write_swapped_classes(v1, root / "swapped.onnx"),
         "slow": write_slower(v1, root / "slow.onnx"),
         "late_nan": write_nan_when_bright(v1, root / "late-nan.onnx"),
+        # About 4 GFLOP a frame (some 100 ms here): slower than the 25 fps video, so a backlog forms
+        # and the inference thread is nearly always inside one of its batches. NaN from a mean pixel
+        # of 0.3 (frame 40 of the brightening video) keeps the slow part of the test short.
+        "slow_late_nan": write_slower(
+            write_nan_when_bright(v1, root / "late-nan-2.onnx", threshold=0.3),
+            root / "slow-late-nan.onnx",
+            dim=640,
+            repeats=8,
+        ),
     }
 
 
@@ -96,10 +115,10 @@ class Target:
         )
 
 
-def start(rig: Rig, v1: Path, spec: object, name: str = "cam0") -> Target:  # noqa: F811 (rig)
+def start(rig: Rig, v1: Path, spec: object, name: str = "cam0", max_batch: int = 4) -> Target:  # noqa: F811 (rig)
     slot = ModelSlot("s")
     slot.load(model_source(v1, "1"))
-    pipeline = rig.start(slot, {name: (spec, "process_all")})
+    pipeline = rig.start(slot, {name: (spec, "process_all")}, max_batch=max_batch)
     wait_until(lambda: pipeline.last_image is not None, timeout=20.0, what="live frames")
     return Target(slot, pipeline)
 
@@ -251,6 +270,39 @@ def test_a_model_that_turns_nan_after_n_frames_is_swapped_back_in_probation_with
     assert {r.version for r in after} == {"1"}
 
 
+def test_a_slow_model_rolled_back_in_probation_publishes_its_in_flight_batch_before_the_decision(
+    rig: Rig,  # noqa: F811
+    models: dict[str, Path],
+    brightening_video: Path,
+) -> None:
+    """The drain: a batch of the rejected model is in flight when the slot swaps back (the model is
+    slower than the camera, so the inference thread is nearly always inside one). The job may end only
+    once that batch's results are out; otherwise they would reach MQTT after the decision, results of
+    a model the operator was told is gone. Fails with ``candidate.wait_idle`` removed from
+    :func:`activate_guarded`."""
+    # One frame a batch: with a backlog, every instant is inside some batch of the slow model.
+    video = make(FileSourceSpec, path=brightening_video, loop=False, realtime=True)
+    target = start(rig, models["v1"], video, max_batch=1)
+    job = JobSide()
+    req, source = request(models["slow_late_nan"], probation_s=60.0, job=job)
+    with pytest.raises(RolledBackError) as caught:
+        activate_guarded(target.guarded(), req, source)
+    decided = time.time()
+    assert caught.value.code == "unhealthy"
+    serving = target.slot.current
+    assert serving is not None
+    assert serving.ref.version == "1"
+    wait_until(lambda: target.pipeline.finished, timeout=60.0, what="the video to end")
+    found = results(rig)
+    assert len(found) == 150
+    assert_no_gap(found)
+    versions = [r.version for r in found]
+    last_rejected = max(i for i, v in enumerate(versions) if v == "2")
+    assert set(versions[last_rejected + 1 :]) == {"1"}  # one switch back, never again
+    late = [r for r in found if r.version == "2" and r.published_at > decided]
+    assert late == [], f"{len(late)} results of the rejected model published after the decision"
+
+
 def test_a_rollback_command_during_probation_ends_it_at_once(
     rig: Rig,  # noqa: F811
     models: dict[str, Path],
@@ -295,3 +347,86 @@ def test_a_cancelled_job_during_probation_swaps_back_and_commits_nothing(
     assert target.slot.current is not None
     assert target.slot.current.ref.version == "1"
     assert not target.committed
+
+
+DETECTOR_SIZE = 64
+
+
+@pytest.fixture(scope="module")
+def detectors(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The model zoo's detector, its exact re-export, and two bad exports of it."""
+    root = tmp_path_factory.mktemp("guarded-detectors")
+    v1 = write_detector(root / "det-v1.onnx", input_size=DETECTOR_SIZE, num_classes=3, seed=3)
+    again = root / "det-v1-again.onnx"
+    again.write_bytes(v1.read_bytes())
+    return {
+        "v1": v1,
+        "again": again,
+        "classes_rolled": write_detector_classes_rolled(v1, root / "det-rolled.onnx"),
+        # Boxes are at most DETECTOR_SIZE / 4 wide: half the input clears every one of them.
+        "boxes_moved": write_detector_boxes_moved(v1, root / "det-moved.onnx", shift=DETECTOR_SIZE / 2),
+    }
+
+
+@pytest.fixture(scope="module")
+def shapes_video(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """60 generated shape images (cluttered backgrounds: the detector finds boxes on every one) at 30 fps."""
+    path = tmp_path_factory.mktemp("guarded-shapes") / "shapes.avi"
+    images, _labels = generate(60, seed=123, size=DETECTOR_SIZE)
+    writer = cv2.VideoWriter(str(path), cv2.VideoWriter.fourcc(*"MJPG"), 30.0, (DETECTOR_SIZE, DETECTOR_SIZE))
+    for image in images:
+        writer.write(image)
+    writer.release()
+    return path
+
+
+def detector_source(path: Path, version: str) -> ModelSource:
+    return dataclasses.replace(
+        model_source(path, version),
+        preprocess=PreprocessSpec(width=DETECTOR_SIZE, height=DETECTOR_SIZE),
+        postprocess=DetectionSpec(format="yolov8", conf_threshold=0.1),
+    )
+
+
+@pytest.mark.parametrize("bad", ["classes_rolled", "boxes_moved"])
+def test_a_detector_with_moved_boxes_or_swapped_classes_is_rejected_in_shadow_and_its_reexport_passes(
+    rig: Rig,  # noqa: F811
+    detectors: dict[str, Path],
+    shapes_video: Path,
+    bad: str,
+) -> None:
+    """Shadow with a real detector: agreement is the F1 of boxes matched by class at IoU >= 0.5."""
+    slot = ModelSlot("s")
+    slot.load(detector_source(detectors["v1"], "1"))
+    video = make(FileSourceSpec, path=shapes_video, loop=True, realtime=True)
+    pipeline = rig.start(slot, {"cam0": (video, "process_all")})
+    wait_until(lambda: pipeline.last_image is not None, timeout=20.0, what="live frames")
+    target = Target(slot, pipeline)
+    wait_until(lambda: len(results(rig)) >= 5, timeout=20.0, what="detector results")
+    served = [json.loads(m.payload) for m in rig.probe.on_topic(rig.topic("cam0"))]
+    # Frames without a box on either side agree (F1 of nothing against nothing is 1): a test of
+    # disagreement needs boxes on every frame.
+    assert all(r["detections"] for r in served), "a frame without a box: the shadow would compare nothing"
+
+    job = JobSide()
+    req, _ = request(detectors[bad], shadow=ShadowSpec(frames=10, min_agreement=0.7), job=job)
+    with pytest.raises(ShadowRejectedError) as caught:
+        activate_guarded(target.guarded(), req, detector_source(detectors[bad], "2"))
+    assert caught.value.code == "shadow_disagrees"
+    rejected = job.shadow[-1]
+    assert rejected.agreement is not None
+    assert rejected.agreement < 0.5, rejected  # measured: 0.0 (classes), 0.14 (boxes)
+    assert slot.current is not None
+    assert slot.current.ref.version == "1"
+
+    job = JobSide()
+    req, _ = request(detectors["again"], shadow=ShadowSpec(frames=10, min_agreement=0.7), job=job)
+    activate_guarded(target.guarded(), req, detector_source(detectors["again"], "3"))
+    passed = job.shadow[-1]
+    assert passed.agreement == 1.0, passed
+    assert slot.current is not None
+    assert slot.current.ref.version == "3"
+    time.sleep(0.3)
+    found = results(rig)
+    assert_no_gap(found)
+    assert "2" not in {r.version for r in found}
