@@ -26,7 +26,7 @@ from agent.protocol.messages import JobState, JobStatus, decode
 from agent.protocol.topics import Topics
 from tests.e2e.fleet_rig import Fleet, count_version, finish, operator_settings
 from tests.mqtt_probe import Probe, Received
-from tests.runtime.models import write_nan_when_bright, write_swapped_classes
+from tests.runtime.models import write_nan_when_bright, write_slower, write_swapped_classes
 
 pytestmark = pytest.mark.slow
 
@@ -94,6 +94,38 @@ def test_a_model_with_swapped_classes_ends_rejected_in_shadow_and_never_serves(
     time.sleep(1.0)
     found = results(probe.snapshot(), topic.results("cam"))
     assert {r["model"]["version"] for r in found} == {"1"}
+    assert daemon.stop() == 0
+
+
+def test_a_model_several_times_slower_ends_rejected_too_slow_in_shadow_and_never_serves(
+    fleet: Fleet,
+    device_id: str,
+    probe: Probe,
+) -> None:
+    """Same answers (agreement 1.0), several times the inference time: the latency bar refuses it."""
+    files = fleet.files(device_id)
+    daemon = fleet.start(files)
+    topic = Topics("fleet/v1", device_id)
+    probe.wait_for(count_version("1", topic.results("cam")), timeout=60)
+    slow = write_slower(files.v1, files.root / "slow.onnx", dim=256, repeats=8)
+
+    job = deploy(
+        fleet, slow, device_id, "2", shadow=ShadowSpec(frames=20, sample_fps=10.0, max_latency_ratio=2.0)
+    )
+    outcome = finish(job)
+
+    progress = outcome.devices[device_id]
+    assert (progress.state, progress.error_code) == (JobState.REJECTED, "too_slow"), progress
+    final = job_statuses(probe, job.job_id, device_id)[-1]
+    assert final.shadow is not None
+    assert final.shadow.latency_ratio is not None
+    assert final.shadow.latency_ratio > 2.0
+    assert final.shadow.agreement == 1.0  # right answers, too late
+    time.sleep(1.0)
+    found = results(probe.snapshot(), topic.results("cam"))
+    assert {r["model"]["version"] for r in found} == {"1"}
+    indices = sorted(int(r["frame_index"]) for r in found)
+    assert len(indices) == len(set(indices))
     assert daemon.stop() == 0
 
 
