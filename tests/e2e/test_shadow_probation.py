@@ -177,6 +177,47 @@ def test_a_model_that_turns_nan_after_n_frames_is_rolled_back_in_probation_witho
     assert daemon.stop() == 0
 
 
+def test_a_restart_in_shadow_comes_back_on_the_old_model_and_resumes_the_job_into_shadow(
+    fleet: Fleet,
+    device_id: str,
+    probe: Probe,
+) -> None:
+    """kill -9 while the candidate is in SHADOW: nothing was committed, so the restart serves the old
+    model, and the retained manifest resumes the job (QUEUED again, as documented) into SHADOW."""
+    files = fleet.files(device_id)
+    daemon = fleet.start(files)
+    topic = Topics("fleet/v1", device_id)
+    probe.wait_for(count_version("1", topic.results("cam")), timeout=60)
+    # 30 frames at 1 fps with a 0.9 bar: the tally cannot be sure before ~27 s, so it is still running.
+    shadow = ShadowSpec(frames=30, sample_fps=1.0, min_agreement=0.9, timeout_s=120.0)
+    job = deploy(fleet, files.v2, device_id, "2", shadow=shadow)
+
+    def in_shadow(messages: list[Received]) -> bool:
+        return any(
+            m.topic == topic.jobs(job.job_id) and decode(JobStatus, m.payload).state is JobState.SHADOW
+            for m in messages
+        )
+
+    probe.wait_for(in_shadow, timeout=60)
+    daemon.signal(signal.SIGKILL)
+    daemon.proc.wait(10)
+    job.stop()
+    state = json.loads((files.root / "state" / "state.json").read_text())
+    assert state["slots"]["cls"]["active"]["version"] == "1"  # nothing committed during shadow
+
+    probe.clear()
+    daemon = fleet.start(files)
+    probe.wait_for(lambda ms: bool(results(ms, topic.results("cam"))), timeout=60)
+    first = results(probe.snapshot(), topic.results("cam"))[0]
+    assert first["model"]["version"] == "1"  # back on the last-known-good model
+    probe.wait_for(in_shadow, timeout=60)  # the retained manifest resumed the job into SHADOW
+    resumed = [s.state for s in job_statuses(probe, job.job_id, device_id)]
+    assert resumed[0] is JobState.QUEUED
+    assert not any(s.terminal for s in resumed)
+    assert {r["model"]["version"] for r in results(probe.snapshot(), topic.results("cam"))} == {"1"}
+    assert daemon.stop() == 0
+
+
 def test_a_restart_in_probation_comes_back_on_the_old_model_and_a_rollback_command_ends_the_resumed_job(
     fleet: Fleet,
     device_id: str,
