@@ -35,6 +35,7 @@ from agent.runtime.slot import ModelSlot
 from agent.state import StateFile
 from agent.telemetry import Metrics
 from tests.delivery.delivery_stack import SLOT, Harness, make_keys, states
+from tests.engines.failing_jobs import TEST_ENV
 from tests.engines.test_builder_fallback import FORCED_TRT
 
 #: What the fake plan holds: readable by a human who finds it in the engine cache.
@@ -45,15 +46,18 @@ class PlanFakingWorker(BuildWorker):
     """A fake for absent hardware: a TensorRT job "succeeds" by writing :data:`FAKE_PLAN` as its
     engine (no TensorRT here to build a real one); every other job runs for real in the build child."""
 
-    def __init__(self, lock_path: Path) -> None:
-        super().__init__(timeout_s=120, lock_path=lock_path)
+    def __init__(self, lock_path: Path, *, crash_ort: bool = False) -> None:
+        super().__init__(timeout_s=120, lock_path=lock_path, env=TEST_ENV)
         self.trt_jobs = 0
+        #: Run ONNX Runtime jobs as the test-only 'crash' kind (a real child that segfaults).
+        self.crash_ort = crash_ort
 
     def run(
         self, job: BuildJob, progress: Progress | None = None, cancel: threading.Event | None = None
     ) -> WorkerResult:
         if job.kind != "tensorrt":
-            return super().run(job, progress, cancel)
+            crash = self.crash_ort and job.kind == "onnxruntime"
+            return super().run(job.model_copy(update={"kind": "crash"}) if crash else job, progress, cancel)
         self.trt_jobs += 1
         job.out_dir.mkdir(parents=True, exist_ok=True)
         (job.out_dir / job.engine_file).write_bytes(FAKE_PLAN)
@@ -92,6 +96,7 @@ def _deploy(
     build: BuildSpec,
     *,
     v2_seed: int = 2,
+    crash_ort: bool = False,
     **manifest: Any,
 ) -> tuple[Harness, SlotModels, str, PlanFakingWorker]:
     state_dir = tmp_path / "state"
@@ -105,7 +110,7 @@ def _deploy(
             "postprocess": {"type": "classification", "top_k": 3},
         }
     )
-    worker = PlanFakingWorker(state_dir / "build.lock")
+    worker = PlanFakingWorker(state_dir / "build.lock", crash_ort=crash_ort)
     engines_config = EngineConfig(build_timeout_s=120)
     builder = EngineBuilder(state_dir, engines_config, FORCED_TRT, worker=worker)
     # Camera-like frames for validation and the shadow: a gradient that moves one pixel per call, each
@@ -185,6 +190,21 @@ def test_fallback_none_rolls_back_naming_the_tensorrt_load_failure(tmp_path: Pat
     current = models.slots[SLOT].current
     assert current is not None
     assert current.source.version == "1"  # the old model keeps serving
+
+
+def test_a_fallback_that_fails_too_rolls_back_naming_both_failures(tmp_path: Path, broker: Broker) -> None:
+    spec = BuildSpec(precision="fp16", device="gpu")
+    device, models, job_id, _ = _deploy(tmp_path, broker, spec, crash_ort=True)
+    final = _final(device, job_id)[-1]
+    assert final.state is JobState.ROLLED_BACK, final
+    assert final.error is not None
+    assert FAILED_AT["load"] in final.error
+    assert "TensorRT is not installed" in final.error
+    assert "the ONNX Runtime fallback failed too" in final.error
+    assert "SIGSEGV" in final.error
+    current = models.slots[SLOT].current
+    assert current is not None
+    assert current.source.version == "1"
 
 
 def test_a_fallen_back_engine_goes_through_shadow_and_probation_to_active(
