@@ -353,6 +353,7 @@ class Deployment:
             probation_s=m.probation_s or 0.0,
             probation=m.probation or ProbationSpec(),
             guard=GuardReporter(self._enter_guard, self._guard_figures, self.cancel_event),
+            on_fallback=self._fell_back,
         )
         self._step_started = started
         try:
@@ -367,6 +368,12 @@ class Deployment:
         self.finish(JobState.ACTIVE)
 
     # -- the guard phases (called by the runtime from inside activate) ---------------------------
+
+    def _fell_back(self, effective: dict[str, Any]) -> None:
+        """The runtime rebuilt the engine on ONNX Runtime (the TensorRT one failed to load): every
+        status from now on, ACTIVE included, says what the slot really runs and why."""
+        self.effective = dict(effective)
+        self._publish(self.state)
 
     def _enter_guard(self, state: JobState) -> None:
         self._timed(_TIMING.get(self.state, "validate"), self._step_started)

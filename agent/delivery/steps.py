@@ -131,6 +131,9 @@ class ActivationRequest:
     probation_s: float = 0.0
     probation: ProbationSpec = field(default_factory=ProbationSpec)
     guard: GuardReporter | None = None
+    #: Told the new ``effective`` report when the runtime replaced the built engine (a TensorRT
+    #: engine that failed to load, rebuilt on ONNX Runtime): the job publishes what it now runs.
+    on_fallback: Callable[[dict[str, Any]], None] | None = None
 
 
 #: ``activate(request)``; raises :class:`agent.errors.EngineError` when the candidate fails to load or

@@ -57,7 +57,7 @@ from agent.engines.ort_builder import (
 from agent.engines.ort_builder import (
     REPORT_FILE,
 )
-from agent.engines.plan import PlatformFacts, plan_build, plan_fallback
+from agent.engines.plan import FAILED_AT, FailureStage, PlatformFacts, plan_build, plan_fallback
 from agent.engines.settings import EngineConfig
 from agent.engines.slim import onnxslim_version
 from agent.engines.spec import BuildPlan, BuildSpec
@@ -169,37 +169,96 @@ class EngineBuilder:
             busy = isinstance(exc, _BuilderBusyError)
             if plan.backend != "tensorrt" or busy or (cancel is not None and cancel.is_set()):
                 raise
-            failure = str(exc)
-            # The first line names the failure; a crash adds the child's last output after it.
-            headline = failure.splitlines()[0] if failure else "no reason given"
-            fallback = plan_fallback(
-                requested, self.facts, headline, model_static=static, model_has_qdq=has_qdq
+            return self._fall_back(
+                model,
+                requested,
+                str(exc),
+                stage="build",
+                calibration=calibration,
+                preprocess=preprocess,
+                say=say,
+                cancel=cancel,
+                started=started,
+                cause=exc,
             )
-            if fallback is None:
-                raise BuildError(
-                    "the TensorRT build failed and the build spec says fallback: none, so no ONNX Runtime "
-                    f"engine is built instead: {failure}"
-                ) from exc
-            log.warning("engine.build.tensorrt_failed", model=model.name, error=failure)
-            say(f"TensorRT build failed: {failure}; falling back to ONNX Runtime")
-            try:
-                artifact = self._build_plan(
-                    model,
-                    fallback,
-                    requested,
-                    calibration=calibration,
-                    preprocess=preprocess,
-                    say=say,
-                    cancel=cancel,
-                    started=started,
-                )
-            except BuildError as second:
-                raise BuildError(
-                    f"the TensorRT build failed: {failure}; the ONNX Runtime fallback failed too: {second}"
-                ) from second
+
+    def build_fallback(
+        self,
+        model: Path,
+        spec: BuildSpec,
+        failure: str,
+        *,
+        calibration: Iterable[npt.NDArray[Any]] | None = None,
+        preprocess: PreprocessSpec | None = None,
+        progress: Progress | None = None,
+        cancel: threading.Event | None = None,
+    ) -> EngineArtifact:
+        """The ONNX Runtime engine for ``model`` after its TensorRT engine, built as ``spec`` asked,
+        failed to load or validate with ``failure`` (the slot's load error).
+
+        Plans with :func:`~agent.engines.plan.plan_fallback` (stage ``load``) and builds like
+        :meth:`build`; ``effective.fallback`` names the failure. Raises :class:`BuildError` when the
+        spec says ``fallback: none`` or the ONNX Runtime build fails too.
+        """
+        return self._fall_back(
+            Path(model),
+            spec,
+            failure,
+            stage="load",
+            calibration=calibration,
+            preprocess=preprocess,
+            say=_safe_progress(progress),
+            cancel=cancel,
+            started=time.monotonic(),
+            cause=None,
+        )
+
+    def _fall_back(
+        self,
+        model: Path,
+        requested: BuildSpec,
+        failure: str,
+        *,
+        stage: FailureStage,
+        calibration: Iterable[npt.NDArray[Any]] | None,
+        preprocess: PreprocessSpec | None,
+        say: Progress,
+        cancel: threading.Event | None,
+        started: float,
+        cause: BuildError | None,
+    ) -> EngineArtifact:
+        """Build the ONNX Runtime fallback after TensorRT failed at ``stage``; the record says why."""
+        what = FAILED_AT[stage]
+        # The first line names the failure; a crash adds the child's last output after it.
+        headline = failure.splitlines()[0] if failure else "no reason given"
+        static, has_qdq = model_facts(model)
+        fallback = plan_fallback(
+            requested, self.facts, headline, model_static=static, model_has_qdq=has_qdq, stage=stage
+        )
+        if fallback is None:
+            raise BuildError(
+                f"{what} and the build spec says fallback: none, so no ONNX Runtime engine is built "
+                f"instead: {failure}"
+            ) from cause
+        log.warning(f"engine.{stage}.tensorrt_failed", model=model.name, error=failure)
+        say(f"{what.removeprefix('the ')}: {failure}; falling back to ONNX Runtime")
+        try:
+            artifact = self._build_plan(
+                model,
+                fallback,
+                requested,
+                calibration=calibration,
+                preprocess=preprocess,
+                say=say,
+                cancel=cancel,
+                started=started,
+            )
+        except BuildError as second:
+            raise BuildError(f"{what}: {failure}; the ONNX Runtime fallback failed too: {second}") from second
         record = {
             "from": "tensorrt",
             "to": "onnxruntime",
+            "stage": stage,
             "reason": headline,
             "error": failure[:MAX_FAILURE_CHARS],
         }

@@ -79,6 +79,61 @@ class EngineService:
         if placement is not None:
             effective["requested"] = {**effective.get("requested", {}), "device": "auto"}
             effective["placement_choice"] = placement
+        return self._int8_guarded(
+            slot, model, spec, artifact, effective, preprocess=preprocess, say=say, cancel=cancel
+        )
+
+    def prepare_fallback(
+        self,
+        slot: str,
+        model: Path,
+        spec: BuildSpec,
+        preprocess: PreprocessSpec,
+        failure: str,
+        *,
+        progress: Progress | None = None,
+        cancel: threading.Event | None = None,
+    ) -> PreparedEngine:
+        """The ONNX Runtime engine for ``model`` after the TensorRT engine built for ``spec`` failed to
+        load or validate with ``failure`` (:meth:`EngineBuilder.build_fallback`), through the same
+        INT8 guard as :meth:`prepare`. One engine, even when ``spec.devices`` asked for a set: ONNX
+        Runtime serves the slot alone until the next deploy. Raises BuildError (``fallback: none``)."""
+        say = progress or (lambda _msg: None)
+        single = spec.model_copy(update={"devices": None}) if spec.devices is not None else spec
+        calibration = self._stream_calibration(slot, single, preprocess, say)
+        artifact = self.builder.build_fallback(
+            model,
+            single,
+            failure,
+            calibration=calibration,
+            preprocess=preprocess,
+            progress=say,
+            cancel=cancel,
+        )
+        return self._int8_guarded(
+            slot,
+            model,
+            single,
+            artifact,
+            dict(artifact.effective),
+            preprocess=preprocess,
+            say=say,
+            cancel=cancel,
+        )
+
+    def _int8_guarded(
+        self,
+        slot: str,
+        model: Path,
+        spec: BuildSpec | None,
+        artifact: EngineArtifact,
+        effective: dict[str, Any],
+        *,
+        preprocess: PreprocessSpec,
+        say: Progress,
+        cancel: threading.Event | None,
+    ) -> PreparedEngine:
+        """``artifact``, or its FP16 rebuild when it is INT8 and fails the accuracy guard."""
         if artifact.plan.precision != "int8":
             return PreparedEngine(artifact, effective)
         ok, reason, report = self._guard(slot, model, artifact, preprocess)
@@ -88,7 +143,15 @@ class EngineService:
             return PreparedEngine(artifact, effective)
         log.warning("engine.int8.rejected", slot=slot, reason=reason)
         fallback = (spec or BuildSpec()).model_copy(update={"precision": "fp16", "calibration": None})
-        artifact = self.builder.build(model, fallback, preprocess=preprocess, progress=say, cancel=cancel)
+        load_failure = (artifact.effective.get("fallback") or {}).get("stage") == "load"
+        if load_failure:
+            # A plain build would plan TensorRT again, whose engine this device already failed to load.
+            failure = str(artifact.effective["fallback"]["error"])
+            artifact = self.builder.build_fallback(
+                model, fallback, failure, preprocess=preprocess, progress=say, cancel=cancel
+            )
+        else:
+            artifact = self.builder.build(model, fallback, preprocess=preprocess, progress=say, cancel=cancel)
         effective = {**artifact.effective, "int8_guard": effective["int8_guard"], "fallback_reason": reason}
         return PreparedEngine(artifact, effective)
 

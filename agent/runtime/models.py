@@ -23,7 +23,9 @@ from pydantic import TypeAdapter
 from agent.camera.preprocess_spec import PreprocessSpec
 from agent.config import SlotConfig
 from agent.delivery.commands import NoSuchSlotError
+from agent.delivery.errors import JobCancelledError
 from agent.delivery.steps import ActivationRequest, BuildOutcome, JobReporter, no_build
+from agent.engines.plan import FAILED_AT, load_fallback
 from agent.engines.service import EngineService, PreparedEngine
 from agent.engines.spec import BuildSpec
 from agent.errors import AgentError, BuildError, EngineError
@@ -353,13 +355,61 @@ class SlotModels:
             first, *more = built[2]
             source = replace(source, report=engine_report(first.effective))
             source = replace(source, engines=tuple(engine_source(source, p) for p in more))
+        try:
+            self._activate_request(request, source, guarded_ok=current is not None)
+        except EngineError as exc:
+            spec = built[1] if built else None
+            decision = load_fallback(spec, (source.backend, *(e.backend for e in source.engines)))
+            if decision == "not_tensorrt" or spec is None:
+                raise
+            if decision == "none":
+                raise EngineError(
+                    f"{FAILED_AT['load']} and the build spec says fallback: none, so no ONNX Runtime "
+                    f"engine is built instead: {exc}"
+                ) from exc
+            fallback = self._load_fallback_source(request, source, spec, exc)
+            self._activate_request(request, fallback, guarded_ok=current is not None)
+
+    def _activate_request(self, request: ActivationRequest, source: ModelSource, *, guarded_ok: bool) -> None:
         guarded = request.guard is not None and (request.shadow is not None or request.probation_s > 0)
         # An empty slot has nothing to compare with and nothing to fall back to: no shadow, no probation.
-        if not guarded or current is None:
+        if not guarded or not guarded_ok:
             self.activate(request.slot, source, origin="delivery")
             return
         with self._slot_locks[request.slot]:
             activate_guarded(self._guarded_slot(request.slot), request, source)
+
+    def _load_fallback_source(
+        self, request: ActivationRequest, failed: ModelSource, spec: BuildSpec, error: EngineError
+    ) -> ModelSource:
+        """The ONNX Runtime engine to activate instead of a TensorRT engine that failed to load or
+        validate (the job is told its new ``effective``). Raises EngineError when that build fails
+        too (the job ends ROLLED_BACK naming both), JobCancelledError when the job was cancelled."""
+        cancel = request.guard.cancel if request.guard is not None else None
+        log.warning("slot.tensorrt_load_failed", slot=request.slot, error=str(error), fallback="onnxruntime")
+        try:
+            prepared = self.engines.prepare_fallback(
+                request.slot,
+                request.model_path,
+                spec,
+                failed.preprocess,
+                str(error),
+                progress=lambda message: log.info(
+                    "engine.build.progress", slot=request.slot, message=message
+                ),
+                cancel=cancel,
+            )
+        except BuildError as exc:
+            if cancel is not None and cancel.is_set():
+                raise JobCancelledError(
+                    f"slot {request.slot}: ONNX Runtime fallback build cancelled"
+                ) from exc
+            raise EngineError(
+                f"{FAILED_AT['load']}: {error}; the ONNX Runtime fallback failed too: {exc}"
+            ) from exc
+        if request.on_fallback is not None:
+            request.on_fallback(prepared.effective)
+        return engine_source(replace(failed, engines=()), prepared)
 
     def _guarded_slot(self, name: str) -> GuardedSlot:
         return GuardedSlot(
