@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,7 @@ from agent.fleet.selector import parse_selector
 from agent.fleet.status import DeviceRow
 from agent.fleet.targets import choose
 from agent.localbroker import Broker
-from agent.protocol.messages import InfoMessage, StatusMessage, encode
+from agent.protocol.messages import CommandReply, InfoMessage, StatusMessage, encode
 from agent.protocol.topics import Topics
 from tests.fleet.operator_side import tiny_model, unique_prefix
 from tests.mqtt_probe import Probe
@@ -93,6 +94,46 @@ def test_select_and_device_together_and_platform_keys(
         assert probe.snapshot() == []
     assert code == 0
     assert "cmd: selected 3 device(s): jet-b2, jet-b1, jet-p1" in out  # --device ids first
+
+
+def test_cmd_goes_to_each_selected_device_and_a_silent_one_does_not_hide_the_others(
+    broker: Broker, capsys: pytest.CaptureFixture[str]
+) -> None:
+    prefix = unique_prefix()
+    answering = Topics(prefix, "jet-b1")  # jet-p1 matches too, and never answers
+    with Probe(broker.host, broker.port) as probe:
+        _publish_fleet(probe, prefix)
+        probe.subscribe(answering.cmd("status"))
+
+        def device() -> None:  # jet-b1's agent answering its command (as tests/fleet/test_command.py)
+            request = probe.wait_for_count(answering.cmd("status"), 1, timeout=10)[0]
+            reply = CommandReply(command="status", ok=True, result={"device": "jet-b1"})
+            probe.publish(
+                answering.cmd_reply("status"), encode(reply), correlation_data=request.correlation_data
+            )
+
+        thread = threading.Thread(target=device, daemon=True)
+        thread.start()
+        code = main(
+            [
+                "fleet",
+                "cmd",
+                "status",
+                "--select",
+                "camera=dock",
+                "--timeout",
+                "1",
+                *_broker_args(broker, prefix),
+            ]
+        )
+        thread.join(5)
+    out = capsys.readouterr().out
+    replies = json.loads(out[out.index("{") :])
+    assert code == 1  # one device did not answer
+    assert (replies["jet-b1"]["ok"], replies["jet-b1"]["result"]) == (True, {"device": "jet-b1"})
+    assert replies["jet-p1"]["ok"] is False
+    assert "no reply to command 'status' from device 'jet-p1'" in replies["jet-p1"]["error"]
+    assert list(replies) == ["jet-b1", "jet-p1"]
 
 
 def test_a_selection_that_matches_nothing_sends_nothing_and_says_so(
