@@ -371,6 +371,7 @@ class Agent:
             device_id=self.config.device_id,
             agent_version=__version__,
             platform=platform_summary(self.platform),
+            labels=dict(self.config.labels),
             backends=backends,
             slots=slots,
             streams=list(self.config.streams),

@@ -487,3 +487,25 @@ def test_missing_file_in_an_invalid_section_still_shows_the_absolute_path(conf_d
         f"slots.cls.postprocess.labels_file: file not found: {conf_dir / 'l.txt'}",
         "slots.cls.postprocess.type: required key is missing (one of classification, detection, raw)",
     ]
+
+
+def test_labels_load_and_follow_the_kubernetes_rules(conf_dir: Path) -> None:
+    good = MINIMAL + "labels: {site: berlin-3, camera: dock, example.com/hw: orin-nx, note: ''}\n"
+    assert load_config(_write(conf_dir, good), {}).labels == {
+        "site": "berlin-3",
+        "camera": "dock",
+        "example.com/hw": "orin-nx",
+        "note": "",
+    }
+    bad = MINIMAL + "labels: {site: berlin 3, -cam: dock, platform.dla_cores: '9', Ex.com/hw: x}\n"
+    # One line per bad label, naming the key path, the rule it breaks and the offending text.
+    assert _problems(_write(conf_dir, bad)) == [
+        "labels.-cam: label key '-cam': use 1-63 letters, digits, '-', '_' or '.', starting and ending "
+        "with a letter or digit (optionally after a DNS prefix and '/')",
+        "labels.Ex.com/hw: label key 'Ex.com/hw': the prefix before '/' must be a DNS subdomain "
+        "(lower case, at most 253)",
+        "labels.platform.dla_cores: label key 'platform.dla_cores': keys starting with 'platform.' or "
+        "'agent.' name device facts in selectors",
+        "labels.site: label value 'berlin 3': use at most 63 letters, digits, '-', '_' or '.', starting "
+        "and ending with a letter or digit",
+    ]

@@ -20,7 +20,7 @@ from agent.engines.settings import EngineConfig
 from agent.engines.spec import BuildSpec
 from agent.model_base import StrictModel
 from agent.mqtt.settings import MqttSettings
-from agent.names import Name
+from agent.names import LabelKey, LabelValue, Name
 from agent.postprocess.spec import ClassificationSpec, PostprocessSpec
 from agent.spool_settings import SpoolSettings
 
@@ -116,6 +116,11 @@ class AgentConfig(StrictModel):
     """The whole configuration file."""
 
     device_id: Name = Field(description="Device id: MQTT client id, topic level and certificate CN.")
+    labels: dict[LabelKey, LabelValue] = Field(
+        default_factory=dict,
+        description="Labels the operator selects devices by (site: berlin-3, camera: dock), published in "
+        "up/info; Kubernetes label rules, keys may not start with 'platform.' or 'agent.'.",
+    )
     state_dir: Path = Field(Path("/var/lib/edge-agent"), description="Models, engines, state.json, spool.")
     mqtt: MqttSettings = Field(default_factory=MqttSettings)
     slots: dict[Name, SlotConfig] = Field(default_factory=dict)

@@ -20,7 +20,7 @@ from agent.camera.preprocess_spec import PreprocessSpec
 from agent.delivery.guard import ProbationSpec, ShadowSpec
 from agent.delivery.manifest import DEFAULT_CHUNK_SIZE, MAX_CHUNK_SIZE, MIN_CHUNK_SIZE
 from agent.engines.spec import BuildSpec
-from agent.errors import UsageError
+from agent.errors import AgentError, UsageError
 from agent.fleet.connection import add_broker_arguments, settings_from_args
 from agent.fleet.deploy import DEFAULT_STATUS_POLL_S
 from agent.fleet.deploy_plan import DEFAULT_PROBATION_S
@@ -30,6 +30,7 @@ from agent.postprocess.spec import ClassificationSpec, DetectionSpec, Postproces
 
 if TYPE_CHECKING:
     from agent.fleet.deploy_outcome import DeployOutcome, DeviceProgress
+    from agent.fleet.targets import Targets
 
 SpecT = TypeVar("SpecT", bound=BaseModel)
 
@@ -57,9 +58,7 @@ def add_fleet_arguments(parser: argparse.ArgumentParser) -> None:
 
     deploy = sub.add_parser("deploy", help="deploy a model to devices and follow their jobs")
     deploy.add_argument("model", type=Path, metavar="MODEL.onnx")
-    deploy.add_argument(
-        "--device", action="append", required=True, help="target device id (repeat, or comma-separated)"
-    )
+    _add_target_arguments(deploy)
     deploy.add_argument("--slot", required=True, help="model slot on the devices")
     deploy.add_argument("--version", required=True, help="model version reported with results")
     deploy.add_argument("--model-id", default=None, help="model name (default: the file name's stem)")
@@ -139,6 +138,9 @@ def add_fleet_arguments(parser: argparse.ArgumentParser) -> None:
 
     status = sub.add_parser("status", help="table of devices from their retained status and info")
     status.add_argument("--json", action="store_true", help="machine-readable output")
+    status.add_argument(
+        "--select", default=None, metavar="SELECTOR", help="only the devices this selector matches"
+    )
     status.add_argument("--wait", type=float, default=5.0, help="longest time to collect retained messages")
     status.add_argument(
         "--telemetry-wait",
@@ -167,14 +169,58 @@ def add_fleet_arguments(parser: argparse.ArgumentParser) -> None:
     _add_verbose(watch)
 
     cmd = sub.add_parser("cmd", help="send a command to a device and print its reply")
-    cmd.add_argument("device", help="device id")
+    cmd.add_argument("device", nargs="?", default=None, help="device id (or --device / --select)")
     cmd.add_argument("name", help="command name: status, rollback, ...")
+    _add_target_arguments(cmd, positional=True)
     cmd.add_argument(
         "--args", default="{}", help='command arguments as a JSON object, e.g. \'{"slot": "cls"}\''
     )
     cmd.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for the reply")
     add_broker_arguments(cmd)
     _add_verbose(cmd)
+
+
+def _add_target_arguments(parser: argparse.ArgumentParser, *, positional: bool = False) -> None:
+    """``--device``, ``--select`` and ``--dry-run``: which devices a command acts on (docs/fleet.md)."""
+    parser.add_argument(
+        "--device",
+        action="append",
+        default=[],
+        dest="device_list" if positional else "device",
+        help="target device id (repeat, or comma-separated)" + (", besides DEVICE" if positional else ""),
+    )
+    parser.add_argument(
+        "--select",
+        default=None,
+        metavar="SELECTOR",
+        help="also every device whose retained up/info matches, e.g. 'site=berlin-3,platform.dla_cores>=1'",
+    )
+    parser.add_argument(
+        "--dry-run", action="store_true", help="show the selected devices and stop: nothing is sent"
+    )
+    parser.add_argument(
+        "--select-wait",
+        type=float,
+        default=5.0,
+        metavar="SECONDS",
+        help="longest time to collect the retained up/info --select is checked against (default 5)",
+    )
+
+
+def _targets(args: argparse.Namespace, explicit: list[str]) -> Targets | None:
+    """The devices ``args`` name, printed; None when ``--dry-run`` says to stop there."""
+    from agent.fleet.deploy_plan import parse_devices
+    from agent.fleet.targets import resolve_targets
+
+    targets = resolve_targets(
+        settings_from_args(args), args.select, parse_devices(explicit), wait_s=args.select_wait
+    )
+    for line in targets.lines():
+        print(f"{args.fleet_command}: {line}")
+    if args.dry_run:
+        print(f"{args.fleet_command}: --dry-run: nothing sent")
+        return None
+    return targets
 
 
 def _add_verbose(parser: argparse.ArgumentParser) -> None:
@@ -313,7 +359,7 @@ def probation_s_from_arg(value: float) -> float | None:
 
 def _deploy(args: argparse.Namespace) -> int:
     from agent.fleet.deploy import FleetDeploy
-    from agent.fleet.deploy_plan import DeployPlan, parse_devices
+    from agent.fleet.deploy_plan import DeployPlan
     from agent.fleet.keys import load_signing_key
     from agent.fleet.progress import ProgressView, describe_manifest, format_bytes
 
@@ -336,9 +382,12 @@ def _deploy(args: argparse.Namespace) -> int:
     shadow = _spec_arg(ShadowSpec, args.shadow_json, "--shadow-json")
     probation = _spec_arg(ProbationSpec, args.probation_json, "--probation-json")
     probation_s = probation_s_from_arg(args.probation_s)
+    targets = _targets(args, args.device)
+    if targets is None:
+        return EXIT_OK
     plan = DeployPlan(
         model=args.model,
-        devices=parse_devices(args.device),
+        devices=targets.devices,
         slot=args.slot,
         version=args.version,
         model_id=args.model_id,
@@ -443,9 +492,15 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _status(args: argparse.Namespace) -> int:
+    from agent.fleet.selector import parse_selector
     from agent.fleet.status import collect_fleet, format_table
+    from agent.fleet.targets import facts_of
 
+    selector = parse_selector(args.select) if args.select is not None else None  # before connecting
     rows = collect_fleet(settings_from_args(args), max_wait_s=args.wait, telemetry_wait_s=args.telemetry_wait)
+    if selector is not None:
+        # A device without a retained up/info is never matched: nothing is known about it to match.
+        rows = [r for r in rows if r.info_seen and selector.matches(facts_of(r))]
     if args.json:
         print(json.dumps([row.as_dict() for row in rows], indent=2))
     elif rows:
@@ -477,8 +532,37 @@ def _cmd(args: argparse.Namespace) -> int:
     command_args = _json_arg(args.args, "--args")
     if not isinstance(command_args, dict):
         raise UsageError('--args must be a JSON object, e.g. \'{"slot": "cls"}\'')
-    reply = send_command(settings_from_args(args), args.device, args.name, command_args, timeout=args.timeout)
-    # Device text: json.dumps escapes control characters (ensure_ascii), and pydantic's JSON mode
-    # writes NaN and the infinities as null (tests/fleet/test_hostile_devices.py checks both).
-    print(json.dumps(reply.model_dump(mode="json", exclude_none=True), indent=2))
-    return 0 if reply.ok else 1
+    if args.device is not None and args.select is None and not args.device_list and not args.dry_run:
+        # One device named the old way: its reply alone, as before selectors existed.
+        reply = send_command(
+            settings_from_args(args), args.device, args.name, command_args, timeout=args.timeout
+        )
+        # Device text: json.dumps escapes control characters (ensure_ascii), and pydantic's JSON mode
+        # writes NaN and the infinities as null (tests/fleet/test_hostile_devices.py checks both).
+        print(json.dumps(reply.model_dump(mode="json", exclude_none=True), indent=2))
+        return 0 if reply.ok else 1
+    targets = _targets(args, ([args.device] if args.device else []) + args.device_list)
+    if targets is None:
+        return 0
+    return _cmd_each(args, targets.devices, command_args)
+
+
+def _cmd_each(args: argparse.Namespace, devices: tuple[str, ...], command_args: dict[str, Any]) -> int:
+    """Send the command to each device in turn; one JSON object of replies by device id."""
+    from agent.fleet.command import send_command
+
+    replies: dict[str, Any] = {}
+    ok = True
+    for device in devices:
+        try:
+            reply = send_command(
+                settings_from_args(args), device, args.name, command_args, timeout=args.timeout
+            )
+        except AgentError as exc:  # no reply from one device must not hide the others' replies
+            replies[device] = {"ok": False, "error": str(exc)}
+            ok = False
+            continue
+        replies[device] = reply.model_dump(mode="json", exclude_none=True)
+        ok = ok and reply.ok
+    print(json.dumps(replies, indent=2))
+    return 0 if ok else 1

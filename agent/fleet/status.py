@@ -49,6 +49,9 @@ class DeviceRow:
     agent_version: str | None = None
     slots: dict[str, dict[str, Any]] = field(default_factory=dict)
     platform: dict[str, Any] = field(default_factory=dict)
+    labels: dict[str, str] = field(default_factory=dict)
+    #: A retained ``up/info`` was read (selectors are checked only against devices that sent one).
+    info_seen: bool = False
     problems: list[str] = field(default_factory=list)
     #: From the latest ``up/telemetry`` heard (None: none heard, or the field was not in it).
     telemetry_at: float | None = None
@@ -67,6 +70,7 @@ class DeviceRow:
                 "agent_version": self.agent_version,
                 "slots": self.slots,
                 "platform": self.platform,
+                "labels": self.labels,
                 "problems": self.problems,
                 "telemetry_at": self.telemetry_at,
                 "fps": self.fps,
@@ -159,6 +163,8 @@ def _apply(rows: dict[str, DeviceRow], message: InboundMessage, prefix: str) -> 
             info = decode(InfoMessage, message.payload)
             row.agent_version = info.agent_version
             row.platform = dict(info.platform)
+            row.labels = dict(info.labels)
+            row.info_seen = True
             row.slots = {
                 name: {
                     "model_id": slot.model.model_id if slot.model else None,

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from agent.errors import AgentError
 from agent.model_base import StrictModel
+from agent.names import LabelKey, LabelValue
 from agent.protocol.results import ClassScore, Detection, RawTensor
 
 
@@ -152,6 +153,11 @@ class InfoMessage(Envelope):
         description="What agent.platform.platform_summary reports: l4t_release, jetpack, cuda_driver, "
         "cuda_runtime, gpu_name, compute_capability, dla_cores, tensorrt_version, onnxruntime_version, ... "
         "A value that could not be read is null, and <key>_reason says why."
+    )
+    labels: dict[LabelKey, LabelValue] = Field(
+        default_factory=dict,
+        description="The device's labels from its config (site, camera, hw, ...), for fleet selectors; "
+        "absent from agents before 0.2, read as none.",
     )
     backends: dict[str, BackendInfo]
     slots: dict[str, SlotInfo]

@@ -102,6 +102,7 @@ def real(tmp_path_factory: pytest.TempPathFactory, broker: Broker) -> Iterator[R
     config["slots"] = {"main": config["slots"]["cls"], "aux": {**config["slots"]["cls"]}}
     config["slots"]["aux"]["model"] = str(root / "aux.onnx")
     config["streams"] = {"cam0": {**config["streams"]["cam"], "slot": "main"}}
+    config["labels"] = {"site": "berlin-3", "camera": "dock", "hw": "orin-nx"}  # the doc's labels
     files.config_path.write_text(yaml.safe_dump(config))
     topics = Topics("fleet/v1", device)
     settings = MqttSettings(host=broker.host, port=broker.port, reconnect_min_s=0.2, reconnect_max_s=1.0)
@@ -164,6 +165,7 @@ def test_info_example_is_what_the_device_sends(real: RealDevice) -> None:
     info = real.on(real.topics.info)[-1]
     assert set(doc) == set(info)
     assert _platform_names(doc["platform"]) == _platform_names(info["platform"])
+    assert doc["labels"] == info["labels"]  # from the config, as written there
     # The doc shows a device that read every value; null + <name>_reason is said in the text.
     assert not [k for k in doc["platform"] if k.endswith("_reason") and not k.startswith("backend_")]
     assert set(doc["backends"]) == set(info["backends"])

@@ -105,6 +105,7 @@ EXAMPLES: dict[str, BaseModel] = {
         device_id="jet-01",
         agent_version="0.1.0",
         platform=JETSON_PLATFORM,
+        labels={"site": "berlin-3", "camera": "dock", "hw": "orin-nx"},
         backends={
             "tensorrt": BackendInfo(available=True, reason="TensorRT 10.3.0, DLA cores: 2"),
             "onnxruntime": BackendInfo(available=True, reason=ORT_REASON),
