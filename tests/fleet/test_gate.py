@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
@@ -204,3 +205,15 @@ def test_figures_are_not_asked_for_when_the_rollout_does_not_ask() -> None:
 )
 def test_a_job_state_maps_to_its_end(state: JobState, end: DeviceEnd) -> None:
     assert DeviceEnd.of_job(state) is end
+
+
+def test_the_verdict_docs_fleet_md_shows_is_the_one_given() -> None:
+    policy = GatePolicy(parse_max_failed("2%"), needs_shadow=True, min_agreement=0.9)
+    wave = [
+        DeviceReport("f", F, started=True),
+        DeviceReport("rb", RB, started=True),
+        DeviceReport("sick", A, started=True, shadow=_shadow(0.2)),
+        *(DeviceReport(f"ok{i}", A, started=True, shadow=_shadow(0.99)) for i in range(97)),
+    ]
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "fleet.md").read_text()
+    assert f"`{judge_wave(wave, [], policy).reason}`" in " ".join(doc.split())

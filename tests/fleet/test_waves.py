@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from agent.errors import UsageError
@@ -129,3 +131,13 @@ def test_soak_durations(text: str, seconds: float) -> None:
 def test_a_bad_soak_is_named(text: str) -> None:
     with pytest.raises(UsageError, match=f"--soak: {text!r} is not a duration"):
         parse_duration(text)
+
+
+def test_the_error_docs_fleet_md_shows_is_the_one_raised() -> None:
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "fleet.md").read_text()
+    with pytest.raises(UsageError) as caught:
+        parse_waves("5,10x,100%")
+    assert f"`{caught.value}`" in " ".join(doc.split())
+    waves = split_waves(_devices(20), parse_waves("5,10%,100%"))
+    assert "`5,10%,100%` on 20 devices gives waves of 5 and 15" in " ".join(doc.split())
+    assert [len(wave) for wave in waves] == [5, 15]
