@@ -12,7 +12,8 @@ import pytest
 
 from agent.cli import main
 from agent.errors import ConfigError
-from agent.fleet.cli import add_fleet_arguments, build_spec_from_args, postprocess_from_args
+from agent.fleet.cli import add_fleet_arguments
+from agent.fleet.deploy_command import build_spec_from_args, postprocess_from_args
 from agent.localbroker import Broker, free_port
 from agent.postprocess.spec import ClassificationSpec, DetectionSpec
 from agent.protocol.messages import JobState, JobStatus, encode

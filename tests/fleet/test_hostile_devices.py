@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from agent.cli import main
-from agent.fleet.cli import EXIT_FAILED, EXIT_MALFORMED
+from agent.fleet.deploy_command import EXIT_FAILED, EXIT_MALFORMED
 from agent.localbroker import Broker
 from agent.protocol.messages import CommandReply, encode
 from agent.protocol.topics import Topics

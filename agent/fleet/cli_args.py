@@ -1,0 +1,93 @@
+"""What several fleet commands take alike: the target devices (``--device``, ``--select``,
+``--dry-run``) and JSON arguments validated against a model, each mistake naming its flag.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from pydantic import BaseModel, ValidationError
+
+from agent.errors import UsageError
+from agent.fleet.connection import settings_from_args
+
+if TYPE_CHECKING:
+    from agent.fleet.targets import Targets
+
+SpecT = TypeVar("SpecT", bound=BaseModel)
+
+
+def add_target_arguments(parser: argparse.ArgumentParser, *, positional: bool = False) -> None:
+    """``--device``, ``--select`` and ``--dry-run``: which devices a command acts on (docs/fleet.md)."""
+    parser.add_argument(
+        "--device",
+        action="append",
+        default=[],
+        dest="device_list" if positional else "device",
+        help="target device id (repeat, or comma-separated)" + (", besides DEVICE" if positional else ""),
+    )
+    parser.add_argument(
+        "--select",
+        default=None,
+        metavar="SELECTOR",
+        help="also every device whose retained up/info matches, e.g. 'site=berlin-3,platform.dla_cores>=1'",
+    )
+    parser.add_argument(
+        "--dry-run", action="store_true", help="show the selected devices and stop: nothing is sent"
+    )
+    parser.add_argument(
+        "--select-wait",
+        type=float,
+        default=5.0,
+        metavar="SECONDS",
+        help="longest time to collect the retained up/info --select is checked against (default 5)",
+    )
+
+
+def chosen_targets(args: argparse.Namespace, explicit: list[str]) -> Targets | None:
+    """The devices ``args`` name, printed; None when ``--dry-run`` says to stop there."""
+    from agent.fleet.deploy_plan import parse_devices
+    from agent.fleet.targets import resolve_targets
+
+    targets = resolve_targets(
+        settings_from_args(args), args.select, parse_devices(explicit), wait_s=args.select_wait
+    )
+    for line in targets.lines():
+        print(f"{args.fleet_command}: {line}")
+    if args.dry_run:
+        print(f"{args.fleet_command}: --dry-run: nothing sent")
+        return None
+    return targets
+
+
+def spec_arg(model: type[SpecT], value: str | None, flag: str) -> SpecT | None:
+    """``value`` (JSON or @file) validated as ``model``; a UsageError naming ``flag`` when it is not."""
+    if value is None:
+        return None
+    try:
+        return model.model_validate(json_arg(value, flag))
+    except ValidationError as exc:
+        raise UsageError(f"invalid {flag}", validation_problems(exc, flag)) from exc
+
+
+def json_arg(value: str, flag: str) -> Any:
+    text = value
+    if value.startswith("@"):
+        try:
+            text = Path(value[1:]).read_text()
+        except OSError as exc:
+            raise UsageError(f"{flag}: cannot read {value[1:]}: {exc.strerror or exc}") from exc
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise UsageError(f"{flag}: not valid JSON ({exc})") from exc
+
+
+def validation_problems(exc: ValidationError, flag: str) -> list[str]:
+    return [
+        f"{flag} {'.'.join(str(p) for p in e['loc']) or '(value)'}: {e['msg']}"
+        for e in exc.errors(include_url=False)
+    ]
