@@ -2,6 +2,9 @@
 
 One stop event ends everything. SIGTERM/SIGINT set it; SIGHUP asks for a reload (re-read the
 config, hot-swap slots whose model changed). Both are handled on the main thread.
+
+One job (the composition root: build every component, start them in order, stop them in
+reverse), a little over 400 lines because every component is wired here and nowhere else.
 """
 
 from __future__ import annotations

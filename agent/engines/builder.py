@@ -17,6 +17,10 @@ Calibration identity (part of the key): a ``cache`` source is its file's SHA-256
 is the SHA-256 of its image files, the frame count and the preprocessing; a ``stream`` is its name
 and frame count only, because live frames never repeat: a second deploy of the same model and spec
 reuses the engine instead of recalibrating. Calibration frames are read only when a build happens.
+
+One job (model + spec in, a cached engine out), about 500 lines: the cache, the child process and
+the fallback retry share one build lock and one artifact record; the pieces that stand alone
+(model facts, calibration data, the artifact) have their own modules.
 """
 
 from __future__ import annotations

@@ -6,6 +6,10 @@ can publish requested vs effective. A request that cannot be honoured in any sen
 :class:`~agent.errors.BuildError` telling the operator what to change. The rules, in order, are in
 ``docs/engines.md``; they come from NVIDIA's TensorRT and DLA documentation (see
 ``shared/reference/tensorrt.md``) and have not been exercised on a Jetson from this code.
+
+One job (pure planning decisions with their reasons), a little over 400 lines: each decision
+(precision, device, fallback, placement candidates, engine sets) is a small table-like function,
+and they share the reason type that makes requested vs effective readable.
 """
 
 from __future__ import annotations

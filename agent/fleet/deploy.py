@@ -19,6 +19,10 @@ again, because a broker without persistence forgets retained messages.
 A message from a target device that does not parse (its job status, its retained status, its reply
 to ``status``) is kept as a note on that device naming the message and the field, and the deploy
 goes on: one device's bad message must not end the deploy for the others.
+
+One job (one deploy's lifecycle), a little under 500 lines: publishing, following job states,
+asking quiet devices and noting malformed messages all update the same per-device progress under
+one lock; the plan, the outcome and the terminal text have their own modules.
 """
 
 from __future__ import annotations

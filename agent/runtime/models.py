@@ -4,6 +4,11 @@ hot-swaps, deployments and rollbacks.
 The composition root (:mod:`agent.app`) owns the components; this owns the decisions about models.
 Every activation goes through :meth:`SlotModels.activate`: the slot loads and validates the model
 off the frame path, and the result is recorded (atomically) in state.json before anyone is told.
+
+One job (every decision about which model a slot runs: start-up choice, builds, deployments with
+shadow/probation and their fallbacks, rollbacks, state.json), about 600 lines: each path must take
+the slot's one owner lock and record state.json the same way; the guarded sequence itself is in
+:mod:`agent.runtime.guarded`.
 """
 
 from __future__ import annotations
