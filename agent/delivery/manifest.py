@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, ValidationError, field_serializer, field_validator, model_validator
+from pydantic import BaseModel, Field, ValidationError, field_serializer, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from agent.camera.preprocess_spec import PreprocessSpec
@@ -120,6 +120,13 @@ class DeployManifest(StrictModel):
     chunks: list[str] = Field(description="SHA-256 (lowercase hex) of every chunk, in order.")
     sources: list[ModelSourceRef] = Field(min_length=1, description="Where to fetch the bytes, in order.")
     build: BuildSpec | None = Field(None, description="Engine build request; absent: run the ONNX as is.")
+
+    @field_serializer("shadow", "probation")
+    def _spec_with_nulls(self, spec: BaseModel | None) -> dict[str, object] | None:
+        # The manifest is signed as ``exclude_none`` JSON, which would also drop a null *inside* these
+        # specs: ``min_agreement: null`` (a model whose classes changed) or a disabled probation bar
+        # would reach the device as its default instead. Their nulls are the operator's words.
+        return None if spec is None else spec.model_dump(mode="json")
 
     @field_serializer("build")
     def _build_as_set(self, build: BuildSpec | None) -> dict[str, object] | None:

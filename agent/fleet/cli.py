@@ -74,7 +74,14 @@ def add_fleet_arguments(parser: argparse.ArgumentParser) -> None:
     deploy.add_argument(
         "--shadow-json",
         default=None,
-        help='shadow comparison before the swap: ShadowSpec JSON (or @file); "{}" for the defaults',
+        help="shadow comparison before the swap: ShadowSpec JSON (or @file); default: the ShadowSpec "
+        "defaults (30 frames, agreement >= 0.9, latency <= 2x)",
+    )
+    deploy.add_argument(
+        "--no-shadow",
+        action="store_true",
+        help="no shadow comparison (for a model whose classes changed, rather --shadow-json "
+        "'{\"min_agreement\": null}')",
     )
     deploy.add_argument(
         "--probation-s",

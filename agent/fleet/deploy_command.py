@@ -81,6 +81,19 @@ def build_spec_from_args(args: argparse.Namespace) -> BuildSpec | None:
     return BuildSpec.model_validate(values)
 
 
+def shadow_from_args(shadow_json: str | None, *, no_shadow: bool) -> ShadowSpec | None:
+    """The manifest's ``shadow`` (pure but for reading an @file): on by default, as for a fleet rollout.
+
+    Like the 60 s probation, the default lives in the operator tool: a manifest without ``shadow``
+    keeps meaning "no shadow" for older manifests and agents, and ``--no-shadow`` leaves it out.
+    """
+    if no_shadow:
+        if shadow_json is not None:
+            raise UsageError("--no-shadow and --shadow-json: give one of them")
+        return None
+    return spec_arg(ShadowSpec, shadow_json, "--shadow-json") or ShadowSpec()
+
+
 def probation_s_from_arg(value: float) -> float | None:
     """The manifest's ``probation_s`` for ``--probation-s`` (pure): 0 leaves the field out.
 
@@ -116,7 +129,7 @@ def run_deploy(args: argparse.Namespace) -> int:
             raise UsageError(
                 "invalid --preprocess-json", validation_problems(exc, "--preprocess-json")
             ) from exc
-    shadow = spec_arg(ShadowSpec, args.shadow_json, "--shadow-json")
+    shadow = shadow_from_args(args.shadow_json, no_shadow=args.no_shadow)
     probation = spec_arg(ProbationSpec, args.probation_json, "--probation-json")
     probation_s = probation_s_from_arg(args.probation_s)
     targets = chosen_targets(args, args.device)

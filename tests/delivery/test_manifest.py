@@ -181,3 +181,21 @@ def test_a_signed_manifest_carries_only_the_build_keys_that_were_set(tmp_path: P
     # The device reads it back as the whole spec, its own defaults filled in.
     parsed = parse_signed(json.dumps(envelope).encode(), {}, False, "dev-1")
     assert parsed.build == BuildSpec(precision="int8", device="dla0")
+
+
+def test_a_null_inside_shadow_or_probation_reaches_the_device_as_null(tmp_path: Path) -> None:
+    """``min_agreement: null`` (classes changed on purpose) must not become the device's default."""
+    from agent.delivery.guard import ProbationSpec, ShadowSpec
+
+    model = tmp_path / "m.onnx"
+    model.write_bytes(b"\0" * 4096)
+    manifest = build_manifest(
+        model, job_id="j1", sequence=1, slot="main", model_id="m", version="1",
+        shadow=ShadowSpec(min_agreement=None), probation_s=30.0,
+        probation=ProbationSpec(max_class_shift=None),
+    )  # fmt: skip
+    parsed = parse_signed(sign_manifest(manifest, None, None), {}, False, "dev-1")
+    assert parsed.shadow is not None
+    assert parsed.shadow.min_agreement is None
+    assert parsed.probation is not None
+    assert parsed.probation.max_class_shift is None

@@ -156,7 +156,8 @@ def test_deploy_to_three_agents_with_the_cli(fleet: Fleet, broker: Broker) -> No
         "--device", devices[0], "--device", ",".join(devices[1:]),
         "--slot", "cls", "--version", "2", "--chunk-size", "4096", "--timeout", "90",
         "--key", str(fleet.keys.private), "--key-id", fleet.keys.key_id,
-        "--broker", f"{broker.host}:{broker.port}", "--probation-s", "0",  # not what this test is about
+        "--broker", f"{broker.host}:{broker.port}",
+        "--probation-s", "0", "--no-shadow",  # not what this test is about
     ]  # fmt: skip
     run = subprocess.run(command, check=False, cwd=REPO, capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stdout + run.stderr

@@ -7,10 +7,12 @@ import json
 import stat
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from agent.cli import main
+from agent.delivery.guard import ShadowSpec
 from agent.errors import ConfigError
 from agent.fleet.cli import add_fleet_arguments
 from agent.fleet.deploy_command import build_spec_from_args, postprocess_from_args
@@ -215,7 +217,7 @@ def test_shadow_and_probation_flag_mistakes_name_the_flag(
         assert line.startswith(start), (argv, line)
 
 
-def _manifest_sent(tmp_path: Path, broker: Broker, *flags: str) -> dict[str, object]:
+def _manifest_sent(tmp_path: Path, broker: Broker, *flags: str) -> dict[str, Any]:
     """The manifest ``fleet deploy ... FLAGS`` publishes, read by a probe playing the device (which
     then refuses it, so the deploy ends at once)."""
     prefix = unique_prefix()
@@ -255,3 +257,22 @@ def test_deploy_asks_for_60_s_of_probation_unless_told_and_0_leaves_the_field_ou
     assert _manifest_sent(tmp_path, broker, "--probation-s", "5")["probation_s"] == 5.0
     # 0 skips it by leaving the key out: an agent that predates probation refuses unknown keys.
     assert "probation_s" not in _manifest_sent(tmp_path, broker, "--probation-s", "0")
+
+
+def test_deploy_asks_for_a_shadow_run_unless_told_and_no_shadow_leaves_the_field_out(
+    tmp_path: Path, broker: Broker, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Shadow is on by default for fleet deploys (the one-wave rollout); the manifest model keeps
+    "absent: no shadow" for older manifests and agents."""
+    assert _manifest_sent(tmp_path, broker)["shadow"] == ShadowSpec().model_dump(mode="json")
+    custom: dict[str, Any] = _manifest_sent(
+        tmp_path, broker, "--shadow-json", '{"frames": 5, "min_agreement": null}'
+    )["shadow"]
+    # null is the operator's word (a model whose classes changed): it must reach the device as null.
+    assert (custom["frames"], custom["min_agreement"]) == (5, None)
+    assert "shadow" not in _manifest_sent(tmp_path, broker, "--no-shadow")
+    capsys.readouterr()
+    model = tiny_model(tmp_path / "m.onnx")
+    argv = ["fleet", "deploy", str(model), "--device", "d1", "--slot", "cls", "--version", "1", "--unsigned"]
+    assert main([*argv, "--no-shadow", "--shadow-json", "{}"]) == 1
+    assert _one_error_line(capsys) == "error: --no-shadow and --shadow-json: give one of them"
