@@ -269,6 +269,18 @@ class Harness:
         return files
 
 
+#: The documented run of a job that goes live (docs/protocol.md); QUEUED starts a run (again after a
+#: restart: the job resumes).
+HAPPY_PATH = [
+    JobState.QUEUED,
+    JobState.DOWNLOADING,
+    JobState.VERIFYING,
+    JobState.BUILDING,
+    JobState.VALIDATING,
+    JobState.ACTIVE,
+]
+
+
 def states(statuses: list[JobStatus]) -> list[JobState]:
     """The states in order, consecutive repeats (progress updates) collapsed."""
     out: list[JobState] = []

@@ -17,24 +17,15 @@ from agent.modelzoo import write_classifier
 from agent.protocol.messages import JobState
 from agent.store import DiskUsage
 from tests.delivery.conftest import HarnessFactory
-from tests.delivery.delivery_stack import SLOT, Harness, make_keys, states
+from tests.delivery.delivery_stack import HAPPY_PATH, SLOT, Harness, make_keys, states
 from tests.runtime.models import write_checker_failure
-
-HAPPY = [
-    JobState.QUEUED,
-    JobState.DOWNLOADING,
-    JobState.VERIFYING,
-    JobState.BUILDING,
-    JobState.VALIDATING,
-    JobState.ACTIVE,
-]
 
 
 def _deploy_ok(device: Harness, model: Path, *, sequence: int = 1, job_id: str | None = None) -> str:
     manifest = device.manifest(model, sequence=sequence, job_id=job_id)
     device.deploy(device.signed(manifest))
     statuses = device.wait_terminal(manifest.job_id)
-    assert states(statuses) == HAPPY, [s.model_dump(exclude_none=True) for s in statuses]
+    assert states(statuses) == HAPPY_PATH, [s.model_dump(exclude_none=True) for s in statuses]
     return manifest.job_id
 
 
@@ -43,7 +34,7 @@ def test_deploy_publishes_every_step_and_activates(device: Harness, model_v1: Pa
     device.deploy(device.signed(manifest))
     statuses = device.wait_terminal("job-happy")
 
-    assert states(statuses) == HAPPY
+    assert states(statuses) == HAPPY_PATH
     downloading = [s for s in statuses if s.state is JobState.DOWNLOADING]
     assert downloading[0].bytes_done == 0
     assert downloading[-1].bytes_done == manifest.size
@@ -178,7 +169,7 @@ def test_unsigned_accepted_only_when_config_allows(make_device: HarnessFactory, 
     device = make_device(config={"require_signature": False})
     m = device.manifest(model_v1, job_id="job-unsigned")
     device.deploy(SignedManifest(manifest=m.model_dump_json()).model_dump_json(exclude_none=True).encode())
-    assert states(device.wait_terminal("job-unsigned")) == HAPPY
+    assert states(device.wait_terminal("job-unsigned")) == HAPPY_PATH
 
 
 def test_replayed_old_sequence_is_rejected(device: Harness, model_v1: Path, model_v2: Path) -> None:
@@ -373,7 +364,7 @@ def test_newer_manifest_supersedes_a_running_job(device: Harness, model_v1: Path
     assert first_statuses[-1].state is JobState.SUPERSEDED
     assert first_statuses[-1].error_code == "superseded"
     assert "job-fast" in (first_statuses[-1].error or "")
-    assert states(device.wait_terminal("job-fast")) == HAPPY
+    assert states(device.wait_terminal("job-fast")) == HAPPY_PATH
     assert [r.sha256 for r in device.activations.requests] == [second.sha256]
     assert device.jobs_json()["slots"][SLOT]["job_id"] == "job-fast"
 
@@ -443,7 +434,7 @@ def test_retained_manifest_applied_on_connect(make_device: HarnessFactory, model
     manifest = device.manifest(model_v1, job_id="job-early")
     device.deploy(device.signed(manifest))  # published while the device is offline
     device.start()
-    assert states(device.wait_terminal("job-early")) == HAPPY
+    assert states(device.wait_terminal("job-early")) == HAPPY_PATH
 
 
 def test_store_keeps_active_and_collects_old_models(make_device: HarnessFactory, tmp_path: Path) -> None:
@@ -522,4 +513,4 @@ def test_info_fields_name_the_running_job_not_the_one_it_superseded(
         None,
     )
     device.deploy(device.signed(device.manifest(model_v2, sequence=3, job_id="job-end")))
-    assert states(device.wait_terminal("job-end")) == HAPPY
+    assert states(device.wait_terminal("job-end")) == HAPPY_PATH

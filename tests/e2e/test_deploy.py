@@ -28,22 +28,13 @@ from agent.fsutil import sha256_file
 from agent.localbroker import Broker
 from agent.protocol.messages import InfoMessage, JobState, JobStatus, decode
 from agent.protocol.topics import Topics
+from tests.delivery.delivery_stack import HAPPY_PATH
 from tests.e2e.daemon import REPO, unique_results
 from tests.e2e.fleet_rig import Fleet, agent_state, count_version, finish, operator_settings
 from tests.mqtt_probe import Probe
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.slow
-
-HAPPY_PATH = [
-    JobState.QUEUED,
-    JobState.DOWNLOADING,
-    JobState.VERIFYING,
-    JobState.BUILDING,
-    JobState.VALIDATING,
-    JobState.ACTIVE,
-]
-
 
 # -- helpers -----------------------------------------------------------------------------------------
 

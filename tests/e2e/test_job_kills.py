@@ -28,25 +28,16 @@ from paho.mqtt.enums import CallbackAPIVersion
 from agent.delivery.manifest import KIB
 from agent.fleet.deploy import FleetDeploy
 from agent.fleet.deploy_plan import DeployPlan
-from agent.fleet.keys import KeyPairFiles, load_signing_key, write_keypair
+from agent.fleet.keys import KeyPairFiles, load_signing_key
 from agent.fsutil import sha256_file
 from agent.localbroker import Broker
 from agent.mqtt.settings import MqttSettings
 from agent.protocol.messages import JobState, JobStatus, decode
+from tests.delivery.delivery_stack import HAPPY_PATH
 from tests.e2e.daemon import AgentFiles, Daemon
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.slow
-
-#: The documented order of a run; QUEUED starts one (again, after a restart: the job resumes).
-RUN_ORDER = [
-    JobState.QUEUED,
-    JobState.DOWNLOADING,
-    JobState.VERIFYING,
-    JobState.BUILDING,
-    JobState.VALIDATING,
-    JobState.ACTIVE,
-]
-TERMINAL = {JobState.ACTIVE, JobState.FAILED, JobState.REJECTED, JobState.ROLLED_BACK, JobState.SUPERSEDED}
 
 
 def check_machine(job_id: str, states: list[JobState], runs: int) -> None:
@@ -54,7 +45,7 @@ def check_machine(job_id: str, states: list[JobState], runs: int) -> None:
     run, a new run (QUEUED) only after a restart, exactly one terminal state, and nothing after it."""
     assert states, f"{job_id}: nothing published"
     assert states[0] is JobState.QUEUED, f"{job_id}: {states}"
-    terminal = [i for i, s in enumerate(states) if s in TERMINAL]
+    terminal = [i for i, s in enumerate(states) if s.terminal]
     assert len(terminal) == 1, f"{job_id}: {len(terminal)} terminal states: {states}"
     assert terminal[0] == len(states) - 1, f"{job_id}: published after its terminal state: {states}"
     previous = JobState.QUEUED
@@ -62,7 +53,7 @@ def check_machine(job_id: str, states: list[JobState], runs: int) -> None:
         if state is JobState.QUEUED:  # a resumed run
             previous = state
             continue
-        assert RUN_ORDER.index(state) >= RUN_ORDER.index(previous), f"{job_id}: went backwards: {states}"
+        assert HAPPY_PATH.index(state) >= HAPPY_PATH.index(previous), f"{job_id}: went backwards: {states}"
         previous = state
     assert states.count(JobState.QUEUED) <= runs, f"{job_id}: more runs than agent processes: {states}"
 
@@ -136,22 +127,8 @@ def _at_state(job_id: str, state: JobState, delay: float = 0.0) -> Callable[[Job
     return lambda s: delay if s.job_id == job_id and s.state is state else None
 
 
-def _wait(predicate: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.02)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-
-
 def _logged(daemon: Daemon, event: str, job_id: str) -> bool:
     return any(e.get("event") == event and e.get("job") == job_id for e in daemon.events())
-
-
-@pytest.fixture
-def keys(tmp_path: Path) -> KeyPairFiles:
-    return write_keypair(tmp_path / "keys", "ops-test")
 
 
 @pytest.fixture
@@ -165,7 +142,7 @@ def killer(broker: Broker) -> Iterator[Killer]:
 #: then ACTIVE again: the kill that lands between a terminal publication and its record is a race,
 #: hit on roughly one try in three before the ledger was written first, so it is tried a few times.
 KILL_POINTS = (
-    [(state, 0.0) for state in RUN_ORDER]
+    [(state, 0.0) for state in HAPPY_PATH]
     + [(JobState.VALIDATING, delay) for delay in (0.01, 0.03, 0.06, 0.1, 0.15, 0.25)]
     + [(JobState.ACTIVE, 0.0)] * 5
 )
@@ -232,8 +209,8 @@ def kill_during_job(
         device.daemon.kill()
         daemon = device.start()
         # Settled: the restarted agent finished the job, and handled its retained manifest.
-        _wait(lambda: any(s in TERMINAL for s in killer.states(job)), 60, f"{job} to finish")
-        _wait(
+        wait_until(lambda: any(s.terminal for s in killer.states(job)), 60, f"{job} to finish")
+        wait_until(
             lambda: (
                 _logged(daemon, "delivery.desired.unchanged", job)
                 or _logged(daemon, "delivery.job.accepted", job)
@@ -265,7 +242,7 @@ def test_sigkill_at_every_state_never_runs_a_job_twice(
                 # documented way (docs/protocol.md, JobStatus): a second run, from QUEUED again.
                 assert states.count(JobState.QUEUED) == 2, f"{job}: not resumed as a new run: {states}"
                 second = states.index(JobState.QUEUED, 1)
-                assert states[second:] == sorted(states[second:], key=RUN_ORDER.index), f"{job}: {states}"
+                assert states[second:] == sorted(states[second:], key=HAPPY_PATH.index), f"{job}: {states}"
                 assert states[second + 1] is JobState.DOWNLOADING, f"{job}: {states}"
             # One owner per slot: the start-up load did not undo the job's activation (or vice versa).
             assert device.active_sha256() == sha256_file(model), (

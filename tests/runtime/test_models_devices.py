@@ -11,48 +11,19 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from agent.config import SlotConfig
 from agent.engines.builder import EngineBuilder
-from agent.engines.service import EngineService
-from agent.engines.settings import EngineConfig
 from agent.engines.spec import BuildSpec
 from agent.localbroker import Broker
-from agent.modelzoo import write_classifier
 from agent.platform import detect_platform
 from agent.protocol.messages import JobState
 from agent.runtime.models import SlotModels
-from agent.runtime.slot import ModelSlot
-from agent.state import StateFile
-from agent.telemetry import Metrics
-from tests.delivery.delivery_stack import SLOT, Harness, make_keys
+from tests.delivery.delivery_stack import SLOT
+from tests.runtime.delivered_slot import ENGINES_CONFIG, deploy_v2, slot_models
 
 
 def _slot_models(tmp_path: Path, state_dir: Path) -> SlotModels:
-    v1 = write_classifier(tmp_path / "v1.onnx", input_size=64, num_classes=10, seed=1)
-    config = SlotConfig.model_validate(
-        {
-            "model": v1,
-            "model_id": "cls",
-            "version": "1",
-            "preprocess": {"width": 64, "height": 64},
-            "postprocess": {"type": "classification", "top_k": 3},
-        }
-    )
-    engines_config = EngineConfig(build_timeout_s=120)
-    engines = EngineService(
-        EngineBuilder(state_dir, engines_config, detect_platform()), engines_config, lambda _s, _n: []
-    )
-    models = SlotModels(
-        {SLOT: ModelSlot(SLOT, parallel_runs=3)},
-        {SLOT: config},
-        StateFile(state_dir / "state.json"),
-        engines,
-        Metrics(),
-        latest_frame=lambda _slot: None,
-        on_activated=lambda: None,
-    )
-    models.load_initial(SLOT, config)
-    return models
+    builder = EngineBuilder(state_dir, ENGINES_CONFIG, detect_platform())
+    return slot_models(tmp_path, builder, parallel_runs=3)
 
 
 def test_a_delivered_build_devices_set_ends_active_with_three_engines_recorded(
@@ -61,18 +32,9 @@ def test_a_delivered_build_devices_set_ends_active_with_three_engines_recorded(
     """devices [cpu, cpu, cpu]: CPU sessions standing in for dla0, dla1 and gpu."""
     state_dir = tmp_path / "state"
     models = _slot_models(tmp_path, state_dir)
-    device = Harness(
-        broker,
-        state_dir,
-        make_keys(tmp_path / "keys"),
-        build=models.build_delivered,
-        activate=models.activate_delivered,
-    ).start()
+    build = BuildSpec.model_validate({"precision": "fp32", "devices": ["cpu", "cpu", "cpu"]})
+    device, manifest = deploy_v2(tmp_path, broker, models, build)
     try:
-        v2 = write_classifier(tmp_path / "v2.onnx", input_size=64, num_classes=10, seed=2)
-        build = BuildSpec.model_validate({"precision": "fp32", "devices": ["cpu", "cpu", "cpu"]})
-        manifest = device.manifest(v2, sequence=2, build=build)
-        device.deploy(device.signed(manifest))
         final = device.wait_terminal(manifest.job_id, timeout=120)[-1]
     finally:
         device.close()

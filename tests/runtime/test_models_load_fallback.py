@@ -18,25 +18,19 @@ from typing import Any
 
 import numpy as np
 
-from agent.config import SlotConfig
 from agent.delivery.guard import ProbationSpec, ShadowSpec
 from agent.engines.builder import EngineBuilder
 from agent.engines.job import BuildJob, Progress, WorkerResult
 from agent.engines.plan import FAILED_AT, PlatformFacts, load_fallback, plan_build, plan_fallback
-from agent.engines.service import EngineService
-from agent.engines.settings import EngineConfig
 from agent.engines.spec import BuildSpec
 from agent.engines.worker import BuildWorker
 from agent.localbroker import Broker
-from agent.modelzoo import write_classifier
 from agent.protocol.messages import JobState, JobStatus
 from agent.runtime.models import SlotModels
-from agent.runtime.slot import ModelSlot
-from agent.state import StateFile
-from agent.telemetry import Metrics
-from tests.delivery.delivery_stack import SLOT, Harness, make_keys, states
+from tests.delivery.delivery_stack import SLOT, Harness, states
 from tests.engines.failing_jobs import TEST_ENV
 from tests.engines.test_builder_fallback import FORCED_TRT
+from tests.runtime.delivered_slot import ENGINES_CONFIG, deploy_v2, slot_models
 
 #: What the fake plan holds: readable by a human who finds it in the engine cache.
 FAKE_PLAN = b"not a TensorRT plan: written by PlanFakingWorker, a test stand-in for absent TensorRT\n"
@@ -100,19 +94,8 @@ def _deploy(
     **manifest: Any,
 ) -> tuple[Harness, SlotModels, str, PlanFakingWorker]:
     state_dir = tmp_path / "state"
-    v1 = write_classifier(tmp_path / "v1.onnx", input_size=64, num_classes=10, seed=1)
-    config = SlotConfig.model_validate(
-        {
-            "model": v1,
-            "model_id": "cls",
-            "version": "1",
-            "preprocess": {"width": 64, "height": 64},
-            "postprocess": {"type": "classification", "top_k": 3},
-        }
-    )
     worker = PlanFakingWorker(state_dir / "build.lock", crash_ort=crash_ort)
-    engines_config = EngineConfig(build_timeout_s=120)
-    builder = EngineBuilder(state_dir, engines_config, FORCED_TRT, worker=worker)
+    builder = EngineBuilder(state_dir, ENGINES_CONFIG, FORCED_TRT, worker=worker)
     # Camera-like frames for validation and the shadow: a gradient that moves one pixel per call, each
     # call a new frame (the shadow compares only frames it has not seen).
     gradient = np.tile(np.linspace(0, 255, 64, dtype=np.uint8)[None, :, None], (64, 1, 3))
@@ -121,26 +104,8 @@ def _deploy(
     def latest_frame(_slot: str) -> np.ndarray[tuple[int, ...], np.dtype[np.uint8]]:
         return np.roll(gradient, next(shift), axis=1)
 
-    models = SlotModels(
-        {SLOT: ModelSlot(SLOT)},
-        {SLOT: config},
-        StateFile(state_dir / "state.json"),
-        EngineService(builder, engines_config, lambda _s, _n: []),
-        Metrics(),
-        latest_frame=latest_frame,
-        on_activated=lambda: None,
-    )
-    models.load_initial(SLOT, config)
-    device = Harness(
-        broker,
-        state_dir,
-        make_keys(tmp_path / "keys"),
-        build=models.build_delivered,
-        activate=models.activate_delivered,
-    ).start()
-    v2 = write_classifier(tmp_path / "v2.onnx", input_size=64, num_classes=10, seed=v2_seed)
-    signed = device.manifest(v2, sequence=2, build=build, **manifest)
-    device.deploy(device.signed(signed))
+    models = slot_models(tmp_path, builder, latest_frame=latest_frame)
+    device, signed = deploy_v2(tmp_path, broker, models, build, seed=v2_seed, **manifest)
     return device, models, signed.job_id, worker
 
 
