@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any, Literal
 
@@ -78,26 +79,9 @@ def multi_engine_step(run: SelfTestRun) -> Passed:
     engines = 1 + len(source.engines)
     slot = ModelSlot("selftest-multi", parallel_runs=engines)
     slot.load(source)
-    sink = ResultSink()
-    spec = SyntheticSourceSpec.model_validate({"width": 160, "height": 120, "fps": 0.0, "frames": frames})
-    plan = StreamPlan(
-        name="synthetic",
-        source=VideoSource("synthetic", spec),
-        slot=slot.name,
-        topic="selftest/results/synthetic",
-        policy="process_all",
-        queue_size=2 * engines,
-    )
-    pipeline = SlotPipeline(slot, [plan], sink, Metrics(), max_batch=1, workers=engines)
-    deadline = time.monotonic() + max(30.0, frames / 10.0)
-    pipeline.start()
-    try:
-        while not pipeline.finished and time.monotonic() < deadline:
-            time.sleep(0.05)
+    with _streaming(slot, frames, fps=0.0, max_batch=1, workers=engines) as (pipeline, sink, deadline):
+        _wait(lambda: pipeline.finished, deadline, 0.05)
         rows = slot.describe()["engines"]
-    finally:
-        pipeline.stop(time.monotonic() + 5.0)
-        slot.close()
     return judge_engines([r.frame_index for r in sink.results], frames, rows, what)
 
 
@@ -200,29 +184,42 @@ def hotswap_step(run: SelfTestRun) -> Passed:
     first, second, what = _swap_sources(run)
     slot = ModelSlot("selftest")
     slot.load(first)
+    with _streaming(slot, frames, fps=100.0, max_batch=4) as (pipeline, sink, deadline):
+        _wait(lambda: sink.count() >= frames // 4, deadline, 0.02)
+        slot.load(second)  # the swap, while frames keep coming
+        _wait(lambda: pipeline.finished, deadline, 0.05)
+    return _judge_swap(sink.results, frames, slot.swaps, first.version, second.version, what)
+
+
+@contextmanager
+def _streaming(
+    slot: ModelSlot, frames: int, *, fps: float, max_batch: int, workers: int = 1
+) -> Iterator[tuple[SlotPipeline, ResultSink, float]]:
+    """A synthetic stream of ``frames`` through ``slot`` with a real pipeline, results kept in a sink:
+    yields (pipeline, sink, deadline); stops the pipeline and closes the slot on the way out."""
     sink = ResultSink()
-    spec = SyntheticSourceSpec.model_validate({"width": 160, "height": 120, "fps": 100.0, "frames": frames})
+    spec = SyntheticSourceSpec.model_validate({"width": 160, "height": 120, "fps": fps, "frames": frames})
     plan = StreamPlan(
         name="synthetic",
         source=VideoSource("synthetic", spec),
         slot=slot.name,
         topic="selftest/results/synthetic",
         policy="process_all",
-        queue_size=4,
+        queue_size=max(4, 2 * workers),
     )
-    pipeline = SlotPipeline(slot, [plan], sink, Metrics(), max_batch=4)
+    pipeline = SlotPipeline(slot, [plan], sink, Metrics(), max_batch=max_batch, workers=workers)
     deadline = time.monotonic() + max(30.0, frames / 10.0)
     pipeline.start()
     try:
-        while sink.count() < frames // 4 and time.monotonic() < deadline:
-            time.sleep(0.02)
-        slot.load(second)  # the swap, while frames keep coming
-        while not pipeline.finished and time.monotonic() < deadline:
-            time.sleep(0.05)
+        yield pipeline, sink, deadline
     finally:
         pipeline.stop(time.monotonic() + 5.0)
         slot.close()
-    return _judge_swap(sink.results, frames, slot.swaps, first.version, second.version, what)
+
+
+def _wait(done: Callable[[], bool], deadline: float, poll_s: float) -> None:
+    while not done() and time.monotonic() < deadline:
+        time.sleep(poll_s)
 
 
 def _judge_swap(  # noqa: PLR0917 - pure check with one call site
