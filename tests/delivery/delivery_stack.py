@@ -9,7 +9,6 @@ slot's ``build``/``activate`` instead (``SlotModels.build_delivered``/``activate
 from __future__ import annotations
 
 import json
-import shutil
 import threading
 import uuid
 from collections.abc import Callable
@@ -288,9 +287,3 @@ def states(statuses: list[JobStatus]) -> list[JobState]:
         if not out or out[-1] is not s.state:
             out.append(s.state)
     return out
-
-
-def copy_model(src: Path, dst: Path) -> Path:
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(src, dst)
-    return dst

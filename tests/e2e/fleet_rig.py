@@ -14,8 +14,10 @@ from agent.fleet.deploy_plan import DeployPlan
 from agent.fleet.keys import KeyPairFiles, load_signing_key
 from agent.localbroker import Broker
 from agent.mqtt.settings import MqttSettings
+from agent.protocol.messages import JobStatus, decode
+from agent.protocol.topics import Topics
 from tests.e2e.daemon import AgentFiles, Daemon, unique_results
-from tests.mqtt_probe import Received
+from tests.mqtt_probe import Probe, Received
 
 
 def count_version(version: str, topic: str) -> Callable[[list[Received]], bool]:
@@ -33,6 +35,10 @@ def agent_state(files: AgentFiles) -> dict[str, Any]:
     """state.json, parsed (a corrupt file fails the test here)."""
     state: dict[str, Any] = json.loads((files.root / "state" / "state.json").read_text())
     return state
+
+
+#: Options of :meth:`Fleet.deploy` that belong to the deploy plan.
+_PLAN_OPTIONS = ("chunk_size", "shadow", "probation_s", "probation")
 
 
 class Fleet:
@@ -57,14 +63,17 @@ class Fleet:
         return daemon
 
     def deploy(self, model: Path, devices: list[str], version: str = "2", **options: Any) -> FleetDeploy:
-        chunk_size = options.pop("chunk_size", 4 * KIB)
+        """Deploy ``model`` to ``devices``' slot ``cls``: ``chunk_size``, ``shadow``, ``probation_s`` and
+        ``probation`` go into the plan, every other option to :class:`FleetDeploy`."""
+        plan_options = {k: options.pop(k) for k in _PLAN_OPTIONS if k in options}
         plan = DeployPlan(
             model=model,
             devices=tuple(devices),
             slot="cls",
             version=version,
             model_id="cls",
-            chunk_size=chunk_size,
+            chunk_size=plan_options.pop("chunk_size", 4 * KIB),
+            **plan_options,
         )
         return FleetDeploy(
             operator_settings(self.broker),
@@ -85,3 +94,23 @@ def finish(deploy: FleetDeploy, timeout: float = 60.0) -> DeployOutcome:
         return deploy.wait(timeout)
     finally:
         deploy.stop()
+
+
+def results(messages: list[Received], topic: str) -> list[dict[str, Any]]:
+    """Results by frame index, read as plain JSON (a NaN score arrives as null), duplicates removed."""
+    seen: dict[str, dict[str, Any]] = {}
+    for m in messages:
+        if m.topic == topic:
+            raw = json.loads(m.payload)
+            seen.setdefault(raw["msg_id"], raw)
+    return sorted(seen.values(), key=lambda r: r["frame_index"])
+
+
+def job_statuses(probe: Probe, job_id: str, device: str) -> list[JobStatus]:
+    topic = Topics("fleet/v1", device).jobs(job_id)
+    return [decode(JobStatus, m.payload) for m in probe.snapshot() if m.topic == topic]
+
+
+def assert_no_gap(found: list[dict[str, Any]]) -> None:
+    indexes = [r["frame_index"] for r in found]
+    assert indexes == list(range(indexes[0], indexes[0] + len(indexes))), "a frame index lost or repeated"

@@ -20,8 +20,7 @@ from agent.delivery.guard import ProbationSpec, ShadowSpec
 from agent.engines.int8 import quantize_int8
 from agent.protocol.messages import JobState
 from agent.protocol.topics import Topics
-from tests.e2e.fleet_rig import Fleet, count_version, finish
-from tests.e2e.test_shadow_probation import assert_no_gap, deploy, job_statuses, results
+from tests.e2e.fleet_rig import Fleet, assert_no_gap, count_version, finish, job_statuses, results
 from tests.mqtt_probe import Probe
 from tests.runtime.models import write_squeezed_activation_scales
 
@@ -80,7 +79,7 @@ def test_a_poor_int8_build_is_rejected_in_shadow_and_a_good_one_passes_shadow_an
     # good build as too_slow (measured here: latency ratio about 1.0).
     shadow = ShadowSpec(frames=20, sample_fps=10.0, min_agreement=0.9, max_latency_ratio=4.0)
 
-    poor = deploy(fleet, int8_builds["poor"], device_id, "2-int8-poor", shadow=shadow, probation_s=3.0)
+    poor = fleet.deploy(int8_builds["poor"], [device_id], "2-int8-poor", shadow=shadow, probation_s=3.0)
     outcome = finish(poor)
     progress = outcome.devices[device_id]
     assert (progress.state, progress.error_code) == (JobState.REJECTED, "shadow_disagrees"), progress
@@ -92,10 +91,9 @@ def test_a_poor_int8_build_is_rejected_in_shadow_and_a_good_one_passes_shadow_an
     assert rejected.shadow.agreement is not None
     assert rejected.shadow.agreement < 0.6, rejected.shadow
 
-    good = deploy(
-        fleet,
+    good = fleet.deploy(
         int8_builds["good"],
-        device_id,
+        [device_id],
         "3-int8",
         shadow=shadow,
         probation_s=3.0,
