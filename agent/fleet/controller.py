@@ -24,6 +24,7 @@ import json
 import os
 import queue
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -102,15 +103,18 @@ class FleetController:
 
     def run(self, stop: threading.Event) -> None:
         """Handle requests and step the rollouts until ``stop`` is set."""
+        last_step = 0.0
         while not stop.is_set():
             try:
-                message = self._requests.get(timeout=_TICK_S)
+                message: InboundMessage | None = self._requests.get(timeout=_TICK_S)
             except queue.Empty:
                 message = None
             if message is not None:
                 self._answer(message)
-                continue  # requests first: a burst of them must not wait for every step
-            self.step()
+            # Steps at least every tick, however many requests arrive: status polls must not starve them.
+            if message is None or time.monotonic() - last_step >= _TICK_S:
+                self.step()
+                last_step = time.monotonic()
 
     def step(self) -> None:
         """Step every open rollout once; forget the ones that are over."""
@@ -243,11 +247,9 @@ class FleetController:
         from_models: dict[str, str | None] = {}
         for device in request.devices:
             slot = fleet[device].slots.get(request.slot) if device in fleet else None
-            ref = (slot or {}).get("model") if isinstance(slot, dict) else None
+            sha = (slot or {}).get("sha256")
             from_models[device] = (
-                model_ref(str(ref.get("model_id")), ref.get("version"), str(ref.get("sha256")))
-                if isinstance(ref, dict) and ref.get("sha256")
-                else None
+                model_ref(str(slot.get("model_id")), slot.get("version"), str(sha)) if slot and sha else None
             )
         plan = request.plan(rollout_id, job_id, sequence, from_models, manifest.model_dump(mode="json"))
         self.store.create(plan)
