@@ -204,5 +204,5 @@ def time_together(
     if cancel is not None and cancel.is_set():
         raise BuildError("timing cancelled: the agent is stopping or the job was superseded")
     if any(worker.is_alive() for worker in workers):
-        raise BuildError(f"an engine is stuck: timing together ran {wall:.0f} s past its {seconds:g} s")
+        raise BuildError(f"an engine is stuck: still running {wall:.0f} s into a {seconds:g} s timing")
     return CombinedTiming(engine_frames=tuple(done), seconds=wall)
