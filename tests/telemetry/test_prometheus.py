@@ -8,11 +8,14 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from agent.config.models import TelemetryConfig
 from agent.errors import ConfigError
 from agent.telemetry import DeviceStats, Metrics, TelemetryLoop
 from agent.telemetry.prometheus import TelemetryEndpoint
+from agent.telemetry.series import series_of
 from tests.waiting import wait_until
 
 
@@ -99,3 +102,30 @@ def test_a_taken_port_is_a_config_error() -> None:
         endpoint = TelemetryEndpoint("127.0.0.1", taken.getsockname()[1], stale_after_s=30)
         with pytest.raises(ConfigError, match=r"telemetry\.prometheus: cannot listen on 127\.0\.0\.1:"):
             endpoint.start()
+
+
+def test_the_metrics_section_of_the_operations_doc_says_what_the_code_does() -> None:
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "operations.md").read_text(encoding="utf-8")
+    section = doc.split("## Metrics and dashboards", 1)[1].split("\n## ", 1)[0]
+    # The device's opt-in endpoint, as documented, is a valid telemetry section.
+    snippet = section.split("```yaml\ntelemetry:\n", 1)[1].split("```", 1)[0]
+    config = TelemetryConfig.model_validate(yaml.safe_load("telemetry:\n" + snippet)["telemetry"])
+    assert (config.prometheus.port, config.prometheus.host) == (9108, "0.0.0.0")
+    assert TelemetryConfig().prometheus.host == "127.0.0.1"
+    # The renamings it quotes.
+    p99 = series_of("stream.cam0.latency.total.p99_ms")
+    assert p99 is not None
+    assert (p99.metric, dict(p99.labels)) == (
+        "edge_stream_latency_seconds",
+        {"stream": "cam0", "stage": "total", "quantile": "0.99"},
+    )
+    prose = " ".join(section.split())  # the doc wraps lines anywhere
+    assert 'stream="cam0", stage="total", quantile="0.99"' in prose
+    for field, metric in (
+        ("process.rss_mb", "edge_process_resident_memory_bytes"),
+        ("temp.cpu_therm_c", "edge_temperature_celsius"),
+    ):
+        found = series_of(field)
+        assert found is not None
+        assert found.metric == metric
+        assert f"`{field}` becomes `{metric}" in prose
