@@ -51,6 +51,8 @@ def test_a_delivered_device_auto_build_goes_live_on_the_fastest_combination(
     assert set(choice["chosen"]) == {"gpu", "dla0", "dla1"}
     assert choice["combined_fps"] == max(o["fps"] for o in choice["combinations"])
     assert len(choice["combinations"]) == 6, "three alone, three sets together"
+    # The job status reports each engine of the kept set, as for a build.devices set.
+    assert [e["device"] for e in final.effective["engines"]] == choice["chosen"]
 
     current = models.slots[SLOT].current
     assert current is not None
