@@ -48,6 +48,7 @@ from agent.mqtt.inbound import InboundMessage
 from agent.mqtt.service_client import ServiceClient
 from agent.protocol.messages import CommandReply, encode
 from agent.protocol.topics import ControllerTopics
+from agent.transitions import IllegalTransitionError
 
 log = structlog.get_logger(__name__)
 
@@ -121,8 +122,8 @@ class FleetController:
         for rollout_id, runner in list(self.runners.items()):
             try:
                 over = runner.step()
-            except AgentError as exc:
-                log.error("fleet.controller.step_failed", rollout=rollout_id, error=str(exc))
+            except Exception:  # one rollout's trouble (a broker hiccup) must not stop the others
+                log.exception("fleet.controller.step_failed", rollout=rollout_id)
                 continue
             if over:
                 runner.stop()
@@ -182,12 +183,17 @@ class FleetController:
             code = exc.code if isinstance(exc, AgentError) else "bad_request"
             reply = CommandReply(command=verb, ok=False, error_code=code, error=str(exc))
             log.warning("fleet.controller.refused", verb=verb, error=str(exc))
+        except IllegalTransitionError as exc:
+            reply = CommandReply(command=verb, ok=False, error_code="wrong_state", error=str(exc))
         except ValidationError as exc:
             problems = "; ".join(
                 f"{'.'.join(str(p) for p in e['loc']) or 'request'}: {e['msg']}"
                 for e in exc.errors(include_url=False)
             )
             reply = CommandReply(command=verb, ok=False, error_code="bad_request", error=problems)
+        except Exception as exc:  # the loop must outlive any one request; the reply says what broke
+            log.exception("fleet.controller.request_failed", verb=verb)
+            reply = CommandReply(command=verb, ok=False, error_code="internal_error", error=repr(exc))
         properties = PublishProperties(correlation_data=message.correlation_data)
         self._client.publish(message.response_topic, encode(reply), qos=1, properties=properties)
 

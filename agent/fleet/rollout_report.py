@@ -8,6 +8,7 @@ checked by a test against a real rollout.
 from __future__ import annotations
 
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 from agent.fleet.rollout_store import DeviceStep, RolloutStore
@@ -49,7 +50,7 @@ def rollout_status(store: RolloutStore, rollout_id: str) -> dict[str, Any]:
         "state": row.state.value,
         "reason": row.reason,
         "slot": row.slot,
-        "model": request.get("model_id") or request.get("model_name"),
+        "model": request.get("model_id") or Path(str(request.get("model_name", "?"))).stem,
         "version": row.to_version,
         "job_id": row.job_id,
         "created_at": row.created_at,

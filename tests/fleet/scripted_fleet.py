@@ -1,13 +1,13 @@
-"""Scripted devices for controller tests (no tests here): plain paho on a real mosquitto.
-
-A stand-in for the devices of a simulated fleet, not agent code: each device publishes its retained
+"""Scripted devices for controller tests (no tests here): plain paho on a real mosquitto. A stand-in
+for the devices of a simulated fleet, not agent code: each device publishes its retained
 ``up/status`` and ``up/info`` (with the model its slot runs), reads its retained desired state,
-checks the signature and the device name as an agent does, and answers a job id it has not seen
-with scripted job states (ends chosen per device: ACTIVE with healthy or poor shadow figures,
-FAILED, ROLLED_BACK). A job id it has seen is ignored, as the agent's one-terminal-state-per-job-id
-rule does; the fleet counts the jobs each device started, which is what "no device deployed twice"
-is checked against. A device can be offline: the desired states it gets meanwhile wait until it
-comes back. It answers ``status`` with its last job, as the agent does.
+checks the signature and the device name as an agent does, and answers a job id it has not seen with
+scripted job states (shadow and probation walked at once, with figures; ends chosen per device:
+ACTIVE with healthy or poor shadow figures, FAILED, ROLLED_BACK). A job id it has seen is ignored,
+as the agent's one-terminal-state-per-job-id rule does; the fleet counts the jobs each device
+started, which is what "no device deployed twice" is checked against. A device can be offline: the
+desired states it gets meanwhile wait until it comes back. It answers ``status`` with its last job,
+as the agent does.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from agent.protocol.messages import (
     InfoMessage,
     JobState,
     JobStatus,
+    ProbationFigures,
     ShadowFigures,
     StatusMessage,
     encode,
@@ -165,6 +166,10 @@ class ScriptedFleet:
         if manifest.shadow is not None:
             steps.append(JobState.SHADOW)
             shadow = ShadowFigures(frames=30, agreement=device.agreement, latency_ratio=1.0)
+        probation = None
+        if manifest.probation_s:
+            steps.append(JobState.PROBATION)
+            probation = ProbationFigures(elapsed_s=manifest.probation_s, probation_s=manifest.probation_s)
         for state in steps:
             self._probe.publish(
                 topics.jobs(manifest.job_id),
@@ -176,6 +181,7 @@ class ScriptedFleet:
             slot=manifest.slot,
             state=end,
             shadow=shadow,
+            probation=probation,
             error_code=None if end is JobState.ACTIVE else "scripted",
             error=None if end is JobState.ACTIVE else "the script says so",
         )

@@ -9,6 +9,7 @@ real one, in this process (a thread runs its loop). The kill -9 test runs it as 
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import signal
 import subprocess
@@ -315,3 +316,44 @@ def test_the_controller_killed_mid_wave_resumes_with_no_device_twice_and_none_sk
     assert done["devices"] == {"ACTIVE": 5}
     assert all(len(j) == 1 for j in jobs.values()), jobs
     assert {j[0] for j in jobs.values()} == {done["job_id"]}
+
+
+def test_the_rollout_commands_select_show_start_follow_and_list(
+    tmp_path: Path,
+    broker: Broker,
+    prefix: str,
+    keys: KeyPairFiles,
+    controller: Running,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from agent.cli import main
+
+    names = ["c0", "c1", "c2", "c3"]
+    model = tiny_model(tmp_path / "m.onnx")
+    broker_args = ["--broker", f"{broker.host}:{broker.port}", "--prefix", prefix]
+    with _fleet(broker, prefix, keys, names) as fleet:
+        for n in ("c0", "c1", "c2"):
+            fleet.devices[n].labels = {"site": "berlin-3"}
+            fleet.set_online(n, True)  # announces the labels
+        start = ["fleet", "rollout", "start", str(model), "--slot", SLOT, "--version", "2", "--no-shadow"]
+        start += ["--select", "site=berlin-3", "--select-wait", "1", "--waves", "1,100%", "--id", "cli"]
+        assert main([*start, "--dry-run", *broker_args]) == 0
+        shown = capsys.readouterr().out
+        assert "selected 3 device(s): c0, c1, c2" in shown
+        assert "--dry-run: nothing sent" in shown
+        assert fleet.jobs() == {key: [] for key in names}
+        assert main([*start, "--wait", *broker_args]) == 0  # exit 0: the rollout ended DONE
+        out = capsys.readouterr().out
+        assert "uploading m.onnx" in out
+        assert "rollout cli: DONE" in out
+        assert "wave 2: DONE" in out
+        assert main(["fleet", "rollout", "status", "cli", "--json", *broker_args]) == 0
+        status = json.loads(capsys.readouterr().out)
+        assert status["devices"] == {"ACTIVE": 3}
+        assert main(["fleet", "rollout", "list", *broker_args]) == 0
+        assert capsys.readouterr().out.startswith("cli ")
+        assert main(["fleet", "rollout", "pause", "cli", *broker_args]) != 0  # a DONE rollout stays DONE
+        assert "rollout cli" in capsys.readouterr().err
+        jobs = fleet.jobs()
+    assert jobs["c3"] == []  # not selected
+    assert all(len(jobs[n]) == 1 for n in ("c0", "c1", "c2"))
