@@ -36,6 +36,7 @@ from agent.fleet.console.rollouts import rollout_devices, rollout_ids, rollout_s
 from agent.fleet.console.summary import DeviceFilter, device_detail, device_rows
 from agent.fleet.rollout_store import RolloutStore, RolloutStoreError
 from agent.fleet.view import FleetView
+from agent.transitions import IllegalTransitionError
 
 STATIC_DIR = Path(__file__).parent / "static"
 
@@ -52,18 +53,19 @@ SECURITY_HEADERS = (
     (b"x-frame-options", b"DENY"),
 )
 
-NO_TOKEN = (
+READ_ONLY_REFUSAL = (
     "actions are disabled: the controller has no console token "
     "(set http.token_file in controller.yaml; the console is read-only without it)"
 )
-BAD_TOKEN = "this action needs the console token: send it as 'Authorization: Bearer TOKEN'"
+AUTH_REFUSAL = "this action needs the console token: send it as 'Authorization: Bearer TOKEN'"
 
 
 class ConsoleActions(Protocol):
     """What the console's buttons do; the controller implements it on its running rollouts.
 
-    Each returns a short message for the operator, or raises an :class:`AgentError` whose text says
-    why not (an unknown rollout, a move its state does not allow).
+    Each returns a short message for the operator, or raises an :class:`AgentError` (an unknown
+    rollout) or :class:`IllegalTransitionError` (a move its state does not allow) whose text says
+    why not; the console answers 409 with that text.
     """
 
     def pause(self, rollout_id: str) -> str: ...
@@ -173,9 +175,9 @@ def make_console_app(
 
     def act(request: Request) -> Response:
         if not token:
-            return _error(403, NO_TOKEN)
+            return _error(403, READ_ONLY_REFUSAL)
         if not token_matches(token, request.headers.get("authorization")):
-            response = _error(401, BAD_TOKEN)
+            response = _error(401, AUTH_REFUSAL)
             response.headers["www-authenticate"] = 'Bearer realm="edge-agent console"'
             return response
         rollout_id, verb = request.path_params["rollout_id"], request.path_params["verb"]
@@ -189,7 +191,7 @@ def make_console_app(
                 message = actions.resume(rollout_id)
             else:
                 message = actions.abort(rollout_id, rollback)
-        except AgentError as exc:
+        except (AgentError, IllegalTransitionError) as exc:
             return _error(409, str(exc))
         return JSONResponse({"ok": True, "message": message})
 

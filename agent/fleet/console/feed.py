@@ -12,7 +12,8 @@ Events (``text/event-stream``; each ``data:`` line is JSON)::
     event: rollouts   data: {"rollouts": [SUMMARY...]}
 
 ``full`` marks the first frame of a stream (everything the filter lists); ROW is
-:func:`~agent.fleet.console.summary.device_row`, SUMMARY :func:`~agent.fleet.console.rollouts.rollout_summary`.
+:func:`~agent.fleet.console.summary.device_row`, SUMMARY
+:func:`~agent.fleet.console.rollouts.rollout_summary`.
 """
 
 from __future__ import annotations
@@ -129,7 +130,9 @@ class Stream:
                 self.sent_rollouts = summaries
         return "".join(out)
 
-    async def run(self, closing: threading.Event, disconnected: Callable[[], Awaitable[bool]]) -> AsyncIterator[str]:
+    async def run(
+        self, closing: threading.Event, disconnected: Callable[[], Awaitable[bool]]
+    ) -> AsyncIterator[str]:
         """The stream's text: a frame when something changed, at most one per ``interval_s``."""
         yield "retry: 2000\n\n"
         interval = self.feed.interval_s

@@ -47,6 +47,11 @@ class ConsoleServer:
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"http://{host}:{self.port}"
 
+    @property
+    def running(self) -> bool:
+        """True while the server thread runs."""
+        return self._thread.is_alive()
+
     def start(self, timeout: float = 10.0) -> None:
         """Start serving; returns once uvicorn accepts connections (or raises ConfigError)."""
         self._thread.start()
