@@ -23,7 +23,7 @@ function el(tag, props, ...children) {
     if (key === "dataset") Object.assign(node.dataset, value);
     else node[key] = value;
   }
-  for (const child of children.flat()) {
+  for (const child of children.flat(Infinity)) {
     if (child === null || child === undefined || child === false) continue;
     node.append(child instanceof Node ? child : document.createTextNode(safe(child, 1024)));
   }
@@ -183,7 +183,7 @@ function table(id, headers, rows) {
 
 function figures(value) {
   if (!value) return "";
-  return Object.entries(value).map(([k, v]) => k + "=" + (typeof v === "object" && v !== null ? JSON.stringify(v) : (typeof v === "number" ? +v.toFixed(4) : v))).join("  ");
+  return Object.entries(value).filter(([, v]) => v !== null).map(([k, v]) => k + "=" + (typeof v === "object" && v !== null ? JSON.stringify(v) : (typeof v === "number" ? +v.toFixed(4) : v))).join("  ");
 }
 
 const charts = {};
@@ -224,10 +224,10 @@ async function devicePage(deviceId) {
     el("td", { className: "mono" }, figures(j.shadow)), el("td", { className: "mono" }, figures(j.probation))));
   const temps = Object.entries(detail.temperatures).map(([zone, c]) => el("tr", {}, el("td", {}, zone), el("td", { className: "num" }, num(c))));
   const p = detail.platform;
-  $("#app").replaceChildren(
+  $("#app").replaceChildren(...[
     el("h1", { id: "device-title" }, row.id, " ", badge(row.state)),
     el("div", { className: "grid" },
-      el("div", { className: "card" }, kv([
+      el("div", { className: "card", id: "facts" }, kv([
         ["status", row.state + (row.since ? " for " + age(row.since) : "")], ["session", row.session], ["agent", row.agent],
         ["telemetry", detail.telemetry_at ? age(detail.telemetry_at) + " ago" : "none heard"],
         ["fps", num(row.fps)], ["p99 latency ms", num(row.p99_ms)], ["CPU %", num(row.cpu, 0)],
@@ -245,7 +245,8 @@ async function devicePage(deviceId) {
     table("jobs", ["job", "slot", "state", "at", "error code", "error"], jobs),
     el("h2", {}, "Shadow and probation figures"),
     table("verdicts", ["job", "state", "shadow", "probation"], verdicts),
-    detail.problems.length ? el("div", {}, el("h2", {}, "Malformed messages"), el("ul", { id: "problems" }, detail.problems.map((t) => el("li", {}, t)))) : null);
+    detail.problems.length ? el("div", {}, el("h2", {}, "Malformed messages"), el("ul", { id: "problems" }, detail.problems.map((t) => el("li", {}, t)))) : null,
+  ].filter(Boolean));
   document.body.dataset.device = "rendered";
 }
 
