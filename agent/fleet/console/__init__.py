@@ -6,6 +6,6 @@ of them. See docs/console.md.
 """
 
 from agent.fleet.console.app import ConsoleActions, make_console_app
-from agent.fleet.console.server import ConsoleServer, serve_console
+from agent.fleet.console.server import ConsoleServer, console_token, serve_console
 
-__all__ = ["ConsoleActions", "ConsoleServer", "make_console_app", "serve_console"]
+__all__ = ["ConsoleActions", "ConsoleServer", "console_token", "make_console_app", "serve_console"]

@@ -10,11 +10,13 @@ from __future__ import annotations
 import socket
 import threading
 import time
+from pathlib import Path
 
 import uvicorn
 from starlette.applications import Starlette
 
 from agent.errors import ConfigError
+from agent.secret_file import read_secret
 
 #: Longest a stop waits for open requests (live event streams end within a second of the stop).
 STOP_TIMEOUT_S = 5.0
@@ -92,3 +94,12 @@ def serve_console(app: Starlette, host: str = "127.0.0.1", port: int = 0) -> Con
     server = ConsoleServer(app, sock)
     server.start()
     return server
+
+
+def console_token(path: Path | None) -> str | None:
+    """The console token from ``http.token_file`` (None: no file configured, the console is read-only).
+
+    Read with :func:`agent.secret_file.read_secret`: a missing or empty file is a ConfigError, and a
+    file others may read is logged as a warning.
+    """
+    return None if path is None else read_secret(path)
