@@ -7,6 +7,8 @@ need=()
 command -v mosquitto >/dev/null 2>&1 || [ -x /usr/sbin/mosquitto ] || need+=(mosquitto)
 command -v gst-launch-1.0 >/dev/null 2>&1 || need+=(gstreamer1.0-tools gstreamer1.0-plugins-base gstreamer1.0-plugins-good)
 command -v prometheus >/dev/null 2>&1 || need+=(prometheus)
+# chromium: the fleet console's browser test drives it through Playwright (never a browser download).
+[ -x /usr/bin/chromium ] || need+=(chromium)
 [ ${#need[@]} -eq 0 ] && exit 0
 echo "os-deps: installing ${need[*]}"
 sudo=""

@@ -1,0 +1,236 @@
+"""The fleet console: a Starlette app with three pages, a JSON API, live events and three actions.
+
+Routes (docs/console.md)::
+
+    GET  /  /device/{id}  /rollouts           the pages (one HTML shell; static/console.js renders)
+    GET  /static/...                          console.js, console.css, uPlot (vendored, no CDN)
+    GET  /api/devices?select=&state=&model=   the devices table (400 with the reason for a bad filter)
+    GET  /api/device/{id}                     one device: slots, platform, jobs, the last hour's charts
+    GET  /api/rollouts   /api/rollout/{id}    rollouts: waves, counts, gate figures (+ devices)
+    GET  /events?want=devices,rollouts&...    server-sent events (agent/fleet/console/feed.py)
+    POST /api/rollouts/{id}/pause|resume|abort[?rollback=1]   needs ``Authorization: Bearer TOKEN``
+    GET  /metrics                             the controller's metrics app, when given
+
+Read-only unless a token is configured; then the three actions need it, compared in constant time.
+A Bearer header is never sent by a browser on its own, so a page on another site cannot make the
+operator's browser pause a rollout (no cookie, no CSRF).
+"""
+
+from __future__ import annotations
+
+import hmac
+import threading
+from pathlib import Path
+from typing import Any, Protocol
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import FileResponse, JSONResponse, Response, StreamingResponse
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from agent.errors import AgentError, UsageError
+from agent.fleet.console.feed import Feed, Stream
+from agent.fleet.console.rollouts import rollout_devices, rollout_ids, rollout_summary
+from agent.fleet.console.summary import DeviceFilter, device_detail, device_rows
+from agent.fleet.rollout_store import RolloutStore, RolloutStoreError
+from agent.fleet.view import FleetView
+from agent.transitions import IllegalTransitionError
+
+STATIC_DIR = Path(__file__).parent / "static"
+
+#: What every response carries: scripts and styles only from this server (a device string that
+#: somehow reached the markup still could not run), no framing, no referrer to other sites.
+SECURITY_HEADERS = (
+    (
+        b"content-security-policy",
+        b"default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+        b"connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'self'",
+    ),
+    (b"x-content-type-options", b"nosniff"),
+    (b"referrer-policy", b"no-referrer"),
+    (b"x-frame-options", b"DENY"),
+)
+
+READ_ONLY_REFUSAL = (
+    "actions are disabled: the controller has no console token "
+    "(set http.token_file in controller.yaml; the console is read-only without it)"
+)
+AUTH_REFUSAL = "this action needs the console token: send it as 'Authorization: Bearer TOKEN'"
+
+
+class ConsoleActions(Protocol):
+    """What the console's buttons do; the controller implements it on its running rollouts.
+
+    Each returns a short message for the operator, or raises an :class:`AgentError` (an unknown
+    rollout) or :class:`IllegalTransitionError` (a move its state does not allow) whose text says
+    why not; the console answers 409 with that text.
+    """
+
+    def pause(self, rollout_id: str) -> str: ...
+
+    def resume(self, rollout_id: str) -> str: ...
+
+    def abort(self, rollout_id: str, rollback: bool) -> str: ...
+
+
+class _SecurityHeaders:
+    """Adds :data:`SECURITY_HEADERS` to every HTTP response (a plain ASGI wrapper: it leaves
+    streaming responses streaming, which Starlette's BaseHTTPMiddleware would not)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def send_with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message["headers"] = [*message.get("headers", []), *SECURITY_HEADERS]
+            await send(message)
+
+        await self.app(scope, receive, send_with_headers)
+
+
+class _AsgiEndpoint:
+    """An ASGI app as a Route endpoint: Starlette calls a plain *function* endpoint as
+    ``f(request) -> response``, and prometheus_client's ``make_asgi_app`` returns a function."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self.app(scope, receive, send)
+
+
+def _error(status: int, message: str) -> JSONResponse:
+    return JSONResponse({"error": message}, status_code=status)
+
+
+def token_matches(configured: str | None, authorization: str | None) -> bool:
+    """Whether an ``Authorization`` header carries the configured token (constant-time compare)."""
+    if not configured or not authorization:
+        return False
+    scheme, _, given = authorization.partition(" ")
+    if scheme.lower() != "bearer":
+        return False
+    return hmac.compare_digest(given.strip().encode(), configured.encode())
+
+
+def make_console_app(
+    view: FleetView,
+    store: RolloutStore,
+    actions: ConsoleActions,
+    *,
+    token: str | None,
+    metrics_app: ASGIApp | None = None,
+    interval_s: float = 1.0,
+) -> Starlette:
+    """The console over ``view`` (devices) and ``store`` (rollouts); ``actions`` behind ``token``.
+
+    ``token`` None or empty: read-only, every action answers 403. ``metrics_app`` is served at
+    ``/metrics``. ``interval_s``: the shortest time between two live frames to one browser.
+    """
+    feed = Feed(view, store, interval_s=interval_s)
+    closing = threading.Event()
+
+    async def page(request: Request) -> Response:
+        return FileResponse(STATIC_DIR / "index.html", headers={"cache-control": "no-store"})
+
+    # The API handlers are plain functions: Starlette runs them in its thread pool, so a SQLite read
+    # or copying 1,000 devices never stalls the event loop that carries the live streams.
+    def api_devices(request: Request) -> Response:
+        try:
+            where = DeviceFilter.parse(request.query_params)
+        except (UsageError, ValueError) as exc:
+            return _error(400, str(exc))
+        devices = view.devices()
+        rows = device_rows(devices, where)
+        return JSONResponse({"devices": list(rows.values()), "total": len(devices), "version": view.version})
+
+    def api_device(request: Request) -> Response:
+        device_id = request.path_params["device_id"]
+        device = view.device(device_id)
+        if device is None:
+            return _error(404, f"no device {device_id!r} heard by this controller")
+        return JSONResponse(device_detail(device, view.history(device_id)))
+
+    def api_rollouts(request: Request) -> Response:
+        try:
+            return JSONResponse({"rollouts": [rollout_summary(store, r) for r in rollout_ids(store)]})
+        except RolloutStoreError as exc:
+            return _error(503, str(exc))
+
+    def api_rollout(request: Request) -> Response:
+        rollout_id = request.path_params["rollout_id"]
+        try:
+            summary = rollout_summary(store, rollout_id)
+            summary["device_rows"] = rollout_devices(store, rollout_id)
+        except RolloutStoreError as exc:
+            return _error(404, str(exc))
+        return JSONResponse(summary)
+
+    def act(request: Request) -> Response:
+        if not token:
+            return _error(403, READ_ONLY_REFUSAL)
+        if not token_matches(token, request.headers.get("authorization")):
+            response = _error(401, AUTH_REFUSAL)
+            response.headers["www-authenticate"] = 'Bearer realm="edge-agent console"'
+            return response
+        rollout_id, verb = request.path_params["rollout_id"], request.path_params["verb"]
+        if verb not in ("pause", "resume", "abort"):
+            return _error(404, f"no action {verb!r}: pause, resume or abort")
+        rollback = request.query_params.get("rollback", "") in ("1", "true", "yes")
+        try:
+            if verb == "pause":
+                message = actions.pause(rollout_id)
+            elif verb == "resume":
+                message = actions.resume(rollout_id)
+            else:
+                message = actions.abort(rollout_id, rollback)
+        except (AgentError, IllegalTransitionError) as exc:
+            return _error(409, str(exc))
+        return JSONResponse({"ok": True, "message": message})
+
+    async def events(request: Request) -> Response:
+        params = request.query_params
+        try:
+            where = DeviceFilter.parse(params)
+        except (UsageError, ValueError) as exc:
+            return _error(400, str(exc))
+        want = set(params.get("want", "devices").split(","))
+        stream = Stream(
+            feed,
+            where,
+            device=params.get("device") or None,
+            want_devices="devices" in want,
+            want_rollouts="rollouts" in want,
+        )
+        return StreamingResponse(
+            stream.run(closing, request.is_disconnected),
+            media_type="text/event-stream",
+            headers={"cache-control": "no-store", "x-accel-buffering": "no"},
+        )
+
+    routes: list[Any] = [
+        Route("/", page),
+        Route("/device/{device_id}", page),
+        Route("/rollouts", page),
+        Route("/api/devices", api_devices),
+        Route("/api/device/{device_id}", api_device),
+        Route("/api/rollouts", api_rollouts),
+        Route("/api/rollout/{rollout_id}", api_rollout),
+        Route("/api/rollouts/{rollout_id}/{verb}", act, methods=["POST"]),
+        Route("/events", events),
+        Mount("/static", StaticFiles(directory=STATIC_DIR)),
+    ]
+    if metrics_app is not None:
+        # A Route, not a Mount: Prometheus scrapes /metrics itself, without a redirect to /metrics/.
+        routes.append(Route("/metrics", _AsgiEndpoint(metrics_app)))
+    app = Starlette(routes=routes)
+    app.add_middleware(_SecurityHeaders)
+    app.state.closing = closing  # set by serve_console's stop(): open event streams end
+    return app

@@ -1,0 +1,95 @@
+"""Rollouts as the console shows them: waves, device counts per step and end, gate figures.
+
+Read from the controller's :class:`~agent.fleet.rollout_store.RolloutStore`, the same file the
+controller writes every transition to, so the page shows what a restarted controller would resume.
+"""
+
+from __future__ import annotations
+
+import collections
+import sqlite3
+from typing import Any
+
+from agent.fleet.rollout_store import RolloutStore, RolloutStoreError
+
+#: Rollouts the rollouts page lists: the open ones and then the latest finished ones, up to this many.
+ROLLOUTS_SHOWN = 20
+
+
+def rollout_ids(store: RolloutStore, limit: int = ROLLOUTS_SHOWN) -> list[str]:
+    """The open rollouts (oldest first), then the latest others, at most ``limit`` in all.
+
+    The store lists only open rollouts (:meth:`RolloutStore.open_rollouts`); the finished ones
+    come from a read-only connection of our own to the same file (WAL: it reads while the
+    controller writes, and never blocks it).
+    """
+    ids = store.open_rollouts()
+    try:
+        with sqlite3.connect(f"file:{store.path}?mode=ro", uri=True, timeout=2.0) as db:
+            rows = db.execute("SELECT id FROM rollouts ORDER BY created_at DESC, id DESC LIMIT ?", (limit,))
+            recent = [str(row[0]) for row in rows.fetchall()]
+    except sqlite3.Error as exc:
+        raise RolloutStoreError(f"rollout store {store.path}: cannot list rollouts ({exc})") from exc
+    ids += [r for r in recent if r not in ids]
+    return ids[:limit]
+
+
+def rollout_summary(store: RolloutStore, rollout_id: str) -> dict[str, Any]:
+    """One rollout: state, slot, version, each wave's devices by step and end, gate figures, reason.
+
+    The shape follows ``edge-agent fleet rollout status --json`` (``waves[].index/state/devices/
+    ends/reason``) with the steps and the gate's figures added.
+    """
+    rollout = store.rollout(rollout_id)
+    devices = store.devices(rollout_id)
+    steps: dict[int, collections.Counter[str]] = collections.defaultdict(collections.Counter)
+    ends: dict[int, collections.Counter[str]] = collections.defaultdict(collections.Counter)
+    for row in devices:
+        steps[row.wave][row.step.value] += 1
+        if row.end is not None:
+            ends[row.wave][row.end.value] += 1
+    waves = [
+        {
+            "index": index,
+            "state": state.value,
+            "devices": sum(steps[index].values()),
+            "steps": dict(sorted(steps[index].items())),
+            "ends": dict(sorted(ends[index].items())),
+            "figures": figures,
+            "reason": reason,
+        }
+        for index, (state, figures, reason) in enumerate(store.waves(rollout_id))
+    ]
+    return {
+        "rollout_id": rollout.rollout_id,
+        "state": rollout.state.value,
+        "slot": rollout.slot,
+        "job_id": rollout.job_id,
+        "to_version": rollout.to_version,
+        "reason": rollout.reason,
+        "created_at": rollout.created_at,
+        "updated_at": rollout.updated_at,
+        "spec": rollout.spec,
+        "waves": waves,
+        "devices": {
+            "total": len(devices),
+            "steps": dict(sorted(collections.Counter(r.step.value for r in devices).items())),
+            "ends": dict(sorted(collections.Counter(r.end.value for r in devices if r.end).items())),
+        },
+    }
+
+
+def rollout_devices(store: RolloutStore, rollout_id: str) -> list[dict[str, Any]]:
+    """The rollout's devices: wave, step, end, sends and the job's figures (error code, shadow...)."""
+    return [
+        {
+            "device": row.device,
+            "wave": row.wave,
+            "step": row.step.value,
+            "end": row.end.value if row.end else None,
+            "from_version": row.from_version,
+            "figures": row.figures,
+            "sends": row.sends,
+        }
+        for row in store.devices(rollout_id)
+    ]

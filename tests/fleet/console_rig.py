@@ -1,0 +1,155 @@
+"""Parts of the console tests (no tests here): protocol messages of simulated devices, a rollout in a
+real RolloutStore, and the console's actions done on that store.
+
+The devices are simulated: what they send is built from the real protocol models
+(:mod:`agent.protocol.messages`) and encoded as an agent encodes it; the tests either hand the
+messages to a :class:`FleetView` directly or publish them through a real mosquitto.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+from agent.fleet.rollout_store import RolloutPlan, RolloutState, RolloutStore, RolloutStoreError
+from agent.fleet.view import FleetView
+from agent.mqtt.inbound import InboundMessage
+from agent.protocol.messages import (
+    InfoMessage,
+    JobState,
+    JobStatus,
+    ModelRef,
+    ProbationFigures,
+    ShadowFigures,
+    SlotInfo,
+    StatusMessage,
+    TelemetryMessage,
+    encode,
+)
+from agent.protocol.topics import Topics
+
+
+def status(prefix: str, device: str, state: str = "online", session: int = 1) -> tuple[str, bytes]:
+    """A device's retained ``up/status`` (topic, payload)."""
+    message = StatusMessage(state=state, session=session, agent_version="0.3.1")
+    return Topics(prefix, device).status, encode(message)
+
+
+def info(
+    prefix: str, device: str, *, site: str = "berlin", model: str = "mobilenet", version: str = "4"
+) -> tuple[str, bytes]:
+    """A device's retained ``up/info``: one slot ``main`` serving ``model:version``, labels ``site``."""
+    message = InfoMessage(
+        device_id=device,
+        agent_version="0.3.1",
+        platform={
+            "device_model": "Jetson Orin NX",
+            "jetpack": "6.0",
+            "tensorrt_version": "8.6.2",
+            "dla_cores": 2,
+        },
+        labels={"site": site},
+        backends={},
+        slots={
+            "main": SlotInfo(
+                model=ModelRef(slot="main", model_id=model, version=version, sha256="ab" * 32),
+                state="active",
+                last_job=f"job-{version}",
+                last_job_state=JobState.ACTIVE,
+            )
+        },
+        streams=["cam0"],
+    )
+    return Topics(prefix, device).info, encode(message)
+
+
+def telemetry(prefix: str, device: str, fps: float, ts: float | None = None) -> tuple[str, bytes]:
+    """A device's ``up/telemetry`` with the figures the console shows (docs/operations.md names)."""
+    fields = {
+        "stream.cam0.fps": fps,
+        "stream.cam0.latency.total.p50_ms": 20.0 + fps / 10,
+        "stream.cam0.latency.total.p99_ms": 41.5,
+        "cpu.percent": 37.0,
+        "temp.cpu_therm_c": 51.5,
+        "temp.gpu_therm_c": 49.0,
+    }
+    message = TelemetryMessage(**fields) if ts is None else TelemetryMessage(ts=ts, **fields)
+    return Topics(prefix, device).telemetry, encode(message)
+
+
+def failed_job(prefix: str, device: str, job_id: str = "job-5") -> tuple[str, bytes]:
+    """A job that ran its shadow and probation, then rolled back (failure code ``probation_failed``)."""
+    message = JobStatus(
+        job_id=job_id,
+        slot="main",
+        state=JobState.ROLLED_BACK,
+        error_code="probation_failed",
+        error="p99 latency 3.1x the old model's",
+        shadow=ShadowFigures(frames=120, agreement=0.97, latency_ratio=1.4),
+        probation=ProbationFigures(elapsed_s=30.0, probation_s=60.0, current={"p99_ms": 130.0}),
+    )
+    return Topics(prefix, device).jobs(job_id), encode(message)
+
+
+def fleet_messages(prefix: str, devices: Sequence[str], *, version: str = "4") -> Iterator[tuple[str, bytes]]:
+    """Status, info and one telemetry message per device (sites alternate berlin / paris)."""
+    for i, device in enumerate(devices):
+        yield status(prefix, device)
+        yield info(prefix, device, site="berlin" if i % 2 == 0 else "paris", version=version)
+        yield telemetry(prefix, device, fps=25.0 + i % 5)
+
+
+def feed(view: FleetView, messages: Iterator[tuple[str, bytes]] | Sequence[tuple[str, bytes]]) -> None:
+    """Hand ``messages`` to ``view`` as the controller's MQTT client would (retained = status/info)."""
+    for topic, payload in messages:
+        retained = topic.endswith(("/up/status", "/up/info"))
+        view.apply(InboundMessage(topic, payload, qos=1, retain=retained))
+
+
+def make_rollout(store: RolloutStore, rollout_id: str, waves: Sequence[Sequence[str]]) -> None:
+    """A running rollout of ``waves`` to version 5 on slot ``main`` (all devices PLANNED)."""
+    store.create(
+        RolloutPlan(
+            rollout_id,
+            "main",
+            f"job-{rollout_id}",
+            "5",
+            waves,
+            from_versions={d: "4" for wave in waves for d in wave},
+            spec={"waves": [len(w) for w in waves], "max_failed": "2%", "soak_s": 600},
+        )
+    )
+
+
+class StoreActions:
+    """The console's actions done straight on a real RolloutStore, as the controller's are.
+
+    Stands in for the fleet controller (built separately): it moves the rollout's state in the same
+    store the controller watches, and raises the store's own errors for moves it refuses.
+    """
+
+    def __init__(self, store: RolloutStore) -> None:
+        self.store = store
+        self.calls: list[tuple[str, str]] = []
+
+    def pause(self, rollout_id: str) -> str:
+        self.calls.append(("pause", rollout_id))
+        self.store.set_state(rollout_id, RolloutState.PAUSED, "paused from the console")
+        return "paused"
+
+    def resume(self, rollout_id: str) -> str:
+        self.calls.append(("resume", rollout_id))
+        self.store.set_state(rollout_id, RolloutState.RUNNING)
+        return "resumed"
+
+    def abort(self, rollout_id: str, rollback: bool) -> str:
+        self.calls.append(("abort", rollout_id))
+        if rollback and not self.store.devices(rollout_id):
+            raise RolloutStoreError(f"rollout {rollout_id} has no devices to roll back")
+        self.store.set_state(rollout_id, RolloutState.ABORTED, "aborted from the console")
+        return "aborted" + (" (rolling back)" if rollback else "")
+
+
+def new_store(tmp_path: Path) -> RolloutStore:
+    """A rollout store in a file of its own under ``tmp_path``."""
+    return RolloutStore(tmp_path / "state" / "rollouts.sqlite")
