@@ -25,6 +25,7 @@ import os
 import queue
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,7 @@ from pydantic import ValidationError
 
 from agent.errors import AgentError
 from agent.fleet.chunks import ChunkServer
+from agent.fleet.controller_calls import ConsoleCalls, LoopCall
 from agent.fleet.controller_config import ControllerConfig
 from agent.fleet.deploy import FleetDeploy
 from agent.fleet.deploy_plan import new_job_id, next_sequence
@@ -43,6 +45,7 @@ from agent.fleet.rollout_spec import RolloutRequest, model_ref
 from agent.fleet.rollout_store import RolloutState, RolloutStore
 from agent.fleet.status import collect_fleet
 from agent.fleet.upload import UploadSink
+from agent.fleet.view import FleetView
 from agent.mqtt.core import PublishProperties
 from agent.mqtt.inbound import InboundMessage
 from agent.mqtt.service_client import ServiceClient
@@ -73,13 +76,17 @@ class FleetController:
         self.topics = ControllerTopics(self.settings.prefix)
         self.store: RolloutStore | None = None
         self.runners: dict[str, RolloutRunner] = {}
-        self._requests: queue.Queue[InboundMessage] = queue.Queue()
+        #: Requests from the broker and calls from the console, handled by the loop thread in order.
+        self._requests: queue.Queue[InboundMessage | LoopCall] = queue.Queue()
+        #: Every device's status, info, telemetry and jobs, for the console and /metrics.
+        self.view = FleetView(self.settings.prefix)
+        self.http: Any = None
         self._key = (
             None if config.unsigned or config.signing_key is None else load_signing_key(config.signing_key)
         )
         self._uploads = UploadSink(config.models_dir)
         self.chunks = ChunkServer(self.settings, group=CHUNK_GROUP)
-        self._client = ServiceClient(self.settings, handler=self._requests.put)
+        self._client = ServiceClient(self.settings, handler=self._on_message)
 
     # -- lifecycle -----------------------------------------------------------------------------------
 
@@ -91,9 +98,13 @@ class FleetController:
         self.chunks.start(timeout)
         self._client.start(timeout)
         self._client.subscribe(self.topics.request_filter, qos=1, timeout=timeout)
+        for topic_filter in self.view.topic_filters():
+            self._client.subscribe(topic_filter, qos=1, timeout=timeout)
         for rollout_id in self._unfinished():
             self.runners[rollout_id] = self._runner(rollout_id)
             log.info("fleet.controller.resumed", rollout=rollout_id)
+        if self.config.http.port is not None:
+            self.http = self._serve_http()
         log.info(
             "fleet.controller.started",
             state_dir=str(self.config.state_dir),
@@ -107,10 +118,12 @@ class FleetController:
         last_step = 0.0
         while not stop.is_set():
             try:
-                message: InboundMessage | None = self._requests.get(timeout=_TICK_S)
+                message: InboundMessage | LoopCall | None = self._requests.get(timeout=_TICK_S)
             except queue.Empty:
                 message = None
-            if message is not None:
+            if isinstance(message, LoopCall):
+                message.run()
+            elif message is not None:
                 self._answer(message)
             # Steps at least every tick, however many requests arrive: status polls must not starve them.
             if message is None or time.monotonic() - last_step >= _TICK_S:
@@ -131,6 +144,8 @@ class FleetController:
 
     def stop(self) -> None:
         """Disconnect everything; the store keeps what a restart needs."""
+        if self.http is not None:
+            self.http.stop()
         for runner in self.runners.values():
             runner.stop()
         self._client.stop()
@@ -169,6 +184,39 @@ class FleetController:
     def http_url(self, sha256: str) -> str | None:
         base = self.config.http_source
         return None if base is None else f"{base.rstrip('/')}/{sha256}.onnx"
+
+    def _on_message(self, message: InboundMessage) -> None:
+        """Dispatcher thread: requests go to the loop, device messages into the view."""
+        if self.topics.verb(message.topic) is not None:
+            self._requests.put(message)
+        else:
+            self.view.apply(message)
+
+    def _serve_http(self) -> Any:
+        """The console and /metrics (the ``fleet`` extra's web stack, imported only when asked for)."""
+        from agent.fleet.console.app import make_console_app
+        from agent.fleet.console.server import console_token, serve_console
+        from agent.fleet.metrics import metrics_asgi_app, metrics_registry
+
+        assert self.store is not None
+        store = self.store
+        registry = metrics_registry(self.view, lambda: store.rollouts(limit=50), store.devices)
+        app = make_console_app(
+            self.view,
+            store,
+            ConsoleCalls(self),
+            token=console_token(self.config.http.token_file),
+            metrics_app=metrics_asgi_app(registry),
+        )
+        server = serve_console(app, self.config.http.host, self.config.http.port or 0)
+        log.info("fleet.controller.http", url=server.url, token=self.config.http.token_file is not None)
+        return server
+
+    def call(self, fn: Callable[[], dict[str, Any]], timeout: float = 30.0) -> dict[str, Any]:
+        """Run ``fn`` on the loop thread (as requests are) and return its result or raise its error."""
+        call = LoopCall(fn)
+        self._requests.put(call)
+        return call.result(timeout)
 
     # -- requests ------------------------------------------------------------------------------------
 

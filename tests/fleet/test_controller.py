@@ -357,3 +357,52 @@ def test_the_rollout_commands_select_show_start_follow_and_list(
         jobs = fleet.jobs()
     assert jobs["c3"] == []  # not selected
     assert all(len(jobs[n]) == 1 for n in ("c0", "c1", "c2"))
+
+
+def test_the_controller_serves_the_console_and_metrics_and_its_pause_button_acts_on_the_loop(
+    tmp_path: Path, broker: Broker, prefix: str, keys: KeyPairFiles
+) -> None:
+    import urllib.error
+    import urllib.request
+
+    from agent.fleet.controller_config import HttpSettings
+    from agent.localbroker import free_port
+
+    token = tmp_path / "console.token"
+    token.write_text("s3cret\n")
+    token.chmod(0o600)
+    config = _config(tmp_path, operator_settings(broker, prefix), keys).model_copy(
+        update={"http": HttpSettings(port=free_port(), token_file=token)}
+    )
+    names = ["w0", "w1"]
+    model = tiny_model(tmp_path / "m.onnx")
+    running = Running(config)
+    try:
+        url = running.controller.http.url
+        with _fleet(broker, prefix, keys, names) as fleet:
+            fleet.set_online("w1", False)  # offline: its wave, and the rollout, stay open
+            _start(
+                settings := operator_settings(broker, prefix), model, _request(model, names, rollout_id="web")
+            )
+
+            def get(path: str) -> str:
+                with urllib.request.urlopen(url + path, timeout=10) as response:
+                    return str(response.read().decode())
+
+            wait_until(
+                lambda: 'edge_device_online{device="w0"} 1.0' in get("/metrics"), what="w0 in /metrics"
+            )
+            assert 'edge_device_online{device="w1"} 0.0' in get("/metrics")
+            assert '"web"' in get("/api/rollouts")
+            refused = urllib.request.Request(url + "/api/rollouts/web/pause", method="POST")
+            with pytest.raises(urllib.error.HTTPError) as no_token:
+                urllib.request.urlopen(refused, timeout=10)
+            assert no_token.value.code == 401
+            allowed = urllib.request.Request(
+                url + "/api/rollouts/web/pause", method="POST", headers={"Authorization": "Bearer s3cret"}
+            )
+            with urllib.request.urlopen(allowed, timeout=10) as response:
+                assert "PAUSED" in response.read().decode()
+            assert _status(settings, "web")["state"] == "PAUSED"
+    finally:
+        running.stop()
