@@ -79,7 +79,7 @@ class FleetController:
         #: Requests from the broker and calls from the console, handled by the loop thread in order.
         self._requests: queue.Queue[InboundMessage | LoopCall] = queue.Queue()
         #: Every device's status, info, telemetry and jobs, for the console and /metrics.
-        self.view = FleetView(self.settings.prefix)
+        self.view = FleetView(self.settings.prefix, stale_after_s=config.stale_after_s)
         self.http: Any = None
         self._key = (
             None if config.unsigned or config.signing_key is None else load_signing_key(config.signing_key)

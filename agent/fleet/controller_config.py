@@ -53,6 +53,9 @@ class ControllerConfig(StrictModel):
     select_wait_s: float = Field(
         3.0, gt=0, description="How long to read the devices' retained up/info when a rollout starts."
     )
+    stale_after_s: float = Field(
+        60.0, gt=0, description="A device silent this long is stale: its series leave /metrics."
+    )
     http: HttpSettings = Field(default_factory=HttpSettings)
 
     @property

@@ -1,10 +1,11 @@
-"""A simulated fleet publishing through a real broker into a FleetView, whose /metrics a real
-Prometheus scrapes (no tests here).
+"""A simulated fleet publishing through a real broker to a real fleet controller, whose /metrics a
+real Prometheus scrapes (no tests here).
 
 The devices are simulated (no agent processes): each is a plain paho client (tests/mqtt_probe.py)
 publishing real protocol messages (retained status and info, telemetry every
-:data:`TELEMETRY_EVERY_S`) with the field names of docs/operations.md. A real RolloutStore holds one
-rollout so the rollout series exist too.
+:data:`TELEMETRY_EVERY_S`) with the field names of docs/operations.md. The controller is the real
+one (its live view, its store, its HTTP server on a free port); one rollout written to its store
+makes the rollout series exist too.
 """
 
 from __future__ import annotations
@@ -12,11 +13,10 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
-from agent.fleet.metrics import MetricsServer, serve_metrics
-from agent.fleet.rollout_store import RolloutPlan, RolloutStore
-from agent.fleet.view import FleetView
-from agent.localbroker import Broker
-from agent.mqtt.service_client import ServiceClient
+from agent.fleet.controller import FleetController
+from agent.fleet.controller_config import ControllerConfig, HttpSettings
+from agent.fleet.rollout_store import RolloutPlan
+from agent.localbroker import Broker, free_port
 from agent.protocol.messages import (
     InfoMessage,
     JobEnd,
@@ -126,17 +126,19 @@ class ScrapedFleet:
 
     def __init__(self, broker: Broker, workdir: Path, sites: dict[str, str]) -> None:
         self.prefix = unique_prefix()
-        self.view = FleetView(self.prefix, stale_after_s=STALE_AFTER_S)
-        self.client = ServiceClient(operator_settings(broker, self.prefix), handler=self.view.apply)
-        self.client.start(10)
-        for topic_filter in self.view.topic_filters():
-            self.client.subscribe(topic_filter, qos=1)
-        self.store = RolloutStore(workdir / "rollouts.sqlite")
+        config = ControllerConfig(
+            mqtt=operator_settings(broker, self.prefix),
+            state_dir=workdir / "controller",
+            unsigned=True,
+            stale_after_s=STALE_AFTER_S,
+            http=HttpSettings(port=free_port()),
+        )
+        self.controller = FleetController(config).start()
+        self.view = self.controller.view
+        assert self.controller.store is not None
+        self.store = self.controller.store
         names = sorted(sites)
         self.store.create(RolloutPlan("r-1", "main", "job-r-1", "5", waves=[names[:1], names[1:]]))
-        self.server: MetricsServer = serve_metrics(
-            self.view, rollouts=lambda: [self.store.rollout("r-1")], rollout_devices=self.store.devices
-        )
         self.devices = {
             name: SimulatedDevice(broker, self.prefix, name, i, site)
             for i, (name, site) in enumerate(sorted(sites.items()))
@@ -144,7 +146,8 @@ class ScrapedFleet:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="sim-fleet", daemon=True)
         self._thread.start()
-        self.prometheus = Prometheus(workdir / "prometheus", [f"127.0.0.1:{self.server.port}"])
+        port = self.controller.config.http.port
+        self.prometheus = Prometheus(workdir / "prometheus", [f"127.0.0.1:{port}"])
 
     def _run(self) -> None:
         while not self._stop.wait(TELEMETRY_EVERY_S):
@@ -155,8 +158,6 @@ class ScrapedFleet:
         self._stop.set()
         self._thread.join(5)
         self.prometheus.stop()
-        self.server.stop()
-        self.client.stop()
+        self.controller.stop()
         for device in self.devices.values():
             device.close()
-        self.store.close()
