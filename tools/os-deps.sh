@@ -9,6 +9,8 @@ command -v gst-launch-1.0 >/dev/null 2>&1 || need+=(gstreamer1.0-tools gstreamer
 command -v prometheus >/dev/null 2>&1 || need+=(prometheus)
 # chromium: the fleet console's browser test drives it through Playwright (never a browser download).
 [ -x /usr/bin/chromium ] || need+=(chromium)
+# nginx: the console's documented TLS reverse proxy is run for real (tests/fleet/test_console_proxy.py).
+command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || need+=(nginx)
 [ ${#need[@]} -eq 0 ] && exit 0
 echo "os-deps: installing ${need[*]}"
 sudo=""
@@ -22,7 +24,7 @@ if command -v apt-get >/dev/null 2>&1; then
   $sudo apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${need[@]}"
 elif command -v dnf >/dev/null 2>&1; then
-  $sudo dnf install -y mosquitto gstreamer1 gstreamer1-plugins-base gstreamer1-plugins-good golang-github-prometheus
+  $sudo dnf install -y mosquitto gstreamer1 gstreamer1-plugins-base gstreamer1-plugins-good golang-github-prometheus chromium nginx
 else
   echo "os-deps: no apt-get or dnf here: install ${need[*]} yourself, then run make again." >&2
   exit 1
