@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import configparser
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -14,6 +13,7 @@ from agent.config import read_yaml
 from agent.errors import ConfigError
 from agent.fleet.controller_config import ControllerConfig, key_problems, load_controller_config
 from agent.fleet.keys import write_keypair
+from tests.unit_files import analyze_verify, read_unit
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "configs" / "controller.yaml"
@@ -50,10 +50,7 @@ def test_a_bad_value_is_named_by_its_key(tmp_path: Path, capsys: pytest.CaptureF
 
 
 def _unit() -> configparser.ConfigParser:
-    parser = configparser.ConfigParser(interpolation=None, strict=True)
-    parser.optionxform = str  # type: ignore[assignment,method-assign]  # systemd keys are case-sensitive
-    parser.read_string(UNIT.read_text())
-    return parser
+    return read_unit(UNIT)
 
 
 def test_the_unit_runs_the_controller_as_its_own_user_with_private_state() -> None:
@@ -70,17 +67,4 @@ def test_the_unit_runs_the_controller_as_its_own_user_with_private_state() -> No
 
 @pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze is not installed here")
 def test_systemd_analyze_verify_accepts_the_unit(tmp_path: Path) -> None:
-    text = UNIT.read_text()
-    shipped = "ExecStart=/opt/edge-agent/.venv/bin/edge-agent "
-    unit = tmp_path / UNIT.name
-    unit.write_text(text.replace(shipped, f"ExecStart={shutil.which('true')} "))
-    done = subprocess.run(
-        ["systemd-analyze", "verify", "--man=no", str(unit)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    output = done.stdout + done.stderr
-    assert done.returncode == 0, output
-    assert UNIT.name not in output, output
+    analyze_verify(UNIT, tmp_path)
