@@ -154,6 +154,7 @@ class RolloutRunner:
         self._wave: int | None = None
         self._recorded: dict[str, str] = {}
         self._rollbacks: list[tuple[FleetDeploy, float]] = []
+        self._rolled: set[str] = set()  # rollback job ids published by this runner
         self._rollback_done = False
 
     # -- the loop ------------------------------------------------------------------------------------
@@ -244,13 +245,18 @@ class RolloutRunner:
     # -- a wave --------------------------------------------------------------------------------------
 
     def _open_wave(self, index: int) -> None:
+        """Publish wave ``index``'s desired state to its unended devices and follow them.
+
+        The wave counts as open only once the publish went through: a broker that is down makes
+        this raise, and the next step tries again (the devices stay SENDING: sent again, same job).
+        """
         self._close_wave()
-        self._wave = index
         rows = self.store.devices(self.rollout_id, wave=index)
         live = tuple(
             r.device for r in rows if r.step in (DeviceStep.PLANNED, DeviceStep.SENDING, DeviceStep.SENT)
         )
         if not live:
+            self._wave = index
             return
         sha = self.request.model_sha256
         plan = plan_for(
@@ -273,6 +279,7 @@ class RolloutRunner:
         for device in unsent:
             self.store.mark_sent(self.rollout_id, device)
         self.deploy = self.last_deploy = deploy
+        self._wave = index
         log.info(
             "fleet.rollout.sent",
             rollout=self.rollout_id,
@@ -366,9 +373,11 @@ class RolloutRunner:
         planned = [detail for what, detail in events if what == "rollback"]
         if not planned:
             planned = self._plan_rollback()
-        if not self._rollbacks:
-            for detail in planned:
+        for detail in planned:
+            # Each group once; one whose publish failed (broker down) is tried again next step.
+            if str(detail["job_id"]) not in self._rolled:
                 self._rollbacks.append((self._publish_rollback(detail), self._clock()))
+                self._rolled.add(str(detail["job_id"]))
         over = True
         for deploy, since in self._rollbacks:
             deploy.poll(0.0)

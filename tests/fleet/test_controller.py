@@ -406,3 +406,48 @@ def test_the_controller_serves_the_console_and_metrics_and_its_pause_button_acts
             assert _status(settings, "web")["state"] == "PAUSED"
     finally:
         running.stop()
+
+
+def test_a_wave_whose_publish_failed_is_published_at_the_next_step(
+    tmp_path: Path, keys: KeyPairFiles
+) -> None:
+    """The broker is down when the wave starts: the step fails, the devices stay SENDING, and once
+    the broker is up the next step publishes the same desired state (not skipped, not twice)."""
+    from agent.errors import TransportError
+    from agent.fleet.keys import load_signing_key
+    from agent.fleet.rollout_runner import RolloutRunner
+    from agent.fleet.rollout_spec import RolloutRequest
+    from agent.fleet.rollout_store import DeviceStep, RolloutStore
+    from agent.localbroker import free_port
+
+    port = free_port()
+    local = Broker(tmp_path / "broker", port=port)
+    prefix = unique_prefix()
+    settings = operator_settings(local, prefix)
+    model = tiny_model(tmp_path / "m.onnx")
+    request = RolloutRequest.model_validate(_request(model, ["b0", "b1"], shadow=None))
+    store = RolloutStore(tmp_path / "rollouts.sqlite")
+    store.create(request.plan("down", "job-down", 42, {}, {}))
+    runner = RolloutRunner(
+        store,
+        "down",
+        settings=settings,
+        model_path=lambda _sha: model,
+        signing_key=load_signing_key(keys.private),
+        key_id=keys.key_id,
+        deploy_options={"serve": True, "wait_unknown": True, "status_poll_s": 1.0},
+    )
+    try:
+        with pytest.raises(TransportError):
+            runner.step()
+        assert {d.step for d in store.devices("down")} == {DeviceStep.SENDING}
+        local.start()
+        with _fleet(local, prefix, keys, ["b0", "b1"]) as fleet:
+            wait_until(lambda: runner.step() or store.rollout("down").state.value == "DONE", timeout=30)
+            jobs = fleet.jobs()
+        assert jobs == {"b0": ["job-down"], "b1": ["job-down"]}
+        assert {d.sends for d in store.devices("down")} == {2}  # SENDING twice: the failed try, the retry
+    finally:
+        runner.stop()
+        store.close()
+        local.kill()
