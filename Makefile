@@ -10,7 +10,7 @@ STAMP  := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -q -e '.[dev,fleet]'
 	@# tensorrt-stubs pins the real tensorrt wheel, which is a stub that downloads from NVIDIA's
 	@# index; --no-deps takes only the type stubs.
 	$(PY) -m pip install -q --no-deps 'tensorrt-stubs>=10.3,<11'

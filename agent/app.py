@@ -51,6 +51,7 @@ from agent.state import StateFile
 from agent.store import ModelStore
 from agent.systemd import Notifier, Watchdog
 from agent.telemetry import DeviceStats, Metrics, TelemetryLoop
+from agent.telemetry.prometheus import TelemetryEndpoint
 
 log = structlog.get_logger(__name__)
 
@@ -140,11 +141,21 @@ class Agent:
         self._pipelines_built = threading.Event()
         self.telemetry: TelemetryLoop | None = None
         self.watchdog: Watchdog | None = None
+        prometheus = config.telemetry.prometheus
+        # Opt-in: serves the figures of each telemetry message; figures older than three intervals
+        # are left out (the loop stopped), as Prometheus expects of a silent source.
+        self.metrics_endpoint = (
+            TelemetryEndpoint(prometheus.host, prometheus.port, stale_after_s=3 * config.telemetry.interval_s)
+            if prometheus.port is not None
+            else None
+        )
 
     # -- start -------------------------------------------------------------------------------
 
     def start(self) -> None:
         sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
+        if self.metrics_endpoint is not None:
+            self.metrics_endpoint.start()  # first: a taken port fails the start before anything runs
         self.delivery.start()  # subscribes before connecting: retained manifests arrive on connect
         self.link.start()
         for name, slot_config in self.config.slots.items():
@@ -330,6 +341,8 @@ class Agent:
             self.telemetry.join(max(0.1, deadline - 2.5 - time.monotonic()))
         if self.watchdog is not None:
             self.watchdog.join(1.0)
+        if self.metrics_endpoint is not None:
+            self.metrics_endpoint.stop()
         self.models.join_swaps(deadline - 2.5 - time.monotonic())
         self.delivery.stop(timeout=max(0.1, deadline - 2.0 - time.monotonic()))
         self.link.stop(timeout=max(0.5, deadline - time.monotonic()))
@@ -384,6 +397,8 @@ class Agent:
         self.link.publish(self.topics.info, self.info_message(), qos=1, retain=True)
 
     def _publish_telemetry(self, values: dict[str, float]) -> None:
+        if self.metrics_endpoint is not None:
+            self.metrics_endpoint.update(values)  # before publishing: a broker outage must not hide it
         self.link.publish(self.topics.telemetry, TelemetryMessage.model_validate(values), qos=0)
 
     def _slot_changed(self, name: str, _old: SlotState, new: SlotState) -> None:

@@ -7,7 +7,11 @@ to fail:
     module such as ``agent/store.py`` is its own package);
 (b) no circle between files;
 (c) ``agent/config*`` imports only the ground floor, and the ground floor imports only itself;
-(d) only the paho core imports ``paho``.
+(d) only the paho core imports ``paho``;
+(e) only the operator side (``agent/fleet/``) imports its web and metrics libraries
+    (``prometheus_client``, ``starlette``, ``uvicorn``: the ``fleet`` extra a Jetson never installs),
+    except the device's opt-in ``/metrics`` (:data:`DEVICE_METRICS`), which imports
+    ``prometheus_client`` lazily: inside functions (or for type checking) only.
 
 Every import counts: at module level, under ``if TYPE_CHECKING:``, and inside functions. A lazy or
 type-only import is still a dependency of the code that writes it; moving an import into a function
@@ -50,6 +54,13 @@ GROUND_FLOOR = frozenset(
 #: The only module that may import paho: the MQTT core (the device link and the service client are
 #: built on it).
 PAHO_CORE = frozenset({"agent/mqtt/core.py"})
+
+#: Libraries of the ``fleet`` extra: the controller's /metrics and console.
+OPERATOR_LIBRARIES = ("prometheus_client", "starlette", "uvicorn")
+#: The operator side, where they may be imported anywhere.
+OPERATOR_SIDE = "agent/fleet/"
+#: The device's opt-in /metrics: prometheus_client (the ``metrics`` extra) inside functions only.
+DEVICE_METRICS = frozenset({"agent/telemetry/prometheus.py"})
 
 
 @dataclass(frozen=True)
@@ -252,6 +263,26 @@ def paho_importers(root: Path, allowed: frozenset[str] = PAHO_CORE) -> list[str]
     return problems
 
 
+def operator_library_importers(root: Path, device_metrics: frozenset[str] = DEVICE_METRICS) -> list[str]:
+    """Imports of the ``fleet`` extra's libraries outside ``agent/fleet/`` (the device's opt-in
+    /metrics may import ``prometheus_client`` inside a function or for type checking)."""
+    modules = module_files(root)
+    problems = []
+    for module, path in modules.items():
+        relative = path.relative_to(root.parent).as_posix()
+        if relative.startswith(OPERATOR_SIDE):
+            continue
+        for name, line, where in imports_of(module, path, modules):
+            top = name.split(".")[0]
+            if top not in OPERATOR_LIBRARIES:
+                continue
+            lazy = where in {"function", "type-checking"}
+            if relative in device_metrics and top == "prometheus_client" and lazy:
+                continue
+            problems.append(f"{relative}:{line} imports {name} ({where} level)")
+    return problems
+
+
 # --- the real tree --------------------------------------------------------------------------
 
 
@@ -286,6 +317,12 @@ def test_only_the_paho_core_imports_paho() -> None:
     problems = paho_importers(AGENT_DIR)
     assert not problems, "\n".join(problems)
     assert all((AGENT_DIR.parent / path).is_file() for path in PAHO_CORE)
+
+
+def test_only_the_operator_side_imports_its_web_and_metrics_libraries() -> None:
+    problems = operator_library_importers(AGENT_DIR)
+    assert not problems, "\n".join(problems)
+    assert all((AGENT_DIR.parent / path).is_file() for path in DEVICE_METRICS)
 
 
 # --- each rule fails on a tree that breaks it -------------------------------------------------
@@ -377,4 +414,19 @@ def test_paho_outside_the_core_is_found(tmp_path: Path) -> None:
     )
     assert paho_importers(root, frozenset({"agent/mqtt/link.py"})) == [
         "agent/fleet/watch.py:2 imports paho.mqtt.properties (function level)"
+    ]
+
+
+def test_operator_libraries_outside_the_operator_side_are_found(tmp_path: Path) -> None:
+    root = _tree(
+        tmp_path,
+        {
+            "fleet/console.py": "import starlette\nimport prometheus_client\n",
+            "telemetry/prometheus.py": "import prometheus_client\ndef f():\n  import prometheus_client.core",
+            "telemetry/loop.py": "def f():\n    import uvicorn\n",
+        },
+    )
+    assert operator_library_importers(root, frozenset({"agent/telemetry/prometheus.py"})) == [
+        "agent/telemetry/loop.py:2 imports uvicorn (function level)",
+        "agent/telemetry/prometheus.py:1 imports prometheus_client (module level)",
     ]

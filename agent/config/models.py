@@ -82,6 +82,23 @@ class StreamConfig(StrictModel):
     durable_results: bool = Field(False, description="Spool results to disk so none is lost (implies QoS 1).")
 
 
+class PrometheusConfig(StrictModel):
+    """The agent's own ``/metrics`` for Prometheus (off unless ``port`` is set)."""
+
+    port: int | None = Field(
+        None,
+        ge=0,
+        le=65535,
+        description="Serve the latest telemetry figures at http://HOST:PORT/metrics (needs the 'metrics' "
+        "extra); null: no endpoint.",
+    )
+    host: str = Field(
+        "127.0.0.1",
+        min_length=1,
+        description="Address to bind: loopback unless told otherwise (0.0.0.0 for a remote Prometheus).",
+    )
+
+
 class TelemetryConfig(StrictModel):
     """Periodic telemetry on ``up/telemetry``."""
 
@@ -89,6 +106,7 @@ class TelemetryConfig(StrictModel):
     sysfs_root: Path = Field(
         Path("/"), description="Root for /sys and /proc reads (tests point it elsewhere)."
     )
+    prometheus: PrometheusConfig = Field(default_factory=PrometheusConfig)
 
 
 class WatchdogConfig(StrictModel):

@@ -27,12 +27,18 @@ from agent.engines.calibration_store import CalibrationKey, CalibrationStore, co
 from agent.engines.guard import agreement, check_int8
 from agent.engines.int8 import quantize_int8
 from agent.engines.model_facts import model_facts
-from agent.engines.placement_choice import CandidateTiming, choose_placement
+from agent.engines.placement_choice import (
+    CandidateTiming,
+    CombinationTiming,
+    choose_placement,
+    combinations_to_try,
+    ranked_accelerators,
+)
+from agent.engines.placement_measure import measure_candidates, measure_combinations
 from agent.engines.plan import engine_devices, placement_candidates
 from agent.engines.settings import EngineConfig
 from agent.engines.spec import BuildSpec
-from agent.engines.timing import time_runner
-from agent.errors import BuildError, EngineError
+from agent.errors import BuildError
 
 log = structlog.get_logger(__name__)
 
@@ -69,19 +75,63 @@ class EngineService:
         progress: Progress | None = None,
         cancel: threading.Event | None = None,
     ) -> PreparedEngine:
-        """Build (or find) the engine for ``model``; INT8 only if it passes the accuracy guard."""
+        """Build (or find) the engine for ``model``; INT8 only if it passes the accuracy guard.
+
+        One engine: ``device: auto`` keeps the best candidate timed alone here; :meth:`prepare_set`
+        also times candidate sets together and may keep several engines."""
         say = progress or (lambda _msg: None)
+        return self._prepare_placed(slot, model, spec, preprocess, combine=False, say=say, cancel=cancel)[0]
+
+    def _prepare_placed(
+        self,
+        slot: str,
+        model: Path,
+        spec: BuildSpec | None,
+        preprocess: PreprocessSpec,
+        *,
+        combine: bool,
+        say: Progress,
+        cancel: threading.Event | None,
+    ) -> list[PreparedEngine]:
+        """The engine(s) :meth:`_placed_build` keeps, each through the INT8 guard; a ``device: auto``
+        choice puts ``placement_choice`` on the first and, for a set, ``engine_device`` and
+        ``engine_reason`` on each (as ``build.devices`` does)."""
         calibration = self._stream_calibration(slot, spec, preprocess, say)
-        artifact, placement = self._placed_build(
-            slot, model, spec, calibration=calibration, preprocess=preprocess, say=say, cancel=cancel
+        kept, placement = self._placed_build(
+            slot,
+            model,
+            spec,
+            calibration=calibration,
+            preprocess=preprocess,
+            combine=combine,
+            say=say,
+            cancel=cancel,
         )
-        effective = dict(artifact.effective)
-        if placement is not None:
-            effective["requested"] = {**effective.get("requested", {}), "device": "auto"}
-            effective["placement_choice"] = placement
-        return self._int8_guarded(
-            slot, model, spec, artifact, effective, preprocess=preprocess, say=say, cancel=cancel
-        )
+        prepared: list[PreparedEngine] = []
+        for index, (device, artifact) in enumerate(kept):
+            extra: dict[str, Any] = {}
+            if placement is not None:
+                extra["requested"] = {**artifact.effective.get("requested", {}), "device": "auto"}
+                if index == 0:
+                    extra["placement_choice"] = placement
+            if len(kept) > 1 and placement is not None:
+                reason = f"device auto kept it: {placement['reason']}"
+                extra.update(engine_device=device, engine_reason=reason)
+            # An INT8 engine the guard rejects is rebuilt at FP16 on the device placement kept.
+            engine_spec = spec.model_copy(update={"device": device}) if spec is not None and device else spec
+            one = self._int8_guarded(
+                slot,
+                model,
+                engine_spec,
+                artifact,
+                {**artifact.effective, **extra},
+                preprocess=preprocess,
+                say=say,
+                cancel=cancel,
+            )
+            # A guard rebuild reports afresh: what placement decided still holds for this engine.
+            prepared.append(PreparedEngine(one.artifact, {**one.effective, **extra}))
+        return prepared
 
     def prepare_fallback(
         self,
@@ -170,11 +220,13 @@ class EngineService:
 
         Each engine's effective report carries ``engine_device`` (what the set asked for) and
         ``engine_reason`` (why that device is in the set). One failed engine fails the set: a slot
-        never serves part of what the operator asked for without saying so.
+        never serves part of what the operator asked for without saying so. ``devices`` unset and
+        ``device: auto``: the set placement by measurement keeps (one engine, or a combination timed
+        together). ``devices: auto`` is every usable device, untimed: the operator asked for all.
         """
-        if spec is None or spec.devices is None:
-            return [self.prepare(slot, model, spec, preprocess, progress=progress, cancel=cancel)]
         say = progress or (lambda _msg: None)
+        if spec is None or spec.devices is None:
+            return self._prepare_placed(slot, model, spec, preprocess, combine=True, say=say, cancel=cancel)
         static, _ = model_facts(model)
         devices = engine_devices(spec, self.builder.facts, model_static=static)
         say(f"engines: {len(devices)} ({', '.join(d for d, _ in devices)})")
@@ -196,17 +248,20 @@ class EngineService:
         *,
         calibration: list[npt.NDArray[Any]] | None,
         preprocess: PreprocessSpec,
+        combine: bool,
         say: Progress,
         cancel: threading.Event | None,
-    ) -> tuple[EngineArtifact, dict[str, Any] | None]:
-        """``device: auto`` with several candidate devices: build each, time each on the slot's live
-        frames, keep the one :func:`choose_placement` picks (report for job status). Otherwise, or
-        when nothing could be timed, the planner's choice."""
+    ) -> tuple[list[tuple[str | None, EngineArtifact]], dict[str, Any] | None]:
+        """``device: auto`` with several candidate devices: build each, time each alone on the slot's
+        live frames and (``combine``) the sets worth trying together, keep what :func:`choose_placement`
+        picks: [(device, artifact)], best first, and the report for job status. Otherwise, or when
+        nothing could be timed, the planner's one engine (device None)."""
 
-        def planned() -> EngineArtifact:
-            return self.builder.build(
+        def planned() -> list[tuple[str | None, EngineArtifact]]:
+            artifact = self.builder.build(
                 model, spec, calibration=calibration, preprocess=preprocess, progress=say, cancel=cancel
             )
+            return [(None, artifact)]
 
         if spec is None or spec.device != "auto":
             return planned(), None
@@ -231,11 +286,30 @@ class EngineService:
             report["reason"] = "no candidate could be built and timed: the planner's choice"
             say(f"placement: {report['reason']}")
             return planned(), report
-        choice = choose_placement(timed, spec.prefer, dla_max_slowdown=self.config.placement_dla_max_slowdown)
-        report.update(chosen=list(choice.devices), reason=choice.reason)
+        together: list[CombinationTiming] = []
+        if combine:
+            together, set_failed = measure_combinations(
+                built,
+                combinations_to_try(timed),
+                tensors,
+                seconds=self.config.placement_seconds,
+                say=say,
+                cancel=cancel,
+            )
+            failed.update(set_failed)
+        choice = choose_placement(
+            timed, spec.prefer, dla_max_slowdown=self.config.placement_dla_max_slowdown, combinations=together
+        )
+        options = [CombinationTiming.solo(t) for t in ranked_accelerators(timed)] + together
+        report.update(
+            combinations=[o.as_dict() for o in options],
+            chosen=list(choice.devices),
+            combined_fps=round(choice.fps, 2),
+            reason=choice.reason,
+        )
         say(f"placement: {choice.reason}")
         log.info("engine.placement.chosen", slot=slot, chosen=choice.devices, reason=choice.reason)
-        return built[choice.devices[0]], report
+        return [(device, built[device]) for device in choice.devices], report
 
     def measure_candidates(
         self,
@@ -248,47 +322,19 @@ class EngineService:
         say: Progress | None = None,
         cancel: threading.Event | None = None,
     ) -> tuple[dict[str, EngineArtifact], list[CandidateTiming], dict[str, str]]:
-        """Build each candidate of ``specs`` (label -> spec) and time it on ``frames`` for
+        """Build each candidate of ``specs`` (label -> spec) and time it alone on ``frames`` for
         ``engines.placement_seconds``: the artifacts, the timings, and why a candidate failed."""
-        tell = say or (lambda _msg: None)
-        built: dict[str, EngineArtifact] = {}
-        timed: list[CandidateTiming] = []
-        failed: dict[str, str] = {}
-        for label, candidate in specs.items():
-            try:
-                artifact = self.builder.build(
-                    model,
-                    candidate,
-                    calibration=calibration,
-                    preprocess=preprocess,
-                    progress=say,
-                    cancel=cancel,
-                )
-                runner = get_backend(artifact.backend).load(artifact.engine_path, artifact.load_options())
-                try:
-                    timing = time_runner(runner, frames, seconds=self.config.placement_seconds, cancel=cancel)
-                finally:
-                    runner.close()
-            except (BuildError, EngineError) as exc:
-                if cancel is not None and cancel.is_set():
-                    raise
-                failed[label] = (str(exc).splitlines() or ["no reason given"])[0]
-                tell(f"placement: candidate {label} dropped: {failed[label]}")
-                continue
-            placement = artifact.effective.get("placement") or {}
-            built[label] = artifact
-            timed.append(
-                CandidateTiming(
-                    device=label,
-                    fps=timing.fps,
-                    p50_ms=timing.p50_ms,
-                    frames=timing.frames,
-                    dla_layers=placement.get("dla_layers"),
-                    gpu_layers=placement.get("gpu_layers"),
-                )
-            )
-            tell(f"placement: {label} {timing.fps:.1f} fps, p50 {timing.p50_ms:.2f} ms")
-        return built, timed, failed
+        return measure_candidates(
+            self.builder,
+            model,
+            specs,
+            frames,
+            seconds=self.config.placement_seconds,
+            calibration=calibration,
+            preprocess=preprocess,
+            say=say,
+            cancel=cancel,
+        )
 
     def _stream_calibration(
         self, slot: str, spec: BuildSpec | None, preprocess: PreprocessSpec, say: Progress

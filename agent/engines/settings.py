@@ -21,7 +21,11 @@ class EngineConfig(StrictModel):
     )
     guard_frames: int = Field(64, ge=1, description="Held-out frames the INT8 accuracy guard compares on.")
     placement_seconds: float = Field(
-        3.0, gt=0, le=60, description="device auto: how long each candidate engine is timed on live frames."
+        3.0,
+        gt=0,
+        le=60,
+        description="device auto: how long each candidate engine, and each set of engines timed together, "
+        "runs on live frames.",
     )
     placement_frames: int = Field(
         16, ge=1, le=1000, description="device auto: live frames the candidates are timed on (cycled)."
@@ -29,6 +33,6 @@ class EngineConfig(StrictModel):
     placement_dla_max_slowdown: float = Field(
         2.0,
         ge=1.0,
-        description="prefer efficiency: the DLA is kept unless its throughput is this many times below "
-        "the GPU's.",
+        description="prefer efficiency: the fastest DLA engine or DLA pair is kept unless its throughput is "
+        "this many times below the fastest engine or set of engines.",
     )

@@ -95,8 +95,9 @@ class BuildSpec(StrictModel):
     )
     prefer: Literal["throughput", "efficiency"] = Field(
         "throughput",
-        description="device auto with several candidates (GPU, DLA cores): keep the fastest (throughput) "
-        "or the DLA unless it is more than engines.placement_dla_max_slowdown times slower (efficiency).",
+        description="device auto with several candidates (GPU, DLA cores): keep the fastest engine or set of "
+        "engines timed together (throughput), or the fastest DLA engine or DLA pair unless it is more than "
+        "engines.placement_dla_max_slowdown times slower than that (efficiency).",
     )
     fallback: Literal["onnxruntime", "none"] = Field(
         "onnxruntime",

@@ -1,4 +1,5 @@
-"""``edge-agent fleet ...``: the operator commands (keygen, deploy, serve, status, watch, cmd).
+"""``edge-agent fleet ...``: the operator commands (keygen, deploy, serve, status, watch, cmd, controller,
+rollout).
 
 :func:`add_fleet_arguments` fills the ``fleet`` sub-parser, :func:`run_fleet` runs the chosen
 command and returns the exit code. ``fleet deploy`` itself is :mod:`agent.fleet.deploy_command`,
@@ -15,13 +16,12 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from agent.delivery.manifest import DEFAULT_CHUNK_SIZE
 from agent.errors import AgentError, UsageError
 from agent.fleet.cli_args import add_target_arguments, chosen_targets, json_arg
 from agent.fleet.connection import add_broker_arguments, settings_from_args
 from agent.fleet.deploy import DEFAULT_STATUS_POLL_S
-from agent.fleet.deploy_command import run_deploy
-from agent.fleet.deploy_plan import DEFAULT_PROBATION_S
+from agent.fleet.deploy_command import add_manifest_arguments, run_deploy
+from agent.fleet.rollout_cli import add_controller_arguments, run_controller_command, run_rollout
 from agent.logs import configure_logging
 
 if TYPE_CHECKING:
@@ -44,55 +44,14 @@ def add_fleet_arguments(parser: argparse.ArgumentParser) -> None:
     deploy = sub.add_parser("deploy", help="deploy a model to devices and follow their jobs")
     deploy.add_argument("model", type=Path, metavar="MODEL.onnx")
     add_target_arguments(deploy)
-    deploy.add_argument("--slot", required=True, help="model slot on the devices")
-    deploy.add_argument("--version", required=True, help="model version reported with results")
-    deploy.add_argument("--model-id", default=None, help="model name (default: the file name's stem)")
-    deploy.add_argument("--precision", choices=("fp32", "fp16", "int8", "best"), default=None)
-    deploy.add_argument(
-        "--device-target",
-        choices=("auto", "gpu", "dla0", "dla1", "cpu"),
-        default=None,
-        help="where the engine runs (TensorRT devices); with --precision this asks for an engine build",
-    )
-    deploy.add_argument("--no-gpu-fallback", action="store_true", help="DLA only: no GPU fallback layers")
+    add_manifest_arguments(deploy)
     signing = deploy.add_mutually_exclusive_group(required=True)
     signing.add_argument("--key", type=Path, help="private key file from `fleet keygen` (needs --key-id)")
     signing.add_argument(
         "--unsigned", action="store_true", help="publish unsigned (devices must not require signatures)"
     )
     deploy.add_argument("--key-id", default=None, help="the key's id in the devices' delivery.trusted_keys")
-    deploy.add_argument(
-        "--chunk-size",
-        type=int,
-        default=DEFAULT_CHUNK_SIZE,
-        help=f"bytes per chunk (default {DEFAULT_CHUNK_SIZE})",
-    )
     deploy.add_argument("--http-url", default=None, help="HTTP(S) URL of the same file, tried before MQTT")
-    deploy.add_argument("--preprocess-json", default=None, help="PreprocessSpec JSON (or @file)")
-    deploy.add_argument("--postprocess-json", default=None, help="PostprocessSpec JSON (or @file)")
-    deploy.add_argument("--labels", type=Path, default=None, help="class names, one per line")
-    deploy.add_argument(
-        "--shadow-json",
-        default=None,
-        help="shadow comparison before the swap: ShadowSpec JSON (or @file); default: the ShadowSpec "
-        "defaults (30 frames, agreement >= 0.9, latency <= 2x)",
-    )
-    deploy.add_argument(
-        "--no-shadow",
-        action="store_true",
-        help="no shadow comparison (for a model whose classes changed, rather --shadow-json "
-        "'{\"min_agreement\": null}')",
-    )
-    deploy.add_argument(
-        "--probation-s",
-        type=float,
-        default=DEFAULT_PROBATION_S,
-        help=f"seconds of probation after the swap (default {DEFAULT_PROBATION_S:g}; 0: none, and the "
-        "manifest leaves the field out, as older agents need)",
-    )
-    deploy.add_argument(
-        "--probation-json", default=None, help="probation health bars: ProbationSpec JSON (or @file)"
-    )
     deploy.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for all devices")
     deploy.add_argument("--no-serve", action="store_true", help="do not serve chunks (a `fleet serve` does)")
     deploy.add_argument(
@@ -171,6 +130,8 @@ def add_fleet_arguments(parser: argparse.ArgumentParser) -> None:
     add_broker_arguments(cmd)
     _add_verbose(cmd)
 
+    add_controller_arguments(sub)
+
 
 def _add_verbose(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-v", "--verbose", action="store_true", help="log what happens (info level)")
@@ -181,8 +142,9 @@ def run_fleet(args: argparse.Namespace) -> int:
 
     Raises AgentError (ConfigError, TransportError) for the caller to print.
     """
-    configure_logging("console", "info" if getattr(args, "verbose", False) else "error")
     command = args.fleet_command
+    quiet = "error" if command != "controller" else "info"  # a daemon logs what it does
+    configure_logging("console", "info" if getattr(args, "verbose", False) else quiet)
     if command == "keygen":
         return _keygen(args)
     if command == "deploy":
@@ -195,6 +157,10 @@ def run_fleet(args: argparse.Namespace) -> int:
         return _watch(args)
     if command == "cmd":
         return _cmd(args)
+    if command == "controller":
+        return run_controller_command(args)
+    if command == "rollout":
+        return run_rollout(args)
     raise AssertionError(f"unhandled fleet command {command}")
 
 

@@ -358,6 +358,8 @@ class FleetDeploy:
             p.error_code, p.error = status.error_code, status.error
             p.timings_s = dict(status.timings_s)
             p.effective = status.effective or p.effective
+            p.shadow = status.shadow or p.shadow
+            p.probation = status.probation or p.probation
             p.updated = time.monotonic()
         log.info("fleet.deploy.job_state", device=device, job=self.job_id, state=status.state.value)
         self._changed.set()

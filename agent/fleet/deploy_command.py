@@ -11,10 +11,11 @@ from pydantic import TypeAdapter, ValidationError
 
 from agent.camera.preprocess_spec import PreprocessSpec
 from agent.delivery.guard import ProbationSpec, ShadowSpec
-from agent.delivery.manifest import MAX_CHUNK_SIZE, MIN_CHUNK_SIZE
+from agent.delivery.manifest import DEFAULT_CHUNK_SIZE, MAX_CHUNK_SIZE, MIN_CHUNK_SIZE
 from agent.engines.spec import BuildSpec
 from agent.errors import UsageError
 from agent.fleet.connection import settings_from_args
+from agent.fleet.deploy_plan import DEFAULT_PROBATION_S
 from agent.fleet.untrusted import shown
 from agent.postprocess.spec import ClassificationSpec, DetectionSpec, PostprocessSpec
 
@@ -107,18 +108,54 @@ def probation_s_from_arg(value: float) -> float | None:
     return value or None
 
 
-def run_deploy(args: argparse.Namespace) -> int:
-    from agent.fleet.deploy import FleetDeploy
-    from agent.fleet.deploy_plan import DeployPlan
-    from agent.fleet.keys import load_signing_key
-    from agent.fleet.progress import ProgressView, describe_manifest, format_bytes
+def add_manifest_arguments(parser: argparse.ArgumentParser) -> None:
+    """What the desired state says besides the model file: ``fleet deploy`` and ``fleet rollout start``."""
+    parser.add_argument("--slot", required=True, help="model slot on the devices")
+    parser.add_argument("--version", required=True, help="model version reported with results")
+    parser.add_argument("--model-id", default=None, help="model name (default: the file name's stem)")
+    parser.add_argument("--precision", choices=("fp32", "fp16", "int8", "best"), default=None)
+    parser.add_argument(
+        "--device-target",
+        choices=("auto", "gpu", "dla0", "dla1", "cpu"),
+        default=None,
+        help="where the engine runs (TensorRT devices); with --precision this asks for an engine build",
+    )
+    parser.add_argument("--no-gpu-fallback", action="store_true", help="DLA only: no GPU fallback layers")
+    parser.add_argument(
+        "--chunk-size",
+        type=int,
+        default=DEFAULT_CHUNK_SIZE,
+        help=f"bytes per chunk (default {DEFAULT_CHUNK_SIZE})",
+    )
+    parser.add_argument("--preprocess-json", default=None, help="PreprocessSpec JSON (or @file)")
+    parser.add_argument("--postprocess-json", default=None, help="PostprocessSpec JSON (or @file)")
+    parser.add_argument("--labels", type=Path, default=None, help="class names, one per line")
+    parser.add_argument(
+        "--shadow-json",
+        default=None,
+        help="shadow comparison before the swap: ShadowSpec JSON (or @file); default: the ShadowSpec "
+        "defaults (30 frames, agreement >= 0.9, latency <= 2x)",
+    )
+    parser.add_argument(
+        "--no-shadow",
+        action="store_true",
+        help="no shadow comparison (for a model whose classes changed, rather --shadow-json "
+        "'{\"min_agreement\": null}')",
+    )
+    parser.add_argument(
+        "--probation-s",
+        type=float,
+        default=DEFAULT_PROBATION_S,
+        help=f"seconds of probation after the swap (default {DEFAULT_PROBATION_S:g}; 0: none, and the "
+        "manifest leaves the field out, as older agents need)",
+    )
+    parser.add_argument(
+        "--probation-json", default=None, help="probation health bars: ProbationSpec JSON (or @file)"
+    )
 
-    if not args.model.is_file():
-        raise UsageError(f"MODEL.onnx: {args.model} is not a file")
-    if args.key is not None and not args.key_id:
-        raise UsageError("--key needs --key-id: the id the devices' delivery.trusted_keys know the key by")
-    if not args.status_poll > 0:
-        raise UsageError("--status-poll must be a number of seconds above 0")
+
+def manifest_fields(args: argparse.Namespace) -> dict[str, Any]:
+    """The desired state's fields from :func:`add_manifest_arguments`' flags (UsageError naming the flag)."""
     if not MIN_CHUNK_SIZE <= args.chunk_size <= MAX_CHUNK_SIZE:
         raise UsageError(f"--chunk-size must be between {MIN_CHUNK_SIZE} and {MAX_CHUNK_SIZE} bytes")
     preprocess = None
@@ -129,48 +166,88 @@ def run_deploy(args: argparse.Namespace) -> int:
             raise UsageError(
                 "invalid --preprocess-json", validation_problems(exc, "--preprocess-json")
             ) from exc
-    shadow = shadow_from_args(args.shadow_json, no_shadow=args.no_shadow)
-    probation = spec_arg(ProbationSpec, args.probation_json, "--probation-json")
-    probation_s = probation_s_from_arg(args.probation_s)
+    return {
+        "slot": args.slot,
+        "version": args.version,
+        "model_id": args.model_id,
+        "chunk_size": args.chunk_size,
+        "build": build_spec_from_args(args),
+        "preprocess": preprocess,
+        "postprocess": postprocess_from_args(args.postprocess_json, args.labels),
+        "shadow": shadow_from_args(args.shadow_json, no_shadow=args.no_shadow),
+        "probation_s": probation_s_from_arg(args.probation_s),
+        "probation": spec_arg(ProbationSpec, args.probation_json, "--probation-json"),
+    }
+
+
+def run_deploy(args: argparse.Namespace) -> int:
+    """``fleet deploy``: a rollout of one wave, run here in the operator's terminal.
+
+    The same :class:`~agent.fleet.rollout_runner.RolloutRunner` as the controller's rollouts, with a
+    store in memory (the deploy lives as long as this command), no gate (``--max-failed 100%``: a
+    deploy reports every failure instead of stopping at one) and ``--timeout`` as the wave's timeout.
+    """
+    from agent.fleet.deploy_plan import new_job_id, next_sequence
+    from agent.fleet.keys import load_signing_key
+    from agent.fleet.progress import ProgressView, describe_manifest, format_bytes
+    from agent.fleet.rollout_runner import RolloutRunner
+    from agent.fleet.rollout_spec import RolloutRequest
+    from agent.fleet.rollout_store import RolloutStore
+    from agent.fsutil import sha256_file
+
+    if not args.model.is_file():
+        raise UsageError(f"MODEL.onnx: {args.model} is not a file")
+    if args.key is not None and not args.key_id:
+        raise UsageError("--key needs --key-id: the id the devices' delivery.trusted_keys know the key by")
+    if not args.status_poll > 0:
+        raise UsageError("--status-poll must be a number of seconds above 0")
+    if not args.timeout > 0:
+        raise UsageError("--timeout must be a number of seconds above 0")
+    fields = manifest_fields(args)
     targets = chosen_targets(args, args.device)
     if targets is None:
         return EXIT_OK
-    plan = DeployPlan(
-        model=args.model,
-        devices=targets.devices,
-        slot=args.slot,
-        version=args.version,
-        model_id=args.model_id,
-        chunk_size=args.chunk_size,
-        build=build_spec_from_args(args),
-        preprocess=preprocess,
-        postprocess=postprocess_from_args(args.postprocess_json, args.labels),
-        http_url=args.http_url,
-        shadow=shadow,
-        probation_s=probation_s,
-        probation=probation,
-    )
     settings = settings_from_args(args)
     key = load_signing_key(args.key) if args.key is not None else None
+    request = RolloutRequest(
+        model_sha256=sha256_file(args.model),
+        model_name=args.model.name,
+        devices=list(targets.devices),
+        waves="100%",
+        max_failed="100%",
+        wave_timeout_s=args.timeout,
+        **fields,
+    )
+    job_id = new_job_id(request.model_id or args.model.stem, request.version)
+    store = RolloutStore(Path(":memory:"))
+    store.create(request.plan(job_id, job_id, next_sequence(), {}, {}))
     view = ProgressView()
-    deploy = FleetDeploy(
-        settings,
-        plan,
+    runner = RolloutRunner(
+        store,
+        job_id,
+        settings=settings,
+        model_path=lambda _sha: args.model,
         signing_key=key,
         key_id=args.key_id,
-        serve=not args.no_serve,
-        max_rate_bps=args.max_rate,
-        on_change=view.update,
-        status_poll_s=args.status_poll,
-        wait_unknown=args.wait_unknown,
+        http_url=lambda _sha: args.http_url,
+        deploy_options={
+            "serve": not args.no_serve,
+            "max_rate_bps": args.max_rate,
+            "on_change": view.update,
+            "status_poll_s": args.status_poll,
+            "wait_unknown": args.wait_unknown,
+        },
     )
-    print(f"deploy: {describe_manifest(deploy.manifest)}")
-    if key is not None:
-        print(f"deploy: signed with key id {args.key_id}")
-    else:
-        print("deploy: UNSIGNED; only devices with delivery.require_signature: false accept it")
-    with deploy:
-        topic = f"{settings.prefix}/{{device}}/down/desired/{plan.slot}"
+    try:
+        over = runner.step()  # the wave starts: the desired state is published
+        deploy = runner.last_deploy
+        assert deploy is not None
+        print(f"deploy: {describe_manifest(deploy.manifest)}")
+        if key is not None:
+            print(f"deploy: signed with key id {args.key_id}")
+        else:
+            print("deploy: UNSIGNED; only devices with delivery.require_signature: false accept it")
+        topic = f"{settings.prefix}/{{device}}/down/desired/{request.slot}"
         serving = "; serving the chunks" if deploy.server is not None else "; chunks left to `fleet serve`"
         if args.max_rate and deploy.server is not None:
             serving += f" at most {format_bytes(args.max_rate)}/s"
@@ -179,9 +256,14 @@ def run_deploy(args: argparse.Namespace) -> int:
         print(f"deploy: published to {published} device(s) on {topic} (retained){serving}")
         _print_unknown(devices, settings.prefix, waiting=args.wait_unknown)
         view.update(deploy.snapshot(), force=True)
-        outcome = deploy.wait(args.timeout)
+        while not over:
+            runner.wait(0.2)
+            over = runner.step()
         view.close(deploy.snapshot())
-    return _report_outcome(outcome, plan.slot)
+    finally:
+        runner.stop()
+        store.close()
+    return _report_outcome(deploy.outcome(), request.slot)
 
 
 def _print_unknown(devices: list[DeviceProgress], prefix: str, *, waiting: bool) -> None:

@@ -6,7 +6,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from agent.protocol.messages import JobState
+from agent.protocol.messages import JobState, ProbationFigures, ShadowFigures
 
 #: Malformed-message notes kept per device; later ones are only counted (a device can loop).
 MAX_MALFORMED_NOTES = 3
@@ -41,6 +41,9 @@ class DeviceProgress:
     online: bool | None = None  # None: no retained status seen
     timings_s: dict[str, float] = field(default_factory=dict)
     effective: dict[str, Any] | None = None
+    #: The job's shadow and probation figures, once it reported them (a rollout's gate reads them).
+    shadow: ShadowFigures | None = None
+    probation: ProbationFigures | None = None
     updated: float = field(default_factory=time.monotonic)
     #: Messages from this device that did not parse, and the first few of them, described.
     malformed: int = 0

@@ -239,6 +239,18 @@ class DeviceRow:
 
 
 @dataclass(frozen=True)
+class WaveRow:
+    """One wave as stored: its state, gate figures and reason, when it started and ended."""
+
+    index: int
+    state: WaveState
+    figures: dict[str, Any] | None
+    reason: str
+    started_at: float | None
+    ended_at: float | None
+
+
+@dataclass(frozen=True)
 class ResumePoint:
     """Where a restarted controller picks a rollout up: the current wave and its devices by step."""
 
@@ -622,6 +634,33 @@ class RolloutStore:
                 "SELECT state, figures, reason FROM waves WHERE rollout_id = ? ORDER BY idx", (rollout_id,)
             ).fetchall()
         return [(WaveState(r[0]), None if r[1] is None else json.loads(r[1]), r[2]) for r in rows]
+
+    def wave_rows(self, rollout_id: str) -> list[WaveRow]:
+        """Each wave with its times (the runner's timeout and soak count from ``started_at``)."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT idx, state, figures, reason, started_at, ended_at FROM waves WHERE rollout_id = ? "
+                "ORDER BY idx",
+                (rollout_id,),
+            ).fetchall()
+        return [
+            WaveRow(int(r[0]), WaveState(r[1]), None if r[2] is None else json.loads(r[2]), r[3], r[4], r[5])
+            for r in rows
+        ]
+
+    def rollouts(self, limit: int = 100) -> list[RolloutRow]:
+        """The newest ``limit`` rollouts, newest first."""
+        with self._lock:
+            ids = self._db.execute(
+                "SELECT id FROM rollouts ORDER BY created_at DESC, id DESC LIMIT ?", (limit,)
+            ).fetchall()
+        return [self.rollout(str(r[0])) for r in ids]
+
+    def note(self, rollout_id: str, what: str, **detail: Any) -> None:
+        """Log an event that is no state transition (a rollback planned, an operator's wish)."""
+        with self._transaction() as db:
+            self._rollout_state(db, rollout_id)
+            self._event(db, rollout_id, what, **detail)
 
     def events(self, rollout_id: str) -> list[tuple[str, dict[str, Any]]]:
         """The rollout's transitions in the order they were committed."""

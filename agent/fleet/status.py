@@ -61,7 +61,7 @@ class DeviceRow:
 
     def as_dict(self) -> dict[str, Any]:
         """The row for ``--json``, every device string cut to :data:`JSON_TEXT_LIMIT` characters."""
-        row: dict[str, Any] = _clip_strings(
+        row: dict[str, Any] = clip_strings(
             {
                 "device": self.device,
                 "state": self.state,
@@ -81,14 +81,14 @@ class DeviceRow:
         return row
 
 
-def _clip_strings(value: Any) -> Any:
+def clip_strings(value: Any) -> Any:
     """``value`` with every string (keys too) cut to :data:`JSON_TEXT_LIMIT` characters."""
     if isinstance(value, str):
         return clipped(value, JSON_TEXT_LIMIT)
     if isinstance(value, dict):
-        return {clipped(str(k), JSON_TEXT_LIMIT): _clip_strings(v) for k, v in value.items()}
+        return {clipped(str(k), JSON_TEXT_LIMIT): clip_strings(v) for k, v in value.items()}
     if isinstance(value, list):
-        return [_clip_strings(v) for v in value]
+        return [clip_strings(v) for v in value]
     return value
 
 
@@ -165,25 +165,31 @@ def _apply(rows: dict[str, DeviceRow], message: InboundMessage, prefix: str) -> 
             row.platform = dict(info.platform)
             row.labels = dict(info.labels)
             row.info_seen = True
-            row.slots = {
-                name: {
-                    "model_id": slot.model.model_id if slot.model else None,
-                    "version": slot.model.version if slot.model else None,
-                    "sha256": slot.model.sha256 if slot.model else None,
-                    "state": slot.state,
-                    "reason": slot.reason,
-                    "last_job": slot.last_job,
-                    "last_job_state": slot.last_job_state.value if slot.last_job_state else None,
-                    "last_job_error_code": slot.last_job_error_code,
-                    "last_failure": slot.last_failure.model_dump(mode="json") if slot.last_failure else None,
-                }
-                for name, slot in info.slots.items()
-            }
+            row.slots = slot_summary(info)
         elif topic.kind == "telemetry":
             _apply_telemetry(row, decode(TelemetryMessage, message.payload))
     except ProtocolError as exc:
         if len(row.problems) < MAX_PROBLEMS:
             row.problems.append(f"{topic.kind}: {exc}")
+
+
+def slot_summary(info: InfoMessage) -> dict[str, dict[str, Any]]:
+    """Each slot of ``info`` as the plain dict ``fleet status --json`` and the fleet view show:
+    model id/version/sha256, state, why it is empty, its last job and how it ended, its last failure."""
+    return {
+        name: {
+            "model_id": slot.model.model_id if slot.model else None,
+            "version": slot.model.version if slot.model else None,
+            "sha256": slot.model.sha256 if slot.model else None,
+            "state": slot.state,
+            "reason": slot.reason,
+            "last_job": slot.last_job,
+            "last_job_state": slot.last_job_state.value if slot.last_job_state else None,
+            "last_job_error_code": slot.last_job_error_code,
+            "last_failure": slot.last_failure.model_dump(mode="json") if slot.last_failure else None,
+        }
+        for name, slot in info.slots.items()
+    }
 
 
 def _apply_telemetry(row: DeviceRow, telemetry: TelemetryMessage) -> None:

@@ -171,3 +171,41 @@ def parse(topic: str, prefix: str = DEFAULT_PREFIX) -> ParsedTopic:
     raise ValueError(
         f"topic {topic!r} is not in the topic tree ({direction}/{kind} with {len(rest)} more levels)"
     )
+
+
+#: The controller's topic level under the prefix. Not a device id: the levels after it (``req``,
+#: ``reply``) are neither ``up`` nor ``down``, so no device topic and no device ACL pattern meets it.
+CONTROLLER_LEVEL = "_controller"
+#: Verbs the fleet controller answers (``{prefix}/_controller/req/{verb}``).
+CONTROLLER_VERBS = ("start", "status", "list", "pause", "resume", "abort", "upload")
+
+
+class ControllerTopics:
+    """The fleet controller's request/reply topics (docs/protocol.md, "The fleet controller")."""
+
+    def __init__(self, prefix: str) -> None:
+        self.prefix = check_prefix(prefix)
+        self._base = f"{prefix}/{CONTROLLER_LEVEL}"
+
+    @property
+    def request_filter(self) -> str:
+        """What the controller subscribes to: every verb's requests."""
+        return f"{self._base}/req/+"
+
+    def request(self, verb: str) -> str:
+        """Requests of ``verb`` (an operator CLI publishes here, with a response topic)."""
+        if verb not in CONTROLLER_VERBS:
+            raise ValueError(f"unknown controller verb {verb!r}; known: {', '.join(CONTROLLER_VERBS)}")
+        return f"{self._base}/req/{verb}"
+
+    def reply(self, client: str) -> str:
+        """Where one CLI process wants its replies (its response topic)."""
+        return f"{self._base}/reply/{check_level(client, 'reply client id')}"
+
+    def verb(self, topic: str) -> str | None:
+        """The verb of a request topic, or None when ``topic`` is not one."""
+        head = f"{self._base}/req/"
+        if not topic.startswith(head):
+            return None
+        verb = topic[len(head) :]
+        return verb if verb in CONTROLLER_VERBS else None

@@ -309,7 +309,7 @@ class SlotModels:
         reporter.progress(1.0)
         self._engine_keys[prepared.artifact.engine_path] = (prepared.artifact.key, spec, [prepared, *more])
         effective = prepared.effective
-        if spec.devices is not None:
+        if spec.devices is not None or more:  # a build.devices set, or a device: auto combination
             effective = {**effective, "engines": [engine_summary(p.effective) for p in (prepared, *more)]}
         return BuildOutcome(
             engine_path=prepared.artifact.engine_path,

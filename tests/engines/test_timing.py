@@ -1,7 +1,7 @@
 """The placement timing loop, run for real on ONNX Runtime (CPU) engines built by the real builder.
 
-No GPU or DLA here: two ONNX Runtime CPU engines (FP32 and INT8 Q/DQ) stand in for the candidate
-devices, so the loop, the builds and the choice run end to end; no speed figure is asserted.
+No GPU or DLA here: ONNX Runtime CPU sessions (FP32 and INT8 Q/DQ engines) stand in for the
+candidate devices, so the loops, the builds and the choice run end to end; no speed figure is asserted.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from agent.backends.base import LoadOptions, get_backend
+from agent.backends.base import Feeds, LoadOptions, Outputs, Runner, get_backend
 from agent.camera.preprocess_spec import PreprocessSpec
 from agent.datasets.shapes import generate
 from agent.engines.builder import EngineBuilder
@@ -21,7 +21,7 @@ from agent.engines.placement_choice import choose_placement
 from agent.engines.service import EngineService
 from agent.engines.settings import EngineConfig
 from agent.engines.spec import BuildSpec
-from agent.engines.timing import time_runner
+from agent.engines.timing import time_runner, time_together
 from agent.errors import BuildError
 from agent.platform import detect_platform
 from tests.engines.test_builder_fallback import FORCED_TRT
@@ -58,6 +58,67 @@ def test_time_runner_stops_when_cancelled_and_refuses_no_frames() -> None:
             time_runner(runner, [], seconds=0.1)
     finally:
         runner.close()
+
+
+def _cpu_sessions(n: int) -> list[Runner]:
+    """``n`` ONNX Runtime CPU sessions of one model, standing in for the engines of several devices."""
+    return [get_backend("onnxruntime").load(MODEL, LoadOptions(intra_op_threads=1)) for _ in range(n)]
+
+
+def test_time_together_runs_every_engine_from_one_queue_and_counts_each_frame_once() -> None:
+    """Three CPU sessions stand in for a GPU and two DLA engines (absent here)."""
+    runners = _cpu_sessions(3)
+    try:
+        timing = time_together(runners, _frames(), seconds=0.5)
+    finally:
+        for runner in runners:
+            runner.close()
+    assert len(timing.engine_frames) == 3
+    assert timing.frames == sum(timing.engine_frames)
+    assert all(n > 0 for n in timing.engine_frames), timing  # every worker took frames off the queue
+    assert timing.seconds >= 0.5
+    assert timing.fps == pytest.approx(timing.frames / timing.seconds)
+
+
+def test_time_together_runs_at_least_min_calls_and_one_engine_alone() -> None:
+    (runner,) = _cpu_sessions(1)
+    try:
+        timing = time_together([runner], _frames(), seconds=0.0, min_calls=7)
+    finally:
+        runner.close()
+    assert timing.engine_frames == (7,)
+
+
+class _FailsAfter(Runner):
+    """A real CPU session that raises on its ``n``-th call: an engine failing mid-timing."""
+
+    def __init__(self, inner: Runner, n: int) -> None:
+        super().__init__(inner.inputs, inner.outputs)
+        self.inner, self.left = inner, n
+
+    def _infer(self, feeds: Feeds) -> Outputs:
+        self.left -= 1
+        if self.left <= 0:
+            raise RuntimeError("device lost")
+        return self.inner.infer(feeds)
+
+
+def test_time_together_fails_naming_the_engine_and_stops_when_cancelled() -> None:
+    good, bad = _cpu_sessions(2)
+    try:
+        with pytest.raises(BuildError, match="engine 1 failed while being timed together: device lost"):
+            time_together([good, _FailsAfter(bad, 10)], _frames(), seconds=30.0)
+        cancel = threading.Event()
+        cancel.set()
+        with pytest.raises(BuildError, match="cancelled"):
+            time_together([good, bad], _frames(), seconds=30.0, cancel=cancel)
+        with pytest.raises(BuildError, match="no engines"):
+            time_together([], _frames(), seconds=0.1)
+        with pytest.raises(BuildError, match="no frames"):
+            time_together([good], [], seconds=0.1)
+    finally:
+        good.close()
+        bad.close()
 
 
 def _service(tmp_path: Path, platform_facts: object = None) -> EngineService:

@@ -1,0 +1,308 @@
+"""``edge-agent fleet controller``: the long-running operator process that runs rollouts.
+
+One process (a systemd unit on an operator host) holds:
+
+- the rollout state, :class:`~agent.fleet.rollout_store.RolloutStore` in ``{state_dir}/rollouts.sqlite``;
+- the model repository ``{state_dir}/models/{sha256}.onnx`` (uploaded by ``fleet rollout start``,
+  kept for rollbacks) and a :class:`~agent.fleet.chunks.ChunkServer` serving it to devices' pulls
+  (it replaces a ``fleet serve`` beside each deploy);
+- one :class:`~agent.fleet.rollout_runner.RolloutRunner` per open rollout, stepped by one loop;
+- the request/reply API the CLI reaches it by: MQTT 5 requests on ``{prefix}/_controller/req/{verb}``
+  with a response topic and correlation data, answered with a
+  :class:`~agent.protocol.messages.CommandReply` (docs/protocol.md). Why the broker and not an HTTP
+  API (docs/fleet.md): the CLI already reaches the broker with TLS and credentials, the broker's ACL
+  decides who may publish requests, and the controller needs no port open to operators.
+
+Requests are queued by the MQTT dispatcher thread and handled by the loop thread, between runner
+steps, so the store sees one writer at a time from this process. After a restart (``kill -9``
+included) the open rollouts are resumed from the store (see the runner's docstring).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import structlog
+from pydantic import ValidationError
+
+from agent.errors import AgentError
+from agent.fleet.chunks import ChunkServer
+from agent.fleet.controller_config import ControllerConfig
+from agent.fleet.deploy import FleetDeploy
+from agent.fleet.deploy_plan import new_job_id, next_sequence
+from agent.fleet.keys import load_signing_key
+from agent.fleet.rollout_report import rollout_status
+from agent.fleet.rollout_runner import RolloutRunner, plan_for, request_of
+from agent.fleet.rollout_spec import RolloutRequest, model_ref
+from agent.fleet.rollout_store import RolloutState, RolloutStore
+from agent.fleet.status import collect_fleet
+from agent.fleet.upload import UploadSink
+from agent.mqtt.core import PublishProperties
+from agent.mqtt.inbound import InboundMessage
+from agent.mqtt.service_client import ServiceClient
+from agent.protocol.messages import CommandReply, encode
+from agent.protocol.topics import ControllerTopics
+
+log = structlog.get_logger(__name__)
+
+#: Shared-subscription group of the controller's chunk server (several controllers share requests).
+CHUNK_GROUP = "edge-controller"
+#: How often the loop steps the runners when no request arrives.
+_TICK_S = 0.2
+
+
+class ControllerError(AgentError):
+    """A request the controller refuses (bad id, wrong state, model missing)."""
+
+    code = "controller"
+
+
+class FleetController:
+    """The controller process's parts (see the module docstring): ``start``, ``run``, ``stop``."""
+
+    def __init__(self, config: ControllerConfig) -> None:
+        self.config = config
+        self.settings = config.mqtt
+        self.topics = ControllerTopics(self.settings.prefix)
+        self.store: RolloutStore | None = None
+        self.runners: dict[str, RolloutRunner] = {}
+        self._requests: queue.Queue[InboundMessage] = queue.Queue()
+        self._key = (
+            None if config.unsigned or config.signing_key is None else load_signing_key(config.signing_key)
+        )
+        self._uploads = UploadSink(config.models_dir)
+        self.chunks = ChunkServer(self.settings, group=CHUNK_GROUP)
+        self._client = ServiceClient(self.settings, handler=self._requests.put)
+
+    # -- lifecycle -----------------------------------------------------------------------------------
+
+    def start(self, timeout: float = 10.0) -> FleetController:
+        """Open the store, serve the repo, listen for requests, resume the open rollouts."""
+        self.config.models_dir.mkdir(parents=True, exist_ok=True)
+        self.store = RolloutStore(self.config.store_path)
+        self.chunks.add_repo(self.config.models_dir)
+        self.chunks.start(timeout)
+        self._client.start(timeout)
+        self._client.subscribe(self.topics.request_filter, qos=1, timeout=timeout)
+        for rollout_id in self._unfinished():
+            self.runners[rollout_id] = self._runner(rollout_id)
+            log.info("fleet.controller.resumed", rollout=rollout_id)
+        log.info(
+            "fleet.controller.started",
+            state_dir=str(self.config.state_dir),
+            resumed=len(self.runners),
+            requests=self.topics.request_filter,
+        )
+        return self
+
+    def run(self, stop: threading.Event) -> None:
+        """Handle requests and step the rollouts until ``stop`` is set."""
+        last_step = 0.0
+        while not stop.is_set():
+            try:
+                message: InboundMessage | None = self._requests.get(timeout=_TICK_S)
+            except queue.Empty:
+                message = None
+            if message is not None:
+                self._answer(message)
+            # Steps at least every tick, however many requests arrive: status polls must not starve them.
+            if message is None or time.monotonic() - last_step >= _TICK_S:
+                self.step()
+                last_step = time.monotonic()
+
+    def step(self) -> None:
+        """Step every open rollout once; forget the ones that are over."""
+        for rollout_id, runner in list(self.runners.items()):
+            try:
+                over = runner.step()
+            except AgentError as exc:
+                log.error("fleet.controller.step_failed", rollout=rollout_id, error=str(exc))
+                continue
+            if over:
+                runner.stop()
+                del self.runners[rollout_id]
+
+    def stop(self) -> None:
+        """Disconnect everything; the store keeps what a restart needs."""
+        for runner in self.runners.values():
+            runner.stop()
+        self._client.stop()
+        self.chunks.stop()
+        if self.store is not None:
+            self.store.close()
+
+    def _unfinished(self) -> list[str]:
+        """Open rollouts, and aborted ones whose rollback had not finished."""
+        assert self.store is not None
+        found = list(self.store.open_rollouts())
+        for row in self.store.rollouts(limit=200):
+            if row.state is RolloutState.ABORTED and row.rollout_id not in found:
+                events = [what for what, _ in self.store.events(row.rollout_id)]
+                wants = request_of(row.spec).rollback_on_abort or "abort" in events
+                if wants and "rollback_done" not in events:
+                    found.append(row.rollout_id)
+        return found
+
+    def _runner(self, rollout_id: str) -> RolloutRunner:
+        assert self.store is not None
+        return RolloutRunner(
+            self.store,
+            rollout_id,
+            settings=self.settings,
+            model_path=self.model_path,
+            signing_key=self._key,
+            key_id=None if self._key is None else self.config.key_id,
+            http_url=self.http_url,
+            deploy_options={"serve": False, "wait_unknown": True, "status_poll_s": self.config.status_poll_s},
+        )
+
+    def model_path(self, sha256: str) -> Path:
+        return self.config.models_dir / f"{sha256}.onnx"
+
+    def http_url(self, sha256: str) -> str | None:
+        base = self.config.http_source
+        return None if base is None else f"{base.rstrip('/')}/{sha256}.onnx"
+
+    # -- requests ------------------------------------------------------------------------------------
+
+    def _answer(self, message: InboundMessage) -> None:
+        verb = self.topics.verb(message.topic)
+        if verb is None or message.response_topic is None:
+            return  # not a request, or nobody to answer
+        try:
+            result = self.handle(verb, message)
+            reply = CommandReply(command=verb, ok=True, result=result)
+        except (AgentError, ValueError) as exc:
+            code = exc.code if isinstance(exc, AgentError) else "bad_request"
+            reply = CommandReply(command=verb, ok=False, error_code=code, error=str(exc))
+            log.warning("fleet.controller.refused", verb=verb, error=str(exc))
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"{'.'.join(str(p) for p in e['loc']) or 'request'}: {e['msg']}"
+                for e in exc.errors(include_url=False)
+            )
+            reply = CommandReply(command=verb, ok=False, error_code="bad_request", error=problems)
+        properties = PublishProperties(correlation_data=message.correlation_data)
+        self._client.publish(message.response_topic, encode(reply), qos=1, properties=properties)
+
+    def handle(self, verb: str, message: InboundMessage) -> dict[str, Any]:
+        """One request's result (raises ControllerError, ValueError or ValidationError to refuse)."""
+        assert self.store is not None
+        if verb == "upload":
+            return self._uploads.take(message.payload, dict(message.user_properties))
+        args: dict[str, Any] = _json_object(message.payload)
+        if verb == "start":
+            return self.start_rollout(RolloutRequest.model_validate(args))
+        if verb == "list":
+            limit = int(args.get("limit", 50))
+            return {
+                "rollouts": [rollout_status(self.store, r.rollout_id) for r in self.store.rollouts(limit)]
+            }
+        rollout_id = args.get("rollout_id")
+        if verb == "status":
+            if rollout_id is None:
+                latest = self.store.rollouts(limit=1)
+                if not latest:
+                    raise ControllerError("no rollout yet")
+                rollout_id = latest[0].rollout_id
+            return rollout_status(self.store, str(rollout_id))
+        if not isinstance(rollout_id, str):
+            raise ControllerError(f"{verb} needs rollout_id")
+        if verb == "pause":
+            return self.pause(rollout_id)
+        if verb == "resume":
+            return self.resume(rollout_id)
+        if verb == "abort":
+            return self.abort(rollout_id, rollback=bool(args.get("rollback", False)))
+        raise ControllerError(f"unknown verb {verb}")
+
+    # -- the actions (the console calls these too) ---------------------------------------------------
+
+    def start_rollout(self, request: RolloutRequest) -> dict[str, Any]:
+        """Create and start a rollout; its status. ControllerError when the model is not uploaded."""
+        assert self.store is not None
+        model = self.model_path(request.model_sha256)
+        if not model.is_file():
+            raise ControllerError(
+                f"model {request.model_sha256} is not in the controller's repository; upload it first"
+            )
+        model_id = request.model_id or Path(request.model_name).stem
+        rollout_id = request.rollout_id or new_job_id(model_id, request.version)
+        job_id = new_job_id(model_id, request.version)
+        sequence = next_sequence()
+        manifest = FleetDeploy(
+            self.settings,
+            plan_for(request, model, tuple(request.devices), job_id=job_id, sequence=sequence, http_url=None),
+            serve=False,
+        ).manifest
+        fleet = {
+            row.device: row for row in collect_fleet(self.settings, max_wait_s=self.config.select_wait_s)
+        }
+        from_models: dict[str, str | None] = {}
+        for device in request.devices:
+            slot = fleet[device].slots.get(request.slot) if device in fleet else None
+            sha = (slot or {}).get("sha256")
+            from_models[device] = (
+                model_ref(str(slot.get("model_id")), slot.get("version"), str(sha)) if slot and sha else None
+            )
+        plan = request.plan(rollout_id, job_id, sequence, from_models, manifest.model_dump(mode="json"))
+        self.store.create(plan)
+        self.runners[rollout_id] = self._runner(rollout_id)
+        log.info("fleet.controller.rollout_started", rollout=rollout_id, devices=len(request.devices))
+        return rollout_status(self.store, rollout_id)
+
+    def pause(self, rollout_id: str) -> dict[str, Any]:
+        assert self.store is not None
+        self.store.set_state(rollout_id, RolloutState.PAUSED, "paused by the operator")
+        return rollout_status(self.store, rollout_id)
+
+    def resume(self, rollout_id: str) -> dict[str, Any]:
+        assert self.store is not None
+        self.store.set_state(rollout_id, RolloutState.RUNNING, "resumed by the operator")
+        if rollout_id not in self.runners:
+            self.runners[rollout_id] = self._runner(rollout_id)
+        return rollout_status(self.store, rollout_id)
+
+    def abort(self, rollout_id: str, *, rollback: bool) -> dict[str, Any]:
+        assert self.store is not None
+        self.store.note(rollout_id, "abort", rollback=rollback, by="operator")
+        self.store.set_state(rollout_id, RolloutState.ABORTED, "aborted by the operator")
+        if rollout_id not in self.runners:
+            self.runners[rollout_id] = self._runner(rollout_id)
+        return rollout_status(self.store, rollout_id)
+
+
+def _json_object(payload: bytes) -> dict[str, Any]:
+    if not payload:
+        return {}
+    try:
+        value = json.loads(payload)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"request is not JSON: {exc}") from exc
+    if not isinstance(value, dict):
+        raise ValueError("request must be a JSON object")  # noqa: TRY004 (a bad request, answered as such)
+    return value
+
+
+def run_controller(
+    config: ControllerConfig, stop: threading.Event, ready: threading.Event | None = None
+) -> None:
+    """Start, run until ``stop``, stop (the ``fleet controller`` command)."""
+    controller = FleetController(config).start()
+    try:
+        if ready is not None:
+            ready.set()
+        print(
+            f"controller: state {config.state_dir}, {len(controller.runners)} rollout(s) resumed; "
+            f"requests on {controller.topics.request_filter} (pid {os.getpid()})",
+            flush=True,
+        )
+        controller.run(stop)
+    finally:
+        controller.stop()

@@ -1,0 +1,97 @@
+"""The fleet controller's configuration file (``edge-agent fleet controller --config FILE``).
+
+The same YAML reader, relative-path rule and error text as the agent's own configuration: a
+problem names its key (``http.port: Input should be greater than 0``). configs/controller.yaml is
+the documented example; a test loads it.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+from pydantic import Field, ValidationError
+
+from agent.config import base_dir, read_yaml, resolve_paths
+from agent.config.problems import config_error, describe
+from agent.errors import ConfigError
+from agent.model_base import StrictModel
+from agent.mqtt.settings import MqttSettings
+
+#: The controller's default state directory (the systemd unit's StateDirectory).
+DEFAULT_STATE_DIR = Path("/var/lib/edge-agent-controller")
+
+
+class HttpSettings(StrictModel):
+    """The controller's web console and ``/metrics`` (issue 12); off unless ``port`` is set."""
+
+    host: str = Field("127.0.0.1", description="Address to bind; loopback unless told otherwise.")
+    port: int | None = Field(None, gt=0, lt=65536, description="Port of the console and /metrics.")
+    token_file: Path | None = Field(
+        None, description="File holding the bearer token console actions need (none: read-only)."
+    )
+
+
+class ControllerConfig(StrictModel):
+    """Where the broker is, where the state lives, which key signs the desired states."""
+
+    mqtt: MqttSettings = Field(default_factory=MqttSettings)
+    state_dir: Path = Field(DEFAULT_STATE_DIR, description="rollouts.sqlite and models/ live here.")
+    signing_key: Path | None = Field(
+        None,
+        description="Ed25519 private key (PEM) that signs desired states; readable by the controller only.",
+    )
+    key_id: str | None = Field(None, description="The key's id in the devices' delivery.trusted_keys.")
+    unsigned: bool = Field(False, description="Publish unsigned desired states (test fleets only).")
+    http_source: str | None = Field(
+        None,
+        description="Base URL where the models directory is served over HTTP: manifests list "
+        "{http_source}/{sha256}.onnx before the MQTT pull.",
+    )
+    status_poll_s: float = Field(15.0, gt=0, description="Ask a device quiet this long for its job state.")
+    select_wait_s: float = Field(
+        3.0, gt=0, description="How long to read the devices' retained up/info when a rollout starts."
+    )
+    http: HttpSettings = Field(default_factory=HttpSettings)
+
+    @property
+    def models_dir(self) -> Path:
+        return self.state_dir / "models"
+
+    @property
+    def store_path(self) -> Path:
+        return self.state_dir / "rollouts.sqlite"
+
+
+def load_controller_config(path: Path) -> ControllerConfig:
+    """Read and check ``path`` (ConfigError listing every problem by key)."""
+    path = Path(path)
+    data = read_yaml(path, allow_empty=True)
+    data = resolve_paths(data, ControllerConfig, base_dir(path))
+    try:
+        config = ControllerConfig.model_validate(data)
+    except ValidationError as exc:
+        raise config_error(path, [describe(e) for e in exc.errors()], {}) from exc
+    problems = key_problems(config)
+    if problems:
+        raise ConfigError(f"{path}: the signing key cannot be used", problems)
+    return config
+
+
+def key_problems(config: ControllerConfig) -> list[str]:
+    """What is wrong with the signing key settings: missing, unreadable, or readable by others."""
+    if config.unsigned:
+        return ["signing_key: give no key with unsigned: true"] if config.signing_key else []
+    if config.signing_key is None or not config.key_id:
+        return ["signing_key and key_id: both are needed (or unsigned: true for a test fleet)"]
+    try:
+        mode = config.signing_key.stat().st_mode
+    except OSError as exc:
+        return [f"signing_key: {config.signing_key}: {exc.strerror or exc}"]
+    if mode & (stat.S_IRWXG | stat.S_IRWXO) and os.name == "posix":
+        return [
+            f"signing_key: {config.signing_key} is readable by others (mode {stat.S_IMODE(mode):o}); "
+            "chmod 600 it: only the controller may read the key"
+        ]
+    return []

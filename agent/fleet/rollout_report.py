@@ -1,0 +1,119 @@
+"""A rollout as an operator reads it: the ``status --json`` document and its lines of text. Pure
+but for reading the store.
+
+``fleet rollout status --json`` prints :func:`rollout_status` as it is; docs/fleet.md shows one,
+checked by a test against a real rollout.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+from agent.fleet.rollout_store import DeviceStep, RolloutStore
+
+
+def rollout_status(store: RolloutStore, rollout_id: str) -> dict[str, Any]:
+    """Everything ``status`` shows of one rollout: its state, each wave with counts, the rollback."""
+    row = store.rollout(rollout_id)
+    devices = store.devices(rollout_id)
+    request = row.spec.get("request", {})
+    waves = []
+    for wave in store.wave_rows(rollout_id):
+        members = [d for d in devices if d.wave == wave.index]
+        ends = Counter(_where(d.step, d.end.value if d.end else None) for d in members)
+        waves.append(
+            {
+                "index": wave.index,
+                "state": wave.state.value,
+                "devices": len(members),
+                "ends": dict(sorted(ends.items())),
+                "reason": wave.reason,
+                "started_at": wave.started_at,
+                "ended_at": wave.ended_at,
+                "figures": wave.figures,
+            }
+        )
+    rollback: dict[str, Any] | None = None
+    for what, detail in store.events(rollout_id):
+        if what in ("rollback", "rollback_unknown", "rollback_done"):
+            rollback = rollback or {"planned": 0, "unknown": [], "ends": None}
+            if what == "rollback":
+                rollback["planned"] += len(detail.get("devices", ()))
+            elif what == "rollback_unknown":
+                rollback["unknown"] = list(detail.get("devices", ()))
+            else:
+                rollback["ends"] = dict(Counter(detail.get("ends", {}).values()))
+    return {
+        "rollout_id": row.rollout_id,
+        "state": row.state.value,
+        "reason": row.reason,
+        "slot": row.slot,
+        "model": request.get("model_id") or request.get("model_name"),
+        "version": row.to_version,
+        "job_id": row.job_id,
+        "created_at": row.created_at,
+        "updated_at": row.updated_at,
+        "policy": {
+            "waves": request.get("waves"),
+            "max_failed": request.get("max_failed"),
+            "soak_s": request.get("soak_s"),
+            "wave_timeout_s": request.get("wave_timeout_s"),
+            "on_timeout": request.get("on_timeout"),
+            "rollback_on_abort": request.get("rollback_on_abort"),
+        },
+        "waves": waves,
+        "devices": dict(
+            sorted(Counter(_where(d.step, d.end.value if d.end else None) for d in devices).items())
+        ),
+        "sends": {"devices": len(devices), "resent": sum(1 for d in devices if d.sends > 1)},
+        "rollback": rollback,
+    }
+
+
+def _where(step: DeviceStep, end: str | None) -> str:
+    """One word for where a device stands: its end once ENDED, its job's state while it works."""
+    if step is DeviceStep.ENDED and end:
+        return end
+    if step in (DeviceStep.SENT, DeviceStep.SENDING):
+        return "PENDING" if end in (None, "PENDING") else end
+    return str(step.value)  # PLANNED, CANCELLED
+
+
+def status_lines(status: dict[str, Any]) -> list[str]:
+    """``fleet rollout status`` as text: a header, a line per wave, the rollback."""
+    policy = status["policy"]
+    lines = [
+        f"rollout {status['rollout_id']}: {status['state']}  slot {status['slot']}  "
+        f"{status['model']} {status['version']}  waves {policy['waves']}  max-failed {policy['max_failed']}"
+        + (f"  soak {policy['soak_s']:g}s" if policy.get("soak_s") else ""),
+    ]
+    if status["reason"]:
+        lines.append(f"  {status['reason']}")
+    for wave in status["waves"]:
+        counts = ", ".join(f"{k} {v}" for k, v in wave["ends"].items())
+        lines.append(
+            f"  wave {wave['index'] + 1}: {wave['state']:<9} {wave['devices']:>5} device(s)  {counts}"
+        )
+        if wave["reason"] and wave["state"] not in ("WAITING",):
+            lines.append(f"          {wave['reason']}")
+    rollback = status.get("rollback")
+    if rollback:
+        ends = rollback.get("ends")
+        line = f"  rollback: {rollback['planned']} device(s) sent their previous model"
+        if ends:
+            line += " (" + ", ".join(f"{k} {v}" for k, v in sorted(ends.items())) + ")"
+        if rollback["unknown"]:
+            line += f"; {len(rollback['unknown'])} with a previous model this controller never deployed"
+        lines.append(line)
+    return lines
+
+
+def list_line(status: dict[str, Any]) -> str:
+    """One line of ``fleet rollout list``."""
+    done = sum(1 for w in status["waves"] if w["state"] in ("DONE", "TRIPPED", "CANCELLED"))
+    devices = sum(status["devices"].values())
+    return (
+        f"{status['rollout_id']:<44} {status['state']:<10} {status['slot']:<12} "
+        f"{status['model']} {status['version']}  wave {done}/{len(status['waves'])}  {devices} device(s)"
+    )

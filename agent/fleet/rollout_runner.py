@@ -1,0 +1,448 @@
+"""One rollout driven from its stored state: waves started in order, their jobs followed, the gate
+judged, soaks waited out, an abort (tripped or asked for) carried out with the rollback it asks for.
+
+:meth:`RolloutRunner.step` does what is due and returns; the controller calls it for every open
+rollout in its loop, ``fleet deploy`` calls it for its one-wave rollout. Nothing that matters lives
+only in this object: each decision is written to the :class:`~agent.fleet.rollout_store.RolloutStore`
+before (``SENDING``) or after (``SENT``, a job's end, a wave's verdict) it takes effect, so a new
+runner on the same store, in a restarted controller, carries on where the killed one stopped.
+
+A wave is one :class:`~agent.fleet.deploy.FleetDeploy`: the same signed desired state (the rollout's
+job id and manifest sequence, fixed when it was created) published retained to the wave's devices,
+their job states followed, quiet devices asked with ``status``. After a restart the wave's unended
+devices get the same desired state again: a device that has it sees the same job (one terminal state
+per job id), not a second one; one whose job ended meanwhile says so when asked.
+
+Rollback on abort publishes, to every device of the rollout that may run the new model (its job
+ended ACTIVE, or had not ended), a new signed desired state for the model it ran before (read from
+its retained ``up/info`` when the rollout was created), with a new job id and a higher sequence:
+retained, so a device offline at that moment also ends on its previous model when it comes back.
+The previous model's manifest comes from the rollout that put it there (the controller's store);
+a device whose previous model no rollout of this store deployed is listed, not guessed at.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from agent.fleet.deploy import FleetDeploy
+from agent.fleet.deploy_outcome import DeviceProgress
+from agent.fleet.deploy_plan import DeployPlan, next_sequence
+from agent.fleet.gate import DeviceEnd, DeviceReport, WaveVerdict, judge_wave
+from agent.fleet.rollout_spec import RolloutRequest, ref_sha256
+from agent.fleet.rollout_store import (
+    DeviceRow,
+    DeviceStep,
+    RolloutState,
+    RolloutStore,
+    WaveState,
+)
+from agent.mqtt.settings import MqttSettings
+from agent.protocol.messages import ProbationFigures, ShadowFigures
+from agent.signing import Ed25519PrivateKey
+
+log = structlog.get_logger(__name__)
+
+#: Rollout states after which nothing but a rollback remains to be done.
+FINAL_STATES = frozenset({RolloutState.DONE, RolloutState.ABORTED, RolloutState.SUPERSEDED})
+#: Ends of a device that may run the new model: a rollback moves it back.
+_MAY_RUN_NEW = frozenset({DeviceEnd.ACTIVE, DeviceEnd.PENDING, DeviceEnd.TIMED_OUT, DeviceEnd.SKIPPED})
+
+
+def request_of(spec: Mapping[str, Any]) -> RolloutRequest:
+    """The request a stored rollout was created from."""
+    return RolloutRequest.model_validate(spec["request"])
+
+
+def plan_for(
+    request: RolloutRequest,
+    model: Path,
+    devices: tuple[str, ...],
+    *,
+    job_id: str,
+    sequence: int,
+    http_url: str | None,
+) -> DeployPlan:
+    """The FleetDeploy plan that publishes ``request``'s desired state to ``devices``."""
+    return DeployPlan(
+        model=model,
+        devices=devices,
+        slot=request.slot,
+        version=request.version,
+        model_id=request.model_id or Path(request.model_name).stem,
+        chunk_size=request.chunk_size,
+        build=request.build,
+        preprocess=request.preprocess,
+        postprocess=request.postprocess,
+        http_url=http_url,
+        job_id=job_id,
+        sequence=sequence,
+        shadow=request.shadow,
+        probation_s=request.probation_s,
+        probation=request.probation,
+    )
+
+
+def _job_figures(p: DeviceProgress) -> dict[str, Any]:
+    figures: dict[str, Any] = {"state": p.state.value if p.state else None}
+    if p.error_code:
+        figures["error_code"] = p.error_code
+    if p.shadow is not None:
+        figures["shadow"] = p.shadow.model_dump(mode="json")
+    if p.probation is not None:
+        figures["probation"] = p.probation.model_dump(mode="json")
+    return figures
+
+
+def _report_of_row(row: DeviceRow, online: bool = True) -> DeviceReport:
+    figures = row.figures or {}
+    shadow = figures.get("shadow")
+    probation = figures.get("probation")
+    return DeviceReport(
+        row.device,
+        row.end if row.step is DeviceStep.ENDED and row.end is not None else DeviceEnd.PENDING,
+        started=bool(figures.get("state")),
+        online=online,
+        shadow=None if shadow is None else ShadowFigures.model_validate(shadow),
+        probation=None if probation is None else ProbationFigures.model_validate(probation),
+    )
+
+
+class RolloutRunner:
+    """Drives the stored rollout ``rollout_id`` (see the module docstring)."""
+
+    def __init__(
+        self,
+        store: RolloutStore,
+        rollout_id: str,
+        *,
+        settings: MqttSettings,
+        model_path: Callable[[str], Path],
+        signing_key: Ed25519PrivateKey | None,
+        key_id: str | None,
+        http_url: Callable[[str], str | None] = lambda sha256: None,
+        deploy_options: Mapping[str, Any] | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        """``model_path(sha256)`` finds a model's bytes, ``http_url(sha256)`` its HTTP source (or None).
+
+        ``deploy_options`` go to every :class:`FleetDeploy` (``serve``, ``on_change``, ...).
+        """
+        self.store = store
+        self.rollout_id = rollout_id
+        self.settings = settings
+        self._model_path = model_path
+        self._http_url = http_url
+        self._key = signing_key
+        self._key_id = key_id
+        self._options = dict(deploy_options or {})
+        self._clock = clock
+        row = store.rollout(rollout_id)
+        self.request = request_of(row.spec)
+        self.sequence = int(row.spec["sequence"])
+        self.job_id = row.job_id
+        #: The running wave's deploy (None between waves), and which wave it is.
+        self.deploy: FleetDeploy | None = None
+        #: The latest wave's deploy, kept after the wave ended (``fleet deploy`` reports from it).
+        self.last_deploy: FleetDeploy | None = None
+        self._wave: int | None = None
+        self._recorded: dict[str, str] = {}
+        self._rollbacks: list[tuple[FleetDeploy, float]] = []
+        self._rollback_done = False
+
+    # -- the loop ------------------------------------------------------------------------------------
+
+    def step(self) -> bool:
+        """Do what is due now; True once the rollout (and any rollback it asked for) is over."""
+        row = self.store.rollout(self.rollout_id)
+        if row.state in FINAL_STATES:
+            self._close_wave()
+            if row.state is RolloutState.ABORTED and self._wants_rollback():
+                return self._roll_back()
+            return True
+        waves = self.store.wave_rows(self.rollout_id)
+        current = next((w for w in waves if w.state in (WaveState.RUNNING, WaveState.SOAKING)), None)
+        if current is None:
+            if row.state is RolloutState.PAUSED:
+                return False
+            upcoming = next((w for w in waves if w.state is WaveState.WAITING), None)
+            if upcoming is None:
+                self.store.set_state(self.rollout_id, RolloutState.DONE, "every wave held")
+                log.info("fleet.rollout.done", rollout=self.rollout_id)
+                return True
+            self.store.set_wave(self.rollout_id, upcoming.index, WaveState.RUNNING, reason="started")
+            log.info("fleet.rollout.wave", rollout=self.rollout_id, wave=upcoming.index, state="RUNNING")
+            waves = self.store.wave_rows(self.rollout_id)
+            current = waves[upcoming.index]
+        if self._wave != current.index:
+            self._open_wave(current.index)
+        if self.deploy is not None:
+            self.deploy.poll(0.0)
+            self._record(self.deploy.snapshot())
+        started = current.started_at or self._clock()
+        timed_out = self._clock() - started >= self.request.wave_timeout_s
+        reports = self._reports(current.index)
+        verdict = judge_wave(
+            reports, self._earlier(current.index), self.request.policy(), timed_out=timed_out
+        )
+        self._record_timeouts(reports, verdict)
+        if verdict.gate == "trips":
+            self._trip(current.index, verdict)
+            return False
+        if not verdict.done:
+            return False
+        figures = asdict(verdict.figures)
+        if current.state is WaveState.RUNNING and self.request.soak_s > 0:
+            until = self._clock() + self.request.soak_s
+            self.store.set_wave(
+                self.rollout_id,
+                current.index,
+                WaveState.SOAKING,
+                figures={**figures, "soak_until": until},
+                reason=f"soaking {self.request.soak_s:g} s; {verdict.reason}",
+            )
+            return False
+        if current.state is WaveState.SOAKING and self._clock() < float(
+            (current.figures or {}).get("soak_until", 0)
+        ):
+            return False
+        self.store.set_wave(
+            self.rollout_id, current.index, WaveState.DONE, figures=figures, reason=verdict.reason
+        )
+        log.info(
+            "fleet.rollout.wave",
+            rollout=self.rollout_id,
+            wave=current.index,
+            state="DONE",
+            why=verdict.reason,
+        )
+        self._close_wave()
+        return False
+
+    def wait(self, timeout: float) -> None:
+        """Wait up to ``timeout`` seconds for news from the running wave's devices."""
+        if self.deploy is not None:
+            self.deploy.poll(timeout)
+        elif self._rollbacks:
+            self._rollbacks[0][0].poll(timeout)
+        else:
+            time.sleep(timeout)
+
+    def stop(self) -> None:
+        """Disconnect the deploys (their retained desired states stay; the store holds the rest)."""
+        self._close_wave()
+        for deploy, _ in self._rollbacks:
+            deploy.stop()
+        self._rollbacks = []
+
+    # -- a wave --------------------------------------------------------------------------------------
+
+    def _open_wave(self, index: int) -> None:
+        self._close_wave()
+        self._wave = index
+        rows = self.store.devices(self.rollout_id, wave=index)
+        live = tuple(
+            r.device for r in rows if r.step in (DeviceStep.PLANNED, DeviceStep.SENDING, DeviceStep.SENT)
+        )
+        if not live:
+            return
+        sha = self.request.model_sha256
+        plan = plan_for(
+            self.request,
+            self._model_path(sha),
+            live,
+            job_id=self.job_id,
+            sequence=self.sequence,
+            http_url=self._http_url(sha),
+        )
+        deploy = FleetDeploy(self.settings, plan, signing_key=self._key, key_id=self._key_id, **self._options)
+        if deploy.manifest.sha256 != sha:
+            raise RuntimeError(
+                f"rollout {self.rollout_id}: model file for {sha} hashes to {deploy.manifest.sha256}"
+            )
+        unsent = [r.device for r in rows if r.step in (DeviceStep.PLANNED, DeviceStep.SENDING)]
+        for device in unsent:
+            self.store.mark_sending(self.rollout_id, device)
+        deploy.start()
+        for device in unsent:
+            self.store.mark_sent(self.rollout_id, device)
+        self.deploy = self.last_deploy = deploy
+        log.info(
+            "fleet.rollout.sent",
+            rollout=self.rollout_id,
+            wave=index,
+            devices=len(live),
+            resent=len(live) - len(unsent),
+        )
+
+    def _close_wave(self) -> None:
+        if self.deploy is not None:
+            self.deploy.stop()
+        self.deploy = None
+        self._wave = None
+
+    def _record(self, snapshot: list[DeviceProgress]) -> None:
+        """Store each job state change of the wave's devices (a terminal one ends the device)."""
+        for p in snapshot:
+            if p.state is None or self._recorded.get(p.device) == p.state.value:
+                continue
+            self._recorded[p.device] = p.state.value
+            self.store.record_job(self.rollout_id, p.device, DeviceEnd.of_job(p.state), _job_figures(p))
+
+    def _reports(self, index: int) -> list[DeviceReport]:
+        live = {p.device: p for p in self.deploy.snapshot()} if self.deploy is not None else {}
+        reports = []
+        for row in self.store.devices(self.rollout_id, wave=index):
+            if row.step is DeviceStep.CANCELLED:
+                continue
+            p = live.get(row.device)
+            report = _report_of_row(row, online=p is None or p.online is not False)
+            if row.step is not DeviceStep.ENDED and p is not None:
+                if p.state is not None:
+                    end = DeviceEnd.of_job(p.state)
+                else:
+                    # An unknown id the deploy does not wait for (``fleet deploy`` without --wait-unknown).
+                    end = DeviceEnd.SKIPPED if p.skipped else DeviceEnd.PENDING
+                report = DeviceReport(
+                    row.device,
+                    end,
+                    started=p.state is not None or report.started,
+                    online=p.online is not False,
+                    shadow=p.shadow or report.shadow,
+                    probation=p.probation or report.probation,
+                )
+            reports.append(report)
+        return reports
+
+    def _earlier(self, index: int) -> list[DeviceReport]:
+        return [
+            _report_of_row(row)
+            for row in self.store.devices(self.rollout_id)
+            if row.wave < index and row.step is not DeviceStep.CANCELLED
+        ]
+
+    def _record_timeouts(self, reports: list[DeviceReport], verdict: WaveVerdict) -> None:
+        """Store the ends the verdict gave (a timeout's, an unknown device's skip)."""
+        skipped = {r.device for r in reports if r.end is DeviceEnd.SKIPPED} | set(verdict.skipped)
+        for device, end in [
+            *((d, DeviceEnd.SKIPPED) for d in sorted(skipped)),
+            *((d, DeviceEnd.TIMED_OUT) for d in verdict.timed_out),
+        ]:
+            if self._recorded.get(device) != end.value:
+                self._recorded[device] = end.value
+                self.store.record_job(self.rollout_id, device, end)
+
+    def _trip(self, index: int, verdict: WaveVerdict) -> None:
+        self.store.set_wave(
+            self.rollout_id, index, WaveState.TRIPPED, figures=asdict(verdict.figures), reason=verdict.reason
+        )
+        self.store.set_state(self.rollout_id, RolloutState.ABORTED, verdict.reason)
+        log.warning("fleet.rollout.aborted", rollout=self.rollout_id, wave=index, why=verdict.reason)
+        self._close_wave()
+
+    # -- rollback ------------------------------------------------------------------------------------
+
+    def _wants_rollback(self) -> bool:
+        if self.request.rollback_on_abort:
+            return True
+        return any(
+            what == "abort" and detail.get("rollback") for what, detail in self.store.events(self.rollout_id)
+        )
+
+    def _roll_back(self) -> bool:
+        """Publish (once) and follow the rollback desired states; True when every one has ended."""
+        if self._rollback_done:
+            return True
+        events = self.store.events(self.rollout_id)
+        if any(what == "rollback_done" for what, _ in events):
+            self._rollback_done = True
+            return True
+        planned = [detail for what, detail in events if what == "rollback"]
+        if not planned:
+            planned = self._plan_rollback()
+        if not self._rollbacks:
+            for detail in planned:
+                self._rollbacks.append((self._publish_rollback(detail), self._clock()))
+        over = True
+        for deploy, since in self._rollbacks:
+            deploy.poll(0.0)
+            if not deploy.finished and self._clock() - since < self.request.wave_timeout_s:
+                over = False
+        if not over:
+            return False
+        ends: dict[str, str] = {}
+        for deploy, _ in self._rollbacks:
+            for p in deploy.snapshot():
+                ends[p.device] = p.state.value if p.state is not None else "PENDING"
+            deploy.stop()
+        self._rollbacks = []
+        self.store.note(self.rollout_id, "rollback_done", ends=ends)
+        self._rollback_done = True
+        log.info("fleet.rollout.rolled_back", rollout=self.rollout_id, devices=len(ends))
+        return True
+
+    def _plan_rollback(self) -> list[dict[str, Any]]:
+        """Group the devices to move back by their previous model; log the plan before any publish."""
+        by_sha: dict[str, list[str]] = {}
+        unknown: list[str] = []
+        for row in self.store.devices(self.rollout_id):
+            if row.step not in (DeviceStep.SENDING, DeviceStep.SENT, DeviceStep.ENDED):
+                continue
+            if row.step is DeviceStep.ENDED and row.end not in _MAY_RUN_NEW:
+                continue  # it failed, was refused or rolled back itself: it runs its previous model
+            sha = ref_sha256(row.from_version)
+            if sha is None or self._previous_request(sha) is None:
+                unknown.append(row.device)
+            else:
+                by_sha.setdefault(sha, []).append(row.device)
+        planned = []
+        for sha, devices in sorted(by_sha.items()):
+            detail = {
+                "sha256": sha,
+                "devices": devices,
+                "job_id": f"{self.rollout_id}-rollback-{sha[:8]}",
+                "sequence": next_sequence(),
+            }
+            self.store.note(self.rollout_id, "rollback", **detail)
+            planned.append(detail)
+        if unknown:
+            self.store.note(
+                self.rollout_id,
+                "rollback_unknown",
+                devices=unknown,
+                why="no earlier rollout of this controller deployed their previous model; "
+                "`fleet cmd rollback` moves them back to their last-known-good one",
+            )
+        return planned
+
+    def _previous_request(self, sha256: str) -> RolloutRequest | None:
+        for row in self.store.rollouts(limit=10_000):
+            if row.slot == self.request.slot and row.spec.get("request", {}).get("model_sha256") == sha256:
+                return request_of(row.spec)
+        return None
+
+    def _publish_rollback(self, detail: Mapping[str, Any]) -> FleetDeploy:
+        sha = str(detail["sha256"])
+        previous = self._previous_request(sha)
+        assert previous is not None  # planned only for known models
+        plan = plan_for(
+            previous,
+            self._model_path(sha),
+            tuple(detail["devices"]),
+            job_id=str(detail["job_id"]),
+            sequence=int(detail["sequence"]),
+            http_url=self._http_url(sha),
+        )
+        options = {k: v for k, v in self._options.items() if k != "on_change"}
+        deploy = FleetDeploy(self.settings, plan, signing_key=self._key, key_id=self._key_id, **options)
+        deploy.start()
+        log.info(
+            "fleet.rollout.rollback_sent", rollout=self.rollout_id, devices=len(plan.devices), sha256=sha
+        )
+        return deploy

@@ -1,0 +1,203 @@
+"""Scripted devices for controller tests (no tests here): plain paho on a real mosquitto.
+
+A stand-in for the devices of a simulated fleet, not agent code: each device publishes its retained
+``up/status`` and ``up/info`` (with the model its slot runs), reads its retained desired state,
+checks the signature and the device name as an agent does, and answers a job id it has not seen
+with scripted job states (ends chosen per device: ACTIVE with healthy or poor shadow figures,
+FAILED, ROLLED_BACK). A job id it has seen is ignored, as the agent's one-terminal-state-per-job-id
+rule does; the fleet counts the jobs each device started, which is what "no device deployed twice"
+is checked against. A device can be offline: the desired states it gets meanwhile wait until it
+comes back. It answers ``status`` with its last job, as the agent does.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from agent.delivery.manifest import DeployManifest, parse_signed
+from agent.localbroker import Broker
+from agent.protocol.messages import (
+    CommandReply,
+    InfoMessage,
+    JobState,
+    JobStatus,
+    ShadowFigures,
+    StatusMessage,
+    encode,
+)
+from agent.protocol.topics import Topics
+from agent.signing import Ed25519PublicKey
+from tests.mqtt_probe import Probe, Received
+
+#: Job states a healthy device walks through (shadow when the manifest asks for it).
+_STEPS = (JobState.QUEUED, JobState.DOWNLOADING, JobState.VERIFYING, JobState.BUILDING, JobState.VALIDATING)
+
+
+@dataclass
+class ScriptedDevice:
+    """One device: what its slot runs, how its jobs end, whether it is online, the jobs it started."""
+
+    name: str
+    model: dict[str, Any]
+    end: JobState = JobState.ACTIVE
+    agreement: float = 0.98
+    online: bool = True
+    labels: dict[str, str] = field(default_factory=dict)
+    jobs: list[str] = field(default_factory=list)
+    started: dict[str, float] = field(default_factory=dict)  # job id -> monotonic time it started
+    ended: dict[str, float] = field(default_factory=dict)
+    waiting: list[Received] = field(default_factory=list)
+    last: tuple[str, JobState] | None = None
+
+
+class ScriptedFleet:
+    """Devices ``names`` under ``prefix`` (see the module docstring); ``with`` starts and stops them."""
+
+    def __init__(
+        self,
+        broker: Broker,
+        prefix: str,
+        names: list[str],
+        *,
+        slot: str = "cls",
+        trusted: Mapping[str, Ed25519PublicKey] | None = None,
+        model: Mapping[str, Any] | None = None,
+    ) -> None:
+        self.prefix = prefix
+        self.slot = slot
+        self.trusted = dict(trusted or {})
+        base = dict(model or {"model_id": "old", "version": "1", "sha256": "0" * 64})
+        self.devices = {n: ScriptedDevice(n, dict(base)) for n in names}
+        self._probe = Probe(broker.host, broker.port)
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._seen = 0
+        self._thread = threading.Thread(target=self._run, name="scripted-fleet", daemon=True)
+
+    def __enter__(self) -> ScriptedFleet:
+        for device in self.devices.values():
+            self._announce(device)
+        self._probe.subscribe(f"{self.prefix}/+/down/desired/{self.slot}")
+        self._probe.subscribe(f"{self.prefix}/+/down/cmd/status")
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(5.0)
+        self._probe.close()
+
+    # -- controls ----------------------------------------------------------------------------------
+
+    def set_online(self, name: str, online: bool) -> None:
+        with self._lock:
+            device = self.devices[name]
+            device.online = online
+            held, device.waiting = device.waiting, []
+        self._announce(device)
+        for message in held:
+            self._handle(message)
+
+    def jobs(self) -> dict[str, list[str]]:
+        with self._lock:
+            return {n: list(d.jobs) for n, d in self.devices.items()}
+
+    def models(self) -> dict[str, str]:
+        """Each device's running model version (what its up/info says)."""
+        with self._lock:
+            return {n: str(d.model.get("version")) for n, d in self.devices.items()}
+
+    # -- the devices -------------------------------------------------------------------------------
+
+    def _announce(self, device: ScriptedDevice) -> None:
+        topics = Topics(self.prefix, device.name)
+        status = StatusMessage(
+            state="online" if device.online else "offline", session=1, agent_version="0.2.0"
+        )
+        self._probe.publish(topics.status, encode(status), retain=True)
+        info = InfoMessage(
+            device_id=device.name,
+            agent_version="0.2.0",
+            platform={},
+            labels=device.labels,
+            backends={},
+            slots={self.slot: {"model": {"slot": self.slot, **device.model}, "state": "active"}},
+            streams=[],
+        )
+        self._probe.publish(topics.info, encode(info), retain=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            messages = self._probe.snapshot()
+            fresh, self._seen = messages[self._seen :], len(messages)
+            for message in fresh:
+                self._handle(message)
+            self._stop.wait(0.02)
+
+    def _handle(self, message: Received) -> None:
+        levels = message.topic[len(self.prefix) + 1 :].split("/")
+        device = self.devices.get(levels[0])
+        if device is None or not message.payload:
+            return
+        with self._lock:
+            if not device.online:
+                device.waiting.append(message)
+                return
+        if levels[2] == "cmd":
+            self._reply_status(device, message)
+            return
+        manifest = parse_signed(message.payload, self.trusted, bool(self.trusted), device.name)
+        with self._lock:
+            if manifest.job_id in device.jobs:
+                return  # one terminal state per job id: a job it knows is not started again
+            device.jobs.append(manifest.job_id)
+            device.started[manifest.job_id] = time.monotonic()
+        self._walk(device, manifest)
+
+    def _walk(self, device: ScriptedDevice, manifest: DeployManifest) -> None:
+        topics = Topics(self.prefix, device.name)
+        steps = list(_STEPS)
+        shadow = None
+        if manifest.shadow is not None:
+            steps.append(JobState.SHADOW)
+            shadow = ShadowFigures(frames=30, agreement=device.agreement, latency_ratio=1.0)
+        for state in steps:
+            self._probe.publish(
+                topics.jobs(manifest.job_id),
+                encode(JobStatus(job_id=manifest.job_id, slot=manifest.slot, state=state)),
+            )
+        end = device.end
+        status = JobStatus(
+            job_id=manifest.job_id,
+            slot=manifest.slot,
+            state=end,
+            shadow=shadow,
+            error_code=None if end is JobState.ACTIVE else "scripted",
+            error=None if end is JobState.ACTIVE else "the script says so",
+        )
+        if end is JobState.ACTIVE:
+            with self._lock:
+                device.model = {
+                    "model_id": manifest.model_id,
+                    "version": manifest.version,
+                    "sha256": manifest.sha256,
+                }
+            self._announce(device)
+        with self._lock:
+            device.last = (manifest.job_id, end)
+            device.ended[manifest.job_id] = time.monotonic()
+        self._probe.publish(topics.jobs(manifest.job_id), encode(status))
+
+    def _reply_status(self, device: ScriptedDevice, message: Received) -> None:
+        if message.response_topic is None:
+            return
+        last = device.last
+        result: dict[str, Any] = {"delivery": {"slots": {}}}
+        if last is not None:
+            result["delivery"]["slots"][self.slot] = {"last_job": {"job_id": last[0], "state": last[1].value}}
+        reply = CommandReply(command="status", ok=True, result=result)
+        self._probe.publish(message.response_topic, encode(reply), correlation_data=message.correlation_data)
