@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import random
+import shlex
+from pathlib import Path
 
 import pytest
 
 from agent.errors import UsageError
+from agent.fleetsim.launcher import build_parser
 from agent.fleetsim.plan import OfflineWindow, choose, device_ids, parse_label, plan_fleet
 
 
@@ -78,3 +81,20 @@ def test_bad_flags_are_refused_with_the_flag_named(flags: dict[str, list[str]], 
     with pytest.raises(UsageError) as caught:
         plan_fleet(10, **flags)  # type: ignore[arg-type]
     assert fragment in str(caught.value)
+
+
+def test_the_documented_command_parses_and_plans() -> None:
+    doc = (Path(__file__).parents[2] / "docs" / "fleet.md").read_text()
+    section = doc.split("## Fleet simulator", 1)[1]
+    command = section.split("```sh\n", 1)[1].split("```", 1)[0].replace("\\\n", " ")
+    words = shlex.split(command)
+    assert words[:3] == ["python", "-m", "agent.fleetsim"]
+    args = build_parser().parse_args(words[3:])
+    plans = plan_fleet(args.devices, labels=args.label, offline=args.offline, unhealthy=args.unhealthy)
+    assert len(plans) == 1000
+    assert sum(bool(p.offline) for p in plans) == 50
+    assert [p.index for p in plans if p.unhealthy == "nan_outputs"] == sorted(
+        p.index for p in plans if p.unhealthy and p.index < 50
+    )
+    assert sum(p.unhealthy is not None for p in plans) == 2
+    assert plans[1].labels == {"site": "munich", "hw": "orin-nano"}
