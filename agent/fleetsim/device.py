@@ -1,0 +1,291 @@
+"""One simulated device: the agent's own link, spool, store, job ledger and delivery service.
+
+Wired as :class:`agent.app.Agent` wires them (same classes, same arguments), with two differences:
+the slots are :class:`~agent.fleetsim.slot.SimSlots` (no engines, no frames) and the job ledger is
+a :class:`JournaledJobs`, the real ``jobs.json`` that also tells a :class:`JobJournal` every state
+it records, so the simulator can count how often each job ran on each device.
+
+``up/info`` is the real :class:`~agent.protocol.messages.InfoMessage` with the delivery service's job
+fields and a simulated Jetson platform; ``up/telemetry`` carries the link's and the spool's real
+counters beside plausible frame-path figures (the names the agent publishes, docs/operations.md).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from agent import __version__
+from agent.camera.preprocess_spec import PreprocessSpec
+from agent.delivery.ledger import JobRecord, JobsFile
+from agent.delivery.manifest import DeployManifest
+from agent.delivery.service import DeliveryService
+from agent.delivery.settings import DeliveryConfig
+from agent.delivery.steps import ProgressFn
+from agent.delivery.transfer import fetch_model
+from agent.fleetsim.plan import DevicePlan
+from agent.fleetsim.slot import SimSlots
+from agent.mqtt.link import MqttLink
+from agent.mqtt.settings import MqttSettings
+from agent.postprocess.spec import PostprocessSpec
+from agent.protocol.messages import BackendInfo, InfoMessage, ModelRef, SlotInfo, TelemetryMessage
+from agent.protocol.topics import Topics
+from agent.signing import Ed25519PublicKey
+from agent.spool import Spool
+from agent.spool_settings import SpoolSettings
+from agent.store import ModelStore
+
+#: The one simulated camera stream of every device.
+STREAM = "cam0"
+_FPS = 29.8
+
+
+@dataclass(frozen=True)
+class SlotSetup:
+    """One slot of every simulated device: its pre/postprocessing and the model it serves at start."""
+
+    preprocess: PreprocessSpec
+    postprocess: PostprocessSpec
+    model: ModelRef | None = None
+    #: The file of ``model``, linked into each device's store (so a rollback to it needs no download).
+    model_path: Path | None = None
+
+
+@dataclass(frozen=True)
+class FleetSetup:
+    """What every device of a simulator process shares: the broker, the trusted keys, the slots."""
+
+    mqtt: MqttSettings
+    state_dir: Path
+    trusted: Mapping[str, Ed25519PublicKey]
+    slots: Mapping[str, SlotSetup]
+    delivery: DeliveryConfig = field(default_factory=DeliveryConfig)
+    spool: SpoolSettings = field(default_factory=SpoolSettings)
+
+
+class JobJournal:
+    """Every job state one device recorded, in order, per job id (kept across simulated restarts)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.jobs: dict[str, list[str]] = {}
+        self.fetched_bytes = 0
+
+    def note(self, job_id: str, state: str) -> None:
+        with self._lock:
+            self.jobs.setdefault(job_id, []).append(state)
+
+    def add_fetched(self, size: int) -> None:
+        with self._lock:
+            self.fetched_bytes += size
+
+    def snapshot(self) -> dict[str, Any]:
+        """``{"jobs": {job_id: [states]}, "runs": {job_id: times QUEUED}, "fetched_bytes": n}``."""
+        with self._lock:
+            jobs = {job: list(states) for job, states in self.jobs.items()}
+            fetched = self.fetched_bytes
+        return {
+            "jobs": jobs,
+            "runs": {job: states.count("QUEUED") for job, states in jobs.items()},
+            "fetched_bytes": fetched,
+        }
+
+
+class JournaledJobs(JobsFile):
+    """The real ``jobs.json`` ledger, telling ``journal`` each state it records."""
+
+    def __init__(self, path: Path, journal: JobJournal) -> None:
+        super().__init__(path)
+        self.journal = journal
+
+    def record(self, record: JobRecord) -> None:
+        super().record(record)
+        self.journal.note(record.job_id, record.state.value)
+
+    def remember_ended(self, job_id: str) -> None:
+        super().remember_ended(job_id)
+        self.journal.note(job_id, "REFUSED")
+
+
+def _platform(labels: Mapping[str, str]) -> dict[str, str | bool | int | float | None]:
+    """A plausible Orin's ``platform_summary`` (the ``hw`` label picks Nano or NX)."""
+    nano = labels.get("hw", "").endswith("nano")
+    return {
+        "is_jetson": True,
+        "machine": "aarch64",
+        "device_model": "NVIDIA Jetson Orin Nano" if nano else "NVIDIA Jetson Orin NX",
+        "soc": "tegra234",
+        "soc_family": "orin",
+        "l4t_release": "36.3.0",
+        "jetpack": "6.0",
+        "cuda_driver": "12.2",
+        "cuda_runtime": "12.2",
+        "gpu_name": "Orin",
+        "compute_capability": "8.7",
+        "dla_cores": 0 if nano else 2,
+        "tensorrt_version": "8.6.2",
+        "onnxruntime_version": "1.18.0",
+        "ort_providers": "CPUExecutionProvider",
+        "simulated": True,
+    }
+
+
+def link_model(source: Path, store: ModelStore, sha256: str) -> None:
+    """Put ``source`` into ``store`` as model ``sha256`` (a hard link: 1,000 devices, one copy on disk)."""
+    target = store.path_for(sha256)
+    if target.exists():
+        return
+    target.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.link(source, target)
+    except OSError:
+        shutil.copyfile(source, target)  # another file system
+
+
+class SimDevice:
+    """One device: ``start()`` connects it, ``stop()`` stops it as the agent stops (offline status)."""
+
+    def __init__(self, plan: DevicePlan, setup: FleetSetup, slots: SimSlots, journal: JobJournal) -> None:
+        self.plan = plan
+        self.setup = setup
+        self.slots = slots
+        self.journal = journal
+        self.started_at = time.time()
+        self._rng = random.Random(plan.index)
+        root = setup.state_dir / plan.device_id
+        root.mkdir(parents=True, exist_ok=True)
+        self.topics = Topics(setup.mqtt.prefix, plan.device_id)
+        self.spool = Spool(root / "spool.sqlite", setup.spool)
+        self.link = MqttLink(
+            setup.mqtt,
+            client_id=plan.device_id,
+            status_topic=self.topics.status,
+            agent_version=__version__,
+            spool=self.spool,
+            on_connected=lambda _session: self.publish_info(),
+        )
+        self.store = ModelStore(root / "models")
+        for slot in setup.slots.values():
+            if slot.model is not None and slot.model_path is not None:
+                link_model(slot.model_path, self.store, slot.model.sha256)
+        self.delivery = DeliveryService(
+            setup.delivery,
+            device_id=plan.device_id,
+            topics=self.topics,
+            link=self.link,
+            store=self.store,
+            state=JournaledJobs(root / "jobs.json", journal),
+            fetch=self._fetch,
+            activate=slots.activate,
+            status=self._status,
+            rollback=slots.rollback,
+            slot_specs=slots.slot_specs,
+            protect=slots.protected_models,
+            part_dir=root / "partial",
+            trusted_keys=setup.trusted,
+            on_job_end=lambda _slot: self.publish_info(),
+        )
+        slots.on_change = self.publish_info
+
+    def _fetch(
+        self, manifest: DeployManifest, part_dir: Path, progress: ProgressFn, cancel: threading.Event
+    ) -> Path:
+        path = fetch_model(
+            manifest,
+            part_dir,
+            progress,
+            cancel,
+            link=self.link,
+            topics=self.topics,
+            config=self.setup.delivery,
+        )
+        self.journal.add_fetched(manifest.size)
+        return path
+
+    def start(self) -> None:
+        """Subscribe, then connect (as the agent: retained manifests arrive on connect)."""
+        self.delivery.start()
+        self.link.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """The agent's ordered stop: jobs cancelled (they resume at the next start), offline, closed."""
+        self.slots.on_change = None
+        self.delivery.stop(timeout=timeout / 2)
+        self.link.stop(timeout=timeout / 2)
+        self.spool.close()
+
+    # -- what the device publishes ---------------------------------------------------------------
+
+    def _status(self) -> dict[str, Any]:
+        """The ``status`` command's reply (``delivery`` is added by the delivery service)."""
+        return {
+            "device_id": self.plan.device_id,
+            "agent_version": __version__,
+            "slots": self.slots.describe(),
+            "simulated": True,
+        }
+
+    def info_message(self) -> InfoMessage:
+        """``up/info`` as the agent builds it, the slots from the simulated ones."""
+        slots = {}
+        for name in self.slots.names():
+            model, since = self.slots.current(name)
+            slots[name] = SlotInfo(
+                model=model,
+                state="active" if model else "empty",
+                reason=None if model else "no model delivered yet",
+                since=since,
+                **self.delivery.job_fields(name),
+            )
+        return InfoMessage(
+            device_id=self.plan.device_id,
+            agent_version=__version__,
+            platform=_platform(self.plan.labels),
+            labels=dict(self.plan.labels),
+            backends={"onnxruntime": BackendInfo(available=True), "tensorrt": BackendInfo(available=True)},
+            slots=slots,
+            streams=[STREAM],
+        )
+
+    def publish_info(self) -> None:
+        if self.link.connected:
+            self.link.publish(self.topics.info, self.info_message(), qos=1, retain=True)
+
+    def telemetry(self) -> dict[str, float]:
+        """One ``up/telemetry`` sample: the link's and spool's real counters, simulated frame figures."""
+        rng = self._rng
+        up_s = time.time() - self.started_at
+        values: dict[str, float] = {f"mqtt.{k}": v for k, v in self.link.stats().items()}
+        values.update({f"spool.{k}": v for k, v in self.spool.stats().items()})
+        values.update(
+            {
+                f"stream.{STREAM}.fps": round(_FPS + rng.uniform(-0.4, 0.2), 2),
+                f"stream.{STREAM}.frames_published": float(int(_FPS * up_s)),
+                f"stream.{STREAM}.dropped.queue_full": 0.0,
+                f"stream.{STREAM}.latency.total.p95_ms": round(rng.uniform(9.0, 12.0), 2),
+                "process.cpu_percent": round(rng.uniform(20.0, 40.0), 1),
+                "process.rss_mb": round(rng.uniform(300.0, 340.0), 1),
+                "cpu.percent": round(rng.uniform(25.0, 55.0), 1),
+                "memory.percent": round(rng.uniform(35.0, 50.0), 1),
+                "gpu.load_percent": round(rng.uniform(30.0, 70.0), 1),
+                "temp.cpu_therm_c": round(rng.uniform(45.0, 60.0), 1),
+                "temp.gpu_therm_c": round(rng.uniform(44.0, 58.0), 1),
+            }
+        )
+        for name in self.slots.names():
+            model, _since = self.slots.current(name)
+            values[f"slot.{name}.active"] = 1.0 if model else 0.0
+            values[f"slot.{name}.model_sha7"] = float(int(model.sha256[:7], 16)) if model else 0.0
+            values[f"slot.{name}.latency.infer.p95_ms"] = round(rng.uniform(6.5, 8.5), 2)
+        return values
+
+    def publish_telemetry(self) -> None:
+        if self.link.connected:
+            self.link.publish(self.topics.telemetry, TelemetryMessage.model_validate(self.telemetry()), qos=0)

@@ -1,0 +1,494 @@
+"""Rollouts at fleet scale: the controller, the broker and N simulated devices on this machine (JSON).
+
+Per scenario, in a fresh work directory: its own mosquitto (free port, ``$SYS`` every second), the
+controller as a child process (``edge-agent fleet controller --config ...``), the fleet simulator
+(``python -m agent.fleetsim``, worker processes of ~125 devices each: the agent's own link,
+delivery service, ledger and messages; a stand-in model loop), then the rollout driven with the
+CLI (``fleet rollout start ... --json``, ``fleet rollout status ID --json`` every few seconds).
+
+1. ``--size-mb`` (5) model over the MQTT pull, waves 5%,10%,50%,100%, no soak: every device ACTIVE.
+2. The same from nginx (a Python ``http.server`` when nginx is absent) through the controller's
+   ``http_source``, the MQTT pull as fallback: the operator-side bytes and CPU against scenario 1.
+3. 5 % of the devices switched off before the rollout starts and back ~90 s later
+   (``--on-timeout wait``): they converge from the retained desired state; the rollout ends then.
+4. 3 % of the canary wave unhealthy (NaN outputs in a 3 s probation), ``--max-failed 2%
+   --rollback-on-abort``: the gate trips, nothing beyond the canary is touched, the canaries end on
+   the previous model.
+5. The controller SIGKILLed when the third wave starts and restarted: the rollout completes, no
+   device runs the rollout's job twice, none is skipped.
+
+Each prints: seconds per wave and to converge, the controller's CPU seconds and peak RSS (from
+/proc, summed over its restarts), the broker's message and byte counters, the model bytes pulled
+per device and the operator-side HTTP bytes, where devices ended (controller and devices' view),
+jobs run per device, and the simulator's processes (CPU, peak RSS).
+
+    .venv/bin/python bench/fleet.py [--devices 1000] [--scenario 1] [--size-mb 5] [--workdir DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from agent.fleet.keys import KeyPairFiles, write_keypair
+from agent.fleetsim.launcher import read_reports
+from agent.fsutil import sha256_file
+from agent.localbroker import Broker, free_port
+from agent.modelzoo import write_classifier
+from agent.mqtt.inbound import InboundMessage
+from agent.mqtt.service_client import ServiceClient
+from agent.mqtt.settings import MqttSettings
+
+PREFIX = "bench/v1"
+_SYS = ("messages/received", "messages/sent", "bytes/received", "bytes/sent", "publish/messages/dropped")
+_FINAL = ("DONE", "ABORTED", "SUPERSEDED")
+
+
+def _edge_agent(*args: str) -> list[str]:
+    return [sys.executable, "-m", "agent", *args]
+
+
+def _write_models(root: Path, size_mb: float) -> tuple[Path, Path]:
+    """v1 (served at start) and v2 (deployed): real ONNX classifiers of about ``size_mb`` MB each."""
+    classes = max(10, int(size_mb * 1024 * 1024 / (33 * 4)))  # Gemm 32 x classes floats + bias
+    return (
+        write_classifier(root / "cls-v1.onnx", input_size=32, num_classes=classes, seed=1),
+        write_classifier(root / "cls-v2.onnx", input_size=32, num_classes=classes, seed=2),
+    )
+
+
+class _SysCounters:
+    """mosquitto's ``$SYS/broker/...`` counters, as last published (every second)."""
+
+    def __init__(self, broker: Broker) -> None:
+        self.values: dict[str, float] = {}
+        self._client = ServiceClient(MqttSettings(host=broker.host, port=broker.port), handler=self._on)
+        self._client.start(10.0)
+        self._client.subscribe("$SYS/broker/#", qos=0, timeout=10.0)
+
+    def _on(self, message: InboundMessage) -> None:
+        key = message.topic.removeprefix("$SYS/broker/")
+        if key in _SYS:
+            with contextlib.suppress(ValueError):
+                self.values[key] = float(message.payload)
+
+    def snapshot(self) -> dict[str, float]:
+        return dict(self.values)
+
+    def close(self) -> None:
+        self._client.stop()
+
+
+class _Controller:
+    """``edge-agent fleet controller`` as a child process; CPU and peak RSS read from /proc."""
+
+    def __init__(self, config: Path, log: Path) -> None:
+        self.config = config
+        self.log = log
+        self.cpu_s = 0.0
+        self.peak_rss_mb = 0.0
+        self.restarts = 0
+        self.proc = self._spawn()
+
+    def _spawn(self) -> subprocess.Popen[bytes]:
+        with self.log.open("ab") as out:
+            return subprocess.Popen(
+                _edge_agent("fleet", "controller", "--config", str(self.config)), stdout=out, stderr=out
+            )
+
+    def sample(self) -> None:
+        """Read the child's CPU and peak RSS now (it must be alive: /proc forgets it at exit)."""
+        try:
+            stat = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+            tick = os.sysconf("SC_CLK_TCK")
+            self._cpu_now = (int(stat[11]) + int(stat[12])) / tick
+            for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+                if line.startswith("VmHWM:"):
+                    self.peak_rss_mb = max(self.peak_rss_mb, int(line.split()[1]) / 1024)
+        except (OSError, IndexError, ValueError):
+            pass
+
+    def kill_and_restart(self) -> None:
+        self.sample()
+        self.cpu_s += getattr(self, "_cpu_now", 0.0)
+        self._cpu_now = 0.0
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait()
+        self.restarts += 1
+        self.proc = self._spawn()
+
+    def stop(self) -> dict[str, Any]:
+        self.sample()
+        self.cpu_s += getattr(self, "_cpu_now", 0.0)
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        return {
+            "cpu_s": round(self.cpu_s, 2),
+            "peak_rss_mb": round(self.peak_rss_mb, 1),
+            "restarts": self.restarts,
+        }
+
+
+class _HttpModels:
+    """nginx serving ``directory`` on a free port (a Python http.server without nginx); bytes sent."""
+
+    def __init__(self, directory: Path, workdir: Path) -> None:
+        self.port = free_port()
+        self.workdir = workdir
+        self.kind = "nginx" if shutil.which("nginx") or Path("/usr/sbin/nginx").exists() else "python"
+        workdir.mkdir(parents=True, exist_ok=True)
+        self.access_log = workdir / "access.log"
+        if self.kind == "nginx":
+            conf = workdir / "nginx.conf"
+            conf.write_text(
+                f"daemon off;\nworker_processes 1;\npid {workdir}/nginx.pid;\n"
+                f"error_log {workdir}/error.log;\n"
+                "events { worker_connections 4096; }\n"
+                "http {\n"
+                f"  access_log {self.access_log};\n  sendfile on;\n"
+                f"  client_body_temp_path {workdir}/tmp;\n  proxy_temp_path {workdir}/tmp;\n"
+                f"  fastcgi_temp_path {workdir}/tmp;\n  uwsgi_temp_path {workdir}/tmp;\n"
+                f"  scgi_temp_path {workdir}/tmp;\n"
+                f"  server {{ listen 127.0.0.1:{self.port}; location /models/ {{ alias {directory}/; }} }}\n"
+                "}\n"
+            )
+            binary = shutil.which("nginx") or "/usr/sbin/nginx"
+            self.proc = subprocess.Popen([binary, "-c", str(conf)], stderr=subprocess.DEVNULL)
+        else:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "http.server", str(self.port), "--bind", "127.0.0.1"],
+                cwd=directory.parent,
+                stdout=subprocess.DEVNULL,
+                stderr=self.access_log.open("wb"),
+            )
+        time.sleep(0.5)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/models"
+
+    def cpu_s(self) -> float:
+        """CPU seconds of the server process (nginx: master; its worker is read too)."""
+        total = 0.0
+        tick = os.sysconf("SC_CLK_TCK")
+        pids = [self.proc.pid]
+        with contextlib.suppress(OSError):
+            children = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children").read_text().split()
+            pids += [int(p) for p in children]
+        for pid in pids:
+            with contextlib.suppress(OSError, IndexError, ValueError):
+                stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+                total += (int(stat[11]) + int(stat[12])) / tick
+        return total
+
+    def bytes_sent(self) -> int:
+        """Body bytes of 200/206 answers (nginx's combined log: the field after the status)."""
+        total = 0
+        if self.kind != "nginx":
+            return -1  # http.server does not log sizes
+        for line in self.access_log.read_text(errors="replace").splitlines():
+            parts = line.split('"')
+            if len(parts) > 2:
+                fields = parts[2].split()
+                if len(fields) >= 2 and fields[0] in ("200", "206") and fields[1].isdigit():
+                    total += int(fields[1])
+        return total
+
+    def stop(self) -> None:
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+def _rollout_cli(broker: Broker, *args: str, timeout: float = 120.0) -> dict[str, Any]:
+    out = subprocess.run(
+        _edge_agent(
+            "fleet",
+            "rollout",
+            *args,
+            "--json",
+            "--broker",
+            f"{broker.host}:{broker.port}",
+            "--prefix",
+            PREFIX,
+        ),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    if out.returncode != 0:
+        raise RuntimeError(f"fleet rollout {args[0]} failed ({out.returncode}): {out.stderr[-2000:]}")
+    # `start` prints what it did first (the selection, an upload) and the JSON answer last.
+    text = out.stdout
+    begin = 0 if text.startswith("{") else text.index("\n{") + 1
+    result: dict[str, Any] = json.JSONDecoder().raw_decode(text, begin)[0]
+    return result
+
+
+class _Scenario:
+    """One scenario's processes and measurements."""
+
+    def __init__(self, number: int, args: argparse.Namespace, root: Path) -> None:
+        self.number = number
+        self.args = args
+        self.root = root / f"scenario-{number}"
+        shutil.rmtree(self.root, ignore_errors=True)
+        self.root.mkdir(parents=True)
+        self.broker = Broker(self.root / "broker", ["sys_interval 1", "max_queued_messages 100000"])
+        self.keys: KeyPairFiles = write_keypair(self.root / "keys", "bench")
+        self.v1, self.v2 = _write_models(self.root, args.size_mb)
+        self.sim: subprocess.Popen[bytes] | None = None
+        self.http: _HttpModels | None = None
+
+    # -- the parts ---------------------------------------------------------------------------------
+
+    def controller_config(self, http_source: str | None) -> Path:
+        state = self.root / "controller"
+        models = state / "models"
+        models.mkdir(parents=True)
+        # The model the devices serve at start is in the repository: a rollback can send it back.
+        shutil.copyfile(self.v1, models / f"{sha256_file(self.v1)}.onnx")
+        config = self.root / "controller.yaml"
+        lines = [
+            f"mqtt: {{host: {self.broker.host}, port: {self.broker.port}, prefix: {PREFIX}}}",
+            f"state_dir: {state}",
+            f"signing_key: {self.keys.private}",
+            f"key_id: {self.keys.key_id}",
+            f"http_source: {http_source or 'null'}",
+        ]
+        config.write_text("\n".join(lines) + "\n")
+        return config
+
+    def start_sim(self, extra: list[str]) -> None:
+        command = [
+            sys.executable, "-m", "agent.fleetsim",
+            "--broker", f"{self.broker.host}:{self.broker.port}",
+            "--prefix", PREFIX,
+            "--devices", str(self.args.devices),
+            "--trust", str(self.keys.public),
+            "--key-id", self.keys.key_id,
+            "--state-dir", str(self.root / "sim"),
+            "--model", f"main={self.v1}:cls:1",
+            "--label", "fleet=bench",
+            "--label", "site=berlin,munich,paris,rome",
+            *extra,
+        ]  # fmt: skip
+        with (self.root / "fleetsim.log").open("ab") as out:
+            self.sim = subprocess.Popen(command, stdout=out, stderr=out)
+
+    def sim_report(self) -> dict[str, Any]:
+        return read_reports(self.root / "sim")
+
+    def wait_devices(self, predicate: Any, what: str, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            devices = self.sim_report()["devices"]
+            if len(devices) == self.args.devices and predicate(devices):
+                return
+            time.sleep(1.0)
+        raise RuntimeError(f"scenario {self.number}: timed out waiting for {what}")
+
+    # -- a run ---------------------------------------------------------------------------------------
+
+    def run(self) -> dict[str, Any]:
+        self.broker.start()
+        sys_counters = _SysCounters(self.broker)
+        http_source = None
+        if self.number == 2:
+            self.http = _HttpModels(self.root / "controller" / "models", self.root / "http")
+            http_source = self.http.url
+        config = self.controller_config(http_source)
+        controller = _Controller(config, self.root / "controller.log")
+        extra = []
+        if self.number == 3:
+            extra = ["--offline", "5%:20-110"]
+        if self.number == 4:
+            canary = max(1, -(-self.args.devices * 5 // 100))
+            extra = ["--unhealthy", f"3%@0-{canary - 1}:nan_outputs"]
+        started = time.monotonic()
+        self.start_sim(extra)
+        try:
+            self.wait_devices(lambda d: all(x["online"] for x in d.values()), "every device online", 300)
+            online_s = time.monotonic() - started
+            if self.number == 3:
+                self.wait_devices(
+                    lambda d: sum(not x["running"] for x in d.values()) >= self.args.devices * 5 // 100,
+                    "5% of the devices off",
+                    60,
+                )
+            before = sys_counters.snapshot()
+            result = self._rollout(controller)
+            after = sys_counters.snapshot()
+        finally:
+            ctl = controller.stop()
+            if self.sim is not None:
+                self.sim.send_signal(signal.SIGTERM)
+                self.sim.wait(timeout=120)
+            if self.http is not None:
+                self.http.stop()
+            sys_counters.close()
+            self.broker.kill()
+        report = read_reports(self.root / "sim")
+        result.update(self._devices_view(report, result.get("job_id")))
+        result["online_s"] = round(online_s, 1)
+        result["controller"] = ctl
+        result["broker"] = {k: after.get(k, 0) - before.get(k, 0) for k in _SYS}
+        result["simulator"] = {
+            "procs": len(report["workers"]),
+            "cpu_s": round(sum(w["cpu_s"] for w in report["workers"]), 1),
+            "peak_rss_mb_per_proc": max((w["peak_rss_mb"] for w in report["workers"]), default=0),
+            "fds_per_proc": max((w["fds"] or 0 for w in report["workers"]), default=0),
+        }
+        return result
+
+    def _start_args(self) -> list[str]:
+        args = [
+            "start", str(self.v2), "--slot", "main", "--select", "fleet=bench",
+            "--waves", "5%,10%,50%,100%", "--soak", "0", "--max-failed", "2%",
+            "--version", "2", "--model-id", "cls", "--no-shadow",
+            "--probation-s", "3" if self.number == 4 else "0",
+            "--select-wait", "20",
+        ]  # fmt: skip
+        if self.number == 3:
+            args += ["--on-timeout", "wait", "--wave-timeout", "10m"]
+        if self.number == 4:
+            args.append("--rollback-on-abort")
+        return args
+
+    def _rollout(self, controller: _Controller) -> dict[str, Any]:
+        t0 = time.monotonic()
+        started = _rollout_cli(self.broker, *self._start_args(), timeout=300)
+        rollout_id = started["rollout_id"]
+        killed_at = None
+        status: dict[str, Any] = {}
+        http_cpu0 = self.http.cpu_s() if self.http else 0.0
+        while time.monotonic() - t0 < self.args.timeout:
+            controller.sample()
+            status = _rollout_cli(self.broker, "status", rollout_id)
+            third = next((w for w in status["waves"] if w["index"] == 2), None)
+            if self.number == 5 and killed_at is None and third is not None and third["started_at"]:
+                killed_at = round(time.monotonic() - t0, 1)
+                controller.kill_and_restart()
+            if status["state"] in _FINAL:
+                break
+            time.sleep(self.args.poll_s)
+        ended = time.monotonic() - t0
+        if self.number in (3, 4):
+            # The rollout may end before the late devices (or the rollback) converge: wait for them.
+            self._wait_converged(status, t0)
+        converged = time.monotonic() - t0
+        waves = [
+            {
+                "index": w["index"],
+                "devices": w["devices"],
+                "state": w["state"],
+                "seconds": round((w["ended_at"] or time.time()) - (w["started_at"] or time.time()), 1),
+                "ends": w["ends"],
+            }
+            for w in status.get("waves", [])
+        ]
+        out: dict[str, Any] = {
+            "scenario": self.number,
+            "devices": self.args.devices,
+            "model_bytes": self.v2.stat().st_size,
+            "rollout_id": rollout_id,
+            "job_id": status.get("job_id"),
+            "state": status.get("state"),
+            "reason": status.get("reason"),
+            "rollout_s": round(ended, 1),
+            "converge_s": round(converged, 1),
+            "waves": waves,
+            "controller_view": status.get("devices"),
+            "rollback": status.get("rollback"),
+            "sends": status.get("sends"),
+        }
+        if killed_at is not None:
+            out["controller_killed_at_s"] = killed_at
+        if self.http is not None:
+            out["http"] = {
+                "server": self.http.kind,
+                "bytes_sent": self.http.bytes_sent(),
+                "cpu_s": round(self.http.cpu_s() - http_cpu0, 2),
+            }
+        return out
+
+    def _wait_converged(self, status: dict[str, Any], t0: float) -> None:
+        # Scenario 3: the late devices come back ~90 s after the start; 4: the rollback's new desired
+        # state (the previous model is in every store: no download). Bounded: the JSON says where
+        # each device ended either way.
+        deadline = min(t0 + self.args.timeout, time.monotonic() + (150.0 if self.number == 3 else 60.0))
+        while time.monotonic() < deadline:
+            devices = self.sim_report()["devices"]
+            if self.number == 3 and all(d["slots"]["main"] == "cls:2" for d in devices.values()):
+                return
+            if self.number == 4 and all(d["slots"]["main"] == "cls:1" for d in devices.values()):
+                return
+            time.sleep(2.0)
+
+    def _devices_view(self, report: dict[str, Any], job_id: str | None) -> dict[str, Any]:
+        devices = report["devices"]
+        runs = Counter(sum(d["runs"].values()) for d in devices.values())
+        fetched = [d["fetched_bytes"] for d in devices.values()]
+        return {
+            "devices_view": {
+                "slot_main": dict(Counter(str(d["slots"]["main"]) for d in devices.values())),
+                "last_end": dict(Counter(_last_end(d, job_id) for d in devices.values())),
+                "touched": sum(1 for d in devices.values() if job_id in d["jobs"]),
+                "jobs_run_per_device": {str(k): v for k, v in sorted(runs.items())},
+                "rollout_job_twice": sum(1 for d in devices.values() if d["runs"].get(job_id, 0) > 1),
+            },
+            "pulled_bytes_per_device": {
+                "mean": round(sum(fetched) / max(1, len(fetched))),
+                "max": max(fetched, default=0),
+            },
+        }
+
+
+def _last_end(device: dict[str, Any], job_id: str | None) -> str:
+    states = device["jobs"].get(job_id) if job_id else None
+    return states[-1] if states else "untouched"
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--devices", type=int, default=1000)
+    p.add_argument("--scenario", type=int, action="append", choices=(1, 2, 3, 4, 5), default=None)
+    p.add_argument("--size-mb", type=float, default=5.0)
+    p.add_argument("--timeout", type=float, default=900.0, help="longest a rollout may take (s)")
+    p.add_argument("--poll-s", type=float, default=5.0, help="seconds between status polls")
+    p.add_argument("--workdir", type=Path, default=None, help="default: a temporary directory, removed")
+    args = p.parse_args()
+    os.environ.setdefault("PYTHONPATH", str(Path(__file__).resolve().parents[1]))
+    root = args.workdir or Path(tempfile.mkdtemp(prefix="bench-fleet-"))
+    results = []
+    try:
+        for number in args.scenario or [1, 2, 3, 4, 5]:
+            result = _Scenario(number, args, root).run()
+            print(json.dumps(result), flush=True)
+            results.append(result)
+    finally:
+        if args.workdir is None:
+            shutil.rmtree(root, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
