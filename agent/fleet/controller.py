@@ -40,8 +40,8 @@ from agent.fleet.deploy import FleetDeploy
 from agent.fleet.deploy_plan import new_job_id, next_sequence
 from agent.fleet.keys import load_signing_key
 from agent.fleet.rollout_report import rollout_status
-from agent.fleet.rollout_runner import RolloutRunner, plan_for, request_of
-from agent.fleet.rollout_spec import RolloutRequest, model_ref
+from agent.fleet.rollout_runner import RolloutRunner, request_of
+from agent.fleet.rollout_spec import RolloutRequest, model_ref, plan_for
 from agent.fleet.rollout_store import RolloutState, RolloutStore
 from agent.fleet.status import collect_fleet
 from agent.fleet.upload import UploadSink

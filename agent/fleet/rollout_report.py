@@ -37,14 +37,16 @@ def rollout_status(store: RolloutStore, rollout_id: str) -> dict[str, Any]:
         )
     rollback: dict[str, Any] | None = None
     for what, detail in store.events(rollout_id):
-        if what in ("rollback", "rollback_unknown", "rollback_done"):
-            rollback = rollback or {"planned": 0, "unknown": [], "ends": None}
+        if what in ("rollback", "rollback_by_command", "rollback_none", "rollback_done"):
+            rollback = rollback or {"by_desired_state": 0, "by_command": 0, "no_previous": [], "ends": None}
             if what == "rollback":
-                rollback["planned"] += len(detail.get("devices", ()))
-            elif what == "rollback_unknown":
-                rollback["unknown"] = list(detail.get("devices", ()))
+                rollback["by_desired_state"] += len(detail.get("devices", ()))
+            elif what == "rollback_by_command":
+                rollback["by_command"] += len(detail.get("devices", ()))
+            elif what == "rollback_none":
+                rollback["no_previous"] = list(detail.get("devices", ()))
             else:
-                rollback["ends"] = dict(Counter(detail.get("ends", {}).values()))
+                rollback["ends"] = dict(sorted(Counter(detail.get("ends", {}).values()).items()))
     return {
         "rollout_id": row.rollout_id,
         "state": row.state.value,
@@ -101,11 +103,14 @@ def status_lines(status: dict[str, Any]) -> list[str]:
     rollback = status.get("rollback")
     if rollback:
         ends = rollback.get("ends")
-        line = f"  rollback: {rollback['planned']} device(s) sent their previous model"
+        line = (
+            f"  rollback: {rollback['by_desired_state']} device(s) sent their previous model, "
+            f"{rollback['by_command']} told to roll back"
+        )
         if ends:
             line += " (" + ", ".join(f"{k} {v}" for k, v in sorted(ends.items())) + ")"
-        if rollback["unknown"]:
-            line += f"; {len(rollback['unknown'])} with a previous model this controller never deployed"
+        if rollback["no_previous"]:
+            line += f"; {len(rollback['no_previous'])} had no previous model"
         lines.append(line)
     return lines
 

@@ -33,9 +33,9 @@ import structlog
 
 from agent.fleet.deploy import FleetDeploy
 from agent.fleet.deploy_outcome import DeviceProgress
-from agent.fleet.deploy_plan import DeployPlan, next_sequence
 from agent.fleet.gate import DeviceEnd, DeviceReport, WaveVerdict, judge_wave
-from agent.fleet.rollout_spec import RolloutRequest, ref_sha256
+from agent.fleet.rollout_rollback import Rollback
+from agent.fleet.rollout_spec import RolloutRequest, plan_for
 from agent.fleet.rollout_store import (
     DeviceRow,
     DeviceStep,
@@ -51,42 +51,11 @@ log = structlog.get_logger(__name__)
 
 #: Rollout states after which nothing but a rollback remains to be done.
 FINAL_STATES = frozenset({RolloutState.DONE, RolloutState.ABORTED, RolloutState.SUPERSEDED})
-#: Ends of a device that may run the new model: a rollback moves it back.
-_MAY_RUN_NEW = frozenset({DeviceEnd.ACTIVE, DeviceEnd.PENDING, DeviceEnd.TIMED_OUT, DeviceEnd.SKIPPED})
 
 
 def request_of(spec: Mapping[str, Any]) -> RolloutRequest:
     """The request a stored rollout was created from."""
     return RolloutRequest.model_validate(spec["request"])
-
-
-def plan_for(
-    request: RolloutRequest,
-    model: Path,
-    devices: tuple[str, ...],
-    *,
-    job_id: str,
-    sequence: int,
-    http_url: str | None,
-) -> DeployPlan:
-    """The FleetDeploy plan that publishes ``request``'s desired state to ``devices``."""
-    return DeployPlan(
-        model=model,
-        devices=devices,
-        slot=request.slot,
-        version=request.version,
-        model_id=request.model_id or Path(request.model_name).stem,
-        chunk_size=request.chunk_size,
-        build=request.build,
-        preprocess=request.preprocess,
-        postprocess=request.postprocess,
-        http_url=http_url,
-        job_id=job_id,
-        sequence=sequence,
-        shadow=request.shadow,
-        probation_s=request.probation_s,
-        probation=request.probation,
-    )
 
 
 def _job_figures(p: DeviceProgress) -> dict[str, Any]:
@@ -153,9 +122,7 @@ class RolloutRunner:
         self.last_deploy: FleetDeploy | None = None
         self._wave: int | None = None
         self._recorded: dict[str, str] = {}
-        self._rollbacks: list[tuple[FleetDeploy, float]] = []
-        self._rolled: set[str] = set()  # rollback job ids published by this runner
-        self._rollback_done = False
+        self._rollback: Rollback | None = None
 
     # -- the loop ------------------------------------------------------------------------------------
 
@@ -165,7 +132,22 @@ class RolloutRunner:
         if row.state in FINAL_STATES:
             self._close_wave()
             if row.state is RolloutState.ABORTED and self._wants_rollback():
-                return self._roll_back()
+                if self._rollback is None:
+                    self._rollback = Rollback(
+                        self.store,
+                        self.rollout_id,
+                        self.request,
+                        job_id=self.job_id,
+                        sequence=self.sequence,
+                        settings=self.settings,
+                        model_path=self._model_path,
+                        http_url=self._http_url,
+                        signing_key=self._key,
+                        key_id=self._key_id,
+                        options=self._options,
+                        clock=self._clock,
+                    )
+                return self._rollback.step()
             return True
         waves = self.store.wave_rows(self.rollout_id)
         current = next((w for w in waves if w.state in (WaveState.RUNNING, WaveState.SOAKING)), None)
@@ -230,17 +212,16 @@ class RolloutRunner:
         """Wait up to ``timeout`` seconds for news from the running wave's devices."""
         if self.deploy is not None:
             self.deploy.poll(timeout)
-        elif self._rollbacks:
-            self._rollbacks[0][0].poll(timeout)
+        elif self._rollback is not None:
+            self._rollback.wait(timeout)
         else:
             time.sleep(timeout)
 
     def stop(self) -> None:
         """Disconnect the deploys (their retained desired states stay; the store holds the rest)."""
         self._close_wave()
-        for deploy, _ in self._rollbacks:
-            deploy.stop()
-        self._rollbacks = []
+        if self._rollback is not None:
+            self._rollback.stop()
 
     # -- a wave --------------------------------------------------------------------------------------
 
@@ -361,97 +342,3 @@ class RolloutRunner:
         return any(
             what == "abort" and detail.get("rollback") for what, detail in self.store.events(self.rollout_id)
         )
-
-    def _roll_back(self) -> bool:
-        """Publish (once) and follow the rollback desired states; True when every one has ended."""
-        if self._rollback_done:
-            return True
-        events = self.store.events(self.rollout_id)
-        if any(what == "rollback_done" for what, _ in events):
-            self._rollback_done = True
-            return True
-        planned = [detail for what, detail in events if what == "rollback"]
-        if not planned:
-            planned = self._plan_rollback()
-        for detail in planned:
-            # Each group once; one whose publish failed (broker down) is tried again next step.
-            if str(detail["job_id"]) not in self._rolled:
-                self._rollbacks.append((self._publish_rollback(detail), self._clock()))
-                self._rolled.add(str(detail["job_id"]))
-        over = True
-        for deploy, since in self._rollbacks:
-            deploy.poll(0.0)
-            if not deploy.finished and self._clock() - since < self.request.wave_timeout_s:
-                over = False
-        if not over:
-            return False
-        ends: dict[str, str] = {}
-        for deploy, _ in self._rollbacks:
-            for p in deploy.snapshot():
-                ends[p.device] = p.state.value if p.state is not None else "PENDING"
-            deploy.stop()
-        self._rollbacks = []
-        self.store.note(self.rollout_id, "rollback_done", ends=ends)
-        self._rollback_done = True
-        log.info("fleet.rollout.rolled_back", rollout=self.rollout_id, devices=len(ends))
-        return True
-
-    def _plan_rollback(self) -> list[dict[str, Any]]:
-        """Group the devices to move back by their previous model; log the plan before any publish."""
-        by_sha: dict[str, list[str]] = {}
-        unknown: list[str] = []
-        for row in self.store.devices(self.rollout_id):
-            if row.step not in (DeviceStep.SENDING, DeviceStep.SENT, DeviceStep.ENDED):
-                continue
-            if row.step is DeviceStep.ENDED and row.end not in _MAY_RUN_NEW:
-                continue  # it failed, was refused or rolled back itself: it runs its previous model
-            sha = ref_sha256(row.from_version)
-            if sha is None or self._previous_request(sha) is None:
-                unknown.append(row.device)
-            else:
-                by_sha.setdefault(sha, []).append(row.device)
-        planned = []
-        for sha, devices in sorted(by_sha.items()):
-            detail = {
-                "sha256": sha,
-                "devices": devices,
-                "job_id": f"{self.rollout_id}-rollback-{sha[:8]}",
-                "sequence": next_sequence(),
-            }
-            self.store.note(self.rollout_id, "rollback", **detail)
-            planned.append(detail)
-        if unknown:
-            self.store.note(
-                self.rollout_id,
-                "rollback_unknown",
-                devices=unknown,
-                why="no earlier rollout of this controller deployed their previous model; "
-                "`fleet cmd rollback` moves them back to their last-known-good one",
-            )
-        return planned
-
-    def _previous_request(self, sha256: str) -> RolloutRequest | None:
-        for row in self.store.rollouts(limit=10_000):
-            if row.slot == self.request.slot and row.spec.get("request", {}).get("model_sha256") == sha256:
-                return request_of(row.spec)
-        return None
-
-    def _publish_rollback(self, detail: Mapping[str, Any]) -> FleetDeploy:
-        sha = str(detail["sha256"])
-        previous = self._previous_request(sha)
-        assert previous is not None  # planned only for known models
-        plan = plan_for(
-            previous,
-            self._model_path(sha),
-            tuple(detail["devices"]),
-            job_id=str(detail["job_id"]),
-            sequence=int(detail["sequence"]),
-            http_url=self._http_url(sha),
-        )
-        options = {k: v for k, v in self._options.items() if k != "on_change"}
-        deploy = FleetDeploy(self.settings, plan, signing_key=self._key, key_id=self._key_id, **options)
-        deploy.start()
-        log.info(
-            "fleet.rollout.rollback_sent", rollout=self.rollout_id, devices=len(plan.devices), sha256=sha
-        )
-        return deploy

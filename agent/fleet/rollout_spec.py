@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field
@@ -19,6 +20,7 @@ from agent.camera.preprocess_spec import PreprocessSpec
 from agent.delivery.guard import ProbationSpec, ShadowSpec
 from agent.delivery.manifest import DEFAULT_CHUNK_SIZE, MAX_CHUNK_SIZE, MIN_CHUNK_SIZE
 from agent.engines.spec import BuildSpec
+from agent.fleet.deploy_plan import DeployPlan
 from agent.fleet.gate import GatePolicy
 from agent.fleet.rollout_store import RolloutPlan
 from agent.fleet.waves import parse_max_failed, parse_waves, split_waves
@@ -107,3 +109,32 @@ def ref_sha256(ref: str | None) -> str | None:
     if not ref or "@" not in ref:
         return None
     return ref.rpartition("@")[2] or None
+
+
+def plan_for(
+    request: RolloutRequest,
+    model: Path,
+    devices: tuple[str, ...],
+    *,
+    job_id: str,
+    sequence: int,
+    http_url: str | None,
+) -> DeployPlan:
+    """The FleetDeploy plan that publishes ``request``'s desired state to ``devices``."""
+    return DeployPlan(
+        model=model,
+        devices=devices,
+        slot=request.slot,
+        version=request.version,
+        model_id=request.model_id or Path(request.model_name).stem,
+        chunk_size=request.chunk_size,
+        build=request.build,
+        preprocess=request.preprocess,
+        postprocess=request.postprocess,
+        http_url=http_url,
+        job_id=job_id,
+        sequence=sequence,
+        shadow=request.shadow,
+        probation_s=request.probation_s,
+        probation=request.probation,
+    )

@@ -6,8 +6,8 @@ scripted job states (shadow and probation walked at once, with figures; ends cho
 ACTIVE with healthy or poor shadow figures, FAILED, ROLLED_BACK). A job id it has seen is ignored,
 as the agent's one-terminal-state-per-job-id rule does; the fleet counts the jobs each device
 started, which is what "no device deployed twice" is checked against. A device can be offline: the
-desired states it gets meanwhile wait until it comes back. It answers ``status`` with its last job,
-as the agent does.
+desired states it gets meanwhile wait until it comes back. It answers ``status`` with its last job and
+``rollback`` by putting back its last-known-good model, as the agent does.
 """
 
 from __future__ import annotations
@@ -53,6 +53,9 @@ class ScriptedDevice:
     ended: dict[str, float] = field(default_factory=dict)
     waiting: list[Received] = field(default_factory=list)
     last: tuple[str, JobState] | None = None
+    delay_s: float = 0.0  # seconds between its job's last step and its end
+    previous: dict[str, Any] | None = None  # its last-known-good model (what ``rollback`` puts back)
+    rollbacks: int = 0
 
 
 class ScriptedFleet:
@@ -84,6 +87,7 @@ class ScriptedFleet:
             self._announce(device)
         self._probe.subscribe(f"{self.prefix}/+/down/desired/{self.slot}")
         self._probe.subscribe(f"{self.prefix}/+/down/cmd/status")
+        self._probe.subscribe(f"{self.prefix}/+/down/cmd/rollback")
         self._thread.start()
         return self
 
@@ -148,6 +152,9 @@ class ScriptedFleet:
             if not device.online:
                 device.waiting.append(message)
                 return
+        if levels[2] == "cmd" and levels[3] == "rollback":
+            self._roll_back(device, message)
+            return
         if levels[2] == "cmd":
             self._reply_status(device, message)
             return
@@ -157,7 +164,11 @@ class ScriptedFleet:
                 return  # one terminal state per job id: a job it knows is not started again
             device.jobs.append(manifest.job_id)
             device.started[manifest.job_id] = time.monotonic()
-        self._walk(device, manifest)
+        if device.delay_s:
+            # In flight for a while (a canary in probation): the other devices go on meanwhile.
+            threading.Thread(target=self._walk, args=(device, manifest), daemon=True).start()
+        else:
+            self._walk(device, manifest)
 
     def _walk(self, device: ScriptedDevice, manifest: DeployManifest) -> None:
         topics = Topics(self.prefix, device.name)
@@ -170,7 +181,13 @@ class ScriptedFleet:
         if manifest.probation_s:
             steps.append(JobState.PROBATION)
             probation = ProbationFigures(elapsed_s=manifest.probation_s, probation_s=manifest.probation_s)
-        for state in steps:
+        for state in steps[:-1]:
+            self._probe.publish(
+                topics.jobs(manifest.job_id),
+                encode(JobStatus(job_id=manifest.job_id, slot=manifest.slot, state=state)),
+            )
+        time.sleep(device.delay_s)
+        for state in steps[-1:]:
             self._probe.publish(
                 topics.jobs(manifest.job_id),
                 encode(JobStatus(job_id=manifest.job_id, slot=manifest.slot, state=state)),
@@ -187,6 +204,7 @@ class ScriptedFleet:
         )
         if end is JobState.ACTIVE:
             with self._lock:
+                device.previous = dict(device.model)
                 device.model = {
                     "model_id": manifest.model_id,
                     "version": manifest.version,
@@ -197,6 +215,21 @@ class ScriptedFleet:
             device.last = (manifest.job_id, end)
             device.ended[manifest.job_id] = time.monotonic()
         self._probe.publish(topics.jobs(manifest.job_id), encode(status))
+
+    def _roll_back(self, device: ScriptedDevice, message: Received) -> None:
+        """The ``rollback`` command: back to the last-known-good model, as the agent does."""
+        with self._lock:
+            ok = device.previous is not None
+            if device.previous is not None:
+                device.model, device.previous = device.previous, None
+                device.rollbacks += 1
+        if ok:
+            self._announce(device)
+        reply = CommandReply(command="rollback", ok=ok, error_code=None if ok else "nothing_to_roll_back")
+        if message.response_topic is not None:
+            self._probe.publish(
+                message.response_topic, encode(reply), correlation_data=message.correlation_data
+            )
 
     def _reply_status(self, device: ScriptedDevice, message: Received) -> None:
         if message.response_topic is None:

@@ -200,7 +200,7 @@ def test_a_canary_that_fails_the_gate_aborts_and_rolls_the_canaries_back(
         )
         jobs = fleet.jobs()
         final = _status(settings, "bad")
-    assert final["rollback"]["planned"] == 2
+    assert final["rollback"]["by_desired_state"] == 2
     assert final["rollback"]["ends"] == {"ACTIVE": 2}
     # Beyond the canary nothing was touched: one job (the base rollout's) on each later device.
     assert all(len(jobs[n]) == 1 for n in names[2:]), jobs
@@ -451,3 +451,40 @@ def test_a_wave_whose_publish_failed_is_published_at_the_next_step(
         runner.stop()
         store.close()
         local.kill()
+
+
+def test_a_canary_still_in_flight_at_the_trip_is_rolled_back_by_command_when_its_old_model_is_unknown(
+    tmp_path: Path, broker: Broker, prefix: str, keys: KeyPairFiles, controller: Running
+) -> None:
+    """The devices run a model this controller never deployed: no desired state can name it, so the
+    canary that goes ACTIVE after the gate tripped gets the device's own rollback command, once."""
+    from agent.protocol.messages import JobState
+
+    settings = operator_settings(broker, prefix)
+    names = ["u0", "u1", "u2", "u3"]
+    model = tiny_model(tmp_path / "m.onnx")
+    with _fleet(broker, prefix, keys, names) as fleet:
+        fleet.devices["u0"].end = JobState.FAILED
+        fleet.devices["u1"].delay_s = 2.0  # still working when u0's failure trips the gate
+        body = _request(model, names, rollout_id="blind", waves="2,100%", rollback_on_abort=True)
+        _start(settings, model, body)
+        assert _wait_state(settings, "blind", "ABORTED", "DONE")["state"] == "ABORTED"
+        wait_until(
+            lambda: (_status(settings, "blind").get("rollback") or {}).get("ends") is not None,
+            timeout=30,
+            what="the rollback ended",
+        )
+        final = _status(settings, "blind")
+        models = fleet.models()
+        rollbacks = {n: d.rollbacks for n, d in fleet.devices.items()}
+        jobs = fleet.jobs()
+    assert final["rollback"] == {
+        "by_desired_state": 0,
+        "by_command": 1,
+        "no_previous": [],
+        "ends": {"ROLLED_BACK": 1},
+    }
+    assert models == dict.fromkeys(names, "1")  # u1 went ACTIVE on v2, then back; u0 failed; u2, u3 untouched
+    assert rollbacks == {"u0": 0, "u1": 1, "u2": 0, "u3": 0}
+    assert jobs["u2"] == []
+    assert jobs["u3"] == []

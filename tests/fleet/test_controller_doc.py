@@ -62,9 +62,13 @@ def test_the_rollout_status_example_has_the_keys_of_a_real_status(tmp_path: Path
     assert _shape(example["waves"][0]) == _shape(real["waves"][0])
     assert example["waves"][0]["reason"] == verdict.reason
     assert [w["ends"] for w in example["waves"]] == [w["ends"] for w in real["waves"]]
-    store.note(rid, "rollback", devices=["jet-01"], sha256="0" * 64, job_id="r", sequence=2)
-    store.note(rid, "rollback_done", ends={"jet-01": "ACTIVE"})
-    assert rollout_status(store, rid)["rollback"] == {"planned": 1, "unknown": [], "ends": {"ACTIVE": 1}}
+    store.note(rid, "rollback", devices=["jet-01", "jet-03"], sha256="0" * 64, job_id="r", sequence=2)
+    store.note(rid, "rollback_by_command", devices=["jet-02"])
+    store.note(rid, "rollback_none", devices=[])
+    store.note(rid, "rollback_done", ends={"jet-01": "ACTIVE", "jet-03": "ACTIVE", "jet-02": "ROLLED_BACK"})
+    documented = re.search(r"`rollback` reads e\.g\. `(\{.*?\})`", DOC.read_text(), re.S)
+    assert documented is not None
+    assert rollout_status(store, rid)["rollback"] == json.loads(documented.group(1).replace("\n", " "))
     store.close()
 
 
