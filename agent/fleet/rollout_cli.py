@@ -8,6 +8,7 @@ upload the model when the controller lacks it, and print what the controller ans
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import threading
@@ -167,7 +168,9 @@ def _start(args: argparse.Namespace) -> int:
     if not wave_timeout > 0:
         raise UsageError("--wave-timeout must be above 0")
     fields = manifest_fields(args)
-    targets = chosen_targets(args, args.device)
+    # With --json, stdout carries the answer alone: the selection lines go to stderr.
+    with contextlib.redirect_stdout(sys.stderr) if args.json else contextlib.nullcontext():
+        targets = chosen_targets(args, args.device)
     if targets is None:
         return 0
     sha = sha256_file(args.model)
@@ -194,7 +197,8 @@ def _start(args: argparse.Namespace) -> int:
             if "upload it first" not in exc.reason:
                 raise
             print(
-                f"rollout: uploading {args.model.name} ({args.model.stat().st_size} bytes) to the controller"
+                f"rollout: uploading {args.model.name} ({args.model.stat().st_size} bytes) to the controller",
+                file=sys.stderr if args.json else sys.stdout,
             )
             client.upload(args.model, sha)
             status = client.request("start", body)

@@ -167,10 +167,13 @@ class RolloutRunner:
             self._open_wave(current.index)
         if self.deploy is not None:
             self.deploy.poll(0.0)
-            self._record(self.deploy.snapshot())
+        # One snapshot for both: a job that ends between two snapshots would be judged ended
+        # without its end ever being stored.
+        snapshot = self.deploy.snapshot() if self.deploy is not None else []
+        self._record(snapshot)
         started = current.started_at or self._clock()
         timed_out = self._clock() - started >= self.request.wave_timeout_s
-        reports = self._reports(current.index)
+        reports = self._reports(current.index, snapshot)
         verdict = judge_wave(
             reports, self._earlier(current.index), self.request.policy(), timed_out=timed_out
         )
@@ -283,8 +286,8 @@ class RolloutRunner:
             self._recorded[p.device] = p.state.value
             self.store.record_job(self.rollout_id, p.device, DeviceEnd.of_job(p.state), _job_figures(p))
 
-    def _reports(self, index: int) -> list[DeviceReport]:
-        live = {p.device: p for p in self.deploy.snapshot()} if self.deploy is not None else {}
+    def _reports(self, index: int, snapshot: list[DeviceProgress]) -> list[DeviceReport]:
+        live = {p.device: p for p in snapshot}
         reports = []
         for row in self.store.devices(self.rollout_id, wave=index):
             if row.step is DeviceStep.CANCELLED:

@@ -354,9 +354,18 @@ def test_the_rollout_commands_select_show_start_follow_and_list(
         assert capsys.readouterr().out.startswith("cli ")
         assert main(["fleet", "rollout", "pause", "cli", *broker_args]) != 0  # a DONE rollout stays DONE
         assert "rollout cli" in capsys.readouterr().err
+        # With --json, stdout is the controller's answer alone (the selection lines go to stderr).
+        again = [arg if arg != "cli" else "cli-json" for arg in start]
+        assert main([*again, "--json", *broker_args]) == 0
+        answer = capsys.readouterr()
+        assert json.loads(answer.out)["rollout_id"] == "cli-json"
+        assert "selected 3 device(s)" in answer.err
+        assert (
+            _wait_state(operator_settings(broker, prefix), "cli-json", "DONE", "ABORTED")["state"] == "DONE"
+        )
         jobs = fleet.jobs()
     assert jobs["c3"] == []  # not selected
-    assert all(len(jobs[n]) == 1 for n in ("c0", "c1", "c2"))
+    assert all(len(jobs[n]) == 2 for n in ("c0", "c1", "c2"))  # one job per rollout
 
 
 def test_the_controller_serves_the_console_and_metrics_and_its_pause_button_acts_on_the_loop(
