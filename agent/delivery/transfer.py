@@ -30,6 +30,7 @@ from agent.delivery.chunks import INDEX_PROPERTY, SHA256_PROPERTY, ChunkReply, C
 from agent.delivery.errors import JobCancelledError, NoSourceError, TransferTimeoutError
 from agent.delivery.http_source import HttpSource
 from agent.delivery.partial import PartialDownload
+from agent.delivery.rto import RetransmitTimer
 from agent.delivery.settings import DeliveryConfig
 from agent.errors import DeliveryError
 from agent.mqtt.core import PublishProperties
@@ -43,6 +44,8 @@ log = structlog.get_logger(__name__)
 
 #: Re-request timeouts double per attempt, up to this multiple of ``chunk_timeout_s``.
 _MAX_BACKOFF_FACTOR = 16
+#: Request send times kept for round-trip samples (older requests' replies give none).
+_ASKED_KEPT = 1024
 #: Longest single wait of the pull loop (so cancel, reconnects and the deadline are seen promptly).
 _TICK_S = 0.2
 #: Longest a written chunk waits for the rest of its batch before the bitmap is flushed anyway.
@@ -74,6 +77,8 @@ class PullStats:
     max_at_risk: int = 0
     #: Chunks requested while a background flush was running (the window kept busy meanwhile).
     requested_while_flushing: int = 0
+    #: The re-request timeout the round trips measured so far give (agent/delivery/rto.py), in ms.
+    timeout_ms: int = 0
 
     def as_dict(self) -> dict[str, int]:
         """The counters as a plain dict (telemetry, job status details)."""
@@ -120,6 +125,9 @@ class MqttPull:
         self._id = uuid.uuid4().hex[:12]
         self._seq = 0
         self._outstanding: dict[int, _Outstanding] = {}
+        #: Waits longer before asking again when answers are slow (at fleet scale), never shorter.
+        self.timer = RetransmitTimer(floor_s=config.chunk_timeout_s)
+        self._asked_at: dict[int, float] = {}  # request sequence number -> when it was sent
         self._attempts: collections.Counter[int] = collections.Counter()
         self._retry: collections.deque[int] = collections.deque()
         self._todo: collections.deque[int] = collections.deque()
@@ -252,7 +260,7 @@ class MqttPull:
             indices.append(index)
         if not indices:
             return
-        base = self.config.chunk_timeout_s
+        base = self.timer.timeout
         for index in indices:
             factor = min(2 ** self._attempts[index], _MAX_BACKOFF_FACTOR)
             if self._attempts[index]:
@@ -261,6 +269,9 @@ class MqttPull:
             self._outstanding[index] = _Outstanding(due=now + base * factor)
             self.stats.requested_bytes += self.partial.chunk_length(index)
         self._seq += 1
+        self._asked_at[self._seq] = now
+        if len(self._asked_at) > _ASKED_KEPT:
+            del self._asked_at[next(iter(self._asked_at))]
         request = ChunkRequest(
             sha256=self.manifest.sha256,
             indices=indices,
@@ -279,6 +290,11 @@ class MqttPull:
         self.stats.max_at_risk = max(self.stats.max_at_risk, len(self._outstanding) + self.partial.unflushed)
         if self.partial.flushing:
             self.stats.requested_while_flushing += len(indices)
+
+    def _request_seq(self, correlation: bytes | None) -> int:
+        """The sequence number of this pull's request a reply answers (-1: not one of this pull's)."""
+        pull, _, seq = (correlation or b"").decode(errors="replace").partition(":")
+        return int(seq) if pull == self._id and seq.isdigit() else -1
 
     def _on_reply(self, reply: ChunkReply | None) -> None:
         if reply is None:
@@ -310,6 +326,12 @@ class MqttPull:
                 self._retry.appendleft(index)  # ask again at once; the deadline bounds a bad server
             return
         self._outstanding.pop(index, None)
+        asked = self._asked_at.get(self._request_seq(message.correlation_data), None)
+        if asked is not None:
+            # The reply names its request (correlation data), so even the answer to a chunk asked
+            # for twice gives its true round trip.
+            self.timer.sample(time.monotonic() - asked)
+            self.stats.timeout_ms = round(self.timer.timeout * 1000)
         self.stats.written += 1
         if self._flush_due is None:
             self._flush_due = time.monotonic() + _FLUSH_DELAY_S

@@ -369,3 +369,33 @@ def test_fetch_model_falls_through_a_failing_http_source_to_mqtt(rig: Rig) -> No
     http_server.server_close()
     assert path.read_bytes() == model.read_bytes()
     assert server.served_bytes(dev.id) == manifest.size
+
+
+def test_slow_answers_raise_the_timeout_instead_of_asking_again(rig: Rig) -> None:
+    """A server that answers every chunk, slowly (50 ms each, one at a time): with the configured
+    0.15 s alone, most of each window of 8 would be asked for again while still on its way. The timer
+    learns the round trips and waits longer; run with the timer held at the floor, for comparison."""
+    model = random_model(rig.tmp_path / "m.bin", 24 * CHUNK)
+    manifest = manifest_for(model, CHUNK)
+
+    def run(*, adaptive: bool) -> PullStats:
+        server = rig.server(Slow)  # one per run: no backlog of the other run's requests
+        server.register(manifest, model)
+        dev = rig.device()
+        partial = PartialDownload(dev.part_dir, manifest, flush_every=4, background=True)
+        config = delivery_config(chunk_window=8, chunk_timeout_s=0.15)
+        puller = MqttPull(manifest, partial, link=dev.link, topics=dev.topics, config=config)
+        if not adaptive:
+            puller.timer.ceiling_s = puller.timer.floor_s  # a fixed timeout, as before the timer
+        try:
+            puller.run()
+            assert partial.finish().read_bytes() == model.read_bytes()
+        finally:
+            partial.close()
+            server.stop()
+        return puller.stats
+
+    fixed = run(adaptive=False)
+    learned = run(adaptive=True)
+    assert learned.timeout_ms > 150
+    assert learned.refetched_bytes * 2 < fixed.refetched_bytes, (learned, fixed)

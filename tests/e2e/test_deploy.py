@@ -142,6 +142,16 @@ def test_deploy_to_three_agents_with_the_cli(fleet: Fleet, broker: Broker) -> No
     all_files = [fleet.files(d, loop=False) for d in devices]
     for files in all_files:
         fleet.start(files)
+    # The CLI does not wait for devices that never connected (no --wait-unknown): let them connect.
+    with Probe(broker.host, broker.port) as probe:
+        probe.subscribe("fleet/v1/+/up/status")
+        wait_until(
+            lambda: (
+                {m.topic.split("/")[2] for m in probe.snapshot() if b'"online"' in m.payload} >= set(devices)
+            ),
+            timeout=60,
+            what="the three agents online",
+        )
     command = [
         sys.executable, "-m", "agent", "fleet", "deploy", str(all_files[0].v2),
         "--device", devices[0], "--device", ",".join(devices[1:]),

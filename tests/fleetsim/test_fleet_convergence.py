@@ -179,9 +179,10 @@ def test_a_device_offline_during_the_deploy_converges_when_it_comes_back(
     prefix: str,
     make_fleet: list[SimFleet],
 ) -> None:
-    # Device 3 is switched off 3 s after the simulator started, and back on at 15 s.
+    # Device 3 is switched off 3 s after the simulator started, and back on at 30 s (long enough for
+    # the 8 s look below to fall inside the window on a loaded machine too).
     fleet = SimFleet(
-        tmp_path, broker, keys, prefix, devices=6, model=models[0], extra=["--offline=1@3-3:3-15"]
+        tmp_path, broker, keys, prefix, devices=6, model=models[0], extra=["--offline=1@3-3:3-30"]
     )
     make_fleet.append(fleet)
     away = fleet.ids[3]
@@ -194,9 +195,10 @@ def test_a_device_offline_during_the_deploy_converges_when_it_comes_back(
     with _deploy(broker, prefix, keys, models[1], fleet.ids) as d:
         d.wait(timeout=8)
         assert d.outcome().devices[away].state is None  # nothing heard from it: it is off
-        outcome = d.wait(timeout=60)
+        outcome = d.wait(timeout=90)
     assert {p.state for p in outcome.devices.values()} == {JobState.ACTIVE}
     report = fleet.wait_report_after(time.time())["devices"]
-    assert report[away]["restarts"] == 1
+    # Running again (a restart, or its first start when a loaded machine began the schedule late).
+    assert report[away]["running"]
     assert report[away]["runs"] == {d.job_id: 1}
     assert report[away]["slots"]["main"] == "cls:2"
