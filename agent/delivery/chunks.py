@@ -44,11 +44,6 @@ class ChunkRequest(StrictModel):
     indices: list[int] = Field(min_length=1, max_length=MAX_INDICES, description="Chunk indices wanted.")
     chunk_size: int | None = Field(None, gt=0, description="Chunk size of the device's manifest.")
     device: str | None = Field(None, description="Requesting device id (must match the topic's).")
-    again: bool = Field(
-        False,
-        description="Some of these chunks arrived corrupt: send them even if they were just sent "
-        "(a server skips a chunk it sent this device moments ago, whose copy is still on its way).",
-    )
 
 
 # -- routing replies to the running transfer ---------------------------------------------------------

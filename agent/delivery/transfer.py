@@ -128,9 +128,6 @@ class MqttPull:
         #: Waits longer before asking again when answers are slow (at fleet scale), never shorter.
         self.timer = RetransmitTimer(floor_s=config.chunk_timeout_s)
         self._asked_at: dict[int, float] = {}  # request sequence number -> when it was sent
-        #: Chunks to ask for with ``again`` (the server sends them even if it just did): they arrived
-        #: corrupt, or were outstanding when the link dropped (their copies may be gone).
-        self._again: set[int] = set()
         self._attempts: collections.Counter[int] = collections.Counter()
         self._retry: collections.deque[int] = collections.deque()
         self._todo: collections.deque[int] = collections.deque()
@@ -235,7 +232,6 @@ class MqttPull:
         lost = sorted(self._outstanding)
         self._outstanding.clear()
         self._retry.extendleft(reversed(lost))
-        self._again.update(lost)
         self.stats.reconnect_rerequests += len(lost)
 
     def _expire(self, now: float) -> None:
@@ -272,8 +268,6 @@ class MqttPull:
             self._attempts[index] += 1
             self._outstanding[index] = _Outstanding(due=now + base * factor)
             self.stats.requested_bytes += self.partial.chunk_length(index)
-        again = bool(self._again.intersection(indices))
-        self._again.difference_update(indices)
         self._seq += 1
         self._asked_at[self._seq] = now
         if len(self._asked_at) > _ASKED_KEPT:
@@ -283,18 +277,13 @@ class MqttPull:
             indices=indices,
             chunk_size=self.manifest.chunk_size,
             device=self.topics.device_id,
-            again=again,
         )
         properties = PublishProperties(
             response_topic=self.topics.xfer(self.manifest.sha256),
             correlation_data=f"{self._id}:{self._seq}".encode(),
         )
         self.link.publish(
-            # Defaults left out: a server that predates a field still reads the request.
-            self.topics.xfer_req,
-            request.model_dump_json(exclude_defaults=True).encode(),
-            qos=1,
-            properties=properties,
+            self.topics.xfer_req, request.model_dump_json().encode(), qos=1, properties=properties
         )
         self.stats.requests += 1
         self.stats.requested_chunks += len(indices)
@@ -335,7 +324,6 @@ class MqttPull:
             log.warning("delivery.pull.chunk_rejected", sha256=self.manifest.sha256, index=index)
             if self._outstanding.pop(index, None) is not None:
                 self._retry.appendleft(index)  # ask again at once; the deadline bounds a bad server
-                self._again.add(index)  # and say so: the server would skip a chunk it just sent
             return
         self._outstanding.pop(index, None)
         asked = self._asked_at.get(self._request_seq(message.correlation_data), None)

@@ -64,19 +64,7 @@ _MAX_REQUEST_CHUNK = 16 * 1024 * 1024
 
 #: Called after each chunk is handed to the broker: (device, model sha256, bytes).
 ServedCallback = Callable[[str, str, int], None]
-_COUNTERS = (
-    "requests",
-    "chunks",
-    "repeats_skipped",
-    "refused",
-    "bad_request",
-    "unknown_model",
-    "bad_index",
-    "publish_failed",
-)
-#: A chunk sent to a device this recently is not sent again when the device asks again (its copy is
-#: still on its way through a loaded broker); the default device chunk timeout (5 s).
-DEFAULT_REPEAT_WINDOW_S = 5.0
+_COUNTERS = ("requests", "chunks", "refused", "bad_request", "unknown_model", "bad_index", "publish_failed")
 
 
 @dataclass
@@ -111,7 +99,6 @@ class ChunkServer:
         max_unacked: int = 256,
         on_served: ServedCallback | None = None,
         max_inflight: int = DEFAULT_MAX_INFLIGHT,
-        repeat_window_s: float = DEFAULT_REPEAT_WINDOW_S,
     ) -> None:
         """``group``: the shared-subscription group (None: a random one, answered by this server only).
 
@@ -133,9 +120,6 @@ class ChunkServer:
         self._served: collections.Counter[str] = collections.Counter()
         self._served_model: collections.Counter[tuple[str, str]] = collections.Counter()
         self._counts: collections.Counter[str] = collections.Counter(dict.fromkeys(_COUNTERS, 0))
-        self.repeat_window_s = repeat_window_s
-        #: (device, sha256, index) -> when it was last sent, oldest first (pruned past the window).
-        self._sent_at: dict[tuple[str, str, int], float] = {}
         self._client = ServiceClient(
             settings, client_id=client_id, handler=self._on_request, max_inflight=max_inflight
         )
@@ -326,9 +310,6 @@ class ChunkServer:
             if not 0 <= offset < model.size:
                 self._count("bad_index")
                 continue
-            if not request.again and self._sent_recently(device, request.sha256, index):
-                self._count("repeats_skipped")
-                continue
             data = os.pread(model.fd, min(chunk_size, model.size - offset), offset)
             for reply_index, payload in self.replies(index, data):
                 known = payload is data and reply_index == index and index < len(hashes)
@@ -339,23 +320,6 @@ class ChunkServer:
                     message_expiry_s=self.reply_expiry_s,
                 )
                 self._send(device, request.sha256, reply_topic, payload, properties)
-                if reply_index == index and self.repeat_window_s > 0:
-                    self._mark_sent(device, request.sha256, index)  # only a chunk really sent
-
-    def _sent_recently(self, device: str, sha256: str, index: int) -> bool:
-        """True when this chunk went to this device within the repeat window (dispatcher thread only)."""
-        now = time.monotonic()
-        while self._sent_at:  # oldest first (insertion order): drop what left the window
-            oldest = next(iter(self._sent_at))
-            if now - self._sent_at[oldest] < self.repeat_window_s:
-                break
-            del self._sent_at[oldest]
-        return (device, sha256, index) in self._sent_at
-
-    def _mark_sent(self, device: str, sha256: str, index: int) -> None:
-        key = (device, sha256, index)
-        self._sent_at.pop(key, None)  # re-inserted at the end: the dict stays in time order
-        self._sent_at[key] = time.monotonic()
 
     def _send(
         self, device: str, sha256: str, topic: str, payload: bytes, properties: PublishProperties
