@@ -9,6 +9,9 @@ chunk or a reconnect simply asks again. The window also bounds the loss on a cra
 but not yet recorded in the bitmap occupy window slots until they are flushed, so a killed agent
 fetches at most one window again. Flushes run on the partial download's flusher thread, half a
 window at a time, so the other half keeps the link busy meanwhile.
+
+A little over 400 lines: the pull's window, timeouts (agent/delivery/rto.py decides their length),
+reconnect handling and reply checks share its state; ``fetch_model``'s source order is the rest.
 """
 
 from __future__ import annotations

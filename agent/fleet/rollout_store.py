@@ -21,7 +21,7 @@ rollout ends ``SUPERSEDED`` and its unsent devices are cancelled.
 
 The schema is versioned (``PRAGMA user_version``); a store written by a newer controller is refused.
 
-One job (the rollout state on disk), about 650 lines: the schema, the transition tables, the
+One job (the rollout state on disk), about 700 lines: the schema, the transition tables, the
 resume queries and the overlap check run inside the same transactions; apart, a kill between
 them would leave the store inconsistent.
 """
