@@ -32,16 +32,16 @@ from typing import Any
 import structlog
 from pydantic import ValidationError
 
-from agent.errors import AgentError
+from agent.errors import AgentError, ConfigError
 from agent.fleet.chunks import ChunkServer
 from agent.fleet.controller_calls import ConsoleCalls, LoopCall
 from agent.fleet.controller_config import ControllerConfig
-from agent.fleet.deploy import FleetDeploy
+from agent.fleet.deploy import plan_manifest
 from agent.fleet.deploy_plan import new_job_id, next_sequence
 from agent.fleet.keys import load_signing_key
 from agent.fleet.rollout_report import rollout_status
-from agent.fleet.rollout_runner import RolloutRunner, request_of
-from agent.fleet.rollout_spec import RolloutRequest, model_ref, plan_for
+from agent.fleet.rollout_runner import RolloutRunner
+from agent.fleet.rollout_spec import RolloutRequest, model_ref, plan_for, request_of
 from agent.fleet.rollout_store import RolloutState, RolloutStore
 from agent.fleet.status import collect_fleet
 from agent.fleet.upload import UploadSink
@@ -50,7 +50,7 @@ from agent.mqtt.core import PublishProperties
 from agent.mqtt.inbound import InboundMessage
 from agent.mqtt.service_client import ServiceClient
 from agent.protocol.messages import CommandReply, encode
-from agent.protocol.topics import ControllerTopics
+from agent.protocol.topics import ControllerTopics, check_level
 from agent.transitions import IllegalTransitionError
 
 log = structlog.get_logger(__name__)
@@ -290,11 +290,15 @@ class FleetController:
         rollout_id = request.rollout_id or new_job_id(model_id, request.version)
         job_id = new_job_id(model_id, request.version)
         sequence = next_sequence()
-        manifest = FleetDeploy(
-            self.settings,
-            plan_for(request, model, tuple(request.devices), job_id=job_id, sequence=sequence, http_url=None),
-            serve=False,
-        ).manifest
+        for device in request.devices:  # as FleetDeploy checks them, before anything is stored
+            try:
+                check_level(device, "device id")
+            except ValueError as exc:
+                raise ConfigError(str(exc)) from exc
+        plan = plan_for(
+            request, model, tuple(request.devices), job_id=job_id, sequence=sequence, http_url=None
+        )
+        manifest = plan_manifest(plan, job_id, sequence)
         fleet = {
             row.device: row for row in collect_fleet(self.settings, max_wait_s=self.config.select_wait_s)
         }
@@ -305,8 +309,8 @@ class FleetController:
             from_models[device] = (
                 model_ref(str(slot.get("model_id")), slot.get("version"), str(sha)) if slot and sha else None
             )
-        plan = request.plan(rollout_id, job_id, sequence, from_models, manifest.model_dump(mode="json"))
-        self.store.create(plan)
+        stored = request.plan(rollout_id, job_id, sequence, from_models, manifest.model_dump(mode="json"))
+        self.store.create(stored)
         self.runners[rollout_id] = self._runner(rollout_id)
         log.info("fleet.controller.rollout_started", rollout=rollout_id, devices=len(request.devices))
         return rollout_status(self.store, rollout_id)

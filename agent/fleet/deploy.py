@@ -117,32 +117,7 @@ class FleetDeploy:
         self.prefix = settings.prefix
         self.job_id = plan.job_id or new_job_id(plan.model_id or Path(plan.model).stem, plan.version)
         self.sequence = plan.sequence or next_sequence()
-        sources = [ModelSourceRef(kind="mqtt")]
-        if plan.http_url:
-            sources.insert(0, ModelSourceRef(kind="http", url=plan.http_url))
-        try:
-            self.manifest = build_manifest(
-                Path(plan.model),
-                job_id=self.job_id,
-                sequence=self.sequence,
-                slot=plan.slot,
-                model_id=plan.model_id or Path(plan.model).stem,
-                version=plan.version,
-                chunk_size=plan.chunk_size,
-                sources=sources,
-                build=plan.build,
-                preprocess=plan.preprocess,
-                postprocess=plan.postprocess,
-                shadow=plan.shadow,
-                probation_s=plan.probation_s,
-                probation=plan.probation,
-            )
-        except ValidationError as exc:
-            problems = [
-                f"{'.'.join(str(p) for p in e['loc']) or 'manifest'}: {e['msg']}"
-                for e in exc.errors(include_url=False)
-            ]
-            raise ConfigError("cannot build the deploy manifest", problems) from exc
+        self.manifest = plan_manifest(plan, self.job_id, self.sequence)
         #: The manifest each device gets (the same job, naming that device).
         self.manifests: dict[str, DeployManifest] = {
             d: self.manifest.model_copy(update={"device": d}) for d in plan.devices
@@ -463,6 +438,39 @@ class FleetDeploy:
                 )
                 changed = True
         return changed
+
+
+def plan_manifest(plan: DeployPlan, job_id: str, sequence: int) -> DeployManifest:
+    """The unsigned manifest ``plan`` describes (ConfigError listing what does not validate).
+
+    Hashes the model file; connects to nothing (the controller records a rollout's manifest with it).
+    """
+    sources = [ModelSourceRef(kind="mqtt")]
+    if plan.http_url:
+        sources.insert(0, ModelSourceRef(kind="http", url=plan.http_url))
+    try:
+        return build_manifest(
+            Path(plan.model),
+            job_id=job_id,
+            sequence=sequence,
+            slot=plan.slot,
+            model_id=plan.model_id or Path(plan.model).stem,
+            version=plan.version,
+            chunk_size=plan.chunk_size,
+            sources=sources,
+            build=plan.build,
+            preprocess=plan.preprocess,
+            postprocess=plan.postprocess,
+            shadow=plan.shadow,
+            probation_s=plan.probation_s,
+            probation=plan.probation,
+        )
+    except ValidationError as exc:
+        problems = [
+            f"{'.'.join(str(p) for p in e['loc']) or 'manifest'}: {e['msg']}"
+            for e in exc.errors(include_url=False)
+        ]
+        raise ConfigError("cannot build the deploy manifest", problems) from exc
 
 
 class _LastJob(BaseModel):

@@ -39,7 +39,7 @@ from agent.fleet.command import send_command
 from agent.fleet.deploy import FleetDeploy
 from agent.fleet.deploy_plan import DeployPlan, next_sequence
 from agent.fleet.gate import DeviceEnd
-from agent.fleet.rollout_spec import RolloutRequest, plan_for, ref_sha256
+from agent.fleet.rollout_spec import RolloutRequest, plan_for, ref_sha256, request_of
 from agent.fleet.rollout_store import DeviceStep, RolloutStore
 from agent.mqtt.settings import MqttSettings
 from agent.protocol.messages import JobState
@@ -86,6 +86,8 @@ class Rollback:
         self._clock = clock
         self._deploys: dict[str, tuple[FleetDeploy, float]] = {}  # rollback job id -> deploy, since
         self._follow: tuple[FleetDeploy, float] | None = None
+        self._events: list[tuple[str, dict[str, Any]]] | None = None
+        self._previous: dict[str, RolloutRequest] | None = None
         self.done = False
 
     # -- the loop ------------------------------------------------------------------------------------
@@ -94,13 +96,12 @@ class Rollback:
         """Do what is due; True once every device of the rollback has ended (or timed out)."""
         if self.done:
             return True
-        events = self.store.events(self.rollout_id)
+        events = self._log()
         if any(what == "rollback_done" for what, _ in events):
             self.done = True
             return True
         if not any(what in ("rollback", "rollback_by_command", "rollback_none") for what, _ in events):
-            self._plan()
-            events = self.store.events(self.rollout_id)
+            self._plan()  # its notes land in the same list
         groups = [detail for what, detail in events if what == "rollback"]
         by_command = [
             d for what, detail in events if what == "rollback_by_command" for d in detail["devices"]
@@ -172,8 +173,7 @@ class Rollback:
                 by_sha.setdefault(sha, []).append(row.device)
         for sha, devices in sorted(by_sha.items()):
             job_id = f"{self.rollout_id}-rollback-{sha[:8]}"
-            self.store.note(
-                self.rollout_id,
+            self._note(
                 "rollback",
                 sha256=sha,
                 devices=devices,
@@ -181,14 +181,13 @@ class Rollback:
                 sequence=next_sequence(),
             )
         if by_command:
-            self.store.note(
-                self.rollout_id,
+            self._note(
                 "rollback_by_command",
                 devices=by_command,
                 why="no rollout of this controller deployed their previous model: the device's own "
                 "rollback command puts back its last-known-good model",
             )
-        self.store.note(self.rollout_id, "rollback_none", devices=none, why="no previous model in the slot")
+        self._note("rollback_none", devices=none, why="no previous model in the slot")
         log.info(
             "fleet.rollout.rollback_planned",
             rollout=self.rollout_id,
@@ -198,10 +197,24 @@ class Rollback:
         )
 
     def _previous_request(self, sha256: str) -> RolloutRequest | None:
-        for row in self.store.rollouts(limit=10_000):
-            if row.slot == self.request.slot and row.spec.get("request", {}).get("model_sha256") == sha256:
-                return RolloutRequest.model_validate(row.spec["request"])
-        return None
+        """The request of the (newest) rollout that deployed ``sha256`` on this slot, read once."""
+        if self._previous is None:
+            self._previous = {}
+            for row in reversed(self.store.rollouts(limit=10_000)):  # oldest first: the newest wins
+                sha = row.spec.get("request", {}).get("model_sha256")
+                if row.slot == self.request.slot and sha:
+                    self._previous[str(sha)] = request_of(row.spec)
+        return self._previous.get(sha256)
+
+    def _log(self) -> list[tuple[str, dict[str, Any]]]:
+        """The rollout's events, read from the store once; this object's own notes are appended."""
+        if self._events is None:
+            self._events = self.store.events(self.rollout_id)
+        return self._events
+
+    def _note(self, what: str, **detail: Any) -> None:
+        self.store.note(self.rollout_id, what, **detail)
+        self._log().append((what, detail))
 
     # -- by desired state ----------------------------------------------------------------------------
 
@@ -238,12 +251,10 @@ class Rollback:
             if p.device in commanded or p.state is None or not p.state.terminal:
                 continue
             if p.state is not JobState.ACTIVE:
-                self.store.note(
-                    self.rollout_id, "rollback_command", device=p.device, end=f"not needed: {p.state.value}"
-                )
+                self._note("rollback_command", device=p.device, end=f"not needed: {p.state.value}")
                 continue
             # Logged before it is sent: a restart never sends a device's rollback twice.
-            self.store.note(self.rollout_id, "rollback_command", device=p.device, end="SENT")
+            self._note("rollback_command", device=p.device, end="SENT")
             self._send_rollback(p.device)
         left = [p.device for p in deploy.snapshot() if p.state is None or not p.state.terminal]
         return not left or self._timed_out(since)
@@ -256,7 +267,7 @@ class Rollback:
             end = "ROLLED_BACK" if reply.ok else f"refused: {reply.error_code}"
         except AgentError as exc:
             end = f"no reply: {exc.code}"
-        self.store.note(self.rollout_id, "rollback_command_reply", device=device, end=end)
+        self._note("rollback_command_reply", device=device, end=end)
         log.info("fleet.rollout.rollback_command", rollout=self.rollout_id, device=device, end=end)
 
     # -- the end -------------------------------------------------------------------------------------
@@ -266,7 +277,7 @@ class Rollback:
         for deploy, _ in self._deploys.values():
             for p in deploy.snapshot():
                 ends[p.device] = p.state.value if p.state is not None else "PENDING"
-        events = self.store.events(self.rollout_id)
+        events = self._log()
         for what, detail in events:
             if what in ("rollback_command", "rollback_command_reply"):
                 ends[str(detail["device"])] = str(detail["end"])
@@ -275,6 +286,6 @@ class Rollback:
                 for device in detail["devices"]:
                     ends.setdefault(str(device), "PENDING")  # still working at the wave timeout
         self.stop()
-        self.store.note(self.rollout_id, "rollback_done", ends=ends)
+        self._note("rollback_done", ends=ends)
         self.done = True
         log.info("fleet.rollout.rolled_back", rollout=self.rollout_id, devices=len(ends))

@@ -35,7 +35,7 @@ from agent.fleet.deploy import FleetDeploy
 from agent.fleet.deploy_outcome import DeviceProgress
 from agent.fleet.gate import DeviceEnd, DeviceReport, WaveVerdict, judge_wave
 from agent.fleet.rollout_rollback import Rollback
-from agent.fleet.rollout_spec import RolloutRequest, plan_for
+from agent.fleet.rollout_spec import plan_for, request_of
 from agent.fleet.rollout_store import (
     DeviceRow,
     DeviceStep,
@@ -51,11 +51,6 @@ log = structlog.get_logger(__name__)
 
 #: Rollout states after which nothing but a rollback remains to be done.
 FINAL_STATES = frozenset({RolloutState.DONE, RolloutState.ABORTED, RolloutState.SUPERSEDED})
-
-
-def request_of(spec: Mapping[str, Any]) -> RolloutRequest:
-    """The request a stored rollout was created from."""
-    return RolloutRequest.model_validate(spec["request"])
 
 
 def _job_figures(p: DeviceProgress) -> dict[str, Any]:
@@ -114,6 +109,10 @@ class RolloutRunner:
         self._clock = clock
         row = store.rollout(rollout_id)
         self.request = request_of(row.spec)
+        self._policy = self.request.policy()
+        #: The earlier waves' reports, for the wave they were read for (those waves no longer change).
+        self._earlier_reports: tuple[int, list[DeviceReport]] | None = None
+        self._wants: bool | None = None  # whether an abort asks for a rollback, once known
         self.sequence = int(row.spec["sequence"])
         self.job_id = row.job_id
         #: The running wave's deploy (None between waves), and which wave it is.
@@ -174,9 +173,7 @@ class RolloutRunner:
         started = current.started_at or self._clock()
         timed_out = self._clock() - started >= self.request.wave_timeout_s
         reports = self._reports(current.index, snapshot)
-        verdict = judge_wave(
-            reports, self._earlier(current.index), self.request.policy(), timed_out=timed_out
-        )
+        verdict = judge_wave(reports, self._earlier(current.index), self._policy, timed_out=timed_out)
         self._record_timeouts(reports, verdict)
         if verdict.gate == "trips":
             self._trip(current.index, verdict)
@@ -312,11 +309,16 @@ class RolloutRunner:
         return reports
 
     def _earlier(self, index: int) -> list[DeviceReport]:
-        return [
-            _report_of_row(row)
-            for row in self.store.devices(self.rollout_id)
-            if row.wave < index and row.step is not DeviceStep.CANCELLED
-        ]
+        """Reports of the waves before ``index``: every one of their devices has ended, so they are
+        read once per wave, not at every step."""
+        if self._earlier_reports is None or self._earlier_reports[0] != index:
+            reports = [
+                _report_of_row(row)
+                for row in self.store.devices(self.rollout_id)
+                if row.wave < index and row.step is not DeviceStep.CANCELLED
+            ]
+            self._earlier_reports = (index, reports)
+        return self._earlier_reports[1]
 
     def _record_timeouts(self, reports: list[DeviceReport], verdict: WaveVerdict) -> None:
         """Store the ends the verdict gave (a timeout's, an unknown device's skip)."""
@@ -340,8 +342,10 @@ class RolloutRunner:
     # -- rollback ------------------------------------------------------------------------------------
 
     def _wants_rollback(self) -> bool:
-        if self.request.rollback_on_abort:
-            return True
-        return any(
-            what == "abort" and detail.get("rollback") for what, detail in self.store.events(self.rollout_id)
-        )
+        """Asked once the rollout is ABORTED (the operator's abort is logged before the state moves)."""
+        if self._wants is None:
+            self._wants = self.request.rollback_on_abort or any(
+                what == "abort" and detail.get("rollback")
+                for what, detail in self.store.events(self.rollout_id)
+            )
+        return self._wants

@@ -99,6 +99,11 @@ class RolloutRequest(StrictModel):
         )
 
 
+def request_of(spec: Mapping[str, Any]) -> RolloutRequest:
+    """The request a stored rollout was created from (its ``spec``)."""
+    return RolloutRequest.model_validate(spec["request"])
+
+
 def model_ref(model_id: str, version: str | None, sha256: str) -> str:
     """How a device's previous model is kept in the store's ``from_version``: ``id:version@sha256``."""
     return f"{model_id}:{version or '-'}@{sha256}"
