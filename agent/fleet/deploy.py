@@ -20,7 +20,7 @@ A message from a target device that does not parse (its job status, its retained
 to ``status``) is kept as a note on that device naming the message and the field, and the deploy
 goes on: one device's bad message must not end the deploy for the others.
 
-One job (one deploy's lifecycle), a little under 500 lines: publishing, following job states,
+One job (one deploy's lifecycle), about 500 lines: publishing, following job states,
 asking quiet devices and noting malformed messages all update the same per-device progress under
 one lock; the plan, the outcome and the terminal text have their own modules.
 """
@@ -86,8 +86,12 @@ class FleetDeploy:
         status_poll_s: float = DEFAULT_STATUS_POLL_S,
         wait_unknown: bool = True,
         unknown_grace_s: float = DEFAULT_UNKNOWN_GRACE_S,
+        manifest: DeployManifest | None = None,
     ) -> None:
         """``signing_key`` None publishes unsigned manifests (devices must have require_signature off).
+
+        ``manifest``: the unsigned manifest ``plan`` makes, built already (:func:`plan_manifest` with the
+        plan's job id and sequence); a rollout passes the one it built for its first wave.
 
         ``serve`` False leaves the chunks to a ``fleet serve`` (or the HTTP source). ``max_rate_bps``
         caps the chunk bytes served per second (a metered uplink; tests slow transfers with it).
@@ -117,7 +121,8 @@ class FleetDeploy:
         self.prefix = settings.prefix
         self.job_id = plan.job_id or new_job_id(plan.model_id or Path(plan.model).stem, plan.version)
         self.sequence = plan.sequence or next_sequence()
-        self.manifest = plan_manifest(plan, self.job_id, self.sequence)
+        # A rollout builds its manifest once for all its waves (hashing a large model is not free).
+        self.manifest = manifest or plan_manifest(plan, self.job_id, self.sequence)
         #: The manifest each device gets (the same job, naming that device).
         self.manifests: dict[str, DeployManifest] = {
             d: self.manifest.model_copy(update={"device": d}) for d in plan.devices

@@ -31,7 +31,8 @@ from typing import Any
 
 import structlog
 
-from agent.fleet.deploy import FleetDeploy
+from agent.delivery.manifest import DeployManifest
+from agent.fleet.deploy import FleetDeploy, plan_manifest
 from agent.fleet.deploy_outcome import DeviceProgress
 from agent.fleet.gate import DeviceEnd, DeviceReport, WaveVerdict, judge_wave
 from agent.fleet.rollout_rollback import Rollback
@@ -110,6 +111,7 @@ class RolloutRunner:
         row = store.rollout(rollout_id)
         self.request = request_of(row.spec)
         self._policy = self.request.policy()
+        self._manifest: DeployManifest | None = None  # the rollout's desired state, built at its first wave
         #: The earlier waves' reports, for the wave they were read for (those waves no longer change).
         self._earlier_reports: tuple[int, list[DeviceReport]] | None = None
         self._wants: bool | None = None  # whether an abort asks for a rollback, once known
@@ -248,11 +250,20 @@ class RolloutRunner:
             sequence=self.sequence,
             http_url=self._http_url(sha),
         )
-        deploy = FleetDeploy(self.settings, plan, signing_key=self._key, key_id=self._key_id, **self._options)
-        if deploy.manifest.sha256 != sha:
-            raise RuntimeError(
-                f"rollout {self.rollout_id}: model file for {sha} hashes to {deploy.manifest.sha256}"
-            )
+        if self._manifest is None:  # hashed once per runner, not at every wave
+            self._manifest = plan_manifest(plan, self.job_id, self.sequence)
+            if self._manifest.sha256 != sha:
+                raise RuntimeError(
+                    f"rollout {self.rollout_id}: model file for {sha} hashes to {self._manifest.sha256}"
+                )
+        deploy = FleetDeploy(
+            self.settings,
+            plan,
+            signing_key=self._key,
+            key_id=self._key_id,
+            manifest=self._manifest,
+            **self._options,
+        )
         unsent = [r.device for r in rows if r.step in (DeviceStep.PLANNED, DeviceStep.SENDING)]
         for device in unsent:
             self.store.mark_sending(self.rollout_id, device)
