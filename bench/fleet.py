@@ -31,6 +31,7 @@ import argparse
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -141,7 +142,16 @@ class _Controller:
             "cpu_s": round(self.cpu_s, 2),
             "peak_rss_mb": round(self.peak_rss_mb, 1),
             "restarts": self.restarts,
+            "chunk_server": self.chunk_stats(),
         }
+
+    def chunk_stats(self) -> dict[str, int]:
+        """The chunk server's counters from its ``fleet.chunks.stopped`` log lines, summed over restarts."""
+        totals: Counter[str] = Counter()
+        for line in self.log.read_text(errors="replace").splitlines():
+            if "fleet.chunks.stopped" in line:
+                totals.update({k: int(v) for k, v in re.findall(r"(\w+)=(\d+)\b", line)})
+        return dict(totals)
 
 
 class _HttpModels:
@@ -459,7 +469,19 @@ class _Scenario:
                 "mean": round(sum(fetched) / max(1, len(fetched))),
                 "max": max(fetched, default=0),
             },
+            "pulls": _pull_totals(devices.values()),
         }
+
+
+def _pull_totals(devices: Any) -> dict[str, int]:
+    """The devices' MQTT pull counters (PullStats) summed, the largest where a field is a maximum."""
+    totals: Counter[str] = Counter()
+    for device in devices:
+        for key, value in device.get("pull", {}).items():
+            maximum = key in ("max_at_risk", "timeout_ms")
+            totals[key] = max(totals[key], value) if maximum else totals[key] + value
+        totals["inbox_dropped"] += int(device.get("inbox_dropped", 0))
+    return dict(totals)
 
 
 def _last_end(device: dict[str, Any], job_id: str | None) -> str:

@@ -352,6 +352,7 @@ def fetch_model(
     link: MqttLink | None,
     topics: Topics,
     config: DeliveryConfig,
+    on_pull: Callable[[PullStats], None] | None = None,
 ) -> Path:
     """Download ``manifest``'s model into ``part_dir`` and return the verified file.
 
@@ -359,6 +360,7 @@ def fetch_model(
     failing source falls through to the next, keeping the chunks it wrote. Resumes what an earlier
     (killed) attempt left in ``part_dir``. Raises JobCancelledError, TransferTimeoutError (after
     ``config.job_deadline_s``), HashMismatchError, DiskFullError, or the last source's DeliveryError.
+    ``on_pull`` is given each MQTT pull's counters when it ends, however it ends.
     """
     deadline = time.monotonic() + config.job_deadline_s
     # Half a window per flush: one half is made durable by the flusher thread while the other
@@ -378,7 +380,7 @@ def fetch_model(
                         raise NoSourceError(
                             "the manifest asks for an MQTT pull but this agent has no MQTT link"
                         )
-                    MqttPull(
+                    pull = MqttPull(
                         manifest,
                         partial,
                         link=link,
@@ -387,7 +389,12 @@ def fetch_model(
                         progress=progress,
                         cancel=cancel,
                         deadline=deadline,
-                    ).run()
+                    )
+                    try:
+                        pull.run()
+                    finally:
+                        if on_pull is not None:
+                            on_pull(pull.stats)
                 elif source.url is not None:
                     HttpSource(
                         source.url, timeout_s=config.http_timeout_s, cancel=cancel, deadline=deadline

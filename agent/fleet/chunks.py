@@ -36,6 +36,7 @@ from pydantic import ValidationError
 
 from agent.delivery.chunks import INDEX_PROPERTY, SHA256_PROPERTY, ChunkRequest
 from agent.errors import TransportError
+from agent.fleet.chunk_queue import DEFAULT_MAX_ENTRIES, ChunkQueue, PendingChunks
 from agent.fleet.untrusted import shown
 from agent.fsutil import sha256_file
 from agent.mqtt.core import PublishProperties
@@ -64,7 +65,19 @@ _MAX_REQUEST_CHUNK = 16 * 1024 * 1024
 
 #: Called after each chunk is handed to the broker: (device, model sha256, bytes).
 ServedCallback = Callable[[str, str, int], None]
-_COUNTERS = ("requests", "chunks", "refused", "bad_request", "unknown_model", "bad_index", "publish_failed")
+_COUNTERS = (
+    "requests",
+    "chunks",
+    "coalesced",
+    "busy",
+    "refused",
+    "bad_request",
+    "unknown_model",
+    "bad_index",
+    "publish_failed",
+)
+#: Longest a chunk waits for the broker to acknowledge earlier ones before it is published anyway.
+_FLOW_WAIT_S = 10.0
 
 
 @dataclass
@@ -85,8 +98,9 @@ class ChunkServer:
     """Serve model chunks to devices over MQTT (``start`` / ``stop``).
 
     Models are known by SHA-256 through :meth:`register` (a manifest and its file) or
-    :meth:`add_repo` (every file in a directory, hashed). Requests are handled one at a time on the
-    client's dispatcher thread.
+    :meth:`add_repo` (every file in a directory, hashed). Requests are checked on the client's
+    dispatcher thread and queued (:class:`~agent.fleet.chunk_queue.ChunkQueue`: a request for chunks
+    still waiting merges into them); one sender thread publishes what waits, first come first served.
     """
 
     def __init__(
@@ -99,12 +113,16 @@ class ChunkServer:
         max_unacked: int = 256,
         on_served: ServedCallback | None = None,
         max_inflight: int = DEFAULT_MAX_INFLIGHT,
+        max_waiting: int = DEFAULT_MAX_ENTRIES,
     ) -> None:
         """``group``: the shared-subscription group (None: a random one, answered by this server only).
 
         ``max_unacked``: stop answering while this many chunk publishes wait for a PUBACK.
 
         ``max_inflight``: of those, how many paho keeps on the wire (the rest wait in its queue).
+
+        ``max_waiting``: most (device, model) entries waiting to be sent; a request beyond is dropped
+        (counted ``busy``; the device asks again after its timeout).
         """
         self.settings = settings
         self.prefix = settings.prefix
@@ -120,6 +138,9 @@ class ChunkServer:
         self._served: collections.Counter[str] = collections.Counter()
         self._served_model: collections.Counter[tuple[str, str]] = collections.Counter()
         self._counts: collections.Counter[str] = collections.Counter(dict.fromkeys(_COUNTERS, 0))
+        self._queue = ChunkQueue(max_waiting)
+        self._stopping = threading.Event()
+        self._sender: threading.Thread | None = None
         self._client = ServiceClient(
             settings, client_id=client_id, handler=self._on_request, max_inflight=max_inflight
         )
@@ -205,14 +226,24 @@ class ChunkServer:
     def start(self, timeout: float = 10.0) -> ChunkServer:
         """Connect and subscribe; raise TransportError if the broker is unreachable or refuses."""
         self._client.start(timeout)
+        self._sender = threading.Thread(target=self._run_sender, name="chunk-sender", daemon=True)
+        self._sender.start()
         self._client.subscribe(self.topic_filter, qos=1, timeout=timeout)
         log.info("fleet.chunks.serving", filter=self.topic_filter, models=len(self._models))
         return self
 
     def stop(self, timeout: float = 2.0) -> None:
-        """Wait (bounded) for outstanding chunk publishes, disconnect, close the model files."""
+        """Stop sending, wait (bounded) for outstanding chunk publishes, disconnect, close the model files.
+
+        Chunks still waiting are dropped: their devices ask again (another server, or this one restarted).
+        """
+        self._stopping.set()
+        self._queue.close()
+        if self._sender is not None:
+            self._sender.join(timeout)
         self._client.wait_published(timeout)
         self._client.stop()
+        log.info("fleet.chunks.stopped", **self.stats())
         with self._lock:
             models, self._models = list(self._models.values()), {}
         for model in models:
@@ -242,6 +273,7 @@ class ChunkServer:
         with self._lock:
             out = dict(self._counts)
         out["served_bytes"] = self.served_bytes()
+        out["waiting_chunks"] = self._queue.waiting_chunks
         out.update({f"mqtt_{k}": v for k, v in self._client.stats().items()})
         return out
 
@@ -304,28 +336,63 @@ class ChunkServer:
             )
             return
         self._count("requests")
-        hashes = model.chunks if chunk_size == model.chunk_size else ()
+        indices = []
         for index in request.indices:
-            offset = index * chunk_size
-            if not 0 <= offset < model.size:
+            if 0 <= index * chunk_size < model.size:
+                indices.append(index)
+            else:
                 self._count("bad_index")
-                continue
-            data = os.pread(model.fd, min(chunk_size, model.size - offset), offset)
+        if not indices:
+            return
+        added = self._queue.add(
+            device=device,
+            sha256=request.sha256,
+            chunk_size=chunk_size,
+            reply_topic=reply_topic,
+            correlation=message.correlation_data,
+            indices=indices,
+        )
+        if added is None:
+            self._count("busy")
+            log.warning("fleet.chunks.busy", device=shown(device), waiting=self._queue.max_entries)
+            return
+        self._count("coalesced", len(indices) - added)
+
+    def _run_sender(self) -> None:
+        while not self._stopping.is_set():
+            entry = self._queue.take(timeout=0.5)
+            if entry is not None:
+                self._serve(entry)
+
+    def _serve(self, entry: PendingChunks) -> None:
+        model = self._model(entry.sha256)
+        if model is None:
+            return  # gone since the request was queued; the device asks again and is told nothing
+        hashes = model.chunks if entry.chunk_size == model.chunk_size else ()
+        for index in entry.indices:
+            if self._stopping.is_set():
+                return
+            offset = index * entry.chunk_size
+            data = os.pread(model.fd, min(entry.chunk_size, model.size - offset), offset)
             for reply_index, payload in self.replies(index, data):
                 known = payload is data and reply_index == index and index < len(hashes)
                 chunk_hash = hashes[index] if known else hashlib.sha256(payload).hexdigest()
                 properties = PublishProperties(
-                    correlation_data=message.correlation_data,
+                    correlation_data=entry.correlation,
                     user_properties=((INDEX_PROPERTY, str(reply_index)), (SHA256_PROPERTY, chunk_hash)),
                     message_expiry_s=self.reply_expiry_s,
                 )
-                self._send(device, request.sha256, reply_topic, payload, properties)
+                self._send(entry.device, entry.sha256, entry.reply_topic, payload, properties)
 
     def _send(
         self, device: str, sha256: str, topic: str, payload: bytes, properties: PublishProperties
     ) -> None:
         # Flow control: a device asking faster than the broker takes chunks must not grow our memory.
-        self._client.wait_published(10.0, at_most=self.max_unacked)
+        # Bounded (acknowledgements lost with a connection never come), and cut short by stop().
+        deadline = time.monotonic() + _FLOW_WAIT_S
+        while not self._client.wait_published(0.25, at_most=self.max_unacked):
+            if self._stopping.is_set() or time.monotonic() >= deadline:
+                break
         try:
             self._client.publish(topic, payload, qos=1, properties=properties)
         except TransportError as exc:

@@ -12,6 +12,7 @@ counters beside plausible frame-path figures (the names the agent publishes, doc
 
 from __future__ import annotations
 
+import collections
 import os
 import random
 import shutil
@@ -29,7 +30,7 @@ from agent.delivery.manifest import DeployManifest
 from agent.delivery.service import DeliveryService
 from agent.delivery.settings import DeliveryConfig
 from agent.delivery.steps import ProgressFn
-from agent.delivery.transfer import fetch_model
+from agent.delivery.transfer import PullStats, fetch_model
 from agent.fleetsim.plan import DevicePlan
 from agent.fleetsim.slot import SimSlots
 from agent.mqtt.link import MqttLink
@@ -42,6 +43,8 @@ from agent.spool import Spool
 from agent.spool_settings import SpoolSettings
 from agent.store import ModelStore
 
+#: PullStats fields that are a largest value, not a count (the others are summed over pulls).
+_PULL_MAXIMA = ("max_at_risk", "timeout_ms")
 #: The one simulated camera stream of every device.
 STREAM = "cam0"
 _FPS = 29.8
@@ -77,6 +80,8 @@ class JobJournal:
         self._lock = threading.Lock()
         self.jobs: dict[str, list[str]] = {}
         self.fetched_bytes = 0
+        #: The MQTT pulls' counters (agent/delivery/transfer.py PullStats), summed over the pulls.
+        self.pull: collections.Counter[str] = collections.Counter()
 
     def note(self, job_id: str, state: str) -> None:
         with self._lock:
@@ -86,15 +91,27 @@ class JobJournal:
         with self._lock:
             self.fetched_bytes += size
 
+    def add_pull(self, stats: PullStats) -> None:
+        counters = stats.as_dict()
+        with self._lock:
+            self.pull.update({k: v for k, v in counters.items() if k not in _PULL_MAXIMA})
+            for key in _PULL_MAXIMA:
+                self.pull[key] = max(self.pull[key], counters[key])
+
     def snapshot(self) -> dict[str, Any]:
-        """``{"jobs": {job_id: [states]}, "runs": {job_id: times QUEUED}, "fetched_bytes": n}``."""
+        """``{"jobs": {job_id: [states]}, "runs": {job_id: times QUEUED}, "fetched_bytes": n, "pull": {}}``.
+
+        ``pull``: the pulls' counters (PullStats fields, summed; maxima for the maxima).
+        """
         with self._lock:
             jobs = {job: list(states) for job, states in self.jobs.items()}
             fetched = self.fetched_bytes
+            pull = dict(self.pull)
         return {
             "jobs": jobs,
             "runs": {job: states.count("QUEUED") for job, states in jobs.items()},
             "fetched_bytes": fetched,
+            "pull": pull,
         }
 
 
@@ -205,6 +222,7 @@ class SimDevice:
             link=self.link,
             topics=self.topics,
             config=self.setup.delivery,
+            on_pull=self.journal.add_pull,
         )
         self.journal.add_fetched(manifest.size)
         return path

@@ -211,6 +211,11 @@ class MqttLink:
             return False
         return time.monotonic() - self._last_loop < max(10.0, 2.0 * self.settings.keepalive_s)
 
+    def counter(self, name: str) -> int:
+        """One counter of :meth:`stats` (``inbox_dropped``, ...), without the spool and inbox readings."""
+        with self._counts_lock:
+            return self._counts[name]
+
     def stats(self) -> dict[str, float]:
         """Counters since start, plus ``spool_depth``, ``inbox_depth`` and ``connected`` (0/1)."""
         with self._counts_lock:

@@ -8,13 +8,16 @@ from __future__ import annotations
 
 import hashlib
 import json
+import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any, cast
 
 import pytest
 
 from agent.delivery.manifest import DeployManifest
+from agent.fleet.chunks import ChunkServer
 from agent.localbroker import Broker
 from agent.protocol.topics import Topics
 from tests.delivery.transfer_rig import KIB, Rig, manifest_for, random_model
@@ -179,16 +182,101 @@ def test_servers_in_one_group_answer_each_request_once(
     servers = [rig.server(), rig.server()]
     for server in servers:
         server.register(manifest, model)
+    devices = [Topics(rig.prefix, f"dev-{n}") for n in range(10)]
+    probe.subscribe(f"{rig.prefix}/+/down/xfer/+")
+
+    for dev in devices:  # ten devices: a device's repeated request could merge into its first
+        ask(probe, dev, manifest.sha256, [0])
+    wait_until(lambda: len(probe.snapshot()) >= 10, what="ten replies")
+    probe.settle(0.3)
+
+    assert sorted(m.topic for m in probe.snapshot()) == sorted(d.xfer(manifest.sha256) for d in devices)
+    assert sum(s.stats()["requests"] for s in servers) == 10
+
+
+class Gated(ChunkServer):
+    """Holds its first chunk until ``gate`` opens: the server is busy with another device meanwhile."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.gate = threading.Event()
+        self.held = threading.Event()
+
+    def replies(self, index: int, data: bytes) -> list[tuple[int, bytes]]:
+        if not self.held.is_set():
+            self.held.set()
+            assert self.gate.wait(10.0)
+        return [(index, data)]
+
+
+def test_asking_again_for_chunks_still_waiting_sends_them_once_in_the_first_requests_place(
+    rig: Rig, probe: Probe, model: Path, manifest: DeployManifest
+) -> None:
+    """At fleet scale a device waits in line longer than its chunk timeout and asks again: the
+    repeats merge into what waits (its place in line and correlation data are the first request's,
+    so its round-trip sample spans the whole wait); nothing is sent twice."""
+    server = cast(Gated, rig.server(Gated))
+    server.register(manifest, model)
+    busy, dev, late = (Topics(rig.prefix, name) for name in ("dev-busy", "dev-a", "dev-late"))
+    probe.subscribe(f"{rig.prefix}/+/down/xfer/+")
+
+    ask(probe, busy, manifest.sha256, [0])
+    assert server.held.wait(5.0)  # the sender is busy with dev-busy's chunk
+    first = ask(probe, dev, manifest.sha256, [1, 2])
+    ask(probe, late, manifest.sha256, [1])
+    ask(probe, dev, manifest.sha256, [2, 3])  # a timeout: 2 again, and 3 for the first time
+    ask(probe, dev, manifest.sha256, [1, 2, 3])
+    wait_until(lambda: server.stats()["requests"] == 5, what="every request taken in")
+    server.gate.set()
+    wait_until(lambda: len(probe.snapshot()) >= 5, what="five replies")
+    probe.settle(0.3)
+
+    sent = [(m.topic.split("/")[2], int(props(m)["index"])) for m in probe.snapshot()]
+    assert sent == [("dev-busy", 0), ("dev-a", 1), ("dev-a", 2), ("dev-a", 3), ("dev-late", 1)]
+    assert {m.correlation_data for m in probe.snapshot() if "/dev-a/" in m.topic} == {first}
+    assert server.stats()["coalesced"] == 4  # 2 of the third request, 1, 2 and 3 of the fourth
+    assert server.served_bytes("dev-a") == 3 * CHUNK
+
+
+def test_a_request_for_a_chunk_already_sent_is_answered_again(
+    rig: Rig, probe: Probe, model: Path, manifest: DeployManifest
+) -> None:
+    """Only what still waits merges: a chunk sent may have been lost; asked for again, it goes again."""
+    server = rig.server()
+    server.register(manifest, model)
     dev = Topics(rig.prefix, "dev-a")
     probe.subscribe(dev.xfer_filter)
 
-    for _ in range(10):
-        ask(probe, dev, manifest.sha256, [0])
-    probe.wait_for_count(dev.xfer(manifest.sha256), 10)
+    ask(probe, dev, manifest.sha256, [0])
+    probe.wait_for_count(dev.xfer(manifest.sha256), 1)
+    ask(probe, dev, manifest.sha256, [0])
+    probe.wait_for_count(dev.xfer(manifest.sha256), 2)
+
+    assert server.stats()["coalesced"] == 0
+    assert server.served_bytes("dev-a") == 2 * CHUNK
+
+
+def test_requests_beyond_the_waiting_limit_are_dropped_and_counted(
+    rig: Rig, probe: Probe, model: Path, manifest: DeployManifest
+) -> None:
+    server = cast(Gated, rig.server(Gated, max_waiting=1))
+    server.register(manifest, model)
+    probe.subscribe(f"{rig.prefix}/+/down/xfer/+")
+    names = ("dev-busy", "dev-a", "dev-b")
+    busy, dev, other = (Topics(rig.prefix, name) for name in names)
+
+    ask(probe, busy, manifest.sha256, [0])
+    assert server.held.wait(5.0)
+    ask(probe, dev, manifest.sha256, [1])  # waits: the one entry allowed
+    ask(probe, other, manifest.sha256, [1])  # no room: dropped, the device will ask again
+    ask(probe, dev, manifest.sha256, [2])  # merges into dev-a's entry: no new room needed
+    wait_until(lambda: server.stats()["requests"] == 4, what="every request taken in")
+    server.gate.set()
+    wait_until(lambda: len(probe.snapshot()) >= 3, what="three replies")
     probe.settle(0.3)
 
-    assert len(probe.snapshot()) == 10
-    assert sum(s.stats()["requests"] for s in servers) == 10
+    assert [m.topic.split("/")[2] for m in probe.snapshot()] == ["dev-busy", "dev-a", "dev-a"]
+    assert server.stats()["busy"] == 1
 
 
 def test_register_refuses_a_file_that_is_not_the_manifests(

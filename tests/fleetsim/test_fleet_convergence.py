@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from agent.delivery.guard import ShadowSpec
+from agent.delivery.manifest import DEFAULT_CHUNK_SIZE
 from agent.fleet.command import send_command
 from agent.fleet.deploy import FleetDeploy
 from agent.fleet.deploy_plan import DeployPlan
@@ -120,10 +121,12 @@ def test_a_fleet_converges_active_and_its_unhealthy_devices_end_as_real_ones_do(
         "PROBATION",
         "ACTIVE",
     ]
-    # Every device pulled the model over MQTT from the deploy's chunk server.
-
     size = models[1].stat().st_size  # every device pulled the model once, over MQTT
     assert {devices[device]["fetched_bytes"] for device in fleet.ids} == {size}
+    # ... and the report carries each pull's counters (bench/fleet.py sums them).
+    chunks = -(-size // DEFAULT_CHUNK_SIZE)
+    assert {devices[device]["pull"]["written"] for device in fleet.ids} == {chunks}
+    assert all(devices[device]["pull"]["requested_chunks"] >= chunks for device in fleet.ids)
 
     # up/info (retained) names the model each device serves now, and its labels' platform.
     with Probe(broker.host, broker.port) as probe:
