@@ -332,6 +332,10 @@ class MqttCore:
     def wake_now(self) -> None:
         CoalescedWake.wake_now(self._client)
 
+    def wake(self) -> None:
+        """Wake the loop for work another thread left it (at most one wake byte per turn)."""
+        CoalescedWake.wake(self._client)
+
 
 def _no_op(client: Any, userdata: Any, sock: Any) -> None:
     """paho's ``on_socket_register_write``, set on purpose to do nothing (see :class:`MqttCore`)."""

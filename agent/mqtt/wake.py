@@ -45,6 +45,14 @@ class CoalescedWake:
             with contextlib.suppress(OSError):  # full (a wake is pending anyway) or already closed
                 sock.send(b"\0")
 
+    @staticmethod
+    def wake(client: Any) -> None:
+        """Break the loop out of ``select()``: one wake byte per turn, like paho's own publishes."""
+        wake = getattr(client, "_sockpairW", None)
+        if wake is not None:
+            with contextlib.suppress(OSError):  # full (a wake is pending anyway) or already closed
+                wake.send(b"\0")
+
     @classmethod
     def rearm(cls, client: Any) -> None:
         """Wrap paho's current write end (once per socket pair) and allow the next wake byte."""

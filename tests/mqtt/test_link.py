@@ -461,8 +461,9 @@ def test_publishes_from_other_threads_wake_the_loop_once_per_turn_and_none_is_le
     broker: Broker, make_link: LinkFactory, device_id: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """CoalescedWake skips wake bytes while one is pending; a publish must still never wait for the
-    loop's select() timeout. The timeout is raised to 5 s so that waiting for it would fail here."""
-    monkeypatch.setattr(link_module, "_LOOP_TIMEOUT_S", 5.0)
+    loop's select() timeout, nor a durable (spooled) one, which the loop sends from the spool. The
+    timeout is raised to 5 s so that waiting for it would fail here."""
+    monkeypatch.setattr(link_module, "_IDLE_LOOP_S", 5.0)
     topic = f"fleet/v1/{device_id}/up/results/cam"
     link = make_link(fast_settings(broker), client_id=device_id)
     link.start()
@@ -479,6 +480,14 @@ def test_publishes_from_other_threads_wake_the_loop_once_per_turn_and_none_is_le
             lone = f"lone-{round_}".encode()
             link.publish(topic, lone, qos=0)
             probe.wait_for(arrived(lone), timeout=2.0)
+            threading.Event().wait(0.3)
+            spooled = f"spooled-{round_}".encode()
+            link.publish(topic, spooled, durable=True)
+            probe.wait_for(arrived(spooled), timeout=2.0)
+            threading.Event().wait(0.3)
+            batch = [f"many-{round_}-{i}".encode() for i in range(3)]
+            assert link.publish_durable([(topic, b) for b in batch], kind="result") == [None] * 3
+            probe.wait_for(arrived(batch[-1]), timeout=2.0)
         # Bursts from two threads: most wake bytes are skipped, every message arrives, none twice.
         sent = [f"b{n}-{i}".encode() for n in range(2) for i in range(500)]
 
