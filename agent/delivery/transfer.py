@@ -329,12 +329,19 @@ class MqttPull:
                 self._retry.appendleft(index)  # ask again at once; the deadline bounds a bad server
             return
         self._outstanding.pop(index, None)
+        now = time.monotonic()
         asked = self._asked_at.get(self._request_seq(message.correlation_data), None)
         if asked is not None:
             # The reply names its request (correlation data), so even the answer to a chunk asked
             # for twice gives its true round trip.
-            self.timer.sample(time.monotonic() - asked)
+            self.timer.sample(now - asked)
             self.stats.timeout_ms = round(self.timer.timeout * 1000)
+        # Progress restarts the timer of what is still outstanding (TCP's rule, RFC 6298 5.3): replies
+        # are flowing, so the rest is most likely on its way behind this one, and asking for it now
+        # would only have the server send it twice (at fleet scale it arrives seconds apart).
+        due = now + self.timer.timeout
+        for outstanding in self._outstanding.values():
+            outstanding.due = max(outstanding.due, due)
         self.stats.written += 1
         if self._flush_due is None:
             self._flush_due = time.monotonic() + _FLUSH_DELAY_S

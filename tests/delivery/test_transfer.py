@@ -119,9 +119,17 @@ class NeverAnswers2(ChunkServer):
 class Slow(ChunkServer):
     """Takes 50 ms per chunk (a slow uplink)."""
 
+    delay_s = 0.05
+
     def replies(self, index: int, data: bytes) -> list[tuple[int, bytes]]:
-        time.sleep(0.05)
+        time.sleep(self.delay_s)
         return [(index, data)]
+
+
+class Slower(Slow):
+    """Takes 150 ms per chunk: longer than the device's configured chunk timeout in the test below."""
+
+    delay_s = 0.15
 
 
 # -- tests ------------------------------------------------------------------------------------------
@@ -371,19 +379,44 @@ def test_fetch_model_falls_through_a_failing_http_source_to_mqtt(rig: Rig) -> No
     assert server.served_bytes(dev.id) == manifest.size
 
 
-def test_slow_answers_raise_the_timeout_instead_of_asking_again(rig: Rig) -> None:
-    """A server that answers every chunk, slowly (50 ms each, one at a time): with the configured
-    0.15 s alone, most of each window of 8 would be asked for again while still on its way. The timer
-    learns the round trips and waits longer; run with the timer held at the floor, for comparison."""
+def test_chunks_still_arriving_restart_the_timeout_of_the_rest(rig: Rig) -> None:
+    """A server sending a window's chunks 50 ms apart takes 1.2 s for 24 of them; the timeout is held
+    at 0.5 s (no learning). Each arrival restarts the timer of what is still outstanding (RFC 6298
+    5.3), so nothing is asked for again while the replies keep coming."""
     model = random_model(rig.tmp_path / "m.bin", 24 * CHUNK)
+    manifest = manifest_for(model, CHUNK)
+    server = rig.server(Slow)
+    server.register(manifest, model)
+    dev = rig.device()
+    partial = PartialDownload(dev.part_dir, manifest, flush_every=24, background=True)
+    config = delivery_config(chunk_window=24, chunk_timeout_s=0.5)
+    puller = MqttPull(manifest, partial, link=dev.link, topics=dev.topics, config=config)
+    puller.timer.ceiling_s = puller.timer.floor_s
+    try:
+        puller.run()
+        assert partial.finish().read_bytes() == model.read_bytes()
+    finally:
+        partial.close()
+    assert puller.stats.requests == 1
+    assert puller.stats.timeouts == 0
+    assert puller.stats.refetched_bytes == 0
+    assert server.served_bytes() == manifest.size
+
+
+def test_slow_answers_raise_the_timeout_instead_of_asking_again(rig: Rig) -> None:
+    """A server that answers every chunk slowly (150 ms each, one at a time) against a configured
+    timeout of 0.1 s: held there, a chunk times out between any two replies and is asked for again
+    while still on its way (arrivals restart the timer, but not for long enough). The timer learns the
+    round trips and waits longer; run with the timer held at the floor, for comparison."""
+    model = random_model(rig.tmp_path / "m.bin", 12 * CHUNK)
     manifest = manifest_for(model, CHUNK)
 
     def run(*, adaptive: bool) -> PullStats:
-        server = rig.server(Slow)  # one per run: no backlog of the other run's requests
+        server = rig.server(Slower)  # one per run: no backlog of the other run's requests
         server.register(manifest, model)
         dev = rig.device()
         partial = PartialDownload(dev.part_dir, manifest, flush_every=4, background=True)
-        config = delivery_config(chunk_window=8, chunk_timeout_s=0.15)
+        config = delivery_config(chunk_window=8, chunk_timeout_s=0.1)
         puller = MqttPull(manifest, partial, link=dev.link, topics=dev.topics, config=config)
         if not adaptive:
             puller.timer.ceiling_s = puller.timer.floor_s  # a fixed timeout, as before the timer
