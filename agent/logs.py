@@ -29,7 +29,11 @@ class _AgentHandler(logging.StreamHandler):  # type: ignore[type-arg]
 
 
 def configure_logging(
-    format: Literal["json", "console"] = "json", level: str = "info", stream: TextIO | None = None
+    format: Literal["json", "console"] = "json",
+    level: str = "info",
+    stream: TextIO | None = None,
+    *,
+    cache_loggers: bool = False,
 ) -> None:
     """Configure structlog and the standard library to write ``format`` lines at ``level`` and above.
 
@@ -37,6 +41,10 @@ def configure_logging(
 
     Safe to call again (e.g. after the configuration is reloaded): the previous setup is replaced,
     never duplicated. Raises ``ValueError`` for an unknown format or level.
+
+    ``cache_loggers``: each module's logger is looked up once, not at every event. An uncached
+    event takes the standard library's global logging lock (``logging.getLogger``); one agent per
+    process never notices, the fleet simulator's 125 devices per process queued on it.
     """
     try:
         numeric_level = LEVELS[level.lower()]
@@ -70,9 +78,9 @@ def configure_logging(
         ],
         logger_factory=structlog.stdlib.LoggerFactory(),
         wrapper_class=structlog.stdlib.BoundLogger,
-        # Not cached: structlog.testing.capture_logs() in tests must be able to intercept loggers
-        # that were already used, and the agent logs far too rarely for the cache to matter.
-        cache_logger_on_first_use=False,
+        # Not cached by default: structlog.testing.capture_logs() in tests must be able to intercept
+        # loggers that were already used, and the agent logs far too rarely for the cache to matter.
+        cache_logger_on_first_use=cache_loggers,
     )
     formatter = structlog.stdlib.ProcessorFormatter(
         foreign_pre_chain=shared,

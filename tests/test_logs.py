@@ -132,3 +132,28 @@ def test_unknown_level_or_format_is_refused() -> None:
         configure_logging("json", "verbose")
     with pytest.raises(ValueError, match="unknown log format 'xml'"):
         configure_logging("xml", "info")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("cache", "lookups"), [(False, 3), (True, 1)])
+def test_cached_loggers_look_their_logger_up_once(cache: bool, lookups: int) -> None:
+    """The fleet simulator caches: an uncached event looks its logger up again (logging's global lock)."""
+    stdout = _run(
+        f"""
+        import logging, structlog
+        from agent.logs import configure_logging
+        configure_logging("json", "info", cache_loggers={cache})
+        calls = []
+        real = logging.Manager.getLogger
+        def counted(self, name):
+            calls.append(name)
+            return real(self, name)
+        logging.Manager.getLogger = counted
+        log = structlog.get_logger("agent.sim")
+        for n in range(3):
+            log.info("tick", n=n)
+        print(len([c for c in calls if c == "agent.sim"]))
+        """
+    )
+    *events, count = stdout.splitlines()
+    assert [json.loads(line)["n"] for line in events] == [0, 1, 2]
+    assert int(count) == lookups

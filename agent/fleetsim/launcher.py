@@ -231,7 +231,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    configure_logging("console", "warning", stream=sys.stderr)
+    # Cached loggers: 125 agents in one process would queue on the logging module's global lock.
+    configure_logging("console", "warning", stream=sys.stderr, cache_loggers=True)
     try:
         if args.worker is not None:
             run_worker(args, stop)
