@@ -20,7 +20,10 @@ CLI (``fleet rollout start ... --json``, ``fleet rollout status ID --json`` ever
 Each prints: seconds per wave and to converge, the controller's CPU seconds and peak RSS (from
 /proc, summed over its restarts), the broker's message and byte counters, the model bytes pulled
 per device and the operator-side HTTP bytes, where devices ended (controller and devices' view),
-jobs run per device, and the simulator's processes (CPU, peak RSS).
+jobs run per device, and the simulator's processes (CPU, peak RSS). ``pulls``: the devices' MQTT
+pull counters summed (``PullStats``: requests, timeouts, duplicate replies, ...); ``controller.
+chunk_server``: the chunk server's counters (chunks sent, repeats merged as ``coalesced``, ...), read
+from its ``fleet.chunks.stopped`` log line.
 
     .venv/bin/python bench/fleet.py [--devices 1000] [--scenario 1] [--size-mb 5] [--workdir DIR]
 """

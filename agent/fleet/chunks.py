@@ -361,8 +361,15 @@ class ChunkServer:
     def _run_sender(self) -> None:
         while not self._stopping.is_set():
             entry = self._queue.take(timeout=0.5)
-            if entry is not None:
+            if entry is None:
+                continue
+            try:
                 self._serve(entry)
+            except Exception:
+                # One entry's failure (a file replaced under us) must not end the one thread that
+                # serves every device; the device asks again.
+                self._count("publish_failed")
+                log.exception("fleet.chunks.serve_failed", device=shown(entry.device), sha256=entry.sha256)
 
     def _serve(self, entry: PendingChunks) -> None:
         model = self._model(entry.sha256)
