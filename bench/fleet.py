@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.fleet.keys import KeyPairFiles, write_keypair
+from agent.fleetsim.device import add_pull_counters
 from agent.fleetsim.launcher import read_reports
 from agent.fsutil import sha256_file
 from agent.localbroker import Broker, free_port
@@ -480,9 +481,7 @@ def _pull_totals(devices: Any) -> dict[str, int]:
     """The devices' MQTT pull counters (PullStats) summed, the largest where a field is a maximum."""
     totals: Counter[str] = Counter()
     for device in devices:
-        for key, value in device.get("pull", {}).items():
-            maximum = key in ("max_at_risk", "timeout_ms")
-            totals[key] = max(totals[key], value) if maximum else totals[key] + value
+        add_pull_counters(totals, device.get("pull", {}))
         totals["inbox_dropped"] += int(device.get("inbox_dropped", 0))
     return dict(totals)
 

@@ -2,7 +2,7 @@
 
 The fleet simulator (``python -m agent.fleetsim``) in one worker process against a private
 mosquitto; after the devices are online and settled, the process's CPU time over ``--seconds``
-(from /proc). Idle cost is what a 1,000-device rollout on two cores pays before any work: each
+(psutil). Idle cost is what a 1,000-device rollout on two cores pays before any work: each
 device runs the agent's own link, dispatcher, delivery upkeep and command threads.
 
     .venv/bin/python bench/fleetsim_idle.py [--devices 125] [--seconds 20]
@@ -21,15 +21,17 @@ import tempfile
 import time
 from pathlib import Path
 
+import psutil
+
 from agent.fleet.keys import write_keypair
 from agent.fleetsim.launcher import read_reports
 from agent.localbroker import Broker
 from agent.modelzoo import write_classifier
 
 
-def _cpu_s(pid: int) -> float:
-    stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(stat[11]) + int(stat[12])) / os.sysconf("SC_CLK_TCK")
+def _cpu_s(process: psutil.Process) -> float:
+    times = process.cpu_times()
+    return times.user + times.system
 
 
 def main() -> int:
@@ -62,7 +64,7 @@ def main() -> int:
         else:
             raise RuntimeError("the simulated devices did not all come online within 120 s")
         time.sleep(args.settle_s)
-        worker = read_reports(root / "sim")["workers"][0]["pid"]
+        worker = psutil.Process(read_reports(root / "sim")["workers"][0]["pid"])
         before = _cpu_s(worker)
         time.sleep(args.seconds)
         used = _cpu_s(worker) - before

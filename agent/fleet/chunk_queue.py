@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import collections
 import threading
-import time
 from dataclasses import dataclass, field
 
 #: Most (device, model, chunk size) entries waiting at once: a bound on memory whatever devices send.
@@ -35,11 +34,8 @@ class PendingChunks:
     device: str
     sha256: str
     chunk_size: int
-    reply_topic: str
     #: The first waiting request's correlation data (the device's round trip then spans the whole wait).
     correlation: bytes | None
-    #: When the first waiting request was added (monotonic).
-    since: float
     #: Chunk indices, an insertion-ordered set.
     indices: dict[int, None] = field(default_factory=dict)
 
@@ -64,22 +60,17 @@ class ChunkQueue:
         device: str,
         sha256: str,
         chunk_size: int,
-        reply_topic: str,
         correlation: bytes | None,
         indices: list[int],
     ) -> int | None:
-        """Queue ``indices`` for ``device``; how many were not waiting already (None: full or closed).
-
-        The reply topic is a function of device and model (the server checks it before), so the
-        first request's topic serves every merged one.
-        """
+        """Queue ``indices`` for ``device``; how many were not waiting already (None: full or closed)."""
         key = (device, sha256, chunk_size)
         with self._cond:
             entry = self._entries.get(key)
             if entry is None:
                 if self._closed or len(self._entries) >= self.max_entries:
                     return None
-                entry = PendingChunks(device, sha256, chunk_size, reply_topic, correlation, time.monotonic())
+                entry = PendingChunks(device, sha256, chunk_size, correlation)
                 self._entries[key] = entry
             before = len(entry.indices)
             entry.indices.update(dict.fromkeys(indices))

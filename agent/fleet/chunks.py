@@ -348,7 +348,6 @@ class ChunkServer:
             device=device,
             sha256=request.sha256,
             chunk_size=chunk_size,
-            reply_topic=reply_topic,
             correlation=message.correlation_data,
             indices=indices,
         )
@@ -376,6 +375,7 @@ class ChunkServer:
         if model is None:
             return  # gone since the request was queued; the device asks again and is told nothing
         hashes = model.chunks if entry.chunk_size == model.chunk_size else ()
+        reply_topic = Topics(self.prefix, entry.device).xfer(entry.sha256)  # checked in _on_request
         for index in entry.indices:
             if self._stopping.is_set():
                 return
@@ -389,7 +389,7 @@ class ChunkServer:
                     user_properties=((INDEX_PROPERTY, str(reply_index)), (SHA256_PROPERTY, chunk_hash)),
                     message_expiry_s=self.reply_expiry_s,
                 )
-                self._send(entry.device, entry.sha256, entry.reply_topic, payload, properties)
+                self._send(entry.device, entry.sha256, reply_topic, payload, properties)
 
     def _send(
         self, device: str, sha256: str, topic: str, payload: bytes, properties: PublishProperties

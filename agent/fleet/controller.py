@@ -32,11 +32,11 @@ from typing import Any
 import structlog
 from pydantic import ValidationError
 
-from agent.errors import AgentError, ConfigError
+from agent.errors import AgentError
 from agent.fleet.chunks import ChunkServer
 from agent.fleet.controller_calls import ConsoleCalls, LoopCall
 from agent.fleet.controller_config import ControllerConfig
-from agent.fleet.deploy import plan_manifest
+from agent.fleet.deploy import check_device_ids, plan_manifest
 from agent.fleet.deploy_plan import new_job_id, next_sequence
 from agent.fleet.keys import load_signing_key
 from agent.fleet.rollout_report import rollout_status
@@ -50,7 +50,7 @@ from agent.mqtt.core import PublishProperties
 from agent.mqtt.inbound import InboundMessage
 from agent.mqtt.service_client import ServiceClient
 from agent.protocol.messages import CommandReply, encode
-from agent.protocol.topics import ControllerTopics, check_level
+from agent.protocol.topics import ControllerTopics
 from agent.transitions import IllegalTransitionError
 
 log = structlog.get_logger(__name__)
@@ -290,11 +290,7 @@ class FleetController:
         rollout_id = request.rollout_id or new_job_id(model_id, request.version)
         job_id = new_job_id(model_id, request.version)
         sequence = next_sequence()
-        for device in request.devices:  # as FleetDeploy checks them, before anything is stored
-            try:
-                check_level(device, "device id")
-            except ValueError as exc:
-                raise ConfigError(str(exc)) from exc
+        check_device_ids(request.devices)  # as FleetDeploy checks them, before anything is stored
         plan = plan_for(
             request, model, tuple(request.devices), job_id=job_id, sequence=sequence, http_url=None
         )

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -109,11 +109,7 @@ class FleetDeploy:
             raise ConfigError("deploy needs at least one --device")
         if signing_key is not None and not key_id:
             raise ConfigError("a signed deploy needs --key-id: the id devices know the public key by")
-        for device in plan.devices:
-            try:
-                check_level(device, "device id")
-            except ValueError as exc:
-                raise ConfigError(str(exc)) from exc
+        check_device_ids(plan.devices)
         if not Path(plan.model).is_file():
             raise ConfigError(f"model file {plan.model} not found")
         self.settings = settings
@@ -443,6 +439,15 @@ class FleetDeploy:
                 )
                 changed = True
         return changed
+
+
+def check_device_ids(devices: Iterable[str]) -> None:
+    """ConfigError naming the first id that cannot be a topic level (it would address other devices)."""
+    for device in devices:
+        try:
+            check_level(device, "device id")
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from exc
 
 
 def plan_manifest(plan: DeployPlan, job_id: str, sequence: int) -> DeployManifest:

@@ -73,6 +73,12 @@ class FleetSetup:
     spool: SpoolSettings = field(default_factory=SpoolSettings)
 
 
+def add_pull_counters(totals: collections.Counter[str], counters: Mapping[str, int]) -> None:
+    """Add one pull's (or one device's) PullStats counters to ``totals``: summed, maxima kept as maxima."""
+    for key, value in counters.items():
+        totals[key] = max(totals[key], value) if key in _PULL_MAXIMA else totals[key] + value
+
+
 class JobJournal:
     """Every job state one device recorded, in order, per job id (kept across simulated restarts)."""
 
@@ -92,11 +98,8 @@ class JobJournal:
             self.fetched_bytes += size
 
     def add_pull(self, stats: PullStats) -> None:
-        counters = stats.as_dict()
         with self._lock:
-            self.pull.update({k: v for k, v in counters.items() if k not in _PULL_MAXIMA})
-            for key in _PULL_MAXIMA:
-                self.pull[key] = max(self.pull[key], counters[key])
+            add_pull_counters(self.pull, stats.as_dict())
 
     def snapshot(self) -> dict[str, Any]:
         """``{"jobs": {job_id: [states]}, "runs": {job_id: times QUEUED}, "fetched_bytes": n, "pull": {}}``.

@@ -296,8 +296,7 @@ class MqttLink:
                 self._count("spool_fallback_memory")
                 self._publish_now(topic, data, 1, retain, None)
                 return
-            self._spool_wake.set()
-            self._core.wake()
+            self._spooled()
             return
         self._publish_now(topic, data, qos, retain, properties)
 
@@ -337,9 +336,13 @@ class MqttLink:
             for entry in entries:
                 self._publish_now(entry.topic, entry.payload, 1, entry.retain, None)
             return refused
+        self._spooled()
+        return refused
+
+    def _spooled(self) -> None:
+        """Messages wait in the spool: the network thread sends them now, not at its next idle turn."""
         self._spool_wake.set()
         self._core.wake()
-        return refused
 
     def _wait_for_backlog(self) -> None:
         """Connected with a backlog of more than a few windows: wait (bounded) for the link to catch up.

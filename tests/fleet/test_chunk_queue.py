@@ -15,7 +15,6 @@ def add(
         device=device,
         sha256=sha,
         chunk_size=1024,
-        reply_topic=f"p/{device}/down/xfer/{sha}",
         correlation=corr,
         indices=indices,
     )
@@ -54,9 +53,7 @@ def test_models_and_chunk_sizes_are_separate_entries() -> None:
     queue = ChunkQueue()
     add(queue, "dev-a", [0], sha="a" * 64)
     add(queue, "dev-a", [0], sha="b" * 64)
-    queue.add(
-        device="dev-a", sha256="a" * 64, chunk_size=2048, reply_topic="t", correlation=None, indices=[0]
-    )
+    queue.add(device="dev-a", sha256="a" * 64, chunk_size=2048, correlation=None, indices=[0])
     assert len(queue) == 3
 
 

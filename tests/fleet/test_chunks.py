@@ -80,11 +80,17 @@ def props(message: Received) -> dict[str, str]:
     return dict(message.user_properties)
 
 
+def serving(rig: Rig, manifest: DeployManifest, model: Path) -> ChunkServer:
+    """A started server in the rig's group, serving ``model``."""
+    server = rig.server()
+    server.register(manifest, model)
+    return server
+
+
 def test_requested_chunks_come_back_with_index_hash_and_correlation(
     rig: Rig, probe: Probe, model: Path, manifest: DeployManifest
 ) -> None:
-    server = rig.server()
-    server.register(manifest, model)
+    server = serving(rig, manifest, model)
     dev = Topics(rig.prefix, "dev-a")
     probe.subscribe(dev.xfer_filter)
 
@@ -106,8 +112,7 @@ def test_requested_chunks_come_back_with_index_hash_and_correlation(
 def test_a_request_for_delivery_to_another_device_is_refused(
     rig: Rig, probe: Probe, model: Path, manifest: DeployManifest
 ) -> None:
-    server = rig.server()
-    server.register(manifest, model)
+    server = serving(rig, manifest, model)
     attacker, victim = Topics(rig.prefix, "dev-a"), Topics(rig.prefix, "dev-b")
     probe.subscribe(f"{rig.prefix}/+/down/xfer/+")
 
@@ -126,8 +131,7 @@ def test_a_request_for_delivery_to_another_device_is_refused(
 def test_bad_requests_unknown_models_and_bad_indices_are_counted(
     rig: Rig, probe: Probe, model: Path, manifest: DeployManifest
 ) -> None:
-    server = rig.server()
-    server.register(manifest, model)
+    server = serving(rig, manifest, model)
     dev = Topics(rig.prefix, "dev-a")
     probe.subscribe(dev.xfer_filter)
 
@@ -179,9 +183,7 @@ def test_a_repo_request_without_chunk_size_is_refused(
 def test_servers_in_one_group_answer_each_request_once(
     rig: Rig, probe: Probe, model: Path, manifest: DeployManifest
 ) -> None:
-    servers = [rig.server(), rig.server()]
-    for server in servers:
-        server.register(manifest, model)
+    servers = [serving(rig, manifest, model) for _ in range(2)]
     devices = [Topics(rig.prefix, f"dev-{n}") for n in range(10)]
     probe.subscribe(f"{rig.prefix}/+/down/xfer/+")
 
@@ -209,19 +211,25 @@ class Gated(ChunkServer):
         return [(index, data)]
 
 
+def held_busy(rig: Rig, probe: Probe, manifest: DeployManifest, model: Path, **kwargs: Any) -> Gated:
+    """A Gated server serving ``model``, every device's replies watched, its sender held busy with
+    dev-busy's chunk 0 (released by ``gate.set()``)."""
+    server = cast(Gated, rig.server(Gated, **kwargs))
+    server.register(manifest, model)
+    probe.subscribe(f"{rig.prefix}/+/down/xfer/+")
+    ask(probe, Topics(rig.prefix, "dev-busy"), manifest.sha256, [0])
+    assert server.held.wait(5.0)
+    return server
+
+
 def test_asking_again_for_chunks_still_waiting_sends_them_once_in_the_first_requests_place(
     rig: Rig, probe: Probe, model: Path, manifest: DeployManifest
 ) -> None:
     """At fleet scale a device waits in line longer than its chunk timeout and asks again: the
     repeats merge into what waits (its place in line and correlation data are the first request's,
     so its round-trip sample spans the whole wait); nothing is sent twice."""
-    server = cast(Gated, rig.server(Gated))
-    server.register(manifest, model)
-    busy, dev, late = (Topics(rig.prefix, name) for name in ("dev-busy", "dev-a", "dev-late"))
-    probe.subscribe(f"{rig.prefix}/+/down/xfer/+")
-
-    ask(probe, busy, manifest.sha256, [0])
-    assert server.held.wait(5.0)  # the sender is busy with dev-busy's chunk
+    server = held_busy(rig, probe, manifest, model)
+    dev, late = Topics(rig.prefix, "dev-a"), Topics(rig.prefix, "dev-late")
     first = ask(probe, dev, manifest.sha256, [1, 2])
     ask(probe, late, manifest.sha256, [1])
     ask(probe, dev, manifest.sha256, [2, 3])  # a timeout: 2 again, and 3 for the first time
@@ -242,8 +250,7 @@ def test_a_request_for_a_chunk_already_sent_is_answered_again(
     rig: Rig, probe: Probe, model: Path, manifest: DeployManifest
 ) -> None:
     """Only what still waits merges: a chunk sent may have been lost; asked for again, it goes again."""
-    server = rig.server()
-    server.register(manifest, model)
+    server = serving(rig, manifest, model)
     dev = Topics(rig.prefix, "dev-a")
     probe.subscribe(dev.xfer_filter)
 
@@ -259,14 +266,8 @@ def test_a_request_for_a_chunk_already_sent_is_answered_again(
 def test_requests_beyond_the_waiting_limit_are_dropped_and_counted(
     rig: Rig, probe: Probe, model: Path, manifest: DeployManifest
 ) -> None:
-    server = cast(Gated, rig.server(Gated, max_waiting=1))
-    server.register(manifest, model)
-    probe.subscribe(f"{rig.prefix}/+/down/xfer/+")
-    names = ("dev-busy", "dev-a", "dev-b")
-    busy, dev, other = (Topics(rig.prefix, name) for name in names)
-
-    ask(probe, busy, manifest.sha256, [0])
-    assert server.held.wait(5.0)
+    server = held_busy(rig, probe, manifest, model, max_waiting=1)
+    dev, other = Topics(rig.prefix, "dev-a"), Topics(rig.prefix, "dev-b")
     ask(probe, dev, manifest.sha256, [1])  # waits: the one entry allowed
     ask(probe, other, manifest.sha256, [1])  # no room: dropped, the device will ask again
     ask(probe, dev, manifest.sha256, [2])  # merges into dev-a's entry: no new room needed
