@@ -208,7 +208,9 @@ class FleetController:
             token=console_token(self.config.http.token_file),
             metrics_app=metrics_asgi_app(registry),
         )
-        server = serve_console(app, self.config.http.host, self.config.http.port or 0)
+        server = serve_console(
+            app, self.config.http.host, self.config.http.port or 0, self.config.http.allowed_hosts
+        )
         log.info("fleet.controller.http", url=server.url, token=self.config.http.token_file is not None)
         return server
 

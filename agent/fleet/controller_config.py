@@ -7,11 +7,13 @@ the documented example; a test loads it.
 
 from __future__ import annotations
 
+import ipaddress
 import os
+import re
 import stat
 from pathlib import Path
 
-from pydantic import Field, ValidationError
+from pydantic import Field, ValidationError, field_validator
 
 from agent.config import base_dir, read_yaml, resolve_paths
 from agent.config.problems import config_error, describe
@@ -21,6 +23,9 @@ from agent.mqtt.settings import MqttSettings
 
 #: The controller's default state directory (the systemd unit's StateDirectory).
 DEFAULT_STATE_DIR = Path("/var/lib/edge-agent-controller")
+#: A DNS name as ``http.allowed_hosts`` takes it: labels of letters, digits and ``-``, dot-separated.
+_LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+_HOST_NAME = re.compile(rf"^(?=.{{1,253}}$){_LABEL}(?:\.{_LABEL})*\.?$")
 
 
 class HttpSettings(StrictModel):
@@ -31,6 +36,30 @@ class HttpSettings(StrictModel):
     token_file: Path | None = Field(
         None, description="File holding the bearer token console actions need (none: read-only)."
     )
+    allowed_hosts: list[str] = Field(
+        default_factory=list,
+        description="Host names the console answers besides localhost, IP addresses and the bind "
+        "address (a TLS proxy's server_name, a Prometheus target's name); any other Host gets 403.",
+    )
+
+    @field_validator("allowed_hosts")
+    @classmethod
+    def _host_names(cls, names: list[str]) -> list[str]:
+        for name in names:
+            if not _is_host(name):
+                raise ValueError(
+                    f"{name!r} is not a host name: give the name alone (fleet.example.com), "
+                    "without scheme, port or path"
+                )
+        return names
+
+
+def _is_host(name: str) -> bool:
+    try:
+        ipaddress.ip_address(name)
+    except ValueError:
+        return bool(_HOST_NAME.match(name))
+    return True
 
 
 class ControllerConfig(StrictModel):

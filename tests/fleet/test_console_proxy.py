@@ -1,7 +1,8 @@
 """docs/console.md's nginx TLS reverse proxy, run for real: the documented server block (with a
-throw-away certificate, free ports and the console's address put in) in front of a real console,
-the page and the API through HTTPS, and the live stream's first frame arriving through the proxy
-without waiting in a buffer."""
+throw-away certificate, free ports and the console's address put in) in front of a real console
+that lists the proxy's name in ``allowed_hosts``, as the doc says: the page and the API through
+HTTPS, the live stream's first frame arriving through the proxy without waiting in a buffer, and a
+request naming another host refused on every location (the proxy passes the Host on)."""
 
 from __future__ import annotations
 
@@ -67,7 +68,8 @@ def console(tmp_path: Path) -> Iterator[ConsoleServer]:
     view = FleetView("fleet/v1")
     feed(view, fleet_messages("fleet/v1", ["jet-01", "jet-02"]))
     store = new_store(tmp_path)
-    server = serve_console(make_console_app(view, store, StoreActions(store), token=None), "127.0.0.1", 0)
+    app = make_console_app(view, store, StoreActions(store), token=None)
+    server = serve_console(app, "127.0.0.1", 0, allowed_hosts=["fleet.example.com"])
     yield server
     server.stop()
     store.close()
@@ -104,10 +106,12 @@ def test_the_documented_tls_proxy_serves_the_console_and_streams_its_events(
         def connect() -> http.client.HTTPSConnection:
             return http.client.HTTPSConnection("127.0.0.1", port, context=context, timeout=10)
 
+        named = {"Host": "fleet.example.com"}  # what a browser opening https://fleet.example.com/ sends
+
         def api_answers() -> bool:
             try:
                 conn = connect()
-                conn.request("GET", "/api/devices")
+                conn.request("GET", "/api/devices", headers=named)
                 return conn.getresponse().status == 200
             except OSError:
                 time.sleep(0.1)
@@ -115,14 +119,21 @@ def test_the_documented_tls_proxy_serves_the_console_and_streams_its_events(
 
         wait_until(api_answers, timeout=15, what="nginx in front of the console")
         conn = connect()
-        conn.request("GET", "/api/devices")
+        conn.request("GET", "/api/devices", headers=named)
         assert b"jet-02" in conn.getresponse().read()
         conn = connect()
-        conn.request("GET", "/")
+        conn.request("GET", "/", headers=named)
         assert b"<html" in conn.getresponse().read().lower()
+        # A page of another site whose name was pointed at this proxy: refused behind every location.
+        for path in ("/", "/api/devices", "/events"):
+            conn = connect()
+            conn.request("GET", path, headers={"Host": "evil.example"})
+            refused = conn.getresponse()
+            assert refused.status == 403, path
+            assert "http.allowed_hosts" in refused.read().decode()
         # The live stream: its first frame arrives through the proxy at once, not when a buffer fills.
         stream = connect()
-        stream.request("GET", "/events", headers={"Accept": "text/event-stream"})
+        stream.request("GET", "/events", headers={**named, "Accept": "text/event-stream"})
         response = stream.getresponse()
         assert response.status == 200
         assert response.getheader("content-type", "").startswith("text/event-stream")

@@ -2,7 +2,8 @@
 
 The socket is bound here, in the caller's thread, so a port in use or a host that is not ours fails
 the controller's start with a clear error instead of a log line in a background thread; port 0
-picks a free port (tests), read back from :attr:`ConsoleServer.port`.
+picks a free port (tests), read back from :attr:`ConsoleServer.port`. Every request passes the
+``Host`` check of :mod:`agent.fleet.console.hosts` first (the pages, the API, /events and /metrics).
 """
 
 from __future__ import annotations
@@ -10,12 +11,14 @@ from __future__ import annotations
 import socket
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import uvicorn
 from starlette.applications import Starlette
 
 from agent.errors import ConfigError
+from agent.fleet.console.hosts import HostCheck, allowed_names
 from agent.secret_file import read_secret
 
 #: Longest a stop waits for open requests (live event streams end within a second of the stop).
@@ -25,12 +28,13 @@ STOP_TIMEOUT_S = 5.0
 class ConsoleServer:
     """A running console; :meth:`stop` ends it (open event streams first)."""
 
-    def __init__(self, app: Starlette, sock: socket.socket) -> None:
+    def __init__(self, app: Starlette, sock: socket.socket, allowed_hosts: Sequence[str] = ()) -> None:
         self.app = app
         self._socket = sock
         self.host, self.port = sock.getsockname()[:2]
+        self.host_check = HostCheck(app, allowed_names(self.host, allowed_hosts))
         config = uvicorn.Config(
-            app,
+            self.host_check,
             log_config=None,  # leave the controller's logging (structlog) as it is
             access_log=False,
             lifespan="off",
@@ -73,11 +77,15 @@ class ConsoleServer:
         self._socket.close()
 
 
-def serve_console(app: Starlette, host: str = "127.0.0.1", port: int = 0) -> ConsoleServer:
+def serve_console(
+    app: Starlette, host: str = "127.0.0.1", port: int = 0, allowed_hosts: Sequence[str] = ()
+) -> ConsoleServer:
     """Serve ``app`` on ``host:port`` in a background thread; the handle's ``stop()`` ends it.
 
     Binds loopback unless told otherwise (docs/console.md: put a TLS reverse proxy in front to
-    reach it from elsewhere). Raises ConfigError when the address cannot be bound.
+    reach it from elsewhere). Answers only requests whose ``Host`` is localhost, an IP address,
+    ``host`` or one of ``allowed_hosts`` (403 otherwise). Raises ConfigError when the address cannot
+    be bound.
     """
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
@@ -91,7 +99,7 @@ def serve_console(app: Starlette, host: str = "127.0.0.1", port: int = 0) -> Con
             f"console: cannot listen on {host}:{port} ({exc.strerror or exc}); "
             "pick another http.port or http.host in controller.yaml"
         ) from exc
-    server = ConsoleServer(app, sock)
+    server = ConsoleServer(app, sock, allowed_hosts)
     server.start()
     return server
 
