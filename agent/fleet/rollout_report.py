@@ -8,6 +8,7 @@ checked by a test against a real rollout.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -57,14 +58,7 @@ def rollout_status(store: RolloutStore, rollout_id: str) -> dict[str, Any]:
         "job_id": row.job_id,
         "created_at": row.created_at,
         "updated_at": row.updated_at,
-        "policy": {
-            "waves": request.get("waves"),
-            "max_failed": request.get("max_failed"),
-            "soak_s": request.get("soak_s"),
-            "wave_timeout_s": request.get("wave_timeout_s"),
-            "on_timeout": request.get("on_timeout"),
-            "rollback_on_abort": request.get("rollback_on_abort"),
-        },
+        "policy": rollout_policy(row.spec),
         "waves": waves,
         "devices": dict(
             sorted(Counter(_where(d.step, d.end.value if d.end else None) for d in devices).items())
@@ -72,6 +66,14 @@ def rollout_status(store: RolloutStore, rollout_id: str) -> dict[str, Any]:
         "sends": {"devices": len(devices), "resent": sum(1 for d in devices if d.sends > 1)},
         "rollback": rollback,
     }
+
+
+def rollout_policy(spec: Mapping[str, Any]) -> dict[str, Any]:
+    """How a stored rollout was asked to go (waves, gate, timeouts), from its ``spec``'s request:
+    what ``status --json`` and the console show, without the device list and the manifest."""
+    request = spec.get("request", {})
+    keys = ("waves", "max_failed", "soak_s", "wave_timeout_s", "on_timeout", "rollback_on_abort")
+    return {key: request.get(key) for key in keys}
 
 
 def _where(step: DeviceStep, end: str | None) -> str:

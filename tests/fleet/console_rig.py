@@ -78,13 +78,14 @@ def telemetry(prefix: str, device: str, fps: float, ts: float | None = None) -> 
 
 
 def failed_job(prefix: str, device: str, job_id: str = "job-5") -> tuple[str, bytes]:
-    """A job that ran its shadow and probation, then rolled back (failure code ``probation_failed``)."""
+    """A job that ran its shadow and probation, then rolled back (failure code ``unhealthy``: a
+    probation figure crossed its bar, as docs/fleet.md "Error codes" lists it)."""
     message = JobStatus(
         job_id=job_id,
         slot="main",
         state=JobState.ROLLED_BACK,
-        error_code="probation_failed",
-        error="p99 latency 3.1x the old model's",
+        error_code="unhealthy",
+        error="new model unhealthy in probation (p99_ms = 130, bar 90); slot main swapped back",
         shadow=ShadowFigures(frames=120, agreement=0.97, latency_ratio=1.4),
         probation=ProbationFigures(elapsed_s=30.0, probation_s=60.0, current={"p99_ms": 130.0}),
     )
@@ -116,7 +117,10 @@ def make_rollout(store: RolloutStore, rollout_id: str, waves: Sequence[Sequence[
             "5",
             waves,
             from_versions={d: "4" for wave in waves for d in wave},
-            spec={"waves": [len(w) for w in waves], "max_failed": "2%", "soak_s": 600},
+            # The request part of the spec a controller stores (agent/fleet/rollout_spec.py).
+            spec={
+                "request": {"waves": ",".join(str(len(w)) for w in waves), "max_failed": "2%", "soak_s": 600}
+            },
         )
     )
 

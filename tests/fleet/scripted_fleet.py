@@ -3,11 +3,11 @@ for the devices of a simulated fleet, not agent code: each device publishes its 
 ``up/status`` and ``up/info`` (with the model its slot runs), reads its retained desired state,
 checks the signature and the device name as an agent does, and answers a job id it has not seen with
 scripted job states (shadow and probation walked at once, with figures; ends chosen per device:
-ACTIVE with healthy or poor shadow figures, FAILED, ROLLED_BACK). A job id it has seen is ignored,
-as the agent's one-terminal-state-per-job-id rule does; the fleet counts the jobs each device
-started, which is what "no device deployed twice" is checked against. A device can be offline: the
-desired states it gets meanwhile wait until it comes back. It answers ``status`` with its last job and
-``rollback`` by putting back its last-known-good model, as the agent does.
+ACTIVE with healthy or poor shadow figures, FAILED, ROLLED_BACK, each with its failure code). A job
+id it has seen is ignored, as the agent's one-terminal-state-per-job-id rule does; the fleet counts
+the jobs each device started, which is what "no device deployed twice" is checked against. A device
+can be offline: the desired states it gets meanwhile wait until it comes back. It answers ``status``
+with its last job and ``rollback`` by putting back its last-known-good model, as the agent does.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from agent.delivery.manifest import DeployManifest, parse_signed
 from agent.localbroker import Broker
 from agent.protocol.messages import (
     CommandReply,
+    FailedFigure,
     InfoMessage,
     JobState,
     JobStatus,
@@ -45,6 +46,7 @@ class ScriptedDevice:
     name: str
     model: dict[str, Any]
     end: JobState = JobState.ACTIVE
+    error_code: str = "scripted"  # the code of an end other than ACTIVE
     agreement: float = 0.98
     online: bool = True
     labels: dict[str, str] = field(default_factory=dict)
@@ -193,13 +195,22 @@ class ScriptedFleet:
                 encode(JobStatus(job_id=manifest.job_id, slot=manifest.slot, state=state)),
             )
         end = device.end
+        if probation is not None and end is JobState.ROLLED_BACK and device.error_code == "unhealthy":
+            # As an agent whose probation tripped reports it: the figure, its value and the bar.
+            probation = ProbationFigures(
+                elapsed_s=manifest.probation_s or 0.0,
+                probation_s=manifest.probation_s or 0.0,
+                baseline={"p99_ms": 40.0},
+                current={"p99_ms": 124.0},
+                failed=FailedFigure(figure="p99_ratio", value=3.1, bar=2.0),
+            )
         status = JobStatus(
             job_id=manifest.job_id,
             slot=manifest.slot,
             state=end,
             shadow=shadow,
             probation=probation,
-            error_code=None if end is JobState.ACTIVE else "scripted",
+            error_code=None if end is JobState.ACTIVE else device.error_code,
             error=None if end is JobState.ACTIVE else "the script says so",
         )
         if end is JobState.ACTIVE:

@@ -122,10 +122,10 @@ def test_the_device_api_has_slots_temperatures_jobs_and_an_hour_of_charts(
     assert len(body["history"]["ts"]) == 2
     assert body["history"]["p99_ms"] == [41.5, 41.5]
     job = body["jobs"][0]
-    assert (job["state"], job["error_code"]) == ("ROLLED_BACK", "probation_failed")
+    assert (job["state"], job["error_code"]) == ("ROLLED_BACK", "unhealthy")
     assert job["shadow"]["agreement"] == 0.97
     assert job["probation"]["current"] == {"p99_ms": 130.0}
-    assert body["row"]["job"] == {"slot": "main", "state": "ROLLED_BACK", "code": "probation_failed"}
+    assert body["row"]["job"] == {"slot": "main", "state": "ROLLED_BACK", "code": "unhealthy"}
     assert missing.status_code == 404
 
 

@@ -212,7 +212,7 @@ def test_the_device_page_shows_slots_charts_jobs_and_verdicts(console: Console, 
     assert "cpu_therm" in page.inner_text("#temperatures")
     jobs = page.inner_text("#jobs")
     assert "ROLLED_BACK" in jobs
-    assert "probation_failed" in jobs
+    assert "unhealthy" in jobs
     verdicts = page.inner_text("#verdicts")
     assert "agreement=0.97" in verdicts
     assert "elapsed_s=30" in verdicts

@@ -10,6 +10,7 @@ import collections
 import sqlite3
 from typing import Any
 
+from agent.fleet.rollout_report import rollout_policy
 from agent.fleet.rollout_store import RolloutStore, RolloutStoreError
 
 #: Rollouts the rollouts page lists: the open ones and then the latest finished ones, up to this many.
@@ -37,8 +38,8 @@ def rollout_ids(store: RolloutStore, limit: int = ROLLOUTS_SHOWN) -> list[str]:
 def rollout_summary(store: RolloutStore, rollout_id: str) -> dict[str, Any]:
     """One rollout: state, slot, version, each wave's devices by step and end, gate figures, reason.
 
-    The shape follows ``edge-agent fleet rollout status --json`` (``waves[].index/state/devices/
-    ends/reason``) with the steps and the gate's figures added.
+    The shape follows ``edge-agent fleet rollout status --json`` (``policy``, ``waves[].index/state/
+    devices/ends/reason``) with the steps and the gate's figures added.
     """
     rollout = store.rollout(rollout_id)
     devices = store.devices(rollout_id)
@@ -69,7 +70,9 @@ def rollout_summary(store: RolloutStore, rollout_id: str) -> dict[str, Any]:
         "reason": rollout.reason,
         "created_at": rollout.created_at,
         "updated_at": rollout.updated_at,
-        "spec": rollout.spec,
+        # The policy, not the stored spec: that holds the manifest (a hash per chunk) and every
+        # device id, which the page never shows and the live feed would resend on every change.
+        "policy": rollout_policy(rollout.spec),
         "waves": waves,
         "devices": {
             "total": len(devices),
