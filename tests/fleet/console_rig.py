@@ -8,9 +8,12 @@ messages to a :class:`FleetView` directly or publish them through a real mosquit
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
+from agent.fleet.gate import GateFigures
 from agent.fleet.rollout_store import RolloutPlan, RolloutState, RolloutStore, RolloutStoreError
 from agent.fleet.view import FleetView
 from agent.mqtt.inbound import InboundMessage
@@ -123,6 +126,19 @@ def make_rollout(store: RolloutStore, rollout_id: str, waves: Sequence[Sequence[
             },
         )
     )
+
+
+def gate_figures(ends: Mapping[str, int], *, failed: int = 0, limit: int = 0) -> dict[str, Any]:
+    """A wave's figures as the controller stores them when the gate judged it (GateFigures)."""
+    figures = GateFigures(
+        touched=sum(ends.values()),
+        ends=dict(ends),
+        failed=failed,
+        rolled_back=ends.get("ROLLED_BACK", 0),
+        unhealthy=0,
+        limit=limit,
+    )
+    return asdict(figures)
 
 
 class StoreActions:

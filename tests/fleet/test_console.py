@@ -27,6 +27,7 @@ from tests.fleet.console_rig import (
     failed_job,
     feed,
     fleet_messages,
+    gate_figures,
     info,
     make_rollout,
     new_store,
@@ -139,9 +140,8 @@ def test_rollouts_show_waves_with_counts_per_step_and_end_and_gate_figures(
         store.mark_sent("r-1", device)
     store.record_job("r-1", DEVICES[0], DeviceEnd.ACTIVE)
     store.record_job("r-1", DEVICES[1], DeviceEnd.FAILED, {"error_code": "build_failed"})
-    store.set_wave(
-        "r-1", 0, WaveState.TRIPPED, figures={"failed": 1, "max_failed": 0}, reason="1 of 2 failed"
-    )
+    figures = gate_figures({"ACTIVE": 1, "FAILED": 1}, failed=1)
+    store.set_wave("r-1", 0, WaveState.TRIPPED, figures=figures, reason="1 of 2 failed")
     client = _client(view, store)
 
     listed = client.get("/api/rollouts").json()["rollouts"]
@@ -155,8 +155,16 @@ def test_rollouts_show_waves_with_counts_per_step_and_end_and_gate_figures(
         "devices": 2,
         "steps": {"ENDED": 2},
         "ends": {"ACTIVE": 1, "FAILED": 1},
-        "figures": {"failed": 1, "max_failed": 0},
+        "figures": figures,
         "reason": "1 of 2 failed",
+    }
+    assert one["policy"] == {
+        "waves": "2,4",
+        "max_failed": "2%",
+        "soak_s": 600,
+        "wave_timeout_s": None,
+        "on_timeout": None,
+        "rollback_on_abort": None,
     }
     assert (second["state"], second["steps"]) == ("WAITING", {"PLANNED": 4})
     assert one["devices"]["total"] == 6

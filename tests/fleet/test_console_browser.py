@@ -34,6 +34,7 @@ from tests.fleet.console_rig import (
     StoreActions,
     failed_job,
     fleet_messages,
+    gate_figures,
     info,
     make_rollout,
     new_store,
@@ -239,7 +240,7 @@ def test_rollout_wave_counts_move_and_pause_needs_the_token(console: Console, pa
         store.mark_sent("r-2026-05", device)
     store.record_job("r-2026-05", DEVICES[0], DeviceEnd.ACTIVE)
     store.record_job("r-2026-05", DEVICES[1], DeviceEnd.ACTIVE)
-    store.set_wave("r-2026-05", 0, WaveState.DONE, figures={"failed": 0, "max_failed": 0, "ended": 2})
+    store.set_wave("r-2026-05", 0, WaveState.DONE, figures=gate_figures({"ACTIVE": 2}))
     store.set_wave("r-2026-05", 1, WaveState.RUNNING)
     store.mark_sending("r-2026-05", DEVICES[2])
     rollout = 'section[data-rollout="r-2026-05"]'
