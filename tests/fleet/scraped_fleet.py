@@ -95,7 +95,7 @@ class SimulatedDevice:
                     ),
                     state="active",
                     last_failure=JobEnd(
-                        job_id="j0", state=JobState.ROLLED_BACK, error_code="probation_failed", ts=1e9
+                        job_id="j0", state=JobState.ROLLED_BACK, error_code="unhealthy", ts=1e9
                     ),
                 )
             },

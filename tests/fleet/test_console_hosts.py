@@ -229,3 +229,22 @@ def test_the_documented_refusal_is_what_the_console_answers(store: RolloutStore)
 
     assert code == 403
     assert json.loads(body) == json.loads(example)
+
+
+def test_the_documented_prometheus_target_is_scraped_once_its_name_is_allowed(store: RolloutStore) -> None:
+    """docs/operations.md scrapes the controller by name: refused until http.allowed_hosts lists it."""
+    ops = (REPO / "docs" / "operations.md").read_text()
+    (target,) = re.findall(r'job_name: edge-fleet\n.*?targets: \["([^"]+)"\]', ops, re.S)
+    name = target.rsplit(":", 1)[0]
+    assert f"`http.allowed_hosts: [{name}]`" in ops
+    without, allowed = _serve(store), _serve(store, allowed=(name,))
+    try:
+        refused = _ask(without, "GET", "/metrics", target)[0]
+        scraped, body = _ask(allowed, "GET", "/metrics", target)
+    finally:
+        without.stop()
+        allowed.stop()
+
+    assert refused == 403
+    assert scraped == 200
+    assert b"edge_device_online" in body
