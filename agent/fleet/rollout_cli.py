@@ -189,7 +189,10 @@ def _start(args: argparse.Namespace) -> int:
         **fields,
     )
     request.plan("check", "check", 0, {}, {})  # the waves split over this selection, or the error now
-    body = request.model_dump(mode="json", exclude_none=True)
+    # Unset top-level fields are left out (the controller's defaults are the same), but a null
+    # *inside* shadow or probation is the operator's word ("min_agreement": null for a model whose
+    # classes changed): dropping it would make the device apply its default bar instead.
+    body = {k: v for k, v in request.model_dump(mode="json").items() if v is not None}
     with ControllerClient(settings_from_args(args), timeout=args.timeout) as client:
         try:
             status = client.request("start", body)
