@@ -17,9 +17,21 @@ from agent.cli import main
 from agent.fleet.keys import KeyPairFiles
 from agent.localbroker import Broker
 from agent.protocol.topics import CONTROLLER_VERBS, ControllerTopics, Topics
-from tests.fleet.operator_side import tiny_model
-from tests.fleet.test_controller import SLOT, Running, _fleet, controller, keys, prefix
+from tests.fleet.operator_side import operator_settings, tiny_model
+from tests.fleet.test_controller import (
+    SLOT,
+    Running,
+    _fleet,
+    _request,
+    _start,
+    _status,
+    _wait_state,
+    controller,
+    keys,
+    prefix,
+)
 from tests.mqtt_probe import Probe
+from tests.waiting import wait_until
 
 __all__ = ["controller", "keys", "prefix"]  # fixtures this module's tests use
 
@@ -81,3 +93,47 @@ def test_rollout_start_keeps_the_nulls_of_shadow_and_probation_in_the_manifest_t
     assert manifest["shadow"]["frames"] == 6
     assert manifest["probation"]["max_class_shift"] is None
     assert manifest["probation_s"] == 5
+
+
+def test_on_timeout_wait_keeps_waiting_for_a_device_that_starts_after_the_timeout(
+    tmp_path: Path, broker: Broker, prefix: str, keys: KeyPairFiles, controller: Running
+) -> None:
+    """Issue 19.2: 3 devices, one offline until the wave has timed out; shadow and probation on. Its
+    job starts after the timeout (QUEUED, then ACTIVE a second later): the wave waits for it and the
+    rollout ends DONE, each device with one job and one end, none skipped, none TIMED_OUT."""
+    settings = operator_settings(broker, prefix)
+    names = ["w0", "w1", "w2"]
+    model = tiny_model(tmp_path / "m.onnx")
+    store = controller.controller.store
+    assert store is not None
+    with _fleet(broker, prefix, keys, names) as fleet:
+        fleet.set_online("w2", False)
+        fleet.devices["w2"].delay_s = 1.0  # in its job for a while after its QUEUED: steps judge it
+        body = _request(
+            model,
+            names,
+            rollout_id="late",
+            wave_timeout_s=2.0,
+            on_timeout="wait",
+            max_failed="0",
+            shadow={"frames": 30, "min_agreement": 0.9},
+            probation_s=5.0,
+        )
+        _start(settings, model, body)
+
+        def timed_out() -> bool:
+            return any(what == "timeout" for what, _ in store.events("late"))
+
+        wait_until(timed_out, timeout=60, what="the wave timed out")
+        logged = next(detail for what, detail in store.events("late") if what == "timeout")
+        assert logged == {"wave": 0, "not_started": ["w2"]}
+        assert _status(settings, "late")["state"] == "RUNNING"
+        fleet.set_online("w2", True)  # started after the timeout
+        ended = _wait_state(settings, "late", "DONE", "ABORTED")
+        jobs = fleet.jobs()
+        device_ends = [d for what, d in store.events("late") if what == "device" and "end" in d]
+    assert ended["state"] == "DONE", ended["reason"]
+    assert ended["devices"] == {"ACTIVE": 3}
+    assert all(len(j) == 1 for j in jobs.values()), jobs
+    assert sorted(d["device"] for d in device_ends) == names  # one end each
+    assert {d["end"] for d in device_ends} == {"ACTIVE"}
