@@ -39,6 +39,7 @@ from agent.fleet.controller_config import ControllerConfig
 from agent.fleet.deploy import check_device_ids, plan_manifest
 from agent.fleet.deploy_plan import new_job_id, next_sequence
 from agent.fleet.keys import load_signing_key
+from agent.fleet.model_check import check_model_file
 from agent.fleet.rollout_report import rollout_status
 from agent.fleet.rollout_runner import RolloutRunner
 from agent.fleet.rollout_spec import RolloutRequest, model_ref, plan_for, request_of
@@ -298,6 +299,14 @@ class FleetController:
             raise ControllerError(
                 f"model {request.model_sha256} is not in the controller's repository; upload it first"
             )
+        # The repository takes any uploaded bytes: a file no device can load is refused here, before
+        # its canaries pull it (ModelFileError, code bad_model).
+        check_model_file(
+            model,
+            name=f"model {shown(request.model_name, 64)} ({request.model_sha256[:12]})",
+            preprocess=request.preprocess,
+            postprocess=request.postprocess,
+        )
         model_id = request.model_id or Path(request.model_name).stem
         rollout_id = request.rollout_id or new_job_id(model_id, request.version)
         job_id = new_job_id(model_id, request.version)

@@ -156,6 +156,7 @@ def run_rollout(args: argparse.Namespace) -> int:
 
 def _start(args: argparse.Namespace) -> int:
     from agent.fleet.controller_client import ControllerClient, RequestRefusedError
+    from agent.fleet.model_check import check_model_file
     from agent.fleet.rollout_spec import RolloutRequest
     from agent.fsutil import sha256_file
 
@@ -168,6 +169,7 @@ def _start(args: argparse.Namespace) -> int:
     if not wave_timeout > 0:
         raise UsageError("--wave-timeout must be above 0")
     fields = manifest_fields(args)
+    check_model_file(args.model, preprocess=fields["preprocess"], postprocess=fields["postprocess"])
     # With --json, stdout carries the answer alone: the selection lines go to stderr.
     with contextlib.redirect_stdout(sys.stderr) if args.json else contextlib.nullcontext():
         targets = chosen_targets(args, args.device)

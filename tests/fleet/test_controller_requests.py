@@ -14,10 +14,12 @@ from pathlib import Path
 import pytest
 
 from agent.cli import main
+from agent.fleet.controller_client import ControllerClient, RequestRefusedError
 from agent.fleet.keys import KeyPairFiles
+from agent.fsutil import sha256_file
 from agent.localbroker import Broker
 from agent.protocol.topics import CONTROLLER_VERBS, ControllerTopics, Topics
-from tests.fleet.operator_side import operator_settings, tiny_model
+from tests.fleet.operator_side import announce, operator_settings, tiny_model
 from tests.fleet.test_controller import (
     SLOT,
     Running,
@@ -137,3 +139,30 @@ def test_on_timeout_wait_keeps_waiting_for_a_device_that_starts_after_the_timeou
     assert all(len(j) == 1 for j in jobs.values()), jobs
     assert sorted(d["device"] for d in device_ends) == names  # one end each
     assert {d["end"] for d in device_ends} == {"ACTIVE"}
+
+
+def test_the_controller_refuses_to_start_a_rollout_of_an_uploaded_file_no_device_can_load(
+    tmp_path: Path, broker: Broker, prefix: str, keys: KeyPairFiles, controller: Running
+) -> None:
+    """The repository takes any bytes uploaded (an older CLI, a raw request): ``start`` checks the
+    file before anything is stored or published (issue 20.15), answering ``bad_model``."""
+    settings = operator_settings(broker, prefix)
+    junk = tmp_path / "notes.onnx"
+    junk.write_text("# not a model\n")
+    store = controller.controller.store
+    assert store is not None
+    with Probe(broker.host, broker.port) as probe:
+        announce(probe, prefix, "j0")
+        probe.subscribe(f"{prefix}/+/down/#")
+        with ControllerClient(settings, timeout=20) as client:
+            client.upload(junk, sha256_file(junk))
+            with pytest.raises(RequestRefusedError) as info:
+                client.request("start", _request(junk, ["j0"], rollout_id="junk"))
+        marker = f"{prefix}/j0/down/marker"
+        probe.publish(marker, b"end")
+        seen = probe.wait_for(lambda ms: any(m.topic == marker for m in ms))
+    assert info.value.code == "bad_model"
+    assert info.value.reason.startswith(f"model notes.onnx ({sha256_file(junk)[:12]}): model file is not")
+    assert info.value.reason.endswith("; nothing signed or published")
+    assert store.rollouts() == []
+    assert [m.topic for m in seen] == [marker]
