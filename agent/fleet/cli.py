@@ -16,7 +16,7 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from agent.errors import AgentError, UsageError
+from agent.errors import UsageError
 from agent.fleet.cli_args import add_target_arguments, chosen_targets, json_arg
 from agent.fleet.connection import add_broker_arguments, settings_from_args
 from agent.fleet.deploy import DEFAULT_STATUS_POLL_S
@@ -144,7 +144,9 @@ def run_fleet(args: argparse.Namespace) -> int:
     """
     command = args.fleet_command
     quiet = "error" if command != "controller" else "info"  # a daemon logs what it does
-    configure_logging("console", "info" if getattr(args, "verbose", False) else quiet)
+    # A command's stdout carries its output (JSON with --json, `fleet cmd`): its logs go to stderr.
+    stream = None if command == "controller" else sys.stderr
+    configure_logging("console", "info" if getattr(args, "verbose", False) else quiet, stream)
     if command == "keygen":
         return _keygen(args)
     if command == "deploy":
@@ -244,28 +246,17 @@ def _cmd(args: argparse.Namespace) -> int:
         # writes NaN and the infinities as null (tests/fleet/test_hostile_devices.py checks both).
         print(json.dumps(reply.model_dump(mode="json", exclude_none=True), indent=2))
         return 0 if reply.ok else 1
-    targets = chosen_targets(args, ([args.device] if args.device else []) + args.device_list)
+    # stdout is the replies' JSON alone (`fleet cmd ... > out.json`): the selection goes to stderr.
+    targets = chosen_targets(args, ([args.device] if args.device else []) + args.device_list, out=sys.stderr)
     if targets is None:
         return 0
     return _cmd_each(args, targets.devices, command_args)
 
 
 def _cmd_each(args: argparse.Namespace, devices: tuple[str, ...], command_args: dict[str, Any]) -> int:
-    """Send the command to each device in turn; one JSON object of replies by device id."""
-    from agent.fleet.command import send_command
+    """Send the command to every device at once; one JSON object of answers by device id."""
+    from agent.fleet.command import ask_devices
 
-    replies: dict[str, Any] = {}
-    ok = True
-    for device in devices:
-        try:
-            reply = send_command(
-                settings_from_args(args), device, args.name, command_args, timeout=args.timeout
-            )
-        except AgentError as exc:  # no reply from one device must not hide the others' replies
-            replies[device] = {"ok": False, "error": str(exc)}
-            ok = False
-            continue
-        replies[device] = reply.model_dump(mode="json", exclude_none=True)
-        ok = ok and reply.ok
-    print(json.dumps(replies, indent=2))
-    return 0 if ok else 1
+    answers = ask_devices(settings_from_args(args), devices, args.name, command_args, timeout=args.timeout)
+    print(json.dumps(answers, indent=2))
+    return 0 if all(answer.get("ok") is True for answer in answers.values()) else 1

@@ -8,7 +8,6 @@ upload the model when the controller lacks it, and print what the controller ans
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import sys
 import threading
@@ -171,8 +170,7 @@ def _start(args: argparse.Namespace) -> int:
     fields = manifest_fields(args)
     check_model_file(args.model, preprocess=fields["preprocess"], postprocess=fields["postprocess"])
     # With --json, stdout carries the answer alone: the selection lines go to stderr.
-    with contextlib.redirect_stdout(sys.stderr) if args.json else contextlib.nullcontext():
-        targets = chosen_targets(args, args.device)
+    targets = chosen_targets(args, args.device, out=sys.stderr if args.json else None)
     if targets is None:
         return 0
     sha = sha256_file(args.model)
@@ -207,7 +205,7 @@ def _start(args: argparse.Namespace) -> int:
             )
             client.upload(args.model, sha)
             status = client.request("start", body)
-        _print_status(status, as_json=args.json)
+        _print_status(status, as_json=args.json, lines=args.wait)
         if args.wait:
             return _status(client, status["rollout_id"], as_json=args.json, watch=True)
         return 0
@@ -223,7 +221,7 @@ def _status(client: Any, rollout_id: str | None, *, as_json: bool, watch: bool) 
     while True:
         text = json.dumps(status, sort_keys=True)
         if text != shown:
-            _print_status(status, as_json=as_json)
+            _print_status(status, as_json=as_json, lines=True)
             shown = text
         if status["state"] in _FINAL:
             return _exit_code(status)
@@ -231,11 +229,13 @@ def _status(client: Any, rollout_id: str | None, *, as_json: bool, watch: bool) 
         status = client.request("status", payload)
 
 
-def _print_status(status: dict[str, Any], *, as_json: bool) -> None:
+def _print_status(status: dict[str, Any], *, as_json: bool, lines: bool = False) -> None:
+    """The status as text, or as JSON: indented, or (``lines``: ``--watch``, ``--wait``, which print
+    it again at each change) one object per line, so the stream parses as JSON Lines."""
     from agent.fleet.rollout_report import status_lines
 
     if as_json:
-        print(json.dumps(status, indent=2, sort_keys=True))
+        print(json.dumps(status, sort_keys=True) if lines else json.dumps(status, indent=2, sort_keys=True))
     else:
         for line in status_lines(status):
             print(line)

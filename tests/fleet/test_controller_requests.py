@@ -166,3 +166,38 @@ def test_the_controller_refuses_to_start_a_rollout_of_an_uploaded_file_no_device
     assert info.value.reason.endswith("; nothing signed or published")
     assert store.rollouts() == []
     assert [m.topic for m in seen] == [marker]
+
+
+def test_every_rollout_command_with_json_prints_only_json_on_stdout(
+    tmp_path: Path,
+    broker: Broker,
+    prefix: str,
+    keys: KeyPairFiles,
+    controller: Running,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Issue 20.12: with ``--json`` stdout parses as JSON (``--wait``/``--watch``: one object a line),
+    whatever the command says besides (selection, upload, ``-v`` logs) goes to stderr."""
+    model = tiny_model(tmp_path / "m.onnx")
+    broker_args = ["--broker", f"{broker.host}:{broker.port}", "--prefix", prefix]
+    start = ["fleet", "rollout", "start", str(model), "--slot", SLOT, "--version", "2", "--no-shadow"]
+
+    def stdout_of(*argv: str) -> str:
+        assert main([*argv, *broker_args]) == 0, capsys.readouterr().err
+        shown = capsys.readouterr()
+        return shown.out
+
+    with _fleet(broker, prefix, keys, ["j0", "j1"]) as fleet:
+        lines = stdout_of(*start, "--device", "j0", "--id", "one", "--json", "--wait", "-v").splitlines()
+        assert [json.loads(line)["state"] for line in lines][-1] == "DONE"
+        watched = stdout_of("fleet", "rollout", "status", "one", "--json", "--watch").splitlines()
+        assert [json.loads(line)["state"] for line in watched] == ["DONE"]
+        assert json.loads(stdout_of("fleet", "rollout", "status", "one", "--json"))["rollout_id"] == "one"
+        assert [
+            r["rollout_id"] for r in json.loads(stdout_of("fleet", "rollout", "list", "--json", "-v"))
+        ] == ["one"]
+        fleet.set_online("j1", False)  # its wave waits: pause, resume and abort act on a running rollout
+        waiting = [*start, "--device", "j1", "--id", "two", "--on-timeout", "wait", "--json"]
+        assert json.loads(stdout_of(*waiting))["rollout_id"] == "two"
+        for verb, state in (("pause", "PAUSED"), ("resume", "RUNNING"), ("abort", "ABORTED")):
+            assert json.loads(stdout_of("fleet", "rollout", verb, "two", "--json"))["state"] == state
