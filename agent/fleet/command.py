@@ -15,6 +15,7 @@ from __future__ import annotations
 import threading
 import uuid
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from agent.errors import TransportError
@@ -197,28 +198,41 @@ class FanOut:
                 lambda: all(d in self.replies or d in self.offline for d in self.devices), timeout
             )
 
-    def answers(self, name: str, timeout: float) -> dict[str, dict[str, Any]]:
-        """Each device's answer as JSON: its reply, else ``offline``, else ``no_reply``."""
-        out: dict[str, dict[str, Any]] = {}
+    def answers(self, name: str, timeout: float) -> dict[str, CommandReply | Unanswered]:
+        """Each device's answer: its reply, else :class:`Unanswered` (``offline``, ``no_reply``)."""
+        out: dict[str, CommandReply | Unanswered] = {}
         with self._cond:
             for device in self.devices:
                 reply = self.replies.get(device)
                 if reply is not None:
-                    out[device] = reply.model_dump(mode="json", exclude_none=True)
+                    out[device] = reply
                 elif device in self.offline:
-                    out[device] = {
-                        "ok": False,
-                        "error_code": OFFLINE,
-                        "error": "offline (its retained up/status); not waited for: the command reaches "
-                        "it only if its broker session outlives the disconnect",
-                    }
+                    out[device] = Unanswered(
+                        OFFLINE,
+                        f"device {device!r} is offline (its retained up/status); not waited for: the "
+                        "command reaches it only if its broker session outlives the disconnect",
+                    )
                 else:
-                    out[device] = {
-                        "ok": False,
-                        "error_code": NoReplyError.code,
-                        "error": f"no reply to command {name!r} from device {device!r} within {timeout:.0f}s",
-                    }
+                    out[device] = Unanswered(
+                        NoReplyError.code,
+                        f"no reply to command {name!r} from device {device!r} within {timeout:.0f}s",
+                    )
         return out
+
+
+@dataclass(frozen=True)
+class Unanswered:
+    """A device that sent no reply: offline by its retained status, or silent until the timeout."""
+
+    code: str
+    error: str
+
+
+def answer_json(answer: CommandReply | Unanswered) -> dict[str, Any]:
+    """One device's answer as ``fleet cmd`` prints it among the others."""
+    if isinstance(answer, Unanswered):
+        return {"ok": False, "error_code": answer.code, "error": answer.error}
+    return answer.model_dump(mode="json", exclude_none=True)
 
 
 #: ``error_code`` of a device answered by its retained ``up/status`` saying offline.
@@ -232,7 +246,7 @@ def ask_devices(
     args: dict[str, Any] | None = None,
     *,
     timeout: float = 10.0,
-) -> dict[str, dict[str, Any]]:
+) -> dict[str, CommandReply | Unanswered]:
     """Send command ``name`` to every one of ``devices`` at once; each one's answer, by device id.
 
     The status and reply subscriptions come first (a retained offline status arrives right after

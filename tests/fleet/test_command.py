@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from agent.fleet.command import NoReplyError, ask_devices, send_command
+from agent.fleet.command import NoReplyError, answer_json, ask_devices, send_command
 from agent.localbroker import Broker
 from agent.protocol.messages import CommandReply, StatusMessage, encode
 from agent.protocol.topics import Topics
@@ -76,7 +76,10 @@ def test_many_devices_are_asked_at_once_every_request_before_any_reply(broker: B
     announce(probe, prefix, *devices)
     probe.subscribe(f"{prefix}/+/down/cmd/status")
     thread = _answer_once_all_asked(probe, prefix, devices, "status")
-    answers = ask_devices(operator_settings(broker, prefix), devices, "status", timeout=60)
+    answers = {
+        d: answer_json(a)
+        for d, a in ask_devices(operator_settings(broker, prefix), devices, "status", timeout=60).items()
+    }
     thread.join(5)
     assert list(answers) == devices
     assert {d: (a["ok"], a["result"]) for d, a in answers.items()} == {
@@ -96,7 +99,9 @@ def test_a_device_whose_retained_status_says_offline_is_answered_offline_not_wai
     probe.publish(Topics(prefix, "jet-off").status, encode(offline), retain=True)
     probe.subscribe(f"{prefix}/+/down/cmd/status")
     thread = _answer_once_all_asked(probe, prefix, online, "status")
-    answers = ask_devices(operator_settings(broker, prefix), ["jet-off", *online], "status", timeout=600)
+    settings = operator_settings(broker, prefix)
+    asked = ask_devices(settings, ["jet-off", *online], "status", timeout=600)
+    answers = {d: answer_json(a) for d, a in asked.items()}
     thread.join(5)
     assert list(answers) == ["jet-off", *online]
     assert answers["jet-off"]["ok"] is False
@@ -107,11 +112,30 @@ def test_a_device_whose_retained_status_says_offline_is_answered_offline_not_wai
 
 
 def test_a_device_that_does_not_answer_is_no_reply_and_costs_the_others_nothing(broker: Broker) -> None:
-    answers = ask_devices(operator_settings(broker, unique_prefix()), ["nobody"], "status", timeout=0.5)
-    assert answers == {
+    asked = ask_devices(operator_settings(broker, unique_prefix()), ["nobody"], "status", timeout=0.5)
+    assert {d: answer_json(a) for d, a in asked.items()} == {
         "nobody": {
             "ok": False,
             "error_code": "no_reply",
             "error": "no reply to command 'status' from device 'nobody' within 0s",
         }
     }
+
+
+def test_fleet_cmd_to_one_offline_device_says_so_at_once(
+    broker: Broker, probe: Probe, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``fleet cmd jet-off status`` with a 600 s timeout: the retained status answers, not the timeout."""
+    from agent.cli import main
+
+    prefix = unique_prefix()
+    offline = StatusMessage(state="offline", session=1, agent_version="test")
+    probe.publish(Topics(prefix, "jet-off").status, encode(offline), retain=True)
+    argv = ["fleet", "cmd", "jet-off", "status", "--timeout", "600"]
+    assert main([*argv, "--broker", f"{broker.host}:{broker.port}", "--prefix", prefix]) == 1
+    shown = capsys.readouterr()
+    assert shown.out == ""
+    assert shown.err.splitlines() == [
+        "error: device 'jet-off' is offline (its retained up/status); not waited for: the command "
+        "reaches it only if its broker session outlives the disconnect"
+    ]
