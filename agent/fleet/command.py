@@ -137,12 +137,18 @@ def send_command(
     return reply
 
 
-class FanOut:
-    """One command's requests to many devices and what answers each (thread-safe): its reply, or
-    its retained ``up/status`` saying offline (then it is not waited for; a reply still counts)."""
+#: ``error_code`` of a device answered by its retained ``up/status`` saying offline.
+OFFLINE = "offline"
 
-    def __init__(self, prefix: str, devices: Sequence[str]) -> None:
+
+class FanOut:
+    """Command ``name``'s requests to many devices and what answers each (thread-safe): its reply
+    (on its own reply topic), or its retained ``up/status`` saying offline (then it is not waited
+    for; a reply still counts)."""
+
+    def __init__(self, prefix: str, devices: Sequence[str], name: str) -> None:
         self.devices = tuple(dict.fromkeys(devices))
+        self.name = name
         self.topics = {device: Topics(prefix, device) for device in self.devices}
         self._status_of = {topics.status: device for device, topics in self.topics.items()}
         self._cond = threading.Condition()
@@ -167,8 +173,8 @@ class FanOut:
             return
         with self._cond:
             device = self._by_correlation.get(message.correlation_data or b"")
-        if device is None:
-            self.unmatched += 1
+        if device is None or message.topic != self.topics[device].cmd_reply(self.name):
+            self.unmatched += 1  # another operator's reply, or a device answering for another
             return
         try:
             reply = decode(CommandReply, message.payload)
@@ -198,7 +204,7 @@ class FanOut:
                 lambda: all(d in self.replies or d in self.offline for d in self.devices), timeout
             )
 
-    def answers(self, name: str, timeout: float) -> dict[str, CommandReply | Unanswered]:
+    def answers(self, timeout: float) -> dict[str, CommandReply | Unanswered]:
         """Each device's answer: its reply, else :class:`Unanswered` (``offline``, ``no_reply``)."""
         out: dict[str, CommandReply | Unanswered] = {}
         with self._cond:
@@ -215,7 +221,7 @@ class FanOut:
                 else:
                     out[device] = Unanswered(
                         NoReplyError.code,
-                        f"no reply to command {name!r} from device {device!r} within {timeout:.0f}s",
+                        f"no reply to command {self.name!r} from device {device!r} within {timeout:.0f}s",
                     )
         return out
 
@@ -235,10 +241,6 @@ def answer_json(answer: CommandReply | Unanswered) -> dict[str, Any]:
     return answer.model_dump(mode="json", exclude_none=True)
 
 
-#: ``error_code`` of a device answered by its retained ``up/status`` saying offline.
-OFFLINE = "offline"
-
-
 def ask_devices(
     settings: MqttSettings,
     devices: Sequence[str],
@@ -253,7 +255,7 @@ def ask_devices(
     its SUBACK), then every request is published, then the replies are awaited together for at most
     ``timeout`` seconds: a device that does not answer costs the others nothing.
     """
-    fan = FanOut(settings.prefix, devices)
+    fan = FanOut(settings.prefix, devices, name)
     client = ServiceClient(settings, handler=fan.offer)
     client.start(timeout=min(timeout, 10.0))
     try:
@@ -264,4 +266,4 @@ def ask_devices(
         fan.wait(timeout)
     finally:
         client.stop()
-    return fan.answers(name, timeout)
+    return fan.answers(timeout)

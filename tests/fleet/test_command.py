@@ -139,3 +139,26 @@ def test_fleet_cmd_to_one_offline_device_says_so_at_once(
         "error: device 'jet-off' is offline (its retained up/status); not waited for: the command "
         "reaches it only if its broker session outlives the disconnect"
     ]
+
+
+def test_a_reply_on_another_devices_topic_does_not_answer_for_it(broker: Broker, probe: Probe) -> None:
+    """jet-2 (or whoever holds its credentials) saw jet-1's correlation data somehow and answers on
+    its own reply topic: that is no reply from jet-1."""
+    prefix = unique_prefix()
+    announce(probe, prefix, "jet-1", "jet-2")
+    probe.subscribe(Topics(prefix, "jet-1").cmd("status"))
+
+    def impostor() -> None:
+        request = probe.wait_for_count(Topics(prefix, "jet-1").cmd("status"), 1, timeout=10)[0]
+        forged = CommandReply(command="status", ok=True, result={"device": "jet-1"})
+        probe.publish(
+            Topics(prefix, "jet-2").cmd_reply("status"),
+            encode(forged),
+            correlation_data=request.correlation_data,
+        )
+
+    thread = threading.Thread(target=impostor, daemon=True)
+    thread.start()
+    [answer] = ask_devices(operator_settings(broker, prefix), ["jet-1"], "status", timeout=2).values()
+    thread.join(5)
+    assert answer_json(answer)["error_code"] == "no_reply"
