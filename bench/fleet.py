@@ -250,10 +250,8 @@ def _rollout_cli(broker: Broker, *args: str, timeout: float = 120.0) -> dict[str
     )
     if out.returncode != 0:
         raise RuntimeError(f"fleet rollout {args[0]} failed ({out.returncode}): {out.stderr[-2000:]}")
-    # `start` prints what it did first (the selection, an upload) and the JSON answer last.
-    text = out.stdout
-    begin = 0 if text.startswith("{") else text.index("\n{") + 1
-    result: dict[str, Any] = json.JSONDecoder().raw_decode(text, begin)[0]
+    # With --json stdout is the answer alone (the selection and the upload line go to stderr).
+    result: dict[str, Any] = json.loads(out.stdout)
     return result
 
 

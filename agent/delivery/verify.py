@@ -54,6 +54,33 @@ def _uses_external_data(model: onnx.ModelProto) -> bool:
     return any(init.data_location == onnx.TensorProto.EXTERNAL for init in model.graph.initializer)
 
 
+def load_checked(path: Path, *, job_id: str | None = None) -> onnx.ModelProto:
+    """The ONNX model at ``path``; BadOnnxError or OnnxCheckerError when a device would refuse it.
+
+    The operator side runs the same check before signing (:mod:`agent.fleet.model_check`).
+    """
+    try:
+        # External data stays unloaded: a model must not make the agent read files beside it.
+        model = onnx.load(str(path), load_external_data=False)
+    except Exception as exc:  # protobuf raises DecodeError, RuntimeWarning-ish or ValueError by version
+        raise BadOnnxError(
+            f"model file is not a readable ONNX model (truncated or corrupt): {exc}", job_id=job_id
+        ) from exc
+    if not model.graph.node and not model.graph.output:
+        raise BadOnnxError("model file parsed to an empty ONNX model (truncated or not ONNX)", job_id=job_id)
+    if _uses_external_data(model):
+        raise BadOnnxError(
+            "model uses external data files, which delivery does not support: embed the weights",
+            job_id=job_id,
+        )
+    try:
+        onnx.checker.check_model(model)
+    except (onnx.checker.ValidationError, ValueError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
+        raise OnnxCheckerError(f"onnx.checker refuses the model: {first}", job_id=job_id) from exc
+    return model
+
+
 def verify_model(
     path: Path,
     manifest: DeployManifest,
@@ -75,24 +102,7 @@ def verify_model(
             "or deploy a smaller model",
             job_id=job,
         )
-    try:
-        # External data stays unloaded: a model must not make the agent read files beside it.
-        model = onnx.load(str(path), load_external_data=False)
-    except Exception as exc:  # protobuf raises DecodeError, RuntimeWarning-ish or ValueError by version
-        raise BadOnnxError(
-            f"model file is not a readable ONNX model (truncated or corrupt): {exc}", job_id=job
-        ) from exc
-    if not model.graph.node and not model.graph.output:
-        raise BadOnnxError("model file parsed to an empty ONNX model (truncated or not ONNX)", job_id=job)
-    if _uses_external_data(model):
-        raise BadOnnxError(
-            "model uses external data files, which delivery does not support: embed the weights", job_id=job
-        )
-    try:
-        onnx.checker.check_model(model)
-    except (onnx.checker.ValidationError, ValueError) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
-        raise OnnxCheckerError(f"onnx.checker refuses the model: {first}", job_id=job) from exc
+    model = load_checked(path, job_id=job)
     inputs, outputs = graph_io(model)
     try:
         check_input_fits(preprocess, select_input(preprocess, inputs))

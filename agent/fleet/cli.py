@@ -14,9 +14,9 @@ import json
 import sys
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from agent.errors import AgentError, UsageError
+from agent.errors import UsageError
 from agent.fleet.cli_args import add_target_arguments, chosen_targets, json_arg
 from agent.fleet.connection import add_broker_arguments, settings_from_args
 from agent.fleet.deploy import DEFAULT_STATUS_POLL_S
@@ -144,7 +144,9 @@ def run_fleet(args: argparse.Namespace) -> int:
     """
     command = args.fleet_command
     quiet = "error" if command != "controller" else "info"  # a daemon logs what it does
-    configure_logging("console", "info" if getattr(args, "verbose", False) else quiet)
+    # A command's stdout carries its output (JSON with --json, `fleet cmd`): its logs go to stderr.
+    stream = None if command == "controller" else sys.stderr
+    configure_logging("console", "info" if getattr(args, "verbose", False) else quiet, stream)
     if command == "keygen":
         return _keygen(args)
     if command == "deploy":
@@ -230,42 +232,32 @@ def _watch(args: argparse.Namespace) -> int:
 
 
 def _cmd(args: argparse.Namespace) -> int:
-    from agent.fleet.command import send_command
+    from agent.fleet.command import OFFLINE, NoReplyError, Unanswered, answer_json, ask_devices
 
     command_args = json_arg(args.args, "--args")
     if not isinstance(command_args, dict):
         raise UsageError('--args must be a JSON object, e.g. \'{"slot": "cls"}\'')
+    settings = settings_from_args(args)
     if args.device is not None and args.select is None and not args.device_list and not args.dry_run:
         # One device named the old way: its reply alone, as before selectors existed.
-        reply = send_command(
-            settings_from_args(args), args.device, args.name, command_args, timeout=args.timeout
-        )
+        [answer] = ask_devices(
+            settings, [args.device], args.name, command_args, timeout=args.timeout
+        ).values()
+        if isinstance(answer, Unanswered):
+            hint = (
+                ""
+                if answer.code == OFFLINE
+                else "; is it online (`edge-agent fleet status`) and the prefix right?"
+            )
+            raise NoReplyError(answer.error + hint)
         # Device text: json.dumps escapes control characters (ensure_ascii), and pydantic's JSON mode
         # writes NaN and the infinities as null (tests/fleet/test_hostile_devices.py checks both).
-        print(json.dumps(reply.model_dump(mode="json", exclude_none=True), indent=2))
-        return 0 if reply.ok else 1
-    targets = chosen_targets(args, ([args.device] if args.device else []) + args.device_list)
+        print(json.dumps(answer_json(answer), indent=2))
+        return 0 if answer.ok else 1
+    # stdout is the replies' JSON alone (`fleet cmd ... > out.json`): the selection goes to stderr.
+    targets = chosen_targets(args, ([args.device] if args.device else []) + args.device_list, out=sys.stderr)
     if targets is None:
         return 0
-    return _cmd_each(args, targets.devices, command_args)
-
-
-def _cmd_each(args: argparse.Namespace, devices: tuple[str, ...], command_args: dict[str, Any]) -> int:
-    """Send the command to each device in turn; one JSON object of replies by device id."""
-    from agent.fleet.command import send_command
-
-    replies: dict[str, Any] = {}
-    ok = True
-    for device in devices:
-        try:
-            reply = send_command(
-                settings_from_args(args), device, args.name, command_args, timeout=args.timeout
-            )
-        except AgentError as exc:  # no reply from one device must not hide the others' replies
-            replies[device] = {"ok": False, "error": str(exc)}
-            ok = False
-            continue
-        replies[device] = reply.model_dump(mode="json", exclude_none=True)
-        ok = ok and reply.ok
-    print(json.dumps(replies, indent=2))
-    return 0 if ok else 1
+    answers = ask_devices(settings, targets.devices, args.name, command_args, timeout=args.timeout)
+    print(json.dumps({device: answer_json(answer) for device, answer in answers.items()}, indent=2))
+    return 0 if all(not isinstance(a, Unanswered) and a.ok for a in answers.values()) else 1

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TextIO, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
@@ -47,8 +48,11 @@ def add_target_arguments(parser: argparse.ArgumentParser, *, positional: bool = 
     )
 
 
-def chosen_targets(args: argparse.Namespace, explicit: list[str]) -> Targets | None:
-    """The devices ``args`` name, printed; None when ``--dry-run`` says to stop there."""
+def chosen_targets(
+    args: argparse.Namespace, explicit: list[str], *, out: TextIO | None = None
+) -> Targets | None:
+    """The devices ``args`` name, printed to ``out`` (stdout; stderr where stdout carries JSON); None
+    when ``--dry-run`` says to stop there."""
     from agent.fleet.deploy_plan import parse_devices
     from agent.fleet.targets import resolve_targets
 
@@ -56,9 +60,9 @@ def chosen_targets(args: argparse.Namespace, explicit: list[str]) -> Targets | N
         settings_from_args(args), args.select, parse_devices(explicit), wait_s=args.select_wait
     )
     for line in targets.lines():
-        print(f"{args.fleet_command}: {line}")
+        print(f"{args.fleet_command}: {line}", file=out or sys.stdout)
     if args.dry_run:
-        print(f"{args.fleet_command}: --dry-run: nothing sent")
+        print(f"{args.fleet_command}: --dry-run: nothing sent", file=out or sys.stdout)
         return None
     return targets
 

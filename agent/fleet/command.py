@@ -1,15 +1,21 @@
-"""``fleet cmd``: one command to one device, matched to its reply by MQTT 5 correlation data.
+"""``fleet cmd``: a command to one device or many, matched to its replies by MQTT 5 correlation data.
 
 The request goes to ``down/cmd/{name}`` with the response topic ``up/cmd/{name}`` of that device
 (the device answers there anyway; naming it lets an ACL-checked broker and the device agree) and
 random correlation data; the device echoes the correlation data, so replies to other operators'
 requests on the same topic are told apart.
+
+To many devices (:func:`ask_devices`) the requests all go out first, then the replies are awaited
+together: the whole command takes at most one ``timeout``, however many devices. A device whose
+retained ``up/status`` says offline is answered ``offline`` at once rather than waited for.
 """
 
 from __future__ import annotations
 
 import threading
 import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from agent.errors import TransportError
@@ -17,8 +23,15 @@ from agent.mqtt.core import PublishProperties
 from agent.mqtt.inbound import InboundMessage
 from agent.mqtt.service_client import ServiceClient
 from agent.mqtt.settings import MqttSettings
-from agent.protocol.messages import CommandReply, CommandRequest, ProtocolError, decode, encode
-from agent.protocol.topics import Topics
+from agent.protocol.messages import (
+    CommandReply,
+    CommandRequest,
+    ProtocolError,
+    StatusMessage,
+    decode,
+    encode,
+)
+from agent.protocol.topics import Topics, fleet_filter
 
 
 class NoReplyError(TransportError):
@@ -122,3 +135,135 @@ def send_command(
             "(`edge-agent fleet status`) and is the topic prefix right?"
         )
     return reply
+
+
+#: ``error_code`` of a device answered by its retained ``up/status`` saying offline.
+OFFLINE = "offline"
+
+
+class FanOut:
+    """Command ``name``'s requests to many devices and what answers each (thread-safe): its reply
+    (on its own reply topic), or its retained ``up/status`` saying offline (then it is not waited
+    for; a reply still counts)."""
+
+    def __init__(self, prefix: str, devices: Sequence[str], name: str) -> None:
+        self.devices = tuple(dict.fromkeys(devices))
+        self.name = name
+        self.topics = {device: Topics(prefix, device) for device in self.devices}
+        self._status_of = {topics.status: device for device, topics in self.topics.items()}
+        self._cond = threading.Condition()
+        self._by_correlation: dict[bytes, str] = {}
+        self.replies: dict[str, CommandReply] = {}
+        self.offline: set[str] = set()
+        #: Messages that answered nothing of ours (another operator's replies, other devices' status).
+        self.unmatched = 0
+
+    def expect(self, device: str) -> bytes:
+        """New correlation data for ``device``'s request."""
+        correlation = uuid.uuid4().bytes
+        with self._cond:
+            self._by_correlation[correlation] = device
+        return correlation
+
+    def offer(self, message: InboundMessage) -> None:
+        """A reply to one of the requests, or a target's status; anything else is counted."""
+        status_of = self._status_of.get(message.topic)
+        if status_of is not None:
+            self._status(status_of, message.payload)
+            return
+        with self._cond:
+            device = self._by_correlation.get(message.correlation_data or b"")
+        if device is None or message.topic != self.topics[device].cmd_reply(self.name):
+            self.unmatched += 1  # another operator's reply, or a device answering for another
+            return
+        try:
+            reply = decode(CommandReply, message.payload)
+        except ProtocolError as exc:
+            name = message.topic.rsplit("/", 1)[-1]
+            reply = CommandReply(command=name, ok=False, error_code=exc.code, error=str(exc))
+        with self._cond:
+            self.replies.setdefault(device, reply)
+            self._cond.notify_all()
+
+    def _status(self, device: str, payload: bytes) -> None:
+        try:
+            state = decode(StatusMessage, payload).state if payload else "unknown"
+        except ProtocolError:
+            state = "unknown"  # a status that does not parse says nothing: wait for the reply
+        with self._cond:
+            if state == "offline":
+                self.offline.add(device)
+            else:
+                self.offline.discard(device)  # back online: its reply is awaited again
+            self._cond.notify_all()
+
+    def wait(self, timeout: float) -> bool:
+        """Wait until every device replied or is offline; False when ``timeout`` ran out first."""
+        with self._cond:
+            return self._cond.wait_for(
+                lambda: all(d in self.replies or d in self.offline for d in self.devices), timeout
+            )
+
+    def answers(self, timeout: float) -> dict[str, CommandReply | Unanswered]:
+        """Each device's answer: its reply, else :class:`Unanswered` (``offline``, ``no_reply``)."""
+        out: dict[str, CommandReply | Unanswered] = {}
+        with self._cond:
+            for device in self.devices:
+                reply = self.replies.get(device)
+                if reply is not None:
+                    out[device] = reply
+                elif device in self.offline:
+                    out[device] = Unanswered(
+                        OFFLINE,
+                        f"device {device!r} is offline (its retained up/status); not waited for: the "
+                        "command reaches it only if its broker session outlives the disconnect",
+                    )
+                else:
+                    out[device] = Unanswered(
+                        NoReplyError.code,
+                        f"no reply to command {self.name!r} from device {device!r} within {timeout:.0f}s",
+                    )
+        return out
+
+
+@dataclass(frozen=True)
+class Unanswered:
+    """A device that sent no reply: offline by its retained status, or silent until the timeout."""
+
+    code: str
+    error: str
+
+
+def answer_json(answer: CommandReply | Unanswered) -> dict[str, Any]:
+    """One device's answer as ``fleet cmd`` prints it among the others."""
+    if isinstance(answer, Unanswered):
+        return {"ok": False, "error_code": answer.code, "error": answer.error}
+    return answer.model_dump(mode="json", exclude_none=True)
+
+
+def ask_devices(
+    settings: MqttSettings,
+    devices: Sequence[str],
+    name: str,
+    args: dict[str, Any] | None = None,
+    *,
+    timeout: float = 10.0,
+) -> dict[str, CommandReply | Unanswered]:
+    """Send command ``name`` to every one of ``devices`` at once; each one's answer, by device id.
+
+    The status and reply subscriptions come first (a retained offline status arrives right after
+    its SUBACK), then every request is published, then the replies are awaited together for at most
+    ``timeout`` seconds: a device that does not answer costs the others nothing.
+    """
+    fan = FanOut(settings.prefix, devices, name)
+    client = ServiceClient(settings, handler=fan.offer)
+    client.start(timeout=min(timeout, 10.0))
+    try:
+        client.subscribe(fleet_filter(settings.prefix, "status"), qos=1, timeout=timeout)
+        client.subscribe(fleet_filter(settings.prefix, "cmd"), qos=1, timeout=timeout)
+        for device in fan.devices:
+            publish_command(client, fan.topics[device], name, dict(args or {}), fan.expect(device))
+        fan.wait(timeout)
+    finally:
+        client.stop()
+    return fan.answers(timeout)

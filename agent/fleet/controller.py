@@ -39,18 +39,20 @@ from agent.fleet.controller_config import ControllerConfig
 from agent.fleet.deploy import check_device_ids, plan_manifest
 from agent.fleet.deploy_plan import new_job_id, next_sequence
 from agent.fleet.keys import load_signing_key
+from agent.fleet.model_check import check_model_file
 from agent.fleet.rollout_report import rollout_status
 from agent.fleet.rollout_runner import RolloutRunner
 from agent.fleet.rollout_spec import RolloutRequest, model_ref, plan_for, request_of
 from agent.fleet.rollout_store import RolloutState, RolloutStore
 from agent.fleet.status import collect_fleet
+from agent.fleet.untrusted import shown
 from agent.fleet.upload import UploadSink
 from agent.fleet.view import FleetView
 from agent.mqtt.core import PublishProperties
 from agent.mqtt.inbound import InboundMessage
 from agent.mqtt.service_client import ServiceClient
 from agent.protocol.messages import CommandReply, encode
-from agent.protocol.topics import ControllerTopics
+from agent.protocol.topics import CONTROLLER_VERBS, ControllerTopics
 from agent.transitions import IllegalTransitionError
 
 log = structlog.get_logger(__name__)
@@ -187,7 +189,7 @@ class FleetController:
 
     def _on_message(self, message: InboundMessage) -> None:
         """Dispatcher thread: requests go to the loop, device messages into the view."""
-        if self.topics.verb(message.topic) is not None:
+        if self.topics.requested(message.topic) is not None:  # unknown verbs too: they get an answer
             self._requests.put(message)
         else:
             self.view.apply(message)
@@ -223,9 +225,21 @@ class FleetController:
     # -- requests ------------------------------------------------------------------------------------
 
     def _answer(self, message: InboundMessage) -> None:
-        verb = self.topics.verb(message.topic)
-        if verb is None or message.response_topic is None:
+        asked = self.topics.requested(message.topic)
+        if asked is None or message.response_topic is None:
             return  # not a request, or nobody to answer
+        verb = self.topics.verb(message.topic)
+        properties = PublishProperties(correlation_data=message.correlation_data)
+        if verb is None:  # a typo or a newer CLI: say so rather than leave the caller to time out
+            name = shown(asked, 64)
+            unknown = CommandReply(
+                command=name,
+                ok=False,
+                error_code="unknown_verb",
+                error=f"unknown controller verb {name}; known: {', '.join(CONTROLLER_VERBS)}",
+            )
+            self._client.publish(message.response_topic, encode(unknown), qos=1, properties=properties)
+            return
         try:
             result = self.handle(verb, message)
             reply = CommandReply(command=verb, ok=True, result=result)
@@ -244,7 +258,6 @@ class FleetController:
         except Exception as exc:  # the loop must outlive any one request; the reply says what broke
             log.exception("fleet.controller.request_failed", verb=verb)
             reply = CommandReply(command=verb, ok=False, error_code="internal_error", error=repr(exc))
-        properties = PublishProperties(correlation_data=message.correlation_data)
         self._client.publish(message.response_topic, encode(reply), qos=1, properties=properties)
 
     def handle(self, verb: str, message: InboundMessage) -> dict[str, Any]:
@@ -288,6 +301,14 @@ class FleetController:
             raise ControllerError(
                 f"model {request.model_sha256} is not in the controller's repository; upload it first"
             )
+        # The repository takes any uploaded bytes: a file no device can load is refused here, before
+        # its canaries pull it (ModelFileError, code bad_model).
+        check_model_file(
+            model,
+            name=f"model {shown(request.model_name, 64)} ({request.model_sha256[:12]})",
+            preprocess=request.preprocess,
+            postprocess=request.postprocess,
+        )
         model_id = request.model_id or Path(request.model_name).stem
         rollout_id = request.rollout_id or new_job_id(model_id, request.version)
         job_id = new_job_id(model_id, request.version)

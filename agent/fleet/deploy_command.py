@@ -189,6 +189,7 @@ def run_deploy(args: argparse.Namespace) -> int:
     """
     from agent.fleet.deploy_plan import new_job_id, next_sequence
     from agent.fleet.keys import load_signing_key
+    from agent.fleet.model_check import check_model_file
     from agent.fleet.progress import ProgressView, describe_manifest, format_bytes
     from agent.fleet.rollout_runner import RolloutRunner
     from agent.fleet.rollout_spec import RolloutRequest
@@ -204,6 +205,7 @@ def run_deploy(args: argparse.Namespace) -> int:
     if not args.timeout > 0:
         raise UsageError("--timeout must be a number of seconds above 0")
     fields = manifest_fields(args)
+    check_model_file(args.model, preprocess=fields["preprocess"], postprocess=fields["postprocess"])
     targets = chosen_targets(args, args.device)
     if targets is None:
         return EXIT_OK

@@ -13,7 +13,9 @@ What counts against the limit (``--max-failed``, of the devices touched so far):
 
 A device that never started (offline, no job status yet) when the wave times out is no failure: with
 ``on_timeout="skip"`` it is listed in ``skipped`` and the wave is done (the retained desired state
-still reaches it when it comes back); with ``"wait"`` the wave stays open until it ends.
+still reaches it when it comes back); with ``"wait"`` the wave stays open until it ends. It stays
+waited for once it starts after the timeout (``late``): its job is not "still working when the wave
+timed out", so it is judged by how it ends, like any device that started in time.
 ``SUPERSEDED`` (a newer desired state replaced the job) counts neither way.
 
 The gate trips as soon as the bad ends exceed the limit, even before the wave is done: waiting for
@@ -68,6 +70,9 @@ class DeviceReport:
     online: bool = True
     shadow: ShadowFigures | None = None
     probation: ProbationFigures | None = None
+    #: It had not started when the wave timed out: its first job status came later (the runner
+    #: knows who had not started at that moment; the gate cannot tell from ``started`` alone).
+    late: bool = False
 
 
 @dataclass(frozen=True)
@@ -129,7 +134,7 @@ def unhealth(report: DeviceReport, policy: GatePolicy) -> str | None:
 def _after_timeout(report: DeviceReport, policy: GatePolicy) -> DeviceReport:
     if report.end is not DeviceEnd.PENDING:
         return report
-    if report.started and report.online:
+    if report.started and report.online and not report.late:
         return DeviceReport(report.device, DeviceEnd.TIMED_OUT, report.started, report.online)
     if policy.on_timeout == "skip":
         return DeviceReport(report.device, DeviceEnd.SKIPPED, report.started, report.online)
@@ -146,7 +151,8 @@ def judge_wave(
     """Judge the current ``wave`` (with the ``earlier`` waves' devices counting toward the limit).
 
     ``timed_out``: the wave's timeout has passed; its pending devices become TIMED_OUT (working on
-    the job) or, by ``policy.on_timeout``, SKIPPED (never started) or still PENDING (``"wait"``).
+    the job since before the timeout) or, by ``policy.on_timeout``, SKIPPED (not started at the
+    timeout) or still PENDING (``"wait"``, ``late`` ones included until they end).
     """
     current = [_after_timeout(report, policy) for report in wave] if timed_out else list(wave)
     everyone = [*earlier, *current]

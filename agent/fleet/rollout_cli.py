@@ -8,7 +8,6 @@ upload the model when the controller lacks it, and print what the controller ans
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import sys
 import threading
@@ -156,6 +155,7 @@ def run_rollout(args: argparse.Namespace) -> int:
 
 def _start(args: argparse.Namespace) -> int:
     from agent.fleet.controller_client import ControllerClient, RequestRefusedError
+    from agent.fleet.model_check import check_model_file
     from agent.fleet.rollout_spec import RolloutRequest
     from agent.fsutil import sha256_file
 
@@ -168,9 +168,9 @@ def _start(args: argparse.Namespace) -> int:
     if not wave_timeout > 0:
         raise UsageError("--wave-timeout must be above 0")
     fields = manifest_fields(args)
+    check_model_file(args.model, preprocess=fields["preprocess"], postprocess=fields["postprocess"])
     # With --json, stdout carries the answer alone: the selection lines go to stderr.
-    with contextlib.redirect_stdout(sys.stderr) if args.json else contextlib.nullcontext():
-        targets = chosen_targets(args, args.device)
+    targets = chosen_targets(args, args.device, out=sys.stderr if args.json else None)
     if targets is None:
         return 0
     sha = sha256_file(args.model)
@@ -189,7 +189,10 @@ def _start(args: argparse.Namespace) -> int:
         **fields,
     )
     request.plan("check", "check", 0, {}, {})  # the waves split over this selection, or the error now
-    body = request.model_dump(mode="json", exclude_none=True)
+    # Unset top-level fields are left out (the controller's defaults are the same), but a null
+    # *inside* shadow or probation is the operator's word ("min_agreement": null for a model whose
+    # classes changed): dropping it would make the device apply its default bar instead.
+    body = {k: v for k, v in request.model_dump(mode="json").items() if v is not None}
     with ControllerClient(settings_from_args(args), timeout=args.timeout) as client:
         try:
             status = client.request("start", body)
@@ -202,7 +205,7 @@ def _start(args: argparse.Namespace) -> int:
             )
             client.upload(args.model, sha)
             status = client.request("start", body)
-        _print_status(status, as_json=args.json)
+        _print_status(status, as_json=args.json, lines=args.wait)
         if args.wait:
             return _status(client, status["rollout_id"], as_json=args.json, watch=True)
         return 0
@@ -218,7 +221,7 @@ def _status(client: Any, rollout_id: str | None, *, as_json: bool, watch: bool) 
     while True:
         text = json.dumps(status, sort_keys=True)
         if text != shown:
-            _print_status(status, as_json=as_json)
+            _print_status(status, as_json=as_json, lines=True)
             shown = text
         if status["state"] in _FINAL:
             return _exit_code(status)
@@ -226,11 +229,13 @@ def _status(client: Any, rollout_id: str | None, *, as_json: bool, watch: bool) 
         status = client.request("status", payload)
 
 
-def _print_status(status: dict[str, Any], *, as_json: bool) -> None:
+def _print_status(status: dict[str, Any], *, as_json: bool, lines: bool = False) -> None:
+    """The status as text, or as JSON: indented, or (``lines``: ``--watch``, ``--wait``, which print
+    it again at each change) one object per line, so the stream parses as JSON Lines."""
     from agent.fleet.rollout_report import status_lines
 
     if as_json:
-        print(json.dumps(status, indent=2, sort_keys=True))
+        print(json.dumps(status, sort_keys=True) if lines else json.dumps(status, indent=2, sort_keys=True))
     else:
         for line in status_lines(status):
             print(line)

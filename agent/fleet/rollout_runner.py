@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -123,6 +123,8 @@ class RolloutRunner:
         self.last_deploy: FleetDeploy | None = None
         self._wave: int | None = None
         self._recorded: dict[str, str] = {}
+        #: The devices that had not started when a wave timed out, for that wave (see _mark_late).
+        self._not_started: tuple[int, frozenset[str]] | None = None
         self._rollback: Rollback | None = None
 
     # -- the loop ------------------------------------------------------------------------------------
@@ -175,6 +177,8 @@ class RolloutRunner:
         started = current.started_at or self._clock()
         timed_out = self._clock() - started >= self.request.wave_timeout_s
         reports = self._reports(current.index, snapshot)
+        if timed_out:
+            reports = self._mark_late(current.index, reports)
         verdict = judge_wave(reports, self._earlier(current.index), self._policy, timed_out=timed_out)
         self._record_timeouts(reports, verdict)
         if verdict.gate == "trips":
@@ -330,6 +334,28 @@ class RolloutRunner:
             ]
             self._earlier_reports = (index, reports)
         return self._earlier_reports[1]
+
+    def _mark_late(self, index: int, reports: list[DeviceReport]) -> list[DeviceReport]:
+        """Mark ``late`` the devices of wave ``index`` that had not started when it timed out.
+
+        Who had not started is fixed at the first step after the timeout and logged (a ``timeout``
+        event), so a device that starts afterwards (``--on-timeout wait``) is waited for to its end,
+        not taken for one stuck in its job at the timeout; a restarted controller reads the log.
+        """
+        if self._not_started is None or self._not_started[0] != index:
+            logged = [
+                detail
+                for what, detail in self.store.events(self.rollout_id)
+                if what == "timeout" and detail.get("wave") == index
+            ]
+            if logged:
+                names = frozenset(str(d) for d in logged[-1].get("not_started", ()))
+            else:
+                names = frozenset(r.device for r in reports if r.end is DeviceEnd.PENDING and not r.started)
+                self.store.note(self.rollout_id, "timeout", wave=index, not_started=sorted(names))
+            self._not_started = (index, names)
+        late = self._not_started[1]
+        return [replace(r, late=True) if r.device in late else r for r in reports]
 
     def _record_timeouts(self, reports: list[DeviceReport], verdict: WaveVerdict) -> None:
         """Store the ends the verdict gave (a timeout's, an unknown device's skip)."""

@@ -204,8 +204,13 @@ class ControllerTopics:
 
     def verb(self, topic: str) -> str | None:
         """The verb of a request topic, or None when ``topic`` is not one."""
-        head = f"{self._base}/req/"
-        if not topic.startswith(head):
-            return None
-        verb = topic[len(head) :]
+        verb = self.requested(topic)
         return verb if verb in CONTROLLER_VERBS else None
+
+    def requested(self, topic: str) -> str | None:
+        """The level after ``req/`` of any request topic, known verb or not (None: no request topic).
+
+        The controller answers an unknown verb (``unknown_verb``) instead of dropping it unanswered.
+        """
+        head = f"{self._base}/req/"
+        return topic[len(head) :] if topic.startswith(head) else None

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
@@ -140,6 +140,32 @@ def test_timeout_names_the_skipped_and_timed_out_devices() -> None:
     assert verdict.timed_out == ("stuck",)
     assert verdict.figures.ends == {"ACTIVE": 1, "TIMED_OUT": 1, "SKIPPED": 1}
     assert (verdict.done, verdict.gate, verdict.figures.failed) == (True, "holds", 1)
+
+
+@pytest.mark.parametrize("on_timeout", ["wait", "skip"])
+def test_a_device_that_starts_after_the_timeout_is_not_timed_out(on_timeout: TimeoutPolicy) -> None:
+    """Issue 19.2: the late device's QUEUED arrives after the wave timed out. With ``wait`` it is
+    waited for to its end and judged by that end; with ``skip`` it is skipped, as when it was offline."""
+    policy = GatePolicy(parse_max_failed("0"), on_timeout=on_timeout, needs_shadow=True, needs_probation=True)
+    ok = DeviceReport("ok", A, started=True, shadow=_shadow(0.97), probation=_probation())
+    late = DeviceReport("late", P, started=True, late=True)
+    working = judge_wave([ok, late], [], policy, timed_out=True)
+    assert working.gate == "holds", working.reason
+    assert working.timed_out == ()
+    if on_timeout == "skip":
+        assert (working.done, working.skipped) == (True, ("late",))
+        return
+    assert (working.done, working.skipped) == (False, ())
+    assert "waiting for 1 of 2 devices" in working.reason
+    ended = replace(late, end=A, shadow=_shadow(0.95), probation=_probation())
+    done = judge_wave([ok, ended], [], policy, timed_out=True)
+    assert (done.done, done.gate, done.figures.ends) == (True, "holds", {"ACTIVE": 2})
+    # Its end counts as any end does: a late starter that fails trips the gate.
+    failed = judge_wave([ok, replace(late, end=F)], [], policy, timed_out=True)
+    assert failed.gate == "trips"
+    # Without ``late`` the same report is a device stuck in its job since before the timeout.
+    stuck = judge_wave([ok, replace(late, late=False)], [], policy, timed_out=True)
+    assert (stuck.gate, stuck.timed_out) == ("trips", ("late",))
 
 
 def _shadow(agreement: float | None) -> ShadowFigures:

@@ -89,11 +89,13 @@ def test_select_and_device_together_and_platform_keys(
                 "--device", "jet-b2", "--dry-run", *_broker_args(broker, prefix),
             ]
         )  # fmt: skip
-        out = capsys.readouterr().out
+        shown = capsys.readouterr()
         probe.settle(0.3)
         assert probe.snapshot() == []
     assert code == 0
-    assert "cmd: selected 3 device(s): jet-b2, jet-b1, jet-p1" in out  # --device ids first
+    # `fleet cmd` prints JSON on stdout: the selection goes to stderr.
+    assert "cmd: selected 3 device(s): jet-b2, jet-b1, jet-p1" in shown.err  # --device ids first
+    assert shown.out == ""
 
 
 def test_cmd_goes_to_each_selected_device_and_a_silent_one_does_not_hide_the_others(
@@ -127,8 +129,9 @@ def test_cmd_goes_to_each_selected_device_and_a_silent_one_does_not_hide_the_oth
             ]
         )
         thread.join(5)
-    out = capsys.readouterr().out
-    replies = json.loads(out[out.index("{") :])
+    shown = capsys.readouterr()
+    replies = json.loads(shown.out)  # stdout is the JSON alone (`fleet cmd ... > out.json`)
+    assert "cmd: selected 2 device(s)" in shown.err
     assert code == 1  # one device did not answer
     assert (replies["jet-b1"]["ok"], replies["jet-b1"]["result"]) == (True, {"device": "jet-b1"})
     assert replies["jet-p1"]["ok"] is False
