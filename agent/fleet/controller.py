@@ -42,7 +42,7 @@ from agent.fleet.keys import load_signing_key
 from agent.fleet.rollout_report import rollout_status
 from agent.fleet.rollout_runner import RolloutRunner
 from agent.fleet.rollout_spec import RolloutRequest, model_ref, plan_for, request_of
-from agent.fleet.rollout_store import RolloutState, RolloutStore
+from agent.fleet.rollout_store import RolloutState, RolloutStore, StoreDamagedError, StoreFullError
 from agent.fleet.status import collect_fleet
 from agent.fleet.upload import UploadSink
 from agent.fleet.view import FleetView
@@ -93,18 +93,23 @@ class FleetController:
     def start(self, timeout: float = 10.0) -> FleetController:
         """Open the store, serve the repo, listen for requests, resume the open rollouts."""
         self.config.models_dir.mkdir(parents=True, exist_ok=True)
+        # First: a damaged or emptied store (StoreDamagedError) stops the start before anything runs.
         self.store = RolloutStore(self.config.store_path)
-        self.chunks.add_repo(self.config.models_dir)
-        self.chunks.start(timeout)
-        self._client.start(timeout)
-        self._client.subscribe(self.topics.request_filter, qos=1, timeout=timeout)
-        for topic_filter in self.view.topic_filters():
-            self._client.subscribe(topic_filter, qos=1, timeout=timeout)
-        for rollout_id in self._unfinished():
-            self.runners[rollout_id] = self._runner(rollout_id)
-            log.info("fleet.controller.resumed", rollout=rollout_id)
-        if self.config.http.port is not None:
-            self.http = self._serve_http()
+        try:
+            self.chunks.add_repo(self.config.models_dir)
+            self.chunks.start(timeout)
+            self._client.start(timeout)
+            self._client.subscribe(self.topics.request_filter, qos=1, timeout=timeout)
+            for topic_filter in self.view.topic_filters():
+                self._client.subscribe(topic_filter, qos=1, timeout=timeout)
+            for rollout_id in self._unfinished():
+                self.runners[rollout_id] = self._runner(rollout_id)
+                log.info("fleet.controller.resumed", rollout=rollout_id)
+            if self.config.http.port is not None:
+                self.http = self._serve_http()
+        except BaseException:
+            self.stop()  # the caller gets the error, not threads that keep the process alive
+            raise
         log.info(
             "fleet.controller.started",
             state_dir=str(self.config.state_dir),
@@ -135,6 +140,10 @@ class FleetController:
         for rollout_id, runner in list(self.runners.items()):
             try:
                 over = runner.step()
+            except StoreFullError:
+                continue  # the store warned once for the episode; the step is retried at the next tick
+            except StoreDamagedError:
+                raise  # no rollout can go on from a damaged store: the controller stops, naming the file
             except Exception:  # one rollout's trouble (a broker hiccup) must not stop the others
                 log.exception("fleet.controller.step_failed", rollout=rollout_id)
                 continue
