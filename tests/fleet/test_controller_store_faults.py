@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -70,6 +71,34 @@ def _two_rollouts(path: Path) -> None:
     store.close()
 
 
+class ControllerProcess:
+    """``edge-agent fleet controller`` as a child process, its console log in a file."""
+
+    def __init__(self, config: Path, log: Path, errors: Path | None = None) -> None:
+        """Its stdout (the console log) goes to ``log``, its stderr to ``errors`` (or ``log`` too)."""
+        self.log = log
+        with log.open("ab") as out, (errors or log).open("ab") as err:
+            self.child = subprocess.Popen(
+                _command(config), env=_env(), stdout=out, stderr=err if errors else subprocess.STDOUT
+            )
+        wait_until(
+            lambda: "requests on" in self.text() or self.child.poll() is not None,
+            timeout=30,
+            what="the controller's ready line",
+        )
+        assert self.child.poll() is None, self.text()
+
+    def text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def count(self, needle: str) -> int:
+        return self.text().count(needle)
+
+    def stop(self) -> int:
+        self.child.send_signal(signal.SIGTERM)
+        return self.child.wait(30)
+
+
 @pytest.mark.parametrize("damage", ["every third page", "emptied to 0 bytes"])
 def test_a_controller_on_a_damaged_store_exits_with_one_line_naming_the_file(
     tmp_path: Path, broker: Broker, keys: KeyPairFiles, damage: str
@@ -96,29 +125,42 @@ def test_a_controller_on_a_damaged_store_exits_with_one_line_naming_the_file(
     assert store.read_bytes() == damaged
 
 
-class ControllerProcess:
-    """``edge-agent fleet controller`` as a child process, its console log in a file."""
-
-    def __init__(self, config: Path, log: Path) -> None:
-        self.log = log
-        with log.open("ab") as out:
-            self.child = subprocess.Popen(_command(config), env=_env(), stdout=out, stderr=subprocess.STDOUT)
-        wait_until(
-            lambda: "requests on" in self.text() or self.child.poll() is not None,
-            timeout=30,
-            what="the controller's ready line",
-        )
-        assert self.child.poll() is None, self.text()
-
-    def text(self) -> str:
-        return self.log.read_text(errors="replace")
-
-    def count(self, needle: str) -> int:
-        return self.text().count(needle)
-
-    def stop(self) -> int:
-        self.child.send_signal(signal.SIGTERM)
-        return self.child.wait(30)
+def test_damage_met_by_a_running_controller_stops_it_with_one_line(
+    tmp_path: Path, broker: Broker, keys: KeyPairFiles
+) -> None:
+    """The store passed its check at start; then its ``rollouts`` table points at a page that does not
+    exist (a damaged schema, committed through SQLite by another writer): the loop's next read meets it."""
+    prefix = unique_prefix()
+    settings = operator_settings(broker, prefix)
+    model = tiny_model(tmp_path / "m.onnx")
+    state = tmp_path / "state"
+    store = state / "rollouts.sqlite"
+    errors = tmp_path / "stderr.txt"
+    trusted = {keys.key_id: load_public_key(keys.public)}
+    controller = ControllerProcess(
+        _config(tmp_path, broker, prefix, keys, state), tmp_path / "controller.log", errors
+    )
+    try:
+        with ScriptedFleet(broker, prefix, ["d0"], slot=SLOT, trusted=trusted) as fleet:
+            fleet.set_online("d0", False)  # the rollout stays open: its runner reads the store every step
+            _start(settings, model, "open", ["d0"], waves="100%", on_timeout="wait")
+            vandal = sqlite3.connect(store, isolation_level=None, timeout=30)
+            vandal.execute("PRAGMA writable_schema=ON")
+            vandal.execute("UPDATE sqlite_master SET rootpage = 99999 WHERE name = 'rollouts'")
+            cookie = vandal.execute("PRAGMA schema_version").fetchone()[0]
+            vandal.execute(f"PRAGMA schema_version={cookie + 1}")  # the controller rereads the schema
+            vandal.close()
+            code = controller.child.wait(30)
+    finally:
+        if controller.child.poll() is None:
+            controller.child.kill()
+            controller.child.wait(10)
+    stderr = errors.read_text()
+    assert code == 1, controller.text()[-3000:] + stderr
+    assert stderr.splitlines() == [stderr.strip()], stderr
+    assert stderr.startswith(f"error: rollout store {store} is damaged ("), stderr
+    assert "malformed" in stderr
+    assert "Traceback" not in controller.text() + stderr
 
 
 def _status(settings: MqttSettings, rollout_id: str) -> dict[str, Any]:
