@@ -95,21 +95,17 @@ class FleetController:
         self.config.models_dir.mkdir(parents=True, exist_ok=True)
         # First: a damaged or emptied store (StoreDamagedError) stops the start before anything runs.
         self.store = RolloutStore(self.config.store_path)
-        try:
-            self.chunks.add_repo(self.config.models_dir)
-            self.chunks.start(timeout)
-            self._client.start(timeout)
-            self._client.subscribe(self.topics.request_filter, qos=1, timeout=timeout)
-            for topic_filter in self.view.topic_filters():
-                self._client.subscribe(topic_filter, qos=1, timeout=timeout)
-            for rollout_id in self._unfinished():
-                self.runners[rollout_id] = self._runner(rollout_id)
-                log.info("fleet.controller.resumed", rollout=rollout_id)
-            if self.config.http.port is not None:
-                self.http = self._serve_http()
-        except BaseException:
-            self.stop()  # the caller gets the error, not threads that keep the process alive
-            raise
+        self.chunks.add_repo(self.config.models_dir)
+        self.chunks.start(timeout)
+        self._client.start(timeout)
+        self._client.subscribe(self.topics.request_filter, qos=1, timeout=timeout)
+        for topic_filter in self.view.topic_filters():
+            self._client.subscribe(topic_filter, qos=1, timeout=timeout)
+        for rollout_id in self._unfinished():
+            self.runners[rollout_id] = self._runner(rollout_id)
+            log.info("fleet.controller.resumed", rollout=rollout_id)
+        if self.config.http.port is not None:
+            self.http = self._serve_http()
         log.info(
             "fleet.controller.started",
             state_dir=str(self.config.state_dir),

@@ -68,6 +68,8 @@ WAL_CHECKPOINT_PAGES = 256
 WAL_LIMIT_BYTES = 1024 * 1024
 #: Below this many free bytes on the store's disk, the WAL is truncated before each transition.
 SHORT_SPACE_BYTES = 2 * WAL_LIMIT_BYTES
+#: Errors of the code's use of SQLite (a closed connection, a bad parameter), not of the file.
+_MISUSE = (sqlite3.ProgrammingError, sqlite3.InterfaceError)
 #: SQLite's primary result codes this module tells apart (sqlite3.h).
 _SQLITE_CORRUPT, _SQLITE_FULL, _SQLITE_NOTADB = 11, 13, 26
 
@@ -442,6 +444,8 @@ class RolloutStore:
         with self._lock:
             try:
                 yield self._db
+            except _MISUSE:
+                raise  # a bug here, not the file's trouble
             except sqlite3.Error as exc:
                 raise self._error(exc) from exc
 
@@ -460,6 +464,8 @@ class RolloutStore:
                         with contextlib.suppress(sqlite3.Error):
                             self._db.execute("ROLLBACK")
                     raise
+            except _MISUSE:
+                raise
             except sqlite3.Error as exc:
                 raise self._error(exc) from exc
             # The episode ends once a transition commits with room to spare; one that commits only

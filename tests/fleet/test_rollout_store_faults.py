@@ -28,6 +28,8 @@ from agent.fleet.rollout_store import (
 from tests.small_disk import SmallDisk, small_disk
 
 PAGE = 4096
+#: What the store says of a 0-byte file (docs/fleet.md quotes it).
+EMPTIED = "0 bytes: a store is created whole, so this one was emptied after it existed"
 
 
 def _plan(rollout_id: str, devices: list[str], slot: str = "main") -> RolloutPlan:
@@ -213,3 +215,14 @@ def test_a_full_disk_fails_transitions_whole_warns_once_and_the_store_writes_aga
     assert ended["failed_writes"] == failed
     assert store.check() == []
     store.close()
+
+
+def test_the_messages_docs_fleet_md_shows_are_the_ones_raised() -> None:
+    doc = " ".join((Path(__file__).resolve().parents[2] / "docs" / "fleet.md").read_text().split())
+    damaged = StoreDamagedError(Path("/var/lib/edge-fleet-controller/rollouts.sqlite"), "...")
+    assert f"`error: {damaged}`" in doc
+    assert f"`{EMPTIED}`" in doc
+    quoted = doc.split("(`rollout store ...: ")[1].split("`")[0].removesuffix("...")
+    assert str(StoreFullError(Path("rollouts.sqlite"), 0)).startswith(
+        f"rollout store rollouts.sqlite: {quoted}"
+    )
