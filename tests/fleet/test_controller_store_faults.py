@@ -15,6 +15,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -22,8 +23,10 @@ from typing import Any
 import pytest
 
 from agent.fleet.controller_client import ControllerClient, RequestRefusedError
-from agent.fleet.keys import KeyPairFiles, write_keypair
-from agent.fleet.rollout_store import WAL_LIMIT_BYTES, RolloutPlan, RolloutStore
+from agent.fleet.keys import KeyPairFiles, load_signing_key, write_keypair
+from agent.fleet.rollout_runner import RolloutRunner
+from agent.fleet.rollout_spec import RolloutRequest
+from agent.fleet.rollout_store import WAL_LIMIT_BYTES, DeviceStep, RolloutPlan, RolloutStore, StoreFullError
 from agent.fsutil import sha256_file
 from agent.localbroker import Broker
 from agent.mqtt.settings import MqttSettings
@@ -284,3 +287,59 @@ def test_a_full_state_disk_costs_one_warning_no_upload_debris_and_the_controller
     assert "step_failed" not in log
     assert "request_failed" not in log
     assert wal_bytes <= WAL_LIMIT_BYTES * 1.1
+
+
+class SentRowsFailOnce(RolloutStore):
+    """The real store, whose first ``SENT`` row fails as a full disk fails it (a stand-in for a disk
+    that fills between a wave's publish and its ``SENT`` rows: a moment a test cannot make a real disk
+    choose, since the store gives its WAL back before each write)."""
+
+    armed = True
+
+    def mark_sent(self, rollout_id: str, device: str) -> str:
+        if self.armed:
+            self.armed = False
+            raise StoreFullError(self.path, 0)
+        return super().mark_sent(rollout_id, device)
+
+
+def _clients() -> int:
+    """MQTT service clients running in this process (one dispatch thread each)."""
+    return sum(1 for thread in threading.enumerate() if thread.name == "mqtt-service-dispatch")
+
+
+def test_a_wave_whose_sent_rows_cannot_be_stored_leaves_no_deploy_connected_and_opens_again(
+    tmp_path: Path, broker: Broker, keys: KeyPairFiles
+) -> None:
+    prefix = unique_prefix()
+    settings = operator_settings(broker, prefix)
+    model = tiny_model(tmp_path / "m.onnx")
+    body = {"model_sha256": sha256_file(model), "model_name": model.name, "slot": SLOT, "version": "2"}
+    request = RolloutRequest.model_validate({**body, "devices": ["s0", "s1"], **GUARDS})
+    store = SentRowsFailOnce(tmp_path / "rollouts.sqlite")
+    store.create(request.plan("sent", "job-sent", 42, {}, {}))
+    runner = RolloutRunner(
+        store,
+        "sent",
+        settings=settings,
+        model_path=lambda _sha: model,
+        signing_key=load_signing_key(keys.private),
+        key_id=keys.key_id,
+        deploy_options={"serve": False, "wait_unknown": True, "status_poll_s": 1.0},
+    )
+    trusted = {keys.key_id: load_public_key(keys.public)}
+    try:
+        with ScriptedFleet(broker, prefix, ["s0", "s1"], slot=SLOT, trusted=trusted) as fleet:
+            before = _clients()
+            with pytest.raises(StoreFullError):
+                runner.step()  # published, then the SENT rows failed: that deploy must be gone
+            assert _clients() == before, "the failed wave's deploy is still connected"
+            wait_until(lambda: runner.step() or store.rollout("sent").state.value == "DONE", timeout=30)
+            jobs = fleet.jobs()
+    finally:
+        runner.stop()
+        store.close()
+    assert jobs == {"s0": ["job-sent"], "s1": ["job-sent"]}  # published twice, one job each
+    reopened = RolloutStore(tmp_path / "rollouts.sqlite")
+    assert [(d.step, d.sends) for d in reopened.devices("sent")] == [(DeviceStep.ENDED, 2)] * 2
+    reopened.close()
