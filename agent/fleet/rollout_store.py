@@ -352,8 +352,7 @@ class RolloutStore:
             try:
                 if not self._in_memory:
                     self._check_pages()
-                    # A WAL left large by a full disk (or an older controller) is given back at start.
-                    self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+                    self._truncate_wal_at_open()
                 self._migrate()
             except BaseException:
                 self._db.close()
@@ -365,9 +364,27 @@ class RolloutStore:
         except sqlite3.Error as exc:
             if _primary_code(exc) in (_SQLITE_CORRUPT, _SQLITE_NOTADB):
                 raise StoreDamagedError(path, str(exc)) from exc
+            free = None if self._in_memory else self._free_bytes()
+            if free == 0:  # SQLite says "disk I/O error" when it cannot make its -shm file
+                raise RolloutStoreError(
+                    f"rollout store {path}: cannot open: its disk is full (0 bytes free; SQLite: {exc}); "
+                    f"free space there and start the controller again"
+                ) from exc
             raise RolloutStoreError(
                 f"rollout store {path}: cannot open ({exc}); check the file and its disk"
             ) from exc
+
+    def _truncate_wal_at_open(self) -> None:
+        """Give back a WAL left large (by a full disk, or an older controller's 1,000-page checkpoints).
+
+        Best effort: on a disk too full for the checkpoint the store still opens and reads; its
+        writes fail, one episode, until space is back.
+        """
+        try:
+            self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        except sqlite3.OperationalError as exc:
+            if _primary_code(exc) != _SQLITE_FULL:
+                raise
 
     @staticmethod
     def _connect(path: Path) -> sqlite3.Connection:

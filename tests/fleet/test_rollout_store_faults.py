@@ -7,6 +7,7 @@ store writes again as soon as space returns, with its WAL cut back, without bein
 
 from __future__ import annotations
 
+import re
 import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,12 +22,14 @@ from agent.fleet.rollout_store import (
     RolloutPlan,
     RolloutState,
     RolloutStore,
+    RolloutStoreError,
     StoreDamagedError,
     StoreFullError,
     WaveState,
 )
 from tests.small_disk import SmallDisk, small_disk
 
+ROOT = Path(__file__).resolve().parents[2]
 PAGE = 4096
 #: What the store says of a 0-byte file (docs/fleet.md quotes it).
 EMPTIED = "0 bytes: a store is created whole, so this one was emptied after it existed"
@@ -171,6 +174,22 @@ def test_on_a_4mb_disk_a_100_device_rollout_runs_to_the_end_with_the_wal_kept_sm
     store.close()
 
 
+def test_a_store_opened_on_a_full_disk_says_so_and_opens_once_space_is_back(four_mb: SmallDisk) -> None:
+    path = four_mb.path / "rollouts.sqlite"
+    _store_with_rollouts(path, rollouts=1)
+    four_mb.fill()
+    with pytest.raises(RolloutStoreError) as refused:
+        RolloutStore(path)  # SQLite cannot make its 32 KiB -shm file
+    doc = " ".join((ROOT / "docs" / "fleet.md").read_text().split())
+    quoted = doc.split("`rollout store ...: cannot open: its disk is full")[1].split("`")[0]
+    shown = re.escape(f"rollout store {path}: cannot open: its disk is full{quoted}").replace(r"\.\.\.", ".*")
+    assert re.fullmatch(shown, str(refused.value)), (shown, str(refused.value))
+    four_mb.free()
+    store = RolloutStore(path)
+    assert store.open_rollouts() == ["r0"]
+    store.close()
+
+
 def test_a_full_disk_fails_transitions_whole_warns_once_and_the_store_writes_again_without_a_reopen(
     four_mb: SmallDisk,
 ) -> None:
@@ -218,7 +237,7 @@ def test_a_full_disk_fails_transitions_whole_warns_once_and_the_store_writes_aga
 
 
 def test_the_messages_docs_fleet_md_shows_are_the_ones_raised() -> None:
-    doc = " ".join((Path(__file__).resolve().parents[2] / "docs" / "fleet.md").read_text().split())
+    doc = " ".join((ROOT / "docs" / "fleet.md").read_text().split())
     damaged = StoreDamagedError(Path("/var/lib/edge-fleet-controller/rollouts.sqlite"), "...")
     assert f"`error: {damaged}`" in doc
     assert f"`{EMPTIED}`" in doc
