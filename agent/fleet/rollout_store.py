@@ -30,7 +30,7 @@ per episode; the WAL is kept small (checkpointed every :data:`WAL_CHECKPOINT_PAG
 to :data:`WAL_LIMIT_BYTES`) and truncated whenever free space is short or a write failed, so the space
 freed after a full disk is enough for the next transition (docs/fleet.md "Failure modes").
 
-One job (the rollout state on disk), about 700 lines: the schema, the transition tables, the
+One job (the rollout state on disk), about 900 lines: the schema, the transition tables, the
 resume queries and the overlap check run inside the same transactions; apart, a kill between
 them would leave the store inconsistent.
 """
