@@ -3,9 +3,10 @@
 A damaged or emptied ``rollouts.sqlite`` stops the controller at start with one line on stderr that
 names the file and what to do, exit code 1, no traceback, the file left as it was. A full state disk
 (a real 4 MiB tmpfs filled to 0 bytes) costs one warning for the episode and one line when it ends,
-no traceback, no partial upload file; once space returns the same process finishes its rollout and
-takes a new one, with no restart. Shadow and probation are on, as operators run rollouts; the
-devices are :mod:`tests.fleet.scripted_fleet` (stand-ins for a simulated fleet's devices).
+no traceback, no partial upload file; once space returns the same process finishes its rollout, with
+no restart. A wave whose rows cannot be stored after its publish leaves no deploy connected. Shadow
+and probation are on, as operators run rollouts; the devices are :mod:`tests.fleet.scripted_fleet`
+(stand-ins for a simulated fleet's devices).
 """
 
 from __future__ import annotations
