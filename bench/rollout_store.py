@@ -3,8 +3,11 @@
 A rollout over N devices (default 1,000) in waves ``5,10%,50%,100%`` is created, then every device
 takes the three transitions a deploy writes (``SENDING`` before the publish, ``SENT``, ``ENDED``),
 each one SQLite transaction in WAL mode with ``synchronous=FULL`` (an fsync per transition), and
-``resume`` (what a restarted controller reads) is timed on a half-done wave. No broker, no device:
-this measures the store alone, to set against the time budget of a 1,000-device rollout.
+``resume`` (what a restarted controller reads) is timed on a half-done wave, and the reopening of
+the file (``PRAGMA quick_check`` of every page, the WAL truncated) at the end. ``wal_peak_bytes``
+is the largest the WAL file grew (read after every transition): the disk headroom the store needs
+beyond its file. No broker, no device: this measures the store alone, to set against the time
+budget of a 1,000-device rollout.
 
     .venv/bin/python bench/rollout_store.py [--devices 1000] [--dir DIR]
 
@@ -27,7 +30,9 @@ from agent.fleet.waves import parse_waves, split_waves
 
 def run(devices: int, directory: Path) -> dict[str, object]:
     """Create, drive and resume one rollout over ``devices`` devices; return the figures."""
-    store = RolloutStore(directory / "rollouts.sqlite")
+    path = directory / "rollouts.sqlite"
+    wal = directory / "rollouts.sqlite-wal"
+    store = RolloutStore(path)
     names = [f"jet-{index:05d}" for index in range(devices)]
     waves = split_waves(names, parse_waves("5,10%,50%,100%"))
     started = time.perf_counter()
@@ -35,6 +40,7 @@ def run(devices: int, directory: Path) -> dict[str, object]:
     create_s = time.perf_counter() - started
     per_transition: list[float] = []
     resume_s = 0.0
+    wal_peak = 0
     drive_started = time.perf_counter()
     for index, wave in enumerate(waves):
         store.set_wave("r1", index, WaveState.RUNNING)
@@ -43,6 +49,7 @@ def run(devices: int, directory: Path) -> dict[str, object]:
                 begin = time.perf_counter()
                 step("r1", device)
                 per_transition.append(time.perf_counter() - begin)
+                wal_peak = max(wal_peak, wal.stat().st_size)
             if index == len(waves) - 1 and position == len(wave) // 2:
                 begin = time.perf_counter()
                 store.resume("r1")
@@ -51,10 +58,14 @@ def run(devices: int, directory: Path) -> dict[str, object]:
             begin = time.perf_counter()
             store.record_job("r1", device, DeviceEnd.ACTIVE, {"shadow": {"frames": 50, "agreement": 0.97}})
             per_transition.append(time.perf_counter() - begin)
+            wal_peak = max(wal_peak, wal.stat().st_size)
         store.set_wave("r1", index, WaveState.DONE, figures={"failed": 0})
     drive_s = time.perf_counter() - drive_started
     store.close()
-    size = sum(path.stat().st_size for path in directory.glob("rollouts.sqlite*"))
+    size = sum(file.stat().st_size for file in directory.glob("rollouts.sqlite*"))
+    begin = time.perf_counter()
+    RolloutStore(path).close()
+    open_s = time.perf_counter() - begin
     per_transition.sort()
     return {
         "devices": devices,
@@ -66,6 +77,8 @@ def run(devices: int, directory: Path) -> dict[str, object]:
         "transition_ms_p99": round(per_transition[int(len(per_transition) * 0.99)] * 1000, 3),
         "resume_ms": round(resume_s * 1000, 3),
         "file_bytes": size,
+        "wal_peak_bytes": wal_peak,
+        "open_ms": round(open_s * 1000, 3),
     }
 
 

@@ -43,7 +43,7 @@ from agent.fleet.model_check import check_model_file
 from agent.fleet.rollout_report import rollout_status
 from agent.fleet.rollout_runner import RolloutRunner
 from agent.fleet.rollout_spec import RolloutRequest, model_ref, plan_for, request_of
-from agent.fleet.rollout_store import RolloutState, RolloutStore
+from agent.fleet.rollout_store import RolloutState, RolloutStore, StoreDamagedError, StoreFullError
 from agent.fleet.status import collect_fleet
 from agent.fleet.untrusted import shown
 from agent.fleet.upload import UploadSink
@@ -95,6 +95,7 @@ class FleetController:
     def start(self, timeout: float = 10.0) -> FleetController:
         """Open the store, serve the repo, listen for requests, resume the open rollouts."""
         self.config.models_dir.mkdir(parents=True, exist_ok=True)
+        # First: a damaged or emptied store (StoreDamagedError) stops the start before anything runs.
         self.store = RolloutStore(self.config.store_path)
         self.chunks.add_repo(self.config.models_dir)
         self.chunks.start(timeout)
@@ -137,6 +138,10 @@ class FleetController:
         for rollout_id, runner in list(self.runners.items()):
             try:
                 over = runner.step()
+            except StoreFullError:
+                continue  # the store warned once for the episode; the step is retried at the next tick
+            except StoreDamagedError:
+                raise  # no rollout can go on from a damaged store: the controller stops, naming the file
             except Exception:  # one rollout's trouble (a broker hiccup) must not stop the others
                 log.exception("fleet.controller.step_failed", rollout=rollout_id)
                 continue

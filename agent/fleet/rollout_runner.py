@@ -269,11 +269,17 @@ class RolloutRunner:
             **self._options,
         )
         unsent = [r.device for r in rows if r.step in (DeviceStep.PLANNED, DeviceStep.SENDING)]
-        for device in unsent:
-            self.store.mark_sending(self.rollout_id, device)
-        deploy.start()
-        for device in unsent:
-            self.store.mark_sent(self.rollout_id, device)
+        try:
+            for device in unsent:
+                self.store.mark_sending(self.rollout_id, device)
+            deploy.start()
+            for device in unsent:
+                self.store.mark_sent(self.rollout_id, device)
+        except BaseException:
+            # A write that failed (a full disk) or a broker that is down: the next step opens the
+            # wave again, so this deploy's connection must not outlive the attempt.
+            deploy.stop()
+            raise
         self.deploy = self.last_deploy = deploy
         self._wave = index
         log.info(
@@ -295,8 +301,9 @@ class RolloutRunner:
         for p in snapshot:
             if p.state is None or self._recorded.get(p.device) == p.state.value:
                 continue
-            self._recorded[p.device] = p.state.value
             self.store.record_job(self.rollout_id, p.device, DeviceEnd.of_job(p.state), _job_figures(p))
+            # Only once stored: a write that failed (a full disk) is tried again at the next step.
+            self._recorded[p.device] = p.state.value
 
     def _reports(self, index: int, snapshot: list[DeviceProgress]) -> list[DeviceReport]:
         live = {p.device: p for p in snapshot}
@@ -365,8 +372,8 @@ class RolloutRunner:
             *((d, DeviceEnd.TIMED_OUT) for d in verdict.timed_out),
         ]:
             if self._recorded.get(device) != end.value:
-                self._recorded[device] = end.value
                 self.store.record_job(self.rollout_id, device, end)
+                self._recorded[device] = end.value
 
     def _trip(self, index: int, verdict: WaveVerdict) -> None:
         self.store.set_wave(

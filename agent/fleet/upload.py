@@ -7,7 +7,8 @@ sent. The pieces are written into ``models/.upload-{sha256}.part``; the last one
 whole, it is fsynced, hashed, and renamed to ``models/{sha256}.onnx``: a model in the repository is
 always complete and has the hash it is named by. A piece that does not fit (wrong offset, a size that
 changed, a hash that does not match at the end) is refused with the reason, and the partial file of
-a mismatch removed.
+a mismatch removed. A piece that cannot be written (a full disk) is refused and none of it kept: a
+first piece leaves no partial file behind.
 """
 
 from __future__ import annotations
@@ -65,9 +66,18 @@ class UploadSink:
         self.models_dir.mkdir(parents=True, exist_ok=True)
         fd = os.open(part, os.O_WRONLY | os.O_CREAT | (os.O_TRUNC if offset == 0 else 0), 0o644)
         try:
-            os.pwrite(fd, data, offset)
-            if offset + len(data) == size:
-                os.fsync(fd)
+            _write_piece(fd, data, offset, last=offset + len(data) == size)
+        except OSError as exc:
+            # A full disk (or an I/O error): none of this piece is kept, so "have" stays what the
+            # client was told, and a first piece leaves no file behind.
+            if offset == 0:
+                part.unlink(missing_ok=True)
+            else:
+                os.truncate(part, offset)
+            raise UploadError(
+                f"upload {sha[:12]}: cannot write the piece at offset {offset} into {self.models_dir} "
+                f"({exc.strerror or exc}); nothing of it was kept; free space there and upload again"
+            ) from exc
         finally:
             os.close(fd)
         have = offset + len(data)
@@ -80,3 +90,13 @@ class UploadSink:
         os.replace(part, final)
         fsync_directory(self.models_dir)
         return {"have": size, "complete": True}
+
+
+def _write_piece(fd: int, data: bytes, offset: int, *, last: bool) -> None:
+    """Write all of ``data`` at ``offset`` (pwrite may write part of it), fsynced when ``last``."""
+    view = memoryview(data)
+    while view:
+        written = os.pwrite(fd, view, offset)
+        view, offset = view[written:], offset + written
+    if last:
+        os.fsync(fd)

@@ -21,6 +21,7 @@ from agent.fleet.rollout_store import (
     RolloutState,
     RolloutStore,
     RolloutStoreError,
+    StoreDamagedError,
     WaveState,
 )
 from agent.transitions import IllegalTransitionError
@@ -201,7 +202,7 @@ def test_the_store_reopens_with_its_rollouts_and_refuses_a_newer_schema(tmp_path
 def test_a_store_file_that_is_not_sqlite_is_refused_naming_it(tmp_path: Path) -> None:
     path = tmp_path / "rollouts.sqlite"
     path.write_bytes(b"not a database, just some bytes" * 100)
-    with pytest.raises(RolloutStoreError, match=r"rollouts\.sqlite: cannot open"):
+    with pytest.raises(StoreDamagedError, match=r"rollouts\.sqlite is damaged \(file is not a database\)"):
         RolloutStore(path)
 
 
