@@ -242,8 +242,10 @@ class SlotModels:
         # that restores a rolled-back model finds no target already, so the same rule holds there.)
         record_change = record_rollback if origin == "rollback" else record_activation
         with self._state_lock:
-            self.state = record_change(self.state, name, record)
-            self.state_file.save(self.state)
+            changed = record_change(self.state, name, record)
+            # Kept in memory only once on disk: what a restart brings back is what this process says.
+            self.state_file.save(changed)
+            self.state = changed
         self.protect_engines()
         self._on_activated()
 

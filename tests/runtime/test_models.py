@@ -82,3 +82,59 @@ def test_a_deployment_waits_for_the_slots_start_up_load_and_then_wins(tmp_path: 
     assert (saved.active.sha256, saved.active.origin) == (sha256_file(v2), "delivery")
     assert saved.last_known_good.sha256 == sha256_file(v1)
     slot.close()
+
+
+def test_the_same_bytes_deployed_as_a_new_version_can_be_rolled_back_to_the_old_one(tmp_path: Path) -> None:
+    """Issue 20.13: v1 runs, its very bytes are deployed as version 2; ``rollback`` brings back v1."""
+    v1 = write_classifier(tmp_path / "v1.onnx", input_size=32, num_classes=4, seed=1)
+    config = SlotConfig.model_validate(
+        {
+            "model": v1,
+            "model_id": "cls",
+            "version": "1",
+            "preprocess": {"width": 32, "height": 32},
+            "postprocess": {"type": "classification", "top_k": 2},
+        }
+    )
+    state_file = StateFile(tmp_path / "state" / "state.json")
+    engines = EngineService(
+        EngineBuilder(tmp_path / "state", EngineConfig(), detect_platform()), EngineConfig(), lambda _s, _n: []
+    )
+    slot = ModelSlot("cls")
+    models = SlotModels(
+        {"cls": slot},
+        {"cls": config},
+        state_file,
+        engines,
+        Metrics(),
+        latest_frame=lambda _slot: None,
+        on_activated=lambda: None,
+    )
+    models.load_initial("cls", config)
+    stored = tmp_path / "models" / f"{sha256_file(v1)}.onnx"  # where delivery stores the same bytes
+    stored.parent.mkdir()
+    stored.write_bytes(v1.read_bytes())
+    request = ActivationRequest(
+        slot="cls",
+        engine_path=stored,
+        backend="onnxruntime",
+        load_extra={},
+        model_id="cls",
+        version="2",
+        sha256=sha256_file(stored),
+        model_path=stored,
+    )
+    models.activate_delivered(request)
+    current = slot.current
+    assert current is not None
+    assert current.ref.version == "2"
+
+    reply = models.rollback("cls")
+
+    assert reply["model"]["version"] == "1"
+    current = slot.current
+    assert current is not None
+    assert current.ref.version == "1"
+    saved = state_file.load().slot("cls")
+    assert saved.active is not None
+    assert (saved.active.version, saved.active.origin) == ("1", "rollback")
