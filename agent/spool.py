@@ -10,9 +10,10 @@ durable *results* make room (or new ones are refused, ``results_at_cap: drop_new
 are never dropped. Results carry a time-to-live: an expired one is deleted when the replay reaches it
 instead of being published. A full disk never raises for a result: it is dropped and counted, and
 warned about once per episode (from the first failed write to the first write that succeeds with
-:data:`WRITE_RECOVERED_FREE_BYTES` free on the disk); a job state raises :class:`SpoolWriteError` so the caller can keep it
-in memory instead. Each write is one transaction, and :meth:`Spool.add_many` writes a whole batch in
-one, so a publisher of many results pays one fsync per batch, not one per result.
+:data:`WRITE_RECOVERED_FREE_BYTES` free on the disk); a job state raises :class:`SpoolWriteError`
+so the caller can keep it in memory instead. Each write is one transaction, and
+:meth:`Spool.add_many` writes a whole batch in one, so a publisher of many results pays one fsync
+per batch, not one per result.
 
 One job (a capped, crash-safe outbox), about 500 lines: the cap, the eviction order, the TTL and the
 counters all live in the same transactions as the rows they change; apart, a crash between them

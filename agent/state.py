@@ -113,7 +113,16 @@ def record_activation(state: AgentState, slot: str, record: ModelRecord) -> Agen
 
 #: What makes two records the same model: what it is called, its bytes, and how it runs. Not when it
 #: was activated, how it got there, or where its file lies (the same bytes under the config's path).
-_SAME_MODEL_FIELDS = ("model_id", "version", "sha256", "backend", "engine_key", "build", "preprocess", "postprocess")
+_SAME_MODEL_FIELDS = (
+    "model_id",
+    "version",
+    "sha256",
+    "backend",
+    "engine_key",
+    "build",
+    "preprocess",
+    "postprocess",
+)
 
 
 def same_model(a: ModelRecord, b: ModelRecord) -> bool:

@@ -98,7 +98,9 @@ def test_the_same_bytes_deployed_as_a_new_version_can_be_rolled_back_to_the_old_
     )
     state_file = StateFile(tmp_path / "state" / "state.json")
     engines = EngineService(
-        EngineBuilder(tmp_path / "state", EngineConfig(), detect_platform()), EngineConfig(), lambda _s, _n: []
+        EngineBuilder(tmp_path / "state", EngineConfig(), detect_platform()),
+        EngineConfig(),
+        lambda _s, _n: [],
     )
     slot = ModelSlot("cls")
     models = SlotModels(
