@@ -41,9 +41,10 @@ class JobRecords:
             if status.state is not JobState.QUEUED:
                 last = self._last_locked(manifest.slot)
                 if last is None or last.job_id != manifest.job_id:
-                    if status.state.terminal:
+                    if status.state.terminal and last is not None and last.sequence > manifest.sequence:
                         # Superseded by the slot's newer job: not its last, but ended all the same. A
                         # re-published manifest of it is then ignored, not refused with a second end.
+                        # (Not a job whose QUEUED the full disk refused: that one is retried.)
                         self._remember_ended_locked(manifest.job_id)
                     return
             self._write_locked(record)
