@@ -1,5 +1,7 @@
 """A full state disk costs nothing: a deploy arriving then ends ``FAILED disk_full`` (published, not
-vanished), and the device retries it by itself once space returns and the broker is back.
+vanished), and the device retries it by itself once space returns and the broker is back; a disk
+that fills during PROBATION leaves the old model serving, as state.json says (issue 19.8); a daemon
+restarted on a full state disk serves.
 
 A real daemon whose state directory is a real 16 MiB tmpfs filled to 0 bytes free, a real mosquitto
 stopped and started, a real signed deploy pulled over MQTT from the real ChunkServer.
@@ -181,3 +183,27 @@ def _active_version(disk: SmallDisk) -> str:
 
 def _results_after(messages: list[Received], topics: Topics, ts: float) -> list[ResultMessage]:
     return [r for r in unique_results(messages, topics.results("cam")) if r.published_at > ts]
+
+
+def test_a_daemon_restarted_on_a_full_state_disk_serves_the_model_state_json_names(
+    fleet: Fleet, device_id: str, probe: Probe, state_disk: SmallDisk
+) -> None:
+    """state.json cannot be written at start (the start-up load records what it loaded): the model
+    serves all the same, since the next start chooses from the same state.json and config."""
+    files = fleet.files(device_id)
+    config = yaml.safe_load(files.config_path.read_text())
+    config["state_dir"] = str(state_disk.path / "state")
+    files.config_path.write_text(yaml.safe_dump(config))
+    topics = Topics("fleet/v1", device_id)
+    daemon = fleet.start(files)
+    probe.wait_for(count_version("1", topics.results("cam")), timeout=60)
+    state_disk.fill()
+    assert daemon.stop() == 0, daemon.log()[-3000:]
+    probe.clear()
+
+    restarted = fleet.start(files)
+    probe.wait_for(count_version("1", topics.results("cam")), timeout=60)
+    assert state_disk.free_bytes() == 0
+    events = [e.get("event") for e in restarted.events()]
+    assert "agent.state.not_recorded" in events
+    assert restarted.stop() == 0, restarted.log()[-3000:]
