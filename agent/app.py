@@ -48,6 +48,7 @@ from agent.runtime.slot import ModelSlot, SlotState
 from agent.runtime.stage_items import StreamPlan
 from agent.spool import Spool
 from agent.state import StateFile
+from agent.state_lock import StateDirLock
 from agent.store import ModelStore
 from agent.systemd import Notifier, Watchdog
 from agent.telemetry import DeviceStats, Metrics, TelemetryLoop
@@ -85,6 +86,8 @@ class Agent:
         self.metrics = Metrics()
         self.notifier = Notifier.from_env()
         config.state_dir.mkdir(parents=True, exist_ok=True)
+        # First, before anything opens a file in it: a second agent on the same state_dir stops here.
+        self.state_lock = StateDirLock.acquire(config.state_dir)
         self.topics = Topics(config.mqtt.prefix, config.device_id)
         self.spool = Spool(config.state_dir / "spool.sqlite", config.spool)
         self.link = MqttLink(
@@ -349,6 +352,7 @@ class Agent:
         for slot in self.slots.values():
             slot.close()
         self.spool.close()
+        self.state_lock.release()
         log.info("agent.stopped")
 
     # -- reporting ---------------------------------------------------------------------------

@@ -9,9 +9,11 @@ Bounded (:class:`~agent.spool_settings.SpoolSettings`): at ``max_rows`` or ``max
 durable *results* make room (or new ones are refused, ``results_at_cap: drop_newest``); *job states*
 are never dropped. Results carry a time-to-live: an expired one is deleted when the replay reaches it
 instead of being published. A full disk never raises for a result: it is dropped and counted, and
-warned about once per episode; a job state raises :class:`SpoolWriteError` so the caller can keep it
-in memory instead. Each write is one transaction, and :meth:`Spool.add_many` writes a whole batch in
-one, so a publisher of many results pays one fsync per batch, not one per result.
+warned about once per episode (from the first failed write to the first write that succeeds with
+:data:`WRITE_RECOVERED_FREE_BYTES` free on the disk); a job state raises :class:`SpoolWriteError`
+so the caller can keep it in memory instead. Each write is one transaction, and
+:meth:`Spool.add_many` writes a whole batch in one, so a publisher of many results pays one fsync
+per batch, not one per result.
 
 One job (a capped, crash-safe outbox), about 500 lines: the cap, the eviction order, the TTL and the
 counters all live in the same transactions as the rows they change; apart, a crash between them
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import sqlite3
 import threading
 import time
@@ -43,6 +46,9 @@ _KIND_CODE: dict[str, int] = {"state": 0, "result": 1}
 
 #: Bytes a row costs beyond its payload and topic (rowid, columns, b-tree cell), for the byte cap.
 ROW_OVERHEAD = 40
+#: Free bytes on the spool's disk that end a write-failure episode (with a write that succeeds): a disk
+#: hovering at full, where writes fail and succeed by turns, stays one episode with one warning.
+WRITE_RECOVERED_FREE_BYTES = 1024 * 1024
 #: Cap on the write-ahead log after a checkpoint (SQLite otherwise keeps its largest size forever).
 _WAL_LIMIT_BYTES = 64 * 1024 * 1024
 
@@ -309,7 +315,7 @@ class Spool:
         return [None] * len(entries)
 
     def _write_recovered(self) -> None:
-        if self._write_error is not None:
+        if self._write_error is not None and self._space_is_back():
             log.info(
                 "spool.write.recovered",
                 path=str(self.path),
@@ -320,6 +326,16 @@ class Spool:
             for message_id in sorted(self._unremoved):
                 if not self._delete(message_id):
                     break
+
+    def _space_is_back(self) -> bool:
+        """True when the spool's disk has :data:`WRITE_RECOVERED_FREE_BYTES` free: the end of a
+        write-failure episode. A write that squeezed into the last free pages does not end it: the
+        next one fails again, and one episode must not log two warnings."""
+        try:
+            st = os.statvfs(self.path.parent)
+        except OSError:
+            return True  # cannot tell: the write went through, take it as the end
+        return st.f_bavail * st.f_frsize >= WRITE_RECOVERED_FREE_BYTES
 
     def _cap_reached(self) -> None:
         if not self._at_cap:

@@ -96,17 +96,38 @@ class AgentState(_StateModel):
 def record_activation(state: AgentState, slot: str, record: ModelRecord) -> AgentState:
     """Return a new state in which ``record`` is active in ``slot``.
 
-    The previously active model becomes the last known good one, unless it is the same model
-    (same sha256) being activated again, in which case the last known good one is kept.
+    The previously active model becomes the last known good one, unless it is the same model being
+    activated again (a restart restoring it, a reload of an unchanged config): then the last known
+    good one is kept. The same bytes under another version, id or processing are another model: it
+    ran, so a rollback must be able to bring it back.
     """
     current = state.slot(slot)
     previous = current.active
     last_known_good = current.last_known_good
-    if previous is not None and previous.sha256 != record.sha256:
+    if previous is not None and not same_model(previous, record):
         last_known_good = previous
     slots = dict(state.slots)
     slots[slot] = current.model_copy(update={"active": record, "last_known_good": last_known_good})
     return state.model_copy(update={"slots": slots})
+
+
+#: What makes two records the same model: what it is called, its bytes, and how it runs. Not when it
+#: was activated, how it got there, or where its file lies (the same bytes under the config's path).
+_SAME_MODEL_FIELDS = (
+    "model_id",
+    "version",
+    "sha256",
+    "backend",
+    "engine_key",
+    "build",
+    "preprocess",
+    "postprocess",
+)
+
+
+def same_model(a: ModelRecord, b: ModelRecord) -> bool:
+    """True when ``a`` and ``b`` are one model activated twice, not two models (pure)."""
+    return all(getattr(a, name) == getattr(b, name) for name in _SAME_MODEL_FIELDS)
 
 
 def record_rollback(state: AgentState, slot: str, record: ModelRecord) -> AgentState:

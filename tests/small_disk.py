@@ -35,6 +35,10 @@ class SmallDisk:
         """Delete the filler: the space is back."""
         self._filler.unlink(missing_ok=True)
 
+    def free_some(self, size: int) -> None:
+        """Give ``size`` bytes of the filler back: a disk hovering at full (fill() takes them again)."""
+        os.truncate(self._filler, max(0, self._filler.stat().st_size - size))
+
     def free_bytes(self) -> int:
         st = os.statvfs(self.path)
         return st.f_bavail * st.f_frsize

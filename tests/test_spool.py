@@ -13,7 +13,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from agent.mqtt.session import RESERVATION, SessionCounter
-from agent.spool import ROW_OVERHEAD, Spool, SpoolEntry, SpoolWriteError
+from agent.spool import ROW_OVERHEAD, WRITE_RECOVERED_FREE_BYTES, Spool, SpoolEntry, SpoolWriteError
 from agent.spool_settings import SpoolSettings
 from tests.small_disk import small_disk
 
@@ -215,6 +215,29 @@ def test_on_a_full_disk_results_are_dropped_and_counted_with_one_warning_and_sta
         assert [e["event"] for e in logs] == ["spool.write.recovered"]
         assert [m.payload for m in spool.pending()] == [b"after"]  # the late DELETE went through
         assert spool.stats()["write_failing"] == 0.0
+
+
+def test_a_write_squeezed_in_between_two_failures_does_not_end_the_episode(tmp_path: Path) -> None:
+    """Issue 20.16: a disk hovering at full (a few pages freed, then taken again) is one episode: one
+    ``spool.write.failed``; it ends, with one ``spool.write.recovered``, once a write succeeds with
+    WRITE_RECOVERED_FREE_BYTES free."""
+    with small_disk(tmp_path / "disk", "4m") as disk, Spool(disk.path / "s.sqlite") as spool:
+        spool.add("up/jobs/j", b"before", 1, False)
+        disk.fill()
+        with capture_logs() as logs:
+            assert spool.add_many(_results(10)) == [None] * 10
+            disk.free_some(256 * 1024)  # some pages back: far below the margin
+            assert spool.add("up/jobs/j", b"squeezed in", 1, False) is not None
+            assert spool.stats()["write_failing"] == 1.0  # still the same episode
+            disk.fill()
+            assert spool.add_many(_results(10, 10)) == [None] * 10
+            disk.free()
+            assert disk.free_bytes() >= WRITE_RECOVERED_FREE_BYTES
+            assert spool.add("up/jobs/j", b"after", 1, False) is not None
+        events = [e["event"] for e in logs if e["event"].startswith("spool.write")]
+        assert events == ["spool.write.failed", "spool.write.recovered"]
+        assert spool.stats()["write_failing"] == 0.0
+        assert spool.stats()["dropped_write_failed"] == 20
 
 
 def test_the_session_counter_needs_no_disk_write_and_stays_monotonic(tmp_path: Path) -> None:

@@ -72,9 +72,24 @@ def test_record_activation_moves_previous_to_last_known_good() -> None:
 def test_reactivating_the_same_model_keeps_last_known_good() -> None:
     state = record_activation(AgentState(), "cls", _record("a"))
     state = record_activation(state, "cls", _record("b"))
-    again = record_activation(state, "cls", _record("b", version="1-rebuilt"))
-    assert again.slot("cls").active == _record("b", version="1-rebuilt")
+    # A restart restoring it: a new activation time, its origin and file path may differ.
+    restored = _record("b").model_copy(
+        update={"activated_at": datetime(2024, 6, 1, tzinfo=timezone.utc), "path": "/etc/b.onnx"}
+    )
+    again = record_activation(state, "cls", restored)
+    assert again.slot("cls").active == restored
     assert again.slot("cls").last_known_good == _record("a")
+
+
+def test_the_same_bytes_under_a_new_version_make_the_old_version_the_rollback_target() -> None:
+    """Issue 20.13: v1 ran, then its bytes were deployed as v2; a rollback must find v1."""
+    state = record_activation(AgentState(), "cls", _record("a", version="1"))
+    state = record_activation(state, "cls", _record("a", version="2"))
+    assert state.slot("cls").active == _record("a", version="2")
+    assert state.slot("cls").last_known_good == _record("a", version="1")
+    relabelled = _record("a", version="2").model_copy(update={"postprocess": {"labels": ["x", "y"]}})
+    state = record_activation(state, "cls", relabelled)
+    assert state.slot("cls").last_known_good == _record("a", version="2")
 
 
 def test_a_rollback_leaves_no_target_so_a_second_one_cannot_swap_forward() -> None:

@@ -41,16 +41,72 @@ class JobRecords:
             if status.state is not JobState.QUEUED:
                 last = self._last_locked(manifest.slot)
                 if last is None or last.job_id != manifest.job_id:
+                    if status.state.terminal and last is not None and last.sequence > manifest.sequence:
+                        # Superseded by the slot's newer job: not its last, but ended all the same. A
+                        # re-published manifest of it is then ignored, not refused with a second end.
+                        # (Not a job whose QUEUED the full disk refused: that one is retried.)
+                        self._remember_ended_locked(manifest.job_id)
                     return
+            self._write_locked(record)
+
+    def end_interrupted(self, record: JobRecord, *, by: str) -> JobStatus:
+        """End the slot's last job ``record`` SUPERSEDED by job ``by``; the status to publish.
+
+        For a job a stop or kill interrupted whose retained manifest a newer one replaced while the
+        agent was down: it will never resume, and without this it would never end. Recorded before
+        the newer job's QUEUED, so a kill between the two still finds it to end after the restart;
+        a disk that refuses the record leaves it ended in this process (and logged).
+        """
+        last = record.status
+        status = JobStatus(
+            job_id=record.job_id,
+            slot=record.slot,
+            state=JobState.SUPERSEDED,
+            error_code="superseded",
+            error=f"superseded by job {by}, published while the agent was down",
+            # The figures it had when interrupted: what the operator last saw of it.
+            timings_s=last.timings_s if last is not None else {},
+            requested=last.requested if last is not None else None,
+            effective=last.effective if last is not None else None,
+            shadow=last.shadow if last is not None else None,
+            probation=last.probation if last is not None else None,
+        )
+        log.info("delivery.job.state", job=record.job_id, slot=record.slot, state=status.state.value, by=by)
+        ended = record.model_copy(
+            update={
+                "state": status.state,
+                "error_code": status.error_code,
+                "status": status,
+                "updated_at": status.ts,
+            }
+        )
+        with self._lock:
             try:
-                self.ledger.record(record)
-            except OSError:
-                if status.state.terminal:
-                    # This process knows the job is over even if the disk does not yet: a redelivered
-                    # manifest must not resume it. The upkeep thread writes it once the disk takes it.
-                    self._unrecorded[manifest.slot] = record
-                raise
-            self._unrecorded.pop(manifest.slot, None)
+                self._write_locked(ended)
+            except OSError as exc:
+                log.error(
+                    "delivery.job.record_failed", job=record.job_id, state=status.state.value, error=str(exc)
+                )
+        return status
+
+    def _remember_ended_locked(self, job_id: str) -> None:
+        try:
+            self.ledger.remember_ended(job_id)
+        except OSError as exc:
+            self._refused.add(job_id)
+            log.warning("delivery.job.end_not_recorded", job=job_id, error=str(exc))
+
+    def _write_locked(self, record: JobRecord) -> None:
+        """Make ``record`` its slot's last in the ledger; a terminal one the disk refuses stays here."""
+        try:
+            self.ledger.record(record)
+        except OSError:
+            if record.state.terminal:
+                # This process knows the job is over even if the disk does not yet: a redelivered
+                # manifest must not resume it. The upkeep thread writes it once the disk takes it.
+                self._unrecorded[record.slot] = record
+            raise
+        self._unrecorded.pop(record.slot, None)
 
     def _last_locked(self, slot: str) -> JobRecord | None:
         return self._unrecorded.get(slot) or self.ledger.last(slot)

@@ -325,7 +325,8 @@ class DeliveryService:
             return
         in_flight = {d.job_id for d in lane.in_flight()}
         ended = self._records.has_ended(manifest.job_id)
-        decision = decide(manifest, self._records.last(slot), in_flight, retry=retry, ended=ended)
+        last = self._records.last(slot)
+        decision = decide(manifest, last, in_flight, retry=retry, ended=ended)
         if decision.action is Action.IGNORE:
             log.info("delivery.desired.unchanged", slot=slot, job=manifest.job_id, reason=decision.reason)
             return
@@ -338,6 +339,15 @@ class DeliveryService:
             raise ReplayError(f"replayed manifest refused: {decision.reason}", job_id=manifest.job_id)
         with self._lock:
             self._waiting_for_space.pop(slot, None)  # this manifest is the slot's attempt now
+        if (
+            last is not None
+            and not last.done
+            and last.job_id != manifest.job_id
+            and last.job_id not in in_flight
+        ):
+            # Interrupted by a stop or kill, and its retained manifest replaced while the agent was
+            # down: it will never resume, so it ends here, recorded before the newer job's QUEUED.
+            self._publish(self._records.end_interrupted(last, by=manifest.job_id))
         specs = self._slot_specs(slot)
         assert specs is not None  # checked by _check_slot
         job = Deployment(

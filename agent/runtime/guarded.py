@@ -13,7 +13,10 @@ while it owns the slot:
    the agent stopping swap the previous model back in (a reference swap: no frame is lost) and the
    rejected model's last result is published before the job's end is;
 5. commit: only now is the new model recorded in state.json as active (its predecessor becoming the
-   last-known-good). A restart before this comes back on the previous model.
+   last-known-good). A restart before this comes back on the previous model, and so does this
+   process when the record fails (a full state disk): the previous model is swapped back in and the
+   job ends on the error (``FAILED disk_full``), so what serves, what ``up/info`` and the job say
+   and what a restart brings back agree. Without probation the record comes before the swap.
 """
 
 from __future__ import annotations
@@ -67,8 +70,10 @@ class GuardedSlot:
 
     slot: ModelSlot
     latest_frame: Callable[[], npt.NDArray[np.uint8] | None]
-    #: Record the model as the slot's active one in state.json (the commit).
+    #: Record the model as the slot's active one in state.json (the commit); raises when it cannot.
     record: Callable[[ModelSource, LoadedModel], None]
+    #: Tell whoever publishes up/info, once the committed model serves for good.
+    activated: Callable[[], None]
     #: Where the runs are published for telemetry and the rollback command.
     runs: dict[str, GuardRun]
 
@@ -81,11 +86,22 @@ def activate_guarded(target: GuardedSlot, request: ActivationRequest, source: Mo
     candidate = slot.load_candidate(source, target.latest_frame())
     if request.shadow is not None:
         _shadow(target, request, candidate, guard)
+    if slot.current is None or request.probation_s <= 0:
+        # Nothing to watch it against: recorded first, then swapped in, so a disk that refuses the
+        # record leaves the previous model serving, as state.json says.
+        try:
+            target.record(source, candidate)
+        except BaseException:
+            slot.discard(candidate)
+            raise
+        previous = slot.swap_in(candidate)
+        if previous is not None:
+            previous.retire()
+        target.activated()
+        return
     swap_at = time.monotonic()
     previous = slot.swap_in(candidate)
-    if previous is None or request.probation_s <= 0:
-        _commit(target, source, candidate, previous)
-        return
+    assert previous is not None  # the slot served a model (checked above, under its owner lock)
     baseline = previous.health.figures(swap_at - request.probation.baseline_s, swap_at)
     run = ProbationRun(slot.name, request.probation_s, swap_at, baseline)
     target.runs[slot.name] = run
@@ -99,9 +115,20 @@ def activate_guarded(target: GuardedSlot, request: ActivationRequest, source: Mo
         run.done.set()
         raise
     if outcome == "healthy":
-        _commit(target, source, candidate, previous)
+        try:
+            target.record(source, candidate)
+        except BaseException as exc:
+            # State disk full: state.json still names the previous model, so that one serves again
+            # (what a restart would bring back) and the job ends on this error (FAILED disk_full).
+            log.error("probation.commit_failed", slot=slot.name, error=str(exc), serving="previous model")
+            slot.swap_back(previous, candidate)
+            candidate.wait_idle(_DRAIN_S)
+            run.done.set()
+            raise
+        previous.retire()
         run.done.set()
         guard.figures(probation=run.figures)
+        target.activated()
         return
     slot.swap_back(previous, candidate)
     if outcome != "cancelled" and not candidate.wait_idle(_DRAIN_S):
@@ -171,11 +198,3 @@ def _shadow(
         f"shadow on {figures.frames} live frames: {why}; the previous model never stopped serving",
         code=verdict or "shadow_no_frames",
     )
-
-
-def _commit(
-    target: GuardedSlot, source: ModelSource, model: LoadedModel, previous: LoadedModel | None
-) -> None:
-    target.record(source, model)
-    if previous is not None:
-        previous.retire()

@@ -33,7 +33,7 @@ from agent.delivery.steps import ActivationRequest, BuildOutcome, JobReporter, n
 from agent.engines.plan import FAILED_AT, load_fallback
 from agent.engines.service import EngineService, PreparedEngine
 from agent.engines.spec import BuildSpec
-from agent.errors import AgentError, BuildError, EngineError
+from agent.errors import AgentError, BuildError, DiskFullError, EngineError
 from agent.fsutil import sha256_file
 from agent.postprocess.spec import PostprocessSpec
 from agent.protocol.command_args import CalibrateArgs
@@ -191,7 +191,7 @@ class SlotModels:
                 else:
                     # A built engine comes back from the engine cache (rebuilt only if it was evicted).
                     source = self.prepared(name, candidate, build)
-                self.activate(name, source, origin=origin)
+                self.activate(name, source, origin=origin, must_record=False)
                 if origin != "config" or candidate.path != configured.path:
                     log.warning("agent.slot.restored", slot=name, model=source.model_id, ver=source.version)
                 break
@@ -201,8 +201,15 @@ class SlotModels:
         if self.slots[name].current is None:
             _report_empty(self.slots[name], problems)
         with self._state_lock:
-            self.state = record_config_model(self.state, name, config_sha)
-            self.state_file.save(self.state)
+            changed = record_config_model(self.state, name, config_sha)
+            try:
+                self.state_file.save(changed)
+            except OSError as exc:
+                # A full state disk must not keep the device from serving: the next start chooses
+                # from the same state.json again, so it comes back on the same model.
+                log.error("agent.state.not_recorded", slot=name, error=str(exc))
+            else:
+                self.state = changed
 
     def wait_initial_load(self, name: str, timeout: float = INITIAL_LOAD_WAIT_S) -> None:
         """Block until the start-up load of slot ``name`` is over (EngineError after ``timeout``)."""
@@ -212,20 +219,42 @@ class SlotModels:
                 "the deployment waits for no longer: publish it again once the slot serves"
             )
 
-    def activate(self, name: str, source: ModelSource, *, origin: Origin = "config") -> LoadedModel:
-        """Load ``source`` into slot ``name`` and record it in state.json, as the slot's only owner."""
-        with self._slot_locks[name]:
-            return self._activate(name, source, origin)
+    def activate(
+        self, name: str, source: ModelSource, *, origin: Origin = "config", must_record: bool = True
+    ) -> LoadedModel:
+        """Load ``source`` into slot ``name`` and record it in state.json, as the slot's only owner.
 
-    def _activate(self, name: str, source: ModelSource, origin: Origin) -> LoadedModel:
+        ``must_record``: the record is written before the model serves, and a disk that refuses it
+        (OSError) leaves the previous model serving: a deployment or rollback that could not be
+        recorded would be undone by the next restart. False (the start-up load, a config reload): the
+        model serves all the same and a failed record is logged, since the next start makes the
+        same choice from the same state.json and config.
+        """
+        with self._slot_locks[name]:
+            return self._activate(name, source, origin, must_record)
+
+    def _activate(self, name: str, source: ModelSource, origin: Origin, must_record: bool) -> LoadedModel:
         sample = self._latest_frame(name)
-        loaded = self.slots[name].load(source, sample)
-        self._record(name, source, loaded, origin)
+        slot = self.slots[name]
+        if must_record:
+            loaded = slot.load(source, sample, before_swap=lambda c: self._record(name, source, c, origin))
+        else:
+            loaded = slot.load(source, sample)
+            try:
+                self._record(name, source, loaded, origin)
+            except OSError as exc:
+                log.error("agent.state.not_recorded", slot=name, model=loaded.ref.model_id, error=str(exc))
+        self._activated()
         return loaded
+
+    def _activated(self) -> None:
+        """A model serves for good: its engines are protected, and whoever publishes up/info is told."""
+        self.protect_engines()
+        self._on_activated()
 
     def _record(self, name: str, source: ModelSource, loaded: LoadedModel, origin: Origin) -> None:
         """Record ``loaded`` as the slot's active model in state.json (its predecessor becomes the
-        last-known-good), then tell whoever publishes up/info."""
+        last-known-good); OSError when the disk refuses it (nothing changes then)."""
         record = ModelRecord(
             model_id=loaded.ref.model_id,
             version=loaded.ref.version,
@@ -242,10 +271,10 @@ class SlotModels:
         # that restores a rolled-back model finds no target already, so the same rule holds there.)
         record_change = record_rollback if origin == "rollback" else record_activation
         with self._state_lock:
-            self.state = record_change(self.state, name, record)
-            self.state_file.save(self.state)
-        self.protect_engines()
-        self._on_activated()
+            changed = record_change(self.state, name, record)
+            # Kept in memory only once on disk: what a restart brings back is what this process says.
+            self.state_file.save(changed)
+            self.state = changed
 
     def start_swap(self, name: str, source: ModelSource, build: BuildSpec | None) -> None:
         thread = threading.Thread(
@@ -256,7 +285,7 @@ class SlotModels:
 
     def _swap(self, name: str, source: ModelSource, build: BuildSpec | None = None) -> None:
         try:
-            self.activate(name, self.prepared(name, source, build))
+            self.activate(name, self.prepared(name, source, build), must_record=False)
         except (EngineError, BuildError) as exc:
             log.error("slot.swap.rejected", slot=name, error=str(exc))
             self.metrics.counter(f"slot.{name}.swap_failures").inc()
@@ -421,6 +450,7 @@ class SlotModels:
             slot=self.slots[name],
             latest_frame=lambda: self._latest_frame(name),
             record=lambda source, loaded: self._record(name, source, loaded, "delivery"),
+            activated=self._activated,
             runs=self._guard_runs,
         )
 
@@ -489,7 +519,18 @@ class SlotModels:
         current = self.slots[slot].current
         base = current.source if current is not None else model_source(self.slot_configs[slot])
         source = self.prepared(slot, _from_record(base, record), _build_of(record))
-        loaded = self.activate(slot, source, origin="rollback")
+        try:
+            loaded = self.activate(slot, source, origin="rollback")
+        except OSError as exc:
+            ref = current.ref if current is not None else None
+            serving = (
+                f"{ref.model_id} {ref.version or '(no version)'} keeps serving" if ref else "nothing changed"
+            )
+            raise DiskFullError(
+                f"slot {slot!r} cannot roll back to {_named(record)}: state.json cannot be written "
+                f"({exc}), and a rollback a restart would undo is no rollback; {serving}. Free space "
+                "on the state disk and send it again"
+            ) from exc
         log.warning("slot.rolled_back", slot=slot, model=record.model_id, version=record.version)
         return {"slot": slot, "model": loaded.ref.model_dump()}
 

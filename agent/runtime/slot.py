@@ -109,14 +109,30 @@ class ModelSlot:
             if model is not None:
                 model.release()
 
-    def load(self, source: ModelSource, sample: npt.NDArray[np.uint8] | None = None) -> LoadedModel:
+    def load(
+        self,
+        source: ModelSource,
+        sample: npt.NDArray[np.uint8] | None = None,
+        *,
+        before_swap: Callable[[LoadedModel], None] | None = None,
+    ) -> LoadedModel:
         """Load, warm up and validate ``source`` off the frame path, then swap it in.
 
         On any failure the previous model keeps serving and :class:`EngineError` says why.
         ``sample`` is a real camera frame to validate on; a grey frame is used when none is known yet.
+        ``before_swap(candidate)`` runs once the candidate passed, before it serves (the state.json
+        record of a deployment): when it raises, the candidate is dropped, the previous model keeps
+        serving and its exception propagates unchanged.
         """
         with self._load_lock:
             candidate = self._validated(source, sample)
+            if before_swap is not None:
+                try:
+                    before_swap(candidate)
+                except BaseException:
+                    self.discard(candidate)
+                    self._transition(SlotState.ACTIVE if self._current is not None else SlotState.EMPTY)
+                    raise
             self._swap(candidate)
             return candidate
 

@@ -19,6 +19,7 @@ from agent.store import DiskUsage
 from tests.delivery.conftest import HarnessFactory
 from tests.delivery.delivery_stack import HAPPY_PATH, SLOT, Harness, make_keys, states
 from tests.runtime.models import write_checker_failure
+from tests.waiting import wait_until
 
 
 def _deploy_ok(device: Harness, model: Path, *, sequence: int = 1, job_id: str | None = None) -> str:
@@ -405,6 +406,55 @@ def test_interrupted_job_resumes_after_restart(
     assert second.jobs_json()["slots"][SLOT]["state"] == "ACTIVE"
 
 
+def test_an_interrupted_job_whose_manifest_was_replaced_while_down_ends_superseded(
+    make_device: HarnessFactory, tmp_path: Path, model_v1: Path, model_v2: Path
+) -> None:
+    """Issue 19.5: one terminal state per job id, also for a job that can no longer resume."""
+    state_dir = tmp_path / "state-replaced"
+    first = make_device(state_dir=state_dir)
+    first.repo.hold.add("job-old")
+    old = first.manifest(model_v1, sequence=1, job_id="job-old")
+    first.deploy(first.signed(old))
+    assert first.repo.waiting.wait(10)
+    first.stop()  # mid-download: the job stays open in jobs.json
+    assert first.jobs_json()["slots"][SLOT]["state"] == "DOWNLOADING"
+    new = first.manifest(model_v2, sequence=2, job_id="job-new")
+    first.deploy(first.signed(new))  # retained while the agent is down: replaces job-old's manifest
+
+    second = make_device(state_dir=state_dir, device_id=first.device_id, start=False)
+    second.repo.files.update(first.repo.files)
+    second.start()
+    assert states(second.wait_terminal("job-new")) == HAPPY_PATH
+    [ended] = second.statuses("job-old")
+    assert (ended.state, ended.error_code) == (JobState.SUPERSEDED, "superseded")
+    assert "job-new" in (ended.error or "")
+    assert "job-old" in second.jobs_json()["ended"]
+    assert second.activations.requests[-1].sha256 == new.sha256
+
+    # Its manifest published again by hand: ignored, not a second end (REJECTED as a replay).
+    second.deploy(second.signed(old))
+    second.probe.settle(0.5)
+    assert [s.state for s in second.statuses("job-old")] == [JobState.SUPERSEDED]
+
+
+def test_a_job_superseded_while_running_gets_no_second_end_when_its_manifest_returns(
+    device: Harness, model_v1: Path, model_v2: Path
+) -> None:
+    device.repo.hold.add("job-slow")
+    first = device.manifest(model_v1, sequence=1, job_id="job-slow")
+    device.deploy(device.signed(first))
+    assert device.repo.waiting.wait(10), "first download never started"
+    device.deploy(device.signed(device.manifest(model_v2, sequence=2, job_id="job-fast")))
+    assert device.wait_terminal("job-slow")[-1].state is JobState.SUPERSEDED
+    device.wait_terminal("job-fast")
+    assert "job-slow" in device.jobs_json()["ended"]
+
+    device.deploy(device.signed(first))  # re-published by hand: an older sequence
+    device.probe.settle(0.5)
+    assert [s.state for s in device.statuses("job-slow")].count(JobState.SUPERSEDED) == 1
+    assert not any(s.state is JobState.REJECTED for s in device.statuses("job-slow"))
+
+
 def test_a_finished_job_is_published_again_from_its_record_and_never_runs_again(
     make_device: HarnessFactory, tmp_path: Path, model_v1: Path
 ) -> None:
@@ -468,6 +518,8 @@ def test_info_fields_show_the_last_job_a_refused_one_included_and_the_last_failu
         SignedManifest(manifest=unsigned.model_dump_json()).model_dump_json(exclude_none=True).encode()
     )
     device.wait_terminal("job-unsigned")
+    # The end is noted just after it is published: the probe may see it first.
+    wait_until(lambda: len(device.job_ends) > ends, 10, "the refusal to be noted")
 
     # The ledger still names the good job (the refused one must not bound replays) ...
     assert device.service.last_job(SLOT) == good

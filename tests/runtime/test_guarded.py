@@ -9,6 +9,7 @@ the runtime tells it.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
 import threading
 import time
@@ -25,6 +26,7 @@ from agent.datasets.shapes import generate
 from agent.delivery.errors import JobCancelledError, RolledBackError, ShadowRejectedError
 from agent.delivery.guard import ProbationSpec, ShadowSpec
 from agent.delivery.steps import ActivationRequest, GuardReporter
+from agent.fsutil import atomic_write_json
 from agent.modelzoo import write_classifier, write_detector
 from agent.postprocess.spec import DetectionSpec
 from agent.protocol.messages import JobState, ProbationFigures, ShadowFigures
@@ -42,6 +44,7 @@ from tests.runtime.models import (
     write_swapped_classes,
 )
 from tests.runtime.test_pipeline import Rig, model_source, rig, synthetic  # noqa: F401 (rig: a fixture)
+from tests.small_disk import small_disk
 from tests.waiting import wait_until
 
 
@@ -105,14 +108,26 @@ class Target:
     pipeline: SlotPipeline
     committed: list[LoadedModel] = field(default_factory=list)
     runs: dict[str, GuardRun] = field(default_factory=dict)
+    #: Where the commit is written (a file on a real disk); None: kept in ``committed`` only.
+    state_path: Path | None = None
+    activated: int = 0
 
     def guarded(self) -> GuardedSlot:
         return GuardedSlot(
             slot=self.slot,
             latest_frame=lambda: self.pipeline.last_image,
-            record=lambda _source, loaded: self.committed.append(loaded),
+            record=self._record,
+            activated=self._activated,
             runs=self.runs,
         )
+
+    def _record(self, _source: ModelSource, loaded: LoadedModel) -> None:
+        if self.state_path is not None:
+            atomic_write_json(self.state_path, {"active": loaded.ref.model_dump()})
+        self.committed.append(loaded)
+
+    def _activated(self) -> None:
+        self.activated += 1
 
 
 def start(rig: Rig, v1: Path, spec: object, name: str = "cam0", max_batch: int = 4) -> Target:  # noqa: F811 (rig)
@@ -347,6 +362,43 @@ def test_a_cancelled_job_during_probation_swaps_back_and_commits_nothing(
     assert target.slot.current is not None
     assert target.slot.current.ref.version == "1"
     assert not target.committed
+
+
+@pytest.mark.parametrize("probation_s", [1.5, 0.0], ids=["probation", "no-probation"])
+def test_a_commit_the_full_disk_refuses_leaves_the_previous_model_serving(
+    rig: Rig,  # noqa: F811
+    models: dict[str, Path],
+    tmp_path: Path,
+    probation_s: float,
+) -> None:
+    """Issue 19.8: the state disk fills before the commit: the previous model serves (again), as the
+    state file still says, and the disk's error reaches the job (which ends FAILED disk_full)."""
+    target = start(rig, models["v1"], synthetic(100_000, fps=30.0))
+    previous = target.slot.current
+    job = JobSide()
+    req, source = request(models["good"], shadow=ShadowSpec(frames=3), probation_s=probation_s, job=job)
+    with small_disk(tmp_path / "state", "1m") as disk:
+        target.state_path = disk.path / "state.json"
+        disk.fill()
+        with pytest.raises(OSError, match="No space left") as raised:
+            activate_guarded(target.guarded(), req, source)
+        assert raised.value.errno == errno.ENOSPC
+        assert not target.state_path.exists()
+    assert target.slot.current is previous
+    assert target.slot.current is not None
+    assert target.slot.current.ref.version == "1"
+    assert target.slot.state.value == "active"
+    assert not target.committed
+    assert target.activated == 0
+    assert job.states == ([JobState.SHADOW, JobState.PROBATION] if probation_s else [JobState.SHADOW])
+    # The candidate's last results were published before the error came back (as for a swap back).
+    ended = time.time()
+
+    def after() -> list[Result]:
+        return [r for r in results(rig) if r.published_at > ended]
+
+    wait_until(lambda: len(after()) >= 10, timeout=20.0, what="results after the failed commit")
+    assert {r.version for r in after()} == {"1"}  # the previous model serves on
 
 
 DETECTOR_SIZE = 64

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import errno
 import threading
 from pathlib import Path
+
+import pytest
 
 from agent.config import SlotConfig
 from agent.delivery.steps import ActivationRequest
 from agent.engines.builder import EngineBuilder
 from agent.engines.service import EngineService
 from agent.engines.settings import EngineConfig
+from agent.errors import DiskFullError
 from agent.fsutil import sha256_file
 from agent.modelzoo import write_classifier
 from agent.platform import detect_platform
@@ -17,6 +21,7 @@ from agent.runtime.models import SlotModels
 from agent.runtime.slot import ModelSlot
 from agent.state import StateFile
 from agent.telemetry import Metrics
+from tests.small_disk import small_disk
 
 
 def test_a_deployment_waits_for_the_slots_start_up_load_and_then_wins(tmp_path: Path) -> None:
@@ -82,3 +87,138 @@ def test_a_deployment_waits_for_the_slots_start_up_load_and_then_wins(tmp_path: 
     assert (saved.active.sha256, saved.active.origin) == (sha256_file(v2), "delivery")
     assert saved.last_known_good.sha256 == sha256_file(v1)
     slot.close()
+
+
+def test_the_same_bytes_deployed_as_a_new_version_can_be_rolled_back_to_the_old_one(tmp_path: Path) -> None:
+    """Issue 20.13: v1 runs, its very bytes are deployed as version 2; ``rollback`` brings back v1."""
+    v1 = write_classifier(tmp_path / "v1.onnx", input_size=32, num_classes=4, seed=1)
+    config = SlotConfig.model_validate(
+        {
+            "model": v1,
+            "model_id": "cls",
+            "version": "1",
+            "preprocess": {"width": 32, "height": 32},
+            "postprocess": {"type": "classification", "top_k": 2},
+        }
+    )
+    state_file = StateFile(tmp_path / "state" / "state.json")
+    engines = EngineService(
+        EngineBuilder(tmp_path / "state", EngineConfig(), detect_platform()),
+        EngineConfig(),
+        lambda _s, _n: [],
+    )
+    slot = ModelSlot("cls")
+    models = SlotModels(
+        {"cls": slot},
+        {"cls": config},
+        state_file,
+        engines,
+        Metrics(),
+        latest_frame=lambda _slot: None,
+        on_activated=lambda: None,
+    )
+    models.load_initial("cls", config)
+    stored = tmp_path / "models" / f"{sha256_file(v1)}.onnx"  # where delivery stores the same bytes
+    stored.parent.mkdir()
+    stored.write_bytes(v1.read_bytes())
+    request = ActivationRequest(
+        slot="cls",
+        engine_path=stored,
+        backend="onnxruntime",
+        load_extra={},
+        model_id="cls",
+        version="2",
+        sha256=sha256_file(stored),
+        model_path=stored,
+    )
+    models.activate_delivered(request)
+    current = slot.current
+    assert current is not None
+    assert current.ref.version == "2"
+
+    reply = models.rollback("cls")
+
+    assert reply["model"]["version"] == "1"
+    current = slot.current
+    assert current is not None
+    assert current.ref.version == "1"
+    saved = state_file.load().slot("cls")
+    assert saved.active is not None
+    assert (saved.active.version, saved.active.origin) == ("1", "rollback")
+
+
+def test_on_a_full_state_disk_a_deployment_or_rollback_changes_nothing_and_a_start_still_serves(
+    tmp_path: Path,
+) -> None:
+    """Issue 19.8: what serves is what state.json says, so what a restart brings back. A deployment or
+    a rollback the full disk cannot record leaves the model serving that state.json names; a start
+    on the full disk still serves (and chooses what the previous start chose)."""
+    v1 = write_classifier(tmp_path / "v1.onnx", input_size=32, num_classes=4, seed=1)
+    v2 = write_classifier(tmp_path / "v2.onnx", input_size=32, num_classes=4, seed=2)
+    v3 = write_classifier(tmp_path / "v3.onnx", input_size=32, num_classes=4, seed=3)
+    config = SlotConfig.model_validate(
+        {
+            "model": v1,
+            "model_id": "cls",
+            "version": "1",
+            "preprocess": {"width": 32, "height": 32},
+            "postprocess": {"type": "classification", "top_k": 2},
+        }
+    )
+
+    def slot_models(state_file: StateFile) -> SlotModels:
+        engines = EngineService(
+            EngineBuilder(tmp_path / "engines", EngineConfig(), detect_platform()),
+            EngineConfig(),
+            lambda _s, _n: [],
+        )
+        return SlotModels(
+            {"cls": ModelSlot("cls")},
+            {"cls": config},
+            state_file,
+            engines,
+            Metrics(),
+            latest_frame=lambda _slot: None,
+            on_activated=lambda: None,
+        )
+
+    def request(model: Path, version: str) -> ActivationRequest:
+        return ActivationRequest(
+            slot="cls",
+            engine_path=model,
+            backend="onnxruntime",
+            load_extra={},
+            model_id="cls",
+            version=version,
+            sha256=sha256_file(model),
+            model_path=model,
+        )
+
+    def serving(models: SlotModels) -> str | None:
+        current = models.slots["cls"].current
+        assert current is not None
+        return current.ref.version
+
+    with small_disk(tmp_path / "state", "1m") as disk:
+        state_file = StateFile(disk.path / "state.json")
+        models = slot_models(state_file)
+        models.load_initial("cls", config)
+        models.activate_delivered(request(v2, "2"))
+        disk.fill()
+
+        with pytest.raises(OSError) as raised:
+            models.activate_delivered(request(v3, "3"))
+        assert raised.value.errno == errno.ENOSPC
+        assert serving(models) == "2"
+        assert models.slots["cls"].state.value == "active"
+        with pytest.raises(DiskFullError, match=r"cls 2 keeps serving"):
+            models.rollback("cls")
+        assert serving(models) == "2"
+        for state in (state_file.load(), models.state):
+            active = state.slot("cls").active
+            assert active is not None
+            assert active.version == "2"
+
+        restarted = slot_models(state_file)  # a restart on the still-full disk
+        restarted.load_initial("cls", config)
+        assert serving(restarted) == "2"
