@@ -118,6 +118,15 @@ class Probe:
             if not self._cond.wait_for(lambda: mid in self._subacks, timeout):
                 raise TimeoutError(f"no SUBACK for {topic_filter}")
 
+    def subscribe_many(self, topic_filters: list[str], qos: int = 1, timeout: float = 30.0) -> None:
+        """Subscribe to all of ``topic_filters``, a few hundred per SUBSCRIBE, waiting for each SUBACK."""
+        for start in range(0, len(topic_filters), 200):
+            batch = [(f, qos) for f in topic_filters[start : start + 200]]
+            _, mid = self.client.subscribe(batch)
+            with self._cond:
+                if not self._cond.wait_for(lambda: mid in self._subacks, timeout):  # noqa: B023 - waited on here
+                    raise TimeoutError(f"no SUBACK for {len(batch)} filters from {batch[0][0]}")
+
     def publish(
         self,
         topic: str,

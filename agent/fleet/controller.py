@@ -55,8 +55,6 @@ from agent.transitions import IllegalTransitionError
 
 log = structlog.get_logger(__name__)
 
-#: Shared-subscription group of the controller's chunk server (several controllers share requests).
-CHUNK_GROUP = "edge-controller"
 #: How often the loop steps the runners when no request arrives.
 _TICK_S = 0.2
 
@@ -85,7 +83,11 @@ class FleetController:
             None if config.unsigned or config.signing_key is None else load_signing_key(config.signing_key)
         )
         self._uploads = UploadSink(config.models_dir)
-        self.chunks = ChunkServer(self.settings, group=CHUNK_GROUP)
+        # A random shared-subscription group of this process's own: a device that knew the group could
+        # join it and lose the requests mosquitto hands it (docs/protocol.md, "Broker configuration").
+        # One controller holds a prefix, so no other process needs to share it; the client session
+        # is clean, so a restarted controller leaves no subscription under the old group behind.
+        self.chunks = ChunkServer(self.settings)
         self._client = ServiceClient(self.settings, handler=self._on_message)
 
     # -- lifecycle -----------------------------------------------------------------------------------

@@ -8,6 +8,7 @@ MqttPull for a model transfer, and a hijacker holding jet-a's certificate.
 from __future__ import annotations
 
 import json
+import re
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,6 +19,8 @@ from structlog.testing import capture_logs
 from agent.delivery.partial import PartialDownload
 from agent.delivery.transfer import MqttPull
 from agent.fleet.chunks import GROUP_PREFIX, ChunkServer
+from agent.fleet.controller import FleetController
+from agent.fleet.controller_config import ControllerConfig
 from agent.mqtt.link import MqttLink
 from agent.protocol.topics import Topics
 from agent.spool import Spool
@@ -25,7 +28,7 @@ from agent.telemetry.loop import TelemetryLoop
 from agent.telemetry.metrics import Metrics
 from tests.delivery.transfer_rig import KIB, MIB, delivery_config, manifest_for, random_model
 from tests.mqtt_probe import Probe
-from tests.protocol.broker_doc import OPERATOR, OPERATOR_PASSWORD, DocBroker
+from tests.protocol.broker_doc import DOC, OPERATOR, OPERATOR_PASSWORD, DocBroker
 from tests.waiting import wait_until
 
 
@@ -129,6 +132,60 @@ def test_a_device_joining_the_chunk_servers_group_loses_no_other_devices_chunk_r
         assert pull.stats.requested_chunks == len(manifest.chunks)
         assert server.served_bytes("jet-b") == manifest.size
         assert hijacker.snapshot() == []
+
+
+def every_name_in_the_docs() -> list[str]:
+    """Every word of README.md and docs/*.md that can be a topic level, and the controller's old group.
+
+    What a device could try as the chunk servers' group: whatever the documentation spells. The
+    controller's group used to be a published constant (``edge-controller``), named here because the
+    docs no longer spell it.
+    """
+    docs = [DOC.parents[1] / "README.md", *sorted(DOC.parent.glob("*.md"))]
+    words = set(re.findall(r"[A-Za-z0-9][A-Za-z0-9_.-]*", "\n".join(p.read_text() for p in docs)))
+    shared = set(re.findall(r"\$share/([^/`\s]+)/", "\n".join(p.read_text() for p in docs)))
+    return sorted(words | shared | {"edge-controller", GROUP_PREFIX})
+
+
+def test_a_device_trying_every_group_name_in_the_docs_loses_no_chunk_request_of_the_controller(
+    doc_broker: DocBroker, tmp_path: Path, links: list[MqttLink]
+) -> None:
+    """Issue 19, point 3: the controller served under a published group; a device that joined it
+    had the broker hand it a share of every device's chunk requests, and dropped them."""
+    state = tmp_path / "controller"
+    model = random_model(tmp_path / "repo" / "model.onnx", 2 * MIB + 123)
+    manifest = manifest_for(model, 64 * KIB, device="jet-b")
+    (state / "models").mkdir(parents=True)
+    model.rename(state / "models" / f"{manifest.sha256}.onnx")
+    config = ControllerConfig(
+        mqtt=doc_broker.operator_settings(tmp_path / "operator.secret"), state_dir=state, unsigned=True
+    )
+    link_b = device_link(doc_broker, "jet-b", tmp_path, links)
+    names = every_name_in_the_docs()
+    assert {"edge-controller", "telegraf", "operator"} <= set(names)
+    controller = FleetController(config).start()
+    try:
+        with Probe(doc_broker.host, doc_broker.device_port, tls=doc_broker.pki.probe_tls("jet-a")) as hijacker:
+            # mosquitto grants every one of these (its ACL file never checks a SUBSCRIBE).
+            hijacker.subscribe_many([f"$share/{name}/fleet/v1/+/up/xfer/+" for name in names])
+            partial = PartialDownload(tmp_path / "jet-b" / "partial", manifest, flush_every=2)
+            pull = MqttPull(
+                manifest,
+                partial,
+                link=link_b,
+                topics=Topics("fleet/v1", "jet-b"),
+                config=delivery_config(chunk_window=4, chunk_timeout_s=1.0, job_deadline_s=60.0),
+            )
+            pull.run()
+            assert partial.finish().read_bytes() == (state / "models" / f"{manifest.sha256}.onnx").read_bytes()
+            # No request went to the hijacker's groups and got lost there: none timed out, none asked twice.
+            assert pull.stats.timeouts == 0
+            assert pull.stats.requested_chunks == len(manifest.chunks)
+            assert controller.chunks.served_bytes("jet-b") == manifest.size
+            assert hijacker.snapshot() == []
+            assert controller.chunks.group not in names
+    finally:
+        controller.stop()
 
 
 def test_publishing_outside_its_tree_is_refused_counted_logged_once_and_reported_in_telemetry(
