@@ -2,6 +2,8 @@
 
 One process (a systemd unit on an operator host) holds:
 
+- the prefix's lease (:mod:`agent.fleet.controller_lease`): taken before anything else, so a second
+  controller on the prefix refuses (or, ``standby``, waits) instead of making every rollout twice;
 - the rollout state, :class:`~agent.fleet.rollout_store.RolloutStore` in ``{state_dir}/rollouts.sqlite``;
 - the model repository ``{state_dir}/models/{sha256}.onnx`` (uploaded by ``fleet rollout start``,
   kept for rollbacks) and a :class:`~agent.fleet.chunks.ChunkServer` serving it to devices' pulls
@@ -36,6 +38,7 @@ from agent.errors import AgentError
 from agent.fleet.chunks import ChunkServer
 from agent.fleet.controller_calls import ConsoleCalls, LoopCall
 from agent.fleet.controller_config import ControllerConfig
+from agent.fleet.controller_lease import LeaseLostError, PrefixLease, StandbyEndedError
 from agent.fleet.deploy import check_device_ids, plan_manifest
 from agent.fleet.deploy_plan import new_job_id, next_sequence
 from agent.fleet.keys import load_signing_key
@@ -83,6 +86,8 @@ class FleetController:
             None if config.unsigned or config.signing_key is None else load_signing_key(config.signing_key)
         )
         self._uploads = UploadSink(config.models_dir)
+        #: One controller per prefix (controller_lease.py): taken first thing in start().
+        self.lease = PrefixLease(self.settings, config.state_dir, ttl_s=config.lease_ttl_s)
         # A random shared-subscription group of this process's own: a device that knew the group could
         # join it and lose the requests mosquitto hands it (docs/protocol.md, "Broker configuration").
         # One controller holds a prefix, so no other process needs to share it; the client session
@@ -92,8 +97,14 @@ class FleetController:
 
     # -- lifecycle -----------------------------------------------------------------------------------
 
-    def start(self, timeout: float = 10.0) -> FleetController:
-        """Open the store, serve the repo, listen for requests, resume the open rollouts."""
+    def start(self, timeout: float = 10.0, stop: threading.Event | None = None) -> FleetController:
+        """Take the prefix's lease, open the store, serve the repo, listen, resume the open rollouts.
+
+        Raises LeaseHeldError when another controller holds the prefix (unless ``standby``: then
+        it waits for the lease, and raises StandbyEndedError if ``stop`` is set meanwhile).
+        """
+        if not self.lease.acquire(standby=self.config.standby, stop=stop, timeout=timeout):
+            raise StandbyEndedError("stopped while standing by")
         self.config.models_dir.mkdir(parents=True, exist_ok=True)
         self.store = RolloutStore(self.config.store_path)
         self.chunks.add_repo(self.config.models_dir)
@@ -119,6 +130,14 @@ class FleetController:
         """Handle requests and step the rollouts until ``stop`` is set."""
         last_step = 0.0
         while not stop.is_set():
+            lost = self.lease.lost
+            if lost is not None:
+                # Another controller may drive these rollouts now: not one more step from this one.
+                log.error("fleet.controller.lease.lost", reason=lost)
+                raise LeaseLostError(
+                    f"{lost}; stopping (systemd starts it again: it takes the lease if free)"
+                )
+            self.lease.renew()
             try:
                 message: InboundMessage | LoopCall | None = self._requests.get(timeout=_TICK_S)
             except queue.Empty:
@@ -154,6 +173,7 @@ class FleetController:
         self.chunks.stop()
         if self.store is not None:
             self.store.close()
+        self.lease.release()  # last: nothing of this controller acts once another can take over
 
     def _unfinished(self) -> list[str]:
         """Open rollouts, and aborted ones whose rollback had not finished."""
@@ -350,7 +370,10 @@ def run_controller(
     config: ControllerConfig, stop: threading.Event, ready: threading.Event | None = None
 ) -> None:
     """Start, run until ``stop``, stop (the ``fleet controller`` command)."""
-    controller = FleetController(config).start()
+    try:
+        controller = FleetController(config).start(stop=stop)
+    except StandbyEndedError:
+        return
     try:
         if ready is not None:
             ready.set()

@@ -165,7 +165,9 @@ def test_a_device_trying_every_group_name_in_the_docs_loses_no_chunk_request_of_
     assert {"edge-controller", "telegraf", "operator"} <= set(names)
     controller = FleetController(config).start()
     try:
-        with Probe(doc_broker.host, doc_broker.device_port, tls=doc_broker.pki.probe_tls("jet-a")) as hijacker:
+        with Probe(
+            doc_broker.host, doc_broker.device_port, tls=doc_broker.pki.probe_tls("jet-a")
+        ) as hijacker:
             # mosquitto grants every one of these (its ACL file never checks a SUBSCRIBE).
             hijacker.subscribe_many([f"$share/{name}/fleet/v1/+/up/xfer/+" for name in names])
             partial = PartialDownload(tmp_path / "jet-b" / "partial", manifest, flush_every=2)
@@ -177,7 +179,9 @@ def test_a_device_trying_every_group_name_in_the_docs_loses_no_chunk_request_of_
                 config=delivery_config(chunk_window=4, chunk_timeout_s=1.0, job_deadline_s=60.0),
             )
             pull.run()
-            assert partial.finish().read_bytes() == (state / "models" / f"{manifest.sha256}.onnx").read_bytes()
+            assert (
+                partial.finish().read_bytes() == (state / "models" / f"{manifest.sha256}.onnx").read_bytes()
+            )
             # No request went to the hijacker's groups and got lost there: none timed out, none asked twice.
             assert pull.stats.timeouts == 0
             assert pull.stats.requested_chunks == len(manifest.chunks)
