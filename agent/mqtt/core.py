@@ -141,7 +141,9 @@ def _new_paho_client(settings: MqttSettings, client_id: str, *, reconnect: bool 
     """
     client = paho.Client(
         CallbackAPIVersion.VERSION2,
-        client_id=client_id,
+        # The broker of docs/protocol.md refuses any id without its prefix, so a password account
+        # can never name itself after a device (whose id, the certificate CN, has no such prefix).
+        client_id=settings.client_id_prefix + client_id,
         protocol=paho.MQTTv5,
         reconnect_on_failure=reconnect,
     )

@@ -180,9 +180,9 @@ class ServiceClient:
         if refused is not None:
             flags = s.address_from.startswith("--")
             check = (
-                "--username, --password-file, --tls-cert/--tls-key"
+                "--username, --password-file, --tls-cert/--tls-key, --client-id-prefix"
                 if flags
-                else "mqtt.username, mqtt.password_file, mqtt.tls"
+                else "mqtt.username, mqtt.password_file, mqtt.tls, mqtt.client_id_prefix"
             )
             raise TransportError(f"{where} refused the connection ({refused}); check {check}")
         raise TransportError(

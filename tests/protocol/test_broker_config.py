@@ -10,12 +10,20 @@ from __future__ import annotations
 import json
 import re
 import threading
+import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+import paho.mqtt.client as mqtt
 import pytest
+from paho.mqtt.enums import CallbackAPIVersion
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
 from structlog.testing import capture_logs
 
+from agent.cli import main
 from agent.delivery.partial import PartialDownload
 from agent.delivery.transfer import MqttPull
 from agent.fleet.chunks import GROUP_PREFIX, ChunkServer
@@ -28,7 +36,15 @@ from agent.telemetry.loop import TelemetryLoop
 from agent.telemetry.metrics import Metrics
 from tests.delivery.transfer_rig import KIB, MIB, delivery_config, manifest_for, random_model
 from tests.mqtt_probe import Probe
-from tests.protocol.broker_doc import DOC, OPERATOR, OPERATOR_PASSWORD, DocBroker
+from tests.protocol.broker_doc import (
+    DOC,
+    OPERATOR,
+    OPERATOR_PASSWORD,
+    READER,
+    READER_PASSWORD,
+    DocBroker,
+    doc_client_id_prefix,
+)
 from tests.waiting import wait_until
 
 
@@ -68,6 +84,7 @@ def operator_probe(broker: DocBroker) -> Probe:
     return Probe(
         broker.host,
         broker.operator_port,
+        client_id=broker.client_id(f"probe-{uuid.uuid4().hex[:8]}"),
         username=OPERATOR,
         password=OPERATOR_PASSWORD,
         tls={"ca_certs": str(broker.pki.ca_file)},
@@ -84,7 +101,9 @@ def test_a_certificate_cannot_take_over_another_devices_connection_or_session(
     with Probe(
         doc_broker.host,
         doc_broker.device_port,
-        client_id="jet-b",  # jet-a's certificate, jet-b's client id, a persistent session
+        client_id=doc_broker.client_id(
+            "jet-b"
+        ),  # jet-a's certificate, jet-b's client id, a persistent session
         tls=doc_broker.pki.probe_tls("jet-a"),
         session_expiry_s=3600,
     ) as hijacker:
@@ -101,6 +120,107 @@ def test_a_certificate_cannot_take_over_another_devices_connection_or_session(
     assert "as jet-a (" in doc_broker.log()
 
 
+@dataclass
+class ConnAck:
+    """What the broker answered a CONNECT."""
+
+    refused: bool
+    reason: str
+    session_present: bool
+
+
+def connect_as(broker: DocBroker, account: str, password: str, client_id: str) -> ConnAck:
+    """Connect once on the operator listener with a persistent session; the CONNACK, then disconnect."""
+    answered = threading.Event()
+    acks: list[ConnAck] = []
+
+    def on_connect(_c: Any, _u: Any, flags: Any, reason_code: Any, _p: Any) -> None:
+        acks.append(ConnAck(reason_code.is_failure, str(reason_code), bool(flags.session_present)))
+        answered.set()
+
+    client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=client_id, protocol=mqtt.MQTTv5)
+    client.username_pw_set(account, password)
+    client.tls_set(ca_certs=str(broker.pki.ca_file))
+    client.on_connect = on_connect
+    props = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
+    props.SessionExpiryInterval = 3600
+    client.connect(broker.host, broker.operator_port, clean_start=False, properties=props)
+    client.loop_start()
+    try:
+        assert answered.wait(10), f"no CONNACK for {account} as {client_id}"
+    finally:
+        client.disconnect()
+        client.loop_stop()
+    return acks[0]
+
+
+@pytest.mark.parametrize(("account", "password"), [(OPERATOR, OPERATOR_PASSWORD), (READER, READER_PASSWORD)])
+def test_no_operator_or_reader_account_can_use_a_devices_client_id(
+    doc_broker: DocBroker, tmp_path: Path, links: list[MqttLink], account: str, password: str
+) -> None:
+    """Issue 19, point 11: on the operator listener the telegraf account took jet-b's session and
+    closed the device's connection, every time it connected."""
+    link_b = device_link(doc_broker, "jet-b", tmp_path, links)
+    for _ in range(3):
+        ack = connect_as(doc_broker, account, password, "jet-b")
+        assert ack.refused, ack
+        assert ack.reason == "Not authorized"
+    # With the prefix it is a client of its own: no session of jet-b's, jet-b untouched.
+    ack = connect_as(doc_broker, account, password, doc_broker.client_id("jet-b"))
+    assert not ack.refused, ack
+    assert not ack.session_present
+    assert link_b.connected
+    assert link_b.stats()["reconnects"] == 0
+    assert "Client jet-b already connected" not in doc_broker.log()
+
+
+def test_the_fleet_commands_reach_the_documented_broker_with_the_prefix_and_say_what_to_check_without(
+    doc_broker: DocBroker, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    secret = tmp_path / "operator.secret"
+    secret.write_text(OPERATOR_PASSWORD)
+    argv = [
+        "fleet",
+        "status",
+        "--broker",
+        f"{doc_broker.host}:{doc_broker.operator_port}",
+        "--tls-ca",
+        str(doc_broker.pki.ca_file),
+        "--username",
+        OPERATOR,
+        "--password-file",
+        str(secret),
+        "--wait",
+        "0.2",
+        "--telemetry-wait",
+        "0",
+    ]
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert "refused the connection (Not authorized)" in err
+    assert "--client-id-prefix" in err
+    assert main([*argv, "--client-id-prefix", doc_client_id_prefix()]) == 0, capsys.readouterr().err
+
+
+def test_without_clientid_prefixes_a_password_account_takes_a_devices_session(
+    tmp_path: Path, links: list[MqttLink]
+) -> None:
+    """What the clientid_prefixes line protects against (the doc's configuration without it)."""
+    broker = DocBroker.start(tmp_path / "broker", drop=(f"clientid_prefixes {doc_client_id_prefix()}",))
+    try:
+        link_b = device_link(broker, "jet-b", tmp_path, links)
+        ack = connect_as(broker, READER, READER_PASSWORD, "jet-b")
+        assert not ack.refused, ack
+        assert ack.session_present  # jet-b's persistent session
+        wait_until(lambda: "Client jet-b already connected" in broker.log(), what="jet-b's connection closed")
+        wait_until(lambda: link_b.stats()["reconnects"] >= 1, what="jet-b reconnecting")
+    finally:
+        for link in links:
+            link.stop(timeout=1.0)
+        links.clear()
+        broker.stop()
+
+
 def test_a_device_joining_the_chunk_servers_group_loses_no_other_devices_chunk_request(
     doc_broker: DocBroker, tmp_path: Path, links: list[MqttLink]
 ) -> None:
@@ -110,7 +230,12 @@ def test_a_device_joining_the_chunk_servers_group_loses_no_other_devices_chunk_r
     xfer = "fleet/v1/+/up/xfer/+"
     with (
         ChunkServer(doc_broker.operator_settings(tmp_path / "operator.secret")) as server,
-        Probe(doc_broker.host, doc_broker.device_port, tls=doc_broker.pki.probe_tls("jet-a")) as hijacker,
+        Probe(
+            doc_broker.host,
+            doc_broker.device_port,
+            client_id=doc_broker.client_id("hijacker"),
+            tls=doc_broker.pki.probe_tls("jet-a"),
+        ) as hijacker,
     ):
         server.register(manifest, model)
         # Every group name a device can know: the documented prefix alone (the old default), the
@@ -166,7 +291,10 @@ def test_a_device_trying_every_group_name_in_the_docs_loses_no_chunk_request_of_
     controller = FleetController(config).start()
     try:
         with Probe(
-            doc_broker.host, doc_broker.device_port, tls=doc_broker.pki.probe_tls("jet-a")
+            doc_broker.host,
+            doc_broker.device_port,
+            client_id=doc_broker.client_id("hijacker"),
+            tls=doc_broker.pki.probe_tls("jet-a"),
         ) as hijacker:
             # mosquitto grants every one of these (its ACL file never checks a SUBSCRIBE).
             hijacker.subscribe_many([f"$share/{name}/fleet/v1/+/up/xfer/+" for name in names])
