@@ -105,6 +105,14 @@ class FleetController:
         """
         if not self.lease.acquire(standby=self.config.standby, stop=stop, timeout=timeout):
             raise StandbyEndedError("stopped while standing by")
+        try:
+            self._start_parts(timeout)
+        except BaseException:
+            self.lease.release()  # it never ran: another controller may take the prefix at once
+            raise
+        return self
+
+    def _start_parts(self, timeout: float) -> None:
         self.config.models_dir.mkdir(parents=True, exist_ok=True)
         self.store = RolloutStore(self.config.store_path)
         self.chunks.add_repo(self.config.models_dir)
@@ -124,7 +132,6 @@ class FleetController:
             resumed=len(self.runners),
             requests=self.topics.request_filter,
         )
-        return self
 
     def run(self, stop: threading.Event) -> None:
         """Handle requests and step the rollouts until ``stop`` is set."""

@@ -297,7 +297,8 @@ def test_a_device_trying_every_group_name_in_the_docs_loses_no_chunk_request_of_
             tls=doc_broker.pki.probe_tls("jet-a"),
         ) as hijacker:
             # mosquitto grants every one of these (its ACL file never checks a SUBSCRIBE).
-            hijacker.subscribe_many([f"$share/{name}/fleet/v1/+/up/xfer/+" for name in names])
+            granted = hijacker.subscribe_many([f"$share/{name}/fleet/v1/+/up/xfer/+" for name in names])
+            assert granted == [1] * len(names)  # QoS 1 granted, each
             partial = PartialDownload(tmp_path / "jet-b" / "partial", manifest, flush_every=2)
             pull = MqttPull(
                 manifest,
