@@ -144,7 +144,6 @@ class FleetController:
                 raise LeaseLostError(
                     f"{lost}; stopping (systemd starts it again: it takes the lease if free)"
                 )
-            self.lease.renew()
             try:
                 message: InboundMessage | LoopCall | None = self._requests.get(timeout=_TICK_S)
             except queue.Empty:

@@ -5,9 +5,10 @@ same model. So a controller starts by taking the prefix's lease, and one that fi
 (:class:`LeaseHeldError`, naming the holder) or, with ``standby``, waits until it is free.
 
 - **The claim** is a retained :class:`~agent.protocol.messages.ControllerLease` on
-  ``{prefix}/_controller/lease``, renewed every third of its ``ttl_s`` and published with that
-  Message Expiry: a claim nobody renews (its holder and the broker's memory of it gone, after a
-  broker restart) expires on its own.
+  ``{prefix}/_controller/lease``, renewed every third of its ``ttl_s`` (by a thread of its own, so
+  a loop busy with one long request keeps it) and published with that Message Expiry: a claim
+  nobody renews (its holder and the broker's memory of it gone, after a broker restart) expires on
+  its own.
 - **The holder's connection** has one client id per prefix (``ControllerTopics.lease_client_id``).
   The broker keeps one connection per client id, so two controllers that both found the lease free
   cannot both hold it: the later connection closes the earlier one, which has lost the lease. Its
@@ -148,7 +149,9 @@ class PrefixLease:
         self._own_seen = False
         self._taken_by: str | None = None
         self._cleared = threading.Event()  # a standby's wake-up: the holder let go
-        self._last_renewal = 0.0
+        self._renew_now = threading.Event()  # the claim was cleared by hand: put it back
+        self._released = threading.Event()
+        self._renewer: threading.Thread | None = None
 
     # -- taking it -----------------------------------------------------------------------------------
 
@@ -216,12 +219,17 @@ class PrefixLease:
         self._client = client
         client.subscribe(self.topics.lease, qos=1, timeout=timeout)
         self._publish_claim()
+        # Renewed by a thread of its own: a controller loop busy with one long request is alive,
+        # and its claim must not expire meanwhile (a newcomer would take the lease from it).
+        self._renewer = threading.Thread(target=self._renew, name="controller-lease", daemon=True)
+        self._renewer.start()
         log.info("fleet.controller.lease.taken", prefix=self.settings.prefix, holder=self.claim.holder)
 
     def _publish_claim(self) -> None:
-        assert self._client is not None
-        self._last_renewal = time.monotonic()
-        self._client.publish(
+        client = self._client
+        if client is None:
+            return  # released
+        client.publish(
             self.topics.lease,
             encode(self.claim),
             qos=1,
@@ -243,7 +251,7 @@ class PrefixLease:
             elif claim is not None:
                 self._taken_by = describe(claim)
             else:
-                self._last_renewal = 0.0  # cleared by hand while we hold it: renew at the next step
+                self._renew_now.set()  # cleared by hand while we hold it: put the claim back
 
     # -- holding it ----------------------------------------------------------------------------------
 
@@ -262,16 +270,27 @@ class PrefixLease:
             )
         return None
 
-    def renew(self) -> None:
-        """Publish the claim again when a third of its ttl has passed (the controller's loop calls this)."""
-        if self._client is not None and time.monotonic() - self._last_renewal >= self.claim.ttl_s / 3:
-            self._publish_claim()
+    def _renew(self) -> None:
+        """The renewer thread: the claim again every third of its ttl, until released or lost."""
+        while not self._released.is_set():
+            self._renew_now.wait(self.claim.ttl_s / 3)
+            self._renew_now.clear()
+            if self._released.is_set() or self.lost is not None:
+                return
+            try:
+                self._publish_claim()
+            except TransportError:
+                return  # the connection is gone: `lost` says so
 
     def release(self, timeout: float = 5.0) -> None:
         """Clear the claim (unless the lease was lost: the claim there is another's) and disconnect."""
+        self._released.set()
+        self._renew_now.set()
         client, self._client = self._client, None
         if client is None:
             return
+        if self._renewer is not None:
+            self._renewer.join(5.0)
         if self._taken_by is None and client.connected:
             try:
                 client.publish(self.topics.lease, b"", qos=1, retain=True)

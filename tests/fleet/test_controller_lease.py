@@ -266,6 +266,32 @@ def test_a_holder_whose_lease_connection_is_taken_stops_and_does_not_take_it_bac
         controller.stop()
 
 
+def test_the_claim_is_renewed_while_the_controller_holds_the_lease(
+    tmp_path: Path, broker: Broker, prefix: str, keys: KeyPairFiles
+) -> None:
+    """A 3 s claim, and no loop running (as when one request keeps it busy): renewed all the same."""
+    config = ControllerConfig(
+        mqtt=operator_settings(broker, prefix),
+        state_dir=tmp_path / "state",
+        signing_key=keys.private,
+        key_id=keys.key_id,
+        lease_ttl_s=3,
+    )
+    lease = ControllerTopics(prefix).lease
+    with Probe(broker.host, broker.port) as probe:
+        probe.subscribe(lease)
+        controller = FleetController(config).start()
+        try:
+            # Four claims span more than the 3 s a claim lives unrenewed.
+            claims = [decode(ControllerLease, m.payload) for m in probe.wait_for_count(lease, 4, timeout=30)]
+            assert {c.holder for c in claims} == {controller.lease.claim.holder}
+            held = read_lease(operator_settings(broker, prefix))
+            assert held is not None
+            assert held.holder == controller.lease.claim.holder
+        finally:
+            controller.stop()
+
+
 def test_the_documented_lease_is_what_the_controller_publishes(
     tmp_path: Path, broker: Broker, prefix: str, keys: KeyPairFiles
 ) -> None:
