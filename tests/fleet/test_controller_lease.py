@@ -24,7 +24,7 @@ import pytest
 
 from agent.fleet.controller import FleetController
 from agent.fleet.controller_config import ControllerConfig
-from agent.fleet.controller_lease import LeaseLostError, read_lease
+from agent.fleet.controller_lease import LeaseLostError, describe, read_lease
 from agent.fleet.keys import KeyPairFiles, write_keypair
 from agent.localbroker import Broker
 from agent.protocol.messages import ControllerLease, decode
@@ -299,6 +299,9 @@ def test_the_documented_lease_is_what_the_controller_publishes(
     example = re.search(r"<!-- lease example -->\n```json\n(.*?)```", doc, re.S)
     assert example, "docs/protocol.md has no lease example"
     documented = decode(ControllerLease, example.group(1).encode())
+    # The refusal line the doc shows is the one the controller prints for that claim.
+    refusal = f"error: prefix fleet/v1 is held by {describe(documented)}; one controller per prefix:"
+    assert refusal in re.sub(r"\s*\n\s*", " ", doc)
     config = ControllerConfig(
         mqtt=operator_settings(broker, prefix),
         state_dir=tmp_path / "state",
