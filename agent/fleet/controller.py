@@ -87,7 +87,12 @@ class FleetController:
         )
         self._uploads = UploadSink(config.models_dir)
         #: One controller per prefix (controller_lease.py): taken first thing in start().
-        self.lease = PrefixLease(self.settings, config.state_dir, ttl_s=config.lease_ttl_s)
+        self.lease = PrefixLease(
+            self.settings,
+            config.state_dir,
+            secret=None if self._key is None else self._key.private_bytes_raw(),
+            ttl_s=config.lease_ttl_s,
+        )
         # A random shared-subscription group of this process's own: a device that knew the group could
         # join it and lose the requests mosquitto hands it (docs/protocol.md, "Broker configuration").
         # One controller holds a prefix, so no other process needs to share it; the client session

@@ -9,7 +9,9 @@ same model. So a controller starts by taking the prefix's lease, and one that fi
   a loop busy with one long request keeps it) and published with that Message Expiry: a claim
   nobody renews (its holder and the broker's memory of it gone, after a broker restart) expires on
   its own.
-- **The holder's connection** has one client id per prefix (``ControllerTopics.lease_client_id``).
+- **The holder's connection** has one client id per prefix (:func:`lease_client_id`), derived
+  from the signing key, so every controller of the fleet computes it and no account without the key
+  (a dashboard's) can connect under it and close the holder's connection.
   The broker keeps one connection per client id, so two controllers that both found the lease free
   cannot both hold it: the later connection closes the earlier one, which has lost the lease. Its
   Last Will (a retained empty message) clears the claim the moment the holder dies, or 1.5
@@ -26,6 +28,7 @@ same model. So a controller starts by taking the prefix's lease, and one that fi
 
 from __future__ import annotations
 
+import hashlib
 import os
 import secrets
 import socket
@@ -65,6 +68,15 @@ class LeaseLostError(AgentError):
     """This controller no longer holds the prefix: it must stop driving rollouts."""
 
     code = "lease_lost"
+
+
+def lease_client_id(prefix: str, secret: bytes | None) -> str:
+    """The client id of the prefix's lease holder: a keyed hash of the prefix (the plain prefix
+    for an unsigned test fleet, which has no key)."""
+    if secret is None:
+        return f"edge-fleet-controller:{prefix}"
+    digest = hashlib.blake2b(prefix.encode(), key=hashlib.sha256(secret).digest(), digest_size=12)
+    return f"edge-fleet-controller:{digest.hexdigest()}"
 
 
 def describe(claim: ControllerLease) -> str:
@@ -132,9 +144,18 @@ def holder_is_gone(claim: ControllerLease) -> bool:
 class PrefixLease:
     """This controller's lease on ``settings.prefix``: acquire, renew, lost, release."""
 
-    def __init__(self, settings: MqttSettings, state_dir: Path, *, ttl_s: int = DEFAULT_LEASE_TTL_S) -> None:
+    def __init__(
+        self,
+        settings: MqttSettings,
+        state_dir: Path,
+        *,
+        secret: bytes | None = None,
+        ttl_s: int = DEFAULT_LEASE_TTL_S,
+    ) -> None:
+        """``secret``: what the lease's client id is derived from (the signing key's bytes)."""
         self.settings = settings
         self.topics = ControllerTopics(settings.prefix)
+        self.client_id = lease_client_id(settings.prefix, secret)
         host, pid = socket.gethostname(), os.getpid()
         self.claim = ControllerLease(
             holder=f"{host}:{pid}:{secrets.token_hex(4)}",
@@ -210,7 +231,7 @@ class PrefixLease:
         self.claim = self.claim.model_copy(update={"since": time.time()})
         client = ServiceClient(
             self.settings,
-            client_id=self.topics.lease_client_id(),
+            client_id=self.client_id,
             handler=self._on_holder_message,
             last_will=LastWill(self.topics.lease, b"", retain=True),
             reconnect=False,

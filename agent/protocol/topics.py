@@ -211,10 +211,6 @@ class ControllerTopics:
         """Where a controller reading the lease sends itself a message: its arrival ends the read."""
         return f"{self._base}/lease-echo/{check_level(client, 'lease reader client id')}"
 
-    def lease_client_id(self) -> str:
-        """The MQTT client id of the lease's holder: one per prefix, so the broker keeps at most one."""
-        return f"edge-fleet-controller:{self.prefix}"
-
     def verb(self, topic: str) -> str | None:
         """The verb of a request topic, or None when ``topic`` is not one."""
         head = f"{self._base}/req/"

@@ -24,8 +24,8 @@ import pytest
 
 from agent.fleet.controller import FleetController
 from agent.fleet.controller_config import ControllerConfig
-from agent.fleet.controller_lease import LeaseLostError, describe, read_lease
-from agent.fleet.keys import KeyPairFiles, write_keypair
+from agent.fleet.controller_lease import LeaseLostError, describe, lease_client_id, read_lease
+from agent.fleet.keys import KeyPairFiles, load_signing_key, write_keypair
 from agent.localbroker import Broker
 from agent.protocol.messages import ControllerLease, decode
 from agent.protocol.topics import ControllerTopics
@@ -253,7 +253,7 @@ def test_a_holder_whose_lease_connection_is_taken_stops_and_does_not_take_it_bac
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
     try:
-        with Probe(broker.host, broker.port, client_id=ControllerTopics(prefix).lease_client_id()) as taker:
+        with Probe(broker.host, broker.port, client_id=controller.lease.client_id) as taker:
             thread.join(30)
             assert not thread.is_alive()
             assert raised, "the controller went on after losing its lease connection"
@@ -264,6 +264,16 @@ def test_a_holder_whose_lease_connection_is_taken_stops_and_does_not_take_it_bac
     finally:
         stop.set()
         controller.stop()
+
+
+def test_the_lease_client_id_is_the_same_for_one_key_and_unguessable_without_it(tmp_path: Path) -> None:
+    one, other = write_keypair(tmp_path / "one", "one"), write_keypair(tmp_path / "other", "other")
+    secret = load_signing_key(one.private).private_bytes_raw()
+    ours = lease_client_id("fleet/v1", secret)
+    assert ours == lease_client_id("fleet/v1", load_signing_key(one.private).private_bytes_raw())
+    assert ours != lease_client_id("fleet/v1", load_signing_key(other.private).private_bytes_raw())
+    assert ours != lease_client_id("fleet/v2", secret)
+    assert "fleet/v1" not in ours
 
 
 def test_the_claim_is_renewed_while_the_controller_holds_the_lease(
