@@ -142,17 +142,11 @@ class FleetController:
         """Handle requests and step the rollouts until ``stop`` is set."""
         last_step = 0.0
         while not stop.is_set():
-            lost = self.lease.lost
-            if lost is not None:
-                # Another controller may drive these rollouts now: not one more step from this one.
-                log.error("fleet.controller.lease.lost", reason=lost)
-                raise LeaseLostError(
-                    f"{lost}; stopping (systemd starts it again: it takes the lease if free)"
-                )
             try:
                 message: InboundMessage | LoopCall | None = self._requests.get(timeout=_TICK_S)
             except queue.Empty:
                 message = None
+            self._check_lease()
             if isinstance(message, LoopCall):
                 message.run()
             elif message is not None:
@@ -161,6 +155,14 @@ class FleetController:
             if message is None or time.monotonic() - last_step >= _TICK_S:
                 self.step()
                 last_step = time.monotonic()
+
+    def _check_lease(self) -> None:
+        """LeaseLostError once the lease is lost: another controller may drive these rollouts now,
+        so not one more request or step from this one."""
+        lost = self.lease.lost
+        if lost is not None:
+            log.error("fleet.controller.lease.lost", reason=lost)
+            raise LeaseLostError(f"{lost}; stopping (systemd starts it again: it takes the lease if free)")
 
     def step(self) -> None:
         """Step every open rollout once; forget the ones that are over."""
