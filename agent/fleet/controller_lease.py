@@ -167,7 +167,7 @@ class PrefixLease:
         )
         self._client: ServiceClient | None = None
         self._lock = threading.Lock()
-        self._own_seen = False
+        self._own_seen = threading.Event()  # our claim came back: it is on the broker
         self._taken_by: str | None = None
         self._cleared = threading.Event()  # a standby's wake-up: the holder let go
         self._renew_now = threading.Event()  # the claim was cleared by hand: put it back
@@ -238,13 +238,23 @@ class PrefixLease:
         )
         client.start(timeout)
         self._client = client
-        client.subscribe(self.topics.lease, qos=1, timeout=timeout)
-        self._publish_claim()
+        try:
+            self._claim(client, timeout)
+        except BaseException:
+            self.release()  # connected but not holding: let another take it
+            raise
         # Renewed by a thread of its own: a controller loop busy with one long request is alive,
         # and its claim must not expire meanwhile (a newcomer would take the lease from it).
         self._renewer = threading.Thread(target=self._renew, name="controller-lease", daemon=True)
         self._renewer.start()
         log.info("fleet.controller.lease.taken", prefix=self.settings.prefix, holder=self.claim.holder)
+
+    def _claim(self, client: ServiceClient, timeout: float) -> None:
+        """Watch the lease topic, publish the claim, and wait until the broker sends it back."""
+        client.subscribe(self.topics.lease, qos=1, timeout=timeout)
+        self._publish_claim()
+        if not self._own_seen.wait(timeout):
+            raise TransportError(f"the broker did not return this controller's claim on {self.topics.lease}")
 
     def _publish_claim(self) -> None:
         client = self._client
@@ -266,8 +276,8 @@ class PrefixLease:
             claim = None
         with self._lock:
             if claim is not None and claim.holder == self.claim.holder:
-                self._own_seen = True
-            elif not self._own_seen:
+                self._own_seen.set()
+            elif not self._own_seen.is_set():
                 return  # what was retained before our claim
             elif claim is not None:
                 self._taken_by = describe(claim)

@@ -24,7 +24,13 @@ import pytest
 
 from agent.fleet.controller import FleetController
 from agent.fleet.controller_config import ControllerConfig
-from agent.fleet.controller_lease import LeaseLostError, describe, lease_client_id, read_lease
+from agent.fleet.controller_lease import (
+    LeaseLostError,
+    PrefixLease,
+    describe,
+    lease_client_id,
+    read_lease,
+)
 from agent.fleet.keys import KeyPairFiles, load_signing_key, write_keypair
 from agent.localbroker import Broker
 from agent.protocol.messages import ControllerLease, decode
@@ -185,6 +191,31 @@ def test_two_controllers_started_at_once_leave_one_holder(
         jobs = fleet.jobs()
     assert done["state"] == "DONE", done
     assert jobs == {name: [done["job_id"]] for name in names}
+
+
+def test_two_that_both_read_the_lease_free_end_with_the_later_one_holding_it(
+    tmp_path: Path, broker: Broker, prefix: str
+) -> None:
+    """The race the claim cannot settle: both read it free, then both take it (``_take`` is the
+    step after the read). The broker closes the earlier lease connection; nothing reconnects it."""
+    settings = operator_settings(broker, prefix)
+    earlier, later = PrefixLease(settings, tmp_path / "a"), PrefixLease(settings, tmp_path / "b")
+    try:
+        assert read_lease(settings) is None
+        earlier._take(10)
+        assert earlier.lost is None
+        later._take(10)
+        wait_until(lambda: earlier.lost is not None, what="the earlier holder to lose the lease")
+        assert "lease connection to the broker was lost" in str(earlier.lost)
+        earlier.release()  # must not clear the later one's claim
+        held = read_lease(settings)
+        assert held is not None
+        assert held.holder == later.claim.holder
+        assert later.lost is None
+    finally:
+        earlier.release()
+        later.release()
+    assert read_lease(settings) is None
 
 
 def test_a_standby_takes_over_from_a_killed_holder_and_finishes_its_rollout(
