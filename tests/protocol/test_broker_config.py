@@ -24,6 +24,7 @@ from paho.mqtt.properties import Properties
 from structlog.testing import capture_logs
 
 from agent.cli import main
+from agent.config import read_yaml
 from agent.delivery.partial import PartialDownload
 from agent.delivery.transfer import MqttPull
 from agent.fleet.chunks import GROUP_PREFIX, ChunkServer
@@ -200,6 +201,17 @@ def test_the_fleet_commands_reach_the_documented_broker_with_the_prefix_and_say_
     assert "refused the connection (Not authorized)" in err
     assert "--client-id-prefix" in err
     assert main([*argv, "--client-id-prefix", doc_client_id_prefix()]) == 0, capsys.readouterr().err
+
+
+def test_the_documented_operator_clients_send_the_prefix() -> None:
+    """The controller's example config and operations.md's Telegraf recipe are clients of this broker."""
+    prefix = doc_client_id_prefix()
+    controller = ControllerConfig.model_validate(read_yaml(DOC.parents[1] / "configs" / "controller.yaml"))
+    assert controller.mqtt.client_id_prefix == prefix
+    telegraf = (DOC.parent / "operations.md").read_text()
+    (client_id,) = re.findall(r'^\s*client_id = "([^"]*)"', telegraf, re.M)
+    assert client_id.startswith(prefix)
+    assert 'servers = ["ssl://broker.example.com:8884"]' in telegraf  # the operator listener
 
 
 def test_without_clientid_prefixes_a_password_account_takes_a_devices_session(
