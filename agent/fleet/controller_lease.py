@@ -22,8 +22,9 @@ same model. So a controller starts by taking the prefix's lease, and one that fi
 - **Reading the lease** needs no clock: the reader subscribes to the lease topic and to an echo
   topic of its own, then publishes to the echo; the broker sends a retained claim before the echo,
   so once the echo is back, no claim seen means none exists.
-- **A holder killed on this host** (``kill -9``: the broker keeps its connection open until the
-  keep-alive runs out) is recognised by host name and pid, and its claim is taken at once.
+- **A holder of this host that is gone** while the broker still counts it connected (the host
+  restarted after a power cut faster than the keep-alive runs out) is recognised by host name and
+  pid, and its claim is taken at once.
 """
 
 from __future__ import annotations
