@@ -246,8 +246,8 @@ def test_a_standby_takes_over_from_a_killed_holder_and_finishes_its_rollout(
         wait_until(lambda: len(fleet.jobs()["k1"]) == 1, timeout=30, what="k1 ran its job")
         holder.proc.send_signal(signal.SIGKILL)
         holder.proc.wait(10)
-        # The broker sees the holder's connection die after 1.5 keep-alives: its Last Will clears
-        # the claim, the standby takes the lease and resumes the rollout from the store.
+        # The killed process's socket closes: the broker publishes its Last Will, which clears
+        # the claim; the standby takes the lease and resumes the rollout from the store.
         standby.wait_serving_or_exit(timeout=60)
         assert standby.serving(), standby.text()
         assert "fleet.controller.resumed" in standby.text()
