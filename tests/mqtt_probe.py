@@ -51,7 +51,7 @@ class Probe:
         """``session_expiry_s``: keep the broker session (and messages queued for it) across reconnects."""
         self.messages: list[Received] = []
         self._cond = threading.Condition()
-        self._subacks: set[int] = set()
+        self._subacks: dict[int, list[int]] = {}
         self._pubacks: dict[int, int] = {}
         self._connected = threading.Event()
         self.client = mqtt.Client(
@@ -103,7 +103,7 @@ class Probe:
 
     def _on_subscribe(self, client: Any, userdata: Any, mid: int, reason_codes: Any, props: Any) -> None:
         with self._cond:
-            self._subacks.add(mid)
+            self._subacks[mid] = [int(rc.value) for rc in reason_codes]
             self._cond.notify_all()
 
     def _on_publish(self, client: Any, userdata: Any, mid: int, reason_code: Any, props: Any) -> None:
@@ -117,6 +117,20 @@ class Probe:
         with self._cond:
             if not self._cond.wait_for(lambda: mid in self._subacks, timeout):
                 raise TimeoutError(f"no SUBACK for {topic_filter}")
+
+    def subscribe_many(self, topic_filters: list[str], qos: int = 1, timeout: float = 30.0) -> list[int]:
+        """Subscribe to all of ``topic_filters``, a few hundred per SUBSCRIBE; the SUBACK reason codes."""
+        codes: list[int] = []
+        for start in range(0, len(topic_filters), 200):
+            batch = [(f, qos) for f in topic_filters[start : start + 200]]
+            _, sent = self.client.subscribe(batch)
+            assert sent is not None, "not connected"
+            mid: int = sent
+            with self._cond:
+                if not self._cond.wait_for(lambda: mid in self._subacks, timeout):  # noqa: B023 - waited on here
+                    raise TimeoutError(f"no SUBACK for {len(batch)} filters from {batch[0][0]}")
+                codes += self._subacks[mid]
+        return codes
 
     def publish(
         self,

@@ -30,6 +30,11 @@ def add_broker_arguments(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument("--broker", default=None, metavar="HOST[:PORT]", help="broker address")
     group.add_argument("--prefix", default=None, help="topic prefix (default fleet/v1)")
+    group.add_argument(
+        "--client-id-prefix",
+        default=None,
+        help="put before every MQTT client id (the broker of docs/protocol.md wants 'fleet:')",
+    )
     group.add_argument("--username", default=None, help="user name for password authentication")
     group.add_argument("--password-file", type=Path, default=None, help="file holding the password")
     group.add_argument("--tls-ca", type=Path, default=None, help="CA bundle: turns TLS on")
@@ -84,6 +89,7 @@ _FLAG_OF = {
     ("host",): "--broker",
     ("port",): "--broker",
     ("prefix",): "--prefix",
+    ("client_id_prefix",): "--client-id-prefix",
     ("username",): "--username",
     ("password_file",): "--password-file",
     ("tls", "ca_file"): "--tls-ca",
@@ -107,7 +113,12 @@ def settings_from_args(args: argparse.Namespace) -> MqttSettings:
         if port is not None:
             values["port"] = port
             flagged.add(("port",))
-    for flag, key in (("prefix", "prefix"), ("username", "username"), ("password_file", "password_file")):
+    for flag, key in (
+        ("prefix", "prefix"),
+        ("client_id_prefix", "client_id_prefix"),
+        ("username", "username"),
+        ("password_file", "password_file"),
+    ):
         value = getattr(args, flag)
         if value is not None:
             values[key] = value

@@ -2,6 +2,8 @@
 
 One process (a systemd unit on an operator host) holds:
 
+- the prefix's lease (:mod:`agent.fleet.controller_lease`): taken before anything else, so a second
+  controller on the prefix refuses (or, ``standby``, waits) instead of making every rollout twice;
 - the rollout state, :class:`~agent.fleet.rollout_store.RolloutStore` in ``{state_dir}/rollouts.sqlite``;
 - the model repository ``{state_dir}/models/{sha256}.onnx`` (uploaded by ``fleet rollout start``,
   kept for rollbacks) and a :class:`~agent.fleet.chunks.ChunkServer` serving it to devices' pulls
@@ -36,6 +38,7 @@ from agent.errors import AgentError
 from agent.fleet.chunks import ChunkServer
 from agent.fleet.controller_calls import ConsoleCalls, LoopCall
 from agent.fleet.controller_config import ControllerConfig
+from agent.fleet.controller_lease import LeaseLostError, PrefixLease, StandbyEndedError
 from agent.fleet.deploy import check_device_ids, plan_manifest
 from agent.fleet.deploy_plan import new_job_id, next_sequence
 from agent.fleet.keys import load_signing_key
@@ -57,8 +60,6 @@ from agent.transitions import IllegalTransitionError
 
 log = structlog.get_logger(__name__)
 
-#: Shared-subscription group of the controller's chunk server (several controllers share requests).
-CHUNK_GROUP = "edge-controller"
 #: How often the loop steps the runners when no request arrives.
 _TICK_S = 0.2
 
@@ -87,13 +88,38 @@ class FleetController:
             None if config.unsigned or config.signing_key is None else load_signing_key(config.signing_key)
         )
         self._uploads = UploadSink(config.models_dir)
-        self.chunks = ChunkServer(self.settings, group=CHUNK_GROUP)
+        #: One controller per prefix (controller_lease.py): taken first thing in start().
+        self.lease = PrefixLease(
+            self.settings,
+            config.state_dir,
+            secret=None if self._key is None else self._key.private_bytes_raw(),
+            ttl_s=config.lease_ttl_s,
+        )
+        # A random shared-subscription group of this process's own: a device that knew the group could
+        # join it and lose the requests mosquitto hands it (docs/protocol.md, "Broker configuration").
+        # One controller holds a prefix, so no other process needs to share it; the client session
+        # is clean, so a restarted controller leaves no subscription under the old group behind.
+        self.chunks = ChunkServer(self.settings)
         self._client = ServiceClient(self.settings, handler=self._on_message)
 
     # -- lifecycle -----------------------------------------------------------------------------------
 
-    def start(self, timeout: float = 10.0) -> FleetController:
-        """Open the store, serve the repo, listen for requests, resume the open rollouts."""
+    def start(self, timeout: float = 10.0, stop: threading.Event | None = None) -> FleetController:
+        """Take the prefix's lease, open the store, serve the repo, listen, resume the open rollouts.
+
+        Raises LeaseHeldError when another controller holds the prefix (unless ``standby``: then
+        it waits for the lease, and raises StandbyEndedError if ``stop`` is set meanwhile).
+        """
+        if not self.lease.acquire(standby=self.config.standby, stop=stop, timeout=timeout):
+            raise StandbyEndedError("stopped while standing by")
+        try:
+            self._start_parts(timeout)
+        except BaseException:
+            self.lease.release()  # it never ran: another controller may take the prefix at once
+            raise
+        return self
+
+    def _start_parts(self, timeout: float) -> None:
         self.config.models_dir.mkdir(parents=True, exist_ok=True)
         # First: a damaged or emptied store (StoreDamagedError) stops the start before anything runs.
         self.store = RolloutStore(self.config.store_path)
@@ -114,7 +140,6 @@ class FleetController:
             resumed=len(self.runners),
             requests=self.topics.request_filter,
         )
-        return self
 
     def run(self, stop: threading.Event) -> None:
         """Handle requests and step the rollouts until ``stop`` is set."""
@@ -124,6 +149,7 @@ class FleetController:
                 message: InboundMessage | LoopCall | None = self._requests.get(timeout=_TICK_S)
             except queue.Empty:
                 message = None
+            self._check_lease()
             if isinstance(message, LoopCall):
                 message.run()
             elif message is not None:
@@ -132,6 +158,14 @@ class FleetController:
             if message is None or time.monotonic() - last_step >= _TICK_S:
                 self.step()
                 last_step = time.monotonic()
+
+    def _check_lease(self) -> None:
+        """LeaseLostError once the lease is lost: another controller may drive these rollouts now,
+        so not one more request or step from this one."""
+        lost = self.lease.lost
+        if lost is not None:
+            log.error("fleet.controller.lease.lost", reason=lost)
+            raise LeaseLostError(f"{lost}; stopping (systemd starts it again: it takes the lease if free)")
 
     def step(self) -> None:
         """Step every open rollout once; forget the ones that are over."""
@@ -159,6 +193,7 @@ class FleetController:
         self.chunks.stop()
         if self.store is not None:
             self.store.close()
+        self.lease.release()  # last: nothing of this controller acts once another can take over
 
     def _unfinished(self) -> list[str]:
         """Open rollouts, and aborted ones whose rollback had not finished."""
@@ -376,7 +411,10 @@ def run_controller(
     config: ControllerConfig, stop: threading.Event, ready: threading.Event | None = None
 ) -> None:
     """Start, run until ``stop``, stop (the ``fleet controller`` command)."""
-    controller = FleetController(config).start()
+    try:
+        controller = FleetController(config).start(stop=stop)
+    except StandbyEndedError:
+        return
     try:
         if ready is not None:
             ready.set()

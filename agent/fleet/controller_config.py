@@ -86,6 +86,14 @@ class ControllerConfig(StrictModel):
         60.0, gt=0, description="A device silent this long is stale: its series leave /metrics."
     )
     http: HttpSettings = Field(default_factory=HttpSettings)
+    standby: bool = Field(
+        False,
+        description="When another controller holds the prefix: wait and take over when it stops "
+        "(false: refuse to start, naming the holder).",
+    )
+    lease_ttl_s: int = Field(
+        60, ge=3, le=86_400, description="The prefix lease's claim expires this long after its last renewal."
+    )
 
     @property
     def models_dir(self) -> Path:

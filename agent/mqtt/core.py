@@ -55,6 +55,16 @@ PUBLISH_OVERHEAD = 16
 
 
 @dataclass(frozen=True)
+class LastWill:
+    """What the broker publishes for a client whose connection ends without a DISCONNECT."""
+
+    topic: str
+    payload: bytes
+    retain: bool = False
+    qos: int = 1
+
+
+@dataclass(frozen=True)
 class PublishProperties:
     """MQTT 5 publish properties the agent uses (request/response and expiry)."""
 
@@ -124,9 +134,19 @@ def _on_socket_open(_client: paho.Client, _userdata: object, sock: Any) -> None:
     disable_nagle(sock)
 
 
-def _new_paho_client(settings: MqttSettings, client_id: str) -> paho.Client:
-    """An MQTT 5 paho client with the settings' TLS and credentials; raises ConfigError naming the key."""
-    client = paho.Client(CallbackAPIVersion.VERSION2, client_id=client_id, protocol=paho.MQTTv5)
+def _new_paho_client(settings: MqttSettings, client_id: str, *, reconnect: bool = True) -> paho.Client:
+    """An MQTT 5 paho client with the settings' TLS and credentials; raises ConfigError naming the key.
+
+    ``reconnect`` False: paho's loop thread does not connect again once the connection is lost.
+    """
+    client = paho.Client(
+        CallbackAPIVersion.VERSION2,
+        # The broker of docs/protocol.md refuses any id without its prefix, so a password account
+        # can never name itself after a device (whose id, the certificate CN, has no such prefix).
+        client_id=settings.client_id_prefix + client_id,
+        protocol=paho.MQTTv5,
+        reconnect_on_failure=reconnect,
+    )
     tls = settings.tls
     if tls is not None:
         try:
@@ -171,7 +191,8 @@ class MqttCore:
 
     ``single_writer``: only the thread that calls :meth:`loop` ever writes to the socket (publishes
     from other threads only queue and wake the loop); for a user that runs its own network thread.
-    Otherwise :meth:`loop_start` runs paho's thread.
+    Otherwise :meth:`loop_start` runs paho's thread. ``reconnect`` False: that thread does not connect
+    again after the connection is lost (a connection that must not come back on its own).
     """
 
     def __init__(
@@ -184,6 +205,7 @@ class MqttCore:
         quiet_ack: QuietAck | None = None,
         on_quiet_ack: Callable[[], None] | None = None,
         single_writer: bool = False,
+        reconnect: bool = True,
     ) -> None:
         self.settings = settings
         self.client_id = client_id
@@ -191,7 +213,7 @@ class MqttCore:
         self._on_message = on_message
         self._quiet_ack = quiet_ack
         self._on_quiet_ack = on_quiet_ack
-        client = _new_paho_client(settings, client_id)
+        client = _new_paho_client(settings, client_id, reconnect=reconnect)
         client.on_connect = self._cb_connect
         client.on_disconnect = self._cb_disconnect
         client.on_publish = self._cb_publish

@@ -24,7 +24,7 @@ from collections.abc import Callable
 import structlog
 
 from agent.errors import TransportError
-from agent.mqtt.core import MqttCore, PublishProperties, payload_limit
+from agent.mqtt.core import LastWill, MqttCore, PublishProperties, payload_limit
 from agent.mqtt.events import CallbackFailed, ConnAck, Disconnected, Event, PubAck, PublishOutcome, SubAck
 from agent.mqtt.inbound import STOP, InboundMessage, Inbox
 from agent.mqtt.settings import MqttSettings
@@ -50,7 +50,13 @@ class ServiceClient:
         handler: Handler | None = None,
         inbox_size: int = 1024,
         max_inflight: int = 20,
+        last_will: LastWill | None = None,
+        reconnect: bool = True,
     ) -> None:
+        """``last_will``: published by the broker if this client's connection ends unannounced.
+
+        ``reconnect`` False: once lost, the connection stays lost (:attr:`connects` tells).
+        """
         self.settings = settings
         self.client_id = client_id or f"service-{uuid.uuid4().hex[:10]}"
         self._handler = handler
@@ -69,7 +75,17 @@ class ServiceClient:
         self.callback_errors = 0
         self.handler_errors = 0
         self._dispatch: threading.Thread | None = None
-        self._core = MqttCore(settings, self.client_id, on_event=self._on_event, on_message=self._on_message)
+        self._core = MqttCore(
+            settings,
+            self.client_id,
+            on_event=self._on_event,
+            on_message=self._on_message,
+            reconnect=reconnect,
+        )
+        if last_will is not None:
+            self._core.will_set(
+                last_will.topic, last_will.payload, qos=last_will.qos, retain=last_will.retain
+            )
         self._core.set_limits(max_inflight=max_inflight)
         first = random.uniform(settings.reconnect_min_s, 2 * settings.reconnect_min_s)
         self._core.set_reconnect_delay(first, max(first, settings.reconnect_max_s))
@@ -164,9 +180,9 @@ class ServiceClient:
         if refused is not None:
             flags = s.address_from.startswith("--")
             check = (
-                "--username, --password-file, --tls-cert/--tls-key"
+                "--username, --password-file, --tls-cert/--tls-key, --client-id-prefix"
                 if flags
-                else "mqtt.username, mqtt.password_file, mqtt.tls"
+                else "mqtt.username, mqtt.password_file, mqtt.tls, mqtt.client_id_prefix"
             )
             raise TransportError(f"{where} refused the connection ({refused}); check {check}")
         raise TransportError(

@@ -31,6 +31,13 @@ class MqttSettings(StrictModel):
     username: str | None = Field(None, description="User name for password authentication.")
     password_file: Path | None = Field(None, description="File holding the password (secrets never inline).")
     prefix: str = Field("fleet/v1", description="Topic prefix before the device id.")
+    client_id_prefix: str = Field(
+        "",
+        max_length=32,
+        pattern=r"^[^\s/+#]*$",
+        description="Put before every MQTT client id this process sends: the broker of docs/protocol.md "
+        "accepts only client ids that start with its clientid_prefixes.",
+    )
     keepalive_s: int = Field(
         30, ge=5, le=3600, description="MQTT keepalive; a dead link is seen after ~1.5x."
     )

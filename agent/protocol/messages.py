@@ -326,6 +326,21 @@ class CommandReply(Envelope):
     error: str | None = None
 
 
+class ControllerLease(StrictModel):
+    """``{p}/_controller/lease`` (retained): the controller that holds the prefix (docs/protocol.md).
+
+    Written by the holder only; an empty retained message (its Last Will, or its release at stop)
+    means nobody holds the prefix.
+    """
+
+    holder: str = Field(min_length=1, max_length=200, description="The holding process: host:pid:random.")
+    host: str = Field(max_length=255, description="Host name of the holder.")
+    pid: int = Field(ge=1, le=2**31, description="Process id of the holder on its host.")
+    state_dir: str = Field(max_length=4096, description="The holder's state directory.")
+    since: FiniteTime = Field(description="When the holder took the lease, Unix seconds.")
+    ttl_s: int = Field(ge=1, le=86_400, description="The claim expires this long after its last renewal.")
+
+
 #: Every message model, by name (schema export and docs use this list).
 MESSAGE_MODELS: tuple[type[BaseModel], ...] = (
     StatusMessage,

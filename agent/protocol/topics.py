@@ -202,6 +202,15 @@ class ControllerTopics:
         """Where one CLI process wants its replies (its response topic)."""
         return f"{self._base}/reply/{check_level(client, 'reply client id')}"
 
+    @property
+    def lease(self) -> str:
+        """The retained claim of the controller holding the prefix (``ControllerLease``; empty: free)."""
+        return f"{self._base}/lease"
+
+    def lease_echo(self, client: str) -> str:
+        """Where a controller reading the lease sends itself a message: its arrival ends the read."""
+        return f"{self._base}/lease-echo/{check_level(client, 'lease reader client id')}"
+
     def verb(self, topic: str) -> str | None:
         """The verb of a request topic, or None when ``topic`` is not one."""
         verb = self.requested(topic)

@@ -51,6 +51,18 @@ def test_flags_override_the_file(tmp_path: Path) -> None:
     assert settings.tls.insecure
 
 
+def test_the_client_id_prefix_comes_from_the_file_or_the_flag(tmp_path: Path) -> None:
+    config = tmp_path / "mqtt.yaml"
+    config.write_text("host: a\nclient_id_prefix: 'fleet:'\n")
+    assert settings_from_args(_args("-c", str(config))).client_id_prefix == "fleet:"
+    assert (
+        settings_from_args(_args("-c", str(config), "--client-id-prefix", "ops:")).client_id_prefix == "ops:"
+    )
+    with pytest.raises(UsageError) as info:
+        settings_from_args(_args("--client-id-prefix", "a b"))
+    assert any(p.startswith("--client-id-prefix: ") for p in info.value.problems), info.value.problems
+
+
 @pytest.mark.parametrize(
     ("value", "expected"),
     [("h", ("h", None)), ("h:1", ("h", 1)), ("[::1]:8883", ("::1", 8883)), ("::1", ("::1", None))],

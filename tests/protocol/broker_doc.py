@@ -28,6 +28,9 @@ from agent.mqtt.settings import MqttSettings, TlsSettings
 DOC = Path(__file__).resolve().parents[2] / "docs" / "protocol.md"
 OPERATOR = "operator"
 OPERATOR_PASSWORD = "pw-operator"
+#: The reader account of the doc's ACL (Telegraf in docs/operations.md).
+READER = "telegraf"
+READER_PASSWORD = "pw-telegraf"
 _START_TIMEOUT_S = 10.0
 _LOOPBACK = ipaddress.ip_address("127.0.0.1")
 
@@ -42,6 +45,13 @@ def doc_config() -> tuple[str, str]:
     assert conf, "the broker configuration section needs a ```conf block (mosquitto.conf)"
     assert acl, "the broker configuration section needs an ```acl block (the ACL file)"
     return conf.group(1), acl.group(1)
+
+
+def doc_client_id_prefix() -> str:
+    """The ``clientid_prefixes`` of the doc's configuration: every client id must start with it."""
+    found = re.search(r"^clientid_prefixes (\S+)$", doc_config()[0], re.M)
+    assert found, "the broker configuration has no clientid_prefixes line"
+    return found.group(1)
 
 
 def _name(cn: str) -> x509.Name:
@@ -146,11 +156,15 @@ class DocBroker:
         (workdir / "data").mkdir(parents=True, exist_ok=True)
         conf, acl = doc_config()
         (etc / "edge-agent.acl").write_text(acl)
-        subprocess.run(
-            ["mosquitto_passwd", "-c", "-b", str(etc / "operators.passwd"), OPERATOR, OPERATOR_PASSWORD],
-            check=True,
-            capture_output=True,
-        )
+        for account, password, create in (
+            (OPERATOR, OPERATOR_PASSWORD, ["-c"]),
+            (READER, READER_PASSWORD, []),
+        ):
+            subprocess.run(
+                ["mosquitto_passwd", *create, "-b", str(etc / "operators.passwd"), account, password],
+                check=True,
+                capture_output=True,
+            )
         broker = cls(workdir, pki, free_port(), free_port())
         lines = [line for line in conf.splitlines() if line.strip() not in drop]
         text = "\n".join(lines) + "\n"
@@ -194,6 +208,7 @@ class DocBroker:
             "host": self.host,
             "port": self.device_port,
             "prefix": prefix,
+            "client_id_prefix": doc_client_id_prefix(),
             "tls": self.pki.device_tls(device),
             "reconnect_min_s": 0.05,
             "reconnect_max_s": 0.3,
@@ -210,6 +225,7 @@ class DocBroker:
             host=self.host,
             port=self.operator_port,
             prefix=prefix,
+            client_id_prefix=doc_client_id_prefix(),
             tls=TlsSettings(ca_file=self.pki.ca_file),
             username=OPERATOR,
             password_file=password_file,
@@ -218,6 +234,10 @@ class DocBroker:
             keepalive_s=5,
             max_payload_bytes=2 * 1024 * 1024,
         )
+
+    def client_id(self, name: str) -> str:
+        """``name`` with the prefix the doc's configuration wants of every client id."""
+        return doc_client_id_prefix() + name
 
     def stop(self) -> None:
         """Kill mosquitto (tests need no orderly shutdown)."""

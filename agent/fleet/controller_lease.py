@@ -1,0 +1,333 @@
+"""One controller per prefix: the lease it holds through the broker (docs/fleet.md, "Two controllers").
+
+Two controllers on one prefix both drive rollouts: each gives every device a job of its own for the
+same model. So a controller starts by taking the prefix's lease, and one that finds it held refuses
+(:class:`LeaseHeldError`, naming the holder) or, with ``standby``, waits until it is free.
+
+- **The claim** is a retained :class:`~agent.protocol.messages.ControllerLease` on
+  ``{prefix}/_controller/lease``, renewed every third of its ``ttl_s`` (by a thread of its own, so
+  a loop busy with one long request keeps it) and published with that Message Expiry: a claim
+  nobody renews (its holder and the broker's memory of it gone, after a broker restart) expires on
+  its own.
+- **The holder's connection** has one client id per prefix (:func:`lease_client_id`), derived
+  from the signing key, so every controller of the fleet computes it and no account without the key
+  (a dashboard's) can connect under it and close the holder's connection.
+  The broker keeps one connection per client id, so two controllers that both found the lease free
+  cannot both hold it: the later connection closes the earlier one, which has lost the lease. Its
+  Last Will (a retained empty message) clears the claim the moment the holder dies, or 1.5
+  keep-alives after it went silent.
+- **A lost lease is not taken back.** The connection does not reconnect by itself (it would close
+  the new holder's); the controller stops (:class:`LeaseLostError`) and systemd starts it again,
+  when it takes the lease only if it is free.
+- **Reading the lease** needs no clock: the reader subscribes to the lease topic and to an echo
+  topic of its own, then publishes to the echo; the broker sends a retained claim before the echo,
+  so once the echo is back, no claim seen means none exists.
+- **A holder of this host that is gone** while the broker still counts it connected (the host
+  restarted after a power cut faster than the keep-alive runs out) is recognised by host name and
+  pid, and its claim is taken at once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import secrets
+import socket
+import threading
+import time
+from pathlib import Path
+
+import structlog
+
+from agent.errors import AgentError, TransportError
+from agent.mqtt.core import LastWill, PublishProperties
+from agent.mqtt.inbound import InboundMessage
+from agent.mqtt.service_client import ServiceClient
+from agent.mqtt.settings import MqttSettings
+from agent.protocol.messages import ControllerLease, ProtocolError, decode, encode
+from agent.protocol.topics import ControllerTopics
+
+log = structlog.get_logger(__name__)
+
+#: A claim not renewed for this long expires (it is renewed every third of it).
+DEFAULT_LEASE_TTL_S = 60
+
+
+class LeaseHeldError(AgentError):
+    """Another controller holds the prefix (the message names it)."""
+
+    code = "lease_held"
+
+
+class StandbyEndedError(AgentError):
+    """A standby controller was told to stop before the lease came free."""
+
+    code = "standby_ended"
+
+
+class LeaseLostError(AgentError):
+    """This controller no longer holds the prefix: it must stop driving rollouts."""
+
+    code = "lease_lost"
+
+
+def lease_client_id(prefix: str, secret: bytes | None) -> str:
+    """The client id of the prefix's lease holder: a keyed hash of the prefix (the plain prefix
+    for an unsigned test fleet, which has no key)."""
+    if secret is None:
+        return f"edge-fleet-controller:{prefix}"
+    digest = hashlib.blake2b(prefix.encode(), key=hashlib.sha256(secret).digest(), digest_size=12)
+    return f"edge-fleet-controller:{digest.hexdigest()}"
+
+
+def describe(claim: ControllerLease) -> str:
+    """The holder in words, for the one line a refused controller prints."""
+    since = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(claim.since))
+    return (
+        f"controller {claim.holder} (pid {claim.pid} on {claim.host}, "
+        f"state_dir {claim.state_dir}, since {since})"
+    )
+
+
+def read_lease(settings: MqttSettings, timeout: float = 10.0) -> ControllerLease | None:
+    """The prefix's current claim (None: free). LeaseHeldError when the retained message is no claim."""
+    topics = ControllerTopics(settings.prefix)
+    reader = f"lease-reader-{secrets.token_hex(6)}"
+    echo = topics.lease_echo(reader)
+    payloads: list[bytes] = []
+    echoed = threading.Event()
+
+    def on_message(message: InboundMessage) -> None:
+        if message.topic == topics.lease:
+            payloads.append(message.payload)
+        elif message.topic == echo:
+            echoed.set()
+
+    client = ServiceClient(settings, client_id=reader, handler=on_message)
+    client.start(timeout)
+    try:
+        client.subscribe(topics.lease, qos=1, timeout=timeout)
+        client.subscribe(echo, qos=1, timeout=timeout)
+        client.publish(echo, b"echo", qos=1)
+        if not echoed.wait(timeout):
+            raise TransportError(f"the broker did not echo {echo} within {timeout:.0f}s")
+    finally:
+        client.stop()
+    return claim_of(payloads[-1] if payloads else b"", topics.lease)
+
+
+def claim_of(payload: bytes, topic: str) -> ControllerLease | None:
+    """The claim in a lease message (None: an empty one, nobody holds the prefix)."""
+    if not payload:
+        return None
+    try:
+        return decode(ControllerLease, payload)
+    except ProtocolError as exc:
+        raise LeaseHeldError(
+            f"the retained message on {topic} is not a controller lease ({exc}); if no controller runs "
+            f"on this prefix, clear it: mosquitto_pub -r -n -t '{topic}'"
+        ) from exc
+
+
+def holder_is_gone(claim: ControllerLease) -> bool:
+    """True for a claim whose holder was a process of this host that no longer exists."""
+    if claim.host != socket.gethostname() or claim.pid == os.getpid():
+        return False
+    try:
+        os.kill(claim.pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # it exists, under another user
+        return False
+    return False
+
+
+class PrefixLease:
+    """This controller's lease on ``settings.prefix``: acquire, renew, lost, release."""
+
+    def __init__(
+        self,
+        settings: MqttSettings,
+        state_dir: Path,
+        *,
+        secret: bytes | None = None,
+        ttl_s: int = DEFAULT_LEASE_TTL_S,
+    ) -> None:
+        """``secret``: what the lease's client id is derived from (the signing key's bytes)."""
+        self.settings = settings
+        self.topics = ControllerTopics(settings.prefix)
+        self.client_id = lease_client_id(settings.prefix, secret)
+        host, pid = socket.gethostname(), os.getpid()
+        self.claim = ControllerLease(
+            holder=f"{host}:{pid}:{secrets.token_hex(4)}",
+            host=host,
+            pid=pid,
+            state_dir=str(state_dir),
+            since=time.time(),
+            ttl_s=ttl_s,
+        )
+        self._client: ServiceClient | None = None
+        self._lock = threading.Lock()
+        self._own_seen = threading.Event()  # our claim came back: it is on the broker
+        self._taken_by: str | None = None
+        self._cleared = threading.Event()  # a standby's wake-up: the holder let go
+        self._renew_now = threading.Event()  # the claim was cleared by hand: put it back
+        self._released = threading.Event()
+        self._renewer: threading.Thread | None = None
+
+    # -- taking it -----------------------------------------------------------------------------------
+
+    def acquire(
+        self, *, standby: bool = False, stop: threading.Event | None = None, timeout: float = 10.0
+    ) -> bool:
+        """Take the lease; False only when ``stop`` was set while standing by.
+
+        Raises LeaseHeldError when another live controller holds it and ``standby`` is False.
+        """
+        announced = False
+        while True:
+            held = read_lease(self.settings, timeout)
+            if held is not None and holder_is_gone(held):
+                log.warning("fleet.controller.lease.stale", holder=describe(held))
+                held = None
+            if held is None:
+                self._take(timeout)
+                return True
+            if not standby:
+                raise LeaseHeldError(
+                    f"prefix {self.settings.prefix} is held by {describe(held)}; one controller per prefix: "
+                    "stop that one first, or set standby: true to take over when it stops"
+                )
+            if not announced:
+                log.warning("fleet.controller.standby", prefix=self.settings.prefix, holder=describe(held))
+                print(
+                    f"controller: standing by, prefix {self.settings.prefix} is held by {describe(held)}",
+                    flush=True,
+                )
+                announced = True
+            if self._wait_for_release(held, stop, timeout):
+                return False
+
+    def _wait_for_release(self, held: ControllerLease, stop: threading.Event | None, timeout: float) -> bool:
+        """Watch the lease until it is cleared or not renewed for its ttl; True when ``stop`` was set."""
+        self._cleared.clear()
+        watcher = ServiceClient(self.settings, handler=self._on_standby_message)
+        watcher.start(timeout)
+        try:
+            watcher.subscribe(self.topics.lease, qos=1, timeout=timeout)
+            deadline = time.monotonic() + held.ttl_s
+            while not self._cleared.is_set() and time.monotonic() < deadline:
+                if stop is not None and stop.is_set():
+                    return True
+                self._cleared.wait(0.2)
+        finally:
+            watcher.stop()
+        return stop is not None and stop.is_set()
+
+    def _on_standby_message(self, message: InboundMessage) -> None:
+        if not message.payload:
+            self._cleared.set()
+
+    def _take(self, timeout: float) -> None:
+        self.claim = self.claim.model_copy(update={"since": time.time()})
+        client = ServiceClient(
+            self.settings,
+            client_id=self.client_id,
+            handler=self._on_holder_message,
+            last_will=LastWill(self.topics.lease, b"", retain=True),
+            reconnect=False,
+        )
+        client.start(timeout)
+        self._client = client
+        try:
+            self._claim(client, timeout)
+        except BaseException:
+            self.release()  # connected but not holding: let another take it
+            raise
+        # Renewed by a thread of its own: a controller loop busy with one long request is alive,
+        # and its claim must not expire meanwhile (a newcomer would take the lease from it).
+        self._renewer = threading.Thread(target=self._renew, name="controller-lease", daemon=True)
+        self._renewer.start()
+        log.info("fleet.controller.lease.taken", prefix=self.settings.prefix, holder=self.claim.holder)
+
+    def _claim(self, client: ServiceClient, timeout: float) -> None:
+        """Watch the lease topic, publish the claim, and wait until the broker sends it back."""
+        client.subscribe(self.topics.lease, qos=1, timeout=timeout)
+        self._publish_claim()
+        if not self._own_seen.wait(timeout):
+            raise TransportError(f"the broker did not return this controller's claim on {self.topics.lease}")
+
+    def _publish_claim(self) -> None:
+        client = self._client
+        if client is None:
+            return  # released
+        client.publish(
+            self.topics.lease,
+            encode(self.claim),
+            qos=1,
+            retain=True,
+            properties=PublishProperties(message_expiry_s=self.claim.ttl_s),
+        )
+
+    def _on_holder_message(self, message: InboundMessage) -> None:
+        """Dispatcher thread: our own claim, an old retained one, a clearing, or another holder's."""
+        try:
+            claim = claim_of(message.payload, self.topics.lease)
+        except LeaseHeldError:
+            claim = None
+        with self._lock:
+            if claim is not None and claim.holder == self.claim.holder:
+                self._own_seen.set()
+            elif not self._own_seen.is_set():
+                return  # what was retained before our claim
+            elif claim is not None:
+                self._taken_by = describe(claim)
+            else:
+                self._renew_now.set()  # cleared by hand while we hold it: put the claim back
+
+    # -- holding it ----------------------------------------------------------------------------------
+
+    @property
+    def lost(self) -> str | None:
+        """Why this controller no longer holds the lease (None: it does)."""
+        client = self._client
+        if client is None:
+            return "the lease was never taken"
+        if self._taken_by is not None:
+            return f"prefix {self.settings.prefix} was taken by {self._taken_by}"
+        if not client.connected or client.connects != 1:
+            return (
+                f"the lease connection to the broker was lost; another controller may hold prefix "
+                f"{self.settings.prefix} now"
+            )
+        return None
+
+    def _renew(self) -> None:
+        """The renewer thread: the claim again every third of its ttl, until released or lost."""
+        while not self._released.is_set():
+            self._renew_now.wait(self.claim.ttl_s / 3)
+            self._renew_now.clear()
+            if self._released.is_set() or self.lost is not None:
+                return
+            try:
+                self._publish_claim()
+            except TransportError:
+                return  # the connection is gone: `lost` says so
+
+    def release(self, timeout: float = 5.0) -> None:
+        """Clear the claim (unless the lease was lost: the claim there is another's) and disconnect."""
+        self._released.set()
+        self._renew_now.set()
+        client, self._client = self._client, None
+        if client is None:
+            return
+        if self._renewer is not None:
+            self._renewer.join(5.0)
+        if self._taken_by is None and client.connected:
+            try:
+                client.publish(self.topics.lease, b"", qos=1, retain=True)
+                client.wait_published(timeout)
+            except TransportError:
+                log.warning("fleet.controller.lease.release_failed", prefix=self.settings.prefix)
+        client.stop()  # a normal DISCONNECT: the broker discards the Last Will
+        log.info("fleet.controller.lease.released", prefix=self.settings.prefix)
