@@ -156,7 +156,7 @@ def make_console_app(
         device = view.device(device_id)
         if device is None:
             return _error(404, f"no device {device_id!r} heard by this controller")
-        return JSONResponse(device_detail(device, view.history(device_id)))
+        return JSONResponse(device_detail(device, view.history(device_id), view.history_since()))
 
     def api_rollouts(request: Request) -> Response:
         try:
