@@ -229,7 +229,19 @@ class FleetView:
         remembered shadow and probation figures only where it has none. For a device not heard yet
         they wait (at most ``max_devices`` devices, :data:`MAX_JOBS` jobs each) until it is.
         """
-        kept = jobs[:MAX_JOBS]
+        kept = [  # within JOB_BYTES each: the store's figures came from the device too
+            _job_seen(
+                job_id=j.job_id,
+                slot=j.slot,
+                state=j.state,
+                at=j.at,
+                error_code=j.error_code,
+                error=j.error,
+                shadow=j.shadow,
+                probation=j.probation,
+            )
+            for j in jobs[:MAX_JOBS]
+        ]
         with self._cond:
             row = self._devices.get(device_id)
             if row is not None:
