@@ -73,9 +73,9 @@ MAX_DEVICE_ID = 256
 #: tests/fleet/test_hostile_devices.py checks it on a real controller's resident memory).
 DEVICE_BYTES = 512 * 1024
 #: Job message ids remembered per device to drop repeats (QoS 1 resends, spool replay).
-_SEEN_JOB_IDS = 256
+SEEN_JOB_IDS = 256
 #: Characters of a message id kept for that (a real one is 32 hex digits).
-_MSG_ID_CHARS = 64
+MSG_ID_CHARS = 64
 
 
 @dataclass(frozen=True)
@@ -128,7 +128,7 @@ class _Device:
     history: ChartHistory = field(default_factory=lambda: ChartHistory(MAX_HISTORY_POINTS))
     jobs: dict[str, JobSeen] = field(default_factory=dict)  # insertion order = oldest update first
     seen_job_msgs: collections.deque[str] = field(
-        default_factory=lambda: collections.deque(maxlen=_SEEN_JOB_IDS)
+        default_factory=lambda: collections.deque(maxlen=SEEN_JOB_IDS)
     )
     problems: list[str] = field(default_factory=list)
 
@@ -512,7 +512,7 @@ def _remember(row: _Device, job: JobSeen) -> bool:
 
 def _take_job(row: _Device, job: JobStatus) -> bool:
     """Record one job transition: the job moves to the front; a repeated ``msg_id`` changes nothing."""
-    msg_id = job.msg_id[:_MSG_ID_CHARS]
+    msg_id = job.msg_id[:MSG_ID_CHARS]
     if msg_id in row.seen_job_msgs:
         return False
     row.seen_job_msgs.append(msg_id)

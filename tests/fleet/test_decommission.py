@@ -9,6 +9,7 @@ forgets the device, so the console answers 404 for it and ``fleet status`` no lo
 from __future__ import annotations
 
 import json
+import re
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -28,6 +29,15 @@ from tests.mqtt_probe import Probe
 from tests.waiting import wait_until
 
 TOKEN_TEXT = "a token of this test only"
+DOCS = Path(__file__).resolve().parents[2] / "docs"
+
+
+def _doc_block(doc: str, language: str, starts: str) -> str:
+    """The ```language block of docs/``doc`` whose text starts with ``starts``."""
+    text = (DOCS / doc).read_text(encoding="utf-8")
+    match = re.search(rf"```{language}\n({re.escape(starts)}.*?)```", text, re.DOTALL)
+    assert match, f"docs/{doc} has no {language} block starting {starts!r}"
+    return match.group(1)
 
 
 @pytest.fixture
@@ -131,22 +141,37 @@ def test_the_console_action_needs_the_token_and_decommissions_through_the_contro
     view = running.controller.view
     url = running.controller.http.url
     with Probe(broker.host, broker.port) as probe:
-        _leave_retained(probe, prefix, "jet-old", "offline")
+        _leave_retained(probe, prefix, "jet-07", "offline")
         _leave_retained(probe, prefix, "jet-on", "online")
     wait_until(lambda: len(view.devices()) == 2, what="both devices in the controller's view")
 
-    without = _post(f"{url}/api/devices/jet-old/decommission", None)
+    without = _post(f"{url}/api/devices/jet-07/decommission", None)
     online = _post(f"{url}/api/devices/jet-on/decommission", TOKEN_TEXT)
-    done = _post(f"{url}/api/devices/jet-old/decommission", TOKEN_TEXT)
+    done = _post(f"{url}/api/devices/jet-07/decommission", TOKEN_TEXT)
 
     assert without[0] == 401
     assert online[0] == 409
     assert "device jet-on is online" in str(online[1]["error"])
     assert done == (
         200,
-        {"ok": True, "message": "device jet-old decommissioned: 3 retained topic(s) cleared"},
+        json.loads(_doc_block("console.md", "json", '{"ok": true, "message": "device jet-07')),
     )
-    assert view.device("jet-old") is None  # forgotten at once, not only when the cleared status arrives
-    assert _status_code(f"{url}/api/device/jet-old") == 404
-    assert _retained(broker, f"{prefix}/jet-old/#") == []
+    assert view.device("jet-07") is None  # forgotten at once, not only when the cleared status arrives
+    assert _status_code(f"{url}/api/device/jet-07") == 404
+    assert _retained(broker, f"{prefix}/jet-07/#") == []
     assert len(_retained(broker, f"{prefix}/jet-on/#")) == 3
+
+
+def test_the_documented_decommission_is_what_the_command_prints(
+    broker: Broker, prefix: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    example = _doc_block("fleet.md", "sh", "edge-agent fleet decommission jet-07")
+    command, *printed = example.splitlines()
+    with Probe(broker.host, broker.port) as probe:
+        _leave_retained(probe, prefix, "jet-07", "offline")
+
+    code = main([*command.split()[1:], "--broker", f"{broker.host}:{broker.port}", "--prefix", prefix])
+
+    assert code == 0
+    expected = [line.removeprefix("# ").replace("fleet/v1/", f"{prefix}/") for line in printed]
+    assert capsys.readouterr().out.splitlines() == expected
