@@ -236,7 +236,15 @@ def _decommission(args: argparse.Namespace) -> int:
     from agent.fleet.decommission import decommission
     from agent.fleet.untrusted import shown
 
-    done = decommission(settings_from_args(args), args.device, force=args.force, max_wait_s=args.wait)
+    settings = settings_from_args(args)
+    done = decommission(settings, args.device, force=args.force, max_wait_s=args.wait)
+    if not done.cleared:  # a typo must not look like a success
+        print(
+            f"fleet decommission: nothing retained for {shown(done.device)} under {shown(settings.prefix)}: "
+            "nothing cleared (check the id and --prefix)",
+            file=sys.stderr,
+        )
+        return 1
     if args.json:
         print(json.dumps(done.as_dict(), indent=2))
         return 0

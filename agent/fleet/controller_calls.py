@@ -72,4 +72,6 @@ class ConsoleCalls:
     def decommission(self, device: str) -> str:
         # Not on the loop: it talks to the broker only, and must not wait behind a rollout's step.
         done = self._controller.decommission(device)
+        if not done["cleared"]:
+            return f"device {device} forgotten: nothing of it was retained on the broker"
         return f"device {device} decommissioned: {len(done['cleared'])} retained topic(s) cleared"

@@ -61,7 +61,8 @@ def decommission(
     Reads what is retained first (until ``quiet_s`` passes without a message, at most
     ``max_wait_s``), refuses an online device unless ``force``, then publishes an empty retained
     payload to each retained topic found (and to status and info in any case) and waits for the
-    broker's acknowledgements. Raises ConfigError for an id that is not one topic level,
+    broker's acknowledgements. Nothing retained: nothing is published, ``cleared`` is empty.
+    Raises ConfigError for an id that is not one topic level,
     DecommissionError when refused, TransportError when the broker cannot be reached.
     """
     check_device_ids([device])
@@ -73,6 +74,8 @@ def decommission(
         for topic_filter in (topics.status, topics.info, topics.desired_filter):
             client.subscribe(topic_filter, qos=1, timeout=timeout)
         retained = _retained(arrivals, quiet_s, max_wait_s)
+        if not retained:
+            return Decommissioned(device, "unknown", ())  # nothing to clear: a typo, or done already
         state = _state(retained.get(topics.status))
         if state == "online" and not force:
             raise DecommissionError(

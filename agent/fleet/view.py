@@ -3,8 +3,9 @@
 The controller (and the console, and ``/metrics``) subscribe to :meth:`FleetView.topic_filters` and
 hand each message to :meth:`FleetView.apply`. The view keeps, per device, the latest ``up/status``,
 ``up/info`` and ``up/telemetry``, a bounded history of telemetry for charts, and the latest state of
-the last jobs heard on ``up/jobs/{job_id}``. Readers get frozen copies (:class:`DeviceState`), so
-they never hold the lock while they render.
+the last jobs heard on ``up/jobs/{job_id}`` (after a restart, before any is heard: the jobs its
+``up/info`` names and :meth:`FleetView.remember_jobs` was given, from the rollout store). Readers
+get frozen copies (:class:`DeviceState`), so they never hold the lock while they render.
 
 Decoding is the fleet commands' own: :func:`agent.fleet.watch.read_message` checks each payload
 against its protocol model and names what was wrong (a malformed message becomes a problem line of
@@ -283,7 +284,7 @@ class FleetView:
             if row.state != "online":
                 del self._devices[row.device]
                 self.forgotten_devices += 1
-                self._version += 1
+                self._changed()
 
     def _clear_info(self, device_id: str) -> bool:
         with self._cond:

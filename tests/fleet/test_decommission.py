@@ -126,6 +126,10 @@ def test_the_command_clears_the_retained_topics_and_the_controller_forgets_the_d
     assert main(["fleet", "status", "--json", "--wait", "2", "--telemetry-wait", "0", *broker_args]) == 0
     assert [row["device"] for row in json.loads(capsys.readouterr().out)] == ["jet-live"]
 
+    # A typo clears nothing and says so.
+    assert main(["fleet", "decommission", "jet-g0ne", *broker_args]) == 1
+    assert "nothing retained for jet-g0ne under" in capsys.readouterr().err
+
     # An online device is refused (its agent would announce itself again); --force clears it anyway.
     assert main(["fleet", "decommission", "jet-live", *broker_args]) != 0
     assert "device jet-live is online" in capsys.readouterr().err
