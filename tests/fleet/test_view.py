@@ -5,8 +5,11 @@ from __future__ import annotations
 import dataclasses
 import threading
 
+from prometheus_client import generate_latest
+
 from agent.fleet.bounded import cost
 from agent.fleet.chart_history import POINT_BYTES, ChartHistory
+from agent.fleet.metrics import metrics_registry
 from agent.fleet.view import (
     FIGURE_NAME_CHARS,
     INFO_BYTES,
@@ -225,7 +228,18 @@ def test_device_text_is_clipped_and_a_full_view_makes_room_only_from_quiet_devic
     assert [d.device for d in view.devices()] == ["jet-3", "jet-4"]
     assert view.forgotten_devices == 2
     # An id longer than a device id may be is refused, whatever room there is.
-    assert not FleetView(PREFIX).apply(status("j" * (MAX_DEVICE_ID + 1), "online", 1))
+    roomy = FleetView(PREFIX)
+    assert not roomy.apply(status("j" * (MAX_DEVICE_ID + 1), "online", 1))
+    assert (roomy.devices(), roomy.refused_devices) == ([], 1)
+
+
+def test_refused_devices_are_counted_in_the_metrics() -> None:
+    view = FleetView(PREFIX, max_devices=1)
+    view.apply(status("jet", "online", 1))
+    view.apply(status("jet-2", "online", 1))  # full, and jet is online and fresh: refused
+    view.apply(status("j" * (MAX_DEVICE_ID + 1), "online", 1))  # an id too long: refused
+    exposition = generate_latest(metrics_registry(view)).decode()
+    assert "edge_fleet_refused_devices_total 2.0" in exposition
 
 
 def test_a_cleared_status_forgets_the_device_and_a_cleared_info_forgets_the_info() -> None:
