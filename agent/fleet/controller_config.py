@@ -60,7 +60,7 @@ class ControllerConfig(StrictModel):
         10_000,
         gt=0,
         description="Devices the controller's live view holds (console, /metrics); each takes at most "
-        "~0.6 MB there (docs/console.md). A full view makes room from devices gone quiet.",
+        "~0.4 MB there (docs/console.md). A full view makes room from devices gone quiet.",
     )
     forget_after_s: float = Field(
         7 * 86400.0,

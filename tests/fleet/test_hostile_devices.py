@@ -413,8 +413,6 @@ def test_junk_ids_cannot_keep_a_real_device_out_and_leave_when_cleared(
             device.publish(late.status, _status("1.7e9"), retain=True)
             wait_until(lambda: controller.get("/api/device/jet-late")[0] == 200, what="jet-late in the view")
             metrics = controller.get("/metrics")[1].decode()
-            for name in junk:
-                attacker.publish(Topics(prefix, name).status, b"", retain=True)
     finally:
         controller.kill()
     assert 'edge_device_online{device="jet-late"} 1.0' in metrics
@@ -490,7 +488,7 @@ def test_devices_at_every_bound_cost_the_controller_what_the_docs_say(tmp_path: 
     finally:
         controller.kill()
     per_device = (rss[1] - rss[0]) / _BOUND_DEVICES
-    # Measured 0.37 MB a device (RSS 76.4 -> 82.3 MB for 16 devices).
+    # Measured 0.37, 0.37 and 0.40 MB a device (RSS 76.4 -> 82.3 MB for 16 devices, the first run).
     assert per_device < DEVICE_BYTES, f"{per_device / 2**20:.2f} MB a device, RSS {rss}"
     assert len(detail["jobs"]) == MAX_JOBS
     assert len(detail["problems"]) == MAX_PROBLEMS
