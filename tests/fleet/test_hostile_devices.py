@@ -19,9 +19,18 @@ from pathlib import Path
 import pytest
 
 from agent.cli import main
+from agent.fleet.bounded import cost
 from agent.fleet.deploy_command import EXIT_FAILED, EXIT_MALFORMED
 from agent.fleet.status import MAX_PROBLEMS
-from agent.fleet.view import DEVICE_BYTES, FIGURE_NAME_CHARS, MAX_FIGURES, MAX_HISTORY_POINTS, MAX_JOBS
+from agent.fleet.view import (
+    DEVICE_BYTES,
+    FIGURE_NAME_CHARS,
+    INFO_BYTES,
+    JOB_BYTES,
+    MAX_FIGURES,
+    MAX_HISTORY_POINTS,
+    MAX_JOBS,
+)
 from agent.localbroker import Broker
 from agent.protocol.messages import CommandReply, encode
 from agent.protocol.topics import Topics
@@ -494,6 +503,10 @@ def test_devices_at_every_bound_cost_the_controller_what_the_docs_say(tmp_path: 
     # Measured 0.37, 0.37 and 0.40 MB a device (RSS 76.4 -> 82.3 MB for 16 devices, the first run).
     assert per_device < DEVICE_BYTES, f"{per_device / 2**20:.2f} MB a device, RSS {rss}"
     assert len(detail["jobs"]) == MAX_JOBS
+    assert all(cost(job) <= JOB_BYTES + 256 for job in detail["jobs"])  # + its time, kept whole
+    info = {"slots": detail["slots"], "labels": detail["row"]["labels"], "platform": detail["platform"]}
+    assert cost({part: kept for part, kept in info.items() if kept}) <= INFO_BYTES  # what did not fit: none
+    assert "info: over the 64 KiB kept per device" in detail["problems"][0]
     assert len(detail["problems"]) == MAX_PROBLEMS
     assert len(detail["history"]["ts"]) == MAX_HISTORY_POINTS
     assert sum(map(len, detail["telemetry"])) <= FIGURE_NAME_CHARS
