@@ -61,6 +61,9 @@ class _Refused:
     def abort(self, rollout_id: str, rollback: bool) -> str:
         raise NotImplementedError
 
+    def decommission(self, device_id: str) -> str:
+        raise NotImplementedError
+
 
 def _apply(view: FleetView, topic: str, payload: bytes, retain: bool = False) -> None:
     view.apply(InboundMessage(topic, payload, qos=1, retain=retain))

@@ -1,5 +1,5 @@
-"""``edge-agent fleet ...``: the operator commands (keygen, deploy, serve, status, watch, cmd, controller,
-rollout).
+"""``edge-agent fleet ...``: the operator commands (keygen, deploy, serve, status, watch, cmd,
+decommission, controller, rollout).
 
 :func:`add_fleet_arguments` fills the ``fleet`` sub-parser, :func:`run_fleet` runs the chosen
 command and returns the exit code. ``fleet deploy`` itself is :mod:`agent.fleet.deploy_command`,
@@ -130,6 +130,23 @@ def add_fleet_arguments(parser: argparse.ArgumentParser) -> None:
     add_broker_arguments(cmd)
     _add_verbose(cmd)
 
+    gone = sub.add_parser(
+        "decommission",
+        help="clear a device's retained status, info and desired states: the controller forgets it",
+    )
+    gone.add_argument("device", metavar="DEVICE", help="device id")
+    gone.add_argument(
+        "--force",
+        action="store_true",
+        help="clear it even while its status says online (a device gone without its Last Will)",
+    )
+    gone.add_argument("--json", action="store_true", help="machine-readable output")
+    gone.add_argument(
+        "--wait", type=float, default=5.0, help="longest time to collect its retained messages (default 5)"
+    )
+    add_broker_arguments(gone)
+    _add_verbose(gone)
+
     add_controller_arguments(sub)
 
 
@@ -159,6 +176,8 @@ def run_fleet(args: argparse.Namespace) -> int:
         return _watch(args)
     if command == "cmd":
         return _cmd(args)
+    if command == "decommission":
+        return _decommission(args)
     if command == "controller":
         return run_controller_command(args)
     if command == "rollout":
@@ -212,6 +231,28 @@ def _status(args: argparse.Namespace) -> int:
         print(format_table(rows))
     else:
         print("no devices found (nothing retained under the prefix; check --prefix and the broker)")
+    return 0
+
+
+def _decommission(args: argparse.Namespace) -> int:
+    from agent.fleet.decommission import decommission
+    from agent.fleet.untrusted import shown
+
+    settings = settings_from_args(args)
+    done = decommission(settings, args.device, force=args.force, max_wait_s=args.wait)
+    if not done.cleared:  # a typo must not look like a success
+        print(
+            f"fleet decommission: nothing retained for {shown(done.device)} under {shown(settings.prefix)}: "
+            "nothing cleared (check the id and --prefix)",
+            file=sys.stderr,
+        )
+        return 1
+    if args.json:
+        print(json.dumps(done.as_dict(), indent=2))
+        return 0
+    print(f"decommissioned {shown(done.device)} (its status said {done.state}); retained topics cleared:")
+    for topic in done.cleared:
+        print(f"  {shown(topic, 300)}")
     return 0
 
 

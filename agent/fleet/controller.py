@@ -39,10 +39,12 @@ from agent.fleet.chunks import ChunkServer
 from agent.fleet.controller_calls import ConsoleCalls, LoopCall
 from agent.fleet.controller_config import ControllerConfig
 from agent.fleet.controller_lease import LeaseLostError, PrefixLease, StandbyEndedError
+from agent.fleet.decommission import decommission
 from agent.fleet.deploy import check_device_ids, plan_manifest
 from agent.fleet.deploy_plan import new_job_id, next_sequence
 from agent.fleet.keys import load_signing_key
 from agent.fleet.model_check import check_model_file
+from agent.fleet.remembered_jobs import jobs_from_store
 from agent.fleet.rollout_report import rollout_status
 from agent.fleet.rollout_runner import RolloutRunner
 from agent.fleet.rollout_spec import RolloutRequest, model_ref, plan_for, request_of
@@ -82,7 +84,12 @@ class FleetController:
         #: Requests from the broker and calls from the console, handled by the loop thread in order.
         self._requests: queue.Queue[InboundMessage | LoopCall] = queue.Queue()
         #: Every device's status, info, telemetry and jobs, for the console and /metrics.
-        self.view = FleetView(self.settings.prefix, stale_after_s=config.stale_after_s)
+        self.view = FleetView(
+            self.settings.prefix,
+            stale_after_s=config.stale_after_s,
+            max_devices=config.max_devices,
+            forget_after_s=config.forget_after_s,
+        )
         self.http: Any = None
         self._key = (
             None if config.unsigned or config.signing_key is None else load_signing_key(config.signing_key)
@@ -127,6 +134,10 @@ class FleetController:
         self.chunks.start(timeout)
         self._client.start(timeout)
         self._client.subscribe(self.topics.request_filter, qos=1, timeout=timeout)
+        # Before the devices' retained messages arrive: what the store knows of their last jobs
+        # (a restarted controller's console and /metrics show them, with their shadow and probation).
+        for device, jobs in jobs_from_store(self.store).items():
+            self.view.remember_jobs(device, jobs)
         for topic_filter in self.view.topic_filters():
             self._client.subscribe(topic_filter, qos=1, timeout=timeout)
         for rollout_id in self._unfinished():
@@ -373,6 +384,16 @@ class FleetController:
         self.runners[rollout_id] = self._runner(rollout_id)
         log.info("fleet.controller.rollout_started", rollout=rollout_id, devices=len(request.devices))
         return rollout_status(self.store, rollout_id)
+
+    def decommission(self, device: str, *, force: bool = False) -> dict[str, Any]:
+        """Clear ``device``'s retained topics (:mod:`agent.fleet.decommission`) and forget it here.
+
+        Runs on the caller's thread (the broker round trips touch neither the store nor a runner).
+        """
+        done = decommission(self.settings, device, force=force)
+        self.view.forget(device)  # at once: the cleared status also reaches the view, a moment later
+        log.info("fleet.controller.decommissioned", device=device, cleared=len(done.cleared))
+        return done.as_dict()
 
     def pause(self, rollout_id: str) -> dict[str, Any]:
         assert self.store is not None

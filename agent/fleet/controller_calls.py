@@ -23,6 +23,8 @@ class Controls(Protocol):
 
     def abort(self, rollout_id: str, *, rollback: bool) -> dict[str, Any]: ...
 
+    def decommission(self, device: str, *, force: bool = False) -> dict[str, Any]: ...
+
 
 class LoopCall:
     """A function the loop thread runs for another thread (the console's actions)."""
@@ -66,3 +68,10 @@ class ConsoleCalls:
     def abort(self, rollout_id: str, rollback: bool) -> str:
         status = self._controller.call(lambda: self._controller.abort(rollout_id, rollback=rollback))
         return f"rollout {rollout_id} {status['state']}" + (" (rolling back)" if rollback else "")
+
+    def decommission(self, device: str) -> str:
+        # Not on the loop: it talks to the broker only, and must not wait behind a rollout's step.
+        done = self._controller.decommission(device)
+        if not done["cleared"]:
+            return f"device {device} forgotten: nothing of it was retained on the broker"
+        return f"device {device} decommissioned: {len(done['cleared'])} retained topic(s) cleared"

@@ -85,6 +85,18 @@ class ControllerConfig(StrictModel):
     stale_after_s: float = Field(
         60.0, gt=0, description="A device silent this long is stale: its series leave /metrics."
     )
+    max_devices: int = Field(
+        10_000,
+        gt=0,
+        description="Devices the controller's live view holds (console, /metrics); each takes at most "
+        "~0.4 MB there (docs/console.md). A full view makes room from devices gone quiet.",
+    )
+    forget_after_s: float = Field(
+        7 * 86400.0,
+        gt=0,
+        description="A device not online and not heard this long leaves the live view (decommission "
+        "forgets one at once).",
+    )
     http: HttpSettings = Field(default_factory=HttpSettings)
     standby: bool = Field(
         False,

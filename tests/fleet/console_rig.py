@@ -142,14 +142,15 @@ def gate_figures(ends: Mapping[str, int], *, failed: int = 0, limit: int = 0) ->
 
 
 class StoreActions:
-    """The console's actions done straight on a real RolloutStore, as the controller's are.
+    """The console's actions done straight on a real RolloutStore (and FleetView), as the controller's are.
 
     Stands in for the fleet controller (built separately): it moves the rollout's state in the same
     store the controller watches, and raises the store's own errors for moves it refuses.
     """
 
-    def __init__(self, store: RolloutStore) -> None:
+    def __init__(self, store: RolloutStore, view: FleetView | None = None) -> None:
         self.store = store
+        self.view = view
         self.calls: list[tuple[str, str]] = []
 
     def pause(self, rollout_id: str) -> str:
@@ -168,6 +169,14 @@ class StoreActions:
             raise RolloutStoreError(f"rollout {rollout_id} has no devices to roll back")
         self.store.set_state(rollout_id, RolloutState.ABORTED, "aborted from the console")
         return "aborted" + (" (rolling back)" if rollback else "")
+
+    def decommission(self, device_id: str) -> str:
+        """Forgets the device in the view, as the controller does once the broker cleared its topics
+        (the broker's part is tests/fleet/test_decommission.py's, against a real controller)."""
+        self.calls.append(("decommission", device_id))
+        if self.view is None or not self.view.forget(device_id):
+            raise RolloutStoreError(f"no device {device_id!r} to decommission")
+        return f"device {device_id} decommissioned"
 
 
 def new_store(tmp_path: Path) -> RolloutStore:

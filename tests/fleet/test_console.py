@@ -56,7 +56,7 @@ def view() -> FleetView:
 
 
 def _client(view: FleetView, store: RolloutStore, token: str | None = TOKEN, **kw: object) -> TestClient:
-    return TestClient(make_console_app(view, store, StoreActions(store), token=token, **kw))  # type: ignore[arg-type]
+    return TestClient(make_console_app(view, store, StoreActions(store, view), token=token, **kw))  # type: ignore[arg-type]
 
 
 def test_the_devices_api_lists_every_device_with_its_figures(view: FleetView, store: RolloutStore) -> None:
@@ -230,6 +230,55 @@ def test_pause_resume_and_abort_work_with_the_token(view: FleetView, store: Roll
     assert store.rollout("r-1").state is RolloutState.ABORTED
     assert store.waves("r-1")[1][0] is WaveState.CANCELLED
     assert unknown.status_code == 404
+
+
+def test_decommission_needs_the_token_and_the_device_leaves_the_console(
+    view: FleetView, store: RolloutStore
+) -> None:
+    auth = {"authorization": f"Bearer {TOKEN}"}
+    read_only = _client(view, store, token=None).post("/api/devices/jet-01/decommission", headers=auth)
+    client = _client(view, store)
+    no_token = client.post("/api/devices/jet-01/decommission")
+    still_there = client.get("/api/device/jet-01").status_code
+
+    done = client.post("/api/devices/jet-01/decommission", headers=auth)
+    again = client.post("/api/devices/jet-01/decommission", headers=auth)
+
+    assert (read_only.status_code, no_token.status_code, still_there) == (403, 401, 200)
+    assert done.json() == {"ok": True, "message": "device jet-01 decommissioned"}
+    assert client.get("/api/device/jet-01").status_code == 404
+    assert "jet-01" not in [row["id"] for row in client.get("/api/devices").json()["devices"]]
+    assert again.status_code == 409
+    assert "no device 'jet-01'" in again.json()["error"]
+
+
+def test_a_telemetry_name_of_ten_megabytes_does_not_come_back_from_the_device_api(
+    view: FleetView, store: RolloutStore
+) -> None:
+    topic, _ = telemetry(PREFIX, "jet-00", fps=30.0)
+    payload = b'{"ts": 1.0, "cpu.percent": 12.0, "' + b"n" * 10_000_000 + b'": 1.0}'
+    feed(view, [(topic, payload)])
+
+    answer = _client(view, store).get("/api/device/jet-00")
+
+    assert answer.status_code == 200
+    assert len(answer.content) < 16 * 1024, len(answer.content)
+    assert answer.json()["telemetry"] == {"cpu.percent": 12.0}
+    assert "figure(s) named with over 512 characters left out" in answer.json()["problems"][0]
+
+
+def test_the_device_api_says_since_when_the_charts_have_data(store: RolloutStore) -> None:
+    clock = [1_000_000.0]
+    view = FleetView(PREFIX, history_s=3600, clock=lambda: clock[0])
+    feed(view, [telemetry(PREFIX, "jet-00", fps=30.0)])
+    client = _client(view, store)
+
+    just_started = client.get("/api/device/jet-00").json()["history_since"]
+    clock[0] += 7200
+    later = client.get("/api/device/jet-00").json()["history_since"]
+
+    assert just_started == 1_000_000.0  # the view's start: nothing older can be on the charts
+    assert later == 1_000_000.0 + 7200 - 3600  # an hour ago
 
 
 def test_device_text_stays_text_in_the_api_and_the_page_never_writes_markup(

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from playwright.sync_api import Browser, Page, expect, sync_playwright
+from playwright.sync_api import Browser, Dialog, Page, expect, sync_playwright
 
 from agent.fleet.console import make_console_app, serve_console
 from agent.fleet.console.server import ConsoleServer
@@ -89,7 +89,9 @@ def _serve(broker: Broker, tmp_path: Path, token: str | None) -> Iterator[Consol
     client.start()
     for topic_filter in view.topic_filters():
         client.subscribe(topic_filter, qos=1)
-    server = serve_console(make_console_app(view, store, StoreActions(store), token=token), "127.0.0.1", 0)
+    server = serve_console(
+        make_console_app(view, store, StoreActions(store, view), token=token), "127.0.0.1", 0
+    )
     probe = Probe(broker.host, broker.port)
     try:
         yield Console(prefix, view, store, probe, server)
@@ -221,6 +223,41 @@ def test_the_device_page_shows_slots_charts_jobs_and_verdicts(console: Console, 
 
     console.publish([status(console.prefix, "jet-00", "offline")])
     page.wait_for_selector("#device-title .badge.offline", timeout=SHOWS_WITHIN_MS)
+
+
+def test_the_device_page_says_since_when_it_has_charts_and_decommissions_with_the_token(
+    console: Console, page: Page
+) -> None:
+    console.publish(list(fleet_messages(console.prefix, DEVICES[:2])))
+    _arrived(console, 2)
+    page.goto(console.server.url + "/device/jet-00")
+    page.wait_for_selector("body[data-device=rendered]")
+    title = page.inner_text("#chart-fps h2")
+    asked: list[str] = []
+
+    def accept(dialog: Dialog) -> None:
+        asked.append(dialog.message)
+        dialog.accept()
+
+    page.on("dialog", accept)
+    page.click("#decommission")
+    page.wait_for_selector("#token-box:not([hidden])")
+    page.fill("#token-input", TOKEN)
+    page.click("#token-save")
+    page.wait_for_selector("#message.ok")
+    message = page.inner_text("#message")
+    # The live stream removes the device: the page says the controller no longer knows it.
+    page.wait_for_selector("#app > p.error", timeout=SHOWS_WITHIN_MS)
+
+    # The console started a moment ago: the charts cannot hold the last hour, and say so.
+    assert title.startswith("Frames per second (since ")
+    assert title.endswith(", the controller's start)")
+    assert len(asked) == 1
+    assert asked[0].startswith("Decommission jet-00?")
+    assert message == "device jet-00 decommissioned"
+    assert "no device 'jet-00' heard by this controller" in page.inner_text("#app")
+    assert console.view.device("jet-00") is None
+    assert console.view.device("jet-01") is not None
 
 
 def test_rollout_wave_counts_move_and_pause_needs_the_token(console: Console, page: Page) -> None:

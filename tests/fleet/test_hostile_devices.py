@@ -19,12 +19,25 @@ from pathlib import Path
 import pytest
 
 from agent.cli import main
+from agent.fleet.bounded import cost
 from agent.fleet.deploy_command import EXIT_FAILED, EXIT_MALFORMED
+from agent.fleet.status import MAX_PROBLEMS
+from agent.fleet.view import (
+    DEVICE_BYTES,
+    FIGURE_NAME_CHARS,
+    INFO_BYTES,
+    JOB_BYTES,
+    MAX_FIGURES,
+    MAX_HISTORY_POINTS,
+    MAX_JOBS,
+)
 from agent.localbroker import Broker
 from agent.protocol.messages import CommandReply, encode
 from agent.protocol.topics import Topics
+from tests.fleet.controller_process import ControllerProcess
 from tests.fleet.operator_side import announce, tiny_model, unique_prefix
 from tests.mqtt_probe import Probe
+from tests.waiting import wait_until
 
 #: What an attacker's escape sequence tries to draw over the real progress or table.
 FAKE_LINE = "jet-01  ACTIVE      100%  4.0 KiB / 4.0 KiB"
@@ -38,7 +51,13 @@ def _status(ts: str, session: str = "1") -> bytes:
 
 
 def _info(
-    device: str, *, agent_version: str = "1.0", model_id: str = "net", slot: str = "cls", **platform: str
+    device: str,
+    *,
+    agent_version: str = "1.0",
+    model_id: str = "net",
+    slot: str = "cls",
+    last_job: str | None = None,
+    **platform: str,
 ) -> bytes:
     return json.dumps(
         {
@@ -50,7 +69,7 @@ def _info(
                 slot: {
                     "model": {"slot": slot, "model_id": model_id, "version": "4", "sha256": "ab" * 32},
                     "state": "ACTIVE",
-                    "last_job": f"job-{model_id}",
+                    "last_job": last_job or f"job-{model_id}",
                 }
             },
             "streams": [],
@@ -298,3 +317,196 @@ def test_fleet_cmd_prints_a_hostile_reply_as_valid_escaped_json(
 
     result = json.loads(out, parse_constant=refuse)["result"]
     assert result == {"t": None, "u": None, "s": ESCAPES}  # the text itself, escaped only in the JSON
+
+
+# -- the controller's live view: what a device can make it keep ------------------------------------
+#
+# A real controller process (its console on), hostile devices played by paho probes, the
+# controller's resident memory read with psutil. The bounds asserted are docs/console.md's
+# ("What the controller keeps of a device").
+
+#: Devices at every bound the RSS test adds (after a first one that warms the allocator up).
+_BOUND_DEVICES = 16
+#: Figures of a ~1 MB telemetry message: valid (finite numbers), each with a long name. Names of
+#: over 64 characters are new strings in every message (pydantic shares only short ones), so a view
+#: that kept every figure of every message grew 1.19 MB a message (measured on the code before).
+_MB_FIGURES = 2000
+
+
+def _megabyte_telemetry() -> bytes:
+    figures = {f"stream.cam{i:04d}." + "x" * 470 + ".p99_ms": 1.0 + i for i in range(_MB_FIGURES)}
+    return json.dumps({"ts": 1.7e9, "stream.cam0.fps": 25.0, **figures}).encode()
+
+
+def _history_points(controller: ControllerProcess, device: str) -> int:
+    status, body = controller.get(f"/api/device/{device}")
+    return len(json.loads(body)["history"]["ts"]) if status == 200 else -1
+
+
+def test_megabyte_telemetry_does_not_grow_the_controller_and_a_huge_name_does_not_come_back(
+    tmp_path: Path, broker: Broker
+) -> None:
+    prefix = unique_prefix()
+    controller = ControllerProcess(tmp_path, broker, prefix).start()
+    topics = Topics(prefix, "jet-big")
+    payload = _megabyte_telemetry()
+    assert len(payload) > 1_000_000
+    try:
+        with Probe(broker.host, broker.port) as device:
+            device.publish(topics.status, _status("1.7e9"), retain=True)
+            rss: dict[int, int] = {}
+            for sent in range(1, 201):
+                device.publish(topics.telemetry, payload, timeout=30)
+                # One at a time, as a device sends them: what stays is what the view keeps, not a
+                # backlog of megabyte messages waiting in the controller's inbox.
+                wait_until(
+                    lambda n=sent: _history_points(controller, "jet-big") == n,  # type: ignore[misc]
+                    timeout=60,
+                    what=f"{sent} telemetry points",
+                )
+                if sent in (20, 200):
+                    rss[sent] = controller.rss()
+            detail = controller.json("/api/device/jet-big")
+            device.publish(topics.telemetry, b'{"ts": 1.7e9, "' + b"n" * 10_000_000 + b'": 1.0}', timeout=60)
+            wait_until(
+                lambda: any(
+                    "named with over" in p for p in controller.json("/api/device/jet-big")["problems"]
+                ),
+                timeout=60,
+                what="the 10 MB name reported",
+            )
+            status, body = controller.get("/api/device/jet-big")
+    finally:
+        controller.kill()
+    # Measured 78.6 -> 78.8 MB. Before: every key of every message was kept, 1.19 MB a message
+    # (102 -> 317 MB, the same run on the code before these bounds).
+    grown = rss[200] - rss[20]
+    assert grown < 24 * 2**20, f"RSS grew {grown / 2**20:.1f} MB over 180 telemetry messages"
+    assert len(detail["telemetry"]) <= MAX_FIGURES
+    assert sum(map(len, detail["telemetry"])) <= FIGURE_NAME_CHARS
+    assert detail["history"]["fps"][-1] == 25.0
+    # Before: the 10 MB name came back whole (10,487,560 bytes).
+    assert status == 200
+    assert len(body) < 256 * 1024, len(body)
+    assert b"n" * 1024 not in body
+
+
+def test_junk_ids_cannot_keep_a_real_device_out_and_leave_when_cleared(
+    tmp_path: Path, broker: Broker
+) -> None:
+    prefix = unique_prefix()
+    junk = [f"junk-{i:03d}" for i in range(300)]
+    controller = ControllerProcess(tmp_path, broker, prefix, "max_devices: 300\nstale_after_s: 1\n").start()
+    real = Topics(prefix, "jet-real")
+
+    def total() -> int:
+        return int(controller.json("/api/devices")["total"])
+
+    def appears(device: Probe, topics: Topics) -> bool:
+        # A real device's periodic telemetry: each message is one more try at a place in the view.
+        device.publish(topics.telemetry, b'{"ts": 1.7e9, "cpu.percent": 3.0}')
+        return controller.get(f"/api/device/{topics.device_id}")[0] == 200
+
+    try:
+        rss_empty = controller.rss()
+        with Probe(broker.host, broker.port) as attacker, Probe(broker.host, broker.port) as device:
+            for name in junk:  # one anonymous client, 300 ids "online", retained
+                attacker.publish(Topics(prefix, name).status, _status("1.7e9"), retain=True)
+            wait_until(lambda: total() == 300, timeout=60, what="the view full of junk")
+            rss_full = controller.rss()
+            device.publish(real.status, _status("1.7e9"), retain=True)
+            # The junk goes quiet: past stale_after_s, a real device takes the place of the oldest.
+            wait_until(lambda: appears(device, real), timeout=60, what="jet-real in the full view")
+            assert total() == 300
+            for name in junk:  # the junk cleared from the broker: it leaves the view
+                attacker.publish(Topics(prefix, name).status, b"", retain=True)
+            wait_until(lambda: total() == 1, timeout=60, what="the junk forgotten")
+            late = Topics(prefix, "jet-late")
+            device.publish(late.status, _status("1.7e9"), retain=True)
+            wait_until(lambda: controller.get("/api/device/jet-late")[0] == 200, what="jet-late in the view")
+            metrics = controller.get("/metrics")[1].decode()
+    finally:
+        controller.kill()
+    assert 'edge_device_online{device="jet-late"} 1.0' in metrics
+    assert "junk-" not in metrics
+    # A device that only ever sent a status takes a few KB (docs/console.md: up to ~0.4 MB at every bound).
+    assert (rss_full - rss_empty) / len(junk) < 64 * 1024, rss_full - rss_empty
+
+
+def _maximal_messages(prefix: str, device: str) -> list[tuple[str, bytes]]:
+    """What makes the view keep the most of one device: an info, a telemetry, jobs and malformed
+    messages each far over their bounds (a few MB in all)."""
+    topics = Topics(prefix, device)
+    info = json.loads(_info(device, last_job="J" * 5000))
+    info["platform"] = {f"k{i}": "v" * 2000 for i in range(200)}
+    info["slots"].update({f"s{i}": info["slots"]["cls"] for i in range(30)})
+    telemetry = {"ts": 1.7e9, **{f"n{i:05d}" + "x" * 50: 1.0 for i in range(MAX_FIGURES + 100)}}
+    baseline = {f"b{k:04d}" + "y" * 40: 1.0 for k in range(1500)}
+    messages = [
+        (topics.status, _status("1.7e9")),
+        (topics.info, json.dumps(info).encode()),
+        (topics.telemetry, json.dumps(telemetry).encode()),
+    ]
+    for i in range(MAX_JOBS + 2):
+        job = {
+            "msg_id": f"{i:02d}" + "m" * 100,
+            "ts": 1.7e9 + i,
+            "job_id": f"{i:02d}" + "j" * 2000,
+            "slot": "s" * 2000,
+            "state": "PROBATION",
+            "error": "e" * 5000,
+            "error_code": "c" * 3000,
+            "probation": {"elapsed_s": 1, "probation_s": 2, "baseline": baseline, "current": baseline},
+        }
+        messages.append((topics.jobs(f"j{i}"), json.dumps(job).encode()))
+    # Malformed, each naming another field: none is a repeat of another.
+    messages.extend(
+        (topics.telemetry, json.dumps({"ts": 1.0, f"k{i}" * 300: "x"}).encode())
+        for i in range(MAX_PROBLEMS + 2)
+    )
+    return messages
+
+
+def _fill_history(probe: Probe, controller: ControllerProcess, topics: Topics) -> None:
+    """Send small telemetry until the device's chart history is full (MAX_HISTORY_POINTS points)."""
+    small = b'{"ts": 1.7e9, "stream.cam0.fps": 25.0, "stream.cam0.latency.total.p99_ms": 40.0}'
+    for step in range(0, MAX_HISTORY_POINTS + 500, 500):
+        for _ in range(500):
+            probe.publish(topics.telemetry, small, qos=0)
+        # In steps the controller's inbox holds (1,024 messages): none is dropped.
+        reached = min(step + 500, MAX_HISTORY_POINTS)
+
+        def arrived(points: int = reached) -> bool:
+            return _history_points(controller, topics.device_id) >= points
+
+        wait_until(arrived, timeout=60, what=f"{topics.device_id}'s history of {reached} points")
+
+
+def test_devices_at_every_bound_cost_the_controller_what_the_docs_say(tmp_path: Path, broker: Broker) -> None:
+    prefix = unique_prefix()
+    devices = [f"jet-{i:02d}" + "d" * 200 for i in range(1 + _BOUND_DEVICES)]
+    controller = ControllerProcess(tmp_path, broker, prefix).start()
+    rss: list[int] = []
+    try:
+        with Probe(broker.host, broker.port) as probe:
+            for device in devices:
+                for topic, payload in _maximal_messages(prefix, device):
+                    probe.publish(topic, payload, timeout=30)
+                _fill_history(probe, controller, Topics(prefix, device))
+                if len(rss) == 0:
+                    rss.append(controller.rss())  # after a first device: the allocator's arenas are there
+            rss.append(controller.rss())
+            detail = controller.json(f"/api/device/{devices[-1]}")
+    finally:
+        controller.kill()
+    per_device = (rss[1] - rss[0]) / _BOUND_DEVICES
+    # Measured 0.37, 0.37 and 0.40 MB a device (RSS 76.4 -> 82.3 MB for 16 devices, the first run).
+    assert per_device < DEVICE_BYTES, f"{per_device / 2**20:.2f} MB a device, RSS {rss}"
+    assert len(detail["jobs"]) == MAX_JOBS
+    assert all(cost(job) <= JOB_BYTES + 256 for job in detail["jobs"])  # + its time, kept whole
+    info = {"slots": detail["slots"], "labels": detail["row"]["labels"], "platform": detail["platform"]}
+    assert cost({part: kept for part, kept in info.items() if kept}) <= INFO_BYTES  # what did not fit: none
+    assert "info: over the 64 KiB kept per device" in detail["problems"][0]
+    assert len(detail["problems"]) == MAX_PROBLEMS
+    assert len(detail["history"]["ts"]) == MAX_HISTORY_POINTS
+    assert sum(map(len, detail["telemetry"])) <= FIGURE_NAME_CHARS

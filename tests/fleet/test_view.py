@@ -2,17 +2,36 @@
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 
-from agent.fleet.view import MAX_JOBS, FleetView
+from prometheus_client import generate_latest
+
+from agent.fleet.bounded import cost
+from agent.fleet.chart_history import POINT_BYTES, ChartHistory
+from agent.fleet.metrics import metrics_registry
+from agent.fleet.view import (
+    FIGURE_NAME_CHARS,
+    INFO_BYTES,
+    JOB_BYTES,
+    MAX_DEVICE_ID,
+    MAX_FIGURE_NAME,
+    MAX_FIGURES,
+    MAX_HISTORY_POINTS,
+    MAX_JOBS,
+    FleetView,
+    JobSeen,
+)
 from agent.localbroker import Broker
 from agent.mqtt.inbound import InboundMessage
 from agent.mqtt.service_client import ServiceClient
 from agent.protocol.messages import (
     InfoMessage,
+    JobEnd,
     JobState,
     JobStatus,
     ModelRef,
+    ProbationFigures,
     ShadowFigures,
     SlotInfo,
     StatusMessage,
@@ -145,8 +164,8 @@ def test_history_is_bounded_by_time_and_filtered_by_since() -> None:
         clock.now += 40
     points = view.history("jet")
     # Points at t0+0..160; now is t0+200: the last 100 s hold t0+120 and t0+160.
-    assert [p.figures["stream.cam0.fps"] for p in points] == [3.0, 4.0]
-    assert [p.figures["stream.cam0.fps"] for p in view.history("jet", since=clock.now - 50)] == [4.0]
+    assert [p.figures["fps"] for p in points] == [3.0, 4.0]
+    assert [p.figures["fps"] for p in view.history("jet", since=clock.now - 50)] == [4.0]
     assert view.history("nobody") == []
 
 
@@ -187,15 +206,167 @@ def test_malformed_and_foreign_messages_are_named_or_ignored() -> None:
     assert state.state == "unknown"
 
 
-def test_device_text_is_clipped_and_devices_are_capped() -> None:
-    view = FleetView(PREFIX, max_devices=2)
+def test_device_text_is_clipped_and_a_full_view_makes_room_only_from_quiet_devices() -> None:
+    clock = Clock()
+    view = FleetView(PREFIX, max_devices=2, stale_after_s=60, clock=clock)
     huge = info("jet", version="v" * 100_000)
     view.apply(message(Topics(PREFIX, "jet").info, encode(huge), retain=True))
     assert len(view.device("jet").slots["main"]["version"]) <= 1024  # type: ignore[union-attr]
+    clock.now += 1
     view.apply(status("jet-2", "online", 1))
-    assert not view.apply(status("jet-3", "online", 1))
-    assert [d.device for d in view.devices()] == ["jet", "jet-2"]
+    # Full: "jet" (never online) was heard from longest ago, so the newcomer takes its place.
+    assert view.apply(status("jet-3", "online", 1))
+    assert [d.device for d in view.devices()] == ["jet-2", "jet-3"]
+    # Both online and heard within stale_after_s: a newcomer is refused and counted.
+    assert not view.apply(status("jet-4", "online", 1))
     assert view.refused_devices == 1
+    # jet-2 stays online but goes silent past stale_after_s: it is the one that makes room.
+    clock.now += 59
+    view.apply(telemetry("jet-3", **{"cpu.percent": 1.0}))
+    clock.now += 2
+    assert view.apply(status("jet-4", "online", 1))
+    assert [d.device for d in view.devices()] == ["jet-3", "jet-4"]
+    assert view.forgotten_devices == 2
+    # An id longer than a device id may be is refused, whatever room there is.
+    roomy = FleetView(PREFIX)
+    assert not roomy.apply(status("j" * (MAX_DEVICE_ID + 1), "online", 1))
+    assert (roomy.devices(), roomy.refused_devices) == ([], 1)
+
+
+def test_refused_devices_are_counted_in_the_metrics() -> None:
+    view = FleetView(PREFIX, max_devices=1)
+    view.apply(status("jet", "online", 1))
+    view.apply(status("jet-2", "online", 1))  # full, and jet is online and fresh: refused
+    view.apply(status("j" * (MAX_DEVICE_ID + 1), "online", 1))  # an id too long: refused
+    exposition = generate_latest(metrics_registry(view)).decode()
+    assert "edge_fleet_refused_devices_total 2.0" in exposition
+
+
+def test_a_cleared_status_forgets_the_device_and_a_cleared_info_forgets_the_info() -> None:
+    view = FleetView(PREFIX)
+    topics = Topics(PREFIX, "jet")
+    view.apply(status("jet", "offline", 1))
+    view.apply(message(topics.info, encode(info("jet", site="lab")), retain=True))
+    assert view.apply(message(topics.info, b""))  # the retained info cleared
+    state = view.device("jet")
+    assert state is not None
+    assert (state.state, state.labels, state.slots) == ("offline", {}, {})
+    version = view.version
+    assert view.apply(message(topics.status, b""))  # the retained status cleared
+    assert view.device("jet") is None
+    assert view.version > version
+    assert not view.apply(message(topics.status, b""))  # nothing left to forget
+    assert view.forgotten_devices == 1
+
+
+def test_a_device_offline_past_forget_after_s_leaves_the_view_and_an_online_one_stays() -> None:
+    clock = Clock()
+    view = FleetView(PREFIX, forget_after_s=3600, clock=clock)
+    view.apply(status("gone", "offline", 1))
+    view.apply(telemetry("junk", **{"cpu.percent": 1.0}))  # never a status: unknown
+    view.apply(status("quiet", "online", 1))  # online, silent: stale, but not forgotten
+    clock.now += 3599
+    view.apply(status("fresh", "offline", 1))
+    assert len(view.devices()) == 4
+    clock.now += 61  # the view looks for devices to forget at most once a minute
+    assert [d.device for d in view.devices()] == ["fresh", "quiet"]
+    assert view.forgotten_devices == 2
+
+
+def test_a_telemetry_name_of_megabytes_is_left_out_and_named() -> None:
+    view = FleetView(PREFIX)
+    view.apply(telemetry("jet", **{"n" * 10_000_000: 1.0, "cpu.percent": 5.0}))
+    state = view.device("jet")
+    assert state is not None
+    assert state.telemetry == {"cpu.percent": 5.0}
+    assert state.problems == (
+        f"telemetry: 1 figure(s) named with over {MAX_FIGURE_NAME} characters left out",
+    )
+
+
+def test_the_latest_telemetry_is_bounded_in_figures_and_name_characters() -> None:
+    view = FleetView(PREFIX)
+    many = {f"f.{i:06d}": float(i) for i in range(MAX_FIGURES * 3)}
+    view.apply(telemetry("jet", **many))
+    assert len(view.device("jet").telemetry) == MAX_FIGURES  # type: ignore[union-attr]
+    long = {f"{i:05d}" + "x" * (MAX_FIGURE_NAME - 5): 1.0 for i in range(MAX_FIGURES)}
+    view.apply(telemetry("jet", **long))
+    kept = view.device("jet").telemetry  # type: ignore[union-attr]
+    assert sum(map(len, kept)) <= FIGURE_NAME_CHARS
+    assert len(kept) == FIGURE_NAME_CHARS // MAX_FIGURE_NAME
+    assert f"the first {len(kept)} kept" in view.device("jet").problems[-1]  # type: ignore[union-attr]
+
+
+def test_the_chart_history_keeps_four_figures_a_point_however_big_the_message() -> None:
+    clock = Clock()
+    view = FleetView(PREFIX, clock=clock)
+    figures = {f"stream.cam{i}.fps": 1.0 for i in range(100)}
+    for _ in range(MAX_HISTORY_POINTS + 10):
+        view.apply(telemetry("jet", **figures))
+        clock.now += 0.5
+    points = view.history("jet")
+    assert len(points) == MAX_HISTORY_POINTS
+    assert points[-1].figures == {"fps": 100.0, "p50_ms": None, "p99_ms": None, "temp_c": None}
+    history = ChartHistory(MAX_HISTORY_POINTS)
+    for i in range(MAX_HISTORY_POINTS * 3):
+        history.add(float(i), figures)
+    assert history.nbytes <= 1.25 * MAX_HISTORY_POINTS * POINT_BYTES
+
+
+def test_an_info_and_a_job_of_megabytes_are_kept_within_their_budgets() -> None:
+    view = FleetView(PREFIX)
+    big = info("jet").model_copy(update={"platform": {f"k{i}": "v" * 2000 for i in range(5000)}})
+    view.apply(message(Topics(PREFIX, "jet").info, encode(big), retain=True))
+    state = view.device("jet")
+    assert state is not None
+    assert state.slots["main"]["version"] == "4"  # slots first: they are kept whole
+    assert cost({"slots": state.slots, "labels": state.labels, "platform": state.platform}) <= INFO_BYTES
+    assert "info: over the 64 KiB kept per device" in state.problems[0]
+    baseline = {f"figure.{i}": float(i) for i in range(100_000)}
+    probation = ProbationFigures(elapsed_s=1.0, probation_s=60.0, baseline=baseline)
+    view.apply(job("jet", "j" * 5000, JobState.PROBATION, 1.0, probation=probation, error="e" * 100_000))
+    seen = view.device("jet").jobs[0]  # type: ignore[union-attr]
+    assert len(seen.job_id) <= 1024
+    assert seen.error is not None
+    assert len(seen.error) <= 1024
+    assert seen.probation is not None
+    assert cost(dataclasses.asdict(seen)) <= JOB_BYTES + 200  # + the state and time, kept whole
+
+
+def test_jobs_are_rebuilt_from_the_info_and_from_remembered_jobs() -> None:
+    view = FleetView(PREFIX)
+    shadow = {"frames": 120, "agreement": 0.97}
+    # The rollout store's figures, given before the device is heard (a restarted controller).
+    view.remember_jobs("jet", [JobSeen("job-4", "main", "ACTIVE", 5.0, None, None, shadow, None)])
+    slots = {
+        "main": SlotInfo(
+            model=ModelRef(slot="main", model_id="net", version="4", sha256="ab" * 32),
+            state="active",
+            since=7.0,
+            last_job="job-4",
+            last_job_state=JobState.ACTIVE,
+        ),
+        "side": SlotInfo(
+            state="empty",
+            last_job="job-9",
+            last_job_state=JobState.FAILED,
+            last_job_error_code="build_failed",
+            last_failure=JobEnd(job_id="job-9", state=JobState.FAILED, error_code="build_failed", ts=9.0),
+        ),
+    }
+    retained = info("jet").model_copy(update={"slots": slots})
+    view.apply(message(Topics(PREFIX, "jet").info, encode(retained), retain=True))
+    jobs = view.device("jet").jobs  # type: ignore[union-attr]
+    assert [(j.job_id, j.slot, j.state, j.error_code) for j in jobs] == [
+        ("job-9", "side", "FAILED", "build_failed"),
+        ("job-4", "main", "ACTIVE", None),
+    ]
+    assert jobs[1].shadow == shadow
+    # A job the device reports itself keeps its own state; the remembered figures fill its gaps.
+    view.apply(job("jet", "job-10", JobState.ACTIVE, 20.0))
+    view.remember_jobs("jet", [JobSeen("job-10", "main", "SHADOW", 19.0, None, None, shadow, None)])
+    latest = view.device("jet").jobs[0]  # type: ignore[union-attr]
+    assert (latest.job_id, latest.state, latest.shadow) == ("job-10", "ACTIVE", shadow)
 
 
 def test_copies_do_not_change_the_view() -> None:

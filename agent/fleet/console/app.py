@@ -9,9 +9,10 @@ Routes (docs/console.md)::
     GET  /api/rollouts   /api/rollout/{id}    rollouts: waves, counts, gate figures (+ devices)
     GET  /events?want=devices,rollouts&...    server-sent events (agent/fleet/console/feed.py)
     POST /api/rollouts/{id}/pause|resume|abort[?rollback=1]   needs ``Authorization: Bearer TOKEN``
+    POST /api/devices/{id}/decommission       clears its retained topics, forgets it (the token too)
     GET  /metrics                             the controller's metrics app, when given
 
-Read-only unless a token is configured; then the three actions need it, compared in constant time.
+Read-only unless a token is configured; then the actions need it, compared in constant time.
 A Bearer header is never sent by a browser on its own, so a page on another site cannot make the
 operator's browser pause a rollout (no cookie, no CSRF).
 """
@@ -73,6 +74,8 @@ class ConsoleActions(Protocol):
     def resume(self, rollout_id: str) -> str: ...
 
     def abort(self, rollout_id: str, rollback: bool) -> str: ...
+
+    def decommission(self, device_id: str) -> str: ...
 
 
 class _SecurityHeaders:
@@ -156,7 +159,7 @@ def make_console_app(
         device = view.device(device_id)
         if device is None:
             return _error(404, f"no device {device_id!r} heard by this controller")
-        return JSONResponse(device_detail(device, view.history(device_id)))
+        return JSONResponse(device_detail(device, view.history(device_id), view.history_since()))
 
     def api_rollouts(request: Request) -> Response:
         try:
@@ -173,13 +176,20 @@ def make_console_app(
             return _error(404, str(exc))
         return JSONResponse(summary)
 
-    def act(request: Request) -> Response:
+    def refusal(request: Request) -> Response | None:
+        """The answer to an action without the token (None: it carries the token)."""
         if not token:
             return _error(403, READ_ONLY_REFUSAL)
         if not token_matches(token, request.headers.get("authorization")):
             response = _error(401, AUTH_REFUSAL)
             response.headers["www-authenticate"] = 'Bearer realm="edge-agent console"'
             return response
+        return None
+
+    def act(request: Request) -> Response:
+        refused = refusal(request)
+        if refused is not None:
+            return refused
         rollout_id, verb = request.path_params["rollout_id"], request.path_params["verb"]
         if verb not in ("pause", "resume", "abort"):
             return _error(404, f"no action {verb!r}: pause, resume or abort")
@@ -192,6 +202,16 @@ def make_console_app(
             else:
                 message = actions.abort(rollout_id, rollback)
         except (AgentError, IllegalTransitionError) as exc:
+            return _error(409, str(exc))
+        return JSONResponse({"ok": True, "message": message})
+
+    def decommission(request: Request) -> Response:
+        refused = refusal(request)
+        if refused is not None:
+            return refused
+        try:
+            message = actions.decommission(request.path_params["device_id"])
+        except AgentError as exc:  # online (stop its agent first), a bad id, the broker unreachable
             return _error(409, str(exc))
         return JSONResponse({"ok": True, "message": message})
 
@@ -224,6 +244,7 @@ def make_console_app(
         Route("/api/rollouts", api_rollouts),
         Route("/api/rollout/{rollout_id}", api_rollout),
         Route("/api/rollouts/{rollout_id}/{verb}", act, methods=["POST"]),
+        Route("/api/devices/{device_id}/decommission", decommission, methods=["POST"]),
         Route("/events", events),
         Mount("/static", StaticFiles(directory=STATIC_DIR)),
     ]

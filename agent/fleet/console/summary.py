@@ -16,8 +16,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from agent.fleet.chart_history import CHARTED, TelemetryPoint, chart_figures
 from agent.fleet.selector import DeviceFacts, Selector, parse_selector
-from agent.fleet.view import DeviceState, JobSeen, TelemetryPoint
+from agent.fleet.view import DeviceState, JobSeen
 
 #: The device states a filter may ask for (``stale``: online but silent, see FleetView).
 STATES = ("online", "offline", "unknown", "stale")
@@ -75,24 +76,9 @@ def _model_names(slots: Mapping[str, Mapping[str, Any]]) -> set[str]:
     return names
 
 
-def _largest(figures: Mapping[str, float], prefix: str, suffix: str) -> float | None:
-    values = [v for k, v in figures.items() if k.startswith(prefix) and k.endswith(suffix)]
-    return max(values) if values else None
-
-
 def stream_figures(figures: Mapping[str, float]) -> dict[str, float | None]:
-    """The charted figures of one telemetry sample (field names: docs/operations.md "Telemetry").
-
-    ``fps``: the streams' published frames per second, summed; ``p50_ms``/``p99_ms``: the slowest
-    stream's end-to-end latency percentiles; ``temp_c``: the hottest thermal zone.
-    """
-    fps = [v for k, v in figures.items() if k.startswith("stream.") and k.endswith(".fps")]
-    return {
-        "fps": sum(fps) if fps else None,
-        "p50_ms": _largest(figures, "stream.", ".latency.total.p50_ms"),
-        "p99_ms": _largest(figures, "stream.", ".latency.total.p99_ms"),
-        "temp_c": _largest(figures, "temp.", "_c"),
-    }
+    """The charted figures of one telemetry sample: :func:`agent.fleet.chart_history.chart_figures`."""
+    return chart_figures(figures)
 
 
 def device_row(device: DeviceState) -> dict[str, Any]:
@@ -145,16 +131,22 @@ def _job(job: JobSeen) -> dict[str, Any]:
 
 def history_columns(points: Iterable[TelemetryPoint]) -> dict[str, list[float | None]]:
     """The charts' data as columns (what uPlot takes): ``ts`` and one list per charted figure."""
-    columns: dict[str, list[float | None]] = {"ts": [], "fps": [], "p50_ms": [], "p99_ms": [], "temp_c": []}
+    columns: dict[str, list[float | None]] = {"ts": [], **{name: [] for name in CHARTED}}
     for point in points:
         columns["ts"].append(point.ts)
-        for name, value in stream_figures(point.figures).items():
-            columns[name].append(value)
+        for name in CHARTED:
+            columns[name].append(point.figures[name])
     return columns
 
 
-def device_detail(device: DeviceState, history: Iterable[TelemetryPoint]) -> dict[str, Any]:
-    """Everything the device page shows: the row, slots, platform, temperatures, jobs, the charts."""
+def device_detail(
+    device: DeviceState, history: Iterable[TelemetryPoint], history_since: float | None = None
+) -> dict[str, Any]:
+    """Everything the device page shows: the row, slots, platform, temperatures, jobs, the charts.
+
+    ``history_since``: since when the charts can hold data (a restarted controller's start, when
+    that is less than an hour ago: the page says so).
+    """
     return {
         "row": device_row(device),
         "stale": device.stale,
@@ -170,4 +162,5 @@ def device_detail(device: DeviceState, history: Iterable[TelemetryPoint]) -> dic
         "jobs": [_job(j) for j in device.jobs[:JOBS_SHOWN]],
         "problems": list(device.problems),
         "history": history_columns(history),
+        "history_since": history_since,
     }

@@ -238,16 +238,27 @@ async function devicePage(deviceId) {
     el("h2", {}, "Slots"),
     table("slots", ["slot", "model", "version", "sha256", "state", "last job", "job state", "error code", "note"], slots),
     el("div", { className: "grid" },
-      chart("fps", "Frames per second (last hour)", detail.history, [{ field: "fps", label: "fps", color: "#2563eb" }]),
-      chart("latency", "End-to-end latency, ms (last hour)", detail.history, [
+      chart("fps", "Frames per second (" + span(detail) + ")", detail.history, [{ field: "fps", label: "fps", color: "#2563eb" }]),
+      chart("latency", "End-to-end latency, ms (" + span(detail) + ")", detail.history, [
         { field: "p50_ms", label: "p50", color: "#059669" }, { field: "p99_ms", label: "p99", color: "#dc2626" }])),
     el("h2", {}, "Last jobs"),
     table("jobs", ["job", "slot", "state", "at", "error code", "error"], jobs),
     el("h2", {}, "Shadow and probation figures"),
     table("verdicts", ["job", "state", "shadow", "probation"], verdicts),
     detail.problems.length ? el("div", {}, el("h2", {}, "Malformed messages"), el("ul", { id: "problems" }, detail.problems.map((t) => el("li", {}, t)))) : null,
+    el("p", { className: "actions" },
+      el("button", { type: "button", id: "decommission", onclick: () => decommission(row.id) }, "Decommission…"),
+      el("span", { className: "muted" }, " clears its retained status, info and desired states on the broker; the console forgets it")),
   ].filter(Boolean));
   document.body.dataset.device = "rendered";
+}
+
+// The charts' span: the last hour, or since the controller started when that is later (a restarted
+// controller has no telemetry from before its start: the page says so rather than show a gap as calm).
+function span(detail) {
+  const since = detail.history_since;
+  if (!since || Date.now() / 1000 - since >= 3590) return "last hour";
+  return "since " + new Date(since * 1000).toLocaleTimeString() + ", the controller's start";
 }
 
 function deviceView(deviceId) {
@@ -322,6 +333,19 @@ async function act(rolloutId, verb, rollback = false) {
   if (response.ok) { say(verb + " " + rolloutId + ": " + body.message, "ok"); return; }
   if (response.status === 401) sessionStorage.removeItem(TOKEN_KEY); // a wrong token: ask again next time
   say(verb + " " + rolloutId + " refused (" + response.status + "): " + body.error, "error");
+}
+
+async function decommission(deviceId) {
+  if (!confirm("Decommission " + deviceId + "? Its retained status, info and desired states are cleared on the broker, and the console forgets it. Stop its agent first.")) return;
+  let token = sessionStorage.getItem(TOKEN_KEY);
+  if (!token) token = await askToken();
+  if (!token) { say("decommission: cancelled (no token given)", "error"); return; }
+  const url = "/api/devices/" + encodeURIComponent(deviceId) + "/decommission";
+  const response = await fetch(url, { method: "POST", headers: { authorization: "Bearer " + token } });
+  const body = await response.json().catch(() => ({ error: response.statusText }));
+  if (response.ok) { say(body.message, "ok"); return; }
+  if (response.status === 401) sessionStorage.removeItem(TOKEN_KEY);
+  say("decommission " + deviceId + " refused (" + response.status + "): " + body.error, "error");
 }
 
 // -- routing ---------------------------------------------------------------------------------------

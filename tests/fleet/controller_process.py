@@ -1,0 +1,82 @@
+"""A real ``edge-agent fleet controller`` process for tests (no tests here): started from a config
+file, its console on a free port, its resident memory read with psutil, killed with a real signal.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from agent.localbroker import Broker, free_port
+from tests.waiting import wait_until
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class ControllerProcess:
+    """``python -m agent fleet controller --config FILE`` with ``extra`` YAML lines; unsigned, console on."""
+
+    def __init__(self, tmp_path: Path, broker: Broker, prefix: str, extra: str = "") -> None:
+        self.config = tmp_path / "controller.yaml"
+        self.port = free_port()
+        self.config.write_text(
+            f"mqtt: {{host: {broker.host}, port: {broker.port}, prefix: {prefix}}}\n"
+            f"state_dir: {tmp_path / 'state'}\nunsigned: true\n"
+            f"http: {{port: {self.port}}}\n{extra}"
+        )
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = tmp_path / "controller.log"
+        self.child: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> ControllerProcess:
+        """Start it; returns once it printed its ready line (and so serves its console)."""
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        mark = self.log.stat().st_size if self.log.exists() else 0
+        with self.log.open("ab") as out:
+            child = self.child = subprocess.Popen(
+                [sys.executable, "-m", "agent", "fleet", "controller", "--config", str(self.config)],
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+        wait_until(
+            lambda: b"requests on" in self.log.read_bytes()[mark:] or child.poll() is not None,
+            timeout=60,
+            what="the controller's ready line",
+        )
+        assert child.poll() is None, self.log.read_text()
+        return self
+
+    def rss(self) -> int:
+        """The controller's resident memory now, in bytes."""
+        assert self.child is not None
+        return int(psutil.Process(self.child.pid).memory_info().rss)
+
+    def get(self, path: str) -> tuple[int, bytes]:
+        """GET ``path`` from its console: (status, body)."""
+        try:
+            with urllib.request.urlopen(self.url + path, timeout=30) as response:
+                return int(response.status), bytes(response.read())
+        except urllib.error.HTTPError as exc:
+            return exc.code, bytes(exc.read())
+
+    def json(self, path: str) -> Any:
+        status, body = self.get(path)
+        assert status == 200, (path, status, body[:300])
+        return json.loads(body)
+
+    def kill(self) -> None:
+        """SIGKILL: nothing is saved on the way out (what a crash or a power cut leaves)."""
+        if self.child is not None and self.child.poll() is None:
+            self.child.send_signal(signal.SIGKILL)
+            self.child.wait(10)
+        self.child = None
