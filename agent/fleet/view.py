@@ -110,6 +110,7 @@ class _Device:
         default_factory=lambda: collections.deque(maxlen=_SEEN_JOB_IDS)
     )
     problems: list[str] = field(default_factory=list)
+    changed: int = 0  # the view's version at this device's latest change (see FleetView.changes)
 
 
 class FleetView:
@@ -171,6 +172,7 @@ class FleetView:
                 changed = self._take(row, seen.message, now)
             if changed:
                 self._version += 1
+                row.changed = self._version
                 self._cond.notify_all()
             return changed
 
@@ -239,9 +241,22 @@ class FleetView:
             self._cond.wait_for(lambda: self._version != version, timeout)
             return self._version
 
-    def _state(self, row: _Device, now: float) -> DeviceState:
+    def changes(self) -> dict[str, tuple[int, bool]]:
+        """Per device: the :attr:`version` of its latest change and whether it is stale now.
+
+        Cheap (no copies), so a reader that keeps something per device (``/metrics`` keeps each
+        device's rendered series) asks :meth:`device` only for the devices whose pair moved.
+        """
+        now = self._clock()
+        with self._cond:
+            return {d: (row.changed, self._stale(row, now)) for d, row in self._devices.items()}
+
+    def _stale(self, row: _Device, now: float) -> bool:
         heard = row.telemetry_at if row.telemetry_at is not None else row.online_heard_at
-        stale = row.state != "online" or heard is None or now - heard > self.stale_after_s
+        return row.state != "online" or heard is None or now - heard > self.stale_after_s
+
+    def _state(self, row: _Device, now: float) -> DeviceState:
+        stale = self._stale(row, now)
         return DeviceState(
             device=row.device,
             state=row.state,

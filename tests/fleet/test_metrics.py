@@ -5,10 +5,9 @@ from __future__ import annotations
 import urllib.request
 from pathlib import Path
 
-from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from agent.fleet.metrics import label_name, metrics_registry, serve_metrics
+from agent.fleet.metrics import FleetMetrics, fleet_metrics, label_name, serve_metrics
 from agent.fleet.rollout_store import RolloutPlan, RolloutState, RolloutStore
 from agent.fleet.view import FleetView
 from agent.mqtt.inbound import InboundMessage
@@ -82,8 +81,8 @@ def device(view: FleetView, name: str, *, site: str, version: str = "4", online:
     feed(view, topics.telemetry, encode(TelemetryMessage(**FIGURES)))
 
 
-def samples(registry: object) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
-    text = generate_latest(registry).decode()  # type: ignore[arg-type]
+def samples(metrics: FleetMetrics) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    text = metrics.render().decode()
     return {
         (s.name, frozenset(s.labels.items())): s.value
         for family in text_string_to_metric_families(text)
@@ -101,7 +100,7 @@ def find(got: dict[tuple[str, frozenset[tuple[str, str]]], float], name: str, **
 def test_telemetry_figures_become_named_series_with_units_and_labels() -> None:
     view = FleetView(PREFIX)
     device(view, "jet-a", site="lab")
-    got = samples(metrics_registry(view))
+    got = samples(fleet_metrics(view))
     assert find(got, "edge_stream_frames_per_second", device="jet-a", stream="cam0") == 29.5
     assert find(got, "edge_stream_frames_total", device="jet-a", stream="cam0", stage="published") == 51234
     assert find(got, "edge_stream_dropped_frames_total", device="jet-a", reason="queue_full") == 3
@@ -126,7 +125,7 @@ def test_status_info_and_slot_series() -> None:
         Topics(PREFIX, "jet-a").jobs("j9"),
         encode(JobStatus(job_id="j9", slot="main", state=JobState.FAILED, error_code="build_failed")),
     )
-    got = samples(metrics_registry(view))
+    got = samples(fleet_metrics(view))
     assert find(got, "edge_device_online", device="jet-a") == 1
     assert find(got, "edge_device_stale", device="jet-a") == 0
     assert find(got, "edge_device_session", device="jet-a") == 3
@@ -154,7 +153,7 @@ def test_a_stale_or_offline_device_loses_its_telemetry_series_but_keeps_online()
     clock.now += 20
     feed(view, Topics(PREFIX, "jet-b").telemetry, encode(TelemetryMessage(**FIGURES)))
     clock.now += 15  # jet-a silent for 35 s, jet-b for 15 s
-    got = samples(metrics_registry(view))
+    got = samples(fleet_metrics(view))
     assert find(got, "edge_stream_frames_per_second", device="jet-a") is None
     assert find(got, "edge_stream_frames_per_second", device="jet-b") == 29.5
     assert find(got, "edge_stream_frames_per_second", device="jet-c") is None
@@ -169,8 +168,8 @@ def test_rollout_series_from_a_real_rollout_store(tmp_path: Path) -> None:
     store.create(RolloutPlan("r1", "main", "job-r1", "5", waves=[["jet-a"], ["jet-b", "jet-c"]]))
     store.set_state("r1", RolloutState.PAUSED)
     view = FleetView(PREFIX)
-    registry = metrics_registry(view, lambda: [store.rollout("r1")], store.devices)
-    got = samples(registry)
+    metrics = fleet_metrics(view, lambda: [store.rollout("r1")], store.devices)
+    got = samples(metrics)
     store.close()
     assert find(got, "edge_rollout_info", rollout_id="r1", slot="main", to_version="5", state="PAUSED") == 1
     assert find(got, "edge_rollout_devices", rollout_id="r1", wave="0", step="PLANNED") == 1
@@ -190,7 +189,7 @@ def test_device_text_in_labels_is_escaped_and_cut() -> None:
         Topics(PREFIX, "jet").status,
         encode(StatusMessage(state="online", session=1, agent_version="x")),
     )
-    got = samples(metrics_registry(view))
+    got = samples(fleet_metrics(view))
     assert find(got, "edge_stream_frames_per_second", stream=name) == 1.0
     assert find(got, "edge_stream_frames_per_second", stream="s" * 128) == 2.0
 
