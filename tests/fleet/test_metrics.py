@@ -5,9 +5,17 @@ from __future__ import annotations
 import urllib.request
 from pathlib import Path
 
+from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from agent.fleet.metrics import FleetMetrics, fleet_metrics, label_name, serve_metrics
+from agent.fleet.metrics import (
+    MAX_SLOTS,
+    FleetMetrics,
+    device_label,
+    fleet_metrics,
+    label_name,
+    serve_metrics,
+)
 from agent.fleet.rollout_store import RolloutPlan, RolloutState, RolloutStore
 from agent.fleet.view import FleetView
 from agent.mqtt.inbound import InboundMessage
@@ -22,6 +30,8 @@ from agent.protocol.messages import (
     encode,
 )
 from agent.protocol.topics import Topics
+from agent.telemetry.prometheus import TelemetryEndpoint
+from agent.telemetry.series import LABEL_VALUE_LIMIT
 
 PREFIX = "fleet/v1"
 
@@ -211,3 +221,144 @@ def test_serve_metrics_answers_over_http() -> None:
     finally:
         server.stop()
     assert 'edge_device_online{device="jet-a"} 1.0' in text
+
+
+def _series_of_device(text: str, label: str) -> list[str]:
+    return [
+        s.name
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.labels.get("device") == label
+    ]
+
+
+def test_every_kind_of_change_shows_in_the_next_scrape() -> None:
+    clock = Clock()  # never moves between two messages: a change is seen by its mark, not by its time
+    view = FleetView(PREFIX, stale_after_s=30, clock=clock)
+    device(view, "jet-a", site="lab")
+    device(view, "jet-b", site="lab")
+    metrics = fleet_metrics(view)
+    assert find(samples(metrics), "edge_stream_frames_per_second", device="jet-a") == 29.5
+    topics = Topics(PREFIX, "jet-a")
+
+    feed(view, topics.telemetry, encode(TelemetryMessage(**{**FIGURES, "stream.cam0.fps": 12.0})))
+    assert find(samples(metrics), "edge_stream_frames_per_second", device="jet-a") == 12.0
+
+    device(view, "jet-a", site="yard", version="5")  # a new up/info (and the same telemetry again)
+    got = samples(metrics)
+    assert find(got, "edge_slot_model_info", device="jet-a", version="5") == 1
+    assert find(got, "edge_slot_model_info", device="jet-a", version="4") is None
+    assert find(got, "edge_device_info", device="jet-a", site="yard") == 1
+
+    feed(view, topics.jobs("j1"), encode(JobStatus(job_id="j1", slot="main", state=JobState.DOWNLOADING)))
+    assert find(samples(metrics), "edge_slot_job_info", device="jet-a", state="DOWNLOADING") == 1
+
+    feed(view, topics.telemetry, b"{not json")
+    assert find(samples(metrics), "edge_device_malformed_messages", device="jet-a") == 1
+
+    feed(view, topics.status, encode(StatusMessage(state="offline", session=3, agent_version="0.9")))
+    got = samples(metrics)
+    assert find(got, "edge_device_online", device="jet-a") == 0
+    assert find(got, "edge_stream_frames_per_second", device="jet-a") is None  # offline: left out
+    assert find(got, "edge_fleet_devices", state="offline") == 1
+
+    clock.now += 31  # no message at all: jet-b turns stale by the clock alone
+    got = samples(metrics)
+    assert find(got, "edge_device_stale", device="jet-b") == 1
+    assert find(got, "edge_stream_frames_per_second", device="jet-b") is None
+    feed(view, Topics(PREFIX, "jet-b").telemetry, encode(TelemetryMessage(**FIGURES)))
+    assert find(samples(metrics), "edge_stream_frames_per_second", device="jet-b") == 29.5
+
+
+def test_a_scrape_redoes_only_the_devices_that_changed() -> None:
+    view = FleetView(PREFIX)
+    for i in range(50):
+        device(view, f"jet-{i:02d}", site="lab")
+    metrics = fleet_metrics(view)
+    first = metrics.render()
+    assert metrics.rendered_devices == 50
+    assert metrics.render() == first  # nothing changed: the same text, nothing redone
+    assert metrics.rendered_devices == 50
+    feed(view, Topics(PREFIX, "jet-07").telemetry, encode(TelemetryMessage(**{"cpu.percent": 99.0})))
+    text = metrics.render().decode()
+    assert metrics.rendered_devices == 51
+    assert 'edge_cpu_percent{device="jet-07"} 99.0' in text
+    assert 'edge_cpu_percent{device="jet-08"} 40.0' in text
+
+
+def test_a_long_device_id_is_cut_with_a_hash_of_the_whole_id() -> None:
+    view = FleetView(PREFIX)
+    long_a, long_b = "j" * 999 + "a", "j" * 999 + "b"  # 1,000 characters, the first 999 shared
+    for name in ("jet-short", long_a, long_b):
+        device(view, name, site="lab")
+    text = fleet_metrics(view).render().decode()
+    label_a, label_b = device_label(long_a), device_label(long_b)
+    assert label_a != label_b
+    assert len(label_a) == len(label_b) == LABEL_VALUE_LIMIT
+    assert label_a.startswith("j" * 100)
+    assert "/" in label_a  # '/' is never in an id (a topic level): no real id reads the same
+    assert device_label("jet-short") == "jet-short"
+    assert device_label("x" * LABEL_VALUE_LIMIT) == "x" * LABEL_VALUE_LIMIT
+    # Every series of each device carries its own cut label, and no label is longer than the cap.
+    for label in (label_a, label_b):
+        names = _series_of_device(text, label)
+        assert "edge_device_online" in names
+        assert "edge_stream_frames_per_second" in names
+        assert len(names) == len(_series_of_device(text, "jet-short"))
+    assert all(
+        len(value) <= LABEL_VALUE_LIMIT
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        for value in s.labels.values()
+    )
+
+
+def test_slot_series_are_capped_per_device_and_the_slots_counted() -> None:
+    view = FleetView(PREFIX)
+    slots = {
+        f"s{i:05d}": SlotInfo(
+            model=ModelRef(slot=f"s{i:05d}", model_id="net", version="1", sha256="ab" * 32), state="active"
+        )
+        for i in range(10_000)
+    }
+    info = InfoMessage(
+        device_id="jet-many", agent_version="0.9", platform={}, backends={}, slots=slots, streams=[]
+    )
+    feed(view, Topics(PREFIX, "jet-many").info, encode(info))
+    got = samples(fleet_metrics(view))
+    assert find(got, "edge_device_slots", device="jet-many") == 10_000
+    models = [labels for (name, labels) in got if name == "edge_slot_model_info"]
+    assert len(models) == MAX_SLOTS
+    assert find(got, "edge_slot_model_info", slot="s00000") == 1  # the first by name
+    assert find(got, "edge_slot_model_info", slot=f"s{MAX_SLOTS:05d}") is None
+    assert len([n for (n, labels) in got if ("device", "jet-many") in labels]) <= MAX_SLOTS + 8
+
+
+def test_a_transition_count_is_a_transition_on_both_metrics_endpoints() -> None:
+    figures = {f"slot.cls.transitions.{state}": 2.0 for state in ("empty", "loading", "validating", "active")}
+    figures["slot.cls.active"] = 1.0
+    view = FleetView(PREFIX)
+    feed(
+        view,
+        Topics(PREFIX, "jet").status,
+        encode(StatusMessage(state="online", session=1, agent_version="x")),
+    )
+    feed(view, Topics(PREFIX, "jet").telemetry, encode(TelemetryMessage(**figures)))
+    endpoint = TelemetryEndpoint("127.0.0.1", 0, stale_after_s=60)
+    endpoint.update(figures)
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(endpoint)
+    for text in (fleet_metrics(view).render().decode(), generate_latest(registry).decode()):
+        got = {
+            (s.name, s.labels.get("slot"), s.labels.get("state")): s.value
+            for family in text_string_to_metric_families(text)
+            for s in family.samples
+            if "slot" in s.labels
+        }
+        assert got == {
+            **{
+                ("edge_slot_transitions_total", "cls", state): 2.0
+                for state in ("empty", "loading", "validating", "active")
+            },
+            ("edge_slot_active", "cls", None): 1.0,
+        }
