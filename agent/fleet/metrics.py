@@ -165,10 +165,6 @@ def _figure(name: str) -> tuple[FamilyHead, str, float] | None:
     return known
 
 
-def _join(lines: dict[str, list[str]]) -> dict[str, str]:
-    return {name: "".join(chunk) for name, chunk in lines.items()}
-
-
 class _Lines:
     """One device's sample lines by family, each series once (cut label values may repeat)."""
 
@@ -177,10 +173,19 @@ class _Lines:
         self._seen: set[tuple[str, str]] = set()
 
     def add(self, head: FamilyHead, labels: str, value: float) -> None:
-        if (head.name, labels) in self._seen:
+        key = (head.name, labels)
+        if key in self._seen:
             return
-        self._seen.add((head.name, labels))
-        self.by_family.setdefault(head.name, []).append(head.line(labels, value))
+        self._seen.add(key)
+        line = head.line(labels, value)
+        chunk = self.by_family.get(head.name)
+        if chunk is None:
+            self.by_family[head.name] = [line]
+        else:
+            chunk.append(line)
+
+    def joined(self) -> dict[str, str]:
+        return {name: "".join(chunk) for name, chunk in self.by_family.items()}
 
 
 @dataclass
@@ -215,17 +220,20 @@ def _described(d: DeviceState) -> tuple[Any, ...]:
 
 def _device_lines(d: DeviceState, dev: str) -> dict[str, str]:
     """The status, platform and slot lines of one device (``dev``: its escaped ``device`` label)."""
-    lines = _Lines()
     base = f'device="{dev}"'
-    lines.add(ONLINE, base, 1.0 if d.state == "online" else 0.0)
-    lines.add(STALE, base, 1.0 if d.stale else 0.0)
+    # One line each, labelled by the device alone: nothing to check for repeats.
+    single = {
+        ONLINE.name: ONLINE.line(base, 1.0 if d.state == "online" else 0.0),
+        STALE.name: STALE.line(base, 1.0 if d.stale else 0.0),
+        PROBLEMS.name: PROBLEMS.line(base, len(d.problems)),
+        SLOTS.name: SLOTS.line(base, len(d.slots)),
+    }
     if d.session is not None:
-        lines.add(SESSION, base, d.session)
-    lines.add(PROBLEMS, base, len(d.problems))
+        single[SESSION.name] = SESSION.line(base, d.session)
     if d.platform:
         platform = labels_text([(k, _value(d.platform.get(k))) for k in PLATFORM_KEYS])
-        lines.add(PLATFORM, f"{base},{platform}", 1.0)
-    lines.add(SLOTS, base, len(d.slots))
+        single[PLATFORM.name] = PLATFORM.line(f"{base},{platform}", 1.0)
+    lines = _Lines()
     for name in sorted(d.slots)[:MAX_SLOTS]:
         slot = d.slots[name]
         model = labels_text(
@@ -256,7 +264,7 @@ def _device_lines(d: DeviceState, dev: str) -> dict[str, str]:
             ]
         )
         lines.add(JOB, f"{base},{job}", 1.0)
-    return _join(lines.by_family)
+    return {**single, **lines.joined()}
 
 
 def _telemetry_lines(d: DeviceState, dev: str) -> tuple[dict[str, str], dict[str, FamilyHead]]:
@@ -274,7 +282,7 @@ def _telemetry_lines(d: DeviceState, dev: str) -> tuple[dict[str, str], dict[str
             head, rest, scale = known
             heads[head.name] = head
             lines.add(head, base + rest, value * scale)
-    return _join(lines.by_family), heads
+    return lines.joined(), heads
 
 
 class FleetMetrics:
@@ -306,10 +314,11 @@ class FleetMetrics:
 
     def _refresh(self, changes: dict[str, tuple[int, bool]]) -> None:
         devices = self._devices
-        for gone in [d for d in devices if d not in changes]:
-            del devices[gone]
-        for device_id in sorted(changes):
-            mark = changes[device_id]
+        moved = changes.keys() != devices.keys()
+        if moved:
+            for gone in [d for d in devices if d not in changes]:
+                del devices[gone]
+        for device_id, mark in changes.items():
             kept = devices.get(device_id)
             if kept is not None and kept.mark == mark:
                 continue
@@ -320,12 +329,14 @@ class FleetMetrics:
             dev = escape(device_label(device_id))
             described = _described(state)
             if kept is None or kept.described != described:
+                lines = _device_lines(state, dev)
                 kept = devices[device_id] = _Device(
-                    mark, state.state, described, _device_lines(state, dev), state.labels, state.agent_version
+                    mark, state.state, described, lines, state.labels, state.agent_version
                 )
             kept.mark = mark
             kept.telemetry, kept.heads = _telemetry_lines(state, dev)
-        self._order = sorted(devices)
+        if moved or len(self._order) != len(devices):
+            self._order = sorted(devices)
 
     def _info_names(self) -> tuple[tuple[str, str], ...]:
         """(label name, label key) of the device labels on ``edge_device_info``, fleet-wide."""

@@ -21,23 +21,25 @@ Kind = Literal["gauge", "counter"]
 
 def escape(value: str) -> str:
     """A label value as it stands between the quotes."""
-    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+    if "\\" in value or "\n" in value or '"' in value:
+        return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+    return value  # the usual case, and the one a scrape of 10,000 devices meets 100,000 times
 
 
 def number(value: float) -> str:
     """A sample value: Python's shortest round-trip form, which Prometheus' parser reads exactly
     (``1795632518.4576313``, ``918000000.0``, ``1e+16``), and its names for the non-finite ones."""
     value = float(value)
+    if value - value == 0.0:  # finite (inf - inf and nan - nan are nan)
+        return repr(value)
     if math.isnan(value):
         return "NaN"
-    if value in (math.inf, -math.inf):
-        return "+Inf" if value > 0 else "-Inf"
-    return repr(value)
+    return "+Inf" if value > 0 else "-Inf"
 
 
 def labels_text(pairs: tuple[tuple[str, str], ...] | list[tuple[str, str]]) -> str:
     """``name="value",...`` (escaped values), without the braces."""
-    return ",".join(f'{name}="{escape(value)}"' for name, value in pairs)
+    return ",".join([f'{name}="{escape(value)}"' for name, value in pairs])
 
 
 @dataclass(frozen=True)
