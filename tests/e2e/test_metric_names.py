@@ -62,7 +62,8 @@ def test_every_telemetry_name_of_a_real_daemon_maps_to_its_metric(
 ) -> None:
     files = AgentFiles(tmp_path, broker.port, device_id, frames=30)
     stream = {"source": {"type": "file", "path": str(files.video), "loop": True, "realtime": True}}
-    telemetry = {"interval_s": 0.5, "prometheus": {"port": free_port()}}
+    port = free_port()
+    telemetry = {"interval_s": 0.5, "prometheus": {"port": port}}
     daemon = Daemon(files.write_config(stream=stream, telemetry=telemetry), tmp_path / "agent.log")
     results = f"fleet/v1/{device_id}/up/results/cam"
     try:
@@ -70,7 +71,7 @@ def test_every_telemetry_name_of_a_real_daemon_maps_to_its_metric(
         files.write_config(model=files.v2, version="2", stream=stream, telemetry=telemetry)
         daemon.signal(signal.SIGHUP)
         probe.wait_for(_telemetry_after_swap, timeout=60)
-        url = f"http://127.0.0.1:{telemetry['prometheus']['port']}/metrics"
+        url = f"http://127.0.0.1:{port}/metrics"
         with urllib.request.urlopen(url, timeout=10) as reply:
             agent_text = reply.read().decode()
     finally:

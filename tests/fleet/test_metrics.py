@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import urllib.request
 from pathlib import Path
 
@@ -215,9 +216,16 @@ def test_serve_metrics_answers_over_http() -> None:
     view = FleetView(PREFIX)
     device(view, "jet-a", site="lab")
     server = serve_metrics(view)
+    url = f"http://127.0.0.1:{server.port}/metrics"
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{server.port}/metrics", timeout=10) as reply:
+        with urllib.request.urlopen(url, timeout=10) as reply:
             text = reply.read().decode()
+            assert reply.headers["Content-Type"] == "text/plain; version=0.0.4; charset=utf-8"
+        # Prometheus asks for gzip: the same text, compressed.
+        asked = urllib.request.Request(url, headers={"Accept-Encoding": "gzip"})
+        with urllib.request.urlopen(asked, timeout=10) as reply:
+            assert reply.headers["Content-Encoding"] == "gzip"
+            assert gzip.decompress(reply.read()).decode() == text
     finally:
         server.stop()
     assert 'edge_device_online{device="jet-a"} 1.0' in text
@@ -355,10 +363,9 @@ def test_a_transition_count_is_a_transition_on_both_metrics_endpoints() -> None:
             for s in family.samples
             if "slot" in s.labels
         }
-        assert got == {
-            **{
-                ("edge_slot_transitions_total", "cls", state): 2.0
-                for state in ("empty", "loading", "validating", "active")
-            },
-            ("edge_slot_active", "cls", None): 1.0,
+        want: dict[tuple[str, str | None, str | None], float] = {
+            ("edge_slot_transitions_total", "cls", state): 2.0
+            for state in ("empty", "loading", "validating", "active")
         }
+        want["edge_slot_active", "cls", None] = 1.0
+        assert got == want
