@@ -6,12 +6,17 @@ bench/console.py, one slot, one label, five figures) are handed to a :class:`Fle
 the controller's MQTT client would. ``/metrics`` is served by :func:`agent.fleet.metrics.serve_metrics`
 on a loopback port and fetched with ``urllib`` as Prometheus would fetch it, plain and gzipped.
 
+A real rollout store (SQLite in a temporary directory) holds ``--rollouts`` rollouts (default 10),
+each over every device in two waves, as the controller's store does after as many fleet-wide
+rollouts; the controller exports the newest 50.
+
 Per fleet size (``--devices``, default 1,000 and 10,000), each a series of ``--scrapes`` scrapes:
 
 - ``idle``: nothing changes between scrapes;
 - ``one_change``: one device's status changes before each scrape;
 - ``all_telemetry``: every device sends one telemetry message before each scrape (the cost of a
   scrape after a whole telemetry interval of a fleet);
+- ``rollout_change``: one device of a rollout moves (the store changed) before each scrape;
 - ``flood``: a thread hands the view ``--flood-rate`` telemetry messages a second (round robin over
   the devices) while the scrapes run.
 
@@ -20,21 +25,27 @@ Each prints ``s`` (min/median/max seconds per scrape, from the request to the la
 (``serve_metrics``), so the same file measures an older tree: ``PYTHONPATH=<old tree> python
 bench/metrics.py``.
 
-    .venv/bin/python bench/metrics.py [--devices 1000 10000] [--scrapes 5] [--flood-rate 5000]
+    .venv/bin/python bench/metrics.py [--devices 1000 10000] [--scrapes 5] [--rollouts 10]
+        [--flood-rate 5000]
 """
 
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import statistics
+import tempfile
 import threading
 import time
 import urllib.request
 import zlib
 from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
-from agent.fleet.metrics import serve_metrics
+from agent.fleet.metrics import MetricsServer, serve_metrics
+from agent.fleet.rollout_store import RolloutPlan, RolloutStore
 from agent.fleet.view import FleetView
 from agent.mqtt.inbound import InboundMessage
 from agent.protocol.messages import (
@@ -131,12 +142,27 @@ def _series(url: str, scrapes: int, before: Callable[[int], None], gzip: bool = 
     }
 
 
-def run(devices: int, scrapes: int, flood_rate: float) -> dict[str, object]:
+def _serve(view: FleetView, store: RolloutStore) -> MetricsServer:
+    """``serve_metrics`` with the rollout store, as the controller wires it (an older tree counted
+    each rollout's devices from ``store.devices``; this one asks the store for counts and a mark)."""
+    kwargs: dict[str, Any] = {"rollouts": lambda: store.rollouts(limit=50)}
+    if "rollout_counts" in inspect.signature(serve_metrics).parameters:
+        kwargs.update(rollout_counts=store.device_counts, rollouts_mark=store.change_mark)
+    else:
+        kwargs.update(rollout_devices=store.devices)
+    return serve_metrics(view, **kwargs)
+
+
+def run(devices: int, scrapes: int, rollouts: int, flood_rate: float, workdir: Path) -> dict[str, object]:
     """Scrape a ``devices``-device fleet's ``/metrics`` in each situation; return the figures."""
     started = time.perf_counter()
     view, names = fleet(devices)
+    store = RolloutStore(workdir / f"rollouts-{devices}.sqlite")
+    half = max(1, devices // 20)
+    for r in range(rollouts):
+        store.create(RolloutPlan(f"r{r}", f"slot{r}", f"job-r{r}", "5", waves=[names[:half], names[half:]]))
     built_s = time.perf_counter() - started
-    server = serve_metrics(view)
+    server = _serve(view, store)
     url = f"http://127.0.0.1:{server.port}/metrics"
     payloads = [_telemetry_payload(20.0 + k) for k in range(9)]
 
@@ -150,7 +176,15 @@ def run(devices: int, scrapes: int, flood_rate: float) -> dict[str, object]:
         for name in names:
             _apply(view, Topics(PREFIX, name).telemetry, payloads[n % len(payloads)])
 
-    out: dict[str, object] = {"devices": devices, "scrapes": scrapes, "fleet_built_s": round(built_s, 1)}
+    def rollout_change(n: int) -> None:
+        store.mark_sending("r0", names[n % half])
+
+    out: dict[str, object] = {
+        "devices": devices,
+        "rollouts": rollouts,
+        "scrapes": scrapes,
+        "fleet_built_s": round(built_s, 1),
+    }
     try:
         first, _ = _scrape(url, gzip=False)
         out["first_s"] = round(first, 3)
@@ -158,6 +192,8 @@ def run(devices: int, scrapes: int, flood_rate: float) -> dict[str, object]:
         out["idle_gzip"] = _series(url, scrapes, nothing, gzip=True)
         out["one_change"] = _series(url, scrapes, one_change)
         out["all_telemetry"] = _series(url, scrapes, all_telemetry)
+        if rollouts:
+            out["rollout_change"] = _series(url, scrapes, rollout_change)
         stop = threading.Event()
         sent = [0]
 
@@ -181,6 +217,7 @@ def run(devices: int, scrapes: int, flood_rate: float) -> dict[str, object]:
         out["flood_messages_per_s"] = round(sent[0] / (time.monotonic() - flood_started))
     finally:
         server.stop()
+        store.close()
     return out
 
 
@@ -188,9 +225,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--devices", type=int, nargs="+", default=[1000, 10_000])
     parser.add_argument("--scrapes", type=int, default=5)
+    parser.add_argument("--rollouts", type=int, default=10)
     parser.add_argument("--flood-rate", type=float, default=5000.0)
     args = parser.parse_args()
-    print(json.dumps([run(n, args.scrapes, args.flood_rate) for n in args.devices], indent=2))
+    with tempfile.TemporaryDirectory() as tmp:
+        figures = [run(n, args.scrapes, args.rollouts, args.flood_rate, Path(tmp)) for n in args.devices]
+    print(json.dumps(figures, indent=2))
 
 
 if __name__ == "__main__":

@@ -200,7 +200,9 @@ class FleetController:
 
         assert self.store is not None
         store = self.store
-        metrics = fleet_metrics(self.view, lambda: store.rollouts(limit=50), store.devices)
+        metrics = fleet_metrics(
+            self.view, lambda: store.rollouts(limit=50), store.device_counts, store.change_mark
+        )
         app = make_console_app(
             self.view,
             store,

@@ -50,7 +50,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from agent.fleet.metrics_text import CONTENT_TYPE, FamilyHead, escape, labels_text
-from agent.fleet.rollout_store import DeviceRow, RolloutRow
+from agent.fleet.rollout_store import RolloutRow
 from agent.fleet.view import DeviceState, FleetView
 from agent.telemetry.series import LABEL_VALUE_LIMIT, series_of
 
@@ -82,7 +82,10 @@ _FIGURES: dict[str, tuple[FamilyHead, str, float] | None] = {}
 _FIGURES_LIMIT = 100_000
 
 Rollouts = Callable[[], Sequence[RolloutRow]]
-RolloutDevices = Callable[[str], Sequence[DeviceRow]]
+#: A rollout's device counts by (wave, step, end): :meth:`RolloutStore.device_counts`.
+RolloutCounts = Callable[[str], Sequence[tuple[int, str, str, int]]]
+#: Moves when the rollouts may have changed: :meth:`RolloutStore.change_mark`.
+RolloutsMark = Callable[[], object]
 
 ONLINE = FamilyHead("edge_device_online", "gauge", "1 while the device's retained status says online.")
 STALE = FamilyHead(
@@ -295,11 +298,14 @@ class FleetMetrics:
         self,
         view: FleetView,
         rollouts: Rollouts | None = None,
-        rollout_devices: RolloutDevices | None = None,
+        rollout_counts: RolloutCounts | None = None,
+        rollouts_mark: RolloutsMark | None = None,
     ) -> None:
         self.view = view
         self.rollouts = rollouts
-        self.rollout_devices = rollout_devices
+        self.rollout_counts = rollout_counts
+        self.rollouts_mark = rollouts_mark
+        self._rollouts_kept: tuple[object, str] | None = None  # (mark, text) of the last read
         self._lock = threading.Lock()
         self._devices: dict[str, _Device] = {}
         self._order: list[str] = []
@@ -373,14 +379,25 @@ class FleetMetrics:
         for name in sorted(heads):
             parts.append(heads[name].header())
             parts += [d.telemetry.get(name, "") for d in devices]
-        if self.rollouts is not None:
-            parts.append(self._rollouts(self.rollouts()))
+        parts.append(self._rollouts_text())
         parts.append(FLEET.header())
         for state_name, count in sorted(Counter(d.state for d in devices).items()):
             parts.append(FLEET.line(labels_text([("state", state_name)]), count))
         parts.append(REFUSED.header())
         parts.append(REFUSED.line("", self.view.refused_devices))
         return "".join(parts)
+
+    def _rollouts_text(self) -> str:
+        """The rollout series, read again only when the store's mark moved (read before the
+        rollouts: a change while they are read moves it again, so the next scrape reads again)."""
+        if self.rollouts is None:
+            return ""
+        mark = self.rollouts_mark() if self.rollouts_mark is not None else None
+        if mark is not None and self._rollouts_kept is not None and self._rollouts_kept[0] == mark:
+            return self._rollouts_kept[1]
+        text = self._rollouts(self.rollouts())
+        self._rollouts_kept = None if mark is None else (mark, text)
+        return text
 
     def _rollouts(self, rows: Sequence[RolloutRow]) -> str:
         info: list[str] = [ROLLOUT.header()]
@@ -393,23 +410,23 @@ class FleetMetrics:
                 ("state", row.state.value),
             ]
             info.append(ROLLOUT.line(labels_text(labels), 1.0))
-            if self.rollout_devices is None:
+            if self.rollout_counts is None:
                 continue
-            tally = Counter(
-                (str(d.wave), d.step.value, d.end.value if d.end is not None else "")
-                for d in self.rollout_devices(row.rollout_id)
-            )
-            for (wave, step, end), n in sorted(tally.items()):
-                pairs = [("rollout_id", row.rollout_id), ("wave", wave), ("step", step), ("end", end)]
+            for wave, step, end, n in self.rollout_counts(row.rollout_id):
+                pairs = [("rollout_id", row.rollout_id), ("wave", str(wave)), ("step", step), ("end", end)]
                 counts.append(ROLLOUT_DEVICES.line(labels_text(pairs), n))
         return "".join(info + counts)
 
 
 def fleet_metrics(
-    view: FleetView, rollouts: Rollouts | None = None, rollout_devices: RolloutDevices | None = None
+    view: FleetView,
+    rollouts: Rollouts | None = None,
+    rollout_counts: RolloutCounts | None = None,
+    rollouts_mark: RolloutsMark | None = None,
 ) -> FleetMetrics:
-    """The fleet's ``/metrics`` content (hand it to :func:`metrics_asgi_app` or :func:`serve_metrics`)."""
-    return FleetMetrics(view, rollouts, rollout_devices)
+    """The fleet's ``/metrics`` content (hand it to :func:`metrics_asgi_app`); the rollouts, their
+    device counts and the store's change mark usually come from one :class:`RolloutStore`."""
+    return FleetMetrics(view, rollouts, rollout_counts, rollouts_mark)
 
 
 def _answer(metrics: FleetMetrics, accept_encoding: str) -> tuple[bytes, list[tuple[str, str]]]:
@@ -466,10 +483,11 @@ def serve_metrics(
     port: int = 0,
     *,
     rollouts: Rollouts | None = None,
-    rollout_devices: RolloutDevices | None = None,
+    rollout_counts: RolloutCounts | None = None,
+    rollouts_mark: RolloutsMark | None = None,
 ) -> MetricsServer:
     """Serve the fleet's ``/metrics`` on ``host:port`` (0: a free port) in a daemon thread, no console."""
-    metrics = fleet_metrics(view, rollouts, rollout_devices)
+    metrics = fleet_metrics(view, rollouts, rollout_counts, rollouts_mark)
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:

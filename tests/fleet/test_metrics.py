@@ -185,12 +185,30 @@ def test_rollout_series_from_a_real_rollout_store(tmp_path: Path) -> None:
     store.create(RolloutPlan("r1", "main", "job-r1", "5", waves=[["jet-a"], ["jet-b", "jet-c"]]))
     store.set_state("r1", RolloutState.PAUSED)
     view = FleetView(PREFIX)
-    metrics = fleet_metrics(view, lambda: [store.rollout("r1")], store.devices)
+    reads: list[str] = []
+
+    def counts(rollout_id: str) -> list[tuple[int, str, str, int]]:
+        reads.append(rollout_id)
+        return store.device_counts(rollout_id)
+
+    metrics = fleet_metrics(view, lambda: [store.rollout("r1")], counts, store.change_mark)
     got = samples(metrics)
-    store.close()
     assert find(got, "edge_rollout_info", rollout_id="r1", slot="main", to_version="5", state="PAUSED") == 1
     assert find(got, "edge_rollout_devices", rollout_id="r1", wave="0", step="PLANNED") == 1
     assert find(got, "edge_rollout_devices", rollout_id="r1", wave="1", step="PLANNED") == 2
+    samples(metrics)
+    assert reads == ["r1"]  # the store did not change: not read again
+    # A change through the store shows in the next scrape...
+    store.mark_sending("r1", "jet-a")
+    got = samples(metrics)
+    assert find(got, "edge_rollout_devices", rollout_id="r1", wave="0", step="SENDING") == 1
+    assert find(got, "edge_rollout_devices", rollout_id="r1", wave="0", step="PLANNED") is None
+    # ... and so does one written to the same file through another connection.
+    other = RolloutStore(tmp_path / "rollouts.sqlite")
+    other.set_state("r1", RolloutState.RUNNING)
+    other.close()
+    assert find(samples(metrics), "edge_rollout_info", rollout_id="r1", state="RUNNING") == 1
+    store.close()
 
 
 def test_device_text_in_labels_is_escaped_and_cut() -> None:
