@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import random
+import threading
 import urllib.request
 from pathlib import Path
 
@@ -417,3 +419,56 @@ def test_the_console_app_serves_the_same_text_plain_and_gzipped() -> None:
     zipped = client.get("/metrics", headers={"Accept-Encoding": "gzip"})
     assert zipped.headers["content-encoding"] == "gzip"
     assert zipped.text == plain.text  # the client undoes the gzip
+
+
+def test_the_kept_lines_always_equal_a_fresh_render() -> None:
+    """Whatever happens between scrapes, a scrape is what a collector with nothing kept would write."""
+    clock = Clock()
+    view = FleetView(PREFIX, stale_after_s=30, clock=clock)
+    kept = fleet_metrics(view)
+    rng = random.Random(7)
+    names = [f"jet-{i}" for i in range(12)]
+    for step in range(300):
+        name = rng.choice(names)
+        what = rng.randrange(6)
+        if what == 0:
+            device(view, name, site=rng.choice(["lab", "yard"]), version=str(rng.randrange(3)))
+        elif what == 1:
+            figures = {**FIGURES, "cpu.percent": float(rng.randrange(100))}
+            feed(view, Topics(PREFIX, name).telemetry, encode(TelemetryMessage(**figures)))
+        elif what == 2:
+            state = rng.choice(["online", "offline"])
+            status = StatusMessage(state=state, session=step, agent_version="0.9")
+            feed(view, Topics(PREFIX, name).status, encode(status))
+        elif what == 3:
+            job = JobStatus(job_id=f"j{step}", slot="main", state=rng.choice(list(JobState)))
+            feed(view, Topics(PREFIX, name).jobs(job.job_id), encode(job))
+        elif what == 4:
+            clock.now += rng.choice([1, 10, 31])  # devices turn stale by the clock alone
+        if rng.random() < 0.3:
+            assert kept.render() == fleet_metrics(view).render(), step
+
+
+def test_scrapes_during_a_telemetry_flood_end_equal_to_a_fresh_render() -> None:
+    view = FleetView(PREFIX)
+    for i in range(20):
+        device(view, f"jet-{i:02d}", site="lab")
+    kept = fleet_metrics(view)
+    stop = threading.Event()
+
+    def flood() -> None:
+        n = 0
+        while not stop.is_set():
+            figures = {**FIGURES, "cpu.percent": float(n % 100)}
+            feed(view, Topics(PREFIX, f"jet-{n % 20:02d}").telemetry, encode(TelemetryMessage(**figures)))
+            n += 1
+
+    thread = threading.Thread(target=flood)
+    thread.start()
+    try:
+        for _ in range(20):
+            samples(kept)  # every scrape parses, mid-flood
+    finally:
+        stop.set()
+        thread.join()
+    assert kept.render() == fleet_metrics(view).render()
