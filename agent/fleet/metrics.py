@@ -29,9 +29,11 @@ would repeat after cutting are written once.
 
 Speed: each device's lines are kept rendered between scrapes and redone only for the devices whose
 entry in :meth:`FleetView.changes` moved (a message changed them, or they turned stale or fresh);
-a telemetry message redoes that device's telemetry lines, not its status and info lines. The text
-is written directly (:mod:`agent.fleet.metrics_text`) rather than through ``prometheus_client``'s
-collectors, which format every sample at every scrape (bench/metrics.py measures both).
+a telemetry message redoes that device's telemetry lines, not its status and info lines. The
+rollout series are read again only when the store's change mark moved, and their device counts are
+counted by SQLite. The text is written directly (:mod:`agent.fleet.metrics_text`) rather than
+through ``prometheus_client``'s collectors, which format every sample at every scrape
+(bench/metrics.py measures this tree or an older one).
 
 :func:`serve_metrics` serves it on a plain HTTP server (no console); :func:`metrics_asgi_app` is the
 ASGI app the console mounts at ``/metrics``. Both gzip the answer when the scraper accepts it.
@@ -39,6 +41,7 @@ ASGI app the console mounts at ``/metrics``. Both gzip the answer when the scrap
 
 from __future__ import annotations
 
+import asyncio
 import gzip
 import hashlib
 import re
@@ -443,8 +446,6 @@ def _answer(metrics: FleetMetrics, accept_encoding: str) -> tuple[bytes, list[tu
 def metrics_asgi_app(metrics: FleetMetrics) -> Any:
     """The ASGI app serving ``metrics`` (the console mounts it at ``/metrics``); it renders in a
     worker thread, so a scrape never blocks the console's event loop."""
-    import anyio.to_thread
-
     async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope.get("type") != "http":
             return
@@ -452,7 +453,7 @@ def metrics_asgi_app(metrics: FleetMetrics) -> Any:
         for name, value in scope.get("headers", []):
             if name.lower() == b"accept-encoding":
                 accept = value.decode("latin-1")
-        body, headers = await anyio.to_thread.run_sync(_answer, metrics, accept)
+        body, headers = await asyncio.to_thread(_answer, metrics, accept)
         raw = [(k.lower().encode(), v.encode()) for k, v in headers]
         await send({"type": "http.response.start", "status": 200, "headers": raw})
         await send({"type": "http.response.body", "body": b"" if scope.get("method") == "HEAD" else body})
