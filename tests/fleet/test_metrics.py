@@ -14,6 +14,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from starlette.testclient import TestClient
 
 from agent.fleet.metrics import (
+    DEVICE_HASH_CHARS,
+    MAX_LABEL_KEYS,
     MAX_SLOTS,
     FleetMetrics,
     device_label,
@@ -23,7 +25,7 @@ from agent.fleet.metrics import (
     serve_metrics,
 )
 from agent.fleet.rollout_store import RolloutPlan, RolloutState, RolloutStore
-from agent.fleet.view import FleetView
+from agent.fleet.view import MAX_FIGURES, MAX_JOBS, FleetView
 from agent.mqtt.inbound import InboundMessage
 from agent.protocol.messages import (
     InfoMessage,
@@ -37,7 +39,7 @@ from agent.protocol.messages import (
 )
 from agent.protocol.topics import Topics
 from agent.telemetry.prometheus import TelemetryEndpoint
-from agent.telemetry.series import LABEL_VALUE_LIMIT
+from agent.telemetry.series import LABEL_VALUE_LIMIT, series_of
 
 PREFIX = "fleet/v1"
 
@@ -472,3 +474,23 @@ def test_scrapes_during_a_telemetry_flood_end_equal_to_a_fresh_render() -> None:
         stop.set()
         thread.join()
     assert kept.render() == fleet_metrics(view).render()
+
+
+def test_the_operations_doc_states_the_bounds_and_readings_the_code_has() -> None:
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "operations.md").read_text(encoding="utf-8")
+    section = doc.split("**What one device can cost `/metrics`.**", 1)[1].split("**Scrape time.**", 1)[0]
+    prose = " ".join(section.split())
+    cut = LABEL_VALUE_LIMIT - DEVICE_HASH_CHARS - 1
+    assert f"label values are cut to {LABEL_VALUE_LIMIT} characters" in prose
+    assert f"its first {cut} characters, `/` and {DEVICE_HASH_CHARS} hex digits" in prose
+    assert f"at most {MAX_LABEL_KEYS} device label keys" in prose
+    assert f"at most {MAX_SLOTS} slots per device" in prose
+    assert f"`edge_device_slots > {MAX_SLOTS}`" in prose
+    assert f"last {MAX_JOBS} jobs" in prose
+    assert f"({MAX_FIGURES:,} per message at most)" in prose
+    found = series_of("slot.cls.transitions.active")
+    assert found is not None
+    labels = ",".join(f'{k}="{v}"' for k, v in found.labels)
+    assert f"`slot.cls.transitions.active` is `{found.metric}{{{labels}}}`" in prose
+    assert series_of("slot.cls.model_sha7") is None
+    assert "the one figure left out is `slot.<slot>.model_sha7`" in prose
