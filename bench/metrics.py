@@ -86,7 +86,8 @@ def _telemetry_payload(fps: float) -> bytes:
 
 def fleet(devices: int) -> tuple[FleetView, list[str]]:
     """A FleetView holding ``devices`` online devices with info and one telemetry message each."""
-    view = FleetView(PREFIX, max_devices=max(devices, 10_000))
+    # No device turns stale while the bench runs (a slow scrape series would otherwise drop series).
+    view = FleetView(PREFIX, max_devices=max(devices, 10_000), stale_after_s=86_400.0)
     names = [f"jet-{i:05d}" for i in range(devices)]
     for i, name in enumerate(names):
         _status(view, name, "online", 1)

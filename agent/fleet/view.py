@@ -111,6 +111,7 @@ class _Device:
     )
     problems: list[str] = field(default_factory=list)
     changed: int = 0  # the view's version at this device's latest change (see FleetView.changes)
+    described: int = 0  # ... at its latest change other than new telemetry figures
 
 
 class FleetView:
@@ -173,6 +174,8 @@ class FleetView:
             if changed:
                 self._version += 1
                 row.changed = self._version
+                if topic.kind != "telemetry" or seen.problem is not None:
+                    row.described = self._version
                 self._cond.notify_all()
             return changed
 
@@ -241,15 +244,25 @@ class FleetView:
             self._cond.wait_for(lambda: self._version != version, timeout)
             return self._version
 
-    def changes(self) -> dict[str, tuple[int, bool]]:
-        """Per device: the :attr:`version` of its latest change and whether it is stale now.
+    def changes(self) -> dict[str, tuple[int, int, bool]]:
+        """Per device: the :attr:`version` of its latest change, of its latest change other than new
+        telemetry figures, and whether it is stale now.
 
         Cheap (no copies), so a reader that keeps something per device (``/metrics`` keeps each
-        device's rendered series) asks :meth:`device` only for the devices whose pair moved.
+        device's rendered series) asks :meth:`device` only for the devices whose second or third
+        item moved, and :meth:`telemetry` for those where only the first did.
         """
         now = self._clock()
         with self._cond:
-            return {d: (row.changed, self._stale(row, now)) for d, row in self._devices.items()}
+            return {
+                d: (row.changed, row.described, self._stale(row, now)) for d, row in self._devices.items()
+            }
+
+    def telemetry(self, device_id: str) -> tuple[dict[str, float], float | None] | None:
+        """The device's latest telemetry figures (a copy) and when they arrived; None: not heard."""
+        with self._cond:
+            row = self._devices.get(device_id)
+            return None if row is None else (dict(row.telemetry), row.telemetry_at)
 
     def _stale(self, row: _Device, now: float) -> bool:
         heard = row.telemetry_at if row.telemetry_at is not None else row.online_heard_at

@@ -447,6 +447,9 @@ def test_the_kept_lines_always_equal_a_fresh_render() -> None:
             feed(view, Topics(PREFIX, name).jobs(job.job_id), encode(job))
         elif what == 4:
             clock.now += rng.choice([1, 10, 31])  # devices turn stale by the clock alone
+        else:  # a malformed message: a problem line of the device
+            topics = Topics(PREFIX, name)
+            feed(view, rng.choice([topics.telemetry, topics.info, topics.status]), b"{not json")
         if rng.random() < 0.3:
             assert kept.render() == fleet_metrics(view).render(), step
 
