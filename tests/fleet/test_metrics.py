@@ -497,3 +497,14 @@ def test_the_operations_doc_states_the_bounds_and_readings_the_code_has() -> Non
     assert f"`slot.cls.transitions.active` is `{found.metric}{{{labels}}}`" in prose
     assert series_of("slot.cls.model_sha7") is None
     assert "the one figure left out is `slot.<slot>.model_sha7`" in prose
+
+
+def test_at_most_max_label_keys_become_labels_of_device_info() -> None:
+    view = FleetView(PREFIX)
+    labels = {f"k{i:02d}": "v" for i in range(MAX_LABEL_KEYS + 8)}
+    info = InfoMessage(
+        device_id="jet", agent_version="1", platform={}, backends={}, labels=labels, slots={}, streams=[]
+    )
+    feed(view, Topics(PREFIX, "jet").info, encode(info))
+    (info_labels,) = [ls for (name, ls) in samples(fleet_metrics(view)) if name == "edge_device_info"]
+    assert len([k for k, _ in info_labels if k.startswith("k")]) == MAX_LABEL_KEYS
