@@ -128,7 +128,19 @@ REFUSED = FamilyHead(
     "Messages from devices past the fleet view's max_devices (not tracked).",
 )
 #: The per-device families before the telemetry ones, in the order they are written.
-_DEVICE_FAMILIES = (ONLINE, STALE, SESSION, LAST_TELEMETRY, PROBLEMS, INFO, PLATFORM, SLOTS, MODEL, JOB)
+_DEVICE_FAMILIES = (
+    ONLINE,
+    STALE,
+    SESSION,
+    LAST_TELEMETRY,
+    PROBLEMS,
+    INFO,
+    PLATFORM,
+    SLOTS,
+    MODEL,
+    JOB,
+    FAILURE,
+)
 
 
 def _value(text: object) -> str:
@@ -403,8 +415,6 @@ class FleetMetrics:
                 parts += [d.telemetry.get(head.name, "") for d in devices]
             else:
                 parts += [d.lines.get(head.name, "") for d in devices]
-        parts.append(FAILURE.header())
-        parts += [d.lines.get(FAILURE.name, "") for d in devices]
         heads: dict[str, FamilyHead] = {}
         for d in devices:
             heads.update(d.heads)
