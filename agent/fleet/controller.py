@@ -249,17 +249,19 @@ class FleetController:
         """The console and /metrics (the ``fleet`` extra's web stack, imported only when asked for)."""
         from agent.fleet.console.app import make_console_app
         from agent.fleet.console.server import console_token, serve_console
-        from agent.fleet.metrics import metrics_asgi_app, metrics_registry
+        from agent.fleet.metrics import fleet_metrics, metrics_asgi_app
 
         assert self.store is not None
         store = self.store
-        registry = metrics_registry(self.view, lambda: store.rollouts(limit=50), store.devices)
+        metrics = fleet_metrics(
+            self.view, lambda: store.rollouts(limit=50), store.device_counts, store.change_mark
+        )
         app = make_console_app(
             self.view,
             store,
             ConsoleCalls(self),
             token=console_token(self.config.http.token_file),
-            metrics_app=metrics_asgi_app(registry),
+            metrics_app=metrics_asgi_app(metrics),
         )
         server = serve_console(
             app, self.config.http.host, self.config.http.port or 0, self.config.http.allowed_hosts

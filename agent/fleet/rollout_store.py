@@ -833,6 +833,25 @@ class RolloutStore:
             for r in rows
         ]
 
+    def device_counts(self, rollout_id: str) -> list[tuple[int, str, str, int]]:
+        """How many of the rollout's devices are at each (wave, step, end or ""), counted by SQLite:
+        ``/metrics`` reads it at every scrape, where :meth:`devices` of a 10,000-device rollout costs
+        ~10x as much."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT wave, step, COALESCE(end_state, ''), COUNT(*) FROM devices WHERE rollout_id = ? "
+                "GROUP BY wave, step, end_state ORDER BY wave, step, end_state",
+                (rollout_id,),
+            ).fetchall()
+        return [(int(r[0]), str(r[1]), str(r[2]), int(r[3])) for r in rows]
+
+    def change_mark(self) -> tuple[int, int]:
+        """Moves whenever the store's content may have changed, written through this store or another
+        connection to its file; a reader that keeps what it read (``/metrics``) reads again then."""
+        with self._lock:
+            version = self._db.execute("PRAGMA data_version").fetchone()[0]
+            return int(version), self._db.total_changes
+
     def waves(self, rollout_id: str) -> list[tuple[WaveState, dict[str, Any] | None, str]]:
         """Each wave's state, gate figures and reason, in order."""
         with self._reading():

@@ -111,6 +111,7 @@ class DeviceState:
     stale: bool  # offline, or online with no telemetry for stale_after_s
     jobs: tuple[JobSeen, ...]  # latest first, at most MAX_JOBS
     problems: tuple[str, ...]  # malformed messages, named
+    slots_listed: int = 0  # slots in the device's up/info, those cut off by INFO_BYTES included
 
 
 @dataclass
@@ -124,6 +125,7 @@ class _Device:
     labels: dict[str, str] = field(default_factory=dict)
     platform: dict[str, Any] = field(default_factory=dict)
     slots: dict[str, dict[str, Any]] = field(default_factory=dict)
+    slots_listed: int = 0
     telemetry: dict[str, float] = field(default_factory=dict)
     telemetry_at: float | None = None
     heard_at: float = 0.0  # controller clock: the last message of any kind (eviction, forgetting)
@@ -133,6 +135,8 @@ class _Device:
         default_factory=lambda: collections.deque(maxlen=SEEN_JOB_IDS)
     )
     problems: list[str] = field(default_factory=list)
+    changed: int = 0  # the view's version at this device's latest change (see FleetView.changes)
+    described: int = 0  # ... at its latest change other than new telemetry figures
 
 
 class FleetView:
@@ -213,7 +217,7 @@ class FleetView:
             else:
                 changed = self._take(row, seen.message, now)
             if changed:
-                self._changed()
+                self._changed(row, described=topic.kind != "telemetry" or seen.problem is not None)
             return changed
 
     def forget(self, device_id: str) -> bool:
@@ -252,12 +256,18 @@ class FleetView:
             if row is not None:
                 changed = [_remember(row, job) for job in kept]  # every job, not up to the first change
                 if any(changed):
-                    self._changed()
+                    self._changed(row)
             elif device_id in self._remembered or len(self._remembered) < self.max_devices:
                 self._remembered[device_id] = kept
 
-    def _changed(self) -> None:
+    def _changed(self, row: _Device | None = None, *, described: bool = True) -> None:
+        """Count a change of the view; ``row``'s change marks are set (``described`` unless only
+        its telemetry figures changed) so that /metrics redoes that device's lines (:meth:`changes`)."""
         self._version += 1
+        if row is not None:
+            row.changed = self._version
+            if described:
+                row.described = self._version
         self._cond.notify_all()
 
     def _admit(self, device_id: str, now: float) -> _Device | None:
@@ -292,8 +302,8 @@ class FleetView:
             row = self._devices.get(device_id)
             if row is None or not (row.labels or row.platform or row.slots):
                 return False
-            row.labels, row.platform, row.slots = {}, {}, {}
-            self._changed()
+            row.labels, row.platform, row.slots, row.slots_listed = {}, {}, {}, 0
+            self._changed(row)
             return True
 
     def _take(self, row: _Device, message: object, now: float) -> bool:
@@ -362,9 +372,32 @@ class FleetView:
             self._cond.wait_for(lambda: self._version != version, timeout)
             return self._version
 
-    def _state(self, row: _Device, now: float) -> DeviceState:
+    def changes(self) -> dict[str, tuple[int, int, bool]]:
+        """Per device: the :attr:`version` of its latest change, of its latest change other than new
+        telemetry figures, and whether it is stale now.
+
+        Cheap (no copies), so a reader that keeps something per device (``/metrics`` keeps each
+        device's rendered series) asks :meth:`device` only for the devices whose second or third
+        item moved, and :meth:`telemetry` for those where only the first did.
+        """
+        now = self._clock()
+        with self._cond:
+            return {
+                d: (row.changed, row.described, self._stale(row, now)) for d, row in self._devices.items()
+            }
+
+    def telemetry(self, device_id: str) -> tuple[dict[str, float], float | None] | None:
+        """The device's latest telemetry figures (a copy) and when they arrived; None: not heard."""
+        with self._cond:
+            row = self._devices.get(device_id)
+            return None if row is None else (dict(row.telemetry), row.telemetry_at)
+
+    def _stale(self, row: _Device, now: float) -> bool:
         heard = row.telemetry_at if row.telemetry_at is not None else row.online_heard_at
-        stale = row.state != "online" or heard is None or now - heard > self.stale_after_s
+        return row.state != "online" or heard is None or now - heard > self.stale_after_s
+
+    def _state(self, row: _Device, now: float) -> DeviceState:
+        stale = self._stale(row, now)
         return DeviceState(
             device=row.device,
             state=row.state,
@@ -379,6 +412,7 @@ class FleetView:
             stale=stale,
             jobs=tuple(reversed(row.jobs.values())),
             problems=tuple(row.problems),
+            slots_listed=row.slots_listed,
         )
 
 
@@ -425,6 +459,7 @@ def _take_info(row: _Device, info: InfoMessage) -> None:
         JSON_TEXT_LIMIT,
     )
     row.slots = kept.get("slots", {})
+    row.slots_listed = len(info.slots)
     row.labels = kept.get("labels", {})
     row.platform = kept.get("platform", {})
     sizes = ((row.slots, info.slots), (row.labels, info.labels), (row.platform, info.platform))

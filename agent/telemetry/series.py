@@ -50,6 +50,8 @@ class Series:
 
 
 _N = r"(?P<{}>.+?)"  # a device-chosen name (may contain dots: Name allows them)
+#: The groups that hold a name the device chose (a stream, a slot, a thermal zone).
+CHOSEN_GROUPS = ("stream", "slot", "zone")
 _QUANTILES = {"50": "0.5", "95": "0.95", "99": "0.99"}
 
 
@@ -63,8 +65,12 @@ def _rule(pattern: str, metric: str, kind: Kind, help_text: str, scale: float = 
     )
 
 
-#: First match wins, so a longer pattern stands before a shorter one that would also match
-#: (``slot.<s>.shadow.active`` before ``slot.<s>.active``).
+#: A name a device chose may hold dots, so one dotted name can match more than one rule:
+#: ``slot.cls.transitions.active`` is slot ``cls`` entering ``active`` (``slot_transitions``) or the
+#: ``active`` flag of a slot named ``cls.transitions`` (``slot_active``). :func:`series_of` takes the
+#: reading whose device-chosen names (:data:`CHOSEN_GROUPS`) are shortest, then the first rule; the
+#: agent's own names are all read right that way (tests/e2e/test_metric_names.py checks every name a
+#: real daemon sends).
 RULES: tuple[Rule, ...] = (
     # -- streams --
     _rule(
@@ -241,22 +247,28 @@ _CACHE_LIMIT = 100_000
 
 
 def series_of(name: str) -> Series | None:
-    """Where the telemetry figure ``name`` goes, or None when no rule knows it."""
+    """Where the telemetry figure ``name`` goes, or None when no rule knows it (see :data:`RULES`)."""
     try:
         return _CACHE[name]
     except KeyError:
         pass
     found = None
+    best: tuple[int, Rule, re.Match[str]] | None = None
     for rule in RULES:
         match = rule.pattern.fullmatch(name)
         if match is None:
             continue
+        groups = match.groupdict()
+        chosen = sum(len(groups[g] or "") for g in CHOSEN_GROUPS if g in groups)
+        if best is None or chosen < best[0]:
+            best = (chosen, rule, match)
+    if best is not None:
+        _, rule, match = best
         labels = tuple(
             (key, _QUANTILES[value] if key == "quantile" else value[:LABEL_VALUE_LIMIT])
             for key, value in match.groupdict().items()
         )
         found = Series(PREFIX + rule.metric, rule.kind, rule.help, labels, rule.scale)
-        break
     if len(_CACHE) >= _CACHE_LIMIT:
         _CACHE.clear()  # a device inventing names forever must not grow memory forever
     _CACHE[name] = found

@@ -17,7 +17,7 @@ from agent.errors import ConfigError
 from agent.fleet.console import ConsoleServer, make_console_app, serve_console
 from agent.fleet.console.hosts import host_name
 from agent.fleet.controller_config import ControllerConfig, load_controller_config
-from agent.fleet.metrics import metrics_asgi_app, metrics_registry
+from agent.fleet.metrics import fleet_metrics, metrics_asgi_app
 from agent.fleet.rollout_store import RolloutStore
 from agent.fleet.view import FleetView
 from tests.fleet.console_rig import StoreActions, feed, fleet_messages, make_rollout, new_store
@@ -57,7 +57,7 @@ def _serve(
 ) -> ConsoleServer:
     view = FleetView(PREFIX)
     feed(view, fleet_messages(PREFIX, ["jet-01", "jet-02"]))
-    registry = metrics_registry(view, lambda: store.rollouts(limit=50), store.devices)
+    registry = fleet_metrics(view, lambda: store.rollouts(limit=50), store.device_counts, store.change_mark)
     app = make_console_app(
         view, store, actions or StoreActions(store), token=TOKEN, metrics_app=metrics_asgi_app(registry)
     )

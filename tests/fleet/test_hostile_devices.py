@@ -4,7 +4,9 @@ that publish hostile messages: non-finite times, oversized counts, escape sequen
 fake line, a 20 MB field, and a malformed job status and ``status`` reply in the middle of a deploy.
 
 Each hostile message is reported for its device (device and field named) and nothing else breaks:
-no traceback, no control character on the terminal, bounded output, the right exit code.
+no traceback, no control character on the terminal, bounded output, the right exit code. The
+controller's ``/metrics`` stays bounded for the same devices plus 10,000 slots in one ``up/info`` and
+two 1,000-character device ids.
 """
 
 from __future__ import annotations
@@ -13,27 +15,34 @@ import json
 import re
 import threading
 import unicodedata
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from agent.cli import main
 from agent.fleet.bounded import cost
 from agent.fleet.deploy_command import EXIT_FAILED, EXIT_MALFORMED
+from agent.fleet.metrics import MAX_SLOTS, device_label, fleet_metrics
 from agent.fleet.status import MAX_PROBLEMS
 from agent.fleet.view import (
     DEVICE_BYTES,
     FIGURE_NAME_CHARS,
     INFO_BYTES,
     JOB_BYTES,
+    MAX_DEVICE_ID,
     MAX_FIGURES,
     MAX_HISTORY_POINTS,
     MAX_JOBS,
+    FleetView,
 )
 from agent.localbroker import Broker
+from agent.mqtt.inbound import InboundMessage
 from agent.protocol.messages import CommandReply, encode
 from agent.protocol.topics import Topics
+from agent.telemetry.series import LABEL_VALUE_LIMIT
 from tests.fleet.controller_process import ControllerProcess
 from tests.fleet.operator_side import announce, tiny_model, unique_prefix
 from tests.mqtt_probe import Probe
@@ -57,8 +66,11 @@ def _info(
     model_id: str = "net",
     slot: str = "cls",
     last_job: str | None = None,
+    slots: int = 1,
     **platform: str,
 ) -> bytes:
+    """``slots`` > 1: that many slots, named ``slot`` plus a number."""
+    names = [slot] if slots == 1 else [f"{slot}{i:05d}" for i in range(slots)]
     return json.dumps(
         {
             "device_id": device,
@@ -66,11 +78,12 @@ def _info(
             "platform": {"device_model": "Orin NX", **platform},
             "backends": {},
             "slots": {
-                slot: {
-                    "model": {"slot": slot, "model_id": model_id, "version": "4", "sha256": "ab" * 32},
+                name: {
+                    "model": {"slot": name, "model_id": model_id, "version": "4", "sha256": "ab" * 32},
                     "state": "ACTIVE",
                     "last_job": last_job or f"job-{model_id}",
                 }
+                for name in names
             },
             "streams": [],
         }
@@ -114,16 +127,33 @@ def _broker_args(broker: Broker, prefix: str) -> list[str]:
     return ["--broker", f"{broker.host}:{broker.port}", "--prefix", prefix]
 
 
-@pytest.fixture
-def hostile_fleet(broker: Broker) -> str:
-    """A prefix under which every device of STATUS_TABLE has its retained status (and info)."""
+#: Devices aimed at the controller's ``/metrics`` (besides every device of STATUS_TABLE): 10,000
+#: slots in one ``up/info``, and two 1,000-character ids that share their first 999 characters.
+#: The longest ids the view takes, all but the last character shared: their labels are cut apart.
+LONG_IDS = ("j" * (MAX_DEVICE_ID - 1) + "a", "j" * (MAX_DEVICE_ID - 1) + "b")
+#: An id of 1,000 characters: refused by the view, counted, never a label.
+TOO_LONG_IDS = ("k" * 999 + "a",)
+METRICS_TABLE: dict[str, tuple[bytes, bytes | None, str | None]] = {
+    "jet-slots": (_status("1.7e9"), _info("jet-slots", slot="s", slots=10_000), None),
+    **{name: (_status("1.7e9"), _info(name), None) for name in LONG_IDS + TOO_LONG_IDS},
+}
+
+
+def _publish_retained(broker: Broker, table: dict[str, tuple[bytes, bytes | None, str | None]]) -> str:
+    """A prefix under which every device of ``table`` has its retained status (and info)."""
     prefix = unique_prefix()
     with Probe(broker.host, broker.port) as device:
-        for name, (status, info, _) in STATUS_TABLE.items():
+        for name, (status, info, _) in table.items():
             device.publish(Topics(prefix, name).status, status, retain=True)
             if info is not None:
                 device.publish(Topics(prefix, name).info, info, retain=True, timeout=30)
     return prefix
+
+
+@pytest.fixture
+def hostile_fleet(broker: Broker) -> str:
+    """A prefix under which every device of STATUS_TABLE has its retained status (and info)."""
+    return _publish_retained(broker, STATUS_TABLE)
 
 
 def test_fleet_status_table_reports_each_hostile_device_and_prints_nothing_raw(
@@ -510,3 +540,33 @@ def test_devices_at_every_bound_cost_the_controller_what_the_docs_say(tmp_path: 
     assert len(detail["problems"]) == MAX_PROBLEMS
     assert len(detail["history"]["ts"]) == MAX_HISTORY_POINTS
     assert sum(map(len, detail["telemetry"])) <= FIGURE_NAME_CHARS
+
+
+def test_controller_metrics_stay_bounded_for_hostile_devices(broker: Broker) -> None:
+    table = {**STATUS_TABLE, **METRICS_TABLE}
+    prefix = _publish_retained(broker, table)
+    view = FleetView(prefix)
+    retained = sum(1 for _, info, _ in table.values() if info is not None) + len(table)
+    with Probe(broker.host, broker.port) as controller:  # what the controller's client would hand over
+        for topic_filter in view.topic_filters():
+            controller.subscribe(topic_filter)
+        messages = controller.wait_for(lambda ms: len(ms) >= retained, timeout=30)
+    for m in messages:
+        view.apply(InboundMessage(m.topic, m.payload, qos=m.qos, retain=m.retain))
+    text = fleet_metrics(view).render().decode()
+    samples = [s for family in text_string_to_metric_families(text) for s in family.samples]
+    by_device = Counter(s.labels.get("device") for s in samples)
+    # Every device is there, each under one label no longer than the cap; the two long ids apart.
+    labels = {device_label(name) for name in table if name not in TOO_LONG_IDS}
+    assert set(by_device) - {None} == labels
+    assert len(labels) == len(table) - len(TOO_LONG_IDS)
+    refused = [s.value for s in samples if s.name == "edge_fleet_refused_devices_total"]
+    assert refused == [2 * len(TOO_LONG_IDS)]  # each one's status and info
+    assert all(len(v) <= LABEL_VALUE_LIMIT for s in samples for v in s.labels.values())
+    # 10,000 slots cost MAX_SLOTS slot series, and the count says how many there are.
+    assert by_device["jet-slots"] <= MAX_SLOTS + 8, by_device["jet-slots"]
+    slots = [s for s in samples if s.name == "edge_device_slots" and s.labels["device"] == "jet-slots"]
+    assert [s.value for s in slots] == [10_000]
+    assert max(by_device.values()) <= MAX_SLOTS + 8
+    # The 20 MB field and the escapes cost a cut label value, not megabytes.
+    assert len(text) < 256 * 1024, len(text)

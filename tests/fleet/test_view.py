@@ -5,11 +5,9 @@ from __future__ import annotations
 import dataclasses
 import threading
 
-from prometheus_client import generate_latest
-
 from agent.fleet.bounded import cost
 from agent.fleet.chart_history import POINT_BYTES, ChartHistory
-from agent.fleet.metrics import metrics_registry
+from agent.fleet.metrics import fleet_metrics
 from agent.fleet.view import (
     FIGURE_NAME_CHARS,
     INFO_BYTES,
@@ -238,7 +236,7 @@ def test_refused_devices_are_counted_in_the_metrics() -> None:
     view.apply(status("jet", "online", 1))
     view.apply(status("jet-2", "online", 1))  # full, and jet is online and fresh: refused
     view.apply(status("j" * (MAX_DEVICE_ID + 1), "online", 1))  # an id too long: refused
-    exposition = generate_latest(metrics_registry(view)).decode()
+    exposition = fleet_metrics(view).render().decode()
     assert "edge_fleet_refused_devices_total 2.0" in exposition
 
 
@@ -391,3 +389,33 @@ def test_wait_change_wakes_on_a_change_and_times_out_without_one() -> None:
         assert view.wait_change(version, timeout=10) == version + 1
     finally:
         timer.join()
+
+
+def test_changes_tell_new_telemetry_from_other_changes_and_staleness() -> None:
+    clock = Clock()
+    view = FleetView(PREFIX, stale_after_s=30, clock=clock)
+    view.apply(status("jet", "online", 1))
+    first = view.changes()["jet"]
+    assert first[2] is False  # online, heard just now
+    view.apply(telemetry("jet", **{"cpu.percent": 5.0}))
+    moved = view.changes()["jet"]
+    assert moved[0] > first[0]
+    assert moved[1:] == first[1:]  # only new figures: the rest of the device is as it was
+    assert view.telemetry("jet") == ({"cpu.percent": 5.0}, clock.now)
+    for change in (
+        message(Topics(PREFIX, "jet").info, encode(info("jet"))),
+        job("jet", "j1", JobState.QUEUED, 1.0),
+        message(Topics(PREFIX, "jet").telemetry, b"{not json"),  # a problem line, not figures
+        status("jet", "offline", 1),
+    ):
+        before = view.changes()["jet"]
+        view.apply(change)
+        after = view.changes()["jet"]
+        assert after[0] > before[0]
+        assert after[1] > before[1], change.topic
+    view.apply(status("jet", "online", 2))
+    view.apply(telemetry("jet", **{"cpu.percent": 6.0}))
+    before = view.changes()["jet"]
+    clock.now += 31  # nothing heard: stale by the clock alone
+    assert view.changes()["jet"] == (*before[:2], True)
+    assert view.telemetry("nobody") is None

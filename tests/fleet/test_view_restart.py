@@ -14,6 +14,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from prometheus_client.parser import text_string_to_metric_families
+
 from agent.fleet.gate import DeviceEnd
 from agent.fleet.rollout_store import RolloutState, RolloutStore
 from agent.localbroker import Broker
@@ -114,11 +116,20 @@ def _check_rebuilt(controller: ControllerProcess) -> None:
     rows = {row["id"]: row["job"] for row in controller.json("/api/devices")["devices"]}
     assert rows["jet-a"] == {"slot": "main", "state": "ACTIVE", "code": None}
     metrics = controller.get("/metrics")[1].decode()
-    assert (
-        'edge_slot_job_info{device="jet-b",error_code="probation_failed",job_id="job-r-1",slot="main",'
-        'state="ROLLED_BACK"} 1.0' in metrics
-    )
-    assert 'edge_slot_job_info{device="jet-c",error_code="build_failed",job_id="job-3"' in metrics
+    jobs = {
+        sample.labels["device"]: sample.labels
+        for family in text_string_to_metric_families(metrics)
+        for sample in family.samples
+        if sample.name == "edge_slot_job_info" and sample.value == 1.0
+    }
+    assert jobs["jet-b"] == {
+        "device": "jet-b",
+        "error_code": "probation_failed",
+        "job_id": "job-r-1",
+        "slot": "main",
+        "state": "ROLLED_BACK",
+    }
+    assert (jobs["jet-c"]["error_code"], jobs["jet-c"]["job_id"]) == ("build_failed", "job-3")
 
 
 def test_a_restarted_controller_rebuilds_the_jobs_and_says_since_when_it_has_charts(
