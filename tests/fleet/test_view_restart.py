@@ -116,20 +116,20 @@ def _check_rebuilt(controller: ControllerProcess) -> None:
     rows = {row["id"]: row["job"] for row in controller.json("/api/devices")["devices"]}
     assert rows["jet-a"] == {"slot": "main", "state": "ACTIVE", "code": None}
     metrics = controller.get("/metrics")[1].decode()
-    jobs = {
-        sample.labels["device"]: sample.labels
+    job_series: dict[str, dict[str, str]] = {
+        str(sample.labels["device"]): {str(k): str(v) for k, v in sample.labels.items()}
         for family in text_string_to_metric_families(metrics)
         for sample in family.samples
         if sample.name == "edge_slot_job_info" and sample.value == 1.0
     }
-    assert jobs["jet-b"] == {
+    assert job_series["jet-b"] == {
         "device": "jet-b",
         "error_code": "probation_failed",
         "job_id": "job-r-1",
         "slot": "main",
         "state": "ROLLED_BACK",
     }
-    assert (jobs["jet-c"]["error_code"], jobs["jet-c"]["job_id"]) == ("build_failed", "job-3")
+    assert (job_series["jet-c"]["error_code"], job_series["jet-c"]["job_id"]) == ("build_failed", "job-3")
 
 
 def test_a_restarted_controller_rebuilds_the_jobs_and_says_since_when_it_has_charts(
