@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 # pip prints a line per package it collects, downloads and builds (no -q: a first run downloads
-# ~200 MB, and minutes without output read as a hang).
+# about 135 MB, and minutes without output read as a hang).
 PIP    := $(PY) -m pip install --progress-bar on
 DEMO_STAMP := $(VENV)/.installed-demo
 TEST_STAMP := $(VENV)/.installed-test
@@ -20,7 +20,7 @@ $(PY):
 
 # The agent and what it imports at run time (numpy, OpenCV, ONNX Runtime, ONNX, paho-mqtt, ...).
 $(DEMO_STAMP): pyproject.toml | $(PY)
-	@echo "== make: installing edge-agent and its run-time dependencies into $(VENV) (pip, ~200 MB on a first run)"
+	@echo "== make: installing edge-agent and its run-time dependencies into $(VENV) (pip: about 135 MB of wheels on a first run)"
 	$(PIP) -e .
 	touch $@
 

@@ -43,7 +43,9 @@ def root() -> Iterator[Path]:
     path.chmod(0o755)
     etc = path / "etc"
     etc.mkdir(mode=0o755)
-    (etc / "passwd").write_text("root:x:0:0:root:/root:/bin/bash\nnobody:x:65534:65534::/:/usr/sbin/nologin\n")
+    (etc / "passwd").write_text(
+        "root:x:0:0:root:/root:/bin/bash\nnobody:x:65534:65534::/:/usr/sbin/nologin\n"
+    )
     (etc / "group").write_text("root:x:0:\nnogroup:x:65534:\n")
     for name, line in (("shadow", "root:*:20000:0:99999:7:::\n"), ("gshadow", "root:*::\n")):
         (etc / name).write_text(line)
@@ -54,8 +56,17 @@ def root() -> Iterator[Path]:
 
 def install(root: Path, *extra: str) -> str:
     done = subprocess.run(
-        ["bash", str(SCRIPT), "--root", str(root), "--key-id", "fleet-test", *extra,
-         "--edge-agent", f"{sys.executable} -m agent"],
+        [
+            "bash",
+            str(SCRIPT),
+            "--root",
+            str(root),
+            "--key-id",
+            "fleet-test",
+            *extra,
+            "--edge-agent",
+            f"{sys.executable} -m agent",
+        ],
         capture_output=True,
         text=True,
         timeout=120,
@@ -187,7 +198,13 @@ def test_a_second_run_keeps_the_key_and_token_and_mends_their_modes(root: Path) 
 
 def test_a_root_without_accounts_is_one_clear_line(tmp_path: Path) -> None:
     done = subprocess.run(
-        ["bash", str(SCRIPT), "--root", str(tmp_path)], capture_output=True, text=True, timeout=30, check=False
+        ["bash", str(SCRIPT), "--root", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
     )
     assert done.returncode == 1
-    assert done.stderr.strip() == f"install-controller: --root {tmp_path} has no etc/passwd to add the user to"
+    assert (
+        done.stderr.strip() == f"install-controller: --root {tmp_path} has no etc/passwd to add the user to"
+    )

@@ -62,7 +62,8 @@ def _anonymous_connect(port: int, timeout_s: float = 3.0) -> str | None:
             if len(answer) < 4 or answer[0] != 0x20 or answer[1] != 2:
                 return "it does not answer as an MQTT broker"
             if answer[3] != 0:
-                return f"an MQTT broker refuses an anonymous client ({_CONNACK_REASONS.get(answer[3], answer[3])})"
+                reason = _CONNACK_REASONS.get(answer[3], f"return code {answer[3]}")
+                return f"an MQTT broker refuses an anonymous client ({reason})"
             sock.sendall(_DISCONNECT)
             return None
     except OSError as exc:
