@@ -19,13 +19,17 @@ set -euo pipefail
 if [ "${1:-}" != --inside ]; then
   case "${1:-}" in demo | test) ;; *) echo "usage: $0 demo|test [PACKAGE...]" >&2; exit 2 ;; esac
   [ "$(id -u)" -eq 0 ] || { echo "os-deps-sandbox: needs root (mount namespaces, chroot)" >&2; exit 1; }
-  exec unshare --mount --pid --fork --propagation private "$0" --inside "$@"
+  work="$(mktemp -d /tmp/os-deps-sandbox.XXXXXX)" # an empty mount point, here and after
+  rc=0
+  SANDBOX_DIR="$work" unshare --mount --pid --fork --propagation private "$0" --inside "$@" || rc=$?
+  rmdir "$work"
+  exit "$rc"
 fi
 shift
 target="$1"
 shift
 repo="$(cd "$(dirname "$0")/.." && pwd)"
-work="$(mktemp -d /tmp/os-deps-sandbox.XXXXXX)"
+work="$SANDBOX_DIR"
 mount -t tmpfs -o size=4g tmpfs "$work"
 mkdir -p "$work/upper" "$work/work" "$work/root"
 root="$work/root"
