@@ -1,47 +1,71 @@
-# The two commands a new user types: `make demo` and `make test`. Each one creates .venv and
-# installs what it needs, including mosquitto from the OS package manager when it is missing.
+# The two commands a new user types: `make demo` and `make test`. Each one creates .venv, installs
+# what it runs and nothing more, and says what and why before each step: `make demo` the agent and
+# mosquitto; `make test` also the test tools (tools/os-deps.sh lists each package and its reason).
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
-STAMP  := $(VENV)/.installed
+# pip prints a line per package it collects, downloads and builds (no -q: a first run downloads
+# about 135 MB, and minutes without output read as a hang).
+PIP    := $(PY) -m pip install --progress-bar on
+DEMO_STAMP := $(VENV)/.installed-demo
+TEST_STAMP := $(VENV)/.installed-test
 
-.PHONY: demo test lint typecheck pytest gpu-test bench os-deps venv clean
+.PHONY: demo test lint typecheck pytest gpu-test bench os-deps os-deps-demo os-deps-test venv clean
 
-$(STAMP): pyproject.toml
+$(PY):
+	@echo "== make: creating $(VENV) ($(PYTHON) -m venv)"
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev,fleet]'
+	@echo "== make: upgrading pip in $(VENV)"
+	$(PIP) --upgrade pip
+
+# The agent and what it imports at run time (numpy, OpenCV, ONNX Runtime, ONNX, paho-mqtt, ...).
+$(DEMO_STAMP): pyproject.toml | $(PY)
+	@echo "== make: installing edge-agent and its run-time dependencies into $(VENV) (pip: about 135 MB of wheels on a first run)"
+	$(PIP) -e .
+	touch $@
+
+# What the tests and linters run besides: pytest, ruff, mypy, Playwright, the controller's extras.
+$(TEST_STAMP): pyproject.toml | $(PY)
+	@echo "== make: installing edge-agent with its [dev,fleet] extras into $(VENV) (pip)"
+	$(PIP) -e '.[dev,fleet]'
 	@# tensorrt-stubs pins the real tensorrt wheel, which is a stub that downloads from NVIDIA's
 	@# index; --no-deps takes only the type stubs.
-	$(PY) -m pip install -q --no-deps 'tensorrt-stubs>=10.3,<11'
+	@echo "== make: installing the TensorRT type stubs (mypy checks the TensorRT code against them)"
+	$(PIP) --no-deps 'tensorrt-stubs>=10.3,<11'
 	$(PY) tools/fix_tensorrt_stubs.py
-	touch $(STAMP)
+	touch $@ $(DEMO_STAMP)
 
-venv: $(STAMP)
+venv: $(DEMO_STAMP)
 
-os-deps:
-	@./tools/os-deps.sh
+os-deps-demo:
+	@./tools/os-deps.sh demo
 
-demo: os-deps $(STAMP)
+os-deps-test:
+	@./tools/os-deps.sh test
+
+os-deps: os-deps-test
+
+demo: os-deps-demo $(DEMO_STAMP)
+	@echo "== make: running the demo (edge-agent demo)"
 	$(VENV)/bin/edge-agent demo
 
-lint: $(STAMP)
+lint: $(TEST_STAMP)
 	$(VENV)/bin/ruff check agent tests bench tools
 	$(VENV)/bin/ruff format --check agent tests bench tools
 
-typecheck: $(STAMP)
+typecheck: $(TEST_STAMP)
 	$(VENV)/bin/mypy
 
-pytest: $(STAMP)
+pytest: $(TEST_STAMP)
 	$(PY) -m pytest -q
 
-test: os-deps lint typecheck pytest
+test: os-deps-test lint typecheck pytest
 
 # Run on a machine with a CUDA GPU and cuda-python (see docs/gpu.md).
-gpu-test: $(STAMP)
+gpu-test: $(TEST_STAMP)
 	$(PY) -m pytest -q -m gpu -p no:cacheprovider
 
-bench: os-deps $(STAMP)
+bench: os-deps-demo $(DEMO_STAMP)
 	$(PY) bench/pipeline.py
 
 clean:

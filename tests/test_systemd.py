@@ -309,3 +309,14 @@ def test_unit_has_the_required_settings() -> None:
 @pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze is not installed here")
 def test_systemd_analyze_verify_accepts_the_unit(tmp_path: Path) -> None:
     analyze_verify(UNIT, tmp_path)
+
+
+def test_the_documentation_the_unit_names_is_what_the_install_steps_copy() -> None:
+    """``Documentation=`` points into /opt/edge-agent/docs, which pip never installs: the documented
+    install steps copy the repository's docs/ there, and the page it names is one of them."""
+    [url] = read_unit()["Unit"]["Documentation"].split()
+    page = url.removeprefix("file:///opt/edge-agent/docs/")
+    assert page != url
+    assert (REPO / "docs" / page).is_file()
+    steps = (REPO / "docs" / "operations.md").read_text().split("## Install as a service")[1].split("```")[1]
+    assert "cp -R /path/to/edge-agent/docs/. /opt/edge-agent/docs/" in steps

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import socket
 import threading
+from collections.abc import Callable, Iterator, Sequence
 
 import pytest
 
@@ -35,13 +37,46 @@ def _accepts(port: int) -> bool:
     return True
 
 
+@pytest.fixture
+def not_a_broker() -> Iterator[int]:
+    """A TCP listener that accepts and says nothing: a port taken by something other than MQTT."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        port: int = server.getsockname()[1]
+        yield port
+
+
 @pytest.mark.parametrize("port", ["taken", "0", "70000"])
 def test_a_port_it_cannot_use_is_one_line(
-    broker: Broker, port: str, capsys: pytest.CaptureFixture[str]
+    not_a_broker: int, port: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    value = str(broker.port) if port == "taken" else port
+    value = str(not_a_broker) if port == "taken" else port
     assert main(["broker", "--port", value]) == 1
     err = capsys.readouterr().err.splitlines()
     assert len(err) == 1
     assert err[0].startswith("error: ")
     assert value in err[0]
+
+
+def test_a_broker_already_on_the_port_is_used_as_it_is(
+    broker: Broker, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A system mosquitto on the port (Debian's lets anonymous loopback clients in): nothing to start,
+    exit 0, and the flow's next two commands need no flag."""
+    assert main(["broker", "--port", str(broker.port)]) == 0
+    out = capsys.readouterr().out
+    assert f"127.0.0.1:{broker.port} already has an MQTT broker" in out
+    assert "use it as they are" in out
+    assert broker.running
+
+
+def test_a_broker_that_refuses_anonymous_clients_names_the_three_flags(
+    broker_factory: Callable[[Sequence[str]], Broker], capsys: pytest.CaptureFixture[str]
+) -> None:
+    refusing = broker_factory(["allow_anonymous false"])
+    assert main(["broker", "--port", str(refusing.port)]) == 1
+    [line] = capsys.readouterr().err.splitlines()
+    assert "refuses an anonymous client (not authorized)" in line
+    for flag in ("edge-agent broker --port ", "EDGE_AGENT__MQTT__PORT=", "--broker 127.0.0.1:"):
+        assert flag in line, line

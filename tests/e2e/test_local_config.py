@@ -15,7 +15,7 @@ import pytest
 
 from agent.config import load_config
 from agent.datasets.shapes import CLASSES
-from agent.localbroker import free_port
+from agent.localbroker import Broker, free_port
 from tests.e2e.daemon import REPO, Daemon
 
 LOCAL = REPO / "configs" / "local.yaml"
@@ -39,9 +39,19 @@ def test_local_config_names_the_bundled_model_and_a_state_dir_in_the_checkout() 
     assert (config.mqtt.host, config.mqtt.port) == ("127.0.0.1", 1883)
 
 
-@pytest.fixture
-def broker_port() -> Iterator[int]:
-    """``edge-agent broker`` on a free port (1883 may be taken on a test machine)."""
+@pytest.fixture(params=["free", "system broker"])
+def broker_port(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[int]:
+    """``edge-agent broker`` on a free port (1883 may be taken on a test machine), or on a port where a
+    broker already runs, as Debian's mosquitto package runs one on 1883: it starts nothing, says so
+    and exits 0, and the flow goes on unchanged."""
+    if request.param == "system broker":
+        with Broker(tmp_path / "system-mosquitto") as system:
+            first = _edge_agent("broker", "--port", str(system.port))
+            out, err = first.communicate(timeout=30)
+            assert first.returncode == 0, err
+            assert out.startswith(f"127.0.0.1:{system.port} already has an MQTT broker"), out
+            yield system.port
+        return
     port = free_port()
     proc = _edge_agent("broker", "--port", str(port))
     assert proc.stdout is not None
