@@ -36,18 +36,6 @@ def rollout_status(store: RolloutStore, rollout_id: str) -> dict[str, Any]:
                 "figures": wave.figures,
             }
         )
-    rollback: dict[str, Any] | None = None
-    for what, detail in store.events(rollout_id):
-        if what in ("rollback", "rollback_by_command", "rollback_none", "rollback_done"):
-            rollback = rollback or {"by_desired_state": 0, "by_command": 0, "no_previous": [], "ends": None}
-            if what == "rollback":
-                rollback["by_desired_state"] += len(detail.get("devices", ()))
-            elif what == "rollback_by_command":
-                rollback["by_command"] += len(detail.get("devices", ()))
-            elif what == "rollback_none":
-                rollback["no_previous"] = list(detail.get("devices", ()))
-            else:
-                rollback["ends"] = dict(sorted(Counter(detail.get("ends", {}).values()).items()))
     return {
         "rollout_id": row.rollout_id,
         "state": row.state.value,
@@ -64,8 +52,27 @@ def rollout_status(store: RolloutStore, rollout_id: str) -> dict[str, Any]:
             sorted(Counter(_where(d.step, d.end.value if d.end else None) for d in devices).items())
         ),
         "sends": {"devices": len(devices), "resent": sum(1 for d in devices if d.sends > 1)},
-        "rollback": rollback,
+        "rollback": rollback_outcome(store, rollout_id),
     }
+
+
+def rollback_outcome(store: RolloutStore, rollout_id: str) -> dict[str, Any] | None:
+    """What the rollback of an aborted rollout did (None: no rollback was asked for), from its events:
+    ``by_desired_state``/``by_command`` device counts, ``no_previous`` device ids, the devices'
+    ``ends`` by state once it finished (None while it runs). ``status`` and the console show it."""
+    rollback: dict[str, Any] | None = None
+    for what, detail in store.events(rollout_id):
+        if what in ("rollback", "rollback_by_command", "rollback_none", "rollback_done"):
+            rollback = rollback or {"by_desired_state": 0, "by_command": 0, "no_previous": [], "ends": None}
+            if what == "rollback":
+                rollback["by_desired_state"] += len(detail.get("devices", ()))
+            elif what == "rollback_by_command":
+                rollback["by_command"] += len(detail.get("devices", ()))
+            elif what == "rollback_none":
+                rollback["no_previous"] = list(detail.get("devices", ()))
+            else:
+                rollback["ends"] = dict(sorted(Counter(detail.get("ends", {}).values()).items()))
+    return rollback
 
 
 def rollout_policy(spec: Mapping[str, Any]) -> dict[str, Any]:

@@ -18,6 +18,7 @@ from agent.fleet.rollout_store import RolloutPlan, RolloutState, RolloutStore, R
 from agent.fleet.view import FleetView
 from agent.mqtt.inbound import InboundMessage
 from agent.protocol.messages import (
+    FailedFigure,
     InfoMessage,
     JobState,
     JobStatus,
@@ -90,7 +91,13 @@ def failed_job(prefix: str, device: str, job_id: str = "job-5") -> tuple[str, by
         error_code="unhealthy",
         error="new model unhealthy in probation (p99_ms = 130, bar 90); slot main swapped back",
         shadow=ShadowFigures(frames=120, agreement=0.97, latency_ratio=1.4),
-        probation=ProbationFigures(elapsed_s=30.0, probation_s=60.0, current={"p99_ms": 130.0}),
+        probation=ProbationFigures(
+            elapsed_s=30.0,
+            probation_s=60.0,
+            baseline={"p99_ms": 41.5},
+            current={"p99_ms": 130.0},
+            failed=FailedFigure(figure="p99_ms", value=130.0, bar=90.0),
+        ),
     )
     return Topics(prefix, device).jobs(job_id), encode(message)
 

@@ -16,8 +16,14 @@ from starlette.types import Receive, Scope, Send
 
 from agent.errors import ConfigError
 from agent.fleet.console import make_console_app, serve_console
-from agent.fleet.console.app import READ_ONLY_REFUSAL, SECURITY_HEADERS
+from agent.fleet.console.app import (
+    AUTH_MISSING_REFUSAL,
+    AUTH_WRONG_REFUSAL,
+    READ_ONLY_REFUSAL,
+    SECURITY_HEADERS,
+)
 from agent.fleet.console.feed import Feed, Stream
+from agent.fleet.console.rollouts import rollout_summary
 from agent.fleet.console.summary import DeviceFilter
 from agent.fleet.gate import DeviceEnd
 from agent.fleet.rollout_store import RolloutState, RolloutStore, WaveState
@@ -103,7 +109,9 @@ def test_a_bad_selector_is_refused_with_the_selectors_own_message(
     state = client.get("/api/devices", params={"state": "sleeping"})
 
     assert bad.status_code == 400
-    assert "--select: at column" in bad.json()["error"]
+    # The page's field is "Selector": its error names no CLI flag.
+    assert bad.json()["error"].startswith("selector: at column ")
+    assert "--select" not in bad.json()["error"]
     assert state.status_code == 400
     assert "online, offline, unknown, stale" in state.json()["error"]
 
@@ -157,6 +165,7 @@ def test_rollouts_show_waves_with_counts_per_step_and_end_and_gate_figures(
         "ends": {"ACTIVE": 1, "FAILED": 1},
         "figures": figures,
         "reason": "1 of 2 failed",
+        "soak_left_s": None,
     }
     assert one["policy"] == {
         "waves": "2,4",
@@ -170,6 +179,31 @@ def test_rollouts_show_waves_with_counts_per_step_and_end_and_gate_figures(
     assert one["devices"]["total"] == 6
     assert [d["figures"] for d in one["device_rows"][:2]] == [None, {"error_code": "build_failed"}]
     assert client.get("/api/rollout/nope").status_code == 404
+
+
+def test_a_summary_has_the_soak_left_and_the_rollback_outcome_as_status_prints_them(
+    store: RolloutStore,
+) -> None:
+    make_rollout(store, "r-1", [DEVICES[:2], DEVICES[2:]])
+    store.set_wave("r-1", 0, WaveState.RUNNING)
+    soaking = {**gate_figures({"ACTIVE": 2}), "soak_until": 1_000_600.0}
+    store.set_wave("r-1", 0, WaveState.SOAKING, figures=soaking, reason="soaking 600 s")
+    before = rollout_summary(store, "r-1", now=1_000_000.4)
+    due = rollout_summary(store, "r-1", now=1_000_700.0)
+    # The abort's rollback as the controller's planner notes it (agent/fleet/rollout_rollback.py).
+    store.set_state("r-1", RolloutState.ABORTED, "aborted by the operator")
+    store.note("r-1", "rollback", sha256="ab" * 32, devices=DEVICES[:2], job_id="r-1-rollback-abababab")
+    store.note("r-1", "rollback_none", devices=[], why="no previous model in the slot")
+    going = rollout_summary(store, "r-1", now=1_000_700.0)
+    store.note("r-1", "rollback_done", ends={DEVICES[0]: "ACTIVE", DEVICES[1]: "FAILED"})
+    done = rollout_summary(store, "r-1", now=1_000_700.0)
+
+    assert [w["soak_left_s"] for w in before["waves"]] == [600, None]
+    assert before["rollback"] is None
+    assert due["waves"][0]["soak_left_s"] == 0  # past due: never negative
+    assert going["waves"][0]["soak_left_s"] is None  # the abort ended the soak
+    assert going["rollback"] == {"by_desired_state": 2, "by_command": 0, "no_previous": [], "ends": None}
+    assert done["rollback"]["ends"] == {"ACTIVE": 1, "FAILED": 1}
 
 
 def test_finished_rollouts_are_listed_after_the_open_ones(view: FleetView, store: RolloutStore) -> None:
@@ -194,10 +228,19 @@ def test_actions_are_refused_without_a_configured_token(view: FleetView, store: 
 
 
 @pytest.mark.parametrize(
-    "authorization", [None, "Bearer wrong", f"Basic {TOKEN}", f"Bearer {TOKEN}x", "Bearer", f"bearer{TOKEN}"]
+    ("authorization", "refusal"),
+    [
+        (None, AUTH_MISSING_REFUSAL),
+        ("Bearer", AUTH_MISSING_REFUSAL),
+        ("Bearer   ", AUTH_MISSING_REFUSAL),
+        ("Bearer wrong", AUTH_WRONG_REFUSAL),
+        (f"Basic {TOKEN}", AUTH_WRONG_REFUSAL),
+        (f"Bearer {TOKEN}x", AUTH_WRONG_REFUSAL),
+        (f"bearer{TOKEN}", AUTH_WRONG_REFUSAL),
+    ],
 )
 def test_actions_are_refused_without_the_right_token(
-    view: FleetView, store: RolloutStore, authorization: str | None
+    view: FleetView, store: RolloutStore, authorization: str | None, refusal: str
 ) -> None:
     make_rollout(store, "r-1", [DEVICES])
     headers = {} if authorization is None else {"authorization": authorization}
@@ -205,6 +248,7 @@ def test_actions_are_refused_without_the_right_token(
     refused = _client(view, store).post("/api/rollouts/r-1/pause", headers=headers)
 
     assert refused.status_code == 401
+    assert refused.json()["error"] == refusal  # a missing token told apart from a wrong one
     assert refused.headers["www-authenticate"].startswith("Bearer")
     assert store.rollout("r-1").state is RolloutState.RUNNING
 

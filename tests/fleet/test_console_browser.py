@@ -13,7 +13,9 @@ own browser download is never used.
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import tempfile
 import time
 from collections.abc import Iterator
@@ -118,14 +120,21 @@ def page(browser: Browser) -> Iterator[Page]:
     p = context.new_page()
     errors: list[str] = []
     p.on("pageerror", lambda exc: errors.append(str(exc)))
-    # Chromium logs each 4xx answer as an error; the refused actions answer 401/403 on purpose.
+    # Chromium logs each 4xx answer as an error: the API's are on purpose (a refused action, a
+    # decommissioned device); anything else (a page's resource, the favicon) must load.
     p.on(
         "console",
-        lambda m: errors.append(m.text) if m.type == "error" and "status of 40" not in m.text else None,
+        lambda m: (
+            errors.append(m.text) if m.type == "error" and "/api/" not in m.location.get("url", "") else None
+        ),
+    )
+    p.on(
+        "response",
+        lambda r: errors.append(f"{r.status} {r.url}") if r.status >= 400 and "/api/" not in r.url else None,
     )
     yield p
     context.close()
-    # A script error or a refused resource (CSP) would show here: the page must run clean.
+    # A script error, a refused resource (CSP) or a 404 would show here: the page must run clean.
     assert errors == []
 
 
@@ -165,6 +174,17 @@ def test_the_devices_table_matches_the_fleet_and_a_device_going_offline_turns_of
 
     assert page.locator('#devices tr[data-device="jet-03"] td.state .badge').inner_text() == "offline"
     assert page.locator('#devices tr[data-state="online"]').count() == len(DEVICES) - 1
+    # Its last figures stay, greyed: the stale class and a tooltip saying why.
+    offline_fps = page.locator('#devices tr[data-device="jet-03"] td.fps')
+    assert "stale" in (offline_fps.get_attribute("class") or "")
+    assert offline_fps.get_attribute("title") == "last figures heard before the device went offline"
+    assert "stale" not in (
+        page.locator('#devices tr[data-device="jet-02"] td.fps').get_attribute("class") or ""
+    )
+    # The favicon the page links, and the one browsers ask for on their own, both load.
+    assert page.request.get(console.server.url + "/favicon.ico").status == 200
+    icon = page.locator("link[rel=icon]").get_attribute("href")
+    assert page.request.get(console.server.url + str(icon)).headers["content-type"] == "image/svg+xml"
 
 
 def test_the_filters_narrow_the_table_and_a_bad_selector_says_why(console: Console, page: Page) -> None:
@@ -191,7 +211,10 @@ def test_the_filters_narrow_the_table_and_a_bad_selector_says_why(console: Conso
 
     assert paris == ["jet-01", "jet-03", "jet-05", "jet-07"]
     assert on_five == ["jet-02"]
-    assert "expected ',' or ')'" in page.inner_text("#filter-error")
+    error = page.inner_text("#filter-error")
+    assert error.startswith("selector: at column ")
+    assert "expected ',' or ')'" in error
+    assert "--select" not in error  # the CLI's flag means nothing on the page
 
 
 def test_the_device_page_shows_slots_charts_jobs_and_verdicts(console: Console, page: Page) -> None:
@@ -217,12 +240,43 @@ def test_the_device_page_shows_slots_charts_jobs_and_verdicts(console: Console, 
     assert "ROLLED_BACK" in jobs
     assert "unhealthy" in jobs
     verdicts = page.inner_text("#verdicts")
-    assert "agreement=0.97" in verdicts
-    assert "elapsed_s=30" in verdicts
+    assert "120 frames, agreement 0.97, latency x1.4" in verdicts
+    assert "30s of 1m" in verdicts
+    assert "{" not in verdicts  # no raw JSON
+    # Probation: baseline against current as a table, the figure that failed named.
+    figures = page.locator("#verdicts table.figures tbody tr").all_inner_texts()
+    assert figures == ["p99_ms\t41.5\t130"]
+    assert page.inner_text("#verdicts .failed-figure") == "p99_ms 130 crossed its bar 90"
+    assert "(stale" not in page.inner_text("#facts")
     _screenshot(page, "console-device.png")
 
     console.publish([status(console.prefix, "jet-00", "offline")])
     page.wait_for_selector("#device-title .badge.offline", timeout=SHOWS_WITHIN_MS)
+
+
+def test_an_offline_device_shows_its_figures_as_stale_and_a_steady_fps_as_flat(
+    console: Console, page: Page
+) -> None:
+    console.publish(list(fleet_messages(console.prefix, DEVICES[:1])))
+    # A steady 10 fps with the jitter a real stream has: 9.99 .. 10.01.
+    for i in range(20):
+        console.publish([telemetry(console.prefix, "jet-00", fps=10.0 + (i % 3 - 1) * 0.01)])
+    wait_until(lambda: len(console.view.history("jet-00")) >= 21, what="21 telemetry points")
+    console.publish([status(console.prefix, "jet-00", "offline")])
+    wait_until(
+        lambda: console.view.device("jet-00").state == "offline",  # type: ignore[union-attr]
+        what="jet-00 offline",
+    )
+
+    page.goto(console.server.url + "/device/jet-00")
+    page.wait_for_selector("body[data-device=rendered]")
+    # uPlot's own scale of the chart (the page keeps its charts in a global ``charts``).
+    low, high = page.evaluate("[charts.fps.scales.y.min, charts.fps.scales.y.max]")
+    fps = page.locator("#facts dd .stale").first.inner_text()
+
+    assert (low, high > 10.01 * 1.1) == (0, True)  # from 0: the jitter reads as a flat line
+    assert fps.startswith("10.0 (stale: last heard ")
+    assert "Temperatures (stale)" in page.inner_text("main")
 
 
 def test_the_device_page_says_since_when_it_has_charts_and_decommissions_with_the_token(
@@ -266,28 +320,68 @@ def test_rollout_wave_counts_move_and_pause_needs_the_token(console: Console, pa
     make_rollout(store, "r-2026-05", [DEVICES[:2], DEVICES[2:4], DEVICES[4:]])
     make_rollout(store, "r-earlier", [["old-1"]])
     store.set_state("r-earlier", RolloutState.ABORTED, "aborted by the operator")
+    # Its rollback, as the controller's planner notes it (agent/fleet/rollout_rollback.py), done.
+    store.note("r-earlier", "rollback", sha256="ab" * 32, devices=["old-1"], job_id="r-earlier-rb")
+    store.note("r-earlier", "rollback_none", devices=[], why="no previous model in the slot")
+    store.note("r-earlier", "rollback_done", ends={"old-1": "ACTIVE"})
     page.goto(console.server.url + "/rollouts")
     wave0 = page.locator('section[data-rollout="r-2026-05"] tr[data-wave="0"]')
     page.wait_for_selector('section[data-rollout="r-2026-05"] tr[data-wave="0"]')
     before = wave0.locator(".wave-steps").inner_text()
 
+    # Wave 1: a canary rolled back by its probation; wave 2 ended and soaks.
     store.set_wave("r-2026-05", 0, WaveState.RUNNING)
-    for device in DEVICES[:2]:
+    for device in DEVICES[:4]:
         store.mark_sending("r-2026-05", device)
         store.mark_sent("r-2026-05", device)
     store.record_job("r-2026-05", DEVICES[0], DeviceEnd.ACTIVE)
-    store.record_job("r-2026-05", DEVICES[1], DeviceEnd.ACTIVE)
-    store.set_wave("r-2026-05", 0, WaveState.DONE, figures=gate_figures({"ACTIVE": 2}))
+    failed = json.loads(failed_job(console.prefix, DEVICES[1])[1])
+    store.record_job(
+        "r-2026-05",
+        DEVICES[1],
+        DeviceEnd.ROLLED_BACK,
+        {k: failed[k] for k in ("state", "error_code", "shadow", "probation")},
+    )
+    ends = {"ACTIVE": 1, "ROLLED_BACK": 1}
+    store.set_wave("r-2026-05", 0, WaveState.DONE, figures=gate_figures(ends, limit=1))
     store.set_wave("r-2026-05", 1, WaveState.RUNNING)
-    store.mark_sending("r-2026-05", DEVICES[2])
+    for device in DEVICES[2:4]:
+        store.record_job("r-2026-05", device, DeviceEnd.ACTIVE)
+    soaking = {**gate_figures({"ACTIVE": 3, "ROLLED_BACK": 1}, limit=1), "soak_until": time.time() + 600}
+    store.set_wave("r-2026-05", 1, WaveState.SOAKING, figures=soaking, reason="soaking 600 s")
     rollout = 'section[data-rollout="r-2026-05"]'
     page.wait_for_selector(
-        f'{rollout} tr[data-wave="0"] .wave-ends:text("ACTIVE 2")', timeout=SHOWS_WITHIN_MS
+        f'{rollout} tr[data-wave="0"] .wave-ends:text("ACTIVE 1, ROLLED_BACK 1")', timeout=SHOWS_WITHIN_MS
     )
-    page.wait_for_selector(f'{rollout} tr[data-wave="1"] .wave-steps:text("SENDING 1")')
+    page.wait_for_selector(f'{rollout} tr[data-wave="1"] .soak-left', timeout=SHOWS_WITHIN_MS)
+    gate = page.inner_text(f'{rollout} tr[data-wave="0"] .wave-gate')
+    soak = page.inner_text(f'{rollout} tr[data-wave="1"] .soak')
+    page.click(f"{rollout} details.devices summary")
+    rows = page.locator(f"{rollout} .device-rows tbody tr")
+    expect(rows).to_have_count(len(DEVICES))
+    first_row = rows.first.locator("td").all_inner_texts()
+    earlier = 'section[data-rollout="r-earlier"]'
+    rolled_back = page.inner_text(f"{earlier} .rollback-outcome")
+    finished_boxes = (
+        page.locator(f"{earlier} input.rollback").is_disabled(),
+        page.locator(f"{earlier} button.abort").is_disabled(),
+        page.locator(f"{rollout} input.rollback").is_disabled(),
+    )
     _screenshot(page, "console-rollouts.png")
 
-    pause = page.locator('section[data-rollout="r-2026-05"] button.pause')
+    assert before == "PLANNED 2"
+    assert gate == (
+        "1 of 2 devices touched went wrong (0 failed, 1 rolled back, 0 unhealthy); the gate allows 1"
+    )
+    assert re.fullmatch(r"soaking: (10m|9m \d+s) left of 10m", soak), soak
+    # The device that went wrong first: its wave (1-based), state, code and the figure that failed.
+    assert first_row == ["jet-01", "1", "ROLLED_BACK", "unhealthy", "p99_ms 130 crossed its bar 90"]
+    assert rolled_back == "rollback: 1 device sent their previous model, 0 told to roll back (ACTIVE 1)"
+    assert finished_boxes == (True, True, False)
+    assert "ends={" not in page.inner_text("main")
+    assert "soak_until" not in page.inner_text("main")
+
+    pause = page.locator(f"{rollout} button.pause")
     assert page.locator("#token-box").is_hidden()  # asked for only when an action needs it
     pause.click()
     page.wait_for_selector("#token-box:not([hidden])")
@@ -302,14 +396,43 @@ def test_rollout_wave_counts_move_and_pause_needs_the_token(console: Console, pa
     page.fill("#token-input", TOKEN)
     page.click("#token-save")
     page.wait_for_selector("#message.ok")
-    page.wait_for_selector('section[data-rollout="r-2026-05"][data-state="PAUSED"]', timeout=SHOWS_WITHIN_MS)
+    page.wait_for_selector(f'{rollout}[data-state="PAUSED"]', timeout=SHOWS_WITHIN_MS)
 
-    assert before == "PLANNED 2"
-    assert "refused (401)" in refused
+    assert refused == (
+        "pause r-2026-05 refused (401): this token is not the console's: paste the content of the "
+        "controller's http.token_file (the wrong one was forgotten; the next click asks again)"
+    )
     assert state_after_refusal is RolloutState.RUNNING
     assert store.rollout("r-2026-05").state is RolloutState.PAUSED
     assert page.evaluate("sessionStorage.getItem('edge-agent-console-token')") == TOKEN
-    assert page.locator('section[data-rollout="r-earlier"] .badge').first.inner_text() == "ABORTED"
+    assert page.locator(f"{earlier} .badge").first.inner_text() == "ABORTED"
+
+    # Abort asks first: declined, nothing happens; confirmed, it aborts and rolls back.
+    answers, asked = [False, True], []
+
+    def answer(dialog: Dialog) -> None:
+        asked.append(dialog.message)
+        dialog.accept() if answers.pop(0) else dialog.dismiss()
+
+    page.on("dialog", answer)
+    page.locator(f"{rollout} input.rollback").check()
+    page.click(f"{rollout} button.abort")
+    page.wait_for_selector("#message:text('not done')")
+    state_after_no = store.rollout("r-2026-05").state
+    page.click(f"{rollout} button.abort")
+    page.wait_for_selector(f'{rollout}[data-state="ABORTED"]', timeout=SHOWS_WITHIN_MS)
+
+    assert state_after_no is RolloutState.PAUSED
+    assert (
+        asked
+        == [
+            "Abort rollout r-2026-05? Its waves not started yet are cancelled, and its 8 devices are "
+            "moved back to their previous model."
+        ]
+        * 2
+    )
+    assert page.inner_text("#message") == "abort and roll back r-2026-05: aborted (rolling back)"
+    assert page.locator(f"{rollout} input.rollback").is_disabled()
 
 
 def test_a_console_without_a_token_refuses_actions_on_the_page(
@@ -318,11 +441,22 @@ def test_a_console_without_a_token_refuses_actions_on_the_page(
     make_rollout(read_only_console.store, "r-1", [DEVICES])
     page.goto(read_only_console.server.url + "/rollouts")
     page.click('section[data-rollout="r-1"] button.pause')
+    page.click("#token-cancel")
+    page.wait_for_selector("#message.error")
+    cancelled = page.inner_text("#message")
+    page.click('section[data-rollout="r-1"] button.pause')
     page.fill("#token-input", "anything")
     page.click("#token-save")
-    page.wait_for_selector("#message.error")
+    page.wait_for_selector("#message.error:text('refused')")
 
-    assert "refused (403): actions are disabled" in page.inner_text("#message")
+    assert cancelled == (
+        "no token given: paste the console token (the content of the controller's http.token_file) "
+        "to pause r-1"
+    )
+    assert page.inner_text("#message") == (
+        "pause r-1 refused (403): this console is read-only: the controller has no console token "
+        "(set http.token_file in its controller.yaml to allow actions)"
+    )
     assert read_only_console.store.rollout("r-1").state is RolloutState.RUNNING
 
 

@@ -306,7 +306,7 @@ def test_the_token_file_is_read_as_a_secret(tmp_path: Path) -> None:
     assert console_token(None) is None
     with pytest.raises(ConfigError, match="cannot read secret file"):
         console_token(tmp_path / "missing")
-    assert "head -c 32 /dev/urandom | base64 > /etc/edge-agent/console.token" in DOC
+    assert "head -c 32 /dev/urandom | base64 > /etc/edge-fleet-controller/console.token" in DOC
 
 
 def test_the_doc_names_every_route_the_app_serves(real: RealConsole) -> None:

@@ -4,6 +4,7 @@ Routes (docs/console.md)::
 
     GET  /  /device/{id}  /rollouts           the pages (one HTML shell; static/console.js renders)
     GET  /static/...                          console.js, console.css, uPlot (vendored, no CDN)
+    GET  /favicon.ico                         static/favicon.svg (no 404 in every page's log)
     GET  /api/devices?select=&state=&model=   the devices table (400 with the reason for a bad filter)
     GET  /api/device/{id}                     one device: slots, platform, jobs, the last hour's charts
     GET  /api/rollouts   /api/rollout/{id}    rollouts: waves, counts, gate figures (+ devices)
@@ -58,7 +59,14 @@ READ_ONLY_REFUSAL = (
     "actions are disabled: the controller has no console token "
     "(set http.token_file in controller.yaml; the console is read-only without it)"
 )
-AUTH_REFUSAL = "this action needs the console token: send it as 'Authorization: Bearer TOKEN'"
+#: A 401 says which: no token came (a script that forgot the header), or one that is not the console's.
+AUTH_MISSING_REFUSAL = (
+    "no token given: this action needs the console token (the content of the controller's "
+    "http.token_file), sent as 'Authorization: Bearer TOKEN'"
+)
+AUTH_WRONG_REFUSAL = (
+    "the token given is not this console's token (the content of the controller's http.token_file)"
+)
 
 
 class ConsoleActions(Protocol):
@@ -113,6 +121,13 @@ def _error(status: int, message: str) -> JSONResponse:
     return JSONResponse({"error": message}, status_code=status)
 
 
+def token_given(authorization: str | None) -> bool:
+    """Whether an ``Authorization`` header carries anything beyond a bare ``Bearer`` (a wrong token
+    then, when it does not match: another scheme or a malformed header is not the console's token)."""
+    given = (authorization or "").strip()
+    return bool(given) and given.lower() != "bearer"
+
+
 def token_matches(configured: str | None, authorization: str | None) -> bool:
     """Whether an ``Authorization`` header carries the configured token (constant-time compare)."""
     if not configured or not authorization:
@@ -142,6 +157,10 @@ def make_console_app(
 
     async def page(request: Request) -> Response:
         return FileResponse(STATIC_DIR / "index.html", headers={"cache-control": "no-store"})
+
+    async def favicon(request: Request) -> Response:
+        # Browsers ask for /favicon.ico whatever the page links: answer it rather than log a 404.
+        return FileResponse(STATIC_DIR / "favicon.svg", media_type="image/svg+xml")
 
     # The API handlers are plain functions: Starlette runs them in its thread pool, so a SQLite read
     # or copying 1,000 devices never stalls the event loop that carries the live streams.
@@ -180,8 +199,9 @@ def make_console_app(
         """The answer to an action without the token (None: it carries the token)."""
         if not token:
             return _error(403, READ_ONLY_REFUSAL)
-        if not token_matches(token, request.headers.get("authorization")):
-            response = _error(401, AUTH_REFUSAL)
+        authorization = request.headers.get("authorization")
+        if not token_matches(token, authorization):
+            response = _error(401, AUTH_WRONG_REFUSAL if token_given(authorization) else AUTH_MISSING_REFUSAL)
             response.headers["www-authenticate"] = 'Bearer realm="edge-agent console"'
             return response
         return None
@@ -239,6 +259,7 @@ def make_console_app(
         Route("/", page),
         Route("/device/{device_id}", page),
         Route("/rollouts", page),
+        Route("/favicon.ico", favicon),
         Route("/api/devices", api_devices),
         Route("/api/device/{device_id}", api_device),
         Route("/api/rollouts", api_rollouts),

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import collections
 import sqlite3
+import time
 from typing import Any
 
-from agent.fleet.rollout_report import rollout_policy
-from agent.fleet.rollout_store import RolloutStore, RolloutStoreError
+from agent.fleet.rollout_report import rollback_outcome, rollout_policy
+from agent.fleet.rollout_store import RolloutStore, RolloutStoreError, WaveState
 
 #: Rollouts the rollouts page lists: the open ones and then the latest finished ones, up to this many.
 ROLLOUTS_SHOWN = 20
@@ -35,12 +36,15 @@ def rollout_ids(store: RolloutStore, limit: int = ROLLOUTS_SHOWN) -> list[str]:
     return ids[:limit]
 
 
-def rollout_summary(store: RolloutStore, rollout_id: str) -> dict[str, Any]:
+def rollout_summary(store: RolloutStore, rollout_id: str, now: float | None = None) -> dict[str, Any]:
     """One rollout: state, slot, version, each wave's devices by step and end, gate figures, reason.
 
     The shape follows ``edge-agent fleet rollout status --json`` (``policy``, ``waves[].index/state/
-    devices/ends/reason``) with the steps and the gate's figures added.
+    devices/ends/reason``, ``rollback``) with the steps and the gate's figures added, and a soaking
+    wave's ``soak_left_s``: whole seconds to its ``soak_until`` by the controller's clock ``now``
+    (the browser's clock may be off; the page counts down from this figure).
     """
+    now = time.time() if now is None else now
     rollout = store.rollout(rollout_id)
     devices = store.devices(rollout_id)
     steps: dict[int, collections.Counter[str]] = collections.defaultdict(collections.Counter)
@@ -58,6 +62,7 @@ def rollout_summary(store: RolloutStore, rollout_id: str) -> dict[str, Any]:
             "ends": dict(sorted(ends[index].items())),
             "figures": figures,
             "reason": reason,
+            "soak_left_s": _soak_left(state, figures, now),
         }
         for index, (state, figures, reason) in enumerate(store.waves(rollout_id))
     ]
@@ -79,7 +84,16 @@ def rollout_summary(store: RolloutStore, rollout_id: str) -> dict[str, Any]:
             "steps": dict(sorted(collections.Counter(r.step.value for r in devices).items())),
             "ends": dict(sorted(collections.Counter(r.end.value for r in devices if r.end).items())),
         },
+        "rollback": rollback_outcome(store, rollout_id),
     }
+
+
+def _soak_left(state: WaveState, figures: dict[str, Any] | None, now: float) -> int | None:
+    """Seconds a soaking wave has left (0 once due: the controller moves on at its next step)."""
+    until = (figures or {}).get("soak_until")
+    if state is not WaveState.SOAKING or not isinstance(until, (int, float)):
+        return None
+    return max(0, round(until - now))
 
 
 def rollout_devices(store: RolloutStore, rollout_id: str) -> list[dict[str, Any]]:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agent.fleet.chart_history import CHARTED, TelemetryPoint, chart_figures
-from agent.fleet.selector import DeviceFacts, Selector, parse_selector
+from agent.fleet.selector import DeviceFacts, Selector, SelectorError, parse_selector
 from agent.fleet.view import DeviceState, JobSeen
 
 #: The device states a filter may ask for (``stale``: online but silent, see FleetView).
@@ -46,7 +46,11 @@ class DeviceFilter:
         state = params.get("state", "").strip() or None
         if state is not None and state not in STATES:
             raise ValueError(f"state={state!r}: expected one of {', '.join(STATES)}")
-        return cls(parse_selector(text) if text else None, state, params.get("model", "").strip() or None)
+        try:
+            selector = parse_selector(text) if text else None
+        except SelectorError as exc:  # its text names the CLI's flag; the page's field is "Selector"
+            raise ValueError(f"selector: at column {exc.column}: {exc.what}") from exc
+        return cls(selector, state, params.get("model", "").strip() or None)
 
     def matches(self, device: DeviceState) -> bool:
         """Whether ``device`` is listed under this filter."""

@@ -44,6 +44,20 @@ function age(ts) {
   return Math.floor(s / 86400) + "d";
 }
 
+// "1 device", "3 devices": every count the page writes goes through here.
+function plural(n, one, many) {
+  return n + " " + (n === 1 ? one : (many || one + "s"));
+}
+
+// 250 -> "4m 10s": a time left or a policy's soak, in words an operator reads at a glance.
+function duration(seconds) {
+  const s = Math.max(0, Math.round(seconds));
+  const h = Math.floor(s / 3600), m = Math.floor((s % 3600) / 60), rest = s % 60;
+  if (h) return h + "h " + m + "m";
+  if (m) return m + "m" + (rest ? " " + rest + "s" : "");
+  return rest + "s";
+}
+
 function when(ts) {
   return ts ? new Date(ts * 1000).toLocaleString() : "-";
 }
@@ -98,16 +112,23 @@ function deviceRow(row) {
   const job = row.job ? [row.job.slot, row.job.state, row.job.code].filter(Boolean).join(" ") : "";
   const link = el("a", { href: "/device/" + encodeURIComponent(row.id) }, row.id);
   const status = el("td", { className: "state" }, badge(row.state), " ", el("span", { className: "muted" }, age(row.since)));
+  // A device not online shows the last figures it sent: greyed, and the tooltip says why.
+  const figure = stale(row) ? { className: "num stale", title: "last figures heard before the device went " + row.state } : { className: "num" };
   return el("tr", { dataset: { device: row.id, state: row.state } },
     el("td", { className: "id" }, link), status,
     el("td", {}, row.agent),
     el("td", { className: "models" }, models || "-"),
-    el("td", { className: "num fps" }, num(row.fps)),
-    el("td", { className: "num" }, num(row.p99_ms)),
-    el("td", { className: "num" }, num(row.cpu, 0)),
-    el("td", { className: "num" }, num(row.temp_c, 0)),
-    el("td", { className: "job" }, job || "-", row.problems ? el("span", { className: "error" }, " " + row.problems + " malformed") : null),
+    el("td", { ...figure, className: figure.className + " fps" }, num(row.fps)),
+    el("td", figure, num(row.p99_ms)),
+    el("td", figure, num(row.cpu, 0)),
+    el("td", figure, num(row.temp_c, 0)),
+    el("td", { className: "job" }, job || "-", row.problems ? el("span", { className: "error" }, " " + plural(row.problems, "malformed message")) : null),
     el("td", { className: "labels muted" }, labels));
+}
+
+// Whether a row's figures are old news: the device is offline, unknown, or online but silent.
+function stale(row) {
+  return row.state !== "online";
 }
 
 function devicesPage() {
@@ -181,9 +202,38 @@ function table(id, headers, rows) {
     el("tbody", {}, rows.length ? rows : el("tr", {}, el("td", { colSpan: headers.length, className: "muted" }, "none"))));
 }
 
-function figures(value) {
-  if (!value) return "";
-  return Object.entries(value).filter(([, v]) => v !== null).map(([k, v]) => k + "=" + (typeof v === "object" && v !== null ? JSON.stringify(v) : (typeof v === "number" ? +v.toFixed(4) : v))).join("  ");
+function round(v) {
+  return typeof v === "number" ? String(+v.toFixed(4)) : safe(v);
+}
+
+// Shadow figures in words: "120 frames, agreement 0.97, latency x1.4".
+function shadowWords(s) {
+  if (!s) return "-";
+  return [plural(s.frames, "frame"),
+    s.agreement !== null && s.agreement !== undefined && "agreement " + round(s.agreement),
+    s.latency_ratio !== null && s.latency_ratio !== undefined && "latency x" + round(s.latency_ratio),
+    s.top5_overlap !== null && s.top5_overlap !== undefined && "top-5 overlap " + round(s.top5_overlap),
+    s.bad_outputs && plural(s.bad_outputs, "bad output")].filter(Boolean).join(", ");
+}
+
+// The figure that ended a probation: "p99_ratio 3.1 crossed its bar 2".
+function failedWords(f) {
+  return f ? f.figure + " " + round(f.value) + " crossed its bar " + round(f.bar) : "";
+}
+
+// Probation figures: how far it went, then baseline against current as a small table.
+function probationBox(p) {
+  if (!p) return "-";
+  const names = [...new Set([...Object.keys(p.baseline || {}), ...Object.keys(p.current || {})])].sort();
+  const rows = names.map((name) => el("tr", {}, el("td", {}, name),
+    el("td", { className: "num" }, name in (p.baseline || {}) ? round(p.baseline[name]) : "-"),
+    el("td", { className: "num" }, name in (p.current || {}) ? round(p.current[name]) : "-")));
+  return el("div", { className: "probation" },
+    el("div", {}, duration(p.elapsed_s) + " of " + duration(p.probation_s)),
+    p.failed ? el("div", { className: "error failed-figure" }, failedWords(p.failed)) : null,
+    names.length ? el("table", { className: "figures" },
+      el("thead", {}, el("tr", {}, el("th", {}, "figure"), el("th", {}, "baseline"), el("th", {}, "current"))),
+      el("tbody", {}, rows)) : null);
 }
 
 const charts = {};
@@ -196,6 +246,8 @@ function chart(key, title, columns, series) {
     width: 560, height: 200,
     series: [{}, ...series.map((s) => ({ label: s.label, stroke: s.color, width: 1.5, spanGaps: false }))],
     axes: [{}, { size: 50 }],
+    // From 0: a steady 10 fps must read as flat, not as spikes across 9.99-10.01.
+    scales: { y: { range: (u, min, max) => [0, max > 0 ? max * 1.15 : 1] } },
   };
   charts[key] = new uPlot(options, data, box);
   return box;
@@ -221,20 +273,23 @@ async function devicePage(deviceId) {
     el("td", { className: "error" }, j.error_code || ""), el("td", {}, j.error || "")));
   const verdicts = detail.jobs.filter((j) => j.shadow || j.probation).map((j) => el("tr", {},
     el("td", { className: "mono" }, j.job_id), el("td", {}, j.state),
-    el("td", { className: "mono" }, figures(j.shadow)), el("td", { className: "mono" }, figures(j.probation))));
+    el("td", { className: "shadow" }, shadowWords(j.shadow)), el("td", {}, probationBox(j.probation))));
   const temps = Object.entries(detail.temperatures).map(([zone, c]) => el("tr", {}, el("td", {}, zone), el("td", { className: "num" }, num(c))));
   const p = detail.platform;
+  // An offline (or silent) device's figures are its last ones: greyed and marked, never shown as live.
+  const old = stale(row) ? " (stale: last heard " + (detail.telemetry_at ? age(detail.telemetry_at) + " ago" : "never") + ")" : "";
+  const figure = (text) => el("span", { className: old ? "stale" : "" }, text + (text === "-" ? "" : old));
   $("#app").replaceChildren(...[
     el("h1", { id: "device-title" }, row.id, " ", badge(row.state)),
     el("div", { className: "grid" },
       el("div", { className: "card", id: "facts" }, kv([
         ["status", row.state + (row.since ? " for " + age(row.since) : "")], ["session", row.session], ["agent", row.agent],
         ["telemetry", detail.telemetry_at ? age(detail.telemetry_at) + " ago" : "none heard"],
-        ["fps", num(row.fps)], ["p99 latency ms", num(row.p99_ms)], ["CPU %", num(row.cpu, 0)],
+        ["fps", figure(num(row.fps))], ["p99 latency ms", figure(num(row.p99_ms))], ["CPU %", figure(num(row.cpu, 0))],
         ["labels", Object.entries(row.labels).map(([k, v]) => k + "=" + v).join(" ")],
         ["platform", [p.device_model || p.machine, p.jetpack && "JetPack " + p.jetpack, p.tensorrt_version && "TensorRT " + p.tensorrt_version, p.dla_cores && p.dla_cores + " DLA"].filter(Boolean).join(", ")],
       ])),
-      el("div", { className: "card" }, el("h2", {}, "Temperatures"), table("temperatures", ["zone", "°C"], temps))),
+      el("div", { className: "card" + (old ? " stale" : "") }, el("h2", {}, "Temperatures" + (old ? " (stale)" : "")), table("temperatures", ["zone", "°C"], temps))),
     el("h2", {}, "Slots"),
     table("slots", ["slot", "model", "version", "sha256", "state", "last job", "job state", "error code", "note"], slots),
     el("div", { className: "grid" },
@@ -245,7 +300,7 @@ async function devicePage(deviceId) {
     table("jobs", ["job", "slot", "state", "at", "error code", "error"], jobs),
     el("h2", {}, "Shadow and probation figures"),
     table("verdicts", ["job", "state", "shadow", "probation"], verdicts),
-    detail.problems.length ? el("div", {}, el("h2", {}, "Malformed messages"), el("ul", { id: "problems" }, detail.problems.map((t) => el("li", {}, t)))) : null,
+    detail.problems.length ? el("div", {}, el("h2", {}, plural(detail.problems.length, "malformed message")), el("ul", { id: "problems" }, detail.problems.map((t) => el("li", {}, t)))) : null,
     el("p", { className: "actions" },
       el("button", { type: "button", id: "decommission", onclick: () => decommission(row.id) }, "Decommission…"),
       el("span", { className: "muted" }, " clears its retained status, info and desired states on the broker; the console forgets it")),
@@ -280,25 +335,119 @@ function counts(map) {
   return Object.entries(map || {}).map(([k, v]) => k + " " + v).join(", ") || "-";
 }
 
+const FINISHED_END = /^(FAILED|REJECTED|ROLLED_BACK|TIMED_OUT)$/;
+
+// A wave's gate figures in words: what went wrong against the limit, and a soak's time left.
+function gateWords(w, policy) {
+  const f = w.figures;
+  const parts = [];
+  if (f && typeof f.touched === "number") {
+    const bad = f.failed + f.rolled_back + f.unhealthy;
+    parts.push(el("div", { className: "gate-count" },
+      bad + " of " + plural(f.touched, "device") + " touched went wrong (" + f.failed + " failed, " +
+      f.rolled_back + " rolled back, " + f.unhealthy + " unhealthy); the gate allows " + f.limit));
+    if (f.min_agreement_seen !== null && f.min_agreement_seen !== undefined) {
+      parts.push(el("div", {}, "lowest shadow agreement " + round(f.min_agreement_seen)));
+    }
+  }
+  if (w.soak_left_s !== null && w.soak_left_s !== undefined) {
+    // Counted down here between frames, from the controller's figure (not the browser's clock).
+    const left = el("span", { className: "soak-left", dataset: { end: String(Date.now() / 1000 + w.soak_left_s) } }, duration(w.soak_left_s));
+    parts.push(el("div", { className: "soak" }, "soaking: ", left, " left" + (policy && policy.soak_s ? " of " + duration(policy.soak_s) : "")));
+  }
+  if (!parts.length) return w.state === "WAITING" ? "not started" : "not judged yet";
+  return parts;
+}
+
+setInterval(() => {
+  for (const span of document.querySelectorAll(".soak-left")) {
+    span.textContent = duration(Number(span.dataset.end) - Date.now() / 1000);
+  }
+}, 1000);
+
+// What an abort's rollback did, in the words `fleet rollout status` prints.
+function rollbackWords(rb) {
+  if (!rb) return null;
+  let text = "rollback: " + plural(rb.by_desired_state, "device") + " sent their previous model, " +
+    rb.by_command + " told to roll back";
+  text += rb.ends ? " (" + counts(rb.ends) + ")" : " (still going)";
+  if (rb.no_previous && rb.no_previous.length) text += "; " + rb.no_previous.length + " had no previous model";
+  return el("p", { className: "rollback-outcome" }, text);
+}
+
+// The figure that failed a device: its probation's, or a shadow's agreement when that was the code.
+function failedFigure(figures) {
+  if (!figures) return "";
+  if (figures.probation && figures.probation.failed) return failedWords(figures.probation.failed);
+  if (figures.error_code === "shadow_disagrees" && figures.shadow && figures.shadow.agreement !== null) {
+    return "shadow agreement " + round(figures.shadow.agreement);
+  }
+  return "";
+}
+
+// At most this many device rows per rollout on the page (those that went wrong first).
+const DEVICE_ROWS_SHOWN = 500;
+const rolloutDevices = new Map(); // rollout id -> {key, rows}: fetched when its list is open
+const openLists = new Set(), rollbackTicked = new Set();
+
+function deviceRowsTable(rows) {
+  const bad = (d) => (d.end && FINISHED_END.test(d.end)) || (d.figures && d.figures.error_code) ? 0 : 1;
+  const sorted = [...rows].sort((a, b) => bad(a) - bad(b));
+  const shown = sorted.slice(0, DEVICE_ROWS_SHOWN).map((d) => el("tr", { dataset: { device: d.device } },
+    el("td", { className: "id" }, el("a", { href: "/device/" + encodeURIComponent(d.device) }, d.device)),
+    el("td", { className: "num" }, d.wave + 1),
+    el("td", { className: "device-state" }, badge(d.end && d.step === "ENDED" ? d.end : d.step)),
+    el("td", { className: "error code" }, (d.figures && d.figures.error_code) || ""),
+    el("td", { className: "failed-figure" }, failedFigure(d.figures))));
+  return [table("", ["device", "wave", "state", "error code", "figure that failed"], shown),
+    rows.length > DEVICE_ROWS_SHOWN ? el("p", { className: "muted" }, (rows.length - DEVICE_ROWS_SHOWN) + " more not shown") : null];
+}
+
+async function loadDevices(r, box) {
+  const key = r.updated_at + " " + JSON.stringify(r.devices);
+  const cached = rolloutDevices.get(r.rollout_id);
+  if (cached) box.replaceChildren(...deviceRowsTable(cached.rows));
+  if (cached && cached.key === key) return;
+  try {
+    const detail = await getJSON("/api/rollout/" + encodeURIComponent(r.rollout_id));
+    rolloutDevices.set(r.rollout_id, { key, rows: detail.device_rows });
+    box.replaceChildren(...deviceRowsTable(detail.device_rows));
+  } catch (error) {
+    box.replaceChildren(el("p", { className: "error" }, error.message));
+  }
+  box.dataset.rendered = "1";
+}
+
 function rolloutCard(r) {
   const open = r.state === "RUNNING" || r.state === "PAUSED";
-  const rollback = el("input", { type: "checkbox", className: "rollback" });
+  const id = r.rollout_id;
+  const rollback = el("input", { type: "checkbox", className: "rollback", disabled: !open, checked: open && rollbackTicked.has(id),
+    onchange: () => { if (rollback.checked) rollbackTicked.add(id); else rollbackTicked.delete(id); } });
   const actions = el("span", { className: "actions" },
-    el("button", { type: "button", className: "pause", disabled: r.state !== "RUNNING", onclick: () => act(r.rollout_id, "pause") }, "Pause"),
-    el("button", { type: "button", className: "resume", disabled: r.state !== "PAUSED", onclick: () => act(r.rollout_id, "resume") }, "Resume"),
-    el("label", {}, rollback, " roll back"),
-    el("button", { type: "button", className: "abort", disabled: !open, onclick: () => act(r.rollout_id, "abort", rollback.checked) }, "Abort"));
+    el("button", { type: "button", className: "pause", disabled: r.state !== "RUNNING", onclick: () => act(id, "pause") }, "Pause"),
+    el("button", { type: "button", className: "resume", disabled: r.state !== "PAUSED", onclick: () => act(id, "resume") }, "Resume"),
+    el("label", { className: open ? "" : "muted", title: open ? "" : "the rollout has finished: nothing to roll back from here" }, rollback, " roll back"),
+    el("button", { type: "button", className: "abort", disabled: !open, onclick: () => abort(r, rollback.checked) }, "Abort…"));
   const waves = r.waves.map((w) => el("tr", { dataset: { wave: String(w.index) } },
     el("td", { className: "num" }, w.index + 1), el("td", { className: "wave-state" }, badge(w.state)),
     el("td", { className: "num wave-devices" }, w.devices), el("td", { className: "wave-steps" }, counts(w.steps)),
-    el("td", { className: "wave-ends" }, counts(w.ends)), el("td", { className: "mono" }, figures(w.figures)), el("td", {}, w.reason)));
-  return el("section", { className: "rollout", dataset: { rollout: r.rollout_id, state: r.state } },
-    el("div", { className: "rollout-head" }, el("h2", {}, r.rollout_id), badge(r.state),
-      el("span", { className: "muted" }, "slot " + r.slot + " → " + r.to_version + ", " + r.devices.total + " devices, updated " + age(r.updated_at) + " ago"),
+    el("td", { className: "wave-ends" }, counts(w.ends)), el("td", { className: "wave-gate" }, gateWords(w, r.policy)), el("td", {}, w.reason)));
+  const list = el("div", { className: "device-rows" }, el("p", { className: "muted" }, "…"));
+  const devices = el("details", { className: "devices", open: openLists.has(id) },
+    el("summary", {}, "Devices (" + r.devices.total + "): wave, state, error code, the figure that failed"), list);
+  devices.addEventListener("toggle", () => {
+    if (devices.open) { openLists.add(id); loadDevices(r, list); } else openLists.delete(id);
+  });
+  if (devices.open) loadDevices(r, list);
+  return el("section", { className: "rollout", dataset: { rollout: id, state: r.state } },
+    el("div", { className: "rollout-head" }, el("h2", {}, id), badge(r.state),
+      el("span", { className: "muted" }, "slot " + r.slot + " → " + r.to_version + ", " + plural(r.devices.total, "device") + ", updated " + age(r.updated_at) + " ago"),
       actions),
     r.reason ? el("p", { className: "reason" }, r.reason) : null,
+    rollbackWords(r.rollback),
     el("p", { className: "totals" }, "steps: " + counts(r.devices.steps) + "; ends: " + counts(r.devices.ends)),
-    table("", ["wave", "state", "devices", "steps", "ends", "gate figures", "reason"], waves));
+    table("", ["wave", "state", "devices", "steps", "ends", "gate", "reason"], waves),
+    devices);
 }
 
 function rolloutsPage() {
@@ -312,6 +461,14 @@ function rolloutsPage() {
   });
 }
 
+function abort(r, rollback) {
+  const devices = plural(r.devices.total, "device");
+  const question = "Abort rollout " + r.rollout_id + "? Its waves not started yet are cancelled" +
+    (rollback ? ", and its " + devices + " are moved back to their previous model." : "; devices already on " + r.to_version + " stay on it.");
+  if (!confirm(question)) { say("abort " + r.rollout_id + ": not done (cancelled)", ""); return; }
+  act(r.rollout_id, "abort", rollback);
+}
+
 function askToken() {
   return new Promise((resolve) => {
     const box = $("#token-box"), input = $("#token-input");
@@ -323,29 +480,42 @@ function askToken() {
   });
 }
 
-async function act(rolloutId, verb, rollback = false) {
+// Why an action was refused, in words for whoever sits at the browser (the API's text is for scripts).
+function refusalWords(status, error) {
+  if (status === 401) {
+    return "this token is not the console's: paste the content of the controller's http.token_file " +
+      "(the wrong one was forgotten; the next click asks again)";
+  }
+  if (status === 403) {
+    return "this console is read-only: the controller has no console token " +
+      "(set http.token_file in its controller.yaml to allow actions)";
+  }
+  return error;
+}
+
+// POST an action with the tab's token (asked for once); says what came of it.
+async function post(what, url, done = (message) => what + ": " + message) {
   let token = sessionStorage.getItem(TOKEN_KEY);
   if (!token) token = await askToken();
-  if (!token) { say(verb + ": cancelled (no token given)", "error"); return; }
-  const url = "/api/rollouts/" + encodeURIComponent(rolloutId) + "/" + verb + (rollback ? "?rollback=1" : "");
+  if (!token) {
+    say("no token given: paste the console token (the content of the controller's http.token_file) to " + what, "error");
+    return;
+  }
   const response = await fetch(url, { method: "POST", headers: { authorization: "Bearer " + token } });
   const body = await response.json().catch(() => ({ error: response.statusText }));
-  if (response.ok) { say(verb + " " + rolloutId + ": " + body.message, "ok"); return; }
+  if (response.ok) { say(done(body.message), "ok"); return; }
   if (response.status === 401) sessionStorage.removeItem(TOKEN_KEY); // a wrong token: ask again next time
-  say(verb + " " + rolloutId + " refused (" + response.status + "): " + body.error, "error");
+  say(what + " refused (" + response.status + "): " + refusalWords(response.status, body.error), "error");
+}
+
+async function act(rolloutId, verb, rollback = false) {
+  const url = "/api/rollouts/" + encodeURIComponent(rolloutId) + "/" + verb + (rollback ? "?rollback=1" : "");
+  await post(verb + (rollback ? " and roll back " : " ") + rolloutId, url);
 }
 
 async function decommission(deviceId) {
   if (!confirm("Decommission " + deviceId + "? Its retained status, info and desired states are cleared on the broker, and the console forgets it. Stop its agent first.")) return;
-  let token = sessionStorage.getItem(TOKEN_KEY);
-  if (!token) token = await askToken();
-  if (!token) { say("decommission: cancelled (no token given)", "error"); return; }
-  const url = "/api/devices/" + encodeURIComponent(deviceId) + "/decommission";
-  const response = await fetch(url, { method: "POST", headers: { authorization: "Bearer " + token } });
-  const body = await response.json().catch(() => ({ error: response.statusText }));
-  if (response.ok) { say(body.message, "ok"); return; }
-  if (response.status === 401) sessionStorage.removeItem(TOKEN_KEY);
-  say("decommission " + deviceId + " refused (" + response.status + "): " + body.error, "error");
+  await post("decommission " + deviceId, "/api/devices/" + encodeURIComponent(deviceId) + "/decommission", (message) => message);
 }
 
 // -- routing ---------------------------------------------------------------------------------------
