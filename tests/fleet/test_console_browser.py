@@ -277,6 +277,7 @@ def test_an_offline_device_shows_its_figures_as_stale_and_a_steady_fps_as_flat(
     assert (low, high > 10.01 * 1.1) == (0, True)  # from 0: the jitter reads as a flat line
     assert fps.startswith("10.0 (stale: last heard ")
     assert "Temperatures (stale)" in page.inner_text("main")
+    _screenshot(page, "console-device-offline.png")
 
 
 def test_the_device_page_says_since_when_it_has_charts_and_decommissions_with_the_token(
@@ -360,6 +361,7 @@ def test_rollout_wave_counts_move_and_pause_needs_the_token(console: Console, pa
     rows = page.locator(f"{rollout} .device-rows tbody tr")
     expect(rows).to_have_count(len(DEVICES))
     first_row = rows.first.locator("td").all_inner_texts()
+    device_rows = page.inner_text(f"{rollout} .device-rows")
     earlier = 'section[data-rollout="r-earlier"]'
     rolled_back = page.inner_text(f"{earlier} .rollback-outcome")
     finished_boxes = (
@@ -376,6 +378,7 @@ def test_rollout_wave_counts_move_and_pause_needs_the_token(console: Console, pa
     assert re.fullmatch(r"soaking: (10m|9m \d+s) left of 10m", soak), soak
     # The device that went wrong first: its wave (1-based), state, code and the figure that failed.
     assert first_row == ["jet-01", "1", "ROLLED_BACK", "unhealthy", "p99_ms 130 crossed its bar 90"]
+    assert "null" not in device_rows and "undefined" not in device_rows
     assert rolled_back == "rollback: 1 device sent their previous model, 0 told to roll back (ACTIVE 1)"
     assert finished_boxes == (True, True, False)
     assert "ends={" not in page.inner_text("main")

@@ -399,14 +399,15 @@ function deviceRowsTable(rows) {
     el("td", { className: "device-state" }, badge(d.end && d.step === "ENDED" ? d.end : d.step)),
     el("td", { className: "error code" }, (d.figures && d.figures.error_code) || ""),
     el("td", { className: "failed-figure" }, failedFigure(d.figures))));
-  return [table("", ["device", "wave", "state", "error code", "figure that failed"], shown),
-    rows.length > DEVICE_ROWS_SHOWN ? el("p", { className: "muted" }, (rows.length - DEVICE_ROWS_SHOWN) + " more not shown") : null];
+  const more = rows.length - DEVICE_ROWS_SHOWN;
+  const note = more > 0 ? [el("p", { className: "muted" }, more + " more not shown")] : [];
+  return [table("", ["device", "wave", "state", "error code", "figure that failed"], shown), ...note];
 }
 
 async function loadDevices(r, box) {
   const key = r.updated_at + " " + JSON.stringify(r.devices);
   const cached = rolloutDevices.get(r.rollout_id);
-  if (cached) box.replaceChildren(...deviceRowsTable(cached.rows));
+  if (cached) { box.replaceChildren(...deviceRowsTable(cached.rows)); box.dataset.rendered = "1"; }
   if (cached && cached.key === key) return;
   try {
     const detail = await getJSON("/api/rollout/" + encodeURIComponent(r.rollout_id));
