@@ -364,6 +364,7 @@ def test_rollout_wave_counts_move_and_pause_needs_the_token(console: Console, pa
     device_rows = page.inner_text(f"{rollout} .device-rows")
     earlier = 'section[data-rollout="r-earlier"]'
     rolled_back = page.inner_text(f"{earlier} .rollback-outcome")
+    heads = [page.inner_text(f"{r} .rollout-head .muted") for r in (rollout, earlier)]
     finished_boxes = (
         page.locator(f"{earlier} input.rollback").is_disabled(),
         page.locator(f"{earlier} button.abort").is_disabled(),
@@ -378,9 +379,11 @@ def test_rollout_wave_counts_move_and_pause_needs_the_token(console: Console, pa
     assert re.fullmatch(r"soaking: (10m|9m \d+s) left of 10m", soak), soak
     # The device that went wrong first: its wave (1-based), state, code and the figure that failed.
     assert first_row == ["jet-01", "1", "ROLLED_BACK", "unhealthy", "p99_ms 130 crossed its bar 90"]
-    assert "null" not in device_rows and "undefined" not in device_rows
+    assert "null" not in device_rows
+    assert "undefined" not in device_rows
     assert rolled_back == "rollback: 1 device sent their previous model, 0 told to roll back (ACTIVE 1)"
     assert finished_boxes == (True, True, False)
+    assert [h.split(", updated")[0] for h in heads] == ["slot main → 5, 8 devices", "slot main → 5, 1 device"]
     assert "ends={" not in page.inner_text("main")
     assert "soak_until" not in page.inner_text("main")
 

@@ -388,7 +388,7 @@ function failedFigure(figures) {
 // At most this many device rows per rollout on the page (those that went wrong first).
 const DEVICE_ROWS_SHOWN = 500;
 const rolloutDevices = new Map(); // rollout id -> {key, rows}: fetched when its list is open
-const openLists = new Set(), rollbackTicked = new Set();
+const openLists = new Set(), rollbackTicked = new Set(), loading = new Set();
 
 function deviceRowsTable(rows) {
   const bad = (d) => (d.end && FINISHED_END.test(d.end)) || (d.figures && d.figures.error_code) ? 0 : 1;
@@ -409,14 +409,22 @@ async function loadDevices(r, box) {
   const cached = rolloutDevices.get(r.rollout_id);
   if (cached) { box.replaceChildren(...deviceRowsTable(cached.rows)); box.dataset.rendered = "1"; }
   if (cached && cached.key === key) return;
+  // One read per change: the toggle event of a list re-rendered open calls this a second time.
+  const asking = r.rollout_id + " " + key;
+  if (loading.has(asking)) return;
+  loading.add(asking);
   try {
     const detail = await getJSON("/api/rollout/" + encodeURIComponent(r.rollout_id));
     rolloutDevices.set(r.rollout_id, { key, rows: detail.device_rows });
-    box.replaceChildren(...deviceRowsTable(detail.device_rows));
+    // The list may have been re-rendered meanwhile: fill the one on the page now.
+    const shown = document.querySelector('section[data-rollout="' + CSS.escape(r.rollout_id) + '"] .device-rows') || box;
+    shown.replaceChildren(...deviceRowsTable(detail.device_rows));
+    shown.dataset.rendered = "1";
   } catch (error) {
     box.replaceChildren(el("p", { className: "error" }, error.message));
+  } finally {
+    loading.delete(asking);
   }
-  box.dataset.rendered = "1";
 }
 
 function rolloutCard(r) {
