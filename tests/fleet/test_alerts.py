@@ -76,6 +76,39 @@ def test_amtool_checks_the_alertmanager_example() -> None:
     _run(_tool("amtool"), "check-config", str(ALERTMANAGER_EXAMPLE))
 
 
+def _alerts_section() -> str:
+    text = (REPO / "docs" / "operations.md").read_text(encoding="utf-8")
+    return text.split("\n## Alerts\n", 1)[1].split("\n## ", 1)[0]
+
+
+def test_the_documented_prometheus_config_loads_the_rules(tmp_path: Path) -> None:
+    snippet = _alerts_section().split("```yaml\n", 1)[1].split("```", 1)[0]
+    documented = "/etc/prometheus/edge-fleet-alerts.yml"
+    assert documented in snippet
+    config = tmp_path / "prometheus.yml"
+    config.write_text(snippet.replace(documented, str(RULES)), encoding="utf-8")
+    done = subprocess.run(
+        [_tool("promtool"), "check", "config", str(config)], capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "SUCCESS: 9 rules found" in done.stdout
+
+
+def test_the_documented_table_lists_every_alert_with_its_for() -> None:
+    rows = {}
+    for line in _alerts_section().splitlines():
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        found = re.fullmatch(r"`(Edge\w+)`.*", cells[0]) if line.startswith("| `Edge") else None
+        if found:
+            rows[found.group(1)] = cells[2]
+    rules = {rule["alert"]: rule.get("for", "none") for rule in _rules()}
+    assert set(rows) == set(rules)
+    for name, duration in rules.items():
+        assert rows[name].split()[0] == duration, (
+            f"{name}: the doc says {rows[name]!r}, the rule {duration!r}"
+        )
+
+
 @pytest.fixture
 def receiver() -> Iterator[WebhookReceiver]:
     server = WebhookReceiver()
