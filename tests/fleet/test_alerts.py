@@ -16,7 +16,9 @@ from typing import Any
 import pytest
 import yaml
 
+from agent.fleet.metrics import fleet_metrics
 from agent.fleet.rollout_store import RolloutState
+from agent.fleet.view import FleetView
 from agent.localbroker import Broker
 from agent.protocol.messages import JobState, JobStatus, encode
 from tests.alertmanager_server import Alertmanager, WebhookReceiver, alertmanager_binary
@@ -69,6 +71,13 @@ def test_every_alert_is_unit_tested_firing_and_not_firing() -> None:
     names = {rule["alert"] for rule in _rules()}
     assert names == fires, f"never seen firing: {names - fires}"
     assert names == quiet, f"never seen quiet: {names - quiet}"
+
+
+def test_the_series_the_absent_alert_watches_is_there_before_any_device() -> None:
+    [rule] = [r for r in _rules() if r["alert"] == "EdgeFleetMetricsAbsent"]
+    [watched] = re.findall(r"absent\((\w+)\)", rule["expr"])
+    text = fleet_metrics(FleetView("fleet/v1")).render().decode()
+    assert watched in [line.split()[0] for line in text.splitlines() if not line.startswith("#")]
 
 
 def test_amtool_checks_the_alertmanager_example() -> None:
