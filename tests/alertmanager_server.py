@@ -50,7 +50,7 @@ class Alertmanager:
             stdout=self._log,
             stderr=subprocess.STDOUT,
         )
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             if self._process.poll() is not None:
                 self._log.close()
@@ -62,7 +62,7 @@ class Alertmanager:
             except OSError:
                 time.sleep(0.1)
         self.stop()
-        raise RuntimeError("alertmanager did not become ready in 30 s")
+        raise RuntimeError("alertmanager did not become ready in 60 s")
 
     @property
     def address(self) -> str:

@@ -23,6 +23,7 @@ from agent.localbroker import Broker
 from agent.protocol.messages import JobState, JobStatus, encode
 from tests.alertmanager_server import Alertmanager, WebhookReceiver, alertmanager_binary
 from tests.fleet.scraped_fleet import ScrapedFleet
+from tests.prometheus_server import Prometheus
 from tests.waiting import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
@@ -157,6 +158,19 @@ def fleet(broker: Broker, tmp_path: Path, alertmanager: Alertmanager) -> Iterato
     scraped.close()
 
 
+def _series(prom: Prometheus, selector: str) -> list[dict[str, Any]]:
+    """The selector's series, waited for: on a loaded machine a device's telemetry may lapse past
+    stale_after_s (3 s here) for a moment, and its series with it."""
+    found: list[dict[str, Any]] = []
+
+    def some() -> bool:
+        found[:] = prom.query(selector)
+        return bool(found)
+
+    wait_until(some, timeout=60, what=f"series of {selector} on the controller's /metrics")
+    return found
+
+
 def _by_name(alerts: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """The firing alerts by name (each name fires for one device or rollout here)."""
     return {a["labels"]["alertname"]: a for a in alerts if a["status"] == "firing"}
@@ -167,7 +181,7 @@ def test_alerts_reach_the_webhook_through_a_real_alertmanager(
 ) -> None:
     prom = fleet.prometheus
     wait_until(
-        lambda: len(prom.query("edge_stream_frames_per_second")) == 2, timeout=30, what="fleet scraped"
+        lambda: len(prom.query("edge_stream_frames_per_second")) == 2, timeout=60, what="fleet scraped"
     )
     # Every selector of every rule names series and labels the real controller exports: once the
     # three conditions below hold, each returns series carrying what the annotations print.
@@ -182,7 +196,7 @@ def test_alerts_reach_the_webhook_through_a_real_alertmanager(
     expected = {"EdgeDeviceOffline", "EdgeRolloutAborted", "EdgeModelRolledBack"}
     wait_until(
         lambda: set(_by_name(receiver.alerts())) >= expected,
-        timeout=90,
+        timeout=120,
         what=f"{sorted(expected)} at the webhook",
     )
     instance = {"job": "edge", "instance": f"127.0.0.1:{fleet.controller.config.http.port}"}
@@ -219,7 +233,6 @@ def test_alerts_reach_the_webhook_through_a_real_alertmanager(
     for rule in _rules():
         printed = set(re.findall(r"\$labels\.(\w+)", " ".join(rule["annotations"].values())))
         for selector in SELECTOR.findall(rule["expr"]):
-            found = prom.query(selector)
-            assert found, f"{rule['alert']}: {selector} has no series on the controller's /metrics"
+            found = _series(prom, selector)
             missing = {label for label in printed if label not in found[0]["metric"]}
             assert not missing, f"{rule['alert']}: {selector} has no label {missing}"
