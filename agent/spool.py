@@ -465,7 +465,9 @@ class Spool:
             return self._n.rows - len(self._unremoved)
 
     def stats(self) -> dict[str, float]:
-        """Telemetry: ``rows``, ``bytes``, the drop counters, and ``write_failing`` (0/1)."""
+        """Telemetry: ``rows``, ``bytes``, their caps (``max_rows``, ``max_bytes``: an alert on a spool
+        near its cap reads the device's own cap, not a guess), the drop counters, and
+        ``write_failing`` (0/1)."""
         with self._lock:
             return self._stats()
 
@@ -474,6 +476,8 @@ class Spool:
         return {
             "rows": float(n.rows),
             "bytes": float(n.bytes),
+            "max_rows": float(self.settings.max_rows),
+            "max_bytes": float(self.settings.max_bytes),
             "evicted": float(n.evicted),
             "dropped_at_cap": float(n.dropped_at_cap),
             "expired": float(n.expired),

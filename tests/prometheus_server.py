@@ -29,21 +29,34 @@ def _free_port() -> int:
 class Prometheus:
     """``prometheus`` scraping ``targets`` (``host:port``, path /metrics); ``stop()`` kills it."""
 
-    def __init__(self, workdir: Path, targets: list[str]) -> None:
+    def __init__(
+        self,
+        workdir: Path,
+        targets: list[str],
+        rule_files: list[Path] | None = None,
+        alertmanagers: list[str] | None = None,
+    ) -> None:
+        """``rule_files`` are evaluated every :data:`SCRAPE_INTERVAL_S`; firing alerts go to the
+        ``alertmanagers`` (``host:port``)."""
         binary = shutil.which("prometheus") or "/usr/bin/prometheus"
         if not Path(binary).exists():
             pytest.skip("prometheus is not installed: run tools/os-deps.sh (make os-deps)")
         workdir.mkdir(parents=True, exist_ok=True)
         self.port = _free_port()
         config = workdir / "prometheus.yml"
-        config.write_text(
-            json.dumps(  # JSON is YAML: no YAML writer needed
-                {
-                    "global": {"scrape_interval": f"{SCRAPE_INTERVAL_S}s", "scrape_timeout": "900ms"},
-                    "scrape_configs": [{"job_name": "edge", "static_configs": [{"targets": targets}]}],
-                }
-            )
-        )
+        settings: dict[str, Any] = {
+            "global": {
+                "scrape_interval": f"{SCRAPE_INTERVAL_S}s",
+                "scrape_timeout": "900ms",
+                "evaluation_interval": f"{SCRAPE_INTERVAL_S}s",
+            },
+            "scrape_configs": [{"job_name": "edge", "static_configs": [{"targets": targets}]}],
+        }
+        if rule_files:
+            settings["rule_files"] = [str(path) for path in rule_files]
+        if alertmanagers:
+            settings["alerting"] = {"alertmanagers": [{"static_configs": [{"targets": alertmanagers}]}]}
+        config.write_text(json.dumps(settings))  # JSON is YAML: no YAML writer needed
         self._log = (workdir / "prometheus.log").open("wb")
         self._process = subprocess.Popen(
             [

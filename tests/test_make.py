@@ -13,12 +13,14 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 OS_DEPS = REPO / "tools" / "os-deps.sh"
-#: The apt packages only the tests use (their tools: gst-launch-1.0, prometheus, chromium, nginx).
+#: The apt packages only the tests use (their tools: gst-launch-1.0, prometheus, Alertmanager,
+#: chromium, nginx).
 TEST_ONLY = {
     "gstreamer1.0-tools",
     "gstreamer1.0-plugins-base",
     "gstreamer1.0-plugins-good",
     "prometheus",
+    "prometheus-alertmanager",
     "chromium",
     "nginx",
 }
@@ -94,7 +96,13 @@ def test_the_demo_plan_never_holds_a_test_tool_and_the_test_plan_does(tmp_path: 
 
     test = plan("test", bare)
     assert test.returncode == 0, test.stderr
-    expected = {"gstreamer1.0-tools", "gstreamer1.0-plugins-base", "gstreamer1.0-plugins-good", "prometheus"}
+    expected = {
+        "gstreamer1.0-tools",
+        "gstreamer1.0-plugins-base",
+        "gstreamer1.0-plugins-good",
+        "prometheus",
+        "prometheus-alertmanager",
+    }
     if not os.access("/usr/bin/chromium", os.X_OK):
         expected.add("chromium")
     if not os.access("/usr/sbin/nginx", os.X_OK):

@@ -15,6 +15,7 @@ from structlog.testing import capture_logs
 from agent.mqtt.session import RESERVATION, SessionCounter
 from agent.spool import ROW_OVERHEAD, WRITE_RECOVERED_FREE_BYTES, Spool, SpoolEntry, SpoolWriteError
 from agent.spool_settings import SpoolSettings
+from agent.telemetry.series import series_of
 from tests.small_disk import small_disk
 
 
@@ -125,6 +126,18 @@ def test_the_byte_cap_counts_payload_topic_and_row_overhead(tmp_path: Path) -> N
         assert spool.count() > 900  # it fills up to the cap, it does not empty itself
     # The file holds what the cap allows (SQLite pages and b-tree slack on top, no more).
     assert (tmp_path / "s.sqlite").stat().st_size <= 1.5 * settings.max_bytes
+
+
+def test_the_stats_carry_the_caps_that_the_spool_alert_compares_against(tmp_path: Path) -> None:
+    settings = SpoolSettings(max_bytes=5 * 1024 * 1024, max_rows=1234)
+    with Spool(tmp_path / "s.sqlite", settings) as spool:
+        stats = spool.stats()
+    assert (stats["max_rows"], stats["max_bytes"]) == (1234.0, 5 * 1024 * 1024.0)
+    # Gauges of their own on /metrics (not spool counters): dashboards/edge-fleet-alerts.yml divides by them.
+    for name in ("max_rows", "max_bytes"):
+        found = series_of(f"spool.{name}")
+        assert found is not None
+        assert (found.metric, found.kind, found.labels) == (f"edge_spool_{name}", "gauge", ())
 
 
 def test_drop_newest_keeps_the_start_of_the_outage(tmp_path: Path) -> None:

@@ -50,6 +50,8 @@ if [ "$target" = test ]; then
       gstreamer1.0-tools gstreamer1.0-plugins-base gstreamer1.0-plugins-good
   command -v prometheus >/dev/null 2>&1 \
     || want "the metrics tests scrape /metrics and run the dashboard's queries on a real Prometheus" prometheus
+  command -v prometheus-alertmanager >/dev/null 2>&1 \
+    || want "the alert rules are delivered end to end through a real Alertmanager to a webhook" prometheus-alertmanager
   [ -x /usr/bin/chromium ] \
     || want "the fleet console's browser tests drive it through Playwright (never a browser download)" chromium
   command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] \
@@ -100,10 +102,12 @@ if command -v apt-get >/dev/null 2>&1; then
     fi
   fi
 elif command -v dnf >/dev/null 2>&1; then
-  # Fedora names; dnf never starts or enables a package's service.
+  # Fedora names; dnf never starts or enables a package's service. Alertmanager: no Fedora name was
+  # checked here (its test skips without it).
   declare -A fedora=([python3-venv]="" [mosquitto]=mosquitto [gstreamer1.0-tools]=gstreamer1
     [gstreamer1.0-plugins-base]=gstreamer1-plugins-base [gstreamer1.0-plugins-good]=gstreamer1-plugins-good
-    [prometheus]=golang-github-prometheus [chromium]=chromium [nginx]=nginx)
+    [prometheus]=golang-github-prometheus
+    [prometheus-alertmanager]="" [chromium]=chromium [nginx]=nginx)
   names=()
   for pkg in "${packages[@]}"; do [ -n "${fedora[$pkg]}" ] && names+=("${fedora[$pkg]}"); done
   [ ${#names[@]} -eq 0 ] || $sudo dnf install -y --setopt=install_weak_deps=False "${names[@]}"

@@ -181,6 +181,8 @@ RULES: tuple[Rule, ...] = (
     ),
     _rule(r"spool\.rows", "spool_rows", "gauge", "Messages held by the on-disk spool."),
     _rule(r"spool\.bytes", "spool_bytes", "gauge", "Bytes held by the on-disk spool."),
+    _rule(r"spool\.max_rows", "spool_max_rows", "gauge", "The spool's cap in messages (spool.max_rows)."),
+    _rule(r"spool\.max_bytes", "spool_max_bytes", "gauge", "The spool's cap in bytes (spool.max_bytes)."),
     _rule(r"spool\.write_failing", "spool_write_failing", "gauge", "1 while spool writes fail (full disk)."),
     _rule(
         r"spool\.(?P<event>[^.]+)",

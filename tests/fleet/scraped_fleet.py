@@ -57,6 +57,9 @@ def figures(index: int) -> dict[str, float]:
         "mqtt.connected": 1.0,
         "mqtt.spool_depth": float(index),
         "spool.rows": float(index),
+        "spool.bytes": 4096.0 * index,
+        "spool.max_rows": 1_000_000.0,
+        "spool.max_bytes": 1073741824.0,
         "process.cpu_percent": 30.0 + index,
         "process.rss_mb": 300.0 + index,
         "cpu.percent": 45.0,
@@ -124,7 +127,14 @@ class SimulatedDevice:
 class ScrapedFleet:
     """Devices -> broker -> FleetView -> /metrics -> Prometheus; ``close()`` stops it all."""
 
-    def __init__(self, broker: Broker, workdir: Path, sites: dict[str, str]) -> None:
+    def __init__(
+        self,
+        broker: Broker,
+        workdir: Path,
+        sites: dict[str, str],
+        rule_files: list[Path] | None = None,
+        alertmanagers: list[str] | None = None,
+    ) -> None:
         self.prefix = unique_prefix()
         config = ControllerConfig(
             mqtt=operator_settings(broker, self.prefix),
@@ -147,7 +157,7 @@ class ScrapedFleet:
         self._thread = threading.Thread(target=self._run, name="sim-fleet", daemon=True)
         self._thread.start()
         port = self.controller.config.http.port
-        self.prometheus = Prometheus(workdir / "prometheus", [f"127.0.0.1:{port}"])
+        self.prometheus = Prometheus(workdir / "prometheus", [f"127.0.0.1:{port}"], rule_files, alertmanagers)
 
     def _run(self) -> None:
         while not self._stop.wait(TELEMETRY_EVERY_S):
