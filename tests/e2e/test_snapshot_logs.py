@@ -1,0 +1,164 @@
+"""End to end: ``fleet snapshot`` and ``fleet logs`` against the real daemon on a real video.
+
+The snapshot's pixels are compared with the video's own frame at the index the device names (and
+shown to differ from its neighbours, so the comparison could fail), and its result with the result
+message the device published for that frame. A flood of requests meets the device's rate limit.
+"""
+
+from __future__ import annotations
+
+import io
+import threading
+from pathlib import Path
+
+import cv2
+import numpy as np
+import numpy.typing as npt
+import pytest
+
+from agent.fleet.command import DeviceRefusedError, DeviceSession, PendingReplies, publish_command
+from agent.fleet.device_logs import print_logs
+from agent.fleet.snapshot import save_snapshot, take_snapshot
+from agent.localbroker import Broker
+from agent.mqtt.service_client import ServiceClient
+from agent.mqtt.settings import MqttSettings
+from agent.protocol.topics import Topics
+from tests.e2e.daemon import AgentFiles, Daemon, unique_results
+from tests.mqtt_probe import Probe
+from tests.waiting import wait_until
+
+pytestmark = pytest.mark.slow
+
+PER_MINUTE = 4
+
+
+def _video_frames(path: Path) -> list[npt.NDArray[np.uint8]]:
+    capture = cv2.VideoCapture(str(path))
+    frames = []
+    while True:
+        ok, image = capture.read()
+        if not ok:
+            break
+        frames.append(image)
+    capture.release()
+    return frames
+
+
+def _diff(a: npt.NDArray[np.uint8], b: npt.NDArray[np.uint8]) -> float:
+    return float(np.abs(a.astype(np.float32) - b.astype(np.float32)).mean())
+
+
+def test_snapshot_is_the_frame_of_its_result_and_is_rate_limited(
+    tmp_path: Path, broker: Broker, device_id: str, probe: Probe
+) -> None:
+    files = AgentFiles(tmp_path, broker.port, device_id, frames=40)
+    config = files.write_config(snapshot={"per_minute": PER_MINUTE})
+    daemon = Daemon(config, tmp_path / "agent.log")
+    settings = MqttSettings(host=broker.host, port=broker.port)
+    topic = f"fleet/v1/{device_id}/up/results/cam"
+    try:
+        # Play-once file: once every result is out, the latest snapshot is fixed, so the test
+        # compares against a frame that cannot move on underneath it.
+        probe.wait_for(lambda ms: len(unique_results(ms, topic)) >= files.frames, timeout=60)
+        full = take_snapshot(settings, device_id, stream="cam")
+        small = take_snapshot(settings, device_id, max_dimension=64)
+
+        # A flood: every request published before any reply is read.
+        pending = PendingReplies()
+        client = ServiceClient(settings, handler=pending.offer)
+        client.start()
+        topics = Topics(settings.prefix, device_id)
+        try:
+            client.subscribe(topics.cmd_reply("snapshot"))
+            correlations = [pending.expect() for _ in range(10)]
+            for correlation in correlations:
+                publish_command(client, topics, "snapshot", {}, correlation)
+            replies = [pending.wait(c, 20.0) for c in correlations]
+        finally:
+            client.stop()
+        with pytest.raises(DeviceRefusedError) as wrong:
+            take_snapshot(settings, device_id, stream="nope")
+    finally:
+        assert daemon.stop() == 0, daemon.log()[-2000:]
+
+    frames = _video_frames(files.video)
+    results = {r.frame_index: r for r in unique_results(probe.snapshot(), topic)}
+    index = full.meta["frame_index"]
+    assert index == files.frames - 1  # the last frame, whose result is the last one published
+    image = cv2.imdecode(np.frombuffer(full.jpeg, np.uint8), cv2.IMREAD_COLOR)
+    assert image.shape == frames[index].shape == (120, 160, 3)
+    assert (full.meta["width"], full.meta["height"]) == (160, 120)
+    own = _diff(image, frames[index])
+    assert own < 4.0  # JPEG at quality 85 of the same pixels
+    assert own * 3 < min(_diff(image, frames[i]) for i in (index - 1, index - 3, index - 10))
+    # The result is the one published for that very frame (its labels, its model, its timestamps).
+    assert full.meta["result"] == results[index].model_dump(mode="json", exclude_none=True)
+    labels = [c["label"] for c in full.meta["result"]["classes"]]
+    assert labels and labels == [c.label for c in results[index].classes or []]
+
+    # Downscaled to the asked bound, same frame.
+    assert (small.meta["width"], small.meta["height"]) == (64, 48)
+    tiny = cv2.imdecode(np.frombuffer(small.jpeg, np.uint8), cv2.IMREAD_COLOR)
+    expected = cv2.resize(frames[small.meta["frame_index"]], (64, 48), interpolation=cv2.INTER_AREA)
+    assert _diff(tiny, expected) < 6.0
+    out = tmp_path / "snap.jpg"
+    save_snapshot(full, out)
+    assert out.read_bytes() == full.jpeg
+
+    # PER_MINUTE in a minute: two were taken above, so two of the flood pass, eight are refused.
+    assert all(r is not None for r in replies)
+    codes = [r.error_code if r is not None and not r.ok else "ok" for r in replies]
+    assert codes.count("ok") == PER_MINUTE - 2
+    assert codes.count("rate_limited") == 10 - (PER_MINUTE - 2)
+    refused = next(r for r in replies if r is not None and r.error_code == "rate_limited")
+    assert "snapshot.per_minute" in (refused.error or "")
+    # A wrong stream is refused before the rate is counted.
+    assert wrong.value.code == "wrong_stream"
+
+
+def test_logs_last_lines_capped_and_followed_without_duplicates(
+    tmp_path: Path, broker: Broker, device_id: str, probe: Probe
+) -> None:
+    files = AgentFiles(tmp_path, broker.port, device_id, frames=20)
+    daemon = Daemon(files.write_config(), tmp_path / "agent.log")
+    settings = MqttSettings(host=broker.host, port=broker.port)
+    try:
+        probe.wait_for_count(f"fleet/v1/{device_id}/up/info", 1, timeout=60)
+        daemon.wait_for_event("agent.started", timeout=60)
+        last = io.StringIO()
+        assert print_logs(settings, device_id, 3, last, io.StringIO()) == 0
+        with DeviceSession(settings, device_id, "logs") as session:
+            too_many = session.ask({"lines": 5000})
+            everything = session.ask({"lines": 1000})
+
+        out, err = io.StringIO(), io.StringIO()
+        stop = threading.Event()
+        follower = threading.Thread(
+            target=print_logs,
+            args=(settings, device_id, 5, out, err),
+            kwargs={"follow": True, "stop": stop, "interval_s": 0.05},
+        )
+        follower.start()
+        try:
+            # Each command the device serves logs a line: new lines appear while the follower polls.
+            with DeviceSession(settings, device_id, "status") as status:
+                for _ in range(5):
+                    assert status.ask({}).ok
+            wait_until(lambda: out.getvalue().count('"command": "status"') >= 5, 30, "5 status lines")
+        finally:
+            stop.set()
+            follower.join(30)
+    finally:
+        assert daemon.stop() == 0, daemon.log()[-2000:]
+
+    assert len(last.getvalue().splitlines()) == 3
+    assert not too_many.ok and too_many.error_code == "bad_args"
+    assert "lines" in (too_many.error or "")
+    result = everything.result or {}
+    seqs = [line["seq"] for line in result["lines"]]
+    assert seqs == sorted(seqs) and len(seqs) == len(set(seqs))
+    assert any('"event": "agent.started"' in line["line"] for line in result["lines"])
+    followed = out.getvalue().splitlines()
+    assert len(followed) == len(set(followed))  # timestamps make every line unique: none twice
+    assert sum('"command": "status"' in line for line in followed) == 5
+    assert "missed" not in err.getvalue()
