@@ -55,7 +55,7 @@ class LogCursor:
         missed = int(result.get("missed", 0))
         if missed > 0:
             self.notes.append(
-                f"-- {missed} line(s) missed: they left the device's log ring before this poll --"
+                f"-- {missed} line(s) missed: they left the device's log ring before this read --"
             )
         printed: list[str] = []
         for entry in result.get("lines", []):
