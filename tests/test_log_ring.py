@@ -49,7 +49,8 @@ def test_secrets_in_log_lines_are_redacted_as_kept() -> None:
     key = "-----BEGIN EC PRIVATE KEY-----\nMHcCAQEE" + secret + "\n-----END EC PRIVATE KEY-----"
     log.error("tls.load", detail=key)
     kept = _texts(ring)
-    assert secret not in kept and "12345" not in kept
+    assert secret not in kept
+    assert "12345" not in kept
     assert '"password": "<redacted>"' in kept
     assert "rtsp://***@cam/1" in kept
     assert "Bearer <redacted>" in kept
@@ -60,7 +61,8 @@ def test_secrets_in_log_lines_are_redacted_as_kept() -> None:
     # Console lines too (no colour codes in the ring).
     ring, _ = _ring(format="console")
     structlog.get_logger("test").info("x", db_password=secret)
-    assert secret not in _texts(ring) and "db_password=<redacted>" in _texts(ring)
+    assert secret not in _texts(ring)
+    assert "db_password=<redacted>" in _texts(ring)
     assert "\x1b[" not in _texts(ring)
 
 
@@ -82,7 +84,8 @@ def test_the_ring_keeps_the_latest_lines_within_both_bounds() -> None:
     assert sum(len(line["line"]) for line in ring.read(100)["lines"]) <= 16 * 1024
     log.info("huge", blob="z" * 50_000)
     [last] = ring.read(1)["lines"]
-    assert len(last["line"]) < 8300 and "[cut:" in last["line"]
+    assert len(last["line"]) < 8300
+    assert "[cut:" in last["line"]
 
 
 def test_the_command_caps_lines_and_reply_bytes() -> None:
@@ -108,14 +111,17 @@ def test_a_follower_gets_each_line_once_and_is_told_of_missed_ones() -> None:
         printed, _more = cursor.take(CommandReply(command="logs", ok=True, result=page))
         return printed
 
-    assert len(poll(3)) == 3 and cursor.after == 5
+    assert len(poll(3)) == 3
+    assert cursor.after == 5
     assert poll() == []  # nothing new: nothing again
     log.info("tick", i=5)
-    assert len(poll()) == 1 and not cursor.notes
+    assert len(poll()) == 1
+    assert not cursor.notes
     for i in range(30):  # 30 new lines into a ring of 10: 20 are gone before the next poll
         log.info("tick", i=100 + i)
     printed = poll()
-    assert len(printed) == 10 and '"i": 120' in printed[0]
+    assert len(printed) == 10
+    assert '"i": 120' in printed[0]
     assert cursor.notes == ["-- 20 line(s) missed: they left the device's log ring before this read --"]
     # A restarted agent: a new boot, numbered from 1 again; the follower starts over, said once.
     restarted = LogRing(10, 1024 * 1024)
@@ -123,6 +129,10 @@ def test_a_follower_gets_each_line_once_and_is_told_of_missed_ones() -> None:
     log.info("after.restart")
     page = restarted.read(1000, cursor.after)
     printed, more = cursor.take(CommandReply(command="logs", ok=True, result=page))
-    assert printed == [] and more and cursor.after == 0 and "restarted" in cursor.notes[-1]
+    assert printed == []
+    assert more
+    assert cursor.after == 0
+    assert "restarted" in cursor.notes[-1]
     printed, _ = cursor.take(CommandReply(command="logs", ok=True, result=restarted.read(1000, 0)))
-    assert len(printed) == 1 and "after.restart" in printed[0]
+    assert len(printed) == 1
+    assert "after.restart" in printed[0]

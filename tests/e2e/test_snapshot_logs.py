@@ -94,7 +94,8 @@ def test_snapshot_is_the_frame_of_its_result_and_is_rate_limited(
     # The result is the one published for that very frame (its labels, its model, its timestamps).
     assert full.meta["result"] == results[index].model_dump(mode="json", exclude_none=True)
     labels = [c["label"] for c in full.meta["result"]["classes"]]
-    assert labels and labels == [c.label for c in results[index].classes or []]
+    assert labels
+    assert labels == [c.label for c in results[index].classes or []]
 
     # Downscaled to the asked bound, same frame.
     assert (small.meta["width"], small.meta["height"]) == (64, 48)
@@ -152,11 +153,13 @@ def test_logs_last_lines_capped_and_followed_without_duplicates(
         assert daemon.stop() == 0, daemon.log()[-2000:]
 
     assert len(last.getvalue().splitlines()) == 3
-    assert not too_many.ok and too_many.error_code == "bad_args"
+    assert not too_many.ok
+    assert too_many.error_code == "bad_args"
     assert "lines" in (too_many.error or "")
     result = everything.result or {}
     seqs = [line["seq"] for line in result["lines"]]
-    assert seqs == sorted(seqs) and len(seqs) == len(set(seqs))
+    assert seqs == sorted(seqs)
+    assert len(seqs) == len(set(seqs))
     assert any('"event": "agent.started"' in line["line"] for line in result["lines"])
     followed = out.getvalue().splitlines()
     assert len(followed) == len(set(followed))  # timestamps make every line unique: none twice

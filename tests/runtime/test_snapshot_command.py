@@ -79,7 +79,8 @@ def test_a_huge_frame_is_scaled_to_the_bound_and_fits() -> None:
     assert (reply["source_width"], reply["source_height"]) == (7680, 4320)
     assert reply["bytes"] <= 50_000
     # The right half is still red, the left black: the frame, not something else, was scaled.
-    assert image[:, 330:, 2].mean() > 200 and image[:, :310].mean() < 20
+    assert image[:, 330:, 2].mean() > 200
+    assert image[:, :310].mean() < 20
 
 
 def test_a_tiny_byte_budget_lowers_quality_then_size() -> None:
@@ -88,7 +89,8 @@ def test_a_tiny_byte_budget_lowers_quality_then_size() -> None:
     assert (roomy["width"], roomy["quality"]) == (640, 85)
     tight = _command(frame, max_bytes=1024)(SnapshotArgs())
     assert tight["bytes"] <= 1024
-    assert tight["quality"] < 85 and tight["width"] < 640
+    assert tight["quality"] < 85
+    assert tight["width"] < 640
     assert tight["width"] / tight["height"] == pytest.approx(640 / 480, rel=0.1)
     _decoded(tight)
 
@@ -97,12 +99,12 @@ def test_the_mqtt_payload_limit_bounds_the_jpeg_too() -> None:
     frame = _noise(480, 640)
     reply = _command(frame, limit=20_000, max_bytes=1024 * 1024)(SnapshotArgs())
     assert reply["bytes"] <= (20_000 - 512) * 3 // 4
-    with pytest.raises(SnapshotTooLargeError, match="mqtt.max_payload_bytes"):
+    with pytest.raises(SnapshotTooLargeError, match=r"mqtt\.max_payload_bytes"):
         _command(frame, limit=600)(SnapshotArgs())
 
 
 def test_a_budget_no_jpeg_fits_is_refused_by_name() -> None:
-    with pytest.raises(SnapshotTooLargeError, match="snapshot.max_bytes"):
+    with pytest.raises(SnapshotTooLargeError, match=r"snapshot\.max_bytes"):
         encode_jpeg(_noise(64, 64), 64, 100, 85)
 
 
@@ -150,9 +152,11 @@ def test_the_board_pairs_each_frame_with_its_own_result_only() -> None:
     board.published(_result(10))
     latest = board.latest("cam")
     assert isinstance(latest, Snapshot)
-    assert latest.image is first and latest.result.frame_index == 10
+    assert latest.image is first
+    assert latest.result.frame_index == 10
     board.inferred("cam", 11, second)
     assert board.latest("cam") is latest  # until frame 11's result is out, frame 10 stays latest
     board.published(_result(11))
     latest = board.latest("cam")
-    assert latest is not None and latest.image is second
+    assert latest is not None
+    assert latest.image is second
