@@ -76,6 +76,11 @@ def take_snapshot(
     return snapshot_from_reply(send_command(settings, device, "snapshot", args, timeout=timeout))
 
 
+def snapshot_json(snapshot: DeviceSnapshot) -> dict[str, Any]:
+    """What the console's snapshot route answers: the device's fields and the (checked) JPEG as base64."""
+    return {**snapshot.meta, "jpeg_base64": base64.b64encode(snapshot.jpeg).decode("ascii")}
+
+
 def save_snapshot(snapshot: DeviceSnapshot, path: Path) -> None:
     """Write the JPEG to ``path`` (temp + fsync + rename: a reader never sees half of it)."""
     atomic_write_bytes(path, snapshot.jpeg)

@@ -7,29 +7,50 @@ message the device published for that frame. A flood of requests meets the devic
 
 from __future__ import annotations
 
+import base64
 import io
+import secrets
 import threading
 from pathlib import Path
+from typing import Any
 
 import cv2
 import numpy as np
 import numpy.typing as npt
 import pytest
+from starlette.testclient import TestClient
 
 from agent.fleet.command import DeviceRefusedError, DeviceSession, PendingReplies, publish_command
+from agent.fleet.console.app import make_console_app
 from agent.fleet.device_logs import print_logs
-from agent.fleet.snapshot import save_snapshot, take_snapshot
+from agent.fleet.rollout_store import RolloutStore
+from agent.fleet.snapshot import save_snapshot, snapshot_json, take_snapshot
+from agent.fleet.view import FleetView
 from agent.localbroker import Broker
+from agent.mqtt.inbound import InboundMessage
 from agent.mqtt.service_client import ServiceClient
 from agent.mqtt.settings import MqttSettings
 from agent.protocol.topics import Topics
 from tests.e2e.daemon import AgentFiles, Daemon, unique_results
+from tests.fleet.console_rig import StoreActions, new_store
 from tests.mqtt_probe import Probe
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 
-PER_MINUTE = 4
+PER_MINUTE = 5
+
+
+class ConsoleActionsOnTheBroker(StoreActions):
+    """The console's actions as the controller does them: ``snapshot`` asks the real device through
+    the real broker (:meth:`agent.fleet.controller.FleetController.snapshot`'s two calls)."""
+
+    def __init__(self, store: RolloutStore, settings: MqttSettings) -> None:
+        super().__init__(store)
+        self.settings = settings
+
+    def snapshot(self, device_id: str, stream: str | None) -> dict[str, Any]:
+        return snapshot_json(take_snapshot(self.settings, device_id, stream=stream))
 
 
 def _video_frames(path: Path) -> list[npt.NDArray[np.uint8]]:
@@ -53,6 +74,7 @@ def test_snapshot_is_the_frame_of_its_result_and_is_rate_limited(
 ) -> None:
     files = AgentFiles(tmp_path, broker.port, device_id, frames=40)
     config = files.write_config(snapshot={"per_minute": PER_MINUTE})
+    store = new_store(tmp_path)
     daemon = Daemon(config, tmp_path / "agent.log")
     settings = MqttSettings(host=broker.host, port=broker.port)
     topic = f"fleet/v1/{device_id}/up/results/cam"
@@ -62,6 +84,19 @@ def test_snapshot_is_the_frame_of_its_result_and_is_rate_limited(
         probe.wait_for(lambda ms: len(unique_results(ms, topic)) >= files.frames, timeout=60)
         full = take_snapshot(settings, device_id, stream="cam")
         small = take_snapshot(settings, device_id, max_dimension=64)
+
+        # The console's button: the token, then the device through the broker.
+        token = secrets.token_urlsafe(16)
+        view = FleetView("fleet/v1")
+        for m in probe.snapshot():
+            view.apply(InboundMessage(m.topic, m.payload, m.qos, m.retain))
+        console = TestClient(
+            make_console_app(view, store, ConsoleActionsOnTheBroker(store, settings), token=token)
+        )
+        route = f"/api/devices/{device_id}/snapshot"
+        no_token = console.post(route)
+        shown = console.post(route + "?stream=cam", headers={"authorization": f"Bearer {token}"})
+        unknown = console.post("/api/devices/nobody/snapshot", headers={"authorization": f"Bearer {token}"})
 
         # A flood: every request published before any reply is read.
         pending = PendingReplies()
@@ -78,8 +113,10 @@ def test_snapshot_is_the_frame_of_its_result_and_is_rate_limited(
             client.stop()
         with pytest.raises(DeviceRefusedError) as wrong:
             take_snapshot(settings, device_id, stream="nope")
+        limited = console.post(route, headers={"authorization": f"Bearer {token}"})
     finally:
         assert daemon.stop() == 0, daemon.log()[-2000:]
+        store.close()
 
     frames = _video_frames(files.video)
     results = {r.frame_index: r for r in unique_results(probe.snapshot(), topic)}
@@ -106,11 +143,21 @@ def test_snapshot_is_the_frame_of_its_result_and_is_rate_limited(
     save_snapshot(full, out)
     assert out.read_bytes() == full.jpeg
 
-    # PER_MINUTE in a minute: two were taken above, so two of the flood pass, eight are refused.
+    # The console's answer: the same frame and result, the JPEG as base64, only with the token.
+    assert (no_token.status_code, shown.status_code, unknown.status_code) == (401, 200, 404)
+    through_console = shown.json()["snapshot"]
+    assert through_console["frame_index"] == index
+    assert through_console["result"] == full.meta["result"]
+    jpeg = base64.b64decode(through_console["jpeg_base64"])
+    assert _diff(cv2.imdecode(np.frombuffer(jpeg, np.uint8), cv2.IMREAD_COLOR), frames[index]) < 4.0
+
+    # PER_MINUTE in a minute: three were taken above, so two of the flood pass, eight are refused.
     assert all(r is not None for r in replies)
     codes = [r.error_code if r is not None and not r.ok else "ok" for r in replies]
-    assert codes.count("ok") == PER_MINUTE - 2
-    assert codes.count("rate_limited") == 10 - (PER_MINUTE - 2)
+    assert codes.count("ok") == PER_MINUTE - 3
+    assert codes.count("rate_limited") == 10 - (PER_MINUTE - 3)
+    assert limited.status_code == 429
+    assert "snapshot.per_minute" in limited.json()["error"]
     refused = next(r for r in replies if r is not None and r.error_code == "rate_limited")
     assert "snapshot.per_minute" in (refused.error or "")
     # A wrong stream is refused before the rate is counted.
