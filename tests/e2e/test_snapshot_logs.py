@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import io
+import json
 import secrets
 import threading
 from pathlib import Path
@@ -20,6 +21,7 @@ import numpy.typing as npt
 import pytest
 from starlette.testclient import TestClient
 
+from agent.cli import main
 from agent.fleet.command import DeviceRefusedError, DeviceSession, PendingReplies, publish_command
 from agent.fleet.console.app import make_console_app
 from agent.fleet.device_logs import print_logs
@@ -38,7 +40,24 @@ from tests.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 
-PER_MINUTE = 5
+PER_MINUTE = 6
+PROTOCOL_DOC = Path(__file__).resolve().parents[2] / "docs" / "protocol.md"
+
+
+def _documented(after: str) -> dict[str, Any]:
+    """The JSON example that follows the sentence ``after`` in docs/protocol.md."""
+    text = PROTOCOL_DOC.read_text()
+    start = text.index("```json", text.index(after)) + len("```json")
+    return dict(json.loads(text[start : text.index("```", start)]))
+
+
+def _keys(value: Any) -> Any:
+    """The key structure of ``value``: nested dicts' keys, a list by its first element."""
+    if isinstance(value, dict):
+        return {key: _keys(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_keys(value[0])] if value else []
+    return None
 
 
 class ConsoleActionsOnTheBroker(StoreActions):
@@ -70,7 +89,7 @@ def _diff(a: npt.NDArray[np.uint8], b: npt.NDArray[np.uint8]) -> float:
 
 
 def test_snapshot_is_the_frame_of_its_result_and_is_rate_limited(
-    tmp_path: Path, broker: Broker, device_id: str, probe: Probe
+    tmp_path: Path, broker: Broker, device_id: str, probe: Probe, capsys: pytest.CaptureFixture[str]
 ) -> None:
     files = AgentFiles(tmp_path, broker.port, device_id, frames=40)
     config = files.write_config(snapshot={"per_minute": PER_MINUTE})
@@ -97,6 +116,20 @@ def test_snapshot_is_the_frame_of_its_result_and_is_rate_limited(
         no_token = console.post(route)
         shown = console.post(route + "?stream=cam", headers={"authorization": f"Bearer {token}"})
         unknown = console.post("/api/devices/nobody/snapshot", headers={"authorization": f"Bearer {token}"})
+        # The CLI, as docs/fleet.md shows it.
+        cli_file = tmp_path / "cli.jpg"
+        broker_at = f"{broker.host}:{broker.port}"
+        argv = [
+            "fleet",
+            "snapshot",
+            device_id,
+            "-o",
+            str(cli_file),
+            "--broker",
+            f"{broker.host}:{broker.port}",
+        ]
+        assert main(argv) == 0
+        printed = capsys.readouterr().out
 
         # A flood: every request published before any reply is read.
         pending = PendingReplies()
@@ -151,11 +184,22 @@ def test_snapshot_is_the_frame_of_its_result_and_is_rate_limited(
     jpeg = base64.b64decode(through_console["jpeg_base64"])
     assert _diff(cv2.imdecode(np.frombuffer(jpeg, np.uint8), cv2.IMREAD_COLOR), frames[index]) < 4.0
 
-    # PER_MINUTE in a minute: three were taken above, so two of the flood pass, eight are refused.
+    # The CLI wrote the same frame and printed what docs/fleet.md shows; the documented reply has
+    # the keys of the real one.
+    assert cli_file.read_bytes().startswith(b"\xff\xd8")
+    labels_line = ", ".join(f"{c['label']} {c['score']:.2f}" for c in full.meta["result"]["classes"])
+    assert (
+        printed.strip()
+        == f"{cli_file}: stream cam frame {index}, 160x120, {full.meta['bytes']} bytes; {labels_line}"
+    )
+    real = {**full.meta, "jpeg_base64": ""}
+    assert _keys(_documented("A `snapshot` reply's `result`")) == _keys(real)
+
+    # PER_MINUTE in a minute: four were taken above, so two of the flood pass, eight are refused.
     assert all(r is not None for r in replies)
     codes = [r.error_code if r is not None and not r.ok else "ok" for r in replies]
-    assert codes.count("ok") == PER_MINUTE - 3
-    assert codes.count("rate_limited") == 10 - (PER_MINUTE - 3)
+    assert codes.count("ok") == PER_MINUTE - 4
+    assert codes.count("rate_limited") == 10 - (PER_MINUTE - 4)
     assert limited.status_code == 429
     assert "snapshot.per_minute" in limited.json()["error"]
     refused = next(r for r in replies if r is not None and r.error_code == "rate_limited")
@@ -208,6 +252,7 @@ def test_logs_last_lines_capped_and_followed_without_duplicates(
     assert seqs == sorted(seqs)
     assert len(seqs) == len(set(seqs))
     assert any('"event": "agent.started"' in line["line"] for line in result["lines"])
+    assert _keys(_documented("A `logs` reply's `result`")) == _keys(result)
     followed = out.getvalue().splitlines()
     assert len(followed) == len(set(followed))  # timestamps make every line unique: none twice
     assert sum('"command": "status"' in line for line in followed) == 5
