@@ -119,16 +119,7 @@ def test_snapshot_is_the_frame_of_its_result_and_is_rate_limited(
         # The CLI, as docs/fleet.md shows it.
         cli_file = tmp_path / "cli.jpg"
         broker_at = f"{broker.host}:{broker.port}"
-        argv = [
-            "fleet",
-            "snapshot",
-            device_id,
-            "-o",
-            str(cli_file),
-            "--broker",
-            f"{broker.host}:{broker.port}",
-        ]
-        assert main(argv) == 0
+        assert main(["fleet", "snapshot", device_id, "-o", str(cli_file), "--broker", broker_at]) == 0
         printed = capsys.readouterr().out
 
         # A flood: every request published before any reply is read.
