@@ -72,9 +72,9 @@ class ConsoleActionsOnTheBroker(StoreActions):
         return snapshot_json(take_snapshot(self.settings, device_id, stream=stream))
 
 
-def _video_frames(path: Path) -> list[npt.NDArray[np.uint8]]:
+def _video_frames(path: Path) -> list[npt.NDArray[Any]]:
     capture = cv2.VideoCapture(str(path))
-    frames = []
+    frames: list[npt.NDArray[Any]] = []
     while True:
         ok, image = capture.read()
         if not ok:
@@ -84,7 +84,13 @@ def _video_frames(path: Path) -> list[npt.NDArray[np.uint8]]:
     return frames
 
 
-def _diff(a: npt.NDArray[np.uint8], b: npt.NDArray[np.uint8]) -> float:
+def _pixels(jpeg: bytes) -> npt.NDArray[Any]:
+    image = cv2.imdecode(np.frombuffer(jpeg, np.uint8), cv2.IMREAD_COLOR)
+    assert image is not None, "not a JPEG"
+    return image
+
+
+def _diff(a: npt.NDArray[Any], b: npt.NDArray[Any]) -> float:
     return float(np.abs(a.astype(np.float32) - b.astype(np.float32)).mean())
 
 
@@ -146,7 +152,7 @@ def test_snapshot_is_the_frame_of_its_result_and_is_rate_limited(
     results = {r.frame_index: r for r in unique_results(probe.snapshot(), topic)}
     index = full.meta["frame_index"]
     assert index == files.frames - 1  # the last frame, whose result is the last one published
-    image = cv2.imdecode(np.frombuffer(full.jpeg, np.uint8), cv2.IMREAD_COLOR)
+    image = _pixels(full.jpeg)
     assert image.shape == frames[index].shape == (120, 160, 3)
     assert (full.meta["width"], full.meta["height"]) == (160, 120)
     own = _diff(image, frames[index])
@@ -160,7 +166,7 @@ def test_snapshot_is_the_frame_of_its_result_and_is_rate_limited(
 
     # Downscaled to the asked bound, same frame.
     assert (small.meta["width"], small.meta["height"]) == (64, 48)
-    tiny = cv2.imdecode(np.frombuffer(small.jpeg, np.uint8), cv2.IMREAD_COLOR)
+    tiny = _pixels(small.jpeg)
     expected = cv2.resize(frames[small.meta["frame_index"]], (64, 48), interpolation=cv2.INTER_AREA)
     assert _diff(tiny, expected) < 6.0
     out = tmp_path / "snap.jpg"
@@ -173,7 +179,7 @@ def test_snapshot_is_the_frame_of_its_result_and_is_rate_limited(
     assert through_console["frame_index"] == index
     assert through_console["result"] == full.meta["result"]
     jpeg = base64.b64decode(through_console["jpeg_base64"])
-    assert _diff(cv2.imdecode(np.frombuffer(jpeg, np.uint8), cv2.IMREAD_COLOR), frames[index]) < 4.0
+    assert _diff(_pixels(jpeg), frames[index]) < 4.0
 
     # The CLI wrote the same frame and printed what docs/fleet.md shows; the documented reply has
     # the keys of the real one.

@@ -26,7 +26,7 @@ from agent.runtime.snapshot_command import (
 from agent.runtime.snapshots import Snapshot, SnapshotBoard
 
 
-def _noise(height: int, width: int, seed: int = 3) -> npt.NDArray[np.uint8]:
+def _noise(height: int, width: int, seed: int = 3) -> npt.NDArray[Any]:
     # Noise is what JPEG compresses worst: the byte budget really has to bite.
     return np.random.default_rng(seed).integers(0, 256, (height, width, 3), dtype=np.uint8)
 
@@ -62,7 +62,7 @@ def _command(
     )
 
 
-def _decoded(reply: dict[str, Any]) -> npt.NDArray[np.uint8]:
+def _decoded(reply: dict[str, Any]) -> npt.NDArray[Any]:
     jpeg = base64.b64decode(reply["jpeg_base64"])
     assert len(jpeg) == reply["bytes"]
     image = cv2.imdecode(np.frombuffer(jpeg, np.uint8), cv2.IMREAD_COLOR)
