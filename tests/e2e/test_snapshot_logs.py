@@ -206,7 +206,7 @@ def test_snapshot_is_the_frame_of_its_result_and_is_rate_limited(
 
 
 def test_logs_last_lines_capped_and_followed_without_duplicates(
-    tmp_path: Path, broker: Broker, device_id: str, probe: Probe
+    tmp_path: Path, broker: Broker, device_id: str, probe: Probe, capsys: pytest.CaptureFixture[str]
 ) -> None:
     files = AgentFiles(tmp_path, broker.port, device_id, frames=20)
     daemon = Daemon(files.write_config(), tmp_path / "agent.log")
@@ -216,6 +216,8 @@ def test_logs_last_lines_capped_and_followed_without_duplicates(
         daemon.wait_for_event("agent.started", timeout=60)
         last = io.StringIO()
         assert print_logs(settings, device_id, 3, last, io.StringIO()) == 0
+        assert main(["fleet", "logs", device_id, "-n", "2", "--broker", f"{broker.host}:{broker.port}"]) == 0
+        cli_lines = capsys.readouterr().out.splitlines()
         with DeviceSession(settings, device_id, "logs") as session:
             too_many = session.ask({"lines": 5000})
             everything = session.ask({"lines": 1000})
@@ -241,6 +243,8 @@ def test_logs_last_lines_capped_and_followed_without_duplicates(
         assert daemon.stop() == 0, daemon.log()[-2000:]
 
     assert len(last.getvalue().splitlines()) == 3
+    assert len(cli_lines) == 2
+    assert all(line.startswith("{") for line in cli_lines)  # the device's JSON lines, as rendered
     assert not too_many.ok
     assert too_many.error_code == "bad_args"
     assert "lines" in (too_many.error or "")
