@@ -2,7 +2,9 @@
 
 The snapshot's pixels are compared with the video's own frame at the index the device names (and
 shown to differ from its neighbours, so the comparison could fail), and its result with the result
-message the device published for that frame. A flood of requests meets the device's rate limit.
+message the device published for that frame; the same through ``fleet snapshot`` and through a
+real controller's console (its HTTP server, its token file). A flood of requests meets the device's
+rate limit.
 """
 
 from __future__ import annotations
@@ -12,6 +14,9 @@ import io
 import json
 import secrets
 import threading
+import urllib.error
+import urllib.request
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -19,22 +24,18 @@ import cv2
 import numpy as np
 import numpy.typing as npt
 import pytest
-from starlette.testclient import TestClient
 
 from agent.cli import main
 from agent.fleet.command import DeviceRefusedError, DeviceSession, PendingReplies, publish_command
-from agent.fleet.console.app import make_console_app
+from agent.fleet.controller import FleetController
+from agent.fleet.controller_config import ControllerConfig, HttpSettings
 from agent.fleet.device_logs import print_logs
-from agent.fleet.rollout_store import RolloutStore
-from agent.fleet.snapshot import save_snapshot, snapshot_json, take_snapshot
-from agent.fleet.view import FleetView
-from agent.localbroker import Broker
-from agent.mqtt.inbound import InboundMessage
+from agent.fleet.snapshot import save_snapshot, take_snapshot
+from agent.localbroker import Broker, free_port
 from agent.mqtt.service_client import ServiceClient
 from agent.mqtt.settings import MqttSettings
 from agent.protocol.topics import Topics
 from tests.e2e.daemon import AgentFiles, Daemon, unique_results
-from tests.fleet.console_rig import StoreActions, new_store
 from tests.mqtt_probe import Probe
 from tests.waiting import wait_until
 
@@ -60,16 +61,15 @@ def _keys(value: Any) -> Any:
     return None
 
 
-class ConsoleActionsOnTheBroker(StoreActions):
-    """The console's actions as the controller does them: ``snapshot`` asks the real device through
-    the real broker (:meth:`agent.fleet.controller.FleetController.snapshot`'s two calls)."""
-
-    def __init__(self, store: RolloutStore, settings: MqttSettings) -> None:
-        super().__init__(store)
-        self.settings = settings
-
-    def snapshot(self, device_id: str, stream: str | None) -> dict[str, Any]:
-        return snapshot_json(take_snapshot(self.settings, device_id, stream=stream))
+def _post(url: str, token: str | None = None) -> tuple[int, dict[str, Any]]:
+    """POST ``url`` (a real HTTP server); the status and the JSON answer, error statuses too."""
+    headers = {"authorization": f"Bearer {token}"} if token else {}
+    request = urllib.request.Request(url, method="POST", headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, dict(json.loads(response.read()))
+    except urllib.error.HTTPError as exc:
+        return exc.code, dict(json.loads(exc.read()))
 
 
 def _video_frames(path: Path) -> list[npt.NDArray[Any]]:
@@ -95,14 +95,29 @@ def _diff(a: npt.NDArray[Any], b: npt.NDArray[Any]) -> float:
 
 
 def test_snapshot_is_the_frame_of_its_result_and_is_rate_limited(
-    tmp_path: Path, broker: Broker, device_id: str, probe: Probe, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, broker: Broker, device_id: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    # A prefix of its own: the real controller below takes the prefix's lease.
+    prefix = f"t{uuid.uuid4().hex[:8]}/v1"
     files = AgentFiles(tmp_path, broker.port, device_id, frames=40)
-    config = files.write_config(snapshot={"per_minute": PER_MINUTE})
-    store = new_store(tmp_path)
+    config = files.write_config(snapshot={"per_minute": PER_MINUTE}, mqtt={"prefix": prefix})
+    settings = MqttSettings(host=broker.host, port=broker.port, prefix=prefix)
+    token = secrets.token_urlsafe(16)
+    token_file = tmp_path / "console.token"
+    token_file.write_text(token)
+    token_file.chmod(0o600)
+    controller = FleetController(
+        ControllerConfig(
+            mqtt=settings,
+            state_dir=tmp_path / "controller",
+            unsigned=True,
+            http=HttpSettings(port=free_port(), token_file=token_file),
+        )
+    ).start()
+    probe = Probe(broker.host, broker.port)
+    probe.subscribe(f"{prefix}/{device_id}/up/#")
     daemon = Daemon(config, tmp_path / "agent.log")
-    settings = MqttSettings(host=broker.host, port=broker.port)
-    topic = f"fleet/v1/{device_id}/up/results/cam"
+    topic = f"{prefix}/{device_id}/up/results/cam"
     try:
         # Play-once file: once every result is out, the latest snapshot is fixed, so the test
         # compares against a frame that cannot move on underneath it.
@@ -110,23 +125,29 @@ def test_snapshot_is_the_frame_of_its_result_and_is_rate_limited(
         full = take_snapshot(settings, device_id, stream="cam")
         small = take_snapshot(settings, device_id, max_dimension=64)
 
-        # The console's button: the token, then the device through the broker.
-        token = secrets.token_urlsafe(16)
-        view = FleetView("fleet/v1")
-        for m in probe.snapshot():
-            view.apply(InboundMessage(m.topic, m.payload, m.qos, m.retain))
-        console = TestClient(
-            make_console_app(view, store, ConsoleActionsOnTheBroker(store, settings), token=token)
-        )
-        route = f"/api/devices/{device_id}/snapshot"
-        no_token = console.post(route)
-        shown = console.post(route + "?stream=cam", headers={"authorization": f"Bearer {token}"})
-        unknown = console.post("/api/devices/nobody/snapshot", headers={"authorization": f"Bearer {token}"})
+        # The console's button on the real controller: its token, then the device through the broker.
+        wait_until(lambda: controller.view.device(device_id) is not None, 30, "the device in the view")
+        route = f"{controller.http.url}/api/devices/{device_id}/snapshot"
+        no_token = _post(route)
+        shown = _post(route + "?stream=cam", token)
+        unknown = _post(f"{controller.http.url}/api/devices/nobody/snapshot", token)
         # The CLI, as docs/fleet.md shows it.
         cli_file = tmp_path / "cli.jpg"
         broker_at = f"{broker.host}:{broker.port}"
-        assert main(["fleet", "snapshot", device_id, "-o", str(cli_file), "--broker", broker_at]) == 0
-        printed = capsys.readouterr().out
+        argv = [
+            "fleet",
+            "snapshot",
+            device_id,
+            "-o",
+            str(cli_file),
+            "--broker",
+            broker_at,
+            "--prefix",
+            prefix,
+        ]
+        assert main(argv) == 0
+        # Its one line comes last (the controller in this process logged to the same stdout before).
+        printed = capsys.readouterr().out.strip().splitlines()[-1]
 
         # A flood: every request published before any reply is read.
         pending = PendingReplies()
@@ -143,10 +164,12 @@ def test_snapshot_is_the_frame_of_its_result_and_is_rate_limited(
             client.stop()
         with pytest.raises(DeviceRefusedError) as wrong:
             take_snapshot(settings, device_id, stream="nope")
-        limited = console.post(route, headers={"authorization": f"Bearer {token}"})
+        limited = _post(route, token)
     finally:
-        assert daemon.stop() == 0, daemon.log()[-2000:]
-        store.close()
+        code = daemon.stop()
+        probe.close()
+        controller.stop()
+    assert code == 0, daemon.log()[-2000:]
 
     frames = _video_frames(files.video)
     results = {r.frame_index: r for r in unique_results(probe.snapshot(), topic)}
@@ -174,8 +197,8 @@ def test_snapshot_is_the_frame_of_its_result_and_is_rate_limited(
     assert out.read_bytes() == full.jpeg
 
     # The console's answer: the same frame and result, the JPEG as base64, only with the token.
-    assert (no_token.status_code, shown.status_code, unknown.status_code) == (401, 200, 404)
-    through_console = shown.json()["snapshot"]
+    assert (no_token[0], shown[0], unknown[0]) == (401, 200, 404)
+    through_console = shown[1]["snapshot"]
     assert through_console["frame_index"] == index
     assert through_console["result"] == full.meta["result"]
     jpeg = base64.b64decode(through_console["jpeg_base64"])
@@ -197,8 +220,8 @@ def test_snapshot_is_the_frame_of_its_result_and_is_rate_limited(
     codes = [r.error_code if r is not None and not r.ok else "ok" for r in replies]
     assert codes.count("ok") == PER_MINUTE - 4
     assert codes.count("rate_limited") == 10 - (PER_MINUTE - 4)
-    assert limited.status_code == 429
-    assert "snapshot.per_minute" in limited.json()["error"]
+    assert limited[0] == 429
+    assert "snapshot.per_minute" in limited[1]["error"]
     refused = next(r for r in replies if r is not None and r.error_code == "rate_limited")
     assert "snapshot.per_minute" in (refused.error or "")
     # A wrong stream is refused before the rate is counted.
