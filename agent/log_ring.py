@@ -43,9 +43,12 @@ _REDACTIONS: tuple[tuple[re.Pattern[str], str], ...] = (
         re.compile(rf"(\"{_KEY}\"\s*:\s*)(\"(?:[^\"\\]|\\.)*\"|[^,}}\]\s]+)", re.IGNORECASE),
         rf'\1"{REDACTED}"',
     ),
-    # key=value as the console renderer (and many messages) write it.
+    # key=value as the console renderer (and many messages) write it. A bare value stops at a quote
+    # that is not escaped: inside a JSON string it must not eat the string's end.
     (
-        re.compile(rf"(\b{_KEY}=)('(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"|[^\s,]+)", re.IGNORECASE),
+        re.compile(
+            rf"(\b{_KEY}=)('(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"|(?:\\.|[^\s,\"\\])+)", re.IGNORECASE
+        ),
         rf"\1{REDACTED}",
     ),
     (re.compile(r"(bearer\s+)[A-Za-z0-9._~+/=-]+", re.IGNORECASE), rf"\1{REDACTED}"),

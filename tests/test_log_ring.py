@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import io
+import json
 import logging
 from collections.abc import Iterator
 
@@ -64,6 +65,18 @@ def test_secrets_in_log_lines_are_redacted_as_kept() -> None:
     assert secret not in _texts(ring)
     assert "db_password=<redacted>" in _texts(ring)
     assert "\x1b[" not in _texts(ring)
+
+
+def test_a_redacted_json_line_is_still_json() -> None:
+    secret = "s3cr" + "et-value"
+    ring, _ = _ring()
+    logging.getLogger("somelib").warning("gave up: password=%s", secret)
+    logging.getLogger("somelib").warning('retry with token="%s", then stop', secret)
+    lines = [json.loads(line["line"]) for line in ring.read(10)["lines"]]
+    assert [line["event"] for line in lines] == [
+        "gave up: password=<redacted>",
+        "retry with token=<redacted>, then stop",
+    ]
 
 
 def test_redact_leaves_plain_lines_alone() -> None:
