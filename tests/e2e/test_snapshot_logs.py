@@ -26,6 +26,7 @@ import numpy.typing as npt
 import pytest
 
 from agent.cli import main
+from agent.demo_setup import write_demo_video
 from agent.fleet.command import DeviceRefusedError, DeviceSession, PendingReplies, publish_command
 from agent.fleet.controller import FleetController
 from agent.fleet.controller_config import ControllerConfig, HttpSettings
@@ -281,3 +282,30 @@ def test_logs_last_lines_capped_and_followed_without_duplicates(
     assert len(followed) == len(set(followed))  # timestamps make every line unique: none twice
     assert sum('"command": "status"' in line for line in followed) == 5
     assert "missed" not in err.getvalue()
+
+
+def test_a_big_frame_in_a_tiny_byte_budget(
+    tmp_path: Path, broker: Broker, device_id: str, probe: Probe
+) -> None:
+    files = AgentFiles(tmp_path, broker.port, device_id, frames=10)
+    big = write_demo_video(tmp_path / "big.avi", frames=10, size=(1920, 1080), fps=30.0)
+    stream = {"source": {"type": "file", "path": str(big), "loop": False, "realtime": True}}
+    config = files.write_config(stream=stream, snapshot={"max_bytes": 1024})
+    daemon = Daemon(config, tmp_path / "agent.log")
+    settings = MqttSettings(host=broker.host, port=broker.port)
+    topic = f"fleet/v1/{device_id}/up/results/cam"
+    try:
+        probe.wait_for(lambda ms: len(unique_results(ms, topic)) >= 10, timeout=60)
+        snap = take_snapshot(settings, device_id)
+    finally:
+        assert daemon.stop() == 0, daemon.log()[-2000:]
+
+    meta = snap.meta
+    assert (meta["source_width"], meta["source_height"]) == (1920, 1080)
+    assert len(snap.jpeg) == meta["bytes"] <= 1024
+    assert meta["width"] <= 640
+    assert meta["width"] / meta["height"] == pytest.approx(1920 / 1080, rel=0.05)
+    image = _pixels(snap.jpeg)
+    frame = _video_frames(big)[meta["frame_index"]]
+    expected = cv2.resize(frame, (meta["width"], meta["height"]), interpolation=cv2.INTER_AREA)
+    assert _diff(image, expected) < 20.0  # low quality, but that frame
