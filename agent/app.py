@@ -34,17 +34,20 @@ from agent.delivery.transfer import fetch_model
 from agent.engines.builder import EngineBuilder
 from agent.engines.service import EngineService
 from agent.errors import ConfigError
+from agent.log_ring import LogRing, logs_command
 from agent.logs import configure_logging
 from agent.mqtt.link import MqttLink
 from agent.platform import detect_platform, platform_summary
 from agent.postprocess.spec import PostprocessSpec
-from agent.protocol.command_args import CalibrateArgs
+from agent.protocol.command_args import CalibrateArgs, LogsArgs, SnapshotArgs
 from agent.protocol.messages import BackendInfo, EngineInfo, InfoMessage, SlotInfo, TelemetryMessage
 from agent.protocol.topics import Topics
 from agent.runtime.layout import Layout, slot_layout
 from agent.runtime.models import SlotModels
 from agent.runtime.pipeline import SlotPipeline
 from agent.runtime.slot import ModelSlot, SlotState
+from agent.runtime.snapshot_command import SnapshotCommand
+from agent.runtime.snapshots import Snapshot
 from agent.runtime.stage_items import StreamPlan
 from agent.spool import Spool
 from agent.state import StateFile
@@ -78,7 +81,10 @@ GIL_SWITCH_INTERVAL_S = 0.001
 class Agent:
     """The daemon: every component, wired once."""
 
-    def __init__(self, config: AgentConfig, config_path: Path | None = None) -> None:
+    def __init__(
+        self, config: AgentConfig, config_path: Path | None = None, log_ring: LogRing | None = None
+    ) -> None:
+        """``log_ring``: the lines ``configure_logging`` keeps; the ``logs`` command serves them."""
         self.config = config
         self.config_path = config_path
         self.stop_event = threading.Event()
@@ -137,6 +143,12 @@ class Agent:
             on_job_end=self._on_job_end,
         )
         self.delivery.register_command("calibrate", self.models.calibrate, CalibrateArgs)
+        reply_limit = partial(self.link.payload_limit, self.topics.cmd_reply("snapshot"))
+        snapshot = SnapshotCommand(config.snapshot, list(config.streams), self._latest_snapshot, reply_limit)
+        self.delivery.register_command("snapshot", snapshot, SnapshotArgs)
+        if log_ring is not None:
+            logs_limit = partial(self.link.payload_limit, self.topics.cmd_reply("logs"))
+            self.delivery.register_command("logs", logs_command(log_ring, logs_limit), LogsArgs)
         self.metrics.add_collector(self.delivery.commands.stats, prefix="commands")
         self.pipelines: list[SlotPipeline] = []
         # Set once the pipelines exist: a deployment whose manifest arrives (retained) while the
@@ -198,6 +210,12 @@ class Agent:
     def _latest_frame(self, slot: str) -> npt.NDArray[np.uint8] | None:
         pipeline = self._pipeline(slot)
         return pipeline.last_image if pipeline else None
+
+    def _latest_snapshot(self, stream: str) -> Snapshot | None:
+        for pipeline in self.pipelines:
+            if any(plan.name == stream for plan in pipeline.streams):
+                return pipeline.snapshots.latest(stream)
+        return None
 
     def _layout(self, slot: str, model_ms: float | None = None, engines: int | None = None) -> Layout:
         streams = [s for s in self.config.streams.values() if s.slot == slot]
@@ -442,8 +460,9 @@ class Agent:
 def run(config_path: Path) -> int:
     """``edge-agent run``: start, serve until SIGTERM, stop in order. Returns the exit code."""
     config = load_config(config_path, require_models=False)
-    configure_logging(config.logging.format, config.logging.level)
-    agent = Agent(config, config_path)
+    ring = LogRing(config.logging.ring_lines, config.logging.ring_bytes)
+    configure_logging(config.logging.format, config.logging.level, ring=ring)
+    agent = Agent(config, config_path, ring)
     agent.install_signal_handlers()
     try:
         agent.start()

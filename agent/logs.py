@@ -28,12 +28,17 @@ class _AgentHandler(logging.StreamHandler):  # type: ignore[type-arg]
     """The one handler configure_logging installs; its type lets a second call find and replace it."""
 
 
+class RingHandler(logging.Handler):
+    """Base of a handler configure_logging adds beside stdout (``ring=``); replaced by the next call."""
+
+
 def configure_logging(
     format: Literal["json", "console"] = "json",
     level: str = "info",
     stream: TextIO | None = None,
     *,
     cache_loggers: bool = False,
+    ring: RingHandler | None = None,
 ) -> None:
     """Configure structlog and the standard library to write ``format`` lines at ``level`` and above.
 
@@ -45,6 +50,9 @@ def configure_logging(
     ``cache_loggers``: each module's logger is looked up once, not at every event. An uncached
     event takes the standard library's global logging lock (``logging.getLogger``); one agent per
     process never notices, the fleet simulator's 125 devices per process queued on it.
+
+    ``ring``: a second handler that gets the same lines (the agent's :class:`~agent.log_ring.LogRing`
+    for the ``logs`` command); console lines reach it without colour codes.
     """
     try:
         numeric_level = LEVELS[level.lower()]
@@ -90,8 +98,17 @@ def configure_logging(
     handler.setFormatter(formatter)
 
     root = logging.getLogger()
-    for old in [h for h in root.handlers if isinstance(h, _AgentHandler)]:
+    for old in [h for h in root.handlers if isinstance(h, (_AgentHandler, RingHandler))]:
         root.removeHandler(old)
     root.addHandler(handler)
+    if ring is not None:
+        plain = renderer if format == "json" else [structlog.dev.ConsoleRenderer(colors=False)]
+        ring.setFormatter(
+            structlog.stdlib.ProcessorFormatter(
+                foreign_pre_chain=shared,
+                processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, *plain],
+            )
+        )
+        root.addHandler(ring)
     root.setLevel(numeric_level)
     logging.captureWarnings(True)

@@ -27,6 +27,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 from playwright.sync_api import Page, sync_playwright
 
@@ -62,6 +63,9 @@ class _Refused:
         raise NotImplementedError
 
     def decommission(self, device_id: str) -> str:
+        raise NotImplementedError
+
+    def snapshot(self, device_id: str, stream: str | None) -> dict[str, Any]:
         raise NotImplementedError
 
 

@@ -18,7 +18,7 @@ from urllib.parse import urlsplit, urlunsplit
 from agent.config.models import AgentConfig
 
 #: Key names whose values are secrets (a ``..._file`` key holds a path to one, which may be shown).
-_SECRET_NAME = re.compile(r"password|passphrase|secret|token|api_key", re.IGNORECASE)
+SECRET_NAME = re.compile(r"password|passphrase|secret|token|api_key", re.IGNORECASE)
 #: Values longer than this (as JSON) are replaced by a summary in the log.
 _MAX_SHOWN = 160
 #: Shown for a secret value.
@@ -114,7 +114,7 @@ def _flatten(data: Any, prefix: str = "") -> dict[str, Any]:
 
 def safe_value(key: str, value: Any) -> Any:
     """``value`` of config key ``key`` as it may be logged: secrets hidden, long values summarised."""
-    if _SECRET_NAME.search(key.rsplit(".", 1)[-1]) and not key.endswith("_file"):
+    if SECRET_NAME.search(key.rsplit(".", 1)[-1]) and not key.endswith("_file"):
         return REDACTED if value is not None else None
     value = _hide_url_passwords(value)
     text = json.dumps(value)

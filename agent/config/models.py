@@ -128,6 +128,31 @@ class LoggingConfig(StrictModel):
 
     format: Literal["json", "console"] = Field("json", description="json for journald, console for humans.")
     level: Literal["debug", "info", "warning", "error"] = Field("info", description="Lowest level logged.")
+    # The ``logs`` command reads these lines (redacted as they are kept); both bounds hold at once.
+    ring_lines: int = Field(
+        2000, ge=10, le=100_000, description="Latest log lines the agent keeps in memory for `logs`."
+    )
+    ring_bytes: int = Field(
+        1024 * 1024, ge=16 * 1024, le=64 * 1024 * 1024, description="Most bytes those lines take."
+    )
+
+
+class SnapshotConfig(StrictModel):
+    """The ``snapshot`` command: the latest frame of a stream as a JPEG, bounded by the operator."""
+
+    max_dimension: int = Field(
+        640, ge=16, le=8192, description="Longest side of the JPEG in pixels; larger frames are scaled down."
+    )
+    max_bytes: int = Field(
+        150 * 1024,
+        ge=1024,
+        le=16 * 1024 * 1024,
+        description="Most JPEG bytes; quality, then size, are lowered until it fits (and the MQTT limit).",
+    )
+    quality: int = Field(85, ge=10, le=100, description="JPEG quality tried first.")
+    per_minute: int = Field(
+        6, ge=0, le=600, description="Snapshots served per minute; more are answered rate_limited (0: none)."
+    )
 
 
 class AgentConfig(StrictModel):
@@ -145,6 +170,7 @@ class AgentConfig(StrictModel):
     streams: dict[Name, StreamConfig] = Field(default_factory=dict)
     telemetry: TelemetryConfig = Field(default_factory=TelemetryConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
+    snapshot: SnapshotConfig = Field(default_factory=SnapshotConfig)
     watchdog: WatchdogConfig = Field(default_factory=WatchdogConfig)
     delivery: DeliveryConfig = Field(default_factory=DeliveryConfig)
     engines: EngineConfig = Field(default_factory=EngineConfig)

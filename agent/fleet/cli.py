@@ -1,5 +1,5 @@
 """``edge-agent fleet ...``: the operator commands (keygen, deploy, serve, status, watch, cmd,
-decommission, controller, rollout).
+snapshot, logs, decommission, controller, rollout).
 
 :func:`add_fleet_arguments` fills the ``fleet`` sub-parser, :func:`run_fleet` runs the chosen
 command and returns the exit code. ``fleet deploy`` itself is :mod:`agent.fleet.deploy_command`,
@@ -130,6 +130,41 @@ def add_fleet_arguments(parser: argparse.ArgumentParser) -> None:
     add_broker_arguments(cmd)
     _add_verbose(cmd)
 
+    snap = sub.add_parser(
+        "snapshot", help="save a device's latest frame of a stream as a JPEG, with that frame's result"
+    )
+    snap.add_argument("device", metavar="DEVICE", help="device id")
+    snap.add_argument("--stream", default=None, help="stream name (default: the device's first stream)")
+    snap.add_argument("-o", "--output", type=Path, required=True, metavar="FILE", help="JPEG file to write")
+    snap.add_argument(
+        "--max-dimension",
+        type=int,
+        default=None,
+        metavar="PIXELS",
+        help="longest side wanted (the device's snapshot.max_dimension caps it)",
+    )
+    snap.add_argument("--json", action="store_true", help="print the reply (without the JPEG) as JSON")
+    snap.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for the reply")
+    add_broker_arguments(snap)
+    _add_verbose(snap)
+
+    logs = sub.add_parser("logs", help="print a device's latest log lines (secrets redacted on the device)")
+    logs.add_argument("device", metavar="DEVICE", help="device id")
+    logs.add_argument(
+        "-n", "--lines", type=int, default=100, help="how many of the latest lines (1 to 1000, default 100)"
+    )
+    logs.add_argument("-f", "--follow", action="store_true", help="then print new lines until Ctrl-C")
+    logs.add_argument(
+        "--interval",
+        type=float,
+        default=1.0,
+        metavar="SECONDS",
+        help="--follow: how often to ask for new lines (default 1)",
+    )
+    logs.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for each reply")
+    add_broker_arguments(logs)
+    _add_verbose(logs)
+
     gone = sub.add_parser(
         "decommission",
         help="clear a device's retained status, info and desired states: the controller forgets it",
@@ -176,6 +211,10 @@ def run_fleet(args: argparse.Namespace) -> int:
         return _watch(args)
     if command == "cmd":
         return _cmd(args)
+    if command == "snapshot":
+        return _snapshot(args)
+    if command == "logs":
+        return _logs(args)
     if command == "decommission":
         return _decommission(args)
     if command == "controller":
@@ -232,6 +271,62 @@ def _status(args: argparse.Namespace) -> int:
     else:
         print("no devices found (nothing retained under the prefix; check --prefix and the broker)")
     return 0
+
+
+def _snapshot(args: argparse.Namespace) -> int:
+    from agent.fleet.snapshot import save_snapshot, take_snapshot
+    from agent.fleet.untrusted import shown
+
+    if args.max_dimension is not None and not 16 <= args.max_dimension <= 8192:
+        raise UsageError("--max-dimension must be 16 to 8192 pixels")
+    if args.output.is_dir():
+        raise UsageError(f"-o {args.output} is a directory; name the JPEG file to write")
+    snap = take_snapshot(
+        settings_from_args(args),
+        args.device,
+        stream=args.stream,
+        max_dimension=args.max_dimension,
+        timeout=args.timeout,
+    )
+    save_snapshot(snap, args.output)
+    if args.json:
+        print(json.dumps(snap.meta, indent=2))
+        return 0
+    meta = snap.meta
+    result = meta.get("result") or {}
+    found = result.get("detections") or result.get("classes") or []
+    labels = ", ".join(
+        f"{shown(item.get('label'), 40)} {float(item.get('score', 0)):.2f}" for item in found[:10]
+    )
+    print(
+        f"{args.output}: stream {shown(meta['stream'])} frame {shown(meta['frame_index'])}, "
+        f"{shown(meta['width'])}x{shown(meta['height'])}, {len(snap.jpeg)} bytes; {labels or 'no labels'}"
+    )
+    return 0
+
+
+def _logs(args: argparse.Namespace) -> int:
+    from agent.fleet.device_logs import print_logs
+    from agent.fleet.serve import install_stop_signals
+
+    if not 1 <= args.lines <= 1000:
+        raise UsageError("--lines must be 1 to 1000")
+    if not args.interval > 0:
+        raise UsageError("--interval must be a number of seconds above 0")
+    stop = threading.Event()
+    if args.follow:
+        install_stop_signals(stop)  # Ctrl-C and SIGTERM end the follow with exit 0
+    return print_logs(
+        settings_from_args(args),
+        args.device,
+        args.lines,
+        sys.stdout,
+        sys.stderr,
+        follow=args.follow,
+        stop=stop,
+        interval_s=args.interval,
+        timeout=args.timeout,
+    )
 
 
 def _decommission(args: argparse.Namespace) -> int:

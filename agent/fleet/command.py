@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from agent.errors import TransportError
+from agent.errors import AgentError, TransportError
 from agent.mqtt.core import PublishProperties
 from agent.mqtt.inbound import InboundMessage
 from agent.mqtt.service_client import ServiceClient
@@ -135,6 +135,54 @@ def send_command(
             "(`edge-agent fleet status`) and is the topic prefix right?"
         )
     return reply
+
+
+class DeviceSession:
+    """One connection that asks one device command ``name`` again and again (``fleet logs --follow``).
+
+    The reply topic is subscribed once; each :meth:`ask` is a new request with its own correlation
+    data, so a late reply to an earlier request is never taken for the current one.
+    """
+
+    def __init__(self, settings: MqttSettings, device: str, name: str, *, timeout: float = 10.0) -> None:
+        self.device = device
+        self.name = name
+        self.timeout = timeout
+        self.topics = Topics(settings.prefix, device)
+        self._pending = PendingReplies()
+        self._client = ServiceClient(settings, handler=self._pending.offer)
+
+    def __enter__(self) -> DeviceSession:
+        self._client.start(timeout=min(self.timeout, 10.0))
+        try:
+            self._client.subscribe(self.topics.cmd_reply(self.name), qos=1, timeout=self.timeout)
+        except BaseException:
+            self._client.stop()
+            raise
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self._client.stop()
+
+    def ask(self, args: dict[str, Any]) -> CommandReply:
+        """The device's reply to one request; NoReplyError after the session's timeout."""
+        correlation = self._pending.expect()
+        publish_command(self._client, self.topics, self.name, args, correlation)
+        reply = self._pending.wait(correlation, self.timeout)
+        if reply is None:
+            raise NoReplyError(
+                f"no reply to command {self.name!r} from device {self.device!r} within {self.timeout:.0f}s; "
+                "is it online (`edge-agent fleet status`) and is the topic prefix right?"
+            )
+        return reply
+
+
+class DeviceRefusedError(AgentError):
+    """A device answered a command ``ok: false``; ``code`` is its ``error_code``."""
+
+    def __init__(self, reply: CommandReply) -> None:
+        super().__init__(f"{reply.command}: {reply.error or 'refused'} ({reply.error_code})")
+        self.code = reply.error_code or "agent_error"
 
 
 #: ``error_code`` of a device answered by its retained ``up/status`` saying offline.

@@ -49,6 +49,7 @@ from agent.fleet.rollout_report import rollout_status
 from agent.fleet.rollout_runner import RolloutRunner
 from agent.fleet.rollout_spec import RolloutRequest, model_ref, plan_for, request_of
 from agent.fleet.rollout_store import RolloutState, RolloutStore, StoreDamagedError, StoreFullError
+from agent.fleet.snapshot import snapshot_json, take_snapshot
 from agent.fleet.status import collect_fleet
 from agent.fleet.untrusted import shown
 from agent.fleet.upload import UploadSink
@@ -64,6 +65,8 @@ log = structlog.get_logger(__name__)
 
 #: How often the loop steps the runners when no request arrives.
 _TICK_S = 0.2
+#: Longest the console's snapshot button waits for the device's reply.
+SNAPSHOT_TIMEOUT_S = 10.0
 
 
 class ControllerError(AgentError):
@@ -396,6 +399,11 @@ class FleetController:
         self.view.forget(device)  # at once: the cleared status also reaches the view, a moment later
         log.info("fleet.controller.decommissioned", device=device, cleared=len(done.cleared))
         return done.as_dict()
+
+    def snapshot(self, device: str, stream: str | None) -> dict[str, Any]:
+        """The device's latest frame of ``stream`` (``snapshot`` command) for the console: what the
+        device said about it, and the JPEG as base64 (checked to be one). Runs on the caller's thread."""
+        return snapshot_json(take_snapshot(self.settings, device, stream=stream, timeout=SNAPSHOT_TIMEOUT_S))
 
     def pause(self, rollout_id: str) -> dict[str, Any]:
         assert self.store is not None

@@ -25,6 +25,8 @@ class Controls(Protocol):
 
     def decommission(self, device: str, *, force: bool = False) -> dict[str, Any]: ...
 
+    def snapshot(self, device: str, stream: str | None) -> dict[str, Any]: ...
+
 
 class LoopCall:
     """A function the loop thread runs for another thread (the console's actions)."""
@@ -75,3 +77,7 @@ class ConsoleCalls:
         if not done["cleared"]:
             return f"device {device} forgotten: nothing of it was retained on the broker"
         return f"device {device} decommissioned: {len(done['cleared'])} retained topic(s) cleared"
+
+    def snapshot(self, device: str, stream: str | None) -> dict[str, Any]:
+        # Not on the loop either: a round trip to the device, which must not wait behind a rollout.
+        return self._controller.snapshot(device, stream)

@@ -27,3 +27,24 @@ class CalibrateArgs(SlotArgs):
 
     # strict: "200" or 200.5 is a client bug to report, not a number to guess at.
     frames: int = Field(200, ge=1, le=100_000, strict=True, description="Live frames to calibrate on.")
+
+
+class SnapshotArgs(StrictModel):
+    """``snapshot``: the latest frame of a stream, as a JPEG."""
+
+    stream: str | None = Field(
+        None, min_length=1, description="The stream; default: the first stream of the device's config."
+    )
+    # strict: "640" is a client bug to report, not a number to guess at.
+    max_dimension: int | None = Field(
+        None, ge=16, le=8192, strict=True, description="Longest side wanted (capped by the device's)."
+    )
+
+
+class LogsArgs(StrictModel):
+    """``logs``: the agent's latest log lines, or those after a sequence number (``--follow``)."""
+
+    lines: int = Field(100, ge=1, le=1000, strict=True, description="Most lines returned.")
+    after: int | None = Field(
+        None, ge=0, strict=True, description="Only lines numbered above this (the last `seq` seen)."
+    )

@@ -30,6 +30,7 @@ from agent.protocol.messages import ResultMessage
 from agent.runtime.loaded import LoadedModel
 from agent.runtime.outbox import OrderedOutbox
 from agent.runtime.slot import ModelSlot
+from agent.runtime.snapshots import SnapshotBoard
 from agent.runtime.stage_items import FrameTap, InferredItem, Publisher, StreamMetrics, StreamPlan, WorkItem
 from agent.runtime.stage_queue import SlotInbox
 from agent.telemetry import Metrics
@@ -90,6 +91,8 @@ class SlotPipeline:
         self._captures_running = len(streams)
         self._captures_lock = threading.Lock()
         self.last_image: npt.NDArray[np.uint8] | None = None
+        #: The latest frame of each stream with its result, for the ``snapshot`` command (references).
+        self.snapshots = SnapshotBoard()
         self._taps: list[FrameTap] = []
         self._taps_lock = threading.Lock()
         self.heartbeat = time.monotonic()
@@ -322,6 +325,7 @@ class SlotPipeline:
             model.results_pending(len(chunk))
             model.counted(len(chunk))
             for i, work in enumerate(chunk):
+                self.snapshots.inferred(work.plan.name, work.frame.index, work.frame.image)
                 work.frame = replace(work.frame, image=_RELEASED_IMAGE)
                 work.tensor = _RELEASED_TENSOR
                 results.append(
@@ -420,6 +424,7 @@ class SlotPipeline:
     def _published(self, item: InferredItem, message: ResultMessage, post_ms: float) -> None:
         sm = self._stream_metrics[item.work.plan.name]
         sm.published.inc()
+        self.snapshots.published(message)
         item.model.health.published(
             item.work.plan.name, message.classes[0].index if message.classes else None
         )

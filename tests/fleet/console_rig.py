@@ -13,24 +13,34 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
+from agent.config.models import SnapshotConfig
 from agent.fleet.gate import GateFigures
 from agent.fleet.rollout_store import RolloutPlan, RolloutState, RolloutStore, RolloutStoreError
+from agent.fleet.snapshot import snapshot_from_reply, snapshot_json
 from agent.fleet.view import FleetView
 from agent.mqtt.inbound import InboundMessage
+from agent.protocol.command_args import SnapshotArgs
 from agent.protocol.messages import (
+    CommandReply,
     FailedFigure,
     InfoMessage,
     JobState,
     JobStatus,
     ModelRef,
     ProbationFigures,
+    ResultMessage,
     ShadowFigures,
     SlotInfo,
     StatusMessage,
     TelemetryMessage,
     encode,
 )
+from agent.protocol.results import Detection
 from agent.protocol.topics import Topics
+from agent.runtime.snapshot_command import SnapshotCommand
+from agent.runtime.snapshots import SnapshotBoard
 
 
 def status(prefix: str, device: str, state: str = "online", session: int = 1) -> tuple[str, bytes]:
@@ -177,6 +187,13 @@ class StoreActions:
         self.store.set_state(rollout_id, RolloutState.ABORTED, "aborted from the console")
         return "aborted" + (" (rolling back)" if rollback else "")
 
+    def snapshot(self, device_id: str, stream: str | None) -> dict[str, Any]:
+        """A simulated device's snapshot (:func:`simulated_snapshot`), for a device in the view."""
+        self.calls.append(("snapshot", device_id))
+        if self.view is None or self.view.device(device_id) is None:
+            raise RolloutStoreError(f"no device {device_id!r} to ask")
+        return simulated_snapshot(stream)
+
     def decommission(self, device_id: str) -> str:
         """Forgets the device in the view, as the controller does once the broker cleared its topics
         (the broker's part is tests/fleet/test_decommission.py's, against a real controller)."""
@@ -184,6 +201,37 @@ class StoreActions:
         if self.view is None or not self.view.forget(device_id):
             raise RolloutStoreError(f"no device {device_id!r} to decommission")
         return f"device {device_id} decommissioned"
+
+
+#: The simulated camera's frame: a white square on grey, and the box a detector found around it.
+SNAPSHOT_SIZE = (320, 240)
+SNAPSHOT_BOX = (100.0, 60.0, 200.0, 160.0)
+
+
+def simulated_snapshot(stream: str | None) -> dict[str, Any]:
+    """What a device's ``snapshot`` answers, made by the device's own code: a frame and its detection
+    result on a :class:`SnapshotBoard`, encoded by :class:`SnapshotCommand`, then decoded and checked
+    by the operator side (:func:`snapshot_from_reply`), as the controller does. Stands in for the
+    MQTT round trip to a real agent (tests/e2e/test_snapshot_logs.py makes that one)."""
+    width, height = SNAPSHOT_SIZE
+    image = np.full((height, width, 3), 60, np.uint8)
+    x1, y1, x2, y2 = (int(v) for v in SNAPSHOT_BOX)
+    image[y1:y2, x1:x2] = 255
+    result = ResultMessage(
+        stream="cam0",
+        frame_index=12,
+        captured_at=1_767_225_600.0,
+        published_at=1_767_225_600.1,
+        model=ModelRef(slot="main", model_id="detector", version="4", sha256="ab" * 32),
+        latency_ms={"total": 9.5},
+        detections=[Detection(index=0, label="square", score=0.93, box=SNAPSHOT_BOX)],
+    )
+    board = SnapshotBoard()
+    board.inferred("cam0", 12, image)
+    board.published(result)
+    command = SnapshotCommand(SnapshotConfig(), ["cam0"], board.latest, lambda: 256 * 1024)
+    reply = CommandReply(command="snapshot", ok=True, result=command(SnapshotArgs(stream=stream)))
+    return snapshot_json(snapshot_from_reply(reply))
 
 
 def new_store(tmp_path: Path) -> RolloutStore:

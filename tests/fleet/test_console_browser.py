@@ -33,6 +33,8 @@ from agent.fleet.view import FleetView
 from agent.localbroker import Broker
 from agent.mqtt.service_client import ServiceClient
 from tests.fleet.console_rig import (
+    SNAPSHOT_BOX,
+    SNAPSHOT_SIZE,
     StoreActions,
     failed_job,
     fleet_messages,
@@ -464,6 +466,43 @@ def test_a_console_without_a_token_refuses_actions_on_the_page(
         "(set http.token_file in its controller.yaml to allow actions)"
     )
     assert read_only_console.store.rollout("r-1").state is RolloutState.RUNNING
+
+
+def test_the_snapshot_button_draws_the_frame_with_its_boxes_and_labels(console: Console, page: Page) -> None:
+    console.publish(list(fleet_messages(console.prefix, DEVICES[:1])))
+    _arrived(console, 1)
+    page.goto(console.server.url + "/device/jet-00")
+    page.wait_for_selector("body[data-device=rendered]")
+    page.fill("#snapshot-stream", "nope")
+    page.click("#snapshot")
+    page.fill("#token-input", TOKEN)
+    page.click("#token-save")
+    page.wait_for_selector("#message.error")
+    refused = page.inner_text("#message")
+    page.fill("#snapshot-stream", "")
+    page.click("#snapshot")  # the token is kept for the tab: no second prompt
+    page.wait_for_selector("body[data-snapshot=drawn]")
+    canvas = page.locator("#snapshot-canvas")
+    # Pixels as drawn: the box's green outline, the white square inside it, the grey frame outside.
+    x1, y1, x2, y2 = (int(v) for v in SNAPSHOT_BOX)
+    probe = page.evaluate(
+        """([points]) => {
+            const g = document.querySelector("#snapshot-canvas").getContext("2d");
+            return points.map(([x, y]) => Array.from(g.getImageData(x, y, 1, 1).data.slice(0, 3)));
+        }""",
+        [[[x1, (y1 + y2) // 2], [(x1 + x2) // 2, (y1 + y2) // 2], [20, y2 + 40]]],
+    )
+
+    assert "refused (409)" in refused
+    assert "no stream 'nope'" in refused
+    assert (canvas.get_attribute("width"), canvas.get_attribute("height")) == tuple(map(str, SNAPSHOT_SIZE))
+    assert canvas.get_attribute("data-frame") == "12"
+    assert canvas.get_attribute("data-labels") == "square"
+    edge, inside, outside = probe
+    assert edge[1] > 150 > edge[0]  # green: the box drawn from the result, at its source pixels
+    assert min(inside) > 235  # the frame itself (JPEG: nearly white)
+    assert all(50 < c < 70 for c in outside)
+    assert "cam0 frame 12, 320x240" in page.inner_text("#snapshot-caption")
 
 
 def _screenshot(page: Page, name: str) -> None:

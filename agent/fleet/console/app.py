@@ -1,4 +1,4 @@
-"""The fleet console: a Starlette app with three pages, a JSON API, live events and three actions.
+"""The fleet console: a Starlette app with three pages, a JSON API, live events and its actions.
 
 Routes (docs/console.md)::
 
@@ -11,6 +11,7 @@ Routes (docs/console.md)::
     GET  /events?want=devices,rollouts&...    server-sent events (agent/fleet/console/feed.py)
     POST /api/rollouts/{id}/pause|resume|abort[?rollback=1]   needs ``Authorization: Bearer TOKEN``
     POST /api/devices/{id}/decommission       clears its retained topics, forgets it (the token too)
+    POST /api/devices/{id}/snapshot[?stream=S]  the device's latest frame + its result (the token too)
     GET  /metrics                             the controller's metrics app, when given
 
 Read-only unless a token is configured; then the actions need it, compared in constant time.
@@ -85,6 +86,14 @@ class ConsoleActions(Protocol):
 
     def decommission(self, device_id: str) -> str: ...
 
+    def snapshot(self, device_id: str, stream: str | None) -> dict[str, Any]: ...
+
+
+#: How a device's refusal of a snapshot is answered: its rate limit is the browser's 429 too.
+_SNAPSHOT_STATUS = {"rate_limited": 429, "no_reply": 504, "offline": 504, "bad_snapshot": 502}
+#: Longest ``stream`` query value taken (a stream name is a topic level: short).
+_MAX_STREAM = 128
+
 
 class _SecurityHeaders:
     """Adds :data:`SECURITY_HEADERS` to every HTTP response (a plain ASGI wrapper: it leaves
@@ -154,6 +163,9 @@ def make_console_app(
     """
     feed = Feed(view, store, interval_s=interval_s)
     closing = threading.Event()
+    # One snapshot in flight per device: a double click, or two tabs, wait for the first answer.
+    snapshots_lock = threading.Lock()
+    snapshots_running: set[str] = set()
 
     async def page(request: Request) -> Response:
         return FileResponse(STATIC_DIR / "index.html", headers={"cache-control": "no-store"})
@@ -235,6 +247,29 @@ def make_console_app(
             return _error(409, str(exc))
         return JSONResponse({"ok": True, "message": message})
 
+    def snapshot(request: Request) -> Response:
+        refused = refusal(request)
+        if refused is not None:
+            return refused
+        device_id = request.path_params["device_id"]
+        stream = request.query_params.get("stream") or None
+        if stream is not None and len(stream) > _MAX_STREAM:
+            return _error(400, f"stream: at most {_MAX_STREAM} characters")
+        if view.device(device_id) is None:
+            return _error(404, f"no device {device_id!r} heard by this controller")
+        with snapshots_lock:
+            if device_id in snapshots_running:
+                return _error(429, f"a snapshot of {device_id} is already being taken; wait for it")
+            snapshots_running.add(device_id)
+        try:
+            taken = actions.snapshot(device_id, stream)
+        except AgentError as exc:  # the device's refusal (rate_limited, no_frame ...) or no reply
+            return _error(_SNAPSHOT_STATUS.get(exc.code, 409), str(exc))
+        finally:
+            with snapshots_lock:
+                snapshots_running.discard(device_id)
+        return JSONResponse({"ok": True, "snapshot": taken}, headers={"cache-control": "no-store"})
+
     async def events(request: Request) -> Response:
         params = request.query_params
         try:
@@ -266,6 +301,7 @@ def make_console_app(
         Route("/api/rollout/{rollout_id}", api_rollout),
         Route("/api/rollouts/{rollout_id}/{verb}", act, methods=["POST"]),
         Route("/api/devices/{device_id}/decommission", decommission, methods=["POST"]),
+        Route("/api/devices/{device_id}/snapshot", snapshot, methods=["POST"]),
         Route("/events", events),
         Mount("/static", StaticFiles(directory=STATIC_DIR)),
     ]

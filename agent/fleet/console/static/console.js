@@ -304,6 +304,11 @@ async function devicePage(deviceId) {
     el("p", { className: "actions" },
       el("button", { type: "button", id: "decommission", onclick: () => decommission(row.id) }, "Decommission…"),
       el("span", { className: "muted" }, " clears its retained status, info and desired states on the broker; the console forgets it")),
+    el("div", { className: "card snapshot", id: "snapshot-panel" },
+      el("button", { type: "button", id: "snapshot", onclick: () => snapshot(row.id) }, "Snapshot"),
+      el("input", { id: "snapshot-stream", placeholder: "stream (default: its first)", maxLength: 128 }),
+      el("span", { className: "muted", id: "snapshot-caption" }, " the latest frame of a stream, with that frame's result drawn on it"),
+      el("canvas", { id: "snapshot-canvas", hidden: true })),
   ].filter(Boolean));
   document.body.dataset.device = "rendered";
 }
@@ -525,6 +530,77 @@ async function act(rolloutId, verb, rollback = false) {
 async function decommission(deviceId) {
   if (!confirm("Decommission " + deviceId + "? Its retained status, info and desired states are cleared on the broker, and the console forgets it. Stop its agent first.")) return;
   await post("decommission " + deviceId, "/api/devices/" + encodeURIComponent(deviceId) + "/decommission", (message) => message);
+}
+
+// The snapshot button: the device encodes its latest frame (bounded by its snapshot.* settings) and
+// sends the result of that very frame; boxes (source-frame pixels, scaled here) and labels are drawn
+// on a canvas over the JPEG. Device text is drawn with fillText: pixels, never markup.
+async function snapshot(deviceId) {
+  let token = sessionStorage.getItem(TOKEN_KEY);
+  if (!token) token = await askToken();
+  if (!token) { say("snapshot: cancelled (no token given)", "error"); return; }
+  const stream = $("#snapshot-stream").value.trim();
+  const url = "/api/devices/" + encodeURIComponent(deviceId) + "/snapshot" + (stream ? "?stream=" + encodeURIComponent(stream) : "");
+  const button = $("#snapshot");
+  button.disabled = true;
+  try {
+    const response = await fetch(url, { method: "POST", headers: { authorization: "Bearer " + token } });
+    const body = await response.json().catch(() => ({ error: response.statusText }));
+    if (!response.ok) {
+      if (response.status === 401) sessionStorage.removeItem(TOKEN_KEY);
+      say("snapshot of " + deviceId + " refused (" + response.status + "): " + body.error, "error");
+      return;
+    }
+    await drawSnapshot(body.snapshot);
+  } finally {
+    button.disabled = false;
+  }
+}
+
+function drawSnapshot(snap) {
+  return new Promise((resolve) => {
+    const image = new Image();
+    image.onload = () => {
+      const canvas = $("#snapshot-canvas");
+      canvas.width = image.width;
+      canvas.height = image.height;
+      const g = canvas.getContext("2d");
+      g.drawImage(image, 0, 0);
+      const result = snap.result || {};
+      const sx = image.width / (snap.source_width || image.width), sy = image.height / (snap.source_height || image.height);
+      g.lineWidth = 2;
+      g.font = "12px sans-serif";
+      g.textBaseline = "top";
+      const labels = [];
+      for (const d of (result.detections || []).slice(0, 100)) {
+        const [x1, y1, x2, y2] = d.box;
+        g.strokeStyle = "#22c55e";
+        g.strokeRect(x1 * sx, y1 * sy, (x2 - x1) * sx, (y2 - y1) * sy);
+        label(g, safe(d.label, 40) + " " + num(d.score, 2), x1 * sx, Math.max(0, y1 * sy - 15));
+        labels.push(safe(d.label, 40));
+      }
+      (result.classes || []).slice(0, 5).forEach((c, i) => {
+        label(g, safe(c.label, 40) + " " + num(c.score, 2), 4, 4 + i * 16);
+        labels.push(safe(c.label, 40));
+      });
+      canvas.hidden = false;
+      canvas.dataset.frame = String(snap.frame_index);
+      canvas.dataset.labels = labels.join("|");
+      $("#snapshot-caption").textContent = " " + safe(snap.stream, 64) + " frame " + snap.frame_index + ", " + snap.width + "x" + snap.height + ", " + snap.bytes + " bytes";
+      document.body.dataset.snapshot = "drawn";
+      resolve();
+    };
+    image.onerror = () => { say("snapshot: the JPEG does not decode", "error"); resolve(); };
+    image.src = "data:image/jpeg;base64," + snap.jpeg_base64;
+  });
+}
+
+function label(g, text, x, y) {
+  const width = g.measureText(text).width + 6;
+  g.fillStyle = "rgba(17, 24, 39, 0.75)";
+  g.fillRect(x, y, width, 15);
+  g.fillStyle = "#fff";
+  g.fillText(text, x + 3, y + 1);
 }
 
 // -- routing ---------------------------------------------------------------------------------------
