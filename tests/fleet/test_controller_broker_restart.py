@@ -139,7 +139,7 @@ def _wait_done(settings: MqttSettings, rollout_id: str) -> dict[str, Any]:
 def _answers_list(settings: MqttSettings) -> bool:
     try:
         with ControllerClient(settings, timeout=5) as client:
-            return client.request("list", {})["rollouts"] == []
+            return bool(client.request("list", {})["rollouts"] == [])
     except ControllerUnavailableError:
         return False  # asked before the controller's request connection was back: ask again
 
@@ -256,7 +256,12 @@ def test_a_request_waits_while_the_lease_is_down_and_is_handled_once_it_is_back(
         broker.kill()
         wait_until(lambda: controller.lease.lost is not None, what="the controller to see its lease down")
         seen: list[str | None] = []
-        call = LoopCall(lambda: {"lost": seen.append(controller.lease.lost)})
+
+        def note() -> dict[str, Any]:
+            seen.append(controller.lease.lost)
+            return {}
+
+        call = LoopCall(note)
         controller._requests.put(call)
         wait_until(lambda: controller._requests.qsize() == 0, what="the loop to take the call")
         assert seen == []  # paused: taken, not run, while the lease is down
