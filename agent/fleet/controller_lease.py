@@ -16,9 +16,25 @@ same model. So a controller starts by taking the prefix's lease, and one that fi
   cannot both hold it: the later connection closes the earlier one, which has lost the lease. Its
   Last Will (a retained empty message) clears the claim the moment the holder dies, or 1.5
   keep-alives after it went silent.
-- **A lost lease is not taken back.** The connection does not reconnect by itself (it would close
-  the new holder's); the controller stops (:class:`LeaseLostError`) and systemd starts it again,
-  when it takes the lease only if it is free.
+- **A dropped connection pauses; a taken lease is lost for good.** The lease connection does not
+  reconnect by itself (it would close a new holder's). When it drops, :attr:`PrefixLease.lost` says
+  so and the controller pauses: it handles no request and takes no rollout step. Then
+  :meth:`PrefixLease.regain` tells the two kinds of loss apart. *Taken over* (another connection
+  connected under the lease's client id): the broker says so with DISCONNECT 0x8E "Session taken
+  over" (mosquitto 2.0.15 and later), or, for mosquitto 2.0.11 which closes the socket without it
+  (mosquitto#2607), the broker closed the lease connection alone: a **witness**, a second
+  connection of this controller's, is still the one it had when the lease was taken and gets a QoS 1
+  round trip through (a broker that restarted, or a link that dropped, takes the witness's
+  connection too). Taken over is final: :class:`LeaseLostError`, the controller stops and systemd
+  starts it again, when it takes the lease only if it is free (``standby: true``: it stands by).
+  *Any other loss* (broker restarted, link dropped): the controller reads the claim again, tries
+  spaced like reconnects; another controller's claim there is final too; absent (a broker without
+  persistence forgot it, it expired, our Last Will cleared it) or this controller's own, it connects
+  the lease connection again, publishes the claim, and resumes. Two that both find it absent (a
+  holder coming back, a standby whose wait ran out) race as at start: the broker keeps the later
+  connection, and the earlier one pauses at once and, at its next try, finds the lease taken (the
+  broker closed its connection alone, or the other's claim is there). A standby rides through a
+  broker outage too: it reads the claim again once the broker is back.
 - **Reading the lease** needs no clock: the reader subscribes to the lease topic and to an echo
   topic of its own, then publishes to the echo; the broker sends a retained claim before the echo,
   so once the echo is back, no claim seen means none exists.

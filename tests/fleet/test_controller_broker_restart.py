@@ -31,6 +31,7 @@ from tests.fleet.operator_side import operator_settings, unique_prefix
 from tests.fleet.test_controller import _request, _start, _status
 from tests.fleet.test_controller_lease import Child, _config_file, _spawn
 from tests.fleetsim.sim_fleet import SimFleet
+from tests.mqtt.tcp_proxy import FreezableProxy
 from tests.waiting import wait_until
 
 #: Shadow and probation as operators run them (the rollout's defaults ask for neither).
@@ -274,3 +275,51 @@ def test_a_request_waits_while_the_lease_is_down_and_is_handled_once_it_is_back(
         stop.set()
         loop.join(10)
         controller.stop()
+
+
+def test_a_controller_whose_link_froze_pauses_and_takes_its_lease_back(
+    tmp_path: Path, broker: Broker, keys: KeyPairFiles, prefix: str
+) -> None:
+    """The link drops, the broker stays up: every connection of the controller goes through a proxy
+    that stalls them all (a pulled cable). Each side sees it after its keep-alive; the controller
+    pauses, connects again (new connections pass) and takes its lease back under the same claim."""
+    proxy = FreezableProxy(broker.host, broker.port).start()
+    settings = MqttSettings(
+        host="127.0.0.1",
+        port=proxy.port,
+        prefix=prefix,
+        keepalive_s=5,
+        reconnect_min_s=0.05,
+        reconnect_max_s=0.3,
+    )
+    config = ControllerConfig(
+        mqtt=settings, state_dir=tmp_path / "state", signing_key=keys.private, key_id=keys.key_id
+    )
+    controller = FleetController(config).start()
+    stop = threading.Event()
+    failed: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            controller.run(stop)
+        except BaseException as exc:
+            failed.append(exc)
+
+    loop = threading.Thread(target=run, daemon=True)
+    loop.start()
+    try:
+        proxy.freeze()
+        wait_until(lambda: controller.lease.lost is not None or failed, timeout=60, what="the lease to drop")
+        assert controller.lease.lost_for_good is None
+        wait_until(lambda: controller.lease.lost is None or failed, timeout=60, what="the lease back")
+        assert not failed, failed
+        assert loop.is_alive()
+        claim = read_lease(operator_settings(broker, prefix))
+        assert claim is not None
+        assert claim.holder == controller.lease.claim.holder
+        wait_until(lambda: _answers_list(settings), timeout=60, what="the controller answering again")
+    finally:
+        stop.set()
+        loop.join(10)
+        controller.stop()
+        proxy.close()

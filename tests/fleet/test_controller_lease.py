@@ -328,7 +328,8 @@ def test_a_holder_whose_lease_connection_is_taken_stops_and_does_not_take_it_bac
             thread.join(30)
             assert not thread.is_alive()
             assert raised, "the controller went on after losing its lease connection"
-            assert f"another controller may hold prefix {prefix}" in str(raised[0])
+            # The line docs/protocol.md quotes ("... another controller may hold prefix P now; stopping").
+            assert f"another controller may hold prefix {prefix} now; stopping" in str(raised[0])
             # The controller's lease connection did not come back and close the taker's.
             taker.settle(1.0)
             assert taker.client.is_connected()
