@@ -309,9 +309,11 @@ def test_a_controller_whose_link_froze_pauses_and_takes_its_lease_back(
     loop.start()
     try:
         proxy.freeze()
-        wait_until(lambda: controller.lease.lost is not None or failed, timeout=60, what="the lease to drop")
+        wait_until(
+            lambda: controller.lease.lost is not None or bool(failed), timeout=60, what="the lease to drop"
+        )
         assert controller.lease.lost_for_good is None
-        wait_until(lambda: controller.lease.lost is None or failed, timeout=60, what="the lease back")
+        wait_until(lambda: controller.lease.lost is None or bool(failed), timeout=60, what="the lease back")
         assert not failed, failed
         assert loop.is_alive()
         claim = read_lease(operator_settings(broker, prefix))
