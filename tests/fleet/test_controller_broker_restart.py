@@ -325,3 +325,66 @@ def test_a_controller_whose_link_froze_pauses_and_takes_its_lease_back(
         loop.join(10)
         controller.stop()
         proxy.close()
+
+
+def test_a_standby_whose_wait_ends_while_the_broker_is_down_stands_by_through_it_and_one_holds_after(
+    tmp_path: Path, keys: KeyPairFiles, prefix: str, children: list[Child], stopped: list[Broker | SimFleet]
+) -> None:
+    """A 3 s claim: the standby's wait runs out while the broker is down and its read fails; it
+    tries again instead of exiting. Once the broker is back (no persistence: no claim), the holder
+    and the standby may both find the lease free; the broker keeps one connection of the lease's
+    client id, and in the end one controller holds the lease and the other does not drive (it
+    stands by, or it was the holder and stopped, as one whose lease is taken does)."""
+    broker = _broker(tmp_path, stopped, persistence=False)
+    settings = operator_settings(broker, prefix)
+    holder = _spawn(
+        children,
+        _config_file(tmp_path / "h.yaml", broker, prefix, keys, tmp_path / "state-h", lease_ttl_s=3),
+        tmp_path / "h.log",
+    )
+    holder.wait_serving_or_exit()
+    assert holder.serving(), holder.text()
+    standby = _spawn(
+        children,
+        _config_file(tmp_path / "s.yaml", broker, prefix, keys, tmp_path / "state-s", standby=True),
+        tmp_path / "s.log",
+    )
+    pair = [holder, standby]
+    wait_until(lambda: "standing by" in standby.text(), timeout=30, what="the standby's line")
+
+    broker.kill()
+    wait_until(
+        lambda: (
+            "fleet.controller.standby.broker_unreachable" in standby.text() or standby.proc.poll() is not None
+        ),
+        timeout=60,
+        what="the standby's wait to end while the broker is down",
+    )
+    assert standby.proc.poll() is None, standby.text()
+    broker.start()
+
+    def one_holder() -> bool:
+        claim = read_lease(settings)
+        owners = [c for c in pair if claim is not None and c.proc.pid == claim.pid and c.proc.poll() is None]
+        others = [c for c in pair if c not in owners]
+        if len(owners) != 1:
+            return False
+        # The other stopped, or it is the standby and never served (the holder, alive, may still act).
+        return all(
+            c.proc.poll() is not None or (c is standby and "requests on" not in c.text()) for c in others
+        )
+
+    wait_until(one_holder, timeout=90, what="one controller holding the lease")
+    claim = read_lease(settings)
+    assert claim is not None
+    (owner,) = [c for c in pair if c.proc.pid == claim.pid]
+    (other,) = [c for c in pair if c is not owner]
+    assert owner.proc.poll() is None
+    wait_until(lambda: "requests on" in owner.text(), timeout=30, what="the holder serving")
+    if other.proc.poll() is not None:  # the holder that lost the race: stopped, naming why
+        assert other is holder
+        assert other.proc.returncode == 1, other.text()
+        assert "another controller may hold prefix" in other.text() or "was taken by" in other.text()
+    else:  # the standby that lost the race, or never raced: standing by, never serving
+        assert other is standby
+        assert "requests on" not in standby.text()
