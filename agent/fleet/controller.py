@@ -105,6 +105,7 @@ class FleetController:
             secret=None if self._key is None else self._key.private_bytes_raw(),
             ttl_s=config.lease_ttl_s,
         )
+        self._paused = False  # the lease connection dropped: no request, no step until it is back
         # A random shared-subscription group of this process's own: a device that knew the group could
         # join it and lose the requests mosquitto hands it (docs/protocol.md, "Broker configuration").
         # One controller holds a prefix, so no other process needs to share it; the client session
@@ -158,32 +159,56 @@ class FleetController:
     def run(self, stop: threading.Event) -> None:
         """Handle requests and step the rollouts until ``stop`` is set."""
         last_step = 0.0
+        message: InboundMessage | LoopCall | None = None
         while not stop.is_set():
-            try:
-                message: InboundMessage | LoopCall | None = self._requests.get(timeout=_TICK_S)
-            except queue.Empty:
-                message = None
-            self._check_lease()
-            if isinstance(message, LoopCall):
-                message.run()
-            elif message is not None:
-                self._answer(message)
+            if message is None:
+                try:
+                    message = self._requests.get(timeout=_TICK_S)
+                except queue.Empty:
+                    message = None
+            if not self._check_lease():
+                stop.wait(_TICK_S)  # paused: the request waits (in order) until the lease is back
+                continue
+            handled, message = message, None
+            if isinstance(handled, LoopCall):
+                handled.run()
+            elif handled is not None:
+                self._answer(handled)
             # Steps at least every tick, however many requests arrive: status polls must not starve them.
-            if message is None or time.monotonic() - last_step >= _TICK_S:
+            if handled is None or time.monotonic() - last_step >= _TICK_S:
                 self.step()
                 last_step = time.monotonic()
 
-    def _check_lease(self) -> None:
-        """LeaseLostError once the lease is lost: another controller may drive these rollouts now,
-        so not one more request or step from this one."""
+    def _check_lease(self) -> bool:
+        """Whether this controller holds the lease and may act (controller_lease.py).
+
+        Its connection dropped (the broker restarted, the network): False, paused, no request
+        handled and no step, while the lease tries to get it back. LeaseLostError once it is another
+        controller's: that one may drive these rollouts now, so not one more request or step.
+        """
         lost = self.lease.lost
-        if lost is not None:
-            log.error("fleet.controller.lease.lost", reason=lost)
-            raise LeaseLostError(f"{lost}; stopping (systemd starts it again: it takes the lease if free)")
+        if lost is None:
+            return True
+        if not self._paused:
+            log.warning("fleet.controller.lease.paused", reason=lost)
+            self._paused = True
+        try:
+            held = self.lease.regain()
+        except LeaseLostError as exc:
+            log.error("fleet.controller.lease.lost", reason=str(exc))
+            raise LeaseLostError(
+                f"{exc}; stopping (systemd starts it again: it takes the lease if free)"
+            ) from exc
+        if held:
+            log.warning("fleet.controller.lease.resumed")
+            self._paused = False
+        return held
 
     def step(self) -> None:
         """Step every open rollout once; forget the ones that are over."""
         for rollout_id, runner in list(self.runners.items()):
+            if self.lease.lost is not None:
+                return  # not one more rollout step once the lease is gone (the loop pauses or stops)
             try:
                 over = runner.step()
             except StoreFullError:

@@ -241,7 +241,7 @@ class MqttCore:
 
     def _cb_disconnect(self, client: Any, userdata: Any, flags: Any, reason_code: Any, props: Any) -> None:
         try:
-            self._on_event(Disconnected(str(reason_code)))
+            self._on_event(Disconnected(str(reason_code), int(reason_code.value)))
         except Exception as exc:  # noqa: BLE001
             self._report_failure("on_disconnect", exc)
 

@@ -22,9 +22,22 @@ class ConnAck:
         return self.code < 0x80
 
 
+#: DISCONNECT reason code "Session taken over": another connection with this client id connected
+#: (sent by mosquitto 2.0.15 and later; 2.0.11 closes the socket without it, mosquitto#2607).
+SESSION_TAKEN_OVER = 0x8E
+
+
 @dataclass(frozen=True)
 class Disconnected:
+    """The connection ended; ``code`` is the reason code (the broker's DISCONNECT, or paho's for a
+    lost socket: 0x80 "Unspecified error")."""
+
     reason: str
+    code: int = 0x80
+
+    @property
+    def taken_over(self) -> bool:
+        return self.code == SESSION_TAKEN_OVER
 
 
 @dataclass(frozen=True)

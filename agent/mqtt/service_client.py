@@ -65,6 +65,7 @@ class ServiceClient:
         self._cond = threading.Condition()  # guards the fields below; never held while calling paho
         self._connected = False
         self._refused: str | None = None  # the broker's reason when it refused our CONNECT
+        self._taken_over = False  # a connection was closed with "Session taken over"
         self._connects = 0
         self._max_packet: int | None = None
         self._subacks: dict[int, list[str]] = {}
@@ -98,6 +99,7 @@ class ServiceClient:
         elif isinstance(event, Disconnected):
             with self._cond:
                 self._connected = False
+                self._taken_over = self._taken_over or event.taken_over
                 self._cond.notify_all()
         elif isinstance(event, PubAck):
             with self._cond:
@@ -201,6 +203,13 @@ class ServiceClient:
     def connected(self) -> bool:
         """True between a successful CONNACK and the loss of that connection."""
         return self._connected
+
+    @property
+    def taken_over(self) -> bool:
+        """True once the broker closed a connection of this client because another connection took
+        its client id (DISCONNECT "Session taken over"; brokers that send it: mosquitto 2.0.15 and
+        later, not 2.0.11, which closes the socket as for any other loss)."""
+        return self._taken_over
 
     @property
     def connects(self) -> int:

@@ -197,7 +197,9 @@ def test_two_that_both_read_the_lease_free_end_with_the_later_one_holding_it(
     tmp_path: Path, broker: Broker, prefix: str
 ) -> None:
     """The race the claim cannot settle: both read it free, then both take it (``_take`` is the
-    step after the read). The broker closes the earlier lease connection; nothing reconnects it."""
+    step after the read). The broker closes the earlier lease connection; nothing reconnects it by
+    itself, and the earlier one's regain finds its lease taken (the broker closed that connection
+    alone: its witness connection stayed up) and does not take it back."""
     settings = operator_settings(broker, prefix)
     earlier, later = PrefixLease(settings, tmp_path / "a"), PrefixLease(settings, tmp_path / "b")
     try:
@@ -206,7 +208,10 @@ def test_two_that_both_read_the_lease_free_end_with_the_later_one_holding_it(
         assert earlier.lost is None
         later._take(10)
         wait_until(lambda: earlier.lost is not None, what="the earlier holder to lose the lease")
-        assert "lease connection to the broker was lost" in str(earlier.lost)
+        with pytest.raises(LeaseLostError, match=f"another controller may hold prefix {prefix}"):
+            earlier.regain()
+        assert earlier.lost_for_good is not None
+        assert later.lost is None  # not closed by a regain of the earlier one
         earlier.release()  # must not clear the later one's claim
         held = read_lease(settings)
         assert held is not None
@@ -216,6 +221,41 @@ def test_two_that_both_read_the_lease_free_end_with_the_later_one_holding_it(
         earlier.release()
         later.release()
     assert read_lease(settings) is None
+
+
+def test_a_holder_that_lost_the_broker_finds_another_claim_when_it_is_back_and_does_not_take_it(
+    tmp_path: Path, private_broker: Broker
+) -> None:
+    """Both lost the broker (a restart without persistence, so the claim went with it); the other
+    took the lease first: the claim the regain reads is the other's, so the lease is lost for good."""
+    prefix = unique_prefix()
+    settings = operator_settings(private_broker, prefix)
+    first, other = PrefixLease(settings, tmp_path / "a"), PrefixLease(settings, tmp_path / "b")
+    try:
+        assert first.acquire()
+        private_broker.restart(hard=True)
+        wait_until(lambda: first.lost is not None, what="the holder to see its lease connection drop")
+        assert first.lost_for_good is None  # the broker went away: not known to be taken
+        assert other.acquire()
+        raised: list[LeaseLostError] = []
+
+        def regained_or_lost() -> bool:
+            try:
+                return first.regain()  # False: not yet due (tries are spaced), try again
+            except LeaseLostError as exc:
+                raised.append(exc)
+                return True
+
+        wait_until(regained_or_lost, what="the regain's answer")
+        assert raised, "the holder took the lease back from the other"
+        assert f"was taken by controller {other.claim.holder}" in str(raised[0])
+        assert other.lost is None
+        held = read_lease(settings)
+        assert held is not None
+        assert held.holder == other.claim.holder
+    finally:
+        first.release()
+        other.release()
 
 
 def test_a_standby_takes_over_from_a_killed_holder_and_finishes_its_rollout(
@@ -288,7 +328,8 @@ def test_a_holder_whose_lease_connection_is_taken_stops_and_does_not_take_it_bac
             thread.join(30)
             assert not thread.is_alive()
             assert raised, "the controller went on after losing its lease connection"
-            assert f"another controller may hold prefix {prefix}" in str(raised[0])
+            # The line docs/protocol.md quotes ("... another controller may hold prefix P now; stopping").
+            assert f"another controller may hold prefix {prefix} now; stopping" in str(raised[0])
             # The controller's lease connection did not come back and close the taker's.
             taker.settle(1.0)
             assert taker.client.is_connected()

@@ -51,3 +51,41 @@ def test_a_reachable_broker_still_connects(broker: Broker) -> None:
         assert client.connected
     finally:
         client.stop()
+
+
+def _mosquitto_version() -> tuple[int, ...]:
+    """The installed mosquitto's version, from the first line of ``mosquitto -h``."""
+    import re
+    import subprocess
+
+    from agent.localbroker import mosquitto_binary
+
+    out = subprocess.run([mosquitto_binary(), "-h"], capture_output=True, text=True, check=False).stdout
+    found = re.search(r"mosquitto version (\d+)\.(\d+)\.(\d+)", out)
+    assert found, out
+    return tuple(int(part) for part in found.groups())
+
+
+def test_a_connection_whose_client_id_another_takes_is_told_so_only_where_the_broker_says_it(
+    broker: Broker,
+) -> None:
+    """MQTT 5 asks the broker to send the earlier connection DISCONNECT 0x8E "Session taken over";
+    mosquitto does from 2.0.15 (mosquitto#2607). 2.0.11 closes the socket without it: to paho that
+    is any lost connection ("Unspecified error"), which is why the lease has a witness connection
+    (controller_lease.py)."""
+    from uuid import uuid4
+
+    from tests.waiting import wait_until
+
+    settings = MqttSettings(host=broker.host, port=broker.port)
+    client_id = f"taken-{uuid4().hex[:8]}"
+    first = ServiceClient(settings, client_id=client_id, reconnect=False).start(timeout=5.0)
+    second = ServiceClient(settings, client_id=client_id, reconnect=False).start(timeout=5.0)
+    try:
+        wait_until(lambda: not first.connected, what="the broker to close the earlier connection")
+        assert second.connected
+        assert first.taken_over is (_mosquitto_version() >= (2, 0, 15))
+        assert not second.taken_over
+    finally:
+        first.stop()
+        second.stop()
