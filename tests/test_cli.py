@@ -189,7 +189,7 @@ def test_a_closed_pipe_ends_quietly(broker: Broker) -> None:
             f"{broker.host}:{broker.port}",
             "--prefix",
             "closed/pipe",
-            "--wait",
+            "--retained-wait",
             "0.2",
         ),
     ):

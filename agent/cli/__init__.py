@@ -16,13 +16,14 @@ from pathlib import Path
 from agent import __version__
 from agent.cli.broker import add_broker_arguments
 from agent.cli.build import add_build_arguments
+from agent.cli.help_format import CliParser
 from agent.cli.selftest import add_selftest_arguments
 from agent.errors import AgentError, ConfigError, UsageError
-from agent.fleet.cli import add_fleet_arguments
+from agent.fleet.cli import FLEET_COMMANDS, add_fleet_arguments
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="edge-agent", description="Edge inference agent for Jetson fleets.")
+    parser = CliParser(prog="edge-agent", description="Edge inference agent for Jetson fleets.")
     parser.add_argument("--version", action="version", version=f"edge-agent {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -54,12 +55,12 @@ def _parser() -> argparse.ArgumentParser:
     broker = sub.add_parser("broker", help="run a local mosquitto (for configs/local.yaml) until Ctrl-C")
     add_broker_arguments(broker)
 
-    fleet = sub.add_parser("fleet", help="operator commands: keygen, deploy, serve, status, cmd")
+    fleet = sub.add_parser("fleet", help=f"operator commands: {', '.join(FLEET_COMMANDS)}")
     add_fleet_arguments(fleet)
 
     demo = sub.add_parser("demo", help="run the end-to-end demo against a private mosquitto")
     demo.add_argument("--forever", action="store_true", help="run until Ctrl-C instead of ~30 s")
-    demo.add_argument("--duration", type=float, default=30.0, help="seconds to run (default 30)")
+    demo.add_argument("--duration", type=float, default=30.0, help="seconds to run")
     demo.add_argument("--workdir", type=Path, default=None, help="keep the demo's files here")
     demo.add_argument(
         "--keep", action="store_true", help="keep the temporary directory of files (default: removed at exit)"

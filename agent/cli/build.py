@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from agent.errors import AgentError, BuildError, UsageError
+from agent.flag_aliases import add_alias
 
 # Only argparse is needed to declare the options; the builder (onnx, numpy, ...) loads when the
 # command runs, so `edge-agent --help` and the other commands stay fast.
@@ -53,14 +54,22 @@ def default_state_dir() -> Path:
 def add_build_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of ``edge-agent build``."""
     parser.add_argument("model", type=Path, help="ONNX model to build")
-    parser.add_argument("--precision", choices=("fp32", "fp16", "int8", "best"), default="fp16")
-    parser.add_argument("--device", choices=("auto", "gpu", "dla0", "dla1", "cpu"), default="auto")
+    parser.add_argument(
+        "--precision", choices=("fp32", "fp16", "int8", "best"), default="fp16", help="engine precision"
+    )
+    engine_device = parser.add_argument(
+        "--engine-device",
+        choices=("auto", "gpu", "dla0", "dla1", "cpu"),
+        default="auto",
+        help="where the engine runs (dla0/dla1: a Jetson's DLA cores)",
+    )
+    add_alias(parser, "--device", engine_device)  # its name before docs/cli.md's one scheme
     parser.add_argument(
         "--no-gpu-fallback", action="store_true", help="fail DLA layers instead of using the GPU"
     )
     parser.add_argument("--workspace-mb", type=int, default=1024, help="TensorRT workspace limit (MB)")
     parser.add_argument(
-        "--opt-level", type=int, default=3, choices=range(6), help="builder optimization level"
+        "--opt-level", type=int, default=3, choices=range(6), metavar="0-5", help="builder optimization level"
     )
     parser.add_argument("--calib", type=Path, metavar="DIR", help="directory of images to calibrate INT8 on")
     parser.add_argument(
@@ -105,7 +114,7 @@ def _spec(args: argparse.Namespace) -> BuildSpec:
     try:
         return BuildSpec(
             precision=args.precision,
-            device=args.device,
+            device=args.engine_device,
             gpu_fallback=not args.no_gpu_fallback,
             workspace_mb=args.workspace_mb,
             optimization_level=args.opt_level,

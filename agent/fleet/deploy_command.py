@@ -14,6 +14,7 @@ from agent.delivery.guard import ProbationSpec, ShadowSpec
 from agent.delivery.manifest import DEFAULT_CHUNK_SIZE, MAX_CHUNK_SIZE, MIN_CHUNK_SIZE
 from agent.engines.spec import BuildSpec
 from agent.errors import UsageError
+from agent.flag_aliases import add_alias
 from agent.fleet.connection import settings_from_args
 from agent.fleet.deploy_plan import DEFAULT_PROBATION_S
 from agent.fleet.untrusted import shown
@@ -72,13 +73,13 @@ def postprocess_from_args(postprocess_json: str | None, labels_file: Path | None
 
 def build_spec_from_args(args: argparse.Namespace) -> BuildSpec | None:
     """A BuildSpec when any build flag is given; None runs the ONNX model as it is."""
-    if args.precision is None and args.device_target is None and not args.no_gpu_fallback:
+    if args.precision is None and args.engine_device is None and not args.no_gpu_fallback:
         return None
     values: dict[str, Any] = {"gpu_fallback": not args.no_gpu_fallback}
     if args.precision is not None:
         values["precision"] = args.precision
-    if args.device_target is not None:
-        values["device"] = args.device_target
+    if args.engine_device is not None:
+        values["device"] = args.engine_device
     return BuildSpec.model_validate(values)
 
 
@@ -113,13 +114,19 @@ def add_manifest_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--slot", required=True, help="model slot on the devices")
     parser.add_argument("--version", required=True, help="model version reported with results")
     parser.add_argument("--model-id", default=None, help="model name (default: the file name's stem)")
-    parser.add_argument("--precision", choices=("fp32", "fp16", "int8", "best"), default=None)
     parser.add_argument(
-        "--device-target",
+        "--precision",
+        choices=("fp32", "fp16", "int8", "best"),
+        default=None,
+        help="engine precision; any of the engine flags asks for an engine build",
+    )
+    engine_device = parser.add_argument(
+        "--engine-device",
         choices=("auto", "gpu", "dla0", "dla1", "cpu"),
         default=None,
         help="where the engine runs (TensorRT devices); with --precision this asks for an engine build",
     )
+    add_alias(parser, "--device-target", engine_device)  # its name before docs/cli.md's one scheme
     parser.add_argument("--no-gpu-fallback", action="store_true", help="DLA only: no GPU fallback layers")
     parser.add_argument(
         "--chunk-size",

@@ -57,7 +57,7 @@ def test_build_flags_make_a_build_spec_only_when_given() -> None:
     base = ("deploy", "m.onnx", "--device", "d", "--slot", "s", "--version", "1", "--unsigned")
     assert build_spec_from_args(_parse(*base)) is None
     spec = build_spec_from_args(
-        _parse(*base, "--precision", "int8", "--device-target", "dla0", "--no-gpu-fallback")
+        _parse(*base, "--precision", "int8", "--engine-device", "dla0", "--no-gpu-fallback")
     )
     assert spec is not None
     assert (spec.precision, spec.device, spec.gpu_fallback) == ("int8", "dla0", False)
@@ -158,7 +158,7 @@ def test_keygen_on_an_existing_key_points_at_force(
 
 def test_a_refused_broker_names_what_the_user_set(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     port = free_port()
-    assert main(["fleet", "status", "--broker", f"127.0.0.1:{port}", "--wait", "20"]) == 1
+    assert main(["fleet", "status", "--broker", f"127.0.0.1:{port}", "--retained-wait", "20"]) == 1
     line = _one_error_line(capsys)
     assert line == (
         f"error: cannot connect to the MQTT broker at 127.0.0.1:{port}: Connection refused; "
@@ -166,7 +166,7 @@ def test_a_refused_broker_names_what_the_user_set(tmp_path: Path, capsys: pytest
     )
     config = tmp_path / "operator.yaml"
     config.write_text(f"mqtt:\n  host: 127.0.0.1\n  port: {port}\n")
-    assert main(["fleet", "status", "-c", str(config), "--wait", "20"]) == 1
+    assert main(["fleet", "status", "-c", str(config), "--retained-wait", "20"]) == 1
     assert f"check mqtt.host/port in {config}" in _one_error_line(capsys)
 
 
