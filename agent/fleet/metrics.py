@@ -228,7 +228,8 @@ class FleetCollector(Collector):
             if self.rollout_devices is None:
                 continue
             tally = Counter(
-                (str(d.wave), d.step.value, d.end.value if d.end is not None else "")
+                # 1-based, as the CLI and the console count waves (issue 22.6)
+                (str(d.wave + 1), d.step.value, d.end.value if d.end is not None else "")
                 for d in self.rollout_devices(row.rollout_id)
             )
             for (wave, step, end), n in sorted(tally.items()):

@@ -12,7 +12,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from agent.errors import AgentError
+from agent.fleet.gate import GatePolicy
+from agent.fleet.rollout_problems import MAX_LISTED, device_problems
+from agent.fleet.rollout_spec import request_of
 from agent.fleet.rollout_store import DeviceStep, RolloutStore
+from agent.fleet.untrusted import shown
 
 
 def rollout_status(store: RolloutStore, rollout_id: str) -> dict[str, Any]:
@@ -27,6 +32,7 @@ def rollout_status(store: RolloutStore, rollout_id: str) -> dict[str, Any]:
         waves.append(
             {
                 "index": wave.index,
+                "wave": wave.index + 1,  # as operators count them; index (0-based) stays for old readers
                 "state": wave.state.value,
                 "devices": len(members),
                 "ends": dict(sorted(ends.items())),
@@ -48,6 +54,7 @@ def rollout_status(store: RolloutStore, rollout_id: str) -> dict[str, Any]:
                 rollback["no_previous"] = list(detail.get("devices", ()))
             else:
                 rollback["ends"] = dict(sorted(Counter(detail.get("ends", {}).values()).items()))
+    problems, left_off = device_problems(devices, _policy(row.spec))
     return {
         "rollout_id": row.rollout_id,
         "state": row.state.value,
@@ -65,7 +72,17 @@ def rollout_status(store: RolloutStore, rollout_id: str) -> dict[str, Any]:
         ),
         "sends": {"devices": len(devices), "resent": sum(1 for d in devices if d.sends > 1)},
         "rollback": rollback,
+        "problem_devices": problems,
+        "problem_devices_left_off": left_off,
     }
+
+
+def _policy(spec: Mapping[str, Any]) -> GatePolicy | None:
+    """The gate the rollout was stored with; None for a spec this version cannot read."""
+    try:
+        return request_of(spec).policy()
+    except (KeyError, ValueError, AgentError):  # pydantic's ValidationError is a ValueError
+        return None
 
 
 def rollout_policy(spec: Mapping[str, Any]) -> dict[str, Any]:
@@ -102,6 +119,7 @@ def status_lines(status: dict[str, Any]) -> list[str]:
         )
         if wave["reason"] and wave["state"] not in ("WAITING",):
             lines.append(f"          {wave['reason']}")
+    lines += problem_lines(status)
     rollback = status.get("rollback")
     if rollback:
         ends = rollback.get("ends")
@@ -117,11 +135,34 @@ def status_lines(status: dict[str, Any]) -> list[str]:
     return lines
 
 
+#: Problem devices ``status`` prints as text (``--json`` carries up to MAX_LISTED).
+_PROBLEM_LINES = 20
+
+
+def problem_lines(status: dict[str, Any]) -> list[str]:
+    """A line per device that failed, rolled back, timed out or is unhealthy: code and figure."""
+    problems = status.get("problem_devices") or []
+    if not problems:
+        return []
+    total = len(problems) + int(status.get("problem_devices_left_off") or 0)
+    lines = [f"  {total} device(s) failed, rolled back, timed out or unhealthy:"]
+    for problem in problems[:_PROBLEM_LINES]:
+        why = "  ".join(str(problem[k]) for k in ("error_code", "figure") if problem.get(k))
+        lines.append(
+            f"    {shown(problem['device'], 64)}  wave {problem['wave']}  {problem['end']}"
+            + (f"  {why}" if why else "")
+        )
+    if total > _PROBLEM_LINES:
+        lines.append(f"    ... and {total - _PROBLEM_LINES} more (`--json` lists up to {MAX_LISTED})")
+    return lines
+
+
 def list_line(status: dict[str, Any]) -> str:
     """One line of ``fleet rollout list``."""
     done = sum(1 for w in status["waves"] if w["state"] in ("DONE", "TRIPPED", "CANCELLED"))
     devices = sum(status["devices"].values())
     return (
         f"{status['rollout_id']:<44} {status['state']:<10} {status['slot']:<12} "
-        f"{status['model']} {status['version']}  wave {done}/{len(status['waves'])}  {devices} device(s)"
+        f"{status['model']} {status['version']}  {done} of {len(status['waves'])} waves done  "
+        f"{devices} device(s)"
     )

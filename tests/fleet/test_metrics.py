@@ -173,8 +173,9 @@ def test_rollout_series_from_a_real_rollout_store(tmp_path: Path) -> None:
     got = samples(registry)
     store.close()
     assert find(got, "edge_rollout_info", rollout_id="r1", slot="main", to_version="5", state="PAUSED") == 1
-    assert find(got, "edge_rollout_devices", rollout_id="r1", wave="0", step="PLANNED") == 1
-    assert find(got, "edge_rollout_devices", rollout_id="r1", wave="1", step="PLANNED") == 2
+    # 1-based, as the CLI and the console count waves (issue 22.6)
+    assert find(got, "edge_rollout_devices", rollout_id="r1", wave="1", step="PLANNED") == 1
+    assert find(got, "edge_rollout_devices", rollout_id="r1", wave="2", step="PLANNED") == 2
 
 
 def test_device_text_in_labels_is_escaped_and_cut() -> None:

@@ -52,6 +52,7 @@ def rollout_summary(store: RolloutStore, rollout_id: str) -> dict[str, Any]:
     waves = [
         {
             "index": index,
+            "wave": index + 1,  # as operators count them; index (0-based) stays for old readers
             "state": state.value,
             "devices": sum(steps[index].values()),
             "steps": dict(sorted(steps[index].items())),
