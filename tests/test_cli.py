@@ -18,6 +18,7 @@ from agent.delivery.manifest import DeployManifest, SignedManifest
 from agent.localbroker import Broker
 from agent.modelzoo import write_classifier
 from agent.protocol.messages import MESSAGE_MODELS
+from agent.schemas import EVERY_MESSAGE
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -126,7 +127,9 @@ def test_schema_writes_one_valid_schema_per_message_and_the_deploy_manifest(tmp_
     proc = agent_cli("schema", "--out", str(out))
     assert proc.returncode == 0, proc.stderr
     # The README says "every MQTT message": what the operator publishes on down/desired is one too.
-    models: tuple[type[BaseModel], ...] = (*MESSAGE_MODELS, SignedManifest, DeployManifest)
+    # The chunk request and the controller's request and status too (issue 22.12).
+    models: tuple[type[BaseModel], ...] = EVERY_MESSAGE
+    assert {*MESSAGE_MODELS, SignedManifest, DeployManifest} < set(models)
     names = {f"{m.__name__}.schema.json" for m in models}
     assert {p.name for p in out.iterdir()} == names
     assert {Path(line).name for line in proc.stdout.split()} == names

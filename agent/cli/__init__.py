@@ -37,7 +37,9 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument("-c", "--config", type=Path, default=None, help="agent YAML config (same as FILE)")
 
     schema = sub.add_parser(
-        "schema", help="write the JSON Schema of every MQTT message, the deploy manifest included"
+        "schema",
+        help="write the JSON Schema of every MQTT message: the device's, the deploy manifest, the chunk "
+        "request and the controller's RolloutRequest and RolloutStatus",
     )
     schema.add_argument("--out", type=Path, default=Path("schemas"), help="output directory")
 
@@ -139,12 +141,10 @@ def _dispatch(args: argparse.Namespace) -> int:
             print(f"{args.config}: ok")
         return 1 if problems else 0
     if args.command == "schema":
-        from agent.delivery.manifest import DeployManifest, SignedManifest
-        from agent.protocol.messages import MESSAGE_MODELS
         from agent.protocol.schema import write_schemas
+        from agent.schemas import EVERY_MESSAGE
 
-        # The manifest models live in delivery (protocol must not import it); the CLI may use both.
-        for path in write_schemas(args.out, (*MESSAGE_MODELS, SignedManifest, DeployManifest)):
+        for path in write_schemas(args.out, EVERY_MESSAGE):
             print(path)
         return 0
     if args.command == "info":

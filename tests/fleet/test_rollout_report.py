@@ -15,6 +15,7 @@ from agent.fleet.gate import DeviceEnd
 from agent.fleet.rollout_problems import MAX_LISTED
 from agent.fleet.rollout_report import list_line, rollout_status, status_lines
 from agent.fleet.rollout_spec import RolloutRequest
+from agent.fleet.rollout_status_model import RolloutStatus
 from agent.fleet.rollout_store import RolloutStore, WaveState
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "protocol.md"
@@ -95,6 +96,7 @@ def test_status_names_each_failed_rolled_back_or_unhealthy_device_with_code_and_
     assert by_device["jet-04"]["end"] == "UNHEALTHY"
     assert by_device["jet-04"]["figure"]  # the gate's own reason (no shadow figures)
     assert status["problem_devices_left_off"] == 0
+    RolloutStatus.model_validate(status)  # the schema `edge-agent schema` writes describes it
     assert "  3 device(s) failed, rolled back, timed out or unhealthy:" in text
     assert "    jet-07  wave 2  ROLLED_BACK  unhealthy  probation p99_ratio 2.6 crossed 2" in text
     assert "    jet-03  wave 3  REJECTED  bad_signature" in text
