@@ -23,11 +23,14 @@ from agent.fleet.deploy import DEFAULT_STATUS_POLL_S
 from agent.fleet.deploy_command import add_manifest_arguments, run_deploy
 from agent.fleet.rollout_cli import add_controller_arguments, run_controller_command, run_rollout
 from agent.logs import configure_logging
+from agent.protocol.topics import DEFAULT_PREFIX
 
 if TYPE_CHECKING:
     pass
 
 
+#: ``fleet status`` exit code when the prefix holds no device at all (a wrong --prefix or --broker).
+EXIT_NO_DEVICES = 1
 #: ``fleet status --telemetry-wait`` default: the agent's default telemetry interval (10 s) and a margin.
 DEFAULT_TELEMETRY_WAIT_S = 11.0
 
@@ -210,9 +213,9 @@ def _status(args: argparse.Namespace) -> int:
     from agent.fleet.targets import facts_of
 
     selector = parse_selector(args.select) if args.select is not None else None  # before connecting
-    rows = collect_fleet(
-        settings_from_args(args), max_wait_s=args.retained_wait, telemetry_wait_s=args.telemetry_wait
-    )
+    settings = settings_from_args(args)
+    rows = collect_fleet(settings, max_wait_s=args.retained_wait, telemetry_wait_s=args.telemetry_wait)
+    everyone = len(rows)
     if selector is not None:
         # A device without a retained up/info is never matched: nothing is known about it to match.
         rows = [r for r in rows if r.info_seen and selector.matches(facts_of(r))]
@@ -220,8 +223,20 @@ def _status(args: argparse.Namespace) -> int:
         print(json.dumps([row.as_dict() for row in rows], indent=2))
     elif rows:
         print(format_table(rows))
-    else:
-        print("no devices found (nothing retained under the prefix; check --prefix and the broker)")
+    if not everyone:
+        # Most likely the wrong target, not an empty fleet: say where we looked, and fail (issue 22.9).
+        print(
+            f"no devices found: nothing retained under {settings.prefix}/+/up/status or up/info on "
+            f"{settings.host}:{settings.port}; check --prefix (the devices' mqtt.prefix, default "
+            f"{DEFAULT_PREFIX}) and --broker",
+            file=sys.stderr,
+        )
+        return EXIT_NO_DEVICES
+    if not rows:
+        print(
+            f"no device of the {everyone} under {settings.prefix} matches --select {args.select}",
+            file=sys.stderr,
+        )
     return 0
 
 

@@ -262,7 +262,10 @@ def run_deploy(args: argparse.Namespace) -> int:
             serving += f" at most {format_bytes(args.max_rate)}/s"
         devices = deploy.snapshot()
         published = sum(1 for p in devices if not p.skipped)
-        print(f"deploy: published to {published} device(s) on {topic} (retained){serving}")
+        if published:
+            print(f"deploy: published to {published} device(s) on {topic} (retained){serving}")
+        else:  # every target unknown: nothing was sent and nothing will be served (issue 22.9)
+            print("deploy: nothing published: no target is a known device (below)", file=sys.stderr)
         _print_unknown(devices, settings.prefix, waiting=args.wait_unknown)
         view.update(deploy.snapshot(), force=True)
         while not over:

@@ -183,7 +183,9 @@ def test_deploy_to_an_unknown_device_ends_at_once_naming_it(
     )  # fmt: skip
     captured = capsys.readouterr()
     assert code == 4, captured.out + captured.err
-    assert "published to 0 device(s)" in captured.out
+    assert "published to" not in captured.out  # issue 22.9: no "published to 0 ... serving the chunks"
+    assert "serving the chunks" not in captured.out
+    assert "deploy: nothing published: no target is a known device" in captured.err
     assert f"unknown device(s) jet-typo: no retained {prefix}/{{device}}/up/status" in captured.err
     assert "--wait-unknown waits for them" in captured.err
     assert "jet-typo: unknown device" in captured.err
@@ -276,3 +278,36 @@ def test_deploy_asks_for_a_shadow_run_unless_told_and_no_shadow_leaves_the_field
     argv = ["fleet", "deploy", str(model), "--device", "d1", "--slot", "cls", "--version", "1", "--unsigned"]
     assert main([*argv, "--no-shadow", "--shadow-json", "{}"]) == 1
     assert _one_error_line(capsys) == "error: --no-shadow and --shadow-json: give one of them"
+
+
+def test_status_under_a_prefix_with_no_device_fails_naming_where_it_looked(
+    broker: Broker, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 22.9: ``fleet status --prefix fleet/v2`` said "no devices found" and exited 0."""
+    prefix = unique_prefix()
+    argv = ["fleet", "status", "--broker", f"{broker.host}:{broker.port}", "--prefix", prefix]
+
+    code = main([*argv, "--retained-wait", "1", "--telemetry-wait", "0"])
+
+    captured = capsys.readouterr()
+    assert code == 1
+    assert captured.out == ""
+    assert f"no devices found: nothing retained under {prefix}/+/up/status or up/info on " in captured.err
+    assert "check --prefix (the devices' mqtt.prefix, default fleet/v1) and --broker" in captured.err
+
+
+def test_a_rollout_command_with_no_controller_fails_at_once_saying_so(
+    broker: Broker, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 22.9: with no controller, ``fleet rollout status`` waited its whole --timeout. The broker
+    answers a request nobody subscribes to "no matching subscribers" at once: that is the error now.
+    (A --timeout of 600 would hold this test for ten minutes without the fix.)"""
+    prefix = unique_prefix()
+    argv = ["--broker", f"{broker.host}:{broker.port}", "--prefix", prefix, "--timeout", "600"]
+
+    code = main(["fleet", "rollout", "status", *argv])
+
+    err = capsys.readouterr().err
+    assert code == 1
+    assert f"no controller listens on {prefix}/_controller/req/status" in err
+    assert f"with prefix {prefix}?" in err
