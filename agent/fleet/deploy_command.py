@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TextIO
 
 from pydantic import TypeAdapter, ValidationError
 
@@ -21,6 +21,8 @@ from agent.fleet.untrusted import shown
 from agent.postprocess.spec import ClassificationSpec, DetectionSpec, PostprocessSpec
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from agent.fleet.deploy_outcome import DeployOutcome, DeviceProgress
 
 from agent.fleet.cli_args import chosen_targets, json_arg, spec_arg, validation_problems
@@ -230,7 +232,8 @@ def run_deploy(args: argparse.Namespace) -> int:
     job_id = new_job_id(request.model_id or args.model.stem, request.version)
     store = RolloutStore(Path(":memory:"))
     store.create(request.plan(job_id, job_id, next_sequence(), {}, {}))
-    view = ProgressView()
+    # With -v the log lines share the terminal: one progress line per change, never redrawn in place.
+    view = ProgressView(tty=False if args.verbose else None, probation_s=fields["probation_s"])
     runner = RolloutRunner(
         store,
         job_id,
@@ -251,11 +254,12 @@ def run_deploy(args: argparse.Namespace) -> int:
         over = runner.step()  # the wave starts: the desired state is published
         deploy = runner.last_deploy
         assert deploy is not None
-        print(f"deploy: {describe_manifest(deploy.manifest)}")
+        # The first step may have drawn a progress line already: every line goes through the view.
+        view.say(f"deploy: {describe_manifest(deploy.manifest)}")
         if key is not None:
-            print(f"deploy: signed with key id {args.key_id}")
+            view.say(f"deploy: signed with key id {args.key_id}")
         else:
-            print("deploy: UNSIGNED; only devices with delivery.require_signature: false accept it")
+            view.say("deploy: UNSIGNED; only devices with delivery.require_signature: false accept it")
         topic = f"{settings.prefix}/{{device}}/down/desired/{request.slot}"
         serving = "; serving the chunks" if deploy.server is not None else "; chunks left to `fleet serve`"
         if args.max_rate and deploy.server is not None:
@@ -263,14 +267,15 @@ def run_deploy(args: argparse.Namespace) -> int:
         devices = deploy.snapshot()
         published = sum(1 for p in devices if not p.skipped)
         if published:
-            print(f"deploy: published to {published} device(s) on {topic} (retained){serving}")
+            view.say(f"deploy: published to {published} device(s) on {topic} (retained){serving}")
         else:  # every target unknown: nothing was sent and nothing will be served (issue 22.9)
-            print("deploy: nothing published: no target is a known device (below)", file=sys.stderr)
-        _print_unknown(devices, settings.prefix, waiting=args.wait_unknown)
+            view.say("deploy: nothing published: no target is a known device (below)", sys.stderr)
+        _print_unknown(devices, settings.prefix, waiting=args.wait_unknown, say=view.say)
         view.update(deploy.snapshot(), force=True)
         while not over:
             runner.wait(0.2)
             over = runner.step()
+            view.update(deploy.snapshot())  # a long phase's clock moves without a new job status
         view.close(deploy.snapshot())
     finally:
         runner.stop()
@@ -278,7 +283,9 @@ def run_deploy(args: argparse.Namespace) -> int:
     return _report_outcome(deploy.outcome(), request.slot)
 
 
-def _print_unknown(devices: list[DeviceProgress], prefix: str, *, waiting: bool) -> None:
+def _print_unknown(
+    devices: list[DeviceProgress], prefix: str, *, waiting: bool, say: Callable[[str, TextIO], None]
+) -> None:
     """Say at once which targets have no retained status (never connected, or a misspelt id)."""
     unknown = [shown(p.device, 64) for p in devices if p.unknown]
     if not unknown:
@@ -286,12 +293,14 @@ def _print_unknown(devices: list[DeviceProgress], prefix: str, *, waiting: bool)
     names = ", ".join(unknown[:20]) + (f" (+{len(unknown) - 20} more)" if len(unknown) > 20 else "")
     where = f"{prefix}/{{device}}/up/status"
     if waiting:
-        print(f"deploy: unknown device(s) {names}: no retained {where}; waiting for them to connect")
+        say(
+            f"deploy: unknown device(s) {names}: no retained {where}; waiting for them to connect", sys.stdout
+        )
     else:
-        print(
+        say(
             f"deploy: unknown device(s) {names}: no retained {where} (never connected to this broker "
             "under this prefix, or misspelt); not deployed to; --wait-unknown waits for them",
-            file=sys.stderr,
+            sys.stderr,
         )
 
 

@@ -7,6 +7,7 @@ checked by a test against a real rollout.
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from collections.abc import Mapping
 from pathlib import Path
@@ -18,6 +19,7 @@ from agent.fleet.rollout_problems import MAX_LISTED, device_problems
 from agent.fleet.rollout_spec import request_of
 from agent.fleet.rollout_store import DeviceStep, RolloutStore
 from agent.fleet.untrusted import shown
+from agent.fleet.waves import format_duration
 
 
 def rollout_status(store: RolloutStore, rollout_id: str) -> dict[str, Any]:
@@ -102,8 +104,22 @@ def _where(step: DeviceStep, end: str | None) -> str:
     return str(step.value)  # PLANNED, CANCELLED
 
 
-def status_lines(status: dict[str, Any]) -> list[str]:
-    """``fleet rollout status`` as text: a header, a line per wave, the rollback."""
+def soak_note(figures: Mapping[str, Any] | None, now: float) -> str:
+    """``soak: 4 min 10 s left (until 12:34:56 UTC)`` for a soaking wave's figures (``soak_until``, a
+    Unix time), or "" (issue 22.8: "soaking 300 s" never said how much was left)."""
+    until = (figures or {}).get("soak_until")
+    if not isinstance(until, (int, float)) or isinstance(until, bool):
+        return ""
+    clock = time.strftime("%H:%M:%S UTC", time.gmtime(until))
+    if until <= now:
+        return f"soak over at {clock}; the next wave starts"
+    return f"soak: {format_duration(until - now)} left (until {clock})"
+
+
+def status_lines(status: dict[str, Any], now: float | None = None) -> list[str]:
+    """``fleet rollout status`` as text: a header, a line per wave, the rollback. ``now`` (Unix time,
+    default the clock's) is what a soak's time left is counted from."""
+    now = time.time() if now is None else now
     policy = status["policy"]
     lines = [
         f"rollout {status['rollout_id']}: {status['state']}  slot {status['slot']}  "
@@ -119,6 +135,8 @@ def status_lines(status: dict[str, Any]) -> list[str]:
         )
         if wave["reason"] and wave["state"] not in ("WAITING",):
             lines.append(f"          {wave['reason']}")
+        if wave["state"] == "SOAKING" and (note := soak_note(wave.get("figures"), now)):
+            lines.append(f"          {note}")
     lines += problem_lines(status)
     rollback = status.get("rollback")
     if rollback:

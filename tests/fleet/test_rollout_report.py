@@ -136,3 +136,19 @@ def test_the_problem_list_is_bounded_and_says_how_many_were_left_off(tmp_path: P
     assert f"  {MAX_LISTED + 25} device(s) failed, rolled back, timed out or unhealthy:" in lines
     assert lines[-1] == f"    ... and {MAX_LISTED + 5} more (`--json` lists up to {MAX_LISTED})"
     store.close()
+
+
+def test_a_soaking_wave_says_how_long_is_left_and_until_when(tmp_path: Path) -> None:
+    """Issue 22.8: "soaking 300 s" never said how much of it was left."""
+    store, rid = _store(tmp_path, ["a", "b"], "1,100%")
+    store.set_wave(rid, 0, WaveState.RUNNING, reason="started")
+    _end(store, rid, "a", DeviceEnd.ACTIVE, HEALTHY)
+    until = 1_795_627_073.129  # 2026-11-25 17:17:53 UTC
+    store.set_wave(
+        rid, 0, WaveState.SOAKING, figures={"soak_until": until}, reason="soaking 300 s; gate holds"
+    )
+    status = rollout_status(store, rid)
+
+    assert "          soak: 4 min 10 s left (until 17:17:53 UTC)" in status_lines(status, now=until - 250)
+    assert "          soak over at 17:17:53 UTC; the next wave starts" in status_lines(status, now=until + 1)
+    store.close()

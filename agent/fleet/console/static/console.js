@@ -183,7 +183,16 @@ function table(id, headers, rows) {
 
 function figures(value) {
   if (!value) return "";
-  return Object.entries(value).filter(([, v]) => v !== null).map(([k, v]) => k + "=" + (typeof v === "object" && v !== null ? JSON.stringify(v) : (typeof v === "number" ? +v.toFixed(4) : v))).join("  ");
+  return Object.entries(value).filter(([, v]) => v !== null).map(([k, v]) => k === "soak_until" && typeof v === "number" ? soakLeft(v) : k + "=" + (typeof v === "object" && v !== null ? JSON.stringify(v) : (typeof v === "number" ? +v.toFixed(4) : v))).join("  ");
+}
+
+// A soaking wave's end (a Unix time) as time left and a clock, not a raw number (issue 22.8).
+function soakLeft(until) {
+  const left = Math.round(until - Date.now() / 1000);
+  const clock = new Date(until * 1000).toISOString().slice(11, 19) + " UTC";
+  if (left <= 0) return "soak over at " + clock;
+  const m = Math.floor(left / 60), s = left % 60;
+  return "soak: " + (m ? m + " min " + String(s).padStart(2, "0") + " s" : s + " s") + " left (until " + clock + ")";
 }
 
 const charts = {};
