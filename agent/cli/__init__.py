@@ -155,11 +155,10 @@ def _dispatch(args: argparse.Namespace) -> int:
         if args.json:
             print(json.dumps({"platform": summary, "backends": platform.backends}, indent=2, default=str))
         else:
-            width = max(len(k) for k in summary)
-            for key, value in summary.items():
-                print(f"{key:<{width}}  {value}")
-            for name, (usable, reason) in platform.backends.items():
-                print(f"backend {name:<12} {'usable' if usable else 'unusable'}: {reason}")
+            from agent.cli.info import info_lines
+
+            for line in info_lines(summary, platform.backends):
+                print(line)
         return 0
     if args.command == "build":
         from agent.cli.build import run_build
