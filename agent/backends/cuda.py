@@ -47,6 +47,7 @@ def install_hint(jetson: bool | None = None) -> str:
         "not apply here"
     )
 
+
 _runtime_module: ModuleType | None = None
 _runtime_lock = threading.Lock()
 _thread_device = threading.local()
