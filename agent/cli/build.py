@@ -176,8 +176,16 @@ def _frames_from_video(args: argparse.Namespace) -> None:
         args.calib_frames,
         progress=None if args.json else lambda m: print(f"  ...      {m}", file=sys.stderr, flush=True),
     )
+    args.calib_written = len(written)
     if not args.json:
         print(f"calib      {len(written)} frames of {args.calib_from} written to {args.calib}/", flush=True)
+        if len(written) < args.calib_frames:
+            # A short video (or an ended stream) gives fewer than asked: say so (issue 22.11).
+            print(
+                f"calib      {len(written)} of the {args.calib_frames} frames asked (--calib-frames): "
+                f"{args.calib_from} gave no more; fewer frames calibrate less representatively",
+                flush=True,
+            )
 
 
 def _settings(args: argparse.Namespace) -> tuple[Path, EngineConfig]:
@@ -330,6 +338,14 @@ def run_build(args: argparse.Namespace) -> int:
     started = time.monotonic()
     artifact = builder.build(model, spec, preprocess=preprocess, progress=progress)
     seconds = time.monotonic() - started
+    agreement = None
+    if artifact.plan.precision == "int8" and args.calib is not None and preprocess is not None:
+        from agent.int8_agreement import MAX_FRAMES, int8_agreement
+
+        progress("comparing the INT8 build with FP32 on the calibration images")
+        agreement = int8_agreement(
+            model, artifact, args.calib, preprocess, min(args.calib_frames, MAX_FRAMES)
+        )
     bench_result: dict[str, Any] | None = None
     rows: list[ComparisonRow] = []
     if args.bench:
@@ -348,10 +364,18 @@ def run_build(args: argparse.Namespace) -> int:
             "effective": artifact.effective,
             "bench": bench_result,
             "compare": [row.as_dict() for row in rows],
+            "int8_agreement": agreement.as_dict() if agreement is not None else None,
+            "calibration_frames": (
+                {"asked": args.calib_frames, "written": args.calib_written}
+                if getattr(args, "calib_written", None) is not None
+                else None
+            ),
         }
         print(json.dumps(document, indent=2, default=str))
     else:
         _print_text(model, artifact, seconds, bench_result)
+        if agreement is not None:
+            print(f"agreement  {agreement.line()}")
         for line in comparison_lines(rows):
             print(line)
     return 0
