@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO, TypeVar
 
@@ -107,3 +108,19 @@ def validation_problems(exc: ValidationError, flag: str) -> list[str]:
         f"{flag} {'.'.join(str(p) for p in e['loc']) or '(value)'}: {e['msg']}"
         for e in exc.errors(include_url=False)
     ]
+
+
+def keep_slot_model_id(
+    args: argparse.Namespace, fields: dict[str, Any], devices: Sequence[str], *, out: TextIO | None = None
+) -> None:
+    """Without ``--model-id``: the id the targets' slot serves now, read from their retained up/info
+    (:mod:`agent.fleet.slot_model`); the file's stem only for an empty slot. Says which, on ``out``."""
+    if fields.get("model_id") is not None:
+        return
+    from agent.fleet.slot_model import default_model_id, slot_model_ids
+    from agent.fleet.status import collect_fleet
+
+    rows = collect_fleet(settings_from_args(args), max_wait_s=args.retained_wait)
+    model_id, line = default_model_id(slot_model_ids(rows, devices, args.slot), args.model.stem, args.slot)
+    fields["model_id"] = model_id
+    print(f"{args.fleet_command}: {line}", file=out or sys.stdout)

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
     from agent.fleet.deploy_outcome import DeployOutcome, DeviceProgress
 
-from agent.fleet.cli_args import chosen_targets, json_arg, spec_arg, validation_problems
+from agent.fleet.cli_args import chosen_targets, json_arg, keep_slot_model_id, spec_arg, validation_problems
 
 #: Exit codes of ``fleet deploy`` (docs/fleet.md): every device ACTIVE; a device ended in a failure
 #: state; some device unfinished at --timeout; a device sent a message that did not parse (and none
@@ -115,7 +115,12 @@ def add_manifest_arguments(parser: argparse.ArgumentParser) -> None:
     """What the desired state says besides the model file: ``fleet deploy`` and ``fleet rollout start``."""
     parser.add_argument("--slot", required=True, help="model slot on the devices")
     parser.add_argument("--version", required=True, help="model version reported with results")
-    parser.add_argument("--model-id", default=None, help="model name (default: the file name's stem)")
+    parser.add_argument(
+        "--model-id",
+        default=None,
+        help="model name (default: the one the slot serves now on the targets; the file's stem for an "
+        "empty slot)",
+    )
     parser.add_argument(
         "--precision",
         choices=("fp32", "fp16", "int8", "best"),
@@ -218,6 +223,7 @@ def run_deploy(args: argparse.Namespace) -> int:
     targets = chosen_targets(args, args.device)
     if targets is None:
         return EXIT_OK
+    keep_slot_model_id(args, fields, targets.devices)
     settings = settings_from_args(args)
     key = load_signing_key(args.key) if args.key is not None else None
     request = RolloutRequest(

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.errors import UsageError
-from agent.fleet.cli_args import add_target_arguments, chosen_targets
+from agent.fleet.cli_args import add_target_arguments, chosen_targets, keep_slot_model_id
 from agent.fleet.connection import add_broker_arguments, settings_from_args
 from agent.fleet.deploy_command import add_manifest_arguments, manifest_fields
 from agent.fleet.rollout_spec import DEFAULT_WAVE_TIMEOUT_S
@@ -195,6 +195,7 @@ def _start(args: argparse.Namespace) -> int:
     targets = chosen_targets(args, args.device, out=sys.stderr if args.json else None)
     if targets is None:
         return 0
+    keep_slot_model_id(args, fields, targets.devices, out=sys.stderr if args.json else None)
     sha = sha256_file(args.model)
     request = RolloutRequest(
         rollout_id=args.rollout_id,

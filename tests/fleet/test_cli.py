@@ -311,3 +311,67 @@ def test_a_rollout_command_with_no_controller_fails_at_once_saying_so(
     assert code == 1
     assert f"no controller listens on {prefix}/_controller/req/status" in err
     assert f"with prefix {prefix}?" in err
+
+
+def test_a_redeploy_keeps_the_model_id_the_slot_serves_not_the_files_stem(
+    tmp_path: Path, broker: Broker, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 22.10: ``shapes_classifier.onnx`` redeployed to a slot serving ``shapes-classifier``
+    renamed the model after the file's stem. The device's retained up/info (as a simulated device
+    publishes it) says what the slot serves; the manifest the deploy publishes keeps that id."""
+    from agent.delivery.manifest import DeployManifest, SignedManifest
+    from tests.fleet.console_rig import info, status
+
+    prefix = unique_prefix()
+    model = tiny_model(tmp_path / "shapes_classifier.onnx")
+    desired = Topics(prefix, "jet-01").desired("main")
+    with Probe(broker.host, broker.port) as probe:
+        for topic, payload in (status(prefix, "jet-01"), info(prefix, "jet-01", model="shapes-classifier")):
+            probe.publish(topic, payload, retain=True)
+        probe.subscribe(desired)
+        main(
+            [
+                "fleet",
+                "deploy",
+                str(model),
+                "--device",
+                "jet-01",
+                "--slot",
+                "main",
+                "--version",
+                "2",
+                "--unsigned",
+                "--no-serve",
+                "--timeout",
+                "1",
+                "--retained-wait",
+                "2",
+                "--broker",
+                f"{broker.host}:{broker.port}",
+                "--prefix",
+                prefix,
+            ]
+        )  # fmt: skip  (--timeout 1: no device answers; what is published is the point)
+        [published] = probe.wait_for_count(desired, 1, timeout=30)
+        for topic in (desired, Topics(prefix, "jet-01").status, Topics(prefix, "jet-01").info):
+            probe.publish(topic, b"", retain=True)
+
+    manifest = DeployManifest.model_validate_json(
+        SignedManifest.model_validate_json(published.payload).manifest
+    )
+    assert manifest.model_id == "shapes-classifier"
+    assert (
+        "deploy: model id shapes-classifier (what slot main serves now; --model-id sets another)"
+        in capsys.readouterr().out
+    )
+
+
+def test_the_default_model_id_is_the_slots_when_the_targets_agree_and_an_error_when_not() -> None:
+    from agent.fleet.slot_model import default_model_id
+
+    assert default_model_id({}, "net", "main")[0] == "net"
+    assert default_model_id({"a": "cls", "b": "cls"}, "net", "main")[0] == "cls"
+    with pytest.raises(
+        ConfigError, match=r"slot main serves models of different ids on the targets \(a \(1\), b \(1\)\)"
+    ):
+        default_model_id({"x": "a", "y": "b"}, "net", "main")
