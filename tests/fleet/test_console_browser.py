@@ -296,3 +296,23 @@ def _screenshot(page: Page, name: str) -> None:
     time.sleep(0.2)  # let uPlot finish its first draw (it draws on the next animation frame)
     page.screenshot(path=str(folder / name), full_page=True)
     assert (folder / name).stat().st_size > 10_000  # a rendered page, not an empty frame
+
+
+def test_a_soaking_wave_shows_the_time_left_not_a_unix_time(console: Console, page: Page) -> None:
+    """Issue 22.8: the page showed ``soak_until=1795627073.129``."""
+    store = console.store
+    make_rollout(store, "r-soak", [DEVICES[:2], DEVICES[2:4]])
+    store.set_wave("r-soak", 0, WaveState.RUNNING)
+    until = time.time() + 250
+    store.set_wave(
+        "r-soak", 0, WaveState.SOAKING, figures={**gate_figures({"ACTIVE": 2}), "soak_until": until}
+    )
+    page.goto(console.server.url + "/rollouts")
+    figures = page.locator('section[data-rollout="r-soak"] tr[data-wave="0"] td.mono')
+    page.wait_for_selector('section[data-rollout="r-soak"] tr[data-wave="0"]')
+
+    text = figures.inner_text()
+    clock = time.strftime("%H:%M:%S UTC", time.gmtime(until))
+    assert "soak_until" not in text
+    assert f"left (until {clock})" in text
+    assert "soak: 4 min " in text or "soak: 3 min " in text  # 250 s, less the page's own load time
