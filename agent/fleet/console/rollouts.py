@@ -88,7 +88,7 @@ def rollout_devices(store: RolloutStore, rollout_id: str) -> list[dict[str, Any]
     return [
         {
             "device": row.device,
-            "wave": row.wave,
+            "wave": row.wave + 1,  # counted from 1, as the waves of the answer and the page are
             "step": row.step.value,
             "end": row.end.value if row.end else None,
             "from_version": row.from_version,
