@@ -383,7 +383,9 @@ def run_build(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Standalone entry (``python -m agent.cli.build``), same as ``edge-agent build``."""
-    parser = argparse.ArgumentParser(prog="edge-agent build", description=__doc__.splitlines()[0])
+    from agent.cli.help_format import CliParser
+
+    parser = CliParser(prog="edge-agent build", description=__doc__.splitlines()[0])
     add_build_arguments(parser)
     args = parser.parse_args(argv)
     try:
