@@ -23,6 +23,8 @@ from agent.protocol.messages import ProbationFigures, ShadowFigures
 MAX_LISTED = 50
 #: Longest device-sent text (error code) kept per device.
 _TEXT = 64
+#: Longest figure text (it holds a figure name the device sent).
+_FIGURE_TEXT = 160
 
 
 def device_problems(rows: Sequence[DeviceRow], policy: GatePolicy | None) -> tuple[list[dict[str, Any]], int]:
@@ -56,7 +58,7 @@ def device_problems(rows: Sequence[DeviceRow], policy: GatePolicy | None) -> tup
                 "wave": row.wave + 1,
                 "end": end,
                 "error_code": shown(code, _TEXT) if isinstance(code, str) else None,
-                "figure": figure,
+                "figure": shown(figure, _FIGURE_TEXT) if figure else None,  # names a device sent
             }
         )
     return problems[:MAX_LISTED], max(0, len(problems) - MAX_LISTED)
