@@ -73,7 +73,7 @@ def add_controller_arguments(sub: Any) -> None:
     start.add_argument(
         "--max-failed",
         default="0",
-        metavar="N|P%%",
+        metavar="N|P%",
         help="bad devices allowed so far: a count or a percentage (default: 0, the first stops the rollout)",
     )
     start.add_argument(

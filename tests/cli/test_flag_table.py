@@ -111,6 +111,7 @@ def test_help_shows_every_default() -> None:
     for name, parser in PARSERS.items():
         text = parser.format_help()
         flat = " ".join(text.split())
+        assert "%%" not in text, f"{name} --help shows an unexpanded %%"
         for action in options(parser):
             if is_alias(action):
                 assert action.option_strings[0] not in text, f"{name} --help shows the old {action}"
