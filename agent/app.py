@@ -141,6 +141,7 @@ class Agent:
             protect=self.models.protected_models,
             part_dir=config.state_dir / "partial",
             on_job_end=self._on_job_end,
+            on_job_phase=self._on_job_end,  # up/info shows the candidate and its phase (issue 22.10)
         )
         self.delivery.register_command("calibrate", self.models.calibrate, CalibrateArgs)
         reply_limit = partial(self.link.payload_limit, self.topics.cmd_reply("snapshot"))

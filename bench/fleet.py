@@ -377,7 +377,7 @@ class _Scenario:
             "--waves", "5%,10%,50%,100%", "--soak", "0", "--max-failed", "2%",
             "--version", "2", "--model-id", "cls", "--no-shadow",
             "--probation-s", "3" if self.number == 4 else "0",
-            "--select-wait", "20",
+            "--retained-wait", "20",
         ]  # fmt: skip
         if self.number == 3:
             args += ["--on-timeout", "wait", "--wave-timeout", "10m"]

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,10 @@ from agent.cli import EXIT_CLOSED_PIPE
 from agent.delivery.manifest import DeployManifest, SignedManifest
 from agent.localbroker import Broker
 from agent.modelzoo import write_classifier
-from agent.protocol.messages import MESSAGE_MODELS
+from agent.protocol.messages import MESSAGE_MODELS, StatusMessage, encode
+from agent.protocol.topics import Topics
+from agent.schemas import EVERY_MESSAGE
+from tests.mqtt_probe import Probe
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -126,7 +130,9 @@ def test_schema_writes_one_valid_schema_per_message_and_the_deploy_manifest(tmp_
     proc = agent_cli("schema", "--out", str(out))
     assert proc.returncode == 0, proc.stderr
     # The README says "every MQTT message": what the operator publishes on down/desired is one too.
-    models: tuple[type[BaseModel], ...] = (*MESSAGE_MODELS, SignedManifest, DeployManifest)
+    # The chunk request and the controller's request and status too (issue 22.12).
+    models: tuple[type[BaseModel], ...] = EVERY_MESSAGE
+    assert {*MESSAGE_MODELS, SignedManifest, DeployManifest} < set(models)
     names = {f"{m.__name__}.schema.json" for m in models}
     assert {p.name for p in out.iterdir()} == names
     assert {Path(line).name for line in proc.stdout.split()} == names
@@ -180,6 +186,16 @@ def _with_closed_stdout(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_a_closed_pipe_ends_quietly(broker: Broker) -> None:
+    prefix = f"closed/pipe-{uuid.uuid4().hex[:8]}"
+    # One device, so `fleet status` has a table to write (an empty prefix is an error: stderr, exit 1).
+    status = StatusMessage(state="online", session=1, agent_version="0.3.1")
+    with Probe(broker.host, broker.port) as probe:
+        probe.publish(Topics(prefix, "jet-01").status, encode(status), retain=True)
+        _closed_pipe_cases(broker, prefix)
+        probe.publish(Topics(prefix, "jet-01").status, b"", retain=True)
+
+
+def _closed_pipe_cases(broker: Broker, prefix: str) -> None:
     for args in (
         ("info",),
         (
@@ -188,9 +204,11 @@ def test_a_closed_pipe_ends_quietly(broker: Broker) -> None:
             "--broker",
             f"{broker.host}:{broker.port}",
             "--prefix",
-            "closed/pipe",
-            "--wait",
-            "0.2",
+            prefix,
+            "--retained-wait",
+            "2",
+            "--telemetry-wait",
+            "0",
         ),
     ):
         proc = _with_closed_stdout(*args)

@@ -18,6 +18,7 @@ import ctypes
 import math
 import threading
 from collections.abc import Sequence
+from pathlib import Path
 from types import ModuleType, TracebackType
 from typing import Any
 
@@ -26,8 +27,26 @@ import numpy.typing as npt
 
 from agent.errors import EngineError
 
-#: Why CUDA cannot be used, shown to operators and in ``available()`` reasons.
-INSTALL_HINT = "install cuda-python matching the CUDA of this JetPack: pip install 'cuda-python>=12,<13'"
+#: The file every Jetson's L4T has (agent.platform reads the release from it).
+_L4T_RELEASE = Path("/etc/nv_tegra_release")
+
+
+def install_hint(jetson: bool | None = None) -> str:
+    """What to install to use CUDA, for this kind of machine (``jetson`` None: look at this one).
+
+    On a Jetson the CUDA comes with JetPack; elsewhere (an x86 workstation, a CI runner) JetPack
+    means nothing, and without an NVIDIA GPU no install helps (issue 22.11).
+    """
+    if jetson is None:
+        jetson = _L4T_RELEASE.exists()
+    if jetson:
+        return "install cuda-python matching the CUDA of this JetPack: pip install 'cuda-python>=12,<13'"
+    return (
+        "on a machine with an NVIDIA GPU, install cuda-python for its CUDA driver's major version "
+        "(nvidia-smi shows it): pip install 'cuda-python>=12,<13'; without an NVIDIA GPU, CUDA does "
+        "not apply here"
+    )
+
 
 _runtime_module: ModuleType | None = None
 _runtime_lock = threading.Lock()
@@ -54,7 +73,7 @@ def _import_runtime() -> ModuleType:
             # The old location, the only one before 12.6 and gone in 13.0.
             from cuda import cudart
         except ImportError as exc:
-            raise EngineError(f"cuda-python not installed: {INSTALL_HINT}") from exc
+            raise EngineError(f"cuda-python not installed: {install_hint()}") from exc
     module: ModuleType = cudart
     return module
 

@@ -16,13 +16,14 @@ from pathlib import Path
 from agent import __version__
 from agent.cli.broker import add_broker_arguments
 from agent.cli.build import add_build_arguments
+from agent.cli.help_format import CliParser
 from agent.cli.selftest import add_selftest_arguments
 from agent.errors import AgentError, ConfigError, UsageError
-from agent.fleet.cli import add_fleet_arguments
+from agent.fleet.cli import FLEET_COMMANDS, add_fleet_arguments
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="edge-agent", description="Edge inference agent for Jetson fleets.")
+    parser = CliParser(prog="edge-agent", description="Edge inference agent for Jetson fleets.")
     parser.add_argument("--version", action="version", version=f"edge-agent {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -36,7 +37,9 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument("-c", "--config", type=Path, default=None, help="agent YAML config (same as FILE)")
 
     schema = sub.add_parser(
-        "schema", help="write the JSON Schema of every MQTT message, the deploy manifest included"
+        "schema",
+        help="write the JSON Schema of every MQTT message: the device's, the deploy manifest, the chunk "
+        "request and the controller's RolloutRequest and RolloutStatus",
     )
     schema.add_argument("--out", type=Path, default=Path("schemas"), help="output directory")
 
@@ -54,12 +57,12 @@ def _parser() -> argparse.ArgumentParser:
     broker = sub.add_parser("broker", help="run a local mosquitto (for configs/local.yaml) until Ctrl-C")
     add_broker_arguments(broker)
 
-    fleet = sub.add_parser("fleet", help="operator commands: keygen, deploy, serve, status, cmd")
+    fleet = sub.add_parser("fleet", help=f"operator commands: {', '.join(FLEET_COMMANDS)}")
     add_fleet_arguments(fleet)
 
     demo = sub.add_parser("demo", help="run the end-to-end demo against a private mosquitto")
     demo.add_argument("--forever", action="store_true", help="run until Ctrl-C instead of ~30 s")
-    demo.add_argument("--duration", type=float, default=30.0, help="seconds to run (default 30)")
+    demo.add_argument("--duration", type=float, default=30.0, help="seconds to run")
     demo.add_argument("--workdir", type=Path, default=None, help="keep the demo's files here")
     demo.add_argument(
         "--keep", action="store_true", help="keep the temporary directory of files (default: removed at exit)"
@@ -138,12 +141,10 @@ def _dispatch(args: argparse.Namespace) -> int:
             print(f"{args.config}: ok")
         return 1 if problems else 0
     if args.command == "schema":
-        from agent.delivery.manifest import DeployManifest, SignedManifest
-        from agent.protocol.messages import MESSAGE_MODELS
         from agent.protocol.schema import write_schemas
+        from agent.schemas import EVERY_MESSAGE
 
-        # The manifest models live in delivery (protocol must not import it); the CLI may use both.
-        for path in write_schemas(args.out, (*MESSAGE_MODELS, SignedManifest, DeployManifest)):
+        for path in write_schemas(args.out, EVERY_MESSAGE):
             print(path)
         return 0
     if args.command == "info":
@@ -154,11 +155,10 @@ def _dispatch(args: argparse.Namespace) -> int:
         if args.json:
             print(json.dumps({"platform": summary, "backends": platform.backends}, indent=2, default=str))
         else:
-            width = max(len(k) for k in summary)
-            for key, value in summary.items():
-                print(f"{key:<{width}}  {value}")
-            for name, (usable, reason) in platform.backends.items():
-                print(f"backend {name:<12} {'usable' if usable else 'unusable'}: {reason}")
+            from agent.cli.info import info_lines
+
+            for line in info_lines(summary, platform.backends):
+                print(line)
         return 0
     if args.command == "build":
         from agent.cli.build import run_build

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from agent.errors import AgentError, BuildError, UsageError
+from agent.flag_aliases import add_alias
 
 # Only argparse is needed to declare the options; the builder (onnx, numpy, ...) loads when the
 # command runs, so `edge-agent --help` and the other commands stay fast.
@@ -53,14 +54,22 @@ def default_state_dir() -> Path:
 def add_build_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of ``edge-agent build``."""
     parser.add_argument("model", type=Path, help="ONNX model to build")
-    parser.add_argument("--precision", choices=("fp32", "fp16", "int8", "best"), default="fp16")
-    parser.add_argument("--device", choices=("auto", "gpu", "dla0", "dla1", "cpu"), default="auto")
+    parser.add_argument(
+        "--precision", choices=("fp32", "fp16", "int8", "best"), default="fp16", help="engine precision"
+    )
+    engine_device = parser.add_argument(
+        "--engine-device",
+        choices=("auto", "gpu", "dla0", "dla1", "cpu"),
+        default="auto",
+        help="where the engine runs (dla0/dla1: a Jetson's DLA cores)",
+    )
+    add_alias(parser, "--device", engine_device)  # its name before docs/cli.md's one scheme
     parser.add_argument(
         "--no-gpu-fallback", action="store_true", help="fail DLA layers instead of using the GPU"
     )
     parser.add_argument("--workspace-mb", type=int, default=1024, help="TensorRT workspace limit (MB)")
     parser.add_argument(
-        "--opt-level", type=int, default=3, choices=range(6), help="builder optimization level"
+        "--opt-level", type=int, default=3, choices=range(6), metavar="0-5", help="builder optimization level"
     )
     parser.add_argument("--calib", type=Path, metavar="DIR", help="directory of images to calibrate INT8 on")
     parser.add_argument(
@@ -105,7 +114,7 @@ def _spec(args: argparse.Namespace) -> BuildSpec:
     try:
         return BuildSpec(
             precision=args.precision,
-            device=args.device,
+            device=args.engine_device,
             gpu_fallback=not args.no_gpu_fallback,
             workspace_mb=args.workspace_mb,
             optimization_level=args.opt_level,
@@ -167,8 +176,16 @@ def _frames_from_video(args: argparse.Namespace) -> None:
         args.calib_frames,
         progress=None if args.json else lambda m: print(f"  ...      {m}", file=sys.stderr, flush=True),
     )
+    args.calib_written = len(written)
     if not args.json:
         print(f"calib      {len(written)} frames of {args.calib_from} written to {args.calib}/", flush=True)
+        if len(written) < args.calib_frames:
+            # A short video (or an ended stream) gives fewer than asked: say so (issue 22.11).
+            print(
+                f"calib      {len(written)} of the {args.calib_frames} frames asked (--calib-frames): "
+                f"{args.calib_from} gave no more; fewer frames calibrate less representatively",
+                flush=True,
+            )
 
 
 def _settings(args: argparse.Namespace) -> tuple[Path, EngineConfig]:
@@ -321,6 +338,14 @@ def run_build(args: argparse.Namespace) -> int:
     started = time.monotonic()
     artifact = builder.build(model, spec, preprocess=preprocess, progress=progress)
     seconds = time.monotonic() - started
+    agreement = None
+    if artifact.plan.precision == "int8" and args.calib is not None and preprocess is not None:
+        from agent.int8_agreement import MAX_FRAMES, int8_agreement
+
+        progress("comparing the INT8 build with FP32 on the calibration images")
+        agreement = int8_agreement(
+            model, artifact, args.calib, preprocess, min(args.calib_frames, MAX_FRAMES)
+        )
     bench_result: dict[str, Any] | None = None
     rows: list[ComparisonRow] = []
     if args.bench:
@@ -339,10 +364,18 @@ def run_build(args: argparse.Namespace) -> int:
             "effective": artifact.effective,
             "bench": bench_result,
             "compare": [row.as_dict() for row in rows],
+            "int8_agreement": agreement.as_dict() if agreement is not None else None,
+            "calibration_frames": (
+                {"asked": args.calib_frames, "written": args.calib_written}
+                if getattr(args, "calib_written", None) is not None
+                else None
+            ),
         }
         print(json.dumps(document, indent=2, default=str))
     else:
         _print_text(model, artifact, seconds, bench_result)
+        if agreement is not None:
+            print(f"agreement  {agreement.line()}")
         for line in comparison_lines(rows):
             print(line)
     return 0
@@ -350,7 +383,9 @@ def run_build(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Standalone entry (``python -m agent.cli.build``), same as ``edge-agent build``."""
-    parser = argparse.ArgumentParser(prog="edge-agent build", description=__doc__.splitlines()[0])
+    from agent.cli.help_format import CliParser
+
+    parser = CliParser(prog="edge-agent build", description=__doc__.splitlines()[0])
     add_build_arguments(parser)
     args = parser.parse_args(argv)
     try:

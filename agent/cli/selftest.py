@@ -104,9 +104,10 @@ def _run(work_dir: Path, quick: bool) -> tuple[list[StepResult], float]:
 
 def main() -> int:
     """Standalone entry (``python -m agent.cli.selftest``), same as ``edge-agent selftest``."""
+    from agent.cli.help_format import CliParser
     from agent.errors import AgentError
 
-    parser = argparse.ArgumentParser(prog="edge-agent selftest", description=__doc__.splitlines()[0])
+    parser = CliParser(prog="edge-agent selftest", description=__doc__.splitlines()[0])
     add_selftest_arguments(parser)
     try:
         return run_selftest(parser.parse_args())

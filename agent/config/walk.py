@@ -6,6 +6,7 @@ wrote), so both agree on how a key maps to a field, a ``dict`` item or a discrim
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from types import UnionType
 from typing import Annotated, Any, TypeGuard, Union, get_args, get_origin
@@ -96,7 +97,10 @@ def resolve_paths(value: Any, tp: Any, base_dir: Path, discriminator: str | None
     tp = descend(tp, discriminator, value)
     if tp is Path:
         if isinstance(value, str) and value and not Path(value).is_absolute():
-            return str(base_dir / value)
+            # Lexically normalised (``configs/../agent/x`` -> ``agent/x``): the path as an operator
+            # reads it from the file's directory, which is what logs and state.json then show. Not
+            # resolved: symlinks stay as named, like base_dir's (issue 22.11).
+            return os.path.normpath(base_dir / value)
         return value
     if is_model(tp) and isinstance(value, dict):
         out = {}

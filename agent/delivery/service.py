@@ -61,6 +61,9 @@ log = structlog.get_logger(__name__)
 
 #: Refused payloads remembered per slot, so a retained bad manifest is reported once, not per reconnect.
 _REJECTED_MEMORY = 32
+#: Job states that last (the candidate runs beside, or serves in place of, the model): up/info is
+#: republished as a job enters one.
+_LONG_PHASES = frozenset({JobState.SHADOW, JobState.PROBATION})
 _JOIN_SLACK_S = 0.5
 #: How often held statuses are offered again to the spool or the link.
 _HELD_RETRY_S = 0.5
@@ -90,6 +93,7 @@ class DeliveryService:
         part_dir: Path | None = None,
         trusted_keys: Mapping[str, Ed25519PublicKey] | None = None,
         on_job_end: Callable[[str], None] | None = None,
+        on_job_phase: Callable[[str], None] | None = None,
     ) -> None:
         """``slot_specs(slot)`` gives a slot's current (preprocess, postprocess), None for an unknown slot.
         ``protect()`` gives model SHA-256s gc must keep (active and last-known-good of every slot);
@@ -97,6 +101,9 @@ class DeliveryService:
         ``<store.root>/../partial``. ``trusted_keys`` overrides loading ``config.trusted_keys`` files.
         ``on_job_end(slot)`` is called after a job of ``slot`` ended (a refused manifest too), once its
         end is visible in :meth:`job_fields`: the agent republishes ``up/info`` with it.
+        ``on_job_phase(slot)`` likewise when a job of ``slot`` enters SHADOW or PROBATION (a minute
+        or more in which the candidate runs or serves): ``up/info`` then shows the running job and
+        its phase rather than the previous job (issue 22.10).
         """
         self.config = config
         self.device_id = device_id
@@ -124,6 +131,8 @@ class DeliveryService:
         #: Statuses the spool refused (disk full) wait there, in order, until the spool or link takes them.
         self._statuses = JobStatusSender(link, topics)
         self._ends = JobEnds(on_job_end)
+        self._on_job_phase = on_job_phase
+        self._phases: dict[str, tuple[str, JobState]] = {}  # per slot: the phase last announced
         #: Per slot, the manifest (and payload digest) of a job that failed disk_full: retried by itself.
         self._waiting_for_space: dict[str, tuple[DeployManifest, str]] = {}
         self._upkeep_stop = threading.Event()
@@ -458,3 +467,9 @@ class DeliveryService:
         self._statuses.publish(status)
         if status.state.terminal:
             self._ends.note(status)
+        elif status.state in _LONG_PHASES and self._on_job_phase is not None:
+            # Once per phase: its figures come as more statuses of the same state.
+            phase = (status.job_id, status.state)
+            if self._phases.get(status.slot) != phase:
+                self._phases[status.slot] = phase
+                self._on_job_phase(status.slot)

@@ -17,19 +17,26 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from agent.errors import UsageError
-from agent.fleet.cli_args import add_target_arguments, chosen_targets, json_arg
+from agent.fleet.cli_args import add_retained_wait, add_target_arguments, chosen_targets, json_arg
 from agent.fleet.connection import add_broker_arguments, settings_from_args
 from agent.fleet.deploy import DEFAULT_STATUS_POLL_S
 from agent.fleet.deploy_command import add_manifest_arguments, run_deploy
 from agent.fleet.rollout_cli import add_controller_arguments, run_controller_command, run_rollout
 from agent.logs import configure_logging
+from agent.protocol.topics import DEFAULT_PREFIX
 
 if TYPE_CHECKING:
     pass
 
 
+#: ``fleet status`` exit code when the prefix holds no device at all (a wrong --prefix or --broker).
+EXIT_NO_DEVICES = 1
 #: ``fleet status --telemetry-wait`` default: the agent's default telemetry interval (10 s) and a margin.
 DEFAULT_TELEMETRY_WAIT_S = 11.0
+
+
+#: The ``fleet`` sub-commands, as ``edge-agent --help`` lists them (a test checks it is every one).
+FLEET_COMMANDS = ("keygen", "deploy", "serve", "status", "watch", "cmd", "controller", "rollout")
 
 
 def add_fleet_arguments(parser: argparse.ArgumentParser) -> None:
@@ -42,7 +49,7 @@ def add_fleet_arguments(parser: argparse.ArgumentParser) -> None:
     keygen.add_argument("--force", action="store_true", help="replace existing key files")
 
     deploy = sub.add_parser("deploy", help="deploy a model to devices and follow their jobs")
-    deploy.add_argument("model", type=Path, metavar="MODEL.onnx")
+    deploy.add_argument("model", type=Path, metavar="MODEL.onnx", help="the ONNX model file to deploy")
     add_target_arguments(deploy)
     add_manifest_arguments(deploy)
     signing = deploy.add_mutually_exclusive_group(required=True)
@@ -52,7 +59,9 @@ def add_fleet_arguments(parser: argparse.ArgumentParser) -> None:
     )
     deploy.add_argument("--key-id", default=None, help="the key's id in the devices' delivery.trusted_keys")
     deploy.add_argument("--http-url", default=None, help="HTTP(S) URL of the same file, tried before MQTT")
-    deploy.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for all devices")
+    deploy.add_argument(
+        "--timeout", type=float, default=600.0, help="seconds to wait for all devices (the deploy's one wave)"
+    )
     deploy.add_argument("--no-serve", action="store_true", help="do not serve chunks (a `fleet serve` does)")
     deploy.add_argument(
         "--max-rate",
@@ -83,7 +92,9 @@ def add_fleet_arguments(parser: argparse.ArgumentParser) -> None:
         help="shared subscription group, to share the load with other fleet serve processes: a name "
         "devices cannot guess (default: a random one of this process)",
     )
-    serve.add_argument("--report", type=float, default=60.0, help="print counters every N seconds (0: never)")
+    serve.add_argument(
+        "--report", type=float, default=60.0, metavar="SECONDS", help="print counters this often (0: never)"
+    )
     add_broker_arguments(serve)
     _add_verbose(serve)
 
@@ -92,7 +103,7 @@ def add_fleet_arguments(parser: argparse.ArgumentParser) -> None:
     status.add_argument(
         "--select", default=None, metavar="SELECTOR", help="only the devices this selector matches"
     )
-    status.add_argument("--wait", type=float, default=5.0, help="longest time to collect retained messages")
+    add_retained_wait(status, old="--wait", what="the devices' retained status and info")
     status.add_argument(
         "--telemetry-wait",
         type=float,
@@ -260,7 +271,9 @@ def _status(args: argparse.Namespace) -> int:
     from agent.fleet.targets import facts_of
 
     selector = parse_selector(args.select) if args.select is not None else None  # before connecting
-    rows = collect_fleet(settings_from_args(args), max_wait_s=args.wait, telemetry_wait_s=args.telemetry_wait)
+    settings = settings_from_args(args)
+    rows = collect_fleet(settings, max_wait_s=args.retained_wait, telemetry_wait_s=args.telemetry_wait)
+    everyone = len(rows)
     if selector is not None:
         # A device without a retained up/info is never matched: nothing is known about it to match.
         rows = [r for r in rows if r.info_seen and selector.matches(facts_of(r))]
@@ -268,8 +281,20 @@ def _status(args: argparse.Namespace) -> int:
         print(json.dumps([row.as_dict() for row in rows], indent=2))
     elif rows:
         print(format_table(rows))
-    else:
-        print("no devices found (nothing retained under the prefix; check --prefix and the broker)")
+    if not everyone:
+        # Most likely the wrong target, not an empty fleet: say where we looked, and fail (issue 22.9).
+        print(
+            f"no devices found: nothing retained under {settings.prefix}/+/up/status or up/info on "
+            f"{settings.host}:{settings.port}; check --prefix (the devices' mqtt.prefix, default "
+            f"{DEFAULT_PREFIX}) and --broker",
+            file=sys.stderr,
+        )
+        return EXIT_NO_DEVICES
+    if not rows:
+        print(
+            f"no device of the {everyone} under {settings.prefix} matches --select {args.select}",
+            file=sys.stderr,
+        )
     return 0
 
 

@@ -7,12 +7,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
 from agent.errors import UsageError
+from agent.flag_aliases import add_alias
 from agent.fleet.connection import settings_from_args
 
 if TYPE_CHECKING:
@@ -39,13 +41,24 @@ def add_target_arguments(parser: argparse.ArgumentParser, *, positional: bool = 
     parser.add_argument(
         "--dry-run", action="store_true", help="show the selected devices and stop: nothing is sent"
     )
-    parser.add_argument(
-        "--select-wait",
+    add_retained_wait(parser, old="--select-wait", what="the retained up/info --select is checked against")
+
+
+#: ``--retained-wait`` default: how long to collect the broker's retained messages.
+DEFAULT_RETAINED_WAIT_S = 5.0
+
+
+def add_retained_wait(parser: argparse.ArgumentParser, *, old: str, what: str) -> None:
+    """``--retained-wait SECONDS``, and ``old`` (``--select-wait``, ``fleet status --wait``: its
+    names before docs/cli.md's one scheme) as a hidden alias."""
+    action = parser.add_argument(
+        "--retained-wait",
         type=float,
-        default=5.0,
+        default=DEFAULT_RETAINED_WAIT_S,
         metavar="SECONDS",
-        help="longest time to collect the retained up/info --select is checked against (default 5)",
+        help=f"longest time to collect {what}",
     )
+    add_alias(parser, old, action)
 
 
 def chosen_targets(
@@ -57,7 +70,7 @@ def chosen_targets(
     from agent.fleet.targets import resolve_targets
 
     targets = resolve_targets(
-        settings_from_args(args), args.select, parse_devices(explicit), wait_s=args.select_wait
+        settings_from_args(args), args.select, parse_devices(explicit), wait_s=args.retained_wait
     )
     for line in targets.lines():
         print(f"{args.fleet_command}: {line}", file=out or sys.stdout)
@@ -95,3 +108,19 @@ def validation_problems(exc: ValidationError, flag: str) -> list[str]:
         f"{flag} {'.'.join(str(p) for p in e['loc']) or '(value)'}: {e['msg']}"
         for e in exc.errors(include_url=False)
     ]
+
+
+def keep_slot_model_id(
+    args: argparse.Namespace, fields: dict[str, Any], devices: Sequence[str], *, out: TextIO | None = None
+) -> None:
+    """Without ``--model-id``: the id the targets' slot serves now, read from their retained up/info
+    (:mod:`agent.fleet.slot_model`); the file's stem only for an empty slot. Says which, on ``out``."""
+    if fields.get("model_id") is not None:
+        return
+    from agent.fleet.slot_model import default_model_id, slot_model_ids
+    from agent.fleet.status import collect_fleet
+
+    rows = collect_fleet(settings_from_args(args), max_wait_s=args.retained_wait)
+    model_id, line = default_model_id(slot_model_ids(rows, devices, args.slot), args.model.stem, args.slot)
+    fields["model_id"] = model_id
+    print(f"{args.fleet_command}: {line}", file=out or sys.stdout)

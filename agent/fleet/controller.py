@@ -45,6 +45,7 @@ from agent.fleet.deploy_plan import new_job_id, next_sequence
 from agent.fleet.keys import load_signing_key
 from agent.fleet.model_check import check_model_file
 from agent.fleet.remembered_jobs import jobs_from_store
+from agent.fleet.rollout_actions import WrongStateError, action_refusal
 from agent.fleet.rollout_report import rollout_status
 from agent.fleet.rollout_runner import RolloutRunner
 from agent.fleet.rollout_spec import RolloutRequest, model_ref, plan_for, request_of
@@ -432,11 +433,13 @@ class FleetController:
 
     def pause(self, rollout_id: str) -> dict[str, Any]:
         assert self.store is not None
+        self._allow("pause", rollout_id)
         self.store.set_state(rollout_id, RolloutState.PAUSED, "paused by the operator")
         return rollout_status(self.store, rollout_id)
 
     def resume(self, rollout_id: str) -> dict[str, Any]:
         assert self.store is not None
+        self._allow("resume", rollout_id)
         self.store.set_state(rollout_id, RolloutState.RUNNING, "resumed by the operator")
         if rollout_id not in self.runners:
             self.runners[rollout_id] = self._runner(rollout_id)
@@ -444,11 +447,20 @@ class FleetController:
 
     def abort(self, rollout_id: str, *, rollback: bool) -> dict[str, Any]:
         assert self.store is not None
+        self._allow("abort", rollout_id)
         self.store.note(rollout_id, "abort", rollback=rollback, by="operator")
         self.store.set_state(rollout_id, RolloutState.ABORTED, "aborted by the operator")
         if rollout_id not in self.runners:
             self.runners[rollout_id] = self._runner(rollout_id)
         return rollout_status(self.store, rollout_id)
+
+    def _allow(self, verb: str, rollout_id: str) -> None:
+        """RolloutNotFoundError for an unknown id, WrongStateError (the operator's words) for a move
+        the rollout's state does not allow; checked on the loop thread, the store's one writer."""
+        assert self.store is not None
+        refusal = action_refusal(verb, rollout_id, self.store.rollout(rollout_id).state)
+        if refusal is not None:
+            raise WrongStateError(refusal)
 
 
 def _json_object(payload: bytes) -> dict[str, Any]:

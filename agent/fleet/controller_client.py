@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -16,6 +17,8 @@ from agent.mqtt.service_client import ServiceClient
 from agent.mqtt.settings import MqttSettings
 from agent.protocol.topics import ControllerTopics
 
+#: MQTT 5 PUBACK reason code: the broker took the message but no client subscribes to its topic.
+NO_MATCHING_SUBSCRIBERS = 0x10
 #: Seconds to wait for the controller's reply to one request (a start reads the fleet first).
 DEFAULT_REQUEST_TIMEOUT_S = 30.0
 
@@ -67,8 +70,11 @@ class ControllerClient:
             response_topic=self._reply_topic, correlation_data=correlation, user_properties=user_properties
         )
         body = payload if payload is not None else json.dumps(args or {}).encode()
-        self._client.publish(self.topics.request(verb), body, qos=1, properties=properties)
-        reply = self._pending.wait(correlation, self.timeout)
+        topic = self.topics.request(verb)
+        deadline = time.monotonic() + self.timeout
+        mid = self._client.publish(topic, body, qos=1, properties=properties)
+        self._check_routed(topic, self._client.ack_code(mid, self.timeout))
+        reply = self._pending.wait(correlation, max(0.0, deadline - time.monotonic()))
         if reply is None:
             raise ControllerUnavailableError(
                 f"no controller answered {verb} on {self.topics.request(verb)} within {self.timeout:.0f}s; "
@@ -77,6 +83,20 @@ class ControllerClient:
         if not reply.ok:
             raise RequestRefusedError(verb, reply.error_code, reply.error)
         return reply.result or {}
+
+    def _check_routed(self, topic: str, code: int | None) -> None:
+        """Fail at once, not after the whole timeout, when the broker said nobody subscribes to the
+        request topic (no controller runs under this prefix) or refused the request (its ACL)."""
+        if code == NO_MATCHING_SUBSCRIBERS:
+            raise ControllerUnavailableError(
+                f"no controller listens on {topic} (the broker has no subscriber there): is `edge-agent "
+                f"fleet controller` running against this broker, with prefix {self.topics.prefix}?"
+            )
+        if code is not None and code >= 0x80:
+            raise ControllerUnavailableError(
+                f"the broker refused the request on {topic} (MQTT reason code {code:#04x}); may this "
+                f"account publish on {self.topics.prefix}/_controller/req/# (the broker's ACL)?"
+            )
 
     def upload(self, path: Path, sha256: str, on_piece: Callable[[int, int], None] | None = None) -> None:
         """Send ``path`` to the controller's repository in pieces (nothing if it has it already)."""

@@ -323,6 +323,8 @@ class FleetDeploy:
                 return  # nothing follows a terminal state; a late echo must not undo it
             if not p.history or p.history[-1] is not status.state:
                 p.history.append(status.state)
+            if p.state is not status.state:
+                p.state_since = time.monotonic()
             p.state = status.state
             p.progress = status.progress
             if status.bytes_done is not None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TextIO
 
 from pydantic import TypeAdapter, ValidationError
 
@@ -14,15 +14,18 @@ from agent.delivery.guard import ProbationSpec, ShadowSpec
 from agent.delivery.manifest import DEFAULT_CHUNK_SIZE, MAX_CHUNK_SIZE, MIN_CHUNK_SIZE
 from agent.engines.spec import BuildSpec
 from agent.errors import UsageError
+from agent.flag_aliases import add_alias
 from agent.fleet.connection import settings_from_args
 from agent.fleet.deploy_plan import DEFAULT_PROBATION_S
 from agent.fleet.untrusted import shown
 from agent.postprocess.spec import ClassificationSpec, DetectionSpec, PostprocessSpec
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from agent.fleet.deploy_outcome import DeployOutcome, DeviceProgress
 
-from agent.fleet.cli_args import chosen_targets, json_arg, spec_arg, validation_problems
+from agent.fleet.cli_args import chosen_targets, json_arg, keep_slot_model_id, spec_arg, validation_problems
 
 #: Exit codes of ``fleet deploy`` (docs/fleet.md): every device ACTIVE; a device ended in a failure
 #: state; some device unfinished at --timeout; a device sent a message that did not parse (and none
@@ -72,13 +75,13 @@ def postprocess_from_args(postprocess_json: str | None, labels_file: Path | None
 
 def build_spec_from_args(args: argparse.Namespace) -> BuildSpec | None:
     """A BuildSpec when any build flag is given; None runs the ONNX model as it is."""
-    if args.precision is None and args.device_target is None and not args.no_gpu_fallback:
+    if args.precision is None and args.engine_device is None and not args.no_gpu_fallback:
         return None
     values: dict[str, Any] = {"gpu_fallback": not args.no_gpu_fallback}
     if args.precision is not None:
         values["precision"] = args.precision
-    if args.device_target is not None:
-        values["device"] = args.device_target
+    if args.engine_device is not None:
+        values["device"] = args.engine_device
     return BuildSpec.model_validate(values)
 
 
@@ -112,14 +115,25 @@ def add_manifest_arguments(parser: argparse.ArgumentParser) -> None:
     """What the desired state says besides the model file: ``fleet deploy`` and ``fleet rollout start``."""
     parser.add_argument("--slot", required=True, help="model slot on the devices")
     parser.add_argument("--version", required=True, help="model version reported with results")
-    parser.add_argument("--model-id", default=None, help="model name (default: the file name's stem)")
-    parser.add_argument("--precision", choices=("fp32", "fp16", "int8", "best"), default=None)
     parser.add_argument(
-        "--device-target",
+        "--model-id",
+        default=None,
+        help="model name (default: the one the slot serves now on the targets; the file's stem for an "
+        "empty slot)",
+    )
+    parser.add_argument(
+        "--precision",
+        choices=("fp32", "fp16", "int8", "best"),
+        default=None,
+        help="engine precision; any of the engine flags asks for an engine build",
+    )
+    engine_device = parser.add_argument(
+        "--engine-device",
         choices=("auto", "gpu", "dla0", "dla1", "cpu"),
         default=None,
         help="where the engine runs (TensorRT devices); with --precision this asks for an engine build",
     )
+    add_alias(parser, "--device-target", engine_device)  # its name before docs/cli.md's one scheme
     parser.add_argument("--no-gpu-fallback", action="store_true", help="DLA only: no GPU fallback layers")
     parser.add_argument(
         "--chunk-size",
@@ -209,6 +223,7 @@ def run_deploy(args: argparse.Namespace) -> int:
     targets = chosen_targets(args, args.device)
     if targets is None:
         return EXIT_OK
+    keep_slot_model_id(args, fields, targets.devices)
     settings = settings_from_args(args)
     key = load_signing_key(args.key) if args.key is not None else None
     request = RolloutRequest(
@@ -223,7 +238,8 @@ def run_deploy(args: argparse.Namespace) -> int:
     job_id = new_job_id(request.model_id or args.model.stem, request.version)
     store = RolloutStore(Path(":memory:"))
     store.create(request.plan(job_id, job_id, next_sequence(), {}, {}))
-    view = ProgressView()
+    # With -v the log lines share the terminal: one progress line per change, never redrawn in place.
+    view = ProgressView(tty=False if args.verbose else None, probation_s=fields["probation_s"])
     runner = RolloutRunner(
         store,
         job_id,
@@ -244,23 +260,28 @@ def run_deploy(args: argparse.Namespace) -> int:
         over = runner.step()  # the wave starts: the desired state is published
         deploy = runner.last_deploy
         assert deploy is not None
-        print(f"deploy: {describe_manifest(deploy.manifest)}")
+        # The first step may have drawn a progress line already: every line goes through the view.
+        view.say(f"deploy: {describe_manifest(deploy.manifest)}")
         if key is not None:
-            print(f"deploy: signed with key id {args.key_id}")
+            view.say(f"deploy: signed with key id {args.key_id}")
         else:
-            print("deploy: UNSIGNED; only devices with delivery.require_signature: false accept it")
+            view.say("deploy: UNSIGNED; only devices with delivery.require_signature: false accept it")
         topic = f"{settings.prefix}/{{device}}/down/desired/{request.slot}"
         serving = "; serving the chunks" if deploy.server is not None else "; chunks left to `fleet serve`"
         if args.max_rate and deploy.server is not None:
             serving += f" at most {format_bytes(args.max_rate)}/s"
         devices = deploy.snapshot()
         published = sum(1 for p in devices if not p.skipped)
-        print(f"deploy: published to {published} device(s) on {topic} (retained){serving}")
-        _print_unknown(devices, settings.prefix, waiting=args.wait_unknown)
+        if published:
+            view.say(f"deploy: published to {published} device(s) on {topic} (retained){serving}")
+        else:  # every target unknown: nothing was sent and nothing will be served (issue 22.9)
+            view.say("deploy: nothing published: no target is a known device (below)", sys.stderr)
+        _print_unknown(devices, settings.prefix, waiting=args.wait_unknown, say=view.say)
         view.update(deploy.snapshot(), force=True)
         while not over:
             runner.wait(0.2)
             over = runner.step()
+            view.update(deploy.snapshot())  # a long phase's clock moves without a new job status
         view.close(deploy.snapshot())
     finally:
         runner.stop()
@@ -268,7 +289,9 @@ def run_deploy(args: argparse.Namespace) -> int:
     return _report_outcome(deploy.outcome(), request.slot)
 
 
-def _print_unknown(devices: list[DeviceProgress], prefix: str, *, waiting: bool) -> None:
+def _print_unknown(
+    devices: list[DeviceProgress], prefix: str, *, waiting: bool, say: Callable[[str, TextIO], None]
+) -> None:
     """Say at once which targets have no retained status (never connected, or a misspelt id)."""
     unknown = [shown(p.device, 64) for p in devices if p.unknown]
     if not unknown:
@@ -276,12 +299,14 @@ def _print_unknown(devices: list[DeviceProgress], prefix: str, *, waiting: bool)
     names = ", ".join(unknown[:20]) + (f" (+{len(unknown) - 20} more)" if len(unknown) > 20 else "")
     where = f"{prefix}/{{device}}/up/status"
     if waiting:
-        print(f"deploy: unknown device(s) {names}: no retained {where}; waiting for them to connect")
+        say(
+            f"deploy: unknown device(s) {names}: no retained {where}; waiting for them to connect", sys.stdout
+        )
     else:
-        print(
+        say(
             f"deploy: unknown device(s) {names}: no retained {where} (never connected to this broker "
             "under this prefix, or misspelt); not deployed to; --wait-unknown waits for them",
-            file=sys.stderr,
+            sys.stderr,
         )
 
 

@@ -45,6 +45,9 @@ class DeviceProgress:
     shadow: ShadowFigures | None = None
     probation: ProbationFigures | None = None
     updated: float = field(default_factory=time.monotonic)
+    #: When (time.monotonic) the job entered its current state: a long phase (shadow, probation)
+    #: shows how long it has run and how long is left.
+    state_since: float = field(default_factory=time.monotonic)
     #: Messages from this device that did not parse, and the first few of them, described.
     malformed: int = 0
     malformed_notes: list[str] = field(default_factory=list)

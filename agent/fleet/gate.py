@@ -178,9 +178,14 @@ def judge_wave(
     done = all(report.end in FINAL_ENDS for report in current)
     skipped = tuple(r.device for r in current if r.end is DeviceEnd.SKIPPED)
     stuck = tuple(r.device for r in current if r.end is DeviceEnd.TIMED_OUT)
+    # The text counts only the devices the job reached: a skipped one (offline at the timeout) or one
+    # not started yet is named apart, not counted as touched (issue 22.6). The limit stays the figures'.
+    unreached = sum(1 for r in everyone if _unreached(r))
+    not_reached = f" ({unreached} not reached)" if unreached else ""
     summary = (
         f"{figures.failed} failed + {figures.rolled_back} rolled back + {figures.unhealthy} unhealthy "
-        f"= {bad} of {figures.touched} touched, limit {figures.limit} (--max-failed {policy.max_failed})"
+        f"= {bad} of {figures.touched - unreached} touched{not_reached}, limit {figures.limit} "
+        f"(--max-failed {policy.max_failed})"
     )
     if bad > figures.limit:
         return WaveVerdict(done, "trips", f"gate trips: {summary}", figures, skipped, stuck, unhealthy)
@@ -190,3 +195,8 @@ def judge_wave(
         return WaveVerdict(done, "holds", reason, figures, skipped, stuck, unhealthy)
     extra = f"; {len(skipped)} skipped (offline at the timeout)" if skipped else ""
     return WaveVerdict(done, "holds", f"gate holds: {summary}{extra}", figures, skipped, stuck, unhealthy)
+
+
+def _unreached(report: DeviceReport) -> bool:
+    """Never reached by the job: not started, and skipped at the timeout or still pending."""
+    return not report.started and report.end in (DeviceEnd.SKIPPED, DeviceEnd.PENDING)

@@ -455,7 +455,13 @@ class FleetMetrics:
             if self.rollout_counts is None:
                 continue
             for wave, step, end, n in self.rollout_counts(row.rollout_id):
-                pairs = [("rollout_id", row.rollout_id), ("wave", str(wave)), ("step", step), ("end", end)]
+                # 1-based, as the CLI and the console count waves (the store counts from 0)
+                pairs = [
+                    ("rollout_id", row.rollout_id),
+                    ("wave", str(wave + 1)),
+                    ("step", step),
+                    ("end", end),
+                ]
                 counts.append(ROLLOUT_DEVICES.line(labels_text(pairs), n))
         return "".join(info + counts)
 

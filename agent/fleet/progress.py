@@ -17,10 +17,15 @@ from typing import TextIO
 from agent.delivery.manifest import DeployManifest
 from agent.fleet.deploy_outcome import DeviceProgress
 from agent.fleet.untrusted import shown
+from agent.fleet.waves import format_duration
 from agent.protocol.messages import JobState
 
 #: Longest error message shown in the live line (the final summary shows more of it).
 _ERROR_WIDTH = 60
+#: Job states that last long (a minute of probation): their lines show the time run and left.
+LONG_PHASES = frozenset({JobState.SHADOW, JobState.PROBATION})
+#: How often a non-terminal view prints a line for a device in a long phase (shadow, probation).
+_PHASE_LINE_S = 10.0
 #: Longest error code shown (codes are short words; a device can send anything).
 _CODE_WIDTH = 32
 
@@ -38,7 +43,25 @@ def state_line(p: DeviceProgress, state: JobState, width: int = 0) -> str:
     return f"{shown(p.device):<{width}}  {state.value}"
 
 
-def progress_line(p: DeviceProgress, width: int = 0) -> str:
+def phase_note(p: DeviceProgress, now: float, probation_s: float | None = None) -> str:
+    """How long a long phase has run and, for probation, how long is left (issue 22.8: 60 s of
+    PROBATION showed one unchanging line). ``now`` is ``time.monotonic()``; the probation's length is
+    the device's own figure once it reported one, else ``probation_s`` (the manifest's)."""
+    if p.state not in LONG_PHASES:
+        return ""
+    elapsed = max(0.0, now - p.state_since)
+    if p.state is JobState.SHADOW:
+        return f"shadow {format_duration(elapsed)}"
+    total = p.probation.probation_s if p.probation is not None else probation_s
+    if total is None:
+        return f"probation {format_duration(elapsed)}"
+    ran = f"probation {format_duration(elapsed)} of {format_duration(total)}"
+    return f"{ran}, ending" if elapsed >= total else f"{ran}, {format_duration(total - elapsed)} left"
+
+
+def progress_line(
+    p: DeviceProgress, width: int = 0, *, now: float | None = None, probation_s: float | None = None
+) -> str:
     """``device  STATE  pct  done/total  note`` for one device; figures as the device reported them."""
     if p.skipped:
         note = "(no retained status: not deployed to, not waited for)"
@@ -58,6 +81,8 @@ def progress_line(p: DeviceProgress, width: int = 0) -> str:
         line += f"  {shown(p.error_code or '', _CODE_WIDTH)}: {shown(p.error or '', _ERROR_WIDTH)}"
     elif p.ok and p.timings_s:
         line += f"  in {sum(p.timings_s.values()):.1f} s"
+    elif note := phase_note(p, time.monotonic() if now is None else now, probation_s):
+        line += f"  {note}"
     elif p.unknown and p.state is None:
         line += "  (unknown device: no retained status yet; waiting for it to connect)"
     elif p.online is False:
@@ -72,9 +97,17 @@ def progress_line(p: DeviceProgress, width: int = 0) -> str:
 class ProgressView:
     """Shows :class:`DeviceProgress` snapshots on ``stream``."""
 
-    def __init__(self, stream: TextIO | None = None, *, tty: bool | None = None, min_interval_s: float = 0.1):
+    def __init__(
+        self,
+        stream: TextIO | None = None,
+        *,
+        tty: bool | None = None,
+        min_interval_s: float = 0.1,
+        probation_s: float | None = None,
+    ):
         self.stream = stream if stream is not None else sys.stdout
         self.tty = self.stream.isatty() if tty is None else tty
+        self.probation_s = probation_s
         self.min_interval_s = min_interval_s
         self._drawn = 0
         self._last_draw = 0.0
@@ -90,7 +123,7 @@ class ProgressView:
             if not force and now - self._last_draw < self.min_interval_s:
                 return
             self._last_draw = now
-            self._redraw([progress_line(p, width) for p in devices])
+            self._redraw([progress_line(p, width, probation_s=self.probation_s) for p in devices])
             return
         for p in devices:
             for state in passed_states(p, self._shown.get(p.device, 0)):
@@ -106,11 +139,27 @@ class ProgressView:
                 p.unknown,
                 p.skipped,
                 p.foreign_bytes > 0,
+                # a long phase: a line every _PHASE_LINE_S, so a log shows it is still going
+                int((time.monotonic() - p.state_since) // _PHASE_LINE_S) if p.state in LONG_PHASES else 0,
             )
             if self._last_keys.get(p.device) != key:
                 self._last_keys[p.device] = key
-                self.stream.write(progress_line(p, width) + "\n")
+                self.stream.write(progress_line(p, width, probation_s=self.probation_s) + "\n")
         self.stream.flush()
+
+    def say(self, text: str, stream: TextIO | None = None) -> None:
+        """Print a line of the command's own (``deploy: ...``) below the progress: a progress line
+        drawn without its newline is ended first (issue 22.8: "0 B / 239.1 KiBdeploy: job ..."), and
+        the next redraw starts a fresh block under the text rather than overwriting it."""
+        if self.tty and self._drawn:
+            if self._drawn == 1 and "" in self._last_lines:
+                self.stream.write("\n")
+            self.stream.flush()
+            self._drawn = 0
+            self._last_lines.clear()
+        out = stream if stream is not None else self.stream
+        out.write(text + "\n")
+        out.flush()
 
     def _redraw(self, lines: list[str]) -> None:
         out = self.stream

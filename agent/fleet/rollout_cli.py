@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.errors import UsageError
-from agent.fleet.cli_args import add_target_arguments, chosen_targets
+from agent.fleet.cli_args import add_target_arguments, chosen_targets, keep_slot_model_id
 from agent.fleet.connection import add_broker_arguments, settings_from_args
 from agent.fleet.deploy_command import add_manifest_arguments, manifest_fields
 from agent.fleet.rollout_spec import DEFAULT_WAVE_TIMEOUT_S
@@ -27,13 +27,28 @@ EXIT_DONE, EXIT_ABORTED = 0, 1
 _FINAL = ("DONE", "ABORTED", "SUPERSEDED")
 
 
+#: What ``fleet controller --help`` says the process serves (docs/fleet.md, "The controller").
+CONTROLLER_DESCRIPTION = (
+    "Run the fleet controller until SIGTERM. It serves: the rollout API the `fleet rollout` commands "
+    "use (MQTT requests on {prefix}/_controller/req/{verb}); the model chunks devices pull during "
+    "a rollout (no `fleet serve` needed beside it); and, when the config's http.port is set, the "
+    "console and Prometheus /metrics over HTTP. Rollout state lives in {state_dir}/rollouts.sqlite."
+)
+
+
 def add_controller_arguments(sub: Any) -> None:
     """``fleet controller`` and ``fleet rollout ...`` sub-parsers."""
     controller = sub.add_parser(
-        "controller", help="run the fleet controller (rollouts, chunks) until SIGTERM"
+        "controller",
+        help="run the fleet controller (rollouts, chunks, console) until SIGTERM",
+        description=CONTROLLER_DESCRIPTION,
     )
     controller.add_argument(
-        "--config", type=Path, required=True, help="controller YAML (configs/controller.yaml)"
+        "-c",
+        "--config",
+        type=Path,
+        required=True,
+        help="controller YAML (configs/controller.yaml); its mqtt: section reaches the broker",
     )
     controller.add_argument("-v", "--verbose", action="store_true", help="log what happens (info level)")
 
@@ -41,7 +56,7 @@ def add_controller_arguments(sub: Any) -> None:
     verbs = rollout.add_subparsers(dest="rollout_command", required=True, metavar="VERB")
 
     start = verbs.add_parser("start", help="start a rollout of MODEL to the selected devices")
-    start.add_argument("model", type=Path, metavar="MODEL.onnx")
+    start.add_argument("model", type=Path, metavar="MODEL.onnx", help="the ONNX model file to roll out")
     add_target_arguments(start)
     add_manifest_arguments(start)
     start.add_argument(
@@ -50,15 +65,22 @@ def add_controller_arguments(sub: Any) -> None:
         help="where each wave ends, cumulative: e.g. 5,10%%,50%%,100%% (default 100%%)",
     )
     start.add_argument(
-        "--soak", default="0", help="wait this long after a wave ended before the next: 10m, 30s"
+        "--soak",
+        default="0",
+        metavar="DURATION",
+        help="wait this long after a wave ended before the next: 10m, 30s (default: 0, none)",
     )
     start.add_argument(
-        "--max-failed", default="0", help="bad devices allowed so far: a count or a percentage"
+        "--max-failed",
+        default="0",
+        metavar="N|P%",
+        help="bad devices allowed so far: a count or a percentage (default: 0, the first stops the rollout)",
     )
     start.add_argument(
         "--wave-timeout",
-        default=f"{DEFAULT_WAVE_TIMEOUT_S:.0f}s",
-        help="how long a wave may take (default 30m); then --on-timeout says what happens to the stragglers",
+        default=f"{DEFAULT_WAVE_TIMEOUT_S / 60:.0f}m",
+        metavar="DURATION",
+        help="how long a wave may take; then --on-timeout says what happens to the stragglers",
     )
     start.add_argument(
         "--on-timeout",
@@ -81,27 +103,27 @@ def add_controller_arguments(sub: Any) -> None:
     _common(start)
 
     status = verbs.add_parser("status", help="a rollout's waves and counts (the latest without ID)")
-    status.add_argument("rollout_id", nargs="?", default=None, metavar="ID")
-    status.add_argument("--json", action="store_true")
+    status.add_argument("rollout_id", nargs="?", default=None, metavar="ID", help="the rollout's id")
+    status.add_argument("--json", action="store_true", help="the status document as JSON (docs/fleet.md)")
     status.add_argument("--watch", action="store_true", help="print it again every few seconds until it ends")
     _common(status)
 
     listing = verbs.add_parser("list", help="the latest rollouts, a line each")
-    listing.add_argument("--limit", type=int, default=20)
-    listing.add_argument("--json", action="store_true")
+    listing.add_argument("--limit", type=int, default=20, help="show at most this many rollouts")
+    listing.add_argument("--json", action="store_true", help="the rollouts' status documents as JSON")
     _common(listing)
 
     for verb, text in (("pause", "start no new wave"), ("resume", "go on after a pause")):
         parser = verbs.add_parser(verb, help=text)
-        parser.add_argument("rollout_id", metavar="ID")
-        parser.add_argument("--json", action="store_true")
+        parser.add_argument("rollout_id", metavar="ID", help="the rollout's id")
+        parser.add_argument("--json", action="store_true", help="print the controller's answer as JSON")
         _common(parser)
     abort = verbs.add_parser("abort", help="stop a rollout: no new device is touched")
-    abort.add_argument("rollout_id", metavar="ID")
+    abort.add_argument("rollout_id", metavar="ID", help="the rollout's id")
     abort.add_argument(
         "--rollback", action="store_true", help="and move its devices back to their previous model"
     )
-    abort.add_argument("--json", action="store_true")
+    abort.add_argument("--json", action="store_true", help="print the controller's answer as JSON")
     _common(abort)
 
 
@@ -173,6 +195,7 @@ def _start(args: argparse.Namespace) -> int:
     targets = chosen_targets(args, args.device, out=sys.stderr if args.json else None)
     if targets is None:
         return 0
+    keep_slot_model_id(args, fields, targets.devices, out=sys.stderr if args.json else None)
     sha = sha256_file(args.model)
     request = RolloutRequest(
         rollout_id=args.rollout_id,

@@ -7,12 +7,19 @@ checked by a test against a real rollout.
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from agent.errors import AgentError
+from agent.fleet.gate import GatePolicy
+from agent.fleet.rollout_problems import MAX_LISTED, device_problems
+from agent.fleet.rollout_spec import request_of
 from agent.fleet.rollout_store import DeviceStep, RolloutStore
+from agent.fleet.untrusted import shown
+from agent.fleet.waves import format_duration
 
 
 def rollout_status(store: RolloutStore, rollout_id: str) -> dict[str, Any]:
@@ -27,6 +34,7 @@ def rollout_status(store: RolloutStore, rollout_id: str) -> dict[str, Any]:
         waves.append(
             {
                 "index": wave.index,
+                "wave": wave.index + 1,  # as operators count them; index (0-based) stays for old readers
                 "state": wave.state.value,
                 "devices": len(members),
                 "ends": dict(sorted(ends.items())),
@@ -36,6 +44,7 @@ def rollout_status(store: RolloutStore, rollout_id: str) -> dict[str, Any]:
                 "figures": wave.figures,
             }
         )
+    problems, left_off = device_problems(devices, _policy(row.spec))
     return {
         "rollout_id": row.rollout_id,
         "state": row.state.value,
@@ -53,6 +62,8 @@ def rollout_status(store: RolloutStore, rollout_id: str) -> dict[str, Any]:
         ),
         "sends": {"devices": len(devices), "resent": sum(1 for d in devices if d.sends > 1)},
         "rollback": rollback_outcome(store, rollout_id),
+        "problem_devices": problems,
+        "problem_devices_left_off": left_off,
     }
 
 
@@ -75,6 +86,14 @@ def rollback_outcome(store: RolloutStore, rollout_id: str) -> dict[str, Any] | N
     return rollback
 
 
+def _policy(spec: Mapping[str, Any]) -> GatePolicy | None:
+    """The gate the rollout was stored with; None for a spec this version cannot read."""
+    try:
+        return request_of(spec).policy()
+    except (KeyError, ValueError, AgentError):  # pydantic's ValidationError is a ValueError
+        return None
+
+
 def rollout_policy(spec: Mapping[str, Any]) -> dict[str, Any]:
     """How a stored rollout was asked to go (waves, gate, timeouts), from its ``spec``'s request:
     what ``status --json`` and the console show, without the device list and the manifest."""
@@ -92,8 +111,22 @@ def _where(step: DeviceStep, end: str | None) -> str:
     return str(step.value)  # PLANNED, CANCELLED
 
 
-def status_lines(status: dict[str, Any]) -> list[str]:
-    """``fleet rollout status`` as text: a header, a line per wave, the rollback."""
+def soak_note(figures: Mapping[str, Any] | None, now: float) -> str:
+    """``soak: 4 min 10 s left (until 12:34:56 UTC)`` for a soaking wave's figures (``soak_until``, a
+    Unix time), or "" (issue 22.8: "soaking 300 s" never said how much was left)."""
+    until = (figures or {}).get("soak_until")
+    if not isinstance(until, (int, float)) or isinstance(until, bool):
+        return ""
+    clock = time.strftime("%H:%M:%S UTC", time.gmtime(until))
+    if until <= now:
+        return f"soak over at {clock}; the next wave starts"
+    return f"soak: {format_duration(until - now)} left (until {clock})"
+
+
+def status_lines(status: dict[str, Any], now: float | None = None) -> list[str]:
+    """``fleet rollout status`` as text: a header, a line per wave, the rollback. ``now`` (Unix time,
+    default the clock's) is what a soak's time left is counted from."""
+    now = time.time() if now is None else now
     policy = status["policy"]
     lines = [
         f"rollout {status['rollout_id']}: {status['state']}  slot {status['slot']}  "
@@ -109,6 +142,9 @@ def status_lines(status: dict[str, Any]) -> list[str]:
         )
         if wave["reason"] and wave["state"] not in ("WAITING",):
             lines.append(f"          {wave['reason']}")
+        if wave["state"] == "SOAKING" and (note := soak_note(wave.get("figures"), now)):
+            lines.append(f"          {note}")
+    lines += problem_lines(status)
     rollback = status.get("rollback")
     if rollback:
         ends = rollback.get("ends")
@@ -124,11 +160,34 @@ def status_lines(status: dict[str, Any]) -> list[str]:
     return lines
 
 
+#: Problem devices ``status`` prints as text (``--json`` carries up to MAX_LISTED).
+_PROBLEM_LINES = 20
+
+
+def problem_lines(status: dict[str, Any]) -> list[str]:
+    """A line per device that failed, rolled back, timed out or is unhealthy: code and figure."""
+    problems = status.get("problem_devices") or []
+    if not problems:
+        return []
+    total = len(problems) + int(status.get("problem_devices_left_off") or 0)
+    lines = [f"  {total} device(s) failed, rolled back, timed out or unhealthy:"]
+    for problem in problems[:_PROBLEM_LINES]:
+        why = "  ".join(str(problem[k]) for k in ("error_code", "figure") if problem.get(k))
+        lines.append(
+            f"    {shown(problem['device'], 64)}  wave {problem['wave']}  {problem['end']}"
+            + (f"  {why}" if why else "")
+        )
+    if total > _PROBLEM_LINES:
+        lines.append(f"    ... and {total - _PROBLEM_LINES} more (`--json` lists up to {MAX_LISTED})")
+    return lines
+
+
 def list_line(status: dict[str, Any]) -> str:
     """One line of ``fleet rollout list``."""
     done = sum(1 for w in status["waves"] if w["state"] in ("DONE", "TRIPPED", "CANCELLED"))
     devices = sum(status["devices"].values())
     return (
         f"{status['rollout_id']:<44} {status['state']:<10} {status['slot']:<12} "
-        f"{status['model']} {status['version']}  wave {done}/{len(status['waves'])}  {devices} device(s)"
+        f"{status['model']} {status['version']}  {done} of {len(status['waves'])} waves done  "
+        f"{devices} device(s)"
     )

@@ -163,6 +163,12 @@ class StoreFullError(RolloutStoreError):
         self.path = path
 
 
+class RolloutNotFoundError(RolloutStoreError):
+    """No rollout has this id: the broker API answers ``not_found``, the console 404."""
+
+    code = "not_found"
+
+
 class OverlapError(RolloutStoreError):
     """A new rollout touches devices that a running rollout on the same slot still owns."""
 
@@ -771,7 +777,7 @@ class RolloutStore:
     def _rollout_state(self, db: sqlite3.Connection, rollout_id: str) -> RolloutState:
         row = db.execute("SELECT state FROM rollouts WHERE id = ?", (rollout_id,)).fetchone()
         if row is None:
-            raise RolloutStoreError(f"no rollout {rollout_id}")
+            raise RolloutNotFoundError(f"no rollout {rollout_id}")
         return RolloutState(row[0])
 
     def _device_step(self, db: sqlite3.Connection, rollout_id: str, device: str) -> DeviceStep:
@@ -793,7 +799,7 @@ class RolloutStore:
                 (rollout_id,),
             ).fetchone()
         if row is None:
-            raise RolloutStoreError(f"no rollout {rollout_id}")
+            raise RolloutNotFoundError(f"no rollout {rollout_id}")
         return RolloutRow(row[0], row[1], row[2], row[3], RolloutState(row[4]), json.loads(row[5]), *row[6:])
 
     def open_rollouts(self) -> list[str]:

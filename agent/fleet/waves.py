@@ -154,3 +154,16 @@ def parse_duration(text: str, flag: str = "--soak") -> float:
     if not match:
         raise UsageError(f"{flag}: {text!r} is not a duration; write 30s, 10m or 1h")
     return float(match.group(1)) * _UNIT_S[match.group(2) or "s"]
+
+
+def format_duration(seconds: float) -> str:
+    """A span of time as an operator reads it: ``45 s``, ``4 min 05 s``, ``2 h 10 min`` (to the nearest
+    second; never negative)."""
+    whole = max(0, int(seconds + 0.5))
+    if whole < 60:
+        return f"{whole} s"
+    minutes, secs = divmod(whole, 60)
+    if minutes < 60:
+        return f"{minutes} min {secs:02d} s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours} h {minutes:02d} min"

@@ -211,6 +211,7 @@ class SimDevice:
             part_dir=root / "partial",
             trusted_keys=setup.trusted,
             on_job_end=lambda _slot: self.publish_info(),
+            on_job_phase=lambda _slot: self.publish_info(),
         )
         slots.on_change = self.publish_info
 

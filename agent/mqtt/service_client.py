@@ -15,6 +15,7 @@ at random per client.
 
 from __future__ import annotations
 
+import collections
 import random
 import ssl
 import threading
@@ -28,6 +29,9 @@ from agent.mqtt.core import LastWill, MqttCore, PublishProperties, payload_limit
 from agent.mqtt.events import CallbackFailed, ConnAck, Disconnected, Event, PubAck, PublishOutcome, SubAck
 from agent.mqtt.inbound import STOP, InboundMessage, Inbox
 from agent.mqtt.settings import MqttSettings
+
+#: PUBACK reason codes kept for :meth:`ServiceClient.ack_code` (the latest ones).
+_ACK_CODES_KEPT = 256
 
 log = structlog.get_logger(__name__)
 
@@ -72,6 +76,9 @@ class ServiceClient:
         self._sent = 0
         self._acked = 0
         self._failed_acks = 0
+        # The latest PUBACK reason codes by message id, a bounded few: a caller may ask how one
+        # publish was answered (NO_MATCHING_SUBSCRIBERS: nobody listens on that topic).
+        self._ack_codes: collections.OrderedDict[int, int] = collections.OrderedDict()
         self.inbox_dropped = 0
         self.callback_errors = 0
         self.handler_errors = 0
@@ -106,6 +113,9 @@ class ServiceClient:
                 self._acked += 1
                 if not event.ok:
                     self._failed_acks += 1
+                self._ack_codes[event.mid] = event.code
+                while len(self._ack_codes) > _ACK_CODES_KEPT:
+                    self._ack_codes.popitem(last=False)
                 self._cond.notify_all()
         elif isinstance(event, SubAck):
             if event.failed:
@@ -254,8 +264,9 @@ class ServiceClient:
         qos: int = 1,
         retain: bool = False,
         properties: PublishProperties | None = None,
-    ) -> None:
-        """Queue a publish (sent by paho's thread; QoS 1 waits in memory while disconnected).
+    ) -> int:
+        """Queue a publish (sent by paho's thread; QoS 1 waits in memory while disconnected); its
+        message id, for :meth:`ack_code`.
 
         Raises TransportError when the payload exceeds the broker's maximum packet size.
         """
@@ -274,6 +285,14 @@ class ServiceClient:
                 with self._cond:
                     self._sent -= 1
             raise TransportError(f"publish to {topic} failed: {sent.error or sent.outcome.value}")
+        return sent.mid
+
+    def ack_code(self, mid: int, timeout: float) -> int | None:
+        """The PUBACK reason code of the QoS 1 publish ``mid`` (:meth:`publish`'s answer), or None when
+        none arrived within ``timeout`` (or it is long forgotten: only the latest few are kept)."""
+        with self._cond:
+            self._cond.wait_for(lambda: mid in self._ack_codes, timeout)
+            return self._ack_codes.get(mid)
 
     def wait_published(self, timeout: float, *, at_most: int = 0) -> bool:
         """Wait until at most ``at_most`` QoS 1 messages published so far are unacknowledged.

@@ -161,7 +161,16 @@ def test_int8_calibrated_on_frames_of_a_video(tmp_path: Path, model: Path) -> No
     images = tmp_path / "calib-lobby"
     result = edge_agent_build(
         str(model),
-        *("--precision", "int8", "--device", "cpu", "--calib-from", str(video), "--calib", str(images)),
+        *(
+            "--precision",
+            "int8",
+            "--engine-device",
+            "cpu",
+            "--calib-from",
+            str(video),
+            "--calib",
+            str(images),
+        ),
         *("--calib-frames", "8", "--state-dir", str(tmp_path / "state")),
     )
     assert result.returncode == 0, result.stderr
@@ -192,3 +201,45 @@ def test_calib_from_names_its_folder_after_the_video() -> None:
 
     assert calib_dir_for("/data/lobby.avi") == Path("calib-lobby")
     assert calib_dir_for("rtsp://cam-3.local:554/live/main?ch=1") == Path("calib-main")
+
+
+def test_int8_reports_its_agreement_with_fp32_and_a_short_video(tmp_path: Path, model: Path) -> None:
+    """Issue 22.11: an INT8 build said nothing of its agreement with FP32, nor that --calib-from gave
+    fewer frames than --calib-frames asked."""
+    from agent.demo_setup import write_demo_video
+
+    video = write_demo_video(tmp_path / "short.avi", frames=12, size=(80, 60), fps=15.0)
+    images = tmp_path / "calib-short"
+    state = ("--state-dir", str(tmp_path / "state"))
+    text = edge_agent_build(
+        str(model),
+        *(
+            "--precision",
+            "int8",
+            "--engine-device",
+            "cpu",
+            "--calib-from",
+            str(video),
+            "--calib",
+            str(images),
+        ),
+        *("--calib-frames", "20", *state),
+    )
+    assert text.returncode == 0, text.stderr
+    written = len(list(images.glob("frame-*.jpg")))
+    assert 0 < written < 20
+    assert (
+        f"calib      {written} of the 20 frames asked (--calib-frames): {video} gave no more" in text.stdout
+    )
+    assert f"agreement  INT8 vs FP32 on {written} calibration image(s): top-1 agreement " in text.stdout
+
+    as_json = edge_agent_build(
+        str(model), "--precision", "int8", "--engine-device", "cpu", "--calib", str(images),
+        "--calib-frames", "20", "--json", *state,
+    )  # fmt: skip
+    assert as_json.returncode == 0, as_json.stderr
+    agreement = json.loads(as_json.stdout)["int8_agreement"]
+    assert agreement["frames"] == written
+    assert agreement["skipped"] is None
+    assert 0.0 <= agreement["top1_agreement"] <= 1.0
+    assert agreement["max_abs_diff"] >= 0.0

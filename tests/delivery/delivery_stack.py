@@ -150,6 +150,8 @@ class Harness:
         self.activations = activations or Activations()
         self.rollbacks: list[str] = []
         self.job_ends: list[str] = []  # slots whose job ended, in order (the agent republishes up/info)
+        #: up/info's job fields at each SHADOW/PROBATION start, as the agent republishes them then.
+        self.job_phases: list[dict[str, Any]] = []
         self.spool = Spool(state_dir / "spool.sqlite")
         settings = MqttSettings(
             host=broker.host, port=broker.port, reconnect_min_s=0.05, reconnect_max_s=0.3, keepalive_s=5
@@ -178,6 +180,7 @@ class Harness:
             rollback=self._rollback,
             slot_specs=lambda slot: (PREPROCESS, POSTPROCESS) if slot == SLOT else None,
             on_job_end=self.job_ends.append,
+            on_job_phase=lambda slot: self.job_phases.append(self.service.job_fields(slot)),
         )
         self.probe = Probe(broker.host, broker.port)
         self.probe.subscribe(f"fleet/v1/{self.device_id}/up/#")

@@ -100,3 +100,29 @@ def test_a_healthy_probation_ends_active_with_its_figures(device: Harness, model
     assert final.probation is not None
     assert final.probation.elapsed_s == 5.0
     assert {"validate", "shadow", "probation"} <= set(final.timings_s)
+
+
+def test_up_info_is_republished_as_a_job_enters_shadow_and_probation_showing_that_job(
+    device: Harness, model_v1: Path
+) -> None:
+    """Issue 22.10: during PROBATION `fleet status` showed the previous job as LAST JOB; the agent
+    republishes up/info when a long phase starts (once per phase, not per figures update)."""
+
+    def guarded(request: ActivationRequest) -> None:
+        assert request.guard is not None
+        request.guard.enter(J.SHADOW)
+        request.guard.figures(shadow=ShadowFigures(frames=30, agreement=1.0, latency_ratio=1.0))
+        request.guard.figures(shadow=ShadowFigures(frames=60, agreement=1.0, latency_ratio=1.0))
+        request.guard.enter(J.PROBATION)
+        request.guard.figures(probation=ProbationFigures(elapsed_s=2.0, probation_s=5.0))
+        request.guard.figures(probation=ProbationFigures(elapsed_s=5.0, probation_s=5.0))
+
+    device.activations.guard_script = guarded
+    manifest = device.manifest(model_v1, job_id="job-13", shadow=ShadowSpec(), probation_s=5.0)
+    device.deploy(device.signed(manifest))
+    device.wait_terminal("job-13")
+
+    assert [(f["last_job"], f["last_job_state"]) for f in device.job_phases] == [
+        ("job-13", J.SHADOW),
+        ("job-13", J.PROBATION),
+    ]

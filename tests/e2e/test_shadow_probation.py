@@ -17,7 +17,7 @@ import pytest
 
 from agent.delivery.guard import ProbationSpec, ShadowSpec
 from agent.fleet.command import send_command
-from agent.protocol.messages import JobState, JobStatus, decode
+from agent.protocol.messages import InfoMessage, JobState, JobStatus, decode
 from agent.protocol.topics import Topics
 from tests.e2e.fleet_rig import (
     Fleet,
@@ -224,6 +224,18 @@ def test_a_restart_in_probation_comes_back_on_the_old_model_and_a_rollback_comma
         return False
 
     probe.wait_for(probation_telemetry, timeout=30)  # a dashboard sees the probation and its figures
+
+    def info_shows_the_candidate_in_probation(messages: list[Received]) -> bool:
+        # Issue 22.10: the retained up/info (what `fleet status` and the console read) names the
+        # running job in its phase and the candidate that serves, as the results do.
+        for m in messages:
+            if m.topic == topic.info:
+                slot = decode(InfoMessage, m.payload).slots["cls"]
+                if slot.last_job == job.job_id and slot.last_job_state is JobState.PROBATION:
+                    return slot.model is not None and slot.model.version == "2"
+        return False
+
+    probe.wait_for(info_shows_the_candidate_in_probation, timeout=30)
     daemon.signal(signal.SIGKILL)
     daemon.proc.wait(10)
     state = json.loads((files.root / "state" / "state.json").read_text())

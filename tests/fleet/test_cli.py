@@ -57,7 +57,7 @@ def test_build_flags_make_a_build_spec_only_when_given() -> None:
     base = ("deploy", "m.onnx", "--device", "d", "--slot", "s", "--version", "1", "--unsigned")
     assert build_spec_from_args(_parse(*base)) is None
     spec = build_spec_from_args(
-        _parse(*base, "--precision", "int8", "--device-target", "dla0", "--no-gpu-fallback")
+        _parse(*base, "--precision", "int8", "--engine-device", "dla0", "--no-gpu-fallback")
     )
     assert spec is not None
     assert (spec.precision, spec.device, spec.gpu_fallback) == ("int8", "dla0", False)
@@ -158,7 +158,7 @@ def test_keygen_on_an_existing_key_points_at_force(
 
 def test_a_refused_broker_names_what_the_user_set(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     port = free_port()
-    assert main(["fleet", "status", "--broker", f"127.0.0.1:{port}", "--wait", "20"]) == 1
+    assert main(["fleet", "status", "--broker", f"127.0.0.1:{port}", "--retained-wait", "20"]) == 1
     line = _one_error_line(capsys)
     assert line == (
         f"error: cannot connect to the MQTT broker at 127.0.0.1:{port}: Connection refused; "
@@ -166,7 +166,7 @@ def test_a_refused_broker_names_what_the_user_set(tmp_path: Path, capsys: pytest
     )
     config = tmp_path / "operator.yaml"
     config.write_text(f"mqtt:\n  host: 127.0.0.1\n  port: {port}\n")
-    assert main(["fleet", "status", "-c", str(config), "--wait", "20"]) == 1
+    assert main(["fleet", "status", "-c", str(config), "--retained-wait", "20"]) == 1
     assert f"check mqtt.host/port in {config}" in _one_error_line(capsys)
 
 
@@ -183,7 +183,9 @@ def test_deploy_to_an_unknown_device_ends_at_once_naming_it(
     )  # fmt: skip
     captured = capsys.readouterr()
     assert code == 4, captured.out + captured.err
-    assert "published to 0 device(s)" in captured.out
+    assert "published to" not in captured.out  # issue 22.9: no "published to 0 ... serving the chunks"
+    assert "serving the chunks" not in captured.out
+    assert "deploy: nothing published: no target is a known device" in captured.err
     assert f"unknown device(s) jet-typo: no retained {prefix}/{{device}}/up/status" in captured.err
     assert "--wait-unknown waits for them" in captured.err
     assert "jet-typo: unknown device" in captured.err
@@ -276,3 +278,100 @@ def test_deploy_asks_for_a_shadow_run_unless_told_and_no_shadow_leaves_the_field
     argv = ["fleet", "deploy", str(model), "--device", "d1", "--slot", "cls", "--version", "1", "--unsigned"]
     assert main([*argv, "--no-shadow", "--shadow-json", "{}"]) == 1
     assert _one_error_line(capsys) == "error: --no-shadow and --shadow-json: give one of them"
+
+
+def test_status_under_a_prefix_with_no_device_fails_naming_where_it_looked(
+    broker: Broker, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 22.9: ``fleet status --prefix fleet/v2`` said "no devices found" and exited 0."""
+    prefix = unique_prefix()
+    argv = ["fleet", "status", "--broker", f"{broker.host}:{broker.port}", "--prefix", prefix]
+
+    code = main([*argv, "--retained-wait", "1", "--telemetry-wait", "0"])
+
+    captured = capsys.readouterr()
+    assert code == 1
+    assert captured.out == ""
+    assert f"no devices found: nothing retained under {prefix}/+/up/status or up/info on " in captured.err
+    assert "check --prefix (the devices' mqtt.prefix, default fleet/v1) and --broker" in captured.err
+
+
+def test_a_rollout_command_with_no_controller_fails_at_once_saying_so(
+    broker: Broker, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 22.9: with no controller, ``fleet rollout status`` waited its whole --timeout. The broker
+    answers a request nobody subscribes to "no matching subscribers" at once: that is the error now.
+    (A --timeout of 600 would hold this test for ten minutes without the fix.)"""
+    prefix = unique_prefix()
+    argv = ["--broker", f"{broker.host}:{broker.port}", "--prefix", prefix, "--timeout", "600"]
+
+    code = main(["fleet", "rollout", "status", *argv])
+
+    err = capsys.readouterr().err
+    assert code == 1
+    assert f"no controller listens on {prefix}/_controller/req/status" in err
+    assert f"with prefix {prefix}?" in err
+
+
+def test_a_redeploy_keeps_the_model_id_the_slot_serves_not_the_files_stem(
+    tmp_path: Path, broker: Broker, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 22.10: ``shapes_classifier.onnx`` redeployed to a slot serving ``shapes-classifier``
+    renamed the model after the file's stem. The device's retained up/info (as a simulated device
+    publishes it) says what the slot serves; the manifest the deploy publishes keeps that id."""
+    from agent.delivery.manifest import DeployManifest, SignedManifest
+    from tests.fleet.console_rig import info, status
+
+    prefix = unique_prefix()
+    model = tiny_model(tmp_path / "shapes_classifier.onnx")
+    desired = Topics(prefix, "jet-01").desired("main")
+    with Probe(broker.host, broker.port) as probe:
+        for topic, payload in (status(prefix, "jet-01"), info(prefix, "jet-01", model="shapes-classifier")):
+            probe.publish(topic, payload, retain=True)
+        probe.subscribe(desired)
+        main(
+            [
+                "fleet",
+                "deploy",
+                str(model),
+                "--device",
+                "jet-01",
+                "--slot",
+                "main",
+                "--version",
+                "2",
+                "--unsigned",
+                "--no-serve",
+                "--timeout",
+                "1",
+                "--retained-wait",
+                "2",
+                "--broker",
+                f"{broker.host}:{broker.port}",
+                "--prefix",
+                prefix,
+            ]
+        )  # fmt: skip  (--timeout 1: no device answers; what is published is the point)
+        [published] = probe.wait_for_count(desired, 1, timeout=30)
+        for topic in (desired, Topics(prefix, "jet-01").status, Topics(prefix, "jet-01").info):
+            probe.publish(topic, b"", retain=True)
+
+    manifest = DeployManifest.model_validate_json(
+        SignedManifest.model_validate_json(published.payload).manifest
+    )
+    assert manifest.model_id == "shapes-classifier"
+    assert (
+        "deploy: model id shapes-classifier (what slot main serves now; --model-id sets another)"
+        in capsys.readouterr().out
+    )
+
+
+def test_the_default_model_id_is_the_slots_when_the_targets_agree_and_an_error_when_not() -> None:
+    from agent.fleet.slot_model import default_model_id
+
+    assert default_model_id({}, "net", "main")[0] == "net"
+    assert default_model_id({"a": "cls", "b": "cls"}, "net", "main")[0] == "cls"
+    with pytest.raises(
+        ConfigError, match=r"slot main serves models of different ids on the targets \(a \(1\), b \(1\)\)"
+    ):
+        default_model_id({"x": "a", "y": "b"}, "net", "main")

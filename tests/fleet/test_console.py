@@ -159,6 +159,7 @@ def test_rollouts_show_waves_with_counts_per_step_and_end_and_gate_figures(
     first, second = one["waves"]
     assert first == {
         "index": 0,
+        "wave": 1,  # counted from 1, as the page and the CLI show it (issue 22.6)
         "state": "TRIPPED",
         "devices": 2,
         "steps": {"ENDED": 2},

@@ -336,7 +336,7 @@ def test_the_rollout_commands_select_show_start_follow_and_list(
             fleet.devices[n].labels = {"site": "berlin-3"}
             fleet.set_online(n, True)  # announces the labels
         start = ["fleet", "rollout", "start", str(model), "--slot", SLOT, "--version", "2", "--no-shadow"]
-        start += ["--select", "site=berlin-3", "--select-wait", "1", "--waves", "1,100%", "--id", "cli"]
+        start += ["--select", "site=berlin-3", "--retained-wait", "1", "--waves", "1,100%", "--id", "cli"]
         assert main([*start, "--dry-run", *broker_args]) == 0
         shown = capsys.readouterr().out
         assert "selected 3 device(s): c0, c1, c2" in shown

@@ -50,7 +50,12 @@ def test_the_rollout_status_example_has_the_keys_of_a_real_status(tmp_path: Path
     store.set_wave(rid, 0, WaveState.RUNNING, reason="started")
     store.mark_sending(rid, "jet-01")
     store.mark_sent(rid, "jet-01")
-    store.record_job(rid, "jet-01", DeviceEnd.ACTIVE, {"state": "ACTIVE"})
+    healthy = {  # the example asks for shadow and probation: a healthy device sent both
+        "state": "ACTIVE",
+        "shadow": {"frames": 120, "agreement": 0.97},
+        "probation": {"elapsed_s": 60.0, "probation_s": 60.0},
+    }
+    store.record_job(rid, "jet-01", DeviceEnd.ACTIVE, healthy)
     verdict = judge_wave([DeviceReport("jet-01", DeviceEnd.ACTIVE)], [], GatePolicy(parse_max_failed("2%")))
     store.set_wave(rid, 0, WaveState.DONE, figures=asdict(verdict.figures), reason=verdict.reason)
     store.set_wave(rid, 1, WaveState.RUNNING, reason="started")

@@ -201,3 +201,52 @@ def test_every_rollout_command_with_json_prints_only_json_on_stdout(
         assert json.loads(stdout_of(*waiting))["rollout_id"] == "two"
         for verb, state in (("pause", "PAUSED"), ("resume", "RUNNING"), ("abort", "ABORTED")):
             assert json.loads(stdout_of("fleet", "rollout", verb, "two", "--json"))["state"] == state
+
+
+def test_a_refused_action_is_answered_in_the_operators_words_and_an_unknown_rollout_is_not_found(
+    tmp_path: Path, broker: Broker, prefix: str, keys: KeyPairFiles, controller: Running
+) -> None:
+    """Issue 22.6: no "illegal rollout transition PAUSED -> PAUSED", and an unknown id is not_found
+    on the broker API and 404 on the console (both through the real controller)."""
+    from starlette.testclient import TestClient
+
+    from agent.fleet.console.app import make_console_app
+    from agent.fleet.controller_calls import ConsoleCalls
+    from agent.fleet.view import FleetView
+
+    settings = operator_settings(broker, prefix)
+    model = tiny_model(tmp_path / "m.onnx")
+    with _fleet(broker, prefix, keys, ["p0", "p1"]):
+        # A long soak keeps the rollout open whatever the devices do.
+        started = _start(settings, model, _request(model, ["p0", "p1"], waves="1,100%", soak_s=3600))
+        rollout_id = started["rollout_id"]
+        with ControllerClient(settings, timeout=20) as client:
+            assert client.request("pause", {"rollout_id": rollout_id})["state"] == "PAUSED"
+            with pytest.raises(RequestRefusedError) as again:
+                client.request("pause", {"rollout_id": rollout_id})
+            with pytest.raises(RequestRefusedError) as unknown:
+                client.request("resume", {"rollout_id": "no-such-rollout"})
+        store = controller.controller.store
+        assert store is not None
+        token = uuid.uuid4().hex
+        app = make_console_app(FleetView(prefix), store, ConsoleCalls(controller.controller), token=token)
+        auth = {"authorization": f"Bearer {token}"}
+        with TestClient(app) as web:
+            console_unknown = web.post("/api/rollouts/no-such-rollout/pause", headers=auth)
+            console_again = web.post(f"/api/rollouts/{rollout_id}/pause", headers=auth)
+            assert web.post(f"/api/rollouts/{rollout_id}/abort", headers=auth).status_code == 200
+            console_ended = web.post(f"/api/rollouts/{rollout_id}/resume", headers=auth)
+
+    assert again.value.code == "wrong_state"
+    assert (
+        str(again.value) == f"controller refused pause: rollout {rollout_id} is already PAUSED: nothing to do"
+    )
+    assert unknown.value.code == "not_found"
+    assert "no rollout no-such-rollout" in str(unknown.value)
+    assert console_unknown.status_code == 404
+    assert console_again.status_code == 409
+    assert console_again.json()["error"] == f"rollout {rollout_id} is already PAUSED: nothing to do"
+    assert console_ended.status_code == 409
+    assert console_ended.json()["error"] == (
+        f"rollout {rollout_id} has ended (ABORTED): it cannot be resumed any more"
+    )

@@ -243,3 +243,20 @@ def test_the_verdict_docs_fleet_md_shows_is_the_one_given() -> None:
     ]
     doc = (Path(__file__).resolve().parents[2] / "docs" / "fleet.md").read_text()
     assert f"`{judge_wave(wave, [], policy).reason}`" in " ".join(doc.split())
+
+
+def test_the_gate_text_counts_a_device_never_reached_apart_from_the_touched_ones() -> None:
+    """Issue 22.6: '0 of 4 touched ... 1 skipped' counted the skipped device as touched."""
+    policy = GatePolicy(parse_max_failed("0"))
+    wave = _wave(A, A, A) + _wave(P, started=False, online=False, prefix="off")
+
+    waiting = judge_wave(wave, [], policy)
+    skipped = judge_wave(wave, [], policy, timed_out=True)
+    reached = judge_wave(_wave(A, A, A, A), [], policy)
+
+    assert "= 0 of 3 touched (1 not reached), limit 0" in waiting.reason
+    assert skipped.reason == (
+        "gate holds: 0 failed + 0 rolled back + 0 unhealthy = 0 of 3 touched (1 not reached), limit 0 "
+        "(--max-failed 0); 1 skipped (offline at the timeout)"
+    )
+    assert "= 0 of 4 touched, limit 0" in reached.reason

@@ -160,7 +160,15 @@ def test_fleet_status_table_reports_each_hostile_device_and_prints_nothing_raw(
     broker: Broker, hostile_fleet: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     code = main(
-        ["fleet", "status", "--wait", "10", "--telemetry-wait", "0", *_broker_args(broker, hostile_fleet)]
+        [
+            "fleet",
+            "status",
+            "--retained-wait",
+            "10",
+            "--telemetry-wait",
+            "0",
+            *_broker_args(broker, hostile_fleet),
+        ]
     )
     out, err = capsys.readouterr()
     assert code == 0, err
@@ -186,7 +194,7 @@ def test_fleet_status_json_is_valid_and_bounded(
             "fleet",
             "status",
             "--json",
-            "--wait",
+            "--retained-wait",
             "10",
             "--telemetry-wait",
             "0",

@@ -200,15 +200,16 @@ def test_rollout_series_from_a_real_rollout_store(tmp_path: Path) -> None:
     metrics = fleet_metrics(view, lambda: [store.rollout("r1")], counts, store.change_mark)
     got = samples(metrics)
     assert find(got, "edge_rollout_info", rollout_id="r1", slot="main", to_version="5", state="PAUSED") == 1
-    assert find(got, "edge_rollout_devices", rollout_id="r1", wave="0", step="PLANNED") == 1
-    assert find(got, "edge_rollout_devices", rollout_id="r1", wave="1", step="PLANNED") == 2
+    # 1-based, as the CLI and the console count waves (issue 22.6)
+    assert find(got, "edge_rollout_devices", rollout_id="r1", wave="1", step="PLANNED") == 1
+    assert find(got, "edge_rollout_devices", rollout_id="r1", wave="2", step="PLANNED") == 2
     samples(metrics)
     assert reads == ["r1"]  # the store did not change: not read again
     # A change through the store shows in the next scrape...
     store.mark_sending("r1", "jet-a")
     got = samples(metrics)
-    assert find(got, "edge_rollout_devices", rollout_id="r1", wave="0", step="SENDING") == 1
-    assert find(got, "edge_rollout_devices", rollout_id="r1", wave="0", step="PLANNED") is None
+    assert find(got, "edge_rollout_devices", rollout_id="r1", wave="1", step="SENDING") == 1
+    assert find(got, "edge_rollout_devices", rollout_id="r1", wave="1", step="PLANNED") is None
     # ... and so does one written to the same file through another connection.
     other = RolloutStore(tmp_path / "rollouts.sqlite")
     other.set_state("r1", RolloutState.RUNNING)

@@ -80,4 +80,5 @@ def test_rollout_series_are_scraped(fleet: ScrapedFleet) -> None:
         "5",
     )
     planned = fleet.prometheus.query('sum by (wave) (edge_rollout_devices{rollout_id="r-1",step="PLANNED"})')
-    assert {r["metric"]["wave"]: float(r["value"][1]) for r in planned} == {"0": 1.0, "1": 2.0}
+    # waves counted from 1, as the CLI and the console count them (issue 22.6)
+    assert {r["metric"]["wave"]: float(r["value"][1]) for r in planned} == {"1": 1.0, "2": 2.0}

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import io
+import re
+import time
 
 from agent.fleet.deploy_outcome import DeviceProgress
 from agent.fleet.progress import ProgressView, progress_line
-from agent.protocol.messages import JobState
+from agent.protocol.messages import JobState, ProbationFigures
 
 
 def _p(device: str, state: JobState | None, history: list[JobState], **fields: object) -> DeviceProgress:
@@ -85,3 +87,53 @@ def test_terminal_redraw_carries_only_its_own_escapes_whatever_the_device_sent()
     assert text.count("\n") == 4  # two lines per drawing: nothing the device sent added one
     assert max(len(line) for line in own.splitlines()) < 200
     assert "(2 malformed message(s) from it)" in own
+
+
+def test_a_long_phase_shows_how_long_it_ran_and_how_long_is_left() -> None:
+    """Issue 22.8: 60 s of PROBATION showed one unchanging line."""
+    now = time.monotonic()
+    probation = _p("jet-1", JobState.PROBATION, [JobState.PROBATION], state_since=now - 12.4)
+    shadow = _p("jet-2", JobState.SHADOW, [JobState.SHADOW], state_since=now - 75)
+    reported = ProbationFigures(elapsed_s=5.0, probation_s=300.0)
+    own_length = _p("jet-3", JobState.PROBATION, [], state_since=now - 100, probation=reported)
+
+    assert progress_line(probation, now=now, probation_s=60.0).endswith(
+        "probation 12 s of 1 min 00 s, 48 s left"
+    )
+    assert progress_line(probation, now=now + 50, probation_s=60.0).endswith(
+        "probation 1 min 02 s of 1 min 00 s, ending"
+    )
+    assert progress_line(probation, now=now).endswith("probation 12 s")  # its length unknown
+    assert progress_line(shadow, now=now).endswith("shadow 1 min 15 s")
+    assert progress_line(own_length, now=now, probation_s=60.0).endswith("of 5 min 00 s, 3 min 20 s left")
+
+
+def test_piped_output_prints_a_long_phase_again_as_its_clock_moves() -> None:
+    out = io.StringIO()
+    view = ProgressView(out, tty=False, probation_s=60.0)
+    p = _p("jet-1", JobState.PROBATION, [JobState.PROBATION], state_since=time.monotonic())
+    view.update([p])
+    view.update([p])  # same state, same ten seconds: nothing new
+    p.state_since -= 10.2  # the phase has run ten seconds more
+    view.update([p])
+
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 2
+    # ten seconds on (and a little more on a loaded machine)
+    assert re.search(r"probation 1\d s of 1 min 00 s, [45]\d s left$", lines[1]), lines[1]
+
+
+def test_a_line_of_the_command_never_lands_on_an_unterminated_progress_line() -> None:
+    """Issue 22.8: "0 B / 239.1 KiBdeploy: job ..." on a terminal."""
+    out = io.StringIO()
+    view = ProgressView(out, tty=True, min_interval_s=0.0)
+    p = _p("jet-1", JobState.QUEUED, [JobState.QUEUED])
+    view.update([p])  # one device: drawn with \r, no newline
+    view.say("deploy: job j-1 (sequence 1): m v1")
+    view.update([p])  # a fresh line below the text, not over it
+
+    text = out.getvalue()
+    assert "1000 B\ndeploy: job j-1" in text.replace(" \n", "\n")
+    assert text.endswith("deploy: job j-1 (sequence 1): m v1\n\r" + progress_line(p)) or text.endswith(
+        "deploy: job j-1 (sequence 1): m v1\n" + progress_line(p)
+    )

@@ -45,7 +45,7 @@ def _publish_fleet(probe: Probe, prefix: str) -> None:
 
 
 def _broker_args(broker: Broker, prefix: str) -> list[str]:
-    return ["--broker", f"{broker.host}:{broker.port}", "--prefix", prefix, "--select-wait", "2"]
+    return ["--broker", f"{broker.host}:{broker.port}", "--prefix", prefix, "--retained-wait", "2"]
 
 
 def test_deploy_dry_run_lists_exactly_the_matching_devices_and_sends_nothing(
@@ -161,8 +161,8 @@ def test_status_select_filters_the_rows(broker: Broker, capsys: pytest.CaptureFi
     with Probe(broker.host, broker.port) as probe:
         _publish_fleet(probe, prefix)
         code = main(
-            ["fleet", "status", "--json", "--telemetry-wait", "0", "--wait", "2", "--select", "camera=dock",
-             "--broker", f"{broker.host}:{broker.port}", "--prefix", prefix]
+            ["fleet", "status", "--json", "--telemetry-wait", "0", "--retained-wait", "2",
+             "--select", "camera=dock", "--broker", f"{broker.host}:{broker.port}", "--prefix", prefix]
         )  # fmt: skip
     rows = json.loads(capsys.readouterr().out)
     assert code == 0

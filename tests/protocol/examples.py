@@ -49,7 +49,7 @@ JETSON_PLATFORM: dict[str, str | bool | int | float | None] = {
     "backend_tensorrt_reason": "TensorRT 10.3.0, DLA cores: 2",
 }
 
-#: What ``fleet deploy --precision fp32 --device cpu`` puts in the manifest, and so what the device
+#: What ``fleet deploy --precision fp32 --engine-device cpu`` puts in the manifest, and so what the device
 #: publishes as ``requested``: the whole BuildSpec.
 REQUESTED = {
     "precision": "fp32",

@@ -37,7 +37,7 @@ from agent.errors import AgentError, UsageError
 from agent.fleet.console.feed import Feed, Stream
 from agent.fleet.console.rollouts import rollout_devices, rollout_ids, rollout_summary
 from agent.fleet.console.summary import DeviceFilter, device_detail, device_rows
-from agent.fleet.rollout_store import RolloutStore, RolloutStoreError
+from agent.fleet.rollout_store import RolloutNotFoundError, RolloutStore, RolloutStoreError
 from agent.fleet.view import FleetView
 from agent.transitions import IllegalTransitionError
 
@@ -74,8 +74,8 @@ class ConsoleActions(Protocol):
     """What the console's buttons do; the controller implements it on its running rollouts.
 
     Each returns a short message for the operator, or raises an :class:`AgentError` (an unknown
-    rollout) or :class:`IllegalTransitionError` (a move its state does not allow) whose text says
-    why not; the console answers 409 with that text.
+    rollout: 404) or a WrongStateError / :class:`IllegalTransitionError` (a move its state does not
+    allow) whose text says why not; the console answers 409 with that text.
     """
 
     def pause(self, rollout_id: str) -> str: ...
@@ -233,6 +233,8 @@ def make_console_app(
                 message = actions.resume(rollout_id)
             else:
                 message = actions.abort(rollout_id, rollback)
+        except RolloutNotFoundError as exc:
+            return _error(404, str(exc))
         except (AgentError, IllegalTransitionError) as exc:
             return _error(409, str(exc))
         return JSONResponse({"ok": True, "message": message})

@@ -56,6 +56,7 @@ def rollout_summary(store: RolloutStore, rollout_id: str, now: float | None = No
     waves = [
         {
             "index": index,
+            "wave": index + 1,  # as operators count them; index (0-based) stays for old readers
             "state": state.value,
             "devices": sum(steps[index].values()),
             "steps": dict(sorted(steps[index].items())),
@@ -101,7 +102,7 @@ def rollout_devices(store: RolloutStore, rollout_id: str) -> list[dict[str, Any]
     return [
         {
             "device": row.device,
-            "wave": row.wave,
+            "wave": row.wave + 1,  # counted from 1, as the waves of the answer and the page are
             "step": row.step.value,
             "end": row.end.value if row.end else None,
             "from_version": row.from_version,
