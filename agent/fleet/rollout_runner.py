@@ -122,6 +122,7 @@ class RolloutRunner:
         #: The latest wave's deploy, kept after the wave ended (``fleet deploy`` reports from it).
         self.last_deploy: FleetDeploy | None = None
         self._wave: int | None = None
+        self._republished = 0  # the running deploy's re-publishes counted in the store so far
         self._recorded: dict[str, str] = {}
         self._rollback: Rollback | None = None
 
@@ -168,6 +169,7 @@ class RolloutRunner:
             self._open_wave(current.index)
         if self.deploy is not None:
             self.deploy.poll(0.0)
+            self._count_republished(self.deploy)
         # One snapshot for both: a job that ends between two snapshots would be judged ended
         # without its end ever being stored.
         snapshot = self.deploy.snapshot() if self.deploy is not None else []
@@ -270,7 +272,12 @@ class RolloutRunner:
         deploy.start()
         for device in unsent:
             self.store.mark_sent(self.rollout_id, device)
+        # SENT devices were sent by an earlier runner (a controller that was restarted): published
+        # again now, counted as such (SENDING ones counted themselves above).
+        sent = [r.device for r in rows if r.step is DeviceStep.SENT]
+        self.store.mark_resent(self.rollout_id, sent, "published again after a controller restart")
         self.deploy = self.last_deploy = deploy
+        self._republished = 0
         self._wave = index
         log.info(
             "fleet.rollout.sent",
@@ -279,6 +286,13 @@ class RolloutRunner:
             devices=len(live),
             resent=len(live) - len(unsent),
         )
+
+    def _count_republished(self, deploy: FleetDeploy) -> None:
+        """Count the wave's desired states the deploy published again after the broker came back."""
+        if deploy.republished != self._republished:
+            times, self._republished = deploy.republished - self._republished, deploy.republished
+            devices = [p.device for p in deploy.snapshot() if not p.skipped] * times
+            self.store.mark_resent(self.rollout_id, devices, "published again after a broker reconnect")
 
     def _close_wave(self) -> None:
         if self.deploy is not None:
