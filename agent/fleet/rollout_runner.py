@@ -284,7 +284,7 @@ class RolloutRunner:
             rollout=self.rollout_id,
             wave=index,
             devices=len(live),
-            resent=len(live) - len(unsent),
+            resent=len(sent) + sum(1 for r in rows if r.step is DeviceStep.SENDING),
         )
 
     def _count_republished(self, deploy: FleetDeploy) -> None:
