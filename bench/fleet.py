@@ -411,9 +411,11 @@ class _Scenario:
             try:
                 status = _rollout_cli(self.broker, "status", rollout_id)
             except RuntimeError:
-                if self.number != 6 or killed_at is None:
+                if killed_at is None:
                     raise
-                time.sleep(self.args.poll_s)  # the controller has not reconnected to the restarted broker yet
+                # No controller answered yet: the restarted one is starting (5), or it has not
+                # resubscribed to the restarted broker (6).
+                time.sleep(self.args.poll_s)
                 continue
             third = next((w for w in status["waves"] if w["index"] == 2), None)
             if self.number == 5 and killed_at is None and third is not None and third["started_at"]:
