@@ -13,8 +13,9 @@ each device gets a copy naming it in ``device``, signed, published **retained** 
 requests while the deploy runs. Job states arrive on ``up/jobs/{job_id}``; the deploy is over
 when every device reached a terminal state. Messages can be missed (the broker restarted while a
 device replayed its spool), so a device that stays quiet is asked with the ``status`` command,
-which names its last job and that job's state; after a reconnect the manifests are published
-again, because a broker without persistence forgets retained messages.
+which names its last job and that job's state, and, once it ended, the job's final status message
+as the device published it (with its shadow and probation figures); after a reconnect the
+manifests are published again, because a broker without persistence forgets retained messages.
 
 A message from a target device that does not parse (its job status, its retained status, its reply
 to ``status``) is kept as a note on that device naming the message and the field, and the deploy
@@ -144,6 +145,8 @@ class FleetDeploy:
         self._unknown_grace_s = unknown_grace_s
         self._client = ServiceClient(settings, handler=self._on_message)
         self._connects = 0
+        #: How often the manifests were published again after a reconnect (a rollout counts them).
+        self.republished = 0
         self._started = False
         self.server: ChunkServer | None = None
         if serve:
@@ -215,6 +218,7 @@ class FleetDeploy:
             self._connects = self._client.connects
             log.warning("fleet.deploy.reconnected", job=self.job_id)
             self._publish_manifests()
+            self.republished += 1
             self._ask_status(force=True)
             changed = True
         changed = self._take_status_replies() or changed
@@ -429,16 +433,7 @@ class FleetDeploy:
                 continue
             if last.state.terminal:
                 # The job's own message was missed; the device's job ledger says how it ended.
-                self._apply(
-                    device,
-                    JobStatus(
-                        job_id=self.job_id,
-                        slot=self.plan.slot,
-                        state=last.state,
-                        error_code=last.error_code,
-                        error="final state read with the status command (its job message was missed)",
-                    ),
-                )
+                self._apply(device, last.final_status(self.job_id, self.plan.slot))
                 changed = True
         return changed
 
@@ -497,6 +492,23 @@ class _LastJob(BaseModel):
     job_id: str
     state: JobState
     error_code: str | None = None
+    #: The job's last status message as the device published it (same ``msg_id``), with its shadow
+    #: and probation figures: the end a rollout's gate judges, whoever missed the message itself.
+    status: JobStatus | None = None
+
+    def final_status(self, job_id: str, slot: str) -> JobStatus:
+        """The terminal status to apply: the device's own message when the record kept it (a device
+        whose ledger predates it answers without one: its state and error code, no figures)."""
+        kept = self.status
+        if kept is not None and kept.job_id == job_id and kept.slot == slot and kept.state is self.state:
+            return kept
+        return JobStatus(
+            job_id=job_id,
+            slot=slot,
+            state=self.state,
+            error_code=self.error_code,
+            error="final state read with the status command (its job message was missed)",
+        )
 
 
 def _last_job(result: dict[str, Any] | None, slot: str) -> dict[str, Any] | None:

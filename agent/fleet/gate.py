@@ -7,8 +7,8 @@ says whether the current wave is done, whether the gate holds or trips, with the
 What counts against the limit (``--max-failed``, of the devices touched so far):
 
 - a job that ended ``FAILED``, ``REJECTED`` or ``ROLLED_BACK`` (the device refused or undid the model);
-- a device that is *unhealthy*: it ended ``ACTIVE`` but the rollout asked for shadow or probation
-  figures and they are missing, below ``min_agreement``, or name a failed figure;
+- a device that is *unhealthy*: it ended ``ACTIVE`` but the shadow or probation figures it reported
+  contradict that end: agreement below the rollout's ``min_agreement``, or a failed probation figure;
 - a device still working on its job (online, not ended) when the wave timed out (``TIMED_OUT``).
 
 A device that never started (offline, no job status yet) when the wave times out is no failure: with
@@ -17,6 +17,12 @@ still reaches it when it comes back); with ``"wait"`` the wave stays open until 
 waited for once it starts after the timeout (``late``): its job is not "still working when the wave
 timed out", so it is judged by how it ends, like any device that started in time.
 ``SUPERSEDED`` (a newer desired state replaced the job) counts neither way.
+
+An ``ACTIVE`` end is the device's own verdict: it runs the shadow and probation its manifest asks
+for, against the same bars, and ends ``REJECTED`` or ``ROLLED_BACK`` when they fail. So the figures
+are a second look, not a condition: an ``ACTIVE`` device without them (a deploy on an empty slot
+skips both; a device asked with ``status`` by an older controller or answering from an older ledger
+gives its end without them) is judged by its end, and only figures that say otherwise count.
 
 The gate trips as soon as the bad ends exceed the limit, even before the wave is done: waiting for
 the rest cannot make it hold again.
@@ -113,21 +119,17 @@ class WaveVerdict:
 
 
 def unhealth(report: DeviceReport, policy: GatePolicy) -> str | None:
-    """Why an ACTIVE device is unhealthy for this rollout, or None when its figures pass."""
+    """Why an ACTIVE device is unhealthy for this rollout, or None: its own verdict (ACTIVE) stands
+    unless figures it reported contradict it (missing figures do not: see the module docstring)."""
     if report.end is not DeviceEnd.ACTIVE:
         return None
-    if policy.needs_shadow:
-        if report.shadow is None:
-            return "no shadow figures"
+    if policy.needs_shadow and report.shadow is not None:
         agreement = report.shadow.agreement
         if policy.min_agreement is not None and (agreement is None or agreement < policy.min_agreement):
             return f"shadow agreement {agreement} below {policy.min_agreement}"
-    if policy.needs_probation:
-        if report.probation is None:
-            return "no probation figures"
-        if report.probation.failed is not None:
-            failed = report.probation.failed
-            return f"probation {failed.figure} {failed.value:g} crossed {failed.bar:g}"
+    if policy.needs_probation and report.probation is not None and report.probation.failed is not None:
+        failed = report.probation.failed
+        return f"probation {failed.figure} {failed.value:g} crossed {failed.bar:g}"
     return None
 
 

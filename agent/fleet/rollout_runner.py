@@ -122,6 +122,7 @@ class RolloutRunner:
         #: The latest wave's deploy, kept after the wave ended (``fleet deploy`` reports from it).
         self.last_deploy: FleetDeploy | None = None
         self._wave: int | None = None
+        self._republished = 0  # the running deploy's re-publishes counted in the store so far
         self._recorded: dict[str, str] = {}
         #: The devices that had not started when a wave timed out, for that wave (see _mark_late).
         self._not_started: tuple[int, frozenset[str]] | None = None
@@ -170,6 +171,7 @@ class RolloutRunner:
             self._open_wave(current.index)
         if self.deploy is not None:
             self.deploy.poll(0.0)
+            self._count_republished(self.deploy)
         # One snapshot for both: a job that ends between two snapshots would be judged ended
         # without its end ever being stored.
         snapshot = self.deploy.snapshot() if self.deploy is not None else []
@@ -280,15 +282,27 @@ class RolloutRunner:
             # wave again, so this deploy's connection must not outlive the attempt.
             deploy.stop()
             raise
+        # SENT devices were sent by an earlier runner (a controller that was restarted): published
+        # again now, counted as such (SENDING ones counted themselves above).
+        sent = [r.device for r in rows if r.step is DeviceStep.SENT]
+        self.store.mark_resent(self.rollout_id, sent, "published again after a controller restart")
         self.deploy = self.last_deploy = deploy
+        self._republished = 0
         self._wave = index
         log.info(
             "fleet.rollout.sent",
             rollout=self.rollout_id,
             wave=index,
             devices=len(live),
-            resent=len(live) - len(unsent),
+            resent=len(sent) + sum(1 for r in rows if r.step is DeviceStep.SENDING),
         )
+
+    def _count_republished(self, deploy: FleetDeploy) -> None:
+        """Count the wave's desired states the deploy published again after the broker came back."""
+        if deploy.republished != self._republished:
+            times, self._republished = deploy.republished - self._republished, deploy.republished
+            devices = [p.device for p in deploy.snapshot() if not p.skipped] * times
+            self.store.mark_resent(self.rollout_id, devices, "published again after a broker reconnect")
 
     def _close_wave(self) -> None:
         if self.deploy is not None:

@@ -44,7 +44,7 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -106,7 +106,7 @@ CREATE TABLE devices (
     step         TEXT NOT NULL,
     end_state    TEXT,                 -- gate.DeviceEnd once ENDED (and the latest PENDING state before)
     figures      TEXT,                 -- JSON: the job's shadow/probation figures, error code
-    sends        INTEGER NOT NULL DEFAULT 0,  -- how often SENDING was entered (a resend after a crash)
+    sends        INTEGER NOT NULL DEFAULT 0,  -- how often its desired state was published (SENDING, resends)
     sent_at      REAL,
     ended_at     REAL,
     updated_at   REAL NOT NULL,
@@ -723,10 +723,32 @@ class RolloutStore:
         """Record that the broker acknowledged ``device``'s desired state; returns its job id."""
         return self._move(rollout_id, device, DeviceStep.SENT)
 
+    def mark_resent(self, rollout_id: str, devices: Iterable[str], why: str) -> None:
+        """Count one more publish of the (same) desired state of each of ``devices``, in one transaction.
+
+        For a publish that does not move the device (SENDING counts itself): a restarted controller
+        publishing its SENT devices again, a deploy publishing its wave again after the broker came
+        back. ``sends`` > 1 is what ``sends.resent`` of the rollout's status counts.
+        """
+        names = list(devices)
+        if not names:
+            return
+        now = self._clock()
+        with self._transaction() as db:
+            db.executemany(
+                "UPDATE devices SET sends = sends + 1, updated_at = ? WHERE rollout_id = ? AND device = ?",
+                [(now, rollout_id, device) for device in names],
+            )
+            self._event(db, rollout_id, "resent", devices=len(names), why=why)
+
     def record_job(
         self, rollout_id: str, device: str, end: DeviceEnd, figures: Mapping[str, Any] | None = None
     ) -> None:
-        """Store a job status of ``device``: its figures, and, when ``end`` is final, its end (ENDED)."""
+        """Store a job status of ``device``: its figures, and, when ``end`` is final, its end (ENDED).
+
+        ``figures`` are merged over the stored ones, key by key: a status that lacks a figure an
+        earlier status of the job carried (its shadow figures, say) does not erase it.
+        """
         now = self._clock()
         with self._transaction() as db:
             step = self._device_step(db, rollout_id, device)
@@ -735,13 +757,19 @@ class RolloutStore:
                 DEVICE_MOVES.check(step, DeviceStep.ENDED, who=f"rollout {rollout_id} device {device}")
             elif step in (DeviceStep.ENDED, DeviceStep.CANCELLED):
                 return  # a late, out-of-order status of a device that ended: its end stands
+            merged = None
+            if figures is not None:
+                row = db.execute(
+                    "SELECT figures FROM devices WHERE rollout_id = ? AND device = ?", (rollout_id, device)
+                ).fetchone()
+                merged = {**(json.loads(row[0]) if row and row[0] else {}), **figures}
             db.execute(
                 "UPDATE devices SET step = ?, end_state = ?, figures = COALESCE(?, figures), "
                 "ended_at = ?, updated_at = ? WHERE rollout_id = ? AND device = ?",
                 (
                     DeviceStep.ENDED.value if final else step.value,
                     end.value,
-                    None if figures is None else json.dumps(dict(figures), sort_keys=True),
+                    None if merged is None else json.dumps(merged, sort_keys=True),
                     now if final else None,
                     now,
                     rollout_id,

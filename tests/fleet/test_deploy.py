@@ -15,12 +15,20 @@ from pathlib import Path
 import pytest
 
 from agent.delivery.errors import UnsignedError, WrongDeviceError
+from agent.delivery.ledger import JobRecord
 from agent.delivery.manifest import parse_signed
 from agent.fleet.deploy import FleetDeploy
 from agent.fleet.deploy_plan import DeployPlan, new_job_id, next_sequence
 from agent.fleet.keys import KeyPairFiles, load_signing_key, write_keypair
 from agent.localbroker import Broker
-from agent.protocol.messages import CommandReply, JobState, JobStatus, encode
+from agent.protocol.messages import (
+    CommandReply,
+    JobState,
+    JobStatus,
+    ProbationFigures,
+    ShadowFigures,
+    encode,
+)
 from agent.protocol.topics import Topics
 from agent.signing import load_public_key
 from tests.fleet.operator_side import announce, operator_settings, tiny_model, unique_prefix
@@ -157,6 +165,56 @@ def test_a_missed_final_state_is_read_with_the_status_command(
     progress = outcome.devices["dev"]
     assert (progress.state, progress.error_code) == (JobState.REJECTED, "bad_onnx")
     assert "dev: REJECTED bad_onnx" in outcome.failures()[0]
+
+
+def test_a_missed_active_end_is_read_with_the_figures_the_device_kept(
+    tmp_path: Path, broker: Broker, prefix: str, probe: Probe
+) -> None:
+    """The device's ledger keeps its job's final status (shadow and probation figures included) and
+    the ``status`` reply carries it: a rollout's gate judges that, not a bare ACTIVE."""
+    topics = Topics(prefix, "dev")
+    probe.subscribe(topics.cmd("status"))
+    deploy = FleetDeploy(
+        operator_settings(broker, prefix), _plan(tmp_path, "dev"), serve=False, status_poll_s=0.2
+    ).start()
+    final = JobStatus(
+        job_id=deploy.job_id,
+        slot="cls",
+        state=JobState.ACTIVE,
+        timings_s={"shadow": 1.5, "probation": 4.0},
+        shadow=ShadowFigures(frames=30, agreement=0.97, latency_ratio=1.05),
+        probation=ProbationFigures(elapsed_s=4.0, probation_s=4.0, current={"p99_ratio": 1.1}),
+    )
+    # What the agent's delivery service answers: its ledger's record as JSON (DeliveryService.describe).
+    record = JobRecord(
+        job_id=deploy.job_id,
+        slot="cls",
+        sequence=deploy.sequence,
+        sha256=deploy.manifest.sha256,
+        model_id="m",
+        version="7",
+        state=JobState.ACTIVE,
+        status=final,
+    ).model_dump(mode="json")
+
+    def device() -> None:
+        request = probe.wait_for_count(topics.cmd("status"), 1, timeout=10)[0]
+        reply = CommandReply(
+            command="status", ok=True, result={"delivery": {"slots": {"cls": {"last_job": record}}}}
+        )
+        probe.publish(request.response_topic or "", encode(reply), correlation_data=request.correlation_data)
+
+    thread = threading.Thread(target=device, daemon=True)
+    thread.start()
+    try:
+        outcome = deploy.wait(10)
+    finally:
+        deploy.stop()
+    thread.join(5)
+    progress = outcome.devices["dev"]
+    assert progress.state is JobState.ACTIVE
+    assert (progress.shadow, progress.probation) == (final.shadow, final.probation)
+    assert progress.timings_s == {"shadow": 1.5, "probation": 4.0}
 
 
 def test_a_silent_device_is_reported_unfinished(tmp_path: Path, broker: Broker, prefix: str) -> None:

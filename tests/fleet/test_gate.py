@@ -182,8 +182,11 @@ def _probation(failed: FailedFigure | None = None) -> ProbationFigures:
         (_shadow(0.95), _probation(), None),
         (_shadow(0.80), _probation(), "shadow agreement 0.8 below 0.9"),
         (_shadow(None), _probation(), "shadow agreement None below 0.9"),
-        (None, _probation(), "no shadow figures"),
-        (_shadow(0.95), None, "no probation figures"),
+        # ACTIVE without the figures (an empty slot skips both; an end read from an older ledger):
+        # the device's own verdict stands.
+        (None, _probation(), None),
+        (_shadow(0.95), None, None),
+        (None, None, None),
         (
             _shadow(0.95),
             _probation(FailedFigure(figure="p99_ratio", value=4.2, bar=3.0)),

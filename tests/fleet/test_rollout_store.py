@@ -86,16 +86,35 @@ def test_a_job_status_keeps_figures_and_a_final_one_ends_the_device(store: Rollo
     assert store.devices("r1")[0].step is DeviceStep.SENT
     store.record_job("r1", "a", DeviceEnd.ROLLED_BACK, {"probation": {"failed": "p99_ratio"}})
     row = store.devices("r1")[0]
-    assert (row.step, row.end, row.figures) == (
-        DeviceStep.ENDED,
-        DeviceEnd.ROLLED_BACK,
-        {"probation": {"failed": "p99_ratio"}},
-    )
+    # The final status lacks the shadow figures an earlier one carried: they are kept beside its own.
+    both = {"shadow": {"frames": 10, "agreement": 0.9}, "probation": {"failed": "p99_ratio"}}
+    assert (row.step, row.end, row.figures) == (DeviceStep.ENDED, DeviceEnd.ROLLED_BACK, both)
     assert row.sent_at is not None
     assert row.ended_at is not None
     # A late status of a job that ended changes nothing.
     store.record_job("r1", "a", DeviceEnd.PENDING, {"late": True})
-    assert store.devices("r1")[0].figures == {"probation": {"failed": "p99_ratio"}}
+    assert store.devices("r1")[0].figures == both
+
+
+def test_a_resend_of_a_sent_device_counts_without_moving_it(store: RolloutStore) -> None:
+    store.create(_plan("r1", [["a", "b", "c"]]))
+    store.set_wave("r1", 0, WaveState.RUNNING)
+    for device in ("a", "b", "c"):
+        store.mark_sending("r1", device)
+    store.mark_sent("r1", "a")
+    store.mark_sent("r1", "b")
+    store.mark_sending("r1", "c")  # c was SENDING at a crash: published again
+    store.mark_resent("r1", ["a"], "published again after a controller restart")
+    store.mark_resent("r1", [], "nothing")
+    rows = {row.device: row for row in store.devices("r1")}
+    assert {d: (r.step, r.sends) for d, r in rows.items()} == {
+        "a": (DeviceStep.SENT, 2),
+        "b": (DeviceStep.SENT, 1),
+        "c": (DeviceStep.SENDING, 2),
+    }
+    assert [d for what, d in store.events("r1") if what == "resent"] == [
+        {"devices": 1, "why": "published again after a controller restart"}
+    ]
 
 
 def test_an_illegal_transition_is_refused_and_changes_nothing(store: RolloutStore) -> None:
