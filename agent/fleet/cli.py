@@ -36,7 +36,19 @@ DEFAULT_TELEMETRY_WAIT_S = 11.0
 
 
 #: The ``fleet`` sub-commands, as ``edge-agent --help`` lists them (a test checks it is every one).
-FLEET_COMMANDS = ("keygen", "deploy", "serve", "status", "watch", "cmd", "controller", "rollout")
+FLEET_COMMANDS = (
+    "keygen",
+    "deploy",
+    "serve",
+    "status",
+    "watch",
+    "cmd",
+    "snapshot",
+    "logs",
+    "decommission",
+    "controller",
+    "rollout",
+)
 
 
 def add_fleet_arguments(parser: argparse.ArgumentParser) -> None:
@@ -188,7 +200,11 @@ def add_fleet_arguments(parser: argparse.ArgumentParser) -> None:
     )
     gone.add_argument("--json", action="store_true", help="machine-readable output")
     gone.add_argument(
-        "--wait", type=float, default=5.0, help="longest time to collect its retained messages (default 5)"
+        "--retained-wait",
+        type=float,
+        default=5.0,
+        metavar="SECONDS",
+        help="longest time to collect its retained messages",
     )
     add_broker_arguments(gone)
     _add_verbose(gone)
@@ -359,7 +375,7 @@ def _decommission(args: argparse.Namespace) -> int:
     from agent.fleet.untrusted import shown
 
     settings = settings_from_args(args)
-    done = decommission(settings, args.device, force=args.force, max_wait_s=args.wait)
+    done = decommission(settings, args.device, force=args.force, max_wait_s=args.retained_wait)
     if not done.cleared:  # a typo must not look like a success
         print(
             f"fleet decommission: nothing retained for {shown(done.device)} under {shown(settings.prefix)}: "

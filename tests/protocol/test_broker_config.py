@@ -191,7 +191,7 @@ def test_the_fleet_commands_reach_the_documented_broker_with_the_prefix_and_say_
         OPERATOR,
         "--password-file",
         str(secret),
-        "--wait",
+        "--retained-wait",
         "0.2",
         "--telemetry-wait",
         "0",
@@ -200,7 +200,11 @@ def test_the_fleet_commands_reach_the_documented_broker_with_the_prefix_and_say_
     err = capsys.readouterr().err
     assert "refused the connection (Not authorized)" in err
     assert "--client-id-prefix" in err
-    assert main([*argv, "--client-id-prefix", doc_client_id_prefix()]) == 0, capsys.readouterr().err
+    # With the prefix it is let in: it reads the (empty) fleet, and says it found no device there.
+    assert main([*argv, "--client-id-prefix", doc_client_id_prefix()]) == 1
+    err = capsys.readouterr().err
+    assert "refused" not in err
+    assert "no devices found: nothing retained under fleet/v1/+/up/status" in err
 
 
 def test_the_documented_operator_clients_send_the_prefix() -> None:
