@@ -400,7 +400,7 @@ function deviceRowsTable(rows) {
   const sorted = [...rows].sort((a, b) => bad(a) - bad(b));
   const shown = sorted.slice(0, DEVICE_ROWS_SHOWN).map((d) => el("tr", { dataset: { device: d.device } },
     el("td", { className: "id" }, el("a", { href: "/device/" + encodeURIComponent(d.device) }, d.device)),
-    el("td", { className: "num" }, d.wave + 1),
+    el("td", { className: "num" }, d.wave),
     el("td", { className: "device-state" }, badge(d.end && d.step === "ENDED" ? d.end : d.step)),
     el("td", { className: "error code" }, (d.figures && d.figures.error_code) || ""),
     el("td", { className: "failed-figure" }, failedFigure(d.figures))));
@@ -443,7 +443,7 @@ function rolloutCard(r) {
     el("label", { className: open ? "" : "muted", title: open ? "" : "the rollout has finished: nothing to roll back from here" }, rollback, " roll back"),
     el("button", { type: "button", className: "abort", disabled: !open, onclick: () => abort(r, rollback.checked) }, "Abort…"));
   const waves = r.waves.map((w) => el("tr", { dataset: { wave: String(w.index) } },
-    el("td", { className: "num" }, w.index + 1), el("td", { className: "wave-state" }, badge(w.state)),
+    el("td", { className: "num" }, w.wave), el("td", { className: "wave-state" }, badge(w.state)),
     el("td", { className: "num wave-devices" }, w.devices), el("td", { className: "wave-steps" }, counts(w.steps)),
     el("td", { className: "wave-ends" }, counts(w.ends)), el("td", { className: "wave-gate" }, gateWords(w, r.policy)), el("td", {}, w.reason)));
   const list = el("div", { className: "device-rows" }, el("p", { className: "muted" }, "…"));
