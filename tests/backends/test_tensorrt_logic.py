@@ -321,7 +321,9 @@ def test_each_thread_gets_its_own_context_and_keeps_it() -> None:
 class _CudaArray:
     """An object speaking ``__cuda_array_interface__`` (what CuPy and PyTorch arrays expose)."""
 
-    def __init__(self, ptr: int, shape: tuple[int, ...], typestr: str, strides: tuple[int, ...] | None) -> None:
+    def __init__(
+        self, ptr: int, shape: tuple[int, ...], typestr: str, strides: tuple[int, ...] | None
+    ) -> None:
         self.__cuda_array_interface__ = {
             "data": (ptr, False),
             "shape": shape,
@@ -353,6 +355,7 @@ def test_device_array_refuses_strided_views_and_malformed_interfaces() -> None:
 def test_runner_takes_a_device_tensor_as_its_input_buffer_without_a_host_copy() -> None:
     """GPU preprocessing's tensor is the engine's input: its address is set, nothing is staged."""
     import cupy  # the GPU preprocessing feed is a CuPy array; missing CuPy fails (-m gpu was asked for)
+
     engine = _FakeEngine()
     runner = _runner(engine, dynamic=True)
     try:
