@@ -29,7 +29,7 @@ imports everywhere.
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -153,11 +153,14 @@ class PreprocessChoice:
     reason: str
 
 
-def preprocess_choice(runner: Mapping[str, Any], cupy_status: tuple[bool, str]) -> PreprocessChoice:
+def preprocess_choice(
+    runner: Mapping[str, Any], cupy_works: Callable[[], tuple[bool, str]]
+) -> PreprocessChoice:
     """GPU preprocessing when the engine runs on a CUDA device and CuPy works; else CPU with the reason.
 
-    ``runner`` is the runner's :meth:`~agent.backends.base.Runner.describe`; ``cupy_status`` is
-    :func:`cupy_status`'s answer (pure: both are passed in).
+    ``runner`` is the runner's :meth:`~agent.backends.base.Runner.describe`; ``cupy_works`` is
+    :func:`cupy_status` (passed in, and asked only for a TensorRT engine on a CUDA device, so an
+    ONNX Runtime device never imports CuPy).
     """
     backend = runner.get("backend")
     device = str(runner.get("device", ""))
@@ -169,10 +172,30 @@ def preprocess_choice(runner: Mapping[str, Any], cupy_status: tuple[bool, str]) 
         return PreprocessChoice(
             "cpu", f"the engine runs on {device or 'an unknown device'}, not a CUDA device"
         )
-    ok, why = cupy_status
+    ok, why = cupy_works()
     if not ok:
         return PreprocessChoice("cpu", f"GPU preprocessing unavailable: {why}")
     return PreprocessChoice("gpu", f"frames are preprocessed on the GPU into the engine's input ({why})")
+
+
+def gpu_preprocessor_for(
+    runner: Mapping[str, Any], spec: PreprocessSpec
+) -> tuple[GpuPreprocessor | None, PreprocessChoice]:
+    """A working :class:`GpuPreprocessor` for an engine when :func:`preprocess_choice` says GPU.
+
+    The kernel is compiled and run once on a small frame here, at load: a CuPy that imports but
+    cannot compile (no NVRTC, a driver too old for its CUDA) means the CPU path, with that reason,
+    never a failed frame later.
+    """
+    choice = preprocess_choice(runner, cupy_status)
+    if choice.where != "gpu":
+        return None, choice
+    try:
+        preprocessor = GpuPreprocessor(spec)
+        preprocessor.batch([np.zeros((2, 2, 3), np.uint8)])
+    except Exception as exc:  # noqa: BLE001 - any CuPy/NVRTC/driver failure means the CPU path, with why
+        return None, PreprocessChoice("cpu", f"GPU preprocessing failed its first frame: {exc}")
+    return preprocessor, choice
 
 
 def cupy_status() -> tuple[bool, str]:
@@ -220,12 +243,17 @@ class GpuPreprocessor:
         """A ``(n, *item)`` CuPy array of ``images`` preprocessed, and each frame's :class:`Letterbox`."""
         cp = self._cupy
         spec = self.spec
-        with cp.cuda.Device(self._device):
-            stream = self._stream()
-            with stream:
-                out = cp.empty((len(images), *item_shape(spec)), dtype=np.dtype(spec.dtype))
-                boxes = [self._one(image, out[i]) for i, image in enumerate(images)]
-            stream.synchronize()
+        try:
+            with cp.cuda.Device(self._device):
+                stream = self._stream()
+                with stream:
+                    out = cp.empty((len(images), *item_shape(spec)), dtype=np.dtype(spec.dtype))
+                    boxes = [self._one(image, out[i]) for i, image in enumerate(images)]
+                stream.synchronize()
+        except SourceError:
+            raise
+        except Exception as exc:
+            raise EngineError(f"GPU preprocessing failed: {exc}") from exc
         return out, boxes
 
     def _one(self, image: npt.NDArray[np.uint8], dst: Any) -> Letterbox:

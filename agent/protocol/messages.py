@@ -114,6 +114,12 @@ class EngineInfo(StrictModel):
     requested: str | None = Field(None, description="The device the build asked for, when it was built.")
     frames: Count = Field(0, description="Frames this engine inferred since the model went live.")
     share: float = Field(0.0, ge=0.0, le=1.0, description="Its share of the slot's frames since then.")
+    preprocess: Literal["cpu", "gpu"] | None = Field(
+        None, description="Where its frames are resized and normalised: gpu (into the engine's input) or cpu."
+    )
+    preprocess_reason: str | None = Field(
+        None, description="Why there: e.g. CuPy missing, an ONNX Runtime engine, or the GPU path in use."
+    )
 
 
 class SlotInfo(StrictModel):

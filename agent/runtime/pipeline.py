@@ -23,7 +23,9 @@ import numpy as np
 import numpy.typing as npt
 import structlog
 
-from agent.camera.preprocess import preprocess
+from agent.camera.preprocess import preprocess, resize_fit
+from agent.camera.preprocess_spec import PreprocessSpec
+from agent.engines.gpu_preprocess import GpuPreprocessor
 from agent.errors import AgentError
 from agent.liveness import CallWatch
 from agent.protocol.messages import ResultMessage
@@ -193,7 +195,14 @@ class SlotPipeline:
                     no_model.inc()
                     continue
                 t0 = time.perf_counter()
-                tensor, letterbox = preprocess(frame.image, model.preprocess)
+                tensor: npt.NDArray[Any] | None
+                if model.preprocessed_on_gpu:
+                    # Left to the inference worker, which uploads the frame as decoded and fills the
+                    # engine's input on the GPU: the CPU never touches the full-size pixels again.
+                    height, width = frame.image.shape[:2]
+                    tensor, letterbox = None, resize_fit(width, height, model.preprocess).letterbox
+                else:
+                    tensor, letterbox = preprocess(frame.image, model.preprocess)
                 pre_ms = (time.perf_counter() - t0) * 1000.0
                 pre_hist.observe(pre_ms / 1000.0)
                 item = WorkItem(frame, tensor, letterbox, model.preprocess, plan, pre_ms, time.monotonic())
@@ -278,6 +287,19 @@ class SlotPipeline:
         if last:
             self._outbox.close()
 
+    def _feed(self, chunk: list[WorkItem], spec: PreprocessSpec, gpu: GpuPreprocessor | None) -> Any:
+        """The batch tensor: the CPU tensors stacked, or a device tensor filled by the GPU kernel."""
+        if gpu is None:
+            return np.stack([w.tensor for w in chunk if w.tensor is not None])
+        t0 = time.perf_counter()
+        tensor, letterboxes = gpu.batch([w.frame.image for w in chunk])
+        per_frame_s = (time.perf_counter() - t0) / len(chunk)
+        for work, letterbox in zip(chunk, letterboxes, strict=True):
+            work.letterbox, work.spec = letterbox, spec
+            work.pre_ms += per_frame_s * 1000.0
+            self._stream_metrics[work.plan.name].preprocess.observe(per_frame_s)
+        return tensor
+
     def _infer_batch(
         self, batch: list[WorkItem], model: LoadedModel | None, calls: CallWatch | None = None
     ) -> list[InferredItem]:
@@ -289,11 +311,14 @@ class SlotPipeline:
                 self._stream_metrics[work.plan.name].dropped["no_model"].inc()
             return []
         spec = model.preprocess
-        for work in batch:
-            if work.spec is not spec and work.spec != spec:
-                # Preprocessed for the model that was swapped out while this frame waited.
-                work.tensor, work.letterbox = preprocess(work.frame.image, spec)
-                work.spec = spec
+        gpu = model.gpu_preprocessor
+        if gpu is None:
+            for work in batch:
+                if work.tensor is None or (work.spec is not spec and work.spec != spec):
+                    # Preprocessed for the model that was swapped out while this frame waited, or
+                    # left for a GPU that this engine of the set does not use.
+                    work.tensor, work.letterbox = preprocess(work.frame.image, spec)
+                    work.spec = spec
         # A model exported with a fixed batch size (often 1) takes at most that many frames
         # per run, whatever max_batch says; a larger stack would fail every run.
         step = model.runner.max_batch or len(batch)
@@ -302,7 +327,7 @@ class SlotPipeline:
             t0 = time.perf_counter()
             calls.enter("infer")
             try:
-                outputs = model.runner.infer({model.input_name: np.stack([w.tensor for w in chunk])})
+                outputs = model.runner.infer({model.input_name: self._feed(chunk, spec, gpu)})
             except AgentError as exc:
                 for work in chunk:
                     self._stream_metrics[work.plan.name].dropped["infer_error"].inc()

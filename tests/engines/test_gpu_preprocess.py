@@ -24,6 +24,7 @@ from agent.engines.gpu_preprocess import (
     BLOCK,
     GpuPreprocessor,
     cupy_status,
+    gpu_preprocessor_for,
     item_shape,
     kernel_source,
     launch_grid,
@@ -82,7 +83,9 @@ def test_item_shape_follows_the_layout() -> None:
 
 
 def test_gpu_preprocessing_for_tensorrt_on_a_cuda_device_when_cupy_works() -> None:
-    ok = (True, "CuPy 13.3.0, 1 CUDA device(s)")
+    def ok() -> tuple[bool, str]:
+        return True, "CuPy 13.3.0, 1 CUDA device(s)"
+
     for device in ("gpu", "dla0"):
         choice = preprocess_choice({"backend": "tensorrt", "device": device}, ok)
         assert choice.where == "gpu"
@@ -90,7 +93,12 @@ def test_gpu_preprocessing_for_tensorrt_on_a_cuda_device_when_cupy_works() -> No
 
 
 def test_cpu_preprocessing_with_the_reason_otherwise() -> None:
-    ok = (True, "CuPy 13.3.0, 1 CUDA device(s)")
+    asked: list[str] = []
+
+    def ok() -> tuple[bool, str]:
+        asked.append("cupy")
+        return True, "CuPy 13.3.0, 1 CUDA device(s)"
+
     ort = preprocess_choice({"backend": "onnxruntime", "providers": ["CUDAExecutionProvider"]}, ok)
     assert (ort.where, ort.reason) == (
         "cpu",
@@ -99,8 +107,9 @@ def test_cpu_preprocessing_with_the_reason_otherwise() -> None:
     cpu = preprocess_choice({"backend": "tensorrt", "device": "cpu"}, ok)
     assert cpu.where == "cpu"
     assert "not a CUDA device" in cpu.reason
+    assert asked == [], "CuPy is not even imported for an engine that cannot use it"
     missing = preprocess_choice(
-        {"backend": "tensorrt", "device": "gpu"}, (False, "CuPy is not installed: ...")
+        {"backend": "tensorrt", "device": "gpu"}, lambda: (False, "CuPy is not installed: ...")
     )
     assert missing == type(missing)("cpu", "GPU preprocessing unavailable: CuPy is not installed: ...")
 
@@ -112,6 +121,10 @@ def test_here_cupy_is_reported_missing_with_the_install_hint() -> None:
     assert "gpu-preprocess extra" in why or "no CUDA device" in why
     with pytest.raises(EngineError, match=why.split(":")[0]):
         GpuPreprocessor(_spec())
+    preprocessor, choice = gpu_preprocessor_for({"backend": "tensorrt", "device": "gpu"}, _spec())
+    assert preprocessor is None
+    assert choice.where == "cpu"
+    assert choice.reason == f"GPU preprocessing unavailable: {why}"
 
 
 # --- on the GPU ------------------------------------------------------------------------------------
