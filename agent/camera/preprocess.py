@@ -69,6 +69,26 @@ def boxes_to_source(boxes_xyxy: npt.NDArray[Any], lb: Letterbox) -> npt.NDArray[
     return out
 
 
+def in_native_pixels(lb: Letterbox, native: tuple[int, int] | None) -> Letterbox:
+    """``lb`` of a frame that was scaled from a ``native``-sized camera frame before the agent got it
+    (hardware scaling, :mod:`agent.camera.gst_pipelines`), mapping model pixels to the camera's own.
+
+    ``model = frame * scale + pad`` and ``frame = native * frame_size / native_size``, so only the
+    scales and the clipping size change. None (no scaling upstream) returns ``lb`` as is.
+    """
+    if native is None or native == (lb.src_width, lb.src_height):
+        return lb
+    native_w, native_h = native
+    return Letterbox(
+        lb.scale_x * lb.src_width / native_w,
+        lb.scale_y * lb.src_height / native_h,
+        lb.pad_x,
+        lb.pad_y,
+        native_w,
+        native_h,
+    )
+
+
 def _u8(image: Any) -> npt.NDArray[np.uint8]:
     """OpenCV keeps the dtype of its input; its stubs just do not say so."""
     return cast("npt.NDArray[np.uint8]", image)

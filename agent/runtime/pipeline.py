@@ -23,7 +23,7 @@ import numpy as np
 import numpy.typing as npt
 import structlog
 
-from agent.camera.preprocess import preprocess, resize_fit
+from agent.camera.preprocess import in_native_pixels, preprocess, resize_fit
 from agent.camera.preprocess_spec import PreprocessSpec
 from agent.engines.gpu_preprocess import GpuPreprocessor
 from agent.errors import AgentError
@@ -416,7 +416,8 @@ class SlotPipeline:
         """Postprocess ``item`` into its result message; also the postprocess time in ms."""
         work, plan = item.work, item.work.plan
         t0 = time.perf_counter()
-        prediction = item.model.postprocessor(item.outputs, work.letterbox)
+        letterbox = in_native_pixels(work.letterbox, work.frame.native_size)
+        prediction = item.model.postprocessor(item.outputs, letterbox)
         post_ms = (time.perf_counter() - t0) * 1000.0
         published_at = time.time()
         total_ms = (time.monotonic() - work.frame.captured_mono) * 1000.0
