@@ -7,9 +7,12 @@ would report on one (the driver's own probe, run for real below, finds none on t
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from pydantic import ValidationError
 
 from agent.camera.drivers.gstreamer import GStreamerDriver, probe_elements
@@ -157,3 +160,14 @@ def test_the_driver_builds_the_pipeline_for_what_this_machine_has() -> None:
     assert command[-2:] == ["fdsink", "fd=1"]
     assert (driver.width, driver.height, driver.frame_bytes) == (640, 360, 640 * 360 * 3)
     assert driver.native_size == (1920, 1080)
+
+
+def test_the_documented_camera_example_builds_the_documented_pipeline() -> None:
+    """docs/cameras.md: the YAML is accepted as is and gives the pipeline printed below it."""
+    text = (Path(__file__).parents[2] / "docs" / "cameras.md").read_text()
+    section = text[text.index("### A camera the agent builds the pipeline for") :]
+    (kind, written), (_, printed) = re.findall(r"```(\w*)\n(.*?)```", section, re.DOTALL)[:2]
+    assert kind == "yaml"
+    example = yaml.safe_load(written)["source"]
+    spec = scaled_for(GStreamerSourceSpec.model_validate(example), LETTERBOX_640)
+    assert build_pipeline(spec, JETSON).pipeline == printed.strip()  # type: ignore[arg-type]
