@@ -290,7 +290,12 @@ class SlotPipeline:
     def _feed(self, chunk: list[WorkItem], spec: PreprocessSpec, gpu: GpuPreprocessor | None) -> Any:
         """The batch tensor: the CPU tensors stacked, or a device tensor filled by the GPU kernel."""
         if gpu is None:
-            return np.stack([w.tensor for w in chunk if w.tensor is not None])
+            tensors = [w.tensor for w in chunk if w.tensor is not None]
+            if len(tensors) == 1:
+                # A batch of one (most batches of a slot that keeps up): a view with a batch axis,
+                # not a copy of the tensor into a fresh array.
+                return tensors[0][np.newaxis]
+            return np.stack(tensors)
         t0 = time.perf_counter()
         tensor, letterboxes = gpu.batch([w.frame.image for w in chunk])
         per_frame_s = (time.perf_counter() - t0) / len(chunk)
