@@ -2,7 +2,7 @@
 
 Run on a CUDA machine with CuPy (the lent GPU machine, or a Jetson with the gpu-preprocess extra):
 
-    python bench/preprocess_gpu.py [--runs 200]
+    PYTHONPATH=. python3 bench/preprocess_gpu.py [--runs 200]
 
 Prints one JSON object: the CPU path's ms per frame (agent/camera/preprocess.py), the GPU path's
 host-side ms per frame (upload + kernel + synchronise, as the inference worker sees it) and the

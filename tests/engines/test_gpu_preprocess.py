@@ -9,6 +9,7 @@ RGB/BGR, NCHW/NHWC and float32/float16/uint8, and print the 1080p -> 640x640 tim
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -31,6 +32,7 @@ from agent.engines.gpu_preprocess import (
     preprocess_choice,
 )
 from agent.errors import EngineError
+from tests.engines import kernel_on_cpu
 
 IMAGENET = {"mean": (0.485, 0.456, 0.406), "std": (0.229, 0.224, 0.225)}
 
@@ -127,27 +129,8 @@ def test_here_cupy_is_reported_missing_with_the_install_hint() -> None:
     assert choice.reason == f"GPU preprocessing unavailable: {why}"
 
 
-# --- on the GPU ------------------------------------------------------------------------------------
-
-
-@pytest.fixture
-def gpu() -> None:
-    ok, why = cupy_status()
-    if not ok:
-        pytest.fail(f"gpu preprocessing tests need CuPy and a CUDA device: {why}")
-
-
 def _frame(height: int, width: int, seed: int) -> npt.NDArray[np.uint8]:
     return np.random.default_rng(seed).integers(0, 256, (height, width, 3), dtype=np.uint8)
-
-
-def _tolerance(spec: PreprocessSpec) -> tuple[float, float]:
-    """(one grey level in output units, float rounding) as docs/gpu.md states the contract."""
-    if spec.dtype == "uint8":
-        return 1.0, 0.0
-    grey = max(abs(g) for g in channel_gain_bias(spec)[0])
-    rounding = 1e-3 if spec.dtype == "float16" else 1e-5
-    return grey, rounding
 
 
 CASES = [
@@ -160,6 +143,41 @@ CASES = [
     (360, 640, {"width": 640, "height": 360, "layout": "nhwc", "dtype": "uint8"}),
     (5, 7, {"width": 32, "height": 32, "resize": "letterbox", "pad_value": 0}),
 ]
+
+
+@pytest.mark.parametrize(("height", "width", "fields"), CASES)
+def test_the_kernel_source_run_on_the_cpu_equals_the_cpu_path_exactly(
+    height: int, width: int, fields: dict[str, Any], tmp_path: Path
+) -> None:
+    """The CUDA source itself, compiled as C++ (tests/engines/kernel_on_cpu.py): arithmetic, taps,
+    padding, channel order, layout and dtype equal agent.camera.preprocess bit for bit."""
+    if kernel_on_cpu.compiler() is None:
+        pytest.skip("g++ missing: apt-get install g++")
+    spec = _spec(**fields)
+    frame = _frame(height, width, 5)
+    got = kernel_on_cpu.preprocess_on_cpu(frame, spec, tmp_path)
+    expected, _ = preprocess(frame, spec)
+    assert got.dtype == expected.dtype
+    np.testing.assert_array_equal(got, expected)
+
+
+# --- on the GPU ------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def gpu() -> None:
+    ok, why = cupy_status()
+    if not ok:
+        pytest.fail(f"gpu preprocessing tests need CuPy and a CUDA device: {why}")
+
+
+def _tolerance(spec: PreprocessSpec) -> tuple[float, float]:
+    """(one grey level in output units, float rounding) as docs/gpu.md states the contract."""
+    if spec.dtype == "uint8":
+        return 1.0, 0.0
+    grey = max(abs(g) for g in channel_gain_bias(spec)[0])
+    rounding = 1e-3 if spec.dtype == "float16" else 1e-5
+    return grey, rounding
 
 
 @pytest.mark.gpu
@@ -189,13 +207,17 @@ def test_gpu_tensor_equals_the_cpu_path(height: int, width: int, fields: dict[st
 def test_1080p_into_640x640_timings_cpu_path_vs_gpu_path() -> None:
     """The issue's figure, in one run: CPU path ms vs GPU path host ms and GPU (event) ms, as JSON."""
     # The bench script itself, as it is run there by hand: one JSON line.
-    script = Path(__file__).parents[2] / "bench" / "preprocess_gpu.py"
+    root = Path(__file__).parents[2]
+    # The script's own directory is its sys.path[0]: the checkout's agent/ comes from PYTHONPATH.
+    paths = [str(root), os.environ.get("PYTHONPATH", "")]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in paths if p)}
     done = subprocess.run(
-        [sys.executable, str(script), "--runs", "50"],
+        [sys.executable, str(root / "bench" / "preprocess_gpu.py"), "--runs", "50"],
         capture_output=True,
         text=True,
         timeout=300,
         check=False,
+        env=env,
     )
     assert done.returncode == 0, done.stderr
     figures = json.loads(done.stdout.strip().splitlines()[-1])
