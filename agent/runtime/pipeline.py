@@ -329,10 +329,12 @@ class SlotPipeline:
         step = model.runner.max_batch or len(batch)
         for start in range(0, len(batch), step):
             chunk = batch[start : start + step]
-            t0 = time.perf_counter()
             calls.enter("infer")
             try:
-                outputs = model.runner.infer({model.input_name: self._feed(chunk, spec, gpu)})
+                feed = self._feed(chunk, spec, gpu)
+                # After the feed: GPU preprocessing counts as preprocessing, not as inference.
+                t0 = time.perf_counter()
+                outputs = model.runner.infer({model.input_name: feed})
             except AgentError as exc:
                 for work in chunk:
                     self._stream_metrics[work.plan.name].dropped["infer_error"].inc()
