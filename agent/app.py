@@ -24,6 +24,7 @@ import structlog
 from pydantic import TypeAdapter
 
 from agent import __version__
+from agent.camera.gst_pipelines import scaled_for
 from agent.camera.source import VideoSource
 from agent.config import AgentConfig, load_config
 from agent.config.changes import config_changes, needs_restart
@@ -229,7 +230,10 @@ class Agent:
             for stream_name, stream in self.config.streams.items():
                 if stream.slot != slot_name:
                     continue
-                source = VideoSource(stream_name, stream.source)
+                # A camera pipeline scales frames to this slot's input before they reach the CPU.
+                model = slot.current
+                preprocess = model.preprocess if model else self.config.slots[slot_name].preprocess
+                source = VideoSource(stream_name, scaled_for(stream.source, preprocess))
                 policy = stream.drop_policy
                 if policy == "auto":
                     policy = "keep_newest" if source.is_live else "process_all"

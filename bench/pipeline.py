@@ -5,6 +5,11 @@ about as much as inference), both on a 640x480 video. Results go to a local mosq
 naive loop and in the agent alike. Also: capture-to-publish latency with a 30 fps paced source,
 and the largest gap between consecutive results during a hot-swap at full rate.
 
+Per case, ``overhead_ms_per_frame`` is the agent's own CPU per frame beyond decoding and inference:
+the agent's process CPU per frame, minus decoding the same video on one FFmpeg thread (as the file
+source does), minus inference through the agent's own backend with its session options; all three
+measured in the same repeat, the median over repeats reported.
+
     .venv/bin/python bench/pipeline.py [--frames 300]
 """
 
@@ -26,6 +31,7 @@ import numpy as np
 import yaml
 
 from agent.app import Agent
+from agent.backends.base import LoadOptions, get_backend
 from agent.camera.preprocess import preprocess
 from agent.camera.preprocess_spec import PreprocessSpec
 from agent.config import load_config
@@ -109,6 +115,39 @@ def bench_raw(model: Path, spec: PreprocessSpec, video: Path) -> dict[str, float
         session.run(None, {name: tensor})
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     return {"fps": len(inputs) / wall, "cpu_s_per_frame": cpu / len(inputs)}
+
+
+def bench_decode_cpu(video: Path) -> dict[str, float]:
+    """CPU per frame of decoding ``video`` as the agent's file source does (one FFmpeg thread)."""
+    cap = cv2.VideoCapture(str(video), cv2.CAP_ANY, [cv2.CAP_PROP_N_THREADS, 1])
+    count, c0 = 0, time.process_time()
+    while cap.read()[0]:
+        count += 1
+    cpu = time.process_time() - c0
+    cap.release()
+    return {"cpu_s_per_frame": cpu / max(count, 1)}
+
+
+def bench_agent_infer_cpu(model: Path, spec: PreprocessSpec, video: Path, threads: int) -> dict[str, float]:
+    """CPU per frame of inference alone, as the agent runs it: its backend, its session options
+    (``threads``: the intra-op threads the agent's run chose)."""
+    runner = get_backend("onnxruntime").load(model, LoadOptions(intra_op_threads=threads))
+    name = runner.inputs[0].name
+    inputs = [preprocess(image, spec)[0][np.newaxis] for image in _frames(video)]
+    runner.infer({name: inputs[0]})  # warm-up
+    c0 = time.process_time()
+    for tensor in inputs:
+        runner.infer({name: tensor})
+    cpu = time.process_time() - c0
+    runner.close()
+    return {"cpu_s_per_frame": cpu / len(inputs)}
+
+
+def overhead_ms_per_frame(
+    agent: dict[str, float], decode: dict[str, float], infer: dict[str, float]
+) -> float:
+    """The agent's own CPU per frame beyond decoding and inference (preprocess, queues, publish), ms."""
+    return (agent["cpu_s_per_frame"] - decode["cpu_s_per_frame"] - infer["cpu_s_per_frame"]) * 1000.0
 
 
 def _link(port: int, workdir: Path, name: str) -> MqttLink:
@@ -225,8 +264,12 @@ def bench_agent(
     path = _agent_config(workdir, port, model, size, video, slot, loop=False)
     agent, wall, cpu = _run_agent(path, lambda a: _published(a) >= frames, timeout=300)
     done = _published(agent)
+    model_now = agent.slots["cls"].current
+    threads = str(model_now.runner.describe().get("intra_op_threads", "0")) if model_now else "0"
     agent.stop()
-    return {"fps": done / wall, "cpu_s_per_frame": cpu / done, "frames": done}
+    # "1 (auto: 2 runs side by side on 2 cores)": the number the session runs with comes first.
+    intra_op = int(threads.split()[0]) if threads.split()[0].isdigit() else 0
+    return {"fps": done / wall, "cpu_s_per_frame": cpu / done, "frames": done, "intra_op_threads": intra_op}
 
 
 def bench_latency(
@@ -308,6 +351,7 @@ def main() -> int:
         help="frames in the tiny case's video (it runs at ~1000 fps: 300 frames would be a 0.3 s run)",
     )
     parser.add_argument("--latency-seconds", type=float, default=8.0)
+    parser.add_argument("--cases-only", action="store_true", help="skip the latency and hot-swap runs")
     parser.add_argument("--repeat", type=int, default=3, help="interleaved runs per variant (median)")
     args = parser.parse_args()
     report: dict[str, Any] = {
@@ -329,7 +373,14 @@ def main() -> int:
             }
             for case, (model, size, clip, frames) in cases.items():
                 spec = PreprocessSpec(width=size, height=size)
-                rows: dict[str, list[dict[str, float]]] = {"raw": [], "naive": [], "agent": [], "spin": []}
+                rows: dict[str, list[dict[str, float]]] = {
+                    "raw": [],
+                    "naive": [],
+                    "agent": [],
+                    "spin": [],
+                    "decode": [],
+                    "infer": [],
+                }
                 # Interleaved repeats, medians compared: a burst of load elsewhere on the machine
                 # then hits every variant alike instead of deciding a ratio.
                 for rep in range(args.repeat):
@@ -340,6 +391,10 @@ def main() -> int:
                     rows["agent"].append(
                         bench_agent(model, size, clip, broker.port, workdir / f"{case}-agent-{rep}", frames)
                     )
+                    # Decode and inference alone, right after the agent's run and as it ran them.
+                    rows["decode"].append(bench_decode_cpu(clip))
+                    threads = int(rows["agent"][-1]["intra_op_threads"])
+                    rows["infer"].append(bench_agent_infer_cpu(model, spec, clip, threads))
                     # The same agent with ORT's thread spinning on (slot option allow_spinning), as
                     # the raw and naive loops have it by default: more throughput, CPU burnt idle.
                     rows["spin"].append(
@@ -354,8 +409,19 @@ def main() -> int:
                         )
                     )
                 raw, naive, agent, spinning = (_median(rows[k]) for k in ("raw", "naive", "agent", "spin"))
+                decode, infer = _median(rows["decode"]), _median(rows["infer"])
+                overheads = [
+                    overhead_ms_per_frame(a, d, i)
+                    for a, d, i in zip(rows["agent"], rows["decode"], rows["infer"], strict=True)
+                ]
                 report[case] = {
                     "repeats": args.repeat,
+                    # The agent's own CPU per frame beyond decode and inference, each measured in the
+                    # same repeat (agent CPU - decode CPU - inference CPU as the agent runs it).
+                    "overhead_ms_per_frame": statistics.median(overheads),
+                    "overhead_ms_samples": [round(o, 3) for o in overheads],
+                    "decode_cpu_ms_per_frame": decode["cpu_s_per_frame"] * 1000.0,
+                    "infer_cpu_ms_per_frame": infer["cpu_s_per_frame"] * 1000.0,
                     "raw_infer": raw,
                     "naive_loop": naive,
                     "agent": agent,
@@ -373,6 +439,9 @@ def main() -> int:
                 }
                 print(f"{case}: done", file=sys.stderr)
             heavy, size, _clip, _frames = cases["heavy"]
+            if args.cases_only:
+                print(json.dumps(report, indent=2))
+                return 0
             report["latency_30fps_heavy"] = bench_latency(
                 heavy, size, video, broker.port, workdir / "latency", args.latency_seconds
             )

@@ -18,6 +18,7 @@ import ctypes
 import math
 import threading
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType, TracebackType
 from typing import Any
@@ -161,6 +162,47 @@ def nbytes_of(shape: Sequence[int], dtype: npt.DTypeLike) -> int:
     if any(d < 0 for d in shape):
         raise EngineError(f"cannot size a buffer for shape {tuple(shape)}: negative dimension")
     return math.prod(shape) * np.dtype(dtype).itemsize
+
+
+@dataclass(frozen=True)
+class DeviceArray:
+    """A C-contiguous array in device memory, as its ``__cuda_array_interface__`` describes it."""
+
+    ptr: int
+    shape: tuple[int, ...]
+    dtype: str  # numpy dtype name
+
+
+def device_array(obj: object) -> DeviceArray | None:
+    """``obj``'s device memory when it is a CUDA array (CuPy, PyTorch, Numba), None for a host array.
+
+    Reads the ``__cuda_array_interface__`` protocol (version 2+) without importing the library
+    that made ``obj``. Refuses strided views: the engine reads its input as one dense block.
+    """
+    iface = getattr(obj, "__cuda_array_interface__", None)
+    if iface is None:
+        return None
+    try:
+        shape = tuple(int(d) for d in iface["shape"])
+        dtype = np.dtype(iface["typestr"])
+        ptr = int(iface["data"][0])
+        strides = iface.get("strides")
+    except (KeyError, TypeError, ValueError, IndexError) as exc:
+        raise EngineError(f"malformed __cuda_array_interface__ on a {type(obj).__name__}: {exc}") from exc
+    if strides is not None and tuple(int(s) for s in strides) != _c_strides(shape, dtype.itemsize):
+        raise EngineError(
+            f"device array of shape {shape} is not C-contiguous; the engine needs a dense input"
+        )
+    return DeviceArray(ptr, shape, dtype.name)
+
+
+def _c_strides(shape: tuple[int, ...], itemsize: int) -> tuple[int, ...]:
+    strides: list[int] = []
+    step = itemsize
+    for dim in reversed(shape):
+        strides.append(step)
+        step *= dim
+    return tuple(reversed(strides))
 
 
 def _host_view(ptr: int, shape: Sequence[int], dtype: npt.DTypeLike) -> npt.NDArray[Any]:

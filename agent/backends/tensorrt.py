@@ -5,6 +5,9 @@ TensorRT and cuda-python are imported lazily: this module imports everywhere, an
 works from TensorRT 8.5 (JetPack 5) to 10.x (JetPack 6): tensors by name, ``set_input_shape``,
 ``set_tensor_address``, ``execute_async_v3``.
 
+An input feed may be a CUDA array (anything with ``__cuda_array_interface__``, e.g. the CuPy
+tensor GPU preprocessing writes): its device address becomes the tensor's address, with no host copy.
+
 Threading: the engine is shared, but an ``IExecutionContext`` is not thread-safe, so every thread
 gets ONE context (with its own stream and buffers) on its first batch and keeps it. Creating a
 context per frame leaks memory (TensorRT#582).
@@ -208,12 +211,21 @@ class TensorRTRunner(Runner):
         if context is None:
             raise EngineError("tensorrt runner is closed")
         for spec in self.inputs:
+            on_device = cuda.device_array(feeds[spec.name])
+            if on_device is not None:
+                # Already in device memory (GPU preprocessing): that buffer is the engine's input,
+                # no host staging and no copy. The producer finished writing it before handing it in.
+                if on_device.dtype != spec.dtype:
+                    raise EngineError(
+                        f"input {spec.name!r} is a {on_device.dtype} device array, "
+                        f"the engine expects {spec.dtype}"
+                    )
+                _set_shape(context, spec, resolve_input_shape(spec.name, spec.shape, on_device.shape))
+                context.set_tensor_address(spec.name, on_device.ptr)
+                continue
             array = np.ascontiguousarray(feeds[spec.name], dtype=np.dtype(spec.dtype))
             shape = resolve_input_shape(spec.name, spec.shape, array.shape)
-            if not spec.is_static and not succeeded(context.set_input_shape(spec.name, shape)):
-                raise EngineError(
-                    f"input {spec.name!r} shape {shape} is outside the engine's optimisation profile"
-                )
+            _set_shape(context, spec, shape)
             buf = state.buffers.setdefault(spec.name, _TensorBuffers())
             buf.ensure(array.nbytes)
             host = buf.host_view(shape, spec.dtype)
@@ -269,6 +281,11 @@ class TensorRTRunner(Runner):
         if self._placement is not None:
             info["placement"] = self._placement
         return info
+
+
+def _set_shape(context: trt.IExecutionContext, spec: TensorSpec, shape: tuple[int, ...]) -> None:
+    if not spec.is_static and not succeeded(context.set_input_shape(spec.name, shape)):
+        raise EngineError(f"input {spec.name!r} shape {shape} is outside the engine's optimisation profile")
 
 
 def _release_quietly(state: _ThreadState) -> None:

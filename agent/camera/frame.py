@@ -23,3 +23,6 @@ class Frame:
     captured_at: float
     captured_mono: float
     meta: dict[str, Any] | None = None
+    #: The camera's own ``(width, height)`` when the source scaled the image before the agent got it
+    #: (a GStreamer pipeline scaling on the VIC); boxes are mapped back to it. None: not scaled.
+    native_size: tuple[int, int] | None = None

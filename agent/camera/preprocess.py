@@ -69,39 +69,93 @@ def boxes_to_source(boxes_xyxy: npt.NDArray[Any], lb: Letterbox) -> npt.NDArray[
     return out
 
 
+def in_native_pixels(lb: Letterbox, native: tuple[int, int] | None) -> Letterbox:
+    """``lb`` of a frame that was scaled from a ``native``-sized camera frame before the agent got it
+    (hardware scaling, :mod:`agent.camera.gst_pipelines`), mapping model pixels to the camera's own.
+
+    ``model = frame * scale + pad`` and ``frame = native * frame_size / native_size``, so only the
+    scales and the clipping size change. None (no scaling upstream) returns ``lb`` as is.
+    """
+    if native is None or native == (lb.src_width, lb.src_height):
+        return lb
+    native_w, native_h = native
+    return Letterbox(
+        lb.scale_x * lb.src_width / native_w,
+        lb.scale_y * lb.src_height / native_h,
+        lb.pad_x,
+        lb.pad_y,
+        native_w,
+        native_h,
+    )
+
+
 def _u8(image: Any) -> npt.NDArray[np.uint8]:
     """OpenCV keeps the dtype of its input; its stubs just do not say so."""
     return cast("npt.NDArray[np.uint8]", image)
 
 
-def _resize(image: npt.NDArray[np.uint8], spec: PreprocessSpec) -> tuple[npt.NDArray[np.uint8], Letterbox]:
-    src_h, src_w = image.shape[:2]
+@dataclass(frozen=True)
+class ResizeFit:
+    """Where the resized frame lands in the model input: ``new_w x new_h`` pixels at ``left, top``.
+
+    The rest of the input is padding (letterbox only). Both the CPU path and the GPU path
+    (:mod:`agent.engines.gpu_preprocess`) take their geometry from :func:`resize_fit`, so they agree.
+    """
+
+    new_w: int
+    new_h: int
+    left: int
+    top: int
+    letterbox: Letterbox
+
+
+def resize_fit(src_w: int, src_h: int, spec: PreprocessSpec) -> ResizeFit:
+    """The resize geometry of a ``src_w x src_h`` frame into ``spec``'s input (pure)."""
+    if src_w <= 0 or src_h <= 0:
+        raise SourceError(f"frame is {src_w}x{src_h}; preprocessing needs a non-empty frame")
     if spec.resize == "stretch":
-        if (src_w, src_h) != (spec.width, spec.height):
-            image = _u8(cv2.resize(image, (spec.width, spec.height), interpolation=cv2.INTER_LINEAR))
         lb = Letterbox(spec.width / src_w, spec.height / src_h, 0.0, 0.0, src_w, src_h)
-        return image, lb
+        return ResizeFit(spec.width, spec.height, 0, 0, lb)
     ratio = min(spec.width / src_w, spec.height / src_h)
     new_w = min(spec.width, max(1, round(src_w * ratio)))
     new_h = min(spec.height, max(1, round(src_h * ratio)))
-    if (new_w, new_h) != (src_w, src_h):
-        image = _u8(cv2.resize(image, (new_w, new_h), interpolation=cv2.INTER_LINEAR))
     left = (spec.width - new_w) // 2
     top = (spec.height - new_h) // 2
-    if (new_w, new_h) != (spec.width, spec.height):
+    # The scales are those of the rounded resized size, so boxes map back exactly to the frame.
+    lb = Letterbox(new_w / src_w, new_h / src_h, float(left), float(top), src_w, src_h)
+    return ResizeFit(new_w, new_h, left, top, lb)
+
+
+def channel_gain_bias(spec: PreprocessSpec) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """``(x * scale - mean) / std`` folded into ``x * gain - bias`` per model channel (pure)."""
+    gain = tuple(spec.scale / s for s in spec.std)
+    bias = tuple(m / s for m, s in zip(spec.mean, spec.std, strict=True))
+    return gain, bias
+
+
+def channel_sources(spec: PreprocessSpec) -> tuple[int, int, int]:
+    """Index in the BGR frame of each model channel, in the model's order (pure)."""
+    return _CHANNELS[spec.color]
+
+
+def _resize(image: npt.NDArray[np.uint8], spec: PreprocessSpec) -> tuple[npt.NDArray[np.uint8], Letterbox]:
+    src_h, src_w = image.shape[:2]
+    fit = resize_fit(src_w, src_h, spec)
+    if (fit.new_w, fit.new_h) != (src_w, src_h):
+        image = _u8(cv2.resize(image, (fit.new_w, fit.new_h), interpolation=cv2.INTER_LINEAR))
+    if (fit.new_w, fit.new_h) != (spec.width, spec.height):
         image = _u8(
             cv2.copyMakeBorder(
                 image,
-                top,
-                spec.height - new_h - top,
-                left,
-                spec.width - new_w - left,
+                fit.top,
+                spec.height - fit.new_h - fit.top,
+                fit.left,
+                spec.width - fit.new_w - fit.left,
                 cv2.BORDER_CONSTANT,
                 value=(spec.pad_value,) * 3,
             )
         )
-    # The scales are those of the rounded resized size, so boxes map back exactly to the frame.
-    return image, Letterbox(new_w / src_w, new_h / src_h, float(left), float(top), src_w, src_h)
+    return image, fit.letterbox
 
 
 def _layout_uint8(image: npt.NDArray[np.uint8], order: tuple[int, int, int], layout: str) -> npt.NDArray[Any]:
@@ -120,9 +174,9 @@ def _normalise(
 ) -> npt.NDArray[Any]:
     # (x * scale - mean) / std folded into x * gain - bias: one OpenCV pass per value, computed in
     # float and written straight in the output type (numpy's float16 cast is ~20x slower on x86).
-    std = np.asarray(spec.std, dtype=np.float64)
-    gain = spec.scale / std
-    bias = np.asarray(spec.mean, dtype=np.float64) / std
+    gains, biases = channel_gain_bias(spec)
+    gain = np.asarray(gains, dtype=np.float64)
+    bias = np.asarray(biases, dtype=np.float64)
     height, width = image.shape[:2]
     if spec.layout == "nchw":
         depth, dtype = (cv2.CV_16F, np.float16) if spec.dtype == "float16" else (cv2.CV_32F, np.float32)

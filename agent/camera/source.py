@@ -279,6 +279,7 @@ class VideoSource:
                     image=image,
                     captured_at=captured_at,
                     captured_mono=captured_mono,
+                    native_size=self._driver.native_size,
                 )
                 with self._lock:
                     self._index += 1

@@ -5,8 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
+from agent.camera.preprocess_spec import PreprocessSpec
 from agent.model_base import StrictModel
 
 
@@ -55,18 +56,78 @@ class UrlSourceSpec(_Reconnect):
     )
 
 
+class CsiCamera(StrictModel):
+    """A Jetson CSI camera through ``nvarguscamerasrc`` (the ISP), in one of its sensor modes."""
+
+    kind: Literal["csi"] = "csi"
+    sensor_id: int = Field(0, ge=0, le=15, description="nvarguscamerasrc sensor-id.")
+    width: int = Field(1920, gt=0, le=8192, description="Sensor mode width.")
+    height: int = Field(1080, gt=0, le=8192, description="Sensor mode height.")
+    fps: float = Field(30.0, gt=0, le=1000, description="Sensor mode frame rate.")
+
+
+class RtspCamera(StrictModel):
+    """An H.264/H.265 RTSP camera, decoded by ``nvv4l2decoder`` (NVDEC) where the platform has it."""
+
+    kind: Literal["rtsp"] = "rtsp"
+    url: str = Field(pattern=r"^rtsps?://", description="rtsp:// address of the stream.")
+    codec: Literal["h264", "h265"] = Field("h264", description="What the camera encodes.")
+    width: int = Field(gt=0, le=8192, description="Frame width the camera sends (for the scaling geometry).")
+    height: int = Field(gt=0, le=8192, description="Frame height the camera sends.")
+    latency_ms: int = Field(200, ge=0, le=10000, description="rtspsrc jitter buffer.")
+
+
+class EncodedFile(StrictModel):
+    """An H.264/H.265 video file (mp4, mov, mkv, ts or a raw elementary stream)."""
+
+    kind: Literal["file"] = "file"
+    path: Path = Field(description="Video file to read.")
+    codec: Literal["h264", "h265"] = Field("h264", description="What the file holds.")
+    width: int = Field(gt=0, le=8192, description="Frame width in the file (for the scaling geometry).")
+    height: int = Field(gt=0, le=8192, description="Frame height in the file.")
+
+
+GStreamerCamera = Annotated[CsiCamera | RtspCamera | EncodedFile, Field(discriminator="kind")]
+
+
 class GStreamerSourceSpec(_Reconnect):
     """A ``gst-launch-1.0`` pipeline run as a subprocess that writes raw BGR frames to stdout.
 
-    The pipeline must end in a caps filter producing ``video/x-raw,format=BGR`` at ``width`` x
-    ``height``; the agent appends ``! fdsink fd=1``. This is how a Jetson CSI camera
-    (``nvarguscamerasrc``) is read without OpenCV's GStreamer support, which the pip wheel lacks.
+    Either a hand-written ``pipeline`` ending in a caps filter producing ``video/x-raw,format=BGR``
+    at ``width`` x ``height`` (the agent appends ``! fdsink fd=1``), or a ``camera`` the agent builds
+    the pipeline for (:mod:`agent.camera.gst_pipelines`): hardware decode (``nvv4l2decoder``),
+    ``nvarguscamerasrc`` for CSI, and ``nvvidconv`` scaling on the VIC to the slot's input size
+    before a frame reaches CPU memory, when the platform has those elements.
     """
 
     type: Literal["gstreamer"] = "gstreamer"
-    pipeline: str = Field(description="Pipeline up to (not including) the sink.")
-    width: int = Field(gt=0, description="Frame width the pipeline produces.")
-    height: int = Field(gt=0, description="Frame height the pipeline produces.")
+    pipeline: str | None = Field(None, description="Pipeline up to (not including) the sink.")
+    width: int | None = Field(None, gt=0, description="Frame width the hand-written pipeline produces.")
+    height: int | None = Field(None, gt=0, description="Frame height the hand-written pipeline produces.")
+    camera: GStreamerCamera | None = Field(None, description="A camera the agent builds the pipeline for.")
+    hardware: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description="Jetson elements (nvv4l2decoder, nvvidconv): auto = when gst-inspect-1.0 finds "
+        "them, on = required (the source fails with the reason without them), off = software only.",
+    )
+    scale: Literal["auto", "off"] = Field(
+        "auto", description="auto: scale to the stream's slot input before the agent; off: native size."
+    )
+    scale_to: PreprocessSpec | None = Field(
+        None,
+        description="Input the frames are scaled for; the agent fills it from the stream's slot "
+        "when scale is auto.",
+    )
+
+    @model_validator(mode="after")
+    def _pipeline_or_camera(self) -> GStreamerSourceSpec:
+        if (self.pipeline is None) == (self.camera is None):
+            raise ValueError("set either pipeline (with width and height) or camera, not both or neither")
+        if self.pipeline is not None and (self.width is None or self.height is None):
+            raise ValueError(
+                "a hand-written pipeline needs width and height: the size of the frames it produces"
+            )
+        return self
 
 
 class SyntheticSourceSpec(_Reconnect):

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import enum
 import math
+import random
 import time
-import uuid
 from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -42,7 +42,11 @@ Count = Annotated[int, Field(ge=0, le=MAX_COUNT)]
 
 
 def _new_msg_id() -> str:
-    return uuid.uuid4().hex
+    # 128 random bits as 32 hex digits, like uuid4().hex, from the process's Mersenne Twister instead
+    # of os.urandom: one id per result is on the frame path, and the syscall cost 10-40 us per frame
+    # on a loaded 2-core machine (bench/pipeline.py). An id only deduplicates, it protects nothing;
+    # the generator is seeded from os.urandom and reseeded in a forked child by the random module.
+    return f"{random.getrandbits(128):032x}"
 
 
 class Envelope(StrictModel):
@@ -114,6 +118,12 @@ class EngineInfo(StrictModel):
     requested: str | None = Field(None, description="The device the build asked for, when it was built.")
     frames: Count = Field(0, description="Frames this engine inferred since the model went live.")
     share: float = Field(0.0, ge=0.0, le=1.0, description="Its share of the slot's frames since then.")
+    preprocess: Literal["cpu", "gpu"] | None = Field(
+        None, description="Where its frames are resized and normalised: gpu (into the engine's input) or cpu."
+    )
+    preprocess_reason: str | None = Field(
+        None, description="Why there: e.g. CuPy missing, an ONNX Runtime engine, or the GPU path in use."
+    )
 
 
 class SlotInfo(StrictModel):

@@ -12,6 +12,7 @@ import structlog
 
 from agent.backends.base import ProviderRequest, Runner
 from agent.camera.preprocess_spec import PreprocessSpec
+from agent.engines.gpu_preprocess import GpuPreprocessor, PreprocessChoice
 from agent.engines.spec import BuildSpec
 from agent.postprocess.runner import Postprocessor
 from agent.protocol.messages import ModelRef
@@ -128,6 +129,13 @@ class LoadedModel:
     peers: tuple[LoadedModel, ...] = ()
     #: Frames this engine inferred (its share of the slot's frames).
     frames: int = 0
+    #: Set when frames for this engine are preprocessed on the GPU by the inference worker
+    #: (agent.engines.gpu_preprocess); None: the capture threads preprocess them on the CPU.
+    gpu_preprocessor: GpuPreprocessor | None = None
+    #: Where this engine's frames are preprocessed and why, as up/info shows it.
+    preprocess_choice: PreprocessChoice = field(
+        default_factory=lambda: PreprocessChoice("cpu", "GPU preprocessing not considered")
+    )
     _leases: int = 0
     #: Results inferred on this model and not yet published (or dropped) by the publish stage.
     _unpublished: int = 0
@@ -136,6 +144,11 @@ class LoadedModel:
     @property
     def preprocess(self) -> PreprocessSpec:
         return self.source.preprocess
+
+    @property
+    def preprocessed_on_gpu(self) -> bool:
+        """Every engine of the set preprocesses on the GPU: capture threads leave frames as decoded."""
+        return all(engine.gpu_preprocessor is not None for engine in self.engines)
 
     @property
     def engines(self) -> tuple[LoadedModel, ...]:
@@ -165,6 +178,8 @@ class LoadedModel:
                     **report.as_dict(),
                     "frames": engine.frames,
                     "share": round(engine.frames / total, 4) if total else 0.0,
+                    "preprocess": engine.preprocess_choice.where,
+                    "preprocess_reason": engine.preprocess_choice.reason,
                 }
             )
         return rows

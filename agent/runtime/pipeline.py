@@ -23,7 +23,9 @@ import numpy as np
 import numpy.typing as npt
 import structlog
 
-from agent.camera.preprocess import preprocess
+from agent.camera.preprocess import in_native_pixels, preprocess, resize_fit
+from agent.camera.preprocess_spec import PreprocessSpec
+from agent.engines.gpu_preprocess import GpuPreprocessor
 from agent.errors import AgentError
 from agent.liveness import CallWatch
 from agent.protocol.messages import ResultMessage
@@ -196,7 +198,14 @@ class SlotPipeline:
                     no_model.inc()
                     continue
                 t0 = time.perf_counter()
-                tensor, letterbox = preprocess(frame.image, model.preprocess)
+                tensor: npt.NDArray[Any] | None
+                if model.preprocessed_on_gpu:
+                    # Left to the inference worker, which uploads the frame as decoded and fills the
+                    # engine's input on the GPU: the CPU never touches the full-size pixels again.
+                    height, width = frame.image.shape[:2]
+                    tensor, letterbox = None, resize_fit(width, height, model.preprocess).letterbox
+                else:
+                    tensor, letterbox = preprocess(frame.image, model.preprocess)
                 pre_ms = (time.perf_counter() - t0) * 1000.0
                 pre_hist.observe(pre_ms / 1000.0)
                 item = WorkItem(frame, tensor, letterbox, model.preprocess, plan, pre_ms, time.monotonic())
@@ -281,6 +290,24 @@ class SlotPipeline:
         if last:
             self._outbox.close()
 
+    def _feed(self, chunk: list[WorkItem], spec: PreprocessSpec, gpu: GpuPreprocessor | None) -> Any:
+        """The batch tensor: the CPU tensors stacked, or a device tensor filled by the GPU kernel."""
+        if gpu is None:
+            tensors = [w.tensor for w in chunk if w.tensor is not None]
+            if len(tensors) == 1:
+                # A batch of one (most batches of a slot that keeps up): a view with a batch axis,
+                # not a copy of the tensor into a fresh array.
+                return tensors[0][np.newaxis]
+            return np.stack(tensors)
+        t0 = time.perf_counter()
+        tensor, letterboxes = gpu.batch([w.frame.image for w in chunk])
+        per_frame_s = (time.perf_counter() - t0) / len(chunk)
+        for work, letterbox in zip(chunk, letterboxes, strict=True):
+            work.letterbox, work.spec = letterbox, spec
+            work.pre_ms += per_frame_s * 1000.0
+            self._stream_metrics[work.plan.name].preprocess.observe(per_frame_s)
+        return tensor
+
     def _infer_batch(
         self, batch: list[WorkItem], model: LoadedModel | None, calls: CallWatch | None = None
     ) -> list[InferredItem]:
@@ -292,20 +319,25 @@ class SlotPipeline:
                 self._stream_metrics[work.plan.name].dropped["no_model"].inc()
             return []
         spec = model.preprocess
-        for work in batch:
-            if work.spec is not spec and work.spec != spec:
-                # Preprocessed for the model that was swapped out while this frame waited.
-                work.tensor, work.letterbox = preprocess(work.frame.image, spec)
-                work.spec = spec
+        gpu = model.gpu_preprocessor
+        if gpu is None:
+            for work in batch:
+                if work.tensor is None or (work.spec is not spec and work.spec != spec):
+                    # Preprocessed for the model that was swapped out while this frame waited, or
+                    # left for a GPU that this engine of the set does not use.
+                    work.tensor, work.letterbox = preprocess(work.frame.image, spec)
+                    work.spec = spec
         # A model exported with a fixed batch size (often 1) takes at most that many frames
         # per run, whatever max_batch says; a larger stack would fail every run.
         step = model.runner.max_batch or len(batch)
         for start in range(0, len(batch), step):
             chunk = batch[start : start + step]
-            t0 = time.perf_counter()
             calls.enter("infer")
             try:
-                outputs = model.runner.infer({model.input_name: np.stack([w.tensor for w in chunk])})
+                feed = self._feed(chunk, spec, gpu)
+                # After the feed: GPU preprocessing counts as preprocessing, not as inference.
+                t0 = time.perf_counter()
+                outputs = model.runner.infer({model.input_name: feed})
             except AgentError as exc:
                 for work in chunk:
                     self._stream_metrics[work.plan.name].dropped["infer_error"].inc()
@@ -395,7 +427,8 @@ class SlotPipeline:
         """Postprocess ``item`` into its result message; also the postprocess time in ms."""
         work, plan = item.work, item.work.plan
         t0 = time.perf_counter()
-        prediction = item.model.postprocessor(item.outputs, work.letterbox)
+        letterbox = in_native_pixels(work.letterbox, work.frame.native_size)
+        prediction = item.model.postprocessor(item.outputs, letterbox)
         post_ms = (time.perf_counter() - t0) * 1000.0
         published_at = time.time()
         total_ms = (time.monotonic() - work.frame.captured_mono) * 1000.0

@@ -21,6 +21,7 @@ import structlog
 from agent.backends.base import LoadOptions, Runner, get_backend
 from agent.camera.input_fit import check_input_fits, select_input
 from agent.camera.preprocess import preprocess
+from agent.engines.gpu_preprocess import gpu_preprocessor_for
 from agent.errors import AgentError, EngineError
 from agent.fsutil import sha256_file
 from agent.postprocess.runner import Postprocessor, validate_outputs
@@ -223,11 +224,20 @@ class ModelSlot:
                 version=source.version,
                 sha256=source.sha256 or sha256_file(source.path),
             )
+            preprocessor, choice = gpu_preprocessor_for(runner.describe(), source.preprocess)
         except BaseException:
             runner.close()
             raise
+        if preprocessor is None and choice.reason.startswith("GPU preprocessing"):
+            log.warning("slot.preprocess.cpu_fallback", slot=self.name, reason=choice.reason)
         return LoadedModel(
-            source=source, ref=ref, runner=runner, postprocessor=postprocessor, input_name=input_name
+            source=source,
+            ref=ref,
+            runner=runner,
+            postprocessor=postprocessor,
+            input_name=input_name,
+            gpu_preprocessor=preprocessor,
+            preprocess_choice=choice,
         )
 
     def _fail(

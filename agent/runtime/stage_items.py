@@ -98,7 +98,8 @@ class WorkItem:
     """A preprocessed frame on its way to inference."""
 
     frame: Frame
-    tensor: npt.NDArray[Any]
+    #: None while the frame waits for GPU preprocessing in the inference worker.
+    tensor: npt.NDArray[Any] | None
     letterbox: Letterbox
     spec: PreprocessSpec
     plan: StreamPlan

@@ -313,3 +313,61 @@ def test_each_thread_gets_its_own_context_and_keeps_it() -> None:
     finally:
         runner.close()
     assert runner._states == []
+
+
+# --- inputs already in device memory (GPU preprocessing) ----------------------------------------
+
+
+class _CudaArray:
+    """An object speaking ``__cuda_array_interface__`` (what CuPy and PyTorch arrays expose)."""
+
+    def __init__(
+        self, ptr: int, shape: tuple[int, ...], typestr: str, strides: tuple[int, ...] | None
+    ) -> None:
+        self.__cuda_array_interface__ = {
+            "data": (ptr, False),
+            "shape": shape,
+            "typestr": typestr,
+            "strides": strides,
+            "version": 3,
+        }
+
+
+def test_device_array_reads_the_cuda_array_interface() -> None:
+    assert cuda.device_array(np.zeros((2, 3), np.float32)) is None
+    dense = cuda.device_array(_CudaArray(4096, (2, 3, 4), "<f2", None))
+    assert dense == cuda.DeviceArray(4096, (2, 3, 4), "float16")
+    explicit = cuda.device_array(_CudaArray(4096, (2, 3, 4), "|u1", (12, 4, 1)))
+    assert explicit == cuda.DeviceArray(4096, (2, 3, 4), "uint8")
+
+
+def test_device_array_refuses_strided_views_and_malformed_interfaces() -> None:
+    with pytest.raises(EngineError, match="not C-contiguous"):
+        cuda.device_array(_CudaArray(4096, (2, 3), "<f4", (4, 8)))
+    broken = _CudaArray(4096, (2, 3), "<f4", None)
+    del broken.__cuda_array_interface__["data"]
+    with pytest.raises(EngineError, match="malformed __cuda_array_interface__ on a _CudaArray"):
+        cuda.device_array(broken)
+
+
+@pytest.mark.gpu
+@pytest.mark.usefixtures("gpu")
+def test_runner_takes_a_device_tensor_as_its_input_buffer_without_a_host_copy() -> None:
+    """GPU preprocessing's tensor is the engine's input: its address is set, nothing is staged."""
+    import cupy  # the GPU preprocessing feed is a CuPy array; missing CuPy fails (-m gpu was asked for)
+
+    engine = _FakeEngine()
+    runner = _runner(engine, dynamic=True)
+    try:
+        x = np.arange(3 * 8, dtype=np.float32).reshape(3, 8)
+        feed = cupy.asarray(x)
+        cupy.cuda.runtime.deviceSynchronize()
+        out = runner.infer({"in": cast(Any, feed)})["out"]
+        np.testing.assert_array_equal(out, x)
+        (context,) = engine.contexts
+        assert context.addresses["in"] == feed.data.ptr, "the engine reads the device tensor in place"
+        assert "in" not in runner._local.state.buffers, "no pinned or device staging buffer for the input"
+        with pytest.raises(EngineError, match="is a float16 device array, the engine expects float32"):
+            runner.infer({"in": cast(Any, feed.astype(cupy.float16))})
+    finally:
+        runner.close()

@@ -9,7 +9,7 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-from agent.camera.preprocess import Letterbox, boxes_to_source, preprocess
+from agent.camera.preprocess import Letterbox, boxes_to_source, in_native_pixels, preprocess
 from agent.camera.preprocess_spec import PreprocessSpec
 from agent.errors import SourceError
 
@@ -196,3 +196,20 @@ def test_input_already_at_size_is_not_resampled() -> None:
 def test_bad_frame_is_a_source_error(bad: npt.NDArray[Any]) -> None:
     with pytest.raises(SourceError, match="H x W x 3 uint8"):
         preprocess(bad, _spec())
+
+
+def test_boxes_of_a_frame_scaled_upstream_map_back_to_the_cameras_own_pixels() -> None:
+    """Hardware scaling (a VIC in the GStreamer pipeline) delivers 640x360 of a 1920x1080 camera."""
+    native = np.zeros((1080, 1920, 3), dtype=np.uint8)
+    native[300:600, 900:1500] = 255
+    scaled = np.asarray(cv2.resize(native, (640, 360), interpolation=cv2.INTER_AREA), dtype=np.uint8)
+    spec = _spec(width=640, height=640, resize="letterbox")
+    tensor, letterbox = preprocess(scaled, spec)
+    box_in_model = np.array([_bright_box(tensor.transpose(1, 2, 0) * 255.0)])
+    as_delivered = boxes_to_source(box_in_model, letterbox)
+    np.testing.assert_allclose(as_delivered[0], [300, 100, 500, 200], atol=1)
+    mapped = in_native_pixels(letterbox, (1920, 1080))
+    assert (mapped.src_width, mapped.src_height) == (1920, 1080)
+    np.testing.assert_allclose(boxes_to_source(box_in_model, mapped)[0], [900, 300, 1500, 600], atol=3)
+    assert in_native_pixels(letterbox, None) is letterbox
+    assert in_native_pixels(letterbox, (640, 360)) is letterbox

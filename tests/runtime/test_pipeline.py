@@ -8,9 +8,12 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any, cast
 
+import numpy as np
 import pytest
 
+from agent.camera.preprocess import Letterbox, preprocess
 from agent.camera.preprocess_spec import PreprocessSpec
 from agent.camera.source import VideoSource
 from agent.camera.source_spec import FileSourceSpec, SyntheticSourceSpec
@@ -316,3 +319,52 @@ def test_a_hot_swap_of_a_three_engine_slot_loses_no_frame_and_never_mixes_versio
     new = slot.current
     assert new is not None
     assert sum(e.frames for e in new.engines) == 240 - switch
+
+
+class _CpuStandInForGpuPreprocessing:
+    """Stands in for :class:`agent.engines.gpu_preprocess.GpuPreprocessor` (no GPU on this machine).
+
+    Same ``batch`` contract, computed with the CPU path, so the pipeline's GPU branch (capture leaves
+    frames as decoded, the inference worker fills the batch) runs here; the GPU kernel itself is
+    checked against the CPU path by the ``gpu`` tests in tests/engines/test_gpu_preprocess.py.
+    """
+
+    def __init__(self, spec: PreprocessSpec) -> None:
+        self.spec = spec
+        self.frame_shapes: list[tuple[int, ...]] = []
+
+    def batch(self, images: list[np.ndarray]) -> tuple[np.ndarray, list[Letterbox]]:
+        self.frame_shapes.extend(image.shape for image in images)
+        done = [preprocess(image, self.spec) for image in images]
+        return np.stack([tensor for tensor, _ in done]), [letterbox for _, letterbox in done]
+
+
+@pytest.mark.parametrize("gpu_engines", [(0, 1, 2), (1,)], ids=["every-engine", "one-of-three"])
+def test_frames_left_for_gpu_preprocessing_reach_the_engine_whole_and_publish_the_same_results(
+    rig: Rig, models: dict[str, Path], tmp_path: Path, gpu_engines: tuple[int, ...]
+) -> None:
+    video = write_demo_video(tmp_path / "clip.avi", frames=30, size=(96, 72), fps=30.0)
+    spec = make(FileSourceSpec, path=video, loop=False, realtime=False)
+    cpu_rig_slot = loaded_slot(models["v1"])
+    reference = rig.start(cpu_rig_slot, {"ref": (spec, "process_all")}, queue_size=30)
+    wait_until(lambda: reference.finished, timeout=30.0, what="the CPU-path run to finish")
+
+    slot = ModelSlot("cls", parallel_runs=3)
+    loaded = slot.load(engine_set(models["v1"]))
+    stand_ins = {i: _CpuStandInForGpuPreprocessing(loaded.preprocess) for i in gpu_engines}
+    for i, stand_in in stand_ins.items():
+        loaded.engines[i].gpu_preprocessor = cast(Any, stand_in)
+    assert loaded.preprocessed_on_gpu is (len(gpu_engines) == 3)
+    pipeline = rig.start(slot, {"clip": (spec, "process_all")}, max_batch=2, queue_size=30, workers=3)
+    wait_until(lambda: pipeline.finished, timeout=30.0, what="the GPU-branch run to finish")
+    rig.probe.wait_for(
+        lambda _ms: len(rig.results("clip")) >= 30 and len(rig.results("ref")) >= 30, timeout=10
+    )
+    got, expected = rig.results("clip"), rig.results("ref")
+    assert [r.frame_index for r in got] == list(range(30))
+    assert [r.classes for r in got] == [r.classes for r in expected]
+    seen = [shape for stand_in in stand_ins.values() for shape in stand_in.frame_shapes]
+    assert seen, "the engines preprocessing on the GPU got frames"
+    assert all(shape == (72, 96, 3) for shape in seen), "full-size decoded frames, not CPU tensors"
+    if len(gpu_engines) == 3:
+        assert len(seen) == 30

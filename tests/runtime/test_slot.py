@@ -12,6 +12,7 @@ from agent.config import SlotConfig
 from agent.errors import EngineError
 from agent.modelzoo import write_classifier
 from agent.postprocess.spec import ClassificationSpec
+from agent.protocol.messages import EngineInfo
 from agent.runtime.loaded import MODEL_TRANSITIONS, LoadedModel, ModelSource, ModelState
 from agent.runtime.models import model_source
 from agent.runtime.slot import SLOT_TRANSITIONS, ModelSlot, SlotState
@@ -222,3 +223,21 @@ def test_the_slot_config_reaches_the_runner(tmp_path: Path) -> None:
     slot.close()
     assert described["intra_op_threads"] == "2"
     assert described["allow_spinning"] is True
+
+
+def test_an_onnx_runtime_model_is_preprocessed_on_the_cpu_and_up_info_says_why(
+    models: dict[str, Path],
+) -> None:
+    slot = ModelSlot("cls")
+    model = slot.load(source(models["v1"]), frame())
+    try:
+        assert model.gpu_preprocessor is None
+        assert not model.preprocessed_on_gpu
+        (row,) = model.engine_shares()
+        info = EngineInfo.model_validate(row)
+        assert info.preprocess == "cpu"
+        assert info.preprocess_reason == (
+            "the onnxruntime runner takes host arrays; GPU preprocessing feeds TensorRT engines only"
+        )
+    finally:
+        slot.close()

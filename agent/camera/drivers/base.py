@@ -65,6 +65,8 @@ class Driver(ABC, Generic[SpecT]):
         self.spec = spec
         #: The source's own frame rate, known after :meth:`open` (None when it does not say).
         self.nominal_fps: float | None = None
+        #: The camera's own frame size when the driver delivers frames scaled from it (None: as is).
+        self.native_size: tuple[int, int] | None = None
 
     @property
     def pace_fps(self) -> float | None:

@@ -1,5 +1,9 @@
 """GStreamer pipelines run as a ``gst-launch-1.0`` subprocess that writes raw BGR frames to stdout.
 
+The pipeline is the configured one, or built for a configured camera by
+:mod:`agent.camera.gst_pipelines` (hardware decode and VIC scaling where the elements exist, probed
+with ``gst-inspect-1.0 --exists`` on the first open).
+
 The pip OpenCV wheel has no GStreamer support, and a Jetson CSI camera is only reachable through
 ``nvarguscamerasrc``; running the pipeline in a child process also keeps a crashing camera stack
 out of the agent. Frames are fixed-size (``width * height * 3`` bytes), so the reader cuts the byte
@@ -23,6 +27,7 @@ import numpy as np
 import structlog
 
 from agent.camera.drivers.base import Driver, Image
+from agent.camera.gst_pipelines import BuiltPipeline, build_pipeline, elements_needed
 from agent.camera.source_spec import GStreamerSourceSpec
 from agent.errors import SourceError
 
@@ -34,6 +39,9 @@ FIRST_FRAME_TIMEOUT_S = 10.0
 STDERR_TAIL_BYTES = 4096
 #: Grace periods of each step of close(): SIGINT, then SIGTERM, then SIGKILL.
 _STOP_GRACE_S = 1.0
+
+#: gst-inspect-1.0 loads its plugin registry on the first run (seconds on a Jetson's first boot).
+_PROBE_TIMEOUT_S = 30.0
 
 _FRAMERATE = re.compile(r"framerate=(?:\(fraction\))?\s*(\d+)\s*/\s*(\d+)")
 
@@ -58,7 +66,31 @@ class GStreamerDriver(Driver[GStreamerSourceSpec]):
         self._selector: selectors.BaseSelector | None = None
         self._stderr_tail = bytearray()
         self._frames_since_open = 0
-        self.frame_bytes = spec.width * spec.height * 3
+        #: The pipeline built for ``spec.camera`` (on the first open: it probes the elements once).
+        self.built: BuiltPipeline | None = None
+        self.width = spec.width or 0
+        self.height = spec.height or 0
+        self.frame_bytes = self.width * self.height * 3
+
+    def pipeline(self) -> str:
+        """The pipeline run, up to the sink: as written, or built for the camera on first use."""
+        if self.spec.pipeline is not None:
+            return self.spec.pipeline
+        if self.built is None:
+            assert self.spec.camera is not None  # the spec's validator: pipeline or camera
+            built = build_pipeline(self.spec, probe_elements(elements_needed(self.spec.camera)))
+            log.info(
+                "camera.gstreamer.pipeline",
+                pipeline=built.pipeline,
+                hardware=built.hardware,
+                reason=built.reason,
+            )
+            self.built = built
+            self.width, self.height = built.width, built.height
+            self.frame_bytes = built.width * built.height * 3
+            if (built.width, built.height) != built.native:
+                self.native_size = built.native
+        return self.built.pipeline
 
     @property
     def pid(self) -> int | None:
@@ -68,7 +100,7 @@ class GStreamerDriver(Driver[GStreamerSourceSpec]):
     def command(self) -> list[str]:
         """The argument list of the child process."""
         try:
-            elements = shlex.split(self.spec.pipeline)
+            elements = shlex.split(self.pipeline())
         except ValueError as exc:
             raise SourceError(
                 f"gstreamer pipeline cannot be split into arguments ({exc}): check quoting"
@@ -109,7 +141,7 @@ class GStreamerDriver(Driver[GStreamerSourceSpec]):
         self._selector = selector
         self._stderr_tail.clear()
         self._frames_since_open = 0
-        self.nominal_fps = pipeline_fps(self.spec.pipeline)
+        self.nominal_fps = pipeline_fps(self.pipeline())
 
     def read(self, timeout_s: float) -> Image | None:
         if self._proc is None or self._selector is None or self._proc.stdout is None:
@@ -138,7 +170,7 @@ class GStreamerDriver(Driver[GStreamerSourceSpec]):
                     raise SourceError(self._exit_reason(partial=got))
                 got += n
         self._frames_since_open += 1
-        return np.frombuffer(buffer, dtype=np.uint8).reshape(self.spec.height, self.spec.width, 3)
+        return np.frombuffer(buffer, dtype=np.uint8).reshape(self.height, self.width, 3)
 
     def _drain_stderr(self, fd: int) -> None:
         chunk = os.read(fd, STDERR_TAIL_BYTES)
@@ -174,7 +206,7 @@ class GStreamerDriver(Driver[GStreamerSourceSpec]):
         if partial:
             what += (
                 f" in the middle of a frame ({partial} of {self.frame_bytes} bytes: do the caps give "
-                f"format=BGR,width={self.spec.width},height={self.spec.height}?)"
+                f"format=BGR,width={self.width},height={self.height}?)"
             )
         return f"gstreamer pipeline {what} after {self._frames_since_open} frames{self._stderr_suffix()}"
 
@@ -209,6 +241,24 @@ class GStreamerDriver(Driver[GStreamerSourceSpec]):
             proc.wait(timeout=_STOP_GRACE_S)
         except subprocess.TimeoutExpired:
             log.error("camera.gstreamer.unreaped", pid=proc.pid)
+
+
+def probe_elements(names: tuple[str, ...]) -> frozenset[str]:
+    """Which of ``names`` this machine's GStreamer has (``gst-inspect-1.0 --exists``), none without it."""
+    inspect = shutil.which("gst-inspect-1.0")
+    if inspect is None:
+        return frozenset()
+    found = set()
+    for name in names:
+        try:
+            done = subprocess.run(
+                [inspect, "--exists", name], capture_output=True, timeout=_PROBE_TIMEOUT_S, check=False
+            )
+        except (OSError, subprocess.TimeoutExpired):
+            continue
+        if done.returncode == 0:
+            found.add(name)
+    return frozenset(found)
 
 
 def _discard_output_until_exit(proc: subprocess.Popen[bytes], grace_s: float) -> None:
