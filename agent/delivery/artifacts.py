@@ -12,7 +12,7 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
-from agent.delivery.errors import TooLargeError
+from agent.delivery.errors import HashMismatchError, TooLargeError
 from agent.delivery.manifest import DeployManifest
 from agent.delivery.steps import FetchFn
 from agent.engines.spec import BuildSpec
@@ -57,7 +57,14 @@ def fetch_artifacts(
             continue
         part_dir.mkdir(parents=True, exist_ok=True)
         fetched = fetch(manifest.for_artifact(artifact), part_dir, _quiet, cancel)
-        paths[artifact.name] = store.adopt(fetched, artifact.sha256)
+        try:
+            paths[artifact.name] = store.adopt(fetched, artifact.sha256)
+        except HashMismatchError as exc:
+            raise HashMismatchError(
+                f"artifact {artifact.name!r}: the fetched file does not hash to the signed {artifact.sha256} "
+                "and was discarded",
+                job_id=manifest.job_id,
+            ) from exc
     store.gc(protect={a.sha256 for a in artifacts}, keep=KEEP)
     return paths
 

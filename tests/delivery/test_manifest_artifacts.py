@@ -3,15 +3,24 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from agent.delivery.errors import BadManifestError, BadNameError, BadSignatureError
-from agent.delivery.manifest import build_manifest, describe_artifact, parse_signed, sign_manifest
+from agent.delivery.manifest import (
+    DeployManifest,
+    build_manifest,
+    describe_artifact,
+    parse_signed,
+    sign_manifest,
+)
 from agent.engines.int8 import write_table
 from agent.engines.spec import BuildSpec, CalibrationSource
+from agent.fleet.deploy import plan_manifest
+from agent.fleet.deploy_plan import CALIBRATION_ARTIFACT, DeployPlan
 from agent.modelzoo import write_classifier
 from agent.signing import generate_keypair, private_key_from_bytes, public_key_from_bytes
 
@@ -82,3 +91,29 @@ def test_an_unsigned_tampered_artifact_list_is_refused_with_the_field(files: tup
     inner["artifacts"][0]["name"] = "../etc"
     with pytest.raises(BadNameError, match="artifact name"):
         parse_signed(json.dumps({"manifest": json.dumps(inner)}).encode(), {"op": public}, False, DEVICE)
+
+
+def test_the_protocol_doc_example_is_valid_and_what_fleet_deploy_sends(tmp_path: Path) -> None:
+    doc = Path(__file__).resolve().parents[2] / "docs" / "protocol.md"
+    found = re.search(r"^#### Manifest artifacts.*?```json\n(.*?)```", doc.read_text(), re.S | re.M)
+    assert found, "docs/protocol.md has no '#### Manifest artifacts' section with a ```json example"
+    example = json.loads(found.group(1))
+    model = write_classifier(tmp_path / "m.onnx", input_size=32, seed=4)
+    table = tmp_path / "calibration.json"
+    write_table(table, {"x": (-1.0, 1.0)}, method="entropy")
+    plan = DeployPlan(
+        model=model,
+        devices=("jet-01",),
+        slot="main",
+        version="1",
+        build=BuildSpec(precision="int8", device="cpu"),
+        calib_cache=table,
+    )
+    sent = json.loads(plan_manifest(plan, "job-1", 1).model_dump_json(exclude_none=True))
+    assert sent["build"] == example["build"]
+    assert [sorted(a) for a in sent["artifacts"]] == [sorted(a) for a in example["artifacts"]]
+    assert sent["artifacts"][0]["name"] == example["artifacts"][0]["name"] == CALIBRATION_ARTIFACT
+    # The doc's own artifact list validates as a manifest's.
+    manifest = build_manifest(model, job_id="j", sequence=1, slot="main", model_id="cls", version="1")
+    parsed = DeployManifest.model_validate({**manifest.model_dump(mode="json", exclude_none=True), **example})
+    assert parsed.artifact("calibration").size == example["artifacts"][0]["size"]
