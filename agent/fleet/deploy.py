@@ -474,6 +474,7 @@ def plan_manifest(plan: DeployPlan, job_id: str, sequence: int) -> DeployManifes
                     name=CALIBRATION_ARTIFACT,
                     kind="calibration",
                     chunk_size=plan.chunk_size,
+                    url=plan.calib_http_url,
                 )
             )
             calibration = CalibrationSource(kind="cache", artifact=CALIBRATION_ARTIFACT)

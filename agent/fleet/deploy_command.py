@@ -256,7 +256,7 @@ def run_deploy(args: argparse.Namespace) -> int:
         model_path=lambda sha: args.calib_cache if sha == request.calib_sha256 else args.model,
         signing_key=key,
         key_id=args.key_id,
-        http_url=lambda _sha: args.http_url,
+        http_url=lambda sha: args.http_url if sha == request.model_sha256 else None,
         deploy_options={
             "serve": not args.no_serve,
             "max_rate_bps": args.max_rate,

@@ -254,6 +254,7 @@ class RolloutRunner:
             sequence=self.sequence,
             http_url=self._http_url(sha),
             calib_cache=self._model_path(calib) if (calib := self.request.calib_sha256) else None,
+            calib_http_url=self._http_url(calib) if calib else None,
         )
         if self._manifest is None:  # hashed once per runner, not at every wave
             self._manifest = plan_manifest(plan, self.job_id, self.sequence)

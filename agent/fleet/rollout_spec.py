@@ -136,6 +136,7 @@ def plan_for(
     sequence: int,
     http_url: str | None,
     calib_cache: Path | None = None,
+    calib_http_url: str | None = None,
 ) -> DeployPlan:
     """The FleetDeploy plan that publishes ``request``'s desired state to ``devices``."""
     return DeployPlan(
@@ -155,4 +156,5 @@ def plan_for(
         probation_s=request.probation_s,
         probation=request.probation,
         calib_cache=calib_cache,
+        calib_http_url=calib_http_url,
     )
