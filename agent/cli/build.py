@@ -78,7 +78,13 @@ def add_build_arguments(parser: argparse.ArgumentParser) -> None:
         help="make the --calib DIR first: --calib-frames frames spread over this video file or stream "
         "URL (default DIR: ./calib-<video name>)",
     )
-    parser.add_argument("--calib-cache", type=Path, metavar="FILE", help="TensorRT calibration cache to use")
+    parser.add_argument(
+        "--calib-cache",
+        type=Path,
+        metavar="FILE",
+        help="calibration to quantize with, no calibration run: a calibration table (calibration.json of an "
+        "INT8 build) or a TensorRT calibration cache",
+    )
     parser.add_argument("--calib-frames", type=int, default=200, help="images to calibrate on (default 200)")
     parser.add_argument("--width", type=int, help="calibration input width (default: the model's)")
     parser.add_argument("--height", type=int, help="calibration input height (default: the model's)")

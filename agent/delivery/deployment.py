@@ -22,6 +22,7 @@ from typing import Any, Literal
 import structlog
 
 from agent.camera.preprocess_spec import PreprocessSpec
+from agent.delivery.artifacts import fetch_artifacts, with_artifacts
 from agent.delivery.errors import (
     DiskFullError,
     JobCancelledError,
@@ -311,6 +312,15 @@ class Deployment:
                 if self.cancel_event.is_set():
                     raise JobCancelledError(f"download of job {self.job_id} cancelled") from exc
                 raise
+        # The build's extra files (an INT8 calibration), fetched and verified the same way.
+        artifacts = fetch_artifacts(
+            m,
+            ModelStore(self._store.root.parent / "artifacts"),
+            fetch=self._fetch,
+            part_dir=self._part_dir,
+            cancel=self.cancel_event,
+            max_bytes=self._max_bytes,
+        )
         self._check_cancel()
         self._timed("download", started)
 
@@ -330,7 +340,7 @@ class Deployment:
         reporter = JobReporter(
             self._on_build_progress, self.cancel_event, slot=m.slot, preprocess=m.preprocess
         )
-        outcome = self._build(model, m.build, reporter)
+        outcome = self._build(model, with_artifacts(m.build, artifacts), reporter)
         self.effective = dict(outcome.effective) or {"backend": outcome.backend}
         self._timed("build", started)
         self._check_cancel()

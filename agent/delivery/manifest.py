@@ -101,6 +101,68 @@ class ModelSourceRef(StrictModel):
         return self
 
 
+#: Most artifacts one manifest carries (a calibration, labels: a handful at most).
+MAX_ARTIFACTS = 8
+ArtifactKind = Literal["calibration"]
+
+
+class ManifestArtifact(StrictModel):
+    """An extra file a deployment needs beside the model (an INT8 calibration), signed with the manifest.
+
+    Fetched like the model (the chunk server answers by SHA-256 on ``up/xfer/req``, or GET ``url``)
+    and verified the same way: every chunk against ``chunks``, the whole file against ``sha256``.
+    """
+
+    name: str = Field(description="Name the build request refers to (calibration.artifact).")
+    kind: ArtifactKind = Field(
+        description="calibration: a calibration table or TensorRT calibration cache the INT8 build uses."
+    )
+    size: int = Field(gt=0, description="File size in bytes.")
+    sha256: str = Field(pattern=_SHA256, description="SHA-256 (lowercase hex) of the whole file.")
+    chunk_size: int = Field(ge=MIN_CHUNK_SIZE, le=MAX_CHUNK_SIZE, description="Bytes per chunk.")
+    chunks: list[str] = Field(description="SHA-256 (lowercase hex) of every chunk, in order.")
+    url: str | None = Field(
+        None, description="http(s) URL of the file, tried before the MQTT pull (which stays the fallback)."
+    )
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        return _check_path_safe("artifact name", value)
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith(("http://", "https://")):
+            raise ValueError("an artifact url must start with http:// or https://")
+        return value
+
+    @field_validator("chunks")
+    @classmethod
+    def _chunk_hashes(cls, value: list[str]) -> list[str]:
+        return _check_chunk_hashes(value)
+
+    @model_validator(mode="after")
+    def _chunk_count(self) -> ManifestArtifact:
+        _check_chunk_count(self.size, self.chunk_size, self.chunks)
+        return self
+
+
+def _check_chunk_hashes(value: list[str]) -> list[str]:
+    for i, digest in enumerate(value):
+        if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
+            raise ValueError(f"chunk {i}: {digest!r} is not a lowercase hex SHA-256")
+    return value
+
+
+def _check_chunk_count(size: int, chunk_size: int, chunks: list[str]) -> None:
+    expected = math.ceil(size / chunk_size)
+    if len(chunks) != expected:
+        raise ValueError(
+            f"chunks has {len(chunks)} hashes but size {size} / chunk_size {chunk_size} needs {expected}"
+        )
+
+
 class DeployManifest(StrictModel):
     """One deployment: which model bytes go into which slot, how to fetch, check and build them."""
 
@@ -120,6 +182,13 @@ class DeployManifest(StrictModel):
     chunks: list[str] = Field(description="SHA-256 (lowercase hex) of every chunk, in order.")
     sources: list[ModelSourceRef] = Field(min_length=1, description="Where to fetch the bytes, in order.")
     build: BuildSpec | None = Field(None, description="Engine build request; absent: run the ONNX as is.")
+    # Absent by default: a manifest without artifacts is what older agents (extra keys forbidden) accept.
+    artifacts: list[ManifestArtifact] | None = Field(
+        None,
+        max_length=MAX_ARTIFACTS,
+        description="Extra signed files the build needs (an INT8 calibration), fetched and verified like the "
+        "model.",
+    )
 
     @field_serializer("shadow", "probation")
     def _spec_with_nulls(self, spec: BaseModel | None) -> dict[str, object] | None:
@@ -179,20 +248,54 @@ class DeployManifest(StrictModel):
     @field_validator("chunks")
     @classmethod
     def _chunk_hashes(cls, value: list[str]) -> list[str]:
-        for i, digest in enumerate(value):
-            if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
-                raise ValueError(f"chunk {i}: {digest!r} is not a lowercase hex SHA-256")
-        return value
+        return _check_chunk_hashes(value)
 
     @model_validator(mode="after")
     def _chunk_count(self) -> DeployManifest:
-        expected = math.ceil(self.size / self.chunk_size)
-        if len(self.chunks) != expected:
-            raise ValueError(
-                f"chunks has {len(self.chunks)} hashes but size {self.size} / chunk_size {self.chunk_size} "
-                f"needs {expected}"
-            )
+        _check_chunk_count(self.size, self.chunk_size, self.chunks)
         return self
+
+    @model_validator(mode="after")
+    def _artifacts_referenced(self) -> DeployManifest:
+        names = [a.name for a in self.artifacts or ()]
+        if len(set(names)) != len(names):
+            raise ValueError(f"artifacts: names must be unique, got {names}")
+        calibration = self.build.calibration if self.build is not None else None
+        wanted = calibration.artifact if calibration is not None else None
+        if wanted is not None:
+            kinds = {a.name: a.kind for a in self.artifacts or ()}
+            if kinds.get(wanted) != "calibration":
+                raise ValueError(
+                    f"build.calibration.artifact {wanted!r} names no calibration artifact of this manifest "
+                    f"(artifacts: {names or 'none'})"
+                )
+        return self
+
+    def artifact(self, name: str) -> ManifestArtifact:
+        """The artifact called ``name`` (KeyError when the manifest carries none of that name)."""
+        for artifact in self.artifacts or ():
+            if artifact.name == name:
+                return artifact
+        raise KeyError(name)
+
+    def for_artifact(self, artifact: ManifestArtifact) -> DeployManifest:
+        """This manifest describing ``artifact``'s bytes instead of the model's, for the same fetch path.
+
+        Size, hashes and chunking become the artifact's; the sources are its url (if any), then the
+        MQTT pull, which the chunk server answers by SHA-256 as it does for models.
+        """
+        sources = [ModelSourceRef(kind="http", url=artifact.url)] if artifact.url else []
+        sources.append(ModelSourceRef(kind="mqtt"))
+        return self.model_copy(
+            update={
+                "size": artifact.size,
+                "sha256": artifact.sha256,
+                "chunk_size": artifact.chunk_size,
+                "chunks": list(artifact.chunks),
+                "sources": sources,
+                "artifacts": None,
+            }
+        )
 
     @property
     def chunk_count(self) -> int:
@@ -231,19 +334,13 @@ def build_manifest(
     shadow: ShadowSpec | None = None,
     probation_s: float | None = None,
     probation: ProbationSpec | None = None,
+    artifacts: Sequence[ManifestArtifact] = (),
 ) -> DeployManifest:
     """Read ``model_path`` once and describe it: size, SHA-256, per-chunk SHA-256.
 
     ``sources`` defaults to MQTT pull only. Raises pydantic's ValidationError for invalid values.
     """
-    whole = hashlib.sha256()
-    chunks: list[str] = []
-    size = 0
-    with open(model_path, "rb") as f:
-        for block in iter(lambda: f.read(chunk_size), b""):
-            whole.update(block)
-            chunks.append(hashlib.sha256(block).hexdigest())
-            size += len(block)
+    size, whole, chunks = _hash_chunks(model_path, chunk_size)
     return DeployManifest(
         job_id=job_id,
         sequence=sequence,
@@ -252,17 +349,40 @@ def build_manifest(
         model_id=model_id,
         version=version,
         size=size,
-        sha256=whole.hexdigest(),
+        sha256=whole,
         chunk_size=chunk_size,
         chunks=chunks,
         sources=list(sources) if sources is not None else [ModelSourceRef(kind="mqtt")],
         build=build,
+        artifacts=list(artifacts) if artifacts else None,
         preprocess=preprocess,
         postprocess=postprocess,
         shadow=shadow,
         probation_s=probation_s,
         probation=probation,
     )
+
+
+def describe_artifact(
+    path: Path, *, name: str, kind: ArtifactKind, chunk_size: int = DEFAULT_CHUNK_SIZE, url: str | None = None
+) -> ManifestArtifact:
+    """Read ``path`` once and describe it as a manifest artifact (size, SHA-256, per-chunk SHA-256)."""
+    size, whole, chunks = _hash_chunks(path, chunk_size)
+    return ManifestArtifact(
+        name=name, kind=kind, size=size, sha256=whole, chunk_size=chunk_size, chunks=chunks, url=url
+    )
+
+
+def _hash_chunks(path: Path, chunk_size: int) -> tuple[int, str, list[str]]:
+    whole = hashlib.sha256()
+    chunks: list[str] = []
+    size = 0
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(chunk_size), b""):
+            whole.update(block)
+            chunks.append(hashlib.sha256(block).hexdigest())
+            size += len(block)
+    return size, whole.hexdigest(), chunks
 
 
 def sign_manifest(

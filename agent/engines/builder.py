@@ -52,6 +52,7 @@ from agent.engines.cache_key import (
     new_engine_meta,
 )
 from agent.engines.calibration_data import calibration_identity, dataset_batches, limit_frames, save_batches
+from agent.engines.calibration_file import as_trt_cache
 from agent.engines.int8 import host_cpu_flags, reduce_range_for
 from agent.engines.job import MIB, BuildJob, Progress
 from agent.engines.model_facts import model_facts, model_input_size
@@ -67,7 +68,7 @@ from agent.engines.slim import onnxslim_version
 from agent.engines.spec import BuildPlan, BuildSpec
 from agent.engines.worker import BuildWorker
 from agent.errors import BuildError
-from agent.fsutil import sha256_file
+from agent.fsutil import atomic_write_bytes, sha256_file
 from agent.platform import Platform
 
 log = structlog.get_logger(__name__)
@@ -397,18 +398,27 @@ class EngineBuilder:
     ) -> BuildJob:
         calibration_dir: Path | None = None
         calibration_cache: Path | None = None
+        calibration_table: Path | None = None
         source = plan.calibration
         if source is not None:
             if source.kind == "cache":
-                if plan.backend != "tensorrt":
+                if source.path is None:
                     raise BuildError(
-                        "a TensorRT calibration cache cannot calibrate an ONNX Runtime INT8 build: give a "
-                        "calibration stream or dataset, or a Q/DQ model"
+                        f"calibration artifact {source.artifact!r} was not fetched: only a deployment "
+                        "carries artifacts; give the cache file's path"
                     )
-                assert source.path is not None
-                calibration_cache = self.state_dir / "calibration" / f"{sha256_file(source.path)}.cache"
-                calibration_cache.parent.mkdir(parents=True, exist_ok=True)
-                shutil.copyfile(source.path, calibration_cache)
+                if plan.backend != "tensorrt":
+                    # The operator's calibration: every device quantizes with the same ranges.
+                    calibration_table = job_dir / "calibration.table"
+                    calibration_table.parent.mkdir(parents=True, exist_ok=True)
+                    shutil.copyfile(source.path, calibration_table)
+                else:
+                    calibration_cache = self.state_dir / "calibration" / f"{sha256_file(source.path)}.cache"
+                    calibration_cache.parent.mkdir(parents=True, exist_ok=True)
+                    assert self.platform.tensorrt_version is not None
+                    atomic_write_bytes(
+                        calibration_cache, as_trt_cache(source.path, self.platform.tensorrt_version)
+                    )
             else:
                 batches = calibration
                 if batches is None and source.kind == "dataset":
@@ -440,6 +450,7 @@ class EngineBuilder:
             engine_file=TRT_ENGINE_FILE if plan.backend == "tensorrt" else ORT_ENGINE_FILE,
             calibration_dir=calibration_dir.resolve() if calibration_dir is not None else None,
             calibration_cache=calibration_cache,
+            calibration_table=calibration_table.resolve() if calibration_table is not None else None,
             timing_cache=self._timing_cache()
             if plan.backend == "tensorrt"
             else self.state_dir / "timing" / "ort",

@@ -59,7 +59,11 @@ def dataset_batches(directory: Path, preprocess: PreprocessSpec, frames: int) ->
 def calibration_identity(source: CalibrationSource, preprocess: PreprocessSpec | None) -> str:
     """SHA-256 standing for the calibration input in the engine cache key (see the module doc)."""
     if source.kind == "cache":
-        assert source.path is not None
+        if source.path is None:
+            raise BuildError(
+                f"calibration artifact {source.artifact!r} was not fetched: only a deployment carries "
+                "artifacts; give the cache file's path"
+            )
         try:
             return sha256_file(source.path)
         except OSError as exc:

@@ -41,6 +41,11 @@ class BuildJob(StrictModel):
     calibration_cache: Path | None = Field(
         None, description="TensorRT calibration cache: read if present, written after calibrating."
     )
+    calibration_table: Path | None = Field(
+        None,
+        description="ONNX Runtime INT8: the operator's calibration (a table or a TensorRT cache) to quantize "
+        "with instead of calibrating on frames.",
+    )
     timing_cache: Path | None = Field(None, description="TensorRT timing cache of this device.")
     trt_cache_version: str = Field(
         "10.3.0", description="TensorRT version whose header an ONNX Runtime calibration is converted for."

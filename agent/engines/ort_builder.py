@@ -211,20 +211,44 @@ def build_onnxruntime(job: BuildJob, say: Progress) -> WorkerResult:
             calibration_method=result.method,
             calibrated_tensors=len(result.ranges),
             trt_cache_version=job.trt_cache_version,
+            calibration="frames",
         )
         report["calibration"] = {
             "method": result.method,
             "tensors": len(result.ranges),
+            "source": "frames",
             "table": TABLE_FILE,
             "trt_cache": TRT_CACHE_FILE,
             "trt_cache_version": job.trt_cache_version,
+        }
+    elif plan.precision == "int8" and plan.int8_mode == "qdq" and job.calibration_table is not None:
+        from agent.engines.calibration_file import read_ranges
+        from agent.engines.int8 import calibration_table_to_trt, quantize_with_ranges
+
+        target_given: Literal["cpu", "tensorrt"] = "tensorrt" if TENSORRT_EP in names else "cpu"
+        ranges, method = read_ranges(job.calibration_table)
+        say(f"quantizing to INT8 Q/DQ for {target_given} with the given calibration: no calibration run")
+        result = quantize_with_ranges(job.model, out / "int8", ranges, method=method, target=target_given)
+        source = result.model_path
+        shutil.copyfile(result.table_path, out / TABLE_FILE)
+        (out / TRT_CACHE_FILE).write_bytes(calibration_table_to_trt(result, job.trt_cache_version))
+        files += [TABLE_FILE, TRT_CACHE_FILE]
+        extra.update(
+            calibration_method=result.method, calibrated_tensors=len(result.ranges), calibration="given"
+        )
+        report["calibration"] = {
+            "method": result.method,
+            "tensors": len(result.ranges),
+            "source": "given",
+            "table": TABLE_FILE,
+            "trt_cache": TRT_CACHE_FILE,
         }
     elif plan.precision == "int8" and plan.int8_mode == "qdq":
         say("the model carries Q/DQ scales: no calibration")
     elif plan.precision == "int8":
         raise BuildError(
-            "ONNX Runtime INT8 needs calibration frames (a stream or a dataset) or a Q/DQ model; "
-            "a TensorRT calibration cache only feeds TensorRT builds"
+            "ONNX Runtime INT8 needs calibration frames (a stream or a dataset), a calibration cache "
+            "or table, or a Q/DQ model"
         )
 
     engine = out / job.engine_file

@@ -47,6 +47,12 @@ class CalibrationSource(StrictModel):
 
     kind: Literal["cache", "stream", "dataset"]
     path: Path | None = Field(None, description="Cache file (kind=cache) or image directory (kind=dataset).")
+    artifact: str | None = Field(
+        None,
+        description="kind=cache only: the name of the manifest artifact that carries the calibration (a "
+        "calibration table or a TensorRT calibration cache); the device fetches and verifies it like the "
+        "model and builds from it instead of calibrating.",
+    )
     stream: str | None = Field(
         None, description="Stream to take frames from (kind=stream; default: the slot's)."
     )
@@ -54,8 +60,12 @@ class CalibrationSource(StrictModel):
 
     @model_validator(mode="after")
     def _complete(self) -> CalibrationSource:
-        if self.kind in ("cache", "dataset") and self.path is None:
-            raise ValueError(f"calibration kind {self.kind!r} needs a path")
+        if self.kind == "dataset" and self.path is None:
+            raise ValueError("calibration kind 'dataset' needs a path")
+        if self.kind == "cache" and (self.path is None) == (self.artifact is None):
+            raise ValueError("calibration kind 'cache' needs a path or an artifact (one of them)")
+        if self.kind != "cache" and self.artifact is not None:
+            raise ValueError(f"calibration kind {self.kind!r} takes no artifact (only kind 'cache' does)")
         return self
 
 

@@ -396,8 +396,22 @@ class FleetController:
         job_id = new_job_id(model_id, request.version)
         sequence = next_sequence()
         check_device_ids(request.devices)  # as FleetDeploy checks them, before anything is stored
+        calib_cache = None
+        if request.calib_sha256 is not None:
+            calib_cache = self.model_path(request.calib_sha256)
+            if not calib_cache.is_file():
+                raise ControllerError(
+                    f"calibration {request.calib_sha256} is not in the controller's repository: "
+                    "`fleet rollout start --calib-cache FILE` uploads it"
+                )
         plan = plan_for(
-            request, model, tuple(request.devices), job_id=job_id, sequence=sequence, http_url=None
+            request,
+            model,
+            tuple(request.devices),
+            job_id=job_id,
+            sequence=sequence,
+            http_url=None,
+            calib_cache=calib_cache,
         )
         manifest = plan_manifest(plan, job_id, sequence)
         fleet = {

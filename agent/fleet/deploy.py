@@ -41,13 +41,15 @@ from agent.delivery.manifest import (
     DeployManifest,
     ModelSourceRef,
     build_manifest,
+    describe_artifact,
     sign_manifest,
 )
+from agent.engines.spec import BuildSpec, CalibrationSource
 from agent.errors import ConfigError
 from agent.fleet.chunks import ChunkServer, random_group
 from agent.fleet.command import PendingReplies, publish_command
 from agent.fleet.deploy_outcome import MAX_MALFORMED_NOTES, DeployOutcome, DeviceProgress
-from agent.fleet.deploy_plan import DeployPlan, new_job_id, next_sequence
+from agent.fleet.deploy_plan import CALIBRATION_ARTIFACT, DeployPlan, new_job_id, next_sequence
 from agent.fleet.untrusted import shown
 from agent.mqtt.inbound import InboundMessage
 from agent.mqtt.service_client import ServiceClient
@@ -168,6 +170,10 @@ class FleetDeploy:
         if self.server is not None:
             # The manifest was just made from this file: no need to hash it again.
             self.server.register(self.manifest, Path(self.plan.model), verify=False)
+            if self.plan.calib_cache is not None:
+                # Served by SHA-256 like the model: the devices pull it over the same chunk protocol.
+                artifact = self.manifest.artifact(CALIBRATION_ARTIFACT)
+                self.server.register(self.manifest.for_artifact(artifact), Path(self.plan.calib_cache))
             self.server.start(timeout)
         try:
             self._client.start(timeout)
@@ -455,7 +461,21 @@ def plan_manifest(plan: DeployPlan, job_id: str, sequence: int) -> DeployManifes
     sources = [ModelSourceRef(kind="mqtt")]
     if plan.http_url:
         sources.insert(0, ModelSourceRef(kind="http", url=plan.http_url))
+    build = plan.build
+    artifacts = []
     try:
+        if plan.calib_cache is not None:
+            artifacts.append(
+                describe_artifact(
+                    Path(plan.calib_cache),
+                    name=CALIBRATION_ARTIFACT,
+                    kind="calibration",
+                    chunk_size=plan.chunk_size,
+                    url=plan.calib_http_url,
+                )
+            )
+            calibration = CalibrationSource(kind="cache", artifact=CALIBRATION_ARTIFACT)
+            build = (build or BuildSpec(precision="int8")).model_copy(update={"calibration": calibration})
         return build_manifest(
             Path(plan.model),
             job_id=job_id,
@@ -465,7 +485,8 @@ def plan_manifest(plan: DeployPlan, job_id: str, sequence: int) -> DeployManifes
             version=plan.version,
             chunk_size=plan.chunk_size,
             sources=sources,
-            build=plan.build,
+            build=build,
+            artifacts=artifacts,
             preprocess=plan.preprocess,
             postprocess=plan.postprocess,
             shadow=plan.shadow,

@@ -136,6 +136,15 @@ def add_manifest_arguments(parser: argparse.ArgumentParser) -> None:
     add_alias(parser, "--device-target", engine_device)  # its name before docs/cli.md's one scheme
     parser.add_argument("--no-gpu-fallback", action="store_true", help="DLA only: no GPU fallback layers")
     parser.add_argument(
+        "--calib-cache",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="INT8 calibration (a calibration table or TensorRT calibration cache) shipped signed with the "
+        "model: every device quantizes with it instead of calibrating on its own frames (needs --precision "
+        "int8)",
+    )
+    parser.add_argument(
         "--chunk-size",
         type=int,
         default=DEFAULT_CHUNK_SIZE,
@@ -180,7 +189,23 @@ def manifest_fields(args: argparse.Namespace) -> dict[str, Any]:
             raise UsageError(
                 "invalid --preprocess-json", validation_problems(exc, "--preprocess-json")
             ) from exc
+    calib_sha256 = None
+    if args.calib_cache is not None:
+        if not args.calib_cache.is_file():
+            raise UsageError(f"--calib-cache: {args.calib_cache} is not a file")
+        if args.precision not in ("int8", "best"):
+            raise UsageError("--calib-cache needs an INT8 build: add --precision int8")
+        from agent.engines.calibration_file import read_ranges
+        from agent.errors import BuildError
+        from agent.fsutil import sha256_file
+
+        try:
+            read_ranges(args.calib_cache)  # a file no device can quantize with is refused here
+        except BuildError as exc:
+            raise UsageError(f"--calib-cache: {exc}") from exc
+        calib_sha256 = sha256_file(args.calib_cache)
     return {
+        "calib_sha256": calib_sha256,
         "slot": args.slot,
         "version": args.version,
         "model_id": args.model_id,
@@ -244,10 +269,10 @@ def run_deploy(args: argparse.Namespace) -> int:
         store,
         job_id,
         settings=settings,
-        model_path=lambda _sha: args.model,
+        model_path=lambda sha: args.calib_cache if sha == request.calib_sha256 else args.model,
         signing_key=key,
         key_id=args.key_id,
-        http_url=lambda _sha: args.http_url,
+        http_url=lambda sha: args.http_url if sha == request.model_sha256 else None,
         deploy_options={
             "serve": not args.no_serve,
             "max_rate_bps": args.max_rate,

@@ -79,6 +79,14 @@ class DeployPlan:
     shadow: ShadowSpec | None = None
     probation_s: float | None = None
     probation: ProbationSpec | None = None
+    #: The operator's INT8 calibration file, shipped as the manifest artifact :data:`CALIBRATION_ARTIFACT`.
+    calib_cache: Path | None = None
+    #: HTTP(S) URL of the same calibration file; devices try it first, then the MQTT pull.
+    calib_http_url: str | None = None
+
+
+#: The name ``fleet deploy --calib-cache`` gives the calibration artifact (build.calibration.artifact).
+CALIBRATION_ARTIFACT = "calibration"
 
 
 def parse_devices(values: Sequence[str]) -> tuple[str, ...]:

@@ -217,6 +217,9 @@ def _start(args: argparse.Namespace) -> int:
     # classes changed): dropping it would make the device apply its default bar instead.
     body = {k: v for k, v in request.model_dump(mode="json").items() if v is not None}
     with ControllerClient(settings_from_args(args), timeout=args.timeout) as client:
+        if request.calib_sha256 is not None:
+            # The calibration goes into the controller's repository like a model (by SHA-256).
+            client.upload(args.calib_cache, request.calib_sha256)
         try:
             status = client.request("start", body)
         except RequestRefusedError as exc:

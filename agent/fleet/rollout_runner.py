@@ -255,12 +255,20 @@ class RolloutRunner:
             job_id=self.job_id,
             sequence=self.sequence,
             http_url=self._http_url(sha),
+            calib_cache=self._model_path(calib) if (calib := self.request.calib_sha256) else None,
+            calib_http_url=self._http_url(calib) if calib else None,
         )
         if self._manifest is None:  # hashed once per runner, not at every wave
             self._manifest = plan_manifest(plan, self.job_id, self.sequence)
             if self._manifest.sha256 != sha:
                 raise RuntimeError(
                     f"rollout {self.rollout_id}: model file for {sha} hashes to {self._manifest.sha256}"
+                )
+            artifacts = {a.sha256 for a in self._manifest.artifacts or ()}
+            if self.request.calib_sha256 is not None and self.request.calib_sha256 not in artifacts:
+                raise RuntimeError(
+                    f"rollout {self.rollout_id}: calibration file for {self.request.calib_sha256} hashes "
+                    f"to {sorted(artifacts)}"
                 )
         deploy = FleetDeploy(
             self.settings,

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from agent.camera.preprocess_spec import PreprocessSpec
 from agent.delivery.guard import ProbationSpec, ShadowSpec
@@ -57,6 +57,17 @@ class RolloutRequest(StrictModel):
     shadow: ShadowSpec | None = None
     probation_s: float | None = Field(None, gt=0.0, le=86_400.0)
     probation: ProbationSpec | None = None
+    #: The operator's INT8 calibration (a table or TensorRT cache), shipped as a signed manifest
+    #: artifact: every device quantizes with it instead of calibrating on its own frames.
+    calib_sha256: str | None = Field(None, pattern=r"^[0-9a-f]{64}$")
+
+    @model_validator(mode="after")
+    def _calibration_needs_int8(self) -> RolloutRequest:
+        if self.calib_sha256 is not None and (
+            self.build is None or self.build.precision not in ("int8", "best")
+        ):
+            raise ValueError("a calibration cache (--calib-cache) needs an INT8 build: add --precision int8")
+        return self
 
     def policy(self) -> GatePolicy:
         """The gate this rollout asks for (UsageError on a bad ``max_failed``)."""
@@ -124,6 +135,8 @@ def plan_for(
     job_id: str,
     sequence: int,
     http_url: str | None,
+    calib_cache: Path | None = None,
+    calib_http_url: str | None = None,
 ) -> DeployPlan:
     """The FleetDeploy plan that publishes ``request``'s desired state to ``devices``."""
     return DeployPlan(
@@ -142,4 +155,6 @@ def plan_for(
         shadow=request.shadow,
         probation_s=request.probation_s,
         probation=request.probation,
+        calib_cache=calib_cache,
+        calib_http_url=calib_http_url,
     )

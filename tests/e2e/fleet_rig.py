@@ -38,7 +38,7 @@ def agent_state(files: AgentFiles) -> dict[str, Any]:
 
 
 #: Options of :meth:`Fleet.deploy` that belong to the deploy plan.
-_PLAN_OPTIONS = ("chunk_size", "shadow", "probation_s", "probation")
+_PLAN_OPTIONS = ("chunk_size", "shadow", "probation_s", "probation", "build", "calib_cache")
 
 
 class Fleet:
@@ -63,8 +63,9 @@ class Fleet:
         return daemon
 
     def deploy(self, model: Path, devices: list[str], version: str = "2", **options: Any) -> FleetDeploy:
-        """Deploy ``model`` to ``devices``' slot ``cls``: ``chunk_size``, ``shadow``, ``probation_s`` and
-        ``probation`` go into the plan, every other option to :class:`FleetDeploy`."""
+        """Deploy ``model`` to ``devices``' slot ``cls``: ``chunk_size``, ``shadow``, ``probation_s``,
+        ``probation``, ``build`` and ``calib_cache`` go into the plan, every other option to
+        :class:`FleetDeploy`."""
         plan_options = {k: options.pop(k) for k in _PLAN_OPTIONS if k in options}
         plan = DeployPlan(
             model=model,

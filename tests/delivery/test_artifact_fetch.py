@@ -1,0 +1,81 @@
+"""A manifest's calibration artifact on a real DeliveryService: fetched, verified, handed to the build.
+
+Real mosquitto, a real in-process device (tests/delivery/delivery_stack.py) whose fetch copies files
+by SHA-256 (the MQTT pull itself is tests/delivery/test_transfer.py's subject: artifacts use it
+unchanged through ``DeployManifest.for_artifact``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from agent.delivery.manifest import describe_artifact
+from agent.delivery.steps import BuildOutcome, JobReporter, no_build
+from agent.engines.int8 import write_table
+from agent.engines.spec import BuildSpec, CalibrationSource
+from agent.protocol.messages import JobState
+from tests.delivery.conftest import HarnessFactory
+
+SPEC = BuildSpec(
+    precision="int8", device="cpu", calibration=CalibrationSource(kind="cache", artifact="calib")
+)
+
+
+class RecordingBuild:
+    """The default build (the ONNX model as is), remembering the spec each job asked for."""
+
+    def __init__(self) -> None:
+        self.specs: list[BuildSpec | None] = []
+
+    def __call__(self, model: Path, spec: BuildSpec | None, reporter: JobReporter) -> BuildOutcome:
+        self.specs.append(spec)
+        return no_build(model, spec, reporter)
+
+
+def table_at(path: Path, top: float) -> Path:
+    write_table(path, {f"t{i}": (-1.0, top + i) for i in range(100)}, method="entropy")
+    return path
+
+
+def test_the_build_gets_the_fetched_and_verified_calibration_file(
+    make_device: HarnessFactory, model_v1: Path, tmp_path: Path
+) -> None:
+    build = RecordingBuild()
+    device = make_device(build=build)
+    table = table_at(tmp_path / "calibration.json", 1.0)
+    artifact = describe_artifact(table, name="calib", kind="calibration", chunk_size=1024)
+    device.repo.files[artifact.sha256] = table
+    manifest = device.manifest(model_v1, build=SPEC, artifacts=[artifact])
+    device.deploy(device.signed(manifest))
+    assert device.wait_terminal(manifest.job_id)[-1].state is JobState.ACTIVE
+    spec = build.specs[-1]
+    assert spec is not None
+    assert spec.calibration is not None
+    assert spec.calibration.artifact is None
+    assert spec.calibration.path == device.state_dir / "artifacts" / f"{artifact.sha256}.onnx"
+    assert spec.calibration.path.read_bytes() == table.read_bytes()
+    # A second job with the same calibration fetches only the model.
+    again = device.manifest(model_v1, sequence=2, version="2", build=SPEC, artifacts=[artifact])
+    fetched = len(device.repo.fetched)
+    device.deploy(device.signed(again))
+    assert device.wait_terminal(again.job_id)[-1].state is JobState.ACTIVE
+    assert len(device.repo.fetched) == fetched  # the model is stored too: nothing fetched at all
+
+
+def test_calibration_bytes_that_do_not_match_the_signed_hash_fail_the_job_before_any_build(
+    make_device: HarnessFactory, model_v1: Path, tmp_path: Path
+) -> None:
+    build = RecordingBuild()
+    device = make_device(build=build)
+    table = table_at(tmp_path / "calibration.json", 1.0)
+    artifact = describe_artifact(table, name="calib", kind="calibration", chunk_size=1024)
+    # Whoever serves the artifact's hash hands over other bytes.
+    device.repo.files[artifact.sha256] = table_at(tmp_path / "other.json", 5.0)
+    manifest = device.manifest(model_v1, build=SPEC, artifacts=[artifact])
+    device.deploy(device.signed(manifest))
+    final = device.wait_terminal(manifest.job_id)[-1]
+    assert (final.state, final.error_code) == (JobState.REJECTED, "hash_mismatch"), final
+    assert final.error is not None
+    assert final.error.startswith("artifact 'calib'"), final.error
+    assert build.specs == []
+    assert not (device.state_dir / "artifacts" / f"{artifact.sha256}.onnx").exists()
