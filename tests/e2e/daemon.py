@@ -99,14 +99,14 @@ class Daemon:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
         try:
-            return self.proc.wait(timeout)
+            return self.proc.wait(patient(timeout))
         finally:
             self._log.close()
 
     def kill(self) -> None:
         if self.proc.poll() is None:
             self.proc.kill()
-            self.proc.wait(10)
+            self.proc.wait(patient(10))
         self._log.close()
 
     def log(self) -> str:
