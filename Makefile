@@ -56,8 +56,13 @@ lint: $(TEST_STAMP)
 typecheck: $(TEST_STAMP)
 	$(VENV)/bin/mypy
 
+# The suite in parallel (pytest-xdist): most tests wait on real processes, brokers and sockets, not on
+# the CPU, so more workers than the 2 cores of the development machine pay (measured: docs/testing.md).
+# --dist loadgroup keeps the tests marked @pytest.mark.xdist_group(name) on one worker, one at a
+# time. `make pytest PYTEST_WORKERS=0` runs it serially.
+PYTEST_WORKERS ?= 4
 pytest: $(TEST_STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup
 
 test: os-deps-test lint typecheck pytest
 

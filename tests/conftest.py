@@ -1,13 +1,50 @@
-"""Shared fixtures: real mosquitto brokers on free loopback ports."""
+"""Shared fixtures: real mosquitto brokers on free loopback ports; the run lock of ``alone`` tests."""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import os
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import pytest
 
 from agent.localbroker import Broker
+
+
+@contextlib.contextmanager
+def _flock(path: Path, operation: int) -> Iterator[None]:
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, operation)
+        yield
+    finally:
+        os.close(fd)  # closing the descriptor releases its lock
+
+
+@pytest.fixture(autouse=True)
+def _run_lock(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Under pytest-xdist, every test holds the run's lock shared; an ``alone`` test holds it alone.
+
+    A fair reader/writer lock between the run's workers (docs/testing.md): the turnstile makes
+    tests that arrive after an ``alone`` test queue behind it, so it never waits forever for a gap.
+    The lock files live in the run's own temporary folder (the parent of each worker's), so two
+    runs on one machine do not wait for each other. A serial run has nothing to lock against.
+    """
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        yield
+        return
+    run_folder = tmp_path_factory.getbasetemp().parent
+    turnstile, tests = run_folder / "alone.turnstile", run_folder / "alone.tests"
+    if request.node.get_closest_marker("alone") is not None:
+        with _flock(turnstile, fcntl.LOCK_EX), _flock(tests, fcntl.LOCK_EX):
+            yield
+        return
+    with contextlib.ExitStack() as held:
+        with _flock(turnstile, fcntl.LOCK_EX):
+            held.enter_context(_flock(tests, fcntl.LOCK_SH))
+        yield
 
 
 @pytest.fixture(scope="session")

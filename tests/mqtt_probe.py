@@ -18,6 +18,8 @@ from paho.mqtt.enums import CallbackAPIVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
+from tests.waiting import patient
+
 
 @dataclass(frozen=True)
 class Received:
@@ -76,7 +78,7 @@ class Probe:
             host, port, keepalive=30, clean_start=session_expiry_s is None, properties=connect_props
         )
         self.client.loop_start()
-        if not self._connected.wait(timeout):
+        if not self._connected.wait(patient(timeout)):
             self.client.disconnect()
             self.client.loop_stop()
             raise TimeoutError(f"probe could not connect to {host}:{port}")
@@ -115,7 +117,7 @@ class Probe:
         """Subscribe and wait for the SUBACK (so nothing published afterwards is missed)."""
         _, mid = self.client.subscribe(topic_filter, qos=qos)
         with self._cond:
-            if not self._cond.wait_for(lambda: mid in self._subacks, timeout):
+            if not self._cond.wait_for(lambda: mid in self._subacks, patient(timeout)):
                 raise TimeoutError(f"no SUBACK for {topic_filter}")
 
     def subscribe_many(self, topic_filters: list[str], qos: int = 1, timeout: float = 30.0) -> list[int]:
@@ -127,7 +129,7 @@ class Probe:
             assert sent is not None, "not connected"
             mid: int = sent
             with self._cond:
-                if not self._cond.wait_for(lambda: mid in self._subacks, timeout):  # noqa: B023 - waited on here
+                if not self._cond.wait_for(lambda: mid in self._subacks, patient(timeout)):  # noqa: B023 - waited on here
                     raise TimeoutError(f"no SUBACK for {len(batch)} filters from {batch[0][0]}")
                 codes += self._subacks[mid]
         return codes
@@ -158,7 +160,7 @@ class Probe:
         if qos == 0:
             return 0
         with self._cond:
-            if not self._cond.wait_for(lambda: info.mid in self._pubacks, timeout):
+            if not self._cond.wait_for(lambda: info.mid in self._pubacks, patient(timeout)):
                 raise TimeoutError(f"no PUBACK for {topic}")
             return self._pubacks[info.mid]
 
@@ -174,7 +176,7 @@ class Probe:
     def wait_for(self, predicate: Callable[[list[Received]], bool], timeout: float = 10.0) -> list[Received]:
         """Wait until ``predicate(messages)`` is true; return the messages; raise TimeoutError if never."""
         with self._cond:
-            if not self._cond.wait_for(lambda: predicate(self.messages), timeout):
+            if not self._cond.wait_for(lambda: predicate(self.messages), patient(timeout)):
                 topics = sorted({m.topic for m in self.messages})
                 raise TimeoutError(f"condition not met within {timeout}s; {len(self.messages)} on {topics}")
             return list(self.messages)

@@ -64,6 +64,23 @@ def test_make_test_adds_the_test_tools(tmp_path: Path) -> None:
     assert not any(" -q" in c for c in commands if " -m pip install" in c)
 
 
+@needs_make
+def test_make_test_runs_the_suite_on_workers_that_keep_each_group_together(tmp_path: Path) -> None:
+    """docs/testing.md: 4 workers by default, and --dist loadgroup, without which pytest-xdist ignores
+    the xdist_group marks that keep tests apart; PYTEST_WORKERS=0 runs it in one process."""
+    pytest_line = f"{tmp_path}/venv/bin/python -m pytest -q -n 4 --dist loadgroup"
+    assert pytest_line in dry_run("test", tmp_path / "venv")
+    done = subprocess.run(
+        ["make", "-n", "-B", "pytest", f"VENV={tmp_path}/venv", "PYTEST_WORKERS=0"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    assert pytest_line.replace("-n 4", "-n 0") in done.stdout.splitlines()
+
+
 def plan(target: str, path: Path) -> subprocess.CompletedProcess[str]:
     """``os-deps.sh TARGET --plan`` with only ``path`` (holding python3) on PATH: every tool the script
     looks up on PATH is missing, as on a fresh machine."""

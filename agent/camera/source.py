@@ -179,14 +179,16 @@ class VideoSource:
                 self._transition(SourceState.STOPPED, "stop requested before start")
                 return
             self._transition(SourceState.CONNECTING, f"opening {self.spec.type} source")
-        reason = "stop requested"
+        reason: str | None = None
         try:
             yield from self._run(stop)
         except GeneratorExit:
             reason = "frame iterator closed by its consumer"
             raise
         finally:
-            self._release(reason)
+            # close() from another thread sets _closed before it takes the driver: the reading thread
+            # may see it first and end the loop, and the stop then still says it came from close().
+            self._release(reason or ("closed" if self._closed else "stop requested"))
 
     def driver_call(self) -> OpenCall | None:
         """The driver call (``open``, ``read``, ``close``) in progress now, and for how long.

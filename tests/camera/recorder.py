@@ -9,6 +9,7 @@ from collections.abc import Callable
 from agent.camera.frame import Frame
 from agent.camera.source import SourceEvent, SourceState, VideoSource
 from agent.camera.source_spec import SourceSpec
+from tests.waiting import patient
 
 WAIT_S = 20.0
 
@@ -55,7 +56,7 @@ class Recorder:
 
     def wait_until(self, what: str, predicate: Callable[[], bool], timeout_s: float = WAIT_S) -> None:
         """Poll ``predicate`` until it holds; fail with the recorded history when it does not."""
-        deadline = time.monotonic() + timeout_s
+        deadline = time.monotonic() + patient(timeout_s)
         while not predicate():
             if self.error is not None:
                 raise AssertionError(f"frame iterator raised while waiting for {what}") from self.error

@@ -42,7 +42,12 @@ def test_a_status_nothing_can_take_is_held_in_memory_and_the_job_retried_when_sp
         wait_until(lambda: not device.link.connected, 10, "the link to notice the broker is gone")
         gate.set()  # VERIFYING cannot be recorded: the job ends FAILED disk_full, with nowhere to go
         wait_until(lambda: device.service.held_statuses() == 1, 10, "the FAILED status to be held")
-        assert device.service.describe()["waiting_for_space"] == {SLOT: "job-held"}
+        # The job's worker thread marks the slot after the job's last status: wait for that too.
+        wait_until(
+            lambda: device.service.describe()["waiting_for_space"] == {SLOT: "job-held"},
+            10,
+            "the slot to wait for space",
+        )
         assert device.spool.count() == 0
 
         state_disk.free()  # the spool takes the held status at once; the retry waits for the link

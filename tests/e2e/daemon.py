@@ -17,6 +17,7 @@ from agent.demo_setup import write_demo_video
 from agent.modelzoo import write_classifier
 from agent.protocol.messages import ResultMessage, decode
 from tests.mqtt_probe import Received
+from tests.waiting import patient
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -98,14 +99,14 @@ class Daemon:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
         try:
-            return self.proc.wait(timeout)
+            return self.proc.wait(patient(timeout))
         finally:
             self._log.close()
 
     def kill(self) -> None:
         if self.proc.poll() is None:
             self.proc.kill()
-            self.proc.wait(10)
+            self.proc.wait(patient(10))
         self._log.close()
 
     def log(self) -> str:
@@ -122,7 +123,7 @@ class Daemon:
         return out
 
     def wait_for_event(self, event: str, timeout: float = 20.0) -> dict[str, Any]:
-        deadline = time.monotonic() + timeout
+        deadline = time.monotonic() + patient(timeout)
         while time.monotonic() < deadline:
             for entry in self.events():
                 if entry.get("event") == event:

@@ -29,6 +29,7 @@ from agent.errors import BuildError
 from agent.modelzoo import write_classifier
 from agent.platform import BackendAvailability, Platform
 from tests.engines.failing_jobs import TEST_ENV
+from tests.waiting import patient
 
 PLATFORM = Platform(
     machine="x86_64",
@@ -57,7 +58,7 @@ def model(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def builder(tmp_path: Path) -> EngineBuilder:
-    return EngineBuilder(tmp_path / "state", EngineConfig(build_timeout_s=120), PLATFORM)
+    return EngineBuilder(tmp_path / "state", EngineConfig(build_timeout_s=patient(120)), PLATFORM)
 
 
 def frames(seed: int, n: int = 4) -> list[np.ndarray]:
@@ -247,7 +248,7 @@ def test_crash_in_worker_fails_the_build_and_caches_nothing(tmp_path: Path, mode
 
 
 def test_protect_passes_through_to_eviction(tmp_path: Path, model: Path) -> None:
-    builder = EngineBuilder(tmp_path / "state", EngineConfig(build_timeout_s=120), PLATFORM)
+    builder = EngineBuilder(tmp_path / "state", EngineConfig(build_timeout_s=patient(120)), PLATFORM)
     first = builder.build(model, None)
     builder.protect({first.key})
     builder.cache.max_bytes = 1  # every new entry overflows the cap

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import tempfile
 import time
 from collections.abc import Iterator
@@ -507,8 +508,13 @@ def test_the_snapshot_button_draws_the_frame_with_its_boxes_and_labels(console: 
 
 def _screenshot(page: Page, name: str) -> None:
     """Take a screenshot for the docs (see the module docstring), once the live indicator has settled."""
-    folder = DOCS_IMG if os.environ.get("EDGE_AGENT_SCREENSHOTS") == "1" else Path(tempfile.gettempdir())
-    folder.mkdir(parents=True, exist_ok=True)
+    if os.environ.get("EDGE_AGENT_SCREENSHOTS") == "1":
+        folder = DOCS_IMG
+        folder.mkdir(parents=True, exist_ok=True)
+    else:  # a folder of its own: runs and xdist workers side by side never write one file
+        folder = Path(tempfile.mkdtemp(prefix="console-shot-"))
     time.sleep(0.2)  # let uPlot finish its first draw (it draws on the next animation frame)
     page.screenshot(path=str(folder / name), full_page=True)
     assert (folder / name).stat().st_size > 10_000  # a rendered page, not an empty frame
+    if folder != DOCS_IMG:
+        shutil.rmtree(folder)

@@ -226,6 +226,9 @@ def test_a_model_three_times_slower_is_rejected_too_slow_with_its_figures(
     assert target.slot.current.ref.version == "1"
 
 
+# Compares the new model's latency with the old one's (p99 and shadow ratios against their bars): a test
+# beside it that takes the CPU in bursts made a good model fail them (docs/testing.md).
+@pytest.mark.alone
 def test_a_good_model_passes_shadow_and_probation_and_only_then_is_committed(
     rig: Rig,  # noqa: F811
     models: dict[str, Path],
@@ -339,9 +342,9 @@ def test_a_rollback_command_during_probation_ends_it_at_once(
     run_ = target.runs["s"]
     assert isinstance(run_, ProbationRun)
     started = time.monotonic()
-    assert run_.end_by_operator(10.0)
-    worker.join(10.0)
-    assert time.monotonic() - started < 5.0
+    assert run_.end_by_operator(30.0)
+    worker.join(30.0)
+    assert time.monotonic() - started < 30.0  # at once: not after the 60 s of probation
     assert len(outcome) == 1
     assert isinstance(outcome[0], RolledBackError)
     assert outcome[0].code == "operator_rollback"
