@@ -35,6 +35,7 @@ from agent.delivery.errors import JobCancelledError, RolledBackError, ShadowReje
 from agent.delivery.steps import ActivationRequest, GuardReporter
 from agent.protocol.messages import JobState, ShadowFigures
 from agent.runtime.agreement import ShadowTally
+from agent.runtime.evidence import EvidenceStore
 from agent.runtime.loaded import LoadedModel, ModelSource
 from agent.runtime.probation import ProbationRun, run_probation
 from agent.runtime.shadow import run_shadow
@@ -76,6 +77,8 @@ class GuardedSlot:
     activated: Callable[[], None]
     #: Where the runs are published for telemetry and the rollback command.
     runs: dict[str, GuardRun]
+    #: Where a rejection's disagreement frames are kept (None: not kept).
+    evidence: EvidenceStore | None = None
 
 
 def activate_guarded(target: GuardedSlot, request: ActivationRequest, source: ModelSource) -> None:
@@ -160,6 +163,7 @@ def _shadow(
     slot = target.slot
     run = ShadowRun(slot.name)
     target.runs[slot.name] = run
+    heap = target.evidence.heap() if target.evidence is not None else None
     try:
         guard.enter(JobState.SHADOW)
 
@@ -174,6 +178,7 @@ def _shadow(
             latest_frame=target.latest_frame,
             cancel=guard.cancel,
             report=report,
+            evidence=heap,
         )
     except BaseException:
         slot.discard(candidate)
@@ -185,6 +190,19 @@ def _shadow(
     guard.figures(shadow=figures)
     if verdict == "pass":
         return
+    if target.evidence is not None and heap is not None and len(heap):
+        serving = slot.current
+        serving_model = _model_name(serving) if serving is not None else ""
+        guard.evidence(
+            target.evidence.keep(
+                guard.job_id,
+                slot=slot.name,
+                reason=verdict or "shadow_no_frames",
+                serving_model=serving_model,
+                candidate_model=_model_name(candidate),
+                heap=heap,
+            )
+        )
     slot.discard(candidate)
     spec = request.shadow
     why = {
@@ -198,3 +216,7 @@ def _shadow(
         f"shadow on {figures.frames} live frames: {why}; the previous model never stopped serving",
         code=verdict or "shadow_no_frames",
     )
+
+
+def _model_name(model: LoadedModel) -> str:
+    return f"{model.ref.model_id} {model.ref.version or ''}".strip()
