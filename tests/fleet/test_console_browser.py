@@ -33,6 +33,7 @@ from agent.fleet.view import FleetView
 from agent.localbroker import Broker
 from agent.mqtt.service_client import ServiceClient
 from tests.fleet.console_rig import (
+    EVIDENCE_CLASSES,
     SNAPSHOT_BOX,
     SNAPSHOT_SIZE,
     StoreActions,
@@ -512,3 +513,29 @@ def _screenshot(page: Page, name: str) -> None:
     time.sleep(0.2)  # let uPlot finish its first draw (it draws on the next animation frame)
     page.screenshot(path=str(folder / name), full_page=True)
     assert (folder / name).stat().st_size > 10_000  # a rendered page, not an empty frame
+
+
+def test_the_evidence_panel_shows_a_rejected_jobs_frames_side_by_side(console: Console, page: Page) -> None:
+    console.publish(list(fleet_messages(console.prefix, DEVICES[:1])))
+    _arrived(console, 1)
+    page.goto(console.server.url + "/device/jet-00")
+    page.wait_for_selector("body[data-device=rendered]")
+    page.fill("#evidence-job", "job-swapped")
+    page.click("#evidence")
+    page.fill("#token-input", TOKEN)
+    page.click("#token-save")
+    page.wait_for_selector("body[data-evidence=shown]")
+    rows = page.locator("#evidence-table tr.evidence-frame")
+    serving = page.locator("#evidence-table td.serving").all_inner_texts()
+    candidate = page.locator("#evidence-table td.candidate").all_inner_texts()
+    # Every frame's image decoded in the browser (a broken JPEG has naturalWidth 0).
+    widths = page.evaluate(
+        "() => Array.from(document.querySelectorAll('#evidence-table img')).map((i) => i.naturalWidth)"
+    )
+    _screenshot(page, "console-evidence.png")
+
+    assert rows.count() == len(EVIDENCE_CLASSES)
+    assert [s.split()[0] for s in serving] == [old for old, _ in EVIDENCE_CLASSES]
+    assert [c.split()[0] for c in candidate] == [new for _, new in EVIDENCE_CLASSES]
+    assert widths == [160] * len(EVIDENCE_CLASSES)
+    assert "shadow_disagrees" in page.inner_text("#evidence-frames")
