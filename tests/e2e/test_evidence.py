@@ -7,13 +7,16 @@ FleetDeploy, and the frames fetched with the real ``fleet evidence`` code over M
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
+from typing import Any
 
 import cv2
 import numpy as np
 import pytest
 
 from agent.delivery.guard import ShadowSpec
+from agent.fleet.command import send_command
 from agent.fleet.evidence import fetch_evidence, save_evidence
 from agent.protocol.messages import JobState
 from agent.protocol.topics import Topics
@@ -63,4 +66,23 @@ def test_a_shadow_rejection_of_a_class_swapped_model_leaves_bounded_evidence_fra
         # Side by side: the serving model and the class-swapped candidate name different classes.
         assert meta["serving"]["classes"][0]["index"] != meta["candidate"]["classes"][0]["index"]
         assert (tmp_path / "evidence" / meta["file"]).read_bytes() == frame.jpeg
+    # docs/protocol.md's examples are what this device sent: the same keys, in the status and replies.
+    settings = operator_settings(fleet.broker)
+    index_doc, frame_doc = _doc_examples("#### Evidence frames")
+    (status_doc,) = _doc_examples("### Shadow and probation")
+    index = send_command(settings, device_id, "evidence", {"job_id": job.job_id}).result or {}
+    frame0 = send_command(settings, device_id, "evidence", {"job_id": job.job_id, "frame": 0}).result or {}
+    assert set(index) == set(index_doc)
+    assert set(index["frames"][0]) == set(index_doc["frames"][0])
+    assert set(frame0) == set(frame_doc)
+    assert set(status_doc) <= set(final.model_dump(mode="json", exclude_none=True))  # an excerpt
+    assert set(status_doc["evidence"]) == set(final.evidence.model_dump())
     assert daemon.stop() == 0
+
+
+def _doc_examples(heading: str) -> list[dict[str, Any]]:
+    """The ```json blocks under ``heading`` of docs/protocol.md, up to the next heading."""
+    text = (Path(__file__).parents[2] / "docs" / "protocol.md").read_text()
+    section = text.split(heading + "\n", 1)[1]
+    section = re.split(r"^#{2,4} ", section, flags=re.M)[0]
+    return [json.loads(b) for b in re.findall(r"```json\n(.*?)```", section, re.S)]
