@@ -101,6 +101,7 @@ def rollout_devices(store: RolloutStore, rollout_id: str) -> list[dict[str, Any]
     return [
         {
             "device": row.device,
+            "job_id": row.job_id,  # the rollout page links a shadow rejection to its evidence
             "wave": row.wave,
             "step": row.step.value,
             "end": row.end.value if row.end else None,

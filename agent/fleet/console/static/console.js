@@ -311,10 +311,12 @@ async function devicePage(deviceId) {
       el("canvas", { id: "snapshot-canvas", hidden: true })),
     el("div", { className: "card evidence", id: "evidence-panel" },
       el("button", { type: "button", id: "evidence", onclick: () => evidence(row.id) }, "Evidence"),
-      el("input", { id: "evidence-job", placeholder: "rejected job id", maxLength: 128, value: rejectedJob(detail) }),
+      el("input", { id: "evidence-job", placeholder: "rejected job id", maxLength: 128, value: evidenceJob(deviceId, detail) }),
       el("span", { className: "muted" }, " the frames a rejected model disagreed on most: the serving model's output beside the candidate's"),
       el("div", { id: "evidence-frames" })),
   ].filter(Boolean));
+  // The page re-renders on every live update: frames already fetched stay shown.
+  if (shownEvidence && shownEvidence.device === deviceId) showEvidence(shownEvidence.ev);
   document.body.dataset.device = "rendered";
 }
 
@@ -408,10 +410,20 @@ function deviceRowsTable(rows) {
     el("td", { className: "num" }, d.wave + 1),
     el("td", { className: "device-state" }, badge(d.end && d.step === "ENDED" ? d.end : d.step)),
     el("td", { className: "error code" }, (d.figures && d.figures.error_code) || ""),
-    el("td", { className: "failed-figure" }, failedFigure(d.figures))));
+    el("td", { className: "failed-figure" }, failedFigure(d.figures)),
+    el("td", { className: "evidence" }, evidenceLink(d))));
   const more = rows.length - DEVICE_ROWS_SHOWN;
   const note = more > 0 ? [el("p", { className: "muted" }, more + " more not shown")] : [];
-  return [table("", ["device", "wave", "state", "error code", "figure that failed"], shown), ...note];
+  return [table("", ["device", "wave", "state", "error code", "figure that failed", "evidence"], shown), ...note];
+}
+
+// A device whose shadow rejected the rollout's model kept the frames it disagreed on: its page shows them.
+const SHADOW_CODES = new Set(["shadow_disagrees", "too_slow", "bad_output"]);
+function evidenceLink(d) {
+  const code = d.figures && d.figures.error_code;
+  if (!SHADOW_CODES.has(code) || !d.job_id) return "";
+  const href = "/device/" + encodeURIComponent(d.device) + "?evidence=" + encodeURIComponent(d.job_id);
+  return el("a", { href, className: "evidence-link" }, "frames");
 }
 
 async function loadDevices(r, box) {
@@ -562,8 +574,14 @@ async function snapshot(deviceId) {
   }
 }
 
-// The latest REJECTED or ROLLED_BACK job of the device: what the evidence button asks about first.
-function rejectedJob(detail) {
+let shownEvidence = null; // {device, ev}: the evidence last shown, kept across re-renders
+
+// What the evidence field starts with: the job shown, the one a rollout page linked to
+// (?evidence=JOB), else the device's latest REJECTED or ROLLED_BACK job.
+function evidenceJob(deviceId, detail) {
+  if (shownEvidence && shownEvidence.device === deviceId) return shownEvidence.ev.job_id;
+  const linked = new URLSearchParams(location.search).get("evidence");
+  if (linked) return linked;
   const job = (detail.jobs || []).find((j) => j.state === "REJECTED" || j.state === "ROLLED_BACK");
   return job ? job.job_id : "";
 }
@@ -587,6 +605,7 @@ async function evidence(deviceId) {
       say("evidence of " + job + " refused (" + response.status + "): " + body.error, "error");
       return;
     }
+    shownEvidence = { device: deviceId, ev: body.evidence };
     showEvidence(body.evidence);
   } finally {
     button.disabled = false;
