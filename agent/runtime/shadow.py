@@ -84,8 +84,8 @@ def _compare(
     with slot.lease() as serving:
         if serving is None:
             return
-        old, old_ms, _ = _predict(serving, image)
-    new, new_ms, finite = _predict(candidate, image)
+        old, old_ms, _ = predict(serving, image)
+    new, new_ms, finite = predict(candidate, image)
     if not finite:
         tally.bad_outputs += 1
         if evidence is not None:
@@ -98,7 +98,7 @@ def _compare(
         evidence.offer(agreement, image, old, new)
 
 
-def _predict(model: LoadedModel, image: npt.NDArray[np.uint8]) -> tuple[Prediction, float, bool]:
+def predict(model: LoadedModel, image: npt.NDArray[np.uint8]) -> tuple[Prediction, float, bool]:
     """The model's prediction on one frame, its inference time in ms, and whether outputs were finite."""
     tensor, letterbox = preprocess(image, model.preprocess)
     t0 = time.perf_counter()

@@ -16,7 +16,8 @@ import cv2
 import numpy as np
 import pytest
 
-from agent.delivery.errors import ShadowRejectedError
+from agent.camera.source_spec import FileSourceSpec
+from agent.delivery.errors import RolledBackError, ShadowRejectedError
 from agent.delivery.guard import ShadowSpec
 from agent.delivery.steps import GuardReporter
 from agent.protocol.command_args import EvidenceArgs
@@ -31,7 +32,14 @@ from agent.runtime.evidence import (
     NoSuchFrameError,
 )
 from agent.runtime.guarded import GuardedSlot, activate_guarded
-from tests.runtime.test_guarded import JobSide, models, request, start  # noqa: F401 (models: a fixture)
+from tests.camera.specs import make
+from tests.runtime.test_guarded import (  # noqa: F401 (models, brightening_video: fixtures)
+    JobSide,
+    brightening_video,
+    models,
+    request,
+    start,
+)
 from tests.runtime.test_pipeline import Rig, rig, synthetic  # noqa: F401 (rig: a fixture)
 
 
@@ -179,3 +187,38 @@ def test_a_passing_candidate_keeps_no_evidence(
     activate_guarded(guarded, req, source)
     assert side.summaries == []
     assert store.get("job-good") is None
+
+
+def test_a_model_rolled_back_for_nan_in_probation_leaves_the_frames_it_failed_on(
+    rig: Rig,  # noqa: F811
+    models: dict[str, Path],  # noqa: F811
+    brightening_video: Path,  # noqa: F811
+) -> None:
+    target = start(rig, models["v1"], make(FileSourceSpec, path=brightening_video, loop=False, realtime=True))
+    store = EvidenceStore(EvidenceBounds(frames=4))
+    side = EvidenceSide()
+    req, source = request(models["late_nan"], probation_s=30.0, job=JobSide())
+    req = dataclasses.replace(req, guard=side.reporter("job-nan"))
+    guarded = GuardedSlot(
+        slot=target.slot,
+        latest_frame=lambda: target.pipeline.last_image,
+        record=lambda _s, _m: None,
+        activated=lambda: None,
+        runs={},
+        evidence=store,
+    )
+    with pytest.raises(RolledBackError):
+        activate_guarded(guarded, req, source)
+    evidence = store.get("job-nan")
+
+    assert target.slot.current is not None
+    assert target.slot.current.ref.version == "1"  # swapped back before the evidence was taken
+    assert len(side.summaries) == 1
+    assert evidence is not None
+    assert evidence.reason == "unhealthy: nan_outputs"
+    assert 1 <= len(evidence.frames) <= 4
+    # The worst first: a bright frame on which the rejected model gave NaN, the serving one classes.
+    worst = evidence.frames[0]
+    assert worst.note == "rejected model's outputs NaN or Inf"
+    assert worst.agreement == 0.0
+    assert worst.serving["classes"]
