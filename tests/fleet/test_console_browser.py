@@ -381,8 +381,8 @@ def test_rollout_wave_counts_move_and_pause_needs_the_token(console: Console, pa
     )
     assert re.fullmatch(r"soaking: (10m|9m \d+s) left of 10m", soak), soak
     # The device that went wrong first: its wave (1-based), state, code and the figure that failed.
-    # A probation rollback links no evidence frames (only a shadow rejection keeps them).
-    assert first_row == ["jet-01", "1", "ROLLED_BACK", "unhealthy", "p99_ms 130 crossed its bar 90", ""]
+    # A probation that found the model unhealthy kept evidence frames: the row links to them.
+    assert first_row == ["jet-01", "1", "ROLLED_BACK", "unhealthy", "p99_ms 130 crossed its bar 90", "frames"]
     assert "null" not in device_rows
     assert "undefined" not in device_rows
     assert rolled_back == "rollback: 1 device sent their previous model, 0 told to roll back (ACTIVE 1)"
@@ -560,7 +560,7 @@ def test_a_rollouts_shadow_rejection_links_to_its_evidence(console: Console, pag
     page.wait_for_selector(rollout)
     page.click(f"{rollout} details.devices summary")
     link = page.locator(f"{rollout} .device-rows a.evidence-link")
-    expect(link).to_have_count(1)  # the rejected device only
+    expect(link).to_have_count(1)  # the rejected device only, not the one that went ACTIVE
     link.click()
     page.wait_for_selector("body[data-device=rendered]")
     job = page.input_value("#evidence-job")

@@ -417,8 +417,9 @@ function deviceRowsTable(rows) {
   return [table("", ["device", "wave", "state", "error code", "figure that failed", "evidence"], shown), ...note];
 }
 
-// A device whose shadow rejected the rollout's model kept the frames it disagreed on: its page shows them.
-const SHADOW_CODES = new Set(["shadow_disagrees", "too_slow", "bad_output"]);
+// A device whose shadow rejected the rollout's model (or whose probation found it unhealthy) kept the
+// frames it disagreed on: its page shows them.
+const SHADOW_CODES = new Set(["shadow_disagrees", "too_slow", "bad_output", "unhealthy"]);
 function evidenceLink(d) {
   const code = d.figures && d.figures.error_code;
   if (!SHADOW_CODES.has(code) || !d.job_id) return "";
