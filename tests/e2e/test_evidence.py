@@ -15,6 +15,7 @@ import cv2
 import numpy as np
 import pytest
 
+from agent.cli import main
 from agent.delivery.guard import ShadowSpec
 from agent.fleet.command import send_command
 from agent.fleet.evidence import fetch_evidence, save_evidence
@@ -49,6 +50,14 @@ def test_a_shadow_rejection_of_a_class_swapped_model_leaves_bounded_evidence_fra
 
     evidence = fetch_evidence(operator_settings(fleet.broker), device_id, job.job_id)
     written = save_evidence(evidence, tmp_path / "evidence")
+    # The CLI, as docs/fleet.md shows it, writes the same files.
+    broker_at = f"{fleet.broker.host}:{fleet.broker.port}"
+    argv = ["fleet", "evidence", device_id, job.job_id, "-o", str(tmp_path / "cli"), "--broker", broker_at]
+    assert main([*argv, "--prefix", "fleet/v1"]) == 0
+    assert sorted(p.name for p in (tmp_path / "cli").iterdir()) == sorted(p.name for p in written)
+    for path in written:
+        if path.suffix == ".jpg":
+            assert (tmp_path / "cli" / path.name).read_bytes() == path.read_bytes()
     bounds = EvidenceBounds()
 
     assert 1 <= final.evidence.frames <= bounds.frames
