@@ -3,10 +3,11 @@
 A shadow run (:mod:`agent.runtime.shadow`) offers every compared frame to a
 :class:`DisagreementHeap`, which keeps the ``frames`` of lowest agreement. It holds a reference to
 the image (one the capture owns and no stage writes to again, like the snapshot board's), never a
-copy, and only while the frame is among the kept ones; nothing is encoded during the run. When the
-shadow rejects the candidate, :meth:`EvidenceStore.keep` encodes those frames as JPEGs (each within
-the byte budget, scaled to ``max_dimension``) and keeps them, with both models' outputs cut to a
-bounded size, for the last ``jobs`` rejected jobs (oldest dropped). The ``evidence`` command
+copy, and only while the frame is among the kept ones; nothing is encoded during the run. (A
+probation that ends unhealthy fills a heap the same way, from both models on its last live frames:
+:mod:`agent.runtime.guarded`.) When the candidate is rejected, :meth:`EvidenceStore.keep` encodes
+those frames as JPEGs (each within the byte budget, scaled to ``max_dimension``) and keeps them,
+with both models' outputs cut to a bounded size, for the last ``jobs`` rejected jobs (oldest dropped). The ``evidence`` command
 (:class:`EvidenceCommand`) answers an index of a job's frames, then one frame per request: a
 reply never carries more than one JPEG, so each fits the MQTT payload limit.
 
@@ -275,7 +276,8 @@ class EvidenceCommand:
         if evidence is None:
             raise NoEvidenceError(
                 f"no evidence kept for job {args.job_id!r} on this device: kept only for jobs a shadow "
-                f"run rejected, the last {self.store.bounds.jobs}, until the agent restarts"
+                f"run rejected or a probation rolled back unhealthy, the last {self.store.bounds.jobs}, "
+                "until the agent restarts"
             )
         if args.frame is None:
             return evidence.index()
