@@ -8,8 +8,9 @@ probation that ends unhealthy fills a heap the same way, from both models on its
 :mod:`agent.runtime.guarded`.) When the candidate is rejected, :meth:`EvidenceStore.keep` encodes
 those frames as JPEGs (each within the byte budget, scaled to ``max_dimension``) and keeps them,
 with both models' outputs cut to a bounded size, for the last ``jobs`` rejected jobs (oldest
-dropped). The ``evidence`` command (:class:`EvidenceCommand`) answers an index of a job's frames, then one frame per request: a
-reply never carries more than one JPEG, so each fits the MQTT payload limit.
+dropped). The ``evidence`` command (:class:`EvidenceCommand`) answers an index of a job's frames,
+then one frame per request: a reply never carries more than one JPEG, so each fits the MQTT payload
+limit.
 
 Held in memory: a restart of the agent forgets them (the job's status still says how many there were).
 """
