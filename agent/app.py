@@ -40,9 +40,10 @@ from agent.logs import configure_logging
 from agent.mqtt.link import MqttLink
 from agent.platform import detect_platform, platform_summary
 from agent.postprocess.spec import PostprocessSpec
-from agent.protocol.command_args import CalibrateArgs, LogsArgs, SnapshotArgs
+from agent.protocol.command_args import CalibrateArgs, EvidenceArgs, LogsArgs, SnapshotArgs
 from agent.protocol.messages import BackendInfo, EngineInfo, InfoMessage, SlotInfo, TelemetryMessage
 from agent.protocol.topics import Topics
+from agent.runtime.evidence import EvidenceCommand, EvidenceStore
 from agent.runtime.layout import Layout, slot_layout
 from agent.runtime.models import SlotModels
 from agent.runtime.pipeline import SlotPipeline
@@ -117,6 +118,8 @@ class Agent:
         self.engines = EngineService(
             EngineBuilder(config.state_dir, config.engines, self.platform), config.engines, self._tap_frames
         )
+        #: A shadow rejection's disagreement frames, for the ``evidence`` command (bounded, in memory).
+        self.evidence = EvidenceStore()
         self.models = SlotModels(
             self.slots,
             config.slots,
@@ -125,6 +128,7 @@ class Agent:
             self.metrics,
             latest_frame=self._latest_frame,
             on_activated=self._on_model_activated,
+            evidence=self.evidence,
         )
         self.delivery = DeliveryService(
             config.delivery,
@@ -148,6 +152,9 @@ class Agent:
         reply_limit = partial(self.link.payload_limit, self.topics.cmd_reply("snapshot"))
         snapshot = SnapshotCommand(config.snapshot, list(config.streams), self._latest_snapshot, reply_limit)
         self.delivery.register_command("snapshot", snapshot, SnapshotArgs)
+        evidence_limit = partial(self.link.payload_limit, self.topics.cmd_reply("evidence"))
+        evidence = EvidenceCommand(self.evidence, evidence_limit)
+        self.delivery.register_command("evidence", evidence, EvidenceArgs)
         if log_ring is not None:
             logs_limit = partial(self.link.payload_limit, self.topics.cmd_reply("logs"))
             self.delivery.register_command("logs", logs_command(log_ring, logs_limit), LogsArgs)

@@ -68,6 +68,9 @@ class _Refused:
     def snapshot(self, device_id: str, stream: str | None) -> dict[str, Any]:
         raise NotImplementedError
 
+    def evidence(self, device_id: str, job_id: str) -> dict[str, Any]:
+        raise NotImplementedError
+
 
 def _apply(view: FleetView, topic: str, payload: bytes, retain: bool = False) -> None:
     view.apply(InboundMessage(topic, payload, qos=1, retain=retain))

@@ -44,7 +44,7 @@ from agent.delivery.steps import (
 from agent.delivery.verify import verify_model
 from agent.errors import AgentError, EngineError
 from agent.postprocess.spec import PostprocessSpec
-from agent.protocol.messages import JobState, JobStatus, ProbationFigures, ShadowFigures
+from agent.protocol.messages import EvidenceSummary, JobState, JobStatus, ProbationFigures, ShadowFigures
 from agent.store import ModelStore
 from agent.transitions import TransitionTable
 
@@ -124,6 +124,7 @@ class Deployment:
         #: Figures of the guard phases, carried in every status from when they were measured.
         self.shadow: ShadowFigures | None = None
         self.probation: ProbationFigures | None = None
+        self.evidence: EvidenceSummary | None = None
         self._step_started = time.monotonic()
         self._finished = False
         self._state_lock = threading.Lock()
@@ -151,6 +152,7 @@ class Deployment:
             effective=self.effective,
             shadow=self.shadow,
             probation=self.probation,
+            evidence=self.evidence,
             **fields,
         )
         log.info(
@@ -362,7 +364,13 @@ class Deployment:
             shadow=m.shadow,
             probation_s=m.probation_s or 0.0,
             probation=m.probation or ProbationSpec(),
-            guard=GuardReporter(self._enter_guard, self._guard_figures, self.cancel_event),
+            guard=GuardReporter(
+                self._enter_guard,
+                self._guard_figures,
+                self.cancel_event,
+                job_id=self.job_id,
+                evidence=self._kept_evidence,
+            ),
             on_fallback=self._fell_back,
         )
         self._step_started = started
@@ -389,6 +397,10 @@ class Deployment:
         self._timed(_TIMING.get(self.state, "validate"), self._step_started)
         self._step_started = time.monotonic()
         self._enter(state)
+
+    def _kept_evidence(self, summary: EvidenceSummary) -> None:
+        """Carried by the job's statuses from now on (the terminal one included); not published alone."""
+        self.evidence = summary
 
     def _guard_figures(self, shadow: ShadowFigures | None, probation: ProbationFigures | None) -> None:
         if shadow is not None:

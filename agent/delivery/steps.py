@@ -19,7 +19,7 @@ from agent.delivery.guard import ProbationSpec, ShadowSpec
 from agent.delivery.manifest import DeployManifest
 from agent.engines.spec import BuildSpec
 from agent.postprocess.spec import PostprocessSpec
-from agent.protocol.messages import JobState, ProbationFigures, ShadowFigures
+from agent.protocol.messages import EvidenceSummary, JobState, ProbationFigures, ShadowFigures
 
 #: Called by a fetch with ``(bytes_done, bytes_total)`` as the download advances.
 ProgressFn = Callable[[int, int], None]
@@ -93,10 +93,16 @@ class GuardReporter:
         enter: Callable[[JobState], None],
         figures: Callable[[ShadowFigures | None, ProbationFigures | None], None],
         cancel: threading.Event,
+        *,
+        job_id: str = "",
+        evidence: Callable[[EvidenceSummary], None] | None = None,
     ) -> None:
         self._enter = enter
         self._figures = figures
         self.cancel = cancel
+        #: The job's id: what the device files a rejection's evidence frames under.
+        self.job_id = job_id
+        self._evidence = evidence
 
     def enter(self, state: JobState) -> None:
         """The job moves to ``state`` (SHADOW or PROBATION); recorded, then published."""
@@ -105,6 +111,11 @@ class GuardReporter:
     def figures(self, shadow: ShadowFigures | None = None, probation: ProbationFigures | None = None) -> None:
         """New figures for the job status (published as progress within the current state)."""
         self._figures(shadow, probation)
+
+    def evidence(self, summary: EvidenceSummary) -> None:
+        """The runtime kept evidence frames for this job: its final status says how many."""
+        if self._evidence is not None:
+            self._evidence(summary)
 
 
 @dataclass(frozen=True)

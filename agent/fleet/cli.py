@@ -1,5 +1,5 @@
 """``edge-agent fleet ...``: the operator commands (keygen, deploy, serve, status, watch, cmd,
-snapshot, logs, decommission, controller, rollout).
+snapshot, evidence, logs, decommission, controller, rollout).
 
 :func:`add_fleet_arguments` fills the ``fleet`` sub-parser, :func:`run_fleet` runs the chosen
 command and returns the exit code. ``fleet deploy`` itself is :mod:`agent.fleet.deploy_command`,
@@ -171,6 +171,16 @@ def add_fleet_arguments(parser: argparse.ArgumentParser) -> None:
     add_broker_arguments(snap)
     _add_verbose(snap)
 
+    ev = sub.add_parser(
+        "evidence", help="save the frames a device's shadow run rejected a job's model on, with both outputs"
+    )
+    ev.add_argument("device", metavar="DEVICE", help="device id")
+    ev.add_argument("job_id", metavar="JOB_ID", help="the rejected deployment job")
+    ev.add_argument("-o", "--output", type=Path, required=True, metavar="DIR", help="directory to write")
+    ev.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for each reply")
+    add_broker_arguments(ev)
+    _add_verbose(ev)
+
     logs = sub.add_parser("logs", help="print a device's latest log lines (secrets redacted on the device)")
     logs.add_argument("device", metavar="DEVICE", help="device id")
     logs.add_argument(
@@ -240,6 +250,8 @@ def run_fleet(args: argparse.Namespace) -> int:
         return _cmd(args)
     if command == "snapshot":
         return _snapshot(args)
+    if command == "evidence":
+        return _evidence(args)
     if command == "logs":
         return _logs(args)
     if command == "decommission":
@@ -311,6 +323,19 @@ def _status(args: argparse.Namespace) -> int:
             f"no device of the {everyone} under {settings.prefix} matches --select {args.select}",
             file=sys.stderr,
         )
+    return 0
+
+
+def _evidence(args: argparse.Namespace) -> int:
+    from agent.fleet.evidence import fetch_evidence, save_evidence
+
+    if args.output.exists() and not args.output.is_dir():
+        raise UsageError(f"-o {args.output} is a file; name the directory to write the frames to")
+    evidence = fetch_evidence(settings_from_args(args), args.device, args.job_id, timeout=args.timeout)
+    written = save_evidence(evidence, args.output)
+    print(f"{len(evidence.frames)} evidence frame(s) of job {args.job_id} written to {args.output}")
+    for path in written:
+        print(f"  {path.name}")
     return 0
 
 

@@ -42,6 +42,7 @@ from agent.fleet.controller_lease import LeaseLostError, PrefixLease, StandbyEnd
 from agent.fleet.decommission import decommission
 from agent.fleet.deploy import check_device_ids, plan_manifest
 from agent.fleet.deploy_plan import new_job_id, next_sequence
+from agent.fleet.evidence import evidence_json, fetch_evidence
 from agent.fleet.keys import load_signing_key
 from agent.fleet.model_check import check_model_file
 from agent.fleet.remembered_jobs import jobs_from_store
@@ -444,6 +445,10 @@ class FleetController:
         """The device's latest frame of ``stream`` (``snapshot`` command) for the console: what the
         device said about it, and the JPEG as base64 (checked to be one). Runs on the caller's thread."""
         return snapshot_json(take_snapshot(self.settings, device, stream=stream, timeout=SNAPSHOT_TIMEOUT_S))
+
+    def evidence(self, device: str, job_id: str) -> dict[str, Any]:
+        """A rejected job's evidence frames (``evidence`` command) for the console, JPEGs as base64."""
+        return evidence_json(fetch_evidence(self.settings, device, job_id, timeout=SNAPSHOT_TIMEOUT_S))
 
     def pause(self, rollout_id: str) -> dict[str, Any]:
         assert self.store is not None

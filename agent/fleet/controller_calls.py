@@ -27,6 +27,8 @@ class Controls(Protocol):
 
     def snapshot(self, device: str, stream: str | None) -> dict[str, Any]: ...
 
+    def evidence(self, device: str, job_id: str) -> dict[str, Any]: ...
+
 
 class LoopCall:
     """A function the loop thread runs for another thread (the console's actions)."""
@@ -81,3 +83,7 @@ class ConsoleCalls:
     def snapshot(self, device: str, stream: str | None) -> dict[str, Any]:
         # Not on the loop either: a round trip to the device, which must not wait behind a rollout.
         return self._controller.snapshot(device, stream)
+
+    def evidence(self, device: str, job_id: str) -> dict[str, Any]:
+        # A round trip to the device too: off the loop.
+        return self._controller.evidence(device, job_id)

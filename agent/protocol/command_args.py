@@ -48,3 +48,12 @@ class LogsArgs(StrictModel):
     after: int | None = Field(
         None, ge=0, strict=True, description="Only lines numbered above this (the last `seq` seen)."
     )
+
+
+class EvidenceArgs(StrictModel):
+    """``evidence``: the frames a rejected job's candidate disagreed on (an index, or one frame)."""
+
+    job_id: str = Field(min_length=1, max_length=128, description="The rejected deployment job.")
+    frame: int | None = Field(
+        None, ge=0, strict=True, description="One frame of the index (with its JPEG); none: the index."
+    )

@@ -279,6 +279,13 @@ class ShadowFigures(StrictModel):
     bad_outputs: Count | None = Field(None, description="Frames on which the candidate gave NaN or Inf.")
 
 
+class EvidenceSummary(StrictModel):
+    """The frames a rejected candidate disagreed on most, kept on the device (``evidence`` command)."""
+
+    frames: Count = Field(description="Frames kept, with both models' outputs.")
+    bytes: Count = Field(description="Their JPEG bytes in all.")
+
+
 class FailedFigure(StrictModel):
     """The health figure that ended a probation: its name, its value and the bar it crossed."""
 
@@ -315,6 +322,9 @@ class JobStatus(Envelope):
     error: str | None = Field(None, description="Human-readable error for the operator.")
     shadow: ShadowFigures | None = Field(None, description="Shadow comparison figures, once it ran.")
     probation: ProbationFigures | None = Field(None, description="Probation health figures, once it ran.")
+    evidence: EvidenceSummary | None = Field(
+        None, description="A rejection's disagreement frames kept on the device (`evidence` command)."
+    )
 
 
 # -- down/cmd/{name}, up/cmd/{name} ----------------------------------------------------------------

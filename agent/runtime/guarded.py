@@ -34,10 +34,11 @@ import structlog
 from agent.delivery.errors import JobCancelledError, RolledBackError, ShadowRejectedError
 from agent.delivery.steps import ActivationRequest, GuardReporter
 from agent.protocol.messages import JobState, ShadowFigures
-from agent.runtime.agreement import ShadowTally
+from agent.runtime.agreement import ShadowTally, frame_agreement
+from agent.runtime.evidence import EvidenceStore
 from agent.runtime.loaded import LoadedModel, ModelSource
 from agent.runtime.probation import ProbationRun, run_probation
-from agent.runtime.shadow import run_shadow
+from agent.runtime.shadow import predict, run_shadow
 from agent.runtime.slot import ModelSlot
 
 log = structlog.get_logger(__name__)
@@ -76,6 +77,8 @@ class GuardedSlot:
     activated: Callable[[], None]
     #: Where the runs are published for telemetry and the rollback command.
     runs: dict[str, GuardRun]
+    #: Where a rejection's disagreement frames are kept (None: not kept).
+    evidence: EvidenceStore | None = None
 
 
 def activate_guarded(target: GuardedSlot, request: ActivationRequest, source: ModelSource) -> None:
@@ -108,7 +111,12 @@ def activate_guarded(target: GuardedSlot, request: ActivationRequest, source: Mo
     try:
         guard.enter(JobState.PROBATION)
         outcome = run_probation(
-            run, candidate, request.probation, guard.cancel, report=lambda f: guard.figures(probation=f)
+            run,
+            candidate,
+            request.probation,
+            guard.cancel,
+            report=lambda f: guard.figures(probation=f),
+            latest_frame=target.latest_frame,
         )
     except BaseException:
         slot.swap_back(previous, candidate)
@@ -130,7 +138,15 @@ def activate_guarded(target: GuardedSlot, request: ActivationRequest, source: Mo
         guard.figures(probation=run.figures)
         target.activated()
         return
+    keep_evidence = outcome == "unhealthy" and target.evidence is not None
+    if keep_evidence:
+        candidate.acquire()  # its runner stays open past the swap back, for the evidence frames
     slot.swap_back(previous, candidate)
+    if keep_evidence:
+        try:
+            _probation_evidence(target, guard, candidate, run)
+        finally:
+            candidate.release()
     if outcome != "cancelled" and not candidate.wait_idle(_DRAIN_S):
         log.warning("probation.drain_timeout", slot=slot.name, model=candidate.ref.model_id)
     run.done.set()
@@ -160,6 +176,7 @@ def _shadow(
     slot = target.slot
     run = ShadowRun(slot.name)
     target.runs[slot.name] = run
+    heap = target.evidence.heap() if target.evidence is not None else None
     try:
         guard.enter(JobState.SHADOW)
 
@@ -174,6 +191,7 @@ def _shadow(
             latest_frame=target.latest_frame,
             cancel=guard.cancel,
             report=report,
+            evidence=heap,
         )
     except BaseException:
         slot.discard(candidate)
@@ -185,6 +203,19 @@ def _shadow(
     guard.figures(shadow=figures)
     if verdict == "pass":
         return
+    if target.evidence is not None and heap is not None and len(heap):
+        serving = slot.current
+        serving_model = _model_name(serving) if serving is not None else ""
+        guard.evidence(
+            target.evidence.keep(
+                guard.job_id,
+                slot=slot.name,
+                reason=verdict or "shadow_no_frames",
+                serving_model=serving_model,
+                candidate_model=_model_name(candidate),
+                heap=heap,
+            )
+        )
     slot.discard(candidate)
     spec = request.shadow
     why = {
@@ -197,4 +228,41 @@ def _shadow(
     raise ShadowRejectedError(
         f"shadow on {figures.frames} live frames: {why}; the previous model never stopped serving",
         code=verdict or "shadow_no_frames",
+    )
+
+
+def _model_name(model: LoadedModel) -> str:
+    return f"{model.ref.model_id} {model.ref.version or ''}".strip()
+
+
+def _probation_evidence(
+    target: GuardedSlot, guard: GuardReporter, rejected: LoadedModel, run: ProbationRun
+) -> None:
+    """Both models on the probation's last live frames (the previous one serving again): the
+    frames they disagree on most, or where the rejected one gave NaN, kept as the job's evidence."""
+    assert target.evidence is not None
+    heap = target.evidence.heap()
+    for image in list(run.frames):
+        with target.slot.lease() as serving:
+            if serving is None:
+                return
+            old, _, _ = predict(serving, image)
+            serving_model = _model_name(serving)
+        new, _, finite = predict(rejected, image)
+        if finite:
+            heap.offer(frame_agreement(old, new), image, old, new)
+        else:
+            heap.offer(0.0, image, old, new, note="rejected model's outputs NaN or Inf")
+    if not len(heap):
+        return
+    failed = run.figures.failed if run.figures is not None else None
+    guard.evidence(
+        target.evidence.keep(
+            guard.job_id,
+            slot=target.slot.name,
+            reason=f"unhealthy: {failed.figure}" if failed is not None else "unhealthy",
+            serving_model=serving_model,
+            candidate_model=_model_name(rejected),
+            heap=heap,
+        )
     )

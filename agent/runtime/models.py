@@ -37,6 +37,7 @@ from agent.errors import AgentError, BuildError, DiskFullError, EngineError
 from agent.fsutil import sha256_file
 from agent.postprocess.spec import PostprocessSpec
 from agent.protocol.command_args import CalibrateArgs
+from agent.runtime.evidence import EvidenceStore
 from agent.runtime.guarded import GuardedSlot, GuardRun, activate_guarded
 from agent.runtime.loaded import EngineReport, LoadedModel, ModelSource
 from agent.runtime.probation import ProbationRun
@@ -89,8 +90,11 @@ class SlotModels:
         *,
         latest_frame: Callable[[str], npt.NDArray[np.uint8] | None],
         on_activated: Callable[[], None],
+        evidence: EvidenceStore | None = None,
     ) -> None:
         self.slots = slots
+        #: Where shadow rejections keep their disagreement frames (the ``evidence`` command).
+        self.evidence = evidence
         self.slot_configs = slot_configs
         self.state_file = state_file
         self.state = state_file.load()
@@ -452,6 +456,7 @@ class SlotModels:
             record=lambda source, loaded: self._record(name, source, loaded, "delivery"),
             activated=self._activated,
             runs=self._guard_runs,
+            evidence=self.evidence,
         )
 
     def _guard_stats(self) -> dict[str, float]:

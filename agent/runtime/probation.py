@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
+import numpy as np
+import numpy.typing as npt
 import structlog
 
 from agent.delivery.guard import ProbationSpec
@@ -25,6 +28,8 @@ from agent.runtime.loaded import LoadedModel
 log = structlog.get_logger(__name__)
 
 _CHECK_EVERY_S = 0.5
+#: Live frames remembered during a probation (references, one per check), for a rollback's evidence.
+_FRAMES_KEPT = 12
 _REPORT_EVERY_S = 5.0
 
 Outcome = Literal["healthy", "unhealthy", "operator_rollback", "cancelled"]
@@ -43,6 +48,14 @@ class ProbationRun:
     rollback: threading.Event = field(default_factory=threading.Event)
     #: Set once the new model is out (swapped back) or in for good.
     done: threading.Event = field(default_factory=threading.Event)
+    #: The latest live frames seen at the checks (references the capture owns, never copies): what a
+    #: rollback's evidence compares both models on.
+    frames: deque[npt.NDArray[np.uint8]] = field(default_factory=lambda: deque(maxlen=_FRAMES_KEPT))
+
+    def remember(self, image: npt.NDArray[np.uint8] | None) -> None:
+        """Keep ``image`` among the latest frames (a frame already kept is skipped)."""
+        if image is not None and (not self.frames or self.frames[-1] is not image):
+            self.frames.append(image)
 
     def end_by_operator(self, timeout: float) -> bool:
         """The ``rollback`` command: end the probation now; True once swapped back (False: not running)."""
@@ -67,6 +80,8 @@ def run_probation(
     bars: ProbationSpec,
     cancel: threading.Event,
     report: Callable[[ProbationFigures], None],
+    *,
+    latest_frame: Callable[[], npt.NDArray[np.uint8] | None] | None = None,
 ) -> Outcome:
     """Watch ``model`` (already serving) until the probation ends; return how it ended.
 
@@ -81,6 +96,8 @@ def run_probation(
                 return "operator_rollback"
             if cancel.is_set():
                 return "cancelled"
+            if latest_frame is not None:
+                run.remember(latest_frame())
             final = time.monotonic() - run.started >= run.probation_s
             current = model.health.figures(run.started, time.monotonic())
             failed = judge(run.baseline, current, bars, final=final)

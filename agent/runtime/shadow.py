@@ -25,6 +25,7 @@ from agent.delivery.errors import JobCancelledError
 from agent.delivery.guard import ShadowSpec
 from agent.protocol.results import Prediction
 from agent.runtime.agreement import ShadowBar, ShadowTally, Verdict, frame_agreement, topk_overlap
+from agent.runtime.evidence import DisagreementHeap
 from agent.runtime.loaded import LoadedModel
 from agent.runtime.slot import ModelSlot
 
@@ -42,8 +43,11 @@ def run_shadow(
     latest_frame: Callable[[], npt.NDArray[np.uint8] | None],
     cancel: threading.Event,
     report: Callable[[ShadowTally], None],
+    evidence: DisagreementHeap | None = None,
 ) -> tuple[ShadowTally, Verdict | None]:
     """Compare ``candidate`` with the slot's serving model; return the tally and its verdict.
+
+    Each compared frame is offered to ``evidence`` (the frames of lowest agreement, by reference).
 
     The verdict is None only when no frame could be compared before the timeout (no live frames).
     Raises :class:`JobCancelledError` as soon as ``cancel`` is set.
@@ -60,7 +64,7 @@ def run_shadow(
         image = latest_frame()
         if image is not None and image is not seen:
             seen = image
-            _compare(slot, candidate, image, tally)
+            _compare(slot, candidate, image, tally, evidence)
         verdict = tally.verdict(final=timed_out)
         if time.monotonic() - last_report >= _REPORT_EVERY_S and verdict is None:
             last_report = time.monotonic()
@@ -71,21 +75,30 @@ def run_shadow(
 
 
 def _compare(
-    slot: ModelSlot, candidate: LoadedModel, image: npt.NDArray[np.uint8], tally: ShadowTally
+    slot: ModelSlot,
+    candidate: LoadedModel,
+    image: npt.NDArray[np.uint8],
+    tally: ShadowTally,
+    evidence: DisagreementHeap | None,
 ) -> None:
     with slot.lease() as serving:
         if serving is None:
             return
-        old, old_ms, _ = _predict(serving, image)
-    new, new_ms, finite = _predict(candidate, image)
+        old, old_ms, _ = predict(serving, image)
+    new, new_ms, finite = predict(candidate, image)
     if not finite:
         tally.bad_outputs += 1
+        if evidence is not None:
+            evidence.offer(0.0, image, old, new, note="candidate outputs NaN or Inf")
         return
     top5 = topk_overlap(old.classes, new.classes or []) if old.classes is not None else None
-    tally.add(frame_agreement(old, new), old_ms, new_ms, top5=top5)
+    agreement = frame_agreement(old, new)
+    tally.add(agreement, old_ms, new_ms, top5=top5)
+    if evidence is not None:
+        evidence.offer(agreement, image, old, new)
 
 
-def _predict(model: LoadedModel, image: npt.NDArray[np.uint8]) -> tuple[Prediction, float, bool]:
+def predict(model: LoadedModel, image: npt.NDArray[np.uint8]) -> tuple[Prediction, float, bool]:
     """The model's prediction on one frame, its inference time in ms, and whether outputs were finite."""
     tensor, letterbox = preprocess(image, model.preprocess)
     t0 = time.perf_counter()

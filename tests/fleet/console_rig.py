@@ -16,12 +16,13 @@ from typing import Any
 import numpy as np
 
 from agent.config.models import SnapshotConfig
+from agent.fleet.evidence import DeviceEvidence, evidence_json, frame_from_reply
 from agent.fleet.gate import GateFigures
 from agent.fleet.rollout_store import RolloutPlan, RolloutState, RolloutStore, RolloutStoreError
 from agent.fleet.snapshot import snapshot_from_reply, snapshot_json
 from agent.fleet.view import FleetView
 from agent.mqtt.inbound import InboundMessage
-from agent.protocol.command_args import SnapshotArgs
+from agent.protocol.command_args import EvidenceArgs, SnapshotArgs
 from agent.protocol.messages import (
     CommandReply,
     FailedFigure,
@@ -37,8 +38,9 @@ from agent.protocol.messages import (
     TelemetryMessage,
     encode,
 )
-from agent.protocol.results import Detection
+from agent.protocol.results import ClassScore, Detection, Prediction
 from agent.protocol.topics import Topics
+from agent.runtime.evidence import EvidenceCommand, EvidenceStore
 from agent.runtime.snapshot_command import SnapshotCommand
 from agent.runtime.snapshots import SnapshotBoard
 
@@ -194,6 +196,13 @@ class StoreActions:
             raise RolloutStoreError(f"no device {device_id!r} to ask")
         return simulated_snapshot(stream)
 
+    def evidence(self, device_id: str, job_id: str) -> dict[str, Any]:
+        """A simulated device's evidence of a rejected job (:func:`simulated_evidence`)."""
+        self.calls.append(("evidence", device_id))
+        if self.view is None or self.view.device(device_id) is None:
+            raise RolloutStoreError(f"no device {device_id!r} to ask")
+        return simulated_evidence(job_id)
+
     def decommission(self, device_id: str) -> str:
         """Forgets the device in the view, as the controller does once the broker cleared its topics
         (the broker's part is tests/fleet/test_decommission.py's, against a real controller)."""
@@ -232,6 +241,41 @@ def simulated_snapshot(stream: str | None) -> dict[str, Any]:
     command = SnapshotCommand(SnapshotConfig(), ["cam0"], board.latest, lambda: 256 * 1024)
     reply = CommandReply(command="snapshot", ok=True, result=command(SnapshotArgs(stream=stream)))
     return snapshot_json(snapshot_from_reply(reply))
+
+
+#: The classes the simulated serving and candidate models name on each evidence frame (swapped).
+EVIDENCE_CLASSES = (("cat", "dog"), ("dog", "cat"), ("bird", "fish"))
+
+
+def simulated_evidence(job_id: str) -> dict[str, Any]:
+    """What the ``evidence`` command answers for a class-swapped candidate, made by the device's own
+    code (:class:`EvidenceStore`, :class:`EvidenceCommand`) and checked by the operator side's
+    (:func:`frame_from_reply`), as the controller does. Stands in for the MQTT round trips to a real
+    agent (tests/e2e/test_evidence.py makes those)."""
+    store = EvidenceStore()
+    heap = store.heap()
+    for n, (old, new) in enumerate(EVIDENCE_CLASSES):
+        image = np.full((120, 160, 3), 40 + 60 * n, np.uint8)
+        serving = Prediction(classes=[ClassScore(index=n, label=old, score=0.9)])
+        candidate = Prediction(classes=[ClassScore(index=n + 1, label=new, score=0.9)])
+        heap.offer(0.0, image, serving, candidate)
+    store.keep(
+        job_id,
+        slot="main",
+        reason="shadow_disagrees",
+        serving_model="classifier 1",
+        candidate_model="classifier 2",
+        heap=heap,
+    )
+    command = EvidenceCommand(store, lambda: 256 * 1024)
+    index = command(EvidenceArgs(job_id=job_id))
+    frames = [
+        frame_from_reply(
+            CommandReply(command="evidence", ok=True, result=command(EvidenceArgs(job_id=job_id, frame=n)))
+        )
+        for n in range(len(index["frames"]))
+    ]
+    return evidence_json(DeviceEvidence(index, frames))
 
 
 def new_store(tmp_path: Path) -> RolloutStore:

@@ -34,6 +34,7 @@ from agent.fleet.view import FleetView
 from agent.localbroker import Broker
 from agent.mqtt.service_client import ServiceClient
 from tests.fleet.console_rig import (
+    EVIDENCE_CLASSES,
     SNAPSHOT_BOX,
     SNAPSHOT_SIZE,
     StoreActions,
@@ -381,7 +382,8 @@ def test_rollout_wave_counts_move_and_pause_needs_the_token(console: Console, pa
     )
     assert re.fullmatch(r"soaking: (10m|9m \d+s) left of 10m", soak), soak
     # The device that went wrong first: its wave (1-based), state, code and the figure that failed.
-    assert first_row == ["jet-01", "1", "ROLLED_BACK", "unhealthy", "p99_ms 130 crossed its bar 90"]
+    # A probation that found the model unhealthy kept evidence frames: the row links to them.
+    assert first_row == ["jet-01", "1", "ROLLED_BACK", "unhealthy", "p99_ms 130 crossed its bar 90", "frames"]
     assert "null" not in device_rows
     assert "undefined" not in device_rows
     assert rolled_back == "rollback: 1 device sent their previous model, 0 told to roll back (ACTIVE 1)"
@@ -518,3 +520,61 @@ def _screenshot(page: Page, name: str) -> None:
     assert (folder / name).stat().st_size > 10_000  # a rendered page, not an empty frame
     if folder != DOCS_IMG:
         shutil.rmtree(folder)
+
+
+def test_the_evidence_panel_shows_a_rejected_jobs_frames_side_by_side(console: Console, page: Page) -> None:
+    console.publish(list(fleet_messages(console.prefix, DEVICES[:1])))
+    _arrived(console, 1)
+    page.goto(console.server.url + "/device/jet-00")
+    page.wait_for_selector("body[data-device=rendered]")
+    page.fill("#evidence-job", "job-swapped")
+    page.click("#evidence")
+    page.fill("#token-input", TOKEN)
+    page.click("#token-save")
+    page.wait_for_selector("body[data-evidence=shown]")
+    rows = page.locator("#evidence-table tr.evidence-frame")
+    serving = page.locator("#evidence-table td.serving").all_inner_texts()
+    candidate = page.locator("#evidence-table td.candidate").all_inner_texts()
+    # Every frame's image decoded in the browser (a broken JPEG has naturalWidth 0).
+    widths = page.evaluate(
+        "() => Array.from(document.querySelectorAll('#evidence-table img')).map((i) => i.naturalWidth)"
+    )
+    _screenshot(page, "console-evidence.png")
+
+    assert rows.count() == len(EVIDENCE_CLASSES)
+    assert [s.split()[0] for s in serving] == [old for old, _ in EVIDENCE_CLASSES]
+    assert [c.split()[0] for c in candidate] == [new for _, new in EVIDENCE_CLASSES]
+    assert widths == [160] * len(EVIDENCE_CLASSES)
+    assert "shadow_disagrees" in page.inner_text("#evidence-frames")
+
+
+def test_a_rollouts_shadow_rejection_links_to_its_evidence(console: Console, page: Page) -> None:
+    store = console.store
+    console.publish(list(fleet_messages(console.prefix, DEVICES[:2])))
+    _arrived(console, 2)
+    make_rollout(store, "r-swap", [DEVICES[:2]])
+    store.set_wave("r-swap", 0, WaveState.RUNNING)
+    for device in DEVICES[:2]:
+        store.mark_sending("r-swap", device)
+        store.mark_sent("r-swap", device)
+    store.record_job("r-swap", DEVICES[0], DeviceEnd.ACTIVE)
+    store.record_job(
+        "r-swap", DEVICES[1], DeviceEnd.REJECTED, {"state": "REJECTED", "error_code": "shadow_disagrees"}
+    )
+    page.goto(console.server.url + "/rollouts")
+    rollout = 'section[data-rollout="r-swap"]'
+    page.wait_for_selector(rollout)
+    page.click(f"{rollout} details.devices summary")
+    link = page.locator(f"{rollout} .device-rows a.evidence-link")
+    expect(link).to_have_count(1)  # the rejected device only, not the one that went ACTIVE
+    link.click()
+    page.wait_for_selector("body[data-device=rendered]")
+    job = page.input_value("#evidence-job")
+    page.click("#evidence")
+    page.fill("#token-input", TOKEN)
+    page.click("#token-save")
+    page.wait_for_selector("body[data-evidence=shown]")
+
+    assert page.url.endswith(f"/device/{DEVICES[1]}?evidence=job-r-swap")
+    assert job == "job-r-swap"
+    assert page.locator("#evidence-table tr.evidence-frame").count() == len(EVIDENCE_CLASSES)

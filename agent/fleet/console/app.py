@@ -12,6 +12,7 @@ Routes (docs/console.md)::
     POST /api/rollouts/{id}/pause|resume|abort[?rollback=1]   needs ``Authorization: Bearer TOKEN``
     POST /api/devices/{id}/decommission       clears its retained topics, forgets it (the token too)
     POST /api/devices/{id}/snapshot[?stream=S]  the device's latest frame + its result (the token too)
+    POST /api/devices/{id}/evidence/{job}     a rejected job's disagreement frames, both outputs (token)
     GET  /metrics                             the controller's metrics app, when given
 
 Read-only unless a token is configured; then the actions need it, compared in constant time.
@@ -88,11 +89,21 @@ class ConsoleActions(Protocol):
 
     def snapshot(self, device_id: str, stream: str | None) -> dict[str, Any]: ...
 
+    def evidence(self, device_id: str, job_id: str) -> dict[str, Any]: ...
+
 
 #: How a device's refusal of a snapshot is answered: its rate limit is the browser's 429 too.
-_SNAPSHOT_STATUS = {"rate_limited": 429, "no_reply": 504, "offline": 504, "bad_snapshot": 502}
+_SNAPSHOT_STATUS = {
+    "rate_limited": 429,
+    "no_reply": 504,
+    "offline": 504,
+    "bad_snapshot": 502,
+    "bad_evidence": 502,
+}
 #: Longest ``stream`` query value taken (a stream name is a topic level: short).
 _MAX_STREAM = 128
+#: Longest job id taken in the evidence route (the device refuses longer ones too).
+_MAX_JOB_ID = 128
 
 
 class _SecurityHeaders:
@@ -272,6 +283,30 @@ def make_console_app(
                 snapshots_running.discard(device_id)
         return JSONResponse({"ok": True, "snapshot": taken}, headers={"cache-control": "no-store"})
 
+    def evidence(request: Request) -> Response:
+        refused = refusal(request)
+        if refused is not None:
+            return refused
+        device_id, job_id = request.path_params["device_id"], request.path_params["job_id"]
+        if len(job_id) > _MAX_JOB_ID:
+            return _error(400, f"job id: at most {_MAX_JOB_ID} characters")
+        if view.device(device_id) is None:
+            return _error(404, f"no device {device_id!r} heard by this controller")
+        # The same one-at-a-time guard as snapshots: each costs the device several replies.
+        with snapshots_lock:
+            if device_id in snapshots_running:
+                return _error(429, f"a request to {device_id} is already running; wait for it")
+            snapshots_running.add(device_id)
+        try:
+            found = actions.evidence(device_id, job_id)
+        except AgentError as exc:  # no_evidence, no reply, a junk reply
+            status = 404 if exc.code == "no_evidence" else _SNAPSHOT_STATUS.get(exc.code, 409)
+            return _error(status, str(exc))
+        finally:
+            with snapshots_lock:
+                snapshots_running.discard(device_id)
+        return JSONResponse({"ok": True, "evidence": found}, headers={"cache-control": "no-store"})
+
     async def events(request: Request) -> Response:
         params = request.query_params
         try:
@@ -304,6 +339,7 @@ def make_console_app(
         Route("/api/rollouts/{rollout_id}/{verb}", act, methods=["POST"]),
         Route("/api/devices/{device_id}/decommission", decommission, methods=["POST"]),
         Route("/api/devices/{device_id}/snapshot", snapshot, methods=["POST"]),
+        Route("/api/devices/{device_id}/evidence/{job_id}", evidence, methods=["POST"]),
         Route("/events", events),
         Mount("/static", StaticFiles(directory=STATIC_DIR)),
     ]

@@ -102,6 +102,7 @@ def rollout_devices(store: RolloutStore, rollout_id: str) -> list[dict[str, Any]
     return [
         {
             "device": row.device,
+            "job_id": row.job_id,  # the rollout page links a shadow rejection to its evidence
             "wave": row.wave + 1,  # counted from 1, as the waves of the answer and the page are
             "step": row.step.value,
             "end": row.end.value if row.end else None,

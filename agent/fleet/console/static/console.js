@@ -309,7 +309,14 @@ async function devicePage(deviceId) {
       el("input", { id: "snapshot-stream", placeholder: "stream (default: its first)", maxLength: 128 }),
       el("span", { className: "muted", id: "snapshot-caption" }, " the latest frame of a stream, with that frame's result drawn on it"),
       el("canvas", { id: "snapshot-canvas", hidden: true })),
+    el("div", { className: "card evidence", id: "evidence-panel" },
+      el("button", { type: "button", id: "evidence", onclick: () => evidence(row.id) }, "Evidence"),
+      el("input", { id: "evidence-job", placeholder: "rejected job id", maxLength: 128, value: evidenceJob(deviceId, detail) }),
+      el("span", { className: "muted" }, " the frames a rejected model disagreed on most: the serving model's output beside the candidate's"),
+      el("div", { id: "evidence-frames" })),
   ].filter(Boolean));
+  // The page re-renders on every live update: frames already fetched stay shown.
+  if (shownEvidence && shownEvidence.device === deviceId) showEvidence(shownEvidence.ev);
   document.body.dataset.device = "rendered";
 }
 
@@ -403,10 +410,21 @@ function deviceRowsTable(rows) {
     el("td", { className: "num" }, d.wave),
     el("td", { className: "device-state" }, badge(d.end && d.step === "ENDED" ? d.end : d.step)),
     el("td", { className: "error code" }, (d.figures && d.figures.error_code) || ""),
-    el("td", { className: "failed-figure" }, failedFigure(d.figures))));
+    el("td", { className: "failed-figure" }, failedFigure(d.figures)),
+    el("td", { className: "evidence" }, evidenceLink(d))));
   const more = rows.length - DEVICE_ROWS_SHOWN;
   const note = more > 0 ? [el("p", { className: "muted" }, more + " more not shown")] : [];
-  return [table("", ["device", "wave", "state", "error code", "figure that failed"], shown), ...note];
+  return [table("", ["device", "wave", "state", "error code", "figure that failed", "evidence"], shown), ...note];
+}
+
+// A device whose shadow rejected the rollout's model (or whose probation found it unhealthy) kept the
+// frames it disagreed on: its page shows them.
+const SHADOW_CODES = new Set(["shadow_disagrees", "too_slow", "bad_output", "unhealthy"]);
+function evidenceLink(d) {
+  const code = d.figures && d.figures.error_code;
+  if (!SHADOW_CODES.has(code) || !d.job_id) return "";
+  const href = "/device/" + encodeURIComponent(d.device) + "?evidence=" + encodeURIComponent(d.job_id);
+  return el("a", { href, className: "evidence-link" }, "frames");
 }
 
 async function loadDevices(r, box) {
@@ -555,6 +573,65 @@ async function snapshot(deviceId) {
   } finally {
     button.disabled = false;
   }
+}
+
+let shownEvidence = null; // {device, ev}: the evidence last shown, kept across re-renders
+
+// What the evidence field starts with: the job shown, the one a rollout page linked to
+// (?evidence=JOB), else the device's latest REJECTED or ROLLED_BACK job.
+function evidenceJob(deviceId, detail) {
+  if (shownEvidence && shownEvidence.device === deviceId) return shownEvidence.ev.job_id;
+  const linked = new URLSearchParams(location.search).get("evidence");
+  if (linked) return linked;
+  const job = (detail.jobs || []).find((j) => j.state === "REJECTED" || j.state === "ROLLED_BACK");
+  return job ? job.job_id : "";
+}
+
+// The evidence button: the controller fetches the job's kept frames from the device (one reply
+// each) and answers them with both models' outputs; shown side by side, device text as text nodes.
+async function evidence(deviceId) {
+  let token = sessionStorage.getItem(TOKEN_KEY);
+  if (!token) token = await askToken();
+  if (!token) { say("evidence: cancelled (no token given)", "error"); return; }
+  const job = $("#evidence-job").value.trim();
+  if (!job) { say("evidence: name the rejected job", "error"); return; }
+  const url = "/api/devices/" + encodeURIComponent(deviceId) + "/evidence/" + encodeURIComponent(job);
+  const button = $("#evidence");
+  button.disabled = true;
+  try {
+    const response = await fetch(url, { method: "POST", headers: { authorization: "Bearer " + token } });
+    const body = await response.json().catch(() => ({ error: response.statusText }));
+    if (!response.ok) {
+      if (response.status === 401) sessionStorage.removeItem(TOKEN_KEY);
+      say("evidence of " + job + " refused (" + response.status + "): " + body.error, "error");
+      return;
+    }
+    shownEvidence = { device: deviceId, ev: body.evidence };
+    showEvidence(body.evidence);
+  } finally {
+    button.disabled = false;
+  }
+}
+
+function outputText(output) {
+  const items = output.classes || output.detections || [];
+  if (!items.length) return output.tensors ? "raw tensors" : "nothing";
+  return items.slice(0, 3).map((c) => safe(c.label, 40) + " " + Number(c.score).toFixed(2)).join(", ");
+}
+
+function showEvidence(ev) {
+  const rows = ev.frames.map((f) => el("tr", { className: "evidence-frame" },
+    el("td", {}, el("img", { src: "data:image/jpeg;base64," + f.jpeg_base64, alt: "frame " + f.frame, width: f.width, height: f.height })),
+    el("td", { className: "serving" }, outputText(f.serving)),
+    el("td", { className: "candidate" }, outputText(f.candidate)),
+    el("td", {}, String(f.agreement) + (f.note ? " (" + safe(f.note, 80) + ")" : ""))));
+  const box = $("#evidence-frames");
+  box.replaceChildren(
+    el("p", {}, safe(ev.reason, 40) + ": " + safe(ev.serving_model, 80) + " (serving) against " + safe(ev.candidate_model, 80) + " (candidate), slot " + safe(ev.slot, 64)),
+    el("table", { id: "evidence-table" },
+      el("thead", {}, el("tr", {}, ["frame", "serving model", "candidate", "agreement"].map((h) => el("th", {}, h)))),
+      el("tbody", {}, rows)));
+  document.body.dataset.evidence = "shown";
 }
 
 function drawSnapshot(snap) {
