@@ -43,7 +43,7 @@ from agent.delivery.steps import (
 from agent.delivery.verify import verify_model
 from agent.errors import AgentError, EngineError
 from agent.postprocess.spec import PostprocessSpec
-from agent.protocol.messages import JobState, JobStatus, ProbationFigures, ShadowFigures
+from agent.protocol.messages import BuildProgressInfo, JobState, JobStatus, ProbationFigures, ShadowFigures
 from agent.store import ModelStore
 from agent.transitions import TransitionTable
 
@@ -227,6 +227,12 @@ class Deployment:
         self._progress_step = step
         self._publish(JobState.BUILDING, progress=fraction)
 
+    def _on_build_phase(self, info: dict[str, object]) -> None:
+        if self.state is not JobState.BUILDING:
+            return
+        fraction = max(0, self._progress_step) / _PROGRESS_STEPS
+        self._publish(JobState.BUILDING, progress=fraction, build=BuildProgressInfo.model_validate(info))
+
     # -- control ---------------------------------------------------------------------------------
 
     def cancel(self, reason: CancelReason, superseded_by: str | None = None) -> None:
@@ -328,7 +334,11 @@ class Deployment:
         started = time.monotonic()
         self._enter(JobState.BUILDING)
         reporter = JobReporter(
-            self._on_build_progress, self.cancel_event, slot=m.slot, preprocess=m.preprocess
+            self._on_build_progress,
+            self.cancel_event,
+            slot=m.slot,
+            preprocess=m.preprocess,
+            on_build=self._on_build_phase,
         )
         outcome = self._build(model, m.build, reporter)
         self.effective = dict(outcome.effective) or {"backend": outcome.backend}

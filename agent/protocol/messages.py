@@ -116,6 +116,29 @@ class EngineInfo(StrictModel):
     share: float = Field(0.0, ge=0.0, le=1.0, description="Its share of the slot's frames since then.")
 
 
+BuildPhaseName = Literal["planning", "slimming", "calibrating", "building", "timing placements", "checking"]
+
+
+class BuildProgressInfo(StrictModel):
+    """A running engine build (agent.engines.build_progress), published at most once per 2 s."""
+
+    phase: BuildPhaseName = Field(description="What the build does now.")
+    frames_done: Count | None = Field(None, description="Calibration frames consumed (phase calibrating).")
+    frames_total: Count | None = Field(None, description="Calibration frames it will consume.")
+    elapsed_s: FiniteTime = Field(ge=0, description="Seconds since the build began.")
+    estimate_s: FiniteTime | None = Field(
+        None, ge=0, description="Expected seconds in all, from earlier builds of the same fingerprint."
+    )
+
+
+class SlotBuildInfo(BuildProgressInfo):
+    """An engine build a slot runs outside any deployment (start-up, config reload)."""
+
+    model_id: str = Field(max_length=200, description="The model whose engine builds.")
+    version: str | None = Field(None, max_length=200)
+    since: FiniteTime = Field(description="When the build began, Unix seconds.")
+
+
 class SlotInfo(StrictModel):
     """The state of one model slot."""
 
@@ -141,6 +164,14 @@ class SlotInfo(StrictModel):
     layout: str | None = Field(None, description="Why that many workers: configured, or the auto rule.")
     engines: list[EngineInfo] | None = Field(
         None, description="Each engine of the model it serves (absent while empty), with its measured share."
+    )
+    serving: Literal["requested", "interim"] | None = Field(
+        None,
+        description="requested: the model (or built engine) the slot was asked to run; interim: its ONNX "
+        "model on ONNX Runtime while that engine builds (engines.serve_while_building). Absent while empty.",
+    )
+    building: SlotBuildInfo | None = Field(
+        None, description="The engine build the slot runs now outside a deployment; absent when none."
     )
 
 
@@ -305,6 +336,7 @@ class JobStatus(Envelope):
     error: str | None = Field(None, description="Human-readable error for the operator.")
     shadow: ShadowFigures | None = Field(None, description="Shadow comparison figures, once it ran.")
     probation: ProbationFigures | None = Field(None, description="Probation health figures, once it ran.")
+    build: BuildProgressInfo | None = Field(None, description="While BUILDING: phase, elapsed and estimate.")
 
 
 # -- down/cmd/{name}, up/cmd/{name} ----------------------------------------------------------------

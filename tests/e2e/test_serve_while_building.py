@@ -1,0 +1,86 @@
+"""Serve while building: a daemon whose engine is not in the cache serves at once, then swaps.
+
+A real daemon starts with an empty engine cache and a build request. Its build is real (ONNX
+Runtime, in the build child), held back by :mod:`tests.engines.paced_build` until the test releases
+it: results flow while the build runs, up/info says the slot serves its interim model and what
+builds (phase, frames done / total, elapsed), and once the build is released the engine swaps in
+with no frame lost.
+"""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+
+import pytest
+import yaml
+
+from agent.localbroker import Broker
+from agent.protocol.messages import InfoMessage, SlotInfo, decode
+from tests.e2e.daemon import AgentFiles, Daemon, unique_results
+from tests.engines import paced_build
+from tests.mqtt_probe import Probe, Received
+
+pytestmark = pytest.mark.slow
+
+
+def _slot(messages: list[Received], device: str) -> SlotInfo | None:
+    infos = [m for m in messages if m.topic == f"fleet/v1/{device}/up/info"]
+    return decode(InfoMessage, infos[-1].payload).slots["cls"] if infos else None
+
+
+def test_a_restart_with_an_empty_engine_cache_serves_at_once_and_swaps_without_a_lost_frame(
+    tmp_path: Path, broker: Broker
+) -> None:
+    device = f"swb-{uuid.uuid4().hex[:8]}"
+    files = AgentFiles(tmp_path, broker.port, device, frames=90)
+    config = files.write_config(
+        stream={"source": {"type": "file", "path": str(files.video), "loop": True, "realtime": True}}
+    )
+    written = yaml.safe_load(config.read_text())
+    written["slots"]["cls"]["build"] = {"precision": "fp32", "device": "cpu"}
+    config.write_text(yaml.safe_dump(written))
+    gate = tmp_path / "release-build"
+    results = f"fleet/v1/{device}/up/results/cam"
+    with Probe(broker.host, broker.port) as probe:
+        probe.subscribe(f"fleet/v1/{device}/up/#")
+        daemon = Daemon(config, tmp_path / "agent.log", env=paced_build.env(gate))
+        try:
+            # Results within seconds, while the build is held (it cannot finish: the gate is shut).
+            probe.wait_for_count(results, 10, timeout=30)
+            held = probe.wait_for(
+                lambda ms: (s := _slot(ms, device)) is not None
+                and s.building is not None
+                and s.building.phase == "calibrating"
+                and (s.building.frames_done or 0) > 0,
+                timeout=30,
+            )
+            during = _slot(held, device)
+            assert not gate.exists()
+            served_while_held = len(unique_results(probe.snapshot(), results))
+            gate.touch()
+            daemon.wait_for_event("slot.interim.swapped", timeout=120)
+            after = probe.wait_for(
+                lambda ms: (s := _slot(ms, device)) is not None and s.serving == "requested",
+                timeout=30,
+            )
+            count = len(probe.on_topic(results))
+            probe.wait_for_count(results, count + 15, timeout=30)
+        finally:
+            code = daemon.stop()
+    assert code == 0, daemon.log()[-3000:]
+    assert during is not None and during.building is not None
+    assert during.serving == "interim"
+    assert during.model is not None and during.model.model_id == "cls"
+    assert (during.building.model_id, during.building.frames_total) == ("cls", paced_build.FRAMES)
+    assert during.building.elapsed_s >= 0
+    assert served_while_held >= 10
+    swapped = _slot(after, device)
+    assert swapped is not None and swapped.building is None
+    events = daemon.events()
+    interim = next(e for e in events if e.get("event") == "slot.interim.serving")
+    assert interim["providers"] == ["CPUExecutionProvider"]
+    ready = next(e for e in events if e.get("event") == "engine.ready")
+    assert ready["cache_hit"] is False
+    indices = [r.frame_index for r in unique_results(probe.snapshot(), results)]
+    assert indices == list(range(len(indices))), "a frame was lost across the swap from the interim model"
