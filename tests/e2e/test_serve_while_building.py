@@ -49,10 +49,12 @@ def test_a_restart_with_an_empty_engine_cache_serves_at_once_and_swaps_without_a
             # Results within seconds, while the build is held (it cannot finish: the gate is shut).
             probe.wait_for_count(results, 10, timeout=30)
             held = probe.wait_for(
-                lambda ms: (s := _slot(ms, device)) is not None
-                and s.building is not None
-                and s.building.phase == "calibrating"
-                and (s.building.frames_done or 0) > 0,
+                lambda ms: (
+                    (s := _slot(ms, device)) is not None
+                    and s.building is not None
+                    and s.building.phase == "calibrating"
+                    and (s.building.frames_done or 0) > 0
+                ),
                 timeout=30,
             )
             during = _slot(held, device)
@@ -69,14 +71,17 @@ def test_a_restart_with_an_empty_engine_cache_serves_at_once_and_swaps_without_a
         finally:
             code = daemon.stop()
     assert code == 0, daemon.log()[-3000:]
-    assert during is not None and during.building is not None
+    assert during is not None
+    assert during.building is not None
     assert during.serving == "interim"
-    assert during.model is not None and during.model.model_id == "cls"
+    assert during.model is not None
+    assert during.model.model_id == "cls"
     assert (during.building.model_id, during.building.frames_total) == ("cls", paced_build.FRAMES)
     assert during.building.elapsed_s >= 0
     assert served_while_held >= 10
     swapped = _slot(after, device)
-    assert swapped is not None and swapped.building is None
+    assert swapped is not None
+    assert swapped.building is None
     events = daemon.events()
     interim = next(e for e in events if e.get("event") == "slot.interim.serving")
     assert interim["providers"] == ["CPUExecutionProvider"]
