@@ -9,15 +9,23 @@ with no frame lost.
 
 from __future__ import annotations
 
+import itertools
 import uuid
 from pathlib import Path
 
 import pytest
 import yaml
 
+from agent.engines.build_progress import PUBLISH_INTERVAL_S
+from agent.engines.spec import BuildSpec
+from agent.fleet.deploy import FleetDeploy
+from agent.fleet.deploy_plan import DeployPlan
+from agent.fleet.keys import KeyPairFiles, load_signing_key
+from agent.fleet.progress import progress_line
 from agent.localbroker import Broker
-from agent.protocol.messages import InfoMessage, SlotInfo, decode
+from agent.protocol.messages import InfoMessage, JobState, JobStatus, SlotInfo, decode
 from tests.e2e.daemon import AgentFiles, Daemon, unique_results
+from tests.e2e.fleet_rig import Fleet, operator_settings
 from tests.engines import paced_build
 from tests.mqtt_probe import Probe, Received
 
@@ -89,3 +97,72 @@ def test_a_restart_with_an_empty_engine_cache_serves_at_once_and_swaps_without_a
     assert ready["cache_hit"] is False
     indices = [r.frame_index for r in unique_results(probe.snapshot(), results)]
     assert indices == list(range(len(indices))), "a frame was lost across the swap from the interim model"
+
+
+def test_a_deployments_build_reports_its_phase_at_a_bounded_rate_and_fleet_deploy_shows_it(
+    tmp_path: Path, broker: Broker, keys: KeyPairFiles
+) -> None:
+    """A delivered build held back by the test: the old model keeps serving, the job's BUILDING
+    statuses carry phase, frames and elapsed (at most one per 2 s), and ``fleet deploy`` shows them."""
+    fleet = Fleet(tmp_path, broker, keys)
+    device = f"swb-{uuid.uuid4().hex[:8]}"
+    files = fleet.files(device)
+    gate = tmp_path / "release-build"
+    results = f"fleet/v1/{device}/up/results/cam"
+    lines: list[str] = []
+    daemon = Daemon(files.config_path, files.root / "agent.log", env=paced_build.env(gate))
+    fleet.daemons.append(daemon)
+    try:
+        with Probe(broker.host, broker.port) as probe:
+            probe.subscribe(f"fleet/v1/{device}/up/#")
+            probe.wait_for_count(results, 3, timeout=30)
+            plan = DeployPlan(
+                model=files.v2,
+                devices=(device,),
+                slot="cls",
+                version="2",
+                model_id="cls",
+                build=BuildSpec.model_validate({"precision": "fp32", "device": "cpu"}),
+            )
+            deploy = FleetDeploy(
+                operator_settings(broker),
+                plan,
+                signing_key=load_signing_key(keys.private),
+                key_id=keys.key_id,
+                status_poll_s=0.5,
+                on_change=lambda snapshot: lines.extend(progress_line(p) for p in snapshot),
+            ).start()
+            jobs = f"fleet/v1/{device}/up/jobs/{deploy.job_id}"
+
+            def building(messages: list[Received]) -> bool:
+                statuses = [decode(JobStatus, m.payload) for m in messages if m.topic == jobs]
+                return sum(1 for s in statuses if s.build is not None and (s.build.frames_done or 0) > 0) >= 3
+
+            probe.wait_for(building, timeout=60)
+            old_during_build = len(
+                [r for r in unique_results(probe.snapshot(), results) if r.model.version == "1"]
+            )
+            probe.wait_for_count(results, len(probe.on_topic(results)) + 5, timeout=30)
+            gate.touch()
+            outcome = deploy.wait(timeout=120)
+            statuses = [decode(JobStatus, m.payload) for m in probe.on_topic(jobs)]
+            served = unique_results(probe.snapshot(), results)
+    finally:
+        fleet.close()
+    assert [p.state for p in outcome.devices] == [JobState.ACTIVE]
+    with_build = [s for s in statuses if s.build is not None]
+    assert all(s.state is JobState.BUILDING for s in with_build)
+    assert {s.build.phase for s in with_build if s.build is not None} >= {"calibrating"}
+    assert all(
+        s.build.frames_total == paced_build.FRAMES for s in with_build if s.build and s.build.frames_total
+    )
+    # The stand-in says 20 lines a second; the device publishes at most one build update per 2 s.
+    stamps = [s.ts for s in with_build]
+    assert all(b - a >= PUBLISH_INTERVAL_S - 0.1 for a, b in itertools.pairwise(stamps)), stamps
+    # The old model kept serving while the build ran, then the new one, no frame lost.
+    assert old_during_build >= 3
+    assert served[-1].model.version == "2"
+    assert [r.frame_index for r in served] == list(range(len(served)))
+    assert any(f"{device}" in line and "calibrating" in line and "/500 frames" in line for line in lines), (
+        lines
+    )

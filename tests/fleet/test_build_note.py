@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import time
+from pathlib import Path
+
 from agent.fleet.build_note import build_note
 from agent.fleet.deploy_outcome import DeviceProgress
 from agent.fleet.progress import progress_line
@@ -49,3 +52,40 @@ def test_fleet_watch_shows_a_jobs_build_and_a_slot_serving_while_building() -> N
     assert line is not None
     assert "slot cls serves its ONNX model while its engine builds" in line
     assert "slot cls building cls: calibrating 120/500 frames" in line
+
+
+def test_docs_fleet_md_shows_the_lines_these_commands_print() -> None:
+    """docs/fleet.md's example lines of a running build are what fleet watch and fleet deploy print."""
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "fleet.md").read_text()
+    at = time.mktime((2026, 1, 1, 12, 0, 4, 0, 0, -1))
+    job = JobStatus(job_id="job-8f2c", slot="cls", state=JobState.BUILDING, progress=0.3, build=CALIBRATING)
+    job_line = text_line(
+        read_message(
+            parse("fleet/v1/local-01/up/jobs/job-8f2c", "fleet/v1"), job.model_dump_json().encode(), False
+        ),
+        at,
+    )
+    building = {"model_id": "cls", "version": "1", "since": 1.0, "phase": "building", "elapsed_s": 12.0}
+    model = {"slot": "cls", "model_id": "cls", "version": "1", "sha256": "a" * 64}
+    slot = SlotInfo.model_validate(
+        {"state": "active", "serving": "interim", "building": building, "model": model}
+    )
+    info = InfoMessage(
+        device_id="local-01",
+        agent_version="0.1.0",
+        platform={},
+        backends={},
+        slots={"cls": slot},
+        streams=["cam"],
+    )
+    info_line = text_line(
+        read_message(parse("fleet/v1/local-01/up/info", "fleet/v1"), info.model_dump_json().encode(), True),
+        at,
+    )
+    deploy_line = progress_line(
+        DeviceProgress(
+            device="local-01", bytes_total=1200000, state=JobState.BUILDING, progress=0.3, build=CALIBRATING
+        )
+    )
+    for line in (f"# {job_line}", f"# {info_line}", deploy_line):
+        assert f"\n{line}\n" in doc, line
