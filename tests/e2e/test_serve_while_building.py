@@ -145,6 +145,9 @@ def test_a_deployments_build_reports_its_phase_at_a_bounded_rate_and_fleet_deplo
             probe.wait_for_count(results, len(probe.on_topic(results)) + 5, timeout=30)
             gate.touch()
             outcome = deploy.wait(timeout=120)
+            probe.wait_for(
+                lambda ms: any(r.model.version == "2" for r in unique_results(ms, results)), timeout=30
+            )
             statuses = [decode(JobStatus, m.payload) for m in probe.on_topic(jobs)]
             served = unique_results(probe.snapshot(), results)
     finally:
