@@ -89,3 +89,21 @@ def test_docs_fleet_md_shows_the_lines_these_commands_print() -> None:
     )
     for line in (f"# {job_line}", f"# {info_line}", deploy_line):
         assert f"\n{line}\n" in doc, line
+
+
+def test_fleet_status_and_the_console_get_the_slots_serving_and_build() -> None:
+    from agent.fleet.status import slot_summary
+
+    building = {"model_id": "cls", "version": "1", "since": 1.0, **CALIBRATING.model_dump()}
+    slot = SlotInfo.model_validate({"state": "active", "serving": "interim", "building": building})
+    info = InfoMessage(
+        device_id="cam-01", agent_version="1", platform={}, backends={}, slots={"cls": slot}, streams=[]
+    )
+    summary = slot_summary(info)["cls"]
+    assert (summary["serving"], summary["building"]) == (
+        "interim",
+        "calibrating 120/500 frames, 42 s of ~310 s",
+    )
+    idle = SlotInfo.model_validate({"state": "empty"})
+    summary = slot_summary(info.model_copy(update={"slots": {"cls": idle}}))["cls"]
+    assert (summary["serving"], summary["building"]) == (None, None)
