@@ -5,12 +5,14 @@ turns them into a phase an operator reads (``slimming``, ``calibrating`` with fr
 ``building``, ``timing placements``) and bounds how often that is published: a child may say a
 thousand lines a minute, and every publication is one more MQTT message per device.
 
-Pure: no clock of its own (the caller passes ``now``), no I/O.
+No clock of its own (the caller passes ``now``), no I/O; a lock, since the build's lines and the
+heartbeat that republishes elapsed seconds during a silent step come from two threads.
 """
 
 from __future__ import annotations
 
 import re
+import threading
 from dataclasses import dataclass, replace
 from typing import Literal
 
@@ -108,24 +110,28 @@ class ProgressTracker:
         self.state = BuildProgress(started=started)
         self.interval_s = interval_s
         self._last_published: float | None = None
+        self._lock = threading.Lock()
 
     def update(self, message: str, now: float) -> BuildProgress | None:
         phase = phase_of(message)
         frames = frames_of(message)
         estimate = estimate_of(message)
-        state = self.state
-        if phase is not None and phase != state.phase:
-            state = replace(state, phase=phase, frames_done=None, frames_total=None)
-        if frames is not None:
-            state = replace(state, phase="calibrating", frames_done=frames[0], frames_total=frames[1])
-        if estimate is not None:
-            state = replace(state, estimate_s=estimate)
-        self.state = state
+        with self._lock:
+            state = self.state
+            if phase is not None and phase != state.phase:
+                state = replace(state, phase=phase, frames_done=None, frames_total=None)
+            if frames is not None:
+                state = replace(state, phase="calibrating", frames_done=frames[0], frames_total=frames[1])
+            if estimate is not None:
+                state = replace(state, estimate_s=estimate)
+            self.state = state
         return self.due(now)
 
     def due(self, now: float) -> BuildProgress | None:
-        """The current state to publish if the interval allows it now."""
-        if self._last_published is not None and now - self._last_published < self.interval_s:
-            return None
-        self._last_published = now
-        return replace(self.state, elapsed_s=max(0.0, now - self.state.started))
+        """The current state to publish if the interval allows it now (the heartbeat calls this
+        alone: a step that says nothing for minutes still shows its elapsed seconds move)."""
+        with self._lock:
+            if self._last_published is not None and now - self._last_published < self.interval_s:
+                return None
+            self._last_published = now
+            return replace(self.state, elapsed_s=max(0.0, now - self.state.started))

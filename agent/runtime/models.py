@@ -43,7 +43,7 @@ from agent.runtime.guarded import GuardedSlot, GuardRun, activate_guarded
 from agent.runtime.loaded import EngineReport, LoadedModel, ModelSource
 from agent.runtime.probation import ProbationRun
 from agent.runtime.slot import ModelSlot
-from agent.runtime.slot_builds import SlotBuilds
+from agent.runtime.slot_builds import SlotBuilds, heartbeat
 from agent.state import ModelRecord, StateFile, record_activation, record_config_model, record_rollback
 from agent.telemetry import Metrics
 
@@ -397,18 +397,15 @@ class SlotModels:
         Its progress goes to up/info (``building``) while it runs; ``watch`` sees every line too."""
         if build is None:
             return source
-        published = self.builds.progress(name, source.model_id, source.version)
+        with self.builds.building(name, source.model_id, source.version) as published:
 
-        def progress(message: str) -> None:
-            log.info("engine.build.progress", slot=name, message=message)
-            published(message)
-            if watch is not None:
-                watch(message)
+            def progress(message: str) -> None:
+                log.info("engine.build.progress", slot=name, message=message)
+                published(message)
+                if watch is not None:
+                    watch(message)
 
-        try:
             engines = self.engines.prepare_set(name, source.path, build, source.preprocess, progress=progress)
-        finally:
-            self.builds.end(name)
         for prepared in engines:
             artifact = prepared.artifact
             log.info(
@@ -444,9 +441,15 @@ class SlotModels:
             if due is not None:
                 reporter.build(due.as_dict())
 
-        prepared, *more = self.engines.prepare_set(
-            slot, model, spec, preprocess, progress=progress, cancel=reporter.cancel
-        )
+        def beat() -> None:
+            due = tracker.due(time.monotonic())
+            if due is not None:
+                reporter.build(due.as_dict())
+
+        with heartbeat(beat):
+            prepared, *more = self.engines.prepare_set(
+                slot, model, spec, preprocess, progress=progress, cancel=reporter.cancel
+            )
         reporter.progress(1.0)
         self._engine_keys[prepared.artifact.engine_path] = (prepared.artifact.key, spec, [prepared, *more])
         effective = prepared.effective

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
-from agent.engines.build_progress import ProgressTracker
+from agent.engines.build_progress import PUBLISH_INTERVAL_S, ProgressTracker
 from agent.engines.job import Progress
 
 
@@ -34,8 +35,10 @@ class SlotBuilds:
         self._lock = threading.Lock()
         self._builds: dict[str, _Build] = {}
 
-    def progress(self, slot: str, model_id: str, version: str | None) -> Progress:
-        """Begin the record of a build for ``slot``; the callback to give the builder."""
+    @contextmanager
+    def building(self, slot: str, model_id: str, version: str | None) -> Iterator[Progress]:
+        """The record of a build for ``slot`` while the block runs; yields the builder's callback.
+        A heartbeat republishes elapsed seconds while the build says nothing."""
         build = _Build(model_id, version, time.time(), ProgressTracker(self._clock()))
         with self._lock:
             self._builds[slot] = build
@@ -44,11 +47,16 @@ class SlotBuilds:
             if build.tracker.update(message, self._clock()) is not None:
                 self._publish()
 
-        return say
+        def beat() -> None:
+            if build.tracker.due(self._clock()) is not None:
+                self._publish()
 
-    def end(self, slot: str) -> None:
-        with self._lock:
-            self._builds.pop(slot, None)
+        try:
+            with heartbeat(beat):
+                yield say
+        finally:
+            with self._lock:
+                self._builds.pop(slot, None)
 
     def info(self, slot: str) -> dict[str, object] | None:
         """``SlotInfo.building`` of ``slot`` (None: nothing builds for it)."""
@@ -60,3 +68,21 @@ class SlotBuilds:
         elapsed = max(0.0, self._clock() - state.started)
         progress = state.as_dict() | {"elapsed_s": round(elapsed, 1)}
         return {"model_id": build.model_id, "version": build.version, "since": build.since, **progress}
+
+
+@contextmanager
+def heartbeat(beat: Callable[[], None], interval_s: float = PUBLISH_INTERVAL_S) -> Iterator[None]:
+    """Call ``beat`` every ``interval_s`` seconds on a thread of its own while the block runs."""
+    stop = threading.Event()
+
+    def run() -> None:
+        while not stop.wait(interval_s):
+            beat()
+
+    thread = threading.Thread(target=run, name="build-heartbeat", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(interval_s)

@@ -159,9 +159,13 @@ def test_a_deployments_build_reports_its_phase_at_a_bounded_rate_and_fleet_deplo
     assert all(
         s.build.frames_total == paced_build.FRAMES for s in with_build if s.build and s.build.frames_total
     )
-    # The stand-in says 20 lines a second; the device publishes at most one build update per 2 s.
+    # At most one build update per 2 s; during the stand-in's silent wait, the heartbeat's updates
+    # move elapsed on (three updates with frames counted need it: the build said two lines).
     stamps = [s.ts for s in with_build]
     assert all(b - a >= PUBLISH_INTERVAL_S - 0.1 for a, b in itertools.pairwise(stamps)), stamps
+    elapsed = [s.build.elapsed_s for s in with_build if s.build is not None]
+    assert elapsed == sorted(elapsed), elapsed
+    assert elapsed[-1] > elapsed[0]
     # The old model kept serving while the build ran, then the new one, no frame lost.
     assert old_during_build >= 3
     assert served[-1].model.version == "2"
