@@ -127,6 +127,7 @@ class Deployment:
         self._finished = False
         self._state_lock = threading.Lock()
         self._progress_step = -1
+        self._build_fraction: float | None = None  # the last BUILDING progress published
 
     @property
     def job_id(self) -> str:
@@ -225,12 +226,14 @@ class Deployment:
         if step <= self._progress_step or self.state is not JobState.BUILDING:
             return
         self._progress_step = step
+        self._build_fraction = fraction
         self._publish(JobState.BUILDING, progress=fraction)
 
     def _on_build_phase(self, info: dict[str, object]) -> None:
         if self.state is not JobState.BUILDING:
             return
-        fraction = max(0, self._progress_step) / _PROGRESS_STEPS
+        # The same fraction as the last progress update: a build update never moves progress back.
+        fraction = self._build_fraction
         self._publish(JobState.BUILDING, progress=fraction, build=BuildProgressInfo.model_validate(info))
 
     # -- control ---------------------------------------------------------------------------------
