@@ -256,7 +256,7 @@ class SlotModels:
             return
         interim = interim_source(candidate)
         try:
-            self._interim[name] = self._activate_unrecorded(name, interim)
+            self._serve_interim(name, interim)
         except EngineError as exc:
             # The build goes on and swaps in when done; until then the slot has nothing to serve.
             log.error("slot.interim.failed", slot=name, model=str(candidate.path), error=str(exc))
@@ -269,13 +269,13 @@ class SlotModels:
             why="its engine is not in the cache: it builds meanwhile, then swaps in",
         )
 
-    def _activate_unrecorded(self, name: str, source: ModelSource) -> LoadedModel:
+    def _serve_interim(self, name: str, source: ModelSource) -> None:
         """Serve ``source`` without recording it in state.json: an interim model is never what a
-        restart comes back on (it chooses, and builds, from the same state.json again)."""
+        restart comes back on (it chooses, and builds, from the same state.json again). Marked as
+        the interim before up/info is published, so that says ``serving: interim``."""
         with self._slot_locks[name]:
-            loaded = self.slots[name].load(source, self._latest_frame(name))
+            self._interim[name] = self.slots[name].load(source, self._latest_frame(name))
         self._on_activated()
-        return loaded
 
     def _swap_from_interim(self, name: str, engine: ModelSource | BaseException, origin: Origin) -> None:
         """The engine built while the interim model served: swapped in, if the slot still serves that."""

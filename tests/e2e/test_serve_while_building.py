@@ -10,6 +10,7 @@ with no frame lost.
 from __future__ import annotations
 
 import itertools
+import shutil
 import uuid
 from pathlib import Path
 
@@ -97,6 +98,38 @@ def test_a_restart_with_an_empty_engine_cache_serves_at_once_and_swaps_without_a
     assert ready["cache_hit"] is False
     indices = [r.frame_index for r in unique_results(probe.snapshot(), results)]
     assert indices == list(range(len(indices))), "a frame was lost across the swap from the interim model"
+    assert during.building.estimate_s is None  # no earlier build of this fingerprint
+
+    # As after an upgrade: the engine cache is empty again, its build history kept. The restart
+    # serves at once again, and its build now carries the estimate from the first one.
+    for entry in (tmp_path / "state" / "engines").iterdir():
+        if entry.is_dir():
+            shutil.rmtree(entry)
+    gate.unlink()
+    with Probe(broker.host, broker.port) as probe:
+        probe.subscribe(f"fleet/v1/{device}/up/#")
+        daemon = Daemon(config, tmp_path / "agent-2.log", env=paced_build.env(gate))
+        try:
+            estimated = probe.wait_for(
+                lambda ms: (
+                    (s := _slot(ms, device)) is not None
+                    and s.serving == "interim"
+                    and s.building is not None
+                    and s.building.estimate_s is not None
+                ),
+                timeout=30,
+            )
+            gate.touch()
+            daemon.wait_for_event("slot.interim.swapped", timeout=120)
+        finally:
+            code = daemon.stop()
+    assert code == 0, daemon.log()[-3000:]
+    again = _slot(estimated, device)
+    assert again is not None
+    assert again.serving == "interim"
+    assert again.building is not None
+    assert again.building.estimate_s is not None
+    assert again.building.estimate_s >= 0
 
 
 def test_a_deployments_build_reports_its_phase_at_a_bounded_rate_and_fleet_deploy_shows_it(
