@@ -286,7 +286,7 @@ class SlotModels:
         with self._slot_locks[name]:
             interim = self._interim.get(name)
             current = self.slots[name].current
-            if interim is not None and current is not None and current is not interim:
+            if current is not None and current is not interim:
                 # A deployment or rollback activated since: its model wins, the built engine stays cached.
                 log.warning("slot.interim.superseded", slot=name, serving=current.ref.model_id)
                 return
@@ -296,6 +296,7 @@ class SlotModels:
                 log.error("slot.interim.swap_rejected", slot=name, error=str(exc), serving="interim")
                 self.metrics.counter(f"slot.{name}.swap_failures").inc()
                 return
+            self._interim.pop(name, None)  # closed: nothing may hold on to it
         log.info("slot.interim.swapped", slot=name, model=engine.model_id, backend=engine.backend)
 
     def serving(self, name: str) -> Literal["requested", "interim"] | None:
