@@ -41,7 +41,14 @@ from agent.mqtt.link import MqttLink
 from agent.platform import detect_platform, platform_summary
 from agent.postprocess.spec import PostprocessSpec
 from agent.protocol.command_args import CalibrateArgs, EvidenceArgs, LogsArgs, SnapshotArgs
-from agent.protocol.messages import BackendInfo, EngineInfo, InfoMessage, SlotInfo, TelemetryMessage
+from agent.protocol.messages import (
+    BackendInfo,
+    EngineInfo,
+    InfoMessage,
+    SlotBuildInfo,
+    SlotInfo,
+    TelemetryMessage,
+)
 from agent.protocol.topics import Topics
 from agent.runtime.evidence import EvidenceCommand, EvidenceStore
 from agent.runtime.layout import Layout, slot_layout
@@ -416,6 +423,8 @@ class Agent:
                 workers=self.layouts[name].workers,
                 layout=self.layouts[name].reason,
                 engines=[EngineInfo.model_validate(row) for row in model.engine_shares()] if model else None,
+                serving=self.models.serving(name),
+                building=_slot_build(self.models.builds.info(name)),
             )
         return InfoMessage(
             device_id=self.config.device_id,
@@ -482,3 +491,7 @@ def run(config_path: Path) -> int:
     finally:
         agent.stop()
     return 0
+
+
+def _slot_build(info: dict[str, object] | None) -> SlotBuildInfo | None:
+    return SlotBuildInfo.model_validate(info) if info is not None else None

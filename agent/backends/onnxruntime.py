@@ -92,6 +92,19 @@ def select_providers(
     return names, options
 
 
+#: What an interim model (served while its engine builds) may run on, best first. Not the TensorRT
+#: provider: it builds an engine of its own before its first frame, the very wait interim serving avoids.
+INTERIM_PREFERENCE = ("CUDAExecutionProvider", CPU)
+
+
+def interim_providers(available: Sequence[str] | None = None) -> tuple[str, ...]:
+    """The best providers present for an interim model (CPU always last); ``available``: ORT's list."""
+    if available is None:
+        available = ort.get_available_providers() if ort is not None else [CPU]
+    present = tuple(p for p in INTERIM_PREFERENCE if p in available)
+    return present if CPU in present else (*present, CPU)
+
+
 #: ``LoadOptions.extra`` key: let ORT's intra-op worker threads busy-wait between operators (bool).
 ALLOW_SPINNING = "allow_spinning"
 

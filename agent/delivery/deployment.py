@@ -44,7 +44,14 @@ from agent.delivery.steps import (
 from agent.delivery.verify import verify_model
 from agent.errors import AgentError, EngineError
 from agent.postprocess.spec import PostprocessSpec
-from agent.protocol.messages import EvidenceSummary, JobState, JobStatus, ProbationFigures, ShadowFigures
+from agent.protocol.messages import (
+    BuildProgressInfo,
+    EvidenceSummary,
+    JobState,
+    JobStatus,
+    ProbationFigures,
+    ShadowFigures,
+)
 from agent.store import ModelStore
 from agent.transitions import TransitionTable
 
@@ -129,6 +136,7 @@ class Deployment:
         self._finished = False
         self._state_lock = threading.Lock()
         self._progress_step = -1
+        self._build_fraction: float | None = None  # the last BUILDING progress published
 
     @property
     def job_id(self) -> str:
@@ -228,7 +236,15 @@ class Deployment:
         if step <= self._progress_step or self.state is not JobState.BUILDING:
             return
         self._progress_step = step
+        self._build_fraction = fraction
         self._publish(JobState.BUILDING, progress=fraction)
+
+    def _on_build_phase(self, info: dict[str, object]) -> None:
+        if self.state is not JobState.BUILDING:
+            return
+        # The same fraction as the last progress update: a build update never moves progress back.
+        fraction = self._build_fraction
+        self._publish(JobState.BUILDING, progress=fraction, build=BuildProgressInfo.model_validate(info))
 
     # -- control ---------------------------------------------------------------------------------
 
@@ -340,7 +356,11 @@ class Deployment:
         started = time.monotonic()
         self._enter(JobState.BUILDING)
         reporter = JobReporter(
-            self._on_build_progress, self.cancel_event, slot=m.slot, preprocess=m.preprocess
+            self._on_build_progress,
+            self.cancel_event,
+            slot=m.slot,
+            preprocess=m.preprocess,
+            on_build=self._on_build_phase,
         )
         outcome = self._build(model, with_artifacts(m.build, artifacts), reporter)
         self.effective = dict(outcome.effective) or {"backend": outcome.backend}

@@ -40,8 +40,10 @@ class JobReporter:
         *,
         slot: str | None = None,
         preprocess: PreprocessSpec | None = None,
+        on_build: Callable[[dict[str, object]], None] | None = None,
     ) -> None:
         self._on_progress = on_progress
+        self._on_build = on_build
         #: The slot the engine is for, and the manifest's preprocessing (None: the slot's own).
         self.slot = slot
         self.preprocess = preprocess
@@ -51,6 +53,12 @@ class JobReporter:
     def progress(self, fraction: float) -> None:
         """Report the step as ``fraction`` (0..1) done; published, rate-limited, in job status."""
         self._on_progress(min(1.0, max(0.0, float(fraction))))
+
+    def build(self, info: dict[str, object]) -> None:
+        """Report the build's phase, frames, elapsed and estimate (``JobStatus.build``); the caller
+        bounds the rate (agent.engines.build_progress)."""
+        if self._on_build is not None:
+            self._on_build(info)
 
 
 @dataclass(frozen=True)

@@ -43,6 +43,7 @@ import structlog
 
 from agent.camera.preprocess_spec import PreprocessSpec
 from agent.engines.artifact import EngineArtifact, artifact_of
+from agent.engines.build_history import BuildHistory, build_fingerprint
 from agent.engines.cache import CacheEntry, EngineCache
 from agent.engines.cache_key import (
     EngineIdentity,
@@ -114,6 +115,7 @@ class EngineBuilder:
         self.platform = platform
         self.facts = PlatformFacts.from_platform(platform)
         self.cache = EngineCache(self.state_dir / "engines", config.cache_max_mb * MIB)
+        self.history = BuildHistory(self.state_dir / "engines")
         self.jobs_dir = self.state_dir / "build"
         self.worker = worker or BuildWorker(
             timeout_s=config.build_timeout_s,
@@ -307,6 +309,11 @@ class EngineBuilder:
             say(f"cache hit {key[:12]}")
             log.info("engine.cache.hit", key=key, model=model.name)
             return self._artifact(entry, plan, requested, cache_hit=True, seconds=time.monotonic() - started)
+        # Said before waiting for the build lock: a slot that must build serves its interim model now.
+        estimate, builds = self.history.estimate(build_fingerprint(identity))
+        # The estimate rides on the line (progress is text): agent.engines.build_progress reads it back.
+        known = f" (estimate {estimate:.0f}s from {builds} earlier builds)" if estimate is not None else ""
+        say(f"cache miss {key[:12]}: building with {plan.backend}{known}")
         # One build at a time per builder; the worker also serialises builds across processes.
         wait_s = self.config.build_timeout_s + 60.0
         if not self._build_lock.acquire(timeout=wait_s):
@@ -346,7 +353,7 @@ class EngineBuilder:
         if entry is not None:
             say(f"cache hit {key[:12]} (built meanwhile)")
             return self._artifact(entry, plan, requested, cache_hit=True, seconds=time.monotonic() - started)
-        say(f"cache miss {key[:12]}: building with {plan.backend}")
+        fingerprint = build_fingerprint(identity)
         log.info("engine.cache.miss", key=key, model=model.name, backend=plan.backend)
         job_dir = self.jobs_dir / f"{key[:16]}-{uuid.uuid4().hex[:8]}"
         try:
@@ -368,6 +375,7 @@ class EngineBuilder:
             entry = self.cache.put(key, engine_path, meta, files=files, move=True)
         finally:
             shutil.rmtree(job_dir, ignore_errors=True)
+        self.history.record(fingerprint, result.build_seconds)
         say(f"built in {result.build_seconds:.1f}s, cached as {key[:12]}")
         return self._artifact(entry, plan, requested, cache_hit=False, seconds=time.monotonic() - started)
 

@@ -11,6 +11,11 @@ class EngineConfig(StrictModel):
     """Where engines are cached and how builds are bounded."""
 
     cache_max_mb: int = Field(4096, ge=1, description="Engine cache size cap; least recently used go first.")
+    serve_while_building: bool = Field(
+        True,
+        description="A slot whose engine is not in the cache at start-up serves its ONNX model on ONNX "
+        "Runtime at once and swaps to the engine once built and validated (false: it waits for the build).",
+    )
     build_timeout_s: float = Field(1800.0, gt=0, description="A build running longer is killed and fails.")
     build_memory_mb: int = Field(0, ge=0, description="Address-space limit of the build process (0 = none).")
     int8_agreement: float = Field(

@@ -10,7 +10,8 @@ itself is bounded too.
 Test jobs. Tests need a real segfault, a real hang and a real allocation failure in a real child.
 Those jobs live in the tests, not here: when ``EDGE_AGENT_BUILD_TEST_JOBS`` names a module, a job
 of a kind other than ``onnxruntime``/``tensorrt`` runs that module's ``run_test_job(job, say)``.
-Without the variable such a job is refused, so production never imports test code.
+Without the variable such a job is refused, so production never imports test code. The same module
+may pace a real build (its ``pace_build(job, say)`` runs first): a build as slow as a test needs.
 """
 
 from __future__ import annotations
@@ -63,8 +64,24 @@ def _run_test_job(job: BuildJob, say: Progress) -> WorkerResult:
     return result
 
 
+def _pace_real_build(job: BuildJob, say: Progress) -> None:
+    """A real build held back by the tests' module (its ``pace_build(job, say)``), when it has one.
+
+    Serve-while-building is tested on a real build that takes as long as the test wants: the module
+    ``EDGE_AGENT_BUILD_TEST_JOBS`` names decides when the build proceeds. Without the variable
+    (production) nothing is imported and nothing waits."""
+    module_name = os.environ.get(TEST_JOBS_ENV)
+    if not module_name:
+        return
+    pace: Any = getattr(importlib.import_module(module_name), "pace_build", None)
+    if pace is not None:
+        pace(job, say)
+
+
 def run_job(job: BuildJob, say: Progress) -> WorkerResult:
     """Execute ``job`` in this process (the child). Raises BuildError on failure."""
+    if job.kind in BUILD_KINDS:
+        _pace_real_build(job, say)
     if job.kind in BUILD_KINDS and job.plan.slim and job.slim_cache_dir is not None:
         from agent.engines.slim import onnxslim_version, slim_model
 

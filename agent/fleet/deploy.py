@@ -348,6 +348,7 @@ class FleetDeploy:
             p.effective = status.effective or p.effective
             p.shadow = status.shadow or p.shadow
             p.probation = status.probation or p.probation
+            p.build = status.build if status.state is JobState.BUILDING else None
             p.updated = time.monotonic()
         log.info("fleet.deploy.job_state", device=device, job=self.job_id, state=status.state.value)
         self._changed.set()

@@ -6,7 +6,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from agent.protocol.messages import JobState, ProbationFigures, ShadowFigures
+from agent.protocol.messages import BuildProgressInfo, JobState, ProbationFigures, ShadowFigures
 
 #: Malformed-message notes kept per device; later ones are only counted (a device can loop).
 MAX_MALFORMED_NOTES = 3
@@ -44,6 +44,8 @@ class DeviceProgress:
     #: The job's shadow and probation figures, once it reported them (a rollout's gate reads them).
     shadow: ShadowFigures | None = None
     probation: ProbationFigures | None = None
+    #: The engine build's phase, elapsed and estimate while the job is BUILDING (None otherwise).
+    build: BuildProgressInfo | None = None
     updated: float = field(default_factory=time.monotonic)
     #: When (time.monotonic) the job entered its current state: a long phase (shadow, probation)
     #: shows how long it has run and how long is left.

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from typing import TextIO
 
 from agent.delivery.manifest import DeployManifest
+from agent.fleet.build_note import build_note
 from agent.fleet.deploy_outcome import DeviceProgress
 from agent.fleet.untrusted import shown
 from agent.fleet.waves import format_duration
@@ -81,6 +82,8 @@ def progress_line(
         line += f"  {shown(p.error_code or '', _CODE_WIDTH)}: {shown(p.error or '', _ERROR_WIDTH)}"
     elif p.ok and p.timings_s:
         line += f"  in {sum(p.timings_s.values()):.1f} s"
+    elif p.build is not None and p.state is JobState.BUILDING:
+        line += f"  {build_note(p.build)}"
     elif note := phase_note(p, time.monotonic() if now is None else now, probation_s):
         line += f"  {note}"
     elif p.unknown and p.state is None:

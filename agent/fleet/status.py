@@ -23,6 +23,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from agent.fleet.build_note import build_note
 from agent.fleet.untrusted import clipped, shown
 from agent.mqtt.inbound import InboundMessage
 from agent.mqtt.service_client import ServiceClient
@@ -187,6 +188,9 @@ def slot_summary(info: InfoMessage) -> dict[str, dict[str, Any]]:
             "last_job_state": slot.last_job_state.value if slot.last_job_state else None,
             "last_job_error_code": slot.last_job_error_code,
             "last_failure": slot.last_failure.model_dump(mode="json") if slot.last_failure else None,
+            # A start-up build: the slot serves its ONNX model meanwhile (docs/engines.md).
+            "serving": slot.serving,
+            "building": build_note(slot.building) or None,
         }
         for name, slot in info.slots.items()
     }

@@ -20,6 +20,7 @@ from typing import Any, TextIO
 from pydantic import BaseModel
 
 from agent.errors import ConfigError
+from agent.fleet.build_note import build_note
 from agent.fleet.untrusted import clipped, clipped_strings, shown
 from agent.mqtt.observer import Observer
 from agent.mqtt.settings import MqttSettings
@@ -129,12 +130,19 @@ def _info_text(info: InfoMessage) -> str:
     for name, slot in sorted(info.slots.items())[:10]:
         model = _model_text(slot.model) if slot.model is not None else "no model yet"
         parts.append(f"slot {shown(name, 20)} {shown(slot.state, 20)}: {model}")
+        if slot.serving == "interim":
+            parts.append(f"slot {shown(name, 20)} serves its ONNX model while its engine builds")
+        if slot.building is not None:
+            what = shown(slot.building.model_id, 40)
+            parts.append(f"slot {shown(name, 20)} building {what}: {build_note(slot.building)}")
     parts.append(f"streams: {', '.join(shown(s, 20) for s in info.streams[:10]) or 'none'}")
     return "; ".join(parts)
 
 
 def _job_text(job: JobStatus) -> str:
     progress = f" {job.progress * 100:.0f}%" if job.progress is not None else ""
+    if job.build is not None:
+        progress += f" ({build_note(job.build)})"
     error = f"  {shown(job.error_code, 40)}: {shown(job.error, 160)}" if job.error else ""
     return f"{shown(job.job_id, 24)}  slot {shown(job.slot, 20)}  {job.state.value}{progress}{error}"
 

@@ -126,6 +126,29 @@ class EngineInfo(StrictModel):
     )
 
 
+BuildPhaseName = Literal["planning", "slimming", "calibrating", "building", "timing placements", "checking"]
+
+
+class BuildProgressInfo(StrictModel):
+    """A running engine build (agent.engines.build_progress), published at most once per 2 s."""
+
+    phase: BuildPhaseName = Field(description="What the build does now.")
+    frames_done: Count | None = Field(None, description="Calibration frames consumed (phase calibrating).")
+    frames_total: Count | None = Field(None, description="Calibration frames it will consume.")
+    elapsed_s: FiniteTime = Field(ge=0, description="Seconds since the build began.")
+    estimate_s: FiniteTime | None = Field(
+        None, ge=0, description="Expected seconds in all, from earlier builds of the same fingerprint."
+    )
+
+
+class SlotBuildInfo(BuildProgressInfo):
+    """An engine build a slot runs outside any deployment (start-up, config reload)."""
+
+    model_id: str = Field(max_length=200, description="The model whose engine builds.")
+    version: str | None = Field(None, max_length=200)
+    since: FiniteTime = Field(description="When the build began, Unix seconds.")
+
+
 class SlotInfo(StrictModel):
     """The state of one model slot."""
 
@@ -151,6 +174,14 @@ class SlotInfo(StrictModel):
     layout: str | None = Field(None, description="Why that many workers: configured, or the auto rule.")
     engines: list[EngineInfo] | None = Field(
         None, description="Each engine of the model it serves (absent while empty), with its measured share."
+    )
+    serving: Literal["requested", "interim"] | None = Field(
+        None,
+        description="requested: the model (or built engine) the slot was asked to run; interim: its ONNX "
+        "model on ONNX Runtime while that engine builds (engines.serve_while_building). Absent while empty.",
+    )
+    building: SlotBuildInfo | None = Field(
+        None, description="The engine build the slot runs now outside a deployment; absent when none."
     )
 
 
@@ -325,6 +356,7 @@ class JobStatus(Envelope):
     evidence: EvidenceSummary | None = Field(
         None, description="A rejection's disagreement frames kept on the device (`evidence` command)."
     )
+    build: BuildProgressInfo | None = Field(None, description="While BUILDING: phase, elapsed and estimate.")
 
 
 # -- down/cmd/{name}, up/cmd/{name} ----------------------------------------------------------------

@@ -25,11 +25,13 @@ import numpy.typing as npt
 import structlog
 from pydantic import TypeAdapter
 
+from agent.backends.onnxruntime import interim_providers
 from agent.camera.preprocess_spec import PreprocessSpec
 from agent.config import SlotConfig
 from agent.delivery.commands import NoSuchSlotError
 from agent.delivery.errors import JobCancelledError
 from agent.delivery.steps import ActivationRequest, BuildOutcome, JobReporter, no_build
+from agent.engines.build_progress import ProgressTracker
 from agent.engines.plan import FAILED_AT, load_fallback
 from agent.engines.service import EngineService, PreparedEngine
 from agent.engines.spec import BuildSpec
@@ -42,6 +44,7 @@ from agent.runtime.guarded import GuardedSlot, GuardRun, activate_guarded
 from agent.runtime.loaded import EngineReport, LoadedModel, ModelSource
 from agent.runtime.probation import ProbationRun
 from agent.runtime.slot import ModelSlot
+from agent.runtime.slot_builds import SlotBuilds, heartbeat
 from agent.state import ModelRecord, StateFile, record_activation, record_config_model, record_rollback
 from agent.telemetry import Metrics
 
@@ -117,6 +120,10 @@ class SlotModels:
         self._initial_done = {name: threading.Event() for name in slots}
         #: The shadow or probation running (or last run) per slot: telemetry and rollback read it.
         self._guard_runs: dict[str, GuardRun] = {}
+        #: Builds a slot started itself (start-up, reload), for up/info; progress republishes it.
+        self.builds = SlotBuilds(on_activated)
+        #: The interim model (the ONNX model on ONNX Runtime) a slot serves while its engine builds.
+        self._interim: dict[str, LoadedModel] = {}
         metrics.add_collector(self._guard_stats, prefix="slot.")
         self.protect_engines()
 
@@ -192,10 +199,14 @@ class SlotModels:
                 if build is not None and _needs_frames(build):
                     # Calibration needs live frames: serve the ONNX model first, build once streams run.
                     self._deferred_builds.append((name, candidate, build))
+                    self._interim[name] = self.activate(name, candidate, origin=origin, must_record=False)
+                elif build is not None and self.engines.config.serve_while_building:
+                    # Serve at once: the engine comes from the cache, or builds while the ONNX model serves.
+                    self._serve_while_building(name, candidate, build, origin)
                 else:
                     # A built engine comes back from the engine cache (rebuilt only if it was evicted).
                     source = self.prepared(name, candidate, build)
-                self.activate(name, source, origin=origin, must_record=False)
+                    self.activate(name, source, origin=origin, must_record=False)
                 if origin != "config" or candidate.path != configured.path:
                     log.warning("agent.slot.restored", slot=name, model=source.model_id, ver=source.version)
                 break
@@ -214,6 +225,90 @@ class SlotModels:
                 log.error("agent.state.not_recorded", slot=name, error=str(exc))
             else:
                 self.state = changed
+
+    def _serve_while_building(
+        self, name: str, candidate: ModelSource, build: BuildSpec, origin: Origin
+    ) -> None:
+        """Activate ``candidate``'s engine if the cache has it, else serve the ONNX model on ONNX
+        Runtime (:func:`interim_source`) and hot-swap to the engine once built and validated.
+
+        Raises what :meth:`prepared` raises when it fails before any build began (the caller tries
+        the next candidate); a build that fails later leaves the interim model serving."""
+        handoff = _Handoff()
+
+        def watch(message: str) -> None:
+            if message.startswith("cache miss"):
+                handoff.building.set()
+
+        def build_engine() -> None:
+            try:
+                engine: ModelSource | BaseException = self.prepared(name, candidate, build, watch=watch)
+            except (EngineError, BuildError) as exc:
+                engine = exc
+            if handoff.hand_over(engine):
+                return  # the caller waits for it: a cache hit, or a failure before any build
+            self._swap_from_interim(name, engine, origin)
+
+        thread = threading.Thread(target=build_engine, name=f"build-{name}", daemon=True)
+        self._swap_threads.append(thread)
+        thread.start()
+        outcome = handoff.wait()
+        if isinstance(outcome, BaseException):
+            raise outcome
+        if outcome is not None:
+            self.activate(name, outcome, origin=origin, must_record=False)
+            return
+        interim = interim_source(candidate)
+        try:
+            self._serve_interim(name, interim)
+        except EngineError as exc:
+            # The build goes on and swaps in when done; until then the slot has nothing to serve.
+            log.error("slot.interim.failed", slot=name, model=str(candidate.path), error=str(exc))
+            return
+        log.warning(
+            "slot.interim.serving",
+            slot=name,
+            model=candidate.model_id,
+            providers=[p if isinstance(p, str) else p[0] for p in interim.providers],
+            why="its engine is not in the cache: it builds meanwhile, then swaps in",
+        )
+
+    def _serve_interim(self, name: str, source: ModelSource) -> None:
+        """Serve ``source`` without recording it in state.json: an interim model is never what a
+        restart comes back on (it chooses, and builds, from the same state.json again). Marked as
+        the interim before up/info is published, so that says ``serving: interim``."""
+        with self._slot_locks[name]:
+            self._interim[name] = self.slots[name].load(source, self._latest_frame(name))
+        self._on_activated()
+
+    def _swap_from_interim(self, name: str, engine: ModelSource | BaseException, origin: Origin) -> None:
+        """The engine built while the interim model served: swapped in, if the slot still serves that."""
+        if isinstance(engine, BaseException):
+            log.error("slot.interim.build_failed", slot=name, error=str(engine), serving="interim")
+            self.metrics.counter(f"slot.{name}.swap_failures").inc()
+            return
+        with self._slot_locks[name]:
+            interim = self._interim.get(name)
+            current = self.slots[name].current
+            if current is not None and current is not interim:
+                # A deployment or rollback activated since: its model wins, the built engine stays cached.
+                log.warning("slot.interim.superseded", slot=name, serving=current.ref.model_id)
+                return
+            try:
+                self._activate(name, engine, origin, must_record=False)
+            except EngineError as exc:
+                log.error("slot.interim.swap_rejected", slot=name, error=str(exc), serving="interim")
+                self.metrics.counter(f"slot.{name}.swap_failures").inc()
+                return
+            self._interim.pop(name, None)  # closed: nothing may hold on to it
+        log.info("slot.interim.swapped", slot=name, model=engine.model_id, backend=engine.backend)
+
+    def serving(self, name: str) -> Literal["requested", "interim"] | None:
+        """For up/info: ``interim`` while the slot serves its ONNX model as its engine builds."""
+        current = self.slots[name].current
+        if current is None:
+            return None
+        return "interim" if current is self._interim.get(name) else "requested"
 
     def wait_initial_load(self, name: str, timeout: float = INITIAL_LOAD_WAIT_S) -> None:
         """Block until the start-up load of slot ``name`` is over (EngineError after ``timeout``)."""
@@ -294,17 +389,28 @@ class SlotModels:
             log.error("slot.swap.rejected", slot=name, error=str(exc))
             self.metrics.counter(f"slot.{name}.swap_failures").inc()
 
-    def prepared(self, name: str, source: ModelSource, build: BuildSpec | None) -> ModelSource:
-        """``source`` as the engine its build request asks for (built, or found in the cache)."""
+    def prepared(
+        self,
+        name: str,
+        source: ModelSource,
+        build: BuildSpec | None,
+        *,
+        watch: Callable[[str], None] | None = None,
+    ) -> ModelSource:
+        """``source`` as the engine its build request asks for (built, or found in the cache).
+
+        Its progress goes to up/info (``building``) while it runs; ``watch`` sees every line too."""
         if build is None:
             return source
-        engines = self.engines.prepare_set(
-            name,
-            source.path,
-            build,
-            source.preprocess,
-            progress=lambda message: log.info("engine.build.progress", slot=name, message=message),
-        )
+        with self.builds.building(name, source.model_id, source.version) as published:
+
+            def progress(message: str) -> None:
+                log.info("engine.build.progress", slot=name, message=message)
+                published(message)
+                if watch is not None:
+                    watch(message)
+
+            engines = self.engines.prepare_set(name, source.path, build, source.preprocess, progress=progress)
         for prepared in engines:
             artifact = prepared.artifact
             log.info(
@@ -327,6 +433,7 @@ class SlotModels:
             return no_build(model, spec, reporter)
         preprocess = reporter.preprocess or slot_config.preprocess
         steps = 0
+        tracker = ProgressTracker(time.monotonic())
 
         def progress(message: str) -> None:
             # The builder reports steps (plan, calibrate, build, cache), not a percentage: each step
@@ -335,10 +442,19 @@ class SlotModels:
             steps += 1
             reporter.progress(min(0.95, 1.0 - 0.7**steps))
             log.info("engine.build.progress", slot=slot, message=message)
+            due = tracker.update(message, time.monotonic())
+            if due is not None:
+                reporter.build(due.as_dict())
 
-        prepared, *more = self.engines.prepare_set(
-            slot, model, spec, preprocess, progress=progress, cancel=reporter.cancel
-        )
+        def beat() -> None:
+            due = tracker.due(time.monotonic())
+            if due is not None:
+                reporter.build(due.as_dict())
+
+        with heartbeat(beat):
+            prepared, *more = self.engines.prepare_set(
+                slot, model, spec, preprocess, progress=progress, cancel=reporter.cancel
+            )
         reporter.progress(1.0)
         self._engine_keys[prepared.artifact.engine_path] = (prepared.artifact.key, spec, [prepared, *more])
         effective = prepared.effective
@@ -584,6 +700,53 @@ def engine_source(base: ModelSource, prepared: PreparedEngine) -> ModelSource:
         report=engine_report(prepared.effective),
         engines=(),
     )
+
+
+def interim_source(candidate: ModelSource) -> ModelSource:
+    """``candidate``'s ONNX model as it is, on ONNX Runtime with the best provider present: what a
+    slot serves while its engine builds. Never ONNX Runtime's TensorRT provider, which would build
+    a TensorRT engine of its own before serving its first frame."""
+    return replace(
+        candidate,
+        backend="onnxruntime",
+        providers=interim_providers(),
+        extra=(),
+        engine_key=None,
+        build=None,
+        report=None,
+        engines=(),
+    )
+
+
+class _Handoff:
+    """Between a start-up build and the start-up load: the build's outcome while the load still waits
+    for it (a cache hit, an early failure), or the build keeps it once the load served the interim."""
+
+    def __init__(self) -> None:
+        self.building = threading.Event()
+        self._done = threading.Event()
+        self._lock = threading.Lock()
+        self._outcome: ModelSource | BaseException | None = None
+        self._taken = False
+
+    def hand_over(self, outcome: ModelSource | BaseException) -> bool:
+        """The build finished: True when the load takes ``outcome``, False when the build keeps it."""
+        with self._lock:
+            if self._taken:
+                return False
+            self._outcome = outcome
+            self._done.set()
+            self.building.set()
+            return True
+
+    def wait(self) -> ModelSource | BaseException | None:
+        """The build's outcome if it finished before a build began, else None (serve the interim)."""
+        self.building.wait()
+        with self._lock:
+            if self._done.is_set():
+                return self._outcome
+            self._taken = True
+            return None
 
 
 def _named(record: ModelRecord) -> str:

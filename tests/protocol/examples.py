@@ -132,6 +132,7 @@ EXAMPLES: dict[str, BaseModel] = {
                         index=0, device="cpu", precision="fp32", requested="auto", frames=1800, share=1.0
                     )
                 ],
+                serving="requested",
             ),
             "aux": SlotInfo(
                 state="empty",

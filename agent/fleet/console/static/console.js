@@ -267,7 +267,9 @@ async function devicePage(deviceId) {
     el("td", { className: "mono", title: s.sha256 || "" }, s.sha256 ? s.sha256.slice(0, 12) : "-"),
     el("td", {}, badge(s.state || "-")), el("td", {}, s.last_job),
     el("td", {}, s.last_job_state), el("td", { className: "error" }, s.last_job_error_code || ""),
-    el("td", {}, s.reason || (s.last_failure ? "last failure: " + [s.last_failure.state, s.last_failure.error_code, s.last_failure.error].filter(Boolean).join(" ") : ""))));
+    el("td", {}, [s.reason || (s.last_failure ? "last failure: " + [s.last_failure.state, s.last_failure.error_code, s.last_failure.error].filter(Boolean).join(" ") : ""),
+      s.serving === "interim" ? "serving its ONNX model while its engine builds" : "",
+      s.building ? "building: " + s.building : ""].filter(Boolean).join("; "))));
   const jobs = detail.jobs.map((j) => el("tr", {},
     el("td", { className: "mono" }, j.job_id), el("td", {}, j.slot), el("td", {}, badge(j.state)), el("td", {}, when(j.at)),
     el("td", { className: "error" }, j.error_code || ""), el("td", {}, j.error || "")));
