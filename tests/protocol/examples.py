@@ -129,7 +129,15 @@ EXAMPLES: dict[str, BaseModel] = {
                 layout="auto: a live or paced stream: one run over every core for the lowest latency",
                 engines=[
                     EngineInfo(
-                        index=0, device="cpu", precision="fp32", requested="auto", frames=1800, share=1.0
+                        index=0,
+                        device="cpu",
+                        precision="fp32",
+                        requested="auto",
+                        frames=1800,
+                        share=1.0,
+                        preprocess="cpu",
+                        preprocess_reason="the onnxruntime runner takes host arrays; "
+                        "GPU preprocessing feeds TensorRT engines only",
                     )
                 ],
                 serving="requested",
