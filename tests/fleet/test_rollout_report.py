@@ -69,7 +69,10 @@ def tripped(tmp_path: Path) -> tuple[RolloutStore, str]:
     store.set_wave(rid, 1, WaveState.DONE, reason="gate holds")
     store.set_wave(rid, 2, WaveState.RUNNING, reason="started")
     _end(store, rid, "jet-03", DeviceEnd.REJECTED, {"state": "REJECTED", "error_code": "bad_signature"})
-    _end(store, rid, "jet-04", DeviceEnd.ACTIVE, {"state": "ACTIVE"})  # no shadow figures sent
+    # ACTIVE, but the figures it sent fail the rollout's bar (an ACTIVE end without figures is the
+    # device's own verdict and counts as healthy: tests/fleet/test_gate.py).
+    low = {"state": "ACTIVE", "shadow": {"frames": 120, "agreement": 0.5}}
+    _end(store, rid, "jet-04", DeviceEnd.ACTIVE, low)
     return store, rid
 
 
@@ -94,7 +97,7 @@ def test_status_names_each_failed_rolled_back_or_unhealthy_device_with_code_and_
         "device": "jet-03", "wave": 3, "end": "REJECTED", "error_code": "bad_signature", "figure": None
     }  # fmt: skip
     assert by_device["jet-04"]["end"] == "UNHEALTHY"
-    assert by_device["jet-04"]["figure"]  # the gate's own reason (no shadow figures)
+    assert "shadow agreement 0.5 below" in by_device["jet-04"]["figure"]  # the gate's own reason
     assert status["problem_devices_left_off"] == 0
     RolloutStatus.model_validate(status)  # the schema `edge-agent schema` writes describes it
     assert "  3 device(s) failed, rolled back, timed out or unhealthy:" in text
