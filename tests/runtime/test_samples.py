@@ -1,0 +1,111 @@
+"""The sampler's decisions and bounds: which frames are samples, the rate, the queue, the JPEG budget."""
+
+from __future__ import annotations
+
+import base64
+
+import cv2
+import numpy as np
+import pytest
+
+from agent.config.models import SamplesConfig, SlotConfig
+from agent.protocol.messages import decode, encode
+from agent.protocol.results import ClassScore, Detection, Prediction
+from agent.protocol.samples import SampleMessage
+from agent.runtime.samples import Sampler, sample_reason
+from agent.runtime.snapshot_command import SnapshotTooLargeError
+
+
+def _classes(*scores: float) -> Prediction:
+    return Prediction(classes=[ClassScore(index=i, label=f"c{i}", score=s) for i, s in enumerate(scores)])
+
+
+def _boxes(*scores: float) -> Prediction:
+    return Prediction(
+        detections=[
+            Detection(index=i, label=f"d{i}", score=s, box=(10, 10, 50, 60)) for i, s in enumerate(scores)
+        ]
+    )
+
+
+def _image() -> np.ndarray:
+    rng = np.random.default_rng(0)
+    return rng.integers(0, 255, size=(480, 640, 3), dtype=np.uint8)
+
+
+def test_sampling_is_off_unless_the_operator_turns_it_on() -> None:
+    assert SlotConfig(model="m.onnx").samples.enabled is False
+    sampler = Sampler(SamplesConfig(), "s")
+    assert sampler.offer(_image(), _classes(0.1, 0.05), "cam", 1) is False
+    assert sampler.pending() == 0
+
+
+@pytest.mark.parametrize(
+    ("prediction", "reason"),
+    [
+        (_classes(0.3, 0.2), "low_confidence"),
+        (_classes(0.9, 0.05), None),
+        (_classes(float("nan"), 0.1), "unusual"),
+        (_boxes(0.9, 0.4), "low_confidence"),
+        (_boxes(0.9, 0.95), None),
+        (_boxes(0.9, float("nan")), "unusual"),
+        (_boxes(*([0.9] * 4)), "unusual"),
+        (_boxes(), None),
+    ],
+)
+def test_which_frames_are_samples(prediction: Prediction, reason: str | None) -> None:
+    config = SamplesConfig(enabled=True, max_confidence=0.5, max_detections=3)
+    assert sample_reason(prediction, config) == reason
+
+
+def test_rate_is_a_sliding_minute_and_the_queue_is_bounded() -> None:
+    now = [0.0]
+    sampler = Sampler(SamplesConfig(enabled=True, per_minute=2), "s", clock=lambda: now[0])
+    low = _classes(0.2)
+    assert sampler.offer(_image(), low, "cam", 1)
+    assert sampler.offer(_image(), low, "cam", 2)
+    assert not sampler.offer(_image(), low, "cam", 3)  # third in the same minute
+    assert sampler.skipped == 1
+    now[0] = 59.9
+    assert not sampler.offer(_image(), low, "cam", 4)
+    now[0] = 60.0
+    assert sampler.offer(_image(), low, "cam", 5)
+    # The queue holds at most 4 frames however long the publisher stalls.
+    for minute in range(2, 10):
+        now[0] = 60.0 * minute
+        sampler.offer(_image(), low, "cam", 10 + minute)
+    assert sampler.pending() == 4
+
+
+def test_a_taken_sample_is_a_bounded_jpeg_with_its_prediction() -> None:
+    sampler = Sampler(SamplesConfig(enabled=True, max_bytes=8192, max_dimension=320), "slot-a")
+    assert sampler.offer(_image(), _boxes(0.3, *([0.9] * 30)), "cam", 42)
+    message = sampler.take("det", "3", payload_limit=256 * 1024)
+    assert message is not None
+    assert sampler.take("det", "3", 256 * 1024) is None
+    again = decode(SampleMessage, encode(message))
+    assert again == message
+    jpeg = base64.b64decode(again.jpeg_b64)
+    assert len(jpeg) <= 8192
+    image = cv2.imdecode(np.frombuffer(jpeg, np.uint8), cv2.IMREAD_COLOR)
+    assert image is not None
+    assert max(image.shape[:2]) <= 320
+    assert (again.width, again.height) == (image.shape[1], image.shape[0])
+    assert (again.source_width, again.source_height) == (640, 480)
+    assert again.frame == 42
+    assert again.slot == "slot-a"
+    assert again.reason == "low_confidence"
+    assert again.prediction.detections is not None
+    assert len(again.prediction.detections) == 20
+    assert again.detections_total == 31
+
+
+def test_the_payload_limit_caps_the_jpeg_below_max_bytes() -> None:
+    sampler = Sampler(SamplesConfig(enabled=True, max_bytes=512 * 1024), "s")
+    sampler.offer(_image(), _classes(0.1), "cam", 1)
+    message = sampler.take("m", None, payload_limit=40 * 1024)
+    assert message is not None
+    assert len(encode(message)) <= 40 * 1024
+    sampler.offer(_image(), _classes(0.1), "cam", 2)
+    with pytest.raises(SnapshotTooLargeError):
+        sampler.take("m", None, payload_limit=8 * 1024)  # no room left for any JPEG
