@@ -16,20 +16,24 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from pydantic import Field
+
 from agent.fsutil import atomic_write_bytes, fsync_directory
+from agent.model_base import StrictModel
 from agent.protocol.samples import SampleMessage
 from agent.protocol.topics import check_level
 
 _NAME = re.compile(r"^(\d{12})-(.+)\.json$")
 
 
-@dataclass(frozen=True)
-class SampleBounds:
-    """How much the controller keeps."""
+class SampleBounds(StrictModel):
+    """How many samples the controller keeps (``samples:`` in controller.yaml)."""
 
-    max_count: int = 2000
-    max_bytes: int = 256 * 1024 * 1024
-    per_device: int = 200
+    max_count: int = Field(2000, ge=1, le=1_000_000, description="Most samples kept in all.")
+    max_bytes: int = Field(
+        256 * 1024 * 1024, ge=1024 * 1024, description="Most bytes the samples take on disk in all."
+    )
+    per_device: int = Field(200, ge=1, le=1_000_000, description="Most samples kept of one device.")
 
 
 @dataclass(frozen=True)

@@ -15,14 +15,15 @@ from agent.fleet.sample_store import SampleBounds, SampleStore
 from agent.protocol.results import ClassScore, Detection, Prediction
 from agent.protocol.samples import SampleMessage
 from agent.runtime.samples import Sampler
+from tests.sample_results import result
 
 
 def _sample(prediction: Prediction, frame: int = 1, slot: str = "s") -> SampleMessage:
     rng = np.random.default_rng(frame)
     image = rng.integers(0, 255, size=(240, 320, 3), dtype=np.uint8)
     sampler = Sampler(SamplesConfig(enabled=True, max_dimension=160, max_bytes=16 * 1024), slot)
-    assert sampler.offer(image, prediction, "cam", frame)
-    message = sampler.take("m", "1", payload_limit=256 * 1024)
+    assert sampler.offer(image, result(prediction, frame, slot=slot))
+    message = sampler.take(payload_limit=256 * 1024)
     assert message is not None
     return message
 
@@ -61,7 +62,9 @@ def test_count_and_bytes_bounds_evict_the_oldest_and_a_restart_reads_back(tmp_pa
         store.add(f"d{frame}", _sample(_low_class(), frame))
     assert [s.device for s in store.samples()] == ["d2", "d3", "d4"]
     size = store.samples()[0].size
-    tight = SampleStore(tmp_path, SampleBounds(max_count=100, max_bytes=size * 2 + size // 2, per_device=100))
+    # Below the configurable 1 MiB floor, so built unchecked: room for two and a half samples.
+    bounds = SampleBounds.model_construct(max_count=100, max_bytes=size * 2 + size // 2, per_device=100)
+    tight = SampleStore(tmp_path, bounds)
     assert [s.device for s in tight.samples()] == ["d2", "d3", "d4"]  # read back from disk
     tight.add("d5", _sample(_low_class(), 5))
     assert [s.device for s in tight.samples()] == ["d4", "d5"]

@@ -14,6 +14,7 @@ from agent.protocol.results import ClassScore, Detection, Prediction
 from agent.protocol.samples import SampleMessage
 from agent.runtime.samples import Sampler, sample_reason
 from agent.runtime.snapshot_command import SnapshotTooLargeError
+from tests.sample_results import result
 
 
 def _classes(*scores: float) -> Prediction:
@@ -36,7 +37,7 @@ def _image() -> np.ndarray:
 def test_sampling_is_off_unless_the_operator_turns_it_on() -> None:
     assert SlotConfig(model="m.onnx").samples.enabled is False
     sampler = Sampler(SamplesConfig(), "s")
-    assert sampler.offer(_image(), _classes(0.1, 0.05), "cam", 1) is False
+    assert sampler.offer(_image(), result(_classes(0.1, 0.05), 1)) is False
     assert sampler.pending() == 0
 
 
@@ -55,34 +56,34 @@ def test_sampling_is_off_unless_the_operator_turns_it_on() -> None:
 )
 def test_which_frames_are_samples(prediction: Prediction, reason: str | None) -> None:
     config = SamplesConfig(enabled=True, max_confidence=0.5, max_detections=3)
-    assert sample_reason(prediction, config) == reason
+    assert sample_reason(prediction.classes, prediction.detections, config) == reason
 
 
 def test_rate_is_a_sliding_minute_and_the_queue_is_bounded() -> None:
     now = [0.0]
     sampler = Sampler(SamplesConfig(enabled=True, per_minute=2), "s", clock=lambda: now[0])
     low = _classes(0.2)
-    assert sampler.offer(_image(), low, "cam", 1)
-    assert sampler.offer(_image(), low, "cam", 2)
-    assert not sampler.offer(_image(), low, "cam", 3)  # third in the same minute
+    assert sampler.offer(_image(), result(low, 1))
+    assert sampler.offer(_image(), result(low, 2))
+    assert not sampler.offer(_image(), result(low, 3))  # third in the same minute
     assert sampler.skipped == 1
     now[0] = 59.9
-    assert not sampler.offer(_image(), low, "cam", 4)
+    assert not sampler.offer(_image(), result(low, 4))
     now[0] = 60.0
-    assert sampler.offer(_image(), low, "cam", 5)
+    assert sampler.offer(_image(), result(low, 5))
     # The queue holds at most 4 frames however long the publisher stalls.
     for minute in range(2, 10):
         now[0] = 60.0 * minute
-        sampler.offer(_image(), low, "cam", 10 + minute)
+        sampler.offer(_image(), result(low, 10 + minute))
     assert sampler.pending() == 4
 
 
 def test_a_taken_sample_is_a_bounded_jpeg_with_its_prediction() -> None:
     sampler = Sampler(SamplesConfig(enabled=True, max_bytes=8192, max_dimension=320), "slot-a")
-    assert sampler.offer(_image(), _boxes(0.3, *([0.9] * 30)), "cam", 42)
-    message = sampler.take("det", "3", payload_limit=256 * 1024)
+    assert sampler.offer(_image(), result(_boxes(0.3, *([0.9] * 30)), 42))
+    message = sampler.take(payload_limit=256 * 1024)
     assert message is not None
-    assert sampler.take("det", "3", 256 * 1024) is None
+    assert sampler.take(256 * 1024) is None
     again = decode(SampleMessage, encode(message))
     assert again == message
     jpeg = base64.b64decode(again.jpeg_b64)
@@ -102,10 +103,10 @@ def test_a_taken_sample_is_a_bounded_jpeg_with_its_prediction() -> None:
 
 def test_the_payload_limit_caps_the_jpeg_below_max_bytes() -> None:
     sampler = Sampler(SamplesConfig(enabled=True, max_bytes=512 * 1024), "s")
-    sampler.offer(_image(), _classes(0.1), "cam", 1)
-    message = sampler.take("m", None, payload_limit=40 * 1024)
+    sampler.offer(_image(), result(_classes(0.1), 1))
+    message = sampler.take(payload_limit=40 * 1024)
     assert message is not None
     assert len(encode(message)) <= 40 * 1024
-    sampler.offer(_image(), _classes(0.1), "cam", 2)
+    sampler.offer(_image(), result(_classes(0.1), 2))
     with pytest.raises(SnapshotTooLargeError):
-        sampler.take("m", None, payload_limit=8 * 1024)  # no room left for any JPEG
+        sampler.take(payload_limit=8 * 1024)  # no room left for any JPEG
