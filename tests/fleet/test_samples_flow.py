@@ -15,14 +15,16 @@ import numpy as np
 import paho.mqtt.publish as mqtt_publish
 import pytest
 
+from agent.cli import main
 from agent.config.models import SamplesConfig
 from agent.fleet.controller import FleetController
 from agent.fleet.controller_config import ControllerConfig
 from agent.fleet.sample_export import export_samples
-from agent.fleet.sample_store import SampleBounds
+from agent.fleet.sample_store import SampleBounds, SampleStore
 from agent.localbroker import Broker
 from agent.mqtt.link import MqttLink
 from agent.protocol.results import ClassScore, Detection, Prediction
+from agent.protocol.samples import SampleMessage
 from agent.protocol.topics import Topics
 from agent.runtime.samples import SamplePublisher, Sampler
 from agent.runtime.snapshots import SnapshotBoard
@@ -131,6 +133,57 @@ def test_samples_flow_from_a_device_to_the_controller_and_export_as_a_dataset(
     assert folders.images == 1
     (jpeg,) = (tmp_path / "folders" / "forklift").glob("*.jpg")
     assert cv2.imread(str(jpeg)) is not None
+
+
+def test_the_cli_exports_from_the_controllers_state_dir(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    state_dir = tmp_path / "controller"
+    store = SampleStore(state_dir / "samples")
+    store.add("cam-1", _sample(Prediction(classes=[ClassScore(index=0, label="cat", score=0.2)])))
+    store.add(
+        "cam-2",
+        _sample(Prediction(detections=[Detection(index=0, label="dog", score=0.3, box=(1, 2, 30, 40))])),
+    )
+    out = tmp_path / "dataset"
+    argv = ["fleet", "samples", "export", "--state-dir", str(state_dir), "-o", str(out)]
+    assert main([*argv, "--format", "coco"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report == {"format": "coco", "out": str(out), "images": 1, "annotations": 1, "skipped": 1}
+    coco = json.loads((out / "annotations.json").read_text())
+    assert coco["categories"] == [{"id": 1, "name": "dog"}]
+    assert cv2.imread(str(out / coco["images"][0]["file_name"])) is not None
+    assert main([*argv, "--format", "folders"]) == 0
+    assert len(list((out / "cat").glob("*.jpg"))) == 1
+
+
+def test_the_cli_names_a_state_dir_without_samples(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = main(
+        [
+            "fleet",
+            "samples",
+            "export",
+            "--format",
+            "coco",
+            "--state-dir",
+            str(tmp_path),
+            "-o",
+            str(tmp_path / "o"),
+        ]
+    )
+    assert code == 1
+    assert f"--state-dir {tmp_path}: no samples/ there" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+
+
+def _sample(prediction: Prediction) -> SampleMessage:
+    sampler = Sampler(SamplesConfig(enabled=True), "s")
+    assert sampler.offer(_frame(0), result(prediction))
+    message = sampler.take(payload_limit=256 * 1024)
+    assert message is not None
+    return message
 
 
 def test_a_malformed_sample_is_counted_and_kept_nowhere(
