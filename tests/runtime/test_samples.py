@@ -3,17 +3,22 @@
 from __future__ import annotations
 
 import base64
+import re
+import threading
+from pathlib import Path
 
 import cv2
 import numpy as np
 import pytest
 
+from agent.config.changes import ConfigChange, needs_restart
 from agent.config.models import SamplesConfig, SlotConfig
 from agent.protocol.messages import decode, encode
 from agent.protocol.results import ClassScore, Detection, Prediction
 from agent.protocol.samples import SampleMessage
-from agent.runtime.samples import Sampler, sample_reason
+from agent.runtime.samples import SamplePublisher, Sampler, sample_reason
 from agent.runtime.snapshot_command import SnapshotTooLargeError
+from agent.telemetry.metrics import Metrics
 from tests.sample_results import result
 
 
@@ -110,3 +115,44 @@ def test_the_payload_limit_caps_the_jpeg_below_max_bytes() -> None:
     sampler.offer(_image(), result(_classes(0.1), 2))
     with pytest.raises(SnapshotTooLargeError):
         sampler.take(payload_limit=8 * 1024)  # no room left for any JPEG
+
+
+def test_the_publisher_counts_what_it_sends_and_drops_what_cannot_fit() -> None:
+    sent: list[SampleMessage] = []
+    limit = [256 * 1024]
+    sampler = Sampler(SamplesConfig(enabled=True, per_minute=10), "s")
+    metrics = Metrics()
+    publisher = SamplePublisher([sampler], sent.append, lambda: limit[0], threading.Event())
+    metrics.add_collector(publisher.stats, prefix="samples")
+    sampler.offer(_image(), result(_classes(0.1), 1))
+    publisher.drain()
+    limit[0] = 8 * 1024  # no room for any JPEG: dropped, not retried
+    sampler.offer(_image(), result(_classes(0.1), 2))
+    publisher.drain()
+    assert [m.frame for m in sent] == [1]
+    snapshot = metrics.snapshot()
+    assert (snapshot["samples.published"], snapshot["samples.dropped"]) == (1.0, 1.0)
+    assert sampler.pending() == 0
+
+
+def test_the_protocol_doc_example_is_what_a_sampler_sends() -> None:
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "protocol.md").read_text()
+    section = doc.split("### SampleMessage\n", 1)[1].split("\n### ", 1)[0]
+    (example,) = re.findall(r"```json\n(.*?)```", section, re.S)
+    documented = decode(SampleMessage, example.encode())
+    jpeg = cv2.imdecode(np.frombuffer(base64.b64decode(documented.jpeg_b64), np.uint8), cv2.IMREAD_COLOR)
+    assert jpeg is not None
+    assert jpeg.shape[:2] == (documented.height, documented.width)
+    sampler = Sampler(SamplesConfig(enabled=True, max_dimension=16), "det")
+    detection = Detection(index=0, label="person", score=0.41, box=(8, 6, 40, 44))
+    sampler.offer(
+        np.full((48, 64, 3), 90, np.uint8), result(Prediction(detections=[detection]), 1234, "dock", "det")
+    )
+    sent = sampler.take(256 * 1024)
+    assert sent is not None
+    assert sent.model_copy(update={"msg_id": documented.msg_id}) == documented
+
+
+def test_changing_samples_waits_for_a_restart() -> None:
+    change = ConfigChange("slots.cls.samples.enabled", False, True)
+    assert needs_restart(change, {"cls"})
