@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import re
 import threading
+from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -60,6 +61,8 @@ class SampleStore:
         self._kept: list[StoredSample] = []
         #: Samples dropped to stay within the bounds since start.
         self.evicted = 0
+        #: The msg_ids taken since start (at most ``max_count``): a QoS 1 resend is kept once.
+        self._seen: OrderedDict[str, None] = OrderedDict()
         directory.mkdir(parents=True, exist_ok=True)
         for path in directory.iterdir():
             match = _NAME.match(path.name)
@@ -68,13 +71,22 @@ class SampleStore:
         self._kept.sort(key=lambda s: s.seq)
         self._next = self._kept[-1].seq + 1 if self._kept else 0
 
-    def add(self, device: str, sample: SampleMessage) -> StoredSample:
-        """Write ``sample`` from ``device`` and evict what the bounds no longer allow."""
+    def add(self, device: str, sample: SampleMessage) -> StoredSample | None:
+        """Write ``sample`` from ``device`` and evict what the bounds no longer allow.
+
+        None: the same message was taken already (a QoS 1 resend).
+        """
         check_level(device, "device id")
+        key = f"{device}/{sample.msg_id}"
         data = json.dumps({"device": device, "sample": sample.model_dump(mode="json")}).encode()
         if len(data) > self.bounds.max_bytes:
             raise ValueError(f"a sample of {len(data)} bytes is over the store's {self.bounds.max_bytes}")
         with self._lock:
+            if key in self._seen:
+                return None
+            self._seen[key] = None
+            if len(self._seen) > self.bounds.max_count:
+                self._seen.popitem(last=False)
             mine = [s for s in self._kept if s.device == device]
             doomed = mine[: max(0, len(mine) - self.bounds.per_device + 1)]
             gone = {s.seq for s in doomed}

@@ -46,6 +46,7 @@ def _low_boxes() -> Prediction:
 def test_one_device_cannot_fill_the_store(tmp_path: Path) -> None:
     store = SampleStore(tmp_path, SampleBounds(max_count=10, max_bytes=10**9, per_device=3))
     other = store.add("quiet", _sample(_low_class(), 100))
+    assert other is not None
     for frame in range(6):
         store.add("loud", _sample(_low_class(), frame))
     kept = store.samples()
@@ -110,3 +111,12 @@ def _read_frame(path: Path) -> int:
     frame = json.loads(path.read_text())["sample"]["frame"]
     assert isinstance(frame, int)
     return frame
+
+
+def test_a_resent_sample_is_kept_once(tmp_path: Path) -> None:
+    store = SampleStore(tmp_path)
+    sample = _sample(_low_class(), 1)
+    assert store.add("cam-1", sample) is not None
+    assert store.add("cam-1", sample) is None  # the QoS 1 resend of the same msg_id
+    assert store.add("cam-2", sample) is not None  # another device's message is its own
+    assert len(store.samples()) == 2
