@@ -54,6 +54,7 @@ from agent.runtime.evidence import EvidenceCommand, EvidenceStore
 from agent.runtime.layout import Layout, slot_layout
 from agent.runtime.models import SlotModels
 from agent.runtime.pipeline import SlotPipeline
+from agent.runtime.samples import SamplePublisher, Sampler
 from agent.runtime.slot import ModelSlot, SlotState
 from agent.runtime.snapshot_command import SnapshotCommand
 from agent.runtime.snapshots import Snapshot
@@ -172,6 +173,8 @@ class Agent:
         self._pipelines_built = threading.Event()
         self.telemetry: TelemetryLoop | None = None
         self.watchdog: Watchdog | None = None
+        #: Publishes the opt-in samples for retraining (None: no slot samples).
+        self.samples: SamplePublisher | None = None
         prometheus = config.telemetry.prometheus
         # Opt-in: serves the figures of each telemetry message; figures older than three intervals
         # are left out (the loop stopped), as Prometheus expects of a silent source.
@@ -195,6 +198,7 @@ class Agent:
             self.models.load_initial(name, slot_config)
         self.pipelines = self._build_pipelines()
         self._pipelines_built.set()
+        self.samples = self._start_samples()
         for pipeline in self.pipelines:
             pipeline.start()
         self.models.start_deferred_builds()
@@ -219,6 +223,27 @@ class Agent:
             empty_slots=empty,
             version=__version__,
         )
+
+    def _start_samples(self) -> SamplePublisher | None:
+        """Opt-in per slot: a sampler on each sampling slot's frame board, one thread publishing."""
+        samplers = []
+        for pipeline in self.pipelines:
+            config = self.config.slots[pipeline.slot.name].samples
+            if config.enabled:
+                sampler = Sampler(config, pipeline.slot.name)
+                pipeline.snapshots.on_paired = sampler.offer
+                samplers.append(sampler)
+        if not samplers:
+            return None
+        publisher = SamplePublisher(
+            samplers,
+            lambda message: self.link.publish(self.topics.samples, message, qos=1),
+            partial(self.link.payload_limit, self.topics.samples),
+            self.stop_event,
+        )
+        self.metrics.add_collector(publisher.stats, prefix="samples")
+        publisher.start()
+        return publisher
 
     def _pipeline(self, slot: str) -> SlotPipeline | None:
         return next((p for p in self.pipelines if p.slot.name == slot), None)
@@ -379,6 +404,8 @@ class Agent:
             pipeline.stop(deadline - 2.5)
         if self.telemetry is not None:
             self.telemetry.join(max(0.1, deadline - 2.5 - time.monotonic()))
+        if self.samples is not None:
+            self.samples.join(max(0.1, deadline - 2.5 - time.monotonic()))
         if self.watchdog is not None:
             self.watchdog.join(1.0)
         if self.metrics_endpoint is not None:

@@ -380,6 +380,7 @@ def main() -> int:
                     "spin": [],
                     "decode": [],
                     "infer": [],
+                    "sampling": [],
                 }
                 # Interleaved repeats, medians compared: a burst of load elsewhere on the machine
                 # then hits every variant alike instead of deciding a ratio.
@@ -408,8 +409,22 @@ def main() -> int:
                             {"allow_spinning": True},
                         )
                     )
+                    # Samples for retraining on at its default rate, every frame under the bar: each
+                    # paired frame pays the decision, two a minute the JPEG encode.
+                    rows["sampling"].append(
+                        bench_agent(
+                            model,
+                            size,
+                            clip,
+                            broker.port,
+                            workdir / f"{case}-sampling-{rep}",
+                            frames,
+                            {"samples": {"enabled": True, "max_confidence": 1.0}},
+                        )
+                    )
                 raw, naive, agent, spinning = (_median(rows[k]) for k in ("raw", "naive", "agent", "spin"))
                 decode, infer = _median(rows["decode"]), _median(rows["infer"])
+                sampling = _median(rows["sampling"])
                 overheads = [
                     overhead_ms_per_frame(a, d, i)
                     for a, d, i in zip(rows["agent"], rows["decode"], rows["infer"], strict=True)
@@ -426,11 +441,16 @@ def main() -> int:
                     "naive_loop": naive,
                     "agent": agent,
                     "agent_allow_spinning": spinning,
+                    "agent_sampling_on": sampling,
+                    "agent_sampling_on_fps_samples": [round(r["fps"], 1) for r in rows["sampling"]],
                     "agent_fps_samples": [round(r["fps"], 1) for r in rows["agent"]],
                     "ratios": {
                         "agent_over_raw_fps": agent["fps"] / raw["fps"],
                         "agent_over_naive_fps": agent["fps"] / naive["fps"],
                         "agent_over_naive_cpu_per_frame": agent["cpu_s_per_frame"] / naive["cpu_s_per_frame"],
+                        "sampling_on_over_off_fps": sampling["fps"] / agent["fps"],
+                        "sampling_on_over_off_cpu_per_frame": sampling["cpu_s_per_frame"]
+                        / agent["cpu_s_per_frame"],
                         "spinning_agent_over_raw_fps": spinning["fps"] / raw["fps"],
                         "spinning_agent_over_naive_fps": spinning["fps"] / naive["fps"],
                         "spinning_agent_over_naive_cpu_per_frame": spinning["cpu_s_per_frame"]

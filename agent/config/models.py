@@ -25,6 +25,39 @@ from agent.postprocess.spec import ClassificationSpec, PostprocessSpec
 from agent.spool_settings import SpoolSettings
 
 
+class SamplesConfig(StrictModel):
+    """Frames kept for retraining (opt-in): the uncertain or unusual ones, bounded in rate and bytes.
+
+    Off by default: frames leave the device only when the operator turns this on (privacy and
+    bandwidth are the operator's choice; docs/fleet.md "Samples for retraining").
+    """
+
+    enabled: bool = Field(False, description="Publish sample frames on up/samples (off: nothing is kept).")
+    max_confidence: float = Field(
+        0.5,
+        ge=0.0,
+        le=1.0,
+        description="A frame whose top-1 class score (classifier) or any detection score (detector) is "
+        "below this is a sample.",
+    )
+    max_detections: int = Field(
+        50,
+        ge=1,
+        le=10_000,
+        description="A detector frame with more detections than this is unusual: a sample.",
+    )
+    per_minute: int = Field(
+        2, ge=1, le=60, description="Most samples encoded and published per minute (a sliding 60 s window)."
+    )
+    max_bytes: int = Field(
+        96 * 1024,
+        ge=4096,
+        le=1024 * 1024,
+        description="Most JPEG bytes per sample; quality, then size, are lowered until it fits.",
+    )
+    max_dimension: int = Field(640, ge=16, le=8192, description="Longest side of a sample JPEG in pixels.")
+
+
 class SlotConfig(StrictModel):
     """A model slot: one model at a time, hot-swappable, shared by any number of streams."""
 
@@ -64,6 +97,7 @@ class SlotConfig(StrictModel):
     build: BuildSpec | None = Field(
         None, description="Engine build request; absent: run the ONNX model as it is on ONNX Runtime."
     )
+    samples: SamplesConfig = Field(default_factory=SamplesConfig)
 
 
 class StreamConfig(StrictModel):

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 from agent.errors import UsageError
 from agent.fleet.cli_args import add_retained_wait, add_target_arguments, chosen_targets, json_arg
 from agent.fleet.connection import add_broker_arguments, settings_from_args
+from agent.fleet.controller_config import DEFAULT_STATE_DIR
 from agent.fleet.deploy import DEFAULT_STATUS_POLL_S
 from agent.fleet.deploy_command import add_manifest_arguments, run_deploy
 from agent.fleet.rollout_cli import add_controller_arguments, run_controller_command, run_rollout
@@ -44,6 +45,8 @@ FLEET_COMMANDS = (
     "watch",
     "cmd",
     "snapshot",
+    "evidence",
+    "samples",
     "logs",
     "decommission",
     "controller",
@@ -181,6 +184,32 @@ def add_fleet_arguments(parser: argparse.ArgumentParser) -> None:
     add_broker_arguments(ev)
     _add_verbose(ev)
 
+    samples = sub.add_parser(
+        "samples", help="the devices' opt-in samples for retraining, kept by the controller"
+    )
+    samples_sub = samples.add_subparsers(dest="samples_command", required=True, metavar="COMMAND")
+    export = samples_sub.add_parser(
+        "export",
+        help="write the controller's samples as a dataset with the model's predictions as pre-labels "
+        "(run on the controller host: it reads STATE_DIR/samples)",
+    )
+    export.add_argument(
+        "--format",
+        choices=("coco", "folders"),
+        required=True,
+        help="coco: COCO JSON and images/ (detectors); folders: a folder of JPEGs per top-1 label "
+        "(classifiers)",
+    )
+    export.add_argument("-o", "--output", type=Path, required=True, metavar="DIR", help="directory to write")
+    export.add_argument(
+        "--state-dir",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help=f"the controller's state_dir, which holds samples/ (default: the unit's, {DEFAULT_STATE_DIR})",
+    )
+    _add_verbose(export)
+
     logs = sub.add_parser("logs", help="print a device's latest log lines (secrets redacted on the device)")
     logs.add_argument("device", metavar="DEVICE", help="device id")
     logs.add_argument(
@@ -252,6 +281,8 @@ def run_fleet(args: argparse.Namespace) -> int:
         return _snapshot(args)
     if command == "evidence":
         return _evidence(args)
+    if command == "samples":
+        return _samples_export(args)
     if command == "logs":
         return _logs(args)
     if command == "decommission":
@@ -336,6 +367,24 @@ def _evidence(args: argparse.Namespace) -> int:
     print(f"{len(evidence.frames)} evidence frame(s) of job {args.job_id} written to {args.output}")
     for path in written:
         print(f"  {path.name}")
+    return 0
+
+
+def _samples_export(args: argparse.Namespace) -> int:
+    from agent.fleet.sample_export import export_samples, summary_json
+    from agent.fleet.sample_store import SampleStore
+
+    state_dir = args.state_dir or DEFAULT_STATE_DIR
+    directory = state_dir / "samples"
+    if not directory.is_dir():
+        raise UsageError(
+            f"--state-dir {state_dir}: no samples/ there (not the controller's state_dir, or no "
+            "device has sent a sample yet)"
+        )
+    if args.output.exists() and not args.output.is_dir():
+        raise UsageError(f"-o {args.output} is a file; name the directory to write the dataset to")
+    summary = export_samples(SampleStore(directory), args.format, args.output)
+    print(summary_json(summary, args.format, args.output))
     return 0
 
 

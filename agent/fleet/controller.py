@@ -51,6 +51,7 @@ from agent.fleet.rollout_report import rollout_status
 from agent.fleet.rollout_runner import RolloutRunner
 from agent.fleet.rollout_spec import RolloutRequest, model_ref, plan_for, request_of
 from agent.fleet.rollout_store import RolloutState, RolloutStore, StoreDamagedError, StoreFullError
+from agent.fleet.sample_store import SampleStore
 from agent.fleet.snapshot import snapshot_json, take_snapshot
 from agent.fleet.status import collect_fleet
 from agent.fleet.untrusted import shown
@@ -59,8 +60,9 @@ from agent.fleet.view import FleetView
 from agent.mqtt.core import PublishProperties
 from agent.mqtt.inbound import InboundMessage
 from agent.mqtt.service_client import ServiceClient
-from agent.protocol.messages import CommandReply, encode
-from agent.protocol.topics import CONTROLLER_VERBS, ControllerTopics
+from agent.protocol.messages import CommandReply, ProtocolError, decode, encode
+from agent.protocol.samples import SampleMessage
+from agent.protocol.topics import CONTROLLER_VERBS, ControllerTopics, fleet_filter, parse
 from agent.transitions import IllegalTransitionError
 
 log = structlog.get_logger(__name__)
@@ -100,6 +102,9 @@ class FleetController:
             None if config.unsigned or config.signing_key is None else load_signing_key(config.signing_key)
         )
         self._uploads = UploadSink(config.models_dir)
+        #: The devices' opt-in samples for retraining, bounded on disk (opened in start()).
+        self.samples: SampleStore | None = None
+        self.samples_rejected = 0
         #: One controller per prefix (controller_lease.py): taken first thing in start().
         self.lease = PrefixLease(
             self.settings,
@@ -138,7 +143,9 @@ class FleetController:
         self.store = RolloutStore(self.config.store_path)
         self.chunks.add_repo(self.config.models_dir)
         self.chunks.start(timeout)
+        self.samples = SampleStore(self.config.samples_dir, self.config.samples)
         self._client.start(timeout)
+        self._client.subscribe(fleet_filter(self.settings.prefix, "samples"), qos=1, timeout=timeout)
         self._client.subscribe(self.topics.request_filter, qos=1, timeout=timeout)
         # Before the devices' retained messages arrive: what the store knows of their last jobs
         # (a restarted controller's console and /metrics show them, with their shadow and probation).
@@ -272,8 +279,25 @@ class FleetController:
         """Dispatcher thread: requests go to the loop, device messages into the view."""
         if self.topics.requested(message.topic) is not None:  # unknown verbs too: they get an answer
             self._requests.put(message)
+        elif message.topic.endswith("/up/samples"):
+            self._keep_sample(message)
         else:
             self.view.apply(message)
+
+    def _keep_sample(self, message: InboundMessage) -> None:
+        """An ``up/samples`` message into the bounded store; a malformed one is counted and dropped."""
+        try:
+            device = parse(message.topic, self.settings.prefix).device
+            sample = decode(SampleMessage, message.payload)
+            if self.samples is not None:
+                self.samples.add(device, sample)
+        except (ValueError, ProtocolError, OSError) as exc:
+            self.samples_rejected += 1
+            log.warning(
+                "fleet.controller.sample_rejected",
+                topic=shown(message.topic, 200),
+                error=shown(str(exc), 300),
+            )
 
     def _serve_http(self) -> Any:
         """The console and /metrics (the ``fleet`` extra's web stack, imported only when asked for)."""

@@ -18,6 +18,7 @@ from pydantic import Field, ValidationError, field_validator
 from agent.config import base_dir, read_yaml, resolve_paths
 from agent.config.problems import config_error, describe
 from agent.errors import ConfigError
+from agent.fleet.sample_store import SampleBounds
 from agent.model_base import StrictModel
 from agent.mqtt.settings import MqttSettings
 
@@ -106,6 +107,15 @@ class ControllerConfig(StrictModel):
     lease_ttl_s: int = Field(
         60, ge=3, le=86_400, description="The prefix lease's claim expires this long after its last renewal."
     )
+
+    samples: SampleBounds = Field(
+        default_factory=SampleBounds,
+        description="The store of the devices' opt-in samples for retraining ({state_dir}/samples).",
+    )
+
+    @property
+    def samples_dir(self) -> Path:
+        return self.state_dir / "samples"
 
     @property
     def models_dir(self) -> Path:

@@ -15,7 +15,10 @@ UP = "up"
 DOWN = "down"
 
 #: Kinds without an argument level, by direction.
-_FIXED_KINDS: dict[str, frozenset[str]] = {UP: frozenset({"status", "info", "telemetry"}), DOWN: frozenset()}
+_FIXED_KINDS: dict[str, frozenset[str]] = {
+    UP: frozenset({"status", "info", "telemetry", "samples"}),
+    DOWN: frozenset(),
+}
 #: Kinds followed by exactly one argument level, by direction.
 _ARG_KINDS: dict[str, frozenset[str]] = {
     UP: frozenset({"results", "jobs", "cmd", "xfer"}),
@@ -83,6 +86,11 @@ class Topics:
     def telemetry(self) -> str:
         """Periodic flat numeric telemetry (QoS 0, not retained)."""
         return f"{self._base}/up/telemetry"
+
+    @property
+    def samples(self) -> str:
+        """Frames kept for retraining, one JPEG and its prediction each (QoS 1, not retained; opt-in)."""
+        return f"{self._base}/up/samples"
 
     @property
     def xfer_req(self) -> str:

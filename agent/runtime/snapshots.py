@@ -10,6 +10,7 @@ with another frame's image, and nothing is encoded until a ``snapshot`` command 
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -33,6 +34,8 @@ class SnapshotBoard:
         self._lock = threading.Lock()
         self._pending: dict[str, tuple[int, npt.NDArray[np.uint8]]] = {}
         self._latest: dict[str, Snapshot] = {}
+        #: Called with each frame paired with its result (outside the lock): the slot's sampler.
+        self.on_paired: Callable[[npt.NDArray[np.uint8], ResultMessage], object] | None = None
 
     def inferred(self, stream: str, index: int, image: npt.NDArray[np.uint8]) -> None:
         """Frame ``index`` of ``stream`` was inferred; its result comes next (a newer frame wins)."""
@@ -50,6 +53,8 @@ class SnapshotBoard:
                 return
             del self._pending[result.stream]
             self._latest[result.stream] = Snapshot(held[1], result)
+        if self.on_paired is not None:
+            self.on_paired(held[1], result)
 
     def latest(self, stream: str) -> Snapshot | None:
         """The stream's latest frame with its result; None before the first result."""

@@ -47,7 +47,7 @@ def test_doc_spells_every_topic_of_the_tree() -> None:
     text = DOC.read_text()
     t = Topics("{p}", "{dev}")
     topics = [
-        t.status, t.info, t.telemetry, t.xfer_req, t.results("{stream}"), t.jobs("{job_id}"),
+        t.status, t.info, t.telemetry, t.samples, t.xfer_req, t.results("{stream}"), t.jobs("{job_id}"),
         t.cmd_reply("{name}"), t.desired("{slot}"), t.xfer("{sha256}"), t.cmd("{name}"),
     ]  # fmt: skip
     for topic in topics:
