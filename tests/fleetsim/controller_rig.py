@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from agent.delivery.manifest import recover_job_id
-from agent.fleet.controller_client import ControllerClient, ControllerUnavailableError, RequestRefusedError
+from agent.errors import TransportError
+from agent.fleet.controller_client import ControllerClient, RequestRefusedError
 from agent.fleet.keys import KeyPairFiles, write_keypair
 from agent.fsutil import sha256_file
 from agent.localbroker import Broker
@@ -30,7 +31,7 @@ from agent.mqtt.settings import MqttSettings
 from agent.protocol.messages import JobStatus, decode
 from tests.fleetsim.sim_fleet import SimFleet
 from tests.mqtt_probe import Probe, Received
-from tests.waiting import wait_until
+from tests.waiting import patient, wait_until
 
 SLOT = "main"
 #: How long a rollout of the rig's small fleet may take, faults and restarts included.
@@ -152,12 +153,15 @@ class ControllerRig:
     def status(self, rollout_id: str) -> dict[str, Any]:
         """The rollout's status; asked again while the controller is not subscribed (a request sent
         before it resubscribed to a restarted broker has no one to reach, as for any CLI call)."""
-        for _ in range(6):
+        # Until a deadline, not a count of tries: a request nobody is subscribed to (mosquitto's "no
+        # matching subscribers") or a broker still down fails at once, not after the timeout.
+        deadline = time.monotonic() + patient(60.0)
+        while time.monotonic() < deadline:
             try:
                 with ControllerClient(self.settings, timeout=10) as client:
                     return client.request("status", {"rollout_id": rollout_id})
-            except ControllerUnavailableError:
-                continue
+            except TransportError:  # ControllerUnavailableError, or the broker not back yet
+                time.sleep(0.2)
         raise AssertionError(
             f"no controller answered for a minute: {self.log.read_text(errors='replace')[-3000:]}"
         )
