@@ -38,8 +38,8 @@ def _parser() -> argparse.ArgumentParser:
 
     schema = sub.add_parser(
         "schema",
-        help="write the JSON Schema of every MQTT message: the device's, the deploy manifest, the chunk "
-        "request and the controller's RolloutRequest and RolloutStatus",
+        help="write the JSON Schema of every MQTT message: the device's (samples included), the deploy "
+        "manifest, the chunk request and the controller's RolloutRequest and RolloutStatus",
     )
     schema.add_argument("--out", type=Path, default=Path("schemas"), help="output directory")
 
