@@ -54,14 +54,29 @@ log = structlog.get_logger(__name__)
 FINAL_STATES = frozenset({RolloutState.DONE, RolloutState.ABORTED, RolloutState.SUPERSEDED})
 
 
-def _job_figures(p: DeviceProgress) -> dict[str, Any]:
+#: What the store keeps of a job's figures, all of which the device chose: probation figures per
+#: map (baseline, current) and the characters of a name or code. The gate reads ``failed`` and the
+#: shadow numbers, which are kept whole; the maps are for people (console, ``status --json``).
+STORED_FIGURES = 64
+STORED_NAME_CHARS = 128
+
+
+def job_figures(p: DeviceProgress) -> dict[str, Any]:
+    """The job figures the rollout store keeps for ``p``: bounded in count and bytes (issue 20's
+    rule for everything a device sends that the operator side keeps), the gate's inputs intact."""
     figures: dict[str, Any] = {"state": p.state.value if p.state else None}
     if p.error_code:
-        figures["error_code"] = p.error_code
+        figures["error_code"] = p.error_code[:STORED_NAME_CHARS]
     if p.shadow is not None:
-        figures["shadow"] = p.shadow.model_dump(mode="json")
+        figures["shadow"] = p.shadow.model_dump(mode="json")  # numbers only
     if p.probation is not None:
-        figures["probation"] = p.probation.model_dump(mode="json")
+        probation = p.probation.model_dump(mode="json")
+        for part in ("baseline", "current"):
+            kept = list(probation.get(part, {}).items())[:STORED_FIGURES]
+            probation[part] = {name[:STORED_NAME_CHARS]: value for name, value in kept}
+        if probation.get("failed"):
+            probation["failed"]["figure"] = probation["failed"]["figure"][:STORED_NAME_CHARS]
+        figures["probation"] = probation
     return figures
 
 
@@ -323,7 +338,7 @@ class RolloutRunner:
         for p in snapshot:
             if p.state is None or self._recorded.get(p.device) == p.state.value:
                 continue
-            self.store.record_job(self.rollout_id, p.device, DeviceEnd.of_job(p.state), _job_figures(p))
+            self.store.record_job(self.rollout_id, p.device, DeviceEnd.of_job(p.state), job_figures(p))
             # Only once stored: a write that failed (a full disk) is tried again at the next step.
             self._recorded[p.device] = p.state.value
 
