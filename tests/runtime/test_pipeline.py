@@ -364,7 +364,9 @@ def test_frames_left_for_gpu_preprocessing_reach_the_engine_whole_and_publish_th
     assert [r.frame_index for r in got] == list(range(30))
     assert [r.classes for r in got] == [r.classes for r in expected]
     seen = [shape for stand_in in stand_ins.values() for shape in stand_in.frame_shapes]
-    assert seen, "the engines preprocessing on the GPU got frames"
+    # Which worker takes which batch is the scheduler's choice (one of three engines may run none
+    # on a loaded machine): every frame an engine of the GPU branch ran reached it whole.
+    assert len(seen) == sum(loaded.engines[i].frames for i in gpu_engines)
     assert all(shape == (72, 96, 3) for shape in seen), "full-size decoded frames, not CPU tensors"
     if len(gpu_engines) == 3:
         assert len(seen) == 30
