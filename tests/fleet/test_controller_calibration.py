@@ -43,6 +43,8 @@ def test_rollout_start_uploads_the_calibration_and_signs_it_into_the_manifest(
     broker_args = ["--broker", f"{broker.host}:{broker.port}", "--prefix", prefix]
     with _fleet(broker, prefix, keys, ["k0", "k1"]) as fleet, Probe(broker.host, broker.port) as probe:
         probe.subscribe(f"{prefix}/+/down/desired/{SLOT}")
+        # Not a fault test: what is checked is the CLI's output / the signed manifest, not a device's
+        # checks (the fault tests run with shadow and probation on: tests/fleetsim/test_controller_faults.py).
         start = ["fleet", "rollout", "start", str(model), "--slot", SLOT, "--version", "2", "--no-shadow"]
         start += ["--device", "k0,k1", "--precision", "int8", "--calib-cache", str(table), "--id", "cal"]
         assert main([*start, "--json", *broker_args]) == 0

@@ -180,6 +180,8 @@ def test_every_rollout_command_with_json_prints_only_json_on_stdout(
     whatever the command says besides (selection, upload, ``-v`` logs) goes to stderr."""
     model = tiny_model(tmp_path / "m.onnx")
     broker_args = ["--broker", f"{broker.host}:{broker.port}", "--prefix", prefix]
+    # Not a fault test: what is checked is the CLI's output / the signed manifest, not a device's
+    # checks (the fault tests run with shadow and probation on: tests/fleetsim/test_controller_faults.py).
     start = ["fleet", "rollout", "start", str(model), "--slot", SLOT, "--version", "2", "--no-shadow"]
 
     def stdout_of(*argv: str) -> str:
