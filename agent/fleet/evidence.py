@@ -9,7 +9,6 @@ a device says is kept only as bounded JSON.
 from __future__ import annotations
 
 import base64
-import binascii
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,13 +16,13 @@ from typing import Any
 
 from agent.errors import TransportError
 from agent.fleet.command import DeviceRefusedError, send_command
+from agent.fleet.snapshot import jpeg_of_reply
 from agent.fsutil import atomic_write_bytes
 from agent.mqtt.settings import MqttSettings
 from agent.protocol.messages import CommandReply
 
 #: Frames fetched at most per job, whatever a device's index claims (a device keeps 6 by default).
 MAX_FRAMES = 16
-_JPEG_START = b"\xff\xd8"
 
 
 class BadEvidenceError(TransportError):
@@ -57,19 +56,9 @@ def _result(reply: CommandReply) -> dict[str, Any]:
 def frame_from_reply(reply: CommandReply) -> EvidenceFrame:
     """One frame's reply, checked; DeviceRefusedError for ``ok: false``, BadEvidenceError for junk."""
     result = _result(reply)
-    text = result.pop("jpeg_base64", None)
-    if not isinstance(text, str):
-        raise BadEvidenceError("the device's evidence frame has no jpeg_base64 text")
-    try:
-        jpeg = base64.b64decode(text, validate=True)
-    except (binascii.Error, ValueError) as exc:
-        raise BadEvidenceError(f"the device's jpeg_base64 is not base64 ({exc})") from exc
-    if not jpeg.startswith(_JPEG_START):
-        raise BadEvidenceError("the device's evidence frame is not a JPEG (no SOI marker)")
-    for key in ("frame", "agreement", "serving", "candidate"):
-        if key not in result:
-            raise BadEvidenceError(f"the device's evidence frame has no {key!r}")
-    return EvidenceFrame(jpeg, result)
+    required = ("frame", "agreement", "serving", "candidate")
+    what = "evidence frame"
+    return EvidenceFrame(jpeg_of_reply(result, required, BadEvidenceError, what=what, image=what), result)
 
 
 def fetch_evidence(

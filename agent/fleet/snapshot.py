@@ -39,23 +39,34 @@ class DeviceSnapshot:
     meta: dict[str, Any]
 
 
+def jpeg_of_reply(
+    result: dict[str, Any], required: tuple[str, ...], error: type[TransportError], *, what: str, image: str
+) -> bytes:
+    """The JPEG a device's reply carries as ``jpeg_base64`` (popped from ``result``), checked along
+    with the ``required`` keys; ``error`` names what is wrong (``what``: the reply, ``image``: its
+    picture, in the operator's words). Snapshots and evidence frames travel the same way."""
+    text = result.pop("jpeg_base64", None)
+    if not isinstance(text, str):
+        raise error(f"the device's {what} has no jpeg_base64 text")
+    try:
+        jpeg = base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise error(f"the device's jpeg_base64 is not base64 ({exc})") from exc
+    if not jpeg.startswith(_JPEG_START):
+        raise error(f"the device's {image} is not a JPEG (no SOI marker)")
+    for key in required:
+        if key not in result:
+            raise error(f"the device's {what} has no {key!r}")
+    return jpeg
+
+
 def snapshot_from_reply(reply: CommandReply) -> DeviceSnapshot:
     """The snapshot in ``reply``; DeviceRefusedError for ``ok: false``, BadSnapshotError for junk."""
     if not reply.ok:
         raise DeviceRefusedError(reply)
     result = dict(reply.result or {})
-    text = result.pop("jpeg_base64", None)
-    if not isinstance(text, str):
-        raise BadSnapshotError("the device's snapshot reply has no jpeg_base64 text")
-    try:
-        jpeg = base64.b64decode(text, validate=True)
-    except (binascii.Error, ValueError) as exc:
-        raise BadSnapshotError(f"the device's jpeg_base64 is not base64 ({exc})") from exc
-    if not jpeg.startswith(_JPEG_START):
-        raise BadSnapshotError("the device's snapshot is not a JPEG (no SOI marker)")
-    for key in ("stream", "frame_index", "width", "height"):
-        if key not in result:
-            raise BadSnapshotError(f"the device's snapshot reply has no {key!r}")
+    required = ("stream", "frame_index", "width", "height")
+    jpeg = jpeg_of_reply(result, required, BadSnapshotError, what="snapshot reply", image="snapshot")
     return DeviceSnapshot(jpeg, result)
 
 
