@@ -629,6 +629,12 @@ class SlotModels:
                 "probation": "ended",
             }
         self.wait_initial_load(slot)
+        # Under the slot's lock: a swap in flight (a config reload serves first, records after)
+        # has recorded its model before the rollback reads which model came before it.
+        with self._slot_locks[slot]:
+            return self._rollback(slot)
+
+    def _rollback(self, slot: str) -> dict[str, Any]:
         saved = self.state.slot(slot)
         record = saved.last_known_good
         if record is None:
@@ -641,7 +647,7 @@ class SlotModels:
         base = current.source if current is not None else model_source(self.slot_configs[slot])
         source = self.prepared(slot, _from_record(base, record), _build_of(record))
         try:
-            loaded = self.activate(slot, source, origin="rollback")
+            loaded = self._activate(slot, source, "rollback", must_record=True)
         except OSError as exc:
             ref = current.ref if current is not None else None
             serving = (

@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -17,34 +18,33 @@ from agent.errors import DiskFullError
 from agent.fsutil import sha256_file
 from agent.modelzoo import write_classifier
 from agent.platform import detect_platform
-from agent.runtime.models import SlotModels
+from agent.runtime.models import SlotModels, model_source
 from agent.runtime.slot import ModelSlot
-from agent.state import StateFile
+from agent.state import AgentState, StateFile
 from agent.telemetry import Metrics
 from tests.small_disk import small_disk
 
 
-def test_a_deployment_waits_for_the_slots_start_up_load_and_then_wins(tmp_path: Path) -> None:
-    v1 = write_classifier(tmp_path / "v1.onnx", input_size=32, num_classes=4, seed=1)
-    v2 = write_classifier(tmp_path / "v2.onnx", input_size=32, num_classes=4, seed=2)
-    config = SlotConfig.model_validate(
+def _config(model: Path, version: str = "1") -> SlotConfig:
+    return SlotConfig.model_validate(
         {
-            "model": v1,
+            "model": model,
             "model_id": "cls",
-            "version": "1",
+            "version": version,
             "preprocess": {"width": 32, "height": 32},
             "postprocess": {"type": "classification", "top_k": 2},
         }
     )
-    state_file = StateFile(tmp_path / "state" / "state.json")
+
+
+def _slot_models(tmp_path: Path, config: SlotConfig, state_file: StateFile) -> SlotModels:
     engines = EngineService(
-        EngineBuilder(tmp_path / "state", EngineConfig(), detect_platform()),
+        EngineBuilder(tmp_path / "engines", EngineConfig(), detect_platform()),
         EngineConfig(),
         lambda _s, _n: [],
     )
-    slot = ModelSlot("cls")
-    models = SlotModels(
-        {"cls": slot},
+    return SlotModels(
+        {"cls": ModelSlot("cls")},
         {"cls": config},
         state_file,
         engines,
@@ -52,16 +52,29 @@ def test_a_deployment_waits_for_the_slots_start_up_load_and_then_wins(tmp_path: 
         latest_frame=lambda _slot: None,
         on_activated=lambda: None,
     )
-    request = ActivationRequest(
+
+
+def _request(model: Path, version: str) -> ActivationRequest:
+    return ActivationRequest(
         slot="cls",
-        engine_path=v2,
+        engine_path=model,
         backend="onnxruntime",
         load_extra={},
         model_id="cls",
-        version="2",
-        sha256=sha256_file(v2),
-        model_path=v2,
+        version=version,
+        sha256=sha256_file(model),
+        model_path=model,
     )
+
+
+def test_a_deployment_waits_for_the_slots_start_up_load_and_then_wins(tmp_path: Path) -> None:
+    v1 = write_classifier(tmp_path / "v1.onnx", input_size=32, num_classes=4, seed=1)
+    v2 = write_classifier(tmp_path / "v2.onnx", input_size=32, num_classes=4, seed=2)
+    config = _config(v1)
+    state_file = StateFile(tmp_path / "state" / "state.json")
+    models = _slot_models(tmp_path, config, state_file)
+    slot = models.slots["cls"]
+    request = _request(v2, "2")
     # A resumed deployment's retained manifest arrives while the agent has not loaded the slot yet.
     activated = threading.Event()
 
@@ -92,45 +105,15 @@ def test_a_deployment_waits_for_the_slots_start_up_load_and_then_wins(tmp_path: 
 def test_the_same_bytes_deployed_as_a_new_version_can_be_rolled_back_to_the_old_one(tmp_path: Path) -> None:
     """Issue 20.13: v1 runs, its very bytes are deployed as version 2; ``rollback`` brings back v1."""
     v1 = write_classifier(tmp_path / "v1.onnx", input_size=32, num_classes=4, seed=1)
-    config = SlotConfig.model_validate(
-        {
-            "model": v1,
-            "model_id": "cls",
-            "version": "1",
-            "preprocess": {"width": 32, "height": 32},
-            "postprocess": {"type": "classification", "top_k": 2},
-        }
-    )
+    config = _config(v1)
     state_file = StateFile(tmp_path / "state" / "state.json")
-    engines = EngineService(
-        EngineBuilder(tmp_path / "state", EngineConfig(), detect_platform()),
-        EngineConfig(),
-        lambda _s, _n: [],
-    )
-    slot = ModelSlot("cls")
-    models = SlotModels(
-        {"cls": slot},
-        {"cls": config},
-        state_file,
-        engines,
-        Metrics(),
-        latest_frame=lambda _slot: None,
-        on_activated=lambda: None,
-    )
+    models = _slot_models(tmp_path, config, state_file)
+    slot = models.slots["cls"]
     models.load_initial("cls", config)
     stored = tmp_path / "models" / f"{sha256_file(v1)}.onnx"  # where delivery stores the same bytes
     stored.parent.mkdir()
     stored.write_bytes(v1.read_bytes())
-    request = ActivationRequest(
-        slot="cls",
-        engine_path=stored,
-        backend="onnxruntime",
-        load_extra={},
-        model_id="cls",
-        version="2",
-        sha256=sha256_file(stored),
-        model_path=stored,
-    )
+    request = _request(stored, "2")
     models.activate_delivered(request)
     current = slot.current
     assert current is not None
@@ -156,43 +139,7 @@ def test_on_a_full_state_disk_a_deployment_or_rollback_changes_nothing_and_a_sta
     v1 = write_classifier(tmp_path / "v1.onnx", input_size=32, num_classes=4, seed=1)
     v2 = write_classifier(tmp_path / "v2.onnx", input_size=32, num_classes=4, seed=2)
     v3 = write_classifier(tmp_path / "v3.onnx", input_size=32, num_classes=4, seed=3)
-    config = SlotConfig.model_validate(
-        {
-            "model": v1,
-            "model_id": "cls",
-            "version": "1",
-            "preprocess": {"width": 32, "height": 32},
-            "postprocess": {"type": "classification", "top_k": 2},
-        }
-    )
-
-    def slot_models(state_file: StateFile) -> SlotModels:
-        engines = EngineService(
-            EngineBuilder(tmp_path / "engines", EngineConfig(), detect_platform()),
-            EngineConfig(),
-            lambda _s, _n: [],
-        )
-        return SlotModels(
-            {"cls": ModelSlot("cls")},
-            {"cls": config},
-            state_file,
-            engines,
-            Metrics(),
-            latest_frame=lambda _slot: None,
-            on_activated=lambda: None,
-        )
-
-    def request(model: Path, version: str) -> ActivationRequest:
-        return ActivationRequest(
-            slot="cls",
-            engine_path=model,
-            backend="onnxruntime",
-            load_extra={},
-            model_id="cls",
-            version=version,
-            sha256=sha256_file(model),
-            model_path=model,
-        )
+    config = _config(v1)
 
     def serving(models: SlotModels) -> str | None:
         current = models.slots["cls"].current
@@ -201,13 +148,13 @@ def test_on_a_full_state_disk_a_deployment_or_rollback_changes_nothing_and_a_sta
 
     with small_disk(tmp_path / "state", "1m") as disk:
         state_file = StateFile(disk.path / "state.json")
-        models = slot_models(state_file)
+        models = _slot_models(tmp_path, config, state_file)
         models.load_initial("cls", config)
-        models.activate_delivered(request(v2, "2"))
+        models.activate_delivered(_request(v2, "2"))
         disk.fill()
 
         with pytest.raises(OSError) as raised:
-            models.activate_delivered(request(v3, "3"))
+            models.activate_delivered(_request(v3, "3"))
         assert raised.value.errno == errno.ENOSPC
         assert serving(models) == "2"
         assert models.slots["cls"].state.value == "active"
@@ -219,6 +166,53 @@ def test_on_a_full_state_disk_a_deployment_or_rollback_changes_nothing_and_a_sta
             assert active is not None
             assert active.version == "2"
 
-        restarted = slot_models(state_file)  # a restart on the still-full disk
+        restarted = _slot_models(tmp_path, config, state_file)  # a restart on the still-full disk
         restarted.load_initial("cls", config)
         assert serving(restarted) == "2"
+
+
+class _HeldStateFile(StateFile):
+    """A real state.json whose next save waits until the test lets it go: it holds a config swap
+    between serving its model and recording it, the window a rollback once fell into."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path)
+        self.hold = threading.Event()
+        self.holding = threading.Event()
+        self.release = threading.Event()
+
+    def save(self, state: AgentState) -> None:
+        if self.hold.is_set():
+            self.hold.clear()
+            self.holding.set()
+            assert self.release.wait(30), "the test never let the save go"
+        super().save(state)
+
+
+def test_a_rollback_sent_while_a_config_swap_records_its_model_waits_and_rolls_back(tmp_path: Path) -> None:
+    """A config reload serves its model first and records it after; a rollback that reads state.json
+    between the two found no last-known-good and was refused (CI, 2026-11-25). It waits now."""
+    v1 = write_classifier(tmp_path / "v1.onnx", input_size=32, num_classes=4, seed=1)
+    v2 = write_classifier(tmp_path / "v2.onnx", input_size=32, num_classes=4, seed=2)
+    state_file = _HeldStateFile(tmp_path / "state" / "state.json")
+    models = _slot_models(tmp_path, _config(v1), state_file)
+    models.load_initial("cls", _config(v1))
+    state_file.hold.set()
+    models.start_swap("cls", model_source(_config(v2, "2")), None)
+    assert state_file.holding.wait(20), "the swap never came to record its model"
+    current = models.slots["cls"].current
+    assert current is not None
+    assert current.ref.version == "2"  # v2 serves, state.json does not say so yet
+
+    replies: list[dict[str, Any]] = []
+    rollback = threading.Thread(target=lambda: replies.append(models.rollback("cls")))
+    rollback.start()
+    rollback.join(0.5)
+    assert rollback.is_alive(), "the rollback answered before the swap it follows was recorded"
+    state_file.release.set()
+    rollback.join(20)
+
+    assert [r["model"]["version"] for r in replies] == ["1"]
+    saved = state_file.load().slot("cls")
+    assert saved.active is not None
+    assert (saved.active.version, saved.active.origin) == ("1", "rollback")
