@@ -9,7 +9,7 @@ is what stands for the calibration input in the engine cache key.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +24,10 @@ from agent.errors import BuildError
 from agent.fsutil import sha256_file
 
 log = structlog.get_logger(__name__)
+
+#: About how many ``calibrating D/T frames`` lines one calibration says (build_progress bounds
+#: what is published; this bounds what a child writes to its parent).
+PROGRESS_LINES = 20
 
 #: Image files a calibration dataset directory may hold.
 IMAGE_SUFFIXES = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", ".ppm", ".pgm"})
@@ -115,7 +119,24 @@ def save_batches(
     return count, digest.hexdigest()
 
 
-def load_batches(directory: Path) -> Iterator[npt.NDArray[Any]]:
-    """The batches :func:`save_batches` wrote, in order."""
-    for path in sorted(directory.glob("batch_*.npy")):
-        yield np.load(path, allow_pickle=False)
+def load_batches(directory: Path, say: Callable[[str], None] | None = None) -> Iterator[npt.NDArray[Any]]:
+    """The batches :func:`save_batches` wrote, in order.
+
+    ``say``: told ``calibrating D/T frames`` as the calibrator consumes them (the build progress an
+    operator reads), about every twentieth of the frames and at the end. A line is said when the
+    calibrator asks for the next batch, so D counts frames it has finished with, not frames read.
+    """
+    paths = sorted(directory.glob("batch_*.npy"))
+    # Only the headers are read to count the frames (memory-mapped): the data is read once, below.
+    total = (
+        sum(int(np.load(path, mmap_mode="r", allow_pickle=False).shape[0]) for path in paths) if say else 0
+    )
+    step = max(1, total // PROGRESS_LINES)
+    done = said = 0
+    for path in paths:
+        batch = np.load(path, allow_pickle=False)
+        yield batch
+        done += int(batch.shape[0]) if batch.ndim else 1
+        if say is not None and (done - said >= step or done >= total):
+            said = done
+            say(f"calibrating {min(done, total)}/{total} frames")

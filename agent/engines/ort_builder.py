@@ -202,7 +202,7 @@ def build_onnxruntime(job: BuildJob, say: Progress) -> WorkerResult:
         # The TensorRT provider accepts only symmetric Q/DQ; the CPU kernels prefer asymmetric UINT8.
         target: Literal["cpu", "tensorrt"] = "tensorrt" if TENSORRT_EP in names else "cpu"
         say(f"calibrating (entropy) and quantizing to INT8 Q/DQ for {target}")
-        result = quantize_int8(job.model, out / "int8", load_batches(job.calibration_dir), target=target)
+        result = quantize_int8(job.model, out / "int8", load_batches(job.calibration_dir, say), target=target)
         source = result.model_path
         shutil.copyfile(result.table_path, out / TABLE_FILE)
         (out / TRT_CACHE_FILE).write_bytes(calibration_table_to_trt(result, job.trt_cache_version))

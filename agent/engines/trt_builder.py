@@ -128,7 +128,7 @@ def _int8_inputs(job: BuildJob, say: Progress) -> tuple[Path, Iterable[Calibrati
         from agent.engines.int8 import quantize_int8
 
         say("quantizing to Q/DQ for TensorRT")
-        batches = load_batches(job.calibration_dir)
+        batches = load_batches(job.calibration_dir, say)
         return quantize_int8(job.model, job.out_dir / "qdq", batches, target="tensorrt").model_path, None
     if job.plan.int8_mode != "calibrator":
         return job.model, None
@@ -142,4 +142,4 @@ def _int8_inputs(job: BuildJob, say: Progress) -> tuple[Path, Iterable[Calibrati
         data = read_cache_bytes(job.calibration_cache)
         if data is not None:
             check_cache_version(read_trt_cache(data), trt.__version__)
-    return job.model, load_batches(job.calibration_dir) if job.calibration_dir is not None else None
+    return job.model, load_batches(job.calibration_dir, say) if job.calibration_dir is not None else None

@@ -7,6 +7,7 @@ the agent's own preprocessing, ONNX Runtime's calibrator and ``quantize_static``
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,9 @@ from agent.backends.onnxruntime import OnnxRuntimeBackend
 from agent.camera.preprocess import preprocess
 from agent.camera.preprocess_spec import PreprocessSpec
 from agent.datasets.shapes import CLASSES, LABELS_PATH, MODEL_PATH, generate
+from agent.engines.build_progress import frames_of, phase_of
 from agent.engines.calibration_cache import from_ort_ranges, read_trt_cache
+from agent.engines.calibration_data import PROGRESS_LINES, load_batches, save_batches
 from agent.engines.int8 import (
     MODEL_FILE,
     TABLE_FILE,
@@ -288,3 +291,40 @@ def test_cpu_flags_come_from_the_first_processor() -> None:
     cpuinfo = "processor\t: 0\nflags\t\t: fpu avx2 fma\n\nprocessor\t: 1\nflags\t\t: fpu\n"
     assert parse_cpu_flags(cpuinfo) == {"fpu", "avx2", "fma"}
     assert parse_cpu_flags("Processor\t: ARMv8\nFeatures\t: fp asimd\n") == frozenset()
+
+
+def test_calibration_says_frames_done_of_total_as_the_calibrator_consumes_them(tmp_path: Path) -> None:
+    """Issue 23.2: a real ONNX Runtime calibration over the batch files a build child reads says
+    ``calibrating D/T frames``, D counting the frames the calibrator has finished with."""
+    model = _fixed_batch_model(tmp_path / "tiny.onnx")
+    rng = np.random.default_rng(1)
+    count, _ = save_batches(
+        (rng.uniform(0, 1, (3, 3, 8, 8)).astype(np.float32) for _ in range(40)), tmp_path / "batches"
+    )
+    lines: list[str] = []
+    consumed: list[int] = []  # frames the calibrator had taken when each line was said
+    taken = [0]
+
+    def say(line: str) -> None:
+        lines.append(line)
+        consumed.append(taken[0])
+
+    batches = load_batches(tmp_path / "batches", say)
+
+    def counting() -> Iterator[npt.NDArray[Any]]:
+        for batch in batches:
+            taken[0] += len(batch)
+            yield batch
+
+    quantize_int8(model, tmp_path / "out", counting(), method="minmax")
+
+    assert count == 40
+    progress = [frames_of(line) for line in lines]
+    assert progress[-1] == (120, 120)
+    assert all(p is not None and p[1] == 120 for p in progress)
+    done = [p[0] for p in progress if p is not None]
+    assert done == sorted(set(done))
+    assert 10 <= len(lines) <= PROGRESS_LINES + 1  # bounded, yet more than a start and an end
+    # Said only once the calibrator came back for more: never ahead of what it had taken.
+    assert all(d <= c for d, c in zip(done, consumed, strict=True))
+    assert [phase_of(line) for line in lines] == ["calibrating"] * len(lines)
