@@ -1,11 +1,12 @@
-"""The one owner of every slot's model: each slot's lock, its start-up gate, and every activation
-loaded and recorded in state.json the same way.
+"""The one owner of every slot's model: each slot's lock, its start-up gate, and the activation
+that loads a model and records it in state.json.
 
-One job (a slot changes model only here, under its one lock, and state.json records it before
-anyone is told), shared by the parts of :class:`~agent.runtime.models.SlotModels` that decide which
-model to activate: the start-up choice and reloads (:mod:`agent.runtime.models`), interim serving
-(:mod:`agent.runtime.interim`), deployments (:mod:`agent.runtime.deployments`) and rollbacks
-(:mod:`agent.runtime.rollback`).
+One job (a slot changes model only under its one lock, and state.json records every activation
+the same way before anyone is told), shared by the parts of :class:`~agent.runtime.models.SlotModels`
+that decide which model to activate: the start-up choice and reloads (:mod:`agent.runtime.models`),
+interim serving (:mod:`agent.runtime.interim`: the one load it never records), deployments
+(:mod:`agent.runtime.deployments`: a guarded one records through :meth:`SlotOwner.record` when it
+commits) and rollbacks (:mod:`agent.runtime.rollback`).
 """
 
 from __future__ import annotations
