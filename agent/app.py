@@ -4,7 +4,8 @@ One stop event ends everything. SIGTERM/SIGINT set it; SIGHUP asks for a reload 
 config, hot-swap slots whose model changed). Both are handled on the main thread.
 
 One job (the composition root: build every component, start them in order, stop them in
-reverse), a little over 400 lines because every component is wired here and nowhere else.
+reverse). Two parts of the wiring have modules of their own: the slots' frame paths
+(:mod:`agent.frame_paths`) and what the device reports about itself (:mod:`agent.device_reports`).
 """
 
 from __future__ import annotations
@@ -16,49 +17,31 @@ import time
 from functools import partial
 from pathlib import Path
 from types import FrameType
-from typing import Any, Literal
+from typing import Any
 
-import numpy as np
-import numpy.typing as npt
 import structlog
-from pydantic import TypeAdapter
 
 from agent import __version__
-from agent.camera.gst_pipelines import scaled_for
-from agent.camera.source import VideoSource
 from agent.config import AgentConfig, load_config
 from agent.config.changes import config_changes, needs_restart
-from agent.cpus import usable_cpus
 from agent.delivery.ledger import JobsFile
 from agent.delivery.service import DeliveryService
 from agent.delivery.transfer import fetch_model
+from agent.device_reports import DeviceReports
 from agent.engines.builder import EngineBuilder
 from agent.engines.service import EngineService
 from agent.errors import ConfigError
+from agent.frame_paths import FramePaths
 from agent.log_ring import LogRing, logs_command
 from agent.logs import configure_logging
 from agent.mqtt.link import MqttLink
-from agent.platform import detect_platform, platform_summary
-from agent.postprocess.spec import PostprocessSpec
+from agent.platform import detect_platform
 from agent.protocol.command_args import CalibrateArgs, EvidenceArgs, LogsArgs, SnapshotArgs
-from agent.protocol.messages import (
-    BackendInfo,
-    EngineInfo,
-    InfoMessage,
-    SlotBuildInfo,
-    SlotInfo,
-    TelemetryMessage,
-)
 from agent.protocol.topics import Topics
 from agent.runtime.evidence import EvidenceCommand, EvidenceStore
-from agent.runtime.layout import Layout, slot_layout
 from agent.runtime.models import SlotModels
-from agent.runtime.pipeline import SlotPipeline
-from agent.runtime.samples import SamplePublisher, Sampler
 from agent.runtime.slot import ModelSlot, SlotState
 from agent.runtime.snapshot_command import SnapshotCommand
-from agent.runtime.snapshots import Snapshot
-from agent.runtime.stage_items import StreamPlan
 from agent.spool import Spool
 from agent.state import StateFile
 from agent.state_lock import StateDirLock
@@ -69,17 +52,10 @@ from agent.telemetry.prometheus import TelemetryEndpoint
 
 log = structlog.get_logger(__name__)
 
-Origin = Literal["config", "delivery", "rollback"]
-_POSTPROCESS: TypeAdapter[PostprocessSpec] = TypeAdapter(PostprocessSpec)
-
 #: SIGTERM to exit must stay well inside systemd's TimeoutStopSec (15 s in our unit).
 STOP_BUDGET_S = 8.0
 #: Time systemd is asked to allow for each slot's first load at start-up.
 INITIAL_LOAD_BUDGET_S = 300.0
-#: How long calibration or the INT8 guard waits for live frames.
-FRAME_TAP_TIMEOUT_S = 60.0
-#: A frame path that has not turned over in this long is reported dead to the watchdog.
-HEARTBEAT_STALE_S = 10.0
 #: How long a Python thread may keep the GIL while another waits for it (CPython's default: 5 ms).
 #: The frame path's threads spend most of their time in C (decode, inference) and need the GIL back
 #: for a few microseconds after each call; behind a publisher running Python they could wait up to
@@ -117,14 +93,18 @@ class Agent:
         self.metrics.add_collector(self.link.stats, prefix="mqtt")
         self.metrics.add_collector(self.spool.stats, prefix="spool")
         self.platform = detect_platform(config.telemetry.sysfs_root)
-        self.layouts: dict[str, Layout] = {name: self._layout(name) for name in config.slots}
+        self.frames = FramePaths(config, self.topics, self.link, self.metrics, self.stop_event)
         self.slots = {
-            name: ModelSlot(name, on_transition=self._slot_changed, parallel_runs=self.layouts[name].workers)
+            name: ModelSlot(
+                name, on_transition=self._slot_changed, parallel_runs=self.frames.layouts[name].workers
+            )
             for name in config.slots
         }
         self.store = ModelStore(config.state_dir / "models")
         self.engines = EngineService(
-            EngineBuilder(config.state_dir, config.engines, self.platform), config.engines, self._tap_frames
+            EngineBuilder(config.state_dir, config.engines, self.platform),
+            config.engines,
+            self.frames.tap_frames,
         )
         #: A shadow rejection's disagreement frames, for the ``evidence`` command (bounded, in memory).
         self.evidence = EvidenceStore()
@@ -134,7 +114,7 @@ class Agent:
             StateFile(config.state_dir / "state.json"),
             self.engines,
             self.metrics,
-            latest_frame=self._latest_frame,
+            latest_frame=self.frames.latest_frame,
             on_activated=self._on_model_activated,
             evidence=self.evidence,
         )
@@ -147,7 +127,7 @@ class Agent:
             state=JobsFile.in_dir(config.state_dir),
             fetch=partial(fetch_model, link=self.link, topics=self.topics, config=config.delivery),
             activate=self.models.activate_delivered,
-            status=self.status_report,
+            status=self._status_report,
             rollback=self.models.rollback,
             slot_specs=self.models.slot_specs,
             build=self.models.build_delivered,
@@ -158,7 +138,9 @@ class Agent:
         )
         self.delivery.register_command("calibrate", self.models.calibrate, CalibrateArgs)
         reply_limit = partial(self.link.payload_limit, self.topics.cmd_reply("snapshot"))
-        snapshot = SnapshotCommand(config.snapshot, list(config.streams), self._latest_snapshot, reply_limit)
+        snapshot = SnapshotCommand(
+            config.snapshot, list(config.streams), self.frames.latest_snapshot, reply_limit
+        )
         self.delivery.register_command("snapshot", snapshot, SnapshotArgs)
         evidence_limit = partial(self.link.payload_limit, self.topics.cmd_reply("evidence"))
         evidence = EvidenceCommand(self.evidence, evidence_limit)
@@ -167,14 +149,8 @@ class Agent:
             logs_limit = partial(self.link.payload_limit, self.topics.cmd_reply("logs"))
             self.delivery.register_command("logs", logs_command(log_ring, logs_limit), LogsArgs)
         self.metrics.add_collector(self.delivery.commands.stats, prefix="commands")
-        self.pipelines: list[SlotPipeline] = []
-        # Set once the pipelines exist: a deployment whose manifest arrives (retained) while the
-        # first models load must wait for them before it can tap live frames for calibration.
-        self._pipelines_built = threading.Event()
         self.telemetry: TelemetryLoop | None = None
         self.watchdog: Watchdog | None = None
-        #: Publishes the opt-in samples for retraining (None: no slot samples).
-        self.samples: SamplePublisher | None = None
         prometheus = config.telemetry.prometheus
         # Opt-in: serves the figures of each telemetry message; figures older than three intervals
         # are left out (the loop stopped), as Prometheus expects of a silent source.
@@ -182,6 +158,18 @@ class Agent:
             TelemetryEndpoint(prometheus.host, prometheus.port, stale_after_s=3 * config.telemetry.interval_s)
             if prometheus.port is not None
             else None
+        )
+        self.reports = DeviceReports(
+            lambda: self.config,
+            platform=self.platform,
+            slots=self.slots,
+            models=self.models,
+            delivery=self.delivery,
+            frames=self.frames,
+            link=self.link,
+            topics=self.topics,
+            metrics=self.metrics,
+            metrics_endpoint=self.metrics_endpoint,
         )
 
     # -- start -------------------------------------------------------------------------------
@@ -196,24 +184,23 @@ class Agent:
             # Loading (and later, building) an engine can outlast systemd's start timeout.
             self.notifier.extend_timeout(INITIAL_LOAD_BUDGET_S)
             self.models.load_initial(name, slot_config)
-        self.pipelines = self._build_pipelines()
-        self._pipelines_built.set()
-        self.samples = self._start_samples()
-        for pipeline in self.pipelines:
-            pipeline.start()
+        self.frames.build(self.slots)
+        self.metrics.add_collector(self.reports.slot_stats, prefix="slot")
+        self.frames.start_samples()
+        self.frames.start()
         self.models.start_deferred_builds()
         self.telemetry = TelemetryLoop(
             self.metrics,
             DeviceStats(self.config.telemetry.sysfs_root),
-            self._publish_telemetry,
+            self.reports.publish_telemetry,
             self.config.telemetry.interval_s,
             self.stop_event,
         )
         self.telemetry.start()
         self.watchdog = Watchdog(self.notifier, self.stop_event)
-        self.watchdog.add_check("frame_loop", self._frame_loop_alive)
+        self.watchdog.add_check("frame_loop", lambda: self.frames.alive(self.config.watchdog.stuck_call_s))
         self.watchdog.add_check("mqtt_link", self.link.healthy)
-        self.notifier.ready(status=self._status_line())
+        self.notifier.ready(status=self.reports.status_line())
         self.watchdog.start()  # after READY=1: systemd counts watchdog pings from then on
         empty = [name for name, slot in self.slots.items() if slot.current is None]
         log.info(
@@ -223,105 +210,6 @@ class Agent:
             empty_slots=empty,
             version=__version__,
         )
-
-    def _start_samples(self) -> SamplePublisher | None:
-        """Opt-in per slot: a sampler on each sampling slot's frame board, one thread publishing."""
-        samplers = []
-        for pipeline in self.pipelines:
-            config = self.config.slots[pipeline.slot.name].samples
-            if config.enabled:
-                sampler = Sampler(config, pipeline.slot.name)
-                pipeline.snapshots.on_paired = sampler.offer
-                samplers.append(sampler)
-        if not samplers:
-            return None
-        publisher = SamplePublisher(
-            samplers,
-            lambda message: self.link.publish(self.topics.samples, message, qos=1),
-            partial(self.link.payload_limit, self.topics.samples),
-            self.stop_event,
-        )
-        self.metrics.add_collector(publisher.stats, prefix="samples")
-        publisher.start()
-        return publisher
-
-    def _pipeline(self, slot: str) -> SlotPipeline | None:
-        return next((p for p in self.pipelines if p.slot.name == slot), None)
-
-    def _latest_frame(self, slot: str) -> npt.NDArray[np.uint8] | None:
-        pipeline = self._pipeline(slot)
-        return pipeline.last_image if pipeline else None
-
-    def _latest_snapshot(self, stream: str) -> Snapshot | None:
-        for pipeline in self.pipelines:
-            if any(plan.name == stream for plan in pipeline.streams):
-                return pipeline.snapshots.latest(stream)
-        return None
-
-    def _layout(self, slot: str, model_ms: float | None = None, engines: int | None = None) -> Layout:
-        streams = [s for s in self.config.streams.values() if s.slot == slot]
-        return slot_layout(self.config.slots[slot], streams, usable_cpus(), model_ms, engines)
-
-    def _build_pipelines(self) -> list[SlotPipeline]:
-        pipelines = []
-        for slot_name, slot in self.slots.items():
-            plans = []
-            for stream_name, stream in self.config.streams.items():
-                if stream.slot != slot_name:
-                    continue
-                # A camera pipeline scales frames to this slot's input before they reach the CPU.
-                model = slot.current
-                preprocess = model.preprocess if model else self.config.slots[slot_name].preprocess
-                source = VideoSource(stream_name, scaled_for(stream.source, preprocess))
-                policy = stream.drop_policy
-                if policy == "auto":
-                    policy = "keep_newest" if source.is_live else "process_all"
-                plans.append(
-                    StreamPlan(
-                        name=stream_name,
-                        source=source,
-                        slot=slot_name,
-                        topic=self.topics.results(stream_name),
-                        policy=policy,
-                        queue_size=stream.queue_size,
-                        fps_limit=stream.fps_limit,
-                        qos=1 if stream.durable_results else stream.results_qos,
-                        durable=stream.durable_results,
-                    )
-                )
-                self.metrics.rate(f"stream.{stream_name}.fps", f"stream.{stream_name}.frames_published")
-                self.metrics.add_collector(source.stats, prefix=f"stream.{stream_name}.source")
-            if plans:
-                slot_config = self.config.slots[slot_name]
-                # Decided again now that the first model is loaded: its measured run time can keep
-                # a small model on one worker.
-                current = slot.current
-                layout = self._layout(
-                    slot_name,
-                    current.runner.probe_ms if current is not None else None,
-                    len(current.engines) if current is not None else None,
-                )
-                self.layouts[slot_name] = layout
-                slot.parallel_runs = layout.workers
-                pipelines.append(
-                    SlotPipeline(
-                        slot,
-                        plans,
-                        self.link,
-                        self.metrics,
-                        max_batch=layout.max_batch or slot_config.max_batch,
-                        workers=layout.workers,
-                    )
-                )
-                log.info(
-                    "pipeline.layout",
-                    slot=slot_name,
-                    workers=layout.workers,
-                    max_batch=layout.max_batch or slot_config.max_batch,
-                    reason=layout.reason,
-                )
-        self.metrics.add_collector(self._slot_stats, prefix="slot")
-        return pipelines
 
     # -- run ---------------------------------------------------------------------------------
 
@@ -372,26 +260,7 @@ class Agent:
         # other key waits for a restart, so the next reload reports it again instead of forgetting it.
         slots = {name: new.slots.get(name, self.config.slots[name]) for name in self.slots}
         self.config = self.config.model_copy(update={"slots": slots, "watchdog": new.watchdog})
-        self.notifier.ready(status=self._status_line())
-
-    # -- engines ---------------------------------------------------------------------------------
-
-    def _tap_frames(self, slot: str, n: int) -> list[npt.NDArray[np.uint8]]:
-        self._pipelines_built.wait(FRAME_TAP_TIMEOUT_S)
-        pipeline = self._pipeline(slot)
-        return pipeline.tap(n, every=2, timeout_s=FRAME_TAP_TIMEOUT_S) if pipeline else []
-
-    # -- delivery --------------------------------------------------------------------------------
-
-    def status_report(self) -> dict[str, Any]:
-        """``status`` command: slots, state.json and every metric."""
-        return {
-            "device_id": self.config.device_id,
-            "agent_version": __version__,
-            "slots": {name: slot.describe() for name, slot in self.slots.items()},
-            "state": self.models.snapshot(),
-            "metrics": self.metrics.snapshot(),
-        }
+        self.notifier.ready(status=self.reports.status_line())
 
     # -- stop --------------------------------------------------------------------------------
 
@@ -400,12 +269,11 @@ class Agent:
         deadline = time.monotonic() + STOP_BUDGET_S
         self.stop_event.set()
         self.notifier.stopping()
-        for pipeline in self.pipelines:
-            pipeline.stop(deadline - 2.5)
+        self.frames.stop(deadline - 2.5)
         if self.telemetry is not None:
             self.telemetry.join(max(0.1, deadline - 2.5 - time.monotonic()))
-        if self.samples is not None:
-            self.samples.join(max(0.1, deadline - 2.5 - time.monotonic()))
+        if self.frames.samples is not None:
+            self.frames.samples.join(max(0.1, deadline - 2.5 - time.monotonic()))
         if self.watchdog is not None:
             self.watchdog.join(1.0)
         if self.metrics_endpoint is not None:
@@ -421,88 +289,25 @@ class Agent:
 
     # -- reporting ---------------------------------------------------------------------------
 
+    def _status_report(self) -> dict[str, Any]:
+        # The delivery service is wired before the reports exist (they read its jobs): asked later.
+        return self.reports.status_report()
+
     def _on_model_activated(self) -> None:
         if self.link.connected:
-            self._publish_info()
+            self.reports.publish_info()
 
     def _on_job_end(self, _slot: str) -> None:
         # up/info is retained: `fleet status` shows each slot's last job and last failure from it.
         if self.link.connected:
-            self._publish_info()
+            self.reports.publish_info()
 
     def _on_connected(self, session: int) -> None:
         log.info("agent.connected", session=session)
-        self._publish_info()
-
-    def info_message(self) -> InfoMessage:
-        backends = {
-            name: BackendInfo(available=ok, reason=why) for name, (ok, why) in self.platform.backends.items()
-        }
-        slots = {}
-        for name, slot in self.slots.items():
-            model = slot.current
-            slots[name] = SlotInfo(
-                model=model.ref if model else None,
-                state=slot.state.value,
-                reason=None if model else slot.empty_reason,
-                since=model.loaded_at if model else None,
-                **self.delivery.job_fields(name),
-                workers=self.layouts[name].workers,
-                layout=self.layouts[name].reason,
-                engines=[EngineInfo.model_validate(row) for row in model.engine_shares()] if model else None,
-                serving=self.models.serving(name),
-                building=_slot_build(self.models.builds.info(name)),
-            )
-        return InfoMessage(
-            device_id=self.config.device_id,
-            agent_version=__version__,
-            platform=platform_summary(self.platform),
-            labels=dict(self.config.labels),
-            backends=backends,
-            slots=slots,
-            streams=list(self.config.streams),
-        )
-
-    def _publish_info(self) -> None:
-        self.link.publish(self.topics.info, self.info_message(), qos=1, retain=True)
-
-    def _publish_telemetry(self, values: dict[str, float]) -> None:
-        if self.metrics_endpoint is not None:
-            self.metrics_endpoint.update(values)  # before publishing: a broker outage must not hide it
-        self.link.publish(self.topics.telemetry, TelemetryMessage.model_validate(values), qos=0)
+        self.reports.publish_info()
 
     def _slot_changed(self, name: str, _old: SlotState, new: SlotState) -> None:
         self.metrics.counter(f"slot.{name}.transitions.{new.value}").inc()
-
-    def _slot_stats(self) -> dict[str, float]:
-        stats: dict[str, float] = {}
-        for name, slot in self.slots.items():
-            model = slot.current
-            stats[f"{name}.active"] = 1.0 if model else 0.0
-            # Telemetry is numeric: the model is identified by the first 7 hex digits of its sha256.
-            stats[f"{name}.model_sha7"] = float(int(model.ref.sha256[:7], 16)) if model else 0.0
-            stats[f"{name}.swaps"] = float(slot.swaps)
-            stats[f"{name}.failed_loads"] = float(slot.failed_loads)
-        return stats
-
-    def _frame_loop_alive(self) -> bool:
-        bound = self.config.watchdog.stuck_call_s
-        problems = [problem for p in self.pipelines for problem in p.problems(HEARTBEAT_STALE_S, bound)]
-        if problems:
-            # The watchdog's own line names only the check; this one says what is stuck, and where.
-            log.warning("pipeline.stuck", problems=problems, stuck_call_s=bound)
-        return not problems
-
-    def _status_line(self) -> str:
-        parts = []
-        for name, slot in self.slots.items():
-            model = slot.current
-            parts.append(
-                f"{name}={model.ref.model_id}:{model.ref.version or '-'}"
-                if model
-                else f"{name}=empty ({slot.empty_reason})"
-            )
-        return "serving " + " ".join(parts) if parts else "no slots configured"
 
 
 def run(config_path: Path) -> int:
@@ -518,7 +323,3 @@ def run(config_path: Path) -> int:
     finally:
         agent.stop()
     return 0
-
-
-def _slot_build(info: dict[str, object] | None) -> SlotBuildInfo | None:
-    return SlotBuildInfo.model_validate(info) if info is not None else None

@@ -10,21 +10,22 @@ durable *results* make room (or new ones are refused, ``results_at_cap: drop_new
 are never dropped. Results carry a time-to-live: an expired one is deleted when the replay reaches it
 instead of being published. A full disk never raises for a result: it is dropped and counted, and
 warned about once per episode (from the first failed write to the first write that succeeds with
-:data:`WRITE_RECOVERED_FREE_BYTES` free on the disk); a job state raises :class:`SpoolWriteError`
-so the caller can keep it in memory instead. Each write is one transaction, and
-:meth:`Spool.add_many` writes a whole batch in one, so a publisher of many results pays one fsync
-per batch, not one per result.
+:data:`~agent.spool_episodes.WRITE_RECOVERED_FREE_BYTES` free on the disk); a job state raises
+:class:`SpoolWriteError` so the caller can keep it in memory instead. Each write is one
+transaction, and :meth:`Spool.add_many` writes a whole batch in one, so a publisher of many results
+pays one fsync per batch, not one per result.
 
-One job (a capped, crash-safe outbox), about 500 lines: the cap, the eviction order, the TTL and the
-counters all live in the same transactions as the rows they change; apart, a crash between them
-would leave the counters lying.
+One job (a capped, crash-safe outbox): the cap, the eviction order and the TTL live in the same
+transactions as the rows they change; apart, a crash between them would break the cap. The file's
+tables and their upgrade are :mod:`agent.spool_schema`; the figures and the once-per-episode log
+lines (at the cap, writes failing) are :mod:`agent.spool_episodes`, changed here under the same lock
+right after each transaction.
 """
 
 from __future__ import annotations
 
 import contextlib
 import math
-import os
 import sqlite3
 import threading
 import time
@@ -36,6 +37,8 @@ from typing import Literal, overload
 import structlog
 
 from agent.errors import TransportError
+from agent.spool_episodes import SpoolEpisodes
+from agent.spool_schema import open_outbox
 from agent.spool_settings import SpoolSettings
 
 log = structlog.get_logger(__name__)
@@ -46,33 +49,6 @@ _KIND_CODE: dict[str, int] = {"state": 0, "result": 1}
 
 #: Bytes a row costs beyond its payload and topic (rowid, columns, b-tree cell), for the byte cap.
 ROW_OVERHEAD = 40
-#: Free bytes on the spool's disk that end a write-failure episode (with a write that succeeds): a disk
-#: hovering at full, where writes fail and succeed by turns, stays one episode with one warning.
-WRITE_RECOVERED_FREE_BYTES = 1024 * 1024
-#: Cap on the write-ahead log after a checkpoint (SQLite otherwise keeps its largest size forever).
-_WAL_LIMIT_BYTES = 64 * 1024 * 1024
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS outbox (
-    id         INTEGER PRIMARY KEY AUTOINCREMENT,
-    topic      TEXT    NOT NULL,
-    payload    BLOB    NOT NULL,
-    qos        INTEGER NOT NULL,
-    retain     INTEGER NOT NULL,
-    kind       INTEGER NOT NULL DEFAULT 0,
-    expires_at REAL
-);
-CREATE TABLE IF NOT EXISTS meta (
-    key   TEXT PRIMARY KEY,
-    value TEXT NOT NULL
-);
-"""
-#: Columns added after the first release: a spool written by an older agent gets them on open
-#: (its rows become job states: never dropped, never expired, which is what they were promised).
-_ADDED_COLUMNS = (
-    ("kind", "ALTER TABLE outbox ADD COLUMN kind INTEGER NOT NULL DEFAULT 0"),
-    ("expires_at", "ALTER TABLE outbox ADD COLUMN expires_at REAL"),
-)
 
 
 class SpoolWriteError(TransportError):
@@ -106,19 +82,6 @@ class SpooledMessage:
     expires_at: float | None = None  # wall-clock time after which it is deleted instead of sent
 
 
-@dataclass
-class _Counters:
-    rows: int = 0
-    bytes: int = 0
-    evicted: int = 0  # results deleted at the cap to make room (drop_oldest)
-    dropped_at_cap: int = 0  # new results refused at the cap
-    expired: int = 0  # results deleted past their time-to-live
-    dropped_write_failed: int = 0  # results not stored because the write failed (disk full)
-    write_failed_raised: int = (
-        0  # not stored, handed back to the caller (SpoolWriteError): job states, results while connected
-    )
-
-
 class Spool:
     """The outbox at ``path`` (created if missing). Thread-safe: one connection behind one lock."""
 
@@ -134,25 +97,14 @@ class Spool:
         self._clock = clock
         path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
-        self._n = _Counters()
-        self._at_cap = False  # inside a cap episode (logged once when it starts and once when it ends)
-        self._write_error: str | None = None  # inside a write-failure episode (same)
+        self._episodes = SpoolEpisodes(path, self.settings)
+        self._n = self._episodes.n
         self._unremoved: set[int] = set()  # acknowledged, but the DELETE failed (disk full): retried
         # Rows up to this id were handed to the MQTT client: they are in its memory and resent after a
         # reconnect, so evicting them would drop nothing; the cap evicts only rows after it.
         self._sent_upto = 0
         try:
-            # isolation_level=None: autocommit; every statement (or BEGIN..COMMIT) is its own durable
-            # transaction.
-            self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None, timeout=10.0)
-            self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute("PRAGMA synchronous=FULL")
-            self._db.execute(f"PRAGMA journal_size_limit={_WAL_LIMIT_BYTES}")
-            self._db.executescript(_SCHEMA)
-            columns = {row[1] for row in self._db.execute("PRAGMA table_info(outbox)")}
-            for name, ddl in _ADDED_COLUMNS:
-                if name not in columns:
-                    self._db.execute(ddl)
+            self._db = open_outbox(path)
             rows, size = self._db.execute(
                 "SELECT COUNT(*), COALESCE(SUM(length(payload) + length(topic)), 0) FROM outbox"
             ).fetchone()
@@ -232,7 +184,7 @@ class Spool:
             self._n.evicted += evicted_rows
             self._n.dropped_at_cap += len(entries) - len(stored)
             if evicted_rows or len(stored) < len(entries):
-                self._cap_reached()
+                self._episodes.cap_reached()
             self._write_recovered()
         return ids
 
@@ -297,16 +249,11 @@ class Spool:
         else:
             self._n.dropped_write_failed += len(entries) - states
         self._n.write_failed_raised += states
-        if self._write_error is None:
-            # Once per episode: a full disk with the broker down would otherwise log per frame.
-            self._write_error = str(exc)
-            log.warning(
-                "spool.write.failed",
-                path=str(self.path),
-                error=str(exc),
-                hint="durable results are dropped (counted in spool.dropped_write_failed) until the "
-                "state directory has free space again",
-            )
+        self._episodes.write_failed(
+            str(exc),
+            hint="durable results are dropped (counted in spool.dropped_write_failed) until the "
+            "state directory has free space again",
+        )
         if states:
             raise SpoolWriteError(
                 f"cannot store {states} message(s) in the spool {self.path}: {exc}; "
@@ -315,52 +262,13 @@ class Spool:
         return [None] * len(entries)
 
     def _write_recovered(self) -> None:
-        if self._write_error is not None and self._space_is_back():
-            log.info(
-                "spool.write.recovered",
-                path=str(self.path),
-                dropped_write_failed=self._n.dropped_write_failed,
-            )
-            self._write_error = None
+        """A write went through: maybe the end of a write-failure episode; deletes that failed are
+        tried again."""
+        self._episodes.write_succeeded()
         if self._unremoved:
             for message_id in sorted(self._unremoved):
                 if not self._delete(message_id):
                     break
-
-    def _space_is_back(self) -> bool:
-        """True when the spool's disk has :data:`WRITE_RECOVERED_FREE_BYTES` free: the end of a
-        write-failure episode. A write that squeezed into the last free pages does not end it: the
-        next one fails again, and one episode must not log two warnings."""
-        try:
-            st = os.statvfs(self.path.parent)
-        except OSError:
-            return True  # cannot tell: the write went through, take it as the end
-        return st.f_bavail * st.f_frsize >= WRITE_RECOVERED_FREE_BYTES
-
-    def _cap_reached(self) -> None:
-        if not self._at_cap:
-            self._at_cap = True
-            log.warning(
-                "spool.cap.reached",
-                rows=self._n.rows,
-                bytes=self._n.bytes,
-                max_rows=self.settings.max_rows,
-                max_bytes=self.settings.max_bytes,
-                policy=self.settings.results_at_cap,
-            )
-
-    def _note_level(self) -> None:
-        # The episode ends when the replay has made real room (10 % below both caps), so a spool
-        # hovering at the cap logs one warning, not one per batch.
-        s = self.settings
-        if self._at_cap and self._n.rows <= 0.9 * s.max_rows and self._n.bytes <= 0.9 * s.max_bytes:
-            self._at_cap = False
-            log.info(
-                "spool.cap.cleared",
-                rows=self._n.rows,
-                evicted=self._n.evicted,
-                dropped_at_cap=self._n.dropped_at_cap,
-            )
 
     # -- reading and acknowledging ---------------------------------------------------------
 
@@ -388,7 +296,7 @@ class Spool:
                     out.append(SpooledMessage(r[0], r[1], bytes(r[2]), r[3], bool(r[4]), r[5]))
                 # One transaction per page: after a long outage the replay may meet a million of them.
                 self._n.expired += self._delete_many(expired)
-            self._note_level()
+            self._episodes.note_level()
         return out
 
     def mark_sent(self, message_id: int) -> None:
@@ -404,7 +312,7 @@ class Spool:
         """
         with self._lock:
             self._delete(message_id)
-            self._note_level()
+            self._episodes.note_level()
 
     def remove_many(self, message_ids: Sequence[int]) -> None:
         """:meth:`remove` for many in one transaction: one fsync per batch of PUBACKs, not one each."""
@@ -412,7 +320,7 @@ class Spool:
             return
         with self._lock:
             self._delete_many(message_ids)
-            self._note_level()
+            self._episodes.note_level()
 
     def _delete_many(self, message_ids: Sequence[int]) -> int:
         """Delete rows in one transaction (lock held); the number of rows deleted."""
@@ -449,9 +357,7 @@ class Spool:
             ).fetchone()
         except sqlite3.Error as exc:
             self._unremoved.add(message_id)
-            if self._write_error is None:
-                self._write_error = str(exc)
-                log.warning("spool.write.failed", path=str(self.path), error=str(exc), operation="delete")
+            self._episodes.write_failed(str(exc), operation="delete")
             return False
         self._unremoved.discard(message_id)
         if row is not None:
@@ -469,22 +375,7 @@ class Spool:
         near its cap reads the device's own cap, not a guess), the drop counters, and
         ``write_failing`` (0/1)."""
         with self._lock:
-            return self._stats()
-
-    def _stats(self) -> dict[str, float]:
-        n = self._n
-        return {
-            "rows": float(n.rows),
-            "bytes": float(n.bytes),
-            "max_rows": float(self.settings.max_rows),
-            "max_bytes": float(self.settings.max_bytes),
-            "evicted": float(n.evicted),
-            "dropped_at_cap": float(n.dropped_at_cap),
-            "expired": float(n.expired),
-            "dropped_write_failed": float(n.dropped_write_failed),
-            "write_failed_raised": float(n.write_failed_raised),
-            "write_failing": 1.0 if self._write_error is not None else 0.0,
-        }
+            return self._episodes.stats()
 
     # -- key/value table -------------------------------------------------------------------
 
@@ -516,7 +407,11 @@ class Spool:
                 self._closed = True
                 self._db.close()
                 # The episode's figures, once, for the journal (what was dropped, and why).
-                log.info("spool.closed", path=str(self.path), **{k: int(v) for k, v in self._stats().items()})
+                log.info(
+                    "spool.closed",
+                    path=str(self.path),
+                    **{k: int(v) for k, v in self._episodes.stats().items()},
+                )
 
     def __enter__(self) -> Spool:
         return self

@@ -13,7 +13,8 @@ import pytest
 from structlog.testing import capture_logs
 
 from agent.mqtt.session import RESERVATION, SessionCounter
-from agent.spool import ROW_OVERHEAD, WRITE_RECOVERED_FREE_BYTES, Spool, SpoolEntry, SpoolWriteError
+from agent.spool import ROW_OVERHEAD, Spool, SpoolEntry, SpoolWriteError
+from agent.spool_episodes import WRITE_RECOVERED_FREE_BYTES
 from agent.spool_settings import SpoolSettings
 from agent.telemetry.series import series_of
 from tests.small_disk import small_disk

@@ -21,6 +21,13 @@ class InboundMessage:
 
 
 @dataclass(frozen=True)
+class InboxFull:
+    """A received message was dropped: the inbox was full (the link's network thread counts and logs it)."""
+
+    topic: str
+
+
+@dataclass(frozen=True)
 class Connected:
     """Control item: the link (re)connected with this session number."""
 

@@ -12,27 +12,25 @@ paho side of each lives in :mod:`agent.mqtt.core`, the only module that imports 
 * The core's events only go into ``_events`` (messages into the inbox): taking our own lock in
   ``on_publish`` could deadlock against paho's (paho#226). The network thread handles the events
   after each turn of the loop.
-* Durable messages are published only by the network thread, so a PUBACK (handled after the
-  ``publish()`` call that produced its mid has returned) always finds its spool id, even when the
-  broker answered before ``publish()`` returned.
+* Durable messages are published only by the network thread, so that a PUBACK always finds its
+  spool id (:mod:`agent.mqtt.durable`).
 * paho ignores the broker's Maximum Packet Size and resends an oversized QoS 1 message forever
   (paho#760): sizes are checked here, against our limit and the broker's CONNACK limit.
 
-One job, about 600 lines: the network thread's state (connection, session, the durable window and
-its spool ids in flight, the acknowledgements batched per turn, the offline status at stop) is one
-state machine that only that thread touches; split across modules, the rule "only the network
-thread publishes durable messages" would hold in no one place. The dispatcher is its own module.
+One job (the connection's life: connect, reconnect, the core's events, subscriptions, the online
+and offline status): the network thread's connection state is one state machine that only that
+thread touches. Its durable messages (spool, window, acknowledgements) are
+:class:`~agent.mqtt.durable.DurableMessages`, which says which of its methods that thread calls;
+the dispatcher and the counters are their own modules.
 """
 
 from __future__ import annotations
 
-import math
 import queue
 import random
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Literal
 
 import structlog
@@ -40,14 +38,16 @@ from pydantic import BaseModel
 
 from agent.backoff import reconnect_delay
 from agent.errors import TransportError
-from agent.mqtt.core import NOT_AUTHORIZED, MqttCore, PublishProperties, payload_limit
+from agent.mqtt.core import MqttCore, PublishProperties, payload_limit
 from agent.mqtt.dispatch import Dispatcher, Handler
+from agent.mqtt.durable import DurableMessages
 from agent.mqtt.events import CallbackFailed, ConnAck, Disconnected, Event, PubAck, PublishOutcome, SubAck
-from agent.mqtt.inbound import Connected, InboundMessage, Inbox
+from agent.mqtt.inbound import Connected, InboundMessage, Inbox, InboxFull
+from agent.mqtt.link_counters import LinkCounters
 from agent.mqtt.session import SESSION_KEY, SessionCounter
 from agent.mqtt.settings import MqttSettings
 from agent.protocol.messages import StatusMessage, encode
-from agent.spool import MessageKind, Spool, SpoolEntry, SpoolWriteError
+from agent.spool import MessageKind, Spool
 
 log = structlog.get_logger(__name__)
 
@@ -59,31 +59,6 @@ __all__ = ["SESSION_KEY", "MqttLink", "PublishProperties"]
 _IDLE_LOOP_S = 0.5
 #: While stopping, the stop's deadlines are checked this often.
 _STOP_LOOP_S = 0.05
-#: While connected, durable publishers wait (at most this long per call) for the spool's backlog to
-#: fall below a few windows: the frame path then runs at the rate the link can deliver (back-pressure
-#: through the pipeline's drop policies) instead of filling the spool to its cap with the broker up.
-_BACKLOG_WAIT_S = 1.0
-_COUNTERS = (
-    "published",
-    "dropped_offline",
-    "dropped_queue_full",
-    "refused_oversize",
-    "acl_denied",
-    "broker_refused",
-    "callback_errors",
-    "handler_errors",
-    "reconnects",
-    "connect_failures",
-    "inbox_dropped",
-    "spool_fallback_memory",
-)
-
-
-@dataclass(frozen=True)
-class _InboxFull:
-    """A received message was dropped: the inbox was full (counted and logged by the network thread)."""
-
-    topic: str
 
 
 class MqttLink:
@@ -110,31 +85,19 @@ class MqttLink:
         self._spool = spool
         self._rng = random.Random()
 
-        self._events: queue.SimpleQueue[Event | _InboxFull] = queue.SimpleQueue()
+        self._events: queue.SimpleQueue[Event | InboxFull] = queue.SimpleQueue()
         self._inbox = Inbox(settings.inbox_size)
+        self._counters = LinkCounters(client_id)
         self._dispatcher = Dispatcher(
-            self._inbox, on_connected=on_connected, on_error=lambda: self._count("handler_errors")
+            self._inbox, on_connected=on_connected, on_error=lambda: self._counters.count("handler_errors")
         )
-        self._counts = dict.fromkeys(_COUNTERS, 0)
-        self._counts_lock = threading.Lock()
 
         self._connected = False
         self._connected_event = threading.Event()  # mirrors _connected, for wait_connected()
         self._ever_connected = False
-        self._denied_run = 0  # refusals (0x87) since the last accepted QoS 1 publish or connect
         self._session = 0
         self._sessions = SessionCounter(spool)
         self._broker_max_packet: int | None = None
-        self._window = settings.max_inflight
-        # Network-thread state: spool id of each durable message in flight, by mid.
-        self._durable_inflight: dict[int, int] = {}
-        self._spool_cursor = 0
-        # Spool ids acknowledged during this turn of the loop: deleted in one transaction (one fsync
-        # per turn instead of one per PUBACK, which capped replay below the durable result rate).
-        self._acked: list[int] = []
-        self._backlog_limit = 4 * settings.max_inflight
-        self._spool_room = threading.Event()  # set by the network thread after acknowledgements
-        self._spool_wake = threading.Event()
         self._status_mid: int | None = None
         self._status_acked = threading.Event()
 
@@ -146,8 +109,16 @@ class MqttLink:
         self._last_loop = time.monotonic()
         self._net_thread: threading.Thread | None = None
         self._core = self._make_core()
-
-    # -- construction ------------------------------------------------------------------------------
+        self._durable = DurableMessages(
+            spool,
+            settings.max_inflight,
+            self._counters,
+            connected=lambda: self._connected,
+            stopping=self._stop_requested,
+            payload_limit=self.payload_limit,
+            send_from_memory=lambda topic, data, retain: self._publish_now(topic, data, 1, retain, None),
+            wake=self._core.wake,
+        )
 
     def _make_core(self) -> MqttCore:
         s = self.settings
@@ -157,7 +128,7 @@ class MqttLink:
             on_event=self._events.put,
             on_message=self._on_message,
             quiet_ack=self._quiet_ack,
-            on_quiet_ack=lambda: self._count("published"),
+            on_quiet_ack=lambda: self._counters.count("published"),
             single_writer=True,
         )
         # paho's own queue holds non-durable QoS 1 while offline; our durable window comes on top.
@@ -168,13 +139,13 @@ class MqttLink:
     # -- the core's reports (paho's callbacks): enqueue or count only ------------------------------
 
     def _quiet_ack(self, mid: int) -> bool:
-        # Runs on the network thread, the only one that touches _durable_inflight and _status_mid.
+        # Runs on the network thread, the only one that touches the durable window and _status_mid.
         # A success nobody waits for (every QoS 0 result) is only counted: no event round trip.
-        return mid not in self._durable_inflight and mid != self._status_mid
+        return not self._durable.in_flight(mid) and mid != self._status_mid
 
     def _on_message(self, message: InboundMessage) -> None:
         if not self._inbox.offer(message):
-            self._events.put(_InboxFull(message.topic))
+            self._events.put(InboxFull(message.topic))
 
     # -- public API --------------------------------------------------------------------------------
 
@@ -219,13 +190,11 @@ class MqttLink:
 
     def counter(self, name: str) -> int:
         """One counter of :meth:`stats` (``inbox_dropped``, ...), without the spool and inbox readings."""
-        with self._counts_lock:
-            return self._counts[name]
+        return self._counters.get(name)
 
     def stats(self) -> dict[str, float]:
         """Counters since start, plus ``spool_depth``, ``inbox_depth`` and ``connected`` (0/1)."""
-        with self._counts_lock:
-            out: dict[str, float] = {k: float(v) for k, v in self._counts.items()}
+        out = self._counters.snapshot()
         out["spool_depth"] = float(self._spool.count())
         out["inbox_depth"] = float(len(self._inbox))
         out["connected"] = 1.0 if self._connected else 0.0
@@ -253,21 +222,19 @@ class MqttLink:
         """Publish a message.
 
         ``durable``: stored in the spool first (QoS 1), removed only on a successful PUBACK, replayed
-        after reconnects and restarts. ``kind`` picks its spool policy: a ``result`` may be dropped at
-        the spool's cap or on a full disk while disconnected (counted) and expires; a ``state`` (job
-        status) never is: when the spool cannot store it (full disk), it waits in paho's memory queue
-        like a non-durable QoS 1 message instead (counted as ``spool_fallback_memory``), as a result
-        does while connected. Otherwise QoS 0 while disconnected is dropped (counted) and QoS 1
-        waits in paho's memory queue, bounded by ``max_queued`` (overflow counted, no error).
-        Raises TransportError for a payload over the size limit (nothing is sent) and ValueError for
-        QoS 2 (never used: paho reports broker rejections of QoS 2 as success).
+        after reconnects and restarts, by the spool policy ``kind`` picks
+        (:meth:`~agent.mqtt.durable.DurableMessages.publish`). Otherwise QoS 0 while disconnected is
+        dropped (counted) and QoS 1 waits in paho's memory queue, bounded by ``max_queued``
+        (overflow counted, no error). Raises TransportError for a payload over the size limit
+        (nothing is sent) and ValueError for QoS 2 (never used: paho reports broker rejections of
+        QoS 2 as success).
         """
         data = encode(payload) if isinstance(payload, BaseModel) else bytes(payload)
         if qos not in (0, 1):
             raise ValueError(f"QoS {qos} is not supported by the link (use 0 or 1)")
         limit = self.payload_limit(topic, properties)
         if len(data) > limit:
-            self._count("refused_oversize")
+            self._counters.count("refused_oversize")
             raise TransportError(
                 f"payload of {len(data)} bytes for {topic} exceeds the limit of {limit} bytes "
                 f"(mqtt.max_payload_bytes={self.settings.max_payload_bytes}, broker maximum packet size="
@@ -278,25 +245,7 @@ class MqttLink:
                 raise ValueError(
                     "durable messages cannot carry MQTT 5 properties (the spool does not store them)"
                 )
-            try:
-                self._spool.add_many(
-                    [SpoolEntry(topic, data, retain, kind)], raise_on_failure=self._connected
-                )
-            except SpoolWriteError as exc:
-                if not self._connected:
-                    # Full disk, broker away: only a job state gets here (results are dropped and
-                    # counted by the spool). The caller holds it and offers it again, to the spool
-                    # once space returns (durable again) or to the link once connected.
-                    raise TransportError(
-                        f"the spool cannot store {topic} ({exc}) and the broker is not connected; "
-                        "hold it and publish it again"
-                    ) from exc
-                # Full disk, broker there: out from paho's memory queue (QoS 1) rather than lost; the
-                # spool warned once, no traceback per message.
-                self._count("spool_fallback_memory")
-                self._publish_now(topic, data, 1, retain, None)
-                return
-            self._spooled()
+            self._durable.publish(topic, data, retain, kind)
             return
         self._publish_now(topic, data, qos, retain, properties)
 
@@ -310,67 +259,22 @@ class MqttLink:
         never sent; the others go on). When the spool cannot write (full disk) while the link is
         connected, they are sent from memory (QoS 1, counted as ``spool_fallback_memory``).
         """
-        entries = []
-        refused: list[str | None] = []
-        for topic, payload in messages:
-            data = encode(payload) if isinstance(payload, BaseModel) else bytes(payload)
-            limit = self.payload_limit(topic)
-            if len(data) > limit:
-                self._count("refused_oversize")
-                refused.append(
-                    f"payload of {len(data)} bytes for {topic} exceeds the limit of {limit} bytes; "
-                    "not sent: send less (truncate tensors) or raise mqtt.max_payload_bytes"
-                )
-                continue
-            refused.append(None)
-            entries.append(SpoolEntry(topic, data, False, kind))
-        if not entries:
-            return refused
-        self._wait_for_backlog()
-        try:
-            # Connected, a full disk need not lose results: they go out from paho's memory queue
-            # (bounded by max_queued) instead. Disconnected, the spool drops and counts them.
-            self._spool.add_many(entries, raise_on_failure=self._connected)
-        except SpoolWriteError:
-            self._count("spool_fallback_memory", len(entries))
-            for entry in entries:
-                self._publish_now(entry.topic, entry.payload, 1, entry.retain, None)
-            return refused
-        self._spooled()
-        return refused
-
-    def _spooled(self) -> None:
-        """Messages wait in the spool: the network thread sends them now, not at its next idle turn."""
-        self._spool_wake.set()
-        self._core.wake()
-
-    def _wait_for_backlog(self) -> None:
-        """Connected with a backlog of more than a few windows: wait (bounded) for the link to catch up.
-
-        Not while disconnected: then the spool is the outage buffer, bounded by its caps.
-        """
-        deadline = time.monotonic() + _BACKLOG_WAIT_S
-        while self._connected and self._spool.count() > self._backlog_limit:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0 or self._stop_requested.is_set():
-                return
-            self._spool_room.clear()
-            self._spool_room.wait(min(remaining, 0.05))
+        return self._durable.publish_many(messages, kind=kind)
 
     def _publish_now(
         self, topic: str, data: bytes, qos: int, retain: bool, properties: PublishProperties | None
     ) -> None:
         if qos == 0 and not self._connected:
-            self._count("dropped_offline")
+            self._counters.count("dropped_offline")
             return
         sent = self._core.publish(topic, data, qos=qos, retain=retain, properties=properties)
         if sent.outcome is PublishOutcome.QUEUE_FULL:
-            self._count("dropped_queue_full")
+            self._counters.count("dropped_queue_full")
         elif sent.outcome is PublishOutcome.NO_CONNECTION and qos == 0:
-            self._count("dropped_offline")
+            self._counters.count("dropped_offline")
         elif sent.outcome is PublishOutcome.ERROR:
             # NO_CONNECTION for QoS 1 means "queued in memory, sent after reconnect".
-            self._count("dropped_offline")
+            self._counters.count("dropped_offline")
             log.warning("mqtt.publish.failed", topic=topic, rc=sent.error)
 
     def subscribe(self, topic_filter: str, handler: Handler, qos: int = 1) -> None:
@@ -398,16 +302,8 @@ class MqttLink:
         else:
             self._connected_event.clear()
 
-    def _count(self, name: str, n: int = 1) -> None:
-        with self._counts_lock:
-            self._counts[name] += n
-
     def _status(self, state: Literal["online", "offline"]) -> bytes:
         return encode(StatusMessage(state=state, session=self._session, agent_version=self.agent_version))
-
-    def _next_session(self) -> int:
-        # Best-effort write (see agent/mqtt/session.py): connecting must work on a full disk.
-        return self._sessions.next()
 
     def _run_network(self) -> None:
         while True:
@@ -416,7 +312,7 @@ class MqttLink:
                 if self._network_step():
                     return
             except Exception as exc:
-                self._count("callback_errors")
+                self._counters.count("callback_errors")
                 log.exception("mqtt.network.failed", error=repr(exc))
                 self._stop_requested.wait(0.5)
 
@@ -427,13 +323,14 @@ class MqttLink:
         if not self._socket_open:
             if self._stop_requested.is_set():
                 return True
-            self._session = self._next_session()
+            # Best-effort write (see agent/mqtt/session.py): connecting must work on a full disk.
+            self._session = self._sessions.next()
             self._core.will_set(self.status_topic, self._status("offline"), qos=1, retain=True)
             try:
                 self._core.reconnect()
                 self._socket_open = True
             except Exception as exc:  # noqa: BLE001 - OSError, ssl errors, DNS: all mean "retry later"
-                self._count("connect_failures")
+                self._counters.count("connect_failures")
                 log.warning(
                     "mqtt.connect.failed", host=self.settings.host, port=self.settings.port, error=str(exc)
                 )
@@ -443,12 +340,12 @@ class MqttLink:
         try:
             lost = self._core.loop(_STOP_LOOP_S if self._stop_requested.is_set() else _IDLE_LOOP_S)
         except Exception as exc:
-            self._count("callback_errors")
+            self._counters.count("callback_errors")
             log.exception("mqtt.loop.failed", error=repr(exc))
             lost = repr(exc)
         self._handle_events()
         if self._connected:
-            self._send_spooled()
+            self._durable.send(self._core)
         if lost is not None:
             self._handle_events()
             if self._connected:
@@ -461,11 +358,9 @@ class MqttLink:
         return False
 
     def _sleep_backoff(self) -> None:
-        attempt = self._attempt
+        attempt, s = self._attempt, self.settings
         self._attempt += 1
-        delay = reconnect_delay(
-            attempt, self.settings.reconnect_min_s, self.settings.reconnect_max_s, self._rng
-        )
+        delay = reconnect_delay(attempt, s.reconnect_min_s, s.reconnect_max_s, self._rng)
         log.info("mqtt.reconnect.wait", delay_s=round(delay, 3), attempt=attempt)
         end = time.monotonic() + delay
         while not self._stop_requested.is_set():
@@ -480,10 +375,7 @@ class MqttLink:
         try:
             self._apply_events()
         finally:
-            if self._acked:
-                acked, self._acked = self._acked, []
-                self._spool.remove_many(acked)
-                self._spool_room.set()
+            self._durable.remove_acknowledged()
 
     def _apply_events(self) -> None:
         while True:
@@ -505,102 +397,40 @@ class MqttLink:
             elif isinstance(event, SubAck):
                 if event.failed:
                     log.error("mqtt.subscribe.refused", mid=event.mid, reasons=list(event.failed))
-            elif isinstance(event, _InboxFull):
-                self._count("inbox_dropped")
+            elif isinstance(event, InboxFull):
+                self._counters.count("inbox_dropped")
                 log.warning("mqtt.inbox.full", topic=event.topic, size=self._inbox.maxsize)
             elif isinstance(event, CallbackFailed):
-                self._count("callback_errors")
+                self._counters.count("callback_errors")
                 log.error("mqtt.callback.failed", callback=event.callback, error=event.error)
 
     def _on_connack(self, max_packet: int | None, receive_max: int | None) -> None:
         if self._ever_connected:
-            self._count("reconnects")
+            self._counters.count("reconnects")
         self._ever_connected = True
-        self._end_denied_run()
+        self._counters.accepted()
         self._set_connected(True)
         self._attempt = 0
         self._broker_max_packet = max_packet
-        # paho ignores the broker's Receive Maximum (and cannot change its own limit while connected):
-        # keep at least our durable window within it.
-        self._window = min(self.settings.max_inflight, receive_max or self.settings.max_inflight)
         log.info("mqtt.connected", session=self._session, max_packet=max_packet, receive_max=receive_max)
         for sub in self._dispatcher.subscriptions():
             self._core.subscribe(sub.topic_filter, sub.qos)
         self._core.publish(self.status_topic, self._status("online"), qos=1, retain=True)
-        self._spool_wake.set()
+        self._durable.connected(receive_max)
         self._inbox.put_control(Connected(self._session))
 
     def _on_puback(self, mid: int, code: int, reason: str) -> None:
-        spool_id = self._durable_inflight.pop(mid, None)
+        spool_id = self._durable.acknowledged(mid)
         if mid == self._status_mid:
             self._status_acked.set()
-        if code < 0x80:
-            self._count("published")
-            self._end_denied_run()
-        elif code == NOT_AUTHORIZED:
-            # Retrying cannot succeed: count it and (if durable) drop it from the spool. Logged once
-            # per episode: a misconfigured device is refused at frame rate (durable results).
-            self._count("acl_denied")
-            self._denied_run += 1
-            if self._denied_run == 1:
-                log.error(
-                    "mqtt.publish.denied",
-                    mid=mid,
-                    reason=reason,
-                    spool_id=spool_id,
-                    client_id=self.client_id,
-                    hint="the broker's ACL refuses this topic for this user name; if every topic is "
-                    "refused, the device id is not the certificate CN. Logged once until a publish "
-                    "is accepted again; counted in mqtt.acl_denied",
-                )
-        else:
-            self._count("broker_refused")
-            log.error("mqtt.publish.refused", mid=mid, reason=reason, spool_id=spool_id)
-        if spool_id is not None:
-            self._acked.append(spool_id)
-            self._spool_wake.set()
-
-    def _end_denied_run(self) -> None:
-        if self._denied_run:
-            log.warning("mqtt.publish.denied.ended", refused=self._denied_run, client_id=self.client_id)
-            self._denied_run = 0
-
-    def _send_spooled(self) -> None:
-        if not self._spool_wake.is_set():
-            return
-        free = self._window - len(self._durable_inflight)
-        if free <= 0:
-            return  # a PUBACK sets the wake flag again
-        self._spool_wake.clear()
-        batch = self._spool.pending(limit=free, after_id=self._spool_cursor)
-        for msg in batch:
-            limit = self.payload_limit(msg.topic)
-            if len(msg.payload) > limit:
-                # Spooled before the broker's (smaller) limit was known: it can never be delivered.
-                self._count("refused_oversize")
-                log.error("mqtt.spool.oversize_dropped", topic=msg.topic, size=len(msg.payload), limit=limit)
-                self._spool.remove(msg.id)
-                self._spool_cursor = msg.id
-                continue
-            sent = self._core.publish(
-                msg.topic, msg.payload, qos=1, retain=msg.retain, properties=_expiry(msg.expires_at)
-            )
-            if sent.outcome is PublishOutcome.QUEUE_FULL:
-                self._spool_wake.set()  # paho's queue is full of non-durable messages: try again later
-                break
-            # SUCCESS, or NO_CONN (connection just dropped): paho holds it and resends after reconnect.
-            self._durable_inflight[sent.mid] = msg.id
-            self._spool_cursor = msg.id
-        self._spool.mark_sent(self._spool_cursor)
-        if len(batch) == free:
-            self._spool_wake.set()  # there may be more
+        self._counters.puback(mid, code, reason, spool_id)
 
     def _shutdown_step(self) -> bool:
         """One step of the graceful stop; True when the network thread may exit."""
         now = time.monotonic()
         if not self._connected or not self._socket_open:
             return True
-        drained = self._spool.count() == 0 and not self._durable_inflight
+        drained = self._durable.drained()
         # Keep a quarter of the time for the offline status.
         drain_deadline = self._stop_deadline - 0.25 * max(self._stop_deadline - now, 0.0)
         if self._status_mid is None and (drained or now >= drain_deadline):
@@ -617,11 +447,3 @@ class MqttLink:
             log.info("mqtt.stopped", session=self._session, spool_depth=self._spool.count())
             return True
         return False
-
-
-def _expiry(expires_at: float | None) -> PublishProperties | None:
-    """MQTT 5 Message Expiry Interval for a spooled message with a time-to-live (the broker then drops
-    it for a subscriber that was offline longer than it is worth)."""
-    if expires_at is None:
-        return None
-    return PublishProperties(message_expiry_s=max(1, math.ceil(expires_at - time.time())))

@@ -67,7 +67,8 @@ GuardRun: TypeAlias = ShadowRun | ProbationRun
 
 @dataclass(frozen=True)
 class GuardedSlot:
-    """What a guarded activation needs of its slot and of :class:`~agent.runtime.models.SlotModels`."""
+    """What a guarded activation needs of its slot and of the slot's owner
+    (:class:`~agent.runtime.slot_owner.SlotOwner`)."""
 
     slot: ModelSlot
     latest_frame: Callable[[], npt.NDArray[np.uint8] | None]

@@ -39,8 +39,10 @@ def slot_models(
     *,
     parallel_runs: int = 1,
     latest_frame: LatestFrame = lambda _slot: None,
+    engines: EngineService | None = None,
 ) -> SlotModels:
-    """The slot's models on classifier v1, its start-up load done."""
+    """The slot's models on classifier v1, its start-up load done (``engines``: the default service
+    of ``builder`` when None)."""
     v1 = write_classifier(tmp_path / "v1.onnx", input_size=64, num_classes=10, seed=1)
     config = SlotConfig.model_validate(
         {
@@ -55,7 +57,7 @@ def slot_models(
         {SLOT: ModelSlot(SLOT, parallel_runs=parallel_runs)},
         {SLOT: config},
         StateFile(builder.state_dir / "state.json"),
-        EngineService(builder, ENGINES_CONFIG, lambda _s, _n: []),
+        engines or EngineService(builder, ENGINES_CONFIG, lambda _s, _n: []),
         Metrics(),
         latest_frame=latest_frame,
         on_activated=lambda: None,

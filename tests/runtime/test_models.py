@@ -18,7 +18,8 @@ from agent.errors import DiskFullError
 from agent.fsutil import sha256_file
 from agent.modelzoo import write_classifier
 from agent.platform import detect_platform
-from agent.runtime.models import SlotModels, model_source
+from agent.runtime.model_sources import model_source
+from agent.runtime.models import SlotModels
 from agent.runtime.slot import ModelSlot
 from agent.state import AgentState, StateFile
 from agent.telemetry import Metrics

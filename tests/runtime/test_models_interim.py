@@ -15,7 +15,8 @@ from agent.engines.service import EngineService
 from agent.engines.worker import BuildWorker
 from agent.modelzoo import write_classifier
 from agent.platform import detect_platform
-from agent.runtime.models import SlotModels, model_source
+from agent.runtime.model_sources import model_source
+from agent.runtime.models import SlotModels
 from agent.runtime.slot import ModelSlot
 from agent.state import StateFile
 from agent.telemetry import Metrics

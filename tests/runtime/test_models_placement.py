@@ -33,9 +33,9 @@ def test_a_delivered_device_auto_build_goes_live_on_the_fastest_combination(
     monkeypatch.setitem(BACKENDS, STANDIN, STANDIN_TARGET)
     config = EngineConfig(placement_seconds=0.6, placement_frames=8, build_timeout_s=120)
     builder = StandInBuilder(tmp_path / "state", config, STANDIN_ORIN)
-    models = slot_models(tmp_path, builder, parallel_runs=3)
     images, _ = generate(8, seed=9, size=64)
-    models.engines = EngineService(builder, config, lambda _slot, n: list(images[:n]))
+    engines = EngineService(builder, config, lambda _slot, n: list(images[:n]))
+    models = slot_models(tmp_path, builder, parallel_runs=3, engines=engines)
     build = BuildSpec.model_validate({"precision": "fp16", "device": "auto", "profiles": [STATIC]})
 
     device, manifest = deploy_v2(tmp_path, broker, models, build)

@@ -14,7 +14,7 @@ from agent.modelzoo import write_classifier
 from agent.postprocess.spec import ClassificationSpec
 from agent.protocol.messages import EngineInfo
 from agent.runtime.loaded import MODEL_TRANSITIONS, LoadedModel, ModelSource, ModelState
-from agent.runtime.models import model_source
+from agent.runtime.model_sources import model_source
 from agent.runtime.slot import SLOT_TRANSITIONS, ModelSlot, SlotState
 from tests.runtime.models import write_nan_classifier
 
