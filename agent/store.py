@@ -67,6 +67,12 @@ class ModelStore:
             raise ValueError(f"not a lowercase hex SHA-256: {sha256!r}")
         return sha256
 
+    @staticmethod
+    def sha_named(path: str | Path) -> str | None:
+        """The SHA-256 a stored file's name carries (``<sha256>.onnx``), None for any other name."""
+        match = _MODEL_NAME.match(Path(path).name)
+        return match.group(1) if match else None
+
     def path_for(self, sha256: str) -> Path:
         """Where the model with this SHA-256 lives (whether or not it is there)."""
         return self.root / f"{self._check_sha(sha256)}{MODEL_SUFFIX}"

@@ -3,13 +3,15 @@
 Each artifact is pulled through the same fetch path as the model (:meth:`DeployManifest.for_artifact`:
 the chunk server answers by SHA-256; an ``http`` url first when given), every chunk verified against
 the signed manifest, the whole file hashed again when it is adopted. They are kept content-addressed
-under ``<state_dir>/artifacts/``, at most :data:`KEEP` of them (least recently used go first): a
-second job with the same calibration fetches nothing.
+under ``<state_dir>/artifacts/``, at most :data:`KEEP` of them (least recently used go first, never
+one an active or last-known-good engine was built with): a second job with the same calibration
+fetches nothing.
 """
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Collection
 from pathlib import Path
 
 from agent.delivery.errors import HashMismatchError, TooLargeError
@@ -35,8 +37,12 @@ def fetch_artifacts(
     part_dir: Path,
     cancel: threading.Event,
     max_bytes: int,
+    protect: Collection[str] = (),
 ) -> dict[str, Path]:
     """Every artifact of ``manifest`` on disk, verified: ``{name: path}``.
+
+    ``protect``: SHA-256s the cleanup keeps besides this job's artifacts: the calibrations the
+    slots' active and last-known-good engines were built with (a rollback may rebuild from one).
 
     Raises TooLargeError for an artifact over ``max_bytes`` (before fetching anything), or whatever
     the fetch raises (HashMismatchError, TransferTimeoutError, ...).
@@ -65,7 +71,7 @@ def fetch_artifacts(
                 "and was discarded",
                 job_id=manifest.job_id,
             ) from exc
-    store.gc(protect={a.sha256 for a in artifacts}, keep=KEEP)
+    store.gc(protect={a.sha256 for a in artifacts} | set(protect), keep=KEEP)
     return paths
 
 

@@ -107,6 +107,7 @@ class Deployment:
         headroom: int,
         preprocess: PreprocessSpec,
         postprocess: PostprocessSpec,
+        protect: Callable[[], set[str]] = set,
     ) -> None:
         self.manifest = manifest
         self._publish_fn = publish
@@ -118,6 +119,7 @@ class Deployment:
         self._part_dir = part_dir
         self._max_bytes = max_bytes
         self._headroom = headroom
+        self._protect = protect
         #: What the slot will run with this model (the manifest's, else the slot's current ones).
         self.preprocess = manifest.preprocess or preprocess
         self.postprocess = manifest.postprocess or postprocess
@@ -338,6 +340,7 @@ class Deployment:
             part_dir=self._part_dir,
             cancel=self.cancel_event,
             max_bytes=self._max_bytes,
+            protect=self._protect(),
         )
         self._check_cancel()
         self._timed("download", started)

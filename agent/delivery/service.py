@@ -372,6 +372,7 @@ class DeliveryService:
             headroom=self.config.disk_headroom_bytes,
             preprocess=specs[0],
             postprocess=specs[1],
+            protect=self._protect or set,
         )
         # Recorded before anything runs: its sequence now bounds replays, and a crash mid-job resumes it.
         try:

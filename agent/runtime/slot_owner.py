@@ -34,6 +34,7 @@ from agent.runtime.model_sources import Origin, engine_source, record_of
 from agent.runtime.slot import ModelSlot
 from agent.runtime.slot_builds import SlotBuilds
 from agent.state import StateFile, record_activation, record_config_model, record_rollback
+from agent.store import ModelStore
 from agent.telemetry import Metrics
 
 log = structlog.get_logger(__name__)
@@ -215,10 +216,17 @@ class SlotOwner:
         self.engines.builder.protect(keys)
 
     def protected_models(self) -> set[str]:
-        """The sha256 of every active or last-known-good model (the model store keeps them)."""
+        """The sha256 of every active or last-known-good model, and of the calibration artifact each
+        was built with (the model and artifact stores keep them: a rollback may rebuild from it)."""
         with self._state_lock:
             records = [r for s in self.state.slots.values() for r in (s.active, s.last_known_good) if r]
-        return {r.sha256 for r in records}
+        protected = {r.sha256 for r in records}
+        for record in records:
+            calibration = (record.build or {}).get("calibration") or {}
+            sha = ModelStore.sha_named(calibration["path"]) if calibration.get("path") else None
+            if sha is not None:
+                protected.add(sha)
+        return protected
 
     # -- threads -------------------------------------------------------------------------------
 

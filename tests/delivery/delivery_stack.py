@@ -137,6 +137,7 @@ class Harness:
         activations: Activations | None = None,
         build: BuildFn = no_build,
         activate: ActivateFn | None = None,
+        protect: Callable[[], set[str]] | None = None,
     ) -> None:
         self.broker = broker
         self.device_id = device_id or f"dev-{uuid.uuid4().hex[:10]}"
@@ -178,6 +179,7 @@ class Harness:
             build=build,
             status=lambda: {"slots": {SLOT: {"state": "active"}}},
             rollback=self._rollback,
+            protect=protect,
             slot_specs=lambda slot: (PREPROCESS, POSTPROCESS) if slot == SLOT else None,
             on_job_end=self.job_ends.append,
             on_job_phase=lambda slot: self.job_phases.append(self.service.job_fields(slot)),

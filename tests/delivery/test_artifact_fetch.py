@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from agent.delivery.artifacts import KEEP
 from agent.delivery.manifest import describe_artifact
 from agent.delivery.steps import BuildOutcome, JobReporter, no_build
 from agent.engines.int8 import write_table
@@ -79,3 +80,31 @@ def test_calibration_bytes_that_do_not_match_the_signed_hash_fail_the_job_before
     assert final.error.startswith("artifact 'calib'"), final.error
     assert build.specs == []
     assert not (device.state_dir / "artifacts" / f"{artifact.sha256}.onnx").exists()
+
+
+def test_cleanup_keeps_the_calibration_a_running_engine_was_built_with(
+    make_device: HarnessFactory, model_v1: Path, tmp_path: Path
+) -> None:
+    """Only the newest KEEP artifacts stay (besides the job's own), but never one the slots still name (their active or
+    last-known-good engine was built with it: a rollback may rebuild from it)."""
+    protected: set[str] = set()
+    device = make_device(protect=lambda: set(protected))
+    artifacts = []
+    for sequence in range(1, KEEP + 4):
+        table = table_at(tmp_path / f"calibration-{sequence}.json", float(sequence))
+        artifact = describe_artifact(table, name="calib", kind="calibration", chunk_size=1024)
+        device.repo.files[artifact.sha256] = table
+        manifest = device.manifest(
+            model_v1, sequence=sequence, version=str(sequence), build=SPEC, artifacts=[artifact]
+        )
+        device.deploy(device.signed(manifest))
+        assert device.wait_terminal(manifest.job_id)[-1].state is JobState.ACTIVE
+        artifacts.append(artifact)
+        if sequence == 1:
+            protected.add(artifact.sha256)  # the first job's engine stays the slot's rollback target
+
+    kept = {path.name.removesuffix(".onnx") for path in (device.state_dir / "artifacts").glob("*.onnx")}
+    assert len(kept) == KEEP + 2  # the last job's, the KEEP newest before it, the protected one
+    assert artifacts[0].sha256 in kept
+    assert artifacts[1].sha256 not in kept  # the oldest unprotected one went
+    assert {a.sha256 for a in artifacts[-KEEP:]} <= kept

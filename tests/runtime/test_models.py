@@ -21,7 +21,7 @@ from agent.platform import detect_platform
 from agent.runtime.model_sources import model_source
 from agent.runtime.models import SlotModels
 from agent.runtime.slot import ModelSlot
-from agent.state import AgentState, StateFile
+from agent.state import AgentState, ModelRecord, StateFile, record_activation
 from agent.telemetry import Metrics
 from tests.small_disk import small_disk
 
@@ -217,3 +217,33 @@ def test_a_rollback_sent_while_a_config_swap_records_its_model_waits_and_rolls_b
     saved = state_file.load().slot("cls")
     assert saved.active is not None
     assert (saved.active.version, saved.active.origin) == ("1", "rollback")
+
+
+def test_the_calibration_an_active_or_last_known_good_engine_was_built_with_is_protected(
+    tmp_path: Path,
+) -> None:
+    """The artifact cleanup keeps what ``protected_models`` names: the models and the calibration
+    artifacts the slots' records were built with (a rollback rebuilds from them)."""
+    v1 = write_classifier(tmp_path / "v1.onnx", input_size=32, num_classes=4, seed=1)
+    calibrations = {name: format(i, "064x") for i, name in enumerate(("active", "good"), 1)}
+
+    def record(version: str, calibration: str) -> ModelRecord:
+        path = tmp_path / "state" / "artifacts" / f"{calibration}.onnx"
+        build = {"precision": "int8", "calibration": {"kind": "cache", "path": str(path)}}
+        return ModelRecord(
+            model_id="cls",
+            version=version,
+            sha256=sha256_file(v1),
+            path=str(v1),
+            backend="onnxruntime",
+            build=build,
+        )
+
+    state_file = StateFile(tmp_path / "state" / "state.json")
+    saved = record_activation(AgentState(), "cls", record("1", calibrations["good"]))
+    state_file.save(record_activation(saved, "cls", record("2", calibrations["active"])))
+    models = _slot_models(tmp_path, _config(v1), state_file)
+
+    protected = models.protected_models()
+
+    assert protected == {sha256_file(v1), calibrations["active"], calibrations["good"]}
