@@ -85,8 +85,8 @@ def test_calibration_bytes_that_do_not_match_the_signed_hash_fail_the_job_before
 def test_cleanup_keeps_the_calibration_a_running_engine_was_built_with(
     make_device: HarnessFactory, model_v1: Path, tmp_path: Path
 ) -> None:
-    """Only the newest KEEP artifacts stay (besides the job's own), but never one the slots still name (their active or
-    last-known-good engine was built with it: a rollback may rebuild from it)."""
+    """Only the newest KEEP artifacts stay (besides the job's own), but never one the slots still
+    name (their active or last-known-good engine was built with it: a rollback may rebuild from it)."""
     protected: set[str] = set()
     device = make_device(protect=lambda: set(protected))
     artifacts = []
