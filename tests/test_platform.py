@@ -18,14 +18,12 @@ import onnxruntime
 import pytest
 
 import agent.platform as platform_mod
+from agent.jetson_files import L4T_TO_JETPACK, jetpack_for_l4t, parse_tegra_release
 from agent.platform import (
-    L4T_TO_JETPACK,
     BackendAvailability,
     Platform,
     cuda_version_string,
     detect_platform,
-    jetpack_for_l4t,
-    parse_tegra_release,
     platform_summary,
     probe_cuda,
     probe_tensorrt,
