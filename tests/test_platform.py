@@ -18,14 +18,12 @@ import onnxruntime
 import pytest
 
 import agent.platform as platform_mod
+from agent.jetson_files import L4T_TO_JETPACK, jetpack_for_l4t, parse_tegra_release
 from agent.platform import (
-    L4T_TO_JETPACK,
     BackendAvailability,
     Platform,
     cuda_version_string,
     detect_platform,
-    jetpack_for_l4t,
-    parse_tegra_release,
     platform_summary,
     probe_cuda,
     probe_tensorrt,
@@ -364,7 +362,8 @@ def test_orin_on_jetpack5_and_6_plans_the_dla(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, release: str, trt: str, jetpack: str
 ) -> None:
     """Fakes for absent hardware: an AGX Orin's files and TensorRT with two DLA cores."""
-    from agent.engines.plan import PlatformFacts, placement_candidates, plan_build
+    from agent.engines.engine_devices import placement_candidates
+    from agent.engines.plan import PlatformFacts, plan_build
     from agent.engines.spec import BuildSpec
 
     monkeypatch.setattr(platform_mod, "_load_cudart", lambda: (fake_cudart(), ""))

@@ -6,15 +6,17 @@ exact UTF-8 bytes: nothing is re-serialised before verification, so key order or
 can never break a signature. :func:`parse_signed` checks in this order: JSON, envelope shape,
 signature, manifest shape and names, target device. Every refusal is a :class:`RejectedError`
 subclass with a stable ``code``.
+
+One job, the manifest's wire format in both directions: its models, made from files and signed on
+the operator side, checked and parsed on the device. The checks it relies on have their own
+modules: names and hashes (:mod:`agent.delivery.manifest_names`), the signature
+(:mod:`agent.delivery.manifest_signature`).
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
 import hashlib
 import json
-import math
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -28,59 +30,30 @@ from agent.delivery.errors import (
     BadJsonError,
     BadManifestError,
     BadNameError,
-    BadSignatureError,
     RejectedError,
-    UnknownKeyError,
-    UnsignedError,
     WrongDeviceError,
 )
 from agent.delivery.guard import ProbationSpec, ShadowSpec
+from agent.delivery.manifest_names import (
+    SHA256_PATTERN,
+    bad_name,
+    check_chunk_count,
+    check_chunk_hashes,
+    check_job_id,
+    check_path_safe,
+)
+from agent.delivery.manifest_signature import check_signature, signature_for
 from agent.engines.spec import BuildSpec
 from agent.model_base import StrictModel
 from agent.names import NAME_PATTERN
 from agent.postprocess.spec import PostprocessSpec
-from agent.signing import Ed25519PrivateKey, Ed25519PublicKey, sign, verify
+from agent.signing import Ed25519PrivateKey, Ed25519PublicKey
 
 KIB = 1024
 MIB = 1024 * KIB
 DEFAULT_CHUNK_SIZE = 256 * KIB
 MIN_CHUNK_SIZE = 1 * KIB
 MAX_CHUNK_SIZE = 1 * MIB
-
-_SHA256 = r"^[0-9a-f]{64}$"
-_JOB_ID_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-")
-_MAX_NAME = 128
-
-
-def _bad_name(field: str, value: str, why: str) -> PydanticCustomError:
-    # A custom error type, so parse_signed can tell a dangerous name (code bad_name) from a shape error.
-    # Its template knows only plain {name} placeholders (no !r): the value goes in already quoted.
-    return PydanticCustomError(
-        "bad_name", "{field} {value} {why}", {"field": field, "value": repr(value), "why": why}
-    )
-
-
-def _check_path_safe(field: str, value: str) -> str:
-    """Names end up in file names and topics: refuse separators, '..', NUL and control characters."""
-    if not value:
-        raise _bad_name(field, value, "must not be empty")
-    if len(value) > _MAX_NAME:
-        raise _bad_name(field, value[:32] + "...", f"is longer than {_MAX_NAME} characters")
-    if "/" in value or "\\" in value:
-        raise _bad_name(field, value, "must not contain a path separator")
-    if ".." in value:
-        raise _bad_name(field, value, "must not contain '..'")
-    if any(ord(c) < 32 or c in "+#\x7f" for c in value):
-        raise _bad_name(field, value, "must not contain control characters, '+' or '#'")
-    return value
-
-
-def _check_job_id(value: str) -> str:
-    """A job id is one topic level and part of file names."""
-    _check_path_safe("job_id", value)
-    if not set(value) <= _JOB_ID_CHARS:
-        raise _bad_name("job_id", value, "may only contain letters, digits, '_', '.' and '-'")
-    return value
 
 
 class ModelSourceRef(StrictModel):
@@ -118,7 +91,7 @@ class ManifestArtifact(StrictModel):
         description="calibration: a calibration table or TensorRT calibration cache the INT8 build uses."
     )
     size: int = Field(gt=0, description="File size in bytes.")
-    sha256: str = Field(pattern=_SHA256, description="SHA-256 (lowercase hex) of the whole file.")
+    sha256: str = Field(pattern=SHA256_PATTERN, description="SHA-256 (lowercase hex) of the whole file.")
     chunk_size: int = Field(ge=MIN_CHUNK_SIZE, le=MAX_CHUNK_SIZE, description="Bytes per chunk.")
     chunks: list[str] = Field(description="SHA-256 (lowercase hex) of every chunk, in order.")
     url: str | None = Field(
@@ -128,7 +101,7 @@ class ManifestArtifact(StrictModel):
     @field_validator("name")
     @classmethod
     def _name(cls, value: str) -> str:
-        return _check_path_safe("artifact name", value)
+        return check_path_safe("artifact name", value)
 
     @field_validator("url")
     @classmethod
@@ -140,27 +113,12 @@ class ManifestArtifact(StrictModel):
     @field_validator("chunks")
     @classmethod
     def _chunk_hashes(cls, value: list[str]) -> list[str]:
-        return _check_chunk_hashes(value)
+        return check_chunk_hashes(value)
 
     @model_validator(mode="after")
     def _chunk_count(self) -> ManifestArtifact:
-        _check_chunk_count(self.size, self.chunk_size, self.chunks)
+        check_chunk_count(self.size, self.chunk_size, self.chunks)
         return self
-
-
-def _check_chunk_hashes(value: list[str]) -> list[str]:
-    for i, digest in enumerate(value):
-        if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
-            raise ValueError(f"chunk {i}: {digest!r} is not a lowercase hex SHA-256")
-    return value
-
-
-def _check_chunk_count(size: int, chunk_size: int, chunks: list[str]) -> None:
-    expected = math.ceil(size / chunk_size)
-    if len(chunks) != expected:
-        raise ValueError(
-            f"chunks has {len(chunks)} hashes but size {size} / chunk_size {chunk_size} needs {expected}"
-        )
 
 
 class DeployManifest(StrictModel):
@@ -175,7 +133,9 @@ class DeployManifest(StrictModel):
     model_id: str = Field(description="Model name reported with results.")
     version: str = Field(description="Model version reported with results.")
     size: int = Field(gt=0, description="Model file size in bytes.")
-    sha256: str = Field(pattern=_SHA256, description="SHA-256 (lowercase hex) of the whole model file.")
+    sha256: str = Field(
+        pattern=SHA256_PATTERN, description="SHA-256 (lowercase hex) of the whole model file."
+    )
     chunk_size: int = Field(
         ge=MIN_CHUNK_SIZE, le=MAX_CHUNK_SIZE, description="Bytes per chunk (the last one may be shorter)."
     )
@@ -230,29 +190,29 @@ class DeployManifest(StrictModel):
     @field_validator("job_id")
     @classmethod
     def _job_id(cls, value: str) -> str:
-        return _check_job_id(value)
+        return check_job_id(value)
 
     @field_validator("slot")
     @classmethod
     def _slot(cls, value: str) -> str:
-        _check_path_safe("slot", value)
+        check_path_safe("slot", value)
         if not NAME_PATTERN.match(value):
-            raise _bad_name("slot", value, f"is not a slot name (pattern {NAME_PATTERN.pattern})")
+            raise bad_name("slot", value, f"is not a slot name (pattern {NAME_PATTERN.pattern})")
         return value
 
     @field_validator("model_id", "version")
     @classmethod
     def _names(cls, value: str, info: Any) -> str:
-        return _check_path_safe(str(info.field_name), value)
+        return check_path_safe(str(info.field_name), value)
 
     @field_validator("chunks")
     @classmethod
     def _chunk_hashes(cls, value: list[str]) -> list[str]:
-        return _check_chunk_hashes(value)
+        return check_chunk_hashes(value)
 
     @model_validator(mode="after")
     def _chunk_count(self) -> DeployManifest:
-        _check_chunk_count(self.size, self.chunk_size, self.chunks)
+        check_chunk_count(self.size, self.chunk_size, self.chunks)
         return self
 
     @model_validator(mode="after")
@@ -392,7 +352,7 @@ def sign_manifest(
     text = manifest.model_dump_json(exclude_none=True)
     signature = None
     if private_key is not None:
-        signature = base64.b64encode(sign(private_key, text.encode("utf-8"))).decode("ascii")
+        signature = signature_for(text, private_key)
     else:
         key_id = None
     envelope = SignedManifest(manifest=text, key_id=key_id, signature=signature)
@@ -418,43 +378,10 @@ def recover_job_id(payload: bytes) -> str | None:
     if not isinstance(job_id, str):
         return None
     try:
-        _check_job_id(job_id)
+        check_job_id(job_id)
     except PydanticCustomError:
         return None
     return job_id
-
-
-def _check_signature(
-    envelope: SignedManifest,
-    trusted: Mapping[str, Ed25519PublicKey],
-    require_signature: bool,
-    job_id: str | None,
-) -> None:
-    if envelope.signature is None:
-        if require_signature:
-            raise UnsignedError(
-                "manifest is not signed and delivery.require_signature is true; sign it with "
-                "`edge-agent fleet deploy --key KEY`",
-                job_id=job_id,
-            )
-        return
-    if envelope.key_id is None or envelope.key_id not in trusted:
-        known = ", ".join(sorted(trusted)) or "none"
-        raise UnknownKeyError(
-            f"manifest is signed with key id {envelope.key_id!r}, which this device does not trust "
-            f"(trusted: {known}); add its public key to delivery.trusted_keys or sign with a trusted key",
-            job_id=job_id,
-        )
-    try:
-        signature = base64.b64decode(envelope.signature, validate=True)
-    except (binascii.Error, ValueError) as exc:
-        raise BadSignatureError(f"signature is not valid base64 ({exc})", job_id=job_id) from exc
-    if not verify(trusted[envelope.key_id], envelope.manifest.encode("utf-8"), signature):
-        raise BadSignatureError(
-            f"signature does not match the manifest for key id {envelope.key_id!r}: the manifest was "
-            "altered after signing, or signed with another key",
-            job_id=job_id,
-        )
 
 
 def parse_signed(
@@ -482,7 +409,14 @@ def parse_signed(
         envelope = SignedManifest.model_validate(raw)
     except ValidationError as exc:
         raise BadManifestError(f"wrong shape: {_describe(exc, '')}", job_id=job_id) from exc
-    _check_signature(envelope, trusted, require_signature, job_id)
+    check_signature(
+        envelope.manifest,
+        envelope.key_id,
+        envelope.signature,
+        trusted=trusted,
+        require_signature=require_signature,
+        job_id=job_id,
+    )
     try:
         body = json.loads(envelope.manifest)
     except ValueError as exc:

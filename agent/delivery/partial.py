@@ -1,16 +1,10 @@
 """A model download in progress: ``<sha>.part`` (preallocated) plus ``<sha>.bitmap`` (verified chunks).
 
 Crash safety rests on one ordering rule: the ``.part`` data is fsynced *before* the bitmap that
-says "these chunks are there" is replaced (atomically, through :mod:`agent.fsutil`). After a crash
-at any moment the bitmap therefore only names chunks whose bytes are on disk; chunks written but not
-yet recorded are simply fetched again. Flushing after every chunk costs three fsyncs per chunk, so
-callers batch (``flush_every``, :meth:`PartialDownload.flush`); the MQTT pull counts chunks not yet
-durable against its window, which keeps "bytes fetched again after a kill" within one window.
-
-With ``background=True`` the batches are flushed by a flusher thread, so the disk's fsyncs overlap
-with receiving the next chunks: the flusher takes the batch of chunks written so far, fsyncs the
-data, then writes a bitmap naming only the chunks already durable plus that batch, never a chunk
-written after the batch was taken.
+says "these chunks are there" is replaced, so after a crash the bitmap only names chunks whose
+bytes are on disk. :mod:`agent.delivery.chunk_flusher` keeps that rule (in batches, optionally on a
+flusher thread); :mod:`agent.delivery.chunk_bitmap` is the bitmap's format. This module is the
+download itself: the files, verified chunk writes, resume and the final whole-file check.
 
 A bitmap that does not describe the manifest (other size, chunk size or chunk list), or a ``.part``
 of the wrong size, means the leftovers belong to another attempt: they are deleted and the download
@@ -20,8 +14,6 @@ chunk, not a failed job.
 Layout in ``part_dir`` (see docs/delivery.md): ``<sha256>.part``, ``<sha256>.bitmap`` (JSON), and
 after :meth:`PartialDownload.finish` the verified file ``<sha256>.verified`` (bitmap removed).
 
-One job in one class, over 400 lines: the ordering rule above ties the bitmap, the data file, the
-flusher thread and the re-hash on open together; split apart, the rule would live in no one place.
 """
 
 from __future__ import annotations
@@ -29,39 +21,34 @@ from __future__ import annotations
 import contextlib
 import errno
 import hashlib
-import json
 import os
-import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import structlog
 
+from agent.delivery.chunk_bitmap import read_bitmap
+from agent.delivery.chunk_flusher import ChunkFlusher
 from agent.delivery.errors import DiskFullError, HashMismatchError
 from agent.errors import DeliveryError
-from agent.fsutil import atomic_write_json, fsync_directory, sha256_file
+from agent.fsutil import fsync_directory, sha256_file
 
 if TYPE_CHECKING:
     from agent.delivery.manifest import DeployManifest
 
 log = structlog.get_logger(__name__)
 
-_BITMAP_VERSION = 1
 _REJECT_KINDS = ("out_of_range", "bad_length", "bad_hash", "duplicate")
-
-
-def chunk_list_digest(chunks: list[str]) -> str:
-    """SHA-256 over the manifest's chunk hashes: identifies the chunk layout a bitmap belongs to."""
-    return hashlib.sha256("\n".join(chunks).encode()).hexdigest()
 
 
 class PartialDownload:
     """The on-disk state of one model download, keyed by the model's SHA-256.
 
     Not thread-safe: one transfer thread owns it and calls every method. With ``background=True``
-    an internal flusher thread makes batches durable; it only touches the ``.part`` descriptor
-    (fsync) and the bitmap, never the chunk bookkeeping the owner uses.
+    its :class:`~agent.delivery.chunk_flusher.ChunkFlusher` makes batches durable on a thread of its
+    own; that thread only touches the ``.part`` descriptor (fsync) and the bitmap, never the chunk
+    bookkeeping the owner uses.
     """
 
     def __init__(
@@ -86,9 +73,6 @@ class PartialDownload:
         self.manifest = manifest
         self.part_dir = Path(part_dir)
         self.part_dir.mkdir(parents=True, exist_ok=True)
-        self.flush_every = flush_every
-        self.background = background
-        self.on_durable = on_durable
         sha = manifest.sha256
         self.part_path = self.part_dir / f"{sha}.part"
         self.bitmap_path = self.part_dir / f"{sha}.bitmap"
@@ -103,20 +87,14 @@ class PartialDownload:
         self.rejected: dict[str, int] = dict.fromkeys(_REJECT_KINDS, 0)
         self._have = bytearray(self.chunk_count)  # 1 = verified (written), durable or not
         self._bytes_done = 0
-        #: Times the bitmap was persisted (each costs two fsyncs and a rename).
-        self.flushes = 0
-        # Durability bookkeeping, shared with the flusher thread under _cond: chunks written and not
-        # yet taken by a flush (_pending), the batch a flush is making durable (_flushing), and the
-        # bitmap of what is durable (_durable_bits, bit i of byte i/8), which is what gets written.
-        self._cond = threading.Condition()
-        self._pending: list[int] = []
-        self._flushing: list[int] = []
-        self._flush_asked = False
-        self._flush_error: BaseException | None = None
-        self._stopping = False
-        self._flusher: threading.Thread | None = None
-        self._io_lock = threading.Lock()  # one flush (fsync + bitmap) at a time, either thread
-        self._durable_bits = bytearray((self.chunk_count + 7) // 8)
+        # Shared with its flusher thread: the durability bookkeeping, under a lock of its own.
+        self._flusher = ChunkFlusher(
+            manifest,
+            self.bitmap_path,
+            flush_every=flush_every,
+            background=background,
+            on_durable=on_durable,
+        )
         # Whole-file SHA-256 over the chunks 0.._prefix_end-1, fed as they are written, so finish()
         # need not read the file again when this process wrote it all (mostly in order).
         self._prefix_hash = hashlib.sha256()
@@ -131,34 +109,8 @@ class PartialDownload:
 
     # -- opening ---------------------------------------------------------------------------------
 
-    def _bitmap_header(self) -> dict[str, Any]:
-        m = self.manifest
-        return {
-            "version": _BITMAP_VERSION,
-            "sha256": m.sha256,
-            "size": m.size,
-            "chunk_size": m.chunk_size,
-            "chunks": chunk_list_digest(list(m.chunks)),
-        }
-
-    def _read_bitmap(self) -> bytearray | None:
-        """The chunks the bitmap says are durable, or None when it does not describe this manifest."""
-        try:
-            data = json.loads(self.bitmap_path.read_text())
-            if not isinstance(data, dict):
-                return None
-            header = {k: data.get(k) for k in self._bitmap_header()}
-            if header != self._bitmap_header():
-                return None
-            bits = bytes.fromhex(str(data["done"]))
-        except (OSError, ValueError, KeyError):
-            return None
-        if len(bits) != (self.chunk_count + 7) // 8:
-            return None
-        return bytearray((bits[i >> 3] >> (i & 7)) & 1 for i in range(self.chunk_count))
-
     def _open(self) -> None:
-        have = self._read_bitmap()
+        have = read_bitmap(self.bitmap_path, self.manifest)
         part_ok = self.part_path.exists() and self.part_path.stat().st_size == self.manifest.size
         if have is None or not part_ok:
             if self.part_path.exists() or self.bitmap_path.exists():
@@ -171,6 +123,7 @@ class PartialDownload:
             have = bytearray(self.chunk_count)
             part_ok = False
         self._fd = os.open(self.part_path, os.O_RDWR | os.O_CREAT, 0o644)
+        self._flusher.fd = self._fd  # the flusher syncs the same descriptor
         if not part_ok:
             self._preallocate()
             self._have = have
@@ -187,7 +140,7 @@ class PartialDownload:
                 bad.append(i)
                 have[i] = 0
             else:
-                self._durable_bits[i >> 3] |= 1 << (i & 7)
+                self._flusher.mark_durable(i)
                 if i == self._prefix_end:
                     self._prefix_hash.update(data)
                     self._prefix_end += 1
@@ -266,14 +219,36 @@ class PartialDownload:
 
         Counts the batch a background flush is making durable right now, too.
         """
-        with self._cond:
-            return len(self._pending) + len(self._flushing)
+        return self._flusher.unflushed
 
     @property
     def flushing(self) -> bool:
         """True while a background flush is running."""
-        with self._cond:
-            return bool(self._flushing)
+        return self._flusher.flushing
+
+    @property
+    def flushes(self) -> int:
+        """Times the bitmap was persisted (each costs two fsyncs and a rename)."""
+        return self._flusher.flushes
+
+    @property
+    def flush_every(self) -> int:
+        """Written chunks not yet being flushed that make a flush due."""
+        return self._flusher.flush_every
+
+    @property
+    def background(self) -> bool:
+        """True when a flusher thread makes batches durable."""
+        return self._flusher.background
+
+    @property
+    def on_durable(self) -> Callable[[], None] | None:
+        """Called on the flusher thread after each background flush (it must only wake its owner)."""
+        return self._flusher.on_durable
+
+    @on_durable.setter
+    def on_durable(self, listener: Callable[[], None] | None) -> None:
+        self._flusher.on_durable = listener
 
     def contiguous_offset(self) -> int:
         """Byte offset of the first missing chunk (``size`` when complete): where a stream resumes."""
@@ -325,17 +300,10 @@ class PartialDownload:
             offset += written
         self._have[index] = 1
         self._bytes_done += len(data)
-        with self._cond:
-            # Appended only after pwrite returned: a flush that takes this index fsyncs after it.
-            self._pending.append(index)
-            due = len(self._pending) >= self.flush_every
-            if due and self.background:
-                self._cond.notify_all()
+        due = self._flusher.written(index)
         self._extend_prefix_hash(index, data)
-        if due and not self.background:
-            self.flush()
-        elif due:
-            self._start_flusher()
+        if due:
+            self._flusher.flush_due()
         return True
 
     def _extend_prefix_hash(self, index: int, data: bytes) -> None:
@@ -350,30 +318,14 @@ class PartialDownload:
             self._prefix_hash.update(os.pread(self._fd, self.chunk_length(self._prefix_end), start))
             self._prefix_end += 1
 
-    # -- durability ------------------------------------------------------------------------------
+    # -- durability (agent.delivery.chunk_flusher) ---------------------------------------------
 
     def flush(self, *, force: bool = False) -> None:
         """Make written chunks durable now: fsync the ``.part``, then atomically replace the bitmap.
 
         Waits for a background flush that is running. Raises the error of a failed one.
         """
-        self.raise_flush_error()
-        with self._io_lock:
-            with self._cond:
-                if self._fd is None or (not self._pending and not force):
-                    return
-                batch, self._pending = self._pending, []
-                self._flushing = batch
-            try:
-                self._persist(batch)
-            except BaseException:
-                with self._cond:
-                    self._pending[:0] = batch  # not recorded: still at risk
-                raise
-            finally:
-                with self._cond:
-                    self._flushing = []
-                    self._cond.notify_all()
+        self._flusher.flush(force=force)
 
     def request_flush(self) -> None:
         """Flush what is written without waiting (``background``; otherwise the same as :meth:`flush`).
@@ -381,110 +333,11 @@ class PartialDownload:
         The flusher takes the chunks written so far as soon as it is idle; :attr:`unflushed`
         drops when they are durable, and ``on_durable`` is called.
         """
-        self.raise_flush_error()
-        if not self.background:
-            self.flush()
-            return
-        with self._cond:
-            if not self._pending:
-                return
-            self._flush_asked = True
-            self._cond.notify_all()
-        self._start_flusher()
-
-    def _persist(self, batch: list[int]) -> None:
-        """fsync the data of ``batch`` (written before this call), then record it in the bitmap."""
-        assert self._fd is not None
-        if batch:
-            if hasattr(os, "fdatasync"):
-                os.fdatasync(self._fd)  # the data blocks are what matters; the size never changes
-            else:
-                os.fsync(self._fd)
-        # Only durable chunks go into the bitmap: those of earlier flushes and this batch.
-        bits = bytearray(self._durable_bits)
-        for i in batch:
-            bits[i >> 3] |= 1 << (i & 7)
-        atomic_write_json(self.bitmap_path, {**self._bitmap_header(), "done": bits.hex()}, indent=None)
-        self._durable_bits = bits
-        self.flushes += 1
-
-    def _start_flusher(self) -> None:
-        if self._flusher is None and self._fd is not None:
-            self._flusher = threading.Thread(
-                target=self._run_flusher, name=f"partial-flush-{self.manifest.sha256[:8]}", daemon=True
-            )
-            self._flusher.start()
-
-    def _batch_due(self) -> bool:
-        """True when the flusher should take the pending chunks (call with ``_cond`` held)."""
-        return bool(self._pending) and (self._flush_asked or len(self._pending) >= self.flush_every)
-
-    def _take_batch(self) -> list[int]:
-        """Move the pending chunks into the flushing batch (call with ``_cond`` held)."""
-        self._flush_asked = False
-        batch, self._pending = self._pending, []
-        self._flushing = batch
-        return batch
-
-    def _run_flusher(self) -> None:
-        while True:
-            with self._cond:
-                self._cond.wait_for(lambda: self._stopping or self._batch_due())
-                if self._stopping:
-                    return
-            with self._io_lock:
-                with self._cond:
-                    if self._stopping or self._fd is None:
-                        return
-                    batch = self._take_batch()
-                while batch:
-                    try:
-                        self._persist(batch)
-                    except BaseException as exc:  # noqa: BLE001 - handed to the owner, raised there
-                        log.error(
-                            "delivery.partial.flush_failed", sha256=self.manifest.sha256, error=repr(exc)
-                        )
-                        with self._cond:
-                            self._flush_error = exc
-                            self._cond.notify_all()
-                        self._notify_durable()
-                        return  # the batch stays at risk, and nothing after it is recorded
-                    with self._cond:
-                        # The next batch is taken before the owner hears of this one, so a
-                        # flush is always seen running while chunks wait for one.
-                        due = self._batch_due() and not self._stopping
-                        self._flushing = []
-                        batch = self._take_batch() if due else []
-                        self._cond.notify_all()
-                    self._notify_durable()
-
-    def _notify_durable(self) -> None:
-        if self.on_durable is None:
-            return
-        try:
-            self.on_durable()
-        except Exception as exc:  # noqa: BLE001 - a listener must not kill the flusher
-            log.error("delivery.partial.listener_failed", error=repr(exc))
+        self._flusher.request_flush()
 
     def raise_flush_error(self) -> None:
         """Raise the error of a failed background flush (an OSError from fsync or the bitmap write)."""
-        with self._cond:
-            error = self._flush_error
-        if error is not None:
-            raise error
-
-    def _stop_flusher(self) -> None:
-        """Let a running background flush finish, then end the flusher thread."""
-        flusher = self._flusher
-        if flusher is None:
-            return
-        with self._cond:
-            self._stopping = True
-            self._cond.notify_all()
-        flusher.join()
-        self._flusher = None
-        with self._cond:
-            self._stopping = False
+        self._flusher.raise_flush_error()
 
     # -- the end ---------------------------------------------------------------------------------
 
@@ -531,10 +384,11 @@ class PartialDownload:
 
         Chunks not yet taken by a flush are not flushed (call :meth:`flush` first to keep them).
         """
-        self._stop_flusher()
+        self._flusher.stop()
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
+            self._flusher.fd = None
 
     def discard(self) -> None:
         """Close and delete every file of this download."""
@@ -544,11 +398,7 @@ class PartialDownload:
                 path.unlink()
         self._have = bytearray(self.chunk_count)
         self._bytes_done = 0
-        with self._cond:
-            self._pending = []
-            self._flushing = []
-            self._flush_error = None
-        self._durable_bits = bytearray((self.chunk_count + 7) // 8)
+        self._flusher.reset()
         self._prefix_hash = hashlib.sha256()
         self._prefix_end = 0
         self._finished = False

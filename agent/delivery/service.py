@@ -2,14 +2,15 @@
 
 :class:`DeliveryService` subscribes to ``down/desired/+`` and ``down/cmd/+``, decides per manifest
 (:mod:`.reconcile`), and runs one job at a time per slot on that slot's lane (:mod:`.lanes`): the
-MQTT dispatcher thread only parses, decides and hands over. Job statuses go out through the durable
+MQTT dispatcher thread only parses (:mod:`.desired_intake`, which also refuses), decides and hands
+over. Job statuses go out through the durable
 spool; when a full disk refuses them they are held in memory, in order, until the spool or the link
 takes them. A job that failed ``disk_full`` is retried by the upkeep thread once space returns.
 
-One job, a little over 400 lines: the reconcile decision, the per-slot lanes and the disk_full retry
-share one lock order (reconcile, then the service's lock) that would be easy to break across
-modules; the pieces that stand alone already moved out (deployment, lanes, job records, job ends,
-the status sender).
+One job (manifests in, one job at a time per slot): the reconcile decision, the per-slot lanes and
+the disk_full retry share one lock order (reconcile, then the service's lock) that would be easy to
+break across modules; the pieces that stand alone have their own modules (the desired-state gate,
+deployment, lanes, job records, job ends, the status sender).
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ from __future__ import annotations
 import hashlib
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Mapping
 from functools import partial
 from pathlib import Path
@@ -28,16 +28,13 @@ from pydantic import BaseModel
 
 from agent.delivery.commands import ArgsT, CommandHandler, CommandRouter
 from agent.delivery.deployment import Deployment
-from agent.delivery.errors import (
-    DiskFullError,
-    ReplayError,
-    WrongSlotError,
-)
+from agent.delivery.desired_intake import DesiredIntake
+from agent.delivery.errors import DiskFullError, ReplayError
 from agent.delivery.job_ends import JobEnds
 from agent.delivery.job_records import JobRecords
 from agent.delivery.lanes import SlotLane
 from agent.delivery.ledger import JobLedger
-from agent.delivery.manifest import DeployManifest, parse_signed, recover_job_id
+from agent.delivery.manifest import DeployManifest
 from agent.delivery.reconcile import DISK_FULL, Action, decide
 from agent.delivery.settings import DeliveryConfig
 from agent.delivery.status_sender import JobStatusSender
@@ -59,8 +56,6 @@ from agent.store import ModelStore
 
 log = structlog.get_logger(__name__)
 
-#: Refused payloads remembered per slot, so a retained bad manifest is reported once, not per reconnect.
-_REJECTED_MEMORY = 32
 #: Job states that last (the candidate runs beside, or serves in place of, the model): up/info is
 #: republished as a job enters one.
 _LONG_PHASES = frozenset({JobState.SHADOW, JobState.PROBATION})
@@ -127,10 +122,19 @@ class DeliveryService:
         self._reconcile_lock = threading.RLock()
         #: The ledger, and terminal records the full disk refused until the upkeep thread writes them.
         self._records = JobRecords(state)
-        self._rejected: dict[str, deque[str]] = {}
         #: Statuses the spool refused (disk full) wait there, in order, until the spool or link takes them.
         self._statuses = JobStatusSender(link, topics)
         self._ends = JobEnds(on_job_end)
+        self._intake = DesiredIntake(
+            config,
+            device_id=device_id,
+            trusted=self.trusted,
+            slot_specs=slot_specs,
+            records=self._records,
+            accept=self._reconcile,
+            known=self._job_id_known,
+            publish=self._publish,
+        )
         self._on_job_phase = on_job_phase
         self._phases: dict[str, tuple[str, JobState]] = {}  # per slot: the phase last announced
         #: Per slot, the manifest (and payload digest) of a job that failed disk_full: retried by itself.
@@ -251,57 +255,7 @@ class DeliveryService:
 
     def handle_desired(self, message: InboundMessage) -> None:
         """Handle one ``down/desired/{slot}`` message (on the dispatcher thread: decide, hand over)."""
-        topic_slot = message.topic.rsplit("/", 1)[-1]
-        if not message.payload:
-            log.info("delivery.desired.cleared", slot=topic_slot)
-            return
-        digest = hashlib.sha256(message.payload).hexdigest()
-        if digest in self._rejected.get(topic_slot, ()):
-            return  # the same refused payload again (retained, re-delivered on reconnect)
-        try:
-            manifest = parse_signed(
-                message.payload, self.trusted, self.config.require_signature, self.device_id
-            )
-            self._check_slot(manifest, topic_slot)
-            self._reconcile(manifest, topic_slot, digest)
-        except DeliveryError as exc:
-            self._refuse(exc, message.payload, topic_slot, digest)
-
-    def _check_slot(self, manifest: DeployManifest, topic_slot: str) -> None:
-        if manifest.slot != topic_slot:
-            raise WrongSlotError(
-                f"manifest is for slot {manifest.slot!r} but arrived on the desired topic of slot "
-                f"{topic_slot!r}; publish it on down/desired/{manifest.slot}",
-                job_id=manifest.job_id,
-            )
-        if self._slot_specs(manifest.slot) is None:
-            raise WrongSlotError(
-                f"this device has no slot {manifest.slot!r}; configure it under slots: first",
-                job_id=manifest.job_id,
-            )
-
-    def _refuse(self, exc: DeliveryError, payload: bytes, slot: str, digest: str) -> None:
-        job_id = getattr(exc, "job_id", None) or recover_job_id(payload)
-        # One terminal state per job id: a job id that runs, ran or was refused already gets no REJECTED
-        # (the same manifest on several slots' topics, an old one re-published, one refused before a
-        # restart); the refusal is logged either way.
-        report = job_id is not None and not self._job_id_known(job_id)
-        log.error(
-            "delivery.manifest.rejected",
-            slot=slot,
-            job=job_id,
-            code=exc.code,
-            error=str(exc),
-            published=report,
-        )
-        memory = self._rejected.setdefault(slot, deque(maxlen=_REJECTED_MEMORY))
-        memory.append(digest)
-        if job_id is None or not report:
-            return
-        self._records.remember_refused(job_id)
-        self._publish(
-            JobStatus(job_id=job_id, slot=slot, state=JobState.REJECTED, error_code=exc.code, error=str(exc))
-        )
+        self._intake.handle(message)
 
     def _job_id_known(self, job_id: str) -> bool:
         """True when ``job_id`` has states already: queued or running, a slot's last job, or ended."""
@@ -358,7 +312,7 @@ class DeliveryService:
             # down: it will never resume, so it ends here, recorded before the newer job's QUEUED.
             self._publish(self._records.end_interrupted(last, by=manifest.job_id))
         specs = self._slot_specs(slot)
-        assert specs is not None  # checked by _check_slot
+        assert specs is not None  # checked by the intake
         job = Deployment(
             manifest,
             publish=self._publish,
@@ -449,7 +403,7 @@ class DeliveryService:
                 try:
                     self._reconcile(manifest, slot, digest, retry=True)
                 except DeliveryError as exc:
-                    self._refuse(exc, b"", slot, digest)
+                    self._intake.refuse(exc, b"", slot, digest)
 
     def _collect_garbage(self) -> None:
         protect = set(self._protect()) if self._protect is not None else set()

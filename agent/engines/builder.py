@@ -18,17 +18,16 @@ is the SHA-256 of its image files, the frame count and the preprocessing; a ``st
 and frame count only, because live frames never repeat: a second deploy of the same model and spec
 reuses the engine instead of recalibrating. Calibration frames are read only when a build happens.
 
-One job (model + spec in, a cached engine out), about 500 lines: the cache, the child process and
-the fallback retry share one build lock and one artifact record; the pieces that stand alone
-(model facts, calibration data, the artifact) have their own modules.
+One job (model + spec in, a cached engine out): the cache, the child process and the fallback retry
+share one build lock and one artifact record. The pieces that stand alone have their own modules:
+what the child gets for one build (:mod:`agent.engines.job_inputs`: the job, its calibration
+files, the timing cache), model facts, calibration data, the artifact.
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
-import re
 import shutil
 import threading
 import time
@@ -45,46 +44,25 @@ from agent.camera.preprocess_spec import PreprocessSpec
 from agent.engines.artifact import EngineArtifact, artifact_of
 from agent.engines.build_history import BuildHistory, build_fingerprint
 from agent.engines.cache import CacheEntry, EngineCache
-from agent.engines.cache_key import (
-    EngineIdentity,
-    canonical_json,
-    engine_cache_key,
-    model_sha256,
-    new_engine_meta,
-)
-from agent.engines.calibration_data import calibration_identity, dataset_batches, limit_frames, save_batches
-from agent.engines.calibration_file import as_trt_cache
+from agent.engines.cache_key import EngineIdentity, engine_cache_key, model_sha256, new_engine_meta
+from agent.engines.calibration_data import calibration_identity
 from agent.engines.int8 import host_cpu_flags, reduce_range_for
-from agent.engines.job import MIB, BuildJob, Progress
-from agent.engines.model_facts import model_facts, model_input_size
-from agent.engines.ort_builder import (
-    ENGINE_FILE as ORT_ENGINE_FILE,
-)
-from agent.engines.ort_builder import (
-    REPORT_FILE,
-)
+from agent.engines.job import MIB, Progress
+from agent.engines.job_inputs import default_preprocess, job_for
+from agent.engines.model_facts import model_facts
+from agent.engines.ort_builder import REPORT_FILE
 from agent.engines.plan import FAILED_AT, FailureStage, PlatformFacts, plan_build, plan_fallback
 from agent.engines.settings import EngineConfig
 from agent.engines.slim import onnxslim_version
 from agent.engines.spec import BuildPlan, BuildSpec
 from agent.engines.worker import BuildWorker
 from agent.errors import BuildError
-from agent.fsutil import atomic_write_bytes, sha256_file
 from agent.platform import Platform
 
 log = structlog.get_logger(__name__)
 
-#: Engine file name of a TensorRT entry.
-TRT_ENGINE_FILE = "engine"
-#: TensorRT version whose header a CPU-made calibration cache gets when no TensorRT is present:
-#: JetPack 6.1/6.2, the main target.
-DEFAULT_TRT_CACHE_VERSION = "10.3.0"
 #: How much of a failed TensorRT build's error (with a crashed child's last output) job status carries.
 MAX_FAILURE_CHARS = 2000
-
-
-def _safe(text: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]+", "_", text).strip("_") or "unknown"
 
 
 # --------------------------------------------------------------------------- the builder
@@ -292,7 +270,7 @@ class EngineBuilder:
             and preprocess is None
             and calibration is None
         ):
-            preprocess = self._default_preprocess(model) if plan.calibration.kind == "dataset" else None
+            preprocess = default_preprocess(model) if plan.calibration.kind == "dataset" else None
         calib_sha = (
             calibration_identity(plan.calibration, preprocess) if plan.calibration is not None else None
         )
@@ -357,7 +335,15 @@ class EngineBuilder:
         log.info("engine.cache.miss", key=key, model=model.name, backend=plan.backend)
         job_dir = self.jobs_dir / f"{key[:16]}-{uuid.uuid4().hex[:8]}"
         try:
-            job = self._job(model, plan, job_dir, calibration, preprocess)
+            job = job_for(
+                model,
+                plan,
+                job_dir,
+                calibration,
+                preprocess,
+                state_dir=self.state_dir,
+                platform=self.platform,
+            )
             result = self.worker.run(job, say, cancel)
             engine_path = job.out_dir / result.engine_file
             if not engine_path.is_file():
@@ -380,93 +366,6 @@ class EngineBuilder:
         return self._artifact(entry, plan, requested, cache_hit=False, seconds=time.monotonic() - started)
 
     # -- helpers -----------------------------------------------------------------------------
-
-    def _default_preprocess(self, model: Path) -> PreprocessSpec:
-        size = model_input_size(model)
-        if size is None:
-            raise BuildError(
-                f"cannot calibrate {model.name} from a dataset: its input has no fixed NCHW image size; "
-                "pass the slot's preprocessing (or --width/--height to edge-agent build)"
-            )
-        return PreprocessSpec(width=size[0], height=size[1])
-
-    def _timing_cache(self) -> Path:
-        p = self.platform
-        gpu = _safe(p.gpu_name or "gpu")
-        name = f"{gpu}-sm{_safe(p.compute_capability or 'x')}-trt{_safe(p.tensorrt_version or 'x')}"
-        return self.state_dir / "timing" / f"{name}.cache"
-
-    def _job(
-        self,
-        model: Path,
-        plan: BuildPlan,
-        job_dir: Path,
-        calibration: Iterable[npt.NDArray[Any]] | None,
-        preprocess: PreprocessSpec | None,
-    ) -> BuildJob:
-        calibration_dir: Path | None = None
-        calibration_cache: Path | None = None
-        calibration_table: Path | None = None
-        source = plan.calibration
-        if source is not None:
-            if source.kind == "cache":
-                if source.path is None:
-                    raise BuildError(
-                        f"calibration artifact {source.artifact!r} was not fetched: only a deployment "
-                        "carries artifacts; give the cache file's path"
-                    )
-                if plan.backend != "tensorrt":
-                    # The operator's calibration: every device quantizes with the same ranges.
-                    calibration_table = job_dir / "calibration.table"
-                    calibration_table.parent.mkdir(parents=True, exist_ok=True)
-                    shutil.copyfile(source.path, calibration_table)
-                else:
-                    calibration_cache = self.state_dir / "calibration" / f"{sha256_file(source.path)}.cache"
-                    calibration_cache.parent.mkdir(parents=True, exist_ok=True)
-                    assert self.platform.tensorrt_version is not None
-                    atomic_write_bytes(
-                        calibration_cache, as_trt_cache(source.path, self.platform.tensorrt_version)
-                    )
-            else:
-                batches = calibration
-                if batches is None and source.kind == "dataset":
-                    assert source.path is not None
-                    assert preprocess is not None
-                    batches = dataset_batches(source.path, preprocess, source.frames)
-                if batches is None:
-                    raise BuildError(
-                        f"INT8 calibration from stream {source.stream!r} needs frames: "
-                        "the caller must pass them"
-                    )
-                calibration_dir = job_dir / "calibration"
-                count, data_sha = save_batches(limit_frames(batches, source.frames), calibration_dir)
-                if count == 0:
-                    raise BuildError("INT8 calibration got no frames: check the calibration source")
-                if plan.backend == "tensorrt" and plan.int8_mode == "calibrator":
-                    # TensorRT writes its cache here after calibrating; the next build with the same
-                    # model and frames skips calibration.
-                    assert self.platform.tensorrt_version is not None
-                    calib_key = hashlib.sha256(
-                        canonical_json([sha256_file(model), self.platform.tensorrt_version, data_sha])
-                    ).hexdigest()
-                    calibration_cache = self.state_dir / "calibration" / f"{calib_key}.cache"
-        return BuildJob(
-            kind=plan.backend,
-            model=model.resolve(),
-            out_dir=(job_dir / "out").resolve(),
-            plan=plan,
-            engine_file=TRT_ENGINE_FILE if plan.backend == "tensorrt" else ORT_ENGINE_FILE,
-            calibration_dir=calibration_dir.resolve() if calibration_dir is not None else None,
-            calibration_cache=calibration_cache,
-            calibration_table=calibration_table.resolve() if calibration_table is not None else None,
-            timing_cache=self._timing_cache()
-            if plan.backend == "tensorrt"
-            else self.state_dir / "timing" / "ort",
-            trt_cache_version=self.platform.tensorrt_version or DEFAULT_TRT_CACHE_VERSION,
-            model_sha256=model_sha256(model),
-            slim_cache_dir=self.state_dir / "slim",
-            available_providers=self.platform.ort_providers or ("CPUExecutionProvider",),
-        )
 
     def _artifact(
         self, entry: CacheEntry, plan: BuildPlan, requested: BuildSpec, *, cache_hit: bool, seconds: float

@@ -1,9 +1,10 @@
 """Placement by measurement: which timed engine *combination* a ``device: auto`` slot keeps. Pure.
 
-``device: auto`` builds one engine per candidate device (:func:`~agent.engines.plan.placement_candidates`),
-times each alone on live frames (:func:`~agent.engines.timing.time_runner`), then times the
-combinations :func:`combinations_to_try` names *together* (:func:`~agent.engines.timing.time_together`:
-one worker per engine pulling from one shared frame queue, as the multi-engine slot runs them) and
+``device: auto`` builds one engine per candidate device
+(:func:`~agent.engines.engine_devices.placement_candidates`), times each alone on live frames
+(:func:`~agent.engines.timing.time_runner`), then times the combinations
+:func:`combinations_to_try` names *together* (:func:`~agent.engines.timing.time_together`: one
+worker per engine pulling from one shared frame queue, as the multi-engine slot runs them) and
 hands every figure here. The options are each engine alone and each combination timed together; their
 frames/s are what was measured, never a sum: engines running together compete for the same silicon
 (the GPU fallback layers of a DLA engine run on the GPU, every engine shares the memory bus), so the

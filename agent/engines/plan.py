@@ -7,9 +7,11 @@ can publish requested vs effective. A request that cannot be honoured in any sen
 ``docs/engines.md``; they come from NVIDIA's TensorRT and DLA documentation (see
 ``shared/reference/tensorrt.md``) and have not been exercised on a Jetson from this code.
 
-One job (pure planning decisions with their reasons), a little over 400 lines: each decision
-(precision, device, fallback, placement candidates, engine sets) is a small table-like function,
-and they share the reason type that makes requested vs effective readable.
+One job (pure planning decisions for one engine, with their reasons): each decision (backend,
+device, precision, shapes, INT8 mode, the fallback after a TensorRT failure) is a small table-like
+function, and they share the reason type that makes requested vs effective readable. Which devices
+a slot builds engines for (a ``build.devices`` set, the ``device: auto`` candidates) is
+:mod:`agent.engines.engine_devices`.
 """
 
 from __future__ import annotations
@@ -23,7 +25,6 @@ from agent.engines.spec import (
     BuildPlan,
     BuildSpec,
     CalibrationSource,
-    DeviceTarget,
     PlanChange,
     ShapeProfile,
 )
@@ -111,6 +112,18 @@ def shapes_dynamic(spec: BuildSpec, model_static: bool) -> bool:
     return any(not p.is_static for p in spec.profiles) or (not model_static and not spec.profiles)
 
 
+def usable_dla_cores(facts: PlatformFacts) -> tuple[int, str]:
+    """DLA cores TensorRT can use here, and how to explain a shortage."""
+    if facts.no_dla is not None:
+        return 0, facts.no_dla
+    version = facts.tensorrt_version
+    major_minor = facts.trt_major_minor
+    if major_minor is not None and major_minor[0] == 11 and major_minor[1] < 4:
+        return 0, f"TensorRT {version} has no DLA support (absent in TensorRT 11.0-11.3)"
+    cores = facts.dla_cores
+    return cores, f"this device has {cores} DLA core{'' if cores == 1 else 's'}"
+
+
 class _Planner:
     """One planning run: the request, the facts, and the changes recorded so far."""
 
@@ -157,20 +170,9 @@ class _Planner:
 
     # -- device ------------------------------------------------------------------------------
 
-    def _usable_dla_cores(self) -> tuple[int, str]:
-        """DLA cores TensorRT can use here, and how to explain a shortage."""
-        if self.facts.no_dla is not None:
-            return 0, self.facts.no_dla
-        version = self.facts.tensorrt_version
-        major_minor = self.facts.trt_major_minor
-        if major_minor is not None and major_minor[0] == 11 and major_minor[1] < 4:
-            return 0, f"TensorRT {version} has no DLA support (absent in TensorRT 11.0-11.3)"
-        cores = self.facts.dla_cores
-        return cores, f"this device has {cores} DLA core{'' if cores == 1 else 's'}"
-
     def trt_device(self) -> tuple[EffectiveDevice, int | None]:
         spec = self.spec
-        cores, why_not = self._usable_dla_cores()
+        cores, why_not = usable_dla_cores(self.facts)
         if spec.device == "gpu":
             return "gpu", None
         if spec.device == "auto":
@@ -334,56 +336,6 @@ class _Planner:
             )
             return "qdq", calibration
         return "calibrator", calibration
-
-
-def placement_candidates(spec: BuildSpec, facts: PlatformFacts, *, model_static: bool) -> tuple[str, ...]:
-    """The devices ``device: auto`` builds and times on this platform (placement by measurement).
-
-    TensorRT with a GPU: ``gpu`` plus every usable DLA core, when the precision and shapes allow the
-    DLA (FP16/INT8/best, static shapes). Otherwise the single device the planner picks, so there is
-    nothing to measure: ONNX Runtime's provider order already decides (TensorRT EP, CUDA, CPU).
-    An explicit device is never second-guessed: it is its own only candidate.
-    """
-    if spec.device != "auto":
-        return (spec.device,)
-    if facts.tensorrt_version is None or not facts.has_gpu or facts.tensorrt_failure is not None:
-        return ("auto",)
-    cores, _ = _Planner(spec, facts, model_static, model_has_qdq=False)._usable_dla_cores()
-    if cores == 0 or spec.precision == "fp32" or shapes_dynamic(spec, model_static):
-        return ("gpu",)
-    return ("gpu", *(f"dla{core}" for core in range(min(cores, 2))))
-
-
-def engine_devices(
-    spec: BuildSpec, facts: PlatformFacts, *, model_static: bool
-) -> list[tuple[DeviceTarget, str]]:
-    """The devices a slot runs engines on, one engine each, with the reason for each (pure).
-
-    No ``devices``: one engine on ``device`` (its own plan decides where that is). A list: one engine
-    per entry, as given (each entry is planned like ``device``, so a ``dla1`` the platform lacks is
-    planned onto the GPU or CPU and its plan says why). ``auto``: every usable device: each DLA core
-    TensorRT can use for this precision and these shapes, then the GPU (TensorRT, or ONNX Runtime's
-    CUDA/TensorRT provider); the CPU alone only when neither is there.
-    """
-    if spec.devices is None:
-        return [(spec.device, f"build.device {spec.device}: one engine")]
-    if spec.devices != "auto":
-        return [(device, "listed in build.devices") for device in spec.devices]
-    chosen: list[tuple[DeviceTarget, str]] = []
-    trt = facts.tensorrt_version is not None and facts.has_gpu and facts.tensorrt_failure is None
-    if trt:
-        cores, why = _Planner(spec, facts, model_static, model_has_qdq=False)._usable_dla_cores()
-        if cores and spec.precision != "fp32" and not shapes_dynamic(spec, model_static):
-            # Orin has at most two DLA cores; DeviceTarget names dla0 and dla1 only.
-            dlas: tuple[DeviceTarget, ...] = ("dla0", "dla1")
-            chosen.extend((dla, f"{why}; TensorRT runs {spec.precision} there") for dla in dlas[:cores])
-        chosen.append(("gpu", f"TensorRT {facts.tensorrt_version} on the GPU"))
-    elif facts.ort_gpu:
-        chosen.append(("gpu", "ONNX Runtime's GPU provider (TensorRT is not usable here)"))
-    if not chosen:
-        providers = ", ".join(facts.ort_providers) or "none"
-        chosen.append(("cpu", f"no GPU or DLA usable here (ONNX Runtime providers: {providers})"))
-    return chosen
 
 
 def load_fallback(spec: BuildSpec | None, backends: Iterable[str]) -> LoadFallback:

@@ -24,6 +24,7 @@ from agent.camera.preprocess_spec import PreprocessSpec
 from agent.engines.artifact import EngineArtifact
 from agent.engines.builder import EngineBuilder
 from agent.engines.calibration_store import CalibrationKey, CalibrationStore, collect_frames
+from agent.engines.engine_devices import engine_devices, placement_candidates
 from agent.engines.guard import agreement, check_int8
 from agent.engines.int8 import quantize_int8
 from agent.engines.model_facts import model_facts
@@ -35,7 +36,6 @@ from agent.engines.placement_choice import (
     ranked_accelerators,
 )
 from agent.engines.placement_measure import measure_candidates, measure_combinations
-from agent.engines.plan import engine_devices, placement_candidates
 from agent.engines.settings import EngineConfig
 from agent.engines.spec import BuildSpec
 from agent.errors import BuildError

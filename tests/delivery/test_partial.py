@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from agent import fsutil
-from agent.delivery import partial as partial_module
+from agent.delivery import chunk_flusher
 from agent.delivery.errors import HashMismatchError
 from agent.delivery.manifest import DeployManifest
 from agent.delivery.partial import PartialDownload
@@ -281,7 +281,7 @@ class _SyncGate:
 
         monkeypatch.setattr(os, "pwrite", pwrite)
         monkeypatch.setattr(os, "fdatasync", fdatasync)
-        monkeypatch.setattr(partial_module, "atomic_write_json", atomic_write_json)
+        monkeypatch.setattr(chunk_flusher, "atomic_write_json", atomic_write_json)
 
     def write(self, partial: PartialDownload, model: Path, index: int) -> None:
         assert partial.write_chunk(index, chunk(model, index))

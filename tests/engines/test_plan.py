@@ -9,14 +9,8 @@ from typing import Any
 
 import pytest
 
-from agent.engines.plan import (
-    PlatformFacts,
-    engine_devices,
-    placement_candidates,
-    plan_build,
-    plan_fallback,
-    shapes_dynamic,
-)
+from agent.engines.engine_devices import engine_devices, placement_candidates
+from agent.engines.plan import PlatformFacts, plan_build, plan_fallback, shapes_dynamic
 from agent.engines.spec import BuildPlan, BuildSpec, CalibrationSource, ShapeProfile
 from agent.errors import BuildError
 from agent.platform import BackendAvailability, Platform
