@@ -29,9 +29,10 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     A worker takes the next test of this order whenever it is free, so a test of a minute started
     last keeps the run waiting while the other workers idle; started first, it runs beside the
     short ones. An ``alone`` test waits for every running test to end before it starts: at the end
-    it waits for short ones. A serial run keeps the order of the files.
+    it waits for short ones. A serial run, or one with ``EDGE_AGENT_TEST_ORDER=files``, keeps the
+    order of the files.
     """
-    if "PYTEST_XDIST_WORKER" not in os.environ:
+    if "PYTEST_XDIST_WORKER" not in os.environ or os.environ.get("EDGE_AGENT_TEST_ORDER") == "files":
         return
 
     def rank(item: pytest.Item) -> int:

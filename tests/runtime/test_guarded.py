@@ -288,6 +288,7 @@ def test_a_model_that_turns_nan_after_n_frames_is_swapped_back_in_probation_with
     assert {r.version for r in after} == {"1"}
 
 
+@pytest.mark.slow
 def test_a_slow_model_rolled_back_in_probation_publishes_its_in_flight_batch_before_the_decision(
     rig: Rig,  # noqa: F811
     models: dict[str, Path],
