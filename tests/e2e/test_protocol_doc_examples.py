@@ -38,9 +38,7 @@ from agent.protocol.topics import Topics
 from tests.e2e.daemon import AgentFiles, Daemon
 from tests.mqtt_probe import Probe, Received
 
-# One worker runs the module's tests (--dist loadgroup): they read one device, started once for the
-# module (``real``), where spread over the workers each would start its own.
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("protocol-doc-device")]
+pytestmark = pytest.mark.slow
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "protocol.md"
 

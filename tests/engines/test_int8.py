@@ -37,10 +37,6 @@ from agent.engines.int8 import (
 )
 from agent.errors import BuildError
 
-# One worker runs the module's tests (--dist loadgroup): they read one calibration and one set of
-# held-out images, made once for the module, where spread over the workers each would make its own.
-pytestmark = pytest.mark.xdist_group("int8-calibration")
-
 #: Seeds never used by tools/train_shapes.py (it trains on 1 and validates on 2).
 CALIBRATION_SEED = 10_001
 HELD_OUT_SEED = 20_001
