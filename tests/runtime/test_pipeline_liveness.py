@@ -78,7 +78,6 @@ def test_a_camera_read_blocked_past_the_bound_is_stuck_and_a_reconnecting_camera
     assert all(s == [] for s in samples), [s for s in samples if s][:3]
 
 
-@pytest.mark.slow
 def test_an_inference_call_past_the_bound_is_stuck_even_while_another_worker_idles(
     rig: Rig, tmp_path: Path
 ) -> None:
