@@ -23,6 +23,26 @@ def _flock(path: Path, operation: int) -> Iterator[None]:
         os.close(fd)  # closing the descriptor releases its lock
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Under pytest-xdist: ``slow`` tests first, ``alone`` tests last (docs/testing.md, "The order").
+
+    A worker takes the next test of this order whenever it is free, so a test of a minute started
+    last keeps the run waiting while the other workers idle; started first, it runs beside the
+    short ones. An ``alone`` test waits for every running test to end before it starts: at the end
+    it waits for short ones. A serial run, or one with ``EDGE_AGENT_TEST_ORDER=files``, keeps the
+    order of the files.
+    """
+    if "PYTEST_XDIST_WORKER" not in os.environ or os.environ.get("EDGE_AGENT_TEST_ORDER") == "files":
+        return
+
+    def rank(item: pytest.Item) -> int:
+        if item.get_closest_marker("alone") is not None:
+            return 2
+        return 0 if item.get_closest_marker("slow") is not None else 1
+
+    items.sort(key=rank)  # stable: files and their tests keep their order within a rank
+
+
 @pytest.fixture(autouse=True)
 def _run_lock(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     """Under pytest-xdist, every test holds the run's lock shared; an ``alone`` test holds it alone.

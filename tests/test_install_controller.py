@@ -129,6 +129,7 @@ def put_broker_files(root: Path, uid: int, gid: int) -> None:
     ca.chmod(0o644)
 
 
+@pytest.mark.slow
 def test_the_unit_finds_its_user_and_every_file_it_reads(root: Path, tmp_path: Path) -> None:
     out = install(root)
     uid, gid, shell = account(root)

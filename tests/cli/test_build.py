@@ -37,6 +37,7 @@ def model(tmp_path: Path) -> Path:
     return write_classifier(tmp_path / "classifier.onnx", input_size=32, num_classes=4)
 
 
+@pytest.mark.slow
 def test_build_prints_plan_cache_placement_then_hits_with_bench(tmp_path: Path, model: Path) -> None:
     state = str(tmp_path / "state")
     cold = edge_agent_build(str(model), "--precision", "fp16", "--state-dir", state)
@@ -203,6 +204,7 @@ def test_calib_from_names_its_folder_after_the_video() -> None:
     assert calib_dir_for("rtsp://cam-3.local:554/live/main?ch=1") == Path("calib-main")
 
 
+@pytest.mark.slow
 def test_int8_reports_its_agreement_with_fp32_and_a_short_video(tmp_path: Path, model: Path) -> None:
     """Issue 22.11: an INT8 build said nothing of its agreement with FP32, nor that --calib-from gave
     fewer frames than --calib-frames asked."""

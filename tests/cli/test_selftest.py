@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from agent.platform import detect_platform
 from agent.selftest.run import CPU_STAND_INS
 
@@ -27,6 +29,7 @@ def edge_agent(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.slow
 def test_quick_selftest_runs_the_cpu_subset_and_skips_the_rest_with_reasons(tmp_path: Path) -> None:
     platform = detect_platform()
     assert not platform.backends["tensorrt"].usable, "this test describes a machine without TensorRT"

@@ -129,6 +129,7 @@ def _service(tmp_path: Path, platform_facts: object = None) -> EngineService:
     return EngineService(builder, config, lambda _slot, n: list(images[:n]))
 
 
+@pytest.mark.slow
 def test_measure_candidates_builds_and_times_each_for_real(tmp_path: Path) -> None:
     service = _service(tmp_path)
     calibration = _frames(16)
@@ -149,6 +150,7 @@ def test_measure_candidates_builds_and_times_each_for_real(tmp_path: Path) -> No
     assert choice.devices[0] in {"cpu-fp32", "cpu-int8"}
 
 
+@pytest.mark.slow
 def test_auto_on_an_orin_times_gpu_and_both_dlas_and_reports_why_none_could_run(tmp_path: Path) -> None:
     """The fake Orin (TensorRT claimed, absent here) gives three candidates; each TensorRT build fails
     for real, so the planner's choice is built (and falls back to ONNX Runtime), and the job's

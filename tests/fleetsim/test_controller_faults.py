@@ -35,6 +35,9 @@ from agent.protocol.messages import JobState
 from tests.fleet.operator_side import unique_prefix
 from tests.fleetsim.controller_rig import ControllerRig
 
+# A real controller and simulated fleet per test, rollouts with shadow and probation: tens of seconds.
+pytestmark = pytest.mark.slow
+
 DEVICES = 10
 WAVES = "2,50%,100%"  # 2, 3 and 5 devices
 PROBATION_S = 2.0

@@ -27,6 +27,9 @@ from tests.fleetsim.sim_fleet import SimFleet
 from tests.mqtt_probe import Probe
 from tests.waiting import wait_until
 
+# A simulated fleet per test, deployed to for real and waited on: tens of seconds.
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture
 def keys(tmp_path: Path) -> KeyPairFiles:
