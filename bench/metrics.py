@@ -3,8 +3,9 @@
 The devices are simulated (no agent processes, no broker): each one's ``up/status``, ``up/info``
 and ``up/telemetry`` (real protocol messages, encoded as an agent encodes them: the fleet of
 bench/console.py, one slot, one label, five figures) are handed to a :class:`FleetView` directly, as
-the controller's MQTT client would. ``/metrics`` is served by :func:`agent.fleet.metrics.serve_metrics`
-on a loopback port and fetched with ``urllib`` as Prometheus would fetch it, plain and gzipped.
+the controller's MQTT client would. ``/metrics`` is served by
+:func:`agent.fleet.metrics.exposition.serve_metrics` on a loopback port and fetched with ``urllib`` as
+Prometheus would fetch it, plain and gzipped.
 
 A real rollout store (SQLite in a temporary directory) holds ``--rollouts`` rollouts (default 10),
 each over every device in two waves, as the controller's store does after as many fleet-wide
@@ -46,9 +47,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from agent.fleet.metrics import MetricsServer, serve_metrics
-from agent.fleet.rollout_store import RolloutPlan, RolloutStore
-from agent.fleet.view import FleetView
+from agent.fleet.metrics.exposition import MetricsServer, serve_metrics
+from agent.fleet.rollout.store import RolloutPlan, RolloutStore
+from agent.fleet.view.live import FleetView
 from agent.mqtt.inbound import InboundMessage
 from agent.protocol.messages import (
     InfoMessage,
