@@ -48,7 +48,8 @@ from pathlib import Path
 from typing import Any
 
 from agent.fleet.metrics.exposition import MetricsServer, serve_metrics
-from agent.fleet.rollout.store import RolloutPlan, RolloutStore
+from agent.fleet.rollout.records import RolloutPlan
+from agent.fleet.rollout.store import RolloutStore
 from agent.fleet.view.live import FleetView
 from agent.mqtt.inbound import InboundMessage
 from agent.protocol.messages import (

@@ -24,7 +24,8 @@ import time
 from pathlib import Path
 
 from agent.fleet.rollout.gate import DeviceEnd
-from agent.fleet.rollout.store import RolloutPlan, RolloutStore, WaveState
+from agent.fleet.rollout.records import RolloutPlan, WaveState
+from agent.fleet.rollout.store import RolloutStore
 from agent.fleet.rollout.waves import parse_waves, split_waves
 
 

@@ -11,8 +11,10 @@ import sqlite3
 import time
 from typing import Any
 
+from agent.fleet.rollout.records import WaveState
 from agent.fleet.rollout.report import rollback_outcome, rollout_policy
-from agent.fleet.rollout.store import RolloutStore, RolloutStoreError, WaveState
+from agent.fleet.rollout.store import RolloutStore
+from agent.fleet.rollout.store_file import RolloutStoreError
 
 #: Rollouts the rollouts page lists: the open ones and then the latest finished ones, up to this many.
 ROLLOUTS_SHOWN = 20

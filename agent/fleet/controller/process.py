@@ -50,10 +50,12 @@ from agent.fleet.deploy.run import check_device_ids, plan_manifest
 from agent.fleet.devices.evidence import evidence_json, fetch_evidence
 from agent.fleet.devices.snapshot import snapshot_json, take_snapshot
 from agent.fleet.rollout.actions import WrongStateError, action_refusal
+from agent.fleet.rollout.records import RolloutState
 from agent.fleet.rollout.report import rollout_status
 from agent.fleet.rollout.runner import RolloutRunner
 from agent.fleet.rollout.spec import RolloutRequest, model_ref, plan_for, request_of
-from agent.fleet.rollout.store import RolloutState, RolloutStore, StoreDamagedError, StoreFullError
+from agent.fleet.rollout.store import RolloutStore
+from agent.fleet.rollout.store_file import StoreDamagedError, StoreFullError
 from agent.fleet.samples.store import SampleStore
 from agent.fleet.view.live import FleetView
 from agent.fleet.view.status import collect_fleet

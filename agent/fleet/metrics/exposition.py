@@ -53,7 +53,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from agent.fleet.metrics.text import CONTENT_TYPE, FamilyHead, escape, labels_text, number
-from agent.fleet.rollout.store import RolloutRow
+from agent.fleet.rollout.records import RolloutRow
 from agent.fleet.view.live import DeviceState, FleetView
 from agent.telemetry.series import LABEL_VALUE_LIMIT, series_of
 

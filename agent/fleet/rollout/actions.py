@@ -9,7 +9,7 @@ API answers ``wrong_state``, the console 409, with the text.
 from __future__ import annotations
 
 from agent.errors import AgentError
-from agent.fleet.rollout.store import ROLLOUT_MOVES, RolloutState
+from agent.fleet.rollout.records import ROLLOUT_MOVES, RolloutState
 
 #: The state each operator action moves a rollout to.
 ACTION_TARGET = {"pause": RolloutState.PAUSED, "resume": RolloutState.RUNNING, "abort": RolloutState.ABORTED}

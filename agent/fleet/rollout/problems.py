@@ -16,7 +16,7 @@ from pydantic import ValidationError
 
 from agent.fleet.base.untrusted import shown
 from agent.fleet.rollout.gate import BAD_ENDS, DeviceEnd, DeviceReport, GatePolicy, unhealth
-from agent.fleet.rollout.store import DeviceRow, DeviceStep
+from agent.fleet.rollout.records import DeviceRow, DeviceStep
 from agent.protocol.messages import ProbationFigures, ShadowFigures
 
 #: Most devices a status document names (a rollout of 10 000 devices may fail on all of them).

@@ -17,8 +17,9 @@ from agent.errors import AgentError
 from agent.fleet.base.untrusted import shown
 from agent.fleet.rollout.gate import GatePolicy
 from agent.fleet.rollout.problems import MAX_LISTED, device_problems
+from agent.fleet.rollout.records import DeviceStep
 from agent.fleet.rollout.spec import request_of
-from agent.fleet.rollout.store import DeviceStep, RolloutStore
+from agent.fleet.rollout.store import RolloutStore
 from agent.fleet.rollout.waves import format_duration
 
 

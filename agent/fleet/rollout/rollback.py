@@ -39,8 +39,9 @@ from agent.fleet.deploy.plan import DeployPlan, next_sequence
 from agent.fleet.deploy.run import FleetDeploy
 from agent.fleet.devices.command import send_command
 from agent.fleet.rollout.gate import DeviceEnd
+from agent.fleet.rollout.records import DeviceStep
 from agent.fleet.rollout.spec import RolloutRequest, plan_for, ref_sha256, request_of
-from agent.fleet.rollout.store import DeviceStep, RolloutStore
+from agent.fleet.rollout.store import RolloutStore
 from agent.mqtt.settings import MqttSettings
 from agent.protocol.messages import JobState
 from agent.signing import Ed25519PrivateKey

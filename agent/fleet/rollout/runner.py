@@ -35,15 +35,10 @@ from agent.delivery.manifest import DeployManifest
 from agent.fleet.deploy.outcome import DeviceProgress
 from agent.fleet.deploy.run import FleetDeploy, plan_manifest
 from agent.fleet.rollout.gate import DeviceEnd, DeviceReport, WaveVerdict, judge_wave
+from agent.fleet.rollout.records import DeviceRow, DeviceStep, RolloutState, WaveState
 from agent.fleet.rollout.rollback import Rollback
 from agent.fleet.rollout.spec import plan_for, request_of
-from agent.fleet.rollout.store import (
-    DeviceRow,
-    DeviceStep,
-    RolloutState,
-    RolloutStore,
-    WaveState,
-)
+from agent.fleet.rollout.store import RolloutStore
 from agent.mqtt.settings import MqttSettings
 from agent.protocol.messages import ProbationFigures, ShadowFigures
 from agent.signing import Ed25519PrivateKey

@@ -22,7 +22,7 @@ from agent.delivery.manifest import DEFAULT_CHUNK_SIZE, MAX_CHUNK_SIZE, MIN_CHUN
 from agent.engines.spec import BuildSpec
 from agent.fleet.deploy.plan import DeployPlan
 from agent.fleet.rollout.gate import GatePolicy
-from agent.fleet.rollout.store import RolloutPlan
+from agent.fleet.rollout.records import RolloutPlan
 from agent.fleet.rollout.waves import parse_max_failed, parse_waves, split_waves
 from agent.model_base import StrictModel
 from agent.postprocess.spec import PostprocessSpec

@@ -26,7 +26,8 @@ from agent.fleet.console.feed import Feed, Stream
 from agent.fleet.console.rollouts import rollout_summary
 from agent.fleet.console.summary import DeviceFilter
 from agent.fleet.rollout.gate import DeviceEnd
-from agent.fleet.rollout.store import RolloutState, RolloutStore, WaveState
+from agent.fleet.rollout.records import RolloutState, WaveState
+from agent.fleet.rollout.store import RolloutStore
 from agent.fleet.view.live import FleetView
 from tests.fleet.console_rig import (
     StoreActions,

@@ -37,7 +37,7 @@ from agent.fleet.controller.client import ControllerClient
 from agent.fleet.controller.config import ControllerConfig, HttpSettings
 from agent.fleet.controller.process import FleetController
 from agent.fleet.rollout.gate import DeviceEnd
-from agent.fleet.rollout.store import DeviceStep
+from agent.fleet.rollout.records import DeviceStep
 from agent.fsutil import sha256_file
 from agent.localbroker import Broker, free_port
 from agent.protocol.messages import JobState

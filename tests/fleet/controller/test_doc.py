@@ -9,9 +9,10 @@ from pathlib import Path
 from typing import Any
 
 from agent.fleet.rollout.gate import DeviceEnd, DeviceReport, GatePolicy, judge_wave
+from agent.fleet.rollout.records import WaveState
 from agent.fleet.rollout.report import rollout_status
 from agent.fleet.rollout.spec import RolloutRequest
-from agent.fleet.rollout.store import RolloutStore, WaveState
+from agent.fleet.rollout.store import RolloutStore
 from agent.fleet.rollout.waves import parse_max_failed
 from agent.protocol.topics import ControllerTopics
 

@@ -424,9 +424,10 @@ def test_a_wave_whose_publish_failed_is_published_at_the_next_step(
     the broker is up the next step publishes the same desired state (not skipped, not twice)."""
     from agent.errors import TransportError
     from agent.fleet.deploy.keys import load_signing_key
+    from agent.fleet.rollout.records import DeviceStep
     from agent.fleet.rollout.runner import RolloutRunner
     from agent.fleet.rollout.spec import RolloutRequest
-    from agent.fleet.rollout.store import DeviceStep, RolloutStore
+    from agent.fleet.rollout.store import RolloutStore
     from agent.localbroker import free_port
 
     port = free_port()

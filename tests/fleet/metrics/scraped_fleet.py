@@ -15,7 +15,7 @@ from pathlib import Path
 
 from agent.fleet.controller.config import ControllerConfig, HttpSettings
 from agent.fleet.controller.process import FleetController
-from agent.fleet.rollout.store import RolloutPlan
+from agent.fleet.rollout.records import RolloutPlan
 from agent.localbroker import Broker, free_port
 from agent.protocol.messages import (
     InfoMessage,

@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from agent.fleet.metrics.exposition import fleet_metrics
-from agent.fleet.rollout.store import RolloutState
+from agent.fleet.rollout.records import RolloutState
 from agent.fleet.view.live import FleetView
 from agent.localbroker import Broker
 from agent.protocol.messages import JobState, JobStatus, encode

@@ -26,7 +26,8 @@ from agent.fleet.metrics.exposition import (
     metrics_asgi_app,
     serve_metrics,
 )
-from agent.fleet.rollout.store import RolloutPlan, RolloutState, RolloutStore
+from agent.fleet.rollout.records import RolloutPlan, RolloutState
+from agent.fleet.rollout.store import RolloutStore
 from agent.fleet.view.live import MAX_DEVICE_ID, MAX_FIGURES, MAX_JOBS, FleetView
 from agent.mqtt.inbound import InboundMessage
 from agent.protocol.messages import (

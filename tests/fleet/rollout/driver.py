@@ -16,7 +16,8 @@ import sys
 from pathlib import Path
 
 from agent.fleet.rollout.gate import DeviceEnd
-from agent.fleet.rollout.store import RolloutPlan, RolloutState, RolloutStore, WaveState
+from agent.fleet.rollout.records import RolloutPlan, RolloutState, WaveState
+from agent.fleet.rollout.store import RolloutStore
 from agent.fleet.rollout.waves import parse_waves, split_waves
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from agent.fleet.rollout.actions import ACTION_TARGET, action_refusal
-from agent.fleet.rollout.store import ROLLOUT_MOVES, RolloutState
+from agent.fleet.rollout.records import ROLLOUT_MOVES, RolloutState
 
 
 @pytest.mark.parametrize("state", list(RolloutState))

@@ -13,17 +13,9 @@ from pathlib import Path
 import pytest
 
 from agent.fleet.rollout.gate import DeviceEnd
-from agent.fleet.rollout.store import (
-    SCHEMA_VERSION,
-    DeviceStep,
-    OverlapError,
-    RolloutPlan,
-    RolloutState,
-    RolloutStore,
-    RolloutStoreError,
-    StoreDamagedError,
-    WaveState,
-)
+from agent.fleet.rollout.records import DeviceStep, RolloutPlan, RolloutState, WaveState
+from agent.fleet.rollout.store import RolloutStore
+from agent.fleet.rollout.store_file import SCHEMA_VERSION, OverlapError, RolloutStoreError, StoreDamagedError
 from agent.transitions import IllegalTransitionError
 
 ROOT = Path(__file__).resolve().parents[3]

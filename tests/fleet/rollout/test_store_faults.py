@@ -16,16 +16,13 @@ import pytest
 from structlog.testing import capture_logs
 
 from agent.fleet.rollout.gate import DeviceEnd
-from agent.fleet.rollout.store import (
+from agent.fleet.rollout.records import DeviceStep, RolloutPlan, RolloutState, WaveState
+from agent.fleet.rollout.store import RolloutStore
+from agent.fleet.rollout.store_file import (
     WAL_LIMIT_BYTES,
-    DeviceStep,
-    RolloutPlan,
-    RolloutState,
-    RolloutStore,
     RolloutStoreError,
     StoreDamagedError,
     StoreFullError,
-    WaveState,
 )
 from tests.small_disk import SmallDisk, small_disk
 

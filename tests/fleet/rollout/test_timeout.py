@@ -12,9 +12,10 @@ import time
 from pathlib import Path
 
 from agent.delivery.guard import ShadowSpec
+from agent.fleet.rollout.records import RolloutState
 from agent.fleet.rollout.runner import RolloutRunner
 from agent.fleet.rollout.spec import RolloutRequest
-from agent.fleet.rollout.store import RolloutState, RolloutStore
+from agent.fleet.rollout.store import RolloutStore
 from agent.fsutil import sha256_file
 from agent.localbroker import Broker
 from agent.protocol.messages import JobState, JobStatus, ProbationFigures, ShadowFigures, encode
