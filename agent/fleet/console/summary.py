@@ -18,7 +18,8 @@ from typing import Any
 
 from agent.fleet.devices.selector import DeviceFacts, Selector, SelectorError, parse_selector
 from agent.fleet.view.chart_history import CHARTED, TelemetryPoint, chart_figures
-from agent.fleet.view.live import DeviceState, JobSeen
+from agent.fleet.view.device_record import JobSeen
+from agent.fleet.view.live import DeviceState
 
 #: The device states a filter may ask for (``stale``: online but silent, see FleetView).
 STATES = ("online", "offline", "unknown", "stale")

@@ -4,7 +4,7 @@ The fleet view hears jobs on ``up/jobs/{job_id}``, which is not retained: after 
 none until a device publishes again. The devices' retained ``up/info`` names each slot's last job
 and how it ended (the view takes those itself); the store has, per device of each rollout, the job
 id, its state and failure code, and the shadow and probation figures the device published. This
-turns the latest rollouts' device rows into :class:`~agent.fleet.view.live.JobSeen` records that
+turns the latest rollouts' device rows into :class:`~agent.fleet.view.device_record.JobSeen` records that
 :meth:`~agent.fleet.view.live.FleetView.remember_jobs` takes.
 """
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from agent.fleet.rollout.store import RolloutStore
 from agent.fleet.rollout.store_file import RolloutStoreError
-from agent.fleet.view.live import MAX_JOBS, JobSeen
+from agent.fleet.view.device_record import MAX_JOBS, JobSeen
 
 #: Rollouts read (the latest first): enough for MAX_JOBS jobs per device in any real history.
 ROLLOUTS_READ = 50

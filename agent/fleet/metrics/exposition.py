@@ -24,7 +24,7 @@ longer than that becomes :func:`device_label` (cut, plus a hash of the whole id,
 long prefix never share a label); at most :data:`MAX_LABEL_KEYS` device label keys become label names
 (``example.com/site`` -> ``example_com_site``; a key that would collide with a label of ours gets a
 ``label_`` prefix); at most :data:`MAX_SLOTS` slots per device get slot series; telemetry figures are
-the view's (at most :data:`~agent.fleet.view.live.MAX_FIGURES` per device). One device's series that
+the view's (at most :data:`~agent.fleet.view.device_record.MAX_FIGURES` per device). One device's series that
 would repeat after cutting are written once.
 
 Speed: each device's lines are kept rendered between scrapes and redone only for the devices whose

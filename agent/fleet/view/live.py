@@ -14,12 +14,10 @@ slots into the same dicts ``fleet status --json`` prints. Everything a device se
 strings are cut to :data:`~agent.fleet.view.status.JSON_TEXT_LIMIT` characters (a device can send
 megabytes), and whoever renders them escapes them (the console's HTML templates, or
 :func:`agent.fleet.base.untrusted.shown` on a terminal). Memory is bounded in count and in bytes
-(docs/console.md, "What the controller keeps of a device"): per device, the info within
-:data:`INFO_BYTES`, the latest telemetry within :data:`MAX_FIGURES` figures whose names are at most
-:data:`MAX_FIGURE_NAME` characters and :data:`FIGURE_NAME_CHARS` in all, a chart history of
-``history_s`` seconds and at most :data:`MAX_HISTORY_POINTS` points of four figures each
-(:mod:`agent.fleet.view.chart_history`), :data:`MAX_JOBS` jobs of at most :data:`JOB_BYTES` each and
-:data:`~agent.fleet.view.status.MAX_PROBLEMS` problem lines.
+(docs/console.md, "What the controller keeps of a device"): per device by
+:mod:`agent.fleet.view.device_record` (the info, the latest telemetry, a chart history of
+``history_s`` seconds, the jobs and problem lines, each within its bound), and in devices by
+``max_devices``.
 
 Devices come and go: at most ``max_devices`` are kept. A device whose retained status is cleared
 (an empty retained payload: ``fleet decommission``, or an operator's ``mosquitto_pub -r -n``)
@@ -40,58 +38,25 @@ import collections
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from agent.fleet.base.bounded import fit
-from agent.fleet.base.untrusted import clipped
-from agent.fleet.view.chart_history import ChartHistory, TelemetryPoint
-from agent.fleet.view.status import JSON_TEXT_LIMIT, MAX_PROBLEMS, slot_summary
+from agent.fleet.view.chart_history import TelemetryPoint
+from agent.fleet.view.device_record import (
+    MAX_JOBS,
+    DeviceRecord,
+    JobSeen,
+    job_seen,
+    note,
+    remember,
+    take_message,
+)
 from agent.fleet.view.watch import read_message
 from agent.mqtt.inbound import InboundMessage
-from agent.protocol.messages import InfoMessage, JobStatus, StatusMessage, TelemetryMessage
 from agent.protocol.topics import fleet_filter, parse
 
-#: Jobs kept per device (the latest state of each), latest first.
-MAX_JOBS = 20
-#: Estimated bytes (:mod:`agent.fleet.base.bounded`) of one kept job: ids, error text, shadow and
-#: probation figures (a real one is under 2 KiB; a hostile ``baseline`` may hold millions of figures).
-JOB_BYTES = 8 * 1024
-#: Telemetry points kept per device whatever ``history_s`` says (an hour at 1 s, 6 hours at 10 s).
-MAX_HISTORY_POINTS = 3600
-#: Telemetry figures kept of the latest message (a real one carries ~80 per stream and slot).
-MAX_FIGURES = 1000
-#: Longest telemetry figure name kept (real ones are under 60, a stream's name inside); a longer
-#: figure is left out.
-MAX_FIGURE_NAME = 512
-#: Characters of figure names kept of the latest message, all names together.
-FIGURE_NAME_CHARS = 32 * 1024
-#: Estimated bytes of a device's ``up/info`` as kept (slots, labels, platform; a real one is ~6 KiB).
-INFO_BYTES = 64 * 1024
 #: Longest device id kept: a topic level may be 65,535 bytes; an id longer than this is refused.
 MAX_DEVICE_ID = 256
-#: What one device can cost the controller at every bound above, at most: 0.37 MB of objects
-#: (tracemalloc), 0.37 to 0.40 MB of resident memory with the allocator's share
-#: (tests/fleet/base/test_hostile_devices.py measures it on a real controller and fails above this).
-DEVICE_BYTES = 640 * 1024
-#: Job message ids remembered per device to drop repeats (QoS 1 resends, spool replay).
-SEEN_JOB_IDS = 256
-#: Characters of a message id kept for that (a real one is 32 hex digits).
-MSG_ID_CHARS = 64
-
-
-@dataclass(frozen=True)
-class JobSeen:
-    """The latest state heard of one job on ``up/jobs/{job_id}``."""
-
-    job_id: str
-    slot: str
-    state: str
-    at: float  # the device's time of that state, Unix seconds
-    error_code: str | None
-    error: str | None
-    shadow: dict[str, Any] | None  # the latest shadow figures the job published (kept across states)
-    probation: dict[str, Any] | None
 
 
 @dataclass(frozen=True)
@@ -112,31 +77,6 @@ class DeviceState:
     jobs: tuple[JobSeen, ...]  # latest first, at most MAX_JOBS
     problems: tuple[str, ...]  # malformed messages, named
     slots_listed: int = 0  # slots in the device's up/info, those cut off by INFO_BYTES included
-
-
-@dataclass
-class _Device:
-    device: str
-    state: str = "unknown"
-    since: float | None = None
-    session: int | None = None
-    agent_version: str | None = None
-    online_heard_at: float | None = None  # controller clock: the staleness clock of a silent new device
-    labels: dict[str, str] = field(default_factory=dict)
-    platform: dict[str, Any] = field(default_factory=dict)
-    slots: dict[str, dict[str, Any]] = field(default_factory=dict)
-    slots_listed: int = 0
-    telemetry: dict[str, float] = field(default_factory=dict)
-    telemetry_at: float | None = None
-    heard_at: float = 0.0  # controller clock: the last message of any kind (eviction, forgetting)
-    history: ChartHistory = field(default_factory=lambda: ChartHistory(MAX_HISTORY_POINTS))
-    jobs: dict[str, JobSeen] = field(default_factory=dict)  # insertion order = oldest update first
-    seen_job_msgs: collections.deque[str] = field(
-        default_factory=lambda: collections.deque(maxlen=SEEN_JOB_IDS)
-    )
-    problems: list[str] = field(default_factory=list)
-    changed: int = 0  # the view's version at this device's latest change (see FleetView.changes)
-    described: int = 0  # ... at its latest change other than new telemetry figures
 
 
 class FleetView:
@@ -163,7 +103,7 @@ class FleetView:
         self.started_at = clock()
         # Ordered by the last message heard (the least recently heard first): eviction and forgetting
         # look at the front only.
-        self._devices: collections.OrderedDict[str, _Device] = collections.OrderedDict()
+        self._devices: collections.OrderedDict[str, DeviceRecord] = collections.OrderedDict()
         #: Jobs known from elsewhere (the rollout store, after a restart) of devices not heard yet.
         self._remembered: dict[str, list[JobSeen]] = {}
         self._version = 0
@@ -213,9 +153,9 @@ class FleetView:
             row.heard_at = now
             self._devices.move_to_end(topic.device)
             if seen.problem is not None:
-                changed = _note(row, f"{topic.kind}: {seen.problem}")
+                changed = note(row, f"{topic.kind}: {seen.problem}")
             else:
-                changed = self._take(row, seen.message, now)
+                changed = take_message(row, seen.message, now, self.history_s)
             if changed:
                 self._changed(row, described=topic.kind != "telemetry" or seen.problem is not None)
             return changed
@@ -239,7 +179,7 @@ class FleetView:
         they wait (at most ``max_devices`` devices, :data:`MAX_JOBS` jobs each) until it is.
         """
         kept = [  # within JOB_BYTES each: the store's figures came from the device too
-            _job_seen(
+            job_seen(
                 job_id=j.job_id,
                 slot=j.slot,
                 state=j.state,
@@ -254,13 +194,13 @@ class FleetView:
         with self._cond:
             row = self._devices.get(device_id)
             if row is not None:
-                changed = [_remember(row, job) for job in kept]  # every job, not up to the first change
+                changed = [remember(row, job) for job in kept]  # every job, not up to the first change
                 if any(changed):
                     self._changed(row)
             elif device_id in self._remembered or len(self._remembered) < self.max_devices:
                 self._remembered[device_id] = kept
 
-    def _changed(self, row: _Device | None = None, *, described: bool = True) -> None:
+    def _changed(self, row: DeviceRecord | None = None, *, described: bool = True) -> None:
         """Count a change of the view; ``row``'s change marks are set (``described`` unless only
         its telemetry figures changed) so that /metrics redoes that device's lines (:meth:`changes`)."""
         self._version += 1
@@ -270,7 +210,7 @@ class FleetView:
                 row.described = self._version
         self._cond.notify_all()
 
-    def _admit(self, device_id: str, now: float) -> _Device | None:
+    def _admit(self, device_id: str, now: float) -> DeviceRecord | None:
         """A new row for ``device_id``, making room when the view is full; None when refused."""
         if len(self._devices) >= self.max_devices:
             oldest = next(iter(self._devices.values()), None)
@@ -278,9 +218,9 @@ class FleetView:
                 return None
             del self._devices[oldest.device]
             self.forgotten_devices += 1
-        row = self._devices[device_id] = _Device(device_id)
+        row = self._devices[device_id] = DeviceRecord(device_id)
         for job in self._remembered.pop(device_id, []):
-            _remember(row, job)
+            remember(row, job)
         return row
 
     def _sweep(self, now: float) -> None:
@@ -305,32 +245,6 @@ class FleetView:
             row.labels, row.platform, row.slots, row.slots_listed = {}, {}, {}, 0
             self._changed(row)
             return True
-
-    def _take(self, row: _Device, message: object, now: float) -> bool:
-        if isinstance(message, StatusMessage):
-            if (
-                message.state == "offline"
-                and row.state == "online"
-                and row.session is not None
-                and message.session < row.session
-            ):
-                return False  # a stale Last Will of an earlier connection (docs/protocol.md)
-            if message.state == "online" and row.state != "online":
-                row.online_heard_at = now
-            row.state, row.since, row.session = message.state, message.ts, message.session
-            row.agent_version = row.agent_version or clipped(message.agent_version, JSON_TEXT_LIMIT)
-        elif isinstance(message, InfoMessage):
-            _take_info(row, message)
-        elif isinstance(message, TelemetryMessage):
-            figures = _figures(row, message)
-            row.telemetry, row.telemetry_at = figures, now
-            row.history.add(now, figures)
-            row.history.drop_before(now - self.history_s)
-        elif isinstance(message, JobStatus):
-            return _take_job(row, message)
-        else:
-            return False
-        return True
 
     def devices(self) -> list[DeviceState]:
         """Every device, sorted by id (copies)."""
@@ -392,11 +306,11 @@ class FleetView:
             row = self._devices.get(device_id)
             return None if row is None else (dict(row.telemetry), row.telemetry_at)
 
-    def _stale(self, row: _Device, now: float) -> bool:
+    def _stale(self, row: DeviceRecord, now: float) -> bool:
         heard = row.telemetry_at if row.telemetry_at is not None else row.online_heard_at
         return row.state != "online" or heard is None or now - heard > self.stale_after_s
 
-    def _state(self, row: _Device, now: float) -> DeviceState:
+    def _state(self, row: DeviceRecord, now: float) -> DeviceState:
         stale = self._stale(row, now)
         return DeviceState(
             device=row.device,
@@ -414,163 +328,3 @@ class FleetView:
             problems=tuple(row.problems),
             slots_listed=row.slots_listed,
         )
-
-
-def _note(row: _Device, text: str) -> bool:
-    """Add a problem line (once: a device repeating the same fault does not fill the list)."""
-    line = clipped(text, JSON_TEXT_LIMIT)
-    if len(row.problems) >= MAX_PROBLEMS or line in row.problems:
-        return False
-    row.problems.append(line)
-    return True
-
-
-def _figures(row: _Device, message: TelemetryMessage) -> dict[str, float]:
-    """The figures of ``message`` the view keeps: names up to MAX_FIGURE_NAME characters, at most
-    MAX_FIGURES of them and FIGURE_NAME_CHARS of names in all, in the message's order."""
-    figures: dict[str, float] = {}
-    chars = long_names = 0
-    extra = message.__pydantic_extra__ or {}
-    for name, value in extra.items():
-        if len(name) > MAX_FIGURE_NAME:
-            long_names += 1
-            continue
-        if len(figures) >= MAX_FIGURES or chars + len(name) > FIGURE_NAME_CHARS:
-            break
-        figures[name] = float(value)
-        chars += len(name)
-    if long_names:
-        _note(row, f"telemetry: {long_names} figure(s) named with over {MAX_FIGURE_NAME} characters left out")
-    if len(figures) + long_names < len(extra):
-        _note(
-            row,
-            f"telemetry: {len(extra)} figures; the first {len(figures)} kept "
-            f"(at most {MAX_FIGURES}, {FIGURE_NAME_CHARS} characters of names)",
-        )
-    return figures
-
-
-def _take_info(row: _Device, info: InfoMessage) -> None:
-    """The slots, labels and platform of ``info``, within INFO_BYTES (slots first: they matter most)."""
-    row.agent_version = clipped(info.agent_version, JSON_TEXT_LIMIT)
-    kept, cut = fit(
-        {"slots": slot_summary(info), "labels": dict(info.labels), "platform": dict(info.platform)},
-        INFO_BYTES,
-        JSON_TEXT_LIMIT,
-    )
-    row.slots = kept.get("slots", {})
-    row.slots_listed = len(info.slots)
-    row.labels = kept.get("labels", {})
-    row.platform = kept.get("platform", {})
-    sizes = ((row.slots, info.slots), (row.labels, info.labels), (row.platform, info.platform))
-    if cut and any(len(part) < len(whole) for part, whole in sizes):
-        _note(row, f"info: over the {INFO_BYTES // 1024} KiB kept per device; the first entries kept")
-    # The slots' last jobs (a restarted controller heard no job message yet: up/info names them).
-    for name, slot in info.slots.items():
-        if name not in row.slots or not slot.last_job or slot.last_job_state is None:
-            continue
-        end = slot.last_failure if slot.last_failure and slot.last_failure.job_id == slot.last_job else None
-        at = end.ts if end is not None else (slot.since if slot.since is not None else info.ts)
-        _remember(
-            row,
-            _job_seen(
-                job_id=slot.last_job,
-                slot=name,
-                state=slot.last_job_state.value,
-                at=at,
-                error_code=slot.last_job_error_code,
-                error=end.error if end is not None else None,
-                shadow=None,
-                probation=None,
-            ),
-        )
-
-
-def _job_seen(
-    *,
-    job_id: str,
-    slot: str,
-    state: str,
-    at: float,
-    error_code: str | None,
-    error: str | None,
-    shadow: dict[str, Any] | None,
-    probation: dict[str, Any] | None,
-) -> JobSeen:
-    """A JobSeen within JOB_BYTES, every string within JSON_TEXT_LIMIT (ids and text first)."""
-    kept, _ = fit(
-        {
-            "job_id": job_id,
-            "slot": slot,
-            "state": state,
-            "error_code": error_code,
-            "error": error,
-            "shadow": shadow,
-            "probation": probation,
-        },
-        JOB_BYTES,
-        JSON_TEXT_LIMIT,
-    )
-    return JobSeen(
-        job_id=kept.get("job_id", ""),
-        slot=kept.get("slot", ""),
-        state=kept.get("state", state),
-        at=at,
-        error_code=kept.get("error_code"),
-        error=kept.get("error"),
-        shadow=kept.get("shadow"),
-        probation=kept.get("probation"),
-    )
-
-
-def _remember(row: _Device, job: JobSeen) -> bool:
-    """Take a job known from elsewhere: fill the gaps of the one heard, or add it in time order."""
-    known = row.jobs.get(job.job_id)
-    if known is not None:
-        if (known.shadow or not job.shadow) and (known.probation or not job.probation):
-            return False
-        row.jobs[job.job_id] = JobSeen(
-            job_id=known.job_id,
-            slot=known.slot,
-            state=known.state,
-            at=known.at,
-            error_code=known.error_code or job.error_code,
-            error=known.error or job.error,
-            shadow=known.shadow or job.shadow,
-            probation=known.probation or job.probation,
-        )
-        return True
-    if len(row.jobs) >= MAX_JOBS and all(j.at >= job.at for j in row.jobs.values()):
-        return False  # older than every job kept: it would be dropped at once
-    ordered = sorted([*row.jobs.values(), job], key=lambda j: j.at)[-MAX_JOBS:]
-    row.jobs = {j.job_id: j for j in ordered}
-    return True
-
-
-def _take_job(row: _Device, job: JobStatus) -> bool:
-    """Record one job transition: the job moves to the front; a repeated ``msg_id`` changes nothing."""
-    msg_id = job.msg_id[:MSG_ID_CHARS]
-    if msg_id in row.seen_job_msgs:
-        return False
-    row.seen_job_msgs.append(msg_id)
-    job_id = clipped(job.job_id, JSON_TEXT_LIMIT)
-    previous = row.jobs.get(job_id)
-    if previous is not None and job.ts < previous.at:
-        return False  # an older transition arriving late (spool replay): keep the newer one
-    row.jobs.pop(job_id, None)  # re-inserted below: the dict's order is the order of the updates
-    shadow = job.shadow.model_dump(mode="json") if job.shadow else None
-    probation = job.probation.model_dump(mode="json") if job.probation else None
-    seen = _job_seen(
-        job_id=job.job_id,
-        slot=job.slot,
-        state=job.state.value,
-        at=job.ts,
-        error_code=job.error_code,
-        error=job.error,
-        shadow=shadow if shadow is not None else (previous.shadow if previous else None),
-        probation=probation if probation is not None else (previous.probation if previous else None),
-    )
-    row.jobs[seen.job_id] = seen
-    while len(row.jobs) > MAX_JOBS:
-        del row.jobs[next(iter(row.jobs))]
-    return True

@@ -26,17 +26,16 @@ from agent.cli import main
 from agent.fleet.base.bounded import cost
 from agent.fleet.cli.deploy import EXIT_FAILED, EXIT_MALFORMED
 from agent.fleet.metrics.exposition import MAX_SLOTS, device_label, fleet_metrics
-from agent.fleet.view.live import (
+from agent.fleet.view.device_record import (
     DEVICE_BYTES,
     FIGURE_NAME_CHARS,
     INFO_BYTES,
     JOB_BYTES,
-    MAX_DEVICE_ID,
     MAX_FIGURES,
     MAX_HISTORY_POINTS,
     MAX_JOBS,
-    FleetView,
 )
+from agent.fleet.view.live import MAX_DEVICE_ID, FleetView
 from agent.fleet.view.status import MAX_PROBLEMS
 from agent.localbroker import Broker
 from agent.mqtt.inbound import InboundMessage

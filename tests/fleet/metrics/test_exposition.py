@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from starlette.testclient import TestClient
 
-import agent.fleet.view.live as view_module
+import agent.fleet.view.device_record as device_record
 from agent.fleet.metrics.exposition import (
     DEVICE_HASH_CHARS,
     MAX_LABEL_KEYS,
@@ -28,7 +28,8 @@ from agent.fleet.metrics.exposition import (
 )
 from agent.fleet.rollout.records import RolloutPlan, RolloutState
 from agent.fleet.rollout.store import RolloutStore
-from agent.fleet.view.live import MAX_DEVICE_ID, MAX_FIGURES, MAX_JOBS, FleetView
+from agent.fleet.view.device_record import MAX_FIGURES, MAX_JOBS
+from agent.fleet.view.live import MAX_DEVICE_ID, FleetView
 from agent.mqtt.inbound import InboundMessage
 from agent.protocol.messages import (
     InfoMessage,
@@ -369,7 +370,7 @@ def test_a_long_device_id_is_cut_with_a_hash_of_the_whole_id() -> None:
 def test_slot_series_are_capped_per_device_and_the_slots_counted(monkeypatch: pytest.MonkeyPatch) -> None:
     # The view keeps an up/info within INFO_BYTES (some 40 of these slots); the cap here is the
     # second bound, for a view told to keep more: lift the first one to reach it.
-    monkeypatch.setattr(view_module, "INFO_BYTES", 64 * 1024 * 1024)
+    monkeypatch.setattr(device_record, "INFO_BYTES", 64 * 1024 * 1024)
     view = FleetView(PREFIX)
     slots = {
         f"s{i:05d}": SlotInfo(

@@ -11,19 +11,18 @@ import yaml
 from agent.config import read_yaml
 from agent.fleet.controller.config import ControllerConfig
 from agent.fleet.view.chart_history import CHARTED, POINT_BYTES
-from agent.fleet.view.live import (
+from agent.fleet.view.device_record import (
     FIGURE_NAME_CHARS,
     INFO_BYTES,
     JOB_BYTES,
-    MAX_DEVICE_ID,
     MAX_FIGURE_NAME,
     MAX_FIGURES,
     MAX_HISTORY_POINTS,
     MAX_JOBS,
     MSG_ID_CHARS,
     SEEN_JOB_IDS,
-    FleetView,
 )
+from agent.fleet.view.live import MAX_DEVICE_ID, FleetView
 from agent.fleet.view.status import JSON_TEXT_LIMIT, MAX_PROBLEMS
 
 DOCS = Path(__file__).resolve().parents[3] / "docs"

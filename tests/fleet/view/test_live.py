@@ -8,18 +8,17 @@ import threading
 from agent.fleet.base.bounded import cost
 from agent.fleet.metrics.exposition import fleet_metrics
 from agent.fleet.view.chart_history import POINT_BYTES, ChartHistory
-from agent.fleet.view.live import (
+from agent.fleet.view.device_record import (
     FIGURE_NAME_CHARS,
     INFO_BYTES,
     JOB_BYTES,
-    MAX_DEVICE_ID,
     MAX_FIGURE_NAME,
     MAX_FIGURES,
     MAX_HISTORY_POINTS,
     MAX_JOBS,
-    FleetView,
     JobSeen,
 )
+from agent.fleet.view.live import MAX_DEVICE_ID, FleetView
 from agent.localbroker import Broker
 from agent.mqtt.inbound import InboundMessage
 from agent.mqtt.service_client import ServiceClient
