@@ -4,7 +4,7 @@ The devices are simulated (no agent processes, no broker): each one's ``up/statu
 and ``up/telemetry`` (real protocol messages, encoded as an agent encodes them: the fleet of
 bench/console.py, one slot, one label, five figures) are handed to a :class:`FleetView` directly, as
 the controller's MQTT client would. ``/metrics`` is served by
-:func:`agent.fleet.metrics.exposition.serve_metrics` on a loopback port and fetched with ``urllib`` as
+:func:`agent.fleet.metrics.serving.serve_metrics` on a loopback port and fetched with ``urllib`` as
 Prometheus would fetch it, plain and gzipped.
 
 A real rollout store (SQLite in a temporary directory) holds ``--rollouts`` rollouts (default 10),
@@ -25,8 +25,8 @@ Per fleet size (``--devices``, default 1,000 and 10,000), each a series of ``--s
 ``first_s`` is the first scrape after the server started (every device rendered). Each scenario
 prints ``s`` (min/median/max seconds per scrape, from the request to the last byte),
 ``series`` (sample lines of the last scrape) and ``bytes``. Only the public API is used
-(``serve_metrics``), so the same file measures an older tree: ``PYTHONPATH=<old tree> python
-bench/metrics.py``.
+(``serve_metrics``), so the same file measures an older tree of the same layout (issue 21 moved
+it to agent/fleet/metrics/serving.py): ``PYTHONPATH=<old tree> python bench/metrics.py``.
 
     .venv/bin/python bench/metrics.py [--devices 1000 10000] [--scrapes 5] [--rollouts 10]
         [--flood-rate 5000]
@@ -47,7 +47,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from agent.fleet.metrics.exposition import MetricsServer, serve_metrics
+from agent.fleet.metrics.serving import MetricsServer, serve_metrics
 from agent.fleet.rollout.records import RolloutPlan
 from agent.fleet.rollout.store import RolloutStore
 from agent.fleet.view.live import FleetView

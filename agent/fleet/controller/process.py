@@ -305,7 +305,8 @@ class FleetController:
         """The console and /metrics (the ``fleet`` extra's web stack, imported only when asked for)."""
         from agent.fleet.console.app import make_console_app
         from agent.fleet.console.server import console_token, serve_console
-        from agent.fleet.metrics.exposition import fleet_metrics, metrics_asgi_app
+        from agent.fleet.metrics.exposition import fleet_metrics
+        from agent.fleet.metrics.serving import metrics_asgi_app
 
         assert self.store is not None
         store = self.store

@@ -25,7 +25,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from agent.cli import main
 from agent.fleet.base.bounded import cost
 from agent.fleet.cli.deploy import EXIT_FAILED, EXIT_MALFORMED
-from agent.fleet.metrics.exposition import MAX_SLOTS, device_label, fleet_metrics
+from agent.fleet.metrics.device_series import MAX_SLOTS, device_label
+from agent.fleet.metrics.exposition import fleet_metrics
 from agent.fleet.view.device_record import (
     DEVICE_BYTES,
     FIGURE_NAME_CHARS,

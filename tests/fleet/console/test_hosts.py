@@ -17,7 +17,8 @@ from agent.errors import ConfigError
 from agent.fleet.console import ConsoleServer, make_console_app, serve_console
 from agent.fleet.console.hosts import host_name
 from agent.fleet.controller.config import ControllerConfig, load_controller_config
-from agent.fleet.metrics.exposition import fleet_metrics, metrics_asgi_app
+from agent.fleet.metrics.exposition import fleet_metrics
+from agent.fleet.metrics.serving import metrics_asgi_app
 from agent.fleet.rollout.store import RolloutStore
 from agent.fleet.view.live import FleetView
 from tests.fleet.console_rig import StoreActions, feed, fleet_messages, make_rollout, new_store

@@ -15,17 +15,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from starlette.testclient import TestClient
 
 import agent.fleet.view.device_record as device_record
-from agent.fleet.metrics.exposition import (
-    DEVICE_HASH_CHARS,
-    MAX_LABEL_KEYS,
-    MAX_SLOTS,
-    FleetMetrics,
-    device_label,
-    fleet_metrics,
-    label_name,
-    metrics_asgi_app,
-    serve_metrics,
-)
+from agent.fleet.metrics.device_series import DEVICE_HASH_CHARS, MAX_SLOTS, device_label, label_name
+from agent.fleet.metrics.exposition import MAX_LABEL_KEYS, FleetMetrics, fleet_metrics
+from agent.fleet.metrics.serving import metrics_asgi_app, serve_metrics
 from agent.fleet.rollout.records import RolloutPlan, RolloutState
 from agent.fleet.rollout.store import RolloutStore
 from agent.fleet.view.device_record import MAX_FIGURES, MAX_JOBS
