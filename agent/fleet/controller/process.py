@@ -44,9 +44,9 @@ from agent.fleet.controller.remembered_jobs import jobs_from_store
 from agent.fleet.controller.upload import UploadSink
 from agent.fleet.deploy.decommission import decommission
 from agent.fleet.deploy.keys import load_signing_key
+from agent.fleet.deploy.manifest import check_device_ids, plan_manifest
 from agent.fleet.deploy.model_check import check_model_file
 from agent.fleet.deploy.plan import new_job_id, next_sequence
-from agent.fleet.deploy.run import check_device_ids, plan_manifest
 from agent.fleet.devices.evidence import evidence_json, fetch_evidence
 from agent.fleet.devices.snapshot import snapshot_json, take_snapshot
 from agent.fleet.rollout.actions import WrongStateError, action_refusal

@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass
 
 from agent.errors import AgentError
-from agent.fleet.deploy.run import check_device_ids
+from agent.fleet.deploy.manifest import check_device_ids
 from agent.mqtt.inbound import InboundMessage
 from agent.mqtt.service_client import ServiceClient
 from agent.mqtt.settings import MqttSettings

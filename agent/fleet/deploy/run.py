@@ -21,41 +21,38 @@ A message from a target device that does not parse (its job status, its retained
 to ``status``) is kept as a note on that device naming the message and the field, and the deploy
 goes on: one device's bad message must not end the deploy for the others.
 
-One job (one deploy's lifecycle), about 500 lines: publishing, following job states,
-asking quiet devices and noting malformed messages all update the same per-device progress under
-one lock; the plan, the outcome and the terminal text have their own modules.
+One job (one deploy's lifecycle): publishing, following job states, asking quiet devices and noting
+malformed messages all update the same per-device progress under one lock. The plan and its
+manifest (:mod:`agent.fleet.deploy.manifest`), what a ``status`` reply says of the job
+(:mod:`agent.fleet.deploy.status_reply`), the outcome and the terminal text have their own modules.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import structlog
-from pydantic import BaseModel, ConfigDict, ValidationError
 
 from agent.delivery.manifest import (
     DeployManifest,
-    ModelSourceRef,
-    build_manifest,
-    describe_artifact,
     sign_manifest,
 )
-from agent.engines.spec import BuildSpec, CalibrationSource
 from agent.errors import ConfigError
 from agent.fleet.base.untrusted import shown
 from agent.fleet.chunks.server import ChunkServer, random_group
+from agent.fleet.deploy.manifest import check_device_ids, plan_manifest
 from agent.fleet.deploy.outcome import MAX_MALFORMED_NOTES, DeployOutcome, DeviceProgress
 from agent.fleet.deploy.plan import CALIBRATION_ARTIFACT, DeployPlan, new_job_id, next_sequence
+from agent.fleet.deploy.status_reply import job_end_of_reply
 from agent.fleet.devices.command import PendingReplies, publish_command
 from agent.mqtt.inbound import InboundMessage
 from agent.mqtt.service_client import ServiceClient
 from agent.mqtt.settings import MqttSettings
 from agent.protocol.messages import JobState, JobStatus, ProtocolError, StatusMessage, decode
-from agent.protocol.topics import Topics, check_level, parse
+from agent.protocol.topics import Topics, parse
 from agent.signing import Ed25519PrivateKey
 
 log = structlog.get_logger(__name__)
@@ -419,124 +416,12 @@ class FleetDeploy:
             del self._polls[correlation]
             with self._lock:
                 self._devices[device].updated = now
-            if not reply.ok and reply.error_code == ProtocolError.code:
-                # PendingReplies turned a reply that did not parse into this error reply.
-                self._note_malformed(device, f"status reply: {reply.error}")
+            taken = job_end_of_reply(reply, self.plan.slot, self.job_id)
+            if isinstance(taken, str):
+                self._note_malformed(device, taken)
                 changed = True
-                continue
-            record = _last_job(reply.result, self.plan.slot) if reply.ok else None
-            if record is None or record.get("job_id") != self.job_id:
-                continue
-            try:
-                last = _LastJob.model_validate(record)
-            except ValidationError as exc:
-                where = f"result.delivery.slots.{self.plan.slot}.last_job"
-                problems = "; ".join(
-                    f"{'.'.join((where, *(str(p) for p in e['loc'])))}: {e['msg']}"
-                    for e in exc.errors(include_url=False)
-                )
-                self._note_malformed(device, f"status reply: {problems}")
-                changed = True
-                continue
-            if last.state.terminal:
+            elif taken is not None:
                 # The job's own message was missed; the device's job ledger says how it ended.
-                self._apply(device, last.final_status(self.job_id, self.plan.slot))
+                self._apply(device, taken)
                 changed = True
         return changed
-
-
-def check_device_ids(devices: Iterable[str]) -> None:
-    """ConfigError naming the first id that cannot be a topic level (it would address other devices)."""
-    for device in devices:
-        try:
-            check_level(device, "device id")
-        except ValueError as exc:
-            raise ConfigError(str(exc)) from exc
-
-
-def plan_manifest(plan: DeployPlan, job_id: str, sequence: int) -> DeployManifest:
-    """The unsigned manifest ``plan`` describes (ConfigError listing what does not validate).
-
-    Hashes the model file; connects to nothing (the controller records a rollout's manifest with it).
-    """
-    sources = [ModelSourceRef(kind="mqtt")]
-    if plan.http_url:
-        sources.insert(0, ModelSourceRef(kind="http", url=plan.http_url))
-    build = plan.build
-    artifacts = []
-    try:
-        if plan.calib_cache is not None:
-            artifacts.append(
-                describe_artifact(
-                    Path(plan.calib_cache),
-                    name=CALIBRATION_ARTIFACT,
-                    kind="calibration",
-                    chunk_size=plan.chunk_size,
-                    url=plan.calib_http_url,
-                )
-            )
-            calibration = CalibrationSource(kind="cache", artifact=CALIBRATION_ARTIFACT)
-            build = (build or BuildSpec(precision="int8")).model_copy(update={"calibration": calibration})
-        return build_manifest(
-            Path(plan.model),
-            job_id=job_id,
-            sequence=sequence,
-            slot=plan.slot,
-            model_id=plan.model_id or Path(plan.model).stem,
-            version=plan.version,
-            chunk_size=plan.chunk_size,
-            sources=sources,
-            build=build,
-            artifacts=artifacts,
-            preprocess=plan.preprocess,
-            postprocess=plan.postprocess,
-            shadow=plan.shadow,
-            probation_s=plan.probation_s,
-            probation=plan.probation,
-        )
-    except ValidationError as exc:
-        problems = [
-            f"{'.'.join(str(p) for p in e['loc']) or 'manifest'}: {e['msg']}"
-            for e in exc.errors(include_url=False)
-        ]
-        raise ConfigError("cannot build the deploy manifest", problems) from exc
-
-
-class _LastJob(BaseModel):
-    """The part of a ``status`` reply's ``last_job`` record the deploy reads (the rest is ignored).
-
-    Validated like any message: a device's ``error_code: 12345`` is a malformed reply of that
-    device, not a crash of the deploy.
-    """
-
-    model_config = ConfigDict(extra="ignore", frozen=True)
-
-    job_id: str
-    state: JobState
-    error_code: str | None = None
-    #: The job's last status message as the device published it (same ``msg_id``), with its shadow
-    #: and probation figures: the end a rollout's gate judges, whoever missed the message itself.
-    status: JobStatus | None = None
-
-    def final_status(self, job_id: str, slot: str) -> JobStatus:
-        """The terminal status to apply: the device's own message when the record kept it (a device
-        whose ledger predates it answers without one: its state and error code, no figures)."""
-        kept = self.status
-        if kept is not None and kept.job_id == job_id and kept.slot == slot and kept.state is self.state:
-            return kept
-        return JobStatus(
-            job_id=job_id,
-            slot=slot,
-            state=self.state,
-            error_code=self.error_code,
-            error="final state read with the status command (its job message was missed)",
-        )
-
-
-def _last_job(result: dict[str, Any] | None, slot: str) -> dict[str, Any] | None:
-    """``result.delivery.slots[slot].last_job`` of a ``status`` reply, if it is there."""
-    try:
-        record = (result or {})["delivery"]["slots"][slot]["last_job"]
-    except (KeyError, TypeError):
-        return None
-    return record if isinstance(record, dict) else None

@@ -32,8 +32,9 @@ from typing import Any
 import structlog
 
 from agent.delivery.manifest import DeployManifest
+from agent.fleet.deploy.manifest import plan_manifest
 from agent.fleet.deploy.outcome import DeviceProgress
-from agent.fleet.deploy.run import FleetDeploy, plan_manifest
+from agent.fleet.deploy.run import FleetDeploy
 from agent.fleet.rollout.gate import DeviceEnd, DeviceReport, WaveVerdict, judge_wave
 from agent.fleet.rollout.records import DeviceRow, DeviceStep, RolloutState, WaveState
 from agent.fleet.rollout.rollback import Rollback
