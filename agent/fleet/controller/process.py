@@ -22,7 +22,6 @@ included) the open rollouts are resumed from the store (see the runner's docstri
 
 from __future__ import annotations
 
-import json
 import os
 import queue
 import threading
@@ -32,40 +31,34 @@ from pathlib import Path
 from typing import Any
 
 import structlog
-from pydantic import ValidationError
 
-from agent.errors import AgentError
 from agent.fleet.base.untrusted import shown
 from agent.fleet.chunks.server import ChunkServer
 from agent.fleet.controller.calls import ConsoleCalls, LoopCall
 from agent.fleet.controller.config import ControllerConfig
 from agent.fleet.controller.lease import LeaseLostError, PrefixLease, StandbyEndedError
 from agent.fleet.controller.remembered_jobs import jobs_from_store
+from agent.fleet.controller.requests import ControllerError, answer_request, json_object
+from agent.fleet.controller.start_request import stored_rollout
 from agent.fleet.controller.upload import UploadSink
 from agent.fleet.deploy.decommission import decommission
 from agent.fleet.deploy.keys import load_signing_key
-from agent.fleet.deploy.manifest import check_device_ids, plan_manifest
-from agent.fleet.deploy.model_check import check_model_file
-from agent.fleet.deploy.plan import new_job_id, next_sequence
 from agent.fleet.devices.evidence import evidence_json, fetch_evidence
 from agent.fleet.devices.snapshot import snapshot_json, take_snapshot
 from agent.fleet.rollout.actions import WrongStateError, action_refusal
 from agent.fleet.rollout.records import RolloutState
 from agent.fleet.rollout.report import rollout_status
 from agent.fleet.rollout.runner import RolloutRunner
-from agent.fleet.rollout.spec import RolloutRequest, model_ref, plan_for, request_of
+from agent.fleet.rollout.spec import RolloutRequest, request_of
 from agent.fleet.rollout.store import RolloutStore
 from agent.fleet.rollout.store_file import StoreDamagedError, StoreFullError
 from agent.fleet.samples.store import SampleStore
 from agent.fleet.view.live import FleetView
-from agent.fleet.view.status import collect_fleet
-from agent.mqtt.core import PublishProperties
 from agent.mqtt.inbound import InboundMessage
 from agent.mqtt.service_client import ServiceClient
-from agent.protocol.messages import CommandReply, ProtocolError, decode, encode
+from agent.protocol.messages import ProtocolError, decode
 from agent.protocol.samples import SampleMessage
-from agent.protocol.topics import CONTROLLER_VERBS, ControllerTopics, fleet_filter, parse
-from agent.transitions import IllegalTransitionError
+from agent.protocol.topics import ControllerTopics, fleet_filter, parse
 
 log = structlog.get_logger(__name__)
 
@@ -73,12 +66,6 @@ log = structlog.get_logger(__name__)
 _TICK_S = 0.2
 #: Longest the console's snapshot button waits for the device's reply.
 SNAPSHOT_TIMEOUT_S = 10.0
-
-
-class ControllerError(AgentError):
-    """A request the controller refuses (bad id, wrong state, model missing)."""
-
-    code = "controller"
 
 
 class FleetController:
@@ -335,47 +322,14 @@ class FleetController:
     # -- requests ------------------------------------------------------------------------------------
 
     def _answer(self, message: InboundMessage) -> None:
-        asked = self.topics.requested(message.topic)
-        if asked is None or message.response_topic is None:
-            return  # not a request, or nobody to answer
-        verb = self.topics.verb(message.topic)
-        properties = PublishProperties(correlation_data=message.correlation_data)
-        if verb is None:  # a typo or a newer CLI: say so rather than leave the caller to time out
-            name = shown(asked, 64)
-            unknown = CommandReply(
-                command=name,
-                ok=False,
-                error_code="unknown_verb",
-                error=f"unknown controller verb {name}; known: {', '.join(CONTROLLER_VERBS)}",
-            )
-            self._client.publish(message.response_topic, encode(unknown), qos=1, properties=properties)
-            return
-        try:
-            result = self.handle(verb, message)
-            reply = CommandReply(command=verb, ok=True, result=result)
-        except (AgentError, ValueError) as exc:
-            code = exc.code if isinstance(exc, AgentError) else "bad_request"
-            reply = CommandReply(command=verb, ok=False, error_code=code, error=str(exc))
-            log.warning("fleet.controller.refused", verb=verb, error=str(exc))
-        except IllegalTransitionError as exc:
-            reply = CommandReply(command=verb, ok=False, error_code="wrong_state", error=str(exc))
-        except ValidationError as exc:
-            problems = "; ".join(
-                f"{'.'.join(str(p) for p in e['loc']) or 'request'}: {e['msg']}"
-                for e in exc.errors(include_url=False)
-            )
-            reply = CommandReply(command=verb, ok=False, error_code="bad_request", error=problems)
-        except Exception as exc:  # the loop must outlive any one request; the reply says what broke
-            log.exception("fleet.controller.request_failed", verb=verb)
-            reply = CommandReply(command=verb, ok=False, error_code="internal_error", error=repr(exc))
-        self._client.publish(message.response_topic, encode(reply), qos=1, properties=properties)
+        answer_request(message, self.topics, self.handle, self._client)
 
     def handle(self, verb: str, message: InboundMessage) -> dict[str, Any]:
         """One request's result (raises ControllerError, ValueError or ValidationError to refuse)."""
         assert self.store is not None
         if verb == "upload":
             return self._uploads.take(message.payload, dict(message.user_properties))
-        args: dict[str, Any] = _json_object(message.payload)
+        args: dict[str, Any] = json_object(message.payload)
         if verb == "start":
             return self.start_rollout(RolloutRequest.model_validate(args))
         if verb == "list":
@@ -406,54 +360,9 @@ class FleetController:
     def start_rollout(self, request: RolloutRequest) -> dict[str, Any]:
         """Create and start a rollout; its status. ControllerError when the model is not uploaded."""
         assert self.store is not None
-        model = self.model_path(request.model_sha256)
-        if not model.is_file():
-            raise ControllerError(
-                f"model {request.model_sha256} is not in the controller's repository; upload it first"
-            )
-        # The repository takes any uploaded bytes: a file no device can load is refused here, before
-        # its canaries pull it (ModelFileError, code bad_model).
-        check_model_file(
-            model,
-            name=f"model {shown(request.model_name, 64)} ({request.model_sha256[:12]})",
-            preprocess=request.preprocess,
-            postprocess=request.postprocess,
-        )
-        model_id = request.model_id or Path(request.model_name).stem
-        rollout_id = request.rollout_id or new_job_id(model_id, request.version)
-        job_id = new_job_id(model_id, request.version)
-        sequence = next_sequence()
-        check_device_ids(request.devices)  # as FleetDeploy checks them, before anything is stored
-        calib_cache = None
-        if request.calib_sha256 is not None:
-            calib_cache = self.model_path(request.calib_sha256)
-            if not calib_cache.is_file():
-                raise ControllerError(
-                    f"calibration {request.calib_sha256} is not in the controller's repository: "
-                    "`fleet rollout start --calib-cache FILE` uploads it"
-                )
-        plan = plan_for(
-            request,
-            model,
-            tuple(request.devices),
-            job_id=job_id,
-            sequence=sequence,
-            http_url=None,
-            calib_cache=calib_cache,
-        )
-        manifest = plan_manifest(plan, job_id, sequence)
-        fleet = {
-            row.device: row for row in collect_fleet(self.settings, max_wait_s=self.config.select_wait_s)
-        }
-        from_models: dict[str, str | None] = {}
-        for device in request.devices:
-            slot = fleet[device].slots.get(request.slot) if device in fleet else None
-            sha = (slot or {}).get("sha256")
-            from_models[device] = (
-                model_ref(str(slot.get("model_id")), slot.get("version"), str(sha)) if slot and sha else None
-            )
-        stored = request.plan(rollout_id, job_id, sequence, from_models, manifest.model_dump(mode="json"))
+        stored = stored_rollout(request, self.model_path, self.settings, self.config.select_wait_s)
         self.store.create(stored)
+        rollout_id = stored.rollout_id
         self.runners[rollout_id] = self._runner(rollout_id)
         log.info("fleet.controller.rollout_started", rollout=rollout_id, devices=len(request.devices))
         return rollout_status(self.store, rollout_id)
@@ -507,18 +416,6 @@ class FleetController:
         refusal = action_refusal(verb, rollout_id, self.store.rollout(rollout_id).state)
         if refusal is not None:
             raise WrongStateError(refusal)
-
-
-def _json_object(payload: bytes) -> dict[str, Any]:
-    if not payload:
-        return {}
-    try:
-        value = json.loads(payload)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ValueError(f"request is not JSON: {exc}") from exc
-    if not isinstance(value, dict):
-        raise ValueError("request must be a JSON object")  # noqa: TRY004 (a bad request, answered as such)
-    return value
 
 
 def run_controller(
