@@ -26,6 +26,7 @@ fails the test.
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -380,6 +381,32 @@ def test_the_operator_side_is_all_rooms_each_with_its_purpose(agent_imports: lis
     rank = {f"{FLEET}.{room}": n for n, room in enumerate(FLEET_ROOMS)}
     upward = [str(imp) for a, b, imp in _within(agent_imports, FLEET) if rank[b] > rank[a]]
     assert not upward, "imports of a room listed later in FLEET_ROOMS:\n" + "\n".join(upward)
+
+
+def _drawn_rooms(doc: str) -> dict[str, str]:
+    """The operator side's drawing in docs/architecture.md: each room's entry (its lines) by name."""
+    drawing = doc.split("## The operator side", 1)[1].split("```", 2)[1]
+    entries: dict[str, str] = {}
+    room = None
+    for line in drawing.splitlines():
+        head = line.split(maxsplit=1)[0] if line.strip() else ""
+        if line.startswith(" ") and head.endswith("/") and not line.startswith("  "):
+            room = head.rstrip("/")
+            entries[room] = line
+        elif room is not None and line.startswith("   ") and not line.strip().startswith("-"):
+            entries[room] += " " + line.strip()
+    return entries
+
+
+def test_the_drawing_of_the_operator_side_names_every_room_and_module() -> None:
+    doc = (AGENT_DIR.parent / "docs" / "architecture.md").read_text(encoding="utf-8")
+    entries = _drawn_rooms(doc)
+    assert sorted(entries) == sorted(FLEET_ROOMS)
+    for room, text in entries.items():
+        words = set(re.split(r"[\s(),;:]+", text))
+        modules = {p.stem for p in (AGENT_DIR / "fleet" / room).glob("*.py") if p.stem != "__init__"}
+        missing = sorted(modules - words)
+        assert not missing, f"{room}/: modules missing from docs/architecture.md's drawing: {missing}"
 
 
 def test_no_circle_between_files(agent_imports: list[Import]) -> None:
