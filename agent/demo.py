@@ -35,11 +35,11 @@ from agent.demo_setup import (
     detector_v2,
     write_shapes_video,
 )
-from agent.fleet.deploy import FleetDeploy
-from agent.fleet.deploy_outcome import DeviceProgress
-from agent.fleet.deploy_plan import DeployPlan
-from agent.fleet.keys import load_signing_key, write_keypair
-from agent.fleet.progress import passed_states, progress_line, state_line
+from agent.fleet.cli.progress import passed_states, progress_line, state_line
+from agent.fleet.deploy.keys import load_signing_key, write_keypair
+from agent.fleet.deploy.outcome import DeviceProgress
+from agent.fleet.deploy.plan import DeployPlan
+from agent.fleet.deploy.run import FleetDeploy
 from agent.localbroker import Broker
 from agent.logs import configure_logging
 from agent.modelzoo import write_detector

@@ -14,7 +14,7 @@ import numpy as np
 import onnx
 
 from agent.datasets import shapes
-from agent.fleet.keys import KeyPairFiles
+from agent.fleet.deploy.keys import KeyPairFiles
 from agent.modelzoo import write_classifier
 
 DEVICE = "demo-orin-01"

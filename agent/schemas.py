@@ -14,8 +14,8 @@ from pydantic import BaseModel
 
 from agent.delivery.chunks import ChunkRequest
 from agent.delivery.manifest import DeployManifest, SignedManifest
-from agent.fleet.rollout_spec import RolloutRequest
-from agent.fleet.rollout_status_model import RolloutStatus
+from agent.fleet.rollout.spec import RolloutRequest
+from agent.fleet.rollout.status_model import RolloutStatus
 from agent.protocol.messages import MESSAGE_MODELS
 from agent.protocol.samples import SampleMessage
 

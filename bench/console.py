@@ -34,8 +34,8 @@ from playwright.sync_api import Page, sync_playwright
 from agent.fleet.console import make_console_app, serve_console
 from agent.fleet.console.feed import Feed, Stream
 from agent.fleet.console.summary import DeviceFilter
-from agent.fleet.rollout_store import RolloutStore
-from agent.fleet.view import FleetView
+from agent.fleet.rollout.store import RolloutStore
+from agent.fleet.view.live import FleetView
 from agent.mqtt.inbound import InboundMessage
 from agent.protocol.messages import (
     InfoMessage,

@@ -52,7 +52,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from agent.fleet.keys import KeyPairFiles, write_keypair
+from agent.fleet.deploy.keys import KeyPairFiles, write_keypair
 from agent.fleetsim.device import add_pull_counters
 from agent.fleetsim.launcher import read_reports
 from agent.fsutil import sha256_file

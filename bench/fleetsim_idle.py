@@ -23,7 +23,7 @@ from pathlib import Path
 
 import psutil
 
-from agent.fleet.keys import write_keypair
+from agent.fleet.deploy.keys import write_keypair
 from agent.fleetsim.launcher import read_reports
 from agent.localbroker import Broker
 from agent.modelzoo import write_classifier

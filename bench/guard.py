@@ -29,9 +29,9 @@ from agent.app import Agent
 from agent.config import load_config
 from agent.delivery.guard import ProbationSpec, ShadowSpec
 from agent.demo_setup import write_demo_video
-from agent.fleet.deploy import FleetDeploy
-from agent.fleet.deploy_outcome import DeviceProgress
-from agent.fleet.deploy_plan import DeployPlan
+from agent.fleet.deploy.outcome import DeviceProgress
+from agent.fleet.deploy.plan import DeployPlan
+from agent.fleet.deploy.run import FleetDeploy
 from agent.localbroker import Broker
 from agent.logs import configure_logging
 from agent.modelzoo import write_mobilenet_like

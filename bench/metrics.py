@@ -3,8 +3,9 @@
 The devices are simulated (no agent processes, no broker): each one's ``up/status``, ``up/info``
 and ``up/telemetry`` (real protocol messages, encoded as an agent encodes them: the fleet of
 bench/console.py, one slot, one label, five figures) are handed to a :class:`FleetView` directly, as
-the controller's MQTT client would. ``/metrics`` is served by :func:`agent.fleet.metrics.serve_metrics`
-on a loopback port and fetched with ``urllib`` as Prometheus would fetch it, plain and gzipped.
+the controller's MQTT client would. ``/metrics`` is served by
+:func:`agent.fleet.metrics.serving.serve_metrics` on a loopback port and fetched with ``urllib`` as
+Prometheus would fetch it, plain and gzipped.
 
 A real rollout store (SQLite in a temporary directory) holds ``--rollouts`` rollouts (default 10),
 each over every device in two waves, as the controller's store does after as many fleet-wide
@@ -24,8 +25,8 @@ Per fleet size (``--devices``, default 1,000 and 10,000), each a series of ``--s
 ``first_s`` is the first scrape after the server started (every device rendered). Each scenario
 prints ``s`` (min/median/max seconds per scrape, from the request to the last byte),
 ``series`` (sample lines of the last scrape) and ``bytes``. Only the public API is used
-(``serve_metrics``), so the same file measures an older tree: ``PYTHONPATH=<old tree> python
-bench/metrics.py``.
+(``serve_metrics``), so the same file measures an older tree of the same layout (issue 21 moved
+it to agent/fleet/metrics/serving.py): ``PYTHONPATH=<old tree> python bench/metrics.py``.
 
     .venv/bin/python bench/metrics.py [--devices 1000 10000] [--scrapes 5] [--rollouts 10]
         [--flood-rate 5000]
@@ -46,9 +47,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from agent.fleet.metrics import MetricsServer, serve_metrics
-from agent.fleet.rollout_store import RolloutPlan, RolloutStore
-from agent.fleet.view import FleetView
+from agent.fleet.metrics.serving import MetricsServer, serve_metrics
+from agent.fleet.rollout.records import RolloutPlan
+from agent.fleet.rollout.store import RolloutStore
+from agent.fleet.view.live import FleetView
 from agent.mqtt.inbound import InboundMessage
 from agent.protocol.messages import (
     InfoMessage,

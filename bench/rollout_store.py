@@ -23,9 +23,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from agent.fleet.gate import DeviceEnd
-from agent.fleet.rollout_store import RolloutPlan, RolloutStore, WaveState
-from agent.fleet.waves import parse_waves, split_waves
+from agent.fleet.rollout.gate import DeviceEnd
+from agent.fleet.rollout.records import RolloutPlan, WaveState
+from agent.fleet.rollout.store import RolloutStore
+from agent.fleet.rollout.waves import parse_waves, split_waves
 
 
 def run(devices: int, directory: Path) -> dict[str, object]:

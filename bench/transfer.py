@@ -40,7 +40,7 @@ from typing import Any
 from agent.delivery.manifest import DeployManifest, build_manifest
 from agent.delivery.settings import DeliveryConfig
 from agent.delivery.transfer import fetch_model
-from agent.fleet.chunks import DEFAULT_MAX_INFLIGHT, ChunkServer
+from agent.fleet.chunks.server import DEFAULT_MAX_INFLIGHT, ChunkServer
 from agent.localbroker import Broker
 from agent.logs import configure_logging
 from agent.mqtt.inbound import InboundMessage

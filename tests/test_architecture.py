@@ -1,10 +1,14 @@
 """The import graph of ``agent/`` keeps the house's shape (docs/architecture.md).
 
-Four rules, each checked over the real tree and, with a small synthetic tree that breaks it, shown
+Six rules, each checked over the real tree and, with a small synthetic tree that breaks it, shown
 to fail:
 
 (a) no two packages import each other (a package is the first level under ``agent/``; a top-level
-    module such as ``agent/store.py`` is its own package);
+    module such as ``agent/store.py`` is its own package), and no circle runs through several
+    packages: the imports between packages go one way;
+(a') the same inside the operator side: its rooms (the sub-packages of ``agent/fleet/``, listed in
+    :data:`FLEET_ROOMS`) import each other one way only, every module of it lives in a room, and
+    each room's ``__init__.py`` says its purpose;
 (b) no circle between files;
 (c) ``agent/config*`` imports only the ground floor, and the ground floor imports only itself;
 (d) only the paho core imports ``paho``;
@@ -22,6 +26,7 @@ fails the test.
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -61,6 +66,25 @@ OPERATOR_LIBRARIES = ("prometheus_client", "starlette", "uvicorn")
 OPERATOR_SIDE = "agent/fleet/"
 #: The device's opt-in /metrics: prometheus_client (the ``metrics`` extra) inside functions only.
 DEVICE_METRICS = frozenset({"agent/telemetry/prometheus.py"})
+
+#: The operator side, whose sub-packages (its rooms) follow the rules of the top-level packages.
+FLEET = "agent.fleet"
+#: The rooms of the operator side, lowest first: each imports only rooms before it in this list
+#: (docs/architecture.md draws them). The test checks the real imports against the one-way rule, not
+#: against this order; the list is here so that a new room is a deliberate change.
+FLEET_ROOMS = (
+    "base",
+    "view",
+    "devices",
+    "chunks",
+    "deploy",
+    "rollout",
+    "samples",
+    "metrics",
+    "console",
+    "controller",
+    "cli",
+)
 
 
 @dataclass(frozen=True)
@@ -157,21 +181,31 @@ def _enclosing_module(name: str, modules: dict[str, Path]) -> str | None:
     return None
 
 
-def package_of(module: str) -> str:
-    """The first level under the root package: ``agent.delivery.jobs`` -> ``agent.delivery``."""
-    return ".".join(module.split(".")[:2])
+def package_of(module: str, root: str = "agent") -> str:
+    """The first level under ``root``: ``agent.delivery.jobs`` -> ``agent.delivery``; with ``root``
+    ``agent.fleet``, ``agent.fleet.rollout.store`` -> ``agent.fleet.rollout``."""
+    return ".".join(module.split(".")[: root.count(".") + 2])
+
+
+def _within(imports: Iterable[Import], root: str) -> Iterator[tuple[str, str, Import]]:
+    """``(importer's package, target's package, import)`` for imports between two packages under
+    ``root`` (both ends inside it; ``root``'s own ``__init__`` is not a package of it)."""
+    prefix = root + "."
+    for imp in imports:
+        if imp.importer.startswith(prefix) and imp.target.startswith(prefix):
+            a, b = package_of(imp.importer, root), package_of(imp.target, root)
+            if a != b:
+                yield a, b, imp
 
 
 # --- the rules ------------------------------------------------------------------------------
 
 
-def package_cycles(imports: Iterable[Import]) -> dict[tuple[str, str], list[Import]]:
-    """Pairs of packages that import each other, each with the imports that make the pair."""
+def package_cycles(imports: Iterable[Import], root: str = "agent") -> dict[tuple[str, str], list[Import]]:
+    """Pairs of packages under ``root`` that import each other, each with the imports that make the pair."""
     between: dict[tuple[str, str], list[Import]] = {}
-    for imp in imports:
-        a, b = package_of(imp.importer), package_of(imp.target)
-        if a != b:
-            between.setdefault((a, b), []).append(imp)
+    for a, b, imp in _within(imports, root):
+        between.setdefault((a, b), []).append(imp)
     return {
         (a, b): between[(a, b)] + between[(b, a)] for (a, b) in sorted(between) if a < b and (b, a) in between
     }
@@ -222,6 +256,27 @@ def file_cycles(imports: Iterable[Import]) -> list[frozenset[str]]:
                 if len(component) > 1:
                     components.append(frozenset(component))
     return sorted(components, key=sorted)
+
+
+def package_circles(imports: Iterable[Import], root: str = "agent") -> list[frozenset[str]]:
+    """Sets of packages under ``root`` that reach each other through imports: a pair (also found by
+    :func:`package_cycles`) or a longer circle, such as three packages each importing the next."""
+    return file_cycles(Import(a, b, imp.line, imp.where) for a, b, imp in _within(imports, root))
+
+
+def loose_modules(modules: dict[str, Path], root: str = FLEET) -> list[str]:
+    """Module files directly under ``root`` (not packages): each module belongs in a room."""
+    return sorted(
+        m
+        for m, path in modules.items()
+        if m.startswith(root + ".") and m.count(".") == root.count(".") + 1 and path.name != "__init__.py"
+    )
+
+
+def rooms_without_purpose(root_dir: Path) -> list[str]:
+    """Sub-packages of ``root_dir`` whose ``__init__.py`` has no docstring saying what the room is for."""
+    inits = sorted(root_dir.glob("*/__init__.py"))
+    return [p.parent.name for p in inits if not ast.get_docstring(ast.parse(p.read_text(encoding="utf-8")))]
 
 
 def is_ground_floor(module: str, ground_floor: frozenset[str] = GROUND_FLOOR) -> bool:
@@ -298,6 +353,62 @@ def test_no_two_packages_import_each_other(agent_imports: list[Import]) -> None:
     )
 
 
+def test_no_circle_through_packages(agent_imports: list[Import]) -> None:
+    circles = package_circles(agent_imports)
+    assert not circles, "packages in a circle:\n" + "\n".join("    " + ", ".join(sorted(c)) for c in circles)
+
+
+def test_no_two_rooms_of_the_operator_side_import_each_other(agent_imports: list[Import]) -> None:
+    cycles = package_cycles(agent_imports, FLEET)
+    assert not cycles, "rooms of agent/fleet/ that import each other:\n" + "\n".join(
+        f"{a} <-> {b}:\n" + "\n".join(f"    {imp}" for imp in imps) for (a, b), imps in cycles.items()
+    )
+
+
+def test_no_circle_through_rooms_of_the_operator_side(agent_imports: list[Import]) -> None:
+    circles = package_circles(agent_imports, FLEET)
+    assert not circles, "rooms of agent/fleet/ in a circle:\n" + "\n".join(
+        "    " + ", ".join(sorted(c)) for c in circles
+    )
+
+
+def test_the_operator_side_is_all_rooms_each_with_its_purpose(agent_imports: list[Import]) -> None:
+    fleet_dir = AGENT_DIR / "fleet"
+    assert loose_modules(module_files(AGENT_DIR)) == [], "modules of agent/fleet/ outside a room"
+    assert sorted(p.parent.name for p in fleet_dir.glob("*/__init__.py")) == sorted(FLEET_ROOMS)
+    assert rooms_without_purpose(fleet_dir) == []
+    # The listed order is one the real imports keep: a room imports only rooms listed before it.
+    rank = {f"{FLEET}.{room}": n for n, room in enumerate(FLEET_ROOMS)}
+    upward = [str(imp) for a, b, imp in _within(agent_imports, FLEET) if rank[b] > rank[a]]
+    assert not upward, "imports of a room listed later in FLEET_ROOMS:\n" + "\n".join(upward)
+
+
+def _drawn_rooms(doc: str) -> dict[str, str]:
+    """The operator side's drawing in docs/architecture.md: each room's entry (its lines) by name."""
+    drawing = doc.split("## The operator side", 1)[1].split("```", 2)[1]
+    entries: dict[str, str] = {}
+    room = None
+    for line in drawing.splitlines():
+        head = line.split(maxsplit=1)[0] if line.strip() else ""
+        if line.startswith(" ") and head.endswith("/") and not line.startswith("  "):
+            room = head.rstrip("/")
+            entries[room] = line
+        elif room is not None and line.startswith("   ") and not line.strip().startswith("-"):
+            entries[room] += " " + line.strip()
+    return entries
+
+
+def test_the_drawing_of_the_operator_side_names_every_room_and_module() -> None:
+    doc = (AGENT_DIR.parent / "docs" / "architecture.md").read_text(encoding="utf-8")
+    entries = _drawn_rooms(doc)
+    assert sorted(entries) == sorted(FLEET_ROOMS)
+    for room, text in entries.items():
+        words = set(re.split(r"[\s(),;:]+", text))
+        modules = {p.stem for p in (AGENT_DIR / "fleet" / room).glob("*.py") if p.stem != "__init__"}
+        missing = sorted(modules - words)
+        assert not missing, f"{room}/: modules missing from docs/architecture.md's drawing: {missing}"
+
+
 def test_no_circle_between_files(agent_imports: list[Import]) -> None:
     cycles = file_cycles(agent_imports)
     assert not cycles, "circles between files:\n" + "\n".join("    " + ", ".join(sorted(c)) for c in cycles)
@@ -359,6 +470,69 @@ def test_a_top_level_module_is_its_own_package(tmp_path: Path) -> None:
         {"store.py": "from agent.delivery.errors import Bad\n", "delivery/errors.py": "import agent.store\n"},
     )
     assert list(package_cycles(internal_imports(root))) == [("agent.delivery", "agent.store")]
+
+
+def test_a_circle_through_three_packages_is_found(tmp_path: Path) -> None:
+    root = _tree(
+        tmp_path,
+        {
+            "delivery/jobs.py": "from agent.runtime.models import Models\n",
+            "runtime/models.py": "from agent.engines.plan import Plan\n",
+            "engines/plan.py": "def f():\n    from agent.delivery import jobs\n",
+            "engines/spec.py": "",
+        },
+    )
+    imports = internal_imports(root)
+    assert package_cycles(imports) == {}  # no pair: only the circle rule sees it
+    assert package_circles(imports) == [frozenset({"agent.delivery", "agent.runtime", "agent.engines"})]
+
+
+def test_two_rooms_of_the_operator_side_importing_each_other_are_found(tmp_path: Path) -> None:
+    root = _tree(
+        tmp_path,
+        {
+            "fleet/rollout/store.py": "from agent.fleet.controller.config import Config\n",
+            "fleet/rollout/runner.py": "from agent.fleet.rollout.store import Store\n",
+            "fleet/controller/config.py": "",
+            "fleet/controller/process.py": (
+                "from typing import TYPE_CHECKING\n"
+                "if TYPE_CHECKING:\n    from agent.fleet.rollout import runner\n"
+            ),
+            "fleet/cli/main.py": "from agent.fleet.controller.process import run\nimport agent.store\n",
+            "store.py": "",
+        },
+    )
+    imports = internal_imports(root)
+    # The files make no circle and the top-level packages none either: only the rooms' rule fails.
+    assert file_cycles(imports) == []
+    assert package_cycles(imports) == {}
+    cycles = package_cycles(imports, FLEET)
+    assert list(cycles) == [("agent.fleet.controller", "agent.fleet.rollout")]
+    assert {imp.where for imp in cycles[("agent.fleet.controller", "agent.fleet.rollout")]} == {
+        "module",
+        "type-checking",
+    }
+    assert package_circles(imports, FLEET) == [frozenset({"agent.fleet.controller", "agent.fleet.rollout"})]
+
+
+def test_a_circle_through_three_rooms_and_a_loose_module_are_found(tmp_path: Path) -> None:
+    root = _tree(
+        tmp_path,
+        {
+            "fleet/deploy/run.py": "from agent.fleet.devices.command import ask\n",
+            "fleet/devices/command.py": "from agent.fleet.view.status import Row\n",
+            "fleet/view/status.py": "def f():\n    from agent.fleet.deploy.run import Deploy\n",
+            "fleet/helpers.py": "",
+            "fleet/base/__init__.py": '"""What every room shares."""\n',
+        },
+    )
+    imports = internal_imports(root)
+    assert package_cycles(imports, FLEET) == {}
+    assert package_circles(imports, FLEET) == [
+        frozenset({"agent.fleet.deploy", "agent.fleet.devices", "agent.fleet.view"})
+    ]
+    assert loose_modules(module_files(root)) == ["agent.fleet.helpers"]
+    assert rooms_without_purpose(root / "fleet") == ["deploy", "devices", "view"]
 
 
 def test_a_circle_between_files_is_found_through_type_checking_imports(tmp_path: Path) -> None:

@@ -97,8 +97,8 @@ AS_SERVICE = """
 import json, os, sys
 from pathlib import Path
 from agent.fleet.console.server import console_token
-from agent.fleet.controller_config import load_controller_config
-from agent.fleet.keys import load_signing_key
+from agent.fleet.controller.config import load_controller_config
+from agent.fleet.deploy.keys import load_signing_key
 os.chroot(sys.argv[1]); os.chdir("/")
 os.setgroups([]); os.setgid(int(sys.argv[3])); os.setuid(int(sys.argv[2]))
 config = load_controller_config(Path(sys.argv[4]))

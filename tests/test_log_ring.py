@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import pytest
 import structlog
 
-from agent.fleet.device_logs import LogCursor
+from agent.fleet.devices.logs import LogCursor
 from agent.log_ring import LogRing, logs_command, redact
 from agent.logs import configure_logging
 from agent.protocol.command_args import LogsArgs

@@ -4,10 +4,10 @@
     python tools/make_dashboard.py --check    # exit 1 when the committed file differs
 
 The panels and their PromQL live in :data:`OVERVIEW` and :data:`DEVICE` (plain data), so the tests
-run every query against a real Prometheus (tests/fleet/test_metrics_dashboard.py) and check the
-committed JSON is what this script makes. Series names: agent/fleet/metrics.py and
-agent/telemetry/series.py. ``$site`` filters the overview through the ``edge_device_info`` join;
-``$device`` picks the device of the drill-down rows.
+run every query against a real Prometheus (tests/fleet/metrics/test_dashboard.py) and check the
+committed JSON is what this script makes. Series names: agent/fleet/metrics/exposition.py,
+agent/fleet/metrics/device_series.py and agent/telemetry/series.py. ``$site`` filters the overview
+through the ``edge_device_info`` join; ``$device`` picks the device of the drill-down rows.
 """
 
 from __future__ import annotations

@@ -55,7 +55,7 @@ if [ "$target" = test ]; then
   [ -x /usr/bin/chromium ] \
     || want "the fleet console's browser tests drive it through Playwright (never a browser download)" chromium
   command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] \
-    || want "the console's documented TLS reverse proxy is run for real (tests/fleet/test_console_proxy.py)" nginx
+    || want "the console's documented TLS reverse proxy is run for real (tests/fleet/console/test_proxy.py)" nginx
 fi
 
 if [ ${#packages[@]} -eq 0 ]; then

@@ -19,7 +19,7 @@ from agent.cli.build import add_build_arguments
 from agent.cli.help_format import CliParser
 from agent.cli.selftest import add_selftest_arguments
 from agent.errors import AgentError, ConfigError, UsageError
-from agent.fleet.cli import FLEET_COMMANDS, add_fleet_arguments
+from agent.fleet.cli.main import FLEET_COMMANDS, add_fleet_arguments
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -173,7 +173,7 @@ def _dispatch(args: argparse.Namespace) -> int:
 
         return run_broker(args.port)
     if args.command == "fleet":
-        from agent.fleet.cli import run_fleet
+        from agent.fleet.cli.main import run_fleet
 
         return run_fleet(args)
     if args.command == "demo":

@@ -57,7 +57,7 @@ def _uses_external_data(model: onnx.ModelProto) -> bool:
 def load_checked(path: Path, *, job_id: str | None = None) -> onnx.ModelProto:
     """The ONNX model at ``path``; BadOnnxError or OnnxCheckerError when a device would refuse it.
 
-    The operator side runs the same check before signing (:mod:`agent.fleet.model_check`).
+    The operator side runs the same check before signing (:mod:`agent.fleet.deploy.model_check`).
     """
     try:
         # External data stays unloaded: a model must not make the agent read files beside it.

@@ -1,1 +1,3 @@
-"""Operator side: keygen, sign, deploy, serve chunks, status, commands."""
+"""The operator side: the fleet controller, its console and ``/metrics``, and every ``edge-agent fleet``
+command, in rooms by job (base, view, devices, chunks, deploy, rollout, samples, metrics, console,
+controller, cli; docs/architecture.md draws them and the one way their imports go)."""

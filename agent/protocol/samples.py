@@ -2,7 +2,7 @@
 
 A device publishes these only when the operator turned ``samples.enabled`` on for the slot
 (:mod:`agent.runtime.samples`); the controller keeps them in a bounded store
-(:mod:`agent.fleet.sample_store`) and ``edge-agent fleet samples export`` writes them as a dataset.
+(:mod:`agent.fleet.samples.store`) and ``edge-agent fleet samples export`` writes them as a dataset.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ Prometheus wants a metric name with its unit, counters ending in ``_total``, and
 stream, the stage, the quantile) in labels: ``edge_stream_latency_seconds{stream="cam0",
 stage="total",quantile="0.99"} 0.0123``. :data:`RULES` is that translation, one line per field of
 the telemetry table; :func:`series_of` applies it. It is pure (no ``prometheus_client`` here), so
-the controller's fleet-wide ``/metrics`` (agent/fleet/metrics.py) and a device's own opt-in one
+the controller's fleet-wide ``/metrics`` (agent/fleet/metrics/exposition.py) and a device's own opt-in one
 (agent/telemetry/prometheus.py) export the same names.
 
 Names a device made up (a stream, slot or thermal zone) go into label values, never into metric

@@ -12,7 +12,7 @@ import pytest
 
 from agent.cli import _parser, main
 from agent.cli.help_format import meaningful_default, shown_default
-from agent.fleet.cli import FLEET_COMMANDS
+from agent.fleet.cli.main import FLEET_COMMANDS
 from tests.cli.parser_walk import commands, is_alias, options
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "cli.md"

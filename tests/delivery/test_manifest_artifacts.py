@@ -19,8 +19,8 @@ from agent.delivery.manifest import (
 )
 from agent.engines.int8 import write_table
 from agent.engines.spec import BuildSpec, CalibrationSource
-from agent.fleet.deploy import plan_manifest
-from agent.fleet.deploy_plan import CALIBRATION_ARTIFACT, DeployPlan
+from agent.fleet.deploy.manifest import plan_manifest
+from agent.fleet.deploy.plan import CALIBRATION_ARTIFACT, DeployPlan
 from agent.modelzoo import write_classifier
 from agent.signing import generate_keypair, private_key_from_bytes, public_key_from_bytes
 

@@ -21,7 +21,7 @@ import pytest
 
 from agent.delivery.manifest import DeployManifest
 from agent.delivery.transfer import fetch_model
-from agent.fleet.chunks import ChunkServer
+from agent.fleet.chunks.server import ChunkServer
 from agent.localbroker import Broker
 from tests.delivery.transfer_rig import (
     KIB,

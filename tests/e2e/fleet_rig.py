@@ -8,10 +8,10 @@ from pathlib import Path
 from typing import Any
 
 from agent.delivery.manifest import KIB
-from agent.fleet.deploy import FleetDeploy
-from agent.fleet.deploy_outcome import DeployOutcome
-from agent.fleet.deploy_plan import DeployPlan
-from agent.fleet.keys import KeyPairFiles, load_signing_key
+from agent.fleet.deploy.keys import KeyPairFiles, load_signing_key
+from agent.fleet.deploy.outcome import DeployOutcome
+from agent.fleet.deploy.plan import DeployPlan
+from agent.fleet.deploy.run import FleetDeploy
 from agent.localbroker import Broker
 from agent.mqtt.settings import MqttSettings
 from agent.protocol.messages import JobStatus, decode

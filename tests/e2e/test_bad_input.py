@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from agent.delivery.manifest import DeployManifest, build_manifest
-from agent.fleet.chunks import ChunkServer
+from agent.fleet.chunks.server import ChunkServer
 from agent.localbroker import Broker
 from agent.modelzoo import write_classifier
 from agent.mqtt.settings import MqttSettings

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from agent.fleet.command import send_command
+from agent.fleet.devices.command import send_command
 from agent.localbroker import Broker
 from agent.mqtt.settings import MqttSettings
 from agent.protocol.messages import InfoMessage, SlotInfo, decode

@@ -18,12 +18,12 @@ from pathlib import Path
 import pytest
 
 from agent.delivery.manifest import KIB
-from agent.fleet.chunks import ChunkServer
-from agent.fleet.command import send_command
-from agent.fleet.deploy import FleetDeploy
-from agent.fleet.deploy_plan import DeployPlan
-from agent.fleet.keys import KeyPairFiles, load_signing_key
-from agent.fleet.status import collect_fleet, format_table
+from agent.fleet.chunks.server import ChunkServer
+from agent.fleet.deploy.keys import KeyPairFiles, load_signing_key
+from agent.fleet.deploy.plan import DeployPlan
+from agent.fleet.deploy.run import FleetDeploy
+from agent.fleet.devices.command import send_command
+from agent.fleet.view.status import collect_fleet, format_table
 from agent.fsutil import sha256_file
 from agent.localbroker import Broker
 from agent.protocol.messages import InfoMessage, JobState, JobStatus, decode

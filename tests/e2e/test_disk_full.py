@@ -20,9 +20,9 @@ import pytest
 import yaml
 
 from agent.delivery.guard import ProbationSpec, ShadowSpec
-from agent.fleet.deploy import FleetDeploy
-from agent.fleet.deploy_plan import DeployPlan
-from agent.fleet.keys import KeyPairFiles, load_signing_key, write_keypair
+from agent.fleet.deploy.keys import KeyPairFiles, load_signing_key, write_keypair
+from agent.fleet.deploy.plan import DeployPlan
+from agent.fleet.deploy.run import FleetDeploy
 from agent.fsutil import sha256_file
 from agent.localbroker import Broker
 from agent.mqtt.settings import MqttSettings

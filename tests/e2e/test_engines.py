@@ -13,8 +13,8 @@ import yaml
 
 from agent.datasets.shapes import generate
 from agent.engines.spec import BuildSpec
-from agent.fleet.deploy import FleetDeploy
-from agent.fleet.deploy_plan import DeployPlan
+from agent.fleet.deploy.plan import DeployPlan
+from agent.fleet.deploy.run import FleetDeploy
 from agent.localbroker import Broker
 from agent.mqtt.settings import MqttSettings
 from agent.protocol.messages import JobStatus, decode

@@ -17,8 +17,8 @@ import pytest
 
 from agent.cli import main
 from agent.delivery.guard import ShadowSpec
-from agent.fleet.command import send_command
-from agent.fleet.evidence import fetch_evidence, save_evidence
+from agent.fleet.devices.command import send_command
+from agent.fleet.devices.evidence import fetch_evidence, save_evidence
 from agent.protocol.messages import JobState
 from agent.protocol.topics import Topics
 from agent.runtime.evidence import EvidenceBounds

@@ -28,10 +28,10 @@ import yaml
 
 from agent.delivery.manifest import KIB, build_manifest, sign_manifest
 from agent.engines.spec import BuildSpec
-from agent.fleet.command import send_command
-from agent.fleet.deploy import FleetDeploy
-from agent.fleet.deploy_plan import DeployPlan
-from agent.fleet.keys import KeyPairFiles, load_signing_key, write_keypair
+from agent.fleet.deploy.keys import KeyPairFiles, load_signing_key, write_keypair
+from agent.fleet.deploy.plan import DeployPlan
+from agent.fleet.deploy.run import FleetDeploy
+from agent.fleet.devices.command import send_command
 from agent.localbroker import Broker
 from agent.mqtt.settings import MqttSettings
 from agent.protocol.topics import Topics

@@ -20,8 +20,8 @@ import pytest
 import yaml
 
 from agent.cli import main
-from agent.fleet.controller import FleetController
-from agent.fleet.controller_config import ControllerConfig
+from agent.fleet.controller.config import ControllerConfig
+from agent.fleet.controller.process import FleetController
 from agent.localbroker import Broker
 from agent.mqtt.settings import MqttSettings
 from agent.protocol.messages import decode

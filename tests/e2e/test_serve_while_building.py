@@ -19,10 +19,10 @@ import yaml
 
 from agent.engines.build_progress import PUBLISH_INTERVAL_S
 from agent.engines.spec import BuildSpec
-from agent.fleet.deploy import FleetDeploy
-from agent.fleet.deploy_plan import DeployPlan
-from agent.fleet.keys import KeyPairFiles, load_signing_key
-from agent.fleet.progress import progress_line
+from agent.fleet.cli.progress import progress_line
+from agent.fleet.deploy.keys import KeyPairFiles, load_signing_key
+from agent.fleet.deploy.plan import DeployPlan
+from agent.fleet.deploy.run import FleetDeploy
 from agent.localbroker import Broker
 from agent.protocol.messages import InfoMessage, JobState, JobStatus, SlotInfo, decode
 from tests.e2e.daemon import AgentFiles, Daemon, unique_results

@@ -27,11 +27,11 @@ import pytest
 
 from agent.cli import main
 from agent.demo_setup import write_demo_video
-from agent.fleet.command import DeviceRefusedError, DeviceSession, PendingReplies, publish_command
-from agent.fleet.controller import FleetController
-from agent.fleet.controller_config import ControllerConfig, HttpSettings
-from agent.fleet.device_logs import print_logs
-from agent.fleet.snapshot import save_snapshot, take_snapshot
+from agent.fleet.controller.config import ControllerConfig, HttpSettings
+from agent.fleet.controller.process import FleetController
+from agent.fleet.devices.command import DeviceRefusedError, DeviceSession, PendingReplies, publish_command
+from agent.fleet.devices.logs import print_logs
+from agent.fleet.devices.snapshot import save_snapshot, take_snapshot
 from agent.localbroker import Broker, free_port
 from agent.mqtt.service_client import ServiceClient
 from agent.mqtt.settings import MqttSettings

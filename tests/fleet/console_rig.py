@@ -16,11 +16,13 @@ from typing import Any
 import numpy as np
 
 from agent.config.models import SnapshotConfig
-from agent.fleet.evidence import DeviceEvidence, evidence_json, frame_from_reply
-from agent.fleet.gate import GateFigures
-from agent.fleet.rollout_store import RolloutPlan, RolloutState, RolloutStore, RolloutStoreError
-from agent.fleet.snapshot import snapshot_from_reply, snapshot_json
-from agent.fleet.view import FleetView
+from agent.fleet.devices.evidence import DeviceEvidence, evidence_json, frame_from_reply
+from agent.fleet.devices.snapshot import snapshot_from_reply, snapshot_json
+from agent.fleet.rollout.gate import GateFigures
+from agent.fleet.rollout.records import RolloutPlan, RolloutState
+from agent.fleet.rollout.store import RolloutStore
+from agent.fleet.rollout.store_file import RolloutStoreError
+from agent.fleet.view.live import FleetView
 from agent.mqtt.inbound import InboundMessage
 from agent.protocol.command_args import EvidenceArgs, SnapshotArgs
 from agent.protocol.messages import (
@@ -139,7 +141,7 @@ def make_rollout(store: RolloutStore, rollout_id: str, waves: Sequence[Sequence[
             "5",
             waves,
             from_versions={d: "4" for wave in waves for d in wave},
-            # The request part of the spec a controller stores (agent/fleet/rollout_spec.py).
+            # The request part of the spec a controller stores (agent/fleet/rollout/spec.py).
             spec={
                 "request": {"waves": ",".join(str(len(w)) for w in waves), "max_failed": "2%", "soak_s": 600}
             },
@@ -205,7 +207,7 @@ class StoreActions:
 
     def decommission(self, device_id: str) -> str:
         """Forgets the device in the view, as the controller does once the broker cleared its topics
-        (the broker's part is tests/fleet/test_decommission.py's, against a real controller)."""
+        (the broker's part is tests/fleet/deploy/test_decommission.py's, against a real controller)."""
         self.calls.append(("decommission", device_id))
         if self.view is None or not self.view.forget(device_id):
             raise RolloutStoreError(f"no device {device_id!r} to decommission")

@@ -22,8 +22,8 @@ from typing import Any
 
 from agent.delivery.manifest import recover_job_id
 from agent.errors import TransportError
-from agent.fleet.controller_client import ControllerClient, RequestRefusedError
-from agent.fleet.keys import KeyPairFiles, write_keypair
+from agent.fleet.controller.client import ControllerClient, RequestRefusedError
+from agent.fleet.deploy.keys import KeyPairFiles, write_keypair
 from agent.fsutil import sha256_file
 from agent.localbroker import Broker
 from agent.modelzoo import write_classifier

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from agent.fleet.keys import KeyPairFiles
+from agent.fleet.deploy.keys import KeyPairFiles
 from agent.fleetsim.launcher import read_reports
 from agent.fleetsim.plan import device_ids
 from agent.localbroker import Broker

@@ -1,7 +1,7 @@
 """A small simulated fleet (real processes, real mosquitto, real signed manifests) under ``FleetDeploy``.
 
 Each test runs ``python -m agent.fleetsim`` with 2 worker processes and deploys with the existing
-:class:`~agent.fleet.deploy.FleetDeploy`, as the operator would.
+:class:`~agent.fleet.deploy.run.FleetDeploy`, as the operator would.
 """
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ import pytest
 
 from agent.delivery.guard import ShadowSpec
 from agent.delivery.manifest import DEFAULT_CHUNK_SIZE
-from agent.fleet.command import send_command
-from agent.fleet.deploy import FleetDeploy
-from agent.fleet.deploy_plan import DeployPlan
-from agent.fleet.keys import KeyPairFiles, load_signing_key, write_keypair
+from agent.fleet.deploy.keys import KeyPairFiles, load_signing_key, write_keypair
+from agent.fleet.deploy.plan import DeployPlan
+from agent.fleet.deploy.run import FleetDeploy
+from agent.fleet.devices.command import send_command
 from agent.localbroker import Broker
 from agent.modelzoo import write_classifier
 from agent.protocol.messages import InfoMessage, JobState, decode

@@ -72,7 +72,7 @@ def test_a_connection_whose_client_id_another_takes_is_told_so_only_where_the_br
     """MQTT 5 asks the broker to send the earlier connection DISCONNECT 0x8E "Session taken over";
     mosquitto does from 2.0.15 (mosquitto#2607). 2.0.11 closes the socket without it: to paho that
     is any lost connection ("Unspecified error"), which is why the lease has a witness connection
-    (controller_lease.py)."""
+    (controller/lease.py)."""
     from uuid import uuid4
 
     from tests.waiting import wait_until

@@ -27,9 +27,9 @@ from agent.cli import main
 from agent.config import read_yaml
 from agent.delivery.partial import PartialDownload
 from agent.delivery.transfer import MqttPull
-from agent.fleet.chunks import GROUP_PREFIX, ChunkServer
-from agent.fleet.controller import FleetController
-from agent.fleet.controller_config import ControllerConfig
+from agent.fleet.chunks.server import GROUP_PREFIX, ChunkServer
+from agent.fleet.controller.config import ControllerConfig
+from agent.fleet.controller.process import FleetController
 from agent.mqtt.link import MqttLink
 from agent.protocol.topics import Topics
 from agent.spool import Spool

@@ -38,8 +38,9 @@ from agent.errors import AgentError, UsageError
 from agent.fleet.console.feed import Feed, Stream
 from agent.fleet.console.rollouts import rollout_devices, rollout_ids, rollout_summary
 from agent.fleet.console.summary import DeviceFilter, device_detail, device_rows
-from agent.fleet.rollout_store import RolloutNotFoundError, RolloutStore, RolloutStoreError
-from agent.fleet.view import FleetView
+from agent.fleet.rollout.store import RolloutStore
+from agent.fleet.rollout.store_file import RolloutNotFoundError, RolloutStoreError
+from agent.fleet.view.live import FleetView
 from agent.transitions import IllegalTransitionError
 
 STATIC_DIR = Path(__file__).parent / "static"

@@ -30,8 +30,8 @@ import anyio.to_thread
 
 from agent.fleet.console.rollouts import rollout_ids, rollout_summary
 from agent.fleet.console.summary import DeviceFilter, device_rows
-from agent.fleet.rollout_store import RolloutStore
-from agent.fleet.view import DeviceState, FleetView
+from agent.fleet.rollout.store import RolloutStore
+from agent.fleet.view.live import DeviceState, FleetView
 
 #: Comment lines sent when nothing changed this long, so proxies keep the stream open.
 KEEPALIVE_S = 15.0

@@ -1,6 +1,6 @@
 """Rollouts as the console shows them: waves, device counts per step and end, gate figures.
 
-Read from the controller's :class:`~agent.fleet.rollout_store.RolloutStore`, the same file the
+Read from the controller's :class:`~agent.fleet.rollout.store.RolloutStore`, the same file the
 controller writes every transition to, so the page shows what a restarted controller would resume.
 """
 
@@ -11,8 +11,10 @@ import sqlite3
 import time
 from typing import Any
 
-from agent.fleet.rollout_report import rollback_outcome, rollout_policy
-from agent.fleet.rollout_store import RolloutStore, RolloutStoreError, WaveState
+from agent.fleet.rollout.records import WaveState
+from agent.fleet.rollout.report import rollback_outcome, rollout_policy
+from agent.fleet.rollout.store import RolloutStore
+from agent.fleet.rollout.store_file import RolloutStoreError
 
 #: Rollouts the rollouts page lists: the open ones and then the latest finished ones, up to this many.
 ROLLOUTS_SHOWN = 20

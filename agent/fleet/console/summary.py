@@ -5,7 +5,7 @@ page receives every row once and then only the rows that changed, so each row ca
 figures the table shows, not the device's whole telemetry. The device page asks for everything
 (:func:`device_detail`) when its device changes.
 
-Every string here came from a device and is untrusted: :class:`~agent.fleet.view.FleetView` has cut
+Every string here came from a device and is untrusted: :class:`~agent.fleet.view.live.FleetView` has cut
 each one to a bounded length already, and the page puts them into the document as text nodes only
 (``static/console.js``), never as markup.
 """
@@ -16,9 +16,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from agent.fleet.chart_history import CHARTED, TelemetryPoint, chart_figures
-from agent.fleet.selector import DeviceFacts, Selector, SelectorError, parse_selector
-from agent.fleet.view import DeviceState, JobSeen
+from agent.fleet.devices.selector import DeviceFacts, Selector, SelectorError, parse_selector
+from agent.fleet.view.chart_history import CHARTED, TelemetryPoint, chart_figures
+from agent.fleet.view.device_record import JobSeen
+from agent.fleet.view.live import DeviceState
 
 #: The device states a filter may ask for (``stale``: online but silent, see FleetView).
 STATES = ("online", "offline", "unknown", "stale")
@@ -81,7 +82,7 @@ def _model_names(slots: Mapping[str, Mapping[str, Any]]) -> set[str]:
 
 
 def stream_figures(figures: Mapping[str, float]) -> dict[str, float | None]:
-    """The charted figures of one telemetry sample: :func:`agent.fleet.chart_history.chart_figures`."""
+    """The charted figures of one telemetry sample: :func:`agent.fleet.view.chart_history.chart_figures`."""
     return chart_figures(figures)
 
 

@@ -1,0 +1,1 @@
+"""Serving model chunks to the devices that pull them."""

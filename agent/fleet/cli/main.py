@@ -1,0 +1,336 @@
+"""``edge-agent fleet ...``: the operator commands (keygen, deploy, serve, status, watch, cmd,
+snapshot, evidence, logs, decommission, controller, rollout).
+
+:func:`add_fleet_arguments` fills the ``fleet`` sub-parser, :func:`run_fleet` runs the chosen
+command and returns the exit code. ``fleet deploy`` itself is :mod:`agent.fleet.cli.deploy`, the
+commands that act on devices (status, watch, cmd, snapshot, evidence, logs, decommission)
+:mod:`agent.fleet.cli.device_commands`, flags several commands share :mod:`agent.fleet.cli.args`;
+the work is done by
+:mod:`agent.fleet.deploy.run`, ``serve``, ``status``, ``watch``, ``command`` and ``keys``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import threading
+from pathlib import Path
+
+from agent.errors import UsageError
+from agent.fleet.cli import device_commands
+from agent.fleet.cli.args import add_retained_wait, add_target_arguments
+from agent.fleet.cli.connection import add_broker_arguments, settings_from_args
+from agent.fleet.cli.deploy import add_manifest_arguments, run_deploy
+from agent.fleet.cli.rollout import add_controller_arguments, run_controller_command, run_rollout
+from agent.fleet.controller.config import DEFAULT_STATE_DIR
+from agent.fleet.deploy.run import DEFAULT_STATUS_POLL_S
+from agent.logs import configure_logging
+
+#: ``fleet status --telemetry-wait`` default: the agent's default telemetry interval (10 s) and a margin.
+DEFAULT_TELEMETRY_WAIT_S = 11.0
+
+
+#: The ``fleet`` sub-commands, as ``edge-agent --help`` lists them (a test checks it is every one).
+FLEET_COMMANDS = (
+    "keygen",
+    "deploy",
+    "serve",
+    "status",
+    "watch",
+    "cmd",
+    "snapshot",
+    "evidence",
+    "samples",
+    "logs",
+    "decommission",
+    "controller",
+    "rollout",
+)
+
+
+def add_fleet_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the ``fleet`` sub-commands to ``parser`` (the ``fleet`` sub-parser of ``edge-agent``)."""
+    sub = parser.add_subparsers(dest="fleet_command", required=True, metavar="COMMAND")
+
+    keygen = sub.add_parser("keygen", help="make an Ed25519 key pair for signing deploy manifests")
+    keygen.add_argument("--out", type=Path, required=True, help="directory for KEY_ID.key and KEY_ID.pub")
+    keygen.add_argument("--key-id", default="fleet", help="id devices know the key by (default fleet)")
+    keygen.add_argument("--force", action="store_true", help="replace existing key files")
+
+    deploy = sub.add_parser("deploy", help="deploy a model to devices and follow their jobs")
+    deploy.add_argument("model", type=Path, metavar="MODEL.onnx", help="the ONNX model file to deploy")
+    add_target_arguments(deploy)
+    add_manifest_arguments(deploy)
+    signing = deploy.add_mutually_exclusive_group(required=True)
+    signing.add_argument("--key", type=Path, help="private key file from `fleet keygen` (needs --key-id)")
+    signing.add_argument(
+        "--unsigned", action="store_true", help="publish unsigned (devices must not require signatures)"
+    )
+    deploy.add_argument("--key-id", default=None, help="the key's id in the devices' delivery.trusted_keys")
+    deploy.add_argument("--http-url", default=None, help="HTTP(S) URL of the same file, tried before MQTT")
+    deploy.add_argument(
+        "--timeout", type=float, default=600.0, help="seconds to wait for all devices (the deploy's one wave)"
+    )
+    deploy.add_argument("--no-serve", action="store_true", help="do not serve chunks (a `fleet serve` does)")
+    deploy.add_argument(
+        "--max-rate",
+        type=float,
+        default=None,
+        help="cap the chunk bytes this deploy serves per second (no `fleet serve` may run beside it)",
+    )
+    deploy.add_argument(
+        "--wait-unknown",
+        action="store_true",
+        help="publish to and wait for devices with no retained status (not yet connected) too",
+    )
+    deploy.add_argument(
+        "--status-poll",
+        type=float,
+        default=DEFAULT_STATUS_POLL_S,
+        metavar="SECONDS",
+        help=f"ask a device quiet this long for its job state (default {DEFAULT_STATUS_POLL_S:.0f})",
+    )
+    add_broker_arguments(deploy)
+    _add_verbose(deploy)
+
+    serve = sub.add_parser("serve", help="serve model chunks from a directory until SIGTERM")
+    serve.add_argument("--repo", type=Path, required=True, help="directory of model files")
+    serve.add_argument(
+        "--group",
+        default=None,
+        help="shared subscription group, to share the load with other fleet serve processes: a name "
+        "devices cannot guess (default: a random one of this process)",
+    )
+    serve.add_argument(
+        "--report", type=float, default=60.0, metavar="SECONDS", help="print counters this often (0: never)"
+    )
+    add_broker_arguments(serve)
+    _add_verbose(serve)
+
+    status = sub.add_parser("status", help="table of devices from their retained status and info")
+    status.add_argument("--json", action="store_true", help="machine-readable output")
+    status.add_argument(
+        "--select", default=None, metavar="SELECTOR", help="only the devices this selector matches"
+    )
+    add_retained_wait(status, old="--wait", what="the devices' retained status and info")
+    status.add_argument(
+        "--telemetry-wait",
+        type=float,
+        default=DEFAULT_TELEMETRY_WAIT_S,
+        metavar="SECONDS",
+        help="longest wait for each online device's next telemetry (fps, CPU, temperature; not "
+        f"retained, sent every telemetry.interval_s); 0 skips it (default {DEFAULT_TELEMETRY_WAIT_S:.0f})",
+    )
+    add_broker_arguments(status)
+    _add_verbose(status)
+
+    watch = sub.add_parser("watch", help="print a device's results, telemetry and status live")
+    watch.add_argument("device", metavar="DEVICE", help="device id")
+    watch.add_argument("--json", action="store_true", help="one JSON object per message, every result")
+    watch.add_argument(
+        "--every",
+        type=float,
+        default=1.0,
+        metavar="SECONDS",
+        help="text mode: at most one result line per stream this often (default 1; 0: every result)",
+    )
+    watch.add_argument("--count", type=int, default=None, help="stop after printing this many messages")
+    watch.add_argument("--duration", type=float, default=None, help="stop after this many seconds")
+    add_broker_arguments(watch)
+    _add_verbose(watch)
+
+    cmd = sub.add_parser("cmd", help="send a command to a device and print its reply")
+    cmd.add_argument("device", nargs="?", default=None, help="device id (or --device / --select)")
+    cmd.add_argument("name", help="command name: status, rollback, ...")
+    add_target_arguments(cmd, positional=True)
+    cmd.add_argument(
+        "--args", default="{}", help='command arguments as a JSON object, e.g. \'{"slot": "cls"}\''
+    )
+    cmd.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for the reply")
+    add_broker_arguments(cmd)
+    _add_verbose(cmd)
+
+    snap = sub.add_parser(
+        "snapshot", help="save a device's latest frame of a stream as a JPEG, with that frame's result"
+    )
+    snap.add_argument("device", metavar="DEVICE", help="device id")
+    snap.add_argument("--stream", default=None, help="stream name (default: the device's first stream)")
+    snap.add_argument("-o", "--output", type=Path, required=True, metavar="FILE", help="JPEG file to write")
+    snap.add_argument(
+        "--max-dimension",
+        type=int,
+        default=None,
+        metavar="PIXELS",
+        help="longest side wanted (the device's snapshot.max_dimension caps it)",
+    )
+    snap.add_argument("--json", action="store_true", help="print the reply (without the JPEG) as JSON")
+    snap.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for the reply")
+    add_broker_arguments(snap)
+    _add_verbose(snap)
+
+    ev = sub.add_parser(
+        "evidence", help="save the frames a device's shadow run rejected a job's model on, with both outputs"
+    )
+    ev.add_argument("device", metavar="DEVICE", help="device id")
+    ev.add_argument("job_id", metavar="JOB_ID", help="the rejected deployment job")
+    ev.add_argument("-o", "--output", type=Path, required=True, metavar="DIR", help="directory to write")
+    ev.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for each reply")
+    add_broker_arguments(ev)
+    _add_verbose(ev)
+
+    samples = sub.add_parser(
+        "samples", help="the devices' opt-in samples for retraining, kept by the controller"
+    )
+    samples_sub = samples.add_subparsers(dest="samples_command", required=True, metavar="COMMAND")
+    export = samples_sub.add_parser(
+        "export",
+        help="write the controller's samples as a dataset with the model's predictions as pre-labels "
+        "(run on the controller host: it reads STATE_DIR/samples)",
+    )
+    export.add_argument(
+        "--format",
+        choices=("coco", "folders"),
+        required=True,
+        help="coco: COCO JSON and images/ (detectors); folders: a folder of JPEGs per top-1 label "
+        "(classifiers)",
+    )
+    export.add_argument("-o", "--output", type=Path, required=True, metavar="DIR", help="directory to write")
+    export.add_argument(
+        "--state-dir",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help=f"the controller's state_dir, which holds samples/ (default: the unit's, {DEFAULT_STATE_DIR})",
+    )
+    _add_verbose(export)
+
+    logs = sub.add_parser("logs", help="print a device's latest log lines (secrets redacted on the device)")
+    logs.add_argument("device", metavar="DEVICE", help="device id")
+    logs.add_argument(
+        "-n", "--lines", type=int, default=100, help="how many of the latest lines (1 to 1000, default 100)"
+    )
+    logs.add_argument("-f", "--follow", action="store_true", help="then print new lines until Ctrl-C")
+    logs.add_argument(
+        "--interval",
+        type=float,
+        default=1.0,
+        metavar="SECONDS",
+        help="--follow: how often to ask for new lines (default 1)",
+    )
+    logs.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for each reply")
+    add_broker_arguments(logs)
+    _add_verbose(logs)
+
+    gone = sub.add_parser(
+        "decommission",
+        help="clear a device's retained status, info and desired states: the controller forgets it",
+    )
+    gone.add_argument("device", metavar="DEVICE", help="device id")
+    gone.add_argument(
+        "--force",
+        action="store_true",
+        help="clear it even while its status says online (a device gone without its Last Will)",
+    )
+    gone.add_argument("--json", action="store_true", help="machine-readable output")
+    gone.add_argument(
+        "--retained-wait",
+        type=float,
+        default=5.0,
+        metavar="SECONDS",
+        help="longest time to collect its retained messages",
+    )
+    add_broker_arguments(gone)
+    _add_verbose(gone)
+
+    add_controller_arguments(sub)
+
+
+def _add_verbose(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("-v", "--verbose", action="store_true", help="log what happens (info level)")
+
+
+def run_fleet(args: argparse.Namespace) -> int:
+    """Run the ``fleet`` sub-command ``args`` describes; return the exit code.
+
+    Raises AgentError (ConfigError, TransportError) for the caller to print.
+    """
+    command = args.fleet_command
+    quiet = "error" if command != "controller" else "info"  # a daemon logs what it does
+    # A command's stdout carries its output (JSON with --json, `fleet cmd`): its logs go to stderr.
+    stream = None if command == "controller" else sys.stderr
+    configure_logging("console", "info" if getattr(args, "verbose", False) else quiet, stream)
+    if command == "keygen":
+        return _keygen(args)
+    if command == "deploy":
+        return run_deploy(args)
+    if command == "serve":
+        return _serve(args)
+    if command == "status":
+        return device_commands.run_status(args)
+    if command == "watch":
+        return device_commands.run_watch(args)
+    if command == "cmd":
+        return device_commands.run_cmd(args)
+    if command == "snapshot":
+        return device_commands.run_snapshot(args)
+    if command == "evidence":
+        return device_commands.run_evidence(args)
+    if command == "samples":
+        return _samples_export(args)
+    if command == "logs":
+        return device_commands.run_logs(args)
+    if command == "decommission":
+        return device_commands.run_decommission(args)
+    if command == "controller":
+        return run_controller_command(args)
+    if command == "rollout":
+        return run_rollout(args)
+    raise AssertionError(f"unhandled fleet command {command}")
+
+
+# -- keygen ----------------------------------------------------------------------------------------
+
+
+def _keygen(args: argparse.Namespace) -> int:
+    from agent.fleet.deploy.keys import write_keypair
+
+    pair = write_keypair(args.out, args.key_id, overwrite=args.force)
+    print(f"private key  {pair.private}  (mode 0600; keep it on the operator machine)")
+    print(f"public key   {pair.public}  (fingerprint {pair.fingerprint})")
+    print("trust it on each device (agent.yaml), then deploy with:")
+    print(f"  delivery:\n    trusted_keys:\n      {pair.key_id}: /etc/edge-agent/keys/{pair.public.name}")
+    print(f"  edge-agent fleet deploy MODEL.onnx --key {pair.private} --key-id {pair.key_id} ...")
+    return 0
+
+
+# -- deploy ----------------------------------------------------------------------------------------
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from agent.fleet.cli.serve import install_stop_signals, serve_repo
+
+    if not args.repo.is_dir():
+        raise UsageError(f"--repo {args.repo} is not a directory")
+    settings = settings_from_args(args)
+    stop = threading.Event()
+    install_stop_signals(stop)
+    serve_repo(settings, args.repo, stop, group=args.group, out=sys.stdout, report_s=args.report)
+    return 0
+
+
+def _samples_export(args: argparse.Namespace) -> int:
+    from agent.fleet.samples.export import export_samples, summary_json
+    from agent.fleet.samples.store import SampleStore
+
+    state_dir = args.state_dir or DEFAULT_STATE_DIR
+    directory = state_dir / "samples"
+    if not directory.is_dir():
+        raise UsageError(
+            f"--state-dir {state_dir}: no samples/ there (not the controller's state_dir, or no "
+            "device has sent a sample yet)"
+        )
+    if args.output.exists() and not args.output.is_dir():
+        raise UsageError(f"-o {args.output} is a file; name the directory to write the dataset to")
+    summary = export_samples(SampleStore(directory), args.format, args.output)
+    print(summary_json(summary, args.format, args.output))
+    return 0

@@ -1,0 +1,272 @@
+"""``edge-agent fleet controller`` and ``edge-agent fleet rollout start|status|list|pause|resume|abort``.
+
+The rollout commands are clients of the controller (:mod:`agent.fleet.controller.client`): they
+resolve the targets here (``--select``, shown before anything is sent, ``--dry-run`` stops there),
+upload the model when the controller lacks it, and print what the controller answers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from agent.errors import UsageError
+from agent.fleet.cli.args import add_target_arguments, chosen_targets, keep_slot_model_id
+from agent.fleet.cli.connection import add_broker_arguments, settings_from_args
+from agent.fleet.cli.deploy import add_manifest_arguments, manifest_fields
+from agent.fleet.rollout.spec import DEFAULT_WAVE_TIMEOUT_S
+from agent.fleet.rollout.waves import parse_duration, parse_max_failed, parse_waves
+
+#: Exit codes of ``fleet rollout start --wait`` and ``status --watch``: done; aborted or superseded.
+EXIT_DONE, EXIT_ABORTED = 0, 1
+_FINAL = ("DONE", "ABORTED", "SUPERSEDED")
+
+
+#: What ``fleet controller --help`` says the process serves (docs/fleet.md, "The controller").
+CONTROLLER_DESCRIPTION = (
+    "Run the fleet controller until SIGTERM. It serves: the rollout API the `fleet rollout` commands "
+    "use (MQTT requests on {prefix}/_controller/req/{verb}); the model chunks devices pull during "
+    "a rollout (no `fleet serve` needed beside it); and, when the config's http.port is set, the "
+    "console and Prometheus /metrics over HTTP. Rollout state lives in {state_dir}/rollouts.sqlite."
+)
+
+
+def add_controller_arguments(sub: Any) -> None:
+    """``fleet controller`` and ``fleet rollout ...`` sub-parsers."""
+    controller = sub.add_parser(
+        "controller",
+        help="run the fleet controller (rollouts, chunks, console) until SIGTERM",
+        description=CONTROLLER_DESCRIPTION,
+    )
+    controller.add_argument(
+        "-c",
+        "--config",
+        type=Path,
+        required=True,
+        help="controller YAML (configs/controller.yaml); its mqtt: section reaches the broker",
+    )
+    controller.add_argument("-v", "--verbose", action="store_true", help="log what happens (info level)")
+
+    rollout = sub.add_parser("rollout", help="rollouts in waves, run by the fleet controller")
+    verbs = rollout.add_subparsers(dest="rollout_command", required=True, metavar="VERB")
+
+    start = verbs.add_parser("start", help="start a rollout of MODEL to the selected devices")
+    start.add_argument("model", type=Path, metavar="MODEL.onnx", help="the ONNX model file to roll out")
+    add_target_arguments(start)
+    add_manifest_arguments(start)
+    start.add_argument(
+        "--waves",
+        default="100%",
+        help="where each wave ends, cumulative: e.g. 5,10%%,50%%,100%% (default 100%%)",
+    )
+    start.add_argument(
+        "--soak",
+        default="0",
+        metavar="DURATION",
+        help="wait this long after a wave ended before the next: 10m, 30s (default: 0, none)",
+    )
+    start.add_argument(
+        "--max-failed",
+        default="0",
+        metavar="N|P%",
+        help="bad devices allowed so far: a count or a percentage (default: 0, the first stops the rollout)",
+    )
+    start.add_argument(
+        "--wave-timeout",
+        default=f"{DEFAULT_WAVE_TIMEOUT_S / 60:.0f}m",
+        metavar="DURATION",
+        help="how long a wave may take; then --on-timeout says what happens to the stragglers",
+    )
+    start.add_argument(
+        "--on-timeout",
+        choices=("skip", "wait"),
+        default="skip",
+        help="offline devices at a wave's timeout: skip them (they still get the desired state later) "
+        "or wait for them",
+    )
+    start.add_argument(
+        "--rollback-on-abort", action="store_true", help="when the gate trips, move its devices back"
+    )
+    start.add_argument(
+        "--id", dest="rollout_id", default=None, help="rollout id (default: made from the model)"
+    )
+    start.add_argument(
+        "--supersedes", default=None, help="end this running rollout and take over its devices"
+    )
+    start.add_argument("--wait", action="store_true", help="follow the rollout until it ends")
+    start.add_argument("--json", action="store_true", help="print the controller's answer as JSON")
+    _common(start)
+
+    status = verbs.add_parser("status", help="a rollout's waves and counts (the latest without ID)")
+    status.add_argument("rollout_id", nargs="?", default=None, metavar="ID", help="the rollout's id")
+    status.add_argument("--json", action="store_true", help="the status document as JSON (docs/fleet.md)")
+    status.add_argument("--watch", action="store_true", help="print it again every few seconds until it ends")
+    _common(status)
+
+    listing = verbs.add_parser("list", help="the latest rollouts, a line each")
+    listing.add_argument("--limit", type=int, default=20, help="show at most this many rollouts")
+    listing.add_argument("--json", action="store_true", help="the rollouts' status documents as JSON")
+    _common(listing)
+
+    for verb, text in (("pause", "start no new wave"), ("resume", "go on after a pause")):
+        parser = verbs.add_parser(verb, help=text)
+        parser.add_argument("rollout_id", metavar="ID", help="the rollout's id")
+        parser.add_argument("--json", action="store_true", help="print the controller's answer as JSON")
+        _common(parser)
+    abort = verbs.add_parser("abort", help="stop a rollout: no new device is touched")
+    abort.add_argument("rollout_id", metavar="ID", help="the rollout's id")
+    abort.add_argument(
+        "--rollback", action="store_true", help="and move its devices back to their previous model"
+    )
+    abort.add_argument("--json", action="store_true", help="print the controller's answer as JSON")
+    _common(abort)
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--timeout", type=float, default=30.0, help="seconds to wait for the controller's answer"
+    )
+    add_broker_arguments(parser)
+    parser.add_argument("-v", "--verbose", action="store_true", help="log what happens (info level)")
+
+
+def run_controller_command(args: argparse.Namespace) -> int:
+    from agent.fleet.cli.serve import install_stop_signals
+    from agent.fleet.controller.config import load_controller_config
+    from agent.fleet.controller.process import run_controller
+
+    config = load_controller_config(args.config)
+    stop = threading.Event()
+    install_stop_signals(stop)
+    run_controller(config, stop)
+    return 0
+
+
+def run_rollout(args: argparse.Namespace) -> int:
+    from agent.fleet.controller.client import ControllerClient
+
+    verb = args.rollout_command
+    if verb == "start":
+        return _start(args)
+    with ControllerClient(settings_from_args(args), timeout=args.timeout) as client:
+        if verb == "list":
+            result = client.request("list", {"limit": args.limit})
+            if args.json:
+                print(json.dumps(result["rollouts"], indent=2))
+            else:
+                from agent.fleet.rollout.report import list_line
+
+                for status in result["rollouts"]:
+                    print(list_line(status))
+                if not result["rollouts"]:
+                    print("no rollouts yet")
+            return 0
+        if verb == "status":
+            return _status(client, args.rollout_id, as_json=args.json, watch=args.watch)
+        payload: dict[str, Any] = {"rollout_id": args.rollout_id}
+        if verb == "abort":
+            payload["rollback"] = args.rollback
+        _print_status(client.request(verb, payload), as_json=args.json)
+        return 0
+
+
+def _start(args: argparse.Namespace) -> int:
+    from agent.fleet.controller.client import ControllerClient, RequestRefusedError
+    from agent.fleet.deploy.model_check import check_model_file
+    from agent.fleet.rollout.spec import RolloutRequest
+    from agent.fsutil import sha256_file
+
+    if not args.model.is_file():
+        raise UsageError(f"MODEL.onnx: {args.model} is not a file")
+    parse_waves(args.waves)  # each flag's mistake named before anything is read or sent
+    parse_max_failed(args.max_failed)
+    soak = parse_duration(args.soak, "--soak")
+    wave_timeout = parse_duration(args.wave_timeout, "--wave-timeout")
+    if not wave_timeout > 0:
+        raise UsageError("--wave-timeout must be above 0")
+    fields = manifest_fields(args)
+    check_model_file(args.model, preprocess=fields["preprocess"], postprocess=fields["postprocess"])
+    # With --json, stdout carries the answer alone: the selection lines go to stderr.
+    targets = chosen_targets(args, args.device, out=sys.stderr if args.json else None)
+    if targets is None:
+        return 0
+    keep_slot_model_id(args, fields, targets.devices, out=sys.stderr if args.json else None)
+    sha = sha256_file(args.model)
+    request = RolloutRequest(
+        rollout_id=args.rollout_id,
+        model_sha256=sha,
+        model_name=args.model.name,
+        devices=list(targets.devices),
+        waves=args.waves,
+        soak_s=soak,
+        max_failed=args.max_failed,
+        wave_timeout_s=wave_timeout,
+        on_timeout=args.on_timeout,
+        rollback_on_abort=args.rollback_on_abort,
+        supersedes=args.supersedes,
+        **fields,
+    )
+    request.plan("check", "check", 0, {}, {})  # the waves split over this selection, or the error now
+    # Unset top-level fields are left out (the controller's defaults are the same), but a null
+    # *inside* shadow or probation is the operator's word ("min_agreement": null for a model whose
+    # classes changed): dropping it would make the device apply its default bar instead.
+    body = {k: v for k, v in request.model_dump(mode="json").items() if v is not None}
+    with ControllerClient(settings_from_args(args), timeout=args.timeout) as client:
+        if request.calib_sha256 is not None:
+            # The calibration goes into the controller's repository like a model (by SHA-256).
+            client.upload(args.calib_cache, request.calib_sha256)
+        try:
+            status = client.request("start", body)
+        except RequestRefusedError as exc:
+            if "upload it first" not in exc.reason:
+                raise
+            print(
+                f"rollout: uploading {args.model.name} ({args.model.stat().st_size} bytes) to the controller",
+                file=sys.stderr if args.json else sys.stdout,
+            )
+            client.upload(args.model, sha)
+            status = client.request("start", body)
+        _print_status(status, as_json=args.json, lines=args.wait)
+        if args.wait:
+            return _status(client, status["rollout_id"], as_json=args.json, watch=True)
+        return 0
+
+
+def _status(client: Any, rollout_id: str | None, *, as_json: bool, watch: bool) -> int:
+    payload = {} if rollout_id is None else {"rollout_id": rollout_id}
+    status = client.request("status", payload)
+    if not watch:
+        _print_status(status, as_json=as_json)
+        return 0
+    shown = ""
+    while True:
+        text = json.dumps(status, sort_keys=True)
+        if text != shown:
+            _print_status(status, as_json=as_json, lines=True)
+            shown = text
+        if status["state"] in _FINAL:
+            return _exit_code(status)
+        time.sleep(2.0)
+        status = client.request("status", payload)
+
+
+def _print_status(status: dict[str, Any], *, as_json: bool, lines: bool = False) -> None:
+    """The status as text, or as JSON: indented, or (``lines``: ``--watch``, ``--wait``, which print
+    it again at each change) one object per line, so the stream parses as JSON Lines."""
+    from agent.fleet.rollout.report import status_lines
+
+    if as_json:
+        print(json.dumps(status, sort_keys=True) if lines else json.dumps(status, indent=2, sort_keys=True))
+    else:
+        for line in status_lines(status):
+            print(line)
+    sys.stdout.flush()
+
+
+def _exit_code(status: dict[str, Any]) -> int:
+    return EXIT_DONE if status["state"] == "DONE" else EXIT_ABORTED

@@ -1,0 +1,439 @@
+"""``edge-agent fleet controller``: the long-running operator process that runs rollouts.
+
+One process (a systemd unit on an operator host) holds:
+
+- the prefix's lease (:mod:`agent.fleet.controller.lease`): taken before anything else, so a second
+  controller on the prefix refuses (or, ``standby``, waits) instead of making every rollout twice;
+- the rollout state, :class:`~agent.fleet.rollout.store.RolloutStore` in ``{state_dir}/rollouts.sqlite``;
+- the model repository ``{state_dir}/models/{sha256}.onnx`` (uploaded by ``fleet rollout start``,
+  kept for rollbacks) and a :class:`~agent.fleet.chunks.server.ChunkServer` serving it to devices' pulls
+  (it replaces a ``fleet serve`` beside each deploy);
+- one :class:`~agent.fleet.rollout.runner.RolloutRunner` per open rollout, stepped by one loop;
+- the request/reply API the CLI reaches it by: MQTT 5 requests on ``{prefix}/_controller/req/{verb}``
+  with a response topic and correlation data, answered with a
+  :class:`~agent.protocol.messages.CommandReply` (docs/protocol.md). Why the broker and not an HTTP
+  API (docs/fleet.md): the CLI already reaches the broker with TLS and credentials, the broker's ACL
+  decides who may publish requests, and the controller needs no port open to operators.
+
+Requests are queued by the MQTT dispatcher thread and handled by the loop thread, between runner
+steps, so the store sees one writer at a time from this process. After a restart (``kill -9``
+included) the open rollouts are resumed from the store (see the runner's docstring).
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from agent.fleet.base.untrusted import shown
+from agent.fleet.chunks.server import ChunkServer
+from agent.fleet.controller.calls import ConsoleCalls, LoopCall
+from agent.fleet.controller.config import ControllerConfig
+from agent.fleet.controller.lease import LeaseLostError, PrefixLease, StandbyEndedError
+from agent.fleet.controller.remembered_jobs import jobs_from_store
+from agent.fleet.controller.requests import ControllerError, answer_request, json_object
+from agent.fleet.controller.start_request import stored_rollout
+from agent.fleet.controller.upload import UploadSink
+from agent.fleet.deploy.decommission import decommission
+from agent.fleet.deploy.keys import load_signing_key
+from agent.fleet.devices.evidence import evidence_json, fetch_evidence
+from agent.fleet.devices.snapshot import snapshot_json, take_snapshot
+from agent.fleet.rollout.actions import WrongStateError, action_refusal
+from agent.fleet.rollout.records import RolloutState
+from agent.fleet.rollout.report import rollout_status
+from agent.fleet.rollout.runner import RolloutRunner
+from agent.fleet.rollout.spec import RolloutRequest, request_of
+from agent.fleet.rollout.store import RolloutStore
+from agent.fleet.rollout.store_file import StoreDamagedError, StoreFullError
+from agent.fleet.samples.store import SampleStore
+from agent.fleet.view.live import FleetView
+from agent.mqtt.inbound import InboundMessage
+from agent.mqtt.service_client import ServiceClient
+from agent.protocol.messages import ProtocolError, decode
+from agent.protocol.samples import SampleMessage
+from agent.protocol.topics import ControllerTopics, fleet_filter, parse
+
+log = structlog.get_logger(__name__)
+
+#: How often the loop steps the runners when no request arrives.
+_TICK_S = 0.2
+#: Longest the console's snapshot button waits for the device's reply.
+SNAPSHOT_TIMEOUT_S = 10.0
+
+
+class FleetController:
+    """The controller process's parts (see the module docstring): ``start``, ``run``, ``stop``."""
+
+    def __init__(self, config: ControllerConfig) -> None:
+        self.config = config
+        self.settings = config.mqtt
+        self.topics = ControllerTopics(self.settings.prefix)
+        self.store: RolloutStore | None = None
+        self.runners: dict[str, RolloutRunner] = {}
+        #: Requests from the broker and calls from the console, handled by the loop thread in order.
+        self._requests: queue.Queue[InboundMessage | LoopCall] = queue.Queue()
+        #: Every device's status, info, telemetry and jobs, for the console and /metrics.
+        self.view = FleetView(
+            self.settings.prefix,
+            stale_after_s=config.stale_after_s,
+            max_devices=config.max_devices,
+            forget_after_s=config.forget_after_s,
+        )
+        self.http: Any = None
+        self._key = (
+            None if config.unsigned or config.signing_key is None else load_signing_key(config.signing_key)
+        )
+        self._uploads = UploadSink(config.models_dir)
+        #: The devices' opt-in samples for retraining, bounded on disk (opened in start()).
+        self.samples: SampleStore | None = None
+        self.samples_rejected = 0
+        #: One controller per prefix (controller/lease.py): taken first thing in start().
+        self.lease = PrefixLease(
+            self.settings,
+            config.state_dir,
+            secret=None if self._key is None else self._key.private_bytes_raw(),
+            ttl_s=config.lease_ttl_s,
+        )
+        self._paused = False  # the lease connection dropped: no request, no step until it is back
+        # A random shared-subscription group of this process's own: a device that knew the group could
+        # join it and lose the requests mosquitto hands it (docs/protocol.md, "Broker configuration").
+        # One controller holds a prefix, so no other process needs to share it; the client session
+        # is clean, so a restarted controller leaves no subscription under the old group behind.
+        self.chunks = ChunkServer(self.settings)
+        self._client = ServiceClient(self.settings, handler=self._on_message)
+
+    # -- lifecycle -----------------------------------------------------------------------------------
+
+    def start(self, timeout: float = 10.0, stop: threading.Event | None = None) -> FleetController:
+        """Take the prefix's lease, open the store, serve the repo, listen, resume the open rollouts.
+
+        Raises LeaseHeldError when another controller holds the prefix (unless ``standby``: then
+        it waits for the lease, and raises StandbyEndedError if ``stop`` is set meanwhile).
+        """
+        if not self.lease.acquire(standby=self.config.standby, stop=stop, timeout=timeout):
+            raise StandbyEndedError("stopped while standing by")
+        try:
+            self._start_parts(timeout)
+        except BaseException:
+            self.lease.release()  # it never ran: another controller may take the prefix at once
+            raise
+        return self
+
+    def _start_parts(self, timeout: float) -> None:
+        self.config.models_dir.mkdir(parents=True, exist_ok=True)
+        # First: a damaged or emptied store (StoreDamagedError) stops the start before anything runs.
+        self.store = RolloutStore(self.config.store_path)
+        self.chunks.add_repo(self.config.models_dir)
+        self.chunks.start(timeout)
+        self.samples = SampleStore(self.config.samples_dir, self.config.samples)
+        self._client.start(timeout)
+        self._client.subscribe(fleet_filter(self.settings.prefix, "samples"), qos=1, timeout=timeout)
+        self._client.subscribe(self.topics.request_filter, qos=1, timeout=timeout)
+        # Before the devices' retained messages arrive: what the store knows of their last jobs
+        # (a restarted controller's console and /metrics show them, with their shadow and probation).
+        for device, jobs in jobs_from_store(self.store).items():
+            self.view.remember_jobs(device, jobs)
+        for topic_filter in self.view.topic_filters():
+            self._client.subscribe(topic_filter, qos=1, timeout=timeout)
+        for rollout_id in self._unfinished():
+            self.runners[rollout_id] = self._runner(rollout_id)
+            log.info("fleet.controller.resumed", rollout=rollout_id)
+        if self.config.http.port is not None:
+            self.http = self._serve_http()
+        log.info(
+            "fleet.controller.started",
+            state_dir=str(self.config.state_dir),
+            resumed=len(self.runners),
+            requests=self.topics.request_filter,
+        )
+
+    def run(self, stop: threading.Event) -> None:
+        """Handle requests and step the rollouts until ``stop`` is set."""
+        last_step = 0.0
+        message: InboundMessage | LoopCall | None = None
+        while not stop.is_set():
+            if message is None:
+                try:
+                    message = self._requests.get(timeout=_TICK_S)
+                except queue.Empty:
+                    message = None
+            if not self._check_lease():
+                stop.wait(_TICK_S)  # paused: the request waits (in order) until the lease is back
+                continue
+            handled, message = message, None
+            if isinstance(handled, LoopCall):
+                handled.run()
+            elif handled is not None:
+                self._answer(handled)
+            # Steps at least every tick, however many requests arrive: status polls must not starve them.
+            if handled is None or time.monotonic() - last_step >= _TICK_S:
+                self.step()
+                last_step = time.monotonic()
+
+    def _check_lease(self) -> bool:
+        """Whether this controller holds the lease and may act (controller/lease.py).
+
+        Its connection dropped (the broker restarted, the network): False, paused, no request
+        handled and no step, while the lease tries to get it back. LeaseLostError once it is another
+        controller's: that one may drive these rollouts now, so not one more request or step.
+        """
+        lost = self.lease.lost
+        if lost is None:
+            return True
+        if not self._paused:
+            log.warning("fleet.controller.lease.paused", reason=lost)
+            self._paused = True
+        try:
+            held = self.lease.regain()
+        except LeaseLostError as exc:
+            log.error("fleet.controller.lease.lost", reason=str(exc))
+            raise LeaseLostError(
+                f"{exc}; stopping (systemd starts it again: it takes the lease if free)"
+            ) from exc
+        if held:
+            log.warning("fleet.controller.lease.resumed")
+            self._paused = False
+        return held
+
+    def step(self) -> None:
+        """Step every open rollout once; forget the ones that are over."""
+        for rollout_id, runner in list(self.runners.items()):
+            if self.lease.lost is not None:
+                return  # not one more rollout step once the lease is gone (the loop pauses or stops)
+            try:
+                over = runner.step()
+            except StoreFullError:
+                continue  # the store warned once for the episode; the step is retried at the next tick
+            except StoreDamagedError:
+                raise  # no rollout can go on from a damaged store: the controller stops, naming the file
+            except Exception:  # one rollout's trouble (a broker hiccup) must not stop the others
+                log.exception("fleet.controller.step_failed", rollout=rollout_id)
+                continue
+            if over:
+                runner.stop()
+                del self.runners[rollout_id]
+
+    def stop(self) -> None:
+        """Disconnect everything; the store keeps what a restart needs."""
+        if self.http is not None:
+            self.http.stop()
+        for runner in self.runners.values():
+            runner.stop()
+        self._client.stop()
+        self.chunks.stop()
+        if self.store is not None:
+            self.store.close()
+        self.lease.release()  # last: nothing of this controller acts once another can take over
+
+    def _unfinished(self) -> list[str]:
+        """Open rollouts, and aborted ones whose rollback had not finished."""
+        assert self.store is not None
+        found = list(self.store.open_rollouts())
+        for row in self.store.rollouts(limit=200):
+            if row.state is RolloutState.ABORTED and row.rollout_id not in found:
+                events = [what for what, _ in self.store.events(row.rollout_id)]
+                wants = request_of(row.spec).rollback_on_abort or "abort" in events
+                if wants and "rollback_done" not in events:
+                    found.append(row.rollout_id)
+        return found
+
+    def _runner(self, rollout_id: str) -> RolloutRunner:
+        assert self.store is not None
+        return RolloutRunner(
+            self.store,
+            rollout_id,
+            settings=self.settings,
+            model_path=self.model_path,
+            signing_key=self._key,
+            key_id=None if self._key is None else self.config.key_id,
+            http_url=self.http_url,
+            deploy_options={"serve": False, "wait_unknown": True, "status_poll_s": self.config.status_poll_s},
+        )
+
+    def model_path(self, sha256: str) -> Path:
+        return self.config.models_dir / f"{sha256}.onnx"
+
+    def http_url(self, sha256: str) -> str | None:
+        base = self.config.http_source
+        return None if base is None else f"{base.rstrip('/')}/{sha256}.onnx"
+
+    def _on_message(self, message: InboundMessage) -> None:
+        """Dispatcher thread: requests go to the loop, device messages into the view."""
+        if self.topics.requested(message.topic) is not None:  # unknown verbs too: they get an answer
+            self._requests.put(message)
+        elif message.topic.endswith("/up/samples"):
+            self._keep_sample(message)
+        else:
+            self.view.apply(message)
+
+    def _keep_sample(self, message: InboundMessage) -> None:
+        """An ``up/samples`` message into the bounded store; a malformed one is counted and dropped."""
+        try:
+            device = parse(message.topic, self.settings.prefix).device
+            sample = decode(SampleMessage, message.payload)
+            if self.samples is not None:
+                self.samples.add(device, sample)
+        except (ValueError, ProtocolError, OSError) as exc:
+            self.samples_rejected += 1
+            log.warning(
+                "fleet.controller.sample_rejected",
+                topic=shown(message.topic, 200),
+                error=shown(str(exc), 300),
+            )
+
+    def _serve_http(self) -> Any:
+        """The console and /metrics (the ``fleet`` extra's web stack, imported only when asked for)."""
+        from agent.fleet.console.app import make_console_app
+        from agent.fleet.console.server import console_token, serve_console
+        from agent.fleet.metrics.exposition import fleet_metrics
+        from agent.fleet.metrics.serving import metrics_asgi_app
+
+        assert self.store is not None
+        store = self.store
+        metrics = fleet_metrics(
+            self.view, lambda: store.rollouts(limit=50), store.device_counts, store.change_mark
+        )
+        app = make_console_app(
+            self.view,
+            store,
+            ConsoleCalls(self),
+            token=console_token(self.config.http.token_file),
+            metrics_app=metrics_asgi_app(metrics),
+        )
+        server = serve_console(
+            app, self.config.http.host, self.config.http.port or 0, self.config.http.allowed_hosts
+        )
+        log.info("fleet.controller.http", url=server.url, token=self.config.http.token_file is not None)
+        return server
+
+    def call(self, fn: Callable[[], dict[str, Any]], timeout: float = 30.0) -> dict[str, Any]:
+        """Run ``fn`` on the loop thread (as requests are) and return its result or raise its error."""
+        call = LoopCall(fn)
+        self._requests.put(call)
+        return call.result(timeout)
+
+    # -- requests ------------------------------------------------------------------------------------
+
+    def _answer(self, message: InboundMessage) -> None:
+        answer_request(message, self.topics, self.handle, self._client)
+
+    def handle(self, verb: str, message: InboundMessage) -> dict[str, Any]:
+        """One request's result (raises ControllerError, ValueError or ValidationError to refuse)."""
+        assert self.store is not None
+        if verb == "upload":
+            return self._uploads.take(message.payload, dict(message.user_properties))
+        args: dict[str, Any] = json_object(message.payload)
+        if verb == "start":
+            return self.start_rollout(RolloutRequest.model_validate(args))
+        if verb == "list":
+            limit = int(args.get("limit", 50))
+            return {
+                "rollouts": [rollout_status(self.store, r.rollout_id) for r in self.store.rollouts(limit)]
+            }
+        rollout_id = args.get("rollout_id")
+        if verb == "status":
+            if rollout_id is None:
+                latest = self.store.rollouts(limit=1)
+                if not latest:
+                    raise ControllerError("no rollout yet")
+                rollout_id = latest[0].rollout_id
+            return rollout_status(self.store, str(rollout_id))
+        if not isinstance(rollout_id, str):
+            raise ControllerError(f"{verb} needs rollout_id")
+        if verb == "pause":
+            return self.pause(rollout_id)
+        if verb == "resume":
+            return self.resume(rollout_id)
+        if verb == "abort":
+            return self.abort(rollout_id, rollback=bool(args.get("rollback", False)))
+        raise ControllerError(f"unknown verb {verb}")
+
+    # -- the actions (the console calls these too) ---------------------------------------------------
+
+    def start_rollout(self, request: RolloutRequest) -> dict[str, Any]:
+        """Create and start a rollout; its status. ControllerError when the model is not uploaded."""
+        assert self.store is not None
+        stored = stored_rollout(request, self.model_path, self.settings, self.config.select_wait_s)
+        self.store.create(stored)
+        rollout_id = stored.rollout_id
+        self.runners[rollout_id] = self._runner(rollout_id)
+        log.info("fleet.controller.rollout_started", rollout=rollout_id, devices=len(request.devices))
+        return rollout_status(self.store, rollout_id)
+
+    def decommission(self, device: str, *, force: bool = False) -> dict[str, Any]:
+        """Clear ``device``'s retained topics (:mod:`agent.fleet.deploy.decommission`) and forget it here.
+
+        Runs on the caller's thread (the broker round trips touch neither the store nor a runner).
+        """
+        done = decommission(self.settings, device, force=force)
+        self.view.forget(device)  # at once: the cleared status also reaches the view, a moment later
+        log.info("fleet.controller.decommissioned", device=device, cleared=len(done.cleared))
+        return done.as_dict()
+
+    def snapshot(self, device: str, stream: str | None) -> dict[str, Any]:
+        """The device's latest frame of ``stream`` (``snapshot`` command) for the console: what the
+        device said about it, and the JPEG as base64 (checked to be one). Runs on the caller's thread."""
+        return snapshot_json(take_snapshot(self.settings, device, stream=stream, timeout=SNAPSHOT_TIMEOUT_S))
+
+    def evidence(self, device: str, job_id: str) -> dict[str, Any]:
+        """A rejected job's evidence frames (``evidence`` command) for the console, JPEGs as base64."""
+        return evidence_json(fetch_evidence(self.settings, device, job_id, timeout=SNAPSHOT_TIMEOUT_S))
+
+    def pause(self, rollout_id: str) -> dict[str, Any]:
+        assert self.store is not None
+        self._allow("pause", rollout_id)
+        self.store.set_state(rollout_id, RolloutState.PAUSED, "paused by the operator")
+        return rollout_status(self.store, rollout_id)
+
+    def resume(self, rollout_id: str) -> dict[str, Any]:
+        assert self.store is not None
+        self._allow("resume", rollout_id)
+        self.store.set_state(rollout_id, RolloutState.RUNNING, "resumed by the operator")
+        if rollout_id not in self.runners:
+            self.runners[rollout_id] = self._runner(rollout_id)
+        return rollout_status(self.store, rollout_id)
+
+    def abort(self, rollout_id: str, *, rollback: bool) -> dict[str, Any]:
+        assert self.store is not None
+        self._allow("abort", rollout_id)
+        self.store.note(rollout_id, "abort", rollback=rollback, by="operator")
+        self.store.set_state(rollout_id, RolloutState.ABORTED, "aborted by the operator")
+        if rollout_id not in self.runners:
+            self.runners[rollout_id] = self._runner(rollout_id)
+        return rollout_status(self.store, rollout_id)
+
+    def _allow(self, verb: str, rollout_id: str) -> None:
+        """RolloutNotFoundError for an unknown id, WrongStateError (the operator's words) for a move
+        the rollout's state does not allow; checked on the loop thread, the store's one writer."""
+        assert self.store is not None
+        refusal = action_refusal(verb, rollout_id, self.store.rollout(rollout_id).state)
+        if refusal is not None:
+            raise WrongStateError(refusal)
+
+
+def run_controller(
+    config: ControllerConfig, stop: threading.Event, ready: threading.Event | None = None
+) -> None:
+    """Start, run until ``stop``, stop (the ``fleet controller`` command)."""
+    try:
+        controller = FleetController(config).start(stop=stop)
+    except StandbyEndedError:
+        return
+    try:
+        if ready is not None:
+            ready.set()
+        print(
+            f"controller: state {config.state_dir}, {len(controller.runners)} rollout(s) resumed; "
+            f"requests on {controller.topics.request_filter} (pid {os.getpid()})",
+            flush=True,
+        )
+        controller.run(stop)
+    finally:
+        controller.stop()

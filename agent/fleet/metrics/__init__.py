@@ -1,0 +1,1 @@
+"""The controller's ``/metrics``: the fleet and its rollouts as Prometheus series."""

@@ -1,0 +1,248 @@
+"""One device's series on the controller's ``/metrics``: its status, info, slot and job lines and its
+telemetry lines, each rendered once and kept until the device changes (:class:`KeptDevice`).
+
+A device chooses its id, labels, slots and figures, so each is bounded here: label values are cut to
+:data:`~agent.telemetry.series.LABEL_VALUE_LIMIT` characters, a longer device id becomes
+:func:`device_label` (cut, plus a hash of the whole id), device label keys become label names by
+:func:`label_name`, at most :data:`MAX_SLOTS` slots per device get slot series, and a series that
+would repeat after cutting is written once. :mod:`agent.fleet.metrics.exposition` puts the devices'
+lines together into the exposition.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from agent.fleet.metrics.text import FamilyHead, labels_text, number
+from agent.fleet.view.live import DeviceState
+from agent.telemetry.series import LABEL_VALUE_LIMIT, series_of
+
+#: Slots per device with ``edge_slot_model_info`` and ``edge_slot_last_failure_timestamp_seconds``
+#: (the first by name; ``edge_device_slots`` still counts them all). A Jetson serves a handful.
+MAX_SLOTS = 64
+#: Hex digits of the SHA-256 that end a cut device id (64 bits: no accidental collision in a fleet).
+DEVICE_HASH_CHARS = 16
+#: Platform fields exported on ``edge_device_platform_info``.
+PLATFORM_KEYS = (
+    "device_model",
+    "machine",
+    "jetpack",
+    "l4t_release",
+    "cuda_runtime",
+    "tensorrt_version",
+    "onnxruntime_version",
+    "gpu_name",
+    "dla_cores",
+)
+_OURS = frozenset({"device", "agent_version", "job", "instance"})
+_BAD_LABEL_CHARS = re.compile(r"[^a-zA-Z0-9_]")
+#: Telemetry names already turned into (family, label text after ``device``, scale); bounded like
+#: :mod:`agent.telemetry.series`' own cache.
+_FIGURES: dict[str, tuple[FamilyHead, str, float] | None] = {}
+_FIGURES_LIMIT = 100_000
+
+ONLINE = FamilyHead("edge_device_online", "gauge", "1 while the device's retained status says online.")
+STALE = FamilyHead(
+    "edge_device_stale", "gauge", "1 when the device is offline or sent no telemetry for stale_after_s."
+)
+SESSION = FamilyHead("edge_device_session", "gauge", "The device's connection counter.")
+LAST_TELEMETRY = FamilyHead(
+    "edge_device_last_telemetry_timestamp_seconds",
+    "gauge",
+    "When the controller last heard the device's telemetry.",
+)
+PROBLEMS = FamilyHead(
+    "edge_device_malformed_messages",
+    "gauge",
+    "Malformed messages from the device kept by the controller (capped).",
+)
+INFO = FamilyHead("edge_device_info", "gauge", "The device's agent version and labels (join on device).")
+PLATFORM = FamilyHead("edge_device_platform_info", "gauge", "What the device runs on (from up/info).")
+SLOTS = FamilyHead(
+    "edge_device_slots", "gauge", f"Slots in the device's up/info (the first {MAX_SLOTS} get slot series)."
+)
+MODEL = FamilyHead("edge_slot_model_info", "gauge", "The model a slot serves (from up/info).")
+JOB = FamilyHead("edge_slot_job_info", "gauge", "The latest job heard for the slot (up/jobs).")
+FAILURE = FamilyHead(
+    "edge_slot_last_failure_timestamp_seconds",
+    "gauge",
+    "When the slot's last failed job ended, by its error code.",
+)
+#: The per-device families before the telemetry ones, in the order they are written.
+DEVICE_FAMILIES = (
+    ONLINE,
+    STALE,
+    SESSION,
+    LAST_TELEMETRY,
+    PROBLEMS,
+    INFO,
+    PLATFORM,
+    SLOTS,
+    MODEL,
+    JOB,
+    FAILURE,
+)
+
+
+def label_value(text: object) -> str:
+    """A label value a device chose, cut to LABEL_VALUE_LIMIT characters ("" for none)."""
+    return "" if text is None else str(text)[:LABEL_VALUE_LIMIT]
+
+
+def label_name(key: str) -> str:
+    """A device label key as a Prometheus label name (``example.com/site`` -> ``example_com_site``)."""
+    name = _BAD_LABEL_CHARS.sub("_", key)
+    if name in _OURS or name.startswith("__") or name[:1].isdigit():
+        name = f"label_{name}"
+    return name
+
+
+def device_label(device: str) -> str:
+    """The ``device`` label of a device id: the id itself up to LABEL_VALUE_LIMIT characters, else its
+    first characters, ``/`` and :data:`DEVICE_HASH_CHARS` hex digits of the whole id's SHA-256 (128
+    characters in all). A device id is an MQTT topic level, which never holds ``/``: a cut id cannot
+    equal another device's real id, and two cut ids are equal only if their hashes are."""
+    if len(device) <= LABEL_VALUE_LIMIT:
+        return device
+    digest = hashlib.sha256(device.encode("utf-8", "surrogatepass")).hexdigest()[:DEVICE_HASH_CHARS]
+    return f"{device[: LABEL_VALUE_LIMIT - DEVICE_HASH_CHARS - 1]}/{digest}"
+
+
+def _figure(name: str) -> tuple[FamilyHead, str, float] | None:
+    """A telemetry name's family, its labels' text after ``device`` (``,stream="cam0"``) and scale."""
+    try:
+        return _FIGURES[name]
+    except KeyError:
+        pass
+    found = series_of(name)
+    known = None
+    if found is not None:
+        rest = labels_text(found.labels)
+        known = (FamilyHead(found.metric, found.kind, found.help), f",{rest}" if rest else "", found.scale)
+    if len(_FIGURES) >= _FIGURES_LIMIT:
+        _FIGURES.clear()
+    _FIGURES[name] = known
+    return known
+
+
+class _Lines:
+    """One device's sample lines by family, each series once (cut label values may repeat)."""
+
+    def __init__(self) -> None:
+        self.by_family: dict[str, list[str]] = {}
+        self._seen: set[tuple[str, str]] = set()
+
+    def add(self, head: FamilyHead, labels: str, value: float) -> None:
+        key = (head.name, labels)
+        if key in self._seen:
+            return
+        self._seen.add(key)
+        line = head.line(labels, value)
+        chunk = self.by_family.get(head.name)
+        if chunk is None:
+            self.by_family[head.name] = [line]
+        else:
+            chunk.append(line)
+
+    def joined(self) -> dict[str, str]:
+        return {name: "".join(chunk) for name, chunk in self.by_family.items()}
+
+
+@dataclass
+class KeptDevice:
+    """What is kept of one device between scrapes: its rendered lines and what they were made of."""
+
+    mark: tuple[int, int, bool]  # FleetView.changes()' entry when rendered
+    dev: str  # its device label, escaped
+    state: str
+    lines: dict[str, str]  # family name -> this device's status, info and slot lines
+    labels: dict[str, str]
+    agent_version: str | None
+    telemetry: dict[str, str] = field(default_factory=dict)  # family name -> this device's lines
+    heads: dict[str, FamilyHead] = field(default_factory=dict)  # the telemetry families it has
+    info_names: tuple[tuple[str, str], ...] | None = None  # the label names info_line was made with
+    info_line: str = ""
+
+
+def device_lines(d: DeviceState, dev: str) -> dict[str, str]:
+    """The status, platform and slot lines of one device (``dev``: its escaped ``device`` label)."""
+    base = f'device="{dev}"'
+    # One line each, labelled by the device alone: nothing to check for repeats.
+    single = {
+        ONLINE.name: ONLINE.line(base, 1.0 if d.state == "online" else 0.0),
+        STALE.name: STALE.line(base, 1.0 if d.stale else 0.0),
+        PROBLEMS.name: PROBLEMS.line(base, len(d.problems)),
+        SLOTS.name: SLOTS.line(base, max(d.slots_listed, len(d.slots))),
+    }
+    if d.session is not None:
+        single[SESSION.name] = SESSION.line(base, d.session)
+    if d.platform:
+        platform = labels_text([(k, label_value(d.platform.get(k))) for k in PLATFORM_KEYS])
+        single[PLATFORM.name] = PLATFORM.line(f"{base},{platform}", 1.0)
+    lines = _Lines()
+    for name in sorted(d.slots)[:MAX_SLOTS]:
+        slot = d.slots[name]
+        model = labels_text(
+            [
+                ("slot", label_value(name)),
+                ("model_id", label_value(slot.get("model_id"))),
+                ("version", label_value(slot.get("version"))),
+                ("sha256", label_value(slot.get("sha256"))),
+                ("state", label_value(slot.get("state"))),
+            ]
+        )
+        lines.add(MODEL, f"{base},{model}", 1.0)
+        last = slot.get("last_failure")
+        if isinstance(last, dict) and isinstance(last.get("ts"), (int, float)):
+            code = last.get("error_code") or last.get("state")
+            failure = labels_text([("slot", label_value(name)), ("error_code", label_value(code))])
+            lines.add(FAILURE, f"{base},{failure}", float(last["ts"]))
+    latest: dict[str, Any] = {}
+    for seen in d.jobs:  # latest first: the first per slot is its latest job (at most MAX_JOBS)
+        latest.setdefault(seen.slot, seen)
+    for slot_name, seen in sorted(latest.items()):
+        job = labels_text(
+            [
+                ("slot", label_value(slot_name)),
+                ("job_id", label_value(seen.job_id)),
+                ("state", seen.state),
+                ("error_code", label_value(seen.error_code)),
+            ]
+        )
+        lines.add(JOB, f"{base},{job}", 1.0)
+    return {**single, **lines.joined()}
+
+
+def telemetry_lines(
+    figures: dict[str, float], at: float | None, stale: bool, dev: str
+) -> tuple[dict[str, str], dict[str, FamilyHead]]:
+    """A device's telemetry lines (none while it is stale, but its last telemetry time ``at``) and
+    families. The path every telemetry message takes at the next scrape, so written out flat."""
+    base = f'device="{dev}"'
+    by_family: dict[str, list[str]] = {}
+    heads: dict[str, FamilyHead] = {}
+    if not stale:
+        seen: set[str] = set()
+        for name, value in figures.items():
+            known = _figure(name)
+            if known is None:
+                continue
+            head, rest, scale = known
+            key = head.name + rest  # the series, within this device
+            if key in seen:
+                continue
+            seen.add(key)
+            line = f"{head.name}{{{base}{rest}}} {number(value * scale)}\n"
+            chunk = by_family.get(head.name)
+            if chunk is None:
+                by_family[head.name] = [line]
+                heads[head.name] = head
+            else:
+                chunk.append(line)
+    lines = {name: "".join(chunk) for name, chunk in by_family.items()}
+    if at is not None:
+        lines[LAST_TELEMETRY.name] = LAST_TELEMETRY.line(base, at)
+    return lines, heads

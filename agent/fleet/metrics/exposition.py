@@ -1,0 +1,258 @@
+"""The controller's ``/metrics``: the whole fleet as Prometheus series, from a :class:`FleetView`.
+
+:class:`FleetMetrics` renders the exposition from the view (and, when given, the rollout store) at
+scrape time, so nothing is kept twice and nothing drifts. What it exports:
+
+- per device, from ``up/status`` and ``up/info`` (always, stale or not): ``edge_device_online``
+  (1/0), ``edge_device_stale``, ``edge_device_session``, ``edge_device_info{device, agent_version,
+  <each device label>} 1`` (join it with ``* on(device) group_left(site)``), ``edge_device_platform_info``,
+  ``edge_device_slots`` (slots the device reports), ``edge_slot_model_info{device, slot, model_id,
+  version, sha256, state} 1``, the latest job of each slot as ``edge_slot_job_info{..., job_id,
+  state, error_code} 1``, ``edge_slot_last_failure_timestamp_seconds``,
+  ``edge_device_last_telemetry_timestamp_seconds`` and ``edge_device_malformed_messages``;
+- per device, from its latest ``up/telemetry``, every figure :mod:`agent.telemetry.series` knows
+  (fps, latency percentiles, drops by reason, spool depth, CPU, RSS, temperatures, GPU/DLA load and
+  clocks), each with a ``device`` label. A STALE device (offline, or silent for ``stale_after_s``)
+  has these series left out, so Prometheus marks them stale rather than charting frozen values;
+- per rollout: ``edge_rollout_info{rollout_id, slot, to_version, state} 1`` and
+  ``edge_rollout_devices{rollout_id, wave, step, end}`` (device counts);
+- ``edge_fleet_devices`` and ``edge_fleet_refused_devices_total`` (devices past the view's cap).
+
+Bounds (a device chooses its id, labels, slots and figures; docs/fleet.md "Metrics"): label values
+a device chose are cut to :data:`~agent.telemetry.series.LABEL_VALUE_LIMIT` characters; a device id
+longer than that becomes :func:`~agent.fleet.metrics.device_series.device_label` (cut, plus a hash of
+the whole id, so two ids sharing a long prefix never share a label); at most :data:`MAX_LABEL_KEYS`
+device label keys become label names (``example.com/site`` -> ``example_com_site``; a key that would
+collide with a label of ours gets a ``label_`` prefix); at most
+:data:`~agent.fleet.metrics.device_series.MAX_SLOTS` slots per device get slot series; telemetry
+figures are the view's (at most :data:`~agent.fleet.view.device_record.MAX_FIGURES` per device). One
+device's series that would repeat after cutting are written once.
+
+Speed: each device's lines are kept rendered between scrapes and redone only for the devices whose
+entry in :meth:`FleetView.changes` moved (a message changed them, or they turned stale or fresh);
+a telemetry message redoes that device's telemetry lines, not its status and info lines. The
+rollout series are read again only when the store's change mark moved, and their device counts are
+counted by SQLite. The text is written directly (:mod:`agent.fleet.metrics.text`) rather than
+through ``prometheus_client``'s collectors, which format every sample at every scrape
+(bench/metrics.py measures this tree or an older one).
+
+:mod:`agent.fleet.metrics.serving` serves it; :mod:`agent.fleet.metrics.device_series` renders each
+device's lines.
+"""
+
+from __future__ import annotations
+
+import gzip
+import threading
+from collections import Counter
+from collections.abc import Callable, Sequence
+
+from agent.fleet.metrics.device_series import (
+    DEVICE_FAMILIES,
+    INFO,
+    LAST_TELEMETRY,
+    KeptDevice,
+    device_label,
+    device_lines,
+    label_name,
+    label_value,
+    telemetry_lines,
+)
+from agent.fleet.metrics.text import FamilyHead, escape, labels_text
+from agent.fleet.rollout.records import RolloutRow
+from agent.fleet.view.live import FleetView
+
+#: Device label keys exported on ``edge_device_info`` (the most used first; a fleet with more keys
+#: than this has them in the console and in selectors, not in Prometheus).
+MAX_LABEL_KEYS = 32
+
+Rollouts = Callable[[], Sequence[RolloutRow]]
+#: A rollout's device counts by (wave, step, end): :meth:`RolloutStore.device_counts`.
+RolloutCounts = Callable[[str], Sequence[tuple[int, str, str, int]]]
+#: Moves when the rollouts may have changed: :meth:`RolloutStore.change_mark`.
+RolloutsMark = Callable[[], object]
+
+ROLLOUT = FamilyHead("edge_rollout_info", "gauge", "A rollout and its state.")
+ROLLOUT_DEVICES = FamilyHead(
+    "edge_rollout_devices", "gauge", "Devices of a rollout by wave, controller step and job end."
+)
+FLEET = FamilyHead("edge_fleet_devices", "gauge", "Devices the controller has heard of, by state.")
+REFUSED = FamilyHead(
+    "edge_fleet_refused_devices_total",
+    "counter",
+    "Messages from devices the fleet view did not take: past its max_devices, or an id too long.",
+)
+
+
+class FleetMetrics:
+    """The fleet's exposition, each device's lines kept between scrapes (see the module docstring).
+
+    :meth:`render` is safe to call from any thread; two scrapes at once take turns.
+    """
+
+    def __init__(
+        self,
+        view: FleetView,
+        rollouts: Rollouts | None = None,
+        rollout_counts: RolloutCounts | None = None,
+        rollouts_mark: RolloutsMark | None = None,
+    ) -> None:
+        self.view = view
+        self.rollouts = rollouts
+        self.rollout_counts = rollout_counts
+        self.rollouts_mark = rollouts_mark
+        self._rollouts_kept: tuple[object, str] | None = None  # (mark, text) of the last read
+        self._lock = threading.Lock()
+        self._devices: dict[str, KeptDevice] = {}
+        self._order: list[str] = []
+        # The last answer and what it was made of besides the devices (rollout text, refused count),
+        # and its gzip: a scrape that finds nothing changed sends the same bytes.
+        self._body: tuple[tuple[str, int], bytes] | None = None
+        self._gzipped: tuple[bytes, bytes] | None = None
+        self.rendered_devices = 0  # devices whose lines were redone (telemetry or all), for tests
+
+    def render(self) -> bytes:
+        """The exposition text (Prometheus text format 0.0.4), UTF-8."""
+        with self._lock:
+            return self._render()
+
+    def render_gzip(self) -> bytes:
+        """:meth:`render`, gzipped (level 1: for 11 MB of exposition ~10x faster than level 9)."""
+        with self._lock:
+            body = self._render()
+            if self._gzipped is None or self._gzipped[0] is not body:
+                self._gzipped = (body, gzip.compress(body, compresslevel=1))
+            return self._gzipped[1]
+
+    def _render(self) -> bytes:
+        changed = self._refresh(self.view.changes())
+        rest = (self._rollouts_text(), self.view.refused_devices)
+        if not changed and self._body is not None and self._body[0] == rest:
+            return self._body[1]
+        # "replace": the protocol's JSON parser refuses lone surrogates, but a scrape must not fail.
+        body = self._text(*rest).encode("utf-8", "replace")
+        self._body = (rest, body)
+        return body
+
+    def _refresh(self, changes: dict[str, tuple[int, int, bool]]) -> bool:
+        """Redo the lines of the devices that changed; False when none did (nor came or went)."""
+        devices = self._devices
+        moved = changes.keys() != devices.keys()
+        redone = self.rendered_devices
+        if moved:
+            for gone in [d for d in devices if d not in changes]:
+                del devices[gone]
+        for device_id, mark in changes.items():
+            kept = devices.get(device_id)
+            if kept is not None and kept.mark == mark:
+                continue
+            if kept is not None and kept.mark[1:] == mark[1:]:  # new telemetry figures, nothing else
+                telemetry = self.view.telemetry(device_id)
+                if telemetry is None:  # forgotten since changes(): it goes at the next scrape
+                    continue
+                kept.telemetry, kept.heads = telemetry_lines(*telemetry, mark[2], kept.dev)
+                kept.mark = mark
+                self.rendered_devices += 1
+                continue
+            state = self.view.device(device_id)
+            if state is None:
+                continue
+            dev = escape(device_label(device_id))
+            kept = devices[device_id] = KeptDevice(
+                mark, dev, state.state, device_lines(state, dev), state.labels, state.agent_version
+            )
+            kept.telemetry, kept.heads = telemetry_lines(
+                state.telemetry, state.telemetry_at, state.stale, dev
+            )
+            self.rendered_devices += 1
+        if moved or len(self._order) != len(devices):
+            self._order = sorted(devices)
+        return moved or self.rendered_devices != redone
+
+    def _info_names(self) -> tuple[tuple[str, str], ...]:
+        """(label name, label key) of the device labels on ``edge_device_info``, fleet-wide."""
+        keys = Counter(k for d in self._order for k in self._devices[d].labels)
+        names: dict[str, str] = {}
+        for key in sorted(k for k, _ in keys.most_common(MAX_LABEL_KEYS)):
+            names.setdefault(label_name(key), key)  # two keys mapping to one name: the first wins
+        return tuple(names.items())
+
+    def _info_line(self, device_id: str, kept: KeptDevice, names: tuple[tuple[str, str], ...]) -> str:
+        if kept.info_names != names:
+            pairs = [("device", device_label(device_id)), ("agent_version", label_value(kept.agent_version))]
+            pairs += [(name, label_value(kept.labels.get(key))) for name, key in names]
+            kept.info_line, kept.info_names = INFO.line(labels_text(pairs), 1.0), names
+        return kept.info_line
+
+    def _text(self, rollouts: str, refused: int) -> str:
+        devices = [self._devices[d] for d in self._order]
+        parts: list[str] = []
+        for head in DEVICE_FAMILIES:
+            parts.append(head.header())
+            if head is INFO:
+                names = self._info_names()
+                parts += [self._info_line(d, self._devices[d], names) for d in self._order]
+            elif head is LAST_TELEMETRY:
+                parts += [d.telemetry.get(head.name, "") for d in devices]
+            else:
+                parts += [d.lines.get(head.name, "") for d in devices]
+        heads: dict[str, FamilyHead] = {}
+        for d in devices:
+            heads.update(d.heads)
+        for name in sorted(heads):
+            parts.append(heads[name].header())
+            parts += [d.telemetry.get(name, "") for d in devices]
+        parts.append(rollouts)
+        parts.append(FLEET.header())
+        for state_name, count in sorted(Counter(d.state for d in devices).items()):
+            parts.append(FLEET.line(labels_text([("state", state_name)]), count))
+        parts.append(REFUSED.header())
+        parts.append(REFUSED.line("", refused))
+        return "".join(parts)
+
+    def _rollouts_text(self) -> str:
+        """The rollout series, read again only when the store's mark moved (read before the
+        rollouts: a change while they are read moves it again, so the next scrape reads again)."""
+        if self.rollouts is None:
+            return ""
+        mark = self.rollouts_mark() if self.rollouts_mark is not None else None
+        if mark is not None and self._rollouts_kept is not None and self._rollouts_kept[0] == mark:
+            return self._rollouts_kept[1]
+        text = self._rollouts(self.rollouts())
+        self._rollouts_kept = None if mark is None else (mark, text)
+        return text
+
+    def _rollouts(self, rows: Sequence[RolloutRow]) -> str:
+        info: list[str] = [ROLLOUT.header()]
+        counts: list[str] = [ROLLOUT_DEVICES.header()]
+        for row in rows:
+            labels = [
+                ("rollout_id", row.rollout_id),
+                ("slot", label_value(row.slot)),
+                ("to_version", label_value(row.to_version)),
+                ("state", row.state.value),
+            ]
+            info.append(ROLLOUT.line(labels_text(labels), 1.0))
+            if self.rollout_counts is None:
+                continue
+            for wave, step, end, n in self.rollout_counts(row.rollout_id):
+                # 1-based, as the CLI and the console count waves (the store counts from 0)
+                pairs = [
+                    ("rollout_id", row.rollout_id),
+                    ("wave", str(wave + 1)),
+                    ("step", step),
+                    ("end", end),
+                ]
+                counts.append(ROLLOUT_DEVICES.line(labels_text(pairs), n))
+        return "".join(info + counts)
+
+
+def fleet_metrics(
+    view: FleetView,
+    rollouts: Rollouts | None = None,
+    rollout_counts: RolloutCounts | None = None,
+    rollouts_mark: RolloutsMark | None = None,
+) -> FleetMetrics:
+    """The fleet's ``/metrics`` content (hand it to :func:`metrics_asgi_app`); the rollouts, their
+    device counts and the store's change mark usually come from one :class:`RolloutStore`."""
+    return FleetMetrics(view, rollouts, rollout_counts, rollouts_mark)

@@ -1,0 +1,194 @@
+"""A rollout as an operator reads it: the ``status --json`` document and its lines of text. Pure
+but for reading the store.
+
+``fleet rollout status --json`` prints :func:`rollout_status` as it is; docs/fleet.md shows one,
+checked by a test against a real rollout.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from agent.errors import AgentError
+from agent.fleet.base.untrusted import shown
+from agent.fleet.rollout.gate import GatePolicy
+from agent.fleet.rollout.problems import MAX_LISTED, device_problems
+from agent.fleet.rollout.records import DeviceStep
+from agent.fleet.rollout.spec import request_of
+from agent.fleet.rollout.store import RolloutStore
+from agent.fleet.rollout.waves import format_duration
+
+
+def rollout_status(store: RolloutStore, rollout_id: str) -> dict[str, Any]:
+    """Everything ``status`` shows of one rollout: its state, each wave with counts, the rollback."""
+    row = store.rollout(rollout_id)
+    devices = store.devices(rollout_id)
+    request = row.spec.get("request", {})
+    waves = []
+    for wave in store.wave_rows(rollout_id):
+        members = [d for d in devices if d.wave == wave.index]
+        ends = Counter(_where(d.step, d.end.value if d.end else None) for d in members)
+        waves.append(
+            {
+                "index": wave.index,
+                "wave": wave.index + 1,  # as operators count them; index (0-based) stays for old readers
+                "state": wave.state.value,
+                "devices": len(members),
+                "ends": dict(sorted(ends.items())),
+                "reason": wave.reason,
+                "started_at": wave.started_at,
+                "ended_at": wave.ended_at,
+                "figures": wave.figures,
+            }
+        )
+    problems, left_off = device_problems(devices, _policy(row.spec))
+    return {
+        "rollout_id": row.rollout_id,
+        "state": row.state.value,
+        "reason": row.reason,
+        "slot": row.slot,
+        "model": request.get("model_id") or Path(str(request.get("model_name", "?"))).stem,
+        "version": row.to_version,
+        "job_id": row.job_id,
+        "created_at": row.created_at,
+        "updated_at": row.updated_at,
+        "policy": rollout_policy(row.spec),
+        "waves": waves,
+        "devices": dict(
+            sorted(Counter(_where(d.step, d.end.value if d.end else None) for d in devices).items())
+        ),
+        "sends": {"devices": len(devices), "resent": sum(1 for d in devices if d.sends > 1)},
+        "rollback": rollback_outcome(store, rollout_id),
+        "problem_devices": problems,
+        "problem_devices_left_off": left_off,
+    }
+
+
+def rollback_outcome(store: RolloutStore, rollout_id: str) -> dict[str, Any] | None:
+    """What the rollback of an aborted rollout did (None: no rollback was asked for), from its events:
+    ``by_desired_state``/``by_command`` device counts, ``no_previous`` device ids, the devices'
+    ``ends`` by state once it finished (None while it runs). ``status`` and the console show it."""
+    rollback: dict[str, Any] | None = None
+    for what, detail in store.events(rollout_id):
+        if what in ("rollback", "rollback_by_command", "rollback_none", "rollback_done"):
+            rollback = rollback or {"by_desired_state": 0, "by_command": 0, "no_previous": [], "ends": None}
+            if what == "rollback":
+                rollback["by_desired_state"] += len(detail.get("devices", ()))
+            elif what == "rollback_by_command":
+                rollback["by_command"] += len(detail.get("devices", ()))
+            elif what == "rollback_none":
+                rollback["no_previous"] = list(detail.get("devices", ()))
+            else:
+                rollback["ends"] = dict(sorted(Counter(detail.get("ends", {}).values()).items()))
+    return rollback
+
+
+def _policy(spec: Mapping[str, Any]) -> GatePolicy | None:
+    """The gate the rollout was stored with; None for a spec this version cannot read."""
+    try:
+        return request_of(spec).policy()
+    except (KeyError, ValueError, AgentError):  # pydantic's ValidationError is a ValueError
+        return None
+
+
+def rollout_policy(spec: Mapping[str, Any]) -> dict[str, Any]:
+    """How a stored rollout was asked to go (waves, gate, timeouts), from its ``spec``'s request:
+    what ``status --json`` and the console show, without the device list and the manifest."""
+    request = spec.get("request", {})
+    keys = ("waves", "max_failed", "soak_s", "wave_timeout_s", "on_timeout", "rollback_on_abort")
+    return {key: request.get(key) for key in keys}
+
+
+def _where(step: DeviceStep, end: str | None) -> str:
+    """One word for where a device stands: its end once ENDED, its job's state while it works."""
+    if step is DeviceStep.ENDED and end:
+        return end
+    if step in (DeviceStep.SENT, DeviceStep.SENDING):
+        return "PENDING" if end in (None, "PENDING") else end
+    return str(step.value)  # PLANNED, CANCELLED
+
+
+def soak_note(figures: Mapping[str, Any] | None, now: float) -> str:
+    """``soak: 4 min 10 s left (until 12:34:56 UTC)`` for a soaking wave's figures (``soak_until``, a
+    Unix time), or "" (issue 22.8: "soaking 300 s" never said how much was left)."""
+    until = (figures or {}).get("soak_until")
+    if not isinstance(until, (int, float)) or isinstance(until, bool):
+        return ""
+    clock = time.strftime("%H:%M:%S UTC", time.gmtime(until))
+    if until <= now:
+        return f"soak over at {clock}; the next wave starts"
+    return f"soak: {format_duration(until - now)} left (until {clock})"
+
+
+def status_lines(status: dict[str, Any], now: float | None = None) -> list[str]:
+    """``fleet rollout status`` as text: a header, a line per wave, the rollback. ``now`` (Unix time,
+    default the clock's) is what a soak's time left is counted from."""
+    now = time.time() if now is None else now
+    policy = status["policy"]
+    lines = [
+        f"rollout {status['rollout_id']}: {status['state']}  slot {status['slot']}  "
+        f"{status['model']} {status['version']}  waves {policy['waves']}  max-failed {policy['max_failed']}"
+        + (f"  soak {policy['soak_s']:g}s" if policy.get("soak_s") else ""),
+    ]
+    if status["reason"]:
+        lines.append(f"  {status['reason']}")
+    for wave in status["waves"]:
+        counts = ", ".join(f"{k} {v}" for k, v in wave["ends"].items())
+        lines.append(
+            f"  wave {wave['index'] + 1}: {wave['state']:<9} {wave['devices']:>5} device(s)  {counts}"
+        )
+        if wave["reason"] and wave["state"] not in ("WAITING",):
+            lines.append(f"          {wave['reason']}")
+        if wave["state"] == "SOAKING" and (note := soak_note(wave.get("figures"), now)):
+            lines.append(f"          {note}")
+    lines += problem_lines(status)
+    rollback = status.get("rollback")
+    if rollback:
+        ends = rollback.get("ends")
+        line = (
+            f"  rollback: {rollback['by_desired_state']} device(s) sent their previous model, "
+            f"{rollback['by_command']} told to roll back"
+        )
+        if ends:
+            line += " (" + ", ".join(f"{k} {v}" for k, v in sorted(ends.items())) + ")"
+        if rollback["no_previous"]:
+            line += f"; {len(rollback['no_previous'])} had no previous model"
+        lines.append(line)
+    return lines
+
+
+#: Problem devices ``status`` prints as text (``--json`` carries up to MAX_LISTED).
+_PROBLEM_LINES = 20
+
+
+def problem_lines(status: dict[str, Any]) -> list[str]:
+    """A line per device that failed, rolled back, timed out or is unhealthy: code and figure."""
+    problems = status.get("problem_devices") or []
+    if not problems:
+        return []
+    total = len(problems) + int(status.get("problem_devices_left_off") or 0)
+    lines = [f"  {total} device(s) failed, rolled back, timed out or unhealthy:"]
+    for problem in problems[:_PROBLEM_LINES]:
+        why = "  ".join(str(problem[k]) for k in ("error_code", "figure") if problem.get(k))
+        lines.append(
+            f"    {shown(problem['device'], 64)}  wave {problem['wave']}  {problem['end']}"
+            + (f"  {why}" if why else "")
+        )
+    if total > _PROBLEM_LINES:
+        lines.append(f"    ... and {total - _PROBLEM_LINES} more (`--json` lists up to {MAX_LISTED})")
+    return lines
+
+
+def list_line(status: dict[str, Any]) -> str:
+    """One line of ``fleet rollout list``."""
+    done = sum(1 for w in status["waves"] if w["state"] in ("DONE", "TRIPPED", "CANCELLED"))
+    devices = sum(status["devices"].values())
+    return (
+        f"{status['rollout_id']:<44} {status['state']:<10} {status['slot']:<12} "
+        f"{status['model']} {status['version']}  {done} of {len(status['waves'])} waves done  "
+        f"{devices} device(s)"
+    )

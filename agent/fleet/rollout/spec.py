@@ -1,0 +1,160 @@
+"""What a rollout is asked to do: :class:`RolloutRequest`, as ``fleet rollout start`` sends it to the
+controller and as ``fleet deploy`` builds it for its one-wave rollout, and the plan the store keeps.
+
+The request names the model by its SHA-256 (the controller keeps the bytes in its model repo, the
+CLI uploads them when the repo lacks them) and carries the manifest fields ``fleet deploy`` takes.
+Everything a restarted controller needs to publish the *same* desired state again (job id, manifest
+sequence, every device's previous model) is fixed when the rollout is created and stored with it.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, model_validator
+
+from agent.camera.preprocess_spec import PreprocessSpec
+from agent.delivery.guard import ProbationSpec, ShadowSpec
+from agent.delivery.manifest import DEFAULT_CHUNK_SIZE, MAX_CHUNK_SIZE, MIN_CHUNK_SIZE
+from agent.engines.spec import BuildSpec
+from agent.fleet.deploy.plan import DeployPlan
+from agent.fleet.rollout.gate import GatePolicy
+from agent.fleet.rollout.records import RolloutPlan
+from agent.fleet.rollout.waves import parse_max_failed, parse_waves, split_waves
+from agent.model_base import StrictModel
+from agent.postprocess.spec import PostprocessSpec
+
+#: A rollout id: what ``fleet rollout status ID`` takes; it also names the rollback job.
+ROLLOUT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,79}$")
+#: Default wave timeout: long enough for a large model over a slow site link plus shadow and probation.
+DEFAULT_WAVE_TIMEOUT_S = 1800.0
+
+
+class RolloutRequest(StrictModel):
+    """A rollout as asked for: the model (by hash), where, in which waves, with which gate."""
+
+    rollout_id: str | None = Field(None, pattern=ROLLOUT_ID.pattern)
+    model_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    model_name: str = Field(description="The model file's name (its stem is the default model id).")
+    slot: str
+    version: str
+    model_id: str | None = None
+    devices: list[str] = Field(min_length=1)
+    waves: str = "100%"
+    soak_s: float = Field(0.0, ge=0.0)
+    max_failed: str = "0"
+    wave_timeout_s: float = Field(DEFAULT_WAVE_TIMEOUT_S, gt=0.0)
+    on_timeout: Literal["skip", "wait"] = "skip"
+    rollback_on_abort: bool = False
+    supersedes: str | None = None
+    chunk_size: int = Field(DEFAULT_CHUNK_SIZE, ge=MIN_CHUNK_SIZE, le=MAX_CHUNK_SIZE)
+    build: BuildSpec | None = None
+    preprocess: PreprocessSpec | None = None
+    postprocess: PostprocessSpec | None = None
+    shadow: ShadowSpec | None = None
+    probation_s: float | None = Field(None, gt=0.0, le=86_400.0)
+    probation: ProbationSpec | None = None
+    #: The operator's INT8 calibration (a table or TensorRT cache), shipped as a signed manifest
+    #: artifact: every device quantizes with it instead of calibrating on its own frames.
+    calib_sha256: str | None = Field(None, pattern=r"^[0-9a-f]{64}$")
+
+    @model_validator(mode="after")
+    def _calibration_needs_int8(self) -> RolloutRequest:
+        if self.calib_sha256 is not None and (
+            self.build is None or self.build.precision not in ("int8", "best")
+        ):
+            raise ValueError("a calibration cache (--calib-cache) needs an INT8 build: add --precision int8")
+        return self
+
+    def policy(self) -> GatePolicy:
+        """The gate this rollout asks for (UsageError on a bad ``max_failed``)."""
+        return GatePolicy(
+            max_failed=parse_max_failed(self.max_failed),
+            on_timeout=self.on_timeout,
+            needs_shadow=self.shadow is not None,
+            min_agreement=None if self.shadow is None else self.shadow.min_agreement,
+            needs_probation=self.probation_s is not None,
+        )
+
+    def plan(
+        self,
+        rollout_id: str,
+        job_id: str,
+        sequence: int,
+        from_models: Mapping[str, str | None],
+        manifest: Mapping[str, Any],
+    ) -> RolloutPlan:
+        """The store's plan: waves split from the device order, the spec a restart needs.
+
+        Raises UsageError when ``waves`` or ``max_failed`` do not parse or the waves miss devices.
+        """
+        self.policy()  # a bad --max-failed is refused before anything is stored
+        waves = split_waves(self.devices, parse_waves(self.waves))
+        spec = {
+            "request": self.model_dump(mode="json"),
+            "sequence": sequence,
+            "manifest": dict(manifest),
+        }
+        return RolloutPlan(
+            rollout_id=rollout_id,
+            slot=self.slot,
+            job_id=job_id,
+            to_version=self.version,
+            waves=waves,
+            from_versions=dict(from_models),
+            spec=spec,
+            supersedes=self.supersedes,
+        )
+
+
+def request_of(spec: Mapping[str, Any]) -> RolloutRequest:
+    """The request a stored rollout was created from (its ``spec``)."""
+    return RolloutRequest.model_validate(spec["request"])
+
+
+def model_ref(model_id: str, version: str | None, sha256: str) -> str:
+    """How a device's previous model is kept in the store's ``from_version``: ``id:version@sha256``."""
+    return f"{model_id}:{version or '-'}@{sha256}"
+
+
+def ref_sha256(ref: str | None) -> str | None:
+    """The SHA-256 in a :func:`model_ref` (None for a device that had no model in the slot)."""
+    if not ref or "@" not in ref:
+        return None
+    return ref.rpartition("@")[2] or None
+
+
+def plan_for(
+    request: RolloutRequest,
+    model: Path,
+    devices: tuple[str, ...],
+    *,
+    job_id: str,
+    sequence: int,
+    http_url: str | None,
+    calib_cache: Path | None = None,
+    calib_http_url: str | None = None,
+) -> DeployPlan:
+    """The FleetDeploy plan that publishes ``request``'s desired state to ``devices``."""
+    return DeployPlan(
+        model=model,
+        devices=devices,
+        slot=request.slot,
+        version=request.version,
+        model_id=request.model_id or Path(request.model_name).stem,
+        chunk_size=request.chunk_size,
+        build=request.build,
+        preprocess=request.preprocess,
+        postprocess=request.postprocess,
+        http_url=http_url,
+        job_id=job_id,
+        sequence=sequence,
+        shadow=request.shadow,
+        probation_s=request.probation_s,
+        probation=request.probation,
+        calib_cache=calib_cache,
+        calib_http_url=calib_http_url,
+    )

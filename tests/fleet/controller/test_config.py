@@ -1,0 +1,70 @@
+"""The controller's configuration file, its documented example, and its systemd unit."""
+
+from __future__ import annotations
+
+import configparser
+import shutil
+from pathlib import Path
+
+import pytest
+
+from agent.cli import main
+from agent.config import read_yaml
+from agent.errors import ConfigError
+from agent.fleet.controller.config import ControllerConfig, key_problems, load_controller_config
+from agent.fleet.deploy.keys import write_keypair
+from tests.unit_files import analyze_verify, read_unit
+
+REPO = Path(__file__).resolve().parents[3]
+EXAMPLE = REPO / "configs" / "controller.yaml"
+UNIT = REPO / "systemd" / "edge-fleet-controller.service"
+
+
+def test_the_documented_example_parses_and_names_its_missing_key() -> None:
+    config = ControllerConfig.model_validate(read_yaml(EXAMPLE))
+    assert config.mqtt.port == 8883
+    assert config.store_path == Path("/var/lib/edge-fleet-controller/rollouts.sqlite")
+    assert config.http.port is None
+    # The key the example names is not on this machine: the problem names the key and the file.
+    (problem,) = key_problems(config)
+    assert problem.startswith("signing_key: /etc/edge-fleet-controller/fleet-2026.key")
+
+
+def test_a_key_others_can_read_is_refused_and_a_private_one_loads(tmp_path: Path) -> None:
+    keys = write_keypair(tmp_path / "keys", "ops")
+    path = tmp_path / "controller.yaml"
+    path.write_text(f"state_dir: state\nsigning_key: {keys.private}\nkey_id: ops\n")
+    config = load_controller_config(path)
+    assert config.state_dir == tmp_path / "state"  # relative to the file
+    keys.private.chmod(0o644)
+    with pytest.raises(ConfigError) as refused:
+        load_controller_config(path)
+    assert "chmod 600" in " ".join(refused.value.problems)
+
+
+def test_a_bad_value_is_named_by_its_key(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "controller.yaml"
+    path.write_text("unsigned: true\nhttp: {port: 0}\n")
+    assert main(["fleet", "controller", "--config", str(path)]) != 0
+    assert "http.port" in capsys.readouterr().err
+
+
+def _unit() -> configparser.ConfigParser:
+    return read_unit(UNIT)
+
+
+def test_the_unit_runs_the_controller_as_its_own_user_with_private_state() -> None:
+    service = _unit()["Service"]
+    assert service["ExecStart"].endswith(
+        "edge-agent fleet controller --config /etc/edge-fleet-controller/controller.yaml"
+    )
+    assert service["User"] == "edge-fleet-controller"
+    assert service["StateDirectory"] == "edge-fleet-controller"
+    assert service["StateDirectoryMode"] == "0700"
+    assert service["UMask"] == "0077"
+    assert service["Restart"] == "on-failure"
+
+
+@pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze is not installed here")
+def test_systemd_analyze_verify_accepts_the_unit(tmp_path: Path) -> None:
+    analyze_verify(UNIT, tmp_path)
