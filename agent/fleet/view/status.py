@@ -2,7 +2,8 @@
 each online device's latest ``up/telemetry`` figures (fps, CPU, temperature).
 
 Retained messages arrive right after the subscription; there is no end marker, so collection stops
-after a short quiet period (or a bounded total wait). Telemetry is not retained: it comes every
+after a short quiet period once every online device's info is in (or after a bounded total wait: a
+large info on a loaded host may come after a pause). Telemetry is not retained: it comes every
 ``telemetry.interval_s`` (10 s by default), so the command then listens up to ``telemetry_wait_s``
 for one message from each online device, and stops as soon as every one has sent one.
 
@@ -121,6 +122,7 @@ def collect_fleet(
         retained_until = start + max_wait_s
         telemetry_until = start + telemetry_wait_s
         retained_done = False
+        info_heard: set[str] = set()
         while True:
             now = time.monotonic()
             if not retained_done:
@@ -139,9 +141,14 @@ def collect_fleet(
             except queue.Empty:
                 if retained_done:
                     break
-                retained_done = True
+                # An online device publishes its info as it connects: one whose info has not come
+                # yet (a large one, a loaded host) is waited for, up to max_wait_s.
+                waiting = any(r.state == "online" and d not in info_heard for d, r in rows.items())
+                retained_done = not waiting or time.monotonic() >= retained_until
                 continue
             _apply(rows, message, settings.prefix)
+            if message.topic.endswith("/up/info"):
+                info_heard.add(message.topic.rsplit("/", 3)[-3])
     finally:
         client.stop()
     return [rows[d] for d in sorted(rows)]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from typing import Any
 
 from agent.fleet.view.status import age, collect_fleet, format_table
 from agent.localbroker import Broker
@@ -142,3 +143,43 @@ def test_last_job_with_its_end_last_failure_and_telemetry_figures(broker: Broker
     assert " 1e+308 " in lines[2]
     assert max(len(line) for line in lines) < 300
     assert lines[3].split()[4:7] == ["-", "-", "-"]  # jet-quiet online 2m00s 9.9 - - -
+
+
+def test_an_online_devices_info_that_comes_after_a_pause_is_waited_for(broker: Broker) -> None:
+    """No end marker comes with retained messages: a quiet pause once ended the collection, and a
+    large info on a loaded host came after it (the row had no platform). An online device's info is
+    waited for, up to the bounded total wait; a device that never sends one costs that wait only."""
+    prefix = unique_prefix()
+    late, mute = Topics(prefix, "jet-late"), Topics(prefix, "jet-mute")
+    info = InfoMessage(
+        device_id="jet-late",
+        agent_version="9.9",
+        platform={"device_model": "Orin NX"},
+        backends={},
+        slots={},
+        streams=[],
+    )
+    rows: list[Any] = []
+    with Probe(broker.host, broker.port) as device:
+        device.publish(
+            late.status, encode(StatusMessage(state="online", session=1, agent_version="9.9")), retain=True
+        )
+        collector = threading.Thread(
+            target=lambda: rows.extend(
+                collect_fleet(operator_settings(broker, prefix), quiet_s=0.2, max_wait_s=30)
+            )
+        )
+        collector.start()
+        time.sleep(1.0)  # five quiet periods: the collection would have ended here
+        device.publish(late.info, encode(info), retain=True)
+        collector.join(30)
+        assert [(r.device, r.platform.get("device_model")) for r in rows] == [("jet-late", "Orin NX")]
+
+        # A device online without an info costs the bounded wait, no more.
+        device.publish(
+            mute.status, encode(StatusMessage(state="online", session=1, agent_version="9.9")), retain=True
+        )
+        started = time.monotonic()
+        mute_rows = collect_fleet(operator_settings(broker, prefix), quiet_s=0.2, max_wait_s=1.0)
+        assert time.monotonic() - started < 30
+        assert {r.device: r.info_seen for r in mute_rows} == {"jet-late": True, "jet-mute": False}
