@@ -381,6 +381,7 @@ def _history_points(controller: ControllerProcess, device: str) -> int:
     return len(json.loads(body)["history"]["ts"]) if status == 200 else -1
 
 
+@pytest.mark.slow
 def test_megabyte_telemetry_does_not_grow_the_controller_and_a_huge_name_does_not_come_back(
     tmp_path: Path, broker: Broker
 ) -> None:
@@ -429,6 +430,7 @@ def test_megabyte_telemetry_does_not_grow_the_controller_and_a_huge_name_does_no
     assert b"n" * 1024 not in body
 
 
+@pytest.mark.slow
 def test_junk_ids_cannot_keep_a_real_device_out_and_leave_when_cleared(
     tmp_path: Path, broker: Broker
 ) -> None:
@@ -520,6 +522,7 @@ def _fill_history(probe: Probe, controller: ControllerProcess, topics: Topics) -
         wait_until(arrived, timeout=60, what=f"{topics.device_id}'s history of {reached} points")
 
 
+@pytest.mark.slow
 def test_devices_at_every_bound_cost_the_controller_what_the_docs_say(tmp_path: Path, broker: Broker) -> None:
     prefix = unique_prefix()
     devices = [f"jet-{i:02d}" + "d" * 200 for i in range(1 + _BOUND_DEVICES)]

@@ -37,6 +37,9 @@ from tests.waiting import wait_until
 #: Shadow and probation as operators run them (the rollout's defaults ask for neither).
 _GUARDS: dict[str, Any] = {"shadow": {"frames": 10}, "probation_s": 3.0}
 #: Where the store shows a device whose desired state is sent and whose job has not ended.
+#: Every test here restarts a broker or kills a controller (15-36 s each): started first under xdist.
+pytestmark = pytest.mark.slow
+
 _IN_FLIGHT = (
     "PENDING",
     "QUEUED",

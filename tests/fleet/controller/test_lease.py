@@ -253,6 +253,7 @@ def test_a_holder_that_lost_the_broker_finds_another_claim_when_it_is_back_and_d
         other.release()
 
 
+@pytest.mark.slow
 def test_a_standby_takes_over_from_a_killed_holder_and_finishes_its_rollout(
     tmp_path: Path, broker: Broker, prefix: str, keys: KeyPairFiles, children: list[Child]
 ) -> None:

@@ -260,6 +260,7 @@ def test_an_operator_abort_touches_no_new_device(
     assert jobs["a2"] == []
 
 
+@pytest.mark.slow
 def test_the_controller_killed_mid_wave_resumes_with_no_device_twice_and_none_skipped(
     tmp_path: Path, broker: Broker, prefix: str, keys: KeyPairFiles
 ) -> None:

@@ -176,6 +176,7 @@ def _by_name(alerts: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return {a["labels"]["alertname"]: a for a in alerts if a["status"] == "firing"}
 
 
+@pytest.mark.slow
 def test_alerts_reach_the_webhook_through_a_real_alertmanager(
     fleet: ScrapedFleet, receiver: WebhookReceiver
 ) -> None:
