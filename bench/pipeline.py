@@ -65,7 +65,7 @@ from agent.mqtt.settings import MqttSettings
 from agent.postprocess.runner import Postprocessor
 from agent.postprocess.spec import ClassificationSpec
 from agent.protocol.messages import ModelRef, ResultMessage
-from agent.runtime.samples import SamplePublisher, Sampler
+from agent.runtime.samples import SamplePublisher, Sampler, sample_reason
 from agent.runtime.snapshots import SnapshotBoard
 from agent.spool import Spool
 
@@ -354,7 +354,9 @@ def _board_minute(
     board = SnapshotBoard()
     tick = [0.0]
     # Every frame under the bar, the default rate: the rate decides what is kept.
-    sampler = Sampler(SamplesConfig(enabled=True, max_confidence=1.0), "cls", clock=lambda: tick[0])
+    config = SamplesConfig(enabled=True, max_confidence=1.0)
+    sampler = Sampler(config, "cls", clock=lambda: tick[0])
+    candidates = sum(sample_reason(m.classes, m.detections, config) is not None for m in messages)
     stop = threading.Event()
     publisher: SamplePublisher | None = None
     if link is not None:
@@ -372,7 +374,7 @@ def _board_minute(
         tick[0] += step
     if publisher is not None:
         # Inside the window: the kept frames' encode and publish, on the publisher's own thread.
-        kept = len(messages) - sampler.skipped
+        kept = candidates - sampler.skipped
         deadline = time.monotonic() + 30
         while publisher.published + publisher.dropped < kept and time.monotonic() < deadline:
             time.sleep(0.001)
