@@ -3,25 +3,22 @@
 Why it is built this way (each point is a paho 2.x or mosquitto trap, see docs/protocol.md; the
 paho side of each lives in :mod:`agent.mqtt.core`, the only module that imports paho):
 
-* Our thread runs the core's loop and does every socket read and write: publishes from other
-  threads only queue a packet (the core is a ``single_writer``) and wake the loop through paho's
-  socket pair. paho writes one wake byte per publish; the core's ``CoalescedWake`` writes one per
-  turn of the loop (results at 800 fps cost the loop ~0.1 ms of CPU per wake-up on two cores).
-* We reconnect ourselves with jittered exponential backoff; paho's ``reconnect_delay_set`` has no
-  jitter and a fleet would reconnect in lockstep.
-* The core's events only go into ``_events`` (messages into the inbox): taking our own lock in
-  ``on_publish`` could deadlock against paho's (paho#226). The network thread handles the events
-  after each turn of the loop.
+* Our thread runs the core's loop and does every socket read and write: other threads only queue
+  a packet (the core is a ``single_writer``) and wake the loop, once per turn (``CoalescedWake``:
+  paho writes a wake byte per publish). paho reports no QoS 0 write to the core (two objects per
+  result): a QoS 0 message counts as ``published`` when queued while connected.
+* We reconnect with jittered exponential backoff (paho's has no jitter: a fleet in lockstep).
+* The core's events only go into ``_events`` (messages into the inbox), handled by the network
+  thread after each turn: our lock in ``on_publish`` could deadlock against paho's (paho#226).
 * Durable messages are published only by the network thread, so that a PUBACK always finds its
   spool id (:mod:`agent.mqtt.durable`).
 * paho ignores the broker's Maximum Packet Size and resends an oversized QoS 1 message forever
-  (paho#760): sizes are checked here, against our limit and the broker's CONNACK limit.
+  (paho#760): sizes are checked here, against our limit and the CONNACK's.
 
 One job (the connection's life: connect, reconnect, the core's events, subscriptions, the online
-and offline status): the network thread's connection state is one state machine that only that
-thread touches. Its durable messages (spool, window, acknowledgements) are
-:class:`~agent.mqtt.durable.DurableMessages`, which says which of its methods that thread calls;
-the dispatcher and the counters are their own modules.
+and offline status): one state machine that only the network thread touches. Durable messages
+(spool, window, acknowledgements) are :class:`~agent.mqtt.durable.DurableMessages`, which says
+which of its methods that thread calls; the dispatcher and the counters are their own modules.
 """
 
 from __future__ import annotations
@@ -140,7 +137,7 @@ class MqttLink:
 
     def _quiet_ack(self, mid: int) -> bool:
         # Runs on the network thread, the only one that touches the durable window and _status_mid.
-        # A success nobody waits for (every QoS 0 result) is only counted: no event round trip.
+        # A success nobody waits for (a QoS 1 sample, say) is only counted: no event round trip.
         return not self._durable.in_flight(mid) and mid != self._status_mid
 
     def _on_message(self, message: InboundMessage) -> None:
@@ -268,7 +265,11 @@ class MqttLink:
             self._counters.count("dropped_offline")
             return
         sent = self._core.publish(topic, data, qos=qos, retain=retain, properties=properties)
-        if sent.outcome is PublishOutcome.QUEUE_FULL:
+        if sent.outcome is PublishOutcome.QUEUED and qos == 0:
+            # Counted when handed to paho while connected: the core's client reports no QoS 0
+            # write (that report cost half of paho's CPU per result; see agent/mqtt/core.py).
+            self._counters.count("published")
+        elif sent.outcome is PublishOutcome.QUEUE_FULL:
             self._counters.count("dropped_queue_full")
         elif sent.outcome is PublishOutcome.NO_CONNECTION and qos == 0:
             self._counters.count("dropped_offline")

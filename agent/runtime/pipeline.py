@@ -4,33 +4,32 @@ Stages are threads joined by bounded queues (:mod:`agent.runtime.stage_queue`). 
 and preprocess (cv2 and numpy release the GIL, so this overlaps with inference); the slot's
 inference workers (one, or one per core: :mod:`agent.runtime.layout`) lease ``slot`` per batch,
 which is what makes a hot-swap a reference swap; one publish thread per slot postprocesses and
-publishes, in the order batches were taken (:mod:`agent.runtime.outbox`). Shutdown drains front
-to back: captures stop, the workers empty the inbox, the publisher empties the outbox.
+publishes, in the order batches were taken (:mod:`agent.runtime.publish_stage`). Shutdown drains
+front to back: captures stop, the workers empty the inbox, the publisher empties the outbox.
 
-One job (the stages and their threads), a little over 400 lines: the call tracking the watchdog
-reads, the health hooks probation reads and the per-engine leases are each a few lines inside the
-stage loops they watch; what travels between the stages is in :mod:`agent.runtime.stage_items`."""
+One job (the stages and their threads): the call tracking the watchdog reads, the health hooks
+probation reads and the per-engine leases are each a few lines inside the stage loops they watch;
+what travels between the stages is in :mod:`agent.runtime.stage_items`."""
 
 from __future__ import annotations
 
 import contextlib
 import threading
 import time
-from dataclasses import replace
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 import structlog
 
-from agent.camera.preprocess import in_native_pixels, preprocess, resize_fit
+from agent.camera.preprocess import preprocess, resize_fit
 from agent.camera.preprocess_spec import PreprocessSpec
 from agent.engines.gpu_preprocess import GpuPreprocessor
 from agent.errors import AgentError
 from agent.liveness import CallWatch
-from agent.protocol.messages import ResultMessage
 from agent.runtime.loaded import LoadedModel
 from agent.runtime.outbox import OrderedOutbox
+from agent.runtime.publish_stage import PublishStage
 from agent.runtime.slot import ModelSlot
 from agent.runtime.snapshots import SnapshotBoard
 from agent.runtime.stage_items import FrameTap, InferredItem, Publisher, StreamMetrics, StreamPlan, WorkItem
@@ -40,8 +39,6 @@ from agent.telemetry import Metrics
 log = structlog.get_logger(__name__)
 
 _POLL_S = 0.1
-#: Most results the publisher takes at once; durable ones among them are spooled in one transaction.
-_PUBLISH_BATCH = 32
 #: What an inferred frame keeps instead of its image and tensor: the publisher needs neither, and
 #: holding them while results wait for the spool is what made memory grow (issue 8).
 _RELEASED_IMAGE: npt.NDArray[np.uint8] = np.zeros((0, 0, 3), np.uint8)
@@ -64,7 +61,6 @@ class SlotPipeline:
     ) -> None:
         self.slot = slot
         self.streams = streams
-        self._publisher = publisher
         self._metrics = metrics
         self._max_batch = max_batch
         # Several inference threads run batches side by side (a session/engine may be run from many
@@ -95,6 +91,9 @@ class SlotPipeline:
         self.last_image: npt.NDArray[np.uint8] | None = None
         #: The latest frame of each stream with its result, for the ``snapshot`` command (references).
         self.snapshots = SnapshotBoard()
+        self._publish = PublishStage(
+            slot.name, self._outbox, publisher, self._stream_metrics, self.snapshots, poll_s=_POLL_S
+        )
         self._taps: list[FrameTap] = []
         self._taps_lock = threading.Lock()
         self.heartbeat = time.monotonic()
@@ -112,7 +111,7 @@ class SlotPipeline:
             )
             for i, calls in enumerate(self._infer_calls)
         ]
-        publish = threading.Thread(target=self._publish_loop, name=f"publish-{self.slot.name}", daemon=True)
+        publish = threading.Thread(target=self._publish.run, name=f"publish-{self.slot.name}", daemon=True)
         self._running_threads = [*infer, publish]
         self._threads = [*self._capture_threads, *infer, publish]
         for t in self._threads:
@@ -358,7 +357,7 @@ class SlotPipeline:
             model.counted(len(chunk))
             for i, work in enumerate(chunk):
                 self.snapshots.inferred(work.plan.name, work.frame.index, work.frame.image)
-                work.frame = replace(work.frame, image=_RELEASED_IMAGE)
+                work.frame = work.frame.with_image(_RELEASED_IMAGE)
                 work.tensor = _RELEASED_TENSOR
                 results.append(
                     InferredItem(
@@ -372,98 +371,6 @@ class SlotPipeline:
                 )
                 self._stream_metrics[work.plan.name].inferred.inc()
         return results
-
-    def _publish_loop(self) -> None:
-        while True:
-            items = self._outbox.take(_PUBLISH_BATCH, timeout=_POLL_S)
-            if not items:
-                if self._outbox.drained:
-                    break
-                continue
-            durable: list[tuple[InferredItem, ResultMessage, float]] = []
-            for item in items:
-                try:
-                    message, post_ms = self._result(item)
-                    if item.work.plan.durable:
-                        durable.append((item, message, post_ms))
-                        continue
-                    self._publisher.publish(item.work.plan.topic, message, qos=item.work.plan.qos)
-                    self._published(item, message, post_ms)
-                except Exception:
-                    self._stream_metrics[item.work.plan.name].dropped["publish_error"].inc()
-                    log.exception("pipeline.publish.failed", stream=item.work.plan.name)
-                item.model.results_pending(-1)
-            if durable:
-                try:
-                    self._publish_durable(durable)
-                finally:
-                    for item, _, _ in durable:
-                        item.model.results_pending(-1)
-
-    def _publish_durable(self, batch: list[tuple[InferredItem, ResultMessage, float]]) -> None:
-        # One spool transaction (one fsync) for the whole batch: durable results at full frame rate
-        # cost a fraction of a disk flush each.
-        try:
-            refused = self._publisher.publish_durable(
-                [(i.work.plan.topic, m) for i, m, _ in batch], kind="result"
-            )
-        except Exception:
-            for item, _, _ in batch:
-                self._stream_metrics[item.work.plan.name].dropped["publish_error"].inc()
-            log.exception("pipeline.publish.failed", streams=sorted({i.work.plan.name for i, _, _ in batch}))
-            return
-        first_refusal: str | None = None
-        for (item, message, post_ms), why in zip(batch, refused, strict=True):
-            if why is None:
-                self._published(item, message, post_ms)
-            else:
-                self._stream_metrics[item.work.plan.name].dropped["publish_error"].inc()
-                first_refusal = first_refusal or why
-        if first_refusal is not None:
-            # One line per batch, not per frame (the link counts each as refused_oversize).
-            log.error("pipeline.publish.refused", slot=self.slot.name, error=first_refusal)
-
-    def _result(self, item: InferredItem) -> tuple[ResultMessage, float]:
-        """Postprocess ``item`` into its result message; also the postprocess time in ms."""
-        work, plan = item.work, item.work.plan
-        t0 = time.perf_counter()
-        letterbox = in_native_pixels(work.letterbox, work.frame.native_size)
-        prediction = item.model.postprocessor(item.outputs, letterbox)
-        post_ms = (time.perf_counter() - t0) * 1000.0
-        published_at = time.time()
-        total_ms = (time.monotonic() - work.frame.captured_mono) * 1000.0
-        latency = {
-            "preprocess": round(work.pre_ms, 3),
-            "queue": round(item.queue_ms, 3),
-            "infer": round(item.infer_ms, 3),
-            "postprocess": round(post_ms, 3),
-            "total": round(total_ms, 3),
-        }
-        # Validated construction: pydantic-core's validator is about 3x faster than model_construct's
-        # Python loop (8 vs 27 us per result here), and it checks the message for free.
-        message = ResultMessage(
-            stream=plan.name,
-            frame_index=work.frame.index,
-            captured_at=work.frame.captured_at,
-            published_at=published_at,
-            model=item.model.ref,
-            latency_ms=latency,
-            classes=prediction.classes,
-            detections=prediction.detections,
-            tensors=prediction.tensors,
-        )
-        return message, post_ms
-
-    def _published(self, item: InferredItem, message: ResultMessage, post_ms: float) -> None:
-        sm = self._stream_metrics[item.work.plan.name]
-        sm.published.inc()
-        self.snapshots.published(message)
-        item.model.health.published(
-            item.work.plan.name, message.classes[0].index if message.classes else None
-        )
-        sm.postprocess.observe(post_ms / 1000.0)
-        sm.queue.observe(item.queue_ms / 1000.0)
-        sm.total.observe(message.latency_ms["total"] / 1000.0)
 
     def _depths(self) -> dict[str, float]:
         depths: dict[str, float] = {f"queue.{k}": float(v) for k, v in self._inbox.depths().items()}

@@ -15,6 +15,7 @@ from agent.errors import TransportError
 from agent.localbroker import Broker, free_port
 from agent.mqtt import link as link_module
 from agent.mqtt.core import PublishProperties
+from agent.mqtt.core import _AckedOnlyClient as AckedOnlyClient
 from agent.mqtt.inbound import InboundMessage
 from agent.mqtt.wake import CoalescedWake
 from agent.protocol.messages import StatusMessage, decode
@@ -669,3 +670,41 @@ def test_a_batch_of_durable_results_refuses_only_its_oversized_message(
     assert refused[2] is None
     assert [m.payload for m in probe.on_topic(topic)] == [b"a", b"c"]
     assert link.stats()["refused_oversize"] == 1
+
+
+def test_qos0_results_are_counted_when_queued_and_only_acknowledgements_reach_the_core(
+    broker: Broker, make_link: LinkFactory, device_id: str
+) -> None:
+    """The link's paho client leaves ``on_publish`` unset (so paho builds no PUBACK objects per QoS 0
+    write); QoS 0 messages are counted as they are queued, and QoS 1 acknowledgements still arrive
+    (the durable one leaves the spool, the status is acknowledged)."""
+    topic = f"fleet/v1/{device_id}/up/results/cam"
+    link = make_link(fast_settings(broker), client_id=device_id)
+    acks: list[int] = []
+    client = link._core._client
+    assert isinstance(client, AckedOnlyClient)
+    assert client.on_publish is None
+    report = client.on_ack
+    assert report is not None
+
+    def counted(c: object, userdata: object, mid: int, code: object, props: object) -> None:
+        acks.append(mid)
+        report(c, userdata, mid, code, props)
+
+    client.on_ack = counted
+    link.start()
+    wait_until(lambda: link.connected, what="connect")
+    with Probe(broker.host, broker.port) as probe:
+        probe.subscribe(f"fleet/v1/{device_id}/up/results/#")
+        wait_until(lambda: link.stats()["published"] >= 1, what="the online status acknowledged")
+        before, acked_before = link.stats()["published"], len(acks)
+        for i in range(20):
+            link.publish(topic, f"r{i}".encode(), qos=0)
+        # Counted at once, on the publishing thread: not when (or whether) paho reports the write.
+        assert link.stats()["published"] == before + 20
+        probe.wait_for_count(topic, 20)
+        assert len(acks) == acked_before  # no QoS 0 write reached the core
+        link.publish(topic, b"durable", durable=True)
+        wait_until(lambda: link.stats()["spool_depth"] == 0, what="the durable one acknowledged")
+        assert len(acks) == acked_before + 1
+        assert link.stats()["published"] == before + 21

@@ -6,12 +6,14 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 import pytest
 
 from agent.backends.base import TensorSpec
 from agent.camera.preprocess import Letterbox
 from agent.errors import ConfigError, EngineError
-from agent.postprocess.classification import needs_softmax, softmax
+from agent.postprocess import classification
+from agent.postprocess.classification import needs_softmax, numpy_order_sum, softmax
 from agent.postprocess.runner import Postprocessor, validate_outputs
 from agent.postprocess.spec import ClassificationSpec
 
@@ -144,3 +146,36 @@ def test_validate_checks_output_name() -> None:
         validate_outputs(_spec(output_name="c"), outputs)
     with pytest.raises(EngineError, match="no outputs"):
         validate_outputs(_spec(), [])
+
+
+@pytest.mark.parametrize("softmax_mode", ["auto", "always", "never"])
+def test_short_vectors_take_the_python_path_with_the_numpy_paths_results(
+    softmax_mode: str, identity_lb: Letterbox, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rng = np.random.default_rng(7)
+    vectors: list[npt.NDArray[Any]] = [
+        *(rng.standard_normal(n).astype(np.float32) * 4 for n in (1, 2, 7, 8, 9, 10, 17, 32)),
+        *(rng.dirichlet(np.ones(n)).astype(np.float32) for n in (3, 10, 31)),
+        np.array([1.0, 3.0, 3.0, 1.0, 3.0], np.float16),  # ties, half precision
+        np.array([0.0, -0.0, 0.0], np.float32),
+        np.array([1.0, float("nan"), 0.5], np.float32),  # NaN: the numpy path decides
+        np.array([float("inf"), 1.0], np.float32),
+    ]
+    post = Postprocessor(_spec(top_k=5, softmax=softmax_mode))
+    with np.errstate(invalid="ignore"):  # inf - inf in the numpy path's softmax: NaN, as always
+        small = [post({"s": v}, identity_lb).classes for v in vectors]
+        monkeypatch.setattr(classification, "SMALL_VECTOR", 0)
+        through_numpy = [post({"s": v}, identity_lb).classes for v in vectors]
+    for fast, reference in zip(small, through_numpy, strict=True):
+        assert fast is not None
+        assert reference is not None
+        assert [c.index for c in fast] == [c.index for c in reference]
+        # To the bit where numpy's exp is the C library's (this x86 machine); else within rounding.
+        assert [c.score for c in fast] == pytest.approx([c.score for c in reference], rel=1e-12, nan_ok=True)
+
+
+def test_numpy_order_sum_adds_as_numpy_does() -> None:
+    rng = np.random.default_rng(3)
+    for n in [*range(1, 20), 31, 32, 64, 127, 128]:
+        values = rng.random(n) * 10.0 ** rng.integers(-3, 5, n)
+        assert numpy_order_sum(values.tolist()) == float(values.sum())
