@@ -42,6 +42,7 @@ from agent.fleet.controller_lease import LeaseLostError, PrefixLease, StandbyEnd
 from agent.fleet.decommission import decommission
 from agent.fleet.deploy import check_device_ids, plan_manifest
 from agent.fleet.deploy_plan import new_job_id, next_sequence
+from agent.fleet.engines.hooks import engine_desk_for, job_facts_in, share_engines_of
 from agent.fleet.evidence import evidence_json, fetch_evidence
 from agent.fleet.keys import load_signing_key
 from agent.fleet.model_check import check_model_file
@@ -119,6 +120,10 @@ class FleetController:
         # is clean, so a restarted controller leaves no subscription under the old group behind.
         self.chunks = ChunkServer(self.settings)
         self._client = ServiceClient(self.settings, handler=self._on_message)
+        #: The second level of the devices' engine caches (agent/fleet/engines/).
+        self.engines = engine_desk_for(
+            config, self._key, publish=self._publish_reply, job_facts=job_facts_in(self.view)
+        )
 
     # -- lifecycle -----------------------------------------------------------------------------------
 
@@ -142,10 +147,13 @@ class FleetController:
         # First: a damaged or emptied store (StoreDamagedError) stops the start before anything runs.
         self.store = RolloutStore(self.config.store_path)
         self.chunks.add_repo(self.config.models_dir)
+        self.chunks.add_repo(self.engines.store.blobs)
+        self.engines.start()
         self.chunks.start(timeout)
         self.samples = SampleStore(self.config.samples_dir, self.config.samples)
         self._client.start(timeout)
         self._client.subscribe(fleet_filter(self.settings.prefix, "samples"), qos=1, timeout=timeout)
+        self._client.subscribe(fleet_filter(self.settings.prefix, "engines"), qos=1, timeout=timeout)
         self._client.subscribe(self.topics.request_filter, qos=1, timeout=timeout)
         # Before the devices' retained messages arrive: what the store knows of their last jobs
         # (a restarted controller's console and /metrics show them, with their shadow and probation).
@@ -237,6 +245,7 @@ class FleetController:
             self.http.stop()
         for runner in self.runners.values():
             runner.stop()
+        self.engines.stop()
         self._client.stop()
         self.chunks.stop()
         if self.store is not None:
@@ -268,6 +277,9 @@ class FleetController:
             deploy_options={"serve": False, "wait_unknown": True, "status_poll_s": self.config.status_poll_s},
         )
 
+    def _publish_reply(self, topic: str, payload: bytes, properties: PublishProperties) -> None:
+        self._client.publish(topic, payload, qos=1, properties=properties)
+
     def model_path(self, sha256: str) -> Path:
         return self.config.models_dir / f"{sha256}.onnx"
 
@@ -279,6 +291,8 @@ class FleetController:
         """Dispatcher thread: requests go to the loop, device messages into the view."""
         if self.topics.requested(message.topic) is not None:  # unknown verbs too: they get an answer
             self._requests.put(message)
+        elif self.engines.take(message):
+            pass  # an engine request: answered on the desk's thread
         elif message.topic.endswith("/up/samples"):
             self._keep_sample(message)
         else:
@@ -373,6 +387,8 @@ class FleetController:
         if verb == "upload":
             return self._uploads.take(message.payload, dict(message.user_properties))
         args: dict[str, Any] = _json_object(message.payload)
+        if verb == "engines":
+            return self.engines.listing()
         if verb == "start":
             return self.start_rollout(RolloutRequest.model_validate(args))
         if verb == "list":
@@ -421,6 +437,7 @@ class FleetController:
         job_id = new_job_id(model_id, request.version)
         sequence = next_sequence()
         check_device_ids(request.devices)  # as FleetDeploy checks them, before anything is stored
+        request = share_engines_of(request, self.config.engines, can_sign=self.engines.can_vouch)
         calib_cache = None
         if request.calib_sha256 is not None:
             calib_cache = self.model_path(request.calib_sha256)

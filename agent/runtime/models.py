@@ -32,6 +32,7 @@ from agent.delivery.commands import NoSuchSlotError
 from agent.delivery.errors import JobCancelledError
 from agent.delivery.steps import ActivationRequest, BuildOutcome, JobReporter, no_build
 from agent.engines.build_progress import ProgressTracker
+from agent.engines.fleet_cache import FleetEngineCache
 from agent.engines.plan import FAILED_AT, load_fallback
 from agent.engines.service import EngineService, PreparedEngine
 from agent.engines.spec import BuildSpec
@@ -40,6 +41,7 @@ from agent.fsutil import sha256_file
 from agent.postprocess.spec import PostprocessSpec
 from agent.protocol.command_args import CalibrateArgs
 from agent.runtime.evidence import EvidenceStore
+from agent.runtime.fleet_engines import offer_when_active, rebuilt_here
 from agent.runtime.guarded import GuardedSlot, GuardRun, activate_guarded
 from agent.runtime.loaded import EngineReport, LoadedModel, ModelSource
 from agent.runtime.probation import ProbationRun
@@ -451,7 +453,7 @@ class SlotModels:
             if due is not None:
                 reporter.build(due.as_dict())
 
-        with heartbeat(beat):
+        with heartbeat(beat), FleetEngineCache.sharing(reporter.share_engines, reporter.job_id):
             prepared, *more = self.engines.prepare_set(
                 slot, model, spec, preprocess, progress=progress, cancel=reporter.cancel
             )
@@ -513,6 +515,12 @@ class SlotModels:
             self._activate_request(request, source, guarded_ok=current is not None)
         except EngineError as exc:
             spec = built[1] if built else None
+            here = rebuilt_here(self.engines, request, source, spec, exc)  # a fleet engine that failed
+            if here is not None:
+                source = engine_source(replace(source, engines=()), here)
+                self._activate_request(request, source, guarded_ok=current is not None)
+                offer_when_active(self.engines, request, source, guarded=current is not None)
+                return
             decision = load_fallback(spec, (source.backend, *(e.backend for e in source.engines)))
             if decision == "not_tensorrt" or spec is None:
                 raise
@@ -523,6 +531,10 @@ class SlotModels:
                 ) from exc
             fallback = self._load_fallback_source(request, source, spec, exc)
             self._activate_request(request, fallback, guarded_ok=current is not None)
+            return
+        offer_when_active(
+            self.engines, request, source, guarded=current is not None
+        )  # ACTIVE through shadow and probation
 
     def _activate_request(self, request: ActivationRequest, source: ModelSource, *, guarded_ok: bool) -> None:
         guarded = request.guard is not None and (request.shadow is not None or request.probation_s > 0)

@@ -1,0 +1,7 @@
+"""The controller's engine store: the second level of every device's engine cache (docs/engines.md).
+
+``settings`` (the ``engines:`` block of controller.yaml), ``trust`` (the pure decisions: who may
+offer, when sharing is on, what a drop withdraws, signing), ``store`` (bounded, LRU, on disk),
+``desk`` (the devices' ``up/engines/{verb}`` requests, answered on their own thread) and
+``listing`` (``fleet engines list``).
+"""
