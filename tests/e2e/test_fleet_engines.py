@@ -43,7 +43,9 @@ pytestmark = pytest.mark.slow
 #: agents on two cores) from rolling a good engine back as slow.
 SHADOW = ShadowSpec(frames=10, sample_fps=10.0, min_agreement=0.8, max_latency_ratio=1000.0)
 PROBATION = ProbationSpec(min_fps_ratio=0.1, max_p99_ratio=1000.0, max_drop_increase=0.9)
-INT8_STREAM = BuildSpec(precision="int8", device="cpu", calibration=CalibrationSource(kind="stream", frames=32))
+INT8_STREAM = BuildSpec(
+    precision="int8", device="cpu", calibration=CalibrationSource(kind="stream", frames=32)
+)
 
 
 class RunningController:
@@ -102,11 +104,12 @@ def effective_of(probe: Probe, job_id: str, device: str) -> dict[str, Any]:
 
 def progress_lines(files: AgentFiles) -> list[str]:
     """The build progress lines the daemon logged (JSON log lines ``engine.build.progress``)."""
-    lines = []
+    lines: list[str] = []
     for log in files.root.glob("agent-*.log"):
-        for line in log.read_text(errors="replace").splitlines():
-            if '"engine.build.progress"' in line:
-                lines.append(str(json.loads(line).get("message", "")))
+        logged = log.read_text(errors="replace").splitlines()
+        lines.extend(
+            str(json.loads(line).get("message", "")) for line in logged if '"engine.build.progress"' in line
+        )
     return lines
 
 
@@ -144,7 +147,9 @@ def test_one_device_builds_the_int8_engine_and_two_download_it_from_the_controll
     assert {JobState.SHADOW, JobState.PROBATION} <= set(built.history)
     source = effective_of(probe, first.job_id, devices[0])["engine_source"]
     assert source["origin"] == "built", source
-    wait_until(lambda: len(store.entries()) == 1, timeout=60, what="the controller to store the offered engine")
+    wait_until(
+        lambda: len(store.entries()) == 1, timeout=60, what="the controller to store the offered engine"
+    )
     (stored,) = store.entries()
     assert stored.record.built_by == devices[0]
     assert stored.record.job_id == first.job_id
