@@ -39,9 +39,9 @@ def test_a_rollout_shares_engines_by_its_flag_else_the_setting_and_never_unsigne
     assert sharing_for(flag, setting, can_sign=can_sign) is shared
 
 
-def refusal(job: JobFacts | None = ACTIVE, **changes: object) -> str | None:
+def refusal(job: JobFacts | None = ACTIVE, data: bytes = b"engine bytes", **changes: object) -> str | None:
     found = offer_refusal(
-        offer(**changes), sharing=True, job=job, max_engine_bytes=1024, withdrawn={(KEY, "b" * 64)}
+        offer(KEY, data, **changes), sharing=True, job=job, max_engine_bytes=1024, withdrawn={(KEY, "b" * 64)}
     )
     return None if found is None else found.code
 
