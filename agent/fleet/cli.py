@@ -22,6 +22,7 @@ from agent.fleet.connection import add_broker_arguments, settings_from_args
 from agent.fleet.controller_config import DEFAULT_STATE_DIR
 from agent.fleet.deploy import DEFAULT_STATUS_POLL_S
 from agent.fleet.deploy_command import add_manifest_arguments, run_deploy
+from agent.fleet.engines.cli import add_engines_arguments, run_engines
 from agent.fleet.rollout_cli import add_controller_arguments, run_controller_command, run_rollout
 from agent.logs import configure_logging
 from agent.protocol.topics import DEFAULT_PREFIX
@@ -47,6 +48,7 @@ FLEET_COMMANDS = (
     "snapshot",
     "evidence",
     "samples",
+    "engines",
     "logs",
     "decommission",
     "controller",
@@ -210,6 +212,7 @@ def add_fleet_arguments(parser: argparse.ArgumentParser) -> None:
     )
     _add_verbose(export)
 
+    add_engines_arguments(sub)
     logs = sub.add_parser("logs", help="print a device's latest log lines (secrets redacted on the device)")
     logs.add_argument("device", metavar="DEVICE", help="device id")
     logs.add_argument(
@@ -283,6 +286,8 @@ def run_fleet(args: argparse.Namespace) -> int:
         return _evidence(args)
     if command == "samples":
         return _samples_export(args)
+    if command == "engines":
+        return run_engines(args)
     if command == "logs":
         return _logs(args)
     if command == "decommission":

@@ -23,6 +23,7 @@ import pytest
 from agent.backends.base import LoadOptions, get_backend
 from agent.camera.preprocess import preprocess
 from agent.camera.preprocess_spec import PreprocessSpec
+from agent.cli import main
 from agent.datasets.shapes import LABELS_PATH, MODEL_PATH, generate
 from agent.delivery.guard import ProbationSpec, ShadowSpec
 from agent.engines.spec import BuildSpec, CalibrationSource
@@ -122,7 +123,12 @@ def outputs(engine: Path, frames: np.ndarray) -> np.ndarray:
 
 
 def test_one_device_builds_the_int8_engine_and_two_download_it_from_the_controller(
-    fleet: Fleet, controller: RunningController, probe: Probe, device_id: str
+    fleet: Fleet,
+    controller: RunningController,
+    probe: Probe,
+    device_id: str,
+    broker: Broker,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     devices = [f"{device_id}-{i}" for i in range(3)]
     probe.subscribe("fleet/v1/+/up/#")
@@ -184,6 +190,13 @@ def test_one_device_builds_the_int8_engine_and_two_download_it_from_the_controll
         engines.append(Path(effective["calibration"]["table"]).parent / "model.onnx")
     assert any(line.startswith("calibrating") for line in progress_lines(files[devices[0]]))
     assert store.entries()[0].reuse == 2
+    # The operator sees it: per fingerprint, who built it, how often it was reused.
+    capsys.readouterr()
+    assert main(["fleet", "engines", "list", "--json", "--broker", f"{broker.host}:{broker.port}"]) == 0
+    listing = json.loads(capsys.readouterr().out)
+    ((fingerprint, rows),) = listing["fingerprints"].items()
+    assert fingerprint.startswith("onnxruntime ")
+    assert [(r["built_by"], r["reuse"]) for r in rows] == [(devices[0], 2)]
     # The same bytes on every device, so the same outputs on the same frames.
     assert engines[0].read_bytes() == engines[1].read_bytes() == engines[2].read_bytes()
     assert len({str(p) for p in engines}) == 3  # each device's own cache
