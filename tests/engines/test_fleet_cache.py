@@ -16,12 +16,13 @@ from agent.engines.fleet_cache import FLEET_BUILT_BY, FleetEngineCache
 from agent.engines.settings import EngineConfig
 from agent.engines.spec import BuildSpec
 from agent.fleet.engines.desk import EngineDesk
+from agent.fleet.engines.local import LocalDeskRequests, local_download
 from agent.fleet.engines.trust import sign_record
 from agent.modelzoo import write_classifier
 from agent.platform import BackendAvailability, Platform
 from agent.protocol.engines import EngineAsk
 from agent.signing import Ed25519PrivateKey
-from tests.engines.fleet_desk import DeskRequests, blob_download, make_desk
+from tests.engines.fleet_desk import make_desk
 from tests.waiting import patient, wait_until
 
 PLATFORM = Platform(
@@ -55,9 +56,9 @@ def device(tmp_path: Path, name: str, desk: EngineDesk, operator_key: Ed25519Pri
     """One device: its own state dir and engine cache, the fleet level trusting the operator's key."""
     builder = EngineBuilder(tmp_path / name, EngineConfig(build_timeout_s=patient(120)), PLATFORM)
     builder.fleet = FleetEngineCache(
-        DeskRequests(desk, name),
+        LocalDeskRequests(desk, name),
         {"ops": operator_key.public_key()},
-        blob_download(desk),
+        local_download(desk),
         work_dir=tmp_path / name / "fleet-engines",
         ask_timeout_s=5.0,
     )
@@ -74,10 +75,10 @@ def built_and_offered(builder: EngineBuilder, model: Path) -> str:
     return artifact.key
 
 
-def requests_of(builder: EngineBuilder) -> DeskRequests:
+def requests_of(builder: EngineBuilder) -> LocalDeskRequests:
     assert builder.fleet is not None
     requests = builder.fleet._requests
-    assert isinstance(requests, DeskRequests)
+    assert isinstance(requests, LocalDeskRequests)
     return requests
 
 
