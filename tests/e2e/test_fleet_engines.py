@@ -11,6 +11,7 @@ outputs on the same frames.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import threading
 from collections.abc import Iterator
@@ -29,12 +30,16 @@ from agent.delivery.guard import ProbationSpec, ShadowSpec
 from agent.engines.spec import BuildSpec, CalibrationSource
 from agent.fleet.controller import FleetController
 from agent.fleet.controller_config import ControllerConfig
+from agent.fleet.engines.trust import sign_record
+from agent.fleet.keys import load_signing_key
 from agent.localbroker import Broker
 from agent.protocol.messages import JobState
 from agent.protocol.topics import Topics
+from agent.signing import Ed25519PrivateKey
 from tests.e2e.daemon import AgentFiles
 from tests.e2e.fleet_rig import Fleet, count_version, finish, job_statuses, operator_settings
 from tests.e2e.test_shadow_int8 import shapes_video
+from tests.fleet.engines.records import engine_file as engine_file_of
 from tests.mqtt_probe import Probe
 from tests.waiting import wait_until
 
@@ -205,3 +210,56 @@ def test_one_device_builds_the_int8_engine_and_two_download_it_from_the_controll
     reference = outputs(engines[0], frames)
     for engine in engines[1:]:
         np.testing.assert_array_equal(outputs(engine, frames), reference)
+
+
+def vouch_for_bad_bytes(
+    controller: RunningController, key: str, operator: Ed25519PrivateKey, key_id: str
+) -> str:
+    """The stored engine replaced by bytes no runtime loads, signed with the operator's key: what a
+    device that shipped a broken engine through its own shadow and probation would leave behind."""
+    desk = controller.controller.engines
+    stored = desk.store.get(key)
+    assert stored is not None
+    bad = b"not an onnx model" * 64
+    bad_sha = hashlib.sha256(bad).hexdigest()
+    (desk.store.blobs / f"{bad_sha}.onnx").write_bytes(bad)
+    engine_file = str(stored.record.meta["engine_file"])
+    files = [f if f.name != engine_file else engine_file_of(f.name, bad) for f in stored.record.files]
+    meta = {**stored.record.meta, "engine_sha256": bad_sha, "engine_bytes": len(bad)}
+    record = stored.record.model_copy(update={"files": files, "meta": meta})
+    signed = sign_record(record, operator, key_id)
+    desk.store._index.engines[key] = stored.model_copy(update={"record": record, "signed": signed})
+    return bad_sha
+
+
+def test_a_shared_engine_that_fails_to_load_is_dropped_the_device_builds_and_the_fleet_withdraws_it(
+    fleet: Fleet, controller: RunningController, probe: Probe, device_id: str
+) -> None:
+    devices = [f"{device_id}-{i}" for i in range(2)]
+    probe.subscribe("fleet/v1/+/up/#")
+    for device in devices:
+        start_device(fleet, device)
+    for device in devices:
+        probe.wait_for(count_version("1", Topics("fleet/v1", device).results("cam")), timeout=180)
+    store = controller.controller.engines.store
+    fp32 = BuildSpec(precision="fp32", device="cpu")  # no INT8 guard: the load is the first check
+    options: dict[str, Any] = {"build": fp32, "share_engines": True, "shadow": SHADOW, "probation_s": 2.0}
+    first = fleet.deploy(MODEL_PATH, devices[:1], "2", probation=PROBATION, **options)
+    assert finish(first, timeout=180.0).devices[devices[0]].state is JobState.ACTIVE
+    wait_until(
+        lambda: len(store.entries()) == 1, timeout=60, what="the controller to store the offered engine"
+    )
+    key = store.entries()[0].record.key
+    bad_sha = vouch_for_bad_bytes(controller, key, load_signing_key(fleet.keys.private), fleet.keys.key_id)
+
+    second = fleet.deploy(MODEL_PATH, devices[1:], "2", probation=PROBATION, **options)
+    progress = finish(second, timeout=180.0).devices[devices[1]]
+    # The downloaded engine failed to load: dropped, built here in the same job, shadowed, ACTIVE.
+    assert progress.state is JobState.ACTIVE, progress
+    assert {JobState.SHADOW, JobState.PROBATION} <= set(progress.history)
+    effective = effective_of(probe, second.job_id, devices[1])
+    assert effective["engine_source"]["origin"] == "built", effective
+    assert "ONNX Runtime cannot load" in effective["fleet_engine_failed"]
+    # The controller heard of it and withdrew the engine fleet-wide, remembering the bad bytes.
+    wait_until(lambda: store.get(key) is None, timeout=30, what="the bad engine withdrawn")
+    assert (key, bad_sha) in store.withdrawn()
