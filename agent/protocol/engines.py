@@ -15,6 +15,7 @@ words are kept by the controller.
 
 from __future__ import annotations
 
+import json
 from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
@@ -120,6 +121,17 @@ class EngineOffer(StrictModel):
     job_id: str = Field(min_length=1, max_length=200, description="The job that ran it to ACTIVE.")
     shadow: bool = Field(description="The job ran a shadow comparison before the swap.")
     probation_s: FiniteTime = Field(ge=0, description="The probation the job passed, seconds.")
+
+    @model_validator(mode="after")
+    def _bounded(self) -> EngineOffer:
+        # The controller keeps the sidecar in its index and signs it into the record: bounded here.
+        size = len(json.dumps(self.meta))
+        if size > MAX_META_CHARS:
+            raise ValueError(f"meta is {size} characters of JSON, more than {MAX_META_CHARS}")
+        names = [f.name for f in self.files]
+        if len(set(names)) != len(names):
+            raise ValueError(f"engine file names repeat: {names}")
+        return self
 
 
 class EngineDrop(StrictModel):

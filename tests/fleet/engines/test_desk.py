@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -102,3 +103,15 @@ def test_a_reply_goes_to_the_asking_devices_own_topic_only(tmp_path: Path) -> No
         "found": False,
         "reason": f"the fleet holds no engine {'a' * 12}",
     }
+
+
+def test_an_offer_with_an_oversized_sidecar_or_repeated_file_names_is_refused(desk: EngineDesk) -> None:
+    made = offer()
+    huge = made.model_dump(mode="json")
+    huge["meta"] = {"engine_file": "model.onnx", "extra": {"x": "y" * 70_000}}
+    with pytest.raises(ValueError, match="more than"):
+        desk.handle("dev-a", "offer", json.dumps(huge).encode(), {})
+    twice = made.model_dump(mode="json")
+    twice["files"] = twice["files"] * 2
+    with pytest.raises(ValueError, match="repeat"):
+        desk.handle("dev-a", "offer", json.dumps(twice).encode(), {})
