@@ -58,6 +58,8 @@ Progress = Callable[[str], None]
 #: ``meta.extra`` keys of an entry that came from the fleet (never offered back).
 FLEET_BUILT_BY = "fleet_built_by"
 FLEET_JOB = "fleet_job"
+#: How the progress line of a fleet ask starts (a slot serving while it builds starts serving then).
+ASKING_THE_FLEET = "asking the fleet"
 #: Chunk size the offered files are described with (the controller's chunk server serves them so).
 OFFER_CHUNK_BYTES = 256 * 1024
 #: Bytes per upload piece (well under a broker's packet limit).
@@ -162,7 +164,7 @@ class FleetEngineCache:
             return None
         started = time.monotonic()
         self.stats["asked"] += 1
-        say(f"asking the fleet for engine {key[:12]}")
+        say(f"{ASKING_THE_FLEET} for engine {key[:12]}")
         reply = self._requests.request("ask", EngineAsk(key=key, job_id=sharing.job_id), self.ask_timeout_s)
         if reply is None:
             say(f"the fleet did not answer within {self.ask_timeout_s:.0f}s: building here")

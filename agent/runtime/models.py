@@ -32,7 +32,7 @@ from agent.delivery.commands import NoSuchSlotError
 from agent.delivery.errors import JobCancelledError
 from agent.delivery.steps import ActivationRequest, BuildOutcome, JobReporter, no_build
 from agent.engines.build_progress import ProgressTracker
-from agent.engines.fleet_cache import FleetEngineCache
+from agent.engines.fleet_cache import ASKING_THE_FLEET, FleetEngineCache
 from agent.engines.plan import FAILED_AT, load_fallback
 from agent.engines.service import EngineService, PreparedEngine
 from agent.engines.spec import BuildSpec
@@ -239,7 +239,8 @@ class SlotModels:
         handoff = _Handoff()
 
         def watch(message: str) -> None:
-            if message.startswith("cache miss"):
+            # A local miss: the fleet is asked (a bounded wait, then a download) or a build starts.
+            if message.startswith(("cache miss", ASKING_THE_FLEET)):
                 handoff.building.set()
 
         def build_engine() -> None:
@@ -367,6 +368,7 @@ class SlotModels:
             preprocess=source.preprocess.model_dump(mode="json"),
             postprocess=_POSTPROCESS.dump_python(source.postprocess, mode="json"),  # type: ignore[arg-type]
             origin=origin,
+            share_engines=source.share_engines,
         )
         # A rollback leaves no rollback target behind: a second one must not swap forward. (A restart
         # that restores a rolled-back model finds no target already, so the same rule holds there.)
@@ -412,7 +414,10 @@ class SlotModels:
                 if watch is not None:
                     watch(message)
 
-            engines = self.engines.prepare_set(name, source.path, build, source.preprocess, progress=progress)
+            with FleetEngineCache.sharing(source.share_engines, None):
+                engines = self.engines.prepare_set(
+                    name, source.path, build, source.preprocess, progress=progress
+                )
         for prepared in engines:
             artifact = prepared.artifact
             log.info(
@@ -505,6 +510,7 @@ class SlotModels:
             build=built[1] if built else None,
             report=None,
             engines=(),
+            share_engines=request.share_engines,
         )
         if built is not None:
             # A set's first engine is the request's; the others were built beside it (build.devices).
@@ -822,4 +828,5 @@ def _from_record(configured: ModelSource, record: ModelRecord) -> ModelSource:
         postprocess=postprocess or configured.postprocess,
         sha256=None,
         model_path=None,
+        share_engines=record.share_engines,
     )

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -109,14 +110,14 @@ def effective_of(probe: Probe, job_id: str, device: str) -> dict[str, Any]:
 
 
 def progress_lines(files: AgentFiles) -> list[str]:
-    """The build progress lines the daemon logged (JSON log lines ``engine.build.progress``)."""
-    lines: list[str] = []
-    for log in files.root.glob("agent-*.log"):
-        logged = log.read_text(errors="replace").splitlines()
-        lines.extend(
-            str(json.loads(line).get("message", "")) for line in logged if '"engine.build.progress"' in line
-        )
-    return lines
+    """The build progress lines the device's daemons logged."""
+    return [line for log in sorted(files.root.glob("agent-*.log")) for line in progress_lines_of(log)]
+
+
+def progress_lines_of(log: Path) -> list[str]:
+    """The build progress lines of one daemon's log (JSON log lines ``engine.build.progress``)."""
+    logged = log.read_text(errors="replace").splitlines()
+    return [str(json.loads(line).get("message", "")) for line in logged if '"engine.build.progress"' in line]
 
 
 def outputs(engine: Path, frames: np.ndarray) -> np.ndarray:
@@ -210,6 +211,23 @@ def test_one_device_builds_the_int8_engine_and_two_download_it_from_the_controll
     reference = outputs(engines[0], frames)
     for engine in engines[1:]:
         np.testing.assert_array_equal(outputs(engine, frames), reference)
+
+    # Back with an empty engine cache (an eviction, a lost disk): the start-up rebuild asks the fleet
+    # too (the deployment shared engines), serves its ONNX model meanwhile, and downloads.
+    last = devices[2]
+    (daemon,) = [d for d in fleet.daemons if d.log_path.parent == files[last].root]
+    assert daemon.stop() == 0
+    shutil.rmtree(files[last].root / "state" / "engines")
+    restarted = fleet.start(files[last])
+
+    def downloaded() -> bool:
+        return any("downloaded engine" in line for line in progress_lines_of(restarted.log_path))
+
+    wait_until(downloaded, timeout=120, what=f"{last} to download its engine at start-up")
+    probe.clear()
+    probe.wait_for(count_version("2-int8", Topics("fleet/v1", last).results("cam")), timeout=60)
+    assert not any(line.startswith("calibrating") for line in progress_lines_of(restarted.log_path))
+    assert store.entries()[0].reuse == 3
 
 
 def vouch_for_bad_bytes(
