@@ -123,6 +123,10 @@ class FleetEngineCache:
             "dropped": 0,
         }
 
+    def _count(self, name: str) -> None:
+        with self._lock:  # asks, offers and drops run on different threads
+            self.stats[name] += 1
+
     # -- the deployment's permission ---------------------------------------------------------------
 
     @staticmethod
@@ -163,7 +167,7 @@ class FleetEngineCache:
         if sharing is None or self.refused(key) is not None:
             return None
         started = time.monotonic()
-        self.stats["asked"] += 1
+        self._count("asked")
         say(f"{ASKING_THE_FLEET} for engine {key[:12]}")
         reply = self._requests.request("ask", EngineAsk(key=key, job_id=sharing.job_id), self.ask_timeout_s)
         if reply is None:
@@ -190,7 +194,7 @@ class FleetEngineCache:
                 cancel,
             )
         except (EngineRefusedError, AgentError, OSError, ValueError) as exc:
-            self.stats["refused"] += 1
+            self._count("refused")
             reason = str(exc)[:300]
             log.warning("engine.fleet.refused", key=key, reason=reason)
             say(f"fleet engine {key[:12]} refused: {reason}; building here")
@@ -199,7 +203,7 @@ class FleetEngineCache:
             return None
         seconds = time.monotonic() - started
         size = sum(f.size for f in record.files)
-        self.stats["downloaded"] += 1
+        self._count("downloaded")
         log.info("engine.fleet.downloaded", key=key, built_by=record.built_by, seconds=round(seconds, 3))
         say(f"downloaded engine {key[:12]} from the fleet (built by {record.built_by}) in {seconds:.1f}s")
         return FleetFetch(entry, record.built_by, seconds, size)
@@ -270,7 +274,7 @@ class FleetEngineCache:
                 shadow=shadow,
                 probation_s=probation_s,
             )
-            self.stats["offered"] += 1
+            self._count("offered")
             outcome = self._offer_and_upload(entry, offer)
             log.info("engine.fleet.offered", key=key, outcome=outcome)
             return outcome
@@ -292,7 +296,7 @@ class FleetEngineCache:
                 return f"refused: {reply.error_code}: {(reply.error or '')[:200]}"
             result = reply.result or {}
             if result.get("stored"):
-                self.stats["uploaded"] += 1
+                self._count("uploaded")
                 return "stored"
             wanted = {str(sha) for sha in result.get("want") or ()}
             for file in offer.files:
@@ -328,7 +332,7 @@ class FleetEngineCache:
         entry = cache.get(key)
         if entry is None or FLEET_BUILT_BY not in entry.meta.extra:
             return False
-        self.stats["dropped"] += 1
+        self._count("dropped")
         cache.remove(key)
         self._refuse(key, reason)
         log.warning("engine.fleet.dropped", key=key, reason=reason[:300])
