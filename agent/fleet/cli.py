@@ -22,7 +22,6 @@ from agent.fleet.connection import add_broker_arguments, settings_from_args
 from agent.fleet.controller_config import DEFAULT_STATE_DIR
 from agent.fleet.deploy import DEFAULT_STATUS_POLL_S
 from agent.fleet.deploy_command import add_manifest_arguments, run_deploy
-from agent.fleet.engines.cli import add_engines_arguments, run_engines
 from agent.fleet.rollout_cli import add_controller_arguments, run_controller_command, run_rollout
 from agent.logs import configure_logging
 from agent.protocol.topics import DEFAULT_PREFIX
@@ -212,7 +211,19 @@ def add_fleet_arguments(parser: argparse.ArgumentParser) -> None:
     )
     _add_verbose(export)
 
-    add_engines_arguments(sub)
+    engines = sub.add_parser(
+        "engines", help="the engines the controller holds for the fleet (built once each)"
+    )
+    engines_sub = engines.add_subparsers(dest="engines_command", required=True, metavar="VERB")
+    listing = engines_sub.add_parser(
+        "list", help="per fingerprint: key, size, who built it, when, reuse count"
+    )
+    listing.add_argument(
+        "--json", action="store_true", help="the controller's answer as JSON (docs/fleet.md)"
+    )
+    listing.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for the controller")
+    add_broker_arguments(listing)
+    _add_verbose(listing)
     logs = sub.add_parser("logs", help="print a device's latest log lines (secrets redacted on the device)")
     logs.add_argument("device", metavar="DEVICE", help="device id")
     logs.add_argument(
@@ -287,7 +298,7 @@ def run_fleet(args: argparse.Namespace) -> int:
     if command == "samples":
         return _samples_export(args)
     if command == "engines":
-        return run_engines(args)
+        return _engines_list(args)
     if command == "logs":
         return _logs(args)
     if command == "decommission":
@@ -297,6 +308,19 @@ def run_fleet(args: argparse.Namespace) -> int:
     if command == "rollout":
         return run_rollout(args)
     raise AssertionError(f"unhandled fleet command {command}")
+
+
+# -- engines ---------------------------------------------------------------------------------------
+
+
+def _engines_list(args: argparse.Namespace) -> int:
+    from agent.fleet.controller_client import ControllerClient
+    from agent.fleet.engines.listing import engines_table
+
+    with ControllerClient(settings_from_args(args), timeout=args.timeout) as client:
+        listing = client.request("engines", {})
+    print(json.dumps(listing, indent=2, sort_keys=True) if args.json else engines_table(listing))
+    return 0
 
 
 # -- keygen ----------------------------------------------------------------------------------------

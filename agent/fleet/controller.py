@@ -122,7 +122,14 @@ class FleetController:
         self._client = ServiceClient(self.settings, handler=self._on_message)
         #: The second level of the devices' engine caches (agent/fleet/engines/).
         self.engines = engine_desk_for(
-            config, self._key, publish=self._publish_reply, job_facts=job_facts_in(self.view)
+            config.engines,
+            config.engines_dir,
+            prefix=self.settings.prefix,
+            key=self._key,
+            key_id=config.key_id,
+            publish=self._publish_reply,
+            job_facts=job_facts_in(self.view),
+            sink_for=UploadSink,
         )
 
     # -- lifecycle -----------------------------------------------------------------------------------

@@ -24,6 +24,7 @@ from agent.fleet.engines.local import LocalDeskRequests, local_download
 from agent.fleet.engines.settings import EngineShareSettings
 from agent.fleet.engines.store import EngineStore
 from agent.fleet.engines.trust import JobFacts
+from agent.fleet.upload import UploadSink
 from agent.selftest.engine_steps import build_spec_for, built_engine
 from agent.selftest.run import SelfTestRun
 from agent.selftest.step import Passed, Skipped, StepFailure
@@ -47,15 +48,17 @@ def shared_and_loaded(run: SelfTestRun, first: EngineArtifact, spec: BuildSpec) 
     key = Ed25519PrivateKey.generate()
     root = run.work_dir / "fleet-step"
     settings = EngineShareSettings()
+    store = EngineStore(root / "controller", settings)
     desk = EngineDesk(
         settings,
-        EngineStore(root / "controller", settings),
+        store,
         prefix="selftest",
         signing_key=key,
         key_id=_KEY_ID,
         publish=lambda _topic, _payload, _props: None,
         # The self-test stands in for the job: no shadow or probation runs here.
         job_facts=lambda _device, _job: JobFacts("ACTIVE", shadow=True, probation=True),
+        sink=UploadSink(store.blobs),
     )
     trusted = {_KEY_ID: key.public_key()}
     builder = run.builder

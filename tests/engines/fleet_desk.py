@@ -10,6 +10,7 @@ from agent.fleet.engines.desk import EngineDesk
 from agent.fleet.engines.settings import EngineShareSettings
 from agent.fleet.engines.store import EngineStore
 from agent.fleet.engines.trust import JobFacts
+from agent.fleet.upload import UploadSink
 from agent.signing import Ed25519PrivateKey
 
 ACTIVE_WITH_FIGURES = JobFacts(state="ACTIVE", shadow=True, probation=True)
@@ -22,12 +23,14 @@ def make_desk(
     settings: EngineShareSettings | None = None,
 ) -> EngineDesk:
     settings = settings or EngineShareSettings()
+    store = EngineStore(root, settings)
     return EngineDesk(
         settings,
-        EngineStore(root, settings),
+        store,
         prefix="fleet/v1",
         signing_key=key,
         key_id=key_id if key is not None else None,
         publish=lambda _topic, _payload, _props: None,
         job_facts=lambda _device, _job: ACTIVE_WITH_FIGURES,
+        sink=UploadSink(store.blobs),
     )

@@ -2,6 +2,8 @@
 
 ``settings`` (the ``engines:`` block of controller.yaml), ``trust`` (the pure decisions: who may
 offer, when sharing is on, what a drop withdraws, signing), ``store`` (bounded, LRU, on disk),
-``desk`` (the devices' ``up/engines/{verb}`` requests, answered on their own thread) and
-``listing`` (``fleet engines list``).
+``desk`` (the devices' ``up/engines/{verb}`` requests, answered on their own thread),
+``listing`` (``fleet engines list``'s text), ``local`` (the desk without a broker: selftest, tests)
+and ``hooks`` (what the controller process calls). Nothing here imports the controller process,
+its config or the CLI: they import this (the upload sink is handed in).
 """

@@ -21,7 +21,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import structlog
 from pydantic import ValidationError
@@ -31,7 +31,6 @@ from agent.fleet.engines.settings import EngineShareSettings
 from agent.fleet.engines.store import EngineStore
 from agent.fleet.engines.trust import JobFacts, missing_files, offer_refusal, sign_record, withdraws
 from agent.fleet.untrusted import shown
-from agent.fleet.upload import UploadSink
 from agent.mqtt.core import PublishProperties
 from agent.mqtt.inbound import InboundMessage
 from agent.protocol.engines import EngineAsk, EngineDrop, EngineListed, EngineOffer, EngineRecord
@@ -47,6 +46,15 @@ UPLOAD_IDLE_S = 600.0
 MAX_REQUEST_BYTES = 2 * 1024 * 1024
 
 Publish = Callable[[str, bytes, PublishProperties], None]
+
+
+class PieceSink(Protocol):
+    """Where upload pieces go: the controller's :class:`~agent.fleet.upload.UploadSink` on the blobs
+    directory (passed in: the upload path belongs to the controller, which builds the desk)."""
+
+    def take(self, data: bytes, properties: dict[str, str]) -> dict[str, Any]: ...
+
+
 #: ``job_facts(device, job_id)``: what the controller heard of that job (None: nothing).
 JobFactsFn = Callable[[str, str], JobFacts | None]
 
@@ -77,6 +85,7 @@ class EngineDesk:
         key_id: str | None,
         publish: Publish,
         job_facts: JobFactsFn,
+        sink: PieceSink,
     ) -> None:
         self.settings = settings
         self.store = store
@@ -85,7 +94,7 @@ class EngineDesk:
         self._key_id = key_id
         self._publish = publish
         self._job_facts = job_facts
-        self._sink = UploadSink(store.blobs)
+        self._sink = sink
         self._uploads: dict[str, _Upload] = {}
         self._queue: queue.Queue[InboundMessage | None] = queue.Queue(maxsize=settings.queue)
         self._thread: threading.Thread | None = None

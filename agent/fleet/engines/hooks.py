@@ -3,8 +3,10 @@ facts it lends the desk (what its fleet view heard of a job; whether a rollout s
 
 from __future__ import annotations
 
-from agent.fleet.controller_config import ControllerConfig
-from agent.fleet.engines.desk import EngineDesk, JobFactsFn, Publish
+from collections.abc import Callable
+from pathlib import Path
+
+from agent.fleet.engines.desk import EngineDesk, JobFactsFn, PieceSink, Publish
 from agent.fleet.engines.settings import EngineShareSettings
 from agent.fleet.engines.store import EngineStore
 from agent.fleet.engines.trust import JobFacts, sharing_for
@@ -14,17 +16,28 @@ from agent.signing import Ed25519PrivateKey
 
 
 def engine_desk_for(
-    config: ControllerConfig, key: Ed25519PrivateKey | None, *, publish: Publish, job_facts: JobFactsFn
+    settings: EngineShareSettings,
+    directory: Path,
+    *,
+    prefix: str,
+    key: Ed25519PrivateKey | None,
+    key_id: str | None,
+    publish: Publish,
+    job_facts: JobFactsFn,
+    sink_for: Callable[[Path], PieceSink],
 ) -> EngineDesk:
-    """The controller's engine desk over its store in ``{state_dir}/engines``."""
+    """The controller's engine desk over its store in ``directory`` (``{state_dir}/engines``);
+    ``sink_for(blobs)``: the controller's upload sink on the store's blobs directory."""
+    store = EngineStore(directory, settings)
     return EngineDesk(
-        config.engines,
-        EngineStore(config.engines_dir, config.engines),
-        prefix=config.mqtt.prefix,
+        settings,
+        store,
+        prefix=prefix,
         signing_key=key,
-        key_id=None if key is None else config.key_id,
+        key_id=None if key is None else key_id,
         publish=publish,
         job_facts=job_facts,
+        sink=sink_for(store.blobs),
     )
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from agent.fleet.engines.cli import engines_table
+from agent.fleet.engines.listing import engines_table
 from agent.signing import Ed25519PrivateKey
 from tests.engines.fleet_desk import make_desk
 from tests.fleet.engines.records import offer
