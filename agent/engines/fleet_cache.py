@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterator, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import structlog
 
@@ -54,6 +54,14 @@ log = structlog.get_logger(__name__)
 #: against ``file.sha256`` (raises on failure). Wired to the delivery fetch by the composition root.
 DownloadFn = Callable[[EngineFile, Path, threading.Event | None], Path]
 Progress = Callable[[str], None]
+
+
+class _Builder(Protocol):
+    """The two attributes of :class:`~agent.engines.builder.EngineBuilder` a drop needs."""
+
+    fleet: FleetEngineCache | None
+    cache: EngineCache
+
 
 #: ``meta.extra`` keys of an entry that came from the fleet (never offered back).
 FLEET_BUILT_BY = "fleet_built_by"
@@ -350,6 +358,15 @@ class FleetEngineCache:
             name=f"engine-drop-{key[:8]}",
             daemon=True,
         ).start()
+
+
+def dropped_from_fleet(builder: _Builder, artifact: EngineArtifact, error: Exception) -> bool:
+    """``artifact`` came from the fleet and failed here with ``error``: dropped (and reported); False
+    when it was this device's own engine (nothing done: the caller's failure stands)."""
+    fleet = builder.fleet
+    if fleet is None or artifact.effective.get("engine_source", {}).get("origin") != "downloaded":
+        return False
+    return fleet.dropped(builder.cache, artifact.key, str(error))
 
 
 def platform_fingerprint(identity: EngineIdentity) -> str:

@@ -8,11 +8,16 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
+import numpy.typing as npt
 import onnxruntime as ort
 import pytest
 
+from agent.camera.preprocess_spec import PreprocessSpec
+from agent.datasets.shapes import MODEL_PATH, generate
 from agent.engines.builder import EngineBuilder
 from agent.engines.fleet_cache import FLEET_BUILT_BY, FleetEngineCache
+from agent.engines.service import EngineService
 from agent.engines.settings import EngineConfig
 from agent.engines.spec import BuildSpec
 from agent.fleet.engines.desk import EngineDesk
@@ -23,6 +28,7 @@ from agent.platform import BackendAvailability, Platform
 from agent.protocol.engines import EngineAsk
 from agent.signing import Ed25519PrivateKey
 from tests.engines.fleet_desk import make_desk
+from tests.fleet.engines.records import engine_file, put_blob
 from tests.waiting import patient, wait_until
 
 PLATFORM = Platform(
@@ -239,3 +245,52 @@ def test_an_unsigned_controller_shares_nothing(
         "found": False,
         "reason": "this controller has no signing key: it shares no engines",
     }
+
+
+def _vouch_for_bad_bytes(desk: EngineDesk, key: str, operator_key: Ed25519PrivateKey) -> None:
+    """The stored engine replaced by bytes no runtime loads, properly signed: a bad upload vouched for."""
+    stored = desk.store.get(key)
+    assert stored is not None
+    bad = b"not an onnx model" * 64
+    put_blob(desk.store.blobs, bad)
+    engine = str(stored.record.meta["engine_file"])
+    files = [f if f.name != engine else engine_file(f.name, bad) for f in stored.record.files]
+    meta = {**stored.record.meta, "engine_sha256": engine_file("x", bad).sha256, "engine_bytes": len(bad)}
+    record = stored.record.model_copy(update={"files": files, "meta": meta})
+    signed = sign_record(record, operator_key, "ops")
+    desk.store._index.engines[key] = stored.model_copy(update={"record": record, "signed": signed})
+
+
+def test_a_fleet_int8_engine_that_does_not_load_in_the_guard_is_dropped_and_built_here(
+    tmp_path: Path, desk: EngineDesk, operator_key: Ed25519PrivateKey
+) -> None:
+    spec = BuildSpec.model_validate(
+        {"precision": "int8", "device": "cpu", "calibration": {"kind": "stream", "frames": 16}}
+    )
+    preprocess = PreprocessSpec(width=64, height=64)
+
+    def frames(slot: str, n: int) -> list[npt.NDArray[np.uint8]]:
+        images, _ = generate(n, seed=7, size=64)
+        return list(images)
+
+    config = EngineConfig(int8_agreement=0.5, guard_frames=16, build_timeout_s=patient(120))
+    first, second = (
+        EngineService(device(tmp_path, name, desk, operator_key), config, frames)
+        for name in ("dev-a", "dev-b")
+    )
+    with FleetEngineCache.sharing(True, "job-1"):
+        built = first.prepare("cls", MODEL_PATH, spec, preprocess)
+    assert first.builder.fleet is not None
+    key = built.artifact.key
+    assert (
+        first.builder.fleet.offer(first.builder.cache, key, job_id="j", shadow=True, probation_s=2.0)
+        == "stored"
+    )
+    _vouch_for_bad_bytes(desk, key, operator_key)
+
+    with FleetEngineCache.sharing(True, "job-2"):
+        prepared = second.prepare("cls", MODEL_PATH, spec, preprocess)
+    assert prepared.effective["engine_source"]["origin"] == "built"
+    assert "cannot load" in prepared.effective["fleet_engine_failed"]
+    assert prepared.effective["int8_guard"]["passed"] is True
+    wait_until(lambda: desk.store.get(key) is None, timeout=10, what="the engine withdrawn")
