@@ -49,8 +49,8 @@ Publish = Callable[[str, bytes, PublishProperties], None]
 
 
 class PieceSink(Protocol):
-    """Where upload pieces go: the controller's :class:`~agent.fleet.upload.UploadSink` on the blobs
-    directory (passed in: the upload path belongs to the controller, which builds the desk)."""
+    """Where upload pieces go: the controller's :class:`~agent.fleet.controller.upload.UploadSink` on the
+    blobs directory (passed in: the upload path belongs to the controller, which builds the desk)."""
 
     def take(self, data: bytes, properties: dict[str, str]) -> dict[str, Any]: ...
 

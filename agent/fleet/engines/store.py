@@ -1,13 +1,13 @@
 """The controller's engine store: vouched engines by cache key, bounded in count and bytes, LRU.
 
 On disk under ``{state_dir}/engines/``: ``blobs/{sha256}.onnx`` (every file of every engine, content
-addressed, written by the upload path of ``fleet rollout start``: :class:`~agent.fleet.upload.UploadSink`;
-the controller's chunk server serves them by SHA-256) and ``index.json`` (the entries, written
-atomically: temp file, fsync, rename). An entry is only added once all its files are here, so a
-device is never told of an engine it cannot download. Eviction removes least recently used entries
-(a download counts as a use) until both bounds hold, then every blob no entry and no upload in
-progress refers to. Withdrawn engines (key and engine SHA-256) are remembered, bounded, so the
-same bad bytes are never taken again.
+addressed, written by the upload path of ``fleet rollout start``:
+:class:`~agent.fleet.controller.upload.UploadSink`; the controller's chunk server serves them by SHA-256)
+and ``index.json`` (the entries, written atomically: temp file, fsync, rename). An entry is only added
+once all its files are here, so a device is never told of an engine it cannot download. Eviction removes
+least recently used entries (a download counts as a use) until both bounds hold, then every blob no entry
+and no upload in progress refers to. Withdrawn engines (key and engine SHA-256) are remembered, bounded,
+so the same bad bytes are never taken again.
 """
 
 from __future__ import annotations
