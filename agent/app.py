@@ -39,6 +39,7 @@ from agent.platform import detect_platform
 from agent.protocol.command_args import CalibrateArgs, EvidenceArgs, LogsArgs, SnapshotArgs
 from agent.protocol.topics import Topics
 from agent.runtime.evidence import EvidenceCommand, EvidenceStore
+from agent.runtime.fleet_engines import fleet_cache_for
 from agent.runtime.models import SlotModels
 from agent.runtime.slot import ModelSlot, SlotState
 from agent.runtime.snapshot_command import SnapshotCommand
@@ -135,6 +136,15 @@ class Agent:
             part_dir=config.state_dir / "partial",
             on_job_end=self._on_job_end,
             on_job_phase=self._on_job_end,  # up/info shows the candidate and its phase (issue 22.10)
+        )
+        # The engine cache's second level at the controller (used when a manifest shares engines).
+        self.engines.builder.fleet = fleet_cache_for(
+            self.link,
+            self.topics,
+            self.delivery.trusted,
+            config.delivery,
+            config.state_dir,
+            ask_timeout_s=config.engines.fleet_ask_timeout_s,
         )
         self.delivery.register_command("calibrate", self.models.calibrate, CalibrateArgs)
         reply_limit = partial(self.link.payload_limit, self.topics.cmd_reply("snapshot"))

@@ -16,6 +16,7 @@ from agent.delivery.chunks import ChunkRequest
 from agent.delivery.manifest import DeployManifest, SignedManifest
 from agent.fleet.rollout.spec import RolloutRequest
 from agent.fleet.rollout.status_model import RolloutStatus
+from agent.protocol.engines import EngineAsk, EngineDrop, EngineOffer, EngineRecord, SignedEngine
 from agent.protocol.messages import MESSAGE_MODELS
 from agent.protocol.samples import SampleMessage
 
@@ -27,4 +28,9 @@ EVERY_MESSAGE: tuple[type[BaseModel], ...] = (
     ChunkRequest,
     RolloutRequest,
     RolloutStatus,
+    EngineAsk,
+    EngineOffer,
+    EngineRecord,
+    SignedEngine,
+    EngineDrop,
 )

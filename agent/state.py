@@ -64,6 +64,10 @@ class ModelRecord(_StateModel):
     origin: Literal["config", "delivery", "rollback"] = Field(
         default="config", description="How it got there: the config file, a deployment, a rollback."
     )
+    share_engines: bool = Field(
+        default=False,
+        description="Its deployment shared engines through the fleet: a rebuild asks the controller first.",
+    )
 
 
 class SlotState(_StateModel):

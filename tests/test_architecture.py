@@ -80,6 +80,7 @@ FLEET_ROOMS = (
     "deploy",
     "rollout",
     "samples",
+    "engines",
     "metrics",
     "console",
     "controller",

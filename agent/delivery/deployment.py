@@ -364,6 +364,8 @@ class Deployment:
             slot=m.slot,
             preprocess=m.preprocess,
             on_build=self._on_build_phase,
+            share_engines=bool(m.share_engines),
+            job_id=m.job_id,
         )
         outcome = self._build(model, with_artifacts(m.build, artifacts), reporter)
         self.effective = dict(outcome.effective) or {"backend": outcome.backend}
@@ -395,6 +397,7 @@ class Deployment:
                 evidence=self._kept_evidence,
             ),
             on_fallback=self._fell_back,
+            share_engines=bool(m.share_engines),
         )
         self._step_started = started
         try:

@@ -186,6 +186,13 @@ class DeployManifest(StrictModel):
     probation: ProbationSpec | None = Field(
         None, description="The probation's health bars; absent: the defaults (used when probation_s > 0)."
     )
+    # Absent by default (older agents refuse unknown keys): the device neither asks the fleet for the
+    # engine nor offers its own, as before fleet-shared engines (docs/engines.md).
+    share_engines: bool | None = Field(
+        None,
+        description="Ask the controller for the engine on a cache miss, and offer a build that ran to ACTIVE "
+        "through shadow and probation; absent or false: neither.",
+    )
 
     @field_validator("job_id")
     @classmethod
@@ -295,6 +302,7 @@ def build_manifest(
     probation_s: float | None = None,
     probation: ProbationSpec | None = None,
     artifacts: Sequence[ManifestArtifact] = (),
+    share_engines: bool | None = None,
 ) -> DeployManifest:
     """Read ``model_path`` once and describe it: size, SHA-256, per-chunk SHA-256.
 
@@ -320,6 +328,7 @@ def build_manifest(
         shadow=shadow,
         probation_s=probation_s,
         probation=probation,
+        share_engines=share_engines or None,
     )
 
 

@@ -41,6 +41,8 @@ class JobReporter:
         slot: str | None = None,
         preprocess: PreprocessSpec | None = None,
         on_build: Callable[[dict[str, object]], None] | None = None,
+        share_engines: bool = False,
+        job_id: str | None = None,
     ) -> None:
         self._on_progress = on_progress
         self._on_build = on_build
@@ -49,6 +51,9 @@ class JobReporter:
         self.preprocess = preprocess
         #: Set when the job should stop (superseded, agent stopping): a builder checks it between steps.
         self.cancel = cancel
+        #: The manifest asks to take the engine from the fleet on a cache miss (docs/engines.md).
+        self.share_engines = share_engines
+        self.job_id = job_id
 
     def progress(self, fraction: float) -> None:
         """Report the step as ``fraction`` (0..1) done; published, rate-limited, in job status."""
@@ -153,6 +158,8 @@ class ActivationRequest:
     #: Told the new ``effective`` report when the runtime replaced the built engine (a TensorRT
     #: engine that failed to load, rebuilt on ONNX Runtime): the job publishes what it now runs.
     on_fallback: Callable[[dict[str, Any]], None] | None = None
+    #: The manifest lets the device offer the engine it built to the fleet once it is ACTIVE.
+    share_engines: bool = False
 
 
 #: ``activate(request)``; raises :class:`agent.errors.EngineError` when the candidate fails to load or

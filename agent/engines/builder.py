@@ -46,6 +46,7 @@ from agent.engines.build_history import BuildHistory, build_fingerprint
 from agent.engines.cache import CacheEntry, EngineCache
 from agent.engines.cache_key import EngineIdentity, engine_cache_key, model_sha256, new_engine_meta
 from agent.engines.calibration_data import calibration_identity
+from agent.engines.fleet_cache import FleetEngineCache, with_source
 from agent.engines.int8 import host_cpu_flags, reduce_range_for
 from agent.engines.job import MIB, Progress
 from agent.engines.job_inputs import default_preprocess, job_for
@@ -101,6 +102,8 @@ class EngineBuilder:
             lock_path=self.state_dir / "build.lock",
         )
         self._build_lock = threading.Lock()
+        #: The cache's second level at the controller (None: none; set by the composition root).
+        self.fleet: FleetEngineCache | None = None
         self._remove_stale_jobs()
 
     def protect(self, keys: Iterable[str]) -> None:
@@ -286,7 +289,14 @@ class EngineBuilder:
         if entry is not None:
             say(f"cache hit {key[:12]}")
             log.info("engine.cache.hit", key=key, model=model.name)
-            return self._artifact(entry, plan, requested, cache_hit=True, seconds=time.monotonic() - started)
+            artifact = self._artifact(
+                entry, plan, requested, cache_hit=True, seconds=time.monotonic() - started
+            )
+            return with_source(artifact, "cache", entry)
+        fetched = self.fleet.fetch(self.cache, key, identity, say, cancel) if self.fleet is not None else None
+        if fetched is not None:  # level two: the fleet's engine, downloaded and verified
+            artifact = self._artifact(fetched.entry, plan, requested, cache_hit=True, seconds=fetched.seconds)
+            return with_source(artifact, "downloaded", fetched.entry, seconds=fetched.seconds)
         # Said before waiting for the build lock: a slot that must build serves its interim model now.
         estimate, builds = self.history.estimate(build_fingerprint(identity))
         # The estimate rides on the line (progress is text): agent.engines.build_progress reads it back.
@@ -363,7 +373,8 @@ class EngineBuilder:
             shutil.rmtree(job_dir, ignore_errors=True)
         self.history.record(fingerprint, result.build_seconds)
         say(f"built in {result.build_seconds:.1f}s, cached as {key[:12]}")
-        return self._artifact(entry, plan, requested, cache_hit=False, seconds=time.monotonic() - started)
+        artifact = self._artifact(entry, plan, requested, cache_hit=False, seconds=time.monotonic() - started)
+        return with_source(artifact, "built", entry, seconds=result.build_seconds)
 
     # -- helpers -----------------------------------------------------------------------------
 

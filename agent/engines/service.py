@@ -25,6 +25,7 @@ from agent.engines.artifact import EngineArtifact
 from agent.engines.builder import EngineBuilder
 from agent.engines.calibration_store import CalibrationKey, CalibrationStore, collect_frames
 from agent.engines.engine_devices import engine_devices, placement_candidates
+from agent.engines.fleet_cache import dropped_from_fleet
 from agent.engines.guard import agreement, check_int8
 from agent.engines.int8 import quantize_int8
 from agent.engines.model_facts import model_facts
@@ -38,7 +39,7 @@ from agent.engines.placement_choice import (
 from agent.engines.placement_measure import measure_candidates, measure_combinations
 from agent.engines.settings import EngineConfig
 from agent.engines.spec import BuildSpec
-from agent.errors import BuildError
+from agent.errors import BuildError, EngineError
 
 log = structlog.get_logger(__name__)
 
@@ -186,7 +187,17 @@ class EngineService:
         """``artifact``, or its FP16 rebuild when it is INT8 and fails the accuracy guard."""
         if artifact.plan.precision != "int8":
             return PreparedEngine(artifact, effective)
-        ok, reason, report = self._guard(slot, model, artifact, preprocess)
+        try:
+            ok, reason, report = self._guard(slot, model, artifact, preprocess)
+        except EngineError as exc:  # it does not load: a fleet engine is dropped and built here
+            if not dropped_from_fleet(self.builder, artifact, exc):
+                raise
+            calibration = self._stream_calibration(slot, spec, preprocess, say)
+            artifact = self.builder.build(
+                model, spec, calibration=calibration, preprocess=preprocess, progress=say, cancel=cancel
+            )
+            effective = {**artifact.effective, "fleet_engine_failed": str(exc)[:300]}
+            ok, reason, report = self._guard(slot, model, artifact, preprocess)
         effective["int8_guard"] = {"passed": ok, "reason": reason, **(report or {})}
         say(f"int8 guard: {reason}")
         if ok:

@@ -16,6 +16,13 @@ class EngineConfig(StrictModel):
         description="A slot whose engine is not in the cache at start-up serves its ONNX model on ONNX "
         "Runtime at once and swaps to the engine once built and validated (false: it waits for the build).",
     )
+    fleet_ask_timeout_s: float = Field(
+        10.0,
+        gt=0,
+        le=300,
+        description="How long a build waits for the controller's answer when a deployment lets it take the "
+        "engine from the fleet (share_engines); no answer: it builds here.",
+    )
     build_timeout_s: float = Field(1800.0, gt=0, description="A build running longer is killed and fails.")
     build_memory_mb: int = Field(0, ge=0, description="Address-space limit of the build process (0 = none).")
     int8_agreement: float = Field(

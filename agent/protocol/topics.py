@@ -21,10 +21,13 @@ _FIXED_KINDS: dict[str, frozenset[str]] = {
 }
 #: Kinds followed by exactly one argument level, by direction.
 _ARG_KINDS: dict[str, frozenset[str]] = {
-    UP: frozenset({"results", "jobs", "cmd", "xfer"}),
-    DOWN: frozenset({"desired", "xfer", "cmd"}),
+    UP: frozenset({"results", "jobs", "cmd", "xfer", "engines"}),
+    DOWN: frozenset({"desired", "xfer", "cmd", "engines"}),
 }
 _UP_XFER_REQ = "req"  # up/xfer/req: the one argument up/xfer takes
+#: up/engines/{verb}: the requests about fleet-shared engines (agent.protocol.engines).
+ENGINE_REQUEST_VERBS = frozenset({"ask", "offer", "piece", "drop"})
+_DOWN_ENGINES_REPLY = "reply"  # down/engines/reply: the one argument down/engines takes
 
 
 def check_level(value: str, what: str) -> str:
@@ -105,6 +108,18 @@ class Topics:
         """State transitions of one deployment job."""
         return f"{self._base}/up/jobs/{check_level(job_id, 'job id')}"
 
+    def engines_request(self, verb: str) -> str:
+        """A request about fleet-shared engines (``ask``, ``offer``, ``piece``, ``drop``)."""
+        if verb not in ENGINE_REQUEST_VERBS:
+            known = ", ".join(sorted(ENGINE_REQUEST_VERBS))
+            raise ValueError(f"unknown engines verb {verb!r}; known: {known}")
+        return f"{self._base}/up/engines/{verb}"
+
+    @property
+    def engines_reply(self) -> str:
+        """Where the controller answers this device's engines requests (their response topic)."""
+        return f"{self._base}/down/engines/{_DOWN_ENGINES_REPLY}"
+
     def cmd_reply(self, name: str) -> str:
         """Reply to a command named ``name``."""
         return f"{self._base}/up/cmd/{check_level(name, 'command name')}"
@@ -175,6 +190,10 @@ def parse(topic: str, prefix: str = DEFAULT_PREFIX) -> ParsedTopic:
         arg = check_level(rest[0], f"{kind} argument")
         if way == UP and kind == "xfer" and arg != _UP_XFER_REQ:
             raise ValueError(f"topic {topic!r}: up/xfer only has the level {_UP_XFER_REQ!r}")
+        if way == UP and kind == "engines" and arg not in ENGINE_REQUEST_VERBS:
+            raise ValueError(f"topic {topic!r}: up/engines has the levels {sorted(ENGINE_REQUEST_VERBS)}")
+        if way == DOWN and kind == "engines" and arg != _DOWN_ENGINES_REPLY:
+            raise ValueError(f"topic {topic!r}: down/engines only has the level {_DOWN_ENGINES_REPLY!r}")
         return ParsedTopic(device, way, kind, arg)
     raise ValueError(
         f"topic {topic!r} is not in the topic tree ({direction}/{kind} with {len(rest)} more levels)"
@@ -185,7 +204,7 @@ def parse(topic: str, prefix: str = DEFAULT_PREFIX) -> ParsedTopic:
 #: ``reply``) are neither ``up`` nor ``down``, so no device topic and no device ACL pattern meets it.
 CONTROLLER_LEVEL = "_controller"
 #: Verbs the fleet controller answers (``{prefix}/_controller/req/{verb}``).
-CONTROLLER_VERBS = ("start", "status", "list", "pause", "resume", "abort", "upload")
+CONTROLLER_VERBS = ("start", "status", "list", "pause", "resume", "abort", "upload", "engines")
 
 
 class ControllerTopics:

@@ -18,11 +18,13 @@ import structlog
 from agent.delivery.errors import JobCancelledError
 from agent.delivery.steps import ActivationRequest, BuildOutcome, JobReporter, no_build
 from agent.engines.build_progress import ProgressTracker
+from agent.engines.fleet_cache import FleetEngineCache
 from agent.engines.plan import FAILED_AT, load_fallback
 from agent.engines.service import PreparedEngine
 from agent.engines.spec import BuildSpec
 from agent.errors import BuildError, EngineError
 from agent.runtime.evidence import EvidenceStore
+from agent.runtime.fleet_engines import offer_when_active, rebuilt_here
 from agent.runtime.guarded import GuardedSlot, GuardRun, activate_guarded
 from agent.runtime.loaded import ModelSource
 from agent.runtime.model_sources import engine_report, engine_source, engine_summary, model_source
@@ -72,7 +74,7 @@ class SlotDeployments:
             if due is not None:
                 reporter.build(due.as_dict())
 
-        with heartbeat(beat):
+        with heartbeat(beat), FleetEngineCache.sharing(reporter.share_engines, reporter.job_id):
             prepared, *more = self._owner.engines.prepare_set(
                 slot, model, spec, preprocess, progress=progress, cancel=reporter.cancel
             )
@@ -114,6 +116,7 @@ class SlotDeployments:
             build=built[1] if built else None,
             report=None,
             engines=(),
+            share_engines=request.share_engines,
         )
         if built is not None:
             # A set's first engine is the request's; the others were built beside it (build.devices).
@@ -124,6 +127,12 @@ class SlotDeployments:
             self._activate_request(request, source, guarded_ok=current is not None)
         except EngineError as exc:
             spec = built[1] if built else None
+            here = rebuilt_here(self._owner.engines, request, source, spec, exc)  # a fleet engine that failed
+            if here is not None:
+                source = engine_source(replace(source, engines=()), here)
+                self._activate_request(request, source, guarded_ok=current is not None)
+                offer_when_active(self._owner.engines, request, source, guarded=current is not None)
+                return
             decision = load_fallback(spec, (source.backend, *(e.backend for e in source.engines)))
             if decision == "not_tensorrt" or spec is None:
                 raise
@@ -134,6 +143,9 @@ class SlotDeployments:
                 ) from exc
             fallback = self._load_fallback_source(request, source, spec, exc)
             self._activate_request(request, fallback, guarded_ok=current is not None)
+            return
+        # ACTIVE through shadow and probation (when guarded): offered to the fleet if it shares engines.
+        offer_when_active(self._owner.engines, request, source, guarded=current is not None)
 
     def _activate_request(self, request: ActivationRequest, source: ModelSource, *, guarded_ok: bool) -> None:
         guarded = request.guard is not None and (request.shadow is not None or request.probation_s > 0)

@@ -16,6 +16,7 @@ from typing import Literal
 
 import structlog
 
+from agent.engines.fleet_cache import ASKING_THE_FLEET
 from agent.engines.spec import BuildSpec
 from agent.errors import BuildError, EngineError
 from agent.runtime.loaded import LoadedModel, ModelSource
@@ -56,7 +57,8 @@ class InterimServing:
         handoff = _Handoff()
 
         def watch(message: str) -> None:
-            if message.startswith("cache miss"):
+            # A local miss: the fleet is asked (a bounded wait, then a download) or a build starts.
+            if message.startswith(("cache miss", ASKING_THE_FLEET)):
                 handoff.building.set()
 
         def build_engine() -> None:

@@ -78,6 +78,9 @@ class ModelSource:
     #: The slot's other engines when it runs on several devices at once (``build.devices``): each is
     #: loaded as one more :class:`LoadedModel` of the same set, and the set is swapped as one unit.
     engines: tuple[ModelSource, ...] = ()
+    #: Its deployment let it take the engine from the fleet (``share_engines``): a rebuild of it
+    #: (start-up after an upgrade or an eviction, a rollback) asks the controller first too.
+    share_engines: bool = False
 
 
 @dataclass(frozen=True)

@@ -111,6 +111,7 @@ def from_record(configured: ModelSource, record: ModelRecord) -> ModelSource:
         postprocess=postprocess or configured.postprocess,
         sha256=None,
         model_path=None,
+        share_engines=record.share_engines,
     )
 
 
@@ -127,6 +128,7 @@ def record_of(source: ModelSource, loaded: LoadedModel, origin: Origin) -> Model
         preprocess=source.preprocess.model_dump(mode="json"),
         postprocess=_POSTPROCESS.dump_python(source.postprocess, mode="json"),  # type: ignore[arg-type]
         origin=origin,
+        share_engines=source.share_engines,
     )
 
 

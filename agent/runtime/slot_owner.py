@@ -24,6 +24,7 @@ import structlog
 from agent.camera.preprocess_spec import PreprocessSpec
 from agent.config import SlotConfig
 from agent.delivery.commands import NoSuchSlotError
+from agent.engines.fleet_cache import FleetEngineCache
 from agent.engines.service import EngineService
 from agent.engines.spec import BuildSpec
 from agent.errors import EngineError
@@ -188,7 +189,10 @@ class SlotOwner:
                 if watch is not None:
                     watch(message)
 
-            engines = self.engines.prepare_set(name, source.path, build, source.preprocess, progress=progress)
+            with FleetEngineCache.sharing(source.share_engines, None):
+                engines = self.engines.prepare_set(
+                    name, source.path, build, source.preprocess, progress=progress
+                )
         for prepared in engines:
             artifact = prepared.artifact
             log.info(

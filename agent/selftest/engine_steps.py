@@ -21,7 +21,7 @@ from agent.selftest.targets import (
 )
 
 
-def _spec(run: SelfTestRun, device: Device, precision: EnginePrecision) -> BuildSpec:
+def build_spec_for(run: SelfTestRun, device: Device, precision: EnginePrecision) -> BuildSpec:
     calibration = None
     if precision == "int8":
         calibration = CalibrationSource(
@@ -80,7 +80,7 @@ def build_step(device: Device, precision: EnginePrecision) -> Step[SelfTestRun]:
             raise Skipped(target.reason)
         run.missing[(device, precision)] = "failed"
         started = time.monotonic()
-        artifact = run.builder.build(run.model, _spec(run, device, precision))
+        artifact = run.builder.build(run.model, build_spec_for(run, device, precision))
         seconds = time.monotonic() - started
         if artifact.cache_hit:
             raise StepFailure("the first build of a fresh cache was a cache hit: the cache is not fresh")
@@ -128,7 +128,7 @@ def cache_step(device: Device, precision: EnginePrecision) -> Step[SelfTestRun]:
     def run_it(run: SelfTestRun) -> Passed:
         first = built_engine(run, device, precision)
         started = time.monotonic()
-        again = run.builder.build(run.model, _spec(run, device, precision))
+        again = run.builder.build(run.model, build_spec_for(run, device, precision))
         seconds = time.monotonic() - started
         if not again.cache_hit or again.key != first.key:
             raise StepFailure(f"second build was not a cache hit (key {again.key[:12]} vs {first.key[:12]})")

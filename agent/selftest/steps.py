@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from agent.selftest.device_steps import cuda_buffers_step, cuda_leak_step, platform_step, telemetry_step
 from agent.selftest.engine_steps import build_step, cache_step, compare_step, throughput_step
+from agent.selftest.fleet_steps import downloaded_engine_step
 from agent.selftest.run import SelfTestRun
 from agent.selftest.runtime_steps import hotswap_step, multi_engine_step
 from agent.selftest.step import Step
@@ -39,6 +40,13 @@ def all_steps() -> list[Step[SelfTestRun]]:
             BUDGET_S["compare.backends"],
             "build --bench: every backend here runs the same model and input (output differences listed)",
             compare_step,
+        ),
+        Step(
+            "fleet.downloaded_engine",
+            BUDGET_S["fleet.downloaded_engine"],
+            "a TensorRT engine shared through the controller (signed, downloaded, verified) loads here "
+            "and gives its builder's outputs",
+            downloaded_engine_step,
         ),
         Step(
             "multi_engine.slot",

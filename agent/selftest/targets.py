@@ -47,6 +47,7 @@ BUDGET_S: dict[str, float] = {
     "cache": 5.0,  # per engine: a second build that must be a cache hit
     "throughput": 10.0,  # per engine
     "compare.backends": 40.0,
+    "fleet.downloaded_engine": 5.0,
     "multi_engine.slot": 30.0,
     "hotswap.synthetic_stream": 20.0,
     "telemetry.sysfs": 5.0,

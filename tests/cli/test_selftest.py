@@ -53,6 +53,8 @@ def test_quick_selftest_runs_the_cpu_subset_and_skips_the_rest_with_reasons(tmp_
         for kind in ("build", "cache", "throughput"):
             assert steps[f"{kind}.{device}.int8"]["status"] == "skip"
     assert "tensorrt" in steps["build.gpu.fp16"]["detail"].lower()
+    assert steps["fleet.downloaded_engine"]["status"] == "skip"  # a TensorRT engine only: not here
+    assert "tensorrt" in steps["fleet.downloaded_engine"]["detail"].lower()
     assert steps["build.dla1.fp16"]["detail"].startswith("DLA needs TensorRT: ")
     # One slot on several engines: CPU sessions stand in for the devices here; each served frames.
     multi = steps["multi_engine.slot"]

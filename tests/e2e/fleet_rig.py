@@ -38,7 +38,7 @@ def agent_state(files: AgentFiles) -> dict[str, Any]:
 
 
 #: Options of :meth:`Fleet.deploy` that belong to the deploy plan.
-_PLAN_OPTIONS = ("chunk_size", "shadow", "probation_s", "probation", "build", "calib_cache")
+_PLAN_OPTIONS = ("chunk_size", "shadow", "probation_s", "probation", "build", "calib_cache", "share_engines")
 
 
 class Fleet:

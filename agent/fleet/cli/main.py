@@ -1,5 +1,5 @@
 """``edge-agent fleet ...``: the operator commands (keygen, deploy, serve, status, watch, cmd,
-snapshot, evidence, logs, decommission, controller, rollout).
+snapshot, evidence, samples, engines, logs, decommission, controller, rollout).
 
 :func:`add_fleet_arguments` fills the ``fleet`` sub-parser, :func:`run_fleet` runs the chosen
 command and returns the exit code. ``fleet deploy`` itself is :mod:`agent.fleet.cli.deploy`, the
@@ -12,6 +12,7 @@ the work is done by
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import threading
 from pathlib import Path
@@ -41,6 +42,7 @@ FLEET_COMMANDS = (
     "snapshot",
     "evidence",
     "samples",
+    "engines",
     "logs",
     "decommission",
     "controller",
@@ -204,6 +206,19 @@ def add_fleet_arguments(parser: argparse.ArgumentParser) -> None:
     )
     _add_verbose(export)
 
+    engines = sub.add_parser(
+        "engines", help="the engines the controller holds for the fleet (built once each)"
+    )
+    engines_sub = engines.add_subparsers(dest="engines_command", required=True, metavar="VERB")
+    listing = engines_sub.add_parser(
+        "list", help="per fingerprint: key, size, who built it, when, reuse count"
+    )
+    listing.add_argument(
+        "--json", action="store_true", help="the controller's answer as JSON (docs/fleet.md)"
+    )
+    listing.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for the controller")
+    add_broker_arguments(listing)
+    _add_verbose(listing)
     logs = sub.add_parser("logs", help="print a device's latest log lines (secrets redacted on the device)")
     logs.add_argument("device", metavar="DEVICE", help="device id")
     logs.add_argument(
@@ -277,6 +292,8 @@ def run_fleet(args: argparse.Namespace) -> int:
         return device_commands.run_evidence(args)
     if command == "samples":
         return _samples_export(args)
+    if command == "engines":
+        return _engines_list(args)
     if command == "logs":
         return device_commands.run_logs(args)
     if command == "decommission":
@@ -286,6 +303,19 @@ def run_fleet(args: argparse.Namespace) -> int:
     if command == "rollout":
         return run_rollout(args)
     raise AssertionError(f"unhandled fleet command {command}")
+
+
+# -- engines ---------------------------------------------------------------------------------------
+
+
+def _engines_list(args: argparse.Namespace) -> int:
+    from agent.fleet.controller.client import ControllerClient
+    from agent.fleet.engines.listing import engines_table
+
+    with ControllerClient(settings_from_args(args), timeout=args.timeout) as client:
+        listing = client.request("engines", {})
+    print(json.dumps(listing, indent=2, sort_keys=True) if args.json else engines_table(listing))
+    return 0
 
 
 # -- keygen ----------------------------------------------------------------------------------------

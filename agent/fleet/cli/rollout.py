@@ -98,6 +98,13 @@ def add_controller_arguments(sub: Any) -> None:
     start.add_argument(
         "--supersedes", default=None, help="end this running rollout and take over its devices"
     )
+    start.add_argument(
+        "--share-engines",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="devices take the engine from the controller when one of their platform built it, and offer "
+        "theirs (default: the controller's engines.share setting, on; docs/engines.md)",
+    )
     start.add_argument("--wait", action="store_true", help="follow the rollout until it ends")
     start.add_argument("--json", action="store_true", help="print the controller's answer as JSON")
     _common(start)
@@ -209,6 +216,7 @@ def _start(args: argparse.Namespace) -> int:
         on_timeout=args.on_timeout,
         rollback_on_abort=args.rollback_on_abort,
         supersedes=args.supersedes,
+        share_engines=args.share_engines,
         **fields,
     )
     request.plan("check", "check", 0, {}, {})  # the waves split over this selection, or the error now

@@ -18,6 +18,7 @@ from pydantic import Field, ValidationError, field_validator
 from agent.config import base_dir, read_yaml, resolve_paths
 from agent.config.problems import config_error, describe
 from agent.errors import ConfigError
+from agent.fleet.engines.settings import EngineShareSettings
 from agent.fleet.samples.store import SampleBounds
 from agent.model_base import StrictModel
 from agent.mqtt.settings import MqttSettings
@@ -112,6 +113,15 @@ class ControllerConfig(StrictModel):
         default_factory=SampleBounds,
         description="The store of the devices' opt-in samples for retraining ({state_dir}/samples).",
     )
+
+    engines: EngineShareSettings = Field(
+        default_factory=EngineShareSettings,
+        description="Engines shared between devices ({state_dir}/engines): on by default, bounded.",
+    )
+
+    @property
+    def engines_dir(self) -> Path:
+        return self.state_dir / "engines"
 
     @property
     def samples_dir(self) -> Path:

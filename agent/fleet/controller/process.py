@@ -41,10 +41,12 @@ from agent.fleet.controller.remembered_jobs import jobs_from_store
 from agent.fleet.controller.requests import ControllerError, answer_request, json_object
 from agent.fleet.controller.start_request import stored_rollout
 from agent.fleet.controller.upload import UploadSink
+from agent.fleet.controller.web import serve_http
 from agent.fleet.deploy.decommission import decommission
 from agent.fleet.deploy.keys import load_signing_key
 from agent.fleet.devices.evidence import evidence_json, fetch_evidence
 from agent.fleet.devices.snapshot import snapshot_json, take_snapshot
+from agent.fleet.engines.hooks import engine_desk_for, job_facts_in, share_engines_of
 from agent.fleet.rollout.actions import WrongStateError, action_refusal
 from agent.fleet.rollout.records import RolloutState
 from agent.fleet.rollout.report import rollout_status
@@ -54,6 +56,7 @@ from agent.fleet.rollout.store import RolloutStore
 from agent.fleet.rollout.store_file import StoreDamagedError, StoreFullError
 from agent.fleet.samples.store import SampleStore
 from agent.fleet.view.live import FleetView
+from agent.mqtt.core import PublishProperties
 from agent.mqtt.inbound import InboundMessage
 from agent.mqtt.service_client import ServiceClient
 from agent.protocol.messages import ProtocolError, decode
@@ -108,6 +111,17 @@ class FleetController:
         # is clean, so a restarted controller leaves no subscription under the old group behind.
         self.chunks = ChunkServer(self.settings)
         self._client = ServiceClient(self.settings, handler=self._on_message)
+        #: The second level of the devices' engine caches (agent/fleet/engines/).
+        self.engines = engine_desk_for(
+            config.engines,
+            config.engines_dir,
+            prefix=self.settings.prefix,
+            key=self._key,
+            key_id=config.key_id,
+            publish=self._publish_reply,
+            job_facts=job_facts_in(self.view),
+            sink_for=UploadSink,
+        )
 
     # -- lifecycle -----------------------------------------------------------------------------------
 
@@ -131,10 +145,13 @@ class FleetController:
         # First: a damaged or emptied store (StoreDamagedError) stops the start before anything runs.
         self.store = RolloutStore(self.config.store_path)
         self.chunks.add_repo(self.config.models_dir)
+        self.chunks.add_repo(self.engines.store.blobs)
+        self.engines.start()
         self.chunks.start(timeout)
         self.samples = SampleStore(self.config.samples_dir, self.config.samples)
         self._client.start(timeout)
         self._client.subscribe(fleet_filter(self.settings.prefix, "samples"), qos=1, timeout=timeout)
+        self._client.subscribe(fleet_filter(self.settings.prefix, "engines"), qos=1, timeout=timeout)
         self._client.subscribe(self.topics.request_filter, qos=1, timeout=timeout)
         # Before the devices' retained messages arrive: what the store knows of their last jobs
         # (a restarted controller's console and /metrics show them, with their shadow and probation).
@@ -146,7 +163,7 @@ class FleetController:
             self.runners[rollout_id] = self._runner(rollout_id)
             log.info("fleet.controller.resumed", rollout=rollout_id)
         if self.config.http.port is not None:
-            self.http = self._serve_http()
+            self.http = serve_http(self.view, self.store, ConsoleCalls(self), self.config.http)
         log.info(
             "fleet.controller.started",
             state_dir=str(self.config.state_dir),
@@ -226,6 +243,7 @@ class FleetController:
             self.http.stop()
         for runner in self.runners.values():
             runner.stop()
+        self.engines.stop()
         self._client.stop()
         self.chunks.stop()
         if self.store is not None:
@@ -257,6 +275,9 @@ class FleetController:
             deploy_options={"serve": False, "wait_unknown": True, "status_poll_s": self.config.status_poll_s},
         )
 
+    def _publish_reply(self, topic: str, payload: bytes, properties: PublishProperties) -> None:
+        self._client.publish(topic, payload, qos=1, properties=properties)
+
     def model_path(self, sha256: str) -> Path:
         return self.config.models_dir / f"{sha256}.onnx"
 
@@ -268,6 +289,8 @@ class FleetController:
         """Dispatcher thread: requests go to the loop, device messages into the view."""
         if self.topics.requested(message.topic) is not None:  # unknown verbs too: they get an answer
             self._requests.put(message)
+        elif self.engines.take(message):
+            pass  # an engine request: answered on the desk's thread
         elif message.topic.endswith("/up/samples"):
             self._keep_sample(message)
         else:
@@ -288,31 +311,6 @@ class FleetController:
                 error=shown(str(exc), 300),
             )
 
-    def _serve_http(self) -> Any:
-        """The console and /metrics (the ``fleet`` extra's web stack, imported only when asked for)."""
-        from agent.fleet.console.app import make_console_app
-        from agent.fleet.console.server import console_token, serve_console
-        from agent.fleet.metrics.exposition import fleet_metrics
-        from agent.fleet.metrics.serving import metrics_asgi_app
-
-        assert self.store is not None
-        store = self.store
-        metrics = fleet_metrics(
-            self.view, lambda: store.rollouts(limit=50), store.device_counts, store.change_mark
-        )
-        app = make_console_app(
-            self.view,
-            store,
-            ConsoleCalls(self),
-            token=console_token(self.config.http.token_file),
-            metrics_app=metrics_asgi_app(metrics),
-        )
-        server = serve_console(
-            app, self.config.http.host, self.config.http.port or 0, self.config.http.allowed_hosts
-        )
-        log.info("fleet.controller.http", url=server.url, token=self.config.http.token_file is not None)
-        return server
-
     def call(self, fn: Callable[[], dict[str, Any]], timeout: float = 30.0) -> dict[str, Any]:
         """Run ``fn`` on the loop thread (as requests are) and return its result or raise its error."""
         call = LoopCall(fn)
@@ -330,6 +328,8 @@ class FleetController:
         if verb == "upload":
             return self._uploads.take(message.payload, dict(message.user_properties))
         args: dict[str, Any] = json_object(message.payload)
+        if verb == "engines":
+            return self.engines.listing()
         if verb == "start":
             return self.start_rollout(RolloutRequest.model_validate(args))
         if verb == "list":
@@ -360,6 +360,8 @@ class FleetController:
     def start_rollout(self, request: RolloutRequest) -> dict[str, Any]:
         """Create and start a rollout; its status. ControllerError when the model is not uploaded."""
         assert self.store is not None
+        # Decided once and stored with the rollout: a resumed rollout publishes the same manifests.
+        request = share_engines_of(request, self.config.engines, can_sign=self.engines.can_vouch)
         stored = stored_rollout(request, self.model_path, self.settings, self.config.select_wait_s)
         self.store.create(stored)
         rollout_id = stored.rollout_id

@@ -63,6 +63,7 @@ def plan_manifest(plan: DeployPlan, job_id: str, sequence: int) -> DeployManifes
             shadow=plan.shadow,
             probation_s=plan.probation_s,
             probation=plan.probation,
+            share_engines=plan.share_engines,
         )
     except ValidationError as exc:
         problems = [

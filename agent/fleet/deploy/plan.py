@@ -83,6 +83,8 @@ class DeployPlan:
     calib_cache: Path | None = None
     #: HTTP(S) URL of the same calibration file; devices try it first, then the MQTT pull.
     calib_http_url: str | None = None
+    #: Devices ask the controller for the engine and offer theirs (docs/engines.md); None: they do not.
+    share_engines: bool | None = None
 
 
 #: The name ``fleet deploy --calib-cache`` gives the calibration artifact (build.calibration.artifact).

@@ -60,6 +60,9 @@ class RolloutRequest(StrictModel):
     #: The operator's INT8 calibration (a table or TensorRT cache), shipped as a signed manifest
     #: artifact: every device quantizes with it instead of calibrating on its own frames.
     calib_sha256: str | None = Field(None, pattern=r"^[0-9a-f]{64}$")
+    #: Devices share engines through the controller (docs/engines.md); None: the controller's
+    #: ``engines.share`` setting decides (it resolves it when the rollout starts).
+    share_engines: bool | None = None
 
     @model_validator(mode="after")
     def _calibration_needs_int8(self) -> RolloutRequest:
@@ -157,4 +160,5 @@ def plan_for(
         probation=request.probation,
         calib_cache=calib_cache,
         calib_http_url=calib_http_url,
+        share_engines=request.share_engines,
     )

@@ -1,0 +1,422 @@
+"""The engine cache's second level, at the fleet controller (docs/engines.md, "Engines for the whole fleet").
+
+On a local miss the builder asks :meth:`FleetEngineCache.fetch`: when the deployment lets it (the
+manifest's ``share_engines``) it asks the controller for the same cache key, waits a bounded time,
+and when the controller holds the engine it checks the signed record (:mod:`agent.engines.fleet_trust`),
+downloads every file through the same chunked MQTT pull / HTTP path as models (each file checked
+against its signed SHA-256) and stores the entry in the local cache, marked as the fleet's. Anything
+wrong (no answer, no engine, a refused signature or identity, a failed download) is a miss: the
+device builds, as it always did.
+
+After a job runs an engine this device *built* to ACTIVE through shadow and probation, the runtime
+calls :meth:`offer`: the entry's files go to the controller in pieces (the upload path of
+``fleet rollout start``), in the background. A fleet engine that fails to load or validate here is
+:meth:`dropped`: removed from the local cache, never asked for again by this agent process, and
+reported to the controller, which withdraws it fleet-wide.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import shutil
+import threading
+import time
+import uuid
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Mapping
+from contextvars import ContextVar
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Protocol
+
+import structlog
+
+from agent.engines.artifact import EngineArtifact
+from agent.engines.cache import LAST_USED_NAME, CacheEntry, EngineCache
+from agent.engines.cache_key import SIDECAR_NAME, EngineIdentity
+from agent.engines.fleet_link import EngineRequests
+from agent.engines.fleet_trust import EngineRefusedError, checked_meta, verified_record
+from agent.errors import AgentError
+from agent.protocol.engines import (
+    MAX_ENGINE_FILES,
+    EngineAsk,
+    EngineDrop,
+    EngineFile,
+    EngineOffer,
+    SignedEngine,
+)
+from agent.signing import Ed25519PublicKey
+
+log = structlog.get_logger(__name__)
+
+#: ``download(file, directory, cancel) -> path``: the file pulled into ``directory`` and checked
+#: against ``file.sha256`` (raises on failure). Wired to the delivery fetch by the composition root.
+DownloadFn = Callable[[EngineFile, Path, threading.Event | None], Path]
+Progress = Callable[[str], None]
+
+
+class _Builder(Protocol):
+    """The two attributes of :class:`~agent.engines.builder.EngineBuilder` a drop needs."""
+
+    fleet: FleetEngineCache | None
+    cache: EngineCache
+
+
+#: ``meta.extra`` keys of an entry that came from the fleet (never offered back).
+FLEET_BUILT_BY = "fleet_built_by"
+FLEET_JOB = "fleet_job"
+#: How the progress line of a fleet ask starts (a slot serving while it builds starts serving then).
+ASKING_THE_FLEET = "asking the fleet"
+#: Chunk size the offered files are described with (the controller's chunk server serves them so).
+OFFER_CHUNK_BYTES = 256 * 1024
+#: Bytes per upload piece (well under a broker's packet limit).
+PIECE_BYTES = 256 * 1024
+#: How often, and how long apart, an offer the controller cannot match to an ACTIVE job yet is repeated.
+_ACTIVE_WAITS = 30
+_ACTIVE_WAIT_S = 1.0
+#: Keys this agent refuses to take from the fleet again (a dropped or refused engine), kept bounded.
+_REFUSED_KEPT = 256
+
+
+@dataclass(frozen=True)
+class Sharing:
+    """What the running deployment allows: take engines from the fleet, for which job."""
+
+    job_id: str | None
+
+
+#: The deployment a build runs for, when its manifest says ``share_engines`` (None: no sharing).
+_SHARING: ContextVar[Sharing | None] = ContextVar("engine_sharing", default=None)
+
+
+@dataclass(frozen=True)
+class FleetFetch:
+    """An engine downloaded from the fleet: its new local entry, who built it, how long it took."""
+
+    entry: CacheEntry
+    built_by: str
+    seconds: float
+    bytes: int
+
+
+class FleetEngineCache:
+    """Ask, download, offer and drop fleet-shared engines for one device (see the module docstring)."""
+
+    def __init__(
+        self,
+        requests: EngineRequests,
+        trusted: Mapping[str, Ed25519PublicKey],
+        download: DownloadFn,
+        *,
+        work_dir: Path,
+        ask_timeout_s: float = 10.0,
+        reply_timeout_s: float = 30.0,
+    ) -> None:
+        self._requests = requests
+        self._trusted = dict(trusted)
+        self._download = download
+        self._work_dir = Path(work_dir)
+        self.ask_timeout_s = ask_timeout_s
+        self.reply_timeout_s = reply_timeout_s
+        self._lock = threading.Lock()
+        self._refused: OrderedDict[str, str] = OrderedDict()
+        self._offering = threading.Lock()  # one upload at a time
+        self.stats: dict[str, int] = {
+            "asked": 0,
+            "downloaded": 0,
+            "refused": 0,
+            "offered": 0,
+            "uploaded": 0,
+            "dropped": 0,
+        }
+
+    def _count(self, name: str) -> None:
+        with self._lock:  # asks, offers and drops run on different threads
+            self.stats[name] += 1
+
+    # -- the deployment's permission ---------------------------------------------------------------
+
+    @staticmethod
+    @contextlib.contextmanager
+    def sharing(enabled: bool, job_id: str | None) -> Iterator[None]:
+        """Builds inside this block may take their engine from the fleet (when ``enabled``)."""
+        token = _SHARING.set(Sharing(job_id) if enabled else None)
+        try:
+            yield
+        finally:
+            _SHARING.reset(token)
+
+    def refused(self, key: str) -> str | None:
+        """Why this agent no longer takes ``key`` from the fleet (None: it does)."""
+        with self._lock:
+            return self._refused.get(key)
+
+    def _refuse(self, key: str, reason: str) -> None:
+        with self._lock:
+            self._refused[key] = reason
+            self._refused.move_to_end(key)
+            while len(self._refused) > _REFUSED_KEPT:
+                self._refused.popitem(last=False)
+
+    # -- level two: ask and download ---------------------------------------------------------------
+
+    def fetch(
+        self,
+        cache: EngineCache,
+        key: str,
+        identity: EngineIdentity,
+        say: Progress,
+        cancel: threading.Event | None = None,
+    ) -> FleetFetch | None:
+        """The fleet's engine for ``key`` stored in ``cache``, or None (build it here). Never raises
+        for the fleet's answers: every refusal is said, logged and counted."""
+        sharing = _SHARING.get()
+        if sharing is None or self.refused(key) is not None:
+            return None
+        started = time.monotonic()
+        self._count("asked")
+        say(f"{ASKING_THE_FLEET} for engine {key[:12]}")
+        reply = self._requests.request("ask", EngineAsk(key=key, job_id=sharing.job_id), self.ask_timeout_s)
+        if reply is None:
+            say(f"the fleet did not answer within {self.ask_timeout_s:.0f}s: building here")
+            return None
+        result = reply.result or {}
+        if not reply.ok or not result.get("found"):
+            why = reply.error or result.get("reason") or "the fleet holds no such engine"
+            say(f"fleet: {str(why)[:200]}; building here")
+            return None
+        try:
+            signed = SignedEngine.model_validate(result.get("engine"))
+            record = verified_record(signed, self._trusted)
+            meta = checked_meta(record, key, identity)
+            entry = self._download_entry(
+                cache,
+                key,
+                record.files,
+                meta.model_copy(
+                    update={
+                        "extra": {**meta.extra, FLEET_BUILT_BY: record.built_by, FLEET_JOB: record.job_id}
+                    }
+                ),
+                cancel,
+            )
+        except (EngineRefusedError, AgentError, OSError, ValueError) as exc:
+            self._count("refused")
+            reason = str(exc)[:300]
+            log.warning("engine.fleet.refused", key=key, reason=reason)
+            say(f"fleet engine {key[:12]} refused: {reason}; building here")
+            self._refuse(key, reason)
+            self._report_drop(key, None, "verify", reason)
+            return None
+        seconds = time.monotonic() - started
+        size = sum(f.size for f in record.files)
+        self._count("downloaded")
+        log.info("engine.fleet.downloaded", key=key, built_by=record.built_by, seconds=round(seconds, 3))
+        say(f"downloaded engine {key[:12]} from the fleet (built by {record.built_by}) in {seconds:.1f}s")
+        return FleetFetch(entry, record.built_by, seconds, size)
+
+    def _download_entry(
+        self,
+        cache: EngineCache,
+        key: str,
+        files: list[EngineFile],
+        meta: Any,
+        cancel: threading.Event | None,
+    ) -> CacheEntry:
+        staging = self._work_dir / f"{key[:16]}-{uuid.uuid4().hex[:8]}"
+        staging.mkdir(parents=True, exist_ok=True)
+        try:
+            paths: dict[str, Path] = {}
+            for file in files:
+                part_dir = staging / f"part-{file.sha256[:16]}"
+                part_dir.mkdir()
+                paths[file.name] = self._download(file, part_dir, cancel)
+            engine = paths.pop(meta.engine_file)
+            return cache.put(key, engine, meta, files=paths, move=True)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+
+    # -- offering what this device built -------------------------------------------------------------
+
+    def offer_in_background(
+        self, cache: EngineCache, key: str, *, job_id: str, shadow: bool, probation_s: float
+    ) -> threading.Thread | None:
+        """:meth:`offer` on a thread of its own (the job that went ACTIVE does not wait for the upload)."""
+        if not shadow or probation_s <= 0:
+            log.info("engine.fleet.not_offered", key=key, reason="the job ran no shadow and probation")
+            return None
+        thread = threading.Thread(
+            target=self.offer,
+            args=(cache, key),
+            kwargs={"job_id": job_id, "shadow": shadow, "probation_s": probation_s},
+            name=f"engine-offer-{key[:8]}",
+            daemon=True,
+        )
+        thread.start()
+        return thread
+
+    def offer(self, cache: EngineCache, key: str, *, job_id: str, shadow: bool, probation_s: float) -> str:
+        """Offer the entry ``key`` (built here, ACTIVE through shadow and probation) to the controller and
+        upload what it wants; returns what happened (``stored``, ``not_built_here``, a refusal ...)."""
+        if not shadow or probation_s <= 0:
+            return "not_guarded"  # trust rule: only engines that ran through shadow and probation
+        with self._offering:
+            entry = cache.get(key)
+            if entry is None:
+                return "not_cached"
+            if FLEET_BUILT_BY in entry.meta.extra:
+                return "not_built_here"  # the fleet has it already (it came from there)
+            files = _describe_entry(entry)
+            if files is None:
+                log.info("engine.fleet.not_offered", key=key, reason="the entry holds a directory")
+                return "not_shareable"
+            offer = EngineOffer(
+                key=key,
+                fingerprint=platform_fingerprint(entry.meta.identity),
+                meta=entry.meta.model_dump(mode="json"),
+                files=files,
+                built_at=entry.meta.created_at,
+                build_seconds=entry.meta.build_seconds,
+                job_id=job_id,
+                shadow=shadow,
+                probation_s=probation_s,
+            )
+            self._count("offered")
+            outcome = self._offer_and_upload(entry, offer)
+            log.info("engine.fleet.offered", key=key, outcome=outcome)
+            return outcome
+
+    def _offer_and_upload(self, entry: CacheEntry, offer: EngineOffer) -> str:
+        rounds = 0
+        waits = 0
+        while rounds < 2:  # offer, upload what is wanted, offer again to commit
+            reply = self._requests.request("offer", offer, self.reply_timeout_s)
+            if reply is None:
+                return "no_answer"
+            if not reply.ok and (reply.error or "").startswith("not_active") and waits < _ACTIVE_WAITS:
+                # The offer overtook the job's ACTIVE status on its way to the controller.
+                waits += 1
+                time.sleep(_ACTIVE_WAIT_S)
+                continue
+            rounds += 1
+            if not reply.ok:
+                return f"refused: {reply.error_code}: {(reply.error or '')[:200]}"
+            result = reply.result or {}
+            if result.get("stored"):
+                self._count("uploaded")
+                return "stored"
+            wanted = {str(sha) for sha in result.get("want") or ()}
+            for file in offer.files:
+                if file.sha256 in wanted and not self._upload(entry.file(file.name), file):
+                    return "upload_failed"
+        return "not_stored"
+
+    def _upload(self, path: Path, file: EngineFile) -> bool:
+        with open(path, "rb") as handle:
+            offset = 0
+            while offset < file.size:
+                data = handle.read(PIECE_BYTES)
+                if not data:
+                    return False
+                properties = {"sha256": file.sha256, "offset": str(offset), "size": str(file.size)}
+                reply = self._requests.request("piece", data, self.reply_timeout_s, properties)
+                if reply is None or not reply.ok:
+                    log.warning(
+                        "engine.fleet.piece_refused",
+                        sha256=file.sha256,
+                        offset=offset,
+                        error=None if reply is None else reply.error,
+                    )
+                    return False
+                offset += len(data)
+        return True
+
+    # -- a fleet engine that failed here -------------------------------------------------------------
+
+    def dropped(self, cache: EngineCache, key: str, reason: str) -> bool:
+        """A fleet engine failed to load or validate here: drop it, never take it again, tell the
+        controller (which withdraws it). False when ``key`` was not a fleet engine (nothing done)."""
+        entry = cache.get(key)
+        if entry is None or FLEET_BUILT_BY not in entry.meta.extra:
+            return False
+        self._count("dropped")
+        cache.remove(key)
+        self._refuse(key, reason)
+        log.warning("engine.fleet.dropped", key=key, reason=reason[:300])
+        self._report_drop(key, entry.meta.engine_sha256, "load", reason)
+        return True
+
+    def _report_drop(self, key: str, engine_sha256: str | None, stage: str, reason: str) -> None:
+        drop = EngineDrop.model_validate(
+            {"key": key, "engine_sha256": engine_sha256, "stage": stage, "reason": reason[:300]}
+        )
+        # Told in the background: the device builds at once, whether or not the controller hears it.
+        threading.Thread(
+            target=self._requests.request,
+            args=("drop", drop, self.reply_timeout_s),
+            name=f"engine-drop-{key[:8]}",
+            daemon=True,
+        ).start()
+
+
+def dropped_from_fleet(builder: _Builder, artifact: EngineArtifact, error: Exception) -> bool:
+    """``artifact`` came from the fleet and failed here with ``error``: dropped (and reported); False
+    when it was this device's own engine (nothing done: the caller's failure stands)."""
+    fleet = builder.fleet
+    if fleet is None or artifact.effective.get("engine_source", {}).get("origin") != "downloaded":
+        return False
+    return fleet.dropped(builder.cache, artifact.key, str(error))
+
+
+def platform_fingerprint(identity: EngineIdentity) -> str:
+    """The platform an engine is for, as ``fleet engines list`` groups it: backend and its exact
+    version, the device (GPU and compute capability, or the machine) and the L4T release."""
+    device = " ".join(p for p in (identity.gpu_name, identity.compute_capability) if p) or identity.machine
+    parts = [f"{identity.backend} {identity.backend_version}", device or "unknown device", identity.device]
+    if identity.l4t_release:
+        parts.append(f"L4T {identity.l4t_release}")
+    return " / ".join(parts)[:300]
+
+
+def with_source(
+    artifact: EngineArtifact, origin: str, entry: CacheEntry, *, seconds: float | None = None
+) -> EngineArtifact:
+    """``artifact`` whose ``effective.engine_source`` (job status) says where the engine came from:
+    ``built`` here, ``downloaded`` from the fleet, or ``cache`` (this device's), and how long that took."""
+    source: dict[str, object] = {
+        "origin": origin,
+        "seconds": round(seconds if seconds is not None else artifact.build_seconds, 3),
+        "key": entry.key[:12],
+    }
+    built_by = entry.meta.extra.get(FLEET_BUILT_BY)
+    if built_by is not None:
+        source["built_by"] = built_by
+    return replace(artifact, effective={**artifact.effective, "engine_source": source})
+
+
+def _describe_entry(entry: CacheEntry) -> list[EngineFile] | None:
+    """Every file of the entry (not its sidecar or LRU marker), described for a chunked pull; None when
+    the entry holds a directory (an ONNX Runtime TensorRT engine cache) or too many files."""
+    files: list[EngineFile] = []
+    for path in sorted(entry.directory.iterdir()):
+        if path.name in (SIDECAR_NAME, LAST_USED_NAME):
+            continue
+        if not path.is_file() or path.stat().st_size == 0:
+            return None
+        files.append(_describe_file(path))
+    return files if 0 < len(files) <= MAX_ENGINE_FILES else None
+
+
+def _describe_file(path: Path) -> EngineFile:
+    whole = hashlib.sha256()
+    chunks: list[str] = []
+    size = 0
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(OFFER_CHUNK_BYTES), b""):
+            whole.update(block)
+            chunks.append(hashlib.sha256(block).hexdigest())
+            size += len(block)
+    return EngineFile(
+        name=path.name, size=size, sha256=whole.hexdigest(), chunk_size=OFFER_CHUNK_BYTES, chunks=chunks
+    )

@@ -1,0 +1,293 @@
+"""The controller's answers to the devices' engine requests (``{prefix}/{device}/up/engines/{verb}``).
+
+- ``ask``: the signed record of the engine with that key, or "not here";
+- ``offer``: which of the engine's files to upload (the trust checks first: :mod:`.trust`), and once
+  they are all here, the engine is vouched for (signed) and stored;
+- ``piece``: one piece of one offered file (the upload path of ``fleet rollout start``);
+- ``drop``: the engine failed on a device: it is withdrawn fleet-wide when it is the one stored.
+
+Requests are queued by the MQTT dispatcher (bounded: a full queue drops, the device's bounded wait
+ends and it builds) and answered on the desk's own thread, so an upload never delays a rollout
+step. A reply goes only to the requesting device's own ``down/engines/reply`` topic. Everything a
+device sends is bounded: the models' sizes (:mod:`agent.protocol.engines`), one upload in progress
+per device, at most ``engines.max_uploads`` at once, each given up after :data:`UPLOAD_IDLE_S` quiet.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import structlog
+from pydantic import ValidationError
+
+from agent.errors import AgentError
+from agent.fleet.base.untrusted import shown
+from agent.fleet.engines.settings import EngineShareSettings
+from agent.fleet.engines.store import EngineStore
+from agent.fleet.engines.trust import JobFacts, missing_files, offer_refusal, sign_record, withdraws
+from agent.mqtt.core import PublishProperties
+from agent.mqtt.inbound import InboundMessage
+from agent.protocol.engines import EngineAsk, EngineDrop, EngineListed, EngineOffer, EngineRecord
+from agent.protocol.messages import CommandReply, encode
+from agent.protocol.topics import Topics, parse
+from agent.signing import Ed25519PrivateKey
+
+log = structlog.get_logger(__name__)
+
+#: An upload with no piece for this long is given up (its partial files are collected).
+UPLOAD_IDLE_S = 600.0
+#: Largest request payload taken (a piece is 256 KiB; an offer's sidecar a few kilobytes).
+MAX_REQUEST_BYTES = 2 * 1024 * 1024
+
+Publish = Callable[[str, bytes, PublishProperties], None]
+
+
+class PieceSink(Protocol):
+    """Where upload pieces go: the controller's :class:`~agent.fleet.controller.upload.UploadSink` on the
+    blobs directory (passed in: the upload path belongs to the controller, which builds the desk)."""
+
+    def take(self, data: bytes, properties: dict[str, str]) -> dict[str, Any]: ...
+
+
+#: ``job_facts(device, job_id)``: what the controller heard of that job (None: nothing).
+JobFactsFn = Callable[[str, str], JobFacts | None]
+
+
+class EngineRequestError(AgentError):
+    """A device's engine request the controller refuses (the reply names why)."""
+
+    code = "engines"
+
+
+@dataclass
+class _Upload:
+    offer: EngineOffer
+    wanted: dict[str, int]  # sha256 -> size
+    touched: float = field(default_factory=time.monotonic)
+
+
+class EngineDesk:
+    """Answers engine requests (see the module docstring): ``take`` on the dispatcher, ``start``/``stop``."""
+
+    def __init__(
+        self,
+        settings: EngineShareSettings,
+        store: EngineStore,
+        *,
+        prefix: str,
+        signing_key: Ed25519PrivateKey | None,
+        key_id: str | None,
+        publish: Publish,
+        job_facts: JobFactsFn,
+        sink: PieceSink,
+    ) -> None:
+        self.settings = settings
+        self.store = store
+        self.prefix = prefix
+        self._key = signing_key
+        self._key_id = key_id
+        self._publish = publish
+        self._job_facts = job_facts
+        self._sink = sink
+        self._uploads: dict[str, _Upload] = {}
+        self._queue: queue.Queue[InboundMessage | None] = queue.Queue(maxsize=settings.queue)
+        self._thread: threading.Thread | None = None
+        self.stats = {"asks": 0, "found": 0, "stored": 0, "withdrawn": 0, "refused": 0, "dropped_requests": 0}
+
+    @property
+    def can_vouch(self) -> bool:
+        """Whether this controller can sign engines (without a key it never shares)."""
+        return self._key is not None and bool(self._key_id)
+
+    # -- lifecycle ------------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        for stale in self.store.blobs.glob(".upload-*.part"):
+            with contextlib.suppress(OSError):
+                stale.unlink()  # an upload the previous process was taking: the device offers again
+        self._thread = threading.Thread(target=self._run, name="engine-desk", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        if self._thread is None:
+            return
+        with contextlib.suppress(queue.Full):
+            self._queue.put(None, timeout=timeout)
+        self._thread.join(timeout)
+        self._thread = None
+
+    def take(self, message: InboundMessage) -> bool:
+        """Dispatcher thread: queue ``message`` when it is an engine request (True), else False."""
+        if "/up/engines/" not in message.topic:
+            return False
+        try:
+            self._queue.put_nowait(message)
+        except queue.Full:
+            self.stats["dropped_requests"] += 1
+        return True
+
+    def _run(self) -> None:
+        while True:
+            message = self._queue.get()
+            if message is None:
+                return
+            try:
+                self._answer(message)
+            except Exception:  # the desk outlives any one request
+                log.exception("fleet.engines.request_failed", topic=shown(message.topic, 200))
+
+    # -- requests -------------------------------------------------------------------------------------
+
+    def _answer(self, message: InboundMessage) -> None:
+        try:
+            parsed = parse(message.topic, self.prefix)
+        except ValueError:
+            return
+        device, verb = parsed.device, parsed.arg or ""
+        reply_topic = Topics(self.prefix, device).engines_reply
+        if message.response_topic != reply_topic:
+            return  # answers go to the asking device only
+        try:
+            result = self.handle(device, verb, message.payload, dict(message.user_properties))
+            reply = CommandReply(command=f"engines/{verb}", ok=True, result=result)
+        except (AgentError, ValidationError, ValueError) as exc:
+            self.stats["refused"] += 1
+            code = exc.code if isinstance(exc, AgentError) else "bad_request"
+            reply = CommandReply(command=f"engines/{verb}", ok=False, error_code=code, error=str(exc)[:500])
+        properties = PublishProperties(correlation_data=message.correlation_data)
+        self._publish(reply_topic, encode(reply), properties)
+
+    def handle(self, device: str, verb: str, payload: bytes, properties: dict[str, str]) -> dict[str, Any]:
+        """One request's result; raises to refuse (the reply carries the reason)."""
+        if len(payload) > MAX_REQUEST_BYTES:
+            raise EngineRequestError(f"request of {len(payload)} bytes, more than {MAX_REQUEST_BYTES}")
+        if verb == "ask":
+            return self.ask(device, EngineAsk.model_validate_json(payload))
+        if verb == "offer":
+            return self.offer(device, EngineOffer.model_validate_json(payload))
+        if verb == "piece":
+            return self.piece(device, payload, properties)
+        if verb == "drop":
+            return self.drop(device, EngineDrop.model_validate_json(payload))
+        raise EngineRequestError(f"unknown engines verb {shown(verb, 32)}")
+
+    def ask(self, device: str, ask: EngineAsk) -> dict[str, Any]:
+        self.stats["asks"] += 1
+        if not self.can_vouch:
+            return {"found": False, "reason": "this controller has no signing key: it shares no engines"}
+        entry = self.store.get(ask.key)
+        if entry is None:
+            return {"found": False, "reason": f"the fleet holds no engine {ask.key[:12]}"}
+        self.stats["found"] += 1
+        self.store.used(ask.key, device)
+        return {"found": True, "engine": entry.signed.model_dump(mode="json")}
+
+    def offer(self, device: str, offer: EngineOffer) -> dict[str, Any]:
+        if self.store.get(offer.key) is not None:
+            return {"stored": True, "note": "the fleet holds this engine already"}
+        refusal = offer_refusal(
+            offer,
+            sharing=self.can_vouch,
+            job=self._job_facts(device, offer.job_id),
+            max_engine_bytes=self.settings.max_engine_bytes,
+            withdrawn=self.store.withdrawn(),
+        )
+        if refusal is not None:
+            raise EngineRequestError(f"{refusal.code}: {refusal.reason}")
+        want = missing_files(offer, self.store.have_blobs())
+        if not want:
+            return self._vouch(device, offer)
+        self._expire_uploads()
+        if device not in self._uploads and len(self._uploads) >= self.settings.max_uploads:
+            raise EngineRequestError(f"busy: {len(self._uploads)} uploads in progress; offer again later")
+        self._uploads[device] = _Upload(offer, {f.sha256: f.size for f in offer.files if f.sha256 in want})
+        return {"stored": False, "want": want}
+
+    def piece(self, device: str, data: bytes, properties: dict[str, str]) -> dict[str, Any]:
+        upload = self._uploads.get(device)
+        sha = properties.get("sha256", "")
+        if upload is None or sha not in upload.wanted:
+            raise EngineRequestError("no upload of that file is in progress for this device: offer first")
+        if properties.get("size") != str(upload.wanted[sha]):
+            raise EngineRequestError(
+                f"piece of {sha[:12]}: size {shown(properties.get('size', ''), 20)} is not the offered one"
+            )
+        upload.touched = time.monotonic()
+        return self._sink.take(data, properties)
+
+    def drop(self, device: str, drop: EngineDrop) -> dict[str, Any]:
+        stored = self.store.get(drop.key)
+        log.warning(
+            "fleet.engines.drop_reported",
+            device=device,
+            key=drop.key,
+            stage=drop.stage,
+            reason=shown(drop.reason, 300),
+        )
+        if not withdraws(drop, None if stored is None else stored.record):
+            return {"withdrawn": False}
+        self.store.withdraw(drop.key, f"{device}: {drop.stage}: {drop.reason}")
+        self.store.collect_blobs(self._pending_blobs())
+        self.stats["withdrawn"] += 1
+        return {"withdrawn": True}
+
+    def _vouch(self, device: str, offer: EngineOffer) -> dict[str, Any]:
+        assert self._key is not None
+        assert self._key_id
+        record = EngineRecord(
+            key=offer.key,
+            fingerprint=offer.fingerprint,
+            meta=offer.meta,
+            files=offer.files,
+            built_by=device,
+            built_at=offer.built_at,
+            build_seconds=offer.build_seconds,
+            job_id=offer.job_id,
+            vouched_at=time.time(),
+        )
+        signed = sign_record(record, self._key, self._key_id)
+        self._uploads.pop(device, None)
+        self.store.add(signed, record, keep_blobs=self._pending_blobs())
+        self.stats["stored"] += 1
+        return {"stored": True}
+
+    def _pending_blobs(self) -> set[str]:
+        return {sha for upload in self._uploads.values() for sha in upload.wanted}
+
+    def _expire_uploads(self) -> None:
+        now = time.monotonic()
+        for device in [d for d, u in self._uploads.items() if now - u.touched > UPLOAD_IDLE_S]:
+            del self._uploads[device]
+            log.info("fleet.engines.upload_abandoned", device=device)
+
+    # -- the operator's view --------------------------------------------------------------------------
+
+    def listing(self) -> dict[str, Any]:
+        """``fleet engines list``: per fingerprint, the engines held (most recently used first)."""
+        by_platform: dict[str, list[dict[str, Any]]] = {}
+        for entry in self.store.entries():
+            record = entry.record
+            row = EngineListed(
+                key=record.key,
+                fingerprint=record.fingerprint,
+                bytes=entry.bytes,
+                built_by=record.built_by,
+                built_at=record.built_at,
+                build_seconds=record.build_seconds,
+                reuse=entry.reuse,
+                last_used=entry.last_used,
+            )
+            by_platform.setdefault(record.fingerprint, []).append(row.model_dump(mode="json"))
+        return {
+            "fingerprints": by_platform,
+            "engines": sum(len(rows) for rows in by_platform.values()),
+            "bytes": self.store.total_bytes(),
+            "sharing": self.settings.share and self.can_vouch,
+            "signed": self.can_vouch,
+        }

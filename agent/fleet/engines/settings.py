@@ -1,0 +1,29 @@
+"""``engines:`` in controller.yaml: whether devices share engines through the controller, and its bounds."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from agent.model_base import StrictModel
+
+
+class EngineShareSettings(StrictModel):
+    """The controller's engine store (docs/engines.md, "Engines for the whole fleet")."""
+
+    share: bool = Field(
+        True,
+        description="Rollouts let devices take engines from the controller and offer theirs (a rollout's "
+        "--share-engines/--no-share-engines overrides it). Needs a signing key: unsigned controllers "
+        "never share.",
+    )
+    max_entries: int = Field(200, ge=1, le=100_000, description="Engines kept; least recently used go first.")
+    max_bytes: int = Field(
+        20 * 1024**3, ge=1024**2, description="Bytes of engines kept; least recently used go first."
+    )
+    max_engine_bytes: int = Field(
+        2 * 1024**3, ge=1024, description="Largest engine entry (all its files) a device may upload."
+    )
+    max_uploads: int = Field(16, ge=1, le=1024, description="Uploads in progress at once (one per device).")
+    queue: int = Field(
+        256, ge=1, le=100_000, description="Requests waiting; more are dropped (the device retries)."
+    )

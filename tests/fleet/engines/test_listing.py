@@ -1,0 +1,60 @@
+"""``fleet engines list``'s text: a heading per fingerprint, a line per engine with who built it and
+how often it was reused (the JSON is the controller's answer, checked end to end)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from agent.fleet.engines.listing import engines_table
+from agent.signing import Ed25519PrivateKey
+from tests.engines.fleet_desk import make_desk
+from tests.fleet.engines.records import offer
+
+
+def test_the_table_shows_each_fingerprints_engines_with_builder_and_reuse(tmp_path: Path) -> None:
+    desk = make_desk(tmp_path, Ed25519PrivateKey.generate())
+    made = offer(data=b"engine bytes")
+    desk.handle("jet-01", "offer", made.model_dump_json().encode(), {})
+    properties = {"sha256": made.files[0].sha256, "offset": "0", "size": "12"}
+    desk.handle("jet-01", "piece", b"engine bytes", properties)
+    desk.handle("jet-01", "offer", made.model_dump_json().encode(), {})
+    desk.store.used(made.key, "jet-02")
+    lines = engines_table(desk.listing()).splitlines()
+    assert lines[0] == "engines: 1 (12 B), sharing on"
+    assert lines[1] == "onnxruntime 1.20 / x86_64 / cpu:"
+    assert lines[3].split()[:3] == [made.key[:12], "12", "B"]
+    assert "jet-01" in lines[3]
+    assert lines[3].split()[-2:] == ["3s", "1"]  # build seconds, downloads by other devices
+
+
+def test_an_unsigned_controller_says_it_shares_nothing(tmp_path: Path) -> None:
+    assert (
+        engines_table(make_desk(tmp_path, None).listing()) == "engines: 0 (0 B), sharing off (no signing key)"
+    )
+
+
+def test_the_example_in_docs_fleet_md_is_what_the_table_prints() -> None:
+    doc = (Path(__file__).resolve().parents[3] / "docs" / "fleet.md").read_text()
+    shown = doc.split("$ edge-agent fleet engines list\n", 1)[1].split("```", 1)[0].rstrip("\n")
+    mib = 1024**2
+    built = 1772366650.0  # 2026-03-01 12:04:10 UTC
+
+    def row(
+        key: str, size: float, by: str, at: float, took: float, reuse: int, platform: str
+    ) -> dict[str, object]:
+        fields = {"key": key * 6, "fingerprint": platform, "bytes": int(size * mib), "built_by": by}
+        return {**fields, "built_at": at, "build_seconds": took, "reuse": reuse, "last_used": at}
+
+    gpu = "tensorrt 10.3.0 / Orin 8.7 / gpu / L4T 36.4.3"
+    dla = "tensorrt 10.3.0 / Orin 8.7 / dla / L4T 36.4.3"
+    listing = {
+        "engines": 2,
+        "bytes": int(18.2 * mib) + int(18.1 * mib),
+        "sharing": True,
+        "signed": True,
+        "fingerprints": {
+            gpu: [row("5c1e0f3a9b7d", 18.2, "jet-b1", built, 312.0, 41, gpu)],
+            dla: [row("9a8b7c6d5e4f", 18.1, "jet-b2", built + 345, 401.0, 40, dla)],
+        },
+    }
+    assert engines_table(listing) == shown
