@@ -81,6 +81,22 @@ def sim_platform(labels: Mapping[str, str], *, upgraded: bool = False) -> SimPla
     return SimPlatform(board[0], board[1], "8.7", l4t, jetpack, trt, cuda, board[2])
 
 
+def engine_identity(platform: SimPlatform, model_sha256: str) -> EngineIdentity:
+    """The engine identity of a YOLO-class FP16 GPU build of the model on ``platform``."""
+    return EngineIdentity(
+        model_sha256=model_sha256,
+        backend="tensorrt",
+        backend_version=platform.tensorrt_version,
+        precision="fp16",
+        device="gpu",
+        gpu_name=platform.gpu_name,
+        compute_capability=platform.compute_capability,
+        l4t_release=platform.l4t_release,
+        cuda_version=platform.cuda_version,
+        machine="aarch64",
+    )
+
+
 def _engine_bytes(key: str) -> bytes:
     """The stand-in engine: a few kilobytes derived from its key."""
     return (hashlib.sha256(key.encode()).digest() * (ENGINE_BYTES // 32))[:ENGINE_BYTES]
@@ -158,20 +174,7 @@ class SimBuilds:
         self.interim: dict[str, EngineIdentity] = {}
 
     def identity(self, model_sha256: str) -> EngineIdentity:
-        """The engine identity of a YOLO-class FP16 GPU build of the model on this platform."""
-        p = self.platform
-        return EngineIdentity(
-            model_sha256=model_sha256,
-            backend="tensorrt",
-            backend_version=p.tensorrt_version,
-            precision="fp16",
-            device="gpu",
-            gpu_name=p.gpu_name,
-            compute_capability=p.compute_capability,
-            l4t_release=p.l4t_release,
-            cuda_version=p.cuda_version,
-            machine="aarch64",
-        )
+        return engine_identity(self.platform, model_sha256)
 
     def build(self, model: Path, spec: BuildSpec | None, reporter: JobReporter) -> BuildOutcome:
         """The delivery service's BUILDING step: the local cache, the fleet, else the fake build."""

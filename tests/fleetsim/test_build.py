@@ -18,6 +18,9 @@ from typing import Any
 
 import pytest
 
+from agent.engines.cache_key import engine_cache_key
+from agent.engines.fleet_cache import platform_fingerprint
+from agent.fleetsim.build import engine_identity, sim_platform
 from tests.fleet.operator_side import unique_prefix
 from tests.fleetsim.controller_rig import ControllerRig
 
@@ -32,6 +35,20 @@ def rig(tmp_path: Path) -> Iterator[ControllerRig]:
         yield made
     finally:
         made.close()
+
+
+def _key_and_fingerprint(hw: str, *, upgraded: bool = False) -> tuple[str, str]:
+    identity = engine_identity(sim_platform({"hw": hw}, upgraded=upgraded), "ab" * 32)
+    return engine_cache_key(identity), platform_fingerprint(identity)
+
+
+def test_each_board_and_each_jetpack_is_its_own_engine_key() -> None:
+    nx, agx = _key_and_fingerprint("orin-nx"), _key_and_fingerprint("orin-agx")
+    upgraded = _key_and_fingerprint("orin-nx", upgraded=True)
+    assert len({nx[0], agx[0], upgraded[0]}) == 3
+    assert nx[1] == "tensorrt 8.6.2 / Orin NX 8.7 / gpu / L4T 36.3.0"
+    assert agx[1] == "tensorrt 8.6.2 / AGX Orin 8.7 / gpu / L4T 36.3.0"
+    assert upgraded[1] == "tensorrt 10.3.0 / Orin NX 8.7 / gpu / L4T 36.4.0"
 
 
 def _rollout(rig: ControllerRig, devices: list[str], *, share: bool, name: str) -> None:
