@@ -25,7 +25,7 @@ from __future__ import annotations
 import hashlib
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -254,7 +254,9 @@ class SimBuilds:
         if self.cache.get(key) is None:
             self.cache.put(key, _engine_bytes(key), new_engine_meta(identity, build_seconds=0.0))
 
-    def start_up(self, models: Mapping[str, str], stop: threading.Event) -> None:
+    def start_up(
+        self, models: Mapping[str, str], stop: threading.Event, on_ready: Callable[[], None] | None = None
+    ) -> None:
         """The slots' models at start: an engine missing from the cache (after an "upgrade" changed the
         key) is built on a thread while the slot serves its ONNX model, as the real agent's
         ``serve_while_building`` does. Like the real start-up build, it does not ask the fleet (only a
@@ -269,9 +271,14 @@ class SimBuilds:
             return
         with self._lock:
             self.interim.update(missing)
-        threading.Thread(target=self._build_at_start, args=(missing, stop), daemon=True).start()
+        threading.Thread(target=self._build_at_start, args=(missing, stop, on_ready), daemon=True).start()
 
-    def _build_at_start(self, missing: Mapping[str, EngineIdentity], stop: threading.Event) -> None:
+    def _build_at_start(
+        self,
+        missing: Mapping[str, EngineIdentity],
+        stop: threading.Event,
+        on_ready: Callable[[], None] | None,
+    ) -> None:
         for slot, identity in missing.items():
             if stop.wait(self.build_seconds):
                 return  # the device stopped: the next start builds again
@@ -284,6 +291,8 @@ class SimBuilds:
             with self._lock:
                 self.interim.pop(slot, None)
             self.counters.ready()
+            if on_ready is not None:
+                on_ready()  # up/info: the slot serves its engine now
 
     def serving(self, slot: str) -> str:
         """``interim`` while the slot's engine builds at start (its ONNX model serves), else ``engine``."""

@@ -21,7 +21,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from agent import __version__
 from agent.camera.preprocess_spec import PreprocessSpec
@@ -295,7 +295,7 @@ class SimDevice:
         """Subscribe, then connect (as the agent: retained manifests arrive on connect). A slot whose
         engine is not in the cache serves its ONNX model at once while the engine builds."""
         if self.builds is not None:
-            self.builds.start_up(self._slot_models(), self._stopped)
+            self.builds.start_up(self._slot_models(), self._stopped, on_ready=self.publish_info)
         self.delivery.start()
         self.link.start()
 
@@ -328,6 +328,7 @@ class SimDevice:
                 state="active" if model else "empty",
                 reason=None if model else "no model delivered yet",
                 since=since,
+                serving=self._serving(name) if model else None,
                 **self.delivery.job_fields(name),
             )
         return InfoMessage(
@@ -339,6 +340,12 @@ class SimDevice:
             slots=slots,
             streams=[STREAM],
         )
+
+    def _serving(self, slot: str) -> Literal["requested", "interim"]:
+        """``interim`` while the slot's engine builds at start (its ONNX model serves meanwhile)."""
+        if self.builds is not None and self.builds.serving(slot) == "interim":
+            return "interim"
+        return "requested"
 
     def publish_info(self) -> None:
         if self.link.connected:
