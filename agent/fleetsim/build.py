@@ -34,7 +34,7 @@ from typing import Any
 from agent.delivery.engine_fetch import fetch_engine_file
 from agent.delivery.errors import JobCancelledError
 from agent.delivery.steps import ActivationRequest, BuildOutcome, FetchFn, JobReporter
-from agent.engines.cache import EngineCache
+from agent.engines.cache import CacheEntry, EngineCache
 from agent.engines.cache_key import EngineIdentity, engine_cache_key, new_engine_meta
 from agent.engines.fleet_cache import FleetEngineCache, platform_fingerprint
 from agent.engines.fleet_link import MqttEngineRequests
@@ -216,7 +216,7 @@ class SimBuilds:
             },
         )
 
-    def _fake_build(self, key: str, identity: EngineIdentity, reporter: JobReporter) -> Any:
+    def _fake_build(self, key: str, identity: EngineIdentity, reporter: JobReporter) -> CacheEntry:
         """The FAKE: wait ``build_seconds`` (cancellable), then store a few kilobytes as the engine."""
         if reporter.cancel.wait(self.build_seconds):
             raise JobCancelledError(f"simulated engine build {key[:12]} cancelled")
