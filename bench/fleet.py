@@ -19,6 +19,20 @@ CLI (``fleet rollout start ... --json``, ``fleet rollout status ID --json`` ever
 6. The broker (no persistence) SIGKILLed in the third wave, once some of its devices ended, and
    started again 3 s later on its port: the rollout completes, same checks.
 
+7. Engines for the whole fleet (issue 23): devices of two fingerprints (``hw`` label: Orin NX and
+   AGX Orin alternate) whose delivered model needs an engine; the build is the simulator's stand-in
+   (``--build-seconds``, default 300 s as measured on an Orin NX for a YOLO-class FP16 engine; a
+   sleep: the Jetson's build is absent here), the engine cache, its key and the fleet engine cache
+   are the agent's own, against the real controller's engine desk. One run, two rollouts of two new
+   models in the same waves (2,5%,10%,50%,100%: the canary is one device per fingerprint), shadow
+   and a 2 s probation (the trust rules share only engines that ran through both), a ``--soak``
+   (default 10 s) after each wave: first ``--no-share-engines``, then ``--share-engines``. Each:
+   rollout and per-wave seconds, device build-seconds, builds and downloads per fingerprint, engine
+   bytes pulled; then the ratios (time on/off, build-seconds off/on).
+8. An "upgrade": every device starts on JetPack 6.1 (``--upgrade-at 0``: each engine key changed)
+   with its model's engine missing. Seconds until every device serves (its ONNX model, while the
+   engine builds) and until every device runs the new engine, and the builds per fingerprint.
+
 Scenarios 5 and 6 ask for what operators ask for: a shadow run (the defaults) and a 4 s probation,
 so devices end while the controller or the broker is away with figures the gate must still see.
 ``sends`` is the rollout's ``sends.resent`` (devices whose desired state was published again);
@@ -33,6 +47,7 @@ chunk_server``: the chunk server's counters (chunks sent, repeats merged as ``co
 from its ``fleet.chunks.stopped`` log line.
 
     .venv/bin/python bench/fleet.py [--devices 1000] [--scenario 1] [--size-mb 5] [--workdir DIR]
+        [--build-seconds 300] [--soak 10s]
 """
 
 from __future__ import annotations
@@ -71,13 +86,13 @@ def _edge_agent(*args: str) -> list[str]:
     return [sys.executable, "-m", "agent", *args]
 
 
-def _write_models(root: Path, size_mb: float) -> tuple[Path, Path]:
-    """v1 (served at start) and v2 (deployed): real ONNX classifiers of about ``size_mb`` MB each."""
+def _write_models(root: Path, size_mb: float, count: int = 2) -> list[Path]:
+    """v1 (served at start), v2 (deployed), v3 ...: real ONNX classifiers of about ``size_mb`` MB each."""
     classes = max(10, int(size_mb * 1024 * 1024 / (33 * 4)))  # Gemm 32 x classes floats + bias
-    return (
-        write_classifier(root / "cls-v1.onnx", input_size=32, num_classes=classes, seed=1),
-        write_classifier(root / "cls-v2.onnx", input_size=32, num_classes=classes, seed=2),
-    )
+    return [
+        write_classifier(root / f"cls-v{n}.onnx", input_size=32, num_classes=classes, seed=n)
+        for n in range(1, count + 1)
+    ]
 
 
 class _SysCounters:
@@ -273,7 +288,8 @@ class _Scenario:
         self.root.mkdir(parents=True)
         self.broker = Broker(self.root / "broker", ["sys_interval 1", "max_queued_messages 100000"])
         self.keys: KeyPairFiles = write_keypair(self.root / "keys", "bench")
-        self.v1, self.v2 = _write_models(self.root, args.size_mb)
+        self.models = _write_models(self.root, args.size_mb, 3 if number == 7 else 2)
+        self.v1, self.v2 = self.models[:2]
         self.sim: subprocess.Popen[bytes] | None = None
         self.http: _HttpModels | None = None
 
@@ -308,10 +324,16 @@ class _Scenario:
             "--model", f"main={self.v1}:cls:1",
             "--label", "fleet=bench",
             "--label", "site=berlin,munich,paris,rome",
+            *(self._engine_args() if self.number in (7, 8) else []),
             *extra,
         ]  # fmt: skip
         with (self.root / "fleetsim.log").open("ab") as out:
             self.sim = subprocess.Popen(command, stdout=out, stderr=out)
+
+    def _engine_args(self) -> list[str]:
+        """Two fingerprints (labels alternate), the build stand-in; 8: every device starts upgraded."""
+        args = ["--label", "hw=orin-nx,orin-agx", "--build-seconds", str(self.args.build_seconds)]
+        return [*args, "--upgrade-at", "0"] if self.number == 8 else args
 
     def sim_report(self) -> dict[str, Any]:
         return read_reports(self.root / "sim")
@@ -342,11 +364,11 @@ class _Scenario:
         if self.number == 4:
             canary = max(1, -(-self.args.devices * 5 // 100))
             extra = ["--unhealthy", f"3%@0-{canary - 1}:nan_outputs"]
-        started = time.monotonic()
+        started = time.time()
         self.start_sim(extra)
         try:
-            self.wait_devices(lambda d: all(x["online"] for x in d.values()), "every device online", 300)
-            online_s = time.monotonic() - started
+            self.wait_devices(lambda d: all(x["online"] for x in d.values()), "every device online", 600)
+            online_s = time.time() - started
             if self.number == 3:
                 self.wait_devices(
                     lambda d: sum(not x["running"] for x in d.values()) >= self.args.devices * 5 // 100,
@@ -354,7 +376,12 @@ class _Scenario:
                     60,
                 )
             before = sys_counters.snapshot()
-            result = self._rollout(controller)
+            if self.number == 7:
+                result = self._sharing_off_and_on(controller)
+            elif self.number == 8:
+                result = self._upgrade(started)
+            else:
+                result = self._rollout(controller)
             after = sys_counters.snapshot()
         finally:
             ctl = controller.stop()
@@ -370,7 +397,8 @@ class _Scenario:
             sys_counters.close()
             self.broker.kill()
         report = read_reports(self.root / "sim")
-        result.update(self._devices_view(report, result.get("job_id")))
+        if self.number not in (7, 8):
+            result.update(self._devices_view(report, result.get("job_id")))
         result["online_s"] = round(online_s, 1)
         result["controller"] = ctl
         if self.number == 6:
@@ -385,30 +413,38 @@ class _Scenario:
         }
         return result
 
-    def _start_args(self) -> list[str]:
-        faults = self.number in (5, 6)  # shadow and probation on, as operators run them
-        probation = {4: "3", 5: "4", 6: "4"}.get(self.number, "0")
+    def _start_args(self, model: Path | None = None, share: bool | None = None) -> list[str]:
+        guarded = self.number in (5, 6, 7)  # shadow and probation on, as operators run them
+        probation = {4: "3", 5: "4", 6: "4", 7: "2"}.get(self.number, "0")
+        version = (model or self.v2).stem.removeprefix("cls-v")
         args = [
-            "start", str(self.v2), "--slot", "main", "--select", "fleet=bench",
-            "--waves", "5%,10%,50%,100%", "--soak", "0", "--max-failed", "2%",
-            "--version", "2", "--model-id", "cls", *([] if faults else ["--no-shadow"]),
+            "start", str(model or self.v2), "--slot", "main", "--select", "fleet=bench",
+            "--waves", "2,5%,10%,50%,100%" if self.number == 7 else "5%,10%,50%,100%",
+            "--soak", self.args.soak if self.number == 7 else "0", "--max-failed", "2%",
+            "--version", version, "--model-id", "cls", *([] if guarded else ["--no-shadow"]),
             "--probation-s", probation,
             "--retained-wait", "20",
         ]  # fmt: skip
+        if share is not None:
+            args.append("--share-engines" if share else "--no-share-engines")
         if self.number == 3:
             args += ["--on-timeout", "wait", "--wave-timeout", "10m"]
         if self.number == 4:
             args.append("--rollback-on-abort")
         return args
 
-    def _rollout(self, controller: _Controller) -> dict[str, Any]:
+    def _rollout(
+        self, controller: _Controller, model: Path | None = None, share: bool | None = None
+    ) -> dict[str, Any]:
         t0 = time.monotonic()
-        started = _rollout_cli(self.broker, *self._start_args(), timeout=300)
+        started = _rollout_cli(self.broker, *self._start_args(model, share), timeout=300)
         rollout_id = started["rollout_id"]
         killed_at = None
         status: dict[str, Any] = {}
         http_cpu0 = self.http.cpu_s() if self.http else 0.0
-        while time.monotonic() - t0 < self.args.timeout:
+        # Scenario 7: five waves, each may wait a build (sharing off).
+        limit = self.args.timeout + (5 * self.args.build_seconds if self.number == 7 else 0.0)
+        while time.monotonic() - t0 < limit:
             controller.sample()
             try:
                 status = _rollout_cli(self.broker, "status", rollout_id)
@@ -471,6 +507,88 @@ class _Scenario:
             }
         return out
 
+    def fresh_devices(self, since: float, timeout: float = 30.0) -> dict[str, Any]:
+        """The simulator's devices from reports every worker rewrote after ``since`` (Unix time)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            report = self.sim_report()
+            if all(w["updated"] > since for w in report["workers"]) or time.monotonic() > deadline:
+                devices: dict[str, Any] = report["devices"]
+                return devices
+            time.sleep(0.5)
+
+    def _sharing_off_and_on(self, controller: _Controller) -> dict[str, Any]:
+        """Scenario 7: the same rollout shape, sharing off (model v2) then on (v3), in one run."""
+        runs: dict[str, dict[str, Any]] = {}
+        for name, share, model in (("off", False, self.models[1]), ("on", True, self.models[2])):
+            before = self.fresh_devices(time.time())
+            out = self._rollout(controller, model, share)
+            version = model.stem.removeprefix("cls-v")
+            with contextlib.suppress(RuntimeError):  # where each device ended is in the JSON either way
+                self.wait_devices(
+                    lambda d, v=version: all(x["slots"]["main"] == f"cls:{v}" for x in d.values()),
+                    f"every device on cls:{version}",
+                    120,
+                )
+            time.sleep(5.0)  # the last wave's offers (after ACTIVE) are answered, then counted
+            after = self.fresh_devices(time.time())
+            runs[name] = {
+                "state": out["state"],
+                "rollout_s": out["rollout_s"],
+                "waves": [{k: w[k] for k in ("devices", "seconds", "ends")} for w in out["waves"]],
+                "on_model": sum(d["slots"]["main"] == f"cls:{version}" for d in after.values()),
+                **_engine_delta(before, after),
+            }
+        off, on = runs["off"], runs["on"]
+        return {
+            "scenario": 7,
+            "devices": self.args.devices,
+            "build_seconds": self.args.build_seconds,
+            "soak": self.args.soak,
+            "model_bytes": self.v2.stat().st_size,
+            "sharing_off": off,
+            "sharing_on": on,
+            "ratios": {
+                "rollout_time_on_over_off": round(on["rollout_s"] / max(off["rollout_s"], 1e-9), 3),
+                "build_seconds_off_over_on": round(off["build_s"] / max(on["build_s"], 1e-9), 1),
+            },
+            "controller_engines": _engines_list(self.broker),
+        }
+
+    def _upgrade(self, launched: float) -> dict[str, Any]:
+        """Scenario 8: every device started on JetPack 6.1 with its engine missing (see the docstring)."""
+        online = self.fresh_devices(time.time())
+        serving_at_online = Counter(str(d["engines"]["serving"].get("main")) for d in online.values())
+        all_serving_s = time.time() - launched
+        with contextlib.suppress(RuntimeError):
+            self.wait_devices(
+                lambda d: all(x["engines"]["engine_ready_at"] for x in d.values()),
+                "every device on its new engine",
+                self.args.build_seconds + self.args.timeout,
+            )
+        devices = self.fresh_devices(time.time())
+        ready = [d["engines"]["engine_ready_at"] for d in devices.values() if d["engines"]["engine_ready_at"]]
+        after_start = sorted(
+            d["engines"]["engine_ready_at"] - d["engines"]["up_since"]
+            for d in devices.values()
+            if d["engines"]["engine_ready_at"] and d["engines"]["up_since"]
+        )
+        return {
+            "scenario": 8,
+            "devices": self.args.devices,
+            "build_seconds": self.args.build_seconds,
+            "platforms": dict(Counter(str(d["engines"]["platform"]) for d in devices.values())),
+            "all_serving_s": round(all_serving_s, 1),
+            "serving_when_all_online": dict(serving_at_online),
+            "all_on_new_engine_s": round(max(ready) - launched, 1) if len(ready) == len(devices) else None,
+            "on_new_engine": len(ready),
+            "engine_after_device_start_s": {
+                "median": round(after_start[len(after_start) // 2], 1) if after_start else None,
+                "max": round(after_start[-1], 1) if after_start else None,
+            },
+            **_engine_delta({}, devices),
+        }
+
     def _wait_converged(self, status: dict[str, Any], t0: float) -> None:
         # Scenario 3: the late devices come back ~90 s after the start; 4: the rollback's new desired
         # state (the previous model is in every store: no download). Bounded: the JSON says where
@@ -513,6 +631,61 @@ def _pull_totals(devices: Any) -> dict[str, int]:
     return dict(totals)
 
 
+_ENGINE_SUMS = ("builds", "build_s", "downloads", "download_bytes", "download_s", "asked", "uploaded")
+
+
+def _engine_delta(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
+    """The devices' engine counters (agent/fleetsim/build.py) between two reports, summed: builds,
+    device build-seconds, downloads and their bytes and seconds, asks, uploads; builds and downloads
+    per fingerprint."""
+    totals: Counter[str] = Counter()
+    per_fp: dict[str, Counter[str]] = {}
+    for device_id, device in after.items():
+        now = device.get("engines") or {}
+        then = (before.get(device_id) or {}).get("engines") or {}
+        for key in _ENGINE_SUMS:
+            totals[key] += now.get(key, 0) - then.get(key, 0)
+        for fp, row in now.get("by_fingerprint", {}).items():
+            old = then.get("by_fingerprint", {}).get(fp, {})
+            counts = per_fp.setdefault(fp, Counter())
+            for key in ("builds", "downloads"):
+                counts[key] += row.get(key, 0) - old.get(key, 0)
+    out: dict[str, Any] = {k: round(v, 1) if isinstance(v, float) else v for k, v in totals.items()}
+    out["per_fingerprint"] = {fp: dict(c) for fp, c in sorted(per_fp.items()) if any(c.values())}
+    return out
+
+
+def _engines_list(broker: Broker) -> dict[str, Any]:
+    """``fleet engines list --json``: per fingerprint, the engines the controller holds and their reuse."""
+    out = subprocess.run(
+        _edge_agent(
+            "fleet",
+            "engines",
+            "list",
+            "--json",
+            "--broker",
+            f"{broker.host}:{broker.port}",
+            "--prefix",
+            PREFIX,
+        ),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    if out.returncode != 0:
+        return {"error": out.stderr[-500:]}
+    listing: dict[str, Any] = json.loads(out.stdout)
+    return {
+        "engines": listing.get("engines"),
+        "bytes": listing.get("bytes"),
+        "reuse": {
+            fp: [{"built_by": r["built_by"], "reuse": r["reuse"]} for r in rows]
+            for fp, rows in listing.get("fingerprints", {}).items()
+        },
+    }
+
+
 def _last_end(device: dict[str, Any], job_id: str | None) -> str:
     states = device["jobs"].get(job_id) if job_id else None
     return states[-1] if states else "untouched"
@@ -521,17 +694,26 @@ def _last_end(device: dict[str, Any], job_id: str | None) -> str:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--devices", type=int, default=1000)
-    p.add_argument("--scenario", type=int, action="append", choices=(1, 2, 3, 4, 5, 6), default=None)
+    p.add_argument("--scenario", type=int, action="append", choices=(1, 2, 3, 4, 5, 6, 7, 8), default=None)
     p.add_argument("--size-mb", type=float, default=5.0)
     p.add_argument("--timeout", type=float, default=900.0, help="longest a rollout may take (s)")
     p.add_argument("--poll-s", type=float, default=5.0, help="seconds between status polls")
+    p.add_argument(
+        "--build-seconds",
+        type=float,
+        default=300.0,
+        help="7, 8: seconds per simulated engine build (default 300: a YOLO-class FP16 engine on an Orin NX)",
+    )
+    p.add_argument(
+        "--soak", default="10s", help="7: soak after each wave (the canary's offer lands meanwhile)"
+    )
     p.add_argument("--workdir", type=Path, default=None, help="default: a temporary directory, removed")
     args = p.parse_args()
     os.environ.setdefault("PYTHONPATH", str(Path(__file__).resolve().parents[1]))
     root = args.workdir or Path(tempfile.mkdtemp(prefix="bench-fleet-"))
     results = []
     try:
-        for number in args.scenario or [1, 2, 3, 4, 5, 6]:
+        for number in args.scenario or [1, 2, 3, 4, 5, 6, 7, 8]:
             result = _Scenario(number, args, root).run()
             print(json.dumps(result), flush=True)
             results.append(result)

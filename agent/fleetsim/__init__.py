@@ -18,8 +18,11 @@ broker, driven by the real operator side (``fleet deploy``, the rollout controll
   service's job fields included), ``up/telemetry`` (with the link's and the spool's real counters),
   ``up/jobs/{job_id}``.
 
-**Simulated** (:mod:`agent.fleetsim.slot`, :mod:`agent.fleetsim.device`): the model loop. No engine
-is built (``no_build``: the ONNX file as is) and no frame runs; a delivered model is the slot's at
+**Simulated** (:mod:`agent.fleetsim.slot`, :mod:`agent.fleetsim.device`): the model loop. No frame
+runs, and no engine is built (``no_build``: the ONNX file as is) unless ``--build-seconds`` asks for
+the build stand-in (:mod:`agent.fleetsim.build`: a sleep in place of the Jetson's TensorRT build,
+around the agent's own engine cache key, engine cache and fleet engine cache against the real
+controller); a delivered model is the slot's at
 once, after SHADOW/PROBATION phases that report the figures the scenario dictates (healthy, or the
 device's unhealthy figure) and end as the real guard ends (REJECTED below the shadow bar,
 ROLLED_BACK on a probation figure over its bar or a failed load). The platform in ``up/info`` is a

@@ -21,7 +21,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from agent import __version__
 from agent.camera.preprocess_spec import PreprocessSpec
@@ -29,8 +29,9 @@ from agent.delivery.ledger import JobRecord, JobsFile
 from agent.delivery.manifest import DeployManifest
 from agent.delivery.service import DeliveryService
 from agent.delivery.settings import DeliveryConfig
-from agent.delivery.steps import ProgressFn
+from agent.delivery.steps import ActivationRequest, ProgressFn, no_build
 from agent.delivery.transfer import PullStats, fetch_model
+from agent.fleetsim.build import BuildCounters, SimBuilds, SimPlatform, sim_platform
 from agent.fleetsim.plan import DevicePlan
 from agent.fleetsim.slot import SimSlots
 from agent.mqtt.link import MqttLink
@@ -71,6 +72,8 @@ class FleetSetup:
     slots: Mapping[str, SlotSetup]
     delivery: DeliveryConfig = field(default_factory=DeliveryConfig)
     spool: SpoolSettings = field(default_factory=SpoolSettings)
+    #: Seconds of the simulated engine build a delivered model needs (0: no engine, the ONNX file as is).
+    build_seconds: float = 0.0
 
 
 def add_pull_counters(totals: collections.Counter[str], counters: Mapping[str, int]) -> None:
@@ -134,23 +137,22 @@ class JournaledJobs(JobsFile):
         self.journal.note(job_id, "REFUSED")
 
 
-def _platform(labels: Mapping[str, str]) -> dict[str, str | bool | int | float | None]:
-    """A plausible Orin's ``platform_summary`` (the ``hw`` label picks Nano or NX)."""
-    nano = labels.get("hw", "").endswith("nano")
+def _platform(platform: SimPlatform) -> dict[str, str | bool | int | float | None]:
+    """A plausible Orin's ``platform_summary`` (:func:`agent.fleetsim.build.sim_platform`)."""
     return {
         "is_jetson": True,
         "machine": "aarch64",
-        "device_model": "NVIDIA Jetson Orin Nano" if nano else "NVIDIA Jetson Orin NX",
+        "device_model": platform.device_model,
         "soc": "tegra234",
         "soc_family": "orin",
-        "l4t_release": "36.3.0",
-        "jetpack": "6.0",
-        "cuda_driver": "12.2",
-        "cuda_runtime": "12.2",
-        "gpu_name": "Orin",
-        "compute_capability": "8.7",
-        "dla_cores": 0 if nano else 2,
-        "tensorrt_version": "8.6.2",
+        "l4t_release": platform.l4t_release,
+        "jetpack": platform.jetpack,
+        "cuda_driver": platform.cuda_version,
+        "cuda_runtime": platform.cuda_version,
+        "gpu_name": platform.gpu_name,
+        "compute_capability": platform.compute_capability,
+        "dla_cores": platform.dla_cores,
+        "tensorrt_version": platform.tensorrt_version,
         "onnxruntime_version": "1.18.0",
         "ort_providers": "CPUExecutionProvider",
         "simulated": True,
@@ -172,11 +174,21 @@ def link_model(source: Path, store: ModelStore, sha256: str) -> None:
 class SimDevice:
     """One device: ``start()`` connects it, ``stop()`` stops it as the agent stops (offline status)."""
 
-    def __init__(self, plan: DevicePlan, setup: FleetSetup, slots: SimSlots, journal: JobJournal) -> None:
+    def __init__(
+        self,
+        plan: DevicePlan,
+        setup: FleetSetup,
+        slots: SimSlots,
+        journal: JobJournal,
+        *,
+        counters: BuildCounters | None = None,
+        upgraded: bool = False,
+    ) -> None:
         self.plan = plan
         self.setup = setup
         self.slots = slots
         self.journal = journal
+        self.platform = sim_platform(plan.labels, upgraded=upgraded)
         self.started_at = time.time()
         self._rng = random.Random(plan.index)
         root = setup.state_dir / plan.device_id
@@ -192,6 +204,22 @@ class SimDevice:
             on_connected=lambda _session: self.publish_info(),
         )
         self.store = ModelStore(root / "models")
+        self.builds: SimBuilds | None = None
+        if setup.build_seconds > 0:
+            self.builds = SimBuilds(
+                root=root,
+                link=self.link,
+                topics=self.topics,
+                trusted=setup.trusted,
+                fetch=self._fetch_engine,
+                platform=self.platform,
+                build_seconds=setup.build_seconds,
+                counters=counters or BuildCounters(),
+            )
+            if not upgraded:  # provisioned with its models' engines: only an upgrade changes the keys
+                for sha in self._slot_models().values():
+                    self.builds.seed(sha)
+        self._stopped = threading.Event()
         for slot in setup.slots.values():
             if slot.model is not None and slot.model_path is not None:
                 link_model(slot.model_path, self.store, slot.model.sha256)
@@ -203,10 +231,11 @@ class SimDevice:
             store=self.store,
             state=JournaledJobs(root / "jobs.json", journal),
             fetch=self._fetch,
-            activate=slots.activate,
+            activate=self._activate,
             status=self._status,
             rollback=slots.rollback,
             slot_specs=slots.slot_specs,
+            build=self.builds.build if self.builds is not None else no_build,
             protect=slots.protected_models,
             part_dir=root / "partial",
             trusted_keys=setup.trusted,
@@ -231,14 +260,49 @@ class SimDevice:
         self.journal.add_fetched(manifest.size)
         return path
 
+    def _fetch_engine(
+        self, manifest: DeployManifest, part_dir: Path, progress: ProgressFn, cancel: threading.Event
+    ) -> Path:
+        """A fleet engine's file: the same MQTT pull as a model's (not counted as model bytes)."""
+        return fetch_model(
+            manifest,
+            part_dir,
+            progress,
+            cancel,
+            link=self.link,
+            topics=self.topics,
+            config=self.setup.delivery,
+        )
+
+    def _activate(self, request: ActivationRequest) -> None:
+        """The slot's stand-in activation; then the engine is offered as the real runtime offers it."""
+        guarded = self.slots.current(request.slot)[0] is not None
+        self.slots.activate(request)
+        if self.builds is not None:
+            self.builds.counters.ready()
+            self.builds.offer_when_active(request, guarded=guarded)
+
+    def _slot_models(self) -> dict[str, str]:
+        """The SHA-256 of the model each slot serves (empty slots left out)."""
+        models = {}
+        for name in self.slots.names():
+            model, _since = self.slots.current(name)
+            if model is not None:
+                models[name] = model.sha256
+        return models
+
     def start(self) -> None:
-        """Subscribe, then connect (as the agent: retained manifests arrive on connect)."""
+        """Subscribe, then connect (as the agent: retained manifests arrive on connect). A slot whose
+        engine is not in the cache serves its ONNX model at once while the engine builds."""
+        if self.builds is not None:
+            self.builds.start_up(self._slot_models(), self._stopped, on_ready=self.publish_info)
         self.delivery.start()
         self.link.start()
 
     def stop(self, timeout: float = 5.0) -> None:
         """The agent's ordered stop: jobs cancelled (they resume at the next start), offline, closed."""
         self.slots.on_change = None
+        self._stopped.set()
         self.delivery.stop(timeout=timeout / 2)
         self.link.stop(timeout=timeout / 2)
         self.spool.close()
@@ -264,17 +328,24 @@ class SimDevice:
                 state="active" if model else "empty",
                 reason=None if model else "no model delivered yet",
                 since=since,
+                serving=self._serving(name) if model else None,
                 **self.delivery.job_fields(name),
             )
         return InfoMessage(
             device_id=self.plan.device_id,
             agent_version=__version__,
-            platform=_platform(self.plan.labels),
+            platform=_platform(self.platform),
             labels=dict(self.plan.labels),
             backends={"onnxruntime": BackendInfo(available=True), "tensorrt": BackendInfo(available=True)},
             slots=slots,
             streams=[STREAM],
         )
+
+    def _serving(self, slot: str) -> Literal["requested", "interim"]:
+        """``interim`` while the slot's engine builds at start (its ONNX model serves meanwhile)."""
+        if self.builds is not None and self.builds.serving(slot) == "interim":
+            return "interim"
+        return "requested"
 
     def publish_info(self) -> None:
         if self.link.connected:

@@ -79,6 +79,22 @@ def build_parser() -> argparse.ArgumentParser:
         "--unhealthy", action="append", default=[], metavar="WHO:FIGURE", help=f"FIGURE: {', '.join(FIGURES)}"
     )
     p.add_argument("--seed", type=int, default=0, help="seed of the device draws (default 0)")
+    p.add_argument(
+        "--build-seconds",
+        type=float,
+        default=0.0,
+        help="a delivered model needs an engine, whose simulated build takes this long (a sleep: the "
+        "Jetson's build is absent here); engines are shared through the controller when the manifest "
+        "says so (default 0: no engine, the ONNX file as is)",
+    )
+    p.add_argument(
+        "--upgrade-at",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="devices (re)started this many seconds after start or later run JetPack 6.1 instead of 6.0 "
+        "(every engine key changes); restart them with --offline",
+    )
     p.add_argument("--telemetry-s", type=float, default=10.0, help="seconds between telemetry messages")
     p.add_argument("--duration", type=float, default=0.0, help="stop after this many seconds (0: on SIGTERM)")
     p.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)
@@ -124,6 +140,8 @@ def _slot_setups(args: argparse.Namespace) -> dict[str, SlotSetup]:
 def fleet_setup(args: argparse.Namespace) -> FleetSetup:
     """The shared setup of every device, from the flags; raises UsageError."""
     host, port = _broker(args.broker)
+    if args.build_seconds < 0:
+        raise UsageError(f"--build-seconds: {args.build_seconds} is below 0")
     if not args.trust.is_file():
         raise UsageError(f"--trust: {args.trust} is not a file")
     return FleetSetup(
@@ -135,6 +153,7 @@ def fleet_setup(args: argparse.Namespace) -> FleetSetup:
         trusted={args.key_id or args.trust.stem: load_public_key(args.trust)},
         slots=_slot_setups(args),
         delivery=DeliveryConfig(),
+        build_seconds=args.build_seconds,
     )
 
 
@@ -163,7 +182,12 @@ def run_worker(args: argparse.Namespace, stop: threading.Event) -> None:
     mine = [p for p in plans if p.index % procs == args.worker]
     setup = fleet_setup(args)
     worker = SimWorker(
-        mine, setup, worker=args.worker, t0=args.t0 or time.time(), telemetry_s=args.telemetry_s
+        mine,
+        setup,
+        worker=args.worker,
+        t0=args.t0 or time.time(),
+        telemetry_s=args.telemetry_s,
+        upgrade_at_s=args.upgrade_at,
     )
     worker.run(stop)
 

@@ -20,6 +20,7 @@ from typing import Any
 
 import structlog
 
+from agent.fleetsim.build import BuildCounters
 from agent.fleetsim.device import FleetSetup, JobJournal, SimDevice
 from agent.fleetsim.plan import DevicePlan
 from agent.fleetsim.slot import SimSlots
@@ -56,6 +57,9 @@ class _Member:
         specs = {name: (slot.preprocess, slot.postprocess) for name, slot in setup.slots.items()}
         self.slots = SimSlots(initial, specs, plan.unhealthy)
         self.journal = JobJournal()
+        self.builds = BuildCounters()
+        #: Unix time the device last came up (a restart included).
+        self.up_since: float | None = None
         self.device: SimDevice | None = None
         self.started = False
         #: Starts after the first (each one a simulated agent restart over the same state directory).
@@ -70,11 +74,20 @@ class SimWorker:
     """Runs ``plans`` until ``stop`` is set; ``t0`` (Unix time) is when the whole simulator started."""
 
     def __init__(
-        self, plans: list[DevicePlan], setup: FleetSetup, *, worker: int, t0: float, telemetry_s: float = 10.0
+        self,
+        plans: list[DevicePlan],
+        setup: FleetSetup,
+        *,
+        worker: int,
+        t0: float,
+        telemetry_s: float = 10.0,
+        upgrade_at_s: float | None = None,
     ) -> None:
         self.setup = setup
         self.worker = worker
         self.t0 = t0
+        #: Devices switched on this many seconds after ``t0`` or later run the upgraded platform.
+        self.upgrade_at_s = upgrade_at_s
         self.telemetry_s = telemetry_s
         self.members = [_Member(plan, setup) for plan in plans]
         self._stoppers: list[threading.Thread] = []
@@ -108,7 +121,10 @@ class SimWorker:
                 self._switch_off(member)
 
     def _switch_on(self, member: _Member) -> None:
-        device = SimDevice(member.plan, self.setup, member.slots, member.journal)
+        upgraded = self.upgrade_at_s is not None and time.time() - self.t0 >= self.upgrade_at_s
+        device = SimDevice(
+            member.plan, self.setup, member.slots, member.journal, counters=member.builds, upgraded=upgraded
+        )
         try:
             device.start()
         except Exception:
@@ -116,6 +132,7 @@ class SimWorker:
             device.stop(0.5)
             return
         member.device = device
+        member.up_since = time.time()
         member.restarts += member.started
         member.started = True
         member.next_telemetry = time.time() + self._rng.uniform(0.0, self.telemetry_s)
@@ -160,6 +177,8 @@ class SimWorker:
                 "inbox_dropped": device.link.counter("inbox_dropped") if device is not None else 0,
                 **member.journal.snapshot(),
             }
+            if self.setup.build_seconds > 0:
+                devices[member.plan.device_id]["engines"] = self._engines(member)
         times = os.times()
         return {
             "worker": self.worker,
@@ -171,6 +190,20 @@ class SimWorker:
             "threads": threading.active_count(),
             "fds": len(os.listdir("/proc/self/fd")) if Path("/proc/self/fd").is_dir() else None,
             "devices": devices,
+        }
+
+    @staticmethod
+    def _engines(member: _Member) -> dict[str, Any]:
+        """The device's engine figures (agent/fleetsim/build.py), what it runs on, and what it serves."""
+        device = member.device
+        builds = device.builds if device is not None else None
+        return {
+            **member.builds.snapshot(),
+            "platform": None
+            if device is None
+            else f"{device.platform.device_model} JetPack {device.platform.jetpack}",
+            "serving": {n: builds.serving(n) for n in member.slots.names()} if builds is not None else {},
+            "up_since": member.up_since,
         }
 
     def write_report(self) -> None:

@@ -49,6 +49,7 @@ class ControllerRig:
         prefix: str,
         persistence: bool = False,
         unhealthy: Sequence[str] = (),
+        fleet_args: Sequence[str] = (),
     ) -> None:
         self.root = root
         self.prefix = prefix
@@ -81,7 +82,7 @@ class ControllerRig:
             devices=devices,
             procs=1,
             model=self.v1,
-            extra=[f"--unhealthy={u}" for u in unhealthy],
+            extra=[*(f"--unhealthy={u}" for u in unhealthy), *fleet_args],
         )
         self.ids = self.fleet.ids
         self.fleet.wait_online(timeout=60)
