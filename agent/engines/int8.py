@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import math
 import platform as host_platform
+import shutil
 import tempfile
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -138,7 +139,7 @@ def calibrate(
     with tempfile.TemporaryDirectory(prefix="int8-calib-") as tmp:
         try:
             calibrator = create_calibrator(
-                model,
+                linked_beside(model, source, Path(tmp)),
                 [],
                 augmented_model_path=str(Path(tmp) / "augmented.onnx"),
                 calibrate_method=calibration_method,
@@ -214,7 +215,7 @@ def quantize_with_ranges(
         quantized = Path(tmp) / MODEL_FILE
         try:
             quantize_static(
-                str(model),
+                str(linked_beside(model, source, Path(tmp))),
                 str(quantized),
                 calibration_data_reader=None,
                 quant_format=QuantFormat.QDQ,
@@ -320,6 +321,36 @@ class _OneBatch:
 def _check_method(method: str) -> None:
     if method not in TRT_ALGORITHMS:
         raise BuildError(f"calibration method {method!r} is unknown: use 'entropy' or 'minmax'")
+
+
+def linked_beside(model: Path, source: onnx.ModelProto, directory: Path) -> Path:
+    """``model`` as a link in ``directory``, with links to its external data files.
+
+    ONNX Runtime's calibrator and ``quantize_static`` write ``<model>-inferred.onnx`` beside the
+    model they are given and delete it after: beside a read-only model that fails, and two builds of
+    one model (two slots, two test workers) remove each other's file half-read. Through a link in
+    the build's own temporary directory each writes its own; external data resolves beside the link,
+    so its files are copied there (ONNX refuses them behind a symbolic or a hard link).
+    """
+    directory = directory / "source"  # apart from what the build writes in the same directory
+    directory.mkdir()
+    link = directory / model.name
+    link.symlink_to(model.resolve())
+    locations = {
+        entry.value
+        for tensor in source.graph.initializer
+        for entry in tensor.external_data
+        if entry.key == "location"
+    }
+    for location in locations:
+        if Path(location).is_absolute() or ".." in Path(location).parts:
+            continue  # ONNX refuses such a location itself, naming it
+        target = directory / location
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if not target.exists():
+            # ONNX refuses external data behind a symbolic or a hard link: a copy.
+            shutil.copyfile(model.parent / location, target)
+    return link
 
 
 def _load(model: Path) -> onnx.ModelProto:

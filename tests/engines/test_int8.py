@@ -328,3 +328,29 @@ def test_calibration_says_frames_done_of_total_as_the_calibrator_consumes_them(t
     # Said only once the calibrator came back for more: never ahead of what it had taken.
     assert all(d <= c for d, c in zip(done, consumed, strict=True))
     assert [phase_of(line) for line in lines] == ["calibrating"] * len(lines)
+
+
+def test_a_model_in_a_read_only_directory_with_external_data_calibrates_and_leaves_nothing_beside_it(
+    tmp_path: Path, calibration_batches: list[npt.NDArray[np.float32]]
+) -> None:
+    """ONNX Runtime writes ``<model>-inferred.onnx`` beside the model it calibrates or quantizes: a
+    read-only model directory failed, and two builds of one model deleted each other's file (seen
+    as "Failed to find proper ai.onnx domain" with two test workers). The model's directory is only
+    read now, external data included."""
+    shipped = tmp_path / "shipped"
+    shipped.mkdir()
+    model = onnx.load(str(MODEL_PATH))
+    onnx.save(
+        model, str(shipped / "net.onnx"), save_as_external_data=True, location="net.weights", size_threshold=0
+    )
+    before = sorted(p.name for p in shipped.iterdir())
+    changed = shipped.stat().st_mtime_ns  # a file made and removed there changes it (root ignores 0o555)
+    shipped.chmod(0o555)
+    try:
+        result = quantize_int8(shipped / "net.onnx", tmp_path / "out", calibration_batches[:2])
+    finally:
+        shipped.chmod(0o755)
+    assert sorted(p.name for p in shipped.iterdir()) == before == ["net.onnx", "net.weights"]
+    assert shipped.stat().st_mtime_ns == changed
+    session = ort.InferenceSession(str(result.model_path), providers=["CPUExecutionProvider"])
+    assert session.run(None, {"images": calibration_batches[0][:1]})[0].shape == (1, len(CLASSES))
