@@ -145,8 +145,8 @@ class FleetController:
         # First: a damaged or emptied store (StoreDamagedError) stops the start before anything runs.
         self.store = RolloutStore(self.config.store_path)
         self.chunks.add_repo(self.config.models_dir)
-        self.chunks.add_repo(self.engines.store.blobs)
         self.engines.start()
+        self.chunks.add_repo(self.engines.store.blobs)
         self.chunks.start(timeout)
         self.samples = SampleStore(self.config.samples_dir, self.config.samples)
         self._client.start(timeout)

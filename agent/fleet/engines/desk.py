@@ -108,6 +108,7 @@ class EngineDesk:
     # -- lifecycle ------------------------------------------------------------------------------------
 
     def start(self) -> None:
+        self.store.create()
         for stale in self.store.blobs.glob(".upload-*.part"):
             with contextlib.suppress(OSError):
                 stale.unlink()  # an upload the previous process was taking: the device offers again

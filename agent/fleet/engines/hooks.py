@@ -28,7 +28,7 @@ def engine_desk_for(
 ) -> EngineDesk:
     """The controller's engine desk over its store in ``directory`` (``{state_dir}/engines``);
     ``sink_for(blobs)``: the controller's upload sink on the store's blobs directory."""
-    store = EngineStore(directory, settings)
+    store = EngineStore(directory, settings, create=False)  # made once the controller holds the lease
     return EngineDesk(
         settings,
         store,

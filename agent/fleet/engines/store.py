@@ -53,13 +53,20 @@ class _Index(StrictModel):
 class EngineStore:
     """Vouched engines by key (see the module docstring). Thread-safe."""
 
-    def __init__(self, directory: Path, bounds: EngineShareSettings) -> None:
+    def __init__(self, directory: Path, bounds: EngineShareSettings, *, create: bool = True) -> None:
+        """``create``: make the directories now; False: at :meth:`create` (the controller's start)."""
         self.directory = Path(directory)
         self.blobs = self.directory / BLOBS_DIR
         self.bounds = bounds
         self._lock = threading.Lock()
-        self.blobs.mkdir(parents=True, exist_ok=True)
         self._index = self._load()
+        if create:
+            self.create()
+
+    def create(self) -> None:
+        """Make the store's directories: at the controller's start, once it holds the prefix (a
+        controller refused the lease leaves nothing behind in its state directory)."""
+        self.blobs.mkdir(parents=True, exist_ok=True)
 
     def _load(self) -> _Index:
         path = self.directory / INDEX_FILE
