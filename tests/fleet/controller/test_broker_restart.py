@@ -10,7 +10,6 @@ the job per device. A standby on the same prefix stays standing by: one controll
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,6 +26,7 @@ from agent.fleet.deploy.keys import KeyPairFiles, write_keypair
 from agent.localbroker import Broker
 from agent.modelzoo import write_classifier
 from agent.mqtt.settings import MqttSettings
+from tests.fleet.controller.loop_thread import LoopThread
 from tests.fleet.controller.test_lease import Child, _config_file, _spawn
 from tests.fleet.controller.test_process import _request, _start, _status
 from tests.fleet.operator_side import operator_settings, unique_prefix
@@ -245,17 +245,8 @@ def test_a_request_waits_while_the_lease_is_down_and_is_handled_once_it_is_back(
         mqtt=settings, state_dir=tmp_path / "state", signing_key=keys.private, key_id=keys.key_id
     )
     controller = FleetController(config).start()
-    stop = threading.Event()
-    failed: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            controller.run(stop)
-        except BaseException as exc:
-            failed.append(exc)
-
-    loop = threading.Thread(target=run, daemon=True)
-    loop.start()
+    loop = LoopThread(controller)
+    failed = loop.raised
     try:
         broker.kill()
         wait_until(lambda: controller.lease.lost is not None, what="the controller to see its lease down")
@@ -272,12 +263,10 @@ def test_a_request_waits_while_the_lease_is_down_and_is_handled_once_it_is_back(
         broker.restart()
         call.result(60)
         assert seen == [None]  # run with the lease held again
-        assert loop.is_alive(), failed
+        assert loop.thread.is_alive(), failed
         wait_until(lambda: _answers_list(settings), timeout=60, what="the controller answering again")
     finally:
-        stop.set()
-        loop.join(10)
-        controller.stop()
+        loop.end()
 
 
 def test_a_controller_whose_link_froze_pauses_and_takes_its_lease_back(
@@ -299,17 +288,8 @@ def test_a_controller_whose_link_froze_pauses_and_takes_its_lease_back(
         mqtt=settings, state_dir=tmp_path / "state", signing_key=keys.private, key_id=keys.key_id
     )
     controller = FleetController(config).start()
-    stop = threading.Event()
-    failed: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            controller.run(stop)
-        except BaseException as exc:
-            failed.append(exc)
-
-    loop = threading.Thread(target=run, daemon=True)
-    loop.start()
+    loop = LoopThread(controller)
+    failed = loop.raised
     try:
         proxy.freeze()
         wait_until(
@@ -318,15 +298,13 @@ def test_a_controller_whose_link_froze_pauses_and_takes_its_lease_back(
         assert controller.lease.lost_for_good is None
         wait_until(lambda: controller.lease.lost is None or bool(failed), timeout=60, what="the lease back")
         assert not failed, failed
-        assert loop.is_alive()
+        assert loop.thread.is_alive()
         claim = read_lease(operator_settings(broker, prefix))
         assert claim is not None
         assert claim.holder == controller.lease.claim.holder
         wait_until(lambda: _answers_list(settings), timeout=60, what="the controller answering again")
     finally:
-        stop.set()
-        loop.join(10)
-        controller.stop()
+        loop.end()
         proxy.close()
 
 

@@ -16,7 +16,6 @@ import re
 import signal
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -30,6 +29,7 @@ from agent.fleet.deploy.keys import KeyPairFiles, load_signing_key, write_keypai
 from agent.localbroker import Broker
 from agent.protocol.messages import ControllerLease, decode
 from agent.protocol.topics import ControllerTopics
+from tests.fleet.controller.loop_thread import LoopThread
 from tests.fleet.controller.test_process import _fleet, _request, _start, _wait_state
 from tests.fleet.operator_side import operator_settings, tiny_model, unique_prefix
 from tests.mqtt_probe import Probe
@@ -308,21 +308,12 @@ def test_a_holder_whose_lease_connection_is_taken_stops_and_does_not_take_it_bac
         key_id=keys.key_id,
     )
     controller = FleetController(config).start()
-    stop = threading.Event()
-    raised: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            controller.run(stop)
-        except LeaseLostError as exc:
-            raised.append(exc)
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
+    loop = LoopThread(controller, catch=LeaseLostError)
+    raised = loop.raised
     try:
         with Probe(broker.host, broker.port, client_id=controller.lease.client_id) as taker:
-            thread.join(30)
-            assert not thread.is_alive()
+            loop.thread.join(30)
+            assert not loop.thread.is_alive()
             assert raised, "the controller went on after losing its lease connection"
             # The line docs/protocol.md quotes ("... another controller may hold prefix P now; stopping").
             assert f"another controller may hold prefix {prefix} now; stopping" in str(raised[0])
@@ -330,8 +321,7 @@ def test_a_holder_whose_lease_connection_is_taken_stops_and_does_not_take_it_bac
             taker.settle(1.0)
             assert taker.client.is_connected()
     finally:
-        stop.set()
-        controller.stop()
+        loop.end()
 
 
 def test_the_lease_client_id_is_the_same_for_one_key_and_unguessable_without_it(tmp_path: Path) -> None:

@@ -336,6 +336,8 @@ def test_the_rollout_commands_select_show_start_follow_and_list(
         for n in ("c0", "c1", "c2"):
             fleet.devices[n].labels = {"site": "berlin-3"}
             fleet.set_online(n, True)  # announces the labels
+        # Not a fault test: what is checked is the CLI's selection, output and listing (the fault tests
+        # run with shadow and probation on: tests/fleetsim/test_controller_faults.py).
         start = ["fleet", "rollout", "start", str(model), "--slot", SLOT, "--version", "2", "--no-shadow"]
         start += ["--select", "site=berlin-3", "--retained-wait", "1", "--waves", "1,100%", "--id", "cli"]
         assert main([*start, "--dry-run", *broker_args]) == 0
