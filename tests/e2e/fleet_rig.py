@@ -62,6 +62,14 @@ class Fleet:
         self.daemons.append(daemon)
         return daemon
 
+    def serving_v1(self, device: str, probe: Probe) -> tuple[AgentFiles, Daemon, Topics]:
+        """A device's files and daemon, started and publishing results of model version 1."""
+        files = self.files(device)
+        daemon = self.start(files)
+        topic = Topics("fleet/v1", device)
+        probe.wait_for(count_version("1", topic.results("cam")), timeout=60)
+        return files, daemon, topic
+
     def deploy(self, model: Path, devices: list[str], version: str = "2", **options: Any) -> FleetDeploy:
         """Deploy ``model`` to ``devices``' slot ``cls``: ``chunk_size``, ``shadow``, ``probation_s``,
         ``probation``, ``build`` and ``calib_cache`` go into the plan, every other option to

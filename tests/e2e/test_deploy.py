@@ -45,10 +45,7 @@ pytestmark = pytest.mark.slow
 def test_deploy_switches_results_without_a_gap_and_survives_a_restart(
     fleet: Fleet, device_id: str, probe: Probe
 ) -> None:
-    files = fleet.files(device_id)
-    daemon = fleet.start(files)
-    topic = Topics("fleet/v1", device_id)
-    probe.wait_for(count_version("1", topic.results("cam")), timeout=60)
+    files, daemon, topic = fleet.serving_v1(device_id, probe)
 
     outcome = finish(fleet.deploy(files.v2, [device_id]))
 
@@ -202,10 +199,7 @@ def test_rollback_command_returns_to_the_previous_model(
 def test_bad_model_is_rejected_and_the_old_one_keeps_serving(
     fleet: Fleet, broker: Broker, device_id: str, probe: Probe
 ) -> None:
-    files = fleet.files(device_id)
-    daemon = fleet.start(files)
-    topic = Topics("fleet/v1", device_id)
-    probe.wait_for(count_version("1", topic.results("cam")), timeout=60)
+    files, daemon, topic = fleet.serving_v1(device_id, probe)
     state_before = (files.root / "state" / "state.json").read_text()
     truncated = files.root / "truncated.onnx"
     truncated.write_bytes(files.v2.read_bytes()[:3000])

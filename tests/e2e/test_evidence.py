@@ -20,9 +20,8 @@ from agent.delivery.guard import ShadowSpec
 from agent.fleet.devices.command import send_command
 from agent.fleet.devices.evidence import fetch_evidence, save_evidence
 from agent.protocol.messages import JobState
-from agent.protocol.topics import Topics
 from agent.runtime.evidence import EvidenceBounds
-from tests.e2e.fleet_rig import Fleet, count_version, finish, job_statuses, operator_settings
+from tests.e2e.fleet_rig import Fleet, finish, job_statuses, operator_settings
 from tests.mqtt_probe import Probe
 from tests.runtime.models import write_swapped_classes
 
@@ -35,10 +34,7 @@ def test_a_shadow_rejection_of_a_class_swapped_model_leaves_bounded_evidence_fra
     probe: Probe,
     tmp_path: Path,
 ) -> None:
-    files = fleet.files(device_id)
-    daemon = fleet.start(files)
-    topic = Topics("fleet/v1", device_id)
-    probe.wait_for(count_version("1", topic.results("cam")), timeout=60)
+    files, daemon, _ = fleet.serving_v1(device_id, probe)
     swapped = write_swapped_classes(files.v1, files.root / "swapped.onnx")
 
     job = fleet.deploy(swapped, [device_id], "2", shadow=ShadowSpec(frames=20, sample_fps=10.0))

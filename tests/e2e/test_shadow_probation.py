@@ -39,10 +39,7 @@ def test_a_model_with_swapped_classes_ends_rejected_in_shadow_and_never_serves(
     device_id: str,
     probe: Probe,
 ) -> None:
-    files = fleet.files(device_id)
-    daemon = fleet.start(files)
-    topic = Topics("fleet/v1", device_id)
-    probe.wait_for(count_version("1", topic.results("cam")), timeout=60)
+    files, daemon, topic = fleet.serving_v1(device_id, probe)
     swapped = write_swapped_classes(files.v1, files.root / "swapped.onnx")
 
     job = fleet.deploy(swapped, [device_id], "2", shadow=ShadowSpec(frames=20, sample_fps=10.0))
@@ -67,10 +64,7 @@ def test_a_model_several_times_slower_ends_rejected_too_slow_in_shadow_and_never
     probe: Probe,
 ) -> None:
     """Same answers (agreement 1.0), several times the inference time: the latency bar refuses it."""
-    files = fleet.files(device_id)
-    daemon = fleet.start(files)
-    topic = Topics("fleet/v1", device_id)
-    probe.wait_for(count_version("1", topic.results("cam")), timeout=60)
+    files, daemon, topic = fleet.serving_v1(device_id, probe)
     slow = write_slower(files.v1, files.root / "slow.onnx", dim=256, repeats=8)
 
     job = fleet.deploy(
@@ -148,10 +142,7 @@ def test_a_restart_in_shadow_comes_back_on_the_old_model_and_resumes_the_job_int
 ) -> None:
     """kill -9 while the candidate is in SHADOW: nothing was committed, so the restart serves the old
     model, and the retained manifest resumes the job (QUEUED again, as documented) into SHADOW."""
-    files = fleet.files(device_id)
-    daemon = fleet.start(files)
-    topic = Topics("fleet/v1", device_id)
-    probe.wait_for(count_version("1", topic.results("cam")), timeout=60)
+    files, daemon, topic = fleet.serving_v1(device_id, probe)
     # 30 frames at 1 fps with a 0.9 bar: the tally cannot be sure before ~27 s, so it is still running.
     shadow = ShadowSpec(frames=30, sample_fps=1.0, min_agreement=0.9, timeout_s=120.0)
     job = fleet.deploy(files.v2, [device_id], "2", shadow=shadow)
@@ -195,10 +186,7 @@ def test_a_restart_in_probation_comes_back_on_the_old_model_and_a_rollback_comma
     device_id: str,
     probe: Probe,
 ) -> None:
-    files = fleet.files(device_id)
-    daemon = fleet.start(files)
-    topic = Topics("fleet/v1", device_id)
-    probe.wait_for(count_version("1", topic.results("cam")), timeout=60)
+    files, daemon, topic = fleet.serving_v1(device_id, probe)
     job = fleet.deploy(
         files.v2, [device_id], "2", probation_s=120.0, probation=ProbationSpec(max_class_shift=None)
     )
