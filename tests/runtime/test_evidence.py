@@ -35,6 +35,7 @@ from agent.runtime.guarded import GuardedSlot, activate_guarded
 from tests.camera.specs import make
 from tests.runtime.test_guarded import (  # noqa: F401 (models, brightening_video: fixtures)
     JobSide,
+    Target,
     brightening_video,
     models,
     request,
@@ -134,6 +135,18 @@ class EvidenceSide:
         pass
 
 
+def _guarded(target: Target, store: EvidenceStore) -> GuardedSlot:
+    """The rig's slot guarded with ``store`` keeping the evidence (nothing recorded, no activation hook)."""
+    return GuardedSlot(
+        slot=target.slot,
+        latest_frame=lambda: target.pipeline.last_image,
+        record=lambda _s, _m: None,
+        activated=lambda: None,
+        runs={},
+        evidence=store,
+    )
+
+
 def test_a_class_swapped_candidate_leaves_its_disagreement_frames_with_both_outputs(
     rig: Rig,  # noqa: F811
     models: dict[str, Path],  # noqa: F811
@@ -143,14 +156,7 @@ def test_a_class_swapped_candidate_leaves_its_disagreement_frames_with_both_outp
     side = EvidenceSide()
     req, source = request(models["swapped"], shadow=ShadowSpec(frames=20, min_agreement=0.9), job=JobSide())
     req = dataclasses.replace(req, guard=side.reporter("job-swap"))
-    guarded = GuardedSlot(
-        slot=target.slot,
-        latest_frame=lambda: target.pipeline.last_image,
-        record=lambda _s, _m: None,
-        activated=lambda: None,
-        runs={},
-        evidence=store,
-    )
+    guarded = _guarded(target, store)
     with pytest.raises(ShadowRejectedError):
         activate_guarded(guarded, req, source)
     assert len(side.summaries) == 1
@@ -176,14 +182,7 @@ def test_a_passing_candidate_keeps_no_evidence(
     side = EvidenceSide()
     req, source = request(models["good"], shadow=ShadowSpec(frames=5, min_agreement=0.9), job=JobSide())
     req = dataclasses.replace(req, guard=side.reporter("job-good"))
-    guarded = GuardedSlot(
-        slot=target.slot,
-        latest_frame=lambda: target.pipeline.last_image,
-        record=lambda _s, _m: None,
-        activated=lambda: None,
-        runs={},
-        evidence=store,
-    )
+    guarded = _guarded(target, store)
     activate_guarded(guarded, req, source)
     assert side.summaries == []
     assert store.get("job-good") is None
@@ -199,14 +198,7 @@ def test_a_model_rolled_back_for_nan_in_probation_leaves_the_frames_it_failed_on
     side = EvidenceSide()
     req, source = request(models["late_nan"], probation_s=30.0, job=JobSide())
     req = dataclasses.replace(req, guard=side.reporter("job-nan"))
-    guarded = GuardedSlot(
-        slot=target.slot,
-        latest_frame=lambda: target.pipeline.last_image,
-        record=lambda _s, _m: None,
-        activated=lambda: None,
-        runs={},
-        evidence=store,
-    )
+    guarded = _guarded(target, store)
     with pytest.raises(RolledBackError):
         activate_guarded(guarded, req, source)
     evidence = store.get("job-nan")
