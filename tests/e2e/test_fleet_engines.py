@@ -14,7 +14,6 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -30,7 +29,6 @@ from agent.datasets.shapes import LABELS_PATH, MODEL_PATH, generate
 from agent.delivery.guard import ProbationSpec, ShadowSpec
 from agent.engines.spec import BuildSpec, CalibrationSource
 from agent.fleet.controller.config import ControllerConfig
-from agent.fleet.controller.process import FleetController
 from agent.fleet.deploy.keys import load_signing_key
 from agent.fleet.engines.trust import sign_record
 from agent.localbroker import Broker
@@ -40,6 +38,7 @@ from agent.signing import Ed25519PrivateKey
 from tests.e2e.daemon import AgentFiles
 from tests.e2e.fleet_rig import Fleet, count_version, finish, job_statuses, operator_settings
 from tests.e2e.test_shadow_int8 import shapes_video
+from tests.fleet.controller.loop_thread import RunningController
 from tests.fleet.engines.records import engine_file as engine_file_of
 from tests.mqtt_probe import Probe
 from tests.waiting import patient, wait_until
@@ -53,21 +52,6 @@ PROBATION = ProbationSpec(min_fps_ratio=0.1, max_p99_ratio=1000.0, max_drop_incr
 INT8_STREAM = BuildSpec(
     precision="int8", device="cpu", calibration=CalibrationSource(kind="stream", frames=32)
 )
-
-
-class RunningController:
-    """The real FleetController, its loop on a thread (the process's ``run``)."""
-
-    def __init__(self, config: ControllerConfig) -> None:
-        self.controller = FleetController(config).start()
-        self.stop_event = threading.Event()
-        self.thread = threading.Thread(target=self.controller.run, args=(self.stop_event,), daemon=True)
-        self.thread.start()
-
-    def stop(self) -> None:
-        self.stop_event.set()
-        self.thread.join(10)
-        self.controller.stop()
 
 
 @pytest.fixture

@@ -21,12 +21,11 @@ from agent.fleet.controller.calls import LoopCall
 from agent.fleet.controller.client import ControllerClient, ControllerUnavailableError
 from agent.fleet.controller.config import ControllerConfig
 from agent.fleet.controller.lease_claim import read_lease
-from agent.fleet.controller.process import FleetController
 from agent.fleet.deploy.keys import KeyPairFiles, write_keypair
 from agent.localbroker import Broker
 from agent.modelzoo import write_classifier
 from agent.mqtt.settings import MqttSettings
-from tests.fleet.controller.loop_thread import LoopThread
+from tests.fleet.controller.loop_thread import RunningController
 from tests.fleet.controller.test_lease import Child, _config_file, _spawn
 from tests.fleet.controller.test_process import _request, _start, _status
 from tests.fleet.operator_side import operator_settings, unique_prefix
@@ -244,9 +243,8 @@ def test_a_request_waits_while_the_lease_is_down_and_is_handled_once_it_is_back(
     config = ControllerConfig(
         mqtt=settings, state_dir=tmp_path / "state", signing_key=keys.private, key_id=keys.key_id
     )
-    controller = FleetController(config).start()
-    loop = LoopThread(controller)
-    failed = loop.raised
+    loop = RunningController(config, catch=BaseException)
+    controller, failed = loop.controller, loop.raised
     try:
         broker.kill()
         wait_until(lambda: controller.lease.lost is not None, what="the controller to see its lease down")
@@ -266,7 +264,7 @@ def test_a_request_waits_while_the_lease_is_down_and_is_handled_once_it_is_back(
         assert loop.thread.is_alive(), failed
         wait_until(lambda: _answers_list(settings), timeout=60, what="the controller answering again")
     finally:
-        loop.end()
+        loop.stop()
 
 
 def test_a_controller_whose_link_froze_pauses_and_takes_its_lease_back(
@@ -287,9 +285,8 @@ def test_a_controller_whose_link_froze_pauses_and_takes_its_lease_back(
     config = ControllerConfig(
         mqtt=settings, state_dir=tmp_path / "state", signing_key=keys.private, key_id=keys.key_id
     )
-    controller = FleetController(config).start()
-    loop = LoopThread(controller)
-    failed = loop.raised
+    loop = RunningController(config, catch=BaseException)
+    controller, failed = loop.controller, loop.raised
     try:
         proxy.freeze()
         wait_until(
@@ -304,7 +301,7 @@ def test_a_controller_whose_link_froze_pauses_and_takes_its_lease_back(
         assert claim.holder == controller.lease.claim.holder
         wait_until(lambda: _answers_list(settings), timeout=60, what="the controller answering again")
     finally:
-        loop.end()
+        loop.stop()
         proxy.close()
 
 

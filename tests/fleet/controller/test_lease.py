@@ -29,7 +29,7 @@ from agent.fleet.deploy.keys import KeyPairFiles, load_signing_key, write_keypai
 from agent.localbroker import Broker
 from agent.protocol.messages import ControllerLease, decode
 from agent.protocol.topics import ControllerTopics
-from tests.fleet.controller.loop_thread import LoopThread
+from tests.fleet.controller.loop_thread import RunningController
 from tests.fleet.controller.test_process import _fleet, _request, _start, _wait_state
 from tests.fleet.operator_side import operator_settings, tiny_model, unique_prefix
 from tests.mqtt_probe import Probe
@@ -307,9 +307,8 @@ def test_a_holder_whose_lease_connection_is_taken_stops_and_does_not_take_it_bac
         signing_key=keys.private,
         key_id=keys.key_id,
     )
-    controller = FleetController(config).start()
-    loop = LoopThread(controller, catch=LeaseLostError)
-    raised = loop.raised
+    loop = RunningController(config, catch=LeaseLostError)
+    controller, raised = loop.controller, loop.raised
     try:
         with Probe(broker.host, broker.port, client_id=controller.lease.client_id) as taker:
             loop.thread.join(30)
@@ -321,7 +320,7 @@ def test_a_holder_whose_lease_connection_is_taken_stops_and_does_not_take_it_bac
             taker.settle(1.0)
             assert taker.client.is_connected()
     finally:
-        loop.end()
+        loop.stop()
 
 
 def test_the_lease_client_id_is_the_same_for_one_key_and_unguessable_without_it(tmp_path: Path) -> None:

@@ -14,7 +14,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,17 +23,21 @@ import pytest
 
 from agent.fleet.controller.client import ControllerClient, RequestRefusedError
 from agent.fleet.controller.config import ControllerConfig, load_controller_config
-from agent.fleet.controller.process import FleetController
 from agent.fleet.deploy.keys import KeyPairFiles, write_keypair
 from agent.fsutil import sha256_file
 from agent.localbroker import Broker
 from agent.mqtt.settings import MqttSettings
 from agent.signing import load_public_key
+from tests.fleet.controller.loop_thread import RunningController
 from tests.fleet.operator_side import operator_settings, tiny_model, unique_prefix
 from tests.fleet.scripted_fleet import ScriptedFleet
 from tests.waiting import wait_until
 
 SLOT = "cls"
+
+
+#: The controller fixture's type (other rooms' tests import it from here).
+Running = RunningController
 
 
 @pytest.fixture
@@ -56,21 +59,6 @@ def _config(tmp_path: Path, settings: MqttSettings, keys: KeyPairFiles) -> Contr
         status_poll_s=1.0,
         select_wait_s=0.5,
     )
-
-
-class Running:
-    """A FleetController whose loop runs in a thread."""
-
-    def __init__(self, config: ControllerConfig) -> None:
-        self.controller = FleetController(config).start()
-        self.stop_event = threading.Event()
-        self.thread = threading.Thread(target=self.controller.run, args=(self.stop_event,), daemon=True)
-        self.thread.start()
-
-    def stop(self) -> None:
-        self.stop_event.set()
-        self.thread.join(10)
-        self.controller.stop()
 
 
 @pytest.fixture
