@@ -187,10 +187,27 @@ class SlotModels:
 
     def _swap(self, name: str, source: ModelSource, build: BuildSpec | None = None) -> None:
         try:
+            if self._serves_while_building(name, source, build):
+                return
             self.owner.activate(name, self.owner.prepared(name, source, build), must_record=False)
         except (EngineError, BuildError) as exc:
             log.error("slot.swap.rejected", slot=name, error=str(exc))
             self.owner.metrics.counter(f"slot.{name}.swap_failures").inc()
+
+    def _serves_while_building(self, name: str, source: ModelSource, build: BuildSpec | None) -> bool:
+        """An empty slot given a model to build (a config reload) serves its ONNX model meanwhile, as
+        at start-up; True when the interim took over the whole swap. A slot that serves keeps serving
+        its current model through the build instead (the swap replaces it once built)."""
+        if build is None or self.slots[name].current is not None:
+            return False
+        if needs_frames(build):
+            # Calibration needs live frames: the ONNX model serves while they are gathered.
+            self.interim.serve_until_streams_run(name, source, "config")
+            return False
+        if not self.owner.engines.config.serve_while_building:
+            return False
+        self.interim.serve_while_building(name, source, build, "config")
+        return True
 
     def join_swaps(self, timeout: float) -> None:
         """Wait up to ``timeout`` seconds in all for swaps in progress (at shutdown)."""

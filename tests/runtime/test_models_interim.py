@@ -22,6 +22,7 @@ from agent.state import StateFile
 from agent.telemetry import Metrics
 from tests.engines import paced_build
 from tests.runtime.delivered_slot import ENGINES_CONFIG
+from tests.waiting import wait_until
 
 SLOT = "cls"
 
@@ -100,3 +101,32 @@ def test_the_built_engine_swaps_in_when_nothing_else_came(tmp_path: Path) -> Non
     active = models.state.slot(SLOT).active
     assert active is not None
     assert active.engine_key == current.source.engine_key
+
+
+def test_a_config_reload_giving_an_empty_slot_a_model_to_build_serves_it_while_it_builds(
+    tmp_path: Path,
+) -> None:
+    gate = tmp_path / "release-build"
+    models, config = _models(tmp_path, gate)
+    missing = config.model_copy(update={"model": tmp_path / "not-yet.onnx"})
+    models.load_initial(SLOT, missing)
+    slot = models.slots[SLOT]
+    assert slot.current is None, "the configured model file does not exist: the slot starts empty"
+
+    assert models.reload({SLOT: config}) == [SLOT]
+    # The build is held by the gate: the slot serves its ONNX model on ONNX Runtime meanwhile.
+    wait_until(lambda: models.serving(SLOT) == "interim", timeout=60, what="interim serving")
+    assert slot.current is not None
+    assert slot.current.source.build is None
+    assert slot.current.source.backend == "onnxruntime"
+    assert not gate.exists()
+    building = models.builds.info(SLOT)
+    assert building is not None
+    assert building["model_id"] == "cls"
+
+    gate.touch()
+    models.join_swaps(120)
+    current = models.slots[SLOT].current
+    assert current is not None
+    assert current.source.engine_key is not None, "the built engine swapped in"
+    assert models.serving(SLOT) == "requested"
