@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from agent.fleet.engines.hooks import engines_listing
 from agent.fleet.engines.listing import engines_table
 from agent.signing import Ed25519PrivateKey
 from tests.engines.fleet_desk import make_desk
@@ -58,3 +59,33 @@ def test_the_example_in_docs_fleet_md_is_what_the_table_prints() -> None:
         },
     }
     assert engines_table(listing) == shown
+
+
+def test_withdrawn_engines_are_listed_after_the_held_ones(tmp_path: Path) -> None:
+    desk = make_desk(tmp_path, Ed25519PrivateKey.generate())
+    made = offer(data=b"engine bytes")
+    desk.handle("jet-01", "offer", made.model_dump_json().encode(), {})
+    properties = {"sha256": made.files[0].sha256, "offset": "0", "size": "12"}
+    desk.handle("jet-01", "piece", b"engine bytes", properties)
+    desk.handle("jet-01", "offer", made.model_dump_json().encode(), {})
+    assert desk.store.withdraw(made.key, "failed to load on jet-02")
+    listing = engines_listing(desk)
+    lines = engines_table(listing).splitlines()
+
+    assert listing["engines"] == 0
+    assert listing["withdrawn"] == [{"key": made.key, "engine_sha256": made.files[0].sha256}]
+    assert listing["withdrawn_total"] == 1
+    assert lines[-2:] == [
+        "withdrawn (never taken again): 1",
+        f"  {made.key[:12]}  engine {made.files[0].sha256[:12]}",
+    ]
+
+
+def test_a_builder_id_or_fingerprint_with_control_characters_is_printed_escaped() -> None:
+    row = {"key": "ab" * 32, "bytes": 10, "built_by": "jet\x1b[2J", "built_at": 0.0, "reuse": 0}
+    listing = {"engines": 1, "bytes": 10, "sharing": True, "fingerprints": {"trt\u202e10": [row]}}
+    text = engines_table(listing)
+    assert "\x1b" not in text
+    assert "\u202e" not in text
+    assert "trt\\u202e10:" in text
+    assert "jet\\x1b[2J" in text
