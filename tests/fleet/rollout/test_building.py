@@ -10,6 +10,7 @@ from agent.fleet.rollout.gate import DeviceEnd
 from agent.fleet.rollout.records import WaveState
 from agent.fleet.rollout.report import rollout_status, status_lines
 from agent.fleet.rollout.spec import RolloutRequest
+from agent.fleet.rollout.status_model import RolloutStatus
 from agent.fleet.rollout.store import RolloutStore
 from agent.protocol.messages import BuildProgressInfo
 
@@ -43,6 +44,7 @@ def test_the_status_lists_the_devices_building_with_their_phase_and_prints_them(
     status = rollout_status(store, "r-1", builds)
     lines = status_lines(status)
     store.close()
+    RolloutStatus.model_validate(status)  # the schema `edge-agent schema` writes describes it
 
     assert [(b["device"], b["note"]) for b in status["building"]] == [
         ("jet-01", "building, 3 s"),
