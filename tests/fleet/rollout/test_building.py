@@ -3,6 +3,8 @@ text, and printed by ``fleet rollout status`` under the waves."""
 
 from __future__ import annotations
 
+import json
+import re
 from pathlib import Path
 
 from agent.fleet.rollout.building import MAX_BUILDING, building_devices
@@ -106,3 +108,13 @@ def _minimal() -> dict[str, object]:
         "reason": "",
         "waves": [],
     }
+
+
+def test_the_status_text_in_docs_fleet_md_is_what_status_prints_for_the_protocol_examples_document() -> None:
+    docs = Path(__file__).resolve().parents[3] / "docs"
+    protocol = (docs / "protocol.md").read_text()
+    section = protocol.split("\n### RolloutStatus\n", 1)[1].split("\n#", 1)[0]
+    (document,) = re.findall(r"```json\n(.*?)```", section, re.S)
+    fleet = (docs / "fleet.md").read_text()
+    shown = fleet.split("<!-- rollout status text -->\n```\n", 1)[1].split("```", 1)[0]
+    assert status_lines(json.loads(document)) == shown.rstrip("\n").splitlines()
