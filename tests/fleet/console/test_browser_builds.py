@@ -185,10 +185,16 @@ def test_the_rollouts_page_shows_each_building_devices_phase_frames_elapsed_and_
     )
     console.publish([building(console.prefix, "jet-00", job, JobState.VALIDATING, None)])
     expect(page.locator(f"{rollout} .building tbody tr")).to_have_count(1, timeout=SHOWS_WITHIN_MS)
+    still = page.inner_text(f"{rollout} .building tbody tr")
+    # The device page says it too, on the job's row.
+    page.goto(console.server.url + "/device/jet-01")
+    page.wait_for_selector("body[data-device=rendered]")
+    job_row = page.locator("#jobs tbody tr").first.inner_text()
 
     assert head == "2 devices building the engine:"
     assert rows == [
         "jet-00\t1\tcalibrating 120/500 frames, 42 s of ~310 s",
         "jet-01\t1\tslimming, 4 s",
     ]
-    assert page.inner_text(f"{rollout} .building tbody tr") == "jet-01\t1\tslimming, 4 s"
+    assert still == "jet-01\t1\tslimming, 4 s"  # jet-00 left BUILDING: its row went with it
+    assert job_row.split("\t")[:3] == ["job-r-int8", "main", "BUILDING slimming, 4 s"]

@@ -271,7 +271,8 @@ async function devicePage(deviceId) {
       s.serving === "interim" ? "serving its ONNX model while its engine builds" : "",
       s.building ? "building: " + s.building : ""].filter(Boolean).join("; "))));
   const jobs = detail.jobs.map((j) => el("tr", {},
-    el("td", { className: "mono" }, j.job_id), el("td", {}, j.slot), el("td", {}, badge(j.state)), el("td", {}, when(j.at)),
+    el("td", { className: "mono" }, j.job_id), el("td", {}, j.slot),
+    el("td", {}, badge(j.state), j.build ? el("span", { className: "build-note muted" }, " " + j.build) : null), el("td", {}, when(j.at)),
     el("td", { className: "error" }, j.error_code || ""), el("td", {}, j.error || "")));
   const verdicts = detail.jobs.filter((j) => j.shadow || j.probation).map((j) => el("tr", {},
     el("td", { className: "mono" }, j.job_id), el("td", {}, j.state),
