@@ -16,6 +16,7 @@ from typing import Any
 
 import psutil
 
+from agent.fleet.deploy.keys import KeyPairFiles
 from agent.localbroker import Broker, free_port
 from tests.waiting import wait_until
 
@@ -23,14 +24,18 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 class ControllerProcess:
-    """``python -m agent fleet controller --config FILE`` with ``extra`` YAML lines; unsigned, console on."""
+    """``python -m agent fleet controller --config FILE`` with ``extra`` YAML lines; console on;
+    unsigned, or signing with ``keys`` (the operator's key the devices trust)."""
 
-    def __init__(self, tmp_path: Path, broker: Broker, prefix: str, extra: str = "") -> None:
+    def __init__(
+        self, tmp_path: Path, broker: Broker, prefix: str, extra: str = "", keys: KeyPairFiles | None = None
+    ) -> None:
         self.config = tmp_path / "controller.yaml"
         self.port = free_port()
+        signing = "unsigned: true" if keys is None else f"signing_key: {keys.private}\nkey_id: {keys.key_id}"
         self.config.write_text(
             f"mqtt: {{host: {broker.host}, port: {broker.port}, prefix: {prefix}}}\n"
-            f"state_dir: {tmp_path / 'state'}\nunsigned: true\n"
+            f"state_dir: {tmp_path / 'state'}\n{signing}\n"
             f"http: {{port: {self.port}}}\n{extra}"
         )
         self.url = f"http://127.0.0.1:{self.port}"

@@ -1,13 +1,14 @@
-"""The fleet console: a Starlette app with three pages, a JSON API, live events and its actions.
+"""The fleet console: a Starlette app with four pages, a JSON API, live events and its actions.
 
 Routes (docs/console.md)::
 
-    GET  /  /device/{id}  /rollouts           the pages (one HTML shell; static/console.js renders)
+    GET  /  /device/{id}  /rollouts  /engines  the pages (one HTML shell; static/console.js renders)
     GET  /static/...                          console.js, console.css, uPlot (vendored, no CDN)
     GET  /favicon.ico                         static/favicon.svg (no 404 in every page's log)
     GET  /api/devices?select=&state=&model=   the devices table (400 with the reason for a bad filter)
     GET  /api/device/{id}                     one device: slots, platform, jobs, the last hour's charts
-    GET  /api/rollouts   /api/rollout/{id}    rollouts: waves, counts, gate figures (+ devices)
+    GET  /api/rollouts   /api/rollout/{id}    rollouts: waves, counts, gate figures, builds (+ devices)
+    GET  /api/engines                         the fleet's engines per fingerprint (``fleet engines list``)
     GET  /events?want=devices,rollouts&...    server-sent events (agent/fleet/console/feed.py)
     POST /api/rollouts/{id}/pause|resume|abort[?rollback=1]   needs ``Authorization: Bearer TOKEN``
     POST /api/devices/{id}/decommission       clears its retained topics, forgets it (the token too)
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import hmac
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -167,11 +169,14 @@ def make_console_app(
     token: str | None,
     metrics_app: ASGIApp | None = None,
     interval_s: float = 1.0,
+    engines: Callable[[], dict[str, Any]] | None = None,
 ) -> Starlette:
     """The console over ``view`` (devices) and ``store`` (rollouts); ``actions`` behind ``token``.
 
     ``token`` None or empty: read-only, every action answers 403. ``metrics_app`` is served at
     ``/metrics``. ``interval_s``: the shortest time between two live frames to one browser.
+    ``engines()``: the controller's engine listing (the ``engines`` verb's answer); None: the engines
+    page says this console has none.
     """
     feed = Feed(view, store, interval_s=interval_s)
     closing = threading.Event()
@@ -206,18 +211,26 @@ def make_console_app(
 
     def api_rollouts(request: Request) -> Response:
         try:
-            return JSONResponse({"rollouts": [rollout_summary(store, r) for r in rollout_ids(store)]})
+            builds = view.builds()
+            return JSONResponse(
+                {"rollouts": [rollout_summary(store, r, builds=builds) for r in rollout_ids(store)]}
+            )
         except RolloutStoreError as exc:
             return _error(503, str(exc))
 
     def api_rollout(request: Request) -> Response:
         rollout_id = request.path_params["rollout_id"]
         try:
-            summary = rollout_summary(store, rollout_id)
+            summary = rollout_summary(store, rollout_id, builds=view.builds())
             summary["device_rows"] = rollout_devices(store, rollout_id)
         except RolloutStoreError as exc:
             return _error(404, str(exc))
         return JSONResponse(summary)
+
+    def api_engines(request: Request) -> Response:
+        if engines is None:
+            return _error(404, "this console serves no engine store (run it in the fleet controller)")
+        return JSONResponse(engines(), headers={"cache-control": "no-store"})
 
     def refusal(request: Request) -> Response | None:
         """The answer to an action without the token (None: it carries the token)."""
@@ -332,11 +345,13 @@ def make_console_app(
         Route("/", page),
         Route("/device/{device_id}", page),
         Route("/rollouts", page),
+        Route("/engines", page),
         Route("/favicon.ico", favicon),
         Route("/api/devices", api_devices),
         Route("/api/device/{device_id}", api_device),
         Route("/api/rollouts", api_rollouts),
         Route("/api/rollout/{rollout_id}", api_rollout),
+        Route("/api/engines", api_engines),
         Route("/api/rollouts/{rollout_id}/{verb}", act, methods=["POST"]),
         Route("/api/devices/{device_id}/decommission", decommission, methods=["POST"]),
         Route("/api/devices/{device_id}/snapshot", snapshot, methods=["POST"]),

@@ -79,7 +79,8 @@ class Feed:
             at, summaries = self._rollouts
             if now - at < self.interval_s:
                 return summaries
-        summaries = [rollout_summary(self.store, r) for r in rollout_ids(self.store)]
+        builds = self.view.builds()  # the engine builds running now (in memory, never in the store)
+        summaries = [rollout_summary(self.store, r, builds=builds) for r in rollout_ids(self.store)]
         with self._lock:
             self._rollouts = (now, summaries)
         return summaries

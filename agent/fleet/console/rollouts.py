@@ -11,6 +11,7 @@ import sqlite3
 import time
 from typing import Any
 
+from agent.fleet.rollout.building import Builds, building_devices
 from agent.fleet.rollout.records import WaveState
 from agent.fleet.rollout.report import rollback_outcome, rollout_policy
 from agent.fleet.rollout.store import RolloutStore
@@ -38,8 +39,12 @@ def rollout_ids(store: RolloutStore, limit: int = ROLLOUTS_SHOWN) -> list[str]:
     return ids[:limit]
 
 
-def rollout_summary(store: RolloutStore, rollout_id: str, now: float | None = None) -> dict[str, Any]:
-    """One rollout: state, slot, version, each wave's devices by step and end, gate figures, reason.
+def rollout_summary(
+    store: RolloutStore, rollout_id: str, now: float | None = None, builds: Builds | None = None
+) -> dict[str, Any]:
+    """One rollout: state, slot, version, each wave's devices by step and end, gate figures, reason,
+    and its devices building their engine now (``building``, from ``builds``: the controller's
+    :meth:`~agent.fleet.view.live.FleetView.builds`; as ``status --json`` lists them).
 
     The shape follows ``edge-agent fleet rollout status --json`` (``policy``, ``waves[].index/state/
     devices/ends/reason``, ``rollback``) with the steps and the gate's figures added, and a soaking
@@ -55,6 +60,7 @@ def rollout_summary(store: RolloutStore, rollout_id: str, now: float | None = No
         steps[row.wave][row.step.value] += 1
         if row.end is not None:
             ends[row.wave][row.end.value] += 1
+    building, building_left_off = building_devices(devices, builds or {})
     waves = [
         {
             "index": index,
@@ -88,6 +94,8 @@ def rollout_summary(store: RolloutStore, rollout_id: str, now: float | None = No
             "ends": dict(sorted(collections.Counter(r.end.value for r in devices if r.end).items())),
         },
         "rollback": rollback_outcome(store, rollout_id),
+        "building": building,
+        "building_left_off": building_left_off,
     }
 
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agent.fleet.devices.selector import DeviceFacts, Selector, SelectorError, parse_selector
+from agent.fleet.view.build_note import build_note
 from agent.fleet.view.chart_history import CHARTED, TelemetryPoint, chart_figures
 from agent.fleet.view.device_record import JobSeen
 from agent.fleet.view.live import DeviceState
@@ -131,6 +132,7 @@ def _job(job: JobSeen) -> dict[str, Any]:
         "error": job.error,
         "shadow": job.shadow,
         "probation": job.probation,
+        "build": build_note(job.build) or None,  # while BUILDING: phase, frames, elapsed, estimate
     }
 
 

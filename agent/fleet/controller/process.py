@@ -46,7 +46,7 @@ from agent.fleet.deploy.decommission import decommission
 from agent.fleet.deploy.keys import load_signing_key
 from agent.fleet.devices.evidence import evidence_json, fetch_evidence
 from agent.fleet.devices.snapshot import snapshot_json, take_snapshot
-from agent.fleet.engines.hooks import engine_desk_for, job_facts_in, share_engines_of
+from agent.fleet.engines.hooks import engine_desk_for, engines_listing, job_facts_in, share_engines_of
 from agent.fleet.rollout.actions import WrongStateError, action_refusal
 from agent.fleet.rollout.records import RolloutState
 from agent.fleet.rollout.report import rollout_status
@@ -163,7 +163,13 @@ class FleetController:
             self.runners[rollout_id] = self._runner(rollout_id)
             log.info("fleet.controller.resumed", rollout=rollout_id)
         if self.config.http.port is not None:
-            self.http = serve_http(self.view, self.store, ConsoleCalls(self), self.config.http)
+            self.http = serve_http(
+                self.view,
+                self.store,
+                ConsoleCalls(self),
+                self.config.http,
+                engines=lambda: engines_listing(self.engines),
+            )
         log.info(
             "fleet.controller.started",
             state_dir=str(self.config.state_dir),
@@ -329,13 +335,16 @@ class FleetController:
             return self._uploads.take(message.payload, dict(message.user_properties))
         args: dict[str, Any] = json_object(message.payload)
         if verb == "engines":
-            return self.engines.listing()
+            return engines_listing(self.engines)
         if verb == "start":
             return self.start_rollout(RolloutRequest.model_validate(args))
         if verb == "list":
             limit = int(args.get("limit", 50))
+            builds = self.view.builds()  # one look at the devices for every rollout listed
             return {
-                "rollouts": [rollout_status(self.store, r.rollout_id) for r in self.store.rollouts(limit)]
+                "rollouts": [
+                    rollout_status(self.store, r.rollout_id, builds) for r in self.store.rollouts(limit)
+                ]
             }
         rollout_id = args.get("rollout_id")
         if verb == "status":
@@ -344,7 +353,7 @@ class FleetController:
                 if not latest:
                     raise ControllerError("no rollout yet")
                 rollout_id = latest[0].rollout_id
-            return rollout_status(self.store, str(rollout_id))
+            return self.status(str(rollout_id))
         if not isinstance(rollout_id, str):
             raise ControllerError(f"{verb} needs rollout_id")
         if verb == "pause":
@@ -354,6 +363,11 @@ class FleetController:
         if verb == "abort":
             return self.abort(rollout_id, rollback=bool(args.get("rollback", False)))
         raise ControllerError(f"unknown verb {verb}")
+
+    def status(self, rollout_id: str) -> dict[str, Any]:
+        """The rollout's status, with its devices building now (their progress: in memory only)."""
+        assert self.store is not None
+        return rollout_status(self.store, rollout_id, self.view.builds())
 
     # -- the actions (the console calls these too) ---------------------------------------------------
 
@@ -367,7 +381,7 @@ class FleetController:
         rollout_id = stored.rollout_id
         self.runners[rollout_id] = self._runner(rollout_id)
         log.info("fleet.controller.rollout_started", rollout=rollout_id, devices=len(request.devices))
-        return rollout_status(self.store, rollout_id)
+        return self.status(rollout_id)
 
     def decommission(self, device: str, *, force: bool = False) -> dict[str, Any]:
         """Clear ``device``'s retained topics (:mod:`agent.fleet.deploy.decommission`) and forget it here.
@@ -392,7 +406,7 @@ class FleetController:
         assert self.store is not None
         self._allow("pause", rollout_id)
         self.store.set_state(rollout_id, RolloutState.PAUSED, "paused by the operator")
-        return rollout_status(self.store, rollout_id)
+        return self.status(rollout_id)
 
     def resume(self, rollout_id: str) -> dict[str, Any]:
         assert self.store is not None
@@ -400,7 +414,7 @@ class FleetController:
         self.store.set_state(rollout_id, RolloutState.RUNNING, "resumed by the operator")
         if rollout_id not in self.runners:
             self.runners[rollout_id] = self._runner(rollout_id)
-        return rollout_status(self.store, rollout_id)
+        return self.status(rollout_id)
 
     def abort(self, rollout_id: str, *, rollback: bool) -> dict[str, Any]:
         assert self.store is not None
@@ -409,7 +423,7 @@ class FleetController:
         self.store.set_state(rollout_id, RolloutState.ABORTED, "aborted by the operator")
         if rollout_id not in self.runners:
             self.runners[rollout_id] = self._runner(rollout_id)
-        return rollout_status(self.store, rollout_id)
+        return self.status(rollout_id)
 
     def _allow(self, verb: str, rollout_id: str) -> None:
         """RolloutNotFoundError for an unknown id, WrongStateError (the operator's words) for a move

@@ -7,7 +7,8 @@ The ``fleet`` extra's web stack (starlette, uvicorn, prometheus_client) is impor
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
@@ -23,9 +24,15 @@ log = structlog.get_logger(__name__)
 
 
 def serve_http(
-    view: FleetView, store: RolloutStore, calls: ConsoleCalls, settings: HttpSettings
+    view: FleetView,
+    store: RolloutStore,
+    calls: ConsoleCalls,
+    settings: HttpSettings,
+    *,
+    engines: Callable[[], dict[str, Any]] | None = None,
 ) -> ConsoleServer:
-    """Serve the console (its buttons are ``calls``) and ``/metrics`` over ``view`` and ``store``."""
+    """Serve the console (its buttons are ``calls``) and ``/metrics`` over ``view`` and ``store``;
+    ``engines()``: the fleet's engines for the console's engines page."""
     from agent.fleet.console.app import make_console_app
     from agent.fleet.console.server import console_token, serve_console
     from agent.fleet.metrics.exposition import fleet_metrics
@@ -33,7 +40,12 @@ def serve_http(
 
     metrics = fleet_metrics(view, lambda: store.rollouts(limit=50), store.device_counts, store.change_mark)
     app = make_console_app(
-        view, store, calls, token=console_token(settings.token_file), metrics_app=metrics_asgi_app(metrics)
+        view,
+        store,
+        calls,
+        token=console_token(settings.token_file),
+        metrics_app=metrics_asgi_app(metrics),
+        engines=engines,
     )
     server = serve_console(app, settings.host, settings.port or 0, settings.allowed_hosts)
     log.info("fleet.controller.http", url=server.url, token=settings.token_file is not None)

@@ -1,12 +1,15 @@
-"""What the controller process calls: its engine desk, built from its configuration, and the two
-facts it lends the desk (what its fleet view heard of a job; whether a rollout shares engines)."""
+"""What the controller process calls: its engine desk, built from its configuration, the two facts it
+lends the desk (what its fleet view heard of a job; whether a rollout shares engines), and the
+listing its ``engines`` verb and console answer with."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from agent.fleet.engines.desk import EngineDesk, JobFactsFn, PieceSink, Publish
+from agent.fleet.engines.listing import with_withdrawn
 from agent.fleet.engines.settings import EngineShareSettings
 from agent.fleet.engines.store import EngineStore
 from agent.fleet.engines.trust import JobFacts, sharing_for
@@ -65,3 +68,9 @@ def share_engines_of(
     publishes the same manifests): its flag, else the controller's setting, never without a key."""
     share = sharing_for(request.share_engines, settings.share, can_sign=can_sign)
     return request.model_copy(update={"share_engines": share})
+
+
+def engines_listing(desk: EngineDesk) -> dict[str, Any]:
+    """``fleet engines list --json`` and the console's engines page: the engines held per fingerprint
+    and the ones withdrawn. Any thread (the engine store takes its own lock)."""
+    return with_withdrawn(desk.listing(), desk.store.withdrawn())

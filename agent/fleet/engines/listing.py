@@ -1,12 +1,33 @@
 """``fleet engines list``'s text: per platform fingerprint (backend and exact version, device, L4T
 release), each engine's key, size, who built it and when, how long that build took, and how often
-other devices downloaded it instead of building. The command itself is in :mod:`agent.fleet.cli.main`.
+other devices downloaded it instead of building, then the engines withdrawn. The command itself is in
+:mod:`agent.fleet.cli.main`; the console's engines page shows the same listing.
+
+Fingerprints and builders' ids came from devices: they pass :func:`~agent.fleet.base.untrusted.shown`.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Collection
 from typing import Any
+
+from agent.fleet.base.untrusted import shown
+
+#: Withdrawn engines a listing names (the store remembers up to 1,024; the count says how many).
+WITHDRAWN_LISTED = 100
+
+
+def with_withdrawn(listing: dict[str, Any], withdrawn: Collection[tuple[str, str]]) -> dict[str, Any]:
+    """The controller's listing with the engines it withdrew (a device found them bad): ``withdrawn``,
+    up to :data:`WITHDRAWN_LISTED` ``{key, engine_sha256}`` sorted by key, and ``withdrawn_total``.
+    The store keeps no more of them than that pair (never their builder or fingerprint)."""
+    pairs = sorted(withdrawn)
+    return {
+        **listing,
+        "withdrawn": [{"key": key, "engine_sha256": sha} for key, sha in pairs[:WITHDRAWN_LISTED]],
+        "withdrawn_total": len(pairs),
+    }
 
 
 def engines_table(listing: dict[str, Any]) -> str:
@@ -15,7 +36,7 @@ def engines_table(listing: dict[str, Any]) -> str:
     total = int(listing.get("bytes", 0))
     lines = [f"engines: {listing.get('engines', 0)} ({_size(total)}), sharing {state}"]
     for fingerprint, rows in sorted(dict(listing.get("fingerprints", {})).items()):
-        lines.append(f"{fingerprint}:")
+        lines.append(f"{shown(fingerprint, 200)}:")
         lines.append(
             f"  {'KEY':<12}  {'SIZE':>9}  {'BUILT BY':<24}  {'BUILT AT (UTC)':<19}  {'BUILD':>7}  REUSED"
         )
@@ -23,8 +44,18 @@ def engines_table(listing: dict[str, Any]) -> str:
             built = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(float(row["built_at"])))
             seconds = row.get("build_seconds")
             took = f"{float(seconds):.0f}s" if seconds is not None else "-"
-            key, size, builder = str(row["key"])[:12], _size(int(row["bytes"])), str(row["built_by"])[:24]
+            key, size, builder = (
+                shown(str(row["key"])[:12]),
+                _size(int(row["bytes"])),
+                shown(row["built_by"], 24),
+            )
             lines.append(f"  {key:<12}  {size:>9}  {builder:<24}  {built:<19}  {took:>7}  {row['reuse']}")
+    if listing.get("withdrawn_total"):
+        lines.append(f"withdrawn (never taken again): {listing['withdrawn_total']}")
+        lines += [
+            f"  {shown(str(w['key'])[:12])}  engine {shown(str(w['engine_sha256'])[:12])}"
+            for w in listing["withdrawn"]
+        ]
     return "\n".join(lines)
 
 

@@ -15,6 +15,7 @@ from typing import Any
 
 from agent.errors import AgentError
 from agent.fleet.base.untrusted import shown
+from agent.fleet.rollout.building import Builds, building_devices
 from agent.fleet.rollout.gate import GatePolicy
 from agent.fleet.rollout.problems import MAX_LISTED, device_problems
 from agent.fleet.rollout.records import DeviceStep
@@ -23,8 +24,10 @@ from agent.fleet.rollout.store import RolloutStore
 from agent.fleet.rollout.waves import format_duration
 
 
-def rollout_status(store: RolloutStore, rollout_id: str) -> dict[str, Any]:
-    """Everything ``status`` shows of one rollout: its state, each wave with counts, the rollback."""
+def rollout_status(store: RolloutStore, rollout_id: str, builds: Builds | None = None) -> dict[str, Any]:
+    """Everything ``status`` shows of one rollout: its state, each wave with counts, the rollback, and
+    the devices building now, from ``builds`` (the controller's :meth:`FleetView.builds`; none given:
+    none listed)."""
     row = store.rollout(rollout_id)
     devices = store.devices(rollout_id)
     request = row.spec.get("request", {})
@@ -46,6 +49,7 @@ def rollout_status(store: RolloutStore, rollout_id: str) -> dict[str, Any]:
             }
         )
     problems, left_off = device_problems(devices, _policy(row.spec))
+    building, building_left_off = building_devices(devices, builds or {})
     return {
         "rollout_id": row.rollout_id,
         "state": row.state.value,
@@ -65,6 +69,8 @@ def rollout_status(store: RolloutStore, rollout_id: str) -> dict[str, Any]:
         "rollback": rollback_outcome(store, rollout_id),
         "problem_devices": problems,
         "problem_devices_left_off": left_off,
+        "building": building,
+        "building_left_off": building_left_off,
     }
 
 
@@ -145,6 +151,7 @@ def status_lines(status: dict[str, Any], now: float | None = None) -> list[str]:
             lines.append(f"          {wave['reason']}")
         if wave["state"] == "SOAKING" and (note := soak_note(wave.get("figures"), now)):
             lines.append(f"          {note}")
+    lines += building_lines(status)
     lines += problem_lines(status)
     rollback = status.get("rollback")
     if rollback:
@@ -158,6 +165,27 @@ def status_lines(status: dict[str, Any], now: float | None = None) -> list[str]:
         if rollback["no_previous"]:
             line += f"; {len(rollback['no_previous'])} had no previous model"
         lines.append(line)
+    return lines
+
+
+#: Building devices ``status`` prints as text (``--json`` carries up to MAX_BUILDING).
+_BUILDING_LINES = 20
+
+
+def building_lines(status: dict[str, Any]) -> list[str]:
+    """A line per device building its engine now: its wave and the build's note (phase, frames,
+    elapsed, estimate; :func:`~agent.fleet.view.build_note.build_note`'s text)."""
+    building = status.get("building") or []
+    if not building:
+        return []
+    total = len(building) + int(status.get("building_left_off") or 0)
+    lines = [f"  {total} device(s) building their engine:"]
+    lines += [
+        f"    {shown(entry['device'], 64)}  wave {entry['wave']}  {shown(entry['note'], 120)}"
+        for entry in building[:_BUILDING_LINES]
+    ]
+    if total > _BUILDING_LINES:
+        lines.append(f"    ... and {total - _BUILDING_LINES} more")
     return lines
 
 

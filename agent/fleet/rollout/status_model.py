@@ -62,6 +62,20 @@ class ProblemDevice(StrictModel):
     figure: str | None
 
 
+class BuildingDevice(StrictModel):
+    """A device of the rollout building its engine now: the latest progress it sent (in memory at the
+    controller, never stored), and ``note``, the text the CLI and the console show."""
+
+    device: str
+    wave: int = Field(description="Counted from 1.")
+    phase: str = Field(description="planning, slimming, calibrating, building, timing placements, checking.")
+    frames_done: int | None = Field(description="Calibration frames consumed (phase calibrating).")
+    frames_total: int | None
+    elapsed_s: float = Field(description="Seconds since the build began, as the device said.")
+    estimate_s: float | None = Field(description="Expected seconds in all, from earlier builds.")
+    note: str = Field(description="e.g. 'calibrating 120/500 frames, 42 s of ~310 s'.")
+
+
 class RolloutStatus(StrictModel):
     """A rollout as ``fleet rollout status --json`` prints it."""
 
@@ -81,3 +95,5 @@ class RolloutStatus(StrictModel):
     rollback: RollbackStatus | None
     problem_devices: list[ProblemDevice] = Field(description="At most 50, in wave order.")
     problem_devices_left_off: int
+    building: list[BuildingDevice] = Field(description="At most 50, in wave order; [] when none builds.")
+    building_left_off: int

@@ -5,7 +5,8 @@ Everything here is what one device can make the controller keep (docs/console.md
 controller keeps of a device"): the info within :data:`INFO_BYTES`, the latest telemetry within
 :data:`MAX_FIGURES` figures whose names are at most :data:`MAX_FIGURE_NAME` characters and
 :data:`FIGURE_NAME_CHARS` in all, a chart history of at most :data:`MAX_HISTORY_POINTS` points
-(:mod:`agent.fleet.view.chart_history`), :data:`MAX_JOBS` jobs of at most :data:`JOB_BYTES` each and
+(:mod:`agent.fleet.view.chart_history`), :data:`MAX_JOBS` jobs of at most :data:`JOB_BYTES` each
+(one of them, BUILDING, with its latest build progress: a phase name and five numbers) and
 :data:`~agent.fleet.view.status.MAX_PROBLEMS` problem lines; :data:`DEVICE_BYTES` is what that costs
 at most. Not thread-safe: :class:`~agent.fleet.view.live.FleetView` calls these under its lock.
 """
@@ -13,14 +14,21 @@ at most. Not thread-safe: :class:`~agent.fleet.view.live.FleetView` calls these 
 from __future__ import annotations
 
 import collections
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from agent.fleet.base.bounded import fit
 from agent.fleet.base.untrusted import clipped
 from agent.fleet.view.chart_history import ChartHistory
 from agent.fleet.view.status import JSON_TEXT_LIMIT, MAX_PROBLEMS, slot_summary
-from agent.protocol.messages import InfoMessage, JobStatus, StatusMessage, TelemetryMessage
+from agent.protocol.messages import (
+    BuildProgressInfo,
+    InfoMessage,
+    JobState,
+    JobStatus,
+    StatusMessage,
+    TelemetryMessage,
+)
 
 #: Jobs kept per device (the latest state of each), latest first.
 MAX_JOBS = 20
@@ -60,6 +68,9 @@ class JobSeen:
     error: str | None
     shadow: dict[str, Any] | None  # the latest shadow figures the job published (kept across states)
     probation: dict[str, Any] | None
+    #: While the job is BUILDING: the latest build progress it sent (a phase name of the protocol's
+    #: and numbers: fixed size). None in any other state, and on every other job of the device.
+    build: BuildProgressInfo | None = None
 
 
 @dataclass
@@ -273,6 +284,12 @@ def take_job(row: DeviceRecord, job: JobStatus) -> bool:
         shadow=shadow if shadow is not None else (previous.shadow if previous else None),
         probation=probation if probation is not None else (previous.probation if previous else None),
     )
+    if job.state is JobState.BUILDING and job.build is not None:
+        # One build kept per device: a device runs one deployment at a time, so another job still
+        # marked as building lost its later states (a supersede): its progress is old news.
+        for other in [j for j in row.jobs.values() if j.build is not None]:
+            row.jobs[other.job_id] = replace(other, build=None)
+        seen = replace(seen, build=job.build)
     row.jobs[seen.job_id] = seen
     while len(row.jobs) > MAX_JOBS:
         del row.jobs[next(iter(row.jobs))]

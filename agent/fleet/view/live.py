@@ -4,7 +4,8 @@ The controller (and the console, and ``/metrics``) subscribe to :meth:`FleetView
 hand each message to :meth:`FleetView.apply`. The view keeps, per device, the latest ``up/status``,
 ``up/info`` and ``up/telemetry``, a bounded history of telemetry for charts, and the latest state of
 the last jobs heard on ``up/jobs/{job_id}`` (after a restart, before any is heard: the jobs its
-``up/info`` names and :meth:`FleetView.remember_jobs` was given, from the rollout store). Readers
+``up/info`` names and :meth:`FleetView.remember_jobs` was given, from the rollout store), with the
+latest build progress of a BUILDING job (:meth:`FleetView.builds`; one per device). Readers
 get frozen copies (:class:`DeviceState`), so they never hold the lock while they render.
 
 Decoding is the fleet commands' own: :func:`agent.fleet.view.watch.read_message` checks each payload
@@ -53,6 +54,7 @@ from agent.fleet.view.device_record import (
 )
 from agent.fleet.view.watch import read_message
 from agent.mqtt.inbound import InboundMessage
+from agent.protocol.messages import BuildProgressInfo
 from agent.protocol.topics import fleet_filter, parse
 
 #: Longest device id kept: a topic level may be 65,535 bytes; an id longer than this is refused.
@@ -259,6 +261,21 @@ class FleetView:
         with self._cond:
             row = self._devices.get(device_id)
             return None if row is None else self._state(row, now)
+
+    def builds(self) -> dict[tuple[str, str], BuildProgressInfo]:
+        """The latest build progress of every job BUILDING now, by ``(device, job_id)``.
+
+        At most one per device (:func:`~agent.fleet.view.device_record.take_job`), kept in memory
+        only: a restarted controller knows none until the device's next progress (within 2 s). A
+        device that is not online shows none: its build ended with its connection."""
+        with self._cond:
+            return {
+                (device, job.job_id): job.build
+                for device, row in self._devices.items()
+                if row.state == "online"
+                for job in row.jobs.values()
+                if job.build is not None
+            }
 
     def history(self, device_id: str, since: float | None = None) -> list[TelemetryPoint]:
         """The device's telemetry of the last ``history_s`` seconds (from ``since`` on), oldest first."""

@@ -14,6 +14,7 @@ from agent.fleet.rollout.report import rollout_status
 from agent.fleet.rollout.spec import RolloutRequest
 from agent.fleet.rollout.store import RolloutStore
 from agent.fleet.rollout.waves import parse_max_failed
+from agent.protocol.messages import BuildProgressInfo
 from agent.protocol.topics import ControllerTopics
 
 DOC = Path(__file__).resolve().parents[3] / "docs" / "protocol.md"
@@ -62,8 +63,14 @@ def test_the_rollout_status_example_has_the_keys_of_a_real_status(tmp_path: Path
     store.set_wave(rid, 1, WaveState.RUNNING, reason="started")
     store.mark_sending(rid, "jet-02")
     store.mark_sent(rid, "jet-02")
-    real = rollout_status(store, rid)
     example = _example("RolloutStatus")
+    # jet-02 builds its engine: the progress its BUILDING job status carried (JobStatus.build).
+    (building,) = example["building"]
+    build = BuildProgressInfo.model_validate(
+        {k: v for k, v in building.items() if k not in ("device", "wave", "note")}
+    )
+    real = rollout_status(store, rid, {("jet-02", "job-1"): build})
+    assert real["building"] == example["building"]  # the note too: build_note's text
     assert _shape(example) == _shape(real)
     assert _shape(example["waves"][0]) == _shape(real["waves"][0])
     assert example["waves"][0]["reason"] == verdict.reason

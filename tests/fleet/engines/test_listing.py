@@ -3,8 +3,13 @@ how often it was reused (the JSON is the controller's answer, checked end to end
 
 from __future__ import annotations
 
+import hashlib
+import json
+import re
 from pathlib import Path
+from typing import Any
 
+from agent.fleet.engines.hooks import engines_listing
 from agent.fleet.engines.listing import engines_table
 from agent.signing import Ed25519PrivateKey
 from tests.engines.fleet_desk import make_desk
@@ -58,3 +63,58 @@ def test_the_example_in_docs_fleet_md_is_what_the_table_prints() -> None:
         },
     }
     assert engines_table(listing) == shown
+
+
+def test_withdrawn_engines_are_listed_after_the_held_ones(tmp_path: Path) -> None:
+    desk = make_desk(tmp_path, Ed25519PrivateKey.generate())
+    made = offer(data=b"engine bytes")
+    desk.handle("jet-01", "offer", made.model_dump_json().encode(), {})
+    properties = {"sha256": made.files[0].sha256, "offset": "0", "size": "12"}
+    desk.handle("jet-01", "piece", b"engine bytes", properties)
+    desk.handle("jet-01", "offer", made.model_dump_json().encode(), {})
+    assert desk.store.withdraw(made.key, "failed to load on jet-02")
+    listing = engines_listing(desk)
+    lines = engines_table(listing).splitlines()
+
+    assert listing["engines"] == 0
+    assert listing["withdrawn"] == [{"key": made.key, "engine_sha256": made.files[0].sha256}]
+    assert listing["withdrawn_total"] == 1
+    assert lines[-2:] == [
+        "withdrawn (never taken again): 1",
+        f"  {made.key[:12]}  engine {made.files[0].sha256[:12]}",
+    ]
+
+
+def test_a_builder_id_or_fingerprint_with_control_characters_is_printed_escaped() -> None:
+    row = {"key": "ab" * 32, "bytes": 10, "built_by": "jet\x1b[2J", "built_at": 0.0, "reuse": 0}
+    listing = {"engines": 1, "bytes": 10, "sharing": True, "fingerprints": {"trt\u202e10": [row]}}
+    text = engines_table(listing)
+    assert "\x1b" not in text
+    assert "\u202e" not in text
+    assert "trt\\u202e10:" in text
+    assert "jet\\x1b[2J" in text
+
+
+def test_the_engine_listing_example_in_docs_protocol_md_has_the_keys_of_a_real_listing(
+    tmp_path: Path,
+) -> None:
+    desk = make_desk(tmp_path, Ed25519PrivateKey.generate())
+    for device, data in (("jet-01", b"engine bytes"), ("jet-02", b"other bytes!")):
+        made = offer(key=hashlib.sha256(data).hexdigest(), data=data)
+        desk.handle(device, "offer", made.model_dump_json().encode(), {})
+        desk.handle(device, "piece", data, {"sha256": made.files[0].sha256, "offset": "0", "size": "12"})
+        desk.handle(device, "offer", made.model_dump_json().encode(), {})
+    desk.store.withdraw(hashlib.sha256(b"other bytes!").hexdigest(), "failed to load")
+    real = engines_listing(desk)
+    doc = (Path(__file__).resolve().parents[3] / "docs" / "protocol.md").read_text()
+    section = doc.split("\n### Engine listing\n", 1)[1].split("\n## ", 1)[0]
+    (block,) = re.findall(r"```json\n(.*?)```", section, re.S)
+    example = json.loads(block)
+
+    def rows(listing: dict[str, Any]) -> list[dict[str, Any]]:
+        return [row for found in listing["fingerprints"].values() for row in found]
+
+    assert set(example) == set(real)
+    assert [set(r) for r in rows(example)] == [set(r) for r in rows(real)]
+    assert [set(w) for w in example["withdrawn"]] == [set(w) for w in real["withdrawn"]]
+    assert engines_table(example).splitlines()[0] == "engines: 1 (18.2 MiB), sharing on"

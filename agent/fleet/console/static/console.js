@@ -1,4 +1,4 @@
-// The fleet console's page script: three views (devices, one device, rollouts) over the JSON API,
+// The fleet console's page script: four views (devices, one device, rollouts, engines) over the JSON API,
 // kept live by server-sent events (/events). Everything a device sent is untrusted: it reaches the
 // document only as text nodes (el() below, textContent), never as markup, and invisible or
 // direction-changing characters are shown as escapes (safe()), as the CLI's untrusted.shown does.
@@ -64,7 +64,7 @@ function when(ts) {
 
 function badge(text) {
   // The class is one of our known words only, never device text as a class name.
-  const known = /^(online|offline|unknown|stale|ACTIVE|DONE|RUNNING|PAUSED|SOAKING|FAILED|REJECTED|ROLLED_BACK|TRIPPED|ABORTED|WAITING|CANCELLED|SUPERSEDED)$/;
+  const known = /^(online|offline|unknown|stale|ACTIVE|DONE|RUNNING|PAUSED|SOAKING|FAILED|REJECTED|ROLLED_BACK|TRIPPED|ABORTED|WAITING|CANCELLED|SUPERSEDED|withdrawn)$/;
   return el("span", { className: "badge" + (known.test(text) ? " " + text : "") }, text);
 }
 
@@ -271,7 +271,8 @@ async function devicePage(deviceId) {
       s.serving === "interim" ? "serving its ONNX model while its engine builds" : "",
       s.building ? "building: " + s.building : ""].filter(Boolean).join("; "))));
   const jobs = detail.jobs.map((j) => el("tr", {},
-    el("td", { className: "mono" }, j.job_id), el("td", {}, j.slot), el("td", {}, badge(j.state)), el("td", {}, when(j.at)),
+    el("td", { className: "mono" }, j.job_id), el("td", {}, j.slot),
+    el("td", {}, badge(j.state), j.build ? el("span", { className: "build-note muted" }, " " + j.build) : null), el("td", {}, when(j.at)),
     el("td", { className: "error" }, j.error_code || ""), el("td", {}, j.error || "")));
   const verdicts = detail.jobs.filter((j) => j.shadow || j.probation).map((j) => el("tr", {},
     el("td", { className: "mono" }, j.job_id), el("td", {}, j.state),
@@ -452,6 +453,22 @@ async function loadDevices(r, box) {
   }
 }
 
+// The devices building their engine now: phase, frames, elapsed and estimate, in the words of
+// `fleet deploy` and `fleet rollout status` (the controller writes the note; the page adds nothing).
+function buildingBox(r) {
+  const building = r.building || [];
+  if (!building.length) return null;
+  const total = building.length + (r.building_left_off || 0);
+  const rows = building.map((b) => el("tr", { dataset: { device: b.device } },
+    el("td", { className: "id" }, el("a", { href: "/device/" + encodeURIComponent(b.device) }, b.device)),
+    el("td", { className: "num" }, b.wave),
+    el("td", { className: "build-note" }, b.note)));
+  const more = r.building_left_off ? el("p", { className: "muted" }, r.building_left_off + " more building, not listed") : null;
+  return el("div", { className: "building" },
+    el("p", { className: "building-head" }, plural(total, "device") + " building the engine:"),
+    table("", ["device", "wave", "build"], rows), more);
+}
+
 function rolloutCard(r) {
   const open = r.state === "RUNNING" || r.state === "PAUSED";
   const id = r.rollout_id;
@@ -481,6 +498,7 @@ function rolloutCard(r) {
     rollbackWords(r.rollback),
     el("p", { className: "totals" }, "steps: " + counts(r.devices.steps) + "; ends: " + counts(r.devices.ends)),
     table("", ["wave", "state", "devices", "steps", "ends", "gate", "reason"], waves),
+    buildingBox(r),
     devices);
 }
 
@@ -682,13 +700,86 @@ function label(g, text, x, y) {
   g.fillText(text, x + 3, y + 1);
 }
 
+// -- engines ---------------------------------------------------------------------------------------
+
+// 18984550 -> "18.1 MiB", as `fleet engines list` writes sizes.
+function size(n) {
+  if (n < 1024) return n + " B";
+  let value = n;
+  for (const unit of ["KiB", "MiB", "GiB"]) {
+    value /= 1024;
+    if (value < 1024 || unit === "GiB") return value.toFixed(1) + " " + unit;
+  }
+  return value.toFixed(1) + " GiB";
+}
+
+// Engines change when a device offers or drops one (minutes apart): read again at this interval.
+const ENGINES_REFRESH_MS = 5000;
+
+function engineRow(e) {
+  return el("tr", { dataset: { key: e.key } },
+    el("td", { className: "mono key", title: e.key }, e.key.slice(0, 12)),
+    el("td", { className: "num size" }, size(e.bytes)),
+    el("td", { className: "built-by" }, el("a", { href: "/device/" + encodeURIComponent(e.built_by) }, e.built_by)),
+    el("td", { className: "built-at" }, when(e.built_at)),
+    el("td", { className: "num build-seconds" }, e.build_seconds === null || e.build_seconds === undefined ? "-" : duration(e.build_seconds)),
+    el("td", { className: "num reuse" }, e.reuse),
+    el("td", { className: "last-used muted" }, age(e.last_used) + " ago"));
+}
+
+function enginesView(listing) {
+  const sharing = listing.sharing ? "sharing on" : listing.signed ? "sharing off" : "sharing off (no signing key)";
+  const parts = [el("p", { className: "totals" },
+    plural(listing.engines, "engine") + " (" + size(listing.bytes) + "), " + sharing +
+    "; reused counts downloads by devices other than the builder")];
+  const fingerprints = Object.entries(listing.fingerprints || {}).sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0));
+  for (const [fingerprint, rows] of fingerprints) {
+    parts.push(el("section", { className: "fingerprint", dataset: { fingerprint } },
+      el("h2", {}, fingerprint),
+      table("", ["key", "size", "built by", "built at", "build", "reused", "last used"], rows.map(engineRow))));
+  }
+  if (!fingerprints.length) parts.push(el("p", { className: "muted" }, "No engines yet: a device offers its engine once its job ran to ACTIVE through shadow and probation."));
+  const withdrawn = listing.withdrawn || [];
+  if (withdrawn.length) {
+    const rows = withdrawn.map((w) => el("tr", { className: "withdrawn", dataset: { key: w.key } },
+      el("td", { className: "mono key", title: w.key }, w.key.slice(0, 12)), el("td", {}, badge("withdrawn")),
+      el("td", { className: "mono", title: w.engine_sha256 }, w.engine_sha256.slice(0, 12))));
+    const more = listing.withdrawn_total - withdrawn.length;
+    parts.push(el("section", { id: "withdrawn" },
+      el("h2", {}, "Withdrawn (" + listing.withdrawn_total + "): a device found them bad; never served or taken again"),
+      table("", ["key", "state", "engine sha256"], rows), more > 0 ? el("p", { className: "muted" }, more + " more not shown") : null));
+  }
+  return parts;
+}
+
+function enginesPage() {
+  const box = el("div", { id: "engines" }, el("p", { className: "muted" }, "…"));
+  $("#app").replaceChildren(el("h1", {}, "Engines"), box);
+  const live = $("#live");
+  async function load() {
+    try {
+      box.replaceChildren(...enginesView(await getJSON("/api/engines")));
+      box.dataset.rendered = "1";
+      live.textContent = "updated " + new Date().toLocaleTimeString();
+      live.className = "live on";
+    } catch (error) {
+      box.replaceChildren(el("p", { className: "error" }, error.message));
+      live.className = "live off";
+    }
+  }
+  load();
+  setInterval(load, ENGINES_REFRESH_MS);
+}
+
 // -- routing ---------------------------------------------------------------------------------------
 
 function route() {
   const path = location.pathname;
   $("#nav-devices").classList.toggle("current", path === "/" || path.startsWith("/device/"));
   $("#nav-rollouts").classList.toggle("current", path === "/rollouts");
+  $("#nav-engines").classList.toggle("current", path === "/engines");
   if (path === "/rollouts") rolloutsPage();
+  else if (path === "/engines") enginesPage();
   else if (path.startsWith("/device/")) deviceView(decodeURIComponent(path.slice("/device/".length)));
   else devicesPage();
 }
