@@ -33,7 +33,7 @@ from agent.delivery.verify import graph_io
 from agent.errors import UsageError
 from agent.fleetsim.device import FleetSetup, SlotSetup
 from agent.fleetsim.plan import FIGURES, plan_fleet
-from agent.fleetsim.worker import SimWorker, report_path
+from agent.fleetsim.worker import REPORT_EVERY_S, TICK_S, SimWorker, report_path
 from agent.fsutil import atomic_write_json, sha256_file
 from agent.logs import configure_logging
 from agent.mqtt.settings import MqttSettings
@@ -96,6 +96,13 @@ def build_parser() -> argparse.ArgumentParser:
         "(every engine key changes); restart them with --offline",
     )
     p.add_argument("--telemetry-s", type=float, default=10.0, help="seconds between telemetry messages")
+    p.add_argument(
+        "--report-s",
+        type=float,
+        default=REPORT_EVERY_S,
+        help=f"seconds between rewrites of each worker's report (default {REPORT_EVERY_S:g}; at least "
+        f"{TICK_S:g}, the control loop's tick)",
+    )
     p.add_argument("--duration", type=float, default=0.0, help="stop after this many seconds (0: on SIGTERM)")
     p.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--t0", type=float, default=None, help=argparse.SUPPRESS)
@@ -142,6 +149,8 @@ def fleet_setup(args: argparse.Namespace) -> FleetSetup:
     host, port = _broker(args.broker)
     if args.build_seconds < 0:
         raise UsageError(f"--build-seconds: {args.build_seconds} is below 0")
+    if args.report_s <= 0:
+        raise UsageError(f"--report-s: {args.report_s} is not above 0")
     if not args.trust.is_file():
         raise UsageError(f"--trust: {args.trust} is not a file")
     return FleetSetup(
@@ -188,6 +197,7 @@ def run_worker(args: argparse.Namespace, stop: threading.Event) -> None:
         t0=args.t0 or time.time(),
         telemetry_s=args.telemetry_s,
         upgrade_at_s=args.upgrade_at,
+        report_s=args.report_s,
     )
     worker.run(stop)
 
