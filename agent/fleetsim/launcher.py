@@ -97,6 +97,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--telemetry-s", type=float, default=10.0, help="seconds between telemetry messages")
     p.add_argument(
+        "--chunk-timeout-s",
+        type=float,
+        default=None,
+        help="the devices' delivery.chunk_timeout_s: a chunk not answered this long is asked again, the "
+        f"wait doubling per try (default {DeliveryConfig().chunk_timeout_s:g}, the agent's)",
+    )
+    p.add_argument(
         "--report-s",
         type=float,
         default=REPORT_EVERY_S,
@@ -149,6 +156,8 @@ def fleet_setup(args: argparse.Namespace) -> FleetSetup:
     host, port = _broker(args.broker)
     if args.build_seconds < 0:
         raise UsageError(f"--build-seconds: {args.build_seconds} is below 0")
+    if args.chunk_timeout_s is not None and args.chunk_timeout_s <= 0:
+        raise UsageError(f"--chunk-timeout-s: {args.chunk_timeout_s} is not above 0")
     if args.report_s <= 0:
         raise UsageError(f"--report-s: {args.report_s} is not above 0")
     if not args.trust.is_file():
@@ -161,7 +170,9 @@ def fleet_setup(args: argparse.Namespace) -> FleetSetup:
         state_dir=args.state_dir,
         trusted={args.key_id or args.trust.stem: load_public_key(args.trust)},
         slots=_slot_setups(args),
-        delivery=DeliveryConfig(),
+        delivery=DeliveryConfig()
+        if args.chunk_timeout_s is None
+        else DeliveryConfig(chunk_timeout_s=args.chunk_timeout_s),
         build_seconds=args.build_seconds,
     )
 

@@ -57,6 +57,10 @@ class SimFleet:
             # a wait for a fresh one ends a second and a half sooner than at the default 2 s.
             "--report-s",
             "0.5",
+            # A chunk asked of a controller that was stopped (the fault tests) is asked again after
+            # 1, 2, 4 ... s rather than 5, 10 ... s: the restarted controller is asked seconds sooner.
+            "--chunk-timeout-s",
+            "1",
             *(["--model", f"main={model}:cls:1"] if model is not None else []),
             *extra,
         ]

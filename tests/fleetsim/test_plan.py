@@ -107,3 +107,11 @@ def test_a_report_interval_not_above_zero_names_the_flag(value: str, tmp_path: P
     )
     with pytest.raises(UsageError, match="--report-s"):
         fleet_setup(args)
+
+
+def test_a_chunk_timeout_not_above_zero_names_the_flag(tmp_path: Path) -> None:
+    args = build_parser().parse_args(
+        ["--trust", str(tmp_path / "key.pem"), "--state-dir", str(tmp_path), "--chunk-timeout-s", "0"]
+    )
+    with pytest.raises(UsageError, match="--chunk-timeout-s"):
+        fleet_setup(args)
