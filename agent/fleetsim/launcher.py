@@ -33,7 +33,7 @@ from agent.delivery.verify import graph_io
 from agent.errors import UsageError
 from agent.fleetsim.device import FleetSetup, SlotSetup
 from agent.fleetsim.plan import FIGURES, plan_fleet
-from agent.fleetsim.worker import SimWorker, report_path
+from agent.fleetsim.worker import REPORT_EVERY_S, TICK_S, SimWorker, report_path
 from agent.fsutil import atomic_write_json, sha256_file
 from agent.logs import configure_logging
 from agent.mqtt.settings import MqttSettings
@@ -96,6 +96,20 @@ def build_parser() -> argparse.ArgumentParser:
         "(every engine key changes); restart them with --offline",
     )
     p.add_argument("--telemetry-s", type=float, default=10.0, help="seconds between telemetry messages")
+    p.add_argument(
+        "--chunk-timeout-s",
+        type=float,
+        default=None,
+        help="the devices' delivery.chunk_timeout_s: a chunk not answered this long is asked again, the "
+        f"wait doubling per try (default {DeliveryConfig().chunk_timeout_s:g}, the agent's)",
+    )
+    p.add_argument(
+        "--report-s",
+        type=float,
+        default=REPORT_EVERY_S,
+        help=f"seconds between rewrites of each worker's report (default {REPORT_EVERY_S:g}; at least "
+        f"{TICK_S:g}, the control loop's tick)",
+    )
     p.add_argument("--duration", type=float, default=0.0, help="stop after this many seconds (0: on SIGTERM)")
     p.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--t0", type=float, default=None, help=argparse.SUPPRESS)
@@ -142,6 +156,10 @@ def fleet_setup(args: argparse.Namespace) -> FleetSetup:
     host, port = _broker(args.broker)
     if args.build_seconds < 0:
         raise UsageError(f"--build-seconds: {args.build_seconds} is below 0")
+    if args.chunk_timeout_s is not None and args.chunk_timeout_s <= 0:
+        raise UsageError(f"--chunk-timeout-s: {args.chunk_timeout_s} is not above 0")
+    if args.report_s <= 0:
+        raise UsageError(f"--report-s: {args.report_s} is not above 0")
     if not args.trust.is_file():
         raise UsageError(f"--trust: {args.trust} is not a file")
     return FleetSetup(
@@ -152,7 +170,9 @@ def fleet_setup(args: argparse.Namespace) -> FleetSetup:
         state_dir=args.state_dir,
         trusted={args.key_id or args.trust.stem: load_public_key(args.trust)},
         slots=_slot_setups(args),
-        delivery=DeliveryConfig(),
+        delivery=DeliveryConfig()
+        if args.chunk_timeout_s is None
+        else DeliveryConfig(chunk_timeout_s=args.chunk_timeout_s),
         build_seconds=args.build_seconds,
     )
 
@@ -188,6 +208,7 @@ def run_worker(args: argparse.Namespace, stop: threading.Event) -> None:
         t0=args.t0 or time.time(),
         telemetry_s=args.telemetry_s,
         upgrade_at_s=args.upgrade_at,
+        report_s=args.report_s,
     )
     worker.run(stop)
 

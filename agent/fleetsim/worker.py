@@ -4,9 +4,10 @@
 threads: the link's network and dispatcher threads, the delivery service's upkeep, command and slot
 threads). A control loop, twice a second, switches devices off and on as their offline windows
 say, publishes each device's telemetry every ``telemetry_s`` (spread over the interval), and
-rewrites the worker's report, ``{state_dir}/report-{worker}.json`` (atomically), which the launcher
-and the benchmark read: per device its job states per job id, how often each job was QUEUED (ran),
-the bytes it fetched, its slots' models; per process CPU seconds, RSS and open file descriptors.
+rewrites the worker's report, ``{state_dir}/report-{worker}.json`` (atomically, every
+``report_s``), which the launcher and the benchmark read: per device its job states per job id, how
+often each job was QUEUED (ran), the bytes it fetched, its slots' models; per process CPU seconds,
+RSS and open file descriptors.
 """
 
 from __future__ import annotations
@@ -28,8 +29,9 @@ from agent.fsutil import atomic_write_json
 
 log = structlog.get_logger(__name__)
 
-_TICK_S = 0.5
-_REPORT_EVERY_S = 2.0
+TICK_S = 0.5
+#: Default seconds between report rewrites (``--report-s``; tests that wait for a fresh report ask less).
+REPORT_EVERY_S = 2.0
 _STOP_TIMEOUT_S = 4.0
 
 
@@ -82,6 +84,7 @@ class SimWorker:
         t0: float,
         telemetry_s: float = 10.0,
         upgrade_at_s: float | None = None,
+        report_s: float = REPORT_EVERY_S,
     ) -> None:
         self.setup = setup
         self.worker = worker
@@ -89,6 +92,7 @@ class SimWorker:
         #: Devices switched on this many seconds after ``t0`` or later run the upgraded platform.
         self.upgrade_at_s = upgrade_at_s
         self.telemetry_s = telemetry_s
+        self.report_s = report_s
         self.members = [_Member(plan, setup) for plan in plans]
         self._stoppers: list[threading.Thread] = []
         self._rng = random.Random(worker)
@@ -102,9 +106,9 @@ class SimWorker:
                 self._apply_windows(now - self.t0)
                 self._telemetry(now)
                 if now >= next_report:
-                    next_report = now + _REPORT_EVERY_S
+                    next_report = now + self.report_s
                     self.write_report()
-                stop.wait(_TICK_S)
+                stop.wait(TICK_S)
         finally:
             for member in self.members:
                 self._switch_off(member)

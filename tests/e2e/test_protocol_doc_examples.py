@@ -16,10 +16,10 @@ example must then have the key set of its real counterpart, nested objects inclu
 
 from __future__ import annotations
 
+import base64
 import json
 import re
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +37,7 @@ from agent.mqtt.settings import MqttSettings
 from agent.protocol.topics import Topics
 from tests.e2e.daemon import AgentFiles, Daemon
 from tests.mqtt_probe import Probe, Received
+from tests.once_per_run import once_per_run
 
 pytestmark = pytest.mark.slow
 
@@ -88,8 +89,37 @@ class RealDevice:
 
 
 @pytest.fixture(scope="module")
-def real(tmp_path_factory: pytest.TempPathFactory, broker: Broker) -> Iterator[RealDevice]:
-    root = tmp_path_factory.mktemp("doc-device")
+def real(tmp_path_factory: pytest.TempPathFactory, broker: Broker) -> RealDevice:
+    """The scenario's messages: played once per run, the workers of a parallel run share them."""
+
+    def play() -> bytes:
+        return _dump(_play_scenario(tmp_path_factory.mktemp("doc-device"), broker))
+
+    return _load(once_per_run(tmp_path_factory, "protocol-doc-device", play))
+
+
+def _dump(device: RealDevice) -> bytes:
+    return json.dumps(
+        {
+            "device": device.topics.device_id,
+            "messages": [
+                [m.topic, base64.b64encode(m.payload).decode(), m.qos, m.retain] for m in device.messages
+            ],
+        }
+    ).encode()
+
+
+def _load(data: bytes) -> RealDevice:
+    stored = json.loads(data)
+    messages = [
+        Received(topic, base64.b64decode(payload), qos, retain)
+        for topic, payload, qos, retain in stored["messages"]
+    ]
+    return RealDevice(messages, Topics("fleet/v1", stored["device"]))
+
+
+def _play_scenario(root: Path, broker: Broker) -> RealDevice:
+    """A real daemon serving, deployed to, refusing a manifest, asked to roll back twice: all it sent."""
     device = f"doc-{uuid.uuid4().hex[:8]}"
     keys: KeyPairFiles = write_keypair(root / "keys", "doc-key")
     files = AgentFiles(root, broker.port, device, frames=30)
@@ -143,7 +173,7 @@ def real(tmp_path_factory: pytest.TempPathFactory, broker: Broker) -> Iterator[R
             probe.wait_for(lambda ms: any(m.topic == topics.info for m in ms), timeout=30)
         finally:
             assert daemon.stop() == 0, daemon.log()[-3000:]
-        yield RealDevice(probe.snapshot(), topics)
+        return RealDevice(probe.snapshot(), topics)
 
 
 def _one_matches(doc: dict[str, Any], real: list[dict[str, Any]], what: str) -> None:

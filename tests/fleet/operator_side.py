@@ -8,7 +8,7 @@ from pathlib import Path
 from agent.localbroker import Broker
 from agent.modelzoo import write_classifier
 from agent.mqtt.settings import MqttSettings
-from agent.protocol.messages import StatusMessage, encode
+from agent.protocol.messages import InfoMessage, StatusMessage, encode
 from agent.protocol.topics import Topics
 from tests.mqtt_probe import Probe
 
@@ -31,7 +31,15 @@ def tiny_model(path: Path) -> Path:
 
 
 def announce(probe: Probe, prefix: str, *devices: str) -> None:
-    """Publish each device's retained ``up/status`` (online), as a connected agent does."""
+    """Publish each device's retained ``up/status`` (online) and ``up/info`` (no slot, no stream), as
+    a connected agent does. Without the info, every operator command that reads the fleet's retained
+    messages (``fleet deploy`` looking up the slot's model id) waited its whole ``--retained-wait``
+    (5 s) for an online device's info that never came."""
     for device in devices:
+        topics = Topics(prefix, device)
         status = StatusMessage(state="online", session=1, agent_version="test")
-        probe.publish(Topics(prefix, device).status, encode(status), retain=True)
+        probe.publish(topics.status, encode(status), retain=True)
+        info = InfoMessage(
+            device_id=device, agent_version="test", platform={}, labels={}, backends={}, slots={}, streams=[]
+        )
+        probe.publish(topics.info, encode(info), retain=True)

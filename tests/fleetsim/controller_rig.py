@@ -85,8 +85,8 @@ class ControllerRig:
             extra=[*(f"--unhealthy={u}" for u in unhealthy), *fleet_args],
         )
         self.ids = self.fleet.ids
+        self.spawn()  # while the simulator's devices come up: neither waits for the other
         self.fleet.wait_online(timeout=60)
-        self.spawn()
 
     def _write_config(self) -> Path:
         state = self.root / "controller"

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from agent.errors import UsageError
-from agent.fleetsim.launcher import build_parser
+from agent.fleetsim.launcher import build_parser, fleet_setup
 from agent.fleetsim.plan import OfflineWindow, choose, device_ids, parse_label, plan_fleet
 
 
@@ -98,3 +98,20 @@ def test_the_documented_command_parses_and_plans() -> None:
     )
     assert sum(p.unhealthy is not None for p in plans) == 2
     assert plans[1].labels == {"site": "munich", "hw": "orin-nano"}
+
+
+@pytest.mark.parametrize("value", ["0", "-1"])
+def test_a_report_interval_not_above_zero_names_the_flag(value: str, tmp_path: Path) -> None:
+    args = build_parser().parse_args(
+        ["--trust", str(tmp_path / "key.pem"), "--state-dir", str(tmp_path), "--report-s", value]
+    )
+    with pytest.raises(UsageError, match="--report-s"):
+        fleet_setup(args)
+
+
+def test_a_chunk_timeout_not_above_zero_names_the_flag(tmp_path: Path) -> None:
+    args = build_parser().parse_args(
+        ["--trust", str(tmp_path / "key.pem"), "--state-dir", str(tmp_path), "--chunk-timeout-s", "0"]
+    )
+    with pytest.raises(UsageError, match="--chunk-timeout-s"):
+        fleet_setup(args)

@@ -21,6 +21,7 @@ write another device's request topic either). Served bytes are counted per devic
 from __future__ import annotations
 
 import collections
+import contextlib
 import hashlib
 import os
 import secrets
@@ -58,7 +59,9 @@ GROUP_PREFIX = "edge-agent-chunks"
 DEFAULT_REPLY_EXPIRY_S = 120
 #: Chunk publishes on the wire to the broker at once (paho's window; the rest wait in paho's queue).
 DEFAULT_MAX_INFLIGHT = 20
-#: Repo directories are rescanned for an unknown model at most this often.
+#: Repo directories are rescanned for an unknown model at most this often, unless one of them changed
+#: (a file created, renamed in or removed: an upload into the controller's repository is served at
+#: once, not a rescan interval plus the device's chunk timeout later).
 _RESCAN_INTERVAL_S = 5.0
 #: Largest chunk size accepted from a request for a repo model (the manifest's limit is 1 MiB).
 _MAX_REQUEST_CHUNK = 16 * 1024 * 1024
@@ -134,6 +137,7 @@ class ChunkServer:
         self._repos: list[Path] = []
         self._repo_index: dict[Path, tuple[float, int, str]] = {}  # path -> (mtime, size, sha256)
         self._last_scan = 0.0
+        self._repo_mtimes: dict[Path, int] = {}  # repo -> its directory's st_mtime_ns at the last scan
         self._lock = threading.Lock()
         self._served: collections.Counter[str] = collections.Counter()
         self._served_model: collections.Counter[tuple[str, str]] = collections.Counter()
@@ -189,13 +193,28 @@ class ChunkServer:
             self._repos.append(repo)
         return self._scan(force=True)
 
+    def _repos_changed(self) -> bool:
+        """Whether a repo directory's own mtime moved since the last scan: one stat per repo, so a
+        device asking for unknown models again and again costs no walk of the directories."""
+        for repo in list(self._repos):
+            try:
+                mtime = repo.stat().st_mtime_ns
+            except OSError:
+                continue
+            if self._repo_mtimes.get(repo) != mtime:
+                return True
+        return False
+
     def _scan(self, *, force: bool = False) -> int:
         now = time.monotonic()
-        if not force and now - self._last_scan < _RESCAN_INTERVAL_S:
+        if not force and now - self._last_scan < _RESCAN_INTERVAL_S and not self._repos_changed():
             return 0
         self._last_scan = now
         found = 0
         for repo in list(self._repos):
+            # Read before the walk: a file arriving during it changes the mtime again (scanned next time).
+            with contextlib.suppress(OSError):
+                self._repo_mtimes[repo] = repo.stat().st_mtime_ns
             for path in sorted(repo.rglob("*")):
                 if not path.is_file() or path.name.startswith("."):
                     continue

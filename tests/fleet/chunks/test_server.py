@@ -168,6 +168,28 @@ def test_a_repo_directory_serves_files_by_hash_with_the_requested_chunk_size(
     assert props(reply)["sha256"] == hashlib.sha256(expected).hexdigest()
 
 
+def test_a_model_renamed_into_a_repo_is_served_on_the_first_request_for_it(
+    rig: Rig, probe: Probe, tmp_path: Path
+) -> None:
+    # As the controller's upload lands (temp file + rename) right after the repo was scanned: the
+    # first request finds it, rather than a rescan interval and the device's chunk timeout later.
+    repo = tmp_path / "uploads"
+    random_model(repo / "older.onnx", 1000)
+    server = rig.server()
+    assert server.add_repo(repo) == 1
+    arriving = random_model(tmp_path / "incoming" / "new.onnx", 2 * CHUNK)
+    manifest = manifest_for(arriving, CHUNK)
+    arriving.rename(repo / "new.onnx")
+    dev = Topics(rig.prefix, "dev-a")
+    probe.subscribe(dev.xfer_filter)
+
+    ask(probe, dev, manifest.sha256, [1])
+    (reply,) = probe.wait_for_count(dev.xfer(manifest.sha256), 1)
+
+    assert reply.payload == (repo / "new.onnx").read_bytes()[CHUNK:]
+    assert server.stats()["unknown_model"] == 0
+
+
 def test_a_repo_request_without_chunk_size_is_refused(
     rig: Rig, probe: Probe, model: Path, manifest: DeployManifest
 ) -> None:
