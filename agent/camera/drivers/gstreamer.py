@@ -152,7 +152,7 @@ class GStreamerDriver(Driver[GStreamerSourceSpec]):
         shape = (self.height, self.width, 3)
         taken = self.buffers.take()
         image = taken if taken is not None and taken.shape == shape else np.empty(shape, np.uint8)
-        view = memoryview(image).cast("B")
+        view = image.data.cast("B")
         got = 0
         stdout_fd = self._proc.stdout.fileno()
         while got < self.frame_bytes:
