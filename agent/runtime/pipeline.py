@@ -14,7 +14,6 @@ what travels between the stages is in :mod:`agent.runtime.stage_items`."""
 
 from __future__ import annotations
 
-import contextlib
 import threading
 import time
 from typing import Any
@@ -268,28 +267,31 @@ class SlotPipeline:
         while True:
             self.heartbeat = time.monotonic()
             results: list[InferredItem] = []
-            with contextlib.ExitStack() as leased:
-                # Numbered and leased in one step, in take order: a later batch can never run on an
-                # older model than an earlier one, so a stream's results never switch back after a swap.
-                with self._take_lock:
-                    batch = self._inbox.take(self._max_batch, timeout=_POLL_S)
-                    number = self._taken
-                    self._taken += 1 if batch else 0
-                    model = leased.enter_context(self.slot.lease(worker)) if batch else None
-                if not batch:
-                    if self._inbox.drained:
-                        break
-                    continue
-                try:
-                    results = self._infer_batch(batch, model, calls)
-                except Exception:
-                    log.exception("pipeline.infer.crashed", slot=self.slot.name)
-                finally:
-                    # Handed in even when empty: later batches wait for this number.
-                    while not self.inline_publish and not self._outbox.put(number, results, timeout=_POLL_S):
-                        # Back-pressure from the publisher (the spool, the link): alive, waiting.
-                        # The publisher always drains; results are never dropped here.
-                        self.heartbeat = time.monotonic()
+            model: LoadedModel | None = None
+            # Numbered and leased in one step, in take order: a later batch can never run on an
+            # older model than an earlier one, so a stream's results never switch back after a swap.
+            with self._take_lock:
+                batch = self._inbox.take(self._max_batch, timeout=_POLL_S)
+                number = self._taken
+                if batch:
+                    self._taken += 1
+                    model = self.slot.acquire(worker)
+            if not batch:
+                if self._inbox.drained:
+                    break
+                continue
+            try:
+                results = self._infer_batch(batch, model, calls)
+            except Exception:
+                log.exception("pipeline.infer.crashed", slot=self.slot.name)
+            finally:
+                # Handed in even when empty: later batches wait for this number.
+                while not self.inline_publish and not self._outbox.put(number, results, timeout=_POLL_S):
+                    # Back-pressure from the publisher (the spool, the link): alive, waiting.
+                    # The publisher always drains; results are never dropped here.
+                    self.heartbeat = time.monotonic()
+                if model is not None:
+                    model.release()
             if results and self.inline_publish:
                 # After the lease: a swap waiting for this batch's engine need not wait for the link.
                 self._publish.publish(results)
