@@ -11,7 +11,8 @@ Safe by construction, without any stage giving buffers back: "nothing references
 the array's reference count, under the GIL. A :class:`~agent.camera.frame.Frame` in a queue, a view
 (``image[:, :, 0]`` keeps its base alive), a snapshot, a sample waiting to be encoded, a frame an
 evidence heap keeps, a C call in progress on another thread (its argument tuple holds the array):
-each is a reference, and a buffer with one is never written to. Nobody can take a new reference to
+each is a reference, and a buffer with one is never written to. (The GPU path's upload,
+``cupy.ndarray.set`` from pageable memory, returns once the host pixels have been read.) Nobody can take a new reference to
 a buffer nobody holds, so the check cannot race. When every buffer is held (a slow consumer), the
 decoder gets no buffer and allocates as before; past ``capacity`` such arrays are not kept.
 """
