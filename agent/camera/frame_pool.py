@@ -12,9 +12,10 @@ the array's reference count, under the GIL. A :class:`~agent.camera.frame.Frame`
 (``image[:, :, 0]`` keeps its base alive), a snapshot, a sample waiting to be encoded, a frame an
 evidence heap keeps, a C call in progress on another thread (its argument tuple holds the array):
 each is a reference, and a buffer with one is never written to. (The GPU path's upload,
-``cupy.ndarray.set`` from pageable memory, returns once the host pixels have been read.) Nobody can take a new reference to
-a buffer nobody holds, so the check cannot race. When every buffer is held (a slow consumer), the
-decoder gets no buffer and allocates as before; past ``capacity`` such arrays are not kept.
+``cupy.ndarray.set`` from pageable memory, returns once the host pixels have been read.) Nobody
+can take a new reference to a buffer nobody holds, so the check cannot race. When every buffer is
+held (a slow consumer), the decoder gets no buffer and allocates as before; the new array takes the
+slot of a held one, so frames held for long do not keep the pool from being reused.
 """
 
 from __future__ import annotations

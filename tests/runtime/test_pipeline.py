@@ -439,12 +439,8 @@ def test_snapshots_keep_their_own_pixels_while_the_source_decodes_into_reused_bu
 
 def _decoded(video: Path) -> list[np.ndarray]:
     """Every frame of ``video``, each decoded into its own new array."""
-    cap = cv2.VideoCapture(str(video))
-    out = []
-    while True:
-        ok, image = cap.read()
-        if not ok:
-            break
-        out.append(image)
+    cap, out = cv2.VideoCapture(str(video)), []
+    while (read := cap.read())[0]:
+        out.append(read[1])
     cap.release()
     return out
