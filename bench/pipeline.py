@@ -6,11 +6,14 @@ naive loop and in the agent alike. Also: capture-to-publish latency with a 30 fp
 and the largest gap between consecutive results during a hot-swap at full rate.
 
 Per case, ``overhead_ms_per_frame`` is the agent's own CPU per frame beyond decoding and inference:
-the agent's process CPU per frame, minus decoding the same video on one FFmpeg thread (as the file
-source does), minus inference through the agent's own backend with its session options; all three
-measured in the same repeat, the median over repeats reported. The bench's own main thread waits
-for the agent's last result with few wake-ups (half the expected time left, then every 5 ms): it
-used to check every 5 ms, which cost the process about 30 us per frame of the tiny case.
+the agent's process CPU per frame, minus decoding the same video on one FFmpeg thread into a reused
+buffer (as the file source does: its drivers decode into a pool of buffers lent again once no stage
+holds them, ``agent/camera/frame_pool.py``), minus inference through the agent's own backend with
+its session options; all three measured in the same repeat, the median over repeats reported. The
+pool's own bookkeeping, preprocessing, the queues, postprocessing and publishing are the overhead.
+The bench's own main thread waits for the agent's last result with few wake-ups (half the expected
+time left, then every 5 ms): it used to check every 5 ms, which cost the process about 30 us per
+frame of the tiny case.
 
 Per case, ``sampling_cost`` is the sampler's own CPU per frame (issue 24), measured directly
 because end-to-end runs differ by more than it costs. The case's frames and the results the agent
@@ -140,11 +143,15 @@ def bench_raw(model: Path, spec: PreprocessSpec, video: Path) -> dict[str, float
 
 
 def bench_decode_cpu(video: Path) -> dict[str, float]:
-    """CPU per frame of decoding ``video`` as the agent's file source does (one FFmpeg thread)."""
+    """CPU per frame of decoding ``video`` as the agent's file source does: one FFmpeg thread, each
+    frame written into a buffer decoded into before (the source's ``FramePool`` lends a buffer
+    again once no stage holds it; here each frame is let go before the next read, so one buffer)."""
     cap = cv2.VideoCapture(str(video), cv2.CAP_ANY, [cv2.CAP_PROP_N_THREADS, 1])
     count, c0 = 0, time.process_time()
-    while cap.read()[0]:
+    ok, buffer = cap.read()
+    while ok:
         count += 1
+        ok, _image = cap.read(buffer)
     cpu = time.process_time() - c0
     cap.release()
     return {"cpu_s_per_frame": cpu / max(count, 1)}

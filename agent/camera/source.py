@@ -344,6 +344,8 @@ class VideoSource:
                 self._driver.close()
             finally:
                 self._call.leave()
+            # The stream is over: its buffers go back once the frames still in the pipeline are done.
+            self._driver.buffers.clear()
         with self._lock:
             if self._state not in _TERMINAL:
                 self._transition(SourceState.STOPPED, reason)

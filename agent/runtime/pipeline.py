@@ -4,8 +4,9 @@ Stages are threads joined by bounded queues (:mod:`agent.runtime.stage_queue`). 
 and preprocess (cv2 and numpy release the GIL, so this overlaps with inference); the slot's
 inference workers (one, or one per core: :mod:`agent.runtime.layout`) lease ``slot`` per batch,
 which is what makes a hot-swap a reference swap; one publish thread per slot postprocesses and
-publishes, in the order batches were taken (:mod:`agent.runtime.publish_stage`). Shutdown drains
-front to back: captures stop, the workers empty the inbox, the publisher empties the outbox.
+publishes, in the order batches were taken (:mod:`agent.runtime.publish_stage`), or a lone worker
+publishes its own batches (:func:`publishes_inline`). Shutdown drains front to back: captures stop,
+the workers empty the inbox, the publisher empties the outbox.
 
 One job (the stages and their threads): the call tracking the watchdog reads, the health hooks
 probation reads and the per-engine leases are each a few lines inside the stage loops they watch;
@@ -13,7 +14,6 @@ what travels between the stages is in :mod:`agent.runtime.stage_items`."""
 
 from __future__ import annotations
 
-import contextlib
 import threading
 import time
 from typing import Any
@@ -94,6 +94,8 @@ class SlotPipeline:
         self._publish = PublishStage(
             slot.name, self._outbox, publisher, self._stream_metrics, self.snapshots, poll_s=_POLL_S
         )
+        #: A lone inference worker publishes its own batches (see :func:`publishes_inline`).
+        self.inline_publish = publishes_inline(self._workers, streams)
         self._taps: list[FrameTap] = []
         self._taps_lock = threading.Lock()
         self.heartbeat = time.monotonic()
@@ -111,9 +113,13 @@ class SlotPipeline:
             )
             for i, calls in enumerate(self._infer_calls)
         ]
-        publish = threading.Thread(target=self._publish.run, name=f"publish-{self.slot.name}", daemon=True)
-        self._running_threads = [*infer, publish]
-        self._threads = [*self._capture_threads, *infer, publish]
+        publish = (
+            []
+            if self.inline_publish
+            else [threading.Thread(target=self._publish.run, name=f"publish-{self.slot.name}", daemon=True)]
+        )
+        self._running_threads = [*infer, *publish]
+        self._threads = [*self._capture_threads, *infer, *publish]
         for t in self._threads:
             t.start()
 
@@ -260,29 +266,35 @@ class SlotPipeline:
         # whatever set is current, so frames go to whichever worker, hence device, is free.
         while True:
             self.heartbeat = time.monotonic()
-            with contextlib.ExitStack() as leased:
-                # Numbered and leased in one step, in take order: a later batch can never run on an
-                # older model than an earlier one, so a stream's results never switch back after a swap.
-                with self._take_lock:
-                    batch = self._inbox.take(self._max_batch, timeout=_POLL_S)
-                    number = self._taken
-                    self._taken += 1 if batch else 0
-                    model = leased.enter_context(self.slot.lease(worker)) if batch else None
-                if not batch:
-                    if self._inbox.drained:
-                        break
-                    continue
-                results: list[InferredItem] = []
-                try:
-                    results = self._infer_batch(batch, model, calls)
-                except Exception:
-                    log.exception("pipeline.infer.crashed", slot=self.slot.name)
-                finally:
-                    # Handed in even when empty: later batches wait for this number.
-                    while not self._outbox.put(number, results, timeout=_POLL_S):
-                        # Back-pressure from the publisher (the spool, the link): alive, waiting.
-                        # The publisher always drains; results are never dropped here.
-                        self.heartbeat = time.monotonic()
+            results: list[InferredItem] = []
+            model: LoadedModel | None = None
+            # Numbered and leased in one step, in take order: a later batch can never run on an
+            # older model than an earlier one, so a stream's results never switch back after a swap.
+            with self._take_lock:
+                batch = self._inbox.take(self._max_batch, timeout=_POLL_S)
+                number = self._taken
+                if batch:
+                    self._taken += 1
+                    model = self.slot.acquire(worker)
+            if not batch:
+                if self._inbox.drained:
+                    break
+                continue
+            try:
+                results = self._infer_batch(batch, model, calls)
+            except Exception:
+                log.exception("pipeline.infer.crashed", slot=self.slot.name)
+            finally:
+                # Handed in even when empty: later batches wait for this number.
+                while not self.inline_publish and not self._outbox.put(number, results, timeout=_POLL_S):
+                    # Back-pressure from the publisher (the spool, the link): alive, waiting.
+                    # The publisher always drains; results are never dropped here.
+                    self.heartbeat = time.monotonic()
+                if model is not None:
+                    model.release()
+            if results and self.inline_publish:
+                # After the lease: a swap waiting for this batch's engine need not wait for the link.
+                self._publish.publish(results)
         with self._workers_lock:
             self._workers_running -= 1
             last = self._workers_running == 0
@@ -376,6 +388,18 @@ class SlotPipeline:
         depths: dict[str, float] = {f"queue.{k}": float(v) for k, v in self._inbox.depths().items()}
         depths["queue.publish"] = float(self._outbox.depth)
         return depths
+
+
+def publishes_inline(workers: int, streams: list[StreamPlan]) -> bool:
+    """Whether the slot's inference worker publishes its own batches, with no publish thread (pure).
+
+    With one worker, batches already come out in take order, and handing each one to a publish
+    thread cost a thread wake-up and a sleep per batch (most batches of a slot that keeps up are one
+    frame): on two cores, the tiny-model case spent more CPU on those hand-offs than on publishing.
+    Several workers still need the outbox to restore the take order. A durable stream keeps the
+    publish thread too: the spool's fsync per batch would stall inference instead of overlapping it.
+    """
+    return workers == 1 and not any(plan.durable for plan in streams)
 
 
 def _nan_frames(outputs: dict[str, npt.NDArray[Any]], frames: int) -> int:

@@ -2,7 +2,9 @@
 
 One thread per slot runs :meth:`PublishStage.run`. It takes results from the slot's outbox in the
 order the inference workers took their batches (:mod:`agent.runtime.outbox`), so a stream's results
-go out in frame order however the workers finish. A stream's results are published at its QoS, or,
+go out in frame order however the workers finish. A slot with one inference worker and no durable
+stream has no publish thread: the worker calls :meth:`PublishStage.publish` on its own batches
+(:func:`agent.runtime.pipeline.publishes_inline`). A stream's results are published at its QoS, or,
 for a durable stream, stored in the spool first, a whole batch in one transaction. After each
 result: the stream's counters and latency histograms, the frame's snapshot pairing (and through it
 the opt-in sampler), and the model's health figures that probation reads.
@@ -54,25 +56,30 @@ class PublishStage:
                 if self._outbox.drained:
                     break
                 continue
-            durable: list[tuple[InferredItem, ResultMessage, float]] = []
-            for item in items:
-                try:
-                    message, post_ms = self._result(item)
-                    if item.work.plan.durable:
-                        durable.append((item, message, post_ms))
-                        continue
-                    self._publisher.publish(item.work.plan.topic, message, qos=item.work.plan.qos)
-                    self._published(item, message, post_ms)
-                except Exception:
-                    self._stream_metrics[item.work.plan.name].dropped["publish_error"].inc()
-                    log.exception("pipeline.publish.failed", stream=item.work.plan.name)
-                item.model.results_pending(-1)
-            if durable:
-                try:
-                    self._publish_durable(durable)
-                finally:
-                    for item, _, _ in durable:
-                        item.model.results_pending(-1)
+            self.publish(items)
+
+    def publish(self, items: list[InferredItem]) -> None:
+        """Postprocess and publish ``items``, in their order (the publish thread's batch, or a lone
+        inference worker's own batch: see :class:`agent.runtime.pipeline.SlotPipeline`)."""
+        durable: list[tuple[InferredItem, ResultMessage, float]] = []
+        for item in items:
+            try:
+                message, post_ms = self._result(item)
+                if item.work.plan.durable:
+                    durable.append((item, message, post_ms))
+                    continue
+                self._publisher.publish(item.work.plan.topic, message, qos=item.work.plan.qos)
+                self._published(item, message, post_ms)
+            except Exception:
+                self._stream_metrics[item.work.plan.name].dropped["publish_error"].inc()
+                log.exception("pipeline.publish.failed", stream=item.work.plan.name)
+            item.model.results_pending(-1)
+        if durable:
+            try:
+                self._publish_durable(durable)
+            finally:
+                for item, _, _ in durable:
+                    item.model.results_pending(-1)
 
     def _publish_durable(self, batch: list[tuple[InferredItem, ResultMessage, float]]) -> None:
         # One spool transaction (one fsync) for the whole batch: durable results at full frame rate

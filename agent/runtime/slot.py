@@ -100,15 +100,21 @@ class ModelSlot:
     def lease(self, worker: int = 0) -> Iterator[LoadedModel | None]:
         """The engine inference worker ``worker`` runs its next batch on; it stays open until the
         block ends. Taken under the slot lock, so it always comes from one set, the current one."""
-        with self._lock:
-            model = self._current.engine_for(worker) if self._current is not None else None
-            if model is not None:
-                model.acquire()
+        model = self.acquire(worker)
         try:
             yield model
         finally:
             if model is not None:
                 model.release()
+
+    def acquire(self, worker: int = 0) -> LoadedModel | None:
+        """:meth:`lease` without the context manager, for the per-batch loop (a generator-based
+        ``with`` costs more than the batch's own bookkeeping): the caller calls ``release()``."""
+        with self._lock:
+            model = self._current.engine_for(worker) if self._current is not None else None
+            if model is not None:
+                model.acquire()
+        return model
 
     def load(
         self,

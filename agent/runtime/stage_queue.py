@@ -59,6 +59,11 @@ class SlotInbox(StageQueue, Generic[T]):
         self._order: list[str] = []
         self._next = 0
         self._on_drop = on_drop
+        # Items in all lanes, and producers waiting on a full process_all lane: kept so that the
+        # per-frame calls neither walk the lanes to learn whether any holds an item nor wake
+        # producers that are not waiting.
+        self._count = 0
+        self._producers_waiting = 0
 
     def add_lane(self, stream: str, capacity: int, policy: DropPolicy) -> None:
         with self._cond:
@@ -74,14 +79,20 @@ class SlotInbox(StageQueue, Generic[T]):
                 if lane.policy == "keep_newest":
                     dropped = lane.items.popleft()
                     lane.dropped += 1
+                    self._count -= 1
                 else:
                     deadline = time.monotonic() + timeout
                     while len(lane.items) >= lane.capacity:
                         remaining = deadline - time.monotonic()
                         if remaining <= 0 or self._closed:
                             return False
-                        self._cond.wait(remaining)
+                        self._producers_waiting += 1
+                        try:
+                            self._cond.wait(remaining)
+                        finally:
+                            self._producers_waiting -= 1
             lane.items.append(item)
+            self._count += 1
             self._cond.notify_all()
         if dropped is not None and self._on_drop is not None:
             self._on_drop(stream, dropped)
@@ -90,21 +101,22 @@ class SlotInbox(StageQueue, Generic[T]):
     def take(self, max_items: int, timeout: float) -> list[T]:
         """Up to ``max_items`` items, round-robin over lanes; waits up to ``timeout`` for the first."""
         with self._cond:
-            if not self._any():
+            if not self._count:
                 self._cond.wait_for(self._any_or_closed, timeout)
             batch: list[T] = []
-            while len(batch) < max_items and self._any():
+            while len(batch) < max_items and self._count:
                 name = self._order[self._next % len(self._order)]
                 self._next += 1
                 lane = self._lanes[name]
                 if lane.items:
                     batch.append(lane.items.popleft())
-            if batch:
+                    self._count -= 1
+            if batch and self._producers_waiting:
                 self._cond.notify_all()  # wake producers waiting on a full process_all lane
             return batch
 
     def _any(self) -> bool:
-        return any(lane.items for lane in self._lanes.values())
+        return self._count > 0
 
     def _any_or_closed(self) -> bool:
         return self._closed or self._any()

@@ -10,6 +10,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, cast
 
+import cv2
 import numpy as np
 import pytest
 
@@ -25,7 +26,7 @@ from agent.mqtt.settings import MqttSettings
 from agent.postprocess.spec import ClassificationSpec
 from agent.protocol.messages import ResultMessage, decode
 from agent.runtime.loaded import EngineReport, ModelSource
-from agent.runtime.pipeline import SlotPipeline
+from agent.runtime.pipeline import SlotPipeline, publishes_inline
 from agent.runtime.slot import ModelSlot
 from agent.runtime.stage_items import StreamPlan
 from agent.runtime.stage_queue import DropPolicy
@@ -370,3 +371,76 @@ def test_frames_left_for_gpu_preprocessing_reach_the_engine_whole_and_publish_th
     assert all(shape == (72, 96, 3) for shape in seen), "full-size decoded frames, not CPU tensors"
     if len(gpu_engines) == 3:
         assert len(seen) == 30
+
+
+# -- the lean frame path: inline publishing, pooled frame buffers -------------------------------
+
+
+def test_one_worker_publishes_inline_unless_a_stream_is_durable_and_several_workers_never_do() -> None:
+    def plan(name: str, *, durable: bool) -> StreamPlan:
+        source = VideoSource(name, synthetic(1))
+        return StreamPlan(name, source, "cls", f"t/{name}", "process_all", durable=durable)
+
+    assert publishes_inline(1, [plan("a", durable=False), plan("b", durable=False)])
+    assert not publishes_inline(1, [plan("a", durable=False), plan("b", durable=True)])
+    assert not publishes_inline(2, [plan("a", durable=False)])
+
+
+def test_a_lone_worker_publishes_every_frame_in_order_with_no_publish_thread(
+    rig: Rig, models: dict[str, Path], tmp_path: Path
+) -> None:
+    video = write_demo_video(tmp_path / "clip.avi", frames=50, size=(96, 72), fps=30.0)
+    spec = make(FileSourceSpec, path=video, loop=False, realtime=False)
+    pipeline = rig.start(loaded_slot(models["v1"]), {"clip": (spec, "process_all")}, queue_size=2)
+    assert pipeline.inline_publish
+    assert [t.name for t in pipeline._threads] == ["capture-clip", "infer-cls-0"]
+    wait_until(lambda: pipeline.finished, timeout=30.0, what="the play-once file to be processed")
+    rig.probe.wait_for(lambda _ms: len(rig.results("clip")) >= 50, timeout=10)
+    arrival: list[int] = []
+    for m in rig.probe.on_topic(rig.topic("clip")):
+        index = decode(ResultMessage, m.payload).frame_index
+        if index not in arrival:
+            arrival.append(index)
+    assert arrival == list(range(50))
+    assert rig.counter("stream.clip.frames_published") == 50
+    latest = pipeline.snapshots.latest("clip")
+    assert latest is not None
+    assert latest.result.frame_index == 49
+
+
+def test_snapshots_keep_their_own_pixels_while_the_source_decodes_into_reused_buffers(
+    rig: Rig, models: dict[str, Path], tmp_path: Path
+) -> None:
+    # A looping file: the source decodes into the same few pooled buffers again and again, while the
+    # snapshot board (and this test) hold frames. Each held frame must stay the frame it was.
+    frames = 30
+    video = write_demo_video(tmp_path / "clip.avi", frames=frames, size=(96, 72), fps=30.0)
+    reference = _decoded(video)
+    spec = make(FileSourceSpec, path=video, loop=True, realtime=False)
+    slot = loaded_slot(models["v1"])
+    pipeline = rig.start(slot, {"clip": (spec, "process_all")}, queue_size=2)
+    held = []
+    for round_ in range(1, 6):
+        published = round_ * 2 * frames
+        wait_until(
+            lambda: rig.counter("stream.clip.frames_published") >= published,  # noqa: B023 - called now
+            timeout=30.0,
+            what="two more loops of the file",
+        )
+        snapshot = pipeline.snapshots.latest("clip")
+        assert snapshot is not None
+        np.testing.assert_array_equal(snapshot.image, reference[snapshot.result.frame_index % frames])
+        held.append(snapshot)
+    pool = pipeline.streams[0].source._driver.buffers
+    assert pool.reused > 4 * frames  # the buffers were decoded into again meanwhile
+    for snapshot in held:
+        np.testing.assert_array_equal(snapshot.image, reference[snapshot.result.frame_index % frames])
+
+
+def _decoded(video: Path) -> list[np.ndarray]:
+    """Every frame of ``video``, each decoded into its own new array."""
+    cap, out = cv2.VideoCapture(str(video)), []
+    while (read := cap.read())[0]:
+        out.append(read[1])
+    cap.release()
+    return out

@@ -8,6 +8,8 @@ from typing import Any
 
 import cv2
 
+from agent.camera.frame_pool import FramePool
+
 
 def capture_fps(capture: Any) -> float | None:
     """The frame rate a capture reports, or None when it reports nothing usable (0, NaN, absurd)."""
@@ -47,3 +49,13 @@ def thread_params(threads: int) -> list[int]:
 def frame_size(capture: Any) -> tuple[int, int]:
     """Width and height a capture reports (0 when unknown)."""
     return int(capture.get(cv2.CAP_PROP_FRAME_WIDTH)), int(capture.get(cv2.CAP_PROP_FRAME_HEIGHT))
+
+
+def read_frame(capture: Any, pool: FramePool) -> tuple[bool, Any]:
+    """``capture.read()`` into a free buffer of ``pool`` when it has one (OpenCV writes a frame of the
+    buffer's size in place and returns that array; another size, a new array), else into a new array."""
+    taken = pool.take()
+    ok, image = capture.read() if taken is None else capture.read(taken)
+    if ok and image is not None:
+        pool.keep(image, taken)
+    return ok, image

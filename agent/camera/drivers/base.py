@@ -20,6 +20,7 @@ import cv2
 import numpy as np
 import numpy.typing as npt
 
+from agent.camera.frame_pool import FramePool
 from agent.errors import SourceError
 
 Image = npt.NDArray[np.uint8]
@@ -67,6 +68,8 @@ class Driver(ABC, Generic[SpecT]):
         self.nominal_fps: float | None = None
         #: The camera's own frame size when the driver delivers frames scaled from it (None: as is).
         self.native_size: tuple[int, int] | None = None
+        #: Buffers the driver decodes into again once no stage holds them (:mod:`agent.camera.frame_pool`).
+        self.buffers = FramePool()
 
     @property
     def pace_fps(self) -> float | None:

@@ -7,7 +7,14 @@ from typing import Any, ClassVar
 import cv2
 import structlog
 
-from agent.camera.drivers._cv2capture import capture_fps, decode_threads, frame_size, release, thread_params
+from agent.camera.drivers._cv2capture import (
+    capture_fps,
+    decode_threads,
+    frame_size,
+    read_frame,
+    release,
+    thread_params,
+)
 from agent.camera.drivers.base import Driver, Image, as_bgr
 from agent.camera.source_spec import FileSourceSpec
 from agent.errors import SourceError
@@ -67,7 +74,7 @@ class FileDriver(Driver[FileSourceSpec]):
         # A local file never blocks for long, so the timeout is not needed here.
         if self._capture is None:
             raise SourceError("file source read before open")
-        ok, image = self._capture.read()
+        ok, image = read_frame(self._capture, self.buffers)
         if not ok:
             if self._frames_since_open == 0:
                 raise SourceError(f"video file {self.spec.path} has no decodable frames")
@@ -80,11 +87,11 @@ class FileDriver(Driver[FileSourceSpec]):
     def _rewind(self) -> tuple[bool, Any]:
         """Start the file again: seek to frame 0, or reopen where the container cannot seek."""
         if self._capture.set(cv2.CAP_PROP_POS_FRAMES, 0):
-            ok, image = self._capture.read()
+            ok, image = read_frame(self._capture, self.buffers)
             if ok:
                 return ok, image
         self.open()
-        ok, image = self._capture.read()
+        ok, image = read_frame(self._capture, self.buffers)
         if not ok:
             raise SourceError(f"video file {self.spec.path} could not be restarted for looping")
         return ok, image

@@ -11,7 +11,7 @@ from typing import Any, ClassVar
 
 import cv2
 
-from agent.camera.drivers._cv2capture import capture_fps, release, thread_params
+from agent.camera.drivers._cv2capture import capture_fps, read_frame, release, thread_params
 from agent.camera.drivers.base import Driver, Image, as_bgr
 from agent.camera.source_spec import UrlSourceSpec
 from agent.errors import SourceError
@@ -65,7 +65,7 @@ class UrlDriver(Driver[UrlSourceSpec]):
         # Bounded by READ_TIMEOUT_S, given to FFmpeg at open (it cannot be changed afterwards).
         if self._capture is None:
             raise SourceError("url source read before open")
-        ok, image = self._capture.read()
+        ok, image = read_frame(self._capture, self.buffers)
         if not ok or image is None:
             raise SourceError(f"camera stream {redact(self.spec.url)} ended or timed out")
         return as_bgr(image)

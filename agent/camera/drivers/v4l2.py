@@ -9,7 +9,7 @@ from typing import Any, ClassVar
 import cv2
 import structlog
 
-from agent.camera.drivers._cv2capture import capture_fps, release
+from agent.camera.drivers._cv2capture import capture_fps, read_frame, release
 from agent.camera.drivers.base import MIN_READ_TIMEOUT_S, Driver, Image, as_bgr
 from agent.camera.source_spec import V4L2SourceSpec
 from agent.errors import SourceError
@@ -71,7 +71,7 @@ class V4L2Driver(Driver[V4L2SourceSpec]):
         # The wait is bounded by OPENCV_VIDEOIO_V4L_SELECT_TIMEOUT (set above), not by timeout_s.
         if self._capture is None:
             raise SourceError("v4l2 source read before open")
-        ok, image = self._capture.read()
+        ok, image = read_frame(self._capture, self.buffers)
         if not ok or image is None:
             raise SourceError(f"camera {self.spec.device} stopped delivering frames (unplugged or stalled)")
         return as_bgr(image)
