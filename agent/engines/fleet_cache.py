@@ -8,6 +8,13 @@ against its signed SHA-256) and stores the entry in the local cache, marked as t
 wrong (no answer, no engine, a refused signature or identity, a failed download) is a miss: the
 device builds, as it always did.
 
+One build per key for the whole fleet: when the controller holds no engine, the first asker is told
+to build it and holds the key's *claim* (:mod:`agent.engines.fleet_claims` renews it while the build,
+shadow and probation run, and releases it when they end without an offer); every other asker is
+told who builds it and waits, asking again at the pace the controller says (bounded by
+``wait_max_s`` in all; its current model, or at start-up its ONNX model, serves meanwhile), and
+downloads the engine once it is stored, or takes the claim when the builder gave up.
+
 After a job runs an engine this device *built* to ACTIVE through shadow and probation, the runtime
 calls :meth:`offer`: the entry's files go to the controller in pieces (the upload path of
 ``fleet rollout start``), in the background. A fleet engine that fails to load or validate here is
@@ -19,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import random
 import shutil
 import threading
 import time
@@ -35,6 +43,7 @@ import structlog
 from agent.engines.artifact import EngineArtifact
 from agent.engines.cache import LAST_USED_NAME, CacheEntry, EngineCache
 from agent.engines.cache_key import SIDECAR_NAME, EngineIdentity
+from agent.engines.fleet_claims import HeldClaims
 from agent.engines.fleet_link import EngineRequests
 from agent.engines.fleet_trust import EngineRefusedError, checked_meta, verified_record
 from agent.errors import AgentError
@@ -77,6 +86,9 @@ _ACTIVE_WAITS = 30
 _ACTIVE_WAIT_S = 1.0
 #: Keys this agent refuses to take from the fleet again (a dropped or refused engine), kept bounded.
 _REFUSED_KEPT = 256
+#: Bounds on the wait between two asks the controller suggests to a waiting device.
+_MIN_RETRY_S = 0.5
+_MAX_RETRY_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -112,6 +124,8 @@ class FleetEngineCache:
         work_dir: Path,
         ask_timeout_s: float = 10.0,
         reply_timeout_s: float = 30.0,
+        wait_max_s: float = 1200.0,
+        claim_hold_max_s: float = 7200.0,
     ) -> None:
         self._requests = requests
         self._trusted = dict(trusted)
@@ -119,6 +133,8 @@ class FleetEngineCache:
         self._work_dir = Path(work_dir)
         self.ask_timeout_s = ask_timeout_s
         self.reply_timeout_s = reply_timeout_s
+        self.wait_max_s = wait_max_s
+        self.claims = HeldClaims(requests, reply_timeout_s=reply_timeout_s, hold_max_s=claim_hold_max_s)
         self._lock = threading.Lock()
         self._refused: OrderedDict[str, str] = OrderedDict()
         self._offering = threading.Lock()  # one upload at a time
@@ -129,6 +145,8 @@ class FleetEngineCache:
             "offered": 0,
             "uploaded": 0,
             "dropped": 0,
+            "waited": 0,
+            "claimed": 0,
         }
 
     def _count(self, name: str) -> None:
@@ -177,14 +195,9 @@ class FleetEngineCache:
         started = time.monotonic()
         self._count("asked")
         say(f"{ASKING_THE_FLEET} for engine {key[:12]}")
-        reply = self._requests.request("ask", EngineAsk(key=key, job_id=sharing.job_id), self.ask_timeout_s)
-        if reply is None:
-            say(f"the fleet did not answer within {self.ask_timeout_s:.0f}s: building here")
-            return None
-        result = reply.result or {}
-        if not reply.ok or not result.get("found"):
-            why = reply.error or result.get("reason") or "the fleet holds no such engine"
-            say(f"fleet: {str(why)[:200]}; building here")
+        ask = EngineAsk(key=key, job_id=sharing.job_id, fingerprint=platform_fingerprint(identity))
+        result = self._ask_until_found(ask, started, say, cancel)
+        if result is None:
             return None
         try:
             signed = SignedEngine.model_validate(result.get("engine"))
@@ -216,6 +229,45 @@ class FleetEngineCache:
         say(f"downloaded engine {key[:12]} from the fleet (built by {record.built_by}) in {seconds:.1f}s")
         return FleetFetch(entry, record.built_by, seconds, size)
 
+    def _ask_until_found(
+        self, ask: EngineAsk, started: float, say: Progress, cancel: threading.Event | None
+    ) -> dict[str, Any] | None:
+        """The controller's ``found`` answer, or None (build here: told to, no answer, waited too long)."""
+        key, waited = ask.key[:12], False
+        while True:
+            reply = self._requests.request("ask", ask, self.ask_timeout_s)
+            if reply is None:
+                say(f"the fleet did not answer within {self.ask_timeout_s:.0f}s: building here")
+                return None
+            result = reply.result or {}
+            if reply.ok and result.get("found"):
+                return result
+            why = str(reply.error or result.get("reason") or "the fleet holds no such engine")[:200]
+            # An older controller says only "not here" (no "build"): build, as then.
+            if not reply.ok or result.get("build", True):
+                if reply.ok and isinstance(result.get("claim"), dict):
+                    self._count("claimed")
+                    self.claims.hold(ask.key, result["claim"])
+                say(f"fleet: {why}; building here")
+                return None
+            spent = time.monotonic() - started
+            left = self.wait_max_s - spent
+            if left <= 0:
+                say(f"fleet: {why}; waited {spent:.0f}s (engines.fleet_wait_max_s): building here")
+                return None
+            if not waited:
+                waited = True
+                self._count("waited")
+            say(f"fleet: {why}; waiting for its engine {key} ({spent:.0f}s of {self.wait_max_s:.0f}s)")
+            retry = float(result.get("retry_s") or 5.0)
+            retry = min(max(retry, _MIN_RETRY_S), _MAX_RETRY_S) * random.uniform(0.8, 1.2)
+            if (cancel or threading.Event()).wait(min(retry, left)):
+                return None  # the job was cancelled: the build step ends it
+
+    def release(self, key: str, reason: str) -> None:
+        """This device gave up building ``key`` without an engine to offer: the next asker builds it."""
+        self.claims.release(key, reason)
+
     def _download_entry(
         self,
         cache: EngineCache,
@@ -245,6 +297,7 @@ class FleetEngineCache:
         """:meth:`offer` on a thread of its own (the job that went ACTIVE does not wait for the upload)."""
         if not shadow or probation_s <= 0:
             log.info("engine.fleet.not_offered", key=key, reason="the job ran no shadow and probation")
+            self.release(key, "its job ran no shadow and probation: nothing to offer")
             return None
         thread = threading.Thread(
             target=self.offer,
@@ -259,6 +312,14 @@ class FleetEngineCache:
     def offer(self, cache: EngineCache, key: str, *, job_id: str, shadow: bool, probation_s: float) -> str:
         """Offer the entry ``key`` (built here, ACTIVE through shadow and probation) to the controller and
         upload what it wants; returns what happened (``stored``, ``not_built_here``, a refusal ...)."""
+        outcome = self._offer(cache, key, job_id=job_id, shadow=shadow, probation_s=probation_s)
+        if outcome == "stored":
+            self.claims.settled(key)  # the controller ended the claim as it stored the engine
+        else:
+            self.release(key, f"offer: {outcome}")
+        return outcome
+
+    def _offer(self, cache: EngineCache, key: str, *, job_id: str, shadow: bool, probation_s: float) -> str:
         if not shadow or probation_s <= 0:
             return "not_guarded"  # trust rule: only engines that ran through shadow and probation
         with self._offering:
@@ -341,6 +402,7 @@ class FleetEngineCache:
         if entry is None or FLEET_BUILT_BY not in entry.meta.extra:
             return False
         self._count("dropped")
+        self.release(key, f"dropped: {reason}")
         cache.remove(key)
         self._refuse(key, reason)
         log.warning("engine.fleet.dropped", key=key, reason=reason[:300])

@@ -23,6 +23,14 @@ class EngineConfig(StrictModel):
         description="How long a build waits for the controller's answer when a deployment lets it take the "
         "engine from the fleet (share_engines); no answer: it builds here.",
     )
+    fleet_wait_max_s: float = Field(
+        1200.0,
+        ge=0,
+        le=86_400,
+        description="How long in all a build waits for the engine another device of the fleet is building "
+        "(the controller said 'being built by D'); the slot's current model, or at start-up its ONNX "
+        "model, serves meanwhile. Past it, it builds here (0: never waits).",
+    )
     build_timeout_s: float = Field(1800.0, gt=0, description="A build running longer is killed and fails.")
     build_memory_mb: int = Field(0, ge=0, description="Address-space limit of the build process (0 = none).")
     int8_agreement: float = Field(
