@@ -45,6 +45,7 @@ from agent.engines.cache import LAST_USED_NAME, CacheEntry, EngineCache
 from agent.engines.cache_key import SIDECAR_NAME, EngineIdentity
 from agent.engines.fleet_claims import HeldClaims
 from agent.engines.fleet_link import EngineRequests
+from agent.engines.fleet_startup import startup_active_status
 from agent.engines.fleet_trust import EngineRefusedError, checked_meta, verified_record
 from agent.errors import AgentError
 from agent.protocol.engines import (
@@ -55,6 +56,7 @@ from agent.protocol.engines import (
     EngineOffer,
     SignedEngine,
 )
+from agent.protocol.messages import ProbationFigures, ShadowFigures
 from agent.signing import Ed25519PublicKey
 
 log = structlog.get_logger(__name__)
@@ -306,6 +308,28 @@ class FleetEngineCache:
             name=f"engine-offer-{key[:8]}",
             daemon=True,
         )
+        thread.start()
+        return thread
+
+    def offer_after_startup(
+        self,
+        cache: EngineCache,
+        key: str,
+        *,
+        job_id: str,
+        slot: str,
+        shadow: ShadowFigures,
+        probation: ProbationFigures,
+    ) -> threading.Thread:
+        """A start-up build's engine swapped in through shadow and probation (:mod:`.fleet_startup`):
+        its start-up job's ACTIVE status (the controller's evidence) goes out, then the offer, in the
+        background."""
+        self._requests.job_status(startup_active_status(job_id, slot, shadow, probation))
+
+        def run() -> None:
+            self.offer(cache, key, job_id=job_id, shadow=True, probation_s=probation.probation_s)
+
+        thread = threading.Thread(target=run, name=f"engine-offer-{key[:8]}", daemon=True)
         thread.start()
         return thread
 

@@ -31,6 +31,26 @@ class EngineConfig(StrictModel):
         "(the controller said 'being built by D'); the slot's current model, or at start-up its ONNX "
         "model, serves meanwhile. Past it, it builds here (0: never waits).",
     )
+    startup_shadow_frames: int = Field(
+        30,
+        ge=1,
+        le=100_000,
+        description="A start-up build of a model whose deployment shared engines: live frames its engine "
+        "is compared on against the ONNX model serving meanwhile, before it swaps in and may be offered.",
+    )
+    startup_shadow_max_latency_ratio: float = Field(
+        2.0,
+        gt=0,
+        description="That shadow's bar on the engine's median inference time, as a multiple of the ONNX "
+        "model's (an engine is built to be faster: a slower one is not swapped in or shared).",
+    )
+    startup_probation_s: float = Field(
+        60.0,
+        gt=0,
+        le=86_400,
+        description="The probation that start-up engine passes after the swap (against the ONNX model's "
+        "health) before it is offered to the fleet; unhealthy, the ONNX model serves again.",
+    )
     build_timeout_s: float = Field(1800.0, gt=0, description="A build running longer is killed and fails.")
     build_memory_mb: int = Field(0, ge=0, description="Address-space limit of the build process (0 = none).")
     int8_agreement: float = Field(

@@ -42,7 +42,7 @@ from agent.engines.cache import CacheEntry, EngineCache
 from agent.engines.cache_key import EngineIdentity, engine_cache_key, new_engine_meta
 from agent.engines.fleet_cache import FleetEngineCache, FleetFetch, platform_fingerprint
 from agent.engines.fleet_link import MqttEngineRequests
-from agent.engines.fleet_startup import startup_active_status, startup_job_id
+from agent.engines.fleet_startup import startup_job_id
 from agent.engines.spec import BuildSpec
 from agent.mqtt.link import MqttLink
 from agent.protocol.messages import ProbationFigures, ShadowFigures
@@ -344,10 +344,10 @@ class SimBuilds:
             return
         shadow = ShadowFigures(frames=32, agreement=0.99, latency_ratio=0.4, bad_outputs=0)
         probation = ProbationFigures(elapsed_s=STARTUP_PROBATION_S, probation_s=STARTUP_PROBATION_S)
-        status = startup_active_status(job_id, slot, shadow, probation)
-        self._link.publish(self._topics.jobs(job_id), status, qos=1, durable=True)
         before = dict(self.fleet.stats)
-        self.fleet.offer(self.cache, key, job_id=job_id, shadow=True, probation_s=STARTUP_PROBATION_S)
+        self.fleet.offer_after_startup(
+            self.cache, key, job_id=job_id, slot=slot, shadow=shadow, probation=probation
+        ).join()
         for name in ("offered", "uploaded"):
             self.counters.add(name, self.fleet.stats[name] - before[name])
 
