@@ -88,6 +88,8 @@ _ACTIVE_WAITS = 30
 _ACTIVE_WAIT_S = 1.0
 #: Keys this agent refuses to take from the fleet again (a dropped or refused engine), kept bounded.
 _REFUSED_KEPT = 256
+#: Asks left unanswered (each waits ``ask_timeout_s``) before the device builds without the fleet.
+_UNANSWERED_TRIES = 3
 #: Bounds on the wait between two asks the controller suggests to a waiting device.
 _MIN_RETRY_S = 0.5
 _MAX_RETRY_S = 60.0
@@ -235,12 +237,17 @@ class FleetEngineCache:
         self, ask: EngineAsk, started: float, say: Progress, cancel: threading.Event | None
     ) -> dict[str, Any] | None:
         """The controller's ``found`` answer, or None (build here: told to, no answer, waited too long)."""
-        key, waited = ask.key[:12], False
+        key, waited, unanswered = ask.key[:12], False, 0
         while True:
             reply = self._requests.request("ask", ask, self.ask_timeout_s)
             if reply is None:
-                say(f"the fleet did not answer within {self.ask_timeout_s:.0f}s: building here")
-                return None
+                # Asked again a few times: a device (re)starting with its fleet asks before its link is
+                # up, or into a controller flooded by the whole fleet coming back after an upgrade.
+                unanswered += 1
+                if unanswered >= _UNANSWERED_TRIES or time.monotonic() - started >= self.wait_max_s:
+                    say(f"no answer to {unanswered} asks ({self.ask_timeout_s:.0f}s each): building here")
+                    return None
+                continue
             result = reply.result or {}
             if reply.ok and result.get("found"):
                 return result

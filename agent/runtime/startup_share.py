@@ -5,11 +5,11 @@ record) and whose engine is missing at start-up (after an upgrade changed every 
 ONNX model while the builder asks the fleet, waits for another device's build, or builds under its
 claim (:mod:`agent.engines.fleet_cache`). The engine then replaces the ONNX model the way a
 deployment's does (:func:`~agent.runtime.guarded.activate_guarded`): validated, a shadow against
-the ONNX model on live frames (``engines.startup_shadow_frames``), the swap, a probation
-(``engines.startup_probation_s``) against the ONNX model's health. Rejected or unhealthy, the ONNX
-model keeps serving and nothing is offered (the claim is released: another device builds). Healthy,
-an engine built here is offered for its *start-up job* (:mod:`agent.engines.fleet_startup`): its
-ACTIVE status with the shadow and probation figures is what the controller checks before it vouches.
+the ONNX model on live frames, the swap, a probation against the ONNX model's health (the bars
+of ``engines.startup_guard``). Rejected or unhealthy, the ONNX model keeps serving and nothing is
+offered (the claim is released: another device builds). Healthy, an engine built here is offered
+for its *start-up job* (:mod:`agent.engines.fleet_startup`): its ACTIVE status with the shadow and
+probation figures is what the controller checks before it vouches.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Any
 import structlog
 
 from agent.delivery.errors import JobCancelledError, RolledBackError, ShadowRejectedError
-from agent.delivery.guard import ShadowSpec
+from agent.delivery.guard import ProbationSpec, ShadowSpec
 from agent.delivery.steps import ActivationRequest, GuardReporter
 from agent.engines.fleet_cache import FLEET_BUILT_BY
 from agent.errors import EngineError
@@ -51,7 +51,7 @@ def swap_guarded_and_offer(
     """Swap ``engine`` in for the interim ONNX model of slot ``name`` through shadow and probation
     (the caller holds the slot's lock), then offer it when built here; False when it was rejected
     (the ONNX model serves on)."""
-    config = owner.engines.config
+    bars = owner.engines.config.startup_guard
     figures = _Figures()
     guard = GuardReporter(
         enter=lambda state: _entered(name, job_id, state),
@@ -69,9 +69,17 @@ def swap_guarded_and_offer(
         sha256=engine.sha256 or "",
         model_path=engine.model_path or engine.path,
         shadow=ShadowSpec(
-            frames=config.startup_shadow_frames, max_latency_ratio=config.startup_shadow_max_latency_ratio
+            frames=bars.shadow_frames,
+            min_agreement=bars.min_agreement,
+            max_latency_ratio=bars.max_latency_ratio,
+            timeout_s=bars.shadow_timeout_s,
         ),
-        probation_s=config.startup_probation_s,
+        probation_s=bars.probation_s,
+        probation=ProbationSpec(
+            min_fps_ratio=bars.min_fps_ratio,
+            max_p99_ratio=bars.max_p99_ratio,
+            max_drop_increase=bars.max_drop_increase,
+        ),
         guard=guard,
         share_engines=True,
     )
