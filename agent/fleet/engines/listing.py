@@ -1,6 +1,8 @@
 """``fleet engines list``'s text: per platform fingerprint (backend and exact version, device, L4T
 release), each engine's key, size, who built it and when, how long that build took, and how often
-other devices downloaded it instead of building. The command itself is in :mod:`agent.fleet.cli.main`.
+other devices downloaded it instead of building; then the build claims running (which device builds
+which key since when, last heard, how many devices wait for it). The command itself is in
+:mod:`agent.fleet.cli.main`.
 """
 
 from __future__ import annotations
@@ -25,6 +27,19 @@ def engines_table(listing: dict[str, Any]) -> str:
             took = f"{float(seconds):.0f}s" if seconds is not None else "-"
             key, size, builder = str(row["key"])[:12], _size(int(row["bytes"])), str(row["built_by"])[:24]
             lines.append(f"  {key:<12}  {size:>9}  {builder:<24}  {built:<19}  {took:>7}  {row['reuse']}")
+    claims = list(listing.get("claims") or [])
+    if claims:
+        lines.append(f"being built now (build claims): {len(claims)}")
+        lines.append(
+            f"  {'KEY':<12}  {'BUILDER':<24}  {'SINCE (UTC)':<19}  {'HEARD':>7}  WAITING  FINGERPRINT"
+        )
+        for claim in claims:
+            since = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(float(claim["since"])))
+            key, builder = str(claim["key"])[:12], str(claim["device"])[:24]
+            heard, waiting = f"{float(claim['heard_s']):.0f}s ago", claim["waiting"]
+            lines.append(
+                f"  {key:<12}  {builder:<24}  {since:<19}  {heard:>7}  {waiting:>7}  {claim['fingerprint']}"
+            )
     return "\n".join(lines)
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from agent.fleet.engines.listing import engines_table
+from agent.protocol.engines import EngineAsk
 from agent.signing import Ed25519PrivateKey
 from tests.engines.fleet_desk import make_desk
 from tests.fleet.engines.records import offer
@@ -58,3 +59,17 @@ def test_the_example_in_docs_fleet_md_is_what_the_table_prints() -> None:
         },
     }
     assert engines_table(listing) == shown
+
+
+def test_the_table_shows_the_builds_claimed_and_who_waits_for_them(tmp_path: Path) -> None:
+    desk = make_desk(tmp_path, Ed25519PrivateKey.generate())
+    ask = EngineAsk(key="ab" * 32, fingerprint="tensorrt 10.3.0 / Orin NX 8.7 / gpu / L4T R36.4.0")
+    for device in ("jet-01", "jet-02", "jet-03"):
+        desk.handle(device, "ask", ask.model_dump_json().encode(), {})
+    listing = desk.listing()
+    (claim,) = listing["claims"]
+    assert (claim["device"], claim["waiting"], claim["key"]) == ("jet-01", 2, "ab" * 32)
+    lines = engines_table(listing).splitlines()
+    assert lines[1] == "being built now (build claims): 1"
+    assert lines[3].split()[:2] == ["ab" * 6, "jet-01"]
+    assert lines[3].endswith("2  tensorrt 10.3.0 / Orin NX 8.7 / gpu / L4T R36.4.0")
