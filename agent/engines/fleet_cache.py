@@ -89,7 +89,7 @@ _ACTIVE_WAIT_S = 1.0
 #: Keys this agent refuses to take from the fleet again (a dropped or refused engine), kept bounded.
 _REFUSED_KEPT = 256
 #: Asks left unanswered (each waits ``ask_timeout_s``) before the device builds without the fleet.
-_UNANSWERED_TRIES = 3
+_UNANSWERED_TRIES = 6
 #: Bounds on the wait between two asks the controller suggests to a waiting device.
 _MIN_RETRY_S = 0.5
 _MAX_RETRY_S = 60.0
@@ -246,6 +246,9 @@ class FleetEngineCache:
                 unanswered += 1
                 if unanswered >= _UNANSWERED_TRIES or time.monotonic() - started >= self.wait_max_s:
                     say(f"no answer to {unanswered} asks ({self.ask_timeout_s:.0f}s each): building here")
+                    return None
+                # A pause of 0.5 to 3 s, so a fleet restarting together does not ask again in step.
+                if (cancel or threading.Event()).wait(random.uniform(0.5, 3.0)):
                     return None
                 continue
             result = reply.result or {}

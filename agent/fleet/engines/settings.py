@@ -42,5 +42,10 @@ class EngineShareSettings(StrictModel):
         "more waiters: about 50 asks a second per key).",
     )
     queue: int = Field(
-        256, ge=1, le=100_000, description="Requests waiting; more are dropped (the device retries)."
+        2048,
+        ge=1,
+        le=100_000,
+        description="Requests waiting; more are dropped (the device asks again). Room for a whole fleet "
+        "asking at once after an upgrade: an ask is a few hundred bytes, and pieces come from at most "
+        "max_uploads uploads, one at a time each.",
     )
