@@ -65,9 +65,13 @@ class HeldClaims:
             if waited > self._hold_max_s:
                 log.warning("engine.fleet.claim_abandoned", key=key, held_s=round(waited))
                 break
-            reply = self._requests.request(
-                "claim", EngineClaim(key=key, action="renew"), self._reply_timeout_s
-            )
+            try:
+                reply = self._requests.request(
+                    "claim", EngineClaim(key=key, action="renew"), self._reply_timeout_s
+                )
+            except Exception as exc:  # the link is closing (the agent stops): the claim goes quiet
+                log.warning("engine.fleet.claim_renew_failed", key=key, error=str(exc)[:300])
+                break
             if reply is not None and reply.ok and not (reply.result or {}).get("held", True):
                 log.warning("engine.fleet.claim_lost", key=key)  # expired there: another device builds
                 break
