@@ -18,6 +18,7 @@ from typing import Any
 import structlog
 
 from agent.engines.fleet_link import EngineRequests
+from agent.errors import AgentError
 from agent.protocol.engines import EngineClaim
 
 log = structlog.get_logger(__name__)
@@ -69,7 +70,7 @@ class HeldClaims:
                 reply = self._requests.request(
                     "claim", EngineClaim(key=key, action="renew"), self._reply_timeout_s
                 )
-            except Exception as exc:  # the link is closing (the agent stops): the claim goes quiet
+            except (AgentError, OSError) as exc:  # the link refused it: the claim goes quiet
                 log.warning("engine.fleet.claim_renew_failed", key=key, error=str(exc)[:300])
                 break
             if reply is not None and reply.ok and not (reply.result or {}).get("held", True):
