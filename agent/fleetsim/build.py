@@ -172,8 +172,6 @@ class SimBuilds:
         self.build_seconds = build_seconds
         self.counters = counters
         self.cache = EngineCache(root / "engines", _CACHE_BYTES)
-        self._link = link
-        self._topics = topics
         self.fleet = FleetEngineCache(
             MqttEngineRequests(link, topics),
             trusted,
