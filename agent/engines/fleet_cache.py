@@ -25,7 +25,6 @@ reported to the controller, which withdraws it fleet-wide.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import random
 import shutil
 import threading
@@ -41,15 +40,15 @@ from typing import Any, Protocol
 import structlog
 
 from agent.engines.artifact import EngineArtifact
-from agent.engines.cache import LAST_USED_NAME, CacheEntry, EngineCache
-from agent.engines.cache_key import SIDECAR_NAME, EngineIdentity
+from agent.engines.cache import CacheEntry, EngineCache
+from agent.engines.cache_key import EngineIdentity
 from agent.engines.fleet_claims import HeldClaims
 from agent.engines.fleet_link import EngineRequests
 from agent.engines.fleet_startup import startup_active_status
 from agent.engines.fleet_trust import EngineRefusedError, checked_meta, verified_record
+from agent.engines.fleet_upload import describe_entry, offer_and_upload
 from agent.errors import AgentError
 from agent.protocol.engines import (
-    MAX_ENGINE_FILES,
     EngineAsk,
     EngineDrop,
     EngineFile,
@@ -79,13 +78,6 @@ FLEET_BUILT_BY = "fleet_built_by"
 FLEET_JOB = "fleet_job"
 #: How the progress line of a fleet ask starts (a slot serving while it builds starts serving then).
 ASKING_THE_FLEET = "asking the fleet"
-#: Chunk size the offered files are described with (the controller's chunk server serves them so).
-OFFER_CHUNK_BYTES = 256 * 1024
-#: Bytes per upload piece (well under a broker's packet limit).
-PIECE_BYTES = 256 * 1024
-#: How often, and how long apart, an offer the controller cannot match to an ACTIVE job yet is repeated.
-_ACTIVE_WAITS = 30
-_ACTIVE_WAIT_S = 1.0
 #: Keys this agent refuses to take from the fleet again (a dropped or refused engine), kept bounded.
 _REFUSED_KEPT = 256
 #: Asks left unanswered (each waits ``ask_timeout_s``) before the device builds without the fleet.
@@ -362,7 +354,7 @@ class FleetEngineCache:
                 return "not_cached"
             if FLEET_BUILT_BY in entry.meta.extra:
                 return "not_built_here"  # the fleet has it already (it came from there)
-            files = _describe_entry(entry)
+            files = describe_entry(entry)
             if files is None:
                 log.info("engine.fleet.not_offered", key=key, reason="the entry holds a directory")
                 return "not_shareable"
@@ -378,54 +370,11 @@ class FleetEngineCache:
                 probation_s=probation_s,
             )
             self._count("offered")
-            outcome = self._offer_and_upload(entry, offer)
+            outcome = offer_and_upload(self._requests, entry, offer, self.reply_timeout_s)
+            if outcome == "stored":
+                self._count("uploaded")
             log.info("engine.fleet.offered", key=key, outcome=outcome)
             return outcome
-
-    def _offer_and_upload(self, entry: CacheEntry, offer: EngineOffer) -> str:
-        rounds = 0
-        waits = 0
-        while rounds < 2:  # offer, upload what is wanted, offer again to commit
-            reply = self._requests.request("offer", offer, self.reply_timeout_s)
-            if reply is None:
-                return "no_answer"
-            if not reply.ok and (reply.error or "").startswith("not_active") and waits < _ACTIVE_WAITS:
-                # The offer overtook the job's ACTIVE status on its way to the controller.
-                waits += 1
-                time.sleep(_ACTIVE_WAIT_S)
-                continue
-            rounds += 1
-            if not reply.ok:
-                return f"refused: {reply.error_code}: {(reply.error or '')[:200]}"
-            result = reply.result or {}
-            if result.get("stored"):
-                self._count("uploaded")
-                return "stored"
-            wanted = {str(sha) for sha in result.get("want") or ()}
-            for file in offer.files:
-                if file.sha256 in wanted and not self._upload(entry.file(file.name), file):
-                    return "upload_failed"
-        return "not_stored"
-
-    def _upload(self, path: Path, file: EngineFile) -> bool:
-        with open(path, "rb") as handle:
-            offset = 0
-            while offset < file.size:
-                data = handle.read(PIECE_BYTES)
-                if not data:
-                    return False
-                properties = {"sha256": file.sha256, "offset": str(offset), "size": str(file.size)}
-                reply = self._requests.request("piece", data, self.reply_timeout_s, properties)
-                if reply is None or not reply.ok:
-                    log.warning(
-                        "engine.fleet.piece_refused",
-                        sha256=file.sha256,
-                        offset=offset,
-                        error=None if reply is None else reply.error,
-                    )
-                    return False
-                offset += len(data)
-        return True
 
     # -- a fleet engine that failed here -------------------------------------------------------------
 
@@ -489,30 +438,3 @@ def with_source(
     if built_by is not None:
         source["built_by"] = built_by
     return replace(artifact, effective={**artifact.effective, "engine_source": source})
-
-
-def _describe_entry(entry: CacheEntry) -> list[EngineFile] | None:
-    """Every file of the entry (not its sidecar or LRU marker), described for a chunked pull; None when
-    the entry holds a directory (an ONNX Runtime TensorRT engine cache) or too many files."""
-    files: list[EngineFile] = []
-    for path in sorted(entry.directory.iterdir()):
-        if path.name in (SIDECAR_NAME, LAST_USED_NAME):
-            continue
-        if not path.is_file() or path.stat().st_size == 0:
-            return None
-        files.append(_describe_file(path))
-    return files if 0 < len(files) <= MAX_ENGINE_FILES else None
-
-
-def _describe_file(path: Path) -> EngineFile:
-    whole = hashlib.sha256()
-    chunks: list[str] = []
-    size = 0
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(OFFER_CHUNK_BYTES), b""):
-            whole.update(block)
-            chunks.append(hashlib.sha256(block).hexdigest())
-            size += len(block)
-    return EngineFile(
-        name=path.name, size=size, sha256=whole.hexdigest(), chunk_size=OFFER_CHUNK_BYTES, chunks=chunks
-    )
