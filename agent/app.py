@@ -145,6 +145,7 @@ class Agent:
             config.delivery,
             config.state_dir,
             ask_timeout_s=config.engines.fleet_ask_timeout_s,
+            wait_max_s=config.engines.fleet_wait_max_s,
         )
         self.delivery.register_command("calibrate", self.models.calibrate, CalibrateArgs)
         reply_limit = partial(self.link.payload_limit, self.topics.cmd_reply("snapshot"))

@@ -16,7 +16,7 @@ from agent.delivery.chunks import ChunkRequest
 from agent.delivery.manifest import DeployManifest, SignedManifest
 from agent.fleet.rollout.spec import RolloutRequest
 from agent.fleet.rollout.status_model import RolloutStatus
-from agent.protocol.engines import EngineAsk, EngineDrop, EngineOffer, EngineRecord, SignedEngine
+from agent.protocol.engines import EngineAsk, EngineClaim, EngineDrop, EngineOffer, EngineRecord, SignedEngine
 from agent.protocol.messages import MESSAGE_MODELS
 from agent.protocol.samples import SampleMessage
 
@@ -33,4 +33,5 @@ EVERY_MESSAGE: tuple[type[BaseModel], ...] = (
     EngineRecord,
     SignedEngine,
     EngineDrop,
+    EngineClaim,
 )

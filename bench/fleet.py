@@ -24,14 +24,18 @@ CLI (``fleet rollout start ... --json``, ``fleet rollout status ID --json`` ever
    (``--build-seconds``, default 300 s as measured on an Orin NX for a YOLO-class FP16 engine; a
    sleep: the Jetson's build is absent here), the engine cache, its key and the fleet engine cache
    are the agent's own, against the real controller's engine desk. One run, two rollouts of two new
-   models in the same waves (2,5%,10%,50%,100%: the canary is one device per fingerprint), shadow
+   models in the same waves (1%,5%,10%,50%,100%: with 1,000 devices the canary is 10 devices, 5 per
+   fingerprint, missing the same key at once: build claims let one build per fingerprint), shadow
    and a 2 s probation (the trust rules share only engines that ran through both), a ``--soak``
    (default 10 s) after each wave: first ``--no-share-engines``, then ``--share-engines``. Each:
    rollout and per-wave seconds, device build-seconds, builds and downloads per fingerprint, engine
    bytes pulled; then the ratios (time on/off, build-seconds off/on).
 8. An "upgrade": every device starts on JetPack 6.1 (``--upgrade-at 0``: each engine key changed)
-   with its model's engine missing. Seconds until every device serves (its ONNX model, while the
-   engine builds) and until every device runs the new engine, and the builds per fingerprint.
+   with its model's engine missing, the model from a deployment that shared engines
+   (``--share-at-start``): each start-up build asks the fleet, one device per fingerprint builds
+   under its claim while the others wait, and offers after its start-up shadow and probation; the
+   others download. Seconds until every device serves (its ONNX model, while the engine builds or
+   downloads) and until every device runs the new engine, and the builds per fingerprint.
 
 Scenarios 5 and 6 ask for what operators ask for: a shadow run (the defaults) and a 4 s probation,
 so devices end while the controller or the broker is away with figures the gate must still see.
@@ -333,7 +337,8 @@ class _Scenario:
     def _engine_args(self) -> list[str]:
         """Two fingerprints (labels alternate), the build stand-in; 8: every device starts upgraded."""
         args = ["--label", "hw=orin-nx,orin-agx", "--build-seconds", str(self.args.build_seconds)]
-        return [*args, "--upgrade-at", "0"] if self.number == 8 else args
+        # 8: the devices' model came from a sharing deployment, so their start-up builds ask the fleet.
+        return [*args, "--upgrade-at", "0", "--share-at-start"] if self.number == 8 else args
 
     def sim_report(self) -> dict[str, Any]:
         return read_reports(self.root / "sim")
@@ -419,7 +424,7 @@ class _Scenario:
         version = (model or self.v2).stem.removeprefix("cls-v")
         args = [
             "start", str(model or self.v2), "--slot", "main", "--select", "fleet=bench",
-            "--waves", "2,5%,10%,50%,100%" if self.number == 7 else "5%,10%,50%,100%",
+            "--waves", "1%,5%,10%,50%,100%" if self.number == 7 else "5%,10%,50%,100%",
             "--soak", self.args.soak if self.number == 7 else "0", "--max-failed", "2%",
             "--version", version, "--model-id", "cls", *([] if guarded else ["--no-shadow"]),
             "--probation-s", probation,
@@ -587,6 +592,7 @@ class _Scenario:
                 "max": round(after_start[-1], 1) if after_start else None,
             },
             **_engine_delta({}, devices),
+            "controller_engines": _engines_list(self.broker),
         }
 
     def _wait_converged(self, status: dict[str, Any], t0: float) -> None:
@@ -631,7 +637,9 @@ def _pull_totals(devices: Any) -> dict[str, int]:
     return dict(totals)
 
 
-_ENGINE_SUMS = ("builds", "build_s", "downloads", "download_bytes", "download_s", "asked", "uploaded")
+_ENGINE_SUMS = (
+    "builds", "build_s", "downloads", "download_bytes", "download_s", "asked", "waited", "uploaded",
+)  # fmt: skip
 
 
 def _engine_delta(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
@@ -683,6 +691,7 @@ def _engines_list(broker: Broker) -> dict[str, Any]:
             fp: [{"built_by": r["built_by"], "reuse": r["reuse"]} for r in rows]
             for fp, rows in listing.get("fingerprints", {}).items()
         },
+        "live_claims": len(listing.get("claims", [])),
     }
 
 

@@ -305,6 +305,7 @@ class EngineBuilder:
         # One build at a time per builder; the worker also serialises builds across processes.
         wait_s = self.config.build_timeout_s + 60.0
         if not self._build_lock.acquire(timeout=wait_s):
+            self._release_claim(key, "the builder was busy")
             raise _BuilderBusyError(f"another build is still running after {wait_s:.0f}s; retry later")
         try:
             return self._build_locked(
@@ -319,8 +320,15 @@ class EngineBuilder:
                 cancel=cancel,
                 started=started,
             )
+        except BaseException as exc:
+            self._release_claim(key, f"the build failed: {exc}")  # the fleet's next asker builds it
+            raise
         finally:
             self._build_lock.release()
+
+    def _release_claim(self, key: str, reason: str) -> None:
+        if self.fleet is not None:
+            self.fleet.release(key, reason)
 
     def _build_locked(
         self,

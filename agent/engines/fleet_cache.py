@@ -8,6 +8,13 @@ against its signed SHA-256) and stores the entry in the local cache, marked as t
 wrong (no answer, no engine, a refused signature or identity, a failed download) is a miss: the
 device builds, as it always did.
 
+One build per key for the whole fleet: when the controller holds no engine, the first asker is told
+to build it and holds the key's *claim* (:mod:`agent.engines.fleet_claims` renews it while the build,
+shadow and probation run, and releases it when they end without an offer); every other asker is
+told who builds it and waits, asking again at the pace the controller says (bounded by
+``wait_max_s`` in all; its current model, or at start-up its ONNX model, serves meanwhile), and
+downloads the engine once it is stored, or takes the claim when the builder gave up.
+
 After a job runs an engine this device *built* to ACTIVE through shadow and probation, the runtime
 calls :meth:`offer`: the entry's files go to the controller in pieces (the upload path of
 ``fleet rollout start``), in the background. A fleet engine that fails to load or validate here is
@@ -18,7 +25,7 @@ reported to the controller, which withdraws it fleet-wide.
 from __future__ import annotations
 
 import contextlib
-import hashlib
+import random
 import shutil
 import threading
 import time
@@ -33,19 +40,22 @@ from typing import Any, Protocol
 import structlog
 
 from agent.engines.artifact import EngineArtifact
-from agent.engines.cache import LAST_USED_NAME, CacheEntry, EngineCache
-from agent.engines.cache_key import SIDECAR_NAME, EngineIdentity
+from agent.engines.cache import CacheEntry, EngineCache
+from agent.engines.cache_key import EngineIdentity
+from agent.engines.fleet_claims import HeldClaims
 from agent.engines.fleet_link import EngineRequests
+from agent.engines.fleet_startup import startup_active_status
 from agent.engines.fleet_trust import EngineRefusedError, checked_meta, verified_record
+from agent.engines.fleet_upload import describe_entry, offer_and_upload
 from agent.errors import AgentError
 from agent.protocol.engines import (
-    MAX_ENGINE_FILES,
     EngineAsk,
     EngineDrop,
     EngineFile,
     EngineOffer,
     SignedEngine,
 )
+from agent.protocol.messages import ProbationFigures, ShadowFigures
 from agent.signing import Ed25519PublicKey
 
 log = structlog.get_logger(__name__)
@@ -68,15 +78,13 @@ FLEET_BUILT_BY = "fleet_built_by"
 FLEET_JOB = "fleet_job"
 #: How the progress line of a fleet ask starts (a slot serving while it builds starts serving then).
 ASKING_THE_FLEET = "asking the fleet"
-#: Chunk size the offered files are described with (the controller's chunk server serves them so).
-OFFER_CHUNK_BYTES = 256 * 1024
-#: Bytes per upload piece (well under a broker's packet limit).
-PIECE_BYTES = 256 * 1024
-#: How often, and how long apart, an offer the controller cannot match to an ACTIVE job yet is repeated.
-_ACTIVE_WAITS = 30
-_ACTIVE_WAIT_S = 1.0
 #: Keys this agent refuses to take from the fleet again (a dropped or refused engine), kept bounded.
 _REFUSED_KEPT = 256
+#: Asks left unanswered (each waits ``ask_timeout_s``) before the device builds without the fleet.
+_UNANSWERED_TRIES = 6
+#: Bounds on the wait between two asks the controller suggests to a waiting device.
+_MIN_RETRY_S = 0.5
+_MAX_RETRY_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -112,6 +120,8 @@ class FleetEngineCache:
         work_dir: Path,
         ask_timeout_s: float = 10.0,
         reply_timeout_s: float = 30.0,
+        wait_max_s: float = 1200.0,
+        claim_hold_max_s: float = 7200.0,
     ) -> None:
         self._requests = requests
         self._trusted = dict(trusted)
@@ -119,6 +129,8 @@ class FleetEngineCache:
         self._work_dir = Path(work_dir)
         self.ask_timeout_s = ask_timeout_s
         self.reply_timeout_s = reply_timeout_s
+        self.wait_max_s = wait_max_s
+        self.claims = HeldClaims(requests, reply_timeout_s=reply_timeout_s, hold_max_s=claim_hold_max_s)
         self._lock = threading.Lock()
         self._refused: OrderedDict[str, str] = OrderedDict()
         self._offering = threading.Lock()  # one upload at a time
@@ -129,6 +141,8 @@ class FleetEngineCache:
             "offered": 0,
             "uploaded": 0,
             "dropped": 0,
+            "waited": 0,
+            "claimed": 0,
         }
 
     def _count(self, name: str) -> None:
@@ -177,14 +191,9 @@ class FleetEngineCache:
         started = time.monotonic()
         self._count("asked")
         say(f"{ASKING_THE_FLEET} for engine {key[:12]}")
-        reply = self._requests.request("ask", EngineAsk(key=key, job_id=sharing.job_id), self.ask_timeout_s)
-        if reply is None:
-            say(f"the fleet did not answer within {self.ask_timeout_s:.0f}s: building here")
-            return None
-        result = reply.result or {}
-        if not reply.ok or not result.get("found"):
-            why = reply.error or result.get("reason") or "the fleet holds no such engine"
-            say(f"fleet: {str(why)[:200]}; building here")
+        ask = EngineAsk(key=key, job_id=sharing.job_id, fingerprint=platform_fingerprint(identity))
+        result = self._ask_until_found(ask, started, say, cancel)
+        if result is None:
             return None
         try:
             signed = SignedEngine.model_validate(result.get("engine"))
@@ -216,6 +225,53 @@ class FleetEngineCache:
         say(f"downloaded engine {key[:12]} from the fleet (built by {record.built_by}) in {seconds:.1f}s")
         return FleetFetch(entry, record.built_by, seconds, size)
 
+    def _ask_until_found(
+        self, ask: EngineAsk, started: float, say: Progress, cancel: threading.Event | None
+    ) -> dict[str, Any] | None:
+        """The controller's ``found`` answer, or None (build here: told to, no answer, waited too long)."""
+        key, waited, unanswered = ask.key[:12], False, 0
+        while True:
+            reply = self._requests.request("ask", ask, self.ask_timeout_s)
+            if reply is None:
+                # Asked again a few times: a device (re)starting with its fleet asks before its link is
+                # up, or into a controller flooded by the whole fleet coming back after an upgrade.
+                unanswered += 1
+                if unanswered >= _UNANSWERED_TRIES or time.monotonic() - started >= self.wait_max_s:
+                    say(f"no answer to {unanswered} asks ({self.ask_timeout_s:.0f}s each): building here")
+                    return None
+                # A pause of 0.5 to 3 s, so a fleet restarting together does not ask again in step.
+                if (cancel or threading.Event()).wait(random.uniform(0.5, 3.0)):
+                    return None
+                continue
+            result = reply.result or {}
+            if reply.ok and result.get("found"):
+                return result
+            why = str(reply.error or result.get("reason") or "the fleet holds no such engine")[:200]
+            # An older controller says only "not here" (no "build"): build, as then.
+            if not reply.ok or result.get("build", True):
+                if reply.ok and isinstance(result.get("claim"), dict):
+                    self._count("claimed")
+                    self.claims.hold(ask.key, result["claim"])
+                say(f"fleet: {why}; building here")
+                return None
+            spent = time.monotonic() - started
+            left = self.wait_max_s - spent
+            if left <= 0:
+                say(f"fleet: {why}; waited {spent:.0f}s (engines.fleet_wait_max_s): building here")
+                return None
+            if not waited:
+                waited = True
+                self._count("waited")
+            say(f"fleet: {why}; waiting for its engine {key} ({spent:.0f}s of {self.wait_max_s:.0f}s)")
+            retry = float(result.get("retry_s") or 5.0)
+            retry = min(max(retry, _MIN_RETRY_S), _MAX_RETRY_S) * random.uniform(0.8, 1.2)
+            if (cancel or threading.Event()).wait(min(retry, left)):
+                return None  # the job was cancelled: the build step ends it
+
+    def release(self, key: str, reason: str) -> None:
+        """This device gave up building ``key`` without an engine to offer: the next asker builds it."""
+        self.claims.release(key, reason)
+
     def _download_entry(
         self,
         cache: EngineCache,
@@ -245,6 +301,7 @@ class FleetEngineCache:
         """:meth:`offer` on a thread of its own (the job that went ACTIVE does not wait for the upload)."""
         if not shadow or probation_s <= 0:
             log.info("engine.fleet.not_offered", key=key, reason="the job ran no shadow and probation")
+            self.release(key, "its job ran no shadow and probation: nothing to offer")
             return None
         thread = threading.Thread(
             target=self.offer,
@@ -256,9 +313,39 @@ class FleetEngineCache:
         thread.start()
         return thread
 
+    def offer_after_startup(
+        self,
+        cache: EngineCache,
+        key: str,
+        *,
+        job_id: str,
+        slot: str,
+        shadow: ShadowFigures,
+        probation: ProbationFigures,
+    ) -> threading.Thread:
+        """A start-up build's engine swapped in through shadow and probation (:mod:`.fleet_startup`):
+        its start-up job's ACTIVE status (the controller's evidence) goes out, then the offer, in the
+        background."""
+        self._requests.job_status(startup_active_status(job_id, slot, shadow, probation))
+
+        def run() -> None:
+            self.offer(cache, key, job_id=job_id, shadow=True, probation_s=probation.probation_s)
+
+        thread = threading.Thread(target=run, name=f"engine-offer-{key[:8]}", daemon=True)
+        thread.start()
+        return thread
+
     def offer(self, cache: EngineCache, key: str, *, job_id: str, shadow: bool, probation_s: float) -> str:
         """Offer the entry ``key`` (built here, ACTIVE through shadow and probation) to the controller and
         upload what it wants; returns what happened (``stored``, ``not_built_here``, a refusal ...)."""
+        outcome = self._offer(cache, key, job_id=job_id, shadow=shadow, probation_s=probation_s)
+        if outcome == "stored":
+            self.claims.settled(key)  # the controller ended the claim as it stored the engine
+        else:
+            self.release(key, f"offer: {outcome}")
+        return outcome
+
+    def _offer(self, cache: EngineCache, key: str, *, job_id: str, shadow: bool, probation_s: float) -> str:
         if not shadow or probation_s <= 0:
             return "not_guarded"  # trust rule: only engines that ran through shadow and probation
         with self._offering:
@@ -267,7 +354,7 @@ class FleetEngineCache:
                 return "not_cached"
             if FLEET_BUILT_BY in entry.meta.extra:
                 return "not_built_here"  # the fleet has it already (it came from there)
-            files = _describe_entry(entry)
+            files = describe_entry(entry)
             if files is None:
                 log.info("engine.fleet.not_offered", key=key, reason="the entry holds a directory")
                 return "not_shareable"
@@ -283,54 +370,11 @@ class FleetEngineCache:
                 probation_s=probation_s,
             )
             self._count("offered")
-            outcome = self._offer_and_upload(entry, offer)
+            outcome = offer_and_upload(self._requests, entry, offer, self.reply_timeout_s)
+            if outcome == "stored":
+                self._count("uploaded")
             log.info("engine.fleet.offered", key=key, outcome=outcome)
             return outcome
-
-    def _offer_and_upload(self, entry: CacheEntry, offer: EngineOffer) -> str:
-        rounds = 0
-        waits = 0
-        while rounds < 2:  # offer, upload what is wanted, offer again to commit
-            reply = self._requests.request("offer", offer, self.reply_timeout_s)
-            if reply is None:
-                return "no_answer"
-            if not reply.ok and (reply.error or "").startswith("not_active") and waits < _ACTIVE_WAITS:
-                # The offer overtook the job's ACTIVE status on its way to the controller.
-                waits += 1
-                time.sleep(_ACTIVE_WAIT_S)
-                continue
-            rounds += 1
-            if not reply.ok:
-                return f"refused: {reply.error_code}: {(reply.error or '')[:200]}"
-            result = reply.result or {}
-            if result.get("stored"):
-                self._count("uploaded")
-                return "stored"
-            wanted = {str(sha) for sha in result.get("want") or ()}
-            for file in offer.files:
-                if file.sha256 in wanted and not self._upload(entry.file(file.name), file):
-                    return "upload_failed"
-        return "not_stored"
-
-    def _upload(self, path: Path, file: EngineFile) -> bool:
-        with open(path, "rb") as handle:
-            offset = 0
-            while offset < file.size:
-                data = handle.read(PIECE_BYTES)
-                if not data:
-                    return False
-                properties = {"sha256": file.sha256, "offset": str(offset), "size": str(file.size)}
-                reply = self._requests.request("piece", data, self.reply_timeout_s, properties)
-                if reply is None or not reply.ok:
-                    log.warning(
-                        "engine.fleet.piece_refused",
-                        sha256=file.sha256,
-                        offset=offset,
-                        error=None if reply is None else reply.error,
-                    )
-                    return False
-                offset += len(data)
-        return True
 
     # -- a fleet engine that failed here -------------------------------------------------------------
 
@@ -341,6 +385,7 @@ class FleetEngineCache:
         if entry is None or FLEET_BUILT_BY not in entry.meta.extra:
             return False
         self._count("dropped")
+        self.release(key, f"dropped: {reason}")
         cache.remove(key)
         self._refuse(key, reason)
         log.warning("engine.fleet.dropped", key=key, reason=reason[:300])
@@ -393,30 +438,3 @@ def with_source(
     if built_by is not None:
         source["built_by"] = built_by
     return replace(artifact, effective={**artifact.effective, "engine_source": source})
-
-
-def _describe_entry(entry: CacheEntry) -> list[EngineFile] | None:
-    """Every file of the entry (not its sidecar or LRU marker), described for a chunked pull; None when
-    the entry holds a directory (an ONNX Runtime TensorRT engine cache) or too many files."""
-    files: list[EngineFile] = []
-    for path in sorted(entry.directory.iterdir()):
-        if path.name in (SIDECAR_NAME, LAST_USED_NAME):
-            continue
-        if not path.is_file() or path.stat().st_size == 0:
-            return None
-        files.append(_describe_file(path))
-    return files if 0 < len(files) <= MAX_ENGINE_FILES else None
-
-
-def _describe_file(path: Path) -> EngineFile:
-    whole = hashlib.sha256()
-    chunks: list[str] = []
-    size = 0
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(OFFER_CHUNK_BYTES), b""):
-            whole.update(block)
-            chunks.append(hashlib.sha256(block).hexdigest())
-            size += len(block)
-    return EngineFile(
-        name=path.name, size=size, sha256=whole.hexdigest(), chunk_size=OFFER_CHUNK_BYTES, chunks=chunks
-    )

@@ -19,7 +19,7 @@ from pydantic import BaseModel
 from agent.mqtt.core import PublishProperties
 from agent.mqtt.inbound import InboundMessage
 from agent.mqtt.link import MqttLink
-from agent.protocol.messages import CommandReply, ProtocolError, decode
+from agent.protocol.messages import CommandReply, JobStatus, ProtocolError, decode
 from agent.protocol.topics import Topics
 
 log = structlog.get_logger(__name__)
@@ -39,6 +39,10 @@ class EngineRequests(Protocol):
         user_properties: dict[str, str] | None = None,
     ) -> CommandReply | None:
         """The controller's reply, or None when none came within ``timeout_s``."""
+        ...
+
+    def job_status(self, status: JobStatus) -> None:
+        """Publish a start-up job's status on ``up/jobs/{job_id}`` (the evidence an offer names)."""
         ...
 
 
@@ -72,6 +76,10 @@ class MqttEngineRequests:
         event, box = waiting
         box.append(reply)
         event.set()
+
+    def job_status(self, status: JobStatus) -> None:
+        # Spooled, QoS 1, as a deployment job's states: the controller's view must hear it.
+        self._link.publish(self._topics.jobs(status.job_id), status, qos=1, durable=True)
 
     def request(
         self,

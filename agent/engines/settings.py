@@ -7,6 +7,30 @@ from pydantic import Field
 from agent.model_base import StrictModel
 
 
+class StartupGuard(StrictModel):
+    """The bars an engine built at start-up passes before it replaces the ONNX model that served
+    meanwhile, when the model's deployment shared engines (then it is offered to the fleet): a
+    manifest's ``shadow`` and ``probation`` bars (docs/protocol.md), the ONNX model as the serving one.
+    Rejected or unhealthy, the ONNX model serves on and nothing is offered."""
+
+    shadow_frames: int = Field(30, ge=1, le=100_000, description="Live frames the shadow compares.")
+    min_agreement: float | None = Field(
+        0.9, ge=0.0, le=1.0, description="Least agreement with the ONNX model."
+    )
+    max_latency_ratio: float = Field(
+        2.0, gt=0.0, description="Most the engine's median inference time, as a multiple of the ONNX model's."
+    )
+    shadow_timeout_s: float = Field(600.0, gt=0.0, le=3600.0, description="Longest the shadow runs.")
+    probation_s: float = Field(60.0, gt=0.0, le=86_400, description="The probation after the swap, seconds.")
+    min_fps_ratio: float = Field(
+        0.8, ge=0.0, le=1.0, description="Least fps per stream, share of the ONNX model's."
+    )
+    max_p99_ratio: float = Field(
+        3.0, gt=0.0, description="Most the inference p99, multiple of the ONNX model's."
+    )
+    max_drop_increase: float = Field(0.1, ge=0.0, le=1.0, description="Most the dropped share may rise.")
+
+
 class EngineConfig(StrictModel):
     """Where engines are cached and how builds are bounded."""
 
@@ -22,6 +46,19 @@ class EngineConfig(StrictModel):
         le=300,
         description="How long a build waits for the controller's answer when a deployment lets it take the "
         "engine from the fleet (share_engines); no answer: it builds here.",
+    )
+    fleet_wait_max_s: float = Field(
+        1200.0,
+        ge=0,
+        le=86_400,
+        description="How long in all a build waits for the engine another device of the fleet is building "
+        "(the controller said 'being built by D'); the slot's current model, or at start-up its ONNX "
+        "model, serves meanwhile. Past it, it builds here (0: never waits).",
+    )
+    startup_guard: StartupGuard = Field(
+        default_factory=StartupGuard,
+        description="A start-up build of a model whose deployment shared engines: the shadow and probation "
+        "its engine passes against the ONNX model serving meanwhile before it may be offered to the fleet.",
     )
     build_timeout_s: float = Field(1800.0, gt=0, description="A build running longer is killed and fails.")
     build_memory_mb: int = Field(0, ge=0, description="Address-space limit of the build process (0 = none).")

@@ -14,7 +14,11 @@ a stand-in engine file of a few kilobytes is stored. Everything around the sleep
   the manifest shares engines, the device asks the real controller, checks the signed record and
   downloads the files through the chunked MQTT pull; otherwise it "builds", and once the job is
   ACTIVE through shadow and probation it offers the engine (:meth:`SimBuilds.offer_when_active`),
-  as :func:`agent.runtime.fleet_engines.offer_when_active` does for the real runtime.
+  as :func:`agent.runtime.fleet_engines.offer_when_active` does for the real runtime; a device told
+  that another device builds the key waits for it (build claims, docs/engines.md);
+* at start-up (after an "upgrade"), a model from a sharing deployment asks the fleet the same way
+  while its ONNX model serves, and an engine built here is offered after its start-up job
+  (:mod:`agent.engines.fleet_startup`) passed its shadow and probation stand-ins.
 
 :class:`BuildCounters` keeps what the benchmark reports per device (builds, build-seconds, downloads,
 bytes, asks, uploads); it lives as long as the simulated device's slots (across its restarts).
@@ -36,16 +40,20 @@ from agent.delivery.errors import JobCancelledError
 from agent.delivery.steps import ActivationRequest, BuildOutcome, FetchFn, JobReporter
 from agent.engines.cache import CacheEntry, EngineCache
 from agent.engines.cache_key import EngineIdentity, engine_cache_key, new_engine_meta
-from agent.engines.fleet_cache import FleetEngineCache, platform_fingerprint
+from agent.engines.fleet_cache import FleetEngineCache, FleetFetch, platform_fingerprint
 from agent.engines.fleet_link import MqttEngineRequests
+from agent.engines.fleet_startup import startup_job_id
 from agent.engines.spec import BuildSpec
 from agent.mqtt.link import MqttLink
+from agent.protocol.messages import ProbationFigures, ShadowFigures
 from agent.protocol.topics import Topics
 from agent.signing import Ed25519PublicKey
 
 #: The stand-in engine's size: a few kilobytes (the transfer is real; its size is not a YOLO's).
 ENGINE_BYTES = 4096
 _CACHE_BYTES = 64 * 1024 * 1024
+#: The start-up build's shadow and probation stand-in (the real agent runs both on live frames).
+STARTUP_PROBATION_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -115,6 +123,7 @@ class BuildCounters:
             "download_bytes": 0,
             "cache_hits": 0,
             "asked": 0,
+            "waited": 0,
             "offered": 0,
             "uploaded": 0,
         }
@@ -188,9 +197,7 @@ class SimBuilds:
         entry = self.cache.get(key)
         if entry is None:
             with FleetEngineCache.sharing(reporter.share_engines, reporter.job_id):
-                asked = self.fleet.stats["asked"]
-                fetched = self.fleet.fetch(self.cache, key, identity, lambda _m: None, reporter.cancel)
-                self.counters.add("asked", self.fleet.stats["asked"] - asked)
+                fetched = self._fetch(key, identity, reporter.cancel)
             if fetched is not None:
                 entry, origin, seconds = fetched.entry, "downloaded", fetched.seconds
                 self.counters.add("downloads", 1, fingerprint)
@@ -216,9 +223,18 @@ class SimBuilds:
             },
         )
 
+    def _fetch(self, key: str, identity: EngineIdentity, cancel: threading.Event) -> FleetFetch | None:
+        """The fleet's engine (the agent's own second level), counting asks and waits."""
+        before = dict(self.fleet.stats)
+        fetched = self.fleet.fetch(self.cache, key, identity, lambda _m: None, cancel)
+        for name in ("asked", "waited"):
+            self.counters.add(name, self.fleet.stats[name] - before[name])
+        return fetched
+
     def _fake_build(self, key: str, identity: EngineIdentity, reporter: JobReporter) -> CacheEntry:
         """The FAKE: wait ``build_seconds`` (cancellable), then store a few kilobytes as the engine."""
         if reporter.cancel.wait(self.build_seconds):
+            self.fleet.release(key, "the build was cancelled")
             raise JobCancelledError(f"simulated engine build {key[:12]} cancelled")
         meta = new_engine_meta(identity, build_seconds=self.build_seconds)
         return self.cache.put(key, _engine_bytes(key), meta)
@@ -226,7 +242,10 @@ class SimBuilds:
     def offer_when_active(self, request: ActivationRequest, *, guarded: bool) -> None:
         """The job's engine went ACTIVE: offered as the real runtime offers it (shared, guarded by
         shadow and probation, built here; :meth:`FleetEngineCache.offer` refuses a fleet engine)."""
-        if not request.share_engines or not guarded or request.engine_path.parent.parent != self.cache.root:
+        if request.engine_path.parent.parent != self.cache.root:
+            return
+        if not request.share_engines or not guarded:
+            self.fleet.release(request.engine_path.parent.name, "its job ran no shadow and probation")
             return
         job_id = request.guard.job_id if request.guard is not None else request.version
         before = dict(self.fleet.stats)
@@ -255,13 +274,19 @@ class SimBuilds:
             self.cache.put(key, _engine_bytes(key), new_engine_meta(identity, build_seconds=0.0))
 
     def start_up(
-        self, models: Mapping[str, str], stop: threading.Event, on_ready: Callable[[], None] | None = None
+        self,
+        models: Mapping[str, str],
+        stop: threading.Event,
+        on_ready: Callable[[], None] | None = None,
+        *,
+        share: bool = False,
     ) -> None:
         """The slots' models at start: an engine missing from the cache (after an "upgrade" changed the
-        key) is built on a thread while the slot serves its ONNX model, as the real agent's
-        ``serve_while_building`` does. Like the real start-up build, it does not ask the fleet (only a
-        deployment's build does: agent/runtime/models.py) and it is never offered (no shadow, no
-        probation ran it)."""
+        key) is made on a thread while the slot serves its ONNX model, as the real agent's
+        ``serve_while_building`` does. With ``share`` (the model came from a deployment that shared
+        engines), as the real agent: the fleet is asked first (download; or wait while another device
+        of the fingerprint builds; or build under the claim), and an engine built here is offered once
+        its start-up job passed the shadow and probation stand-ins (:data:`STARTUP_PROBATION_S`)."""
         missing = {}
         for slot, sha in models.items():
             identity = self.identity(sha)
@@ -271,28 +296,58 @@ class SimBuilds:
             return
         with self._lock:
             self.interim.update(missing)
-        threading.Thread(target=self._build_at_start, args=(missing, stop, on_ready), daemon=True).start()
+        threading.Thread(
+            target=self._build_at_start, args=(missing, stop, on_ready, share), daemon=True
+        ).start()
 
     def _build_at_start(
         self,
         missing: Mapping[str, EngineIdentity],
         stop: threading.Event,
         on_ready: Callable[[], None] | None,
+        share: bool,
     ) -> None:
         for slot, identity in missing.items():
-            if stop.wait(self.build_seconds):
-                return  # the device stopped: the next start builds again
             key = engine_cache_key(identity)
-            self.cache.put(
-                key, _engine_bytes(key), new_engine_meta(identity, build_seconds=self.build_seconds)
-            )
-            self.counters.add("builds", 1, platform_fingerprint(identity))
-            self.counters.add("build_s", self.build_seconds)
+            fingerprint = platform_fingerprint(identity)
+            job_id = startup_job_id(slot)
+            with FleetEngineCache.sharing(share, job_id):
+                fetched = self._fetch(key, identity, stop)
+            if stop.is_set():
+                return  # the device stopped: the next start asks, or builds, again
+            if fetched is not None:
+                self.counters.add("downloads", 1, fingerprint)
+                self.counters.add("download_s", fetched.seconds)
+                self.counters.add("download_bytes", fetched.bytes)
+            else:
+                if stop.wait(self.build_seconds):
+                    return  # killed mid-build: its claim goes quiet and the controller lets it go
+                self.cache.put(
+                    key, _engine_bytes(key), new_engine_meta(identity, build_seconds=self.build_seconds)
+                )
+                self.counters.add("builds", 1, fingerprint)
+                self.counters.add("build_s", self.build_seconds)
             with self._lock:
                 self.interim.pop(slot, None)
             self.counters.ready()
             if on_ready is not None:
                 on_ready()  # up/info: the slot serves its engine now
+            if fetched is None and share:
+                self._offer_after_startup_guard(slot, key, job_id, stop)
+
+    def _offer_after_startup_guard(self, slot: str, key: str, job_id: str, stop: threading.Event) -> None:
+        """The stand-in of the real start-up swap's shadow (against the ONNX model) and probation, then
+        the start-up job's ACTIVE status (the controller's evidence) and the offer."""
+        if stop.wait(STARTUP_PROBATION_S):
+            return
+        shadow = ShadowFigures(frames=32, agreement=0.99, latency_ratio=0.4, bad_outputs=0)
+        probation = ProbationFigures(elapsed_s=STARTUP_PROBATION_S, probation_s=STARTUP_PROBATION_S)
+        before = dict(self.fleet.stats)
+        self.fleet.offer_after_startup(
+            self.cache, key, job_id=job_id, slot=slot, shadow=shadow, probation=probation
+        ).join()
+        for name in ("offered", "uploaded"):
+            self.counters.add(name, self.fleet.stats[name] - before[name])
 
     def serving(self, slot: str) -> str:
         """``interim`` while the slot's engine builds at start (its ONNX model serves), else ``engine``."""

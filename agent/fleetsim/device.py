@@ -74,6 +74,8 @@ class FleetSetup:
     spool: SpoolSettings = field(default_factory=SpoolSettings)
     #: Seconds of the simulated engine build a delivered model needs (0: no engine, the ONNX file as is).
     build_seconds: float = 0.0
+    #: The slots' models came from a deployment that shared engines: a start-up build asks the fleet.
+    share_at_start: bool = False
 
 
 def add_pull_counters(totals: collections.Counter[str], counters: Mapping[str, int]) -> None:
@@ -295,7 +297,12 @@ class SimDevice:
         """Subscribe, then connect (as the agent: retained manifests arrive on connect). A slot whose
         engine is not in the cache serves its ONNX model at once while the engine builds."""
         if self.builds is not None:
-            self.builds.start_up(self._slot_models(), self._stopped, on_ready=self.publish_info)
+            self.builds.start_up(
+                self._slot_models(),
+                self._stopped,
+                on_ready=self.publish_info,
+                share=self.setup.share_at_start,
+            )
         self.delivery.start()
         self.link.start()
 

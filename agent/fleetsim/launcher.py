@@ -88,6 +88,13 @@ def build_parser() -> argparse.ArgumentParser:
         "says so (default 0: no engine, the ONNX file as is)",
     )
     p.add_argument(
+        "--share-at-start",
+        action="store_true",
+        help="the slots' models came from a deployment that shared engines: an engine missing at start-up "
+        "(after --upgrade-at) is asked of the fleet first, and one built here is offered after its "
+        "start-up job's shadow and probation (as the agent does)",
+    )
+    p.add_argument(
         "--upgrade-at",
         type=float,
         default=None,
@@ -174,6 +181,7 @@ def fleet_setup(args: argparse.Namespace) -> FleetSetup:
         if args.chunk_timeout_s is None
         else DeliveryConfig(chunk_timeout_s=args.chunk_timeout_s),
         build_seconds=args.build_seconds,
+        share_at_start=args.share_at_start,
     )
 
 

@@ -37,8 +37,8 @@ MAX_TEXT = 300
 MAX_META_CHARS = 64 * 1024
 
 #: The verbs of ``up/engines/{verb}``.
-EngineVerb = Literal["ask", "offer", "piece", "drop"]
-ENGINE_VERBS: tuple[str, ...] = ("ask", "offer", "piece", "drop")
+EngineVerb = Literal["ask", "offer", "piece", "drop", "claim"]
+ENGINE_VERBS: tuple[str, ...] = ("ask", "offer", "piece", "drop", "claim")
 
 
 def _plain_name(value: str) -> str:
@@ -103,10 +103,25 @@ class SignedEngine(StrictModel):
 
 
 class EngineAsk(StrictModel):
-    """``up/engines/ask``: does the fleet hold this engine?"""
+    """``up/engines/ask``: does the fleet hold this engine? If nobody holds or builds it, the asker
+    is told to build it (a claim on the key); if another device builds it, to wait."""
 
     key: str = Field(pattern=_SHA256)
-    job_id: str | None = Field(None, max_length=200, description="The deployment that wants it.")
+    job_id: str | None = Field(
+        None, max_length=200, description="The deployment that wants it (a start-up build: its start-up job)."
+    )
+    fingerprint: str | None = Field(
+        None, max_length=MAX_TEXT, description="The platform it is for (shown with a claim)."
+    )
+
+
+class EngineClaim(StrictModel):
+    """``up/engines/claim``: the device that was told to build ``key`` is still at it (``renew``,
+    its heartbeat) or gave up without an engine to offer (``release``: the next asker builds)."""
+
+    key: str = Field(pattern=_SHA256)
+    action: Literal["renew", "release"]
+    reason: str = Field("", max_length=MAX_TEXT, description="Why it gave up (release).")
 
 
 class EngineOffer(StrictModel):
@@ -143,6 +158,18 @@ class EngineDrop(StrictModel):
     reason: str = Field(max_length=MAX_TEXT)
 
 
+class ClaimListed(StrictModel):
+    """A live build claim in ``fleet engines list`` (the device building a key nobody holds yet)."""
+
+    key: str
+    fingerprint: str
+    device: str
+    job_id: str | None = None
+    since: FiniteTime = Field(description="When the device was told to build it, Unix seconds.")
+    heard_s: FiniteTime = Field(description="Seconds since the builder was last heard.")
+    waiting: Count = Field(description="Devices waiting for this engine.")
+
+
 class EngineListed(StrictModel):
     """One row of ``fleet engines list`` (the controller's ``engines`` verb)."""
 
@@ -158,7 +185,9 @@ class EngineListed(StrictModel):
 
 __all__ = [
     "ENGINE_VERBS",
+    "ClaimListed",
     "EngineAsk",
+    "EngineClaim",
     "EngineDrop",
     "EngineFile",
     "EngineListed",

@@ -26,7 +26,7 @@ _ARG_KINDS: dict[str, frozenset[str]] = {
 }
 _UP_XFER_REQ = "req"  # up/xfer/req: the one argument up/xfer takes
 #: up/engines/{verb}: the requests about fleet-shared engines (agent.protocol.engines).
-ENGINE_REQUEST_VERBS = frozenset({"ask", "offer", "piece", "drop"})
+ENGINE_REQUEST_VERBS = frozenset({"ask", "offer", "piece", "drop", "claim"})
 _DOWN_ENGINES_REPLY = "reply"  # down/engines/reply: the one argument down/engines takes
 
 
@@ -109,7 +109,7 @@ class Topics:
         return f"{self._base}/up/jobs/{check_level(job_id, 'job id')}"
 
     def engines_request(self, verb: str) -> str:
-        """A request about fleet-shared engines (``ask``, ``offer``, ``piece``, ``drop``)."""
+        """A request about fleet-shared engines (``ask``, ``offer``, ``piece``, ``drop``, ``claim``)."""
         if verb not in ENGINE_REQUEST_VERBS:
             known = ", ".join(sorted(ENGINE_REQUEST_VERBS))
             raise ValueError(f"unknown engines verb {verb!r}; known: {known}")

@@ -24,7 +24,7 @@ from agent.engines.service import PreparedEngine
 from agent.engines.spec import BuildSpec
 from agent.errors import BuildError, EngineError
 from agent.runtime.evidence import EvidenceStore
-from agent.runtime.fleet_engines import offer_when_active, rebuilt_here
+from agent.runtime.fleet_engines import offer_when_active, rebuilt_here, release_claim
 from agent.runtime.guarded import GuardedSlot, GuardRun, activate_guarded
 from agent.runtime.loaded import ModelSource
 from agent.runtime.model_sources import engine_report, engine_source, engine_summary, model_source
@@ -94,7 +94,17 @@ class SlotDeployments:
     def activate_delivered(self, request: ActivationRequest) -> None:
         """A deployment's engine into its slot (raises EngineError: the old model keeps serving).
 
-        Waits for the slot's start-up load first: one owner per slot."""
+        Waits for the slot's start-up load first: one owner per slot. A build claim this device holds
+        for the engine is released when the activation fails (the fleet's next asker builds it)."""
+        built = self._engine_keys.get(request.engine_path)
+        try:
+            self._activate_delivered(request)
+        except BaseException as exc:
+            if built is not None:
+                release_claim(self._owner.engines, built[0], f"the job's activation failed: {exc}")
+            raise
+
+    def _activate_delivered(self, request: ActivationRequest) -> None:
         self._owner.wait_initial_load(request.slot)
         slot_config = self._owner.slot_configs[request.slot]
         current = self._owner.slots[request.slot].current

@@ -41,6 +41,7 @@ def fleet_cache_for(
     state_dir: Path,
     *,
     ask_timeout_s: float,
+    wait_max_s: float = 1200.0,
 ) -> FleetEngineCache:
     """The engine cache's second level for the running agent: requests over its MQTT link, files
     pulled by the delivery fetch, records checked against the keys its manifests are checked with."""
@@ -51,6 +52,7 @@ def fleet_cache_for(
         partial(fetch_engine_file, fetch=fetch),
         work_dir=state_dir / "fleet-engines",
         ask_timeout_s=ask_timeout_s,
+        wait_max_s=wait_max_s,
     )
 
 
@@ -61,7 +63,10 @@ def offer_when_active(
     ran shadow and probation (``guarded``: the slot served a model to guard against), and this device
     built it (a fleet engine is not offered back)."""
     fleet = engines.builder.fleet
-    if fleet is None or not guarded or not request.share_engines or source.engine_key is None:
+    if fleet is None or source.engine_key is None:
+        return
+    if not guarded or not request.share_engines:
+        fleet.release(source.engine_key, "its job ran no shadow and probation: nothing to offer")
         return
     job_id = request.guard.job_id if request.guard is not None else ""
     fleet.offer_in_background(
@@ -71,6 +76,12 @@ def offer_when_active(
         shadow=request.shadow is not None,
         probation_s=request.probation_s,
     )
+
+
+def release_claim(engines: EngineService, key: str, reason: str) -> None:
+    """This device will offer no engine for ``key``: a build claim it holds ends (no-op otherwise)."""
+    if engines.builder.fleet is not None:
+        engines.builder.fleet.release(key, reason)
 
 
 def rebuilt_here(

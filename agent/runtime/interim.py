@@ -17,11 +17,13 @@ from typing import Literal
 import structlog
 
 from agent.engines.fleet_cache import ASKING_THE_FLEET
+from agent.engines.fleet_startup import startup_job_id
 from agent.engines.spec import BuildSpec
 from agent.errors import BuildError, EngineError
 from agent.runtime.loaded import LoadedModel, ModelSource
 from agent.runtime.model_sources import Origin, interim_source
 from agent.runtime.slot_owner import SlotOwner
+from agent.runtime.startup_share import swap_guarded_and_offer
 
 log = structlog.get_logger(__name__)
 
@@ -55,6 +57,9 @@ class InterimServing:
         Raises what :meth:`SlotOwner.prepared` raises when it fails before any build began (the
         caller tries the next candidate); a build that fails later leaves the interim model serving."""
         handoff = _Handoff()
+        # A model from a sharing deployment: its build asks the fleet as a start-up job, and the engine
+        # swaps in through shadow and probation and is offered (agent.runtime.startup_share).
+        job_id = startup_job_id(name) if candidate.share_engines else None
 
         def watch(message: str) -> None:
             # A local miss: the fleet is asked (a bounded wait, then a download) or a build starts.
@@ -64,13 +69,13 @@ class InterimServing:
         def build_engine() -> None:
             try:
                 engine: ModelSource | BaseException = self._owner.prepared(
-                    name, candidate, build, watch=watch
+                    name, candidate, build, watch=watch, job_id=job_id
                 )
             except (EngineError, BuildError) as exc:
                 engine = exc
             if handoff.hand_over(engine):
                 return  # the caller waits for it: a cache hit, or a failure before any build
-            self._swap_from_interim(name, engine, origin)
+            self._swap_from_interim(name, engine, origin, job_id)
 
         self._owner.start_thread(build_engine, f"build-{name}")
         outcome = handoff.wait()
@@ -102,8 +107,11 @@ class InterimServing:
             self._interim[name] = self._owner.slots[name].load(source, self._owner.latest_frame(name))
         self._owner.on_activated()
 
-    def _swap_from_interim(self, name: str, engine: ModelSource | BaseException, origin: Origin) -> None:
-        """The engine built while the interim model served: swapped in, if the slot still serves that."""
+    def _swap_from_interim(
+        self, name: str, engine: ModelSource | BaseException, origin: Origin, job_id: str | None = None
+    ) -> None:
+        """The engine built while the interim model served: swapped in, if the slot still serves that
+        (through shadow and probation, then offered, for a start-up job of a sharing model)."""
         if isinstance(engine, BaseException):
             log.error("slot.interim.build_failed", slot=name, error=str(engine), serving="interim")
             self._owner.metrics.counter(f"slot.{name}.swap_failures").inc()
@@ -114,6 +122,16 @@ class InterimServing:
             if current is not None and current is not interim:
                 # A deployment or rollback activated since: its model wins, the built engine stays cached.
                 log.warning("slot.interim.superseded", slot=name, serving=current.ref.model_id)
+                fleet = self._owner.engines.builder.fleet
+                if fleet is not None and engine.engine_key is not None:
+                    fleet.release(engine.engine_key, "superseded before its start-up swap: never offered")
+                return
+            if job_id is not None and interim is not None and current is interim:
+                if not swap_guarded_and_offer(self._owner, name, engine, origin, job_id):
+                    self._owner.metrics.counter(f"slot.{name}.swap_failures").inc()
+                    return
+                self._interim.pop(name, None)
+                log.info("slot.interim.swapped", slot=name, model=engine.model_id, backend=engine.backend)
                 return
             try:
                 self._owner.activate_locked(name, engine, origin, must_record=False)

@@ -175,10 +175,12 @@ class SlotOwner:
         build: BuildSpec | None,
         *,
         watch: Callable[[str], None] | None = None,
+        job_id: str | None = None,
     ) -> ModelSource:
         """``source`` as the engine its build request asks for (built, or found in the cache).
 
-        Its progress goes to up/info (``building``) while it runs; ``watch`` sees every line too."""
+        Its progress goes to up/info (``building``) while it runs; ``watch`` sees every line too.
+        ``job_id``: the start-up job the fleet hears of when the model shares engines."""
         if build is None:
             return source
         with self.builds.building(name, source.model_id, source.version) as published:
@@ -189,12 +191,17 @@ class SlotOwner:
                 if watch is not None:
                     watch(message)
 
-            with FleetEngineCache.sharing(source.share_engines, None):
+            with FleetEngineCache.sharing(source.share_engines, job_id):
                 engines = self.engines.prepare_set(
                     name, source.path, build, source.preprocess, progress=progress
                 )
+        fleet = self.engines.builder.fleet
         for prepared in engines:
             artifact = prepared.artifact
+            if job_id is None and fleet is not None:
+                # Nothing offers what this build made (no shadow, no probation): the fleet's next asker
+                # builds it rather than waiting for this device.
+                fleet.release(artifact.key, "built outside a guarded job: never offered")
             log.info(
                 "engine.ready",
                 slot=name,

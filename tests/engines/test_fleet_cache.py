@@ -6,6 +6,7 @@ pull between them are tests/e2e/test_fleet_engines.py's subject; here the desk i
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +16,7 @@ import pytest
 
 from agent.camera.preprocess_spec import PreprocessSpec
 from agent.datasets.shapes import MODEL_PATH, generate
+from agent.engines.artifact import EngineArtifact
 from agent.engines.builder import EngineBuilder
 from agent.engines.fleet_cache import FLEET_BUILT_BY, FleetEngineCache
 from agent.engines.service import EngineService
@@ -22,6 +24,7 @@ from agent.engines.settings import EngineConfig
 from agent.engines.spec import BuildSpec
 from agent.fleet.engines.desk import EngineDesk
 from agent.fleet.engines.local import LocalDeskRequests, local_download
+from agent.fleet.engines.settings import EngineShareSettings
 from agent.fleet.engines.trust import sign_record
 from agent.modelzoo import write_classifier
 from agent.platform import BackendAvailability, Platform
@@ -294,3 +297,52 @@ def test_a_fleet_int8_engine_that_does_not_load_in_the_guard_is_dropped_and_buil
     assert "cannot load" in prepared.effective["fleet_engine_failed"]
     assert prepared.effective["int8_guard"]["passed"] is True
     wait_until(lambda: desk.store.get(key) is None, timeout=10, what="the engine withdrawn")
+
+
+def _build_in_thread(builder: EngineBuilder, model: Path, out: list[object]) -> threading.Thread:
+    def run() -> None:
+        with FleetEngineCache.sharing(True, "job-2"):
+            out.append(builder.build(model, SPEC))
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
+
+
+@pytest.mark.parametrize("holder_ends", ["offers", "releases"])
+def test_a_device_told_another_builds_the_key_waits_then_downloads_or_takes_the_claim(
+    tmp_path: Path, model: Path, operator_key: Ed25519PrivateKey, holder_ends: str
+) -> None:
+    desk = make_desk(
+        tmp_path / "controller" / "engines", operator_key, settings=EngineShareSettings(claim_retry_s=0.1)
+    )
+    first, second = (device(tmp_path, name, desk, operator_key) for name in ("dev-a", "dev-b"))
+    assert first.fleet is not None
+    assert second.fleet is not None
+    with FleetEngineCache.sharing(True, "job-1"):
+        artifact = first.build(model, SPEC)  # told to build: it holds the key's claim
+    assert first.fleet.claims.holding(artifact.key)
+    built: list[object] = []
+    thread = _build_in_thread(second, model, built)
+    wait_until(lambda: second.fleet is not None and second.fleet.stats["waited"] == 1, what="dev-b waiting")
+    claim = desk.claims.get(artifact.key)
+    assert claim is not None
+    assert (claim.device, claim.waiters) == ("dev-a", {"dev-b"})
+    assert not built  # it waits: its current model keeps serving meanwhile
+    if holder_ends == "offers":
+        first.fleet.offer(first.cache, artifact.key, job_id="job-1", shadow=True, probation_s=2.0)
+    else:
+        first.fleet.release(artifact.key, "the job was rolled back")
+    thread.join(patient(60))
+    (second_artifact,) = built
+    assert isinstance(second_artifact, EngineArtifact)
+    origin = second_artifact.effective["engine_source"]["origin"]
+    assert origin == ("downloaded" if holder_ends == "offers" else "built")
+    assert not first.fleet.claims.holding(artifact.key)
+    if holder_ends == "releases":
+        claim = desk.claims.get(artifact.key)
+        assert claim is not None
+        assert claim.device == "dev-b"  # the next asker took the claim and built
+        assert second.fleet.claims.holding(artifact.key)
+    else:
+        assert desk.claims.get(artifact.key) is None

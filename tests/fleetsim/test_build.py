@@ -106,3 +106,18 @@ def test_without_sharing_every_device_builds(rig: ControllerRig) -> None:
     assert sum(_per_fingerprint(devices, "builds").values()) == DEVICES
     assert all(d["engines"]["downloads"] == 0 and d["engines"]["asked"] == 0 for d in devices.values())
     assert sum(d["engines"]["build_s"] for d in devices.values()) == DEVICES * 1.0
+
+
+def test_devices_missing_the_same_key_at_once_build_it_once_per_fingerprint(rig: ControllerRig) -> None:
+    # One wave to all six devices: three of each fingerprint miss the same key at the same moment.
+    # The first asker of each key is told to build it (its claim); the other two wait, then download.
+    _rollout(rig, list(rig.ids), share=True, name="all-at-once")
+    devices = rig.wait_devices(_on_v2, "every device on cls:2")
+    builds = _per_fingerprint(devices, "builds")
+    downloads = _per_fingerprint(devices, "downloads")
+    assert len(builds) == 2, builds
+    assert set(builds.values()) == {1}, builds
+    assert downloads == Counter(dict.fromkeys(builds, 2)), downloads
+    engines = [d["engines"] for d in devices.values()]
+    assert sum(e["waited"] for e in engines) == 4  # every downloader was told "being built by"
+    assert sum(e["uploaded"] for e in engines) == 2

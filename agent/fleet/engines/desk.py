@@ -1,6 +1,8 @@
 """The controller's answers to the devices' engine requests (``{prefix}/{device}/up/engines/{verb}``).
 
-- ``ask``: the signed record of the engine with that key, or "not here";
+- ``ask``: the signed record of the engine with that key; else "build it" to the first asker (a build
+  claim: :mod:`.claims`) and "being built by D since T, ask again in S" to the others;
+- ``claim``: the builder's heartbeat (``renew``) or its giving up (``release``);
 - ``offer``: which of the engine's files to upload (the trust checks first: :mod:`.trust`), and once
   they are all here, the engine is vouched for (signed) and stored;
 - ``piece``: one piece of one offered file (the upload path of ``fleet rollout start``);
@@ -28,13 +30,22 @@ from pydantic import ValidationError
 
 from agent.errors import AgentError
 from agent.fleet.base.untrusted import shown
+from agent.fleet.engines.claims import Claim, ClaimBook
 from agent.fleet.engines.settings import EngineShareSettings
 from agent.fleet.engines.store import EngineStore
 from agent.fleet.engines.trust import JobFacts, missing_files, offer_refusal, sign_record, withdraws
 from agent.mqtt.core import PublishProperties
 from agent.mqtt.inbound import InboundMessage
-from agent.protocol.engines import EngineAsk, EngineDrop, EngineListed, EngineOffer, EngineRecord
-from agent.protocol.messages import CommandReply, encode
+from agent.protocol.engines import (
+    ClaimListed,
+    EngineAsk,
+    EngineClaim,
+    EngineDrop,
+    EngineListed,
+    EngineOffer,
+    EngineRecord,
+)
+from agent.protocol.messages import CommandReply, JobState, encode
 from agent.protocol.topics import Topics, parse
 from agent.signing import Ed25519PrivateKey
 
@@ -46,6 +57,8 @@ UPLOAD_IDLE_S = 600.0
 MAX_REQUEST_BYTES = 2 * 1024 * 1024
 
 Publish = Callable[[str, bytes, PublishProperties], None]
+#: Job states after which a claim holder may still offer (its job has not ended).
+_STILL_RUNNING = frozenset(s.value for s in JobState if not s.terminal)
 
 
 class PieceSink(Protocol):
@@ -98,6 +111,9 @@ class EngineDesk:
         self._uploads: dict[str, _Upload] = {}
         self._queue: queue.Queue[InboundMessage | None] = queue.Queue(maxsize=settings.queue)
         self._thread: threading.Thread | None = None
+        self.claims = ClaimBook(
+            quiet_s=settings.claim_quiet_s, max_claims=settings.max_claims, retry_s=settings.claim_retry_s
+        )
         self.stats = {"asks": 0, "found": 0, "stored": 0, "withdrawn": 0, "refused": 0, "dropped_requests": 0}
 
     @property
@@ -176,6 +192,8 @@ class EngineDesk:
             return self.piece(device, payload, properties)
         if verb == "drop":
             return self.drop(device, EngineDrop.model_validate_json(payload))
+        if verb == "claim":
+            return self.claim(device, EngineClaim.model_validate_json(payload))
         raise EngineRequestError(f"unknown engines verb {shown(verb, 32)}")
 
     def ask(self, device: str, ask: EngineAsk) -> dict[str, Any]:
@@ -183,14 +201,70 @@ class EngineDesk:
         if not self.can_vouch:
             return {"found": False, "reason": "this controller has no signing key: it shares no engines"}
         entry = self.store.get(ask.key)
-        if entry is None:
-            return {"found": False, "reason": f"the fleet holds no engine {ask.key[:12]}"}
-        self.stats["found"] += 1
-        self.store.used(ask.key, device)
-        return {"found": True, "engine": entry.signed.model_dump(mode="json")}
+        if entry is not None:
+            self.stats["found"] += 1
+            self.store.used(ask.key, device)
+            return {"found": True, "engine": entry.signed.model_dump(mode="json")}
+        decision = self.claims.ask(
+            ask.key,
+            device,
+            job_id=ask.job_id,
+            fingerprint=ask.fingerprint or "",
+            now=time.monotonic(),
+            ended=self._claim_ended,
+        )
+        key = ask.key[:12]
+        if decision.kind == "build_unclaimed":
+            return {
+                "found": False,
+                "build": True,
+                "reason": f"the fleet holds no engine {key}, and {len(self.claims)} builds are claimed "
+                "already: build it here",
+            }
+        claim = decision.claim
+        assert claim is not None
+        if decision.kind == "build":
+            quiet = self.claims.quiet_s
+            return {
+                "found": False,
+                "build": True,
+                "reason": f"the fleet holds no engine {key}: build it (the fleet waits for your offer)",
+                "claim": {"since": claim.since, "quiet_s": quiet, "renew_s": round(quiet / 3, 1)},
+            }
+        when = time.strftime("%H:%M:%SZ", time.gmtime(claim.since))
+        return {
+            "found": False,
+            "build": False,
+            "reason": f"engine {key} is being built by {shown(claim.device, 64)} since {when}",
+            "building": {
+                "device": claim.device,
+                "since": claim.since,
+                "heard_s": round(time.monotonic() - claim.heard, 1),
+            },
+            "retry_s": decision.retry_s,
+        }
+
+    def claim(self, device: str, claim: EngineClaim) -> dict[str, Any]:
+        if claim.action == "renew":
+            return {"held": self.claims.renew(claim.key, device, time.monotonic())}
+        released = self.claims.release(claim.key, device, claim.reason)
+        if released:
+            why = shown(claim.reason, 300)
+            log.info("fleet.engines.claim_released", device=device, key=claim.key, reason=why)
+        return {"released": released}
+
+    def _claim_ended(self, claim: Claim) -> str | None:
+        """The holder's job ended without ACTIVE (it will never offer), or None."""
+        if claim.job_id is None:
+            return None
+        facts = self._job_facts(claim.device, claim.job_id)
+        if facts is None or facts.state in _STILL_RUNNING or facts.state == JobState.ACTIVE.value:
+            return None
+        return f"its job {claim.job_id} ended {facts.state}"
 
     def offer(self, device: str, offer: EngineOffer) -> dict[str, Any]:
         if self.store.get(offer.key) is not None:
+            self.claims.settled(offer.key)
             return {"stored": True, "note": "the fleet holds this engine already"}
         refusal = offer_refusal(
             offer,
@@ -255,6 +329,7 @@ class EngineDesk:
         signed = sign_record(record, self._key, self._key_id)
         self._uploads.pop(device, None)
         self.store.add(signed, record, keep_blobs=self._pending_blobs())
+        self.claims.settled(offer.key)
         self.stats["stored"] += 1
         return {"stored": True}
 
@@ -285,8 +360,23 @@ class EngineDesk:
                 last_used=entry.last_used,
             )
             by_platform.setdefault(record.fingerprint, []).append(row.model_dump(mode="json"))
+        now = time.monotonic()
+        self.claims.expire(now, self._claim_ended)
+        claims = [
+            ClaimListed(
+                key=c.key,
+                fingerprint=c.fingerprint,
+                device=c.device,
+                job_id=c.job_id,
+                since=c.since,
+                heard_s=round(now - c.heard, 1),
+                waiting=len(c.waiters),
+            ).model_dump(mode="json")
+            for c in self.claims.live(now)
+        ]
         return {
             "fingerprints": by_platform,
+            "claims": claims,
             "engines": sum(len(rows) for rows in by_platform.values()),
             "bytes": self.store.total_bytes(),
             "sharing": self.settings.share and self.can_vouch,

@@ -1,7 +1,9 @@
 """``fleet engines list``'s text: per platform fingerprint (backend and exact version, device, L4T
 release), each engine's key, size, who built it and when, how long that build took, and how often
-other devices downloaded it instead of building, then the engines withdrawn. The command itself is in
-:mod:`agent.fleet.cli.main`; the console's engines page shows the same listing.
+other devices downloaded it instead of building, then the engines withdrawn, then the build
+claims running (which device builds which key since when, last heard, how many devices wait for
+it). The command itself is in :mod:`agent.fleet.cli.main`; the console's engines page shows the
+same listing.
 
 Fingerprints and builders' ids came from devices: they pass :func:`~agent.fleet.base.untrusted.shown`.
 """
@@ -56,6 +58,18 @@ def engines_table(listing: dict[str, Any]) -> str:
             f"  {shown(str(w['key'])[:12])}  engine {shown(str(w['engine_sha256'])[:12])}"
             for w in listing["withdrawn"]
         ]
+    claims = list(listing.get("claims") or [])
+    if claims:
+        lines.append(f"being built now (build claims): {len(claims)}")
+        lines.append(
+            f"  {'KEY':<12}  {'BUILDER':<24}  {'SINCE (UTC)':<19}  {'HEARD':>7}  WAITING  FINGERPRINT"
+        )
+        for claim in claims:
+            since = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(float(claim["since"])))
+            key, builder = shown(str(claim["key"])[:12]), shown(claim["device"], 24)
+            heard, waiting = f"{float(claim['heard_s']):.0f}s ago", claim["waiting"]
+            fingerprint = shown(claim["fingerprint"])
+            lines.append(f"  {key:<12}  {builder:<24}  {since:<19}  {heard:>7}  {waiting:>7}  {fingerprint}")
     return "\n".join(lines)
 
 

@@ -19,7 +19,7 @@ from agent.errors import AgentError, HashMismatchError
 from agent.fleet.engines.desk import EngineDesk
 from agent.fsutil import sha256_file
 from agent.protocol.engines import EngineFile
-from agent.protocol.messages import CommandReply
+from agent.protocol.messages import CommandReply, JobStatus
 
 
 class LocalDeskRequests:
@@ -30,6 +30,10 @@ class LocalDeskRequests:
         self.device = device
         self.verbs: list[str] = []
         self.heard = threading.Event()  # set on every request (drops are sent from a thread)
+        self.statuses: list[JobStatus] = []  # start-up jobs' statuses (no fleet view hears them here)
+
+    def job_status(self, status: JobStatus) -> None:
+        self.statuses.append(status)
 
     def request(
         self,

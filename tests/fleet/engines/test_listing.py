@@ -11,6 +11,7 @@ from typing import Any
 
 from agent.fleet.engines.hooks import engines_listing
 from agent.fleet.engines.listing import engines_table
+from agent.protocol.engines import EngineAsk
 from agent.signing import Ed25519PrivateKey
 from tests.engines.fleet_desk import make_desk
 from tests.fleet.engines.records import offer
@@ -105,6 +106,8 @@ def test_the_engine_listing_example_in_docs_protocol_md_has_the_keys_of_a_real_l
         desk.handle(device, "piece", data, {"sha256": made.files[0].sha256, "offset": "0", "size": "12"})
         desk.handle(device, "offer", made.model_dump_json().encode(), {})
     desk.store.withdraw(hashlib.sha256(b"other bytes!").hexdigest(), "failed to load")
+    ask = EngineAsk(key="cd" * 32, job_id="j-3", fingerprint="tensorrt 10.3.0 / Orin 8.7 / gpu / L4T 36.4.3")
+    desk.handle("jet-03", "ask", ask.model_dump_json().encode(), {})
     real = engines_listing(desk)
     doc = (Path(__file__).resolve().parents[3] / "docs" / "protocol.md").read_text()
     section = doc.split("\n### Engine listing\n", 1)[1].split("\n## ", 1)[0]
@@ -117,4 +120,19 @@ def test_the_engine_listing_example_in_docs_protocol_md_has_the_keys_of_a_real_l
     assert set(example) == set(real)
     assert [set(r) for r in rows(example)] == [set(r) for r in rows(real)]
     assert [set(w) for w in example["withdrawn"]] == [set(w) for w in real["withdrawn"]]
+    assert [set(c) for c in example["claims"]] == [set(c) for c in real["claims"]]
     assert engines_table(example).splitlines()[0] == "engines: 1 (18.2 MiB), sharing on"
+
+
+def test_the_table_shows_the_builds_claimed_and_who_waits_for_them(tmp_path: Path) -> None:
+    desk = make_desk(tmp_path, Ed25519PrivateKey.generate())
+    ask = EngineAsk(key="ab" * 32, fingerprint="tensorrt 10.3.0 / Orin NX 8.7 / gpu / L4T R36.4.0")
+    for device in ("jet-01", "jet-02", "jet-03"):
+        desk.handle(device, "ask", ask.model_dump_json().encode(), {})
+    listing = desk.listing()
+    (claim,) = listing["claims"]
+    assert (claim["device"], claim["waiting"], claim["key"]) == ("jet-01", 2, "ab" * 32)
+    lines = engines_table(listing).splitlines()
+    assert lines[1] == "being built now (build claims): 1"
+    assert lines[3].split()[:2] == ["ab" * 6, "jet-01"]
+    assert lines[3].endswith("2  tensorrt 10.3.0 / Orin NX 8.7 / gpu / L4T R36.4.0")

@@ -1,0 +1,192 @@
+"""Build claims: one build per engine cache key for the whole fleet (docs/engines.md, "One build per
+key, not one per asker").
+
+The first device that asks for a key nobody holds or builds is told to build it: it holds the key's
+**claim**. Every other device asking for that key meanwhile is told who builds it since when, and
+to ask again after ``retry_s`` (its model keeps serving). A claim ends when the engine is stored,
+when its holder releases it (its build failed, its job ended without an offer), when the holder's
+job is heard ending without ACTIVE, or when the holder is quiet (no ask, no renewal) for
+``quiet_s``: then the next asker gets it.
+
+:class:`ClaimBook` decides; it keeps no clock of its own (``now``: monotonic seconds, passed in) and
+nothing unbounded: at most ``max_claims`` claims (more askers than that build without one, as before
+claims existed) and :data:`MAX_WAITERS` waiting devices counted per claim.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal, ParamSpec, TypeVar
+
+#: Waiting devices remembered per claim (only to spread their re-asks: more are not counted).
+MAX_WAITERS = 10_000
+#: Re-asks per second per claim the controller aims at: the suggested wait grows with the waiters.
+ASKS_PER_S = 50.0
+#: Longest wait between two asks a controller suggests.
+MAX_RETRY_S = 60.0
+
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def _locked(method: Callable[_P, _R]) -> Callable[_P, _R]:
+    """Run ``method`` under the book's lock (the desk's thread decides, the listing reads elsewhere)."""
+
+    @functools.wraps(method)
+    def run(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+        book: Any = args[0]
+        with book._lock:
+            return method(*args, **kwargs)
+
+    return run
+
+
+@dataclass
+class Claim:
+    """One key being built: by which device, for which job, since when, last heard when."""
+
+    key: str
+    device: str
+    job_id: str | None
+    fingerprint: str
+    since: float  # Unix seconds (shown)
+    heard: float  # monotonic seconds (expiry)
+    waiters: set[str] = field(default_factory=set)
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What an ask without a stored engine is answered: ``build`` (the asker holds the claim),
+    ``wait`` (another device builds it: ask again after ``retry_s``), or ``build_unclaimed`` (too
+    many claims: build without one)."""
+
+    kind: Literal["build", "wait", "build_unclaimed"]
+    claim: Claim | None
+    retry_s: float = 0.0
+
+
+#: ``ended(claim)``: why the holder's build is over though it never said so (its job ended without
+#: ACTIVE ...), or None while it may still offer.
+EndedFn = Callable[[Claim], str | None]
+
+
+class ClaimBook:
+    """The live claims, one per key (see the module docstring)."""
+
+    def __init__(self, *, quiet_s: float, max_claims: int, retry_s: float) -> None:
+        self.quiet_s = quiet_s
+        self.max_claims = max_claims
+        self.retry_s = retry_s
+        self._claims: dict[str, Claim] = {}
+        self._lock = threading.RLock()
+        self.ended: list[tuple[str, str, str]] = []  # (key, device, why): the last few, for the log
+        self.stats = {"granted": 0, "waits": 0, "expired": 0, "released": 0, "unclaimed": 0}
+
+    def __len__(self) -> int:
+        return len(self._claims)
+
+    @_locked
+    def get(self, key: str) -> Claim | None:
+        return self._claims.get(key)
+
+    def ask(
+        self,
+        key: str,
+        device: str,
+        *,
+        job_id: str | None,
+        fingerprint: str,
+        now: float,
+        ended: EndedFn | None = None,
+    ) -> Decision:
+        """``device`` asks for ``key`` and the fleet holds no such engine: who builds it."""
+        claim = self._claims.get(key)
+        if claim is not None:
+            why = self._over(claim, now, ended)
+            if why is not None:
+                self._end(claim, why)
+                claim = None
+        if claim is not None and claim.device == device:
+            # The holder asks again (a restart, a retried job): it still builds. Its ask is a heartbeat.
+            claim.heard = now
+            claim.job_id = job_id or claim.job_id
+            return Decision("build", claim)
+        if claim is not None:
+            if len(claim.waiters) < MAX_WAITERS:
+                claim.waiters.add(device)
+            self.stats["waits"] += 1
+            return Decision("wait", claim, self.retry_for(claim))
+        self.expire(now, ended)
+        if len(self._claims) >= self.max_claims:
+            self.stats["unclaimed"] += 1
+            return Decision("build_unclaimed", None)
+        claim = Claim(key, device, job_id, fingerprint, time.time(), now)
+        self._claims[key] = claim
+        self.stats["granted"] += 1
+        return Decision("build", claim)
+
+    def retry_for(self, claim: Claim) -> float:
+        """Seconds a waiter waits before it asks again: ``retry_s``, longer as waiters grow (so the
+        controller hears about :data:`ASKS_PER_S` asks a second per key), at most :data:`MAX_RETRY_S`."""
+        return round(min(MAX_RETRY_S, max(self.retry_s, len(claim.waiters) / ASKS_PER_S)), 1)
+
+    @_locked
+    def renew(self, key: str, device: str, now: float) -> bool:
+        """The holder's heartbeat: True when ``device`` holds ``key``'s claim (now renewed)."""
+        claim = self._claims.get(key)
+        if claim is None or claim.device != device:
+            return False
+        claim.heard = now
+        return True
+
+    @_locked
+    def release(self, key: str, device: str, reason: str) -> bool:
+        """The holder gave up without an engine: the claim ends (True), the next asker builds."""
+        claim = self._claims.get(key)
+        if claim is None or claim.device != device:
+            return False
+        self._end(claim, f"released: {reason}"[:300])
+        self.stats["released"] += 1
+        return True
+
+    @_locked
+    def settled(self, key: str) -> None:
+        """The engine of ``key`` is stored: its claim, if any, is over (waiters download it now)."""
+        claim = self._claims.pop(key, None)
+        if claim is not None:
+            self._remember(claim, "stored")
+
+    @_locked
+    def expire(self, now: float, ended: EndedFn | None = None) -> list[Claim]:
+        """End every claim whose holder went quiet or whose job ended; returns them."""
+        gone = []
+        for claim in list(self._claims.values()):
+            why = self._over(claim, now, ended)
+            if why is not None:
+                self._end(claim, why)
+                gone.append(claim)
+        return gone
+
+    @_locked
+    def live(self, now: float) -> list[Claim]:
+        """The claims still running, oldest first."""
+        return sorted(self._claims.values(), key=lambda c: c.since)
+
+    def _over(self, claim: Claim, now: float, ended: EndedFn | None) -> str | None:
+        if now - claim.heard > self.quiet_s:
+            self.stats["expired"] += 1
+            return f"its builder was quiet for {now - claim.heard:.0f}s (more than {self.quiet_s:.0f}s)"
+        return ended(claim) if ended is not None else None
+
+    def _end(self, claim: Claim, why: str) -> None:
+        self._claims.pop(claim.key, None)
+        self._remember(claim, why)
+
+    def _remember(self, claim: Claim, why: str) -> None:
+        self.ended.append((claim.key, claim.device, why))
+        del self.ended[:-32]
