@@ -24,6 +24,7 @@ from agent.fleet.rollout.records import WaveState
 from agent.fleet.view.live import FleetView
 from agent.localbroker import Broker
 from agent.mqtt.service_client import ServiceClient
+from agent.protocol.engines import EngineAsk
 from agent.protocol.messages import BuildProgressInfo, JobState, JobStatus, encode
 from agent.protocol.topics import Topics
 from agent.signing import Ed25519PrivateKey
@@ -97,6 +98,10 @@ def test_the_engines_page_lists_each_fingerprints_engines_with_builder_build_tim
     )
     bad = store_engine(desk, "jet-05", b"an engine that failed to load", fingerprint=cpu, build_seconds=3.0)
     assert desk.store.withdraw(bad, "failed to load on jet-06")
+    # A key nobody holds: the first asker builds it under its claim, the next two wait for it.
+    ask = EngineAsk(key="ab" * 32, job_id="cls-3", fingerprint="onnxruntime 1.20 / x86_64 / cpu")
+    for device in ("jet-08", "jet-09", "jet-10"):
+        desk.handle(device, "ask", ask.model_dump_json().encode(), {})
 
     page.goto(console.server.url + "/engines")
     page.wait_for_selector("#engines[data-rendered='1']")
@@ -105,6 +110,7 @@ def test_the_engines_page_lists_each_fingerprints_engines_with_builder_build_tim
         key: page.locator(f'#engines tr[data-key="{key}"] td').all_inner_texts() for key in (shared, hostile)
     }
     withdrawn = page.locator("#withdrawn tbody tr").all_inner_texts()
+    claim = page.locator(f'#claims tr[data-key="{"ab" * 32}"] td').all_inner_texts()
     totals = page.inner_text("#engines p.totals")
     nav = page.locator("#nav-engines").get_attribute("class")
     api = json.loads(page.request.get(console.server.url + "/api/engines").text())
@@ -125,6 +131,8 @@ def test_the_engines_page_lists_each_fingerprints_engines_with_builder_build_tim
     assert withdrawn == [
         f"{bad[:12]}\twithdrawn\t{hashlib.sha256(b'an engine that failed to load').hexdigest()[:12]}"
     ]
+    assert claim[:3] == ["ab" * 6, "onnxruntime 1.20 / x86_64 / cpu", "jet-08"]
+    assert claim[5] == "2", "two devices wait for the claimed build"
     assert totals.startswith("2 engines (")
     assert "sharing on" in totals
     assert "current" in (nav or "")

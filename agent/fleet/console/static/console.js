@@ -739,6 +739,17 @@ function enginesView(listing) {
       table("", ["key", "size", "built by", "built at", "build", "reused", "last used"], rows.map(engineRow))));
   }
   if (!fingerprints.length) parts.push(el("p", { className: "muted" }, "No engines yet: a device offers its engine once its job ran to ACTIVE through shadow and probation."));
+  const claims = listing.claims || [];
+  if (claims.length) {
+    // One build per key: the device building it now, and how many devices wait for its engine.
+    const rows = claims.map((c) => el("tr", { className: "claim", dataset: { key: c.key } },
+      el("td", { className: "mono key", title: c.key }, c.key.slice(0, 12)), el("td", {}, c.fingerprint),
+      el("td", {}, c.device), el("td", {}, new Date(c.since * 1000).toISOString().slice(0, 19).replace("T", " ")),
+      el("td", {}, Math.round(c.heard_s) + " s ago"), el("td", {}, String(c.waiting))));
+    parts.push(el("section", { id: "claims" },
+      el("h2", {}, "Being built now (" + claims.length + "): one device builds, the others wait and download"),
+      table("", ["key", "fingerprint", "builder", "since (UTC)", "last heard", "waiting"], rows)));
+  }
   const withdrawn = listing.withdrawn || [];
   if (withdrawn.length) {
     const rows = withdrawn.map((w) => el("tr", { className: "withdrawn", dataset: { key: w.key } },
