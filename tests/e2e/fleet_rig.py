@@ -7,7 +7,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import cv2
+
+from agent.datasets.shapes import LABELS_PATH, MODEL_PATH, generate
 from agent.delivery.manifest import KIB
+from agent.fleet.controller.config import ControllerConfig
 from agent.fleet.deploy.keys import KeyPairFiles, load_signing_key
 from agent.fleet.deploy.outcome import DeployOutcome
 from agent.fleet.deploy.plan import DeployPlan
@@ -25,6 +29,16 @@ def count_version(version: str, topic: str) -> Callable[[list[Received]], bool]:
         return sum(r.model.version == version for r in unique_results(messages, topic)) >= 10
 
     return enough
+
+
+def shapes_video(path: Path, frames: int = 90) -> Path:
+    """An MJPEG video of ``frames`` generated shapes (128x128 at 30 fps) the shapes classifier knows."""
+    images, _labels = generate(frames, seed=123, size=64)
+    writer = cv2.VideoWriter(str(path), cv2.VideoWriter.fourcc(*"MJPG"), 30.0, (128, 128))
+    for image in images:
+        writer.write(cv2.resize(image, (128, 128), interpolation=cv2.INTER_NEAREST))
+    writer.release()
+    return path
 
 
 def operator_settings(broker: Broker) -> MqttSettings:
@@ -56,6 +70,42 @@ class Fleet:
         trust = {"trusted_keys": {self.keys.key_id: str(self.keys.public)}, **delivery}
         files.write_config(stream=stream, delivery=trust)
         return files
+
+    def shapes_files(
+        self, device: str, *, video: str = "s.avi", realtime: bool = True, **sections: Any
+    ) -> AgentFiles:
+        """A device's files serving the bundled shapes classifier (slot ``cls``, version 1) on a video of
+        generated shapes played at its own 30 fps, as a camera is (``realtime=False``: as fast as it
+        decodes), trusting the test's key; ``sections`` are more top-level config sections."""
+        files = self.files(device)
+        source = {"type": "file", "path": str(shapes_video(files.root / video)), "loop": True}
+        files.write_config(
+            slots={
+                "cls": {
+                    "model": str(MODEL_PATH),
+                    "model_id": "cls",
+                    "version": "1",
+                    "preprocess": {"width": 64, "height": 64},
+                    "postprocess": {"type": "classification", "top_k": 1, "labels_file": str(LABELS_PATH)},
+                }
+            },
+            stream={"source": {**source, "realtime": True} if realtime else source},
+            delivery={"trusted_keys": {self.keys.key_id: str(self.keys.public)}},
+            **sections,
+        )
+        return files
+
+    def controller_config(self, state_dir: Path, **settings: Any) -> ControllerConfig:
+        """A controller of this fleet's broker that signs with the test's key (so it shares engines),
+        polling device status every second; ``settings`` are more of controller.yaml's fields."""
+        return ControllerConfig(
+            mqtt=operator_settings(self.broker),
+            state_dir=state_dir,
+            signing_key=self.keys.private,
+            key_id=self.keys.key_id,
+            status_poll_s=1.0,
+            **settings,
+        )
 
     def start(self, files: AgentFiles) -> Daemon:
         daemon = Daemon(files.config_path, files.root / f"agent-{len(self.daemons)}.log")

@@ -26,14 +26,13 @@ import pytest
 from playwright.sync_api import Page
 
 from agent.cli import main
-from agent.datasets.shapes import LABELS_PATH, MODEL_PATH
+from agent.datasets.shapes import MODEL_PATH
 from agent.fleet.controller.client import ControllerClient
 from agent.fsutil import sha256_file
 from agent.localbroker import Broker
 from agent.protocol.topics import Topics
 from tests.e2e.daemon import AgentFiles
 from tests.e2e.fleet_rig import Fleet, count_version, operator_settings
-from tests.e2e.test_shadow_int8 import shapes_video
 from tests.fleet.console import test_browser
 from tests.fleet.controller_process import ROOT, ControllerProcess
 from tests.mqtt_probe import Probe
@@ -60,21 +59,7 @@ def controller(tmp_path: Path, broker: Broker, fleet: Fleet) -> Iterator[Control
 
 def start_device(fleet: Fleet, device: str) -> AgentFiles:
     """A daemon serving the shapes classifier on a video played at its own 30 fps."""
-    files = fleet.files(device)
-    video = shapes_video(files.root / "s.avi")
-    files.write_config(
-        slots={
-            "cls": {
-                "model": str(MODEL_PATH),
-                "model_id": "cls",
-                "version": "1",
-                "preprocess": {"width": 64, "height": 64},
-                "postprocess": {"type": "classification", "top_k": 1, "labels_file": str(LABELS_PATH)},
-            }
-        },
-        stream={"source": {"type": "file", "path": str(video), "loop": True, "realtime": True}},
-        delivery={"trusted_keys": {fleet.keys.key_id: str(fleet.keys.public)}},
-    )
+    files = fleet.shapes_files(device)
     fleet.start(files)
     return files
 

@@ -16,14 +16,14 @@ import pytest
 from agent.backends.base import LoadOptions, get_backend
 from agent.camera.preprocess import preprocess
 from agent.camera.preprocess_spec import PreprocessSpec
-from agent.datasets.shapes import LABELS_PATH, MODEL_PATH, generate
+from agent.datasets.shapes import MODEL_PATH, generate
 from agent.delivery.guard import ProbationSpec, ShadowSpec
 from agent.engines.int8 import quantize_int8
 from agent.engines.spec import BuildSpec
 from agent.protocol.messages import JobState
 from agent.protocol.topics import Topics
 from tests.e2e.fleet_rig import Fleet, count_version, finish, job_statuses
-from tests.e2e.test_shadow_int8 import CALIBRATION_SEED, shapes_video
+from tests.e2e.test_shadow_int8 import CALIBRATION_SEED
 from tests.mqtt_probe import Probe
 
 pytestmark = pytest.mark.slow
@@ -51,27 +51,7 @@ def test_every_device_builds_the_same_int8_engine_from_the_shipped_calibration(
     devices = [f"{device_id}-{i}" for i in range(2)]
     probe.subscribe("fleet/v1/+/up/#")
     for device in devices:
-        files = fleet.files(device)
-        files.write_config(
-            slots={
-                "cls": {
-                    "model": str(MODEL_PATH),
-                    "model_id": "cls",
-                    "version": "1",
-                    "preprocess": {"width": 64, "height": 64},
-                    "postprocess": {"type": "classification", "top_k": 1, "labels_file": str(LABELS_PATH)},
-                }
-            },
-            stream={
-                "source": {
-                    "type": "file",
-                    "path": str(shapes_video(files.root / "s.avi")),
-                    "loop": True,
-                    "realtime": True,
-                }
-            },
-            delivery={"trusted_keys": {fleet.keys.key_id: str(fleet.keys.public)}},
-        )
+        files = fleet.shapes_files(device)
         fleet.start(files)
     for device in devices:
         probe.wait_for(count_version("1", Topics("fleet/v1", device).results("cam")), timeout=180)

@@ -7,11 +7,9 @@ import signal
 import uuid
 from pathlib import Path
 
-import cv2
 import pytest
 import yaml
 
-from agent.datasets.shapes import generate
 from agent.engines.spec import BuildSpec
 from agent.fleet.deploy.plan import DeployPlan
 from agent.fleet.deploy.run import FleetDeploy
@@ -19,20 +17,12 @@ from agent.localbroker import Broker
 from agent.mqtt.settings import MqttSettings
 from agent.protocol.messages import JobStatus, decode
 from tests.e2e.daemon import REPO, Daemon, unique_results
+from tests.e2e.fleet_rig import shapes_video
 from tests.mqtt_probe import Probe
 
 pytestmark = pytest.mark.slow
 
 SHAPES = REPO / "agent" / "assets" / "shapes_classifier.onnx"
-
-
-def _shapes_video(path: Path, frames: int) -> Path:
-    images, _labels = generate(frames, seed=123, size=64)
-    writer = cv2.VideoWriter(str(path), cv2.VideoWriter.fourcc(*"MJPG"), 30.0, (128, 128))
-    for image in images:
-        writer.write(cv2.resize(image, (128, 128), interpolation=cv2.INTER_NEAREST))
-    writer.release()
-    return path
 
 
 def _config(tmp_path: Path, port: int, device: str, video: Path, agreement: float) -> Path:
@@ -78,7 +68,7 @@ def test_int8_from_live_frames_goes_live_past_the_guard(tmp_path: Path, broker: 
     """The slot starts on the ONNX model, calibrates INT8 on its own stream, passes the guard, swaps."""
     agreement, precision = 0.8, "int8"
     device = f"eng-{uuid.uuid4().hex[:8]}"
-    video = _shapes_video(tmp_path / "shapes.avi", 90)
+    video = shapes_video(tmp_path / "shapes.avi", 90)
     topic = f"fleet/v1/{device}/up/results/cam"
     with Probe(broker.host, broker.port) as probe:
         probe.subscribe(topic)
@@ -114,7 +104,7 @@ def test_int8_from_live_frames_goes_live_past_the_guard(tmp_path: Path, broker: 
 
 def test_calibrate_command_stores_and_reuses(tmp_path: Path, broker: Broker) -> None:
     device = f"cal-{uuid.uuid4().hex[:8]}"
-    video = _shapes_video(tmp_path / "shapes.avi", 60)
+    video = shapes_video(tmp_path / "shapes.avi", 60)
     config = yaml.safe_load(_config(tmp_path, broker.port, device, video, 0.8).read_text())
     del config["slots"]["cls"]["build"]
     path = tmp_path / "agent.yaml"
@@ -173,7 +163,7 @@ def test_deployment_with_an_int8_build_reports_requested_and_effective(
 ) -> None:
     """A manifest asking for INT8 calibrated on the live stream: BUILDING runs the guard, the job says so."""
     device = f"dep8-{uuid.uuid4().hex[:8]}"
-    video = _shapes_video(tmp_path / "shapes.avi", 90)
+    video = shapes_video(tmp_path / "shapes.avi", 90)
     config = yaml.safe_load(_config(tmp_path, broker.port, device, video, 0.8).read_text())
     del config["slots"]["cls"]["build"]
     config["delivery"] = {"require_signature": False}
@@ -229,7 +219,7 @@ def test_a_failing_build_fails_the_job_and_the_camera_loop_keeps_serving(
 ) -> None:
     """A real build child that runs out of its memory limit: the job FAILS naming why; frames flow on."""
     device = f"oom-{uuid.uuid4().hex[:8]}"
-    video = _shapes_video(tmp_path / "shapes.avi", 60)
+    video = shapes_video(tmp_path / "shapes.avi", 60)
     config = yaml.safe_load(_config(tmp_path, broker.port, device, video, 0.8).read_text())
     del config["slots"]["cls"]["build"]
     config["delivery"] = {"require_signature": False}

@@ -25,15 +25,14 @@ from pathlib import Path
 
 import pytest
 
-from agent.datasets.shapes import LABELS_PATH, MODEL_PATH
+from agent.datasets.shapes import MODEL_PATH
 from agent.engines.spec import BuildSpec
-from agent.fleet.controller.config import ControllerConfig
 from agent.fleet.engines.settings import EngineShareSettings
 from agent.localbroker import Broker
 from agent.protocol.messages import JobState
 from agent.protocol.topics import Topics
 from tests.e2e.daemon import AgentFiles, Daemon
-from tests.e2e.fleet_rig import Fleet, count_version, finish, job_statuses, operator_settings
+from tests.e2e.fleet_rig import Fleet, count_version, finish, job_statuses
 from tests.e2e.test_fleet_engines import (
     PROBATION,
     SHADOW,
@@ -42,7 +41,6 @@ from tests.e2e.test_fleet_engines import (
     progress_lines_of,
     start_device,
 )
-from tests.e2e.test_shadow_int8 import shapes_video
 from tests.engines import paced_build
 from tests.fleet.controller.loop_thread import RunningController
 from tests.mqtt_probe import Probe
@@ -57,15 +55,11 @@ GUARDED = {"build": FP32, "share_engines": True, "shadow": SHADOW, "probation_s"
 
 @pytest.fixture
 def controller(tmp_path: Path, broker: Broker, fleet: Fleet) -> Iterator[RunningController]:
-    config = ControllerConfig(
-        mqtt=operator_settings(broker),
-        state_dir=tmp_path / "controller",
-        signing_key=fleet.keys.private,
-        key_id=fleet.keys.key_id,
-        status_poll_s=1.0,
-        engines=EngineShareSettings(claim_quiet_s=3.0, claim_retry_s=1.0),
+    running = RunningController(
+        fleet.controller_config(
+            tmp_path / "controller", engines=EngineShareSettings(claim_quiet_s=3.0, claim_retry_s=1.0)
+        )
     )
-    running = RunningController(config)
     yield running
     running.stop()
 
@@ -189,23 +183,13 @@ def test_a_claim_holder_killed_mid_build_hands_the_claim_on_and_every_job_ends_o
 def start_on_release(fleet: Fleet, device: str, revision: str) -> Daemon:
     """``start_device``'s device on a Jetson of L4T R36 ``revision``: a fake root of its platform files
     (``telemetry.sysfs_root``; no Jetson here), short start-up shadow and probation bars."""
-    files = fleet.files(device)
-    root = files.root / f"jetson-{revision}"
+    root = fleet.root / device / f"jetson-{revision}"
     if not root.exists():
-        root.mkdir()
+        root.mkdir(parents=True)
         jetson_root(root, release=AGX_RELEASE.replace("REVISION: 4.0", f"REVISION: {revision}"))
-    files.write_config(
-        slots={
-            "cls": {
-                "model": str(MODEL_PATH),
-                "model_id": "cls",
-                "version": "1",
-                "preprocess": {"width": 64, "height": 64},
-                "postprocess": {"type": "classification", "top_k": 1, "labels_file": str(LABELS_PATH)},
-            }
-        },
-        stream={"source": {"type": "file", "path": str(shapes_video(files.root / "s.avi")), "loop": True}},
-        delivery={"trusted_keys": {fleet.keys.key_id: str(fleet.keys.public)}},
+    files = fleet.shapes_files(
+        device,
+        realtime=False,
         telemetry={"sysfs_root": str(root), "interval_s": 1.0},
         engines={  # the bars of tests/e2e/test_fleet_engines.py: a loaded host is not a slow engine
             "startup_guard": {

@@ -25,10 +25,9 @@ from agent.backends.base import LoadOptions, get_backend
 from agent.camera.preprocess import preprocess
 from agent.camera.preprocess_spec import PreprocessSpec
 from agent.cli import main
-from agent.datasets.shapes import LABELS_PATH, MODEL_PATH, generate
+from agent.datasets.shapes import MODEL_PATH, generate
 from agent.delivery.guard import ProbationSpec, ShadowSpec
 from agent.engines.spec import BuildSpec, CalibrationSource
-from agent.fleet.controller.config import ControllerConfig
 from agent.fleet.deploy.keys import load_signing_key
 from agent.fleet.engines.trust import sign_record
 from agent.localbroker import Broker
@@ -36,8 +35,7 @@ from agent.protocol.messages import JobState
 from agent.protocol.topics import Topics
 from agent.signing import Ed25519PrivateKey
 from tests.e2e.daemon import AgentFiles
-from tests.e2e.fleet_rig import Fleet, count_version, finish, job_statuses, operator_settings
-from tests.e2e.test_shadow_int8 import shapes_video
+from tests.e2e.fleet_rig import Fleet, count_version, finish, job_statuses
 from tests.fleet.controller.loop_thread import RunningController
 from tests.fleet.engines.records import engine_file as engine_file_of
 from tests.mqtt_probe import Probe
@@ -56,43 +54,16 @@ INT8_STREAM = BuildSpec(
 
 @pytest.fixture
 def controller(tmp_path: Path, broker: Broker, fleet: Fleet) -> Iterator[RunningController]:
-    config = ControllerConfig(
-        mqtt=operator_settings(broker),
-        state_dir=tmp_path / "controller",
-        signing_key=fleet.keys.private,
-        key_id=fleet.keys.key_id,
-        status_poll_s=1.0,
-    )
-    running = RunningController(config)
+    running = RunningController(fleet.controller_config(tmp_path / "controller"))
     yield running
     running.stop()
 
 
 def start_device(fleet: Fleet, device: str) -> AgentFiles:
-    files = fleet.files(device)
-    files.write_config(
-        slots={
-            "cls": {
-                "model": str(MODEL_PATH),
-                "model_id": "cls",
-                "version": "1",
-                "preprocess": {"width": 64, "height": 64},
-                "postprocess": {"type": "classification", "top_k": 1, "labels_file": str(LABELS_PATH)},
-            }
-        },
-        # Paced at the file's 30 fps, as a camera is: unpaced, three agents each ran frames as fast as
-        # they could for the whole test (55 CPU-s for this file's two tests, with the cores taken
-        # from every test running beside them).
-        stream={
-            "source": {
-                "type": "file",
-                "path": str(shapes_video(files.root / "s.avi")),
-                "loop": True,
-                "realtime": True,
-            }
-        },
-        delivery={"trusted_keys": {fleet.keys.key_id: str(fleet.keys.public)}},
-    )
+    # Paced at the file's 30 fps, as a camera is: unpaced, three agents each ran frames as fast as
+    # they could for the whole test (55 CPU-s for this file's two tests, with the cores taken
+    # from every test running beside them).
+    files = fleet.shapes_files(device)
     fleet.start(files)
     return files
 

@@ -9,18 +9,24 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import cv2
 import numpy as np
 import pytest
 
 from agent.camera.preprocess import preprocess
 from agent.camera.preprocess_spec import PreprocessSpec
-from agent.datasets.shapes import LABELS_PATH, MODEL_PATH, generate
+from agent.datasets.shapes import MODEL_PATH, generate
 from agent.delivery.guard import ProbationSpec, ShadowSpec
 from agent.engines.int8 import quantize_int8
 from agent.protocol.messages import JobState
 from agent.protocol.topics import Topics
-from tests.e2e.fleet_rig import Fleet, assert_no_gap, count_version, finish, job_statuses, results
+from tests.e2e.fleet_rig import (
+    Fleet,
+    assert_no_gap,
+    count_version,
+    finish,
+    job_statuses,
+    results,
+)
 from tests.mqtt_probe import Probe
 from tests.runtime.models import write_squeezed_activation_scales
 
@@ -42,15 +48,6 @@ def int8_builds(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return {"good": good, "poor": write_squeezed_activation_scales(good, root / "poor.int8.onnx")}
 
 
-def shapes_video(path: Path, frames: int = 90) -> Path:
-    images, _labels = generate(frames, seed=123, size=64)
-    writer = cv2.VideoWriter(str(path), cv2.VideoWriter.fourcc(*"MJPG"), 30.0, (128, 128))
-    for image in images:
-        writer.write(cv2.resize(image, (128, 128), interpolation=cv2.INTER_NEAREST))
-    writer.release()
-    return path
-
-
 # Compares the new model's latency with the old one's (p99 and shadow ratios against their bars): a test
 # beside it that takes the CPU in bursts made a good model fail them (docs/testing.md).
 @pytest.mark.alone
@@ -60,21 +57,7 @@ def test_a_poor_int8_build_is_rejected_in_shadow_and_a_good_one_passes_shadow_an
     probe: Probe,
     int8_builds: dict[str, Path],
 ) -> None:
-    files = fleet.files(device_id)
-    video = shapes_video(files.root / "shapes.avi")
-    files.write_config(
-        slots={
-            "cls": {
-                "model": str(MODEL_PATH),
-                "model_id": "cls",
-                "version": "1",
-                "preprocess": {"width": 64, "height": 64},
-                "postprocess": {"type": "classification", "top_k": 1, "labels_file": str(LABELS_PATH)},
-            }
-        },
-        stream={"source": {"type": "file", "path": str(video), "loop": True, "realtime": True}},
-        delivery={"trusted_keys": {fleet.keys.key_id: str(fleet.keys.public)}},
-    )
+    files = fleet.shapes_files(device_id, video="shapes.avi")
     daemon = fleet.start(files)
     topic = Topics("fleet/v1", device_id)
     probe.wait_for(count_version("1", topic.results("cam")), timeout=60)

@@ -296,9 +296,17 @@ def test_a_controller_whose_link_froze_pauses_and_takes_its_lease_back(
         wait_until(lambda: controller.lease.lost is None or bool(failed), timeout=60, what="the lease back")
         assert not failed, failed
         assert loop.thread.is_alive()
-        claim = read_lease(operator_settings(broker, prefix))
-        assert claim is not None
-        assert claim.holder == controller.lease.claim.holder
+        # The retained claim, read until it is this controller's: the frozen connection's Last Will
+        # (an empty claim) may reach the broker after the new connection's claim; the holder's next
+        # renewal (every ttl_s / 3) puts it back, and the client id keeps any other controller out
+        # meanwhile.
+        holder = controller.lease.claim.holder
+
+        def held_again() -> bool:
+            claim = read_lease(operator_settings(broker, prefix))
+            return claim is not None and claim.holder == holder
+
+        wait_until(held_again, timeout=60, what="the retained claim to be this controller's again")
         wait_until(lambda: _answers_list(settings), timeout=60, what="the controller answering again")
     finally:
         loop.stop()
