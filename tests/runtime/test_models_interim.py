@@ -116,9 +116,10 @@ def test_a_config_reload_giving_an_empty_slot_a_model_to_build_serves_it_while_i
     assert models.reload({SLOT: config}) == [SLOT]
     # The build is held by the gate: the slot serves its ONNX model on ONNX Runtime meanwhile.
     wait_until(lambda: models.serving(SLOT) == "interim", timeout=60, what="interim serving")
-    assert slot.current is not None
-    assert slot.current.source.build is None
-    assert slot.current.source.backend == "onnxruntime"
+    interim = models.slots[SLOT].current
+    assert interim is not None
+    assert interim.source.build is None
+    assert interim.source.backend == "onnxruntime"
     assert not gate.exists()
     building = models.builds.info(SLOT)
     assert building is not None
