@@ -21,6 +21,7 @@ from agent.backends.onnxruntime import (
     small_model_threads,
     split_threads,
 )
+from agent.cpus import usable_cpus
 from agent.errors import EngineError
 from agent.modelzoo import write_classifier, write_tiny_classifier
 
@@ -208,8 +209,15 @@ def test_a_tiny_model_loads_with_one_thread_unless_told_otherwise(tmp_path: Path
     auto = OnnxRuntimeBackend().load(model, LoadOptions())
     explicit = OnnxRuntimeBackend().load(model, LoadOptions(intra_op_threads=2))
     try:
-        assert auto.describe()["intra_op_threads"].startswith("1 (auto")
+        # The decision rests on the session's own timed probe, which a loaded machine (8 test workers
+        # on 2 cores) can push past the small-model bar: the runner must say what its probe decided.
+        assert auto.probe_ms is not None
+        if small_model_threads(0, auto.probe_ms, usable_cpus()) == 1:
+            assert auto.describe()["intra_op_threads"] == f"1 (auto: {auto.probe_ms:.2f} ms per frame)"
+        else:
+            assert auto.describe()["intra_op_threads"] == "default"
         assert explicit.describe()["intra_op_threads"] == "2"
+        assert explicit.probe_ms is None, "an operator's thread count is not second-guessed by a probe"
         x = np.zeros((2, 3, 32, 32), np.float32)
         np.testing.assert_allclose(
             auto.infer({"images": x})["scores"], explicit.infer({"images": x})["scores"], rtol=1e-5
