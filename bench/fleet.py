@@ -257,23 +257,21 @@ class _HttpModels:
             self.proc.kill()
 
 
-def _rollout_cli(broker: Broker, *args: str, timeout: float = 120.0) -> dict[str, Any]:
-    out = subprocess.run(
+def _fleet_json(broker: Broker, *command: str, timeout: float = 120.0) -> subprocess.CompletedProcess[str]:
+    """``edge-agent fleet COMMAND... --json`` against the bench's broker and prefix."""
+    return subprocess.run(
         _edge_agent(
-            "fleet",
-            "rollout",
-            *args,
-            "--json",
-            "--broker",
-            f"{broker.host}:{broker.port}",
-            "--prefix",
-            PREFIX,
+            "fleet", *command, "--json", "--broker", f"{broker.host}:{broker.port}", "--prefix", PREFIX
         ),
         capture_output=True,
         text=True,
         timeout=timeout,
         check=False,
     )
+
+
+def _rollout_cli(broker: Broker, *args: str, timeout: float = 120.0) -> dict[str, Any]:
+    out = _fleet_json(broker, "rollout", *args, timeout=timeout)
     if out.returncode != 0:
         raise RuntimeError(f"fleet rollout {args[0]} failed ({out.returncode}): {out.stderr[-2000:]}")
     # With --json stdout is the answer alone (the selection and the upload line go to stderr).
@@ -665,22 +663,7 @@ def _engine_delta(before: dict[str, Any], after: dict[str, Any]) -> dict[str, An
 
 def _engines_list(broker: Broker) -> dict[str, Any]:
     """``fleet engines list --json``: per fingerprint, the engines the controller holds and their reuse."""
-    out = subprocess.run(
-        _edge_agent(
-            "fleet",
-            "engines",
-            "list",
-            "--json",
-            "--broker",
-            f"{broker.host}:{broker.port}",
-            "--prefix",
-            PREFIX,
-        ),
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    out = _fleet_json(broker, "engines", "list")
     if out.returncode != 0:
         return {"error": out.stderr[-500:]}
     listing: dict[str, Any] = json.loads(out.stdout)

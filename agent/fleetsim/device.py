@@ -18,7 +18,7 @@ import random
 import shutil
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -249,23 +249,19 @@ class SimDevice:
     def _fetch(
         self, manifest: DeployManifest, part_dir: Path, progress: ProgressFn, cancel: threading.Event
     ) -> Path:
-        path = fetch_model(
-            manifest,
-            part_dir,
-            progress,
-            cancel,
-            link=self.link,
-            topics=self.topics,
-            config=self.setup.delivery,
-            on_pull=self.journal.add_pull,
-        )
+        path = self._fetch_engine(manifest, part_dir, progress, cancel, on_pull=self.journal.add_pull)
         self.journal.add_fetched(manifest.size)
         return path
 
     def _fetch_engine(
-        self, manifest: DeployManifest, part_dir: Path, progress: ProgressFn, cancel: threading.Event
+        self,
+        manifest: DeployManifest,
+        part_dir: Path,
+        progress: ProgressFn,
+        cancel: threading.Event,
+        on_pull: Callable[[PullStats], None] | None = None,
     ) -> Path:
-        """A fleet engine's file: the same MQTT pull as a model's (not counted as model bytes)."""
+        """A fleet engine's file, and (with ``on_pull``: counted as model bytes) a model's: one MQTT pull."""
         return fetch_model(
             manifest,
             part_dir,
@@ -274,6 +270,7 @@ class SimDevice:
             link=self.link,
             topics=self.topics,
             config=self.setup.delivery,
+            on_pull=on_pull,
         )
 
     def _activate(self, request: ActivationRequest) -> None:

@@ -32,7 +32,7 @@ from tests.engines.fleet_desk import make_desk
 from tests.fleet.console import test_browser
 from tests.fleet.console.test_browser import SHOWS_WITHIN_MS, TOKEN, Console, _screenshot
 from tests.fleet.console_rig import StoreActions, fleet_messages, make_rollout, new_store
-from tests.fleet.engines.records import offer
+from tests.fleet.engines.records import store_engine
 from tests.fleet.operator_side import operator_settings, unique_prefix
 from tests.mqtt_probe import Probe
 from tests.waiting import wait_until
@@ -76,27 +76,21 @@ def console(broker: Broker, tmp_path: Path, desk: EngineDesk) -> Iterator[Consol
         store.close()
 
 
-def store_engine(desk: EngineDesk, device: str, data: bytes, **changes: object) -> str:
-    """An engine offered by ``device`` as a device offers it: offer, upload the file, offer again."""
-    made = offer(key=hashlib.sha256(data).hexdigest(), data=data, **changes)
-    desk.handle(device, "offer", made.model_dump_json().encode(), {})
-    properties = {"sha256": made.files[0].sha256, "offset": "0", "size": str(len(data))}
-    desk.handle(device, "piece", data, properties)
-    assert desk.handle(device, "offer", made.model_dump_json().encode(), {}) == {"stored": True}
-    return made.key
-
-
 def test_the_engines_page_lists_each_fingerprints_engines_with_builder_build_time_and_reuse(
     console: Console, desk: EngineDesk, page: Page
 ) -> None:
     cpu = "onnxruntime 1.20 / x86_64 / cpu"
-    shared = store_engine(desk, "jet-01", b"int8 engine of cls v2" * 50, fingerprint=cpu, build_seconds=41.5)
+    shared = store_engine(
+        desk, "jet-01", b"int8 engine of cls v2" * 50, fingerprint=cpu, build_seconds=41.5
+    ).key
     for device in ("jet-02", "jet-03", "jet-01"):  # two downloads by others; the builder's own is no reuse
         desk.store.used(shared, device)
     hostile = store_engine(
         desk, "jet-04", b"fp16 engine" * 10, fingerprint=HOSTILE_FINGERPRINT, build_seconds=312.0
-    )
-    bad = store_engine(desk, "jet-05", b"an engine that failed to load", fingerprint=cpu, build_seconds=3.0)
+    ).key
+    bad = store_engine(
+        desk, "jet-05", b"an engine that failed to load", fingerprint=cpu, build_seconds=3.0
+    ).key
     assert desk.store.withdraw(bad, "failed to load on jet-06")
     # A key nobody holds: the first asker builds it under its claim, the next two wait for it.
     ask = EngineAsk(key="ab" * 32, job_id="cls-3", fingerprint="onnxruntime 1.20 / x86_64 / cpu")
@@ -117,7 +111,7 @@ def test_the_engines_page_lists_each_fingerprints_engines_with_builder_build_tim
     _screenshot(page, "console-engines.png")
 
     # A new engine shows on the open page at its next read (every 5 s).
-    later = store_engine(desk, "jet-07", b"a later engine" * 20, fingerprint=cpu, build_seconds=7.0)
+    later = store_engine(desk, "jet-07", b"a later engine" * 20, fingerprint=cpu, build_seconds=7.0).key
     expect(page.locator(f'#engines tr[data-key="{later}"]')).to_have_count(1, timeout=3 * SHOWS_WITHIN_MS)
 
     shown_hostile = HOSTILE_FINGERPRINT.replace("\u202e", "\\u202e")

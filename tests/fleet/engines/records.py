@@ -6,6 +6,7 @@ import hashlib
 import time
 from pathlib import Path
 
+from agent.fleet.engines.desk import EngineDesk
 from agent.protocol.engines import EngineFile, EngineOffer, EngineRecord
 
 KEY = "a" * 64
@@ -35,6 +36,17 @@ def offer(key: str = KEY, data: bytes = b"engine bytes", **changes: object) -> E
     }
     fields.update(changes)
     return EngineOffer.model_validate(fields)
+
+
+def store_engine(desk: EngineDesk, device: str, data: bytes, **changes: object) -> EngineOffer:
+    """An engine offered by ``device`` as a device offers it (offer, upload the file, offer again) and
+    stored by ``desk``; its key is the data's SHA-256 unless ``changes`` name one."""
+    made = offer(**{"key": hashlib.sha256(data).hexdigest(), "data": data, **changes})  # type: ignore[arg-type]
+    desk.handle(device, "offer", made.model_dump_json().encode(), {})
+    properties = {"sha256": made.files[0].sha256, "offset": "0", "size": str(len(data))}
+    desk.handle(device, "piece", data, properties)
+    assert desk.handle(device, "offer", made.model_dump_json().encode(), {}) == {"stored": True}
+    return made
 
 
 def record_of(made: EngineOffer, built_by: str = "dev-a") -> EngineRecord:

@@ -14,16 +14,12 @@ from agent.fleet.engines.listing import engines_table
 from agent.protocol.engines import EngineAsk
 from agent.signing import Ed25519PrivateKey
 from tests.engines.fleet_desk import make_desk
-from tests.fleet.engines.records import offer
+from tests.fleet.engines.records import KEY, store_engine
 
 
 def test_the_table_shows_each_fingerprints_engines_with_builder_and_reuse(tmp_path: Path) -> None:
     desk = make_desk(tmp_path, Ed25519PrivateKey.generate())
-    made = offer(data=b"engine bytes")
-    desk.handle("jet-01", "offer", made.model_dump_json().encode(), {})
-    properties = {"sha256": made.files[0].sha256, "offset": "0", "size": "12"}
-    desk.handle("jet-01", "piece", b"engine bytes", properties)
-    desk.handle("jet-01", "offer", made.model_dump_json().encode(), {})
+    made = store_engine(desk, "jet-01", b"engine bytes", key=KEY)
     desk.store.used(made.key, "jet-02")
     lines = engines_table(desk.listing()).splitlines()
     assert lines[0] == "engines: 1 (12 B), sharing on"
@@ -68,11 +64,7 @@ def test_the_example_in_docs_fleet_md_is_what_the_table_prints() -> None:
 
 def test_withdrawn_engines_are_listed_after_the_held_ones(tmp_path: Path) -> None:
     desk = make_desk(tmp_path, Ed25519PrivateKey.generate())
-    made = offer(data=b"engine bytes")
-    desk.handle("jet-01", "offer", made.model_dump_json().encode(), {})
-    properties = {"sha256": made.files[0].sha256, "offset": "0", "size": "12"}
-    desk.handle("jet-01", "piece", b"engine bytes", properties)
-    desk.handle("jet-01", "offer", made.model_dump_json().encode(), {})
+    made = store_engine(desk, "jet-01", b"engine bytes", key=KEY)
     assert desk.store.withdraw(made.key, "failed to load on jet-02")
     listing = engines_listing(desk)
     lines = engines_table(listing).splitlines()
@@ -101,10 +93,7 @@ def test_the_engine_listing_example_in_docs_protocol_md_has_the_keys_of_a_real_l
 ) -> None:
     desk = make_desk(tmp_path, Ed25519PrivateKey.generate())
     for device, data in (("jet-01", b"engine bytes"), ("jet-02", b"other bytes!")):
-        made = offer(key=hashlib.sha256(data).hexdigest(), data=data)
-        desk.handle(device, "offer", made.model_dump_json().encode(), {})
-        desk.handle(device, "piece", data, {"sha256": made.files[0].sha256, "offset": "0", "size": "12"})
-        desk.handle(device, "offer", made.model_dump_json().encode(), {})
+        store_engine(desk, device, data)
     desk.store.withdraw(hashlib.sha256(b"other bytes!").hexdigest(), "failed to load")
     ask = EngineAsk(key="cd" * 32, job_id="j-3", fingerprint="tensorrt 10.3.0 / Orin 8.7 / gpu / L4T 36.4.3")
     desk.handle("jet-03", "ask", ask.model_dump_json().encode(), {})
