@@ -207,6 +207,7 @@ class MqttPull:
                 self._on_reply(replies.get(timeout=max(0.0, min(wakes) - now)))
             except queue.Empty:
                 continue
+            self._report_progress()
             while True:  # take what else arrived too
                 if self._durable.is_set() and self.link.connected:
                     # Slots were freed: ask now rather than after the replies queued meanwhile
@@ -217,9 +218,17 @@ class MqttPull:
                     self._on_reply(replies.get_nowait())
                 except queue.Empty:
                     break
-            if self._progress is not None and partial.bytes_done != self._reported:
-                self._reported = partial.bytes_done
-                self._progress(partial.bytes_done, self.manifest.size)
+                self._report_progress()
+
+    def _report_progress(self) -> None:
+        """Tell the job the bytes written so far, after every reply: on a busy device many replies
+        queue up and are taken in one go, and a report only after them all would jump from nothing to
+        everything (the job publishes each tenth it crosses; ``fleet deploy`` reads its first tenth as
+        where the download started, to tell bytes another chunk server sent)."""
+        done = self.partial.bytes_done
+        if self._progress is not None and done != self._reported:
+            self._reported = done
+            self._progress(done, self.manifest.size)
 
     def _timeout_message(self) -> str:
         missing = len(self.partial.missing())

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import collections
 import http.server
+import itertools
 import os
 import threading
 import time
@@ -17,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from agent.delivery.chunks import router_for
 from agent.delivery.errors import JobCancelledError, TransferTimeoutError
 from agent.delivery.manifest import DeployManifest, ModelSourceRef
 from agent.delivery.partial import PartialDownload
@@ -432,3 +434,30 @@ def test_slow_answers_raise_the_timeout_instead_of_asking_again(rig: Rig) -> Non
     learned = run(adaptive=True)
     assert learned.timeout_ms > 150
     assert learned.refetched_bytes * 2 < fixed.refetched_bytes, (learned, fixed)
+
+
+def test_replies_taken_in_one_go_are_reported_one_by_one(rig: Rig) -> None:
+    """A busy device takes queued replies in one go; its progress still steps chunk by chunk, so a
+    job's first tenth is where the download started (``fleet deploy``'s rate-cap check reads it)
+    and not, as it was, the whole file at once."""
+    model = random_model(rig.tmp_path / "m.bin", 16 * KIB)
+    manifest = manifest_for(model, KIB)
+    rig.server().register(manifest, model)
+    dev = rig.device()
+    done: list[int] = []
+
+    def progress(bytes_done: int, _total: int) -> None:
+        if bytes_done and not done:
+            # Hold the pull thread until the rest of the window's replies wait in its queue.
+            route = router_for(dev.link, dev.topics)._routes[manifest.sha256]
+            wait_until(lambda: route.qsize() >= 3, timeout=30, what="three more replies queued")
+        done.append(bytes_done)
+
+    fetch_model(
+        manifest, dev.part_dir, progress, threading.Event(),
+        link=dev.link, topics=dev.topics, config=delivery_config(chunk_window=4),
+    )  # fmt: skip
+
+    assert done[-1] == manifest.size
+    steps = [b - a for a, b in itertools.pairwise([0, *done])]
+    assert max(steps) == KIB, done

@@ -19,7 +19,6 @@ from typing import Any
 import pytest
 import yaml
 
-from agent.delivery.guard import ProbationSpec, ShadowSpec
 from agent.fleet.deploy.keys import KeyPairFiles, load_signing_key, write_keypair
 from agent.fleet.deploy.plan import DeployPlan
 from agent.fleet.deploy.run import FleetDeploy
@@ -29,7 +28,7 @@ from agent.mqtt.settings import MqttSettings
 from agent.protocol.messages import JobState, JobStatus, ResultMessage, decode
 from agent.protocol.topics import Topics
 from tests.e2e.daemon import AgentFiles, Daemon, unique_results
-from tests.e2e.fleet_rig import Fleet, count_version
+from tests.e2e.fleet_rig import ENDS_ONLY_PROBATION, Fleet, count_version, ends_only_shadow
 from tests.mqtt_probe import Probe, Received
 from tests.small_disk import SmallDisk, small_disk
 
@@ -126,10 +125,7 @@ def test_a_state_disk_that_fills_during_probation_fails_the_job_and_the_old_mode
     topics = Topics("fleet/v1", device_id)
     daemon = fleet.start(files)
     probe.wait_for(count_version("1", topics.results("cam")), timeout=60)
-    shadow = ShadowSpec(frames=3, sample_fps=10.0, min_agreement=None)
-    lenient = ProbationSpec(
-        min_fps_ratio=0.0, max_p99_ratio=1000.0, max_drop_increase=1.0, max_class_shift=None
-    )
+    shadow, lenient = ends_only_shadow(frames=3, sample_fps=10.0), ENDS_ONLY_PROBATION
     deploy = fleet.deploy(files.v2, [device_id], "2", shadow=shadow, probation_s=5.0, probation=lenient)
     job = deploy.job_id
 

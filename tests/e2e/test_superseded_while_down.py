@@ -13,18 +13,16 @@ import signal
 
 import pytest
 
-from agent.delivery.guard import ProbationSpec, ShadowSpec
 from agent.protocol.messages import JobState, JobStatus
-from tests.e2e.fleet_rig import Fleet, agent_state, job_statuses
+from tests.e2e.fleet_rig import ENDS_ONLY_PROBATION, Fleet, agent_state, ends_only_shadow, job_statuses
 from tests.mqtt_probe import Probe
 
 pytestmark = pytest.mark.slow
 
-#: Bars that judge nothing but NaN outputs and errors: this test is about job ends, not health.
-_LENIENT = ProbationSpec(min_fps_ratio=0.0, max_p99_ratio=1000.0, max_drop_increase=1.0, max_class_shift=None)
+_LENIENT = ENDS_ONLY_PROBATION  # this test is about job ends, not health
 #: A's shadow when it must be caught in it (30 s), and when it must pass on to probation at once.
-_LONG_SHADOW = ShadowSpec(frames=30, sample_fps=1.0, min_agreement=None, timeout_s=300.0)
-_SHORT_SHADOW = ShadowSpec(frames=3, sample_fps=10.0, min_agreement=None)
+_LONG_SHADOW = ends_only_shadow(frames=30, sample_fps=1.0, timeout_s=300.0)
+_SHORT_SHADOW = ends_only_shadow(frames=3, sample_fps=10.0)
 
 
 def _unique(probe: Probe, job_id: str, device: str) -> list[JobStatus]:
