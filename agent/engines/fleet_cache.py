@@ -49,6 +49,7 @@ from agent.engines.fleet_trust import EngineRefusedError, checked_meta, verified
 from agent.engines.fleet_upload import describe_entry, offer_and_upload
 from agent.errors import AgentError
 from agent.protocol.engines import (
+    DropStage,
     EngineAsk,
     EngineDrop,
     EngineFile,
@@ -378,9 +379,10 @@ class FleetEngineCache:
 
     # -- a fleet engine that failed here -------------------------------------------------------------
 
-    def dropped(self, cache: EngineCache, key: str, reason: str) -> bool:
-        """A fleet engine failed to load or validate here: drop it, never take it again, tell the
-        controller (which withdraws it). False when ``key`` was not a fleet engine (nothing done)."""
+    def dropped(self, cache: EngineCache, key: str, reason: str, stage: DropStage = "load") -> bool:
+        """A fleet engine failed to load or validate (``load``) or to agree with the model on this
+        device's frames (``agreement``): drop it, never take it again, tell the controller (which
+        withdraws it). False when ``key`` was not a fleet engine (nothing done)."""
         entry = cache.get(key)
         if entry is None or FLEET_BUILT_BY not in entry.meta.extra:
             return False
@@ -389,10 +391,10 @@ class FleetEngineCache:
         cache.remove(key)
         self._refuse(key, reason)
         log.warning("engine.fleet.dropped", key=key, reason=reason[:300])
-        self._report_drop(key, entry.meta.engine_sha256, "load", reason)
+        self._report_drop(key, entry.meta.engine_sha256, stage, reason)
         return True
 
-    def _report_drop(self, key: str, engine_sha256: str | None, stage: str, reason: str) -> None:
+    def _report_drop(self, key: str, engine_sha256: str | None, stage: DropStage, reason: str) -> None:
         drop = EngineDrop.model_validate(
             {"key": key, "engine_sha256": engine_sha256, "stage": stage, "reason": reason[:300]}
         )
@@ -405,13 +407,15 @@ class FleetEngineCache:
         ).start()
 
 
-def dropped_from_fleet(builder: _Builder, artifact: EngineArtifact, error: Exception) -> bool:
+def dropped_from_fleet(
+    builder: _Builder, artifact: EngineArtifact, error: Exception, *, stage: DropStage = "load"
+) -> bool:
     """``artifact`` came from the fleet and failed here with ``error``: dropped (and reported); False
     when it was this device's own engine (nothing done: the caller's failure stands)."""
     fleet = builder.fleet
     if fleet is None or artifact.effective.get("engine_source", {}).get("origin") != "downloaded":
         return False
-    return fleet.dropped(builder.cache, artifact.key, str(error))
+    return fleet.dropped(builder.cache, artifact.key, str(error), stage)
 
 
 def platform_fingerprint(identity: EngineIdentity) -> str:

@@ -40,6 +40,7 @@ from agent.engines.placement_measure import measure_candidates, measure_combinat
 from agent.engines.settings import EngineConfig
 from agent.engines.spec import BuildSpec
 from agent.errors import BuildError, EngineError
+from agent.protocol.engines import DropStage
 
 log = structlog.get_logger(__name__)
 
@@ -189,15 +190,21 @@ class EngineService:
             return PreparedEngine(artifact, effective)
         try:
             ok, reason, report = self._guard(slot, model, artifact, preprocess)
-        except EngineError as exc:  # it does not load: a fleet engine is dropped and built here
-            if not dropped_from_fleet(self.builder, artifact, exc):
-                raise
+            failed: Exception | None = None if ok else EngineError(f"INT8 accuracy guard here: {reason}")
+            stage: DropStage = "agreement"
+        except EngineError as exc:  # it does not load
+            failed, stage = exc, "load"
+        if failed is not None and dropped_from_fleet(self.builder, artifact, failed, stage=stage):
+            # A fleet engine that fails here is dropped (and withdrawn) and built here, calibrated on
+            # this device's own frames: the builder's calibration may not fit this camera's scene.
             calibration = self._stream_calibration(slot, spec, preprocess, say)
             artifact = self.builder.build(
                 model, spec, calibration=calibration, preprocess=preprocess, progress=say, cancel=cancel
             )
-            effective = {**artifact.effective, "fleet_engine_failed": str(exc)[:300]}
+            effective = {**artifact.effective, "fleet_engine_failed": str(failed)[:300]}
             ok, reason, report = self._guard(slot, model, artifact, preprocess)
+        elif failed is not None and stage == "load":
+            raise failed
         effective["int8_guard"] = {"passed": ok, "reason": reason, **(report or {})}
         say(f"int8 guard: {reason}")
         if ok:

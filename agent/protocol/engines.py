@@ -149,12 +149,19 @@ class EngineOffer(StrictModel):
         return self
 
 
+#: Where a shared engine failed on a device (``up/engines/drop``).
+DropStage = Literal["verify", "load", "agreement"]
+
+
 class EngineDrop(StrictModel):
     """``up/engines/drop``: a shared engine failed on this device (refused, or failed to load/validate)."""
 
     key: str = Field(pattern=_SHA256)
     engine_sha256: str | None = Field(None, pattern=_SHA256, description="The engine file it downloaded.")
-    stage: Literal["verify", "load"] = Field(description="verify: refused before use; load: load/validate.")
+    stage: DropStage = Field(
+        description="verify: refused before use; load: load/validate; agreement: an INT8 engine below "
+        "the device's accuracy bar on its own frames."
+    )
     reason: str = Field(max_length=MAX_TEXT)
 
 

@@ -346,3 +346,45 @@ def test_a_device_told_another_builds_the_key_waits_then_downloads_or_takes_the_
         assert second.fleet.claims.holding(artifact.key)
     else:
         assert desk.claims.get(artifact.key) is None
+
+
+def test_a_fleet_int8_engine_below_the_accuracy_bar_here_is_dropped_and_calibrated_here(
+    tmp_path: Path, desk: EngineDesk, operator_key: Ed25519PrivateKey
+) -> None:
+    """dev-a's camera sees black frames: its INT8 engine, calibrated and guarded on them, agrees
+    there and is shared. dev-b sees shapes, where that calibration saturates: the guard refuses it,
+    dev-b reports the drop (stage ``agreement``), the controller withdraws it, and dev-b serves its
+    own INT8 engine calibrated on its own frames (not an FP16 fallback)."""
+    spec = BuildSpec.model_validate(
+        {"precision": "int8", "device": "cpu", "calibration": {"kind": "stream", "frames": 16}}
+    )
+    preprocess = PreprocessSpec(width=64, height=64)
+
+    def black(slot: str, n: int) -> list[npt.NDArray[np.uint8]]:
+        return list(np.zeros((n, 64, 64, 3), np.uint8))
+
+    def shapes(slot: str, n: int) -> list[npt.NDArray[np.uint8]]:
+        images, _ = generate(n, seed=7, size=64)
+        return list(images)
+
+    config = EngineConfig(int8_agreement=0.9, guard_frames=32, build_timeout_s=patient(120))
+    first = EngineService(device(tmp_path, "dev-a", desk, operator_key), config, black)
+    second = EngineService(device(tmp_path, "dev-b", desk, operator_key), config, shapes)
+    with FleetEngineCache.sharing(True, "job-1"):
+        built = first.prepare("cls", MODEL_PATH, spec, preprocess)
+    assert built.effective["int8_guard"]["passed"] is True
+    assert first.builder.fleet is not None
+    key = built.artifact.key
+    offered = first.builder.fleet.offer(first.builder.cache, key, job_id="j", shadow=True, probation_s=2.0)
+    assert offered == "stored"
+
+    with FleetEngineCache.sharing(True, "job-2"):
+        prepared = second.prepare("cls", MODEL_PATH, spec, preprocess)
+    assert "INT8 accuracy guard here" in prepared.effective["fleet_engine_failed"]
+    assert prepared.effective["engine_source"]["origin"] == "built"
+    assert prepared.effective["int8_guard"]["passed"] is True
+    assert prepared.artifact.plan.precision == "int8"
+    assert second.builder.fleet is not None
+    assert "INT8 accuracy guard here" in (second.builder.fleet.refused(key) or "")
+    wait_until(lambda: desk.store.get(key) is None, timeout=10, what="the engine withdrawn")
+    assert "drop" in requests_of(second.builder).verbs
