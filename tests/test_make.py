@@ -70,12 +70,12 @@ def test_make_test_adds_the_test_tools(tmp_path: Path) -> None:
 
 @needs_make
 def test_make_test_runs_the_suite_on_workers_that_keep_each_group_together(tmp_path: Path) -> None:
-    """docs/testing.md: 4 workers by default, and --dist loadgroup, without which pytest-xdist ignores
+    """docs/testing.md: 8 workers by default, and --dist loadgroup, without which pytest-xdist ignores
     the xdist_group marks that keep tests apart; PYTEST_WORKERS=0 runs it in one process."""
-    pytest_line = f"{tmp_path}/venv/bin/python -m pytest -q -n 4 --dist loadgroup"
+    pytest_line = f"{tmp_path}/venv/bin/python -m pytest -q -n 8 --dist loadgroup"
     assert pytest_line in dry_run("test", tmp_path / "venv")
     serial = dry_run("pytest", tmp_path / "venv", "PYTEST_WORKERS=0")
-    assert pytest_line.replace("-n 4", "-n 0") in serial
+    assert pytest_line.replace("-n 8", "-n 0") in serial
 
 
 def plan(target: str, path: Path) -> subprocess.CompletedProcess[str]:

@@ -114,6 +114,7 @@ class MqttPull:
         progress: Progress | None = None,
         cancel: threading.Event | None = None,
         deadline: float | None = None,
+        stall_s: float | None = None,
     ) -> None:
         self.manifest = manifest
         self.partial = partial
@@ -124,6 +125,9 @@ class MqttPull:
         self._progress = progress
         self._cancel = cancel or threading.Event()
         self._deadline = deadline if deadline is not None else time.monotonic() + config.job_deadline_s
+        #: Give up once no chunk arrived for this long (None: only the deadline ends a pull).
+        self._stall_s = stall_s
+        self._last_chunk = time.monotonic()
         self.stats = PullStats()
         self._id = uuid.uuid4().hex[:12]
         self._seq = 0
@@ -185,6 +189,11 @@ class MqttPull:
                 raise JobCancelledError(f"transfer of model {self.manifest.sha256} cancelled")
             if now >= self._deadline:
                 raise TransferTimeoutError(self._timeout_message())
+            if self._stall_s is not None and now - self._last_chunk >= self._stall_s:
+                raise TransferTimeoutError(
+                    f"model {self.manifest.sha256}: no chunk arrived in {self._stall_s:g}s "
+                    f"({len(self.partial.missing())} of {self.partial.chunk_count} missing): no server has it"
+                )
             partial.raise_flush_error()
             if self.link.connected and self.link.session != session:
                 # Reconnected: replies in flight on the old connection are likely gone; ask again now.
@@ -201,6 +210,8 @@ class MqttPull:
                 self._durable.clear()
                 self._request(now)
             wakes = [o.due for o in self._outstanding.values()] + [self._deadline, now + _TICK_S]
+            if self._stall_s is not None:
+                wakes.append(self._last_chunk + self._stall_s)
             if self._flush_due is not None:
                 wakes.append(self._flush_due)
             try:
@@ -338,7 +349,7 @@ class MqttPull:
                 self._retry.appendleft(index)  # ask again at once; the deadline bounds a bad server
             return
         self._outstanding.pop(index, None)
-        now = time.monotonic()
+        now = self._last_chunk = time.monotonic()
         asked = self._asked_at.get(self._request_seq(message.correlation_data), None)
         if asked is not None:
             # The reply names its request (correlation data), so even the answer to a chunk asked
@@ -369,6 +380,7 @@ def fetch_model(
     topics: Topics,
     config: DeliveryConfig,
     on_pull: Callable[[PullStats], None] | None = None,
+    stall_s: float | None = None,
 ) -> Path:
     """Download ``manifest``'s model into ``part_dir`` and return the verified file.
 
@@ -376,7 +388,8 @@ def fetch_model(
     failing source falls through to the next, keeping the chunks it wrote. Resumes what an earlier
     (killed) attempt left in ``part_dir``. Raises JobCancelledError, TransferTimeoutError (after
     ``config.job_deadline_s``), HashMismatchError, DiskFullError, or the last source's DeliveryError.
-    ``on_pull`` is given each MQTT pull's counters when it ends, however it ends.
+    ``on_pull`` is given each MQTT pull's counters when it ends, however it ends; ``stall_s`` ends an
+    MQTT pull that got no chunk for that long (TransferTimeoutError).
     """
     deadline = time.monotonic() + config.job_deadline_s
     # Half a window per flush: one half is made durable by the flusher thread while the other
@@ -405,6 +418,7 @@ def fetch_model(
                         progress=progress,
                         cancel=cancel,
                         deadline=deadline,
+                        stall_s=stall_s,
                     )
                     try:
                         pull.run()

@@ -32,6 +32,11 @@ from agent.signing import Ed25519PublicKey
 
 log = structlog.get_logger(__name__)
 
+#: A fleet engine download that gets no chunk for this long is a miss and the device builds: the
+#: controller may have evicted or withdrawn the engine after answering the ask, and without this the
+#: job would wait the whole ``delivery.job_deadline_s`` for chunks nobody sends.
+ENGINE_STALL_S = 60.0
+
 
 def fleet_cache_for(
     link: MqttLink,
@@ -45,7 +50,7 @@ def fleet_cache_for(
 ) -> FleetEngineCache:
     """The engine cache's second level for the running agent: requests over its MQTT link, files
     pulled by the delivery fetch, records checked against the keys its manifests are checked with."""
-    fetch = partial(fetch_model, link=link, topics=topics, config=delivery)
+    fetch = partial(fetch_model, link=link, topics=topics, config=delivery, stall_s=ENGINE_STALL_S)
     return FleetEngineCache(
         MqttEngineRequests(link, topics),
         trusted,

@@ -34,7 +34,7 @@ from tests.delivery.transfer_rig import (
     manifest_for,
     random_model,
 )
-from tests.waiting import wait_until
+from tests.waiting import patient, wait_until
 
 CHUNK = 64 * KIB
 
@@ -461,3 +461,37 @@ def test_replies_taken_in_one_go_are_reported_one_by_one(rig: Rig) -> None:
     assert done[-1] == manifest.size
     steps = [b - a for a, b in itertools.pairwise([0, *done])]
     assert max(steps) == KIB, done
+
+
+def test_a_pull_that_gets_no_chunk_for_its_stall_time_ends_long_before_its_deadline(rig: Rig) -> None:
+    """A fleet engine the controller no longer holds (evicted or withdrawn after it answered the
+    ask): no server answers, and the pull ends after ``stall_s`` instead of the job's deadline."""
+    model = random_model(rig.tmp_path / "m.bin", 4 * KIB)
+    manifest = manifest_for(model, KIB)
+    rig.server()  # serves, but not this model
+    dev = rig.device()
+    cancel = threading.Event()
+    timer = threading.Timer(patient(60.0), cancel.set)  # the deadline's stand-in: a cancel, not a pass
+    timer.start()
+    try:
+        with pytest.raises(TransferTimeoutError) as caught:
+            fetch_model(
+                manifest, dev.part_dir, lambda _d, _t: None, cancel,
+                link=dev.link, topics=dev.topics, config=delivery_config(job_deadline_s=3600.0), stall_s=1.0,
+            )  # fmt: skip
+    finally:
+        timer.cancel()
+    assert "no chunk arrived in 1s (4 of 4 missing)" in str(caught.value)
+
+
+def test_a_slow_server_that_keeps_sending_is_not_a_stall(rig: Rig) -> None:
+    """Each chunk restarts the stall clock: a server slower per chunk than nothing at all finishes."""
+    model = random_model(rig.tmp_path / "m.bin", 16 * KIB)  # 16 chunks of 150 ms: 2.4 s in all
+    manifest = manifest_for(model, KIB)
+    rig.server(Slower).register(manifest, model)
+    dev = rig.device()
+    path = fetch_model(
+        manifest, dev.part_dir, lambda _d, _t: None, threading.Event(),
+        link=dev.link, topics=dev.topics, config=delivery_config(chunk_window=1), stall_s=patient(1.5),
+    )  # fmt: skip
+    assert path.read_bytes() == model.read_bytes()

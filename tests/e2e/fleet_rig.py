@@ -184,6 +184,15 @@ def job_statuses(probe: Probe, job_id: str, device: str) -> list[JobStatus]:
     return [decode(JobStatus, m.payload) for m in probe.snapshot() if m.topic == topic]
 
 
+def final_status(probe: Probe, job_id: str, device: str, timeout: float = 30.0) -> JobStatus:
+    """The job's terminal status as ``probe`` heard it. ``fleet deploy`` may hear the end first: the
+    probe is another subscriber, so this waits for it rather than reading what it holds so far."""
+    probe.wait_for(
+        lambda _m: any(s.state.terminal for s in job_statuses(probe, job_id, device)), timeout=timeout
+    )
+    return job_statuses(probe, job_id, device)[-1]
+
+
 def assert_no_gap(found: list[dict[str, Any]]) -> None:
     indexes = [r["frame_index"] for r in found]
     assert indexes == list(range(indexes[0], indexes[0] + len(indexes))), "a frame index lost or repeated"

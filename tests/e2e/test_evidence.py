@@ -21,7 +21,7 @@ from agent.fleet.devices.command import send_command
 from agent.fleet.devices.evidence import fetch_evidence, save_evidence
 from agent.protocol.messages import JobState
 from agent.runtime.evidence import EvidenceBounds
-from tests.e2e.fleet_rig import Fleet, finish, job_statuses, operator_settings
+from tests.e2e.fleet_rig import Fleet, final_status, finish, operator_settings
 from tests.mqtt_probe import Probe
 from tests.runtime.models import write_swapped_classes
 
@@ -41,7 +41,7 @@ def test_a_shadow_rejection_of_a_class_swapped_model_leaves_bounded_evidence_fra
     outcome = finish(job)
     progress = outcome.devices[device_id]
     assert (progress.state, progress.error_code) == (JobState.REJECTED, "shadow_disagrees"), progress
-    final = job_statuses(probe, job.job_id, device_id)[-1]
+    final = final_status(probe, job.job_id, device_id)
     assert final.evidence is not None
 
     evidence = fetch_evidence(operator_settings(fleet.broker), device_id, job.job_id)

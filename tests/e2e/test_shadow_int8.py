@@ -23,8 +23,8 @@ from tests.e2e.fleet_rig import (
     Fleet,
     assert_no_gap,
     count_version,
+    final_status,
     finish,
-    job_statuses,
     results,
 )
 from tests.mqtt_probe import Probe
@@ -71,7 +71,7 @@ def test_a_poor_int8_build_is_rejected_in_shadow_and_a_good_one_passes_shadow_an
     assert (progress.state, progress.error_code) == (JobState.REJECTED, "shadow_disagrees"), progress
     assert JobState.SHADOW in progress.history
     assert JobState.PROBATION not in progress.history
-    rejected = job_statuses(probe, poor.job_id, device_id)[-1]
+    rejected = final_status(probe, poor.job_id, device_id)
     assert rejected.shadow is not None
     assert rejected.shadow.frames >= 1
     assert rejected.shadow.agreement is not None
@@ -92,7 +92,7 @@ def test_a_poor_int8_build_is_rejected_in_shadow_and_a_good_one_passes_shadow_an
         JobState.SHADOW,
         JobState.PROBATION,
     ]
-    passed = job_statuses(probe, good.job_id, device_id)[-1]
+    passed = final_status(probe, good.job_id, device_id)
     assert passed.shadow is not None
     assert passed.shadow.agreement is not None
     assert passed.shadow.agreement >= 0.9, passed.shadow

@@ -23,6 +23,7 @@ from tests.e2e.fleet_rig import (
     Fleet,
     assert_no_gap,
     count_version,
+    final_status,
     finish,
     job_statuses,
     operator_settings,
@@ -48,7 +49,7 @@ def test_a_model_with_swapped_classes_ends_rejected_in_shadow_and_never_serves(
     progress = outcome.devices[device_id]
     assert (progress.state, progress.error_code) == (JobState.REJECTED, "shadow_disagrees"), progress
     assert JobState.SHADOW in progress.history
-    final = job_statuses(probe, job.job_id, device_id)[-1]
+    final = final_status(probe, job.job_id, device_id)
     assert final.shadow is not None
     assert final.shadow.agreement == 0.0
     assert final.shadow.frames >= 1
@@ -74,7 +75,7 @@ def test_a_model_several_times_slower_ends_rejected_too_slow_in_shadow_and_never
 
     progress = outcome.devices[device_id]
     assert (progress.state, progress.error_code) == (JobState.REJECTED, "too_slow"), progress
-    final = job_statuses(probe, job.job_id, device_id)[-1]
+    final = final_status(probe, job.job_id, device_id)
     assert final.shadow is not None
     assert final.shadow.latency_ratio is not None
     assert final.shadow.latency_ratio > 2.0
@@ -120,7 +121,7 @@ def test_a_model_that_turns_nan_after_n_frames_is_rolled_back_in_probation_witho
 
     progress = outcome.devices[device_id]
     assert (progress.state, progress.error_code) == (JobState.ROLLED_BACK, "unhealthy"), progress
-    final = job_statuses(probe, job.job_id, device_id)[-1]
+    final = final_status(probe, job.job_id, device_id)
     assert final.probation is not None
     assert final.probation.failed is not None
     assert (final.probation.failed.figure, final.probation.failed.bar) == ("nan_outputs", 0)
