@@ -60,7 +60,7 @@ typecheck: $(TEST_STAMP)
 # the CPU, so more workers than the 2 cores of the development machine pay (measured: docs/testing.md).
 # --dist loadgroup keeps the tests marked @pytest.mark.xdist_group(name) on one worker, one at a
 # time. `make pytest PYTEST_WORKERS=0` runs it serially.
-PYTEST_WORKERS ?= 4
+PYTEST_WORKERS ?= 8
 pytest: $(TEST_STAMP)
 	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup
 
