@@ -81,7 +81,6 @@ def test_throughput_keeps_every_accelerator_together_with_the_figures_in_the_rep
 
     assert len(engines) == 3
     assert {e.effective["engine_device"] for e in engines} == ORIN
-    assert engines[0].effective["engine_device"] == "gpu"  # best solo first
     assert all(e.artifact.backend == STANDIN for e in engines)
     assert all(e.effective["requested"]["device"] == "auto" for e in engines)
     assert all("timed together" in e.effective["engine_reason"] for e in engines)
@@ -92,12 +91,15 @@ def test_throughput_keeps_every_accelerator_together_with_the_figures_in_the_rep
     assert choice["failed"] == {}
     assert set(choice["chosen"]) == ORIN
     tried = [set(o["devices"]) for o in choice["combinations"]]
-    # Each alone, then every accelerator, the two fastest (the GPU and one DLA) and the DLA pair.
+    # Each alone, then every accelerator, the two fastest alone and the DLA pair. Which solo is
+    # fastest is what was measured (the pace makes it the GPU on a quiet machine; under a load of 15
+    # a DLA stand-in once measured faster), so the order is checked against the report's figures.
+    solo = {next(iter(o["devices"])): o["fps"] for o in choice["combinations"][:3]}
     assert tried[:3] == [{"gpu"}, {"dla0"}, {"dla1"}] or tried[:3] == [{"gpu"}, {"dla1"}, {"dla0"}]
-    assert tried[3] == ORIN
-    assert "gpu" in tried[4]
-    assert len(tried[4]) == 2
-    assert tried[5] == {"dla0", "dla1"}
+    fastest = sorted(solo, key=lambda device: solo[device], reverse=True)
+    assert engines[0].effective["engine_device"] == fastest[0]  # best solo first
+    together = [ORIN, set(fastest[:2]), {"dla0", "dla1"}]
+    assert tried[3:] == [c for i, c in enumerate(together) if c not in together[:i]]
     assert all(n > 0 for n in choice["combinations"][3]["engine_frames"]), "every engine served a share"
     assert choice["combined_fps"] == max(o["fps"] for o in choice["combinations"])
     assert "fastest combination" in choice["reason"]
