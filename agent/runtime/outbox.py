@@ -33,7 +33,7 @@ class OrderedOutbox(StageQueue, Generic[T]):
         super().__init__()
         self._capacity = capacity
         self._wake_at = max(1, wake_at)
-        self._putters_waiting = 0  # workers waiting for room: woken by every put and take
+        self._putters_waiting = 0  # workers waiting for room: woken by each put and take
         self._waiting: dict[int, list[T]] = {}  # batches that arrived before an earlier one
         self._ready: deque[T] = deque()
         self._next = 0  # number of the batch the publisher is waiting for
@@ -83,7 +83,8 @@ class OrderedOutbox(StageQueue, Generic[T]):
             out = [self._ready.popleft() for _ in range(min(max_items, len(self._ready)))]
             if out:
                 self._size -= len(out)
-                self._cond.notify_all()  # wake workers waiting for room
+                if self._putters_waiting:
+                    self._cond.notify_all()  # wake workers waiting for room
             return out
 
     def _empty(self) -> bool:
