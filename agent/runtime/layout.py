@@ -23,7 +23,8 @@ MAX_AUTO_WORKERS = 4
 
 #: Throughput layout: results the publisher waits for before it is woken (:mod:`agent.runtime.outbox`).
 #: Nothing waits on a single result of an unpaced file, and a wake-up per result cost more CPU than
-#: publishing it on two busy cores; 4 and 8 measured alike (bench/pipeline.py heavy case).
+#: publishing it on two busy cores; 4 and 8 measured alike within the noise (bench/pipeline.py
+#: heavy case).
 THROUGHPUT_PUBLISH_WAKE = 4
 
 _CPU = "CPUExecutionProvider"

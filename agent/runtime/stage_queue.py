@@ -106,7 +106,7 @@ class SlotInbox(StageQueue, Generic[T]):
         capacity, not at the first free place: it then decodes several frames in one go instead of
         one per wake-up. On two cores busy with inference each wake-up preempts an inference thread
         and runs on cold caches (bench/pipeline.py heavy case: the capture thread's CPU per frame
-        -0.15 to -0.2 ms, docs/operations.md).
+        -0.1 to -0.2 ms, docs/operations.md).
         """
         with self._cond:
             if not self._count:
