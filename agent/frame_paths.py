@@ -127,6 +127,7 @@ class FramePaths:
                         self.metrics,
                         max_batch=layout.max_batch or slot_config.max_batch,
                         workers=layout.workers,
+                        publish_wake=layout.publish_wake,
                     )
                 )
                 log.info(

@@ -11,6 +11,8 @@ buffer (as the file source does: its drivers decode into a pool of buffers lent 
 holds them, ``agent/camera/frame_pool.py``), minus inference through the agent's own backend with
 its session options; all three measured in the same repeat, the median over repeats reported. The
 pool's own bookkeeping, preprocessing, the queues, postprocessing and publishing are the overhead.
+``preprocess_cpu_ms_per_frame`` is the part of it preprocessing alone costs: the case's decoded
+frames through :func:`preprocess`, one thread, nothing else running in the process.
 The bench's own main thread waits for the agent's last result with few wake-ups (half the expected
 time left, then every 5 ms): it used to check every 5 ms, which cost the process about 30 us per
 frame of the tiny case.
@@ -155,6 +157,17 @@ def bench_decode_cpu(video: Path) -> dict[str, float]:
     cpu = time.process_time() - c0
     cap.release()
     return {"cpu_s_per_frame": cpu / max(count, 1)}
+
+
+def bench_preprocess_cpu(spec: PreprocessSpec, video: Path) -> dict[str, float]:
+    """CPU per frame of preprocessing alone (the capture thread's share of the overhead), on the
+    case's decoded frames: what the agent pays per frame beside decoding and its queues."""
+    frames = _frames(video)
+    preprocess(frames[0], spec)  # warm-up: the geometry and coefficients are cached per frame size
+    c0 = time.process_time()
+    for image in frames:
+        preprocess(image, spec)
+    return {"cpu_s_per_frame": (time.process_time() - c0) / len(frames)}
 
 
 def bench_agent_infer_cpu(model: Path, spec: PreprocessSpec, video: Path, threads: int) -> dict[str, float]:
@@ -547,6 +560,7 @@ def main() -> int:
                     "spin": [],
                     "decode": [],
                     "infer": [],
+                    "preprocess": [],
                     "sampling": [],
                 }
                 # Interleaved repeats, medians compared: a burst of load elsewhere on the machine
@@ -563,6 +577,7 @@ def main() -> int:
                     rows["decode"].append(bench_decode_cpu(clip))
                     threads = int(rows["agent"][-1]["intra_op_threads"])
                     rows["infer"].append(bench_agent_infer_cpu(model, spec, clip, threads))
+                    rows["preprocess"].append(bench_preprocess_cpu(spec, clip))
                     # The same agent with ORT's thread spinning on (slot option allow_spinning), as
                     # the raw and naive loops have it by default: more throughput, CPU burnt idle.
                     rows["spin"].append(
@@ -591,6 +606,7 @@ def main() -> int:
                     )
                 raw, naive, agent, spinning = (_median(rows[k]) for k in ("raw", "naive", "agent", "spin"))
                 decode, infer = _median(rows["decode"]), _median(rows["infer"])
+                pre = _median(rows["preprocess"])
                 sampling = _median(rows["sampling"])
                 sampler_link = _link(broker.port, workdir / f"{case}-sampling-cost", f"{case}-sampling")
                 try:
@@ -611,6 +627,8 @@ def main() -> int:
                     "overhead_ms_samples": [round(o, 3) for o in overheads],
                     "decode_cpu_ms_per_frame": decode["cpu_s_per_frame"] * 1000.0,
                     "infer_cpu_ms_per_frame": infer["cpu_s_per_frame"] * 1000.0,
+                    # Preprocessing alone, the part of the overhead that grows with the input size.
+                    "preprocess_cpu_ms_per_frame": pre["cpu_s_per_frame"] * 1000.0,
                     "raw_infer": raw,
                     "naive_loop": naive,
                     "agent": agent,

@@ -45,3 +45,10 @@ def test_sampling_cost_runs_a_simulated_minute_and_publishes_the_default_rate(
     assert cost["simulated_s"] == 60.0
     assert cost["samples_published"] == SamplesConfig().per_minute
     assert cost["sampling_off_cost_fraction"] >= 0.0
+
+
+def test_preprocess_cpu_is_measured_per_decoded_frame(tmp_path: Path) -> None:
+    video = write_demo_video(tmp_path / "v.avi", frames=6, fps=30.0)
+    figure = _bench_pipeline().bench_preprocess_cpu(PreprocessSpec(width=32, height=32), video)
+    assert set(figure) == {"cpu_s_per_frame"}
+    assert figure["cpu_s_per_frame"] >= 0.0

@@ -21,16 +21,26 @@ from agent.config import SlotConfig, StreamConfig
 #: copy of the activations; past four, memory grows faster than throughput on an 8-core Orin CPU).
 MAX_AUTO_WORKERS = 4
 
+#: Throughput layout: results the publisher waits for before it is woken (:mod:`agent.runtime.outbox`).
+#: Nothing waits on a single result of an unpaced file, and a wake-up per result cost more CPU than
+#: publishing it on two busy cores; 4 and 8 measured alike within the noise (bench/pipeline.py
+#: heavy case).
+THROUGHPUT_PUBLISH_WAKE = 4
+
 _CPU = "CPUExecutionProvider"
 
 
 @dataclass(frozen=True)
 class Layout:
-    """Inference threads of a slot, the largest batch they take (None: the slot's ``max_batch``), and why."""
+    """Inference threads of a slot, the largest batch they take (None: the slot's ``max_batch``), and why.
+
+    ``publish_wake``: ready results that wake the slot's publish thread (1: each one as it is ready).
+    """
 
     workers: int
     reason: str
     max_batch: int | None = None
+    publish_wake: int = 1
 
 
 def _provider_name(request: ProviderRequest) -> str:
@@ -79,7 +89,10 @@ def inference_layout(
     # (bench: 1, 2, 4 and 8 all ~14 ms/frame for the MobileNet-sized model), and a batch of 4 on one
     # thread makes each result wait for three others and come out in bursts.
     return Layout(
-        workers, f"auto: unpaced files on {cpus} cores: {workers} single-threaded runs of one frame", 1
+        workers,
+        f"auto: unpaced files on {cpus} cores: {workers} single-threaded runs of one frame",
+        max_batch=1,
+        publish_wake=THROUGHPUT_PUBLISH_WAKE,
     )
 
 

@@ -13,6 +13,15 @@ without it (a full outbox of later batches would deadlock the workers), so it al
 bound is therefore ``capacity`` plus one batch. (The next batch used to enter unconditionally; with
 one inference worker every batch is the next one, so the bound never held and a publisher slowed by
 the spool's fsyncs let the outbox, and the frames its items hold, grow by gigabytes: issue 8.)
+
+``wake_at``: how many ready items wake the publisher. 1 (the default) publishes each result as soon
+as it is in. Where no one waits on a single result (a slot fed by unpaced files only,
+:mod:`agent.runtime.layout`), a few at a time: on two cores busy with inference, each wake-up of the
+publisher preempted an inference thread and ran on cold caches, and cost more than publishing the
+result (bench/pipeline.py heavy case: the publish thread's CPU per frame 0.43-0.54 -> 0.26-0.35 ms,
+and fewer wake-ups of the MQTT network thread; docs/operations.md). A take that times out still
+takes what is ready, close wakes it, and a full outbox wakes it whatever it holds, so ``wake_at``
+delays a result by the publisher's poll interval at most.
 """
 
 from __future__ import annotations
@@ -29,9 +38,11 @@ T = TypeVar("T")
 class OrderedOutbox(StageQueue, Generic[T]):
     """Numbered batches in, items out in number order."""
 
-    def __init__(self, capacity: int) -> None:
+    def __init__(self, capacity: int, wake_at: int = 1) -> None:
         super().__init__()
         self._capacity = capacity
+        self._wake_at = max(1, wake_at)
+        self._putters_waiting = 0  # workers waiting for room: woken by each put and take
         self._waiting: dict[int, list[T]] = {}  # batches that arrived before an earlier one
         self._ready: deque[T] = deque()
         self._next = 0  # number of the batch the publisher is waiting for
@@ -46,13 +57,18 @@ class OrderedOutbox(StageQueue, Generic[T]):
                     remaining = deadline - time.monotonic()
                     if remaining <= 0:
                         return False
-                    self._cond.wait(remaining)
+                    self._putters_waiting += 1
+                    try:
+                        self._cond.wait(remaining)
+                    finally:
+                        self._putters_waiting -= 1
             self._waiting[number] = items
             self._size += len(items)
             while self._next in self._waiting:
                 self._ready.extend(self._waiting.pop(self._next))
                 self._next += 1
-            self._cond.notify_all()
+            if self._putters_waiting or self._publishable():
+                self._cond.notify_all()
             return True
 
     def _must_wait(self, number: int) -> bool:
@@ -61,15 +77,23 @@ class OrderedOutbox(StageQueue, Generic[T]):
             return False
         return number != self._next or bool(self._ready)
 
+    def _publishable(self) -> bool:
+        """Enough is ready to wake the publisher for (condition held): ``wake_at`` items, or any once
+        the outbox is full (workers may be waiting for the room they take up)."""
+        ready = len(self._ready)
+        return ready >= self._wake_at or (ready > 0 and self._size >= self._capacity)
+
     def take(self, max_items: int, timeout: float) -> list[T]:
-        """Up to ``max_items`` items in order; waits up to ``timeout`` for the first."""
+        """Up to ``max_items`` items in order; waits up to ``timeout`` for ``wake_at`` of them (then
+        takes what is ready, if any)."""
         with self._cond:
-            if not self._ready:
-                self._cond.wait_for(lambda: bool(self._ready) or self._closed, timeout)
+            if not self._publishable():
+                self._cond.wait_for(lambda: self._publishable() or self._closed, timeout)
             out = [self._ready.popleft() for _ in range(min(max_items, len(self._ready)))]
             if out:
                 self._size -= len(out)
-                self._cond.notify_all()  # wake workers waiting for room
+                if self._putters_waiting:
+                    self._cond.notify_all()  # wake workers waiting for room
             return out
 
     def _empty(self) -> bool:

@@ -58,6 +58,7 @@ class SlotPipeline:
         max_batch: int = 4,
         publish_queue: int = 64,
         workers: int = 1,
+        publish_wake: int = 1,
     ) -> None:
         self.slot = slot
         self.streams = streams
@@ -78,7 +79,7 @@ class SlotPipeline:
         self._inbox: SlotInbox[WorkItem] = SlotInbox(on_drop=self._dropped_in_queue)
         for plan in streams:
             self._inbox.add_lane(plan.name, plan.queue_size, plan.policy)
-        self._outbox: OrderedOutbox[InferredItem] = OrderedOutbox(publish_queue)
+        self._outbox: OrderedOutbox[InferredItem] = OrderedOutbox(publish_queue, publish_wake)
         # Batches are numbered as they are taken, under this lock, so the outbox can restore the
         # inbox's order however the workers finish.
         self._take_lock = threading.Lock()

@@ -2,8 +2,9 @@
 
 ``keep_newest`` (live cameras): a full queue drops its oldest item, so inference always sees the
 freshest frame and latency stays bounded. ``process_all`` (files): a full queue makes the producer
-wait, so every frame is processed. Several streams feeding one slot each get their own queue;
-``take`` gathers a batch across them round-robin so no stream starves another.
+wait, so every frame is processed; it is woken once its queue has drained to half (see
+:meth:`SlotInbox.take`). Several streams feeding one slot each get their own queue; ``take`` gathers
+a batch across them round-robin so no stream starves another.
 """
 
 from __future__ import annotations
@@ -99,11 +100,19 @@ class SlotInbox(StageQueue, Generic[T]):
         return True
 
     def take(self, max_items: int, timeout: float) -> list[T]:
-        """Up to ``max_items`` items, round-robin over lanes; waits up to ``timeout`` for the first."""
+        """Up to ``max_items`` items, round-robin over lanes; waits up to ``timeout`` for the first.
+
+        A producer waiting on a full ``process_all`` lane is woken once that lane is down to half its
+        capacity, not at the first free place: it then decodes several frames in one go instead of
+        one per wake-up. On two cores busy with inference each wake-up preempts an inference thread
+        and runs on cold caches (bench/pipeline.py heavy case: the capture thread's CPU per frame
+        -0.1 to -0.2 ms, docs/operations.md).
+        """
         with self._cond:
             if not self._count:
                 self._cond.wait_for(self._any_or_closed, timeout)
             batch: list[T] = []
+            refill = False
             while len(batch) < max_items and self._count:
                 name = self._order[self._next % len(self._order)]
                 self._next += 1
@@ -111,7 +120,8 @@ class SlotInbox(StageQueue, Generic[T]):
                 if lane.items:
                     batch.append(lane.items.popleft())
                     self._count -= 1
-            if batch and self._producers_waiting:
+                    refill = refill or len(lane.items) <= lane.capacity // 2
+            if refill and self._producers_waiting:
                 self._cond.notify_all()  # wake producers waiting on a full process_all lane
             return batch
 

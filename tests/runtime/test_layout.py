@@ -8,7 +8,13 @@ from typing import Any
 import pytest
 
 from agent.config import SlotConfig, StreamConfig
-from agent.runtime.layout import MAX_AUTO_WORKERS, inference_layout, slot_layout, unpaced
+from agent.runtime.layout import (
+    MAX_AUTO_WORKERS,
+    THROUGHPUT_PUBLISH_WAKE,
+    inference_layout,
+    slot_layout,
+    unpaced,
+)
 
 
 def stream(source: dict[str, Any], **fields: Any) -> StreamConfig:
@@ -20,7 +26,12 @@ FILE = {"type": "file", "path": "clip.mp4"}
 
 def test_a_configured_count_always_wins() -> None:
     layout = inference_layout(3, backend="tensorrt", providers=[], cpus=1, unpaced_only=False)
-    assert (layout.workers, layout.reason, layout.max_batch) == (3, "configured", None)
+    assert (layout.workers, layout.reason, layout.max_batch, layout.publish_wake) == (
+        3,
+        "configured",
+        None,
+        1,
+    )
 
 
 @pytest.mark.parametrize(
@@ -52,6 +63,8 @@ def test_auto_layout(
     assert layout.workers == workers
     # Several single-threaded CPU runs take one frame each; otherwise the slot's max_batch holds.
     assert layout.max_batch == (1 if workers > 1 else None)
+    # ... and their results wake the publisher a few at a time: nothing waits on one of them.
+    assert layout.publish_wake == (THROUGHPUT_PUBLISH_WAKE if workers > 1 else 1)
     assert layout.reason.startswith("auto")
     assert why in layout.reason
 

@@ -133,3 +133,83 @@ def test_a_slow_publisher_holds_one_fast_worker_within_the_bound() -> None:
         time.sleep(0.0005)  # the publisher is slower than the worker
     t.join()
     assert published == list(range(200))
+
+
+class CountingCondition(threading.Condition):
+    """A condition that counts ``notify_all`` calls."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.notified = 0
+
+    def notify_all(self) -> None:
+        self.notified += 1
+        super().notify_all()
+
+
+def test_wake_at_wakes_the_publisher_once_that_many_results_are_ready() -> None:
+    box: OrderedOutbox[int] = OrderedOutbox(capacity=16, wake_at=3)
+    cond = CountingCondition()
+    box._cond = cond  # the wake-ups are what is under test
+    box.put(0, [1], timeout=0.0)
+    box.put(1, [2], timeout=0.0)
+    assert cond.notified == 0  # two ready: not worth a wake-up yet
+    box.put(2, [3], timeout=0.0)
+    assert cond.notified == 1
+    assert box.take(10, timeout=0.0) == [1, 2, 3]
+
+
+def test_wake_at_delays_a_result_by_the_take_timeout_at_most() -> None:
+    box: OrderedOutbox[int] = OrderedOutbox(capacity=16, wake_at=4)
+    box.put(0, [1, 2], timeout=0.0)
+    assert box.take(10, timeout=0.0) == [1, 2]  # a take that times out takes what is ready
+    box.put(1, [3], timeout=0.0)
+    box.close()
+    assert box.take(10, timeout=60.0) == [3]  # and close wakes it
+    assert box.drained
+
+
+def test_a_full_outbox_wakes_the_publisher_below_wake_at() -> None:
+    # Workers may wait for the room the ready items take up: the publisher must not sleep on them.
+    box: OrderedOutbox[int] = OrderedOutbox(capacity=2, wake_at=8)
+    cond = CountingCondition()
+    box._cond = cond
+    box.put(0, [1], timeout=0.0)
+    assert cond.notified == 0
+    box.put(1, [2], timeout=0.0)
+    assert cond.notified == 1
+    assert box.take(10, timeout=0.0) == [1, 2]
+
+
+def test_workers_and_a_publisher_woken_every_few_results_keep_take_order() -> None:
+    box: OrderedOutbox[int] = OrderedOutbox(capacity=8, wake_at=4)
+    lock = threading.Lock()
+    taken = {"next": 0}
+
+    def worker() -> None:
+        while True:
+            with lock:
+                number = taken["next"]
+                if number >= 301:  # not a multiple of wake_at: the last results come with close()
+                    return
+                taken["next"] += 1
+            while not box.put(number, [number], timeout=0.05):
+                pass
+
+    threads = [threading.Thread(target=worker) for _ in range(3)]
+    for t in threads:
+        t.start()
+
+    def close_after_workers() -> None:
+        for t in threads:
+            t.join()
+        box.close()
+
+    closer = threading.Thread(target=close_after_workers)
+    closer.start()
+    published: list[int] = []
+    while not box.drained:
+        published.extend(box.take(5, timeout=60.0))
+        assert box.depth <= 8 + 1
+    closer.join()
+    assert published == list(range(301))

@@ -85,6 +85,7 @@ class Rig:
         max_batch: int = 4,
         queue_size: int = 4,
         workers: int = 1,
+        publish_wake: int = 1,
     ) -> SlotPipeline:
         plans = [
             StreamPlan(
@@ -98,7 +99,15 @@ class Rig:
             )
             for name, (spec, policy) in streams.items()
         ]
-        pipeline = SlotPipeline(slot, plans, self.link, self.metrics, max_batch=max_batch, workers=workers)
+        pipeline = SlotPipeline(
+            slot,
+            plans,
+            self.link,
+            self.metrics,
+            max_batch=max_batch,
+            workers=workers,
+            publish_wake=publish_wake,
+        )
         self.pipelines.append(pipeline)
         pipeline.start()
         return pipeline
@@ -169,13 +178,19 @@ def test_a_file_stream_yields_one_result_per_frame_then_finishes(
     assert rig.counter("stream.clip.dropped.queue_full") == 0
 
 
+@pytest.mark.parametrize("publish_wake", [1, 4])  # 4: as the throughput layout wakes the publisher
 def test_several_inference_workers_publish_every_frame_once_in_frame_order(
-    rig: Rig, models: dict[str, Path], tmp_path: Path
+    rig: Rig, models: dict[str, Path], tmp_path: Path, publish_wake: int
 ) -> None:
     video = write_demo_video(tmp_path / "clip.avi", frames=60, size=(96, 72), fps=30.0)
     spec = make(FileSourceSpec, path=video, loop=False, realtime=False)
     pipeline = rig.start(
-        loaded_slot(models["slow"]), {"clip": (spec, "process_all")}, max_batch=2, queue_size=4, workers=3
+        loaded_slot(models["slow"]),
+        {"clip": (spec, "process_all")},
+        max_batch=2,
+        queue_size=4,
+        workers=3,
+        publish_wake=publish_wake,
     )
     assert len([t for t in pipeline._threads if t.name.startswith("infer-")]) == 3
     wait_until(lambda: pipeline.finished, timeout=30.0, what="three workers to drain the file")

@@ -94,3 +94,42 @@ def test_close_wakes_a_waiting_consumer() -> None:
         assert drained(inbox)
     finally:
         timer.cancel()
+
+
+class CountingCondition(threading.Condition):
+    """A condition that counts ``notify_all`` calls and tells when a thread starts waiting on it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.notified = 0
+        self.waiting = threading.Event()
+
+    def notify_all(self) -> None:
+        self.notified += 1
+        super().notify_all()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self.waiting.set()
+        return super().wait(timeout)
+
+
+def test_a_waiting_producer_is_woken_once_its_lane_is_down_to_half() -> None:
+    inbox: SlotInbox[int] = SlotInbox()
+    cond = CountingCondition()
+    inbox._cond = cond  # the wake-ups are what is under test
+    inbox.add_lane("file", 4, "process_all")
+    for i in range(4):
+        inbox.put("file", i, timeout=0.0)
+    result: list[bool] = []
+    producer = threading.Thread(target=lambda: result.append(inbox.put("file", 4, timeout=30.0)))
+    producer.start()
+    assert cond.waiting.wait(10.0)
+    notified = cond.notified
+    assert inbox.take(1, timeout=0.0) == [0]  # 3 left: a place is free, the producer sleeps on
+    assert cond.notified == notified
+    assert result == []
+    assert inbox.take(1, timeout=0.0) == [1]  # 2 left, half the lane: now it is woken
+    assert cond.notified == notified + 1
+    producer.join(10.0)
+    assert result == [True]
+    assert inbox.take(10, timeout=0.0) == [2, 3, 4]
