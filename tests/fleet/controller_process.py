@@ -43,7 +43,24 @@ class ControllerProcess:
         self.child: subprocess.Popen[bytes] | None = None
 
     def start(self) -> ControllerProcess:
-        """Start it; returns once it printed its ready line (and so serves its console)."""
+        """Start it; returns once it printed its ready line (and so serves its console).
+
+        The console's port was free when picked; another process of a parallel run may take it
+        before the controller binds it (the controller then exits naming the port): a new port is
+        picked and the start repeated, at most three times."""
+        for _attempt in range(3):
+            log = self._run()
+            if b"Address already in use" not in log:
+                break
+            old, self.port = self.port, free_port()
+            self.config.write_text(self.config.read_text().replace(f"port: {old}}}", f"port: {self.port}}}"))
+            self.url = f"http://127.0.0.1:{self.port}"
+        assert self.child is not None
+        assert self.child.poll() is None, self.log.read_text()
+        return self
+
+    def _run(self) -> bytes:
+        """Start the process; what it logged once it is ready or has exited."""
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
         mark = self.log.stat().st_size if self.log.exists() else 0
         with self.log.open("ab") as out:
@@ -58,8 +75,7 @@ class ControllerProcess:
             timeout=60,
             what="the controller's ready line",
         )
-        assert child.poll() is None, self.log.read_text()
-        return self
+        return self.log.read_bytes()[mark:] if child.poll() is not None else b""
 
     def rss(self) -> int:
         """The controller's resident memory now, in bytes."""
