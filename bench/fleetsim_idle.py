@@ -2,8 +2,10 @@
 
 The fleet simulator (``python -m agent.fleetsim``) in one worker process against a private
 mosquitto; after the devices are online and settled, the process's CPU time over ``--seconds``
-(psutil). Idle cost is what a 1,000-device rollout on two cores pays before any work: each
-device runs the agent's own link, dispatcher, delivery upkeep and command threads.
+(psutil), its threads, and its threads' context switches per device and second (each is a
+thread that woke up: an idle loop's turn). Idle cost is what a 1,000-device rollout on two cores
+pays before any work: each device runs the agent's own link, dispatcher, delivery upkeep and
+command threads.
 
     .venv/bin/python bench/fleetsim_idle.py [--devices 125] [--seconds 20]
 """
@@ -34,6 +36,19 @@ def _cpu_s(process: psutil.Process) -> float:
     return times.user + times.system
 
 
+def _switches(pid: int) -> int:
+    """Context switches of every thread of ``pid`` (from /proc: psutil reads the main thread's only)."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            for line in (task / "status").read_text().splitlines():
+                if line.startswith(("voluntary_ctxt_switches:", "nonvoluntary_ctxt_switches:")):
+                    total += int(line.split()[1])
+        except OSError:
+            continue  # the thread ended
+    return total
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--devices", type=int, default=125)
@@ -44,7 +59,8 @@ def main() -> int:
     broker = Broker(root / "broker", [])
     keys = write_keypair(root / "keys", "bench")
     model = write_classifier(root / "cls.onnx", input_size=32, num_classes=10, seed=1)
-    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    paths = [str(Path(__file__).resolve().parents[1]), *filter(None, [os.environ.get("PYTHONPATH")])]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(paths))
     sim = None
     try:
         broker.start()
@@ -65,9 +81,10 @@ def main() -> int:
             raise RuntimeError("the simulated devices did not all come online within 120 s")
         time.sleep(args.settle_s)
         worker = psutil.Process(read_reports(root / "sim")["workers"][0]["pid"])
-        before = _cpu_s(worker)
+        before, switches = _cpu_s(worker), _switches(worker.pid)
         time.sleep(args.seconds)
         used = _cpu_s(worker) - before
+        switched = _switches(worker.pid) - switches
         print(
             json.dumps(
                 {
@@ -75,6 +92,8 @@ def main() -> int:
                     "seconds": args.seconds,
                     "cpu_s_per_s": round(used / args.seconds, 4),
                     "cores_for_1000_devices": round(1000 * used / args.seconds / args.devices, 2),
+                    "threads": worker.num_threads(),
+                    "wakeups_per_device_s": round(switched / args.seconds / args.devices, 2),
                 }
             )
         )

@@ -9,6 +9,7 @@ is over (a redelivered manifest must not resume it): the record is kept in memor
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 
 import structlog
 
@@ -22,9 +23,11 @@ log = structlog.get_logger(__name__)
 class JobRecords:
     """The slot's last job per slot, from the ledger or from memory while the disk is full."""
 
-    def __init__(self, ledger: JobLedger) -> None:
+    def __init__(self, ledger: JobLedger, *, on_unrecorded: Callable[[], None] | None = None) -> None:
         self.ledger = ledger
         self._lock = threading.Lock()
+        #: Told after the disk refused a terminal record (the upkeep then writes it once it can).
+        self._on_unrecorded = on_unrecorded
         #: Per slot, a terminal record the full disk refused.
         self._unrecorded: dict[str, JobRecord] = {}
         #: Refused job ids the full disk did not take: still ended for this process.
@@ -105,6 +108,8 @@ class JobRecords:
                 # This process knows the job is over even if the disk does not yet: a redelivered
                 # manifest must not resume it. The upkeep thread writes it once the disk takes it.
                 self._unrecorded[record.slot] = record
+                if self._on_unrecorded is not None:
+                    self._on_unrecorded()
             raise
         self._unrecorded.pop(record.slot, None)
 
@@ -132,6 +137,11 @@ class JobRecords:
                 # Known to this process anyway; a restart with the disk still full may report it again.
                 self._refused.add(job_id)
                 log.warning("delivery.job.refusal_not_recorded", job=job_id, error=str(exc))
+
+    def unrecorded(self) -> int:
+        """Terminal records the full disk refused, waiting for :meth:`write_unrecorded`."""
+        with self._lock:
+            return len(self._unrecorded)
 
     def write_unrecorded(self) -> None:
         """Write the terminal records a full disk refused, now that it may take them."""

@@ -120,10 +120,12 @@ class DeliveryService:
         self._lanes: dict[str, SlotLane] = {}
         self._lock = threading.Lock()
         self._reconcile_lock = threading.RLock()
+        #: Set when the upkeep has work (a held status, an unrecorded end, a disk_full retry) or stops.
+        self._upkeep_wake = threading.Event()
         #: The ledger, and terminal records the full disk refused until the upkeep thread writes them.
-        self._records = JobRecords(state)
+        self._records = JobRecords(state, on_unrecorded=self._upkeep_wake.set)
         #: Statuses the spool refused (disk full) wait there, in order, until the spool or link takes them.
-        self._statuses = JobStatusSender(link, topics)
+        self._statuses = JobStatusSender(link, topics, on_held=self._upkeep_wake.set)
         self._ends = JobEnds(on_job_end)
         self._intake = DesiredIntake(
             config,
@@ -202,6 +204,7 @@ class DeliveryService:
             if lane.thread.is_alive():
                 log.warning("delivery.stop.job_still_running", slot=lane.slot)
         self._upkeep_stop.set()
+        self._upkeep_wake.set()
         if self._upkeep is not None:
             self._upkeep.join(max(0.1, deadline - time.monotonic()))
         self._statuses.flush()  # last chance: the link is still up, it stops after us
@@ -296,6 +299,7 @@ class DeliveryService:
         if decision.action is Action.WAIT_FOR_SPACE:
             with self._lock:
                 self._waiting_for_space[slot] = (manifest, digest)
+            self._upkeep_wake.set()
             log.info("delivery.desired.waiting_for_space", slot=slot, job=manifest.job_id)
             return
         if decision.action is Action.REPLAY:
@@ -336,6 +340,7 @@ class DeliveryService:
             job.finish(JobState.FAILED, error_code=exc.code, error=str(exc))
             with self._lock:
                 self._waiting_for_space[slot] = (manifest, digest)
+            self._upkeep_wake.set()
             return
         log.info(
             "delivery.job.accepted",
@@ -365,13 +370,31 @@ class DeliveryService:
                 if current is None and not newer:
                     digest = hashlib.sha256(job.manifest.model_dump_json().encode()).hexdigest()
                     self._waiting_for_space[job.manifest.slot] = (job.manifest, digest)
+            self._upkeep_wake.set()
         self._collect_garbage()
 
     # -- upkeep: held statuses, disk_full retries -------------------------------------------------
 
+    def _upkeep_due(self) -> bool:
+        """True while the upkeep has something to retry (else it sleeps until woken)."""
+        with self._lock:
+            waiting = bool(self._waiting_for_space)
+        return waiting or self._statuses.held > 0 or self._records.unrecorded() > 0
+
     def _upkeep_loop(self) -> None:
         next_retry = time.monotonic() + self.config.disk_full_retry_s
-        while not self._upkeep_stop.wait(_HELD_RETRY_S):
+        while not self._upkeep_stop.is_set():
+            # Every _HELD_RETRY_S while something waits; otherwise asleep until a status is held, an
+            # end is not recorded or a job waits for space (each sets _upkeep_wake after the fact,
+            # so none is missed). An idle device's upkeep woke twice a second for nothing
+            # (bench/fleetsim_idle.py).
+            due = self._upkeep_due()
+            if not due:
+                next_retry = time.monotonic() + self.config.disk_full_retry_s
+            self._upkeep_wake.wait(_HELD_RETRY_S if due else None)
+            self._upkeep_wake.clear()
+            if self._upkeep_stop.is_set():
+                return
             try:
                 self._statuses.flush()
                 self._records.write_unrecorded()

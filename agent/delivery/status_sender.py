@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import threading
 from collections import deque
+from collections.abc import Callable
 
 import structlog
 
@@ -27,12 +28,21 @@ HELD_MAX = 256
 class JobStatusSender:
     """Publishes job statuses durably; holds the ones a full disk refused until they can go."""
 
-    def __init__(self, link: MqttLink, topics: Topics, *, held_max: int = HELD_MAX) -> None:
+    def __init__(
+        self,
+        link: MqttLink,
+        topics: Topics,
+        *,
+        held_max: int = HELD_MAX,
+        on_held: Callable[[], None] | None = None,
+    ) -> None:
         self._link = link
         self._topics = topics
         self._held: deque[JobStatus] = deque()
         self._held_max = held_max
         self._lock = threading.Lock()
+        #: Told after a status was held (the delivery service's upkeep then offers it again).
+        self._on_held = on_held
 
     def publish(self, status: JobStatus) -> None:
         """Through the spool; when it cannot take the status (disk full), held in memory, in order."""
@@ -45,6 +55,8 @@ class JobStatusSender:
             self._held.append(status)
             log.warning("delivery.job.status_held", job=status.job_id, state=status.state.value)
         self.flush()
+        if self._on_held is not None:
+            self._on_held()
 
     def flush(self) -> None:
         """Offer the held statuses, oldest first, to the spool, else (connected) straight to the link."""

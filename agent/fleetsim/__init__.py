@@ -7,7 +7,8 @@ broker, driven by the real operator side (``fleet deploy``, the rollout controll
 
 * the MQTT link (:class:`agent.mqtt.link.MqttLink`): its own MQTT 5 session and client id, the
   Last Will and the retained ``up/status`` with its session counter, reconnects with jittered
-  backoff, durable publishes through the device's own SQLite spool;
+  backoff, durable publishes through the device's own SQLite spool (one difference: an idle link
+  turns every 2 s, not every 0.5 s, :data:`agent.fleetsim.device.LINK_IDLE_LOOP_S`);
 * the delivery service (:class:`agent.delivery.service.DeliveryService`): retained desired state,
   manifest and Ed25519 signature checks against the trusted key, replay and wrong-device refusals,
   the job ledger ``jobs.json`` and its one-terminal-state-per-job-id rule, the chunk pull over MQTT

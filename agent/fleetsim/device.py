@@ -46,6 +46,10 @@ from agent.store import ModelStore
 
 #: PullStats fields that are a largest value, not a count (the others are summed over pulls).
 _PULL_MAXIMA = ("max_at_risk", "timeout_ms")
+#: The simulated link's longest idle turn (the agent's: 0.5 s). Everything another thread asks of a
+#: link wakes it at once, so this only paces keepalive (30 s): a thousand idle links on two cores
+#: turn 500 times a second instead of 2,000 (bench/fleetsim_idle.py).
+LINK_IDLE_LOOP_S = 2.0
 #: The one simulated camera stream of every device.
 STREAM = "cam0"
 _FPS = 29.8
@@ -204,6 +208,7 @@ class SimDevice:
             agent_version=__version__,
             spool=self.spool,
             on_connected=lambda _session: self.publish_info(),
+            idle_loop_s=LINK_IDLE_LOOP_S,
         )
         self.store = ModelStore(root / "models")
         self.builds: SimBuilds | None = None

@@ -68,7 +68,9 @@ class Dispatcher:
 
     def _run(self) -> None:
         while True:
-            item = self.inbox.take(timeout=1.0)
+            # No timeout: every message, the connect notice and stop() are items. An idle dispatcher
+            # sleeps until one comes (it woke once a second for nothing: bench/fleetsim_idle.py).
+            item = self.inbox.take(timeout=None)
             if item is None:
                 continue
             if item is STOP:

@@ -71,8 +71,8 @@ class Inbox:
             self._items.append(item)
             self._cond.notify()
 
-    def take(self, timeout: float) -> InboxItem | None:
-        """The oldest item, or None after ``timeout`` seconds."""
+    def take(self, timeout: float | None) -> InboxItem | None:
+        """The oldest item, or None after ``timeout`` seconds (None: wait until there is one)."""
         with self._cond:
             if not self._items and not self._cond.wait_for(lambda: bool(self._items), timeout):
                 return None

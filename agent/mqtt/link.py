@@ -74,8 +74,12 @@ class MqttLink:
         agent_version: str,
         spool: Spool,
         on_connected: Callable[[int], None] | None = None,
+        idle_loop_s: float | None = None,
     ) -> None:
+        """``idle_loop_s``: the longest idle turn (default :data:`_IDLE_LOOP_S`; the fleet simulator,
+        with a thousand links on two cores, turns less often: agent/fleetsim/device.py)."""
         self.settings = settings
+        self._idle_loop_s = _IDLE_LOOP_S if idle_loop_s is None else idle_loop_s
         self.client_id = client_id
         self.status_topic = status_topic
         self.agent_version = agent_version
@@ -339,7 +343,7 @@ class MqttLink:
                 return False
         self._core.rearm_wake()
         try:
-            lost = self._core.loop(_STOP_LOOP_S if self._stop_requested.is_set() else _IDLE_LOOP_S)
+            lost = self._core.loop(_STOP_LOOP_S if self._stop_requested.is_set() else self._idle_loop_s)
         except Exception as exc:
             self._counters.count("callback_errors")
             log.exception("mqtt.loop.failed", error=repr(exc))

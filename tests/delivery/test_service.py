@@ -566,3 +566,26 @@ def test_info_fields_name_the_running_job_not_the_one_it_superseded(
     )
     device.deploy(device.signed(device.manifest(model_v2, sequence=3, job_id="job-end")))
     assert states(device.wait_terminal("job-end")) == HAPPY_PATH
+
+
+def test_an_idle_service_sleeps_until_there_is_work_and_stop_wakes_every_thread(
+    make_device: HarnessFactory, model_v1: Path
+) -> None:
+    """The upkeep, the slot's lane and the link's dispatcher wait without a timeout while idle (a
+    thousand simulated devices paid their idle turns: bench/fleetsim_idle.py); stop must wake them."""
+    device = make_device()
+    manifest = device.manifest(model_v1, job_id="job-idle")
+    device.deploy(device.signed(manifest))
+    assert states(device.wait_terminal("job-idle")) == HAPPY_PATH
+    service = device.service
+    assert not service._upkeep_due()  # nothing held, unrecorded or waiting for space: the upkeep sleeps
+    upkeep, lane = service._upkeep, service._lanes[SLOT].thread
+    assert upkeep is not None
+    assert upkeep.is_alive()
+    assert lane.is_alive()
+
+    device.stop()
+
+    assert not upkeep.is_alive()
+    assert not lane.is_alive()
+    assert not device.link._dispatcher.alive()

@@ -16,7 +16,7 @@ from agent.localbroker import Broker, free_port
 from agent.mqtt import link as link_module
 from agent.mqtt.core import PublishProperties
 from agent.mqtt.core import _AckedOnlyClient as AckedOnlyClient
-from agent.mqtt.inbound import InboundMessage
+from agent.mqtt.inbound import Connected, InboundMessage, Inbox
 from agent.mqtt.wake import CoalescedWake
 from agent.protocol.messages import StatusMessage, decode
 from agent.spool import Spool
@@ -708,3 +708,14 @@ def test_qos0_results_are_counted_when_queued_and_only_acknowledgements_reach_th
         wait_until(lambda: link.stats()["spool_depth"] == 0, what="the durable one acknowledged")
         assert len(acks) == acked_before + 1
         assert link.stats()["published"] == before + 21
+
+
+def test_an_inbox_taken_without_a_timeout_waits_for_the_next_item() -> None:
+    """The dispatcher takes without a timeout (an idle one sleeps): the next item still wakes it."""
+    inbox = Inbox(4)
+    taken: list[object] = []
+    taker = threading.Thread(target=lambda: taken.append(inbox.take(timeout=None)), daemon=True)
+    taker.start()
+    inbox.put_control(Connected(3))
+    taker.join(10)
+    assert taken == [Connected(3)]
