@@ -26,6 +26,17 @@ from tests.mqtt_probe import Probe, Received
 from tests.waiting import wait_until
 
 
+def wait_subscribed(probe: Probe, link: link_module.MqttLink) -> None:
+    """Until the broker holds the link's subscriptions. The link subscribes on CONNACK and then
+    publishes its retained "online" status; the broker handles one client's packets in order, so
+    once that status is there the subscriptions are too (``link.connected`` alone comes before them:
+    a message published right after it was once lost at load 20)."""
+    probe.subscribe(link.status_topic)
+    probe.wait_for(
+        lambda ms: any(m.topic == link.status_topic and b'"online"' in m.payload for m in ms), timeout=30
+    )
+
+
 def _statuses(probe: Probe, topic: str) -> list[StatusMessage]:
     return [decode(StatusMessage, m.payload) for m in probe.on_topic(topic)]
 
@@ -227,8 +238,8 @@ def test_a_raising_handler_does_not_stop_later_deliveries(
     link = make_link(fast_settings(broker), client_id=device_id)
     link.subscribe(f"fleet/v1/{device_id}/down/cmd/+", handler)
     link.start()
-    wait_until(lambda: link.connected, what="connect")
     with Probe(broker.host, broker.port) as probe:
+        wait_subscribed(probe, link)
         for payload in (b"boom", b"after-1", b"after-2"):
             probe.publish(f"fleet/v1/{device_id}/down/cmd/x", payload)
     wait_until(lambda: len(seen) == 3, what="three deliveries")
@@ -278,8 +289,8 @@ def test_inbox_overflow_is_counted(broker: Broker, make_link: LinkFactory, devic
     link = make_link(fast_settings(broker, inbox_size=2), client_id=device_id)
     link.subscribe(f"fleet/v1/{device_id}/down/cmd/+", slow)
     link.start()
-    wait_until(lambda: link.connected, what="connect")
     with Probe(broker.host, broker.port) as probe:
+        wait_subscribed(probe, link)
         probe.publish(f"fleet/v1/{device_id}/down/cmd/x", b"0")
         assert entered.wait(10)  # the dispatcher is busy with message 0
         for i in range(1, 6):
@@ -433,9 +444,9 @@ def test_concurrent_publishers_and_handlers_do_not_deadlock(
         lambda m: link.publish(f"fleet/v1/{device_id}/up/cmd/echo", m.payload, qos=1),
     )
     link.start()
-    wait_until(lambda: link.connected, what="connect")
     with Probe(broker.host, broker.port) as probe:
         probe.subscribe(f"fleet/v1/{device_id}/up/#")
+        wait_subscribed(probe, link)
 
         def publisher(n: int) -> None:
             for i in range(100):
