@@ -73,4 +73,4 @@ def share_engines_of(
 def engines_listing(desk: EngineDesk) -> dict[str, Any]:
     """``fleet engines list --json`` and the console's engines page: the engines held per fingerprint
     and the ones withdrawn. Any thread (the engine store takes its own lock)."""
-    return with_withdrawn(desk.listing(), desk.store.withdrawn())
+    return with_withdrawn(desk.listing(), desk.store.withdrawn(), desk.store.withdrawn_notes())

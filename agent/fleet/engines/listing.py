@@ -15,21 +15,29 @@ from collections.abc import Collection
 from typing import Any
 
 from agent.fleet.base.untrusted import shown
+from agent.fleet.engines.store import WithdrawnNote
 
 #: Withdrawn engines a listing names (the store remembers up to 1,024; the count says how many).
 WITHDRAWN_LISTED = 100
 
 
-def with_withdrawn(listing: dict[str, Any], withdrawn: Collection[tuple[str, str]]) -> dict[str, Any]:
+def with_withdrawn(
+    listing: dict[str, Any],
+    withdrawn: Collection[tuple[str, str]],
+    notes: Collection[WithdrawnNote] = (),
+) -> dict[str, Any]:
     """The controller's listing with the engines it withdrew (a device found them bad): ``withdrawn``,
-    up to :data:`WITHDRAWN_LISTED` ``{key, engine_sha256}`` sorted by key, and ``withdrawn_total``.
-    The store keeps no more of them than that pair (never their builder or fingerprint)."""
+    up to :data:`WITHDRAWN_LISTED` ``{key, engine_sha256}`` sorted by key, each with its note's
+    ``fingerprint``, ``built_by``, ``reason`` and ``at`` where the store has one (the newest note of
+    that pair), and ``withdrawn_total``."""
     pairs = sorted(withdrawn)
-    return {
-        **listing,
-        "withdrawn": [{"key": key, "engine_sha256": sha} for key, sha in pairs[:WITHDRAWN_LISTED]],
-        "withdrawn_total": len(pairs),
-    }
+    noted = {(n.key, n.engine_sha256): n for n in notes}
+    rows: list[dict[str, Any]] = []
+    for key, sha in pairs[:WITHDRAWN_LISTED]:
+        note = noted.get((key, sha))
+        extra = {} if note is None else note.model_dump(exclude={"key", "engine_sha256"})
+        rows.append({"key": key, "engine_sha256": sha, **extra})
+    return {**listing, "withdrawn": rows, "withdrawn_total": len(pairs)}
 
 
 def engines_table(listing: dict[str, Any]) -> str:
@@ -54,10 +62,7 @@ def engines_table(listing: dict[str, Any]) -> str:
             lines.append(f"  {key:<12}  {size:>9}  {builder:<24}  {built:<19}  {took:>7}  {row['reuse']}")
     if listing.get("withdrawn_total"):
         lines.append(f"withdrawn (never taken again): {listing['withdrawn_total']}")
-        lines += [
-            f"  {shown(str(w['key'])[:12])}  engine {shown(str(w['engine_sha256'])[:12])}"
-            for w in listing["withdrawn"]
-        ]
+        lines += [_withdrawn_line(w) for w in listing["withdrawn"]]
     claims = list(listing.get("claims") or [])
     if claims:
         lines.append(f"being built now (build claims): {len(claims)}")
@@ -82,3 +87,15 @@ def _size(n: int) -> str:
         if value < 1024 or unit == "GiB":
             break
     return f"{value:.1f} {unit}"
+
+
+def _withdrawn_line(row: dict[str, Any]) -> str:
+    """One withdrawn engine: key, engine, and, where noted, its builder, fingerprint and why."""
+    line = f"  {shown(str(row['key'])[:12])}  engine {shown(str(row['engine_sha256'])[:12])}"
+    if "reason" in row:
+        at = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(float(row["at"])))
+        line += (
+            f"  built by {shown(row['built_by'], 24)} on {shown(row['fingerprint'], 80)};"
+            f" withdrawn {at}: {shown(row['reason'], 200)}"
+        )
+    return line

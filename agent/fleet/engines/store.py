@@ -7,7 +7,8 @@ and ``index.json`` (the entries, written atomically: temp file, fsync, rename). 
 once all its files are here, so a device is never told of an engine it cannot download. Eviction removes
 least recently used entries (a download counts as a use) until both bounds hold, then every blob no entry
 and no upload in progress refers to. Withdrawn engines (key and engine SHA-256) are remembered, bounded,
-so the same bad bytes are never taken again.
+so the same bad bytes are never taken again, each with a note for the operator (its fingerprint, its
+builder, when and why: the drop report's device, stage and reason).
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ INDEX_FILE = "index.json"
 BLOBS_DIR = "blobs"
 #: Withdrawn (key, engine SHA-256) pairs remembered.
 MAX_WITHDRAWN = 1024
+#: Longest fingerprint, builder or reason kept in a withdrawn engine's note (they came from devices).
+MAX_NOTE_CHARS = 300
 
 
 class StoredEngine(StrictModel):
@@ -45,9 +48,22 @@ class StoredEngine(StrictModel):
     reuse: int = Field(0, ge=0, description="Downloads by other devices than its builder.")
 
 
+class WithdrawnNote(StrictModel):
+    """What the operator is told of a withdrawn engine (``fleet engines list``, the console)."""
+
+    key: str
+    engine_sha256: str
+    fingerprint: str = Field(max_length=MAX_NOTE_CHARS)
+    built_by: str = Field(max_length=MAX_NOTE_CHARS)
+    reason: str = Field(max_length=MAX_NOTE_CHARS)
+    at: float
+
+
 class _Index(StrictModel):
     engines: dict[str, StoredEngine] = Field(default_factory=dict)
     withdrawn: list[tuple[str, str]] = Field(default_factory=list)
+    #: The same engines' notes, bounded alike (an index written before notes existed has none).
+    withdrawn_notes: list[WithdrawnNote] = Field(default_factory=list)
 
 
 class EngineStore:
@@ -96,6 +112,11 @@ class EngineStore:
     def withdrawn(self) -> set[tuple[str, str]]:
         with self._lock:
             return {(key, sha) for key, sha in self._index.withdrawn}
+
+    def withdrawn_notes(self) -> list[WithdrawnNote]:
+        """The notes of the withdrawn engines, oldest first."""
+        with self._lock:
+            return list(self._index.withdrawn_notes)
 
     def blob_path(self, sha256: str) -> Path:
         return self.blobs / f"{sha256}.onnx"
@@ -152,6 +173,16 @@ class EngineStore:
             sha = str(entry.record.meta.get("engine_sha256") or "")
             self._index.withdrawn.append((key, sha))
             del self._index.withdrawn[:-MAX_WITHDRAWN]
+            note = WithdrawnNote(
+                key=key,
+                engine_sha256=sha,
+                fingerprint=entry.record.fingerprint[:MAX_NOTE_CHARS],
+                built_by=entry.record.built_by[:MAX_NOTE_CHARS],
+                reason=reason[:MAX_NOTE_CHARS],
+                at=time.time(),
+            )
+            self._index.withdrawn_notes.append(note)
+            del self._index.withdrawn_notes[:-MAX_WITHDRAWN]
             self._save()
         log.warning("fleet.engines.withdrawn", key=key, built_by=entry.record.built_by, reason=reason[:300])
         return True

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -122,8 +123,10 @@ def test_the_engines_page_lists_each_fingerprints_engines_with_builder_build_tim
     assert rows[hostile][4] == "5m 12s"
     assert page.locator("main img").count() == 0
     assert page.evaluate("document.body.dataset.pwned") is None
+    when = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(api["withdrawn"][0]["at"]))
     assert withdrawn == [
         f"{bad[:12]}\twithdrawn\t{hashlib.sha256(b'an engine that failed to load').hexdigest()[:12]}"
+        f"\tjet-05\t{cpu}\t{when}\tfailed to load on jet-06"
     ]
     assert claim[:3] == ["ab" * 6, "onnxruntime 1.20 / x86_64 / cpu", "jet-08"]
     assert claim[5] == "2", "two devices wait for the claimed build"

@@ -6,11 +6,13 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import time
 from pathlib import Path
 from typing import Any
 
 from agent.fleet.engines.hooks import engines_listing
 from agent.fleet.engines.listing import engines_table
+from agent.fleet.engines.store import INDEX_FILE, MAX_NOTE_CHARS
 from agent.protocol.engines import EngineAsk
 from agent.signing import Ed25519PrivateKey
 from tests.engines.fleet_desk import make_desk
@@ -70,12 +72,42 @@ def test_withdrawn_engines_are_listed_after_the_held_ones(tmp_path: Path) -> Non
     lines = engines_table(listing).splitlines()
 
     assert listing["engines"] == 0
-    assert listing["withdrawn"] == [{"key": made.key, "engine_sha256": made.files[0].sha256}]
+    [row] = listing["withdrawn"]
+    at = row.pop("at")
+    assert row == {
+        "key": made.key,
+        "engine_sha256": made.files[0].sha256,
+        "fingerprint": made.fingerprint,
+        "built_by": "jet-01",
+        "reason": "failed to load on jet-02",
+    }
     assert listing["withdrawn_total"] == 1
+    when = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(at))
     assert lines[-2:] == [
         "withdrawn (never taken again): 1",
-        f"  {made.key[:12]}  engine {made.files[0].sha256[:12]}",
+        f"  {made.key[:12]}  engine {made.files[0].sha256[:12]}  built by jet-01 on {made.fingerprint};"
+        f" withdrawn {when}: failed to load on jet-02",
     ]
+    # The note outlives a restart (it is in index.json), and an index written before notes existed
+    # still loads (its withdrawn engines are listed by key and engine alone).
+    again = make_desk(tmp_path, Ed25519PrivateKey.generate())
+    assert engines_listing(again)["withdrawn"][0]["reason"] == "failed to load on jet-02"
+    index = tmp_path / INDEX_FILE
+    old = json.loads(index.read_text())
+    del old["withdrawn_notes"]
+    index.write_text(json.dumps(old))
+    older = make_desk(tmp_path, Ed25519PrivateKey.generate())
+    assert engines_listing(older)["withdrawn"] == [{"key": made.key, "engine_sha256": made.files[0].sha256}]
+
+
+def test_a_withdrawal_note_from_a_hostile_device_is_bounded_and_printed_escaped(tmp_path: Path) -> None:
+    desk = make_desk(tmp_path, Ed25519PrivateKey.generate())
+    made = store_engine(desk, "jet\x1b[2J", b"engine bytes", key=KEY)
+    assert desk.store.withdraw(made.key, "jet-02: load: " + "\x1b[2J" * 200)
+    [note] = desk.store.withdrawn_notes()
+    assert len(note.reason) == MAX_NOTE_CHARS
+    text = engines_table(engines_listing(desk))
+    assert "\x1b" not in text
 
 
 def test_a_builder_id_or_fingerprint_with_control_characters_is_printed_escaped() -> None:
@@ -111,6 +143,10 @@ def test_the_engine_listing_example_in_docs_protocol_md_has_the_keys_of_a_real_l
     assert [set(w) for w in example["withdrawn"]] == [set(w) for w in real["withdrawn"]]
     assert [set(c) for c in example["claims"]] == [set(c) for c in real["claims"]]
     assert engines_table(example).splitlines()[0] == "engines: 1 (18.2 MiB), sharing on"
+    # docs/fleet.md's withdrawn line is what the table prints for this example.
+    fleet_doc = (Path(__file__).resolve().parents[3] / "docs" / "fleet.md").read_text()
+    [withdrawn_line] = [line for line in engines_table(example).splitlines() if "built by" in line]
+    assert f"`{withdrawn_line}`" in fleet_doc
 
 
 def test_the_table_shows_the_builds_claimed_and_who_waits_for_them(tmp_path: Path) -> None:

@@ -754,11 +754,14 @@ function enginesView(listing) {
   if (withdrawn.length) {
     const rows = withdrawn.map((w) => el("tr", { className: "withdrawn", dataset: { key: w.key } },
       el("td", { className: "mono key", title: w.key }, w.key.slice(0, 12)), el("td", {}, badge("withdrawn")),
-      el("td", { className: "mono", title: w.engine_sha256 }, w.engine_sha256.slice(0, 12))));
+      el("td", { className: "mono", title: w.engine_sha256 }, w.engine_sha256.slice(0, 12)),
+      el("td", {}, w.built_by || "-"), el("td", {}, w.fingerprint || "-"),
+      el("td", {}, w.at ? new Date(w.at * 1000).toISOString().slice(0, 19).replace("T", " ") : "-"),
+      el("td", { className: "reason" }, w.reason || "-")));
     const more = listing.withdrawn_total - withdrawn.length;
     parts.push(el("section", { id: "withdrawn" },
       el("h2", {}, "Withdrawn (" + listing.withdrawn_total + "): a device found them bad; never served or taken again"),
-      table("", ["key", "state", "engine sha256"], rows), more > 0 ? el("p", { className: "muted" }, more + " more not shown") : null));
+      table("", ["key", "state", "engine sha256", "built by", "fingerprint", "withdrawn (UTC)", "why"], rows), more > 0 ? el("p", { className: "muted" }, more + " more not shown") : null));
   }
   return parts;
 }
