@@ -118,3 +118,17 @@ def sha256_file(path: Path) -> str:
         for block in iter(lambda: f.read(HASH_BLOCK_SIZE), b""):
             digest.update(block)
     return digest.hexdigest()
+
+
+def hash_chunks(path: Path, chunk_size: int) -> tuple[int, str, list[str]]:
+    """``path``'s size, SHA-256 and the SHA-256 of each ``chunk_size`` piece, in one read: what a
+    manifest or an engine offer tells a device to check every chunk against as it arrives."""
+    whole = hashlib.sha256()
+    chunks: list[str] = []
+    size = 0
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(chunk_size), b""):
+            whole.update(block)
+            chunks.append(hashlib.sha256(block).hexdigest())
+            size += len(block)
+    return size, whole.hexdigest(), chunks

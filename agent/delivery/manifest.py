@@ -15,7 +15,6 @@ modules: names and hashes (:mod:`agent.delivery.manifest_names`), the signature
 
 from __future__ import annotations
 
-import hashlib
 import json
 import time
 from collections.abc import Mapping, Sequence
@@ -44,6 +43,7 @@ from agent.delivery.manifest_names import (
 )
 from agent.delivery.manifest_signature import check_signature, signature_for
 from agent.engines.spec import BuildSpec
+from agent.fsutil import hash_chunks
 from agent.model_base import StrictModel
 from agent.names import NAME_PATTERN
 from agent.postprocess.spec import PostprocessSpec
@@ -308,7 +308,7 @@ def build_manifest(
 
     ``sources`` defaults to MQTT pull only. Raises pydantic's ValidationError for invalid values.
     """
-    size, whole, chunks = _hash_chunks(model_path, chunk_size)
+    size, whole, chunks = hash_chunks(model_path, chunk_size)
     return DeployManifest(
         job_id=job_id,
         sequence=sequence,
@@ -336,22 +336,10 @@ def describe_artifact(
     path: Path, *, name: str, kind: ArtifactKind, chunk_size: int = DEFAULT_CHUNK_SIZE, url: str | None = None
 ) -> ManifestArtifact:
     """Read ``path`` once and describe it as a manifest artifact (size, SHA-256, per-chunk SHA-256)."""
-    size, whole, chunks = _hash_chunks(path, chunk_size)
+    size, whole, chunks = hash_chunks(path, chunk_size)
     return ManifestArtifact(
         name=name, kind=kind, size=size, sha256=whole, chunk_size=chunk_size, chunks=chunks, url=url
     )
-
-
-def _hash_chunks(path: Path, chunk_size: int) -> tuple[int, str, list[str]]:
-    whole = hashlib.sha256()
-    chunks: list[str] = []
-    size = 0
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(chunk_size), b""):
-            whole.update(block)
-            chunks.append(hashlib.sha256(block).hexdigest())
-            size += len(block)
-    return size, whole.hexdigest(), chunks
 
 
 def sign_manifest(

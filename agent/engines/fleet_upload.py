@@ -4,7 +4,6 @@ Used by :class:`agent.engines.fleet_cache.FleetEngineCache` once the trust rules
 
 from __future__ import annotations
 
-import hashlib
 import time
 from pathlib import Path
 
@@ -13,6 +12,7 @@ import structlog
 from agent.engines.cache import LAST_USED_NAME, CacheEntry
 from agent.engines.cache_key import SIDECAR_NAME
 from agent.engines.fleet_link import EngineRequests
+from agent.fsutil import hash_chunks
 from agent.protocol.engines import MAX_ENGINE_FILES, EngineFile, EngineOffer
 
 log = structlog.get_logger(__name__)
@@ -89,14 +89,5 @@ def describe_entry(entry: CacheEntry) -> list[EngineFile] | None:
 
 
 def describe_file(path: Path) -> EngineFile:
-    whole = hashlib.sha256()
-    chunks: list[str] = []
-    size = 0
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(OFFER_CHUNK_BYTES), b""):
-            whole.update(block)
-            chunks.append(hashlib.sha256(block).hexdigest())
-            size += len(block)
-    return EngineFile(
-        name=path.name, size=size, sha256=whole.hexdigest(), chunk_size=OFFER_CHUNK_BYTES, chunks=chunks
-    )
+    size, whole, chunks = hash_chunks(path, OFFER_CHUNK_BYTES)
+    return EngineFile(name=path.name, size=size, sha256=whole, chunk_size=OFFER_CHUNK_BYTES, chunks=chunks)

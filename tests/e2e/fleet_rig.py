@@ -109,6 +109,14 @@ class Fleet:
         )
         return files
 
+    def start_shapes(self, device: str) -> AgentFiles:
+        """A daemon serving :meth:`shapes_files`' classifier, its video paced at 30 fps as a camera is
+        (unpaced, a test's agents ran frames as fast as they could and took the cores from every test
+        beside them)."""
+        files = self.shapes_files(device)
+        self.start(files)
+        return files
+
     def controller_config(self, state_dir: Path, **settings: Any) -> ControllerConfig:
         """A controller of this fleet's broker that signs with the test's key (so it shares engines),
         polling device status every second; ``settings`` are more of controller.yaml's fields."""

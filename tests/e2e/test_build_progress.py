@@ -31,7 +31,6 @@ from agent.fleet.controller.client import ControllerClient
 from agent.fsutil import sha256_file
 from agent.localbroker import Broker
 from agent.protocol.topics import Topics
-from tests.e2e.daemon import AgentFiles
 from tests.e2e.fleet_rig import Fleet, count_version, operator_settings
 from tests.fleet.console import test_browser
 from tests.fleet.controller_process import ROOT, ControllerProcess
@@ -55,13 +54,6 @@ def controller(tmp_path: Path, broker: Broker, fleet: Fleet) -> Iterator[Control
     running = ControllerProcess(tmp_path / "controller", broker, "fleet/v1", keys=fleet.keys).start()
     yield running
     running.kill()
-
-
-def start_device(fleet: Fleet, device: str) -> AgentFiles:
-    """A daemon serving the shapes classifier on a video played at its own 30 fps."""
-    files = fleet.shapes_files(device)
-    fleet.start(files)
-    return files
 
 
 def command(args: list[str], out: Path, broker: Broker) -> subprocess.Popen[bytes]:
@@ -97,7 +89,7 @@ def test_a_building_device_shows_its_phase_in_rollout_status_watch_fleet_watch_a
     page: Page,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    start_device(fleet, device_id)
+    fleet.start_shapes(device_id)
     probe.wait_for(count_version("1", Topics("fleet/v1", device_id).results("cam")), timeout=180)
     watching = command(["watch", device_id], tmp_path / "fleet-watch.txt", broker)
     body: dict[str, Any] = {

@@ -39,7 +39,6 @@ from tests.e2e.test_fleet_engines import (
     effective_of,
     progress_lines,
     progress_lines_of,
-    start_device,
 )
 from tests.engines import paced_build
 from tests.fleet.controller.loop_thread import RunningController
@@ -71,7 +70,7 @@ def serving_v1(
     files = {}
     for device in devices:
         files[device] = (
-            start_device(fleet, device) if device not in env else _paced(fleet, device, env[device])
+            fleet.start_shapes(device) if device not in env else _paced(fleet, device, env[device])
         )
     for device in devices:
         probe.wait_for(count_version("1", Topics("fleet/v1", device).results("cam")), timeout=180)
@@ -79,8 +78,8 @@ def serving_v1(
 
 
 def _paced(fleet: Fleet, device: str, extra: dict[str, str]) -> AgentFiles:
-    """``start_device`` with its builds paced on a gate file (the test lets them go)."""
-    files = start_device(fleet, device)
+    """``Fleet.start_shapes`` with its builds paced on a gate file (the test lets them go)."""
+    files = fleet.start_shapes(device)
     (daemon,) = [d for d in fleet.daemons if d.log_path.parent == files.root]
     daemon.kill()
     fleet.daemons.remove(daemon)
@@ -181,7 +180,7 @@ def test_a_claim_holder_killed_mid_build_hands_the_claim_on_and_every_job_ends_o
 
 
 def start_on_release(fleet: Fleet, device: str, revision: str) -> Daemon:
-    """``start_device``'s device on a Jetson of L4T R36 ``revision``: a fake root of its platform files
+    """``Fleet.start_shapes``'s device on a Jetson of L4T R36 ``revision``: a fake root of its platform files
     (``telemetry.sysfs_root``; no Jetson here), short start-up shadow and probation bars."""
     root = fleet.root / device / f"jetson-{revision}"
     if not root.exists():

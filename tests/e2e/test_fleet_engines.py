@@ -59,15 +59,6 @@ def controller(tmp_path: Path, broker: Broker, fleet: Fleet) -> Iterator[Running
     running.stop()
 
 
-def start_device(fleet: Fleet, device: str) -> AgentFiles:
-    # Paced at the file's 30 fps, as a camera is: unpaced, three agents each ran frames as fast as
-    # they could for the whole test (55 CPU-s for this file's two tests, with the cores taken
-    # from every test running beside them).
-    files = fleet.shapes_files(device)
-    fleet.start(files)
-    return files
-
-
 def effective_of(probe: Probe, job_id: str, device: str) -> dict[str, Any]:
     effective = [s.effective for s in job_statuses(probe, job_id, device) if s.effective]
     assert effective, f"{device}: no job status carried the effective build"
@@ -103,7 +94,7 @@ def test_one_device_builds_the_int8_engine_and_two_download_it_from_the_controll
 ) -> None:
     devices = [f"{device_id}-{i}" for i in range(3)]
     probe.subscribe("fleet/v1/+/up/#")
-    files = {device: start_device(fleet, device) for device in devices}
+    files = {device: fleet.start_shapes(device) for device in devices}
     for device in devices:
         probe.wait_for(count_version("1", Topics("fleet/v1", device).results("cam")), timeout=180)
     store = controller.controller.engines.store
@@ -221,7 +212,7 @@ def test_a_shared_engine_that_fails_to_load_is_dropped_the_device_builds_and_the
     devices = [f"{device_id}-{i}" for i in range(2)]
     probe.subscribe("fleet/v1/+/up/#")
     for device in devices:
-        start_device(fleet, device)
+        fleet.start_shapes(device)
     for device in devices:
         probe.wait_for(count_version("1", Topics("fleet/v1", device).results("cam")), timeout=180)
     store = controller.controller.engines.store

@@ -19,9 +19,10 @@ import re
 import shutil
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from playwright.sync_api import Browser, Dialog, Page, expect, sync_playwright
@@ -88,7 +89,10 @@ def browser() -> Iterator[Browser]:
         b.close()
 
 
-def _serve(broker: Broker, tmp_path: Path, token: str | None) -> Iterator[Console]:
+def _serve(
+    broker: Broker, tmp_path: Path, token: str | None, engines: Callable[[], dict[str, Any]] | None = None
+) -> Iterator[Console]:
+    """A console over a live fleet view on ``broker``; ``engines``: the engine listing it shows."""
     prefix = unique_prefix()
     view = FleetView(prefix)
     store = new_store(tmp_path)
@@ -97,7 +101,7 @@ def _serve(broker: Broker, tmp_path: Path, token: str | None) -> Iterator[Consol
     for topic_filter in view.topic_filters():
         client.subscribe(topic_filter, qos=1)
     server = serve_console(
-        make_console_app(view, store, StoreActions(store, view), token=token), "127.0.0.1", 0
+        make_console_app(view, store, StoreActions(store, view), token=token, engines=engines), "127.0.0.1", 0
     )
     probe = Probe(broker.host, broker.port)
     try:

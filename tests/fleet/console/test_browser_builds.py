@@ -18,24 +18,19 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import Page, expect
 
-from agent.fleet.console import make_console_app, serve_console
 from agent.fleet.engines.desk import EngineDesk
 from agent.fleet.engines.hooks import engines_listing
 from agent.fleet.rollout.records import WaveState
-from agent.fleet.view.live import FleetView
 from agent.localbroker import Broker
-from agent.mqtt.service_client import ServiceClient
 from agent.protocol.engines import EngineAsk
 from agent.protocol.messages import BuildProgressInfo, JobState, JobStatus, encode
 from agent.protocol.topics import Topics
 from agent.signing import Ed25519PrivateKey
 from tests.engines.fleet_desk import make_desk
 from tests.fleet.console import test_browser
-from tests.fleet.console.test_browser import SHOWS_WITHIN_MS, TOKEN, Console, _screenshot
-from tests.fleet.console_rig import StoreActions, fleet_messages, make_rollout, new_store
+from tests.fleet.console.test_browser import SHOWS_WITHIN_MS, TOKEN, Console, _screenshot, _serve
+from tests.fleet.console_rig import fleet_messages, make_rollout
 from tests.fleet.engines.records import store_engine
-from tests.fleet.operator_side import operator_settings, unique_prefix
-from tests.mqtt_probe import Probe
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.slow
@@ -56,25 +51,7 @@ def desk(tmp_path: Path) -> EngineDesk:
 
 @pytest.fixture
 def console(broker: Broker, tmp_path: Path, desk: EngineDesk) -> Iterator[Console]:
-    prefix = unique_prefix()
-    view = FleetView(prefix)
-    store = new_store(tmp_path)
-    client = ServiceClient(operator_settings(broker, prefix), handler=view.apply)
-    client.start()
-    for topic_filter in view.topic_filters():
-        client.subscribe(topic_filter, qos=1)
-    app = make_console_app(
-        view, store, StoreActions(store, view), token=TOKEN, engines=lambda: engines_listing(desk)
-    )
-    server = serve_console(app, "127.0.0.1", 0)
-    probe = Probe(broker.host, broker.port)
-    try:
-        yield Console(prefix, view, store, probe, server)
-    finally:
-        probe.close()
-        server.stop()
-        client.stop()
-        store.close()
+    yield from _serve(broker, tmp_path, TOKEN, engines=lambda: engines_listing(desk))
 
 
 def test_the_engines_page_lists_each_fingerprints_engines_with_builder_build_time_and_reuse(
