@@ -24,7 +24,7 @@ from agent.model_base import StrictModel
 from agent.mqtt.settings import MqttSettings
 
 #: The controller's default state directory (the systemd unit's StateDirectory).
-DEFAULT_STATE_DIR = Path("/var/lib/edge-agent-controller")
+DEFAULT_STATE_DIR = Path("/var/lib/edge-fleet-controller")
 #: A DNS name as ``http.allowed_hosts`` takes it: labels of letters, digits and ``-``, dot-separated.
 _LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
 _HOST_NAME = re.compile(rf"^(?=.{{1,253}}$){_LABEL}(?:\.{_LABEL})*\.?$")

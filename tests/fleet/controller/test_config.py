@@ -11,7 +11,12 @@ import pytest
 from agent.cli import main
 from agent.config import read_yaml
 from agent.errors import ConfigError
-from agent.fleet.controller.config import ControllerConfig, key_problems, load_controller_config
+from agent.fleet.controller.config import (
+    DEFAULT_STATE_DIR,
+    ControllerConfig,
+    key_problems,
+    load_controller_config,
+)
 from agent.fleet.deploy.keys import write_keypair
 from tests.unit_files import analyze_verify, read_unit
 
@@ -68,3 +73,15 @@ def test_the_unit_runs_the_controller_as_its_own_user_with_private_state() -> No
 @pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze is not installed here")
 def test_systemd_analyze_verify_accepts_the_unit(tmp_path: Path) -> None:
     analyze_verify(UNIT, tmp_path)
+
+
+def test_one_state_dir_default_for_the_controller_the_unit_and_the_example() -> None:
+    # The unit's StateDirectory= lives under /var/lib; the example and `fleet samples export`'s
+    # default must name that same directory, or export looks where the controller never writes.
+    unit_dir = Path("/var/lib") / _unit()["Service"]["StateDirectory"]
+    assert DEFAULT_STATE_DIR == unit_dir
+    assert ControllerConfig.model_validate(read_yaml(EXAMPLE)).state_dir == unit_dir
+    assert ControllerConfig.model_validate({"unsigned": True}).state_dir == unit_dir
+    for page in ("cli.md", "fleet.md"):
+        text = (REPO / "docs" / page).read_text()
+        assert str(unit_dir) in text and "/var/lib/edge-agent-controller" not in text
