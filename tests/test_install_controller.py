@@ -197,15 +197,55 @@ def test_a_second_run_keeps_the_key_and_token_and_mends_their_modes(root: Path) 
     assert accounts.count(USER) == 1
 
 
-def test_a_root_without_accounts_is_one_clear_line(tmp_path: Path) -> None:
-    done = subprocess.run(
-        ["bash", str(SCRIPT), "--root", str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=False,
+def test_an_empty_root_gets_its_account_files_and_the_whole_install() -> None:
+    empty = Path(tempfile.mkdtemp(prefix="ctl-empty-", dir="/tmp"))
+    try:
+        empty.chmod(0o755)
+        out = install(empty)
+        assert "made etc/passwd, group, shadow and gshadow" in out
+        uid, gid, shell = account(empty)
+        assert 0 < uid < 1000 and shell == "/usr/sbin/nologin"
+        assert (empty / "etc" / "passwd").read_text().startswith("root:x:0:0:")
+        assert owner_mode(empty / "etc" / "shadow")[2] == 0o640
+        etc = empty / "etc" / USER
+        assert owner_mode(etc / "fleet-test.key") == (uid, gid, 0o600)
+        assert owner_mode(etc / "controller.yaml") == (0, gid, 0o640)
+        put_broker_files(empty, uid, gid)
+        done = as_user(empty, uid, gid)
+        assert done.returncode == 0, done.stderr
+        assert json.loads(done.stdout)["key_id"] == "fleet-test"
+    finally:
+        shutil.rmtree(empty)
+
+
+def run_script(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["bash", str(SCRIPT), *args], capture_output=True, text=True, timeout=60, check=False
     )
+
+
+def test_a_missing_edge_agent_is_named_before_anything_is_changed(tmp_path: Path) -> None:
+    missing = tmp_path / "no-venv" / "edge-agent"
+    done = run_script("--root", str(tmp_path), "--key-id", "fleet-test", "--edge-agent", str(missing))
     assert done.returncode == 1
-    assert (
-        done.stderr.strip() == f"install-controller: --root {tmp_path} has no etc/passwd to add the user to"
-    )
+    lines = done.stderr.strip().splitlines()
+    assert lines == [
+        f"install-controller: cannot run '{missing} fleet keygen' (it makes the signing key"
+        f" {ETC}/fleet-test.key): install the code first (docs/controller-install.md, step 1)"
+        " or name the command with --edge-agent CMD",
+        "install-controller: nothing was changed",
+    ]
+    assert list(tmp_path.iterdir()) == [], "the run changed the root before it stopped"
+
+
+def test_every_problem_is_named_at_once_and_nothing_is_changed(tmp_path: Path) -> None:
+    done = run_script("--root", str(tmp_path), "--key-id", "../bad", "--edge-agent", "/nonexistent")
+    assert done.returncode == 1
+    assert "--key-id ../bad: 1-64 letters" in done.stderr
+    assert "cannot run '/nonexistent fleet keygen'" in done.stderr
+    assert list(tmp_path.iterdir()) == []
+    gone = tmp_path / "absent"
+    done = run_script("--root", str(gone), "--edge-agent", f"{sys.executable} -m agent")
+    assert done.returncode == 1
+    assert f"--root {gone} is not a directory" in done.stderr
+    assert not gone.exists()

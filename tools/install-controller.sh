@@ -19,8 +19,10 @@
 #
 # Files that exist are kept (a signing key is never replaced); their owners and modes are set again.
 # /var/lib/edge-fleet-controller is the unit's StateDirectory=: systemd creates it, owned by the user.
-# --root DIR installs under DIR instead of / (useradd --prefix: DIR/etc/passwd must exist) and runs
-# no systemctl. --edge-agent is the command that runs `fleet keygen` (default: the venv's).
+# --root DIR installs under DIR instead of / (useradd --prefix; an empty DIR gets etc/passwd, group,
+# shadow and gshadow with root alone) and runs no systemctl. --edge-agent CMD is the command that
+# runs `fleet keygen` (default: the venv's), e.g. "python3 -m agent" from a checkout.
+# Every check comes first: a run that stops changed nothing.
 set -euo pipefail
 
 usage="usage: $0 [--key-id ID] [--edge-agent CMD] [--root DIR]"
@@ -36,22 +38,58 @@ while [ $# -gt 0 ]; do
     *) echo "install-controller: unknown argument $1; $usage" >&2; exit 2 ;;
   esac
 done
-if [ "$(id -u)" -ne 0 ]; then
-  echo "install-controller: run it as root (sudo): it creates a system user and files owned by it" >&2
-  exit 1
-fi
-if [ -n "$root" ] && [ ! -f "$root/etc/passwd" ]; then
-  echo "install-controller: --root $root has no etc/passwd to add the user to" >&2
-  exit 1
-fi
 read -ra keygen <<<"$edge_agent"
 repo="$(cd "$(dirname "$0")/.." && pwd)"
 user=edge-fleet-controller
 etc_dir=/etc/$user # as the unit and controller.yaml name it
 etc="$root$etc_dir" # where this run writes it
+conf="$etc/controller.yaml"
+
+# Everything this run needs is checked before anything is changed: a run that stops half-way would
+# leave a user and a controller.yaml behind that the next run keeps as they are.
+problems=()
+if [ "$(id -u)" -ne 0 ]; then
+  problems+=("run it as root (sudo): it creates a system user and files owned by it")
+fi
+if [ -n "$root" ] && [ ! -d "$root" ]; then
+  problems+=("--root $root is not a directory: make it first (an empty one will do)")
+fi
+for needed in configs/controller.yaml "systemd/$user.service" docs; do
+  [ -e "$repo/$needed" ] || problems+=("$repo/$needed is missing: run the script from a full checkout")
+done
+if [[ ! "$key_id" =~ ^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$ ]]; then
+  problems+=("--key-id $key_id: 1-64 letters, digits, '_', '.', '-', starting with a letter or digit")
+fi
+if ! grep -qs "^$user:" "$root/etc/passwd" && ! command -v useradd >/dev/null; then
+  problems+=("useradd is not installed (it makes the user $user): install the passwd package")
+fi
+if [ -e "$conf" ]; then
+  key_path="$(awk '$1 == "signing_key:" { print $2 }' "$conf")"
+else
+  key_path="$etc_dir/$key_id.key"
+fi
+if [ -n "$key_path" ] && [ "$key_path" != null ] && [ ! -e "$root$key_path" ] &&
+  ! "${keygen[@]}" fleet keygen --help >/dev/null 2>&1; then
+  problems+=("cannot run '$edge_agent fleet keygen' (it makes the signing key $key_path): install the code first (docs/controller-install.md, step 1) or name the command with --edge-agent CMD")
+fi
+if [ ${#problems[@]} -gt 0 ]; then
+  for problem in "${problems[@]}"; do echo "install-controller: $problem" >&2; done
+  echo "install-controller: nothing was changed" >&2
+  exit 1
+fi
 
 say() { echo "install-controller: $*"; }
 
+if [ -n "$root" ] && [ ! -f "$root/etc/passwd" ]; then
+  # An empty root gets the account files useradd --prefix edits, with root alone in them.
+  install -d -m 0755 "$root/etc"
+  for seed in "passwd 0644 root:x:0:0:root:/root:/bin/bash" "group 0644 root:x:0:" \
+    "shadow 0640 root:*:20000:0:99999:7:::" "gshadow 0640 root:*::"; do
+    read -r name mode line <<<"$seed"
+    [ -e "$root/etc/$name" ] || { echo "$line" >"$root/etc/$name" && chmod "$mode" "$root/etc/$name"; }
+  done
+  say "$root has no etc/passwd: made etc/passwd, group, shadow and gshadow with root alone"
+fi
 if grep -q "^$user:" "$root/etc/passwd"; then
   say "user $user exists"
 else
@@ -68,12 +106,9 @@ gid="$(awk -F: -v u="$user" '$1 == u { print $4 }' "$root/etc/passwd")"
 install -d -m 0750 -o 0 -g "$gid" "$etc"
 say "$etc_dir: root:$user 0750"
 
-conf="$etc/controller.yaml"
 if [ -e "$conf" ]; then
   say "$etc_dir/controller.yaml exists: kept (its signing_key is the key below)"
-  key_path="$(awk '$1 == "signing_key:" { print $2 }' "$conf")"
 else
-  key_path="$etc_dir/$key_id.key"
   staged="$(mktemp)"
   trap 'rm -f "$staged"' EXIT
   sed -e "s|^signing_key: .*|signing_key: $key_path|" \
