@@ -204,7 +204,8 @@ def test_an_empty_root_gets_its_account_files_and_the_whole_install() -> None:
         out = install(empty)
         assert "made etc/passwd, group, shadow and gshadow" in out
         uid, gid, shell = account(empty)
-        assert 0 < uid < 1000 and shell == "/usr/sbin/nologin"
+        assert 0 < uid < 1000
+        assert shell == "/usr/sbin/nologin"
         assert (empty / "etc" / "passwd").read_text().startswith("root:x:0:0:")
         assert owner_mode(empty / "etc" / "shadow")[2] == 0o640
         etc = empty / "etc" / USER
