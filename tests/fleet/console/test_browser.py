@@ -513,6 +513,42 @@ def test_the_snapshot_button_draws_the_frame_with_its_boxes_and_labels(console: 
     assert "cam0 frame 12, 320x240" in page.inner_text("#snapshot-caption")
 
 
+def test_a_drawn_snapshot_stays_shown_while_telemetry_re_renders_the_page(
+    console: Console, page: Page
+) -> None:
+    console.publish(list(fleet_messages(console.prefix, DEVICES[:1])))
+    _arrived(console, 1)
+    page.goto(console.server.url + "/device/jet-00")
+    page.wait_for_selector("body[data-device=rendered]")
+    page.click("#snapshot")
+    page.fill("#token-input", TOKEN)
+    page.click("#token-save")
+    page.wait_for_selector("body[data-snapshot=drawn]")
+    page.fill("#snapshot-stream", "cam0")
+    x1, y1, _, y2 = (int(v) for v in SNAPSHOT_BOX)
+    green_at = """([x, y]) => document.querySelector("#snapshot-canvas").getContext("2d")
+        .getImageData(x, y, 1, 1).data[1]"""
+    shown = []
+    # Each telemetry message re-renders the page (its fps figure shows it): the snapshot survives each.
+    for fps in (31.0, 32.0, 33.0):
+        page.evaluate("document.body.dataset.device = 'waiting'")
+        console.publish([telemetry(console.prefix, "jet-00", fps=fps)])
+        page.wait_for_selector("body[data-device=rendered]", timeout=SHOWS_WITHIN_MS)
+        expect(page.locator("#facts")).to_contain_text(f"{fps:.1f}", timeout=SHOWS_WITHIN_MS)
+        canvas = page.locator("#snapshot-canvas")
+        shown.append(
+            (
+                canvas.is_visible(),
+                canvas.get_attribute("data-frame"),
+                page.evaluate(green_at, [x1, (y1 + y2) // 2]) > 150,
+                page.input_value("#snapshot-stream"),
+                "cam0 frame 12" in page.inner_text("#snapshot-caption"),
+            )
+        )
+
+    assert shown == [(True, "12", True, "cam0", True)] * 3
+
+
 def _screenshot(page: Page, name: str) -> None:
     """Take a screenshot for the docs (see the module docstring), once the live indicator has settled."""
     if os.environ.get("EDGE_AGENT_SCREENSHOTS") == "1":

@@ -282,6 +282,7 @@ async function devicePage(deviceId) {
   // An offline (or silent) device's figures are its last ones: greyed and marked, never shown as live.
   const old = stale(row) ? " (stale: last heard " + (detail.telemetry_at ? age(detail.telemetry_at) + " ago" : "never") + ")" : "";
   const figure = (text) => el("span", { className: old ? "stale" : "" }, text + (text === "-" ? "" : old));
+  const focused = document.activeElement;
   $("#app").replaceChildren(...[
     el("h1", { id: "device-title" }, row.id, " ", badge(row.state)),
     el("div", { className: "grid" },
@@ -307,17 +308,14 @@ async function devicePage(deviceId) {
     el("p", { className: "actions" },
       el("button", { type: "button", id: "decommission", onclick: () => decommission(row.id) }, "Decommission…"),
       el("span", { className: "muted" }, " clears its retained status, info and desired states on the broker; the console forgets it")),
-    el("div", { className: "card snapshot", id: "snapshot-panel" },
-      el("button", { type: "button", id: "snapshot", onclick: () => snapshot(row.id) }, "Snapshot"),
-      el("input", { id: "snapshot-stream", placeholder: "stream (default: its first)", maxLength: 128 }),
-      el("span", { className: "muted", id: "snapshot-caption" }, " the latest frame of a stream, with that frame's result drawn on it"),
-      el("canvas", { id: "snapshot-canvas", hidden: true })),
+    snapshotPanel(row.id),
     el("div", { className: "card evidence", id: "evidence-panel" },
       el("button", { type: "button", id: "evidence", onclick: () => evidence(row.id) }, "Evidence"),
       el("input", { id: "evidence-job", placeholder: "rejected job id", maxLength: 128, value: evidenceJob(deviceId, detail) }),
       el("span", { className: "muted" }, " the frames a rejected model disagreed on most: the serving model's output beside the candidate's"),
       el("div", { id: "evidence-frames" })),
   ].filter(Boolean));
+  if (focused && document.contains(focused)) focused.focus();
   // The page re-renders on every live update: frames already fetched stay shown.
   if (shownEvidence && shownEvidence.device === deviceId) showEvidence(shownEvidence.ev);
   document.body.dataset.device = "rendered";
@@ -593,6 +591,20 @@ async function snapshot(deviceId) {
   } finally {
     button.disabled = false;
   }
+}
+
+// The snapshot panel of this device's page: the one already on it is moved into each re-render as
+// it is (its drawn canvas, caption and stream field), since the page re-renders on every telemetry.
+function snapshotPanel(deviceId) {
+  const kept = $("#snapshot-panel");
+  if (kept && kept.dataset.device === deviceId) return kept;
+  const panel = el("div", { className: "card snapshot", id: "snapshot-panel" },
+    el("button", { type: "button", id: "snapshot", onclick: () => snapshot(deviceId) }, "Snapshot"),
+    el("input", { id: "snapshot-stream", placeholder: "stream (default: its first)", maxLength: 128 }),
+    el("span", { className: "muted", id: "snapshot-caption" }, " the latest frame of a stream, with that frame's result drawn on it"),
+    el("canvas", { id: "snapshot-canvas", hidden: true }));
+  panel.dataset.device = deviceId;
+  return panel;
 }
 
 let shownEvidence = null; // {device, ev}: the evidence last shown, kept across re-renders
