@@ -253,7 +253,7 @@ def _status(client: Any, rollout_id: str | None, *, as_json: bool, watch: bool) 
         return 0
     shown = ""
     while True:
-        text = json.dumps(status, sort_keys=True)
+        text = json.dumps(_without_clock(status), sort_keys=True)
         if text != shown:
             _print_status(status, as_json=as_json, lines=True)
             shown = text
@@ -261,6 +261,20 @@ def _status(client: Any, rollout_id: str | None, *, as_json: bool, watch: bool) 
             return _exit_code(status)
         time.sleep(2.0)
         status = client.request("status", payload)
+
+
+#: Status fields that change with the clock alone (a build's elapsed seconds and the note that
+#: quotes them, the document's own time): ``--watch`` prints again only when something else changed.
+_CLOCK_FIELDS = frozenset({"elapsed_s", "note", "updated_at"})
+
+
+def _without_clock(value: Any) -> Any:
+    """``value`` with every :data:`_CLOCK_FIELDS` key left out, at any depth."""
+    if isinstance(value, dict):
+        return {k: _without_clock(v) for k, v in value.items() if k not in _CLOCK_FIELDS}
+    if isinstance(value, list):
+        return [_without_clock(v) for v in value]
+    return value
 
 
 def _print_status(status: dict[str, Any], *, as_json: bool, lines: bool = False) -> None:
