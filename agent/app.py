@@ -158,7 +158,7 @@ class Agent:
         self.delivery.register_command("evidence", evidence, EvidenceArgs)
         if log_ring is not None:
             logs_limit = partial(self.link.payload_limit, self.topics.cmd_reply("logs"))
-            self.delivery.register_command("logs", logs_command(log_ring, logs_limit), LogsArgs)
+            self.delivery.register_command("logs", logs_command(log_ring, logs_limit), LogsArgs, quiet=True)
         self.metrics.add_collector(self.delivery.commands.stats, prefix="commands")
         self.telemetry: TelemetryLoop | None = None
         self.watchdog: Watchdog | None = None

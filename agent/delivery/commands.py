@@ -51,6 +51,7 @@ class NoSuchSlotError(AgentError):
 class _Command:
     handler: Callable[[Any], dict[str, Any]]
     args: type[BaseModel] | None
+    quiet: bool = False
 
 
 class CommandRouter:
@@ -67,20 +68,35 @@ class CommandRouter:
         self._up_prefix = f"{topics.prefix}/{topics.device_id}/up/"
 
     @overload
-    def register(self, name: str, handler: Callable[[ArgsT], dict[str, Any]], args: type[ArgsT]) -> None: ...
+    def register(
+        self,
+        name: str,
+        handler: Callable[[ArgsT], dict[str, Any]],
+        args: type[ArgsT],
+        *,
+        quiet: bool = False,
+    ) -> None: ...
     @overload
-    def register(self, name: str, handler: CommandHandler, args: None = None) -> None: ...
+    def register(
+        self, name: str, handler: CommandHandler, args: None = None, *, quiet: bool = False
+    ) -> None: ...
 
     def register(
-        self, name: str, handler: Callable[[Any], dict[str, Any]], args: type[BaseModel] | None = None
+        self,
+        name: str,
+        handler: Callable[[Any], dict[str, Any]],
+        args: type[BaseModel] | None = None,
+        *,
+        quiet: bool = False,
     ) -> None:
         """Serve command ``name`` with ``handler`` (replaces an earlier one of that name).
 
         With ``args`` (a model of the command's arguments), the request's args are validated first and
         the handler gets the model; a mismatch is answered ``bad_args`` naming the argument. Without
-        it, the handler gets the args as a dict and checks them itself.
+        it, the handler gets the args as a dict and checks them itself. ``quiet``: a call it served
+        is counted but not logged (``logs``: reading the log must not write to it at each poll).
         """
-        self.handlers[name] = _Command(handler, args)
+        self.handlers[name] = _Command(handler, args, quiet)
 
     def stats(self) -> dict[str, float]:
         """Commands served (ok), failed (the handler raised), refused (bad request) and busy, since start."""
@@ -176,7 +192,8 @@ class CommandRouter:
             log.exception("delivery.command.failed", command=name)
             reply = CommandReply(command=name, ok=False, error_code="internal_error", error=repr(exc))
         self._count("served" if reply.ok else "failed")
-        log.info("delivery.command", command=name, ok=reply.ok, error_code=reply.error_code)
+        if not (reply.ok and command.quiet):
+            log.info("delivery.command", command=name, ok=reply.ok, error_code=reply.error_code)
         self._reply(message, reply)
 
     def _refuse(self, message: InboundMessage, reply: CommandReply) -> None:

@@ -155,16 +155,29 @@ class DeliveryService:
 
     @overload
     def register_command(
-        self, name: str, handler: Callable[[ArgsT], dict[str, Any]], args: type[ArgsT]
+        self,
+        name: str,
+        handler: Callable[[ArgsT], dict[str, Any]],
+        args: type[ArgsT],
+        *,
+        quiet: bool = False,
     ) -> None: ...
     @overload
-    def register_command(self, name: str, handler: CommandHandler, args: None = None) -> None: ...
+    def register_command(
+        self, name: str, handler: CommandHandler, args: None = None, *, quiet: bool = False
+    ) -> None: ...
 
     def register_command(
-        self, name: str, handler: Callable[[Any], dict[str, Any]], args: type[BaseModel] | None = None
+        self,
+        name: str,
+        handler: Callable[[Any], dict[str, Any]],
+        args: type[BaseModel] | None = None,
+        *,
+        quiet: bool = False,
     ) -> None:
-        """Add a command (e.g. ``calibrate``) on ``down/cmd/{name}``; ``args``: its arguments' model."""
-        self.commands.register(name, handler, args)
+        """Add a command (e.g. ``calibrate``) on ``down/cmd/{name}``; ``args``: its arguments' model;
+        ``quiet``: a served call is not logged (:meth:`CommandRouter.register`)."""
+        self.commands.register(name, handler, args, quiet=quiet)
 
     def start(self) -> None:
         """Subscribe to desired state and commands. Retained manifests arrive on every (re)subscribe,

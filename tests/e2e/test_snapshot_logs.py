@@ -253,9 +253,13 @@ def test_logs_last_lines_capped_and_followed_without_duplicates(
             args=(settings, device_id, 5, out, err),
             kwargs={"follow": True, "stop": stop, "interval_s": 0.05},
         )
+        polls = f"fleet/v1/{device_id}/down/cmd/logs"
+        probe.subscribe(polls)
         follower.start()
         try:
-            # Each command the device serves logs a line: new lines appear while the follower polls.
+            # The follower's own polls add nothing to what it follows: 20 of them, then other commands.
+            probe.wait_for_count(polls, 20, timeout=60)
+            # Each other command the device serves logs a line: new lines appear while the follower polls.
             with DeviceSession(settings, device_id, "status") as status:
                 for _ in range(5):
                     assert status.ask({}).ok
@@ -281,6 +285,8 @@ def test_logs_last_lines_capped_and_followed_without_duplicates(
     followed = out.getvalue().splitlines()
     assert len(followed) == len(set(followed))  # timestamps make every line unique: none twice
     assert sum('"command": "status"' in line for line in followed) == 5
+    assert not [line for line in followed if '"command": "logs"' in line]
+    assert len(probe.on_topic(polls)) >= 20
     assert "missed" not in err.getvalue()
 
 
