@@ -12,7 +12,7 @@ from pydantic import TypeAdapter, ValidationError
 from agent.camera.preprocess_spec import PreprocessSpec
 from agent.delivery.guard import ProbationSpec, ShadowSpec
 from agent.delivery.manifest import DEFAULT_CHUNK_SIZE, MAX_CHUNK_SIZE, MIN_CHUNK_SIZE
-from agent.engines.spec import BuildSpec
+from agent.engines.spec import BuildSpec, CalibrationSource
 from agent.errors import UsageError
 from agent.flag_aliases import add_alias
 from agent.fleet.base.untrusted import shown
@@ -34,6 +34,10 @@ from agent.fleet.cli.args import chosen_targets, json_arg, keep_slot_model_id, s
 #: end state did not parse is also unfinished, and the malformed message is what the operator must
 #: see; a misspelt id is news, the others' timeout follows from it.
 EXIT_OK, EXIT_FAILED, EXIT_UNFINISHED, EXIT_MALFORMED, EXIT_UNKNOWN = 0, 1, 2, 3, 4
+#: ``--calib-frames``' bounds and default: the build spec's (``CalibrationSource.frames``).
+_FRAMES_FIELD = CalibrationSource.model_fields["frames"]
+CALIBRATION_FRAMES_DEFAULT: int = _FRAMES_FIELD.default
+MAX_CALIBRATION_FRAMES = 100_000
 #: Longest summary line printed per device (its error text is the device's).
 _SUMMARY_WIDTH = 300
 
@@ -73,8 +77,41 @@ def postprocess_from_args(postprocess_json: str | None, labels_file: Path | None
     return spec.model_copy(update={"labels": labels, "labels_file": None})
 
 
+def calibration_from_args(args: argparse.Namespace) -> CalibrationSource | None:
+    """``build.calibration`` for ``--calibration stream|dataset`` and its ``--calib-*`` flags (pure);
+    ``--calib-cache`` is added by :func:`manifest_fields` as the manifest's artifact."""
+    kind = args.calibration
+    if kind is not None and args.calib_cache is not None:
+        raise UsageError("--calibration and --calib-cache: give one of them (--calib-cache ships its own)")
+    if kind is not None and args.precision not in ("int8", "best"):
+        raise UsageError(f"--calibration {kind} needs an INT8 build: add --precision int8")
+    if args.calib_stream is not None and kind != "stream":
+        raise UsageError("--calib-stream needs --calibration stream")
+    if args.calib_dataset is not None and kind != "dataset":
+        raise UsageError("--calib-dataset needs --calibration dataset")
+    if args.calib_frames is not None and kind is None:
+        raise UsageError("--calib-frames needs --calibration stream or --calibration dataset")
+    if kind == "dataset" and args.calib_dataset is None:
+        raise UsageError(
+            "--calibration dataset needs --calib-dataset DIR: a directory of images on the device"
+        )
+    if kind is None:
+        return None
+    values: dict[str, Any] = {"kind": kind}
+    if args.calib_frames is not None:
+        if not 1 <= args.calib_frames <= MAX_CALIBRATION_FRAMES:
+            raise UsageError(f"--calib-frames must be 1 to {MAX_CALIBRATION_FRAMES}")
+        values["frames"] = args.calib_frames
+    if args.calib_stream is not None:
+        values["stream"] = args.calib_stream
+    if args.calib_dataset is not None:
+        values["path"] = args.calib_dataset
+    return CalibrationSource.model_validate(values)
+
+
 def build_spec_from_args(args: argparse.Namespace) -> BuildSpec | None:
     """A BuildSpec when any build flag is given; None runs the ONNX model as it is."""
+    calibration = calibration_from_args(args)
     if args.precision is None and args.engine_device is None and not args.no_gpu_fallback:
         return None
     values: dict[str, Any] = {"gpu_fallback": not args.no_gpu_fallback}
@@ -82,7 +119,31 @@ def build_spec_from_args(args: argparse.Namespace) -> BuildSpec | None:
         values["precision"] = args.precision
     if args.engine_device is not None:
         values["device"] = args.engine_device
+    if calibration is not None:
+        values["calibration"] = calibration
     return BuildSpec.model_validate(values)
+
+
+def check_int8_source(fields: dict[str, Any], model: Path) -> None:
+    """An INT8 build with no source of scales fails on every device (``build_failed``): refused here,
+    before anything is sent, naming the flags that give one. A Q/DQ model carries its own scales."""
+    build: BuildSpec | None = fields["build"]
+    if build is None or build.precision != "int8" or build.calibration is not None:
+        return
+    if fields["calib_sha256"] is not None:
+        return
+    from agent.engines.model_facts import model_facts
+
+    if model_facts(model)[1]:
+        return
+    raise UsageError(
+        "--precision int8 needs a calibration source, and none is given (a device builds what the "
+        "manifest asks, never its config's calibration): add --calibration stream (each device "
+        f"calibrates on its own frames; --calib-frames N, default {CALIBRATION_FRAMES_DEFAULT}), "
+        "--calibration dataset --calib-dataset DIR (images on the device), or --calib-cache FILE "
+        "(one calibration shipped with the model); or deploy a quantized (Q/DQ) model, or choose "
+        "--precision best"
+    )
 
 
 def shadow_from_args(shadow_json: str | None, *, no_shadow: bool) -> ShadowSpec | None:
@@ -145,6 +206,33 @@ def add_manifest_arguments(parser: argparse.ArgumentParser) -> None:
         "int8)",
     )
     parser.add_argument(
+        "--calibration",
+        choices=("stream", "dataset"),
+        default=None,
+        help="INT8 calibration on the device: on its own stream's frames (stream) or on a directory of "
+        "images there (dataset, --calib-dataset); needs --precision int8",
+    )
+    parser.add_argument(
+        "--calib-frames",
+        type=int,
+        default=None,
+        metavar="N",
+        help=f"--calibration: frames to calibrate on (default {CALIBRATION_FRAMES_DEFAULT})",
+    )
+    parser.add_argument(
+        "--calib-stream",
+        default=None,
+        metavar="NAME",
+        help="--calibration stream: the stream whose frames calibrate (default: the slot's)",
+    )
+    parser.add_argument(
+        "--calib-dataset",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="--calibration dataset: a directory of images on the device",
+    )
+    parser.add_argument(
         "--chunk-size",
         type=int,
         default=DEFAULT_CHUNK_SIZE,
@@ -189,6 +277,7 @@ def manifest_fields(args: argparse.Namespace) -> dict[str, Any]:
             raise UsageError(
                 "invalid --preprocess-json", validation_problems(exc, "--preprocess-json")
             ) from exc
+    build = build_spec_from_args(args)  # the calibration flags' mistakes before the cache file's
     calib_sha256 = None
     if args.calib_cache is not None:
         if not args.calib_cache.is_file():
@@ -210,7 +299,7 @@ def manifest_fields(args: argparse.Namespace) -> dict[str, Any]:
         "version": args.version,
         "model_id": args.model_id,
         "chunk_size": args.chunk_size,
-        "build": build_spec_from_args(args),
+        "build": build,
         "preprocess": preprocess,
         "postprocess": postprocess_from_args(args.postprocess_json, args.labels),
         "shadow": shadow_from_args(args.shadow_json, no_shadow=args.no_shadow),
@@ -245,6 +334,7 @@ def run_deploy(args: argparse.Namespace) -> int:
         raise UsageError("--timeout must be a number of seconds above 0")
     fields = manifest_fields(args)
     check_model_file(args.model, preprocess=fields["preprocess"], postprocess=fields["postprocess"])
+    check_int8_source(fields, args.model)
     targets = chosen_targets(args, args.device)
     if targets is None:
         return EXIT_OK

@@ -18,7 +18,7 @@ from typing import Any
 from agent.errors import UsageError
 from agent.fleet.cli.args import add_target_arguments, chosen_targets, keep_slot_model_id
 from agent.fleet.cli.connection import add_broker_arguments, settings_from_args
-from agent.fleet.cli.deploy import add_manifest_arguments, manifest_fields
+from agent.fleet.cli.deploy import add_manifest_arguments, check_int8_source, manifest_fields
 from agent.fleet.rollout.spec import DEFAULT_WAVE_TIMEOUT_S
 from agent.fleet.rollout.waves import parse_duration, parse_max_failed, parse_waves
 
@@ -198,6 +198,7 @@ def _start(args: argparse.Namespace) -> int:
         raise UsageError("--wave-timeout must be above 0")
     fields = manifest_fields(args)
     check_model_file(args.model, preprocess=fields["preprocess"], postprocess=fields["postprocess"])
+    check_int8_source(fields, args.model)
     # With --json, stdout carries the answer alone: the selection lines go to stderr.
     targets = chosen_targets(args, args.device, out=sys.stderr if args.json else None)
     if targets is None:
