@@ -77,13 +77,14 @@ def postprocess_from_args(postprocess_json: str | None, labels_file: Path | None
     return spec.model_copy(update={"labels": labels, "labels_file": None})
 
 
-def calibration_from_args(args: argparse.Namespace) -> CalibrationSource | None:
-    """``build.calibration`` for ``--calibration stream|dataset`` and its ``--calib-*`` flags (pure);
-    ``--calib-cache`` is added by :func:`manifest_fields` as the manifest's artifact."""
+def calibration_from_args(args: argparse.Namespace, precision: str | None) -> CalibrationSource | None:
+    """``build.calibration`` for ``--calibration stream|dataset`` and its ``--calib-*`` flags (pure;
+    ``precision``: the build's, from ``--precision`` or ``--build-json``); ``--calib-cache`` is added
+    by :func:`manifest_fields` as the manifest's artifact."""
     kind = args.calibration
     if kind is not None and args.calib_cache is not None:
         raise UsageError("--calibration and --calib-cache: give one of them (--calib-cache ships its own)")
-    if kind is not None and args.precision not in ("int8", "best"):
+    if kind is not None and precision not in ("int8", "best"):
         raise UsageError(f"--calibration {kind} needs an INT8 build: add --precision int8")
     if args.calib_stream is not None and kind != "stream":
         raise UsageError("--calib-stream needs --calibration stream")
@@ -110,18 +111,38 @@ def calibration_from_args(args: argparse.Namespace) -> CalibrationSource | None:
 
 
 def build_spec_from_args(args: argparse.Namespace) -> BuildSpec | None:
-    """A BuildSpec when any build flag is given; None runs the ONNX model as it is."""
-    calibration = calibration_from_args(args)
-    if args.precision is None and args.engine_device is None and not args.no_gpu_fallback:
-        return None
-    values: dict[str, Any] = {"gpu_fallback": not args.no_gpu_fallback}
+    """A BuildSpec when any build flag is given; None runs the ONNX model as it is.
+
+    ``--build-json`` carries any field of the protocol's BuildSpec; the named flags add theirs, and
+    a field given both ways is refused rather than one silently winning.
+    """
+    given: dict[str, Any] = {}
+    if args.build_json is not None:
+        raw = json_arg(args.build_json, "--build-json")
+        if not isinstance(raw, dict):
+            raise UsageError(
+                "--build-json must be a JSON object: the build request (BuildSpec, docs/protocol.md)"
+            )
+        given = raw
+    flags: dict[str, tuple[str, Any]] = {}  # field -> (the flag that set it, its value)
     if args.precision is not None:
-        values["precision"] = args.precision
+        flags["precision"] = ("--precision", args.precision)
     if args.engine_device is not None:
-        values["device"] = args.engine_device
+        flags["device"] = ("--engine-device", args.engine_device)
+    if args.no_gpu_fallback:
+        flags["gpu_fallback"] = ("--no-gpu-fallback", False)
+    calibration = calibration_from_args(args, args.precision or given.get("precision"))
     if calibration is not None:
-        values["calibration"] = calibration
-    return BuildSpec.model_validate(values)
+        flags["calibration"] = ("--calibration", calibration)
+    for field, (flag, _) in flags.items():
+        if field in given:
+            raise UsageError(f"{flag} and --build-json's {field!r} set the same field: give one of them")
+    if not given and not flags:
+        return None
+    try:
+        return BuildSpec.model_validate({**given, **{field: value for field, (_, value) in flags.items()}})
+    except ValidationError as exc:
+        raise UsageError("invalid --build-json", validation_problems(exc, "--build-json")) from exc
 
 
 def check_int8_source(fields: dict[str, Any], model: Path) -> None:
@@ -206,6 +227,12 @@ def add_manifest_arguments(parser: argparse.ArgumentParser) -> None:
         "int8)",
     )
     parser.add_argument(
+        "--build-json",
+        default=None,
+        help="the engine build request: BuildSpec JSON (or @file), any of its fields (workspace_mb, "
+        "devices, profiles, optimization_level, slim, fallback ...); the flags above and below add theirs",
+    )
+    parser.add_argument(
         "--calibration",
         choices=("stream", "dataset"),
         default=None,
@@ -280,6 +307,8 @@ def manifest_fields(args: argparse.Namespace) -> dict[str, Any]:
     build = build_spec_from_args(args)  # the calibration flags' mistakes before the cache file's
     calib_sha256 = None
     if args.calib_cache is not None:
+        if build is not None and build.calibration is not None:
+            raise UsageError("--calib-cache and --build-json's 'calibration': give one of them")
         if not args.calib_cache.is_file():
             raise UsageError(f"--calib-cache: {args.calib_cache} is not a file")
         if args.precision not in ("int8", "best"):

@@ -188,3 +188,61 @@ def test_a_qdq_model_needs_no_calibration_and_a_plain_one_does(tmp_path: Path) -
     with pytest.raises(UsageError, match="needs a calibration source"):
         check_int8_source(fields, tiny_model(tmp_path / "m.onnx"))
     check_int8_source(_fields("deploy", "--precision", "best"), tiny_model(tmp_path / "b.onnx"))
+
+
+def test_build_json_carries_any_build_field_and_a_field_set_twice_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    documented = '{"workspace_mb": 2048, "devices": ["dla0", "dla1"], "fallback": "none"}'
+    fields = _fields("rollout", "--build-json", documented, "--precision", "int8", "--calibration", "stream")
+    build = fields["build"]
+    sent = build.model_dump(mode="json", exclude_defaults=True)  # type: ignore[attr-defined]
+
+    assert sent == {
+        "precision": "int8",
+        "devices": ["dla0", "dla1"],
+        "workspace_mb": 2048,
+        "calibration": {"kind": "stream"},
+        "fallback": "none",
+    }
+    assert f"`'{documented}'`" in (PROTOCOL_DOC.parent / "fleet.md").read_text()
+    model = tiny_model(tmp_path / "m.onnx")
+    deploy = [
+        "fleet",
+        "deploy",
+        str(model),
+        "--device",
+        "d1",
+        "--slot",
+        "cls",
+        "--version",
+        "1",
+        "--unsigned",
+    ]
+    cases = [
+        (["--build-json", '{"precision": "fp16"}', "--precision", "int8"], "--precision and --build-json's"),
+        (
+            ["--build-json", '{"workspace_mb": 1}'],
+            "--build-json workspace_mb: Input should be greater than or equal to 16",
+        ),
+        (["--build-json", "[1]"], "--build-json must be a JSON object"),
+        (
+            [
+                "--build-json",
+                '{"precision": "int8", "calibration": {"kind": "stream"}}',
+                "--calib-cache",
+                str(model),
+            ],
+            "--calib-cache and --build-json's 'calibration'",
+        ),
+    ]
+    for extra, says in cases:
+        assert main([*deploy, *extra, *NOWHERE]) == 1, extra
+        err = capsys.readouterr().err
+        assert err.startswith(f"error: {says}"), (extra, err)
+    # --build-json's INT8 with its own calibration needs no flag; without one it is refused as INT8 is.
+    check_int8_source(
+        _fields("deploy", "--build-json", '{"precision": "int8", "calibration": {"kind": "stream"}}'), model
+    )
+    with pytest.raises(UsageError, match="needs a calibration source"):
+        check_int8_source(_fields("deploy", "--build-json", '{"precision": "int8"}'), model)
