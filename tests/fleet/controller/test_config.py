@@ -79,9 +79,10 @@ def test_one_state_dir_default_for_the_controller_the_unit_and_the_example() -> 
     # The unit's StateDirectory= lives under /var/lib; the example and `fleet samples export`'s
     # default must name that same directory, or export looks where the controller never writes.
     unit_dir = Path("/var/lib") / _unit()["Service"]["StateDirectory"]
-    assert DEFAULT_STATE_DIR == unit_dir
+    assert unit_dir == DEFAULT_STATE_DIR
     assert ControllerConfig.model_validate(read_yaml(EXAMPLE)).state_dir == unit_dir
     assert ControllerConfig.model_validate({"unsigned": True}).state_dir == unit_dir
     for page in ("cli.md", "fleet.md"):
         text = (REPO / "docs" / page).read_text()
-        assert str(unit_dir) in text and "/var/lib/edge-agent-controller" not in text
+        assert str(unit_dir) in text
+        assert "/var/lib/edge-agent-controller" not in text
