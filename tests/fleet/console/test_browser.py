@@ -513,7 +513,7 @@ def test_the_snapshot_button_draws_the_frame_with_its_boxes_and_labels(console: 
     assert "cam0 frame 12, 320x240" in page.inner_text("#snapshot-caption")
 
 
-def test_a_drawn_snapshot_stays_shown_while_telemetry_re_renders_the_page(
+def test_a_drawn_snapshot_and_typed_fields_stay_while_telemetry_re_renders_the_page(
     console: Console, page: Page
 ) -> None:
     console.publish(list(fleet_messages(console.prefix, DEVICES[:1])))
@@ -525,6 +525,7 @@ def test_a_drawn_snapshot_stays_shown_while_telemetry_re_renders_the_page(
     page.click("#token-save")
     page.wait_for_selector("body[data-snapshot=drawn]")
     page.fill("#snapshot-stream", "cam0")
+    page.fill("#evidence-job", "job-typed")
     x1, y1, _, y2 = (int(v) for v in SNAPSHOT_BOX)
     green_at = """([x, y]) => document.querySelector("#snapshot-canvas").getContext("2d")
         .getImageData(x, y, 1, 1).data[1]"""
@@ -542,11 +543,12 @@ def test_a_drawn_snapshot_stays_shown_while_telemetry_re_renders_the_page(
                 canvas.get_attribute("data-frame"),
                 page.evaluate(green_at, [x1, (y1 + y2) // 2]) > 150,
                 page.input_value("#snapshot-stream"),
+                page.input_value("#evidence-job"),
                 "cam0 frame 12" in page.inner_text("#snapshot-caption"),
             )
         )
 
-    assert shown == [(True, "12", True, "cam0", True)] * 3
+    assert shown == [(True, "12", True, "cam0", "job-typed", True)] * 3
 
 
 def _screenshot(page: Page, name: str) -> None:

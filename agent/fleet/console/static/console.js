@@ -311,7 +311,7 @@ async function devicePage(deviceId) {
     snapshotPanel(row.id),
     el("div", { className: "card evidence", id: "evidence-panel" },
       el("button", { type: "button", id: "evidence", onclick: () => evidence(row.id) }, "Evidence"),
-      el("input", { id: "evidence-job", placeholder: "rejected job id", maxLength: 128, value: evidenceJob(deviceId, detail) }),
+      evidenceField(deviceId, detail),
       el("span", { className: "muted" }, " the frames a rejected model disagreed on most: the serving model's output beside the candidate's"),
       el("div", { id: "evidence-frames" })),
   ].filter(Boolean));
@@ -611,6 +611,19 @@ let shownEvidence = null; // {device, ev}: the evidence last shown, kept across 
 
 // What the evidence field starts with: the job shown, the one a rollout page linked to
 // (?evidence=JOB), else the device's latest REJECTED or ROLLED_BACK job.
+// The evidence job field. What the operator typed on this device's page stays through the
+// re-render of each live update; untouched, it follows evidenceJob.
+function evidenceField(deviceId, detail) {
+  const old = $("#evidence-job");
+  const typed = old && old.dataset.device === deviceId && old.dataset.typed === "yes";
+  return el("input", {
+    id: "evidence-job", placeholder: "rejected job id", maxLength: 128,
+    value: typed ? old.value : evidenceJob(deviceId, detail),
+    dataset: { device: deviceId, typed: typed ? "yes" : "" },
+    oninput: (event) => { event.target.dataset.typed = "yes"; },
+  });
+}
+
 function evidenceJob(deviceId, detail) {
   if (shownEvidence && shownEvidence.device === deviceId) return shownEvidence.ev.job_id;
   const linked = new URLSearchParams(location.search).get("evidence");
