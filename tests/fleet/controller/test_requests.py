@@ -97,6 +97,34 @@ def test_rollout_start_keeps_the_nulls_of_shadow_and_probation_in_the_manifest_t
     assert manifest["probation_s"] == 5
 
 
+def test_rollout_start_sends_the_calibration_flags_in_the_signed_manifest(
+    tmp_path: Path,
+    broker: Broker,
+    prefix: str,
+    keys: KeyPairFiles,
+    controller: Running,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``--calibration stream --calib-frames`` and ``--build-json`` reach the device, through the
+    controller, as the manifest's ``build`` (docs/protocol.md, "Manifest artifacts")."""
+    model = tiny_model(tmp_path / "m.onnx")
+    broker_args = ["--broker", f"{broker.host}:{broker.port}", "--prefix", prefix]
+    desired = Topics(prefix, "c0").desired(SLOT)
+    with _fleet(broker, prefix, keys, ["c0"]) as fleet, Probe(broker.host, broker.port) as device:
+        device.subscribe(desired)
+        argv = ["fleet", "rollout", "start", str(model), "--slot", SLOT, "--version", "2", "--device", "c0"]
+        argv += ["--precision", "int8", "--calibration", "stream", "--calib-frames", "300"]
+        argv += ["--build-json", '{"workspace_mb": 2048}', "--no-shadow", "--probation-s", "0"]
+        assert main([*argv, "--id", "calib", "--wait", *broker_args]) == 0, capsys.readouterr()
+        manifest = json.loads(json.loads(device.wait_for_count(desired, 1)[0].payload)["manifest"])
+        assert fleet.jobs()["c0"] != []
+    assert manifest["build"] == {
+        "precision": "int8",
+        "workspace_mb": 2048,
+        "calibration": {"kind": "stream", "frames": 300},
+    }
+
+
 def test_on_timeout_wait_keeps_waiting_for_a_device_that_starts_after_the_timeout(
     tmp_path: Path, broker: Broker, prefix: str, keys: KeyPairFiles, controller: Running
 ) -> None:
