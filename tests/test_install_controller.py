@@ -250,3 +250,16 @@ def test_every_problem_is_named_at_once_and_nothing_is_changed(tmp_path: Path) -
     assert done.returncode == 1
     assert f"--root {gone} is not a directory" in done.stderr
     assert not gone.exists()
+
+
+def test_the_documented_refusal_is_what_a_run_before_step_1_prints(tmp_path: Path) -> None:
+    """docs/controller-install.md quotes the script's answer when the venv of step 1 is missing."""
+    doc = (REPO / "docs" / "controller-install.md").read_text()
+    start = doc.index("```\n", doc.index("for example, before step 1:")) + len("```\n")
+    quoted = doc[start : doc.index("```", start)]
+    venv = Path("/opt/edge-agent/.venv/bin/edge-agent")
+    assert not venv.exists(), "this host has step 1's venv: the refusal cannot be shown here"
+    done = run_script("--root", str(tmp_path), "--key-id", "fleet-2026")
+    assert done.returncode == 1
+    assert done.stderr == quoted
+    assert list(tmp_path.iterdir()) == []
