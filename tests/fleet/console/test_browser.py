@@ -544,11 +544,12 @@ def test_a_drawn_snapshot_and_typed_fields_stay_while_telemetry_re_renders_the_p
                 page.evaluate(green_at, [x1, (y1 + y2) // 2]) > 150,
                 page.input_value("#snapshot-stream"),
                 page.input_value("#evidence-job"),
+                page.evaluate("document.activeElement.id"),
                 "cam0 frame 12" in page.inner_text("#snapshot-caption"),
             )
         )
 
-    assert shown == [(True, "12", True, "cam0", "job-typed", True)] * 3
+    assert shown == [(True, "12", True, "cam0", "job-typed", "evidence-job", True)] * 3
 
 
 def _screenshot(page: Page, name: str) -> None:

@@ -282,7 +282,7 @@ async function devicePage(deviceId) {
   // An offline (or silent) device's figures are its last ones: greyed and marked, never shown as live.
   const old = stale(row) ? " (stale: last heard " + (detail.telemetry_at ? age(detail.telemetry_at) + " ago" : "never") + ")" : "";
   const figure = (text) => el("span", { className: old ? "stale" : "" }, text + (text === "-" ? "" : old));
-  const focused = document.activeElement;
+  const focus = keptFocus();
   $("#app").replaceChildren(...[
     el("h1", { id: "device-title" }, row.id, " ", badge(row.state)),
     el("div", { className: "grid" },
@@ -315,7 +315,7 @@ async function devicePage(deviceId) {
       el("span", { className: "muted" }, " the frames a rejected model disagreed on most: the serving model's output beside the candidate's"),
       el("div", { id: "evidence-frames" })),
   ].filter(Boolean));
-  if (focused && document.contains(focused)) focused.focus();
+  focus();
   // The page re-renders on every live update: frames already fetched stay shown.
   if (shownEvidence && shownEvidence.device === deviceId) showEvidence(shownEvidence.ev);
   document.body.dataset.device = "rendered";
@@ -591,6 +591,20 @@ async function snapshot(deviceId) {
   } finally {
     button.disabled = false;
   }
+}
+
+// A re-render replaces the field the operator types in: this puts the focus and caret back in the
+// field of the same id afterwards (call before the re-render, run what it returns after it).
+function keptFocus() {
+  const active = document.activeElement;
+  if (!active || !active.id || active.tagName !== "INPUT") return () => {};
+  const { id, selectionStart, selectionEnd } = active;
+  return () => {
+    const again = document.getElementById(id);
+    if (!again || again === document.activeElement) return;
+    again.focus();
+    again.setSelectionRange(selectionStart, selectionEnd);
+  };
 }
 
 // The snapshot panel of this device's page: the one already on it is moved into each re-render as
