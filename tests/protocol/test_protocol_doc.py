@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel
 
+from agent.jetson_files import jetpack_for_l4t, parse_tegra_release
 from agent.platform import BackendAvailability, Platform, platform_summary
 from agent.protocol.messages import MESSAGE_MODELS, decode, encode
 from agent.protocol.topics import Topics
@@ -59,9 +60,21 @@ def test_info_example_platform_has_the_keys_platform_summary_gives_a_jetson() ->
     """The fast half of tests/e2e/test_protocol_doc_examples.py's check, for a Jetson that read everything."""
     (example,) = _examples_under_heading(DOC.read_text(), "InfoMessage")
     jetson = Platform(
-        is_jetson=True, machine="aarch64", l4t_release="36.4.0", jetpack="6.1", device_model="Orin",
+        is_jetson=True, machine="aarch64", l4t_release="R36.4.0", jetpack="6.1", device_model="Orin",
         cuda_driver="12.6", cuda_runtime="12.6", gpu_name="Orin", compute_capability="8.7", dla_cores=2,
         tensorrt_version="10.3.0", onnxruntime_version="1.20.0", ort_providers=("CPUExecutionProvider",),
         backends={name: BackendAvailability(True, name) for name in ("tensorrt", "onnxruntime")},
     )  # fmt: skip
     assert set(json.loads(example)["platform"]) == set(platform_summary(jetson))
+
+
+def test_info_example_l4t_release_and_jetpack_are_what_a_jetson_reads() -> None:
+    """The example's release is spelled as the device reads /etc/nv_tegra_release, and its JetPack
+    is the one that release maps to."""
+    (example,) = _examples_under_heading(DOC.read_text(), "InfoMessage")
+    platform = json.loads(example)["platform"]
+    read = parse_tegra_release(
+        "# R36 (release), REVISION: 4.0, GCID: 37537400, BOARD: generic, EABI: aarch64"
+    )
+    assert platform["l4t_release"] == read == "R36.4.0"
+    assert platform["jetpack"] == jetpack_for_l4t(read)
