@@ -11,7 +11,7 @@ from pydantic import BaseModel
 
 from agent.jetson_files import jetpack_for_l4t, parse_tegra_release
 from agent.platform import BackendAvailability, Platform, platform_summary
-from agent.protocol.messages import MESSAGE_MODELS, decode, encode
+from agent.protocol.messages import MESSAGE_MODELS, CommandReply, decode, encode
 from agent.protocol.topics import Topics
 from tests.protocol.examples import EXAMPLES, MORE_EXAMPLES
 
@@ -78,3 +78,15 @@ def test_info_example_l4t_release_and_jetpack_are_what_a_jetson_reads() -> None:
     )
     assert platform["l4t_release"] == read == "R36.4.0"
     assert platform["jetpack"] == jetpack_for_l4t(read)
+
+
+def test_the_null_rule_is_what_encode_does() -> None:
+    """A message's null fields are left out; a ``CommandReply``'s ``result`` keeps its nulls (the
+    controller's RolloutStatus, whose building devices carry null frames when none were sent)."""
+    transport = DOC.read_text().split("Transport: MQTT 5", 1)[1].split("\n## ", 1)[0]
+    assert "fields that are `null` are left out" in transport
+    assert "`CommandReply`'s `result`" in transport
+    building = {"device": "jet-02", "phase": "building", "frames_done": None, "estimate_s": None}
+    reply = json.loads(encode(CommandReply(command="status", ok=True, result={"building": [building]})))
+    assert "error" not in reply and "error_code" not in reply  # null fields: left out
+    assert reply["result"]["building"] == [building]  # the answer's nulls: kept
