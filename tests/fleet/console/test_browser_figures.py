@@ -32,6 +32,8 @@ from tests.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 
+REPO = Path(__file__).resolve().parents[3]
+
 #: test_browser.py's Chromium, one per module.
 browser = test_browser.browser
 
@@ -106,3 +108,16 @@ def test_the_engines_page_writes_every_time_in_utc(console: Console, desk: Engin
     assert "built at (UTC)" in headers
     assert built_at == time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(kept.built_at))
     assert "withdrawn (UTC)" in withdrawn_headers
+    # docs/console.md says what the page keeps of a withdrawn engine: each column, in its words.
+    doc = " ".join((REPO / "docs" / "console.md").read_text(encoding="utf-8").split())
+    said = doc.split("then the engines withdrawn because a device found them bad (", 1)[1].split(")", 1)[0]
+    words = {
+        "key": "key",
+        "engine sha256": "engine SHA-256",
+        "built by": "the device that built it",
+        "fingerprint": "its fingerprint",
+        "withdrawn (UTC)": "when it was withdrawn",
+        "why": "why",
+    }
+    assert [h for h in withdrawn_headers if h != "state"] == list(words)
+    assert all(w in said for w in words.values()), said
