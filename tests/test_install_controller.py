@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import stat
 import subprocess
@@ -166,6 +167,13 @@ def test_the_unit_finds_its_user_and_every_file_it_reads(root: Path, tmp_path: P
     refused = as_user(root, 65534, 65534)
     assert refused.returncode != 0
     assert "PermissionError" in refused.stderr or "Permission denied" in refused.stderr, refused.stderr
+
+    # Every file of its configuration directory the unit names, comments included, is one the
+    # install made (KEY_ID: the key id it was given).
+    named = re.findall(rf"{ETC}/([A-Za-z_.-]+)", unit_path.read_text(encoding="utf-8"))
+    assert "KEY_ID.key" in named
+    for name in named:
+        assert (etc / name.replace("KEY_ID", "fleet-test")).is_file(), name
 
     # Documentation= names files the install put there (pip installs no docs).
     for url in unit["Unit"]["Documentation"].split():

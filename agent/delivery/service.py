@@ -56,9 +56,9 @@ from agent.store import ModelStore
 
 log = structlog.get_logger(__name__)
 
-#: Job states that last (the candidate runs beside, or serves in place of, the model): up/info is
-#: republished as a job enters one.
-_LONG_PHASES = frozenset({JobState.SHADOW, JobState.PROBATION})
+#: Job states that last (an engine build, the candidate beside or in place of the model): up/info is
+#: republished as a job enters one, so its last job is the one running, not the one before.
+_LONG_PHASES = frozenset({JobState.BUILDING, JobState.SHADOW, JobState.PROBATION})
 _JOIN_SLACK_S = 0.5
 #: How often held statuses are offered again to the spool or the link.
 _HELD_RETRY_S = 0.5
@@ -96,7 +96,7 @@ class DeliveryService:
         ``<store.root>/../partial``. ``trusted_keys`` overrides loading ``config.trusted_keys`` files.
         ``on_job_end(slot)`` is called after a job of ``slot`` ended (a refused manifest too), once its
         end is visible in :meth:`job_fields`: the agent republishes ``up/info`` with it.
-        ``on_job_phase(slot)`` likewise when a job of ``slot`` enters SHADOW or PROBATION (a minute
+        ``on_job_phase(slot)`` likewise when a job of ``slot`` enters BUILDING, SHADOW or PROBATION (a minute
         or more in which the candidate runs or serves): ``up/info`` then shows the running job and
         its phase rather than the previous job (issue 22.10).
         """

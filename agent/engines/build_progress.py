@@ -104,12 +104,20 @@ class ProgressTracker:
     """Folds a build's progress lines into a :class:`BuildProgress`, publishing at a bounded rate.
 
     :meth:`update` returns the progress to publish now, or None when the last publication is less
-    than ``interval_s`` old (the newest state is kept and goes out with the next allowed one)."""
+    than ``interval_s`` old (the newest state is kept and goes out with the next allowed one). A
+    phase left before any publication showed it (a calibration pass of a second) is not lost: its
+    last state goes out first at the next allowed publication, then the newest; at most one such
+    state per phase waits, so the bound holds."""
 
     def __init__(self, started: float, interval_s: float = PUBLISH_INTERVAL_S) -> None:
         self.state = BuildProgress(started=started)
+        #: What the last publication showed (the newest state until one was published).
+        self.shown = self.state
         self.interval_s = interval_s
         self._last_published: float | None = None
+        self._published_phases: set[BuildPhase] = set()
+        #: The last state of each phase left unpublished, oldest first.
+        self._missed: list[BuildProgress] = []
         self._lock = threading.Lock()
 
     def update(self, message: str, now: float) -> BuildProgress | None:
@@ -118,20 +126,34 @@ class ProgressTracker:
         estimate = estimate_of(message)
         with self._lock:
             state = self.state
+            if frames is not None:
+                phase = "calibrating"
             if phase is not None and phase != state.phase:
+                self._left(state)
                 state = replace(state, phase=phase, frames_done=None, frames_total=None)
             if frames is not None:
-                state = replace(state, phase="calibrating", frames_done=frames[0], frames_total=frames[1])
+                state = replace(state, frames_done=frames[0], frames_total=frames[1])
             if estimate is not None:
                 state = replace(state, estimate_s=estimate)
             self.state = state
+            if self._last_published is None:
+                self.shown = state
         return self.due(now)
 
+    def _left(self, state: BuildProgress) -> None:
+        """``state``'s phase ends: kept to be published if no publication showed that phase."""
+        if state.phase in self._published_phases or state.phase == "planning":
+            return
+        self._missed = [m for m in self._missed if m.phase != state.phase] + [state]
+
     def due(self, now: float) -> BuildProgress | None:
-        """The current state to publish if the interval allows it now (the heartbeat calls this
-        alone: a step that says nothing for minutes still shows its elapsed seconds move)."""
+        """The state to publish if the interval allows it now (the heartbeat calls this alone: a
+        step that says nothing for minutes still shows its elapsed seconds move)."""
         with self._lock:
             if self._last_published is not None and now - self._last_published < self.interval_s:
                 return None
             self._last_published = now
-            return replace(self.state, elapsed_s=max(0.0, now - self.state.started))
+            chosen = self._missed.pop(0) if self._missed else self.state
+            self._published_phases.add(chosen.phase)
+            self.shown = replace(chosen, elapsed_s=max(0.0, now - chosen.started))
+            return self.shown

@@ -23,6 +23,7 @@ from agent.backends.base import LoadOptions, get_backend
 from agent.camera.preprocess_spec import PreprocessSpec
 from agent.engines.artifact import EngineArtifact
 from agent.engines.builder import EngineBuilder
+from agent.engines.calibration_data import PROGRESS_LINES
 from agent.engines.calibration_store import CalibrationKey, CalibrationStore, collect_frames
 from agent.engines.engine_devices import engine_devices, placement_candidates
 from agent.engines.fleet_cache import dropped_from_fleet
@@ -361,7 +362,18 @@ class EngineService:
             return None
         wanted = spec.calibration.frames
         say(f"calibration: collecting {wanted} frames of slot {slot}")
-        images = self.frames(slot, wanted)
+        # Taken in parts, each counted (``collected D/T frames``): collecting is most of a stream
+        # calibration's time, and the operator reads its progress. A part that comes back short
+        # (the stream ended or timed out) ends the collection with what arrived.
+        part = max(1, -(-wanted // PROGRESS_LINES))
+        images: list[npt.NDArray[np.uint8]] = []
+        while len(images) < wanted:
+            asked = min(part, wanted - len(images))
+            got = self.frames(slot, asked)
+            images.extend(got[:asked])
+            say(f"calibration: collected {len(images)}/{wanted} frames of slot {slot}")
+            if len(got) < asked:
+                break
         if not images:
             raise BuildError(
                 f"INT8 calibration needs {wanted} frames of slot {slot!r} but its streams delivered none: "

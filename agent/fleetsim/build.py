@@ -77,7 +77,7 @@ _BOARDS = {
     "nx": ("NVIDIA Jetson Orin NX", "Orin NX", 2),
 }
 #: JetPack 6.0, and the "upgrade" (JetPack 6.1: new L4T, TensorRT and CUDA: every engine key changes).
-_RELEASES = (("36.3.0", "6.0", "8.6.2", "12.2"), ("36.4.0", "6.1", "10.3.0", "12.6"))
+_RELEASES = (("R36.3.0", "6.0", "8.6.2", "12.2"), ("R36.4.0", "6.1", "10.3.0", "12.6"))
 
 
 def sim_platform(labels: Mapping[str, str], *, upgraded: bool = False) -> SimPlatform:

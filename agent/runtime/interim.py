@@ -45,8 +45,23 @@ class InterimServing:
 
     def serve_until_streams_run(self, name: str, candidate: ModelSource, origin: Origin) -> None:
         """Calibration needs live frames: ``candidate``'s ONNX model serves (and is recorded, as
-        the start-up load records) until its build can start."""
+        the start-up load records) until its build can start (:meth:`build_and_swap`)."""
         self._interim[name] = self._owner.activate(name, candidate, origin=origin, must_record=False)
+        log.warning(
+            "slot.interim.serving",
+            slot=name,
+            model=candidate.model_id,
+            why="its engine calibrates on live frames: it builds once the streams run, then swaps in",
+        )
+
+    def build_and_swap(self, name: str, candidate: ModelSource, build: BuildSpec, origin: Origin) -> None:
+        """The build :meth:`serve_until_streams_run` deferred, run now (on the caller's thread), and
+        the swap from the interim model to its engine, logged as any interim swap."""
+        try:
+            engine: ModelSource | BaseException = self._owner.prepared(name, candidate, build)
+        except (EngineError, BuildError) as exc:
+            engine = exc
+        self._swap_from_interim(name, engine, origin)
 
     def serve_while_building(
         self, name: str, candidate: ModelSource, build: BuildSpec, origin: Origin

@@ -80,7 +80,7 @@ class SlotModels:
         self.deployments = SlotDeployments(self.owner, evidence)
         self.rollbacks = SlotRollback(self.owner, self.deployments.guard_runs)
         self._configured: dict[str, tuple[ModelSource, BuildSpec | None, str | None]] = {}
-        self._deferred_builds: list[tuple[str, ModelSource, BuildSpec]] = []
+        self._deferred_builds: list[tuple[str, ModelSource, BuildSpec, Origin]] = []
         metrics.add_collector(self.deployments.guard_stats, prefix="slot.")
         self.owner.protect_engines()
 
@@ -136,8 +136,8 @@ class SlotModels:
             try:
                 if build is not None and needs_frames(build):
                     # Calibration needs live frames: serve the ONNX model first, build once streams run.
-                    self._deferred_builds.append((name, candidate, build))
                     self.interim.serve_until_streams_run(name, candidate, origin)
+                    self._deferred_builds.append((name, candidate, build, origin))
                 elif build is not None and owner.engines.config.serve_while_building:
                     # Serve at once: the engine comes from the cache, or builds while the ONNX model serves.
                     self.interim.serve_while_building(name, candidate, build, origin)
@@ -157,8 +157,10 @@ class SlotModels:
 
     def start_deferred_builds(self) -> None:
         """Builds that need live frames (stream calibration) start once the streams run."""
-        for name, source, build in self._deferred_builds:
-            self.start_swap(name, source, build)
+        for name, source, build, origin in self._deferred_builds:
+            self.owner.start_thread(
+                partial(self.interim.build_and_swap, name, source, build, origin), f"swap-{name}"
+            )
         self._deferred_builds.clear()
 
     def reload(self, slot_configs: dict[str, SlotConfig]) -> list[str]:
@@ -203,7 +205,8 @@ class SlotModels:
         if needs_frames(build):
             # Calibration needs live frames: the ONNX model serves while they are gathered.
             self.interim.serve_until_streams_run(name, source, "config")
-            return False
+            self.interim.build_and_swap(name, source, build, "config")
+            return True
         if not self.owner.engines.config.serve_while_building:
             return False
         self.interim.serve_while_building(name, source, build, "config")

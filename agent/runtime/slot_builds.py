@@ -64,7 +64,7 @@ class SlotBuilds:
             build = self._builds.get(slot)
         if build is None:
             return None
-        state = build.tracker.state
+        state = build.tracker.shown  # what its last publication said (a short phase is kept there)
         elapsed = max(0.0, self._clock() - state.started)
         progress = state.as_dict() | {"elapsed_s": round(elapsed, 1)}
         return {"model_id": build.model_id, "version": build.version, "since": build.since, **progress}

@@ -102,11 +102,11 @@ def test_a_healthy_probation_ends_active_with_its_figures(device: Harness, model
     assert {"validate", "shadow", "probation"} <= set(final.timings_s)
 
 
-def test_up_info_is_republished_as_a_job_enters_shadow_and_probation_showing_that_job(
+def test_up_info_is_republished_as_a_job_enters_building_shadow_and_probation_showing_that_job(
     device: Harness, model_v1: Path
 ) -> None:
-    """Issue 22.10: during PROBATION `fleet status` showed the previous job as LAST JOB; the agent
-    republishes up/info when a long phase starts (once per phase, not per figures update)."""
+    """While a device built or ran a probation, `fleet status` showed the previous job as LAST JOB;
+    the agent republishes up/info when a long phase starts (once per phase, not per update)."""
 
     def guarded(request: ActivationRequest) -> None:
         assert request.guard is not None
@@ -123,6 +123,7 @@ def test_up_info_is_republished_as_a_job_enters_shadow_and_probation_showing_tha
     device.wait_terminal("job-13")
 
     assert [(f["last_job"], f["last_job_state"]) for f in device.job_phases] == [
+        ("job-13", J.BUILDING),
         ("job-13", J.SHADOW),
         ("job-13", J.PROBATION),
     ]

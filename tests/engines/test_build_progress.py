@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 from agent.engines.build_history import MAX_FINGERPRINTS, PER_FINGERPRINT, BuildHistory, build_fingerprint
@@ -71,6 +72,27 @@ def test_the_tracker_publishes_at_most_once_per_interval_and_keeps_the_newest_st
     assert tracker.update("building for cpu", 100.0 + 2 * PUBLISH_INTERVAL_S) is not None
     assert tracker.state.frames_total is None
     assert tracker.state.phase == "building"
+
+
+def test_a_calibration_shorter_than_the_interval_is_still_published_with_its_frames() -> None:
+    """Collecting 16 frames and calibrating on them within one interval: the next publication
+    shows that phase as it ended, the one after the newest; the bound holds throughout."""
+    tracker = ProgressTracker(started=100.0)
+    assert tracker.update("plan: int8 on cpu", 100.0) is not None
+    lines = [f"calibration: collected {n}/16 frames of slot cls" for n in range(2, 17, 2)]
+    lines += [f"calibrating {n}/16 frames" for n in (8, 16)]
+    lines += ["quantizing to INT8 Q/DQ for cpu"]
+    for n, line in enumerate(lines, 1):
+        assert tracker.update(line, 100.0 + n * 0.1) is None
+    calibrating = tracker.due(100.0 + PUBLISH_INTERVAL_S)
+    assert calibrating is not None
+    assert (calibrating.phase, calibrating.frames_done, calibrating.frames_total) == ("calibrating", 16, 16)
+    assert tracker.shown == calibrating  # up/info shows what was published
+    assert tracker.due(100.0 + PUBLISH_INTERVAL_S + 0.5) is None
+    newest = tracker.due(100.0 + 2 * PUBLISH_INTERVAL_S)
+    assert newest is not None
+    assert (newest.phase, newest.frames_total) == ("building", None)
+    assert tracker.due(100.0 + 3 * PUBLISH_INTERVAL_S) == replace(newest, elapsed_s=3 * PUBLISH_INTERVAL_S)
 
 
 def _identity(**versions: str) -> EngineIdentity:

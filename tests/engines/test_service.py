@@ -9,6 +9,7 @@ import numpy.typing as npt
 
 from agent.camera.preprocess_spec import PreprocessSpec
 from agent.datasets.shapes import generate
+from agent.engines.build_progress import frames_of
 from agent.engines.builder import EngineBuilder
 from agent.engines.service import EngineService
 from agent.engines.settings import EngineConfig
@@ -22,16 +23,19 @@ SPEC = BuildSpec.model_validate(
 
 
 class SlotFrames:
-    """Frames a slot 'captures': calibration gets the first request, the guard the second."""
+    """Frames a slot 'captures': calibration takes ``calibration`` (in parts), the guard what follows."""
 
     def __init__(self, calibration: npt.NDArray[np.uint8]) -> None:
         self.calls: list[int] = []
         self.calibration = calibration
+        self._given = 0
 
     def __call__(self, slot: str, n: int) -> list[npt.NDArray[np.uint8]]:
         self.calls.append(n)
-        if len(self.calls) == 1:
-            return list(self.calibration[:n])
+        if self._given < len(self.calibration):
+            part = list(self.calibration[self._given : self._given + n])
+            self._given += len(part)
+            return part
         images, _ = generate(n, seed=4242, size=64)
         return list(images)
 
@@ -44,8 +48,13 @@ def _service(tmp_path: Path, frames: SlotFrames) -> EngineService:
 def test_good_calibration_goes_live_as_int8(tmp_path: Path) -> None:
     images, _ = generate(32, seed=7, size=64)
     frames = SlotFrames(images)
-    prepared = _service(tmp_path, frames).prepare("cls", MODEL, SPEC, PreprocessSpec(width=64, height=64))
-    assert frames.calls == [32, 48]
+    said: list[str] = []
+    prepared = _service(tmp_path, frames).prepare(
+        "cls", MODEL, SPEC, PreprocessSpec(width=64, height=64), progress=said.append
+    )
+    assert frames.calls == [2] * 16 + [48]  # calibration in parts of a twentieth, then the guard
+    collected = [frames_of(line) for line in said if line.startswith("calibration: collected")]
+    assert collected == [(2 * n, 32) for n in range(1, 17)]
     assert prepared.artifact.plan.precision == "int8"
     assert prepared.effective["int8_guard"]["passed"] is True
     assert prepared.effective["int8_guard"]["agreement"] >= 0.9

@@ -21,6 +21,7 @@ import pytest
 from agent.engines.cache_key import engine_cache_key
 from agent.engines.fleet_cache import platform_fingerprint
 from agent.fleetsim.build import engine_identity, sim_platform
+from agent.jetson_files import jetpack_for_l4t, parse_tegra_release
 from tests.fleet.operator_side import unique_prefix
 from tests.fleetsim.controller_rig import ControllerRig
 
@@ -46,9 +47,18 @@ def test_each_board_and_each_jetpack_is_its_own_engine_key() -> None:
     nx, agx = _key_and_fingerprint("orin-nx"), _key_and_fingerprint("orin-agx")
     upgraded = _key_and_fingerprint("orin-nx", upgraded=True)
     assert len({nx[0], agx[0], upgraded[0]}) == 3
-    assert nx[1] == "tensorrt 8.6.2 / Orin NX 8.7 / gpu / L4T 36.3.0"
-    assert agx[1] == "tensorrt 8.6.2 / AGX Orin 8.7 / gpu / L4T 36.3.0"
-    assert upgraded[1] == "tensorrt 10.3.0 / Orin NX 8.7 / gpu / L4T 36.4.0"
+    assert nx[1] == "tensorrt 8.6.2 / Orin NX 8.7 / gpu / L4T R36.3.0"
+    assert agx[1] == "tensorrt 8.6.2 / AGX Orin 8.7 / gpu / L4T R36.3.0"
+    assert upgraded[1] == "tensorrt 10.3.0 / Orin NX 8.7 / gpu / L4T R36.4.0"
+
+
+def test_each_simulated_release_is_spelled_as_a_jetson_reads_it() -> None:
+    for upgraded in (False, True):
+        platform = sim_platform({"hw": "orin-nx"}, upgraded=upgraded)
+        major, revision = platform.l4t_release.removeprefix("R").split(".", 1)
+        line = f"# R{major} (release), REVISION: {revision}, GCID: 1, BOARD: generic, EABI: aarch64"
+        assert parse_tegra_release(line) == platform.l4t_release
+        assert jetpack_for_l4t(platform.l4t_release) == platform.jetpack
 
 
 def _rollout(rig: ControllerRig, devices: list[str], *, share: bool, name: str) -> None:

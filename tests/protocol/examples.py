@@ -33,7 +33,7 @@ JETSON_PLATFORM: dict[str, str | bool | int | float | None] = {
     "device_model": "NVIDIA Jetson AGX Orin Developer Kit",
     "soc": "tegra234",
     "soc_family": "Orin",
-    "l4t_release": "36.4.0",
+    "l4t_release": "R36.4.0",
     "jetpack": "6.1",
     "cuda_driver": "12.6",
     "cuda_runtime": "12.6",

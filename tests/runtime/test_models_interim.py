@@ -9,7 +9,10 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
+from structlog.testing import capture_logs
+
 from agent.config import SlotConfig
+from agent.datasets.shapes import MODEL_PATH, generate
 from agent.engines.builder import EngineBuilder
 from agent.engines.service import EngineService
 from agent.engines.worker import BuildWorker
@@ -130,4 +133,50 @@ def test_a_config_reload_giving_an_empty_slot_a_model_to_build_serves_it_while_i
     current = models.slots[SLOT].current
     assert current is not None
     assert current.source.engine_key is not None, "the built engine swapped in"
+    assert models.serving(SLOT) == "requested"
+
+
+def test_a_start_up_build_calibrating_on_live_frames_logs_its_interim_serving_and_its_swap(
+    tmp_path: Path,
+) -> None:
+    """INT8 calibrated on the slot's own frames: the ONNX model serves until the streams run, then
+    the build runs and its engine swaps in, with the same two log lines as any start-up build.
+    The frames come from a function standing in for the pipeline's tap (no camera here): real
+    images of the shapes dataset the model reads."""
+    builder = EngineBuilder(
+        tmp_path / "state",
+        ENGINES_CONFIG,
+        detect_platform(),
+        worker=BuildWorker(timeout_s=120, lock_path=tmp_path / "state" / "build.lock"),
+    )
+    images = list(generate(64, seed=3)[0])
+    config = SlotConfig.model_validate(
+        {
+            "model": MODEL_PATH,
+            "model_id": "cls",
+            "version": "1",
+            "preprocess": {"width": 64, "height": 64},
+            "postprocess": {"type": "classification", "top_k": 2},
+            "build": {"precision": "int8", "device": "cpu", "calibration": {"kind": "stream", "frames": 16}},
+        }
+    )
+    models = SlotModels(
+        {SLOT: ModelSlot(SLOT)},
+        {SLOT: config},
+        StateFile(builder.state_dir / "state.json"),
+        EngineService(builder, ENGINES_CONFIG, lambda _slot, n: images[:n]),
+        Metrics(),
+        latest_frame=lambda _slot: images[0],
+        on_activated=lambda: None,
+    )
+    with capture_logs() as logs:
+        models.load_initial(SLOT, config)
+        assert models.serving(SLOT) == "interim"
+        models.start_deferred_builds()  # the streams run
+        models.join_swaps(120)
+    events = [e["event"] for e in logs if e["event"].startswith("slot.interim.")]
+    assert events == ["slot.interim.serving", "slot.interim.swapped"], logs
+    current = models.slots[SLOT].current
+    assert current is not None
+    assert current.source.engine_key is not None, "the built engine serves"
     assert models.serving(SLOT) == "requested"

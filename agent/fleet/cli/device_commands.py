@@ -13,7 +13,7 @@ import json
 import sys
 import threading
 
-from agent.errors import UsageError
+from agent.errors import AgentError, UsageError
 from agent.fleet.cli.args import chosen_targets, json_arg
 from agent.fleet.cli.connection import settings_from_args
 from agent.protocol.topics import DEFAULT_PREFIX
@@ -79,13 +79,18 @@ def run_snapshot(args: argparse.Namespace) -> int:
         raise UsageError("--max-dimension must be 16 to 8192 pixels")
     if args.output.is_dir():
         raise UsageError(f"-o {args.output} is a directory; name the JPEG file to write")
-    snap = take_snapshot(
-        settings_from_args(args),
-        args.device,
-        stream=args.stream,
-        max_dimension=args.max_dimension,
-        timeout=args.timeout,
-    )
+    try:
+        snap = take_snapshot(
+            settings_from_args(args),
+            args.device,
+            stream=args.stream,
+            max_dimension=args.max_dimension,
+            timeout=args.timeout,
+        )
+    except AgentError as exc:
+        if args.json:  # stdout stays JSON: the refusal as fleet cmd prints one; stderr says it too
+            print(json.dumps({"ok": False, "error_code": exc.code, "error": str(exc)}, indent=2))
+        raise
     save_snapshot(snap, args.output)
     if args.json:
         print(json.dumps(snap.meta, indent=2))

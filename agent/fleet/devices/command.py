@@ -7,7 +7,9 @@ requests on the same topic are told apart.
 
 To many devices (:func:`ask_devices`) the requests all go out first, then the replies are awaited
 together: the whole command takes at most one ``timeout``, however many devices. A device whose
-retained ``up/status`` says offline is answered ``offline`` at once rather than waited for.
+retained ``up/status`` says offline is answered ``offline`` at once rather than waited for; so is
+one device asked alone (:func:`send_command`, :class:`DeviceSession`: ``fleet snapshot``, ``logs``,
+``evidence``).
 """
 
 from __future__ import annotations
@@ -97,6 +99,70 @@ class PendingReplies:
         return reply
 
 
+#: ``error_code`` of a device answered by its retained ``up/status`` saying offline.
+OFFLINE = "offline"
+
+
+class DeviceOfflineError(NoReplyError):
+    """The device's retained ``up/status`` says offline: answered at once rather than waited for."""
+
+    code = OFFLINE
+
+
+def offline_text(device: str) -> str:
+    """What an operator reads for a device answered ``offline`` by its retained status."""
+    return (
+        f"device {device!r} is offline (its retained up/status); not waited for: the command "
+        "reaches it only if its broker session outlives the disconnect"
+    )
+
+
+class DeviceReplies(PendingReplies):
+    """The replies of one device, and its retained ``up/status``: while that says offline, a wait
+    ends at once (a status that does not parse, or a cleared one, says nothing: the reply is awaited)."""
+
+    def __init__(self, status_topic: str) -> None:
+        super().__init__()
+        self.status_topic = status_topic
+        self.offline = False
+
+    def offer(self, message: InboundMessage) -> bool:
+        if message.topic != self.status_topic:
+            return super().offer(message)
+        try:
+            offline = bool(message.payload) and decode(StatusMessage, message.payload).state == "offline"
+        except ProtocolError:
+            offline = False
+        with self._cond:
+            self.offline = offline
+            self._cond.notify_all()
+        return False
+
+    def wait(self, correlation: bytes, timeout: float) -> CommandReply | None:
+        with self._cond:
+            self._cond.wait_for(lambda: self.offline or self._waiting.get(correlation) is not None, timeout)
+        reply = self.take(correlation)
+        if reply is None:
+            self.forget(correlation)
+        return reply
+
+
+def _awaited(client: ServiceClient, topics: Topics, name: str, timeout: float) -> None:
+    """Subscribe the device's status, then its reply topic: a retained offline status is in before
+    the first request goes out."""
+    client.subscribe(topics.status, qos=1, timeout=timeout)
+    client.subscribe(topics.cmd_reply(name), qos=1, timeout=timeout)
+
+
+def _no_reply(replies: DeviceReplies, name: str, device: str, timeout: float) -> NoReplyError:
+    if replies.offline:
+        return DeviceOfflineError(offline_text(device))
+    return NoReplyError(
+        f"no reply to command {name!r} from device {device!r} within {timeout:.0f}s; is it online "
+        "(`edge-agent fleet status`) and is the topic prefix right?"
+    )
+
+
 def publish_command(
     client: ServiceClient, topics: Topics, name: str, args: dict[str, Any], correlation: bytes
 ) -> None:
@@ -116,24 +182,22 @@ def send_command(
     """Send command ``name`` to ``device`` and return its reply; NoReplyError after ``timeout``.
 
     Commands are not retained: a device that is offline gets it when it reconnects only if its
-    broker session still exists, so the caller should expect a timeout for an offline device.
+    broker session still exists. A device whose retained ``up/status`` says offline is not waited
+    for: DeviceOfflineError at once (the request still goes out).
     """
     topics = Topics(settings.prefix, device)
-    pending = PendingReplies()
+    pending = DeviceReplies(topics.status)
     client = ServiceClient(settings, handler=pending.offer)
     client.start(timeout=min(timeout, 10.0))
     try:
-        client.subscribe(topics.cmd_reply(name), qos=1, timeout=timeout)
+        _awaited(client, topics, name, timeout)
         correlation = pending.expect()
         publish_command(client, topics, name, dict(args or {}), correlation)
         reply = pending.wait(correlation, timeout)
     finally:
         client.stop()
     if reply is None:
-        raise NoReplyError(
-            f"no reply to command {name!r} from device {device!r} within {timeout:.0f}s; is it online "
-            "(`edge-agent fleet status`) and is the topic prefix right?"
-        )
+        raise _no_reply(pending, name, device, timeout)
     return reply
 
 
@@ -149,13 +213,13 @@ class DeviceSession:
         self.name = name
         self.timeout = timeout
         self.topics = Topics(settings.prefix, device)
-        self._pending = PendingReplies()
+        self._pending = DeviceReplies(self.topics.status)
         self._client = ServiceClient(settings, handler=self._pending.offer)
 
     def __enter__(self) -> DeviceSession:
         self._client.start(timeout=min(self.timeout, 10.0))
         try:
-            self._client.subscribe(self.topics.cmd_reply(self.name), qos=1, timeout=self.timeout)
+            _awaited(self._client, self.topics, self.name, self.timeout)
         except BaseException:
             self._client.stop()
             raise
@@ -165,15 +229,13 @@ class DeviceSession:
         self._client.stop()
 
     def ask(self, args: dict[str, Any]) -> CommandReply:
-        """The device's reply to one request; NoReplyError after the session's timeout."""
+        """The device's reply to one request; NoReplyError after the session's timeout, or at once
+        (DeviceOfflineError) while its retained status says offline."""
         correlation = self._pending.expect()
         publish_command(self._client, self.topics, self.name, args, correlation)
         reply = self._pending.wait(correlation, self.timeout)
         if reply is None:
-            raise NoReplyError(
-                f"no reply to command {self.name!r} from device {self.device!r} within {self.timeout:.0f}s; "
-                "is it online (`edge-agent fleet status`) and is the topic prefix right?"
-            )
+            raise _no_reply(self._pending, self.name, self.device, self.timeout)
         return reply
 
 
@@ -183,10 +245,6 @@ class DeviceRefusedError(AgentError):
     def __init__(self, reply: CommandReply) -> None:
         super().__init__(f"{reply.command}: {reply.error or 'refused'} ({reply.error_code})")
         self.code = reply.error_code or "agent_error"
-
-
-#: ``error_code`` of a device answered by its retained ``up/status`` saying offline.
-OFFLINE = "offline"
 
 
 class FanOut:
@@ -261,11 +319,7 @@ class FanOut:
                 if reply is not None:
                     out[device] = reply
                 elif device in self.offline:
-                    out[device] = Unanswered(
-                        OFFLINE,
-                        f"device {device!r} is offline (its retained up/status); not waited for: the "
-                        "command reaches it only if its broker session outlives the disconnect",
-                    )
+                    out[device] = Unanswered(OFFLINE, offline_text(device))
                 else:
                     out[device] = Unanswered(
                         NoReplyError.code,

@@ -30,6 +30,10 @@ class BadEvidenceError(TransportError):
 
     code = "bad_evidence"
 
+    def __init__(self, message: str) -> None:
+        # Ends with its code, as a device's own refusal does ("... (no_evidence)").
+        super().__init__(f"{message} ({self.code})")
+
 
 @dataclass(frozen=True)
 class EvidenceFrame:

@@ -29,6 +29,10 @@ class BadSnapshotError(TransportError):
 
     code = "bad_snapshot"
 
+    def __init__(self, message: str) -> None:
+        # Ends with its code, as a device's own refusal does ("... (rate_limited)").
+        super().__init__(f"{message} ({self.code})")
+
 
 @dataclass(frozen=True)
 class DeviceSnapshot:

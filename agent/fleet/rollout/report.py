@@ -213,10 +213,12 @@ def problem_lines(status: dict[str, Any]) -> list[str]:
 
 def list_line(status: dict[str, Any]) -> str:
     """One line of ``fleet rollout list``."""
-    done = sum(1 for w in status["waves"] if w["state"] in ("DONE", "TRIPPED", "CANCELLED"))
+    states = [w["state"] for w in status["waves"]]
+    # A tripped or cancelled wave is no wave done: an aborted rollout must not read as finished.
+    ended = "".join(f", {states.count(s)} {s.lower()}" for s in ("TRIPPED", "CANCELLED") if s in states)
     devices = sum(status["devices"].values())
     return (
         f"{status['rollout_id']:<44} {status['state']:<10} {status['slot']:<12} "
-        f"{status['model']} {status['version']}  {done} of {len(status['waves'])} waves done  "
-        f"{devices} device(s)"
+        f"{status['model']} {status['version']}  {states.count('DONE')} of {len(states)} waves done"
+        f"{ended}  {devices} device(s)"
     )

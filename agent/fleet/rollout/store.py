@@ -156,18 +156,23 @@ class RolloutStore(StoreReads):
             "UPDATE rollouts SET state = ?, reason = ?, updated_at = ? WHERE id = ?",
             (RolloutState.SUPERSEDED.value, f"superseded by {new}", now, old),
         )
-        self._cancel_unsent(db, old, now)
+        self._cancel_unsent(db, old, now, f"superseded by {new}")
         self._event(db, old, "superseded", by=new)
 
-    def _cancel_unsent(self, db: sqlite3.Connection, rollout_id: str, now: float) -> None:
+    def _cancel_unsent(self, db: sqlite3.Connection, rollout_id: str, now: float, why: str) -> None:
         db.execute(
             "UPDATE devices SET step = ?, updated_at = ? WHERE rollout_id = ? AND step = ?",
             (DeviceStep.CANCELLED.value, now, rollout_id, DeviceStep.PLANNED.value),
         )
+        # The wave's own reason ("soaking 300 s; gate holds") no longer holds: it says why it ended.
         db.execute(
-            "UPDATE waves SET state = ? WHERE rollout_id = ? AND state IN (?, ?, ?)",
+            "UPDATE waves SET state = ?, reason = ?, "
+            "ended_at = CASE WHEN started_at IS NULL THEN ended_at ELSE COALESCE(ended_at, ?) END "
+            "WHERE rollout_id = ? AND state IN (?, ?, ?)",
             (
                 WaveState.CANCELLED.value,
+                f"cancelled: {why}",
+                now,
                 rollout_id,
                 WaveState.WAITING.value,
                 WaveState.RUNNING.value,
@@ -188,7 +193,7 @@ class RolloutStore(StoreReads):
                 (state.value, reason, now, rollout_id),
             )
             if state is RolloutState.ABORTED:
-                self._cancel_unsent(db, rollout_id, now)
+                self._cancel_unsent(db, rollout_id, now, reason or "the rollout was aborted")
             self._event(db, rollout_id, "rollout", state=state.value, reason=reason)
 
     def set_wave(

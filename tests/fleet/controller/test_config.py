@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import configparser
+import re
 import shutil
 from pathlib import Path
 
@@ -86,3 +87,18 @@ def test_one_state_dir_default_for_the_controller_the_unit_and_the_example() -> 
         text = (REPO / "docs" / page).read_text()
         assert str(unit_dir) in text
         assert "/var/lib/edge-agent-controller" not in text
+
+
+def test_the_example_names_every_section_and_the_samples_bounds_docs_fleet_md_gives() -> None:
+    """configs/controller.yaml is where an operator starts: each section of the configuration is in
+    it (``unsigned``, for test fleets only, is left out on purpose), and the ``samples:`` bounds are
+    the defaults docs/fleet.md states."""
+    example = read_yaml(EXAMPLE)
+    assert set(ControllerConfig.model_fields) - set(example) == {"unsigned"}
+    doc = (REPO / "docs" / "fleet.md").read_text(encoding="utf-8")
+    found = re.findall(r"`(max_count|max_bytes|per_device)` \(default (\d+)( MiB)?[,)]", doc)
+    stated = {key: int(n) * (1024 * 1024 if mib else 1) for key, n, mib in found}
+    defaults = {"max_count": 2000, "max_bytes": 256 * 1024 * 1024, "per_device": 200}
+    assert stated == defaults
+    assert example["samples"] == defaults
+    assert ControllerConfig.model_validate(example).samples.model_dump() == defaults

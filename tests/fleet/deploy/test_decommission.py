@@ -179,3 +179,14 @@ def test_the_documented_decommission_is_what_the_command_prints(
     assert code == 0
     expected = [line.removeprefix("# ").replace("fleet/v1/", f"{prefix}/") for line in printed]
     assert capsys.readouterr().out.splitlines() == expected
+
+
+def test_every_flag_docs_fleet_md_gives_decommission_is_one_it_takes() -> None:
+    from tests.cli.parser_walk import commands, options
+
+    section = (DOCS / "fleet.md").read_text(encoding="utf-8").split("## Decommissioning a device\n", 1)[1]
+    named = set(re.findall(r"`(--[a-z-]+)", section.split("\n## ", 1)[0]))
+    parser = dict(commands())["fleet decommission"]
+    taken = {s for action in options(parser) for s in action.option_strings}
+    assert "--retained-wait" in named
+    assert named <= taken, f"docs/fleet.md names {named - taken} for fleet decommission"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -162,3 +163,38 @@ def test_a_reply_on_another_devices_topic_does_not_answer_for_it(broker: Broker,
     [answer] = ask_devices(operator_settings(broker, prefix), ["jet-1"], "status", timeout=2).values()
     thread.join(5)
     assert answer_json(answer)["error_code"] == "no_reply"
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["snapshot", "jet-off", "-o", "{tmp}/frame.jpg"],
+        ["logs", "jet-off"],
+        ["logs", "jet-off", "--follow"],
+        ["evidence", "jet-off", "job-1", "-o", "{tmp}/evidence"],
+    ],
+    ids=["snapshot", "logs", "logs-follow", "evidence"],
+)
+def test_snapshot_logs_and_evidence_to_an_offline_device_say_so_at_once(
+    argv: list[str], tmp_path: Path, broker: Broker, probe: Probe, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """As ``fleet cmd``: a 600 s timeout, and the retained status answers rather than the timeout
+    (waiting it out would run into pytest's own)."""
+    from agent.cli import main
+
+    prefix = unique_prefix()
+    offline = StatusMessage(state="offline", session=1, agent_version="test")
+    probe.publish(Topics(prefix, "jet-off").status, encode(offline), retain=True)
+    probe.subscribe(f"{prefix}/jet-off/down/cmd/+")
+    argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
+    broker_args = ["--broker", f"{broker.host}:{broker.port}", "--prefix", prefix]
+    assert main(["fleet", *argv, "--timeout", "600", *broker_args]) == 1
+    shown = capsys.readouterr()
+    assert shown.out == ""
+    assert shown.err.splitlines() == [
+        "error: device 'jet-off' is offline (its retained up/status); not waited for: the command "
+        "reaches it only if its broker session outlives the disconnect"
+    ]
+    assert list(tmp_path.iterdir()) == []  # nothing written
+    # The request still went out (a persistent session delivers it when the device is back).
+    probe.wait_for(lambda ms: any(m.topic == Topics(prefix, "jet-off").cmd(argv[0]) for m in ms), timeout=10)

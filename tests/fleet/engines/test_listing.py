@@ -49,8 +49,8 @@ def test_the_example_in_docs_fleet_md_is_what_the_table_prints() -> None:
         fields = {"key": key * 6, "fingerprint": platform, "bytes": int(size * mib), "built_by": by}
         return {**fields, "built_at": at, "build_seconds": took, "reuse": reuse, "last_used": at}
 
-    gpu = "tensorrt 10.3.0 / Orin 8.7 / gpu / L4T 36.4.3"
-    dla = "tensorrt 10.3.0 / Orin 8.7 / dla / L4T 36.4.3"
+    gpu = "tensorrt 10.3.0 / Orin 8.7 / gpu / L4T R36.4.3"
+    dla = "tensorrt 10.3.0 / Orin 8.7 / dla / L4T R36.4.3"
     listing = {
         "engines": 2,
         "bytes": int(18.2 * mib) + int(18.1 * mib),
@@ -127,7 +127,7 @@ def test_the_engine_listing_example_in_docs_protocol_md_has_the_keys_of_a_real_l
     for device, data in (("jet-01", b"engine bytes"), ("jet-02", b"other bytes!")):
         store_engine(desk, device, data)
     desk.store.withdraw(hashlib.sha256(b"other bytes!").hexdigest(), "failed to load")
-    ask = EngineAsk(key="cd" * 32, job_id="j-3", fingerprint="tensorrt 10.3.0 / Orin 8.7 / gpu / L4T 36.4.3")
+    ask = EngineAsk(key="cd" * 32, job_id="j-3", fingerprint="tensorrt 10.3.0 / Orin 8.7 / gpu / L4T R36.4.3")
     desk.handle("jet-03", "ask", ask.model_dump_json().encode(), {})
     real = engines_listing(desk)
     doc = (Path(__file__).resolve().parents[3] / "docs" / "protocol.md").read_text()

@@ -23,6 +23,8 @@ from tests.mqtt_probe import Probe
 #: The controller test module's fixtures, used here by name.
 __all__ = ["controller", "keys", "prefix"]
 
+REPO = Path(__file__).resolve().parents[3]
+
 
 @pytest.mark.parametrize(
     ("flag", "shared"), [([], True), (["--no-share-engines"], None)], ids=["default", "off"]
@@ -52,3 +54,8 @@ def test_a_rollouts_manifests_say_whether_devices_share_engines(
         (desired,) = [m for m in probe.snapshot() if m.topic.endswith(f"/down/desired/{SLOT}")]
     manifest = parse_signed(desired.payload, {keys.key_id: load_public_key(keys.public)}, True, "k0")
     assert manifest.share_engines is shared
+    # As docs/engines.md says: a rollout that does not share leaves the key out (older agents).
+    signed_text = json.loads(desired.payload)["manifest"]  # the manifest's own JSON, as signed
+    assert ("share_engines" in json.loads(signed_text)) is bool(shared)
+    doc = " ".join((REPO / "docs" / "engines.md").read_text(encoding="utf-8").split())
+    assert "a rollout that does not share leaves the key out" in doc

@@ -13,7 +13,7 @@ import pytest
 from agent.delivery.guard import ShadowSpec
 from agent.fleet.rollout.gate import DeviceEnd
 from agent.fleet.rollout.problems import MAX_LISTED
-from agent.fleet.rollout.records import WaveState
+from agent.fleet.rollout.records import RolloutState, WaveState
 from agent.fleet.rollout.report import list_line, rollout_status, status_lines
 from agent.fleet.rollout.spec import RolloutRequest
 from agent.fleet.rollout.status_model import RolloutStatus
@@ -155,4 +155,29 @@ def test_a_soaking_wave_says_how_long_is_left_and_until_when(tmp_path: Path) -> 
 
     assert "          soak: 4 min 10 s left (until 17:17:53 UTC)" in status_lines(status, now=until - 250)
     assert "          soak over at 17:17:53 UTC; the next wave starts" in status_lines(status, now=until + 1)
+    store.close()
+
+
+def test_an_aborted_rollout_reads_as_aborted_in_the_list_and_its_soaking_wave_as_cancelled(
+    tmp_path: Path,
+) -> None:
+    store, rid = _store(tmp_path, ["jet-01", "jet-02"], "1,100%")
+    store.set_wave(rid, 0, WaveState.RUNNING, reason="started")
+    _end(store, rid, "jet-01", DeviceEnd.ACTIVE, HEALTHY)
+    store.set_wave(rid, 0, WaveState.DONE, reason="gate holds")
+    store.set_wave(rid, 1, WaveState.RUNNING, reason="started")
+    _end(store, rid, "jet-02", DeviceEnd.ACTIVE, HEALTHY)
+    store.set_wave(rid, 1, WaveState.SOAKING, reason="soaking 300 s; gate holds")
+    store.set_state(rid, RolloutState.ABORTED, "aborted by the operator")
+
+    status = rollout_status(store, rid)
+    text = "\n".join(status_lines(status))
+
+    assert [(w["state"], w["reason"]) for w in status["waves"]] == [
+        ("DONE", "gate holds"),
+        ("CANCELLED", "cancelled: aborted by the operator"),
+    ]
+    assert status["waves"][1]["ended_at"] is not None, "it had started: it ended at the abort"
+    assert "soaking" not in text
+    assert "  1 of 2 waves done, 1 cancelled  " in list_line(status)
     store.close()

@@ -190,7 +190,7 @@ def test_aborting_cancels_the_devices_not_yet_sent(store: RolloutStore) -> None:
     ]
     assert store.waves("r1") == [
         (WaveState.TRIPPED, {"failed": 1, "limit": 0}, "gate trips"),
-        (WaveState.CANCELLED, None, ""),
+        (WaveState.CANCELLED, None, "cancelled: gate trips"),  # why it never ran
     ]
 
 

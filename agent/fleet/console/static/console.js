@@ -62,6 +62,11 @@ function when(ts) {
   return ts ? new Date(ts * 1000).toLocaleString() : "-";
 }
 
+// "2026-03-01 12:09:55": UTC, as `fleet engines list` writes times (its column says so).
+function utc(ts) {
+  return ts ? new Date(ts * 1000).toISOString().slice(0, 19).replace("T", " ") : "-";
+}
+
 function badge(text) {
   // The class is one of our known words only, never device text as a class name.
   const known = /^(online|offline|unknown|stale|ACTIVE|DONE|RUNNING|PAUSED|SOAKING|FAILED|REJECTED|ROLLED_BACK|TRIPPED|ABORTED|WAITING|CANCELLED|SUPERSEDED|withdrawn)$/;
@@ -202,8 +207,9 @@ function table(id, headers, rows) {
     el("tbody", {}, rows.length ? rows : el("tr", {}, el("td", { colSpan: headers.length, className: "muted" }, "none"))));
 }
 
+// A device's figure as a person reads it: 0.9096 -> "0.91", 0.97341 -> "0.973", 41.537 -> "41.54".
 function round(v) {
-  return typeof v === "number" ? String(+v.toFixed(4)) : safe(v);
+  return typeof v === "number" ? String(+v.toFixed(Math.abs(v) < 1 ? 3 : 2)) : safe(v);
 }
 
 // Shadow figures in words: "120 frames, agreement 0.97, latency x1.4".
@@ -242,9 +248,15 @@ function chart(key, title, columns, series) {
   const box = el("div", { className: "chart card", id: "chart-" + key }, el("h2", {}, title));
   if (typeof uPlot === "undefined") { box.append(el("p", { className: "muted" }, "chart library not loaded")); return box; }
   const data = [columns.ts, ...series.map((s) => columns[s.field])];
+  // Away from the cursor the legend shows the latest point (uPlot's own legend reads "--" there,
+  // like an empty field); over the chart, the point under the cursor.
+  const latest = (u, i) => { const column = u.data[i]; for (let j = column.length - 1; j >= 0; j--) if (column[j] !== null && column[j] !== undefined) return column[j]; return null; };
+  const shownAt = (u, v, i, idx) => (idx === null || idx === undefined ? latest(u, i) : v);
+  const time = (u, v, i, idx) => { const t = shownAt(u, v, i, idx); return t === null ? "no data yet" : new Date(t * 1000).toLocaleTimeString() + (idx === null || idx === undefined ? " (latest)" : ""); };
+  const value = (u, v, i, idx) => { const x = shownAt(u, v, i, idx); return x === null ? "none yet" : num(x); };
   const options = {
     width: 560, height: 200,
-    series: [{}, ...series.map((s) => ({ label: s.label, stroke: s.color, width: 1.5, spanGaps: false }))],
+    series: [{ label: "time", value: time }, ...series.map((s) => ({ label: s.label, stroke: s.color, width: 1.5, spanGaps: false, value }))],
     axes: [{}, { size: 50 }],
     // From 0: a steady 10 fps must read as flat, not as spikes across 9.99-10.01.
     scales: { y: { range: (u, min, max) => [0, max > 0 ? max * 1.15 : 1] } },
@@ -760,7 +772,7 @@ function engineRow(e) {
     el("td", { className: "mono key", title: e.key }, e.key.slice(0, 12)),
     el("td", { className: "num size" }, size(e.bytes)),
     el("td", { className: "built-by" }, el("a", { href: "/device/" + encodeURIComponent(e.built_by) }, e.built_by)),
-    el("td", { className: "built-at" }, when(e.built_at)),
+    el("td", { className: "built-at" }, utc(e.built_at)),
     el("td", { className: "num build-seconds" }, e.build_seconds === null || e.build_seconds === undefined ? "-" : duration(e.build_seconds)),
     el("td", { className: "num reuse" }, e.reuse),
     el("td", { className: "last-used muted" }, age(e.last_used) + " ago"));
@@ -775,7 +787,7 @@ function enginesView(listing) {
   for (const [fingerprint, rows] of fingerprints) {
     parts.push(el("section", { className: "fingerprint", dataset: { fingerprint } },
       el("h2", {}, fingerprint),
-      table("", ["key", "size", "built by", "built at", "build", "reused", "last used"], rows.map(engineRow))));
+      table("", ["key", "size", "built by", "built at (UTC)", "build", "reused", "last used"], rows.map(engineRow))));
   }
   if (!fingerprints.length) parts.push(el("p", { className: "muted" }, "No engines yet: a device offers its engine once its job ran to ACTIVE through shadow and probation."));
   const claims = listing.claims || [];
