@@ -24,6 +24,13 @@ REASON_CHARS = 300
 MAX_FELL_BACK = 50
 
 
+def requested_precision(request: Mapping[str, Any]) -> str | None:
+    """The precision a stored rollout request's build asked for (None: no build asked)."""
+    build = request.get("build")
+    precision = build.get("precision", "best") if isinstance(build, Mapping) else None
+    return str(precision) if precision is not None else None
+
+
 def stored_runs(runs: RunsInfo) -> dict[str, Any]:
     """``runs`` as the rollout store keeps it: every string cut to a known size."""
     kept = runs.model_dump(mode="json", exclude_none=True)

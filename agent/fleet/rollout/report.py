@@ -17,7 +17,7 @@ from agent.errors import AgentError
 from agent.fleet.base.untrusted import shown
 from agent.fleet.rollout.building import Builds, building_devices
 from agent.fleet.rollout.gate import GatePolicy
-from agent.fleet.rollout.precision import precision_lines, precision_summary
+from agent.fleet.rollout.precision import precision_lines, precision_summary, requested_precision
 from agent.fleet.rollout.problems import MAX_LISTED, device_problems
 from agent.fleet.rollout.records import DeviceStep
 from agent.fleet.rollout.spec import request_of
@@ -72,15 +72,8 @@ def rollout_status(store: RolloutStore, rollout_id: str, builds: Builds | None =
         "problem_devices_left_off": left_off,
         "building": building,
         "building_left_off": building_left_off,
-        "precision": precision_summary(devices, _requested_precision(request)),
+        "precision": precision_summary(devices, requested_precision(request)),
     }
-
-
-def _requested_precision(request: Mapping[str, Any]) -> str | None:
-    """The precision the rollout's build asked for (None: no build asked)."""
-    build = request.get("build")
-    precision = build.get("precision", "best") if isinstance(build, Mapping) else None
-    return str(precision) if precision is not None else None
 
 
 def rollback_outcome(store: RolloutStore, rollout_id: str) -> dict[str, Any] | None:
