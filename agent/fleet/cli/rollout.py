@@ -97,7 +97,7 @@ def add_controller_arguments(sub: Any) -> None:
         choices=("allow", "fail"),
         default="allow",
         help="a device that runs another precision than --precision asked (an INT8 engine its accuracy "
-        "guard refused): fail counts it against --max-failed as unhealthy; allow (default) reports it",
+        "guard refused): fail counts it against --max-failed as unhealthy; allow reports it (default: allow)",
     )
     start.add_argument(
         "--id", dest="rollout_id", default=None, help="rollout id (default: made from the model)"
