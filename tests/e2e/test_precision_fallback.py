@@ -97,6 +97,8 @@ def test_int8_asked_and_fp32_running_shows_in_status_rollout_console_and_metrics
         "devices": devices,
         "build": {"precision": "int8", "device": "cpu"},
         "calib_sha256": sha256_file(table),
+        # Each device builds its own: what runs is the subject here, not who builds (docs/engines.md).
+        "share_engines": False,
     }
     with ControllerClient(operator_settings(broker), timeout=30) as client:
         client.upload(MODEL_PATH, body["model_sha256"])
