@@ -368,7 +368,7 @@ def format_table(rows: list[DeviceRow], now: float | None = None) -> str:
         )
         notes.extend(
             f"{device}: slot {shown(name, 24)} runs {shown(s['runs'].get('precision') or '?', 16)}, "
-            f"{shown(s['runs'].get('requested') or '?', 16)} asked: {shown(s['runs']['fallback'], 200)}"
+            f"{shown(s['runs'].get('requested') or '?', 16)} asked: {shown(s['runs']['fallback'], 300)}"
             for name, s in sorted(row.slots.items())
             if isinstance(s.get("runs"), dict) and s["runs"].get("fallback")
         )
