@@ -26,7 +26,8 @@ def runs_of(effective: Mapping[str, Any] | None) -> RunsInfo:
     effective = effective or {}
     requested_spec = effective.get("requested")
     requested = _text(requested_spec.get("precision")) if isinstance(requested_spec, Mapping) else None
-    precision = _text(effective.get("precision"))
+    # Without a build the ONNX model runs in its own types: no precision was chosen for it.
+    precision = _text(effective.get("precision")) if requested is not None else None
     origin = effective.get("engine_source")
     source: EngineSource = "model" if requested is None else "built"
     if isinstance(origin, Mapping) and origin.get("origin") == "downloaded":
