@@ -106,7 +106,8 @@ def test_int8_asked_and_fp32_running_shows_in_status_rollout_console_and_metrics
         client.request("start", body)
 
     def ended() -> bool:
-        return fleet_json(["rollout", "status", ROLLOUT], broker, capsys)["state"] != "RUNNING"
+        state: str = fleet_json(["rollout", "status", ROLLOUT], broker, capsys)["state"]
+        return state != "RUNNING"
 
     wait_until(ended, timeout=patient(300), what="the INT8 rollout to end")
     status = fleet_json(["rollout", "status", ROLLOUT], broker, capsys)
@@ -163,7 +164,7 @@ def test_int8_asked_and_fp32_running_shows_in_status_rollout_console_and_metrics
         client.request("start", strict)
 
     def strict_ended() -> bool:
-        state = fleet_json(["rollout", "status", strict["rollout_id"]], broker, capsys)["state"]
+        state: str = fleet_json(["rollout", "status", strict["rollout_id"]], broker, capsys)["state"]
         return state not in ("RUNNING", "PAUSED")
 
     wait_until(strict_ended, timeout=patient(300), what="the strict INT8 rollout to end")
