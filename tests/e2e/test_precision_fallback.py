@@ -114,6 +114,8 @@ def test_int8_asked_and_fp32_running_shows_in_status_rollout_console_and_metrics
     # The gate allowed it (the default), and the end says what runs.
     assert status["state"] == "DONE", status
     assert status["reason"] == "every wave held; int8 asked, no device runs int8 (2 fell back to fp32)"
+    (wave,) = status["waves"]
+    assert wave["reason"].endswith("; 2 run another precision than asked (--precision-fallback allow)")
     precision = status["precision"]
     assert precision["requested"] == "int8"
     assert precision["running"] == {"fp32": 2}

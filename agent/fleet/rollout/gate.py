@@ -201,14 +201,20 @@ def judge_wave(
     # not started yet is named apart, not counted as touched (issue 22.6). The limit stays the figures'.
     unreached = sum(1 for r in everyone if _unreached(r))
     not_reached = f" ({unreached} not reached)" if unreached else ""
+    # Devices serving another precision than asked are named either way: counted (fail) or not (allow).
     lower = sum(1 for r in everyone if r.end is DeviceEnd.ACTIVE and fell_back(r) is not None)
-    counted = policy.precision_fallback == "fail" and lower
-    precision = f" ({lower} run another precision than asked)" if counted else ""
+    counted = policy.precision_fallback == "fail"
+    precision = f" ({lower} run another precision than asked)" if lower and counted else ""
+    allowed = (
+        f"; {lower} run another precision than asked (--precision-fallback allow)"
+        if lower and not counted
+        else ""
+    )
     summary = (
         f"{figures.failed} failed + {figures.rolled_back} rolled back + {figures.unhealthy} unhealthy"
         f"{precision} "
         f"= {bad} of {figures.touched - unreached} touched{not_reached}, limit {figures.limit} "
-        f"(--max-failed {policy.max_failed})"
+        f"(--max-failed {policy.max_failed}){allowed}"
     )
     if bad > figures.limit:
         return WaveVerdict(done, "trips", f"gate trips: {summary}", figures, skipped, stuck, unhealthy)

@@ -276,7 +276,11 @@ def test_a_precision_fallback_counts_against_the_limit_only_when_the_rollout_say
     wave = [_fell_back("d0"), DeviceReport("d1", A, started=True)]
     allowed = judge_wave(wave, [], GatePolicy(parse_max_failed("0")))
     assert (allowed.gate, allowed.figures.unhealthy) == ("holds", 0)
-    assert "another precision" not in allowed.reason
+    # Allowed, not silent: the gate's reason names them.
+    assert allowed.reason == (
+        "gate holds: 0 failed + 0 rolled back + 0 unhealthy = 0 of 2 touched, limit 0 (--max-failed 0); "
+        "1 run another precision than asked (--precision-fallback allow)"
+    )
     strict = GatePolicy(parse_max_failed("0"), precision_fallback="fail")
     tripped = judge_wave(wave, [], strict)
     assert (tripped.gate, tripped.figures.unhealthy, tripped.unhealthy) == ("trips", 1, ("d0",))
