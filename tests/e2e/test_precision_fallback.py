@@ -138,6 +138,14 @@ def test_int8_asked_and_fp32_running_shows_in_status_rollout_console_and_metrics
     assert "cls=fp32 built, int8 asked" in table_text, table_text
     assert f"{devices[0]}: slot cls runs fp32, int8 asked: INT8 accuracy guard: " in table_text
 
+    # `fleet cmd DEV status`: the device's own account, the precision asked read as asked.
+    capsys.readouterr()
+    assert main(["fleet", "cmd", devices[0], "status", "--broker", f"{broker.host}:{broker.port}"]) == 0
+    reply = json.loads(capsys.readouterr().out)
+    slot_runs = reply["result"]["slots"]["cls"]["runs"]
+    assert (slot_runs["requested"], slot_runs["precision"]) == ("int8", "fp32"), slot_runs
+    assert reply["result"]["state"]["slots"]["cls"]["active"]["build"]["precision"] == "int8"
+
     # The controller's /metrics: one series per slot, 1 on a fallback.
     metrics = controller.get("/metrics")[1].decode()
     for device in devices:
