@@ -26,6 +26,7 @@ from agent.protocol.messages import (
     TelemetryMessage,
 )
 from agent.protocol.topics import Topics
+from agent.runtime.loaded import runs_of_model
 from agent.runtime.models import SlotModels
 from agent.runtime.slot import ModelSlot
 from agent.telemetry import Metrics
@@ -82,6 +83,7 @@ class DeviceReports:
                 engines=[EngineInfo.model_validate(row) for row in model.engine_shares()] if model else None,
                 serving=self.models.serving(name),
                 building=_slot_build(self.models.builds.info(name)),
+                runs=runs_of_model(model) if model else None,
             )
         return InfoMessage(
             device_id=config.device_id,

@@ -52,6 +52,7 @@ from agent.protocol.messages import (
     ProbationFigures,
     ShadowFigures,
 )
+from agent.protocol.runs import runs_of
 from agent.store import ModelStore
 from agent.transitions import TransitionTable
 
@@ -160,6 +161,7 @@ class Deployment:
             timings_s=dict(self.timings),
             requested=self.requested,
             effective=self.effective,
+            runs=runs_of(self.effective) if self.effective is not None else None,
             shadow=self.shadow,
             probation=self.probation,
             evidence=self.evidence,

@@ -221,7 +221,13 @@ class EngineService:
             )
         else:
             artifact = self.builder.build(model, fallback, preprocess=preprocess, progress=say, cancel=cancel)
-        effective = {**artifact.effective, "int8_guard": effective["int8_guard"], "fallback_reason": reason}
+        # The rebuild's own request is the FP16 fallback: the job reports what the operator asked.
+        effective = {
+            **artifact.effective,
+            "requested": effective.get("requested", artifact.effective.get("requested")),
+            "int8_guard": effective["int8_guard"],
+            "fallback_reason": reason,
+        }
         return PreparedEngine(artifact, effective)
 
     def prepare_set(

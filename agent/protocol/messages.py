@@ -126,6 +126,30 @@ class EngineInfo(StrictModel):
     )
 
 
+#: Where the engine a slot serves came from: built on the device (or found in its cache), downloaded
+#: from the fleet, the ONNX model served meanwhile while it builds, or the ONNX model as given (no build).
+EngineSource = Literal["built", "downloaded", "interim", "model"]
+
+
+class RunsInfo(StrictModel):
+    """What a slot's model really runs as against what its build asked for (``up/info`` per slot, a
+    job status once its engine is built): the precision asked and running, where the engine came
+    from, and why it runs another precision than asked."""
+
+    requested: str | None = Field(
+        None, description="The precision the build asked for: fp32, fp16, int8 or best (absent: no build)."
+    )
+    precision: str | None = Field(
+        None, description="The precision that runs: fp32, fp16 or int8 (absent: the ONNX model as given)."
+    )
+    source: EngineSource = Field(description="built, downloaded, interim or model.")
+    fallback: str | None = Field(
+        None,
+        description="Why it runs another precision than asked (an INT8 engine the accuracy guard refused, "
+        "a device that cannot run it), at most 300 characters; absent when it runs what was asked.",
+    )
+
+
 BuildPhaseName = Literal["planning", "slimming", "calibrating", "building", "timing placements", "checking"]
 
 
@@ -182,6 +206,10 @@ class SlotInfo(StrictModel):
     )
     building: SlotBuildInfo | None = Field(
         None, description="The engine build the slot runs now outside a deployment; absent when none."
+    )
+    runs: RunsInfo | None = Field(
+        None,
+        description="Precision asked and running, the engine's source, any fallback; absent while empty.",
     )
 
 
@@ -357,6 +385,10 @@ class JobStatus(Envelope):
         None, description="A rejection's disagreement frames kept on the device (`evidence` command)."
     )
     build: BuildProgressInfo | None = Field(None, description="While BUILDING: phase, elapsed and estimate.")
+    runs: RunsInfo | None = Field(
+        None,
+        description="Once its engine is built: the precision asked and running, its source, any fallback.",
+    )
 
 
 # -- down/cmd/{name}, up/cmd/{name} ----------------------------------------------------------------

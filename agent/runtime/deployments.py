@@ -23,6 +23,7 @@ from agent.engines.plan import FAILED_AT, load_fallback
 from agent.engines.service import PreparedEngine
 from agent.engines.spec import BuildSpec
 from agent.errors import BuildError, EngineError
+from agent.protocol.runs import runs_of
 from agent.runtime.evidence import EvidenceStore
 from agent.runtime.fleet_engines import offer_when_active, rebuilt_here, release_claim
 from agent.runtime.guarded import GuardedSlot, GuardRun, activate_guarded
@@ -127,11 +128,12 @@ class SlotDeployments:
             report=None,
             engines=(),
             share_engines=request.share_engines,
+            runs=runs_of(None),
         )
         if built is not None:
             # A set's first engine is the request's; the others were built beside it (build.devices).
             first, *more = built[2]
-            source = replace(source, report=engine_report(first.effective))
+            source = replace(source, report=engine_report(first.effective), runs=runs_of(first.effective))
             source = replace(source, engines=tuple(engine_source(source, p) for p in more))
         try:
             self._activate_request(request, source, guarded_ok=current is not None)

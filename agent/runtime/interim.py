@@ -99,7 +99,7 @@ class InterimServing:
         if outcome is not None:
             self._owner.activate(name, outcome, origin=origin, must_record=False)
             return
-        interim = interim_source(candidate)
+        interim = interim_source(candidate, build)
         try:
             self._serve_interim(name, interim)
         except EngineError as exc:

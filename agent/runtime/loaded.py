@@ -15,7 +15,7 @@ from agent.camera.preprocess_spec import PreprocessSpec
 from agent.engines.gpu_preprocess import GpuPreprocessor, PreprocessChoice
 from agent.engines.spec import BuildSpec
 from agent.postprocess.runner import Postprocessor
-from agent.protocol.messages import ModelRef
+from agent.protocol.messages import ModelRef, RunsInfo
 from agent.runtime.health import ModelHealth
 from agent.transitions import TransitionTable
 
@@ -81,6 +81,9 @@ class ModelSource:
     #: Its deployment let it take the engine from the fleet (``share_engines``): a rebuild of it
     #: (start-up after an upgrade or an eviction, a rollback) asks the controller first too.
     share_engines: bool = False
+    #: What it runs as against what its build asked (precision, engine source, fallback), for
+    #: up/info and the ``status`` command; None: the ONNX model as given.
+    runs: RunsInfo | None = None
 
 
 @dataclass(frozen=True)
@@ -255,6 +258,11 @@ class LoadedModel:
                 return False
             time.sleep(0.005)
         return True
+
+
+def runs_of_model(model: LoadedModel) -> RunsInfo:
+    """What ``model`` runs as (its source's report; the ONNX model as given when it has none)."""
+    return model.source.runs or RunsInfo(source="model")
 
 
 def _device_of(source: ModelSource) -> str:

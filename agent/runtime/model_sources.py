@@ -21,6 +21,7 @@ from agent.engines.service import PreparedEngine
 from agent.engines.spec import BuildSpec
 from agent.fsutil import sha256_file
 from agent.postprocess.spec import PostprocessSpec
+from agent.protocol.runs import interim_runs, runs_of
 from agent.runtime.loaded import EngineReport, LoadedModel, ModelSource
 from agent.state import ModelRecord
 
@@ -78,13 +79,15 @@ def engine_source(base: ModelSource, prepared: PreparedEngine) -> ModelSource:
         engine_key=artifact.key,
         report=engine_report(prepared.effective),
         engines=(),
+        runs=runs_of(prepared.effective),
     )
 
 
-def interim_source(candidate: ModelSource) -> ModelSource:
+def interim_source(candidate: ModelSource, build: BuildSpec | None = None) -> ModelSource:
     """``candidate``'s ONNX model as it is, on ONNX Runtime with the best provider present: what a
     slot serves while its engine builds. Never ONNX Runtime's TensorRT provider, which would build
-    a TensorRT engine of its own before serving its first frame."""
+    a TensorRT engine of its own before serving its first frame. ``build``: the request of the engine
+    that builds meanwhile (its precision is what the slot reports as asked)."""
     return replace(
         candidate,
         backend="onnxruntime",
@@ -94,6 +97,7 @@ def interim_source(candidate: ModelSource) -> ModelSource:
         build=None,
         report=None,
         engines=(),
+        runs=interim_runs((build or candidate.build or BuildSpec()).precision),
     )
 
 

@@ -26,7 +26,7 @@ from agent.errors import AgentError, EngineError
 from agent.fsutil import sha256_file
 from agent.postprocess.runner import Postprocessor, validate_outputs
 from agent.protocol.messages import ModelRef
-from agent.runtime.loaded import LoadedModel, ModelSource, ModelState
+from agent.runtime.loaded import LoadedModel, ModelSource, ModelState, runs_of_model
 from agent.transitions import TransitionTable
 
 log = structlog.get_logger(__name__)
@@ -288,6 +288,7 @@ class ModelSlot:
             "model": model.ref.model_dump() if model else None,
             "runner": model.runner.describe() if model else None,
             "engines": model.engine_shares() if model else [],
+            "runs": runs_of_model(model).model_dump(mode="json", exclude_none=True) if model else None,
             "swaps": self.swaps,
             "failed_loads": self.failed_loads,
             "last_error": self.last_error,

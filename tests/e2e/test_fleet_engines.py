@@ -145,6 +145,9 @@ def test_one_device_builds_the_int8_engine_and_two_download_it_from_the_controll
             source = effective["engine_source"]
             assert source["origin"] == "downloaded", source
             assert source["built_by"] == devices[0]
+            # What the job and the deploy say runs: the INT8 asked, from the fleet.
+            assert progress.runs is not None
+            assert (progress.runs.precision, progress.runs.source) == ("int8", "downloaded"), progress.runs
             assert source["seconds"] >= 0
             lines = progress_lines(files[device])
             assert any("downloaded engine" in line for line in lines), lines

@@ -83,6 +83,9 @@ def test_a_restart_with_an_empty_engine_cache_serves_at_once_and_swaps_without_a
     assert during is not None
     assert during.building is not None
     assert during.serving == "interim"
+    # What runs meanwhile: the ONNX model, while the FP32 engine asked for builds.
+    assert during.runs is not None
+    assert during.runs.model_dump(exclude_none=True) == {"requested": "fp32", "source": "interim"}
     assert during.model is not None
     assert during.model.model_id == "cls"
     assert (during.building.model_id, during.building.frames_total) == ("cls", paced_build.FRAMES)
@@ -91,6 +94,12 @@ def test_a_restart_with_an_empty_engine_cache_serves_at_once_and_swaps_without_a
     swapped = _slot(after, device)
     assert swapped is not None
     assert swapped.building is None
+    assert swapped.runs is not None
+    assert swapped.runs.model_dump(exclude_none=True) == {
+        "requested": "fp32",
+        "precision": "fp32",
+        "source": "built",
+    }
     events = daemon.events()
     interim = next(e for e in events if e.get("event") == "slot.interim.serving")
     assert interim["providers"] == ["CPUExecutionProvider"]

@@ -15,6 +15,7 @@ from agent.engines.service import EngineService
 from agent.engines.settings import EngineConfig
 from agent.engines.spec import BuildSpec
 from agent.platform import detect_platform
+from agent.protocol.runs import runs_of
 
 MODEL = Path(__file__).resolve().parents[2] / "agent" / "assets" / "shapes_classifier.onnx"
 SPEC = BuildSpec.model_validate(
@@ -71,6 +72,13 @@ def test_degenerate_calibration_is_refused_and_falls_back(tmp_path: Path) -> Non
     assert "below the required" in guard["reason"]
     assert prepared.artifact.plan.precision != "int8"
     assert "fallback_reason" in prepared.effective
+    # The job reports what the operator asked for, not the FP16 request of the rebuild.
+    assert prepared.effective["requested"]["precision"] == "int8"
+    runs = runs_of(prepared.effective)
+    assert (runs.requested, runs.precision, runs.source) == ("int8", "fp32", "built")
+    assert runs.fallback is not None
+    assert runs.fallback.startswith("INT8 accuracy guard: INT8 top-1 agrees with FP32 on ")
+    assert runs.fallback.endswith("; ONNX Runtime runs FP32 on the CPU")
 
 
 def test_a_set_of_devices_gives_one_engine_each_with_its_reason(tmp_path: Path) -> None:

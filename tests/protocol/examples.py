@@ -15,11 +15,13 @@ from agent.protocol.messages import (
     JobStatus,
     ModelRef,
     ResultMessage,
+    RunsInfo,
     SlotInfo,
     StatusMessage,
     TelemetryMessage,
 )
 from agent.protocol.results import ClassScore
+from agent.protocol.runs import runs_of
 
 TS = 1767225600.25
 MODEL = ModelRef(slot="main", model_id="mobilenet", version="3", sha256="9f" * 32)
@@ -142,6 +144,7 @@ EXAMPLES: dict[str, BaseModel] = {
                     )
                 ],
                 serving="requested",
+                runs=RunsInfo(requested="fp32", precision="fp32", source="built"),
             ),
             "aux": SlotInfo(
                 state="empty",
@@ -213,6 +216,7 @@ MORE_EXAMPLES: dict[str, list[BaseModel]] = {
             timings_s={"download": 3.2, "verify": 0.1, "build": 0.5, "validate": 0.2},
             requested=REQUESTED,
             effective=EFFECTIVE,
+            runs=runs_of(EFFECTIVE),
         ),
         JobStatus(
             msg_id="0b01",

@@ -82,6 +82,9 @@ def progress_line(
         line += f"  {shown(p.error_code or '', _CODE_WIDTH)}: {shown(p.error or '', _ERROR_WIDTH)}"
     elif p.ok and p.timings_s:
         line += f"  in {sum(p.timings_s.values()):.1f} s"
+        if p.runs is not None and p.runs.fallback:
+            # ACTIVE, but not at the precision asked: the device's reason is in `fleet status`.
+            line += f"  runs {shown(p.runs.precision or '?', 16)}, {shown(p.runs.requested or '?', 16)} asked"
     elif p.build is not None and p.state is JobState.BUILDING:
         line += f"  {build_note(p.build)}"
     elif note := phase_note(p, time.monotonic() if now is None else now, probation_s):

@@ -93,6 +93,13 @@ def add_controller_arguments(sub: Any) -> None:
         "--rollback-on-abort", action="store_true", help="when the gate trips, move its devices back"
     )
     start.add_argument(
+        "--precision-fallback",
+        choices=("allow", "fail"),
+        default="allow",
+        help="a device that runs another precision than --precision asked (an INT8 engine its accuracy "
+        "guard refused): fail counts it against --max-failed as unhealthy; allow reports it (default: allow)",
+    )
+    start.add_argument(
         "--id", dest="rollout_id", default=None, help="rollout id (default: made from the model)"
     )
     start.add_argument(
@@ -216,6 +223,7 @@ def _start(args: argparse.Namespace) -> int:
         wave_timeout_s=wave_timeout,
         on_timeout=args.on_timeout,
         rollback_on_abort=args.rollback_on_abort,
+        precision_fallback=args.precision_fallback,
         supersedes=args.supersedes,
         share_engines=args.share_engines,
         **fields,

@@ -12,6 +12,7 @@ import time
 from typing import Any
 
 from agent.fleet.rollout.building import Builds, building_devices
+from agent.fleet.rollout.precision import precision_summary, requested_precision
 from agent.fleet.rollout.records import WaveState
 from agent.fleet.rollout.report import rollback_outcome, rollout_policy
 from agent.fleet.rollout.store import RolloutStore
@@ -96,6 +97,8 @@ def rollout_summary(
         "rollback": rollback_outcome(store, rollout_id),
         "building": building,
         "building_left_off": building_left_off,
+        # What its ACTIVE devices run against the precision asked (as ``status --json``'s).
+        "precision": precision_summary(devices, requested_precision(rollout.spec.get("request", {}))),
     }
 
 

@@ -6,7 +6,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from agent.protocol.messages import BuildProgressInfo, JobState, ProbationFigures, ShadowFigures
+from agent.protocol.messages import BuildProgressInfo, JobState, ProbationFigures, RunsInfo, ShadowFigures
 
 #: Malformed-message notes kept per device; later ones are only counted (a device can loop).
 MAX_MALFORMED_NOTES = 3
@@ -46,6 +46,8 @@ class DeviceProgress:
     probation: ProbationFigures | None = None
     #: The engine build's phase, elapsed and estimate while the job is BUILDING (None otherwise).
     build: BuildProgressInfo | None = None
+    #: What its job says it runs once the engine is built (precision asked and running, fallback).
+    runs: RunsInfo | None = None
     updated: float = field(default_factory=time.monotonic)
     #: When (time.monotonic) the job entered its current state: a long phase (shadow, probation)
     #: shows how long it has run and how long is left.

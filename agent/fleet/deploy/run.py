@@ -345,6 +345,7 @@ class FleetDeploy:
             p.effective = status.effective or p.effective
             p.shadow = status.shadow or p.shadow
             p.probation = status.probation or p.probation
+            p.runs = status.runs or p.runs
             p.build = status.build if status.state is JobState.BUILDING else None
             p.updated = time.monotonic()
         log.info("fleet.deploy.job_state", device=device, job=self.job_id, state=status.state.value)

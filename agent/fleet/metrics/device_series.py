@@ -37,6 +37,8 @@ PLATFORM_KEYS = (
     "gpu_name",
     "dla_cores",
 )
+#: The labels of ``edge_slot_precision_fallback`` besides device and slot, from the slot's ``runs``.
+_RUNS_LABELS = ("requested", "precision", "source")
 _OURS = frozenset({"device", "agent_version", "job", "instance"})
 _BAD_LABEL_CHARS = re.compile(r"[^a-zA-Z0-9_]")
 #: Telemetry names already turned into (family, label text after ``device``, scale); bounded like
@@ -65,6 +67,14 @@ SLOTS = FamilyHead(
     "edge_device_slots", "gauge", f"Slots in the device's up/info (the first {MAX_SLOTS} get slot series)."
 )
 MODEL = FamilyHead("edge_slot_model_info", "gauge", "The model a slot serves (from up/info).")
+PRECISION = FamilyHead(
+    "edge_slot_precision_fallback",
+    "gauge",
+    "1 when the slot runs another precision than its build asked, else 0 (labels: what was asked, "
+    "what runs, where the engine came from; from up/info).",
+)
+#: Characters of a precision or engine source label a device chose (real ones: fp32, downloaded).
+PRECISION_LABEL_CHARS = 16
 JOB = FamilyHead("edge_slot_job_info", "gauge", "The latest job heard for the slot (up/jobs).")
 FAILURE = FamilyHead(
     "edge_slot_last_failure_timestamp_seconds",
@@ -82,6 +92,7 @@ DEVICE_FAMILIES = (
     PLATFORM,
     SLOTS,
     MODEL,
+    PRECISION,
     JOB,
     FAILURE,
 )
@@ -195,6 +206,13 @@ def device_lines(d: DeviceState, dev: str) -> dict[str, str]:
             ]
         )
         lines.add(MODEL, f"{base},{model}", 1.0)
+        runs = slot.get("runs")
+        if isinstance(runs, dict):
+            precision = labels_text(
+                [("slot", label_value(name))]
+                + [(key, label_value(runs.get(key))[:PRECISION_LABEL_CHARS]) for key in _RUNS_LABELS]
+            )
+            lines.add(PRECISION, f"{base},{precision}", 1.0 if runs.get("fallback") else 0.0)
         last = slot.get("last_failure")
         if isinstance(last, dict) and isinstance(last.get("ts"), (int, float)):
             code = last.get("error_code") or last.get("state")

@@ -9,7 +9,10 @@ What counts against the limit (``--max-failed``, of the devices touched so far):
 - a job that ended ``FAILED``, ``REJECTED`` or ``ROLLED_BACK`` (the device refused or undid the model);
 - a device that is *unhealthy*: it ended ``ACTIVE`` but the shadow or probation figures it reported
   contradict that end: agreement below the rollout's ``min_agreement``, or a failed probation figure;
-- a device still working on its job (online, not ended) when the wave timed out (``TIMED_OUT``).
+- a device still working on its job (online, not ended) when the wave timed out (``TIMED_OUT``);
+- with ``precision_fallback="fail"``, a device that ended ``ACTIVE`` running another precision than
+  the build asked (its job's ``runs.fallback``: an INT8 engine its accuracy guard refused), counted
+  as unhealthy. With ``"allow"`` (the default) such a device is reported, not counted.
 
 A device that never started (offline, no job status yet) when the wave times out is no failure: with
 ``on_timeout="skip"`` it is listed in ``skipped`` and the wave is done (the retained desired state
@@ -36,7 +39,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from agent.fleet.rollout.waves import FailureLimit
-from agent.protocol.messages import JobState, ProbationFigures, ShadowFigures
+from agent.protocol.messages import JobState, ProbationFigures, RunsInfo, ShadowFigures
 
 #: What a wave's timeout does to its devices that have not ended: skip them, or keep waiting.
 TimeoutPolicy = Literal["skip", "wait"]
@@ -79,6 +82,8 @@ class DeviceReport:
     #: It had not started when the wave timed out: its first job status came later (the runner
     #: knows who had not started at that moment; the gate cannot tell from ``started`` alone).
     late: bool = False
+    #: What its job says it runs (precision asked and running, any fallback), once built.
+    runs: RunsInfo | None = None
 
 
 @dataclass(frozen=True)
@@ -90,6 +95,8 @@ class GatePolicy:
     needs_shadow: bool = False
     min_agreement: float | None = None
     needs_probation: bool = False
+    #: ``fail``: a device running another precision than asked counts as unhealthy.
+    precision_fallback: Literal["allow", "fail"] = "allow"
 
 
 @dataclass(frozen=True)
@@ -130,7 +137,17 @@ def unhealth(report: DeviceReport, policy: GatePolicy) -> str | None:
     if policy.needs_probation and report.probation is not None and report.probation.failed is not None:
         failed = report.probation.failed
         return f"probation {failed.figure} {failed.value:g} crossed {failed.bar:g}"
+    if policy.precision_fallback == "fail" and (why := fell_back(report)) is not None:
+        return why
     return None
+
+
+def fell_back(report: DeviceReport) -> str | None:
+    """``runs fp32, int8 asked`` when the device's job runs another precision than asked, else None."""
+    runs = report.runs
+    if runs is None or runs.fallback is None:
+        return None
+    return f"runs {runs.precision}, {runs.requested} asked"
 
 
 def _after_timeout(report: DeviceReport, policy: GatePolicy) -> DeviceReport:
@@ -184,10 +201,20 @@ def judge_wave(
     # not started yet is named apart, not counted as touched (issue 22.6). The limit stays the figures'.
     unreached = sum(1 for r in everyone if _unreached(r))
     not_reached = f" ({unreached} not reached)" if unreached else ""
+    # Devices serving another precision than asked are named either way: counted (fail) or not (allow).
+    lower = sum(1 for r in everyone if r.end is DeviceEnd.ACTIVE and fell_back(r) is not None)
+    counted = policy.precision_fallback == "fail"
+    precision = f" ({lower} run another precision than asked)" if lower and counted else ""
+    allowed = (
+        f"; {lower} run another precision than asked (--precision-fallback allow)"
+        if lower and not counted
+        else ""
+    )
     summary = (
-        f"{figures.failed} failed + {figures.rolled_back} rolled back + {figures.unhealthy} unhealthy "
+        f"{figures.failed} failed + {figures.rolled_back} rolled back + {figures.unhealthy} unhealthy"
+        f"{precision} "
         f"= {bad} of {figures.touched - unreached} touched{not_reached}, limit {figures.limit} "
-        f"(--max-failed {policy.max_failed})"
+        f"(--max-failed {policy.max_failed}){allowed}"
     )
     if bad > figures.limit:
         return WaveVerdict(done, "trips", f"gate trips: {summary}", figures, skipped, stuck, unhealthy)

@@ -16,6 +16,7 @@ from pydantic import ValidationError
 
 from agent.fleet.base.untrusted import shown
 from agent.fleet.rollout.gate import BAD_ENDS, DeviceEnd, DeviceReport, GatePolicy, unhealth
+from agent.fleet.rollout.precision import runs_of_figures
 from agent.fleet.rollout.records import DeviceRow, DeviceStep
 from agent.protocol.messages import ProbationFigures, ShadowFigures
 
@@ -44,7 +45,8 @@ def device_problems(rows: Sequence[DeviceRow], policy: GatePolicy | None) -> tup
         if row.end in BAD_ENDS:
             end, figure = row.end.value, _failed_figure(shadow, probation)
         elif row.end is DeviceEnd.ACTIVE and policy is not None:
-            report = DeviceReport(row.device, row.end, shadow=shadow, probation=probation)
+            runs = runs_of_figures(figures)
+            report = DeviceReport(row.device, row.end, shadow=shadow, probation=probation, runs=runs)
             figure = unhealth(report, policy)
             if figure is None:
                 continue

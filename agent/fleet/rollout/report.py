@@ -17,6 +17,7 @@ from agent.errors import AgentError
 from agent.fleet.base.untrusted import shown
 from agent.fleet.rollout.building import Builds, building_devices
 from agent.fleet.rollout.gate import GatePolicy
+from agent.fleet.rollout.precision import precision_lines, precision_summary, requested_precision
 from agent.fleet.rollout.problems import MAX_LISTED, device_problems
 from agent.fleet.rollout.records import DeviceStep
 from agent.fleet.rollout.spec import request_of
@@ -71,6 +72,7 @@ def rollout_status(store: RolloutStore, rollout_id: str, builds: Builds | None =
         "problem_devices_left_off": left_off,
         "building": building,
         "building_left_off": building_left_off,
+        "precision": precision_summary(devices, requested_precision(request)),
     }
 
 
@@ -152,6 +154,7 @@ def status_lines(status: dict[str, Any], now: float | None = None) -> list[str]:
         if wave["state"] == "SOAKING" and (note := soak_note(wave.get("figures"), now)):
             lines.append(f"          {note}")
     lines += building_lines(status)
+    lines += precision_lines(status.get("precision"))
     lines += problem_lines(status)
     rollback = status.get("rollback")
     if rollback:

@@ -36,6 +36,7 @@ from agent.fleet.deploy.manifest import plan_manifest
 from agent.fleet.deploy.outcome import DeviceProgress
 from agent.fleet.deploy.run import FleetDeploy
 from agent.fleet.rollout.gate import DeviceEnd, DeviceReport, WaveVerdict, judge_wave
+from agent.fleet.rollout.precision import end_note, precision_summary, runs_of_figures, stored_runs
 from agent.fleet.rollout.records import DeviceRow, DeviceStep, RolloutState, WaveState
 from agent.fleet.rollout.rollback import Rollback
 from agent.fleet.rollout.spec import plan_for, request_of
@@ -73,6 +74,8 @@ def job_figures(p: DeviceProgress) -> dict[str, Any]:
         if probation.get("failed"):
             probation["failed"]["figure"] = probation["failed"]["figure"][:STORED_NAME_CHARS]
         figures["probation"] = probation
+    if p.runs is not None:
+        figures["runs"] = stored_runs(p.runs)
     return figures
 
 
@@ -87,6 +90,7 @@ def _report_of_row(row: DeviceRow, online: bool = True) -> DeviceReport:
         online=online,
         shadow=None if shadow is None else ShadowFigures.model_validate(shadow),
         probation=None if probation is None else ProbationFigures.model_validate(probation),
+        runs=runs_of_figures(figures),
     )
 
 
@@ -171,7 +175,7 @@ class RolloutRunner:
                 return False
             upcoming = next((w for w in waves if w.state is WaveState.WAITING), None)
             if upcoming is None:
-                self.store.set_state(self.rollout_id, RolloutState.DONE, "every wave held")
+                self.store.set_state(self.rollout_id, RolloutState.DONE, self._done_reason())
                 log.info("fleet.rollout.done", rollout=self.rollout_id)
                 return True
             self.store.set_wave(self.rollout_id, upcoming.index, WaveState.RUNNING, reason="started")
@@ -359,6 +363,7 @@ class RolloutRunner:
                     online=p.online is not False,
                     shadow=p.shadow or report.shadow,
                     probation=p.probation or report.probation,
+                    runs=p.runs or report.runs,
                 )
             reports.append(report)
         return reports
@@ -415,6 +420,15 @@ class RolloutRunner:
         self.store.set_state(self.rollout_id, RolloutState.ABORTED, verdict.reason)
         log.warning("fleet.rollout.aborted", rollout=self.rollout_id, wave=index, why=verdict.reason)
         self._close_wave()
+
+    def _done_reason(self) -> str:
+        """``every wave held``, and what runs when devices run another precision than asked."""
+        build = self.request.build
+        summary = precision_summary(
+            self.store.devices(self.rollout_id), build.precision if build is not None else None
+        )
+        note = end_note(summary)
+        return f"every wave held; {note}" if note else "every wave held"
 
     # -- rollback ------------------------------------------------------------------------------------
 

@@ -63,6 +63,9 @@ class RolloutRequest(StrictModel):
     #: Devices share engines through the controller (docs/engines.md); None: the controller's
     #: ``engines.share`` setting decides (it resolves it when the rollout starts).
     share_engines: bool | None = None
+    #: Whether the gate counts a device that runs another precision than ``build.precision`` asked
+    #: (an INT8 engine its accuracy guard refused) as unhealthy: ``allow`` only reports it.
+    precision_fallback: Literal["allow", "fail"] = "allow"
 
     @model_validator(mode="after")
     def _calibration_needs_int8(self) -> RolloutRequest:
@@ -80,6 +83,7 @@ class RolloutRequest(StrictModel):
             needs_shadow=self.shadow is not None,
             min_agreement=None if self.shadow is None else self.shadow.min_agreement,
             needs_probation=self.probation_s is not None,
+            precision_fallback=self.precision_fallback,
         )
 
     def plan(

@@ -76,6 +76,26 @@ class BuildingDevice(StrictModel):
     note: str = Field(description="e.g. 'calibrating 120/500 frames, 42 s of ~310 s'.")
 
 
+class FellBackDevice(StrictModel):
+    """An ACTIVE device of the rollout that runs another precision than its build asked."""
+
+    device: str
+    wave: int = Field(description="Counted from 1.")
+    running: str | None = Field(description="The precision it runs (fp32, fp16, int8).")
+    reason: str = Field(description="Why, as the device said (the INT8 guard's refusal, the plan's change).")
+
+
+class PrecisionSummary(StrictModel):
+    """What the rollout's ACTIVE devices run against the precision its build asked for."""
+
+    requested: str = Field(description="build.precision: fp32, fp16, int8 or best.")
+    running: dict[str, int] = Field(description="ACTIVE devices per precision they run.")
+    sources: dict[str, int] = Field(description="ACTIVE devices per engine source: built, downloaded, model.")
+    fell_back: list[FellBackDevice] = Field(description="At most 50, in wave order.")
+    fell_back_count: int
+    fell_back_to: dict[str, int] = Field(description="The devices that fell back, per precision they run.")
+
+
 class RolloutStatus(StrictModel):
     """A rollout as ``fleet rollout status --json`` prints it."""
 
@@ -97,3 +117,6 @@ class RolloutStatus(StrictModel):
     problem_devices_left_off: int
     building: list[BuildingDevice] = Field(description="At most 50, in wave order; [] when none builds.")
     building_left_off: int
+    precision: PrecisionSummary | None = Field(
+        description="What its ACTIVE devices run against build.precision; null when no build was asked."
+    )

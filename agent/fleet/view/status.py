@@ -198,6 +198,8 @@ def slot_summary(info: InfoMessage) -> dict[str, dict[str, Any]]:
             # A start-up build: the slot serves its ONNX model meanwhile (docs/engines.md).
             "serving": slot.serving,
             "building": build_note(slot.building) or None,
+            # What really runs: the precision asked and running, the engine's source, any fallback.
+            "runs": slot.runs.model_dump(mode="json", exclude_none=True) if slot.runs else None,
         }
         for name, slot in info.slots.items()
     }
@@ -247,6 +249,31 @@ def _slot_cell(name: str, slot: dict[str, Any]) -> str:
     if slot["model_id"] is None:
         return f"{shown(name, 24)}={shown(slot['state'] or 'empty', 16)}"
     return f"{shown(name, 24)}={shown(slot['model_id'], 40)}:{shown(slot['version'] or '-', 24)}"
+
+
+def runs_text(runs: dict[str, Any] | None) -> str:
+    """What a slot runs, in a few words: ``int8 built``, ``fp32 built, int8 asked`` (a fallback),
+    ``fp16 downloaded``, ``interim, int8 builds``, ``as given``; "" when the slot did not say."""
+    if not runs:
+        return ""
+    source = shown(runs.get("source") or "?", 16)
+    requested = shown(runs["requested"], 16) if runs.get("requested") else None
+    if source == "interim":
+        return f"interim, {requested} builds" if requested else "interim"
+    if source == "model":
+        return "as given"
+    text = f"{shown(runs.get('precision') or '?', 16)} {source}"
+    return f"{text}, {requested} asked" if runs.get("fallback") and requested else text
+
+
+def _runs_cell(slots: dict[str, dict[str, Any]]) -> str:
+    """``slot=fp32 built, int8 asked`` per slot that says what it runs."""
+    cells = []
+    for name, s in sorted(slots.items())[:_MAX_SLOTS_SHOWN]:
+        text = runs_text(s.get("runs"))
+        if text:
+            cells.append(f"{shown(name, 24)}={text}")
+    return " ".join(cells)
 
 
 def figure(value: float | None, unit: str = "") -> str:
@@ -305,6 +332,7 @@ def format_table(rows: list[DeviceRow], now: float | None = None) -> str:
         "CPU",
         "TEMP",
         "SLOTS (model:version)",
+        "RUNS (precision, engine)",
         "LAST JOB",
         "LAST FAILURE",
         "PLATFORM",
@@ -326,6 +354,7 @@ def format_table(rows: list[DeviceRow], now: float | None = None) -> str:
                 figure(row.cpu_percent, "%"),
                 figure(row.temp_c, "C"),
                 slots or "-",
+                _runs_cell(row.slots) or "-",
                 last_job_cell(row.slots) or "-",
                 last_failure_cell(row.slots, now) or "-",
                 platform_bits(row.platform) if row.platform else "-",
@@ -336,6 +365,12 @@ def format_table(rows: list[DeviceRow], now: float | None = None) -> str:
             f"{device}: slot {shown(name, 24)} is empty: {shown(s['reason'], 200)}"
             for name, s in sorted(row.slots.items())
             if s.get("reason") and not s["model_id"]
+        )
+        notes.extend(
+            f"{device}: slot {shown(name, 24)} runs {shown(s['runs'].get('precision') or '?', 16)}, "
+            f"{shown(s['runs'].get('requested') or '?', 16)} asked: {shown(s['runs']['fallback'], 300)}"
+            for name, s in sorted(row.slots.items())
+            if isinstance(s.get("runs"), dict) and s["runs"].get("fallback")
         )
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
     table = [

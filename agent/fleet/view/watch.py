@@ -132,6 +132,11 @@ def _info_text(info: InfoMessage) -> str:
         parts.append(f"slot {shown(name, 20)} {shown(slot.state, 20)}: {model}")
         if slot.serving == "interim":
             parts.append(f"slot {shown(name, 20)} serves its ONNX model while its engine builds")
+        if slot.runs is not None and slot.runs.fallback:
+            running, asked = shown(slot.runs.precision or "?", 16), shown(slot.runs.requested or "?", 16)
+            parts.append(
+                f"slot {shown(name, 20)} runs {running}, {asked} asked: {shown(slot.runs.fallback, 300)}"
+            )
         if slot.building is not None:
             what = shown(slot.building.model_id, 40)
             parts.append(f"slot {shown(name, 20)} building {what}: {build_note(slot.building)}")

@@ -8,7 +8,7 @@ import time
 
 from agent.fleet.cli.progress import ProgressView, progress_line
 from agent.fleet.deploy.outcome import DeviceProgress
-from agent.protocol.messages import JobState, ProbationFigures
+from agent.protocol.messages import JobState, ProbationFigures, RunsInfo
 
 
 def _p(device: str, state: JobState | None, history: list[JobState], **fields: object) -> DeviceProgress:
@@ -136,4 +136,16 @@ def test_a_line_of_the_command_never_lands_on_an_unterminated_progress_line() ->
     assert "1000 B\ndeploy: job j-1" in text.replace(" \n", "\n")
     assert text.endswith("deploy: job j-1 (sequence 1): m v1\n\r" + progress_line(p)) or text.endswith(
         "deploy: job j-1 (sequence 1): m v1\n" + progress_line(p)
+    )
+
+
+def test_an_active_device_running_another_precision_than_asked_says_so() -> None:
+    runs = RunsInfo(requested="int8", precision="fp32", source="built", fallback="INT8 accuracy guard: ...")
+    done = [JobState.BUILDING, JobState.ACTIVE]
+    timings = {"build": 2.0}
+    line = progress_line(_p("jet-1", JobState.ACTIVE, done, timings_s=timings, runs=runs))
+    assert line.endswith("  in 2.0 s  runs fp32, int8 asked"), line
+    asked = RunsInfo(requested="int8", precision="int8", source="built")
+    assert progress_line(_p("jet-1", JobState.ACTIVE, done, timings_s=timings, runs=asked)).endswith(
+        "in 2.0 s"
     )

@@ -28,6 +28,7 @@ from agent.protocol.messages import (
     JobState,
     JobStatus,
     ModelRef,
+    RunsInfo,
     SlotInfo,
     StatusMessage,
     TelemetryMessage,
@@ -510,3 +511,45 @@ def test_at_most_max_label_keys_become_labels_of_device_info() -> None:
     feed(view, Topics(PREFIX, "jet").info, encode(info))
     (info_labels,) = [ls for (name, ls) in samples(fleet_metrics(view)) if name == "edge_device_info"]
     assert len([k for k, _ in info_labels if k.startswith("k")]) == MAX_LABEL_KEYS
+
+
+def test_what_each_slot_really_runs_is_a_series_with_bounded_labels_and_1_on_a_fallback() -> None:
+    view = FleetView(PREFIX)
+    guard = "INT8 accuracy guard: INT8 top-1 agrees with FP32 on 18.8% of 64 held-out frames"
+    slots = {
+        "cls": RunsInfo(requested="int8", precision="fp32", source="built", fallback=guard),
+        "det": RunsInfo(requested="fp16", precision="fp16", source="downloaded"),
+        "aux": RunsInfo(requested="int8", source="interim"),
+        "odd": RunsInfo(requested="q" * 5000, precision="p" * 5000, source="built", fallback="w" * 5000),
+    }
+    feed(
+        view,
+        Topics(PREFIX, "jet-a").status,
+        encode(StatusMessage(state="online", session=1, agent_version="1")),
+    )
+    info = InfoMessage(
+        device_id="jet-a",
+        agent_version="1",
+        platform={},
+        backends={},
+        slots={
+            name: SlotInfo(
+                model=ModelRef(slot=name, model_id="net", version="4", sha256="ab" * 32),
+                state="active",
+                runs=runs,
+            )
+            for name, runs in slots.items()
+        },
+        streams=[],
+    )
+    feed(view, Topics(PREFIX, "jet-a").info, encode(info))
+    got = samples(fleet_metrics(view))
+    name = "edge_slot_precision_fallback"
+    assert (
+        find(got, name, device="jet-a", slot="cls", requested="int8", precision="fp32", source="built") == 1
+    )
+    assert find(got, name, slot="det", requested="fp16", precision="fp16", source="downloaded") == 0
+    assert find(got, name, slot="aux", requested="int8", precision="", source="interim") == 0
+    assert find(got, name, slot="odd", requested="q" * 16, precision="p" * 16, source="built") == 1
+    # The reason is for people (fleet status, the console): never a label, whatever its length.
+    assert not any(guard in dict(labels).values() for (_n, labels) in got)

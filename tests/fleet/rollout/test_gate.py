@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 
 from agent.fleet.rollout.gate import DeviceEnd, DeviceReport, GatePolicy, TimeoutPolicy, judge_wave, unhealth
+from agent.fleet.rollout.spec import RolloutRequest
 from agent.fleet.rollout.waves import parse_max_failed
-from agent.protocol.messages import FailedFigure, JobState, ProbationFigures, ShadowFigures
+from agent.protocol.messages import FailedFigure, JobState, ProbationFigures, RunsInfo, ShadowFigures
 
 A, F, R, RB, P, S = (
     DeviceEnd.ACTIVE,
@@ -263,3 +264,49 @@ def test_the_gate_text_counts_a_device_never_reached_apart_from_the_touched_ones
         "(--max-failed 0); 1 skipped (offline at the timeout)"
     )
     assert "= 0 of 4 touched, limit 0" in reached.reason
+
+
+def _fell_back(device: str) -> DeviceReport:
+    """An ACTIVE device whose job runs FP32 although INT8 was asked (its guard refused the engine)."""
+    runs = RunsInfo(requested="int8", precision="fp32", source="built", fallback="INT8 accuracy guard: 18.8%")
+    return DeviceReport(device, A, started=True, runs=runs)
+
+
+def test_a_precision_fallback_counts_against_the_limit_only_when_the_rollout_says_fail() -> None:
+    wave = [_fell_back("d0"), DeviceReport("d1", A, started=True)]
+    allowed = judge_wave(wave, [], GatePolicy(parse_max_failed("0")))
+    assert (allowed.gate, allowed.figures.unhealthy) == ("holds", 0)
+    # Allowed, not silent: the gate's reason names them.
+    assert allowed.reason == (
+        "gate holds: 0 failed + 0 rolled back + 0 unhealthy = 0 of 2 touched, limit 0 (--max-failed 0); "
+        "1 run another precision than asked (--precision-fallback allow)"
+    )
+    strict = GatePolicy(parse_max_failed("0"), precision_fallback="fail")
+    tripped = judge_wave(wave, [], strict)
+    assert (tripped.gate, tripped.figures.unhealthy, tripped.unhealthy) == ("trips", 1, ("d0",))
+    assert tripped.reason.startswith(
+        "gate trips: 0 failed + 0 rolled back + 1 unhealthy (1 run another precision than asked) = 1 of 2"
+    )
+    assert unhealth(wave[0], strict) == "runs fp32, int8 asked"
+    # A device that runs what was asked (or said nothing of it) is no fallback.
+    asked = RunsInfo(requested="int8", precision="int8", source="downloaded")
+    assert unhealth(DeviceReport("d2", A, runs=asked), strict) is None
+    assert unhealth(DeviceReport("d3", A), strict) is None
+    # A device that failed is counted as failed, not twice.
+    failed = replace(_fell_back("d4"), end=F)
+    assert judge_wave([failed], [], strict).figures.unhealthy == 0
+
+
+def test_a_rollout_request_carries_its_precision_fallback_to_the_gate() -> None:
+    request = {
+        "model_sha256": "0" * 64,
+        "model_name": "m.onnx",
+        "slot": "main",
+        "version": "2",
+        "devices": ["d0"],
+    }
+    assert RolloutRequest.model_validate(request).policy().precision_fallback == "allow"
+    strict = RolloutRequest.model_validate({**request, "precision_fallback": "fail"})
+    assert strict.policy().precision_fallback == "fail"
+    with pytest.raises(ValueError, match="precision_fallback"):
+        RolloutRequest.model_validate({**request, "precision_fallback": "sometimes"})

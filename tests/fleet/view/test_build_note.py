@@ -107,3 +107,20 @@ def test_fleet_status_and_the_console_get_the_slots_serving_and_build() -> None:
     idle = SlotInfo.model_validate({"state": "empty"})
     summary = slot_summary(info.model_copy(update={"slots": {"cls": idle}}))["cls"]
     assert (summary["serving"], summary["building"]) == (None, None)
+
+
+def test_fleet_watch_says_when_a_slot_runs_another_precision_than_asked() -> None:
+    runs = {
+        "requested": "int8",
+        "precision": "fp32",
+        "source": "built",
+        "fallback": "INT8 accuracy guard: 18.8%",
+    }
+    slot = SlotInfo.model_validate({"state": "active", "serving": "requested", "runs": runs})
+    info = InfoMessage(
+        device_id="cam-01", agent_version="1", platform={}, backends={}, slots={"cls": slot}, streams=[]
+    )
+    seen = read_message(parse("fleet/v1/cam-01/up/info", "fleet/v1"), info.model_dump_json().encode(), True)
+    line = text_line(seen, 0.0)
+    assert line is not None
+    assert "slot cls runs fp32, int8 asked: INT8 accuracy guard: 18.8%" in line

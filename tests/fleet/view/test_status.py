@@ -6,13 +6,14 @@ import threading
 import time
 from typing import Any
 
-from agent.fleet.view.status import age, collect_fleet, format_table
+from agent.fleet.view.status import JSON_TEXT_LIMIT, DeviceRow, age, collect_fleet, format_table, slot_summary
 from agent.localbroker import Broker
 from agent.protocol.messages import (
     InfoMessage,
     JobEnd,
     JobState,
     ModelRef,
+    RunsInfo,
     SlotInfo,
     StatusMessage,
     TelemetryMessage,
@@ -183,3 +184,48 @@ def test_an_online_devices_info_that_comes_after_a_pause_is_waited_for(broker: B
         mute_rows = collect_fleet(operator_settings(broker, prefix), quiet_s=0.2, max_wait_s=1.0)
         assert time.monotonic() - started < 30
         assert {r.device: r.info_seen for r in mute_rows} == {"jet-late": True, "jet-mute": False}
+
+
+def test_what_each_slot_runs_is_a_column_and_a_fallback_a_line_with_its_reason_whatever_its_size() -> None:
+    """Straight from up/info's ``runs``: the RUNS column, and a line per fallback, bounded."""
+    guard = "INT8 accuracy guard: INT8 top-1 agrees with FP32 on 18.8% of 64 held-out frames"
+    info = InfoMessage(
+        device_id="jet-a",
+        agent_version="1",
+        platform={},
+        backends={},
+        slots={
+            "cls": SlotInfo(
+                model=ModelRef(slot="cls", model_id="net", version="4", sha256="ab" * 32),
+                state="active",
+                runs=RunsInfo(requested="int8", precision="fp32", source="built", fallback=guard),
+            ),
+            "det": SlotInfo(
+                model=ModelRef(slot="det", model_id="yolo", version="2", sha256="cd" * 32),
+                state="active",
+                runs=RunsInfo(requested="int8", source="interim"),
+            ),
+            "hog": SlotInfo(
+                model=ModelRef(slot="hog", model_id="x", version="1", sha256="ef" * 32),
+                state="active",
+                runs=RunsInfo(
+                    requested="i" * 5000, precision="p\x1b[2J" * 5000, source="built", fallback="w" * 50_000
+                ),
+            ),
+        },
+        streams=[],
+    )
+    row = DeviceRow("jet-a", state="online", slots=slot_summary(info))
+    lines = format_table([row], now=time.time()).splitlines()
+    assert "RUNS (precision, engine)" in lines[0]
+    assert "cls=fp32 built, int8 asked" in lines[1]
+    assert "det=interim, int8 builds" in lines[1]
+    assert f"jet-a: slot cls runs fp32, int8 asked: {guard}" in lines
+    assert all("\x1b" not in line and len(line) < 700 for line in lines)
+    assert row.as_dict()["slots"]["cls"]["runs"] == {
+        "requested": "int8",
+        "precision": "fp32",
+        "source": "built",
+        "fallback": guard,
+    }
+    assert len(row.as_dict()["slots"]["hog"]["runs"]["fallback"]) <= JSON_TEXT_LIMIT

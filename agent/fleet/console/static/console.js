@@ -277,10 +277,11 @@ async function devicePage(deviceId) {
   const slots = Object.entries(detail.slots).map(([name, s]) => el("tr", {},
     el("td", {}, name), el("td", {}, s.model_id), el("td", {}, s.version),
     el("td", { className: "mono", title: s.sha256 || "" }, s.sha256 ? s.sha256.slice(0, 12) : "-"),
-    el("td", {}, badge(s.state || "-")), el("td", {}, s.last_job),
+    el("td", {}, badge(s.state || "-")), el("td", { className: "runs" + (s.runs && s.runs.fallback ? " fallback" : "") }, runsWords(s.runs)), el("td", {}, s.last_job),
     el("td", {}, s.last_job_state), el("td", { className: "error" }, s.last_job_error_code || ""),
     el("td", {}, [s.reason || (s.last_failure ? "last failure: " + [s.last_failure.state, s.last_failure.error_code, s.last_failure.error].filter(Boolean).join(" ") : ""),
       s.serving === "interim" ? "serving its ONNX model while its engine builds" : "",
+      s.runs && s.runs.fallback ? "runs " + s.runs.precision + ", " + s.runs.requested + " asked: " + s.runs.fallback : "",
       s.building ? "building: " + s.building : ""].filter(Boolean).join("; "))));
   const jobs = detail.jobs.map((j) => el("tr", {},
     el("td", { className: "mono" }, j.job_id), el("td", {}, j.slot),
@@ -307,7 +308,7 @@ async function devicePage(deviceId) {
       ])),
       el("div", { className: "card" + (old ? " stale" : "") }, el("h2", {}, "Temperatures" + (old ? " (stale)" : "")), table("temperatures", ["zone", "°C"], temps))),
     el("h2", {}, "Slots"),
-    table("slots", ["slot", "model", "version", "sha256", "state", "last job", "job state", "error code", "note"], slots),
+    table("slots", ["slot", "model", "version", "sha256", "state", "runs", "last job", "job state", "error code", "note"], slots),
     el("div", { className: "grid" },
       chart("fps", "Frames per second (" + span(detail) + ")", detail.history, [{ field: "fps", label: "fps", color: "#2563eb" }]),
       chart("latency", "End-to-end latency, ms (" + span(detail) + ")", detail.history, [
@@ -479,6 +480,30 @@ function buildingBox(r) {
     table("", ["device", "wave", "build"], rows), more);
 }
 
+// What a slot really runs, in the words of `fleet status`: "fp32 built, int8 asked" for a fallback.
+function runsWords(runs) {
+  if (!runs) return "";
+  if (runs.source === "interim") return "interim" + (runs.requested ? ", " + runs.requested + " builds" : "");
+  if (runs.source === "model") return "as given";
+  const text = (runs.precision || "?") + " " + runs.source;
+  return runs.fallback && runs.requested ? text + ", " + runs.requested + " asked" : text;
+}
+
+// What the rollout's ACTIVE devices run against the precision it asked for, and each device that
+// runs another, with why (as `fleet rollout status` prints it).
+function precisionBox(r) {
+  const p = r.precision;
+  if (!p || !Object.keys(p.running).length) return null;
+  const head = el("p", { className: "precision-head" + (p.fell_back_count ? " fallback" : "") },
+    p.requested + " asked; running " + counts(p.running) + " (" + counts(p.sources) + ")" +
+    (p.fell_back_count ? "; " + plural(p.fell_back_count, "device") + " fell back" : ""));
+  const rows = p.fell_back.map((f) => el("tr", { dataset: { device: f.device } },
+    el("td", { className: "id" }, el("a", { href: "/device/" + encodeURIComponent(f.device) }, f.device)),
+    el("td", { className: "num" }, f.wave), el("td", {}, f.running || "?"), el("td", { className: "fallback-reason" }, f.reason)));
+  return el("div", { className: "precision" }, head,
+    rows.length ? table("", ["device", "wave", "runs", "why"], rows) : null);
+}
+
 function rolloutCard(r) {
   const open = r.state === "RUNNING" || r.state === "PAUSED";
   const id = r.rollout_id;
@@ -509,6 +534,7 @@ function rolloutCard(r) {
     el("p", { className: "totals" }, "steps: " + counts(r.devices.steps) + "; ends: " + counts(r.devices.ends)),
     table("", ["wave", "state", "devices", "steps", "ends", "gate", "reason"], waves),
     buildingBox(r),
+    precisionBox(r),
     devices);
 }
 
