@@ -1,0 +1,153 @@
+"""End to end: a way back never leads forward, and a finished rollout is rolled back in waves.
+
+Real processes throughout: mosquitto, a real ``edge-agent fleet controller`` process signing with the
+operator's key, real ``python -m agent run`` daemons serving the bundled shapes classifier, and the
+operator's commands through ``agent.cli.main``. Versions 2 and 3 are the same network with their
+own bytes (another ``doc_string``), so each is its own model to the controller and the devices. The
+rollouts run with shadow and probation on, as operators run them.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import onnx
+import pytest
+
+from agent.cli import main
+from agent.datasets.shapes import MODEL_PATH
+from agent.fleet.controller.client import ControllerClient
+from agent.fsutil import sha256_file
+from agent.localbroker import Broker
+from agent.protocol.topics import Topics
+from tests.e2e.fleet_rig import (
+    ENDS_ONLY_PROBATION,
+    Fleet,
+    agent_state,
+    count_version,
+    ends_only_shadow,
+    job_statuses,
+    operator_settings,
+)
+from tests.e2e.daemon import unique_results
+from tests.fleet.controller_process import ControllerProcess
+from tests.mqtt_probe import Probe
+from tests.waiting import patient, wait_until
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def controller(tmp_path: Path, broker: Broker, fleet: Fleet) -> Iterator[ControllerProcess]:
+    (tmp_path / "controller").mkdir()
+    running = ControllerProcess(tmp_path / "controller", broker, "fleet/v1", keys=fleet.keys).start()
+    yield running
+    running.kill()
+
+
+def version_of(tmp_path: Path, version: str) -> Path:
+    """The shapes classifier with bytes of its own for ``version`` (the same network)."""
+    model = onnx.load(str(MODEL_PATH))
+    model.doc_string = f"shapes classifier, version {version}"
+    path = tmp_path / f"shapes-{version}.onnx"
+    onnx.save(model, str(path))
+    return path
+
+
+def cli(broker: Broker, capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
+    """``edge-agent fleet ARGS`` as the operator runs it: its exit code and stdout."""
+    capsys.readouterr()
+    code = main(["fleet", *args, "--broker", f"{broker.host}:{broker.port}"])
+    return code, capsys.readouterr().out
+
+
+def rollout_status(broker: Broker, rollout_id: str) -> dict[str, Any]:
+    with ControllerClient(operator_settings(broker), timeout=30) as client:
+        return client.request("status", {"rollout_id": rollout_id})
+
+
+def start(broker: Broker, model: Path, devices: list[str], rollout_id: str, version: str, **fields: Any) -> None:
+    """``fleet rollout start`` through the controller's API, guarded by shadow and probation."""
+    body: dict[str, Any] = {
+        "rollout_id": rollout_id,
+        "model_sha256": sha256_file(model),
+        "model_name": model.name,
+        "model_id": "cls",
+        "slot": "cls",
+        "version": version,
+        "devices": devices,
+        "shadow": ends_only_shadow(frames=5, sample_fps=10.0).model_dump(mode="json"),
+        "probation_s": 2.0,
+        "probation": ENDS_ONLY_PROBATION.model_dump(mode="json"),
+        **fields,
+    }
+    with ControllerClient(operator_settings(broker), timeout=30) as client:
+        client.upload(model, body["model_sha256"])
+        client.request("start", body)
+
+
+def wait_state(broker: Broker, rollout_id: str, *states: str, timeout: float = 240) -> dict[str, Any]:
+    seen: dict[str, Any] = {}
+
+    def reached() -> bool:
+        seen.update(rollout_status(broker, rollout_id))
+        return seen["state"] in states
+
+    wait_until(reached, timeout=timeout, what=f"rollout {rollout_id} in {states}")
+    return seen
+
+
+def serving(files: Any) -> str | None:
+    """The version state.json says the device's slot serves."""
+    active = agent_state(files)["slots"]["cls"]["active"]
+    return None if active is None else str(active["version"])
+
+
+def test_a_rollback_after_an_abort_with_rollback_never_turns_the_aborted_model_on(
+    fleet: Fleet,
+    controller: ControllerProcess,
+    broker: Broker,
+    probe: Probe,
+    device_id: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    files = fleet.start_shapes(device_id)
+    probe.wait_for(count_version("1", Topics("fleet/v1", device_id).results("cam")), timeout=180)
+    start(broker, version_of(tmp_path, "3"), [device_id], "r-v3", "3")
+    assert wait_state(broker, "r-v3", "DONE", "ABORTED")["state"] == "DONE"
+    # v4 soaks after its one wave: the operator aborts it there and asks for the way back.
+    start(broker, version_of(tmp_path, "4"), [device_id], "r-v4", "4", soak_s=3600.0)
+    wait_state(broker, "r-v4", "RUNNING", timeout=60)
+    wait_until(
+        lambda: rollout_status(broker, "r-v4")["waves"][0]["state"] == "SOAKING",
+        timeout=patient(240),
+        what="r-v4's wave soaking",
+    )
+    assert serving(files) == "4"
+    code, _out = cli(broker, capsys, "rollout", "abort", "r-v4", "--rollback")
+    assert code == 0
+    wait_until(
+        lambda: (rollout_status(broker, "r-v4").get("rollback") or {}).get("ends") is not None,
+        timeout=patient(120),
+        what="r-v4's rollback at its end",
+    )
+    assert serving(files) == "3"
+
+    code, out = cli(broker, capsys, "cmd", device_id, "rollback", "--args", '{"slot": "cls"}')
+    reply = json.loads(out)
+    # The way back was a rollback: the device does not take the aborted v4 for its last-known-good.
+    assert code == 1, reply
+    assert reply["error_code"] == "no_rollback_target", reply
+    assert "already rolled back to cls 3" in reply["error"], reply
+    assert serving(files) == "3"
+    state = agent_state(files)["slots"]["cls"]
+    assert state["active"]["origin"] == "rollback"
+    assert state["last_known_good"] is None
+    results = unique_results(probe.snapshot(), Topics("fleet/v1", device_id).results("cam"))
+    assert "4" in {r.model.version for r in results}  # it did serve v4, and v3 again after it
+    way_back = job_statuses(probe, f"r-v4-rollback-{sha256_file(tmp_path / 'shapes-3.onnx')[:8]}", device_id)
+    assert [s.state.value for s in way_back if s.state.terminal] == ["ACTIVE"]
