@@ -9,6 +9,7 @@ sequence, every device's previous model) is fixed when the rollout is created an
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Mapping
 from pathlib import Path
@@ -63,6 +64,18 @@ class RolloutRequest(StrictModel):
     #: Devices share engines through the controller (docs/engines.md); None: the controller's
     #: ``engines.share`` setting decides (it resolves it when the rollout starts).
     share_engines: bool | None = None
+    #: The rollout whose devices this one takes back to the model each served before it
+    #: (``fleet rollout rollback``): its manifests are ways back, with no shadow and no probation.
+    rollback_of: str | None = Field(None, pattern=ROLLOUT_ID.pattern)
+
+    @model_validator(mode="after")
+    def _way_back_unguarded(self) -> RolloutRequest:
+        if self.rollback_of is not None and (self.shadow is not None or self.probation_s is not None):
+            raise ValueError(
+                f"a rollback of rollout {self.rollback_of} has no shadow and no probation: either would "
+                "judge the way back against, or swap back to, the model being rolled back from"
+            )
+        return self
 
     @model_validator(mode="after")
     def _calibration_needs_int8(self) -> RolloutRequest:
@@ -142,7 +155,7 @@ def plan_for(
     calib_http_url: str | None = None,
 ) -> DeployPlan:
     """The FleetDeploy plan that publishes ``request``'s desired state to ``devices``."""
-    return DeployPlan(
+    plan = DeployPlan(
         model=model,
         devices=devices,
         slot=request.slot,
@@ -162,3 +175,11 @@ def plan_for(
         calib_http_url=calib_http_url,
         share_engines=request.share_engines,
     )
+    return way_back(plan) if request.rollback_of is not None else plan
+
+
+def way_back(plan: DeployPlan) -> DeployPlan:
+    """``plan`` as a way back to a model its devices served before: the manifest says ``rollback``
+    (the device records the model it leaves as rolled back from, never a rollback target), without
+    shadow or probation, which would judge the way back against that model or swap back to it."""
+    return dataclasses.replace(plan, rollback=True, shadow=None, probation_s=None, probation=None)
