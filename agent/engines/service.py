@@ -27,6 +27,7 @@ from agent.engines.calibration_store import CalibrationKey, CalibrationStore, co
 from agent.engines.engine_devices import engine_devices, placement_candidates
 from agent.engines.fleet_cache import dropped_from_fleet
 from agent.engines.guard import agreement, check_int8
+from agent.engines.guard_memo import GuardMemo, Verdict
 from agent.engines.int8 import quantize_int8
 from agent.engines.model_facts import model_facts
 from agent.engines.placement_choice import (
@@ -65,6 +66,8 @@ class EngineService:
         self.config = config
         self.frames = frames
         self.calibrations = CalibrationStore(builder.state_dir)
+        #: The INT8 guard's verdicts by engine file, beside the cache: a rollback does not check again.
+        self.guard_memo = GuardMemo(builder.cache.root)
         self._lock = threading.Lock()
 
     def prepare(
@@ -188,6 +191,48 @@ class EngineService:
         """``artifact``, or its FP16 rebuild when it is INT8 and fails the accuracy guard."""
         if artifact.plan.precision != "int8":
             return PreparedEngine(artifact, effective)
+        known = self.guard_memo.known(artifact.key, artifact.engine_path, self.config.int8_agreement)
+        if known is not None:
+            # Checked on this device before (a rollback, a restart): its verdict, not a second check.
+            ok, reason, report = known
+            say(f"int8 guard (known for this engine, not run again): {reason}")
+        else:
+            artifact, effective, (ok, reason, report) = self._check_int8(
+                slot, model, spec, artifact, effective, preprocess=preprocess, say=say, cancel=cancel
+            )
+            self.guard_memo.remember(artifact.key, artifact.engine_path, (ok, reason, report))
+            say(f"int8 guard: {reason}")
+        effective["int8_guard"] = {"passed": ok, "reason": reason, **(report or {})}
+        if ok:
+            return PreparedEngine(artifact, effective)
+        log.warning("engine.int8.rejected", slot=slot, reason=reason)
+        fallback = (spec or BuildSpec()).model_copy(update={"precision": "fp16", "calibration": None})
+        load_failure = (artifact.effective.get("fallback") or {}).get("stage") == "load"
+        if load_failure:
+            # A plain build would plan TensorRT again, whose engine this device already failed to load.
+            failure = str(artifact.effective["fallback"]["error"])
+            artifact = self.builder.build_fallback(
+                model, fallback, failure, preprocess=preprocess, progress=say, cancel=cancel
+            )
+        else:
+            artifact = self.builder.build(model, fallback, preprocess=preprocess, progress=say, cancel=cancel)
+        effective = {**artifact.effective, "int8_guard": effective["int8_guard"], "fallback_reason": reason}
+        return PreparedEngine(artifact, effective)
+
+    def _check_int8(
+        self,
+        slot: str,
+        model: Path,
+        spec: BuildSpec | None,
+        artifact: EngineArtifact,
+        effective: dict[str, Any],
+        *,
+        preprocess: PreprocessSpec,
+        say: Progress,
+        cancel: threading.Event | None,
+    ) -> tuple[EngineArtifact, dict[str, Any], Verdict]:
+        """The guard run on ``artifact`` (or on its local rebuild when it was a fleet engine that
+        failed here): the engine checked, its effective report, and the verdict."""
         try:
             ok, reason, report = self._guard(slot, model, artifact, preprocess)
             failed: Exception | None = None if ok else EngineError(f"INT8 accuracy guard here: {reason}")
@@ -205,23 +250,7 @@ class EngineService:
             ok, reason, report = self._guard(slot, model, artifact, preprocess)
         elif failed is not None and stage == "load":
             raise failed
-        effective["int8_guard"] = {"passed": ok, "reason": reason, **(report or {})}
-        say(f"int8 guard: {reason}")
-        if ok:
-            return PreparedEngine(artifact, effective)
-        log.warning("engine.int8.rejected", slot=slot, reason=reason)
-        fallback = (spec or BuildSpec()).model_copy(update={"precision": "fp16", "calibration": None})
-        load_failure = (artifact.effective.get("fallback") or {}).get("stage") == "load"
-        if load_failure:
-            # A plain build would plan TensorRT again, whose engine this device already failed to load.
-            failure = str(artifact.effective["fallback"]["error"])
-            artifact = self.builder.build_fallback(
-                model, fallback, failure, preprocess=preprocess, progress=say, cancel=cancel
-            )
-        else:
-            artifact = self.builder.build(model, fallback, preprocess=preprocess, progress=say, cancel=cancel)
-        effective = {**artifact.effective, "int8_guard": effective["int8_guard"], "fallback_reason": reason}
-        return PreparedEngine(artifact, effective)
+        return artifact, effective, (ok, reason, report)
 
     def prepare_set(
         self,

@@ -23,6 +23,7 @@ from agent.fleet.controller.client import ControllerClient
 from agent.fsutil import sha256_file
 from agent.localbroker import Broker
 from agent.protocol.topics import Topics
+from tests.e2e.daemon import unique_results
 from tests.e2e.fleet_rig import (
     ENDS_ONLY_PROBATION,
     Fleet,
@@ -32,7 +33,6 @@ from tests.e2e.fleet_rig import (
     job_statuses,
     operator_settings,
 )
-from tests.e2e.daemon import unique_results
 from tests.fleet.controller_process import ControllerProcess
 from tests.mqtt_probe import Probe
 from tests.waiting import patient, wait_until
@@ -57,11 +57,12 @@ def version_of(tmp_path: Path, version: str) -> Path:
     return path
 
 
-def cli(broker: Broker, capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
-    """``edge-agent fleet ARGS`` as the operator runs it: its exit code and stdout."""
+def cli(broker: Broker, capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    """``edge-agent fleet ARGS`` as the operator runs it: its exit code, stdout and stderr."""
     capsys.readouterr()
     code = main(["fleet", *args, "--broker", f"{broker.host}:{broker.port}"])
-    return code, capsys.readouterr().out
+    printed = capsys.readouterr()
+    return code, printed.out, printed.err
 
 
 def rollout_status(broker: Broker, rollout_id: str) -> dict[str, Any]:
@@ -69,7 +70,9 @@ def rollout_status(broker: Broker, rollout_id: str) -> dict[str, Any]:
         return client.request("status", {"rollout_id": rollout_id})
 
 
-def start(broker: Broker, model: Path, devices: list[str], rollout_id: str, version: str, **fields: Any) -> None:
+def start(
+    broker: Broker, model: Path, devices: list[str], rollout_id: str, version: str, **fields: Any
+) -> None:
     """``fleet rollout start`` through the controller's API, guarded by shadow and probation."""
     body: dict[str, Any] = {
         "rollout_id": rollout_id,
@@ -128,7 +131,7 @@ def test_a_rollback_after_an_abort_with_rollback_never_turns_the_aborted_model_o
         what="r-v4's wave soaking",
     )
     assert serving(files) == "4"
-    code, _out = cli(broker, capsys, "rollout", "abort", "r-v4", "--rollback")
+    code, _out, _err = cli(broker, capsys, "rollout", "abort", "r-v4", "--rollback")
     assert code == 0
     wait_until(
         lambda: (rollout_status(broker, "r-v4").get("rollback") or {}).get("ends") is not None,
@@ -137,7 +140,7 @@ def test_a_rollback_after_an_abort_with_rollback_never_turns_the_aborted_model_o
     )
     assert serving(files) == "3"
 
-    code, out = cli(broker, capsys, "cmd", device_id, "rollback", "--args", '{"slot": "cls"}')
+    code, out, _err = cli(broker, capsys, "cmd", device_id, "rollback", "--args", '{"slot": "cls"}')
     reply = json.loads(out)
     # The way back was a rollback: the device does not take the aborted v4 for its last-known-good.
     assert code == 1, reply
@@ -151,3 +154,61 @@ def test_a_rollback_after_an_abort_with_rollback_never_turns_the_aborted_model_o
     assert "4" in {r.model.version for r in results}  # it did serve v4, and v3 again after it
     way_back = job_statuses(probe, f"r-v4-rollback-{sha256_file(tmp_path / 'shapes-3.onnx')[:8]}", device_id)
     assert [s.state.value for s in way_back if s.state.terminal] == ["ACTIVE"]
+
+
+def test_a_finished_rollout_is_rolled_back_in_waves_every_device_once_across_a_controller_restart(
+    fleet: Fleet,
+    controller: ControllerProcess,
+    broker: Broker,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    names = ["back-0", "back-1"]
+    devices = {name: fleet.start_shapes(name) for name in names}
+    with Probe(broker.host, broker.port) as probe:
+        probe.subscribe("fleet/v1/+/up/#")
+        for name in names:
+            probe.wait_for(count_version("1", Topics("fleet/v1", name).results("cam")), timeout=180)
+        start(broker, version_of(tmp_path, "2"), names, "r-v2", "2")
+        assert wait_state(broker, "r-v2", "DONE", "ABORTED")["state"] == "DONE"
+        start(broker, version_of(tmp_path, "3"), names, "r-v3", "3", waves="1,100%")
+        assert wait_state(broker, "r-v3", "DONE", "ABORTED")["state"] == "DONE"
+        assert {serving(files) for files in devices.values()} == {"3"}
+
+        code, out, _err = cli(broker, capsys, "rollout", "rollback", "r-v3", "--soak", "15s")
+        assert code == 0, out
+        assert "rollout r-v3-rollback: RUNNING" in out
+        assert "rolls back rollout r-v3" in out
+        # Killed while the canary's wave soaks: the restarted controller carries on from its store.
+        wait_until(
+            lambda: rollout_status(broker, "r-v3-rollback")["waves"][0]["state"] == "SOAKING",
+            timeout=patient(120),
+            what="the rollback's first wave soaking",
+        )
+        controller.kill()
+        controller.start()
+        ended = wait_state(broker, "r-v3-rollback", "DONE", "ABORTED")
+        statuses = {name: job_statuses(probe, ended["job_id"], name) for name in names}
+    assert ended["state"] == "DONE", ended
+    assert [w["state"] for w in ended["waves"]] == ["DONE", "DONE"]  # the finished rollout's waves
+    assert ended["devices"] == {"ACTIVE": 2}
+    assert ended["rollback_of"] == "r-v3"
+    assert ended["version"] == "2"
+    assert rollout_status(broker, "r-v3")["rolled_back_by"] == ["r-v3-rollback"]
+    for name, files in devices.items():
+        # Every device ran the way back once: one job, queued once, ended once, on its v2 again.
+        states = [s.state.value for s in statuses[name]]
+        assert states.count("QUEUED") == 1, (name, states)
+        assert {s for s in states if s in ("ACTIVE", "FAILED", "REJECTED", "ROLLED_BACK")} == {"ACTIVE"}
+        assert serving(files) == "2"
+        slot = agent_state(files)["slots"]["cls"]
+        assert slot["active"]["origin"] == "rollback"
+        assert slot["last_known_good"] is None
+    # A second rollback of the same rollout is refused, naming the first.
+    code, _out, err = cli(broker, capsys, "rollout", "rollback", "r-v3")
+    assert code != 0
+    assert "was rolled back already, by r-v3-rollback" in err
+    # And a device's own rollback never goes forward to v3.
+    code, out, _err = cli(broker, capsys, "cmd", names[0], "rollback", "--args", '{"slot": "cls"}')
+    assert json.loads(out)["error_code"] == "no_rollback_target"
+    assert serving(devices[names[0]]) == "2"
