@@ -19,6 +19,7 @@ import pytest
 
 from agent.cli import main
 from agent.datasets.shapes import MODEL_PATH
+from agent.engines.spec import BuildSpec
 from agent.fleet.controller.client import ControllerClient
 from agent.fsutil import sha256_file
 from agent.localbroker import Broker
@@ -30,6 +31,7 @@ from tests.e2e.fleet_rig import (
     agent_state,
     count_version,
     ends_only_shadow,
+    finish,
     job_statuses,
     operator_settings,
 )
@@ -212,3 +214,38 @@ def test_a_finished_rollout_is_rolled_back_in_waves_every_device_once_across_a_c
     code, out, _err = cli(broker, capsys, "cmd", names[0], "rollback", "--args", '{"slot": "cls"}')
     assert json.loads(out)["error_code"] == "no_rollback_target"
     assert serving(devices[names[0]]) == "2"
+
+
+#: Frames the v2 engine calibrates on: at the stream's 30 fps, 15 s, which its rollback spends again.
+CALIBRATION_FRAMES = 450
+
+
+def test_a_rollback_slower_than_the_cli_timeout_is_followed_to_its_end_not_reported_as_no_reply(
+    fleet: Fleet,
+    broker: Broker,
+    probe: Probe,
+    device_id: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The way back to an INT8 engine calibrated on the device's own frames calibrates again (15 s of
+    frames, then the build): past `fleet cmd`'s default 10 s --timeout. The device answers `running`
+    within it and the final reply follows; the CLI waits for it."""
+    files = fleet.start_shapes(device_id)
+    probe.wait_for(count_version("1", Topics("fleet/v1", device_id).results("cam")), timeout=180)
+    calibration = {"kind": "stream", "frames": CALIBRATION_FRAMES}
+    build = BuildSpec.model_validate({"precision": "int8", "device": "cpu", "calibration": calibration})
+    v2 = finish(fleet.deploy(version_of(tmp_path, "2"), [device_id], "2", build=build), timeout=patient(180))
+    assert v2.ok, v2.failures()
+    v3 = finish(fleet.deploy(version_of(tmp_path, "3"), [device_id], "3"), timeout=patient(120))
+    assert v3.ok, v3.failures()
+    assert serving(files) == "3"
+
+    code, out, err = cli(broker, capsys, "cmd", device_id, "rollback", "--args", '{"slot": "cls"}')
+    reply = json.loads(out)
+    assert code == 0, (reply, err)
+    assert reply["ok"] is True
+    assert reply["result"]["model"]["version"] == "2"
+    assert "state" not in reply["result"]  # the final reply, not the `running` one
+    assert f"{device_id}: rollback running on the device; following it to its end" in err
+    assert serving(files) == "2"

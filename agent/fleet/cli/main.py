@@ -149,6 +149,14 @@ def add_fleet_arguments(parser: argparse.ArgumentParser) -> None:
         "--args", default="{}", help='command arguments as a JSON object, e.g. \'{"slot": "cls"}\''
     )
     cmd.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for the reply")
+    cmd.add_argument(
+        "--follow",
+        type=float,
+        default=1800.0,
+        metavar="SECONDS",
+        help="a device that answers state running (a rollback rebuilding its engine) is followed this "
+        "long to its final reply",
+    )
     add_broker_arguments(cmd)
     _add_verbose(cmd)
 

@@ -37,7 +37,7 @@ import structlog
 from agent.errors import AgentError
 from agent.fleet.deploy.plan import DeployPlan, next_sequence
 from agent.fleet.deploy.run import FleetDeploy
-from agent.fleet.devices.command import send_command
+from agent.fleet.devices.command import is_running, send_command
 from agent.fleet.rollout.gate import DeviceEnd
 from agent.fleet.rollout.records import DeviceStep
 from agent.fleet.rollout.spec import RolloutRequest, plan_for, ref_sha256, request_of, way_back
@@ -268,10 +268,19 @@ class Rollback:
 
     def _send_rollback(self, device: str) -> None:
         try:
+            # Followed briefly: the controller's loop must not wait out a device's engine rebuild.
             reply = send_command(
-                self.settings, device, "rollback", {"slot": self.request.slot}, timeout=_COMMAND_TIMEOUT_S
+                self.settings,
+                device,
+                "rollback",
+                {"slot": self.request.slot},
+                timeout=_COMMAND_TIMEOUT_S,
+                follow_s=_COMMAND_TIMEOUT_S,
             )
-            end = "ROLLED_BACK" if reply.ok else f"refused: {reply.error_code}"
+            if is_running(reply):
+                end = "ROLLING_BACK: still running on the device (its up/info shows the model it ends on)"
+            else:
+                end = "ROLLED_BACK" if reply.ok else f"refused: {reply.error_code}"
         except AgentError as exc:
             end = f"no reply: {exc.code}"
         self._note("rollback_command_reply", device=device, end=end)
