@@ -161,7 +161,10 @@ class DeliveryService:
     def register_command(self, name: str, handler: CommandHandler, args: None = None) -> None: ...
 
     def register_command(
-        self, name: str, handler: Callable[[Any], dict[str, Any]], args: type[BaseModel] | None = None
+        self,
+        name: str,
+        handler: Callable[[Any], dict[str, Any] | Followed],
+        args: type[BaseModel] | None = None,
     ) -> None:
         """Add a command (e.g. ``calibrate``) on ``down/cmd/{name}``; ``args``: its arguments' model."""
         self.commands.register(name, handler, args)

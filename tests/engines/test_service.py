@@ -10,7 +10,7 @@ import numpy.typing as npt
 from agent.camera.preprocess_spec import PreprocessSpec
 from agent.datasets.shapes import generate
 from agent.engines.builder import EngineBuilder
-from agent.engines.service import EngineService
+from agent.engines.service import EngineService, FrameSource
 from agent.engines.settings import EngineConfig
 from agent.engines.spec import BuildSpec
 from agent.platform import detect_platform
@@ -36,7 +36,7 @@ class SlotFrames:
         return list(images)
 
 
-def _service(tmp_path: Path, frames: SlotFrames) -> EngineService:
+def _service(tmp_path: Path, frames: FrameSource) -> EngineService:
     config = EngineConfig(int8_agreement=0.9, guard_frames=48)
     return EngineService(EngineBuilder(tmp_path, config, detect_platform()), config, frames)
 

@@ -194,8 +194,8 @@ def run_cmd(args: argparse.Namespace) -> int:
             args.name,
             command_args,
             timeout=args.timeout,
-            follow_s=args.follow,
-            on_running=_say_running(args.follow),
+            follow_s=args.running_timeout,
+            on_running=_say_running(args.running_timeout),
         ).values()
         if isinstance(answer, Unanswered):
             hint = (
@@ -218,8 +218,8 @@ def run_cmd(args: argparse.Namespace) -> int:
         args.name,
         command_args,
         timeout=args.timeout,
-        follow_s=args.follow,
-        on_running=_say_running(args.follow),
+        follow_s=args.running_timeout,
+        on_running=_say_running(args.running_timeout),
     )
     print(json.dumps({device: answer_json(answer) for device, answer in answers.items()}, indent=2))
     finished = (not isinstance(a, Unanswered) and a.ok and not is_running(a) for a in answers.values())
@@ -232,7 +232,7 @@ def _say_running(follow_s: float) -> Callable[[str, CommandReply], None]:
     def say(device: str, reply: CommandReply) -> None:
         print(
             f"{shown(device, 64)}: {shown(reply.command, 32)} running on the device; following it to its "
-            f"end (up to {follow_s:.0f} s, --follow; Ctrl-C stops waiting, not the device's work)",
+            f"end (up to {follow_s:.0f} s, --running-timeout; Ctrl-C stops waiting, not the device's work)",
             file=sys.stderr,
             flush=True,
         )

@@ -150,12 +150,12 @@ def add_fleet_arguments(parser: argparse.ArgumentParser) -> None:
     )
     cmd.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for the reply")
     cmd.add_argument(
-        "--follow",
+        "--running-timeout",
         type=float,
         default=1800.0,
         metavar="SECONDS",
-        help="a device that answers state running (a rollback rebuilding its engine) is followed this "
-        "long to its final reply",
+        help="longest wait for the final reply of a device that answered state running (a rollback "
+        "rebuilding its engine)",
     )
     add_broker_arguments(cmd)
     _add_verbose(cmd)
