@@ -25,6 +25,7 @@ from agent.fleet.rollout.records import DeviceStep, RolloutState
 from agent.fleet.rollout.rollback import deployed_requests
 from agent.fleet.rollout.spec import ROLLOUT_ID, RolloutRequest, ref_sha256, request_of
 from agent.fleet.rollout.store import RolloutStore
+from agent.fleet.rollout.store_file import RolloutNotFoundError
 
 #: The event on the finished rollout naming the rollouts that roll it back.
 ROLLED_BACK_BY = "rolled_back_by"
@@ -99,6 +100,8 @@ def plan_finished_rollback(
         ident = base_id if len(groups) == 1 else f"{base_id}-{sha[:8]}"
         if not ROLLOUT_ID.match(ident):
             raise ValueError(f"rollback: {ident!r} is not a rollout id (pattern {ROLLOUT_ID.pattern})")
+        if _exists(store, ident):  # checked for all before any is stored: none or every one starts
+            raise WrongStateError(f"rollout {ident} exists already; name the rollback otherwise (--id)")
         fields = {name: options.get(name, getattr(finished, name)) for name in WAVE_FIELDS}
         previous = known[sha].model_dump(mode="json")
         previous.update(
@@ -114,6 +117,14 @@ def plan_finished_rollback(
         )
         plan.requests.append(RolloutRequest.model_validate(previous))
     return plan
+
+
+def _exists(store: RolloutStore, rollout_id: str) -> bool:
+    try:
+        store.rollout(rollout_id)
+    except RolloutNotFoundError:
+        return False
+    return True
 
 
 def _nobody(plan: FinishedRollback) -> str:
