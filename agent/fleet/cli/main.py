@@ -25,6 +25,7 @@ from agent.fleet.cli.deploy import add_manifest_arguments, run_deploy
 from agent.fleet.cli.rollout import add_controller_arguments, run_controller_command, run_rollout
 from agent.fleet.controller.config import DEFAULT_STATE_DIR
 from agent.fleet.deploy.run import DEFAULT_STATUS_POLL_S
+from agent.fleet.devices.command import FOLLOW_S
 from agent.logs import configure_logging
 
 #: ``fleet status --telemetry-wait`` default: the agent's default telemetry interval (10 s) and a margin.
@@ -152,7 +153,7 @@ def add_fleet_arguments(parser: argparse.ArgumentParser) -> None:
     cmd.add_argument(
         "--running-timeout",
         type=float,
-        default=1800.0,
+        default=FOLLOW_S,
         metavar="SECONDS",
         help="longest wait for the final reply of a device that answered state running (a rollback "
         "rebuilding its engine)",

@@ -12,7 +12,9 @@ retained ``up/status`` says offline is answered ``offline`` at once rather than 
 A device whose work goes on past its reply window (a ``rollback`` that rebuilds an engine) answers
 ``ok: true`` with ``state: running`` first and its final reply, same correlation data, when the work
 ends: ``timeout`` is the wait for a first answer, and a ``running`` one is followed for up to
-``follow_s`` more (:data:`FOLLOW_S` by default) before it is taken as the answer.
+``follow_s`` more before it is taken as the answer. Only a caller that asks for it follows (``fleet
+cmd``, :data:`FOLLOW_S` by default; the controller briefly): a device that answers ``running`` to
+any other command cannot hold the caller that long.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ from agent.protocol.messages import (
 )
 from agent.protocol.topics import Topics, fleet_filter
 
-#: How long a command the device answered ``state: running`` is followed to its final reply.
+#: How long ``fleet cmd`` follows a command the device answered ``state: running`` to its final reply.
 FOLLOW_S = 1800.0
 
 
@@ -106,7 +108,7 @@ class PendingReplies:
         with self._cond:
             self._waiting.pop(correlation, None)
 
-    def wait(self, correlation: bytes, timeout: float, follow_s: float = FOLLOW_S) -> CommandReply | None:
+    def wait(self, correlation: bytes, timeout: float, follow_s: float = 0.0) -> CommandReply | None:
         """Wait up to ``timeout`` seconds for the reply; None if it did not come. A ``running`` answer
         in time is followed up to ``follow_s`` more seconds for the final reply, else returned."""
         with self._cond:
@@ -137,7 +139,7 @@ def send_command(
     args: dict[str, Any] | None = None,
     *,
     timeout: float = 10.0,
-    follow_s: float = FOLLOW_S,
+    follow_s: float = 0.0,
 ) -> CommandReply:
     """Send command ``name`` to ``device`` and return its reply; NoReplyError after ``timeout``. A
     ``running`` answer is followed up to ``follow_s`` seconds for the final reply (else returned).
@@ -287,7 +289,7 @@ class FanOut:
                 self.offline.discard(device)  # back online: its reply is awaited again
             self._cond.notify_all()
 
-    def wait(self, timeout: float, follow_s: float = FOLLOW_S) -> bool:
+    def wait(self, timeout: float, follow_s: float = 0.0) -> bool:
         """Wait until every device replied or is offline; False when ``timeout`` ran out first. Devices
         that answered ``running`` in time are followed up to ``follow_s`` more for their final reply."""
         with self._cond:
@@ -347,7 +349,7 @@ def ask_devices(
     args: dict[str, Any] | None = None,
     *,
     timeout: float = 10.0,
-    follow_s: float = FOLLOW_S,
+    follow_s: float = 0.0,
     on_running: Callable[[str, CommandReply], None] | None = None,
 ) -> dict[str, CommandReply | Unanswered]:
     """Send command ``name`` to every one of ``devices`` at once; each one's answer, by device id
