@@ -142,8 +142,12 @@ def record_rollback(state: AgentState, slot: str, record: ModelRecord) -> AgentS
     until another model is activated (a deployment, a config change). A second rollback is refused
     instead of swapping back to the newer model.
     """
+    current = state.slot(slot)
+    if current.active is not None and same_model(current.active, record):
+        # A way back to the model the slot serves already (it never ran the newer one) leaves nothing.
+        return record_activation(state, slot, record)
     slots = dict(state.slots)
-    slots[slot] = state.slot(slot).model_copy(update={"active": record, "last_known_good": None})
+    slots[slot] = current.model_copy(update={"active": record, "last_known_good": None})
     return state.model_copy(update={"slots": slots})
 
 

@@ -103,6 +103,14 @@ def test_a_rollback_leaves_no_target_so_a_second_one_cannot_swap_forward() -> No
     assert onward.slot("cls").last_known_good == _record("a")
 
 
+def test_a_way_back_to_the_model_the_slot_serves_already_keeps_its_rollback_target() -> None:
+    """A rollout's way back reaches a device that never ran the newer model: nothing was left."""
+    state = record_activation(AgentState(), "cls", _record("a"))
+    state = record_activation(state, "cls", _record("b"))
+    again = record_rollback(state, "cls", _record("b", "1").model_copy(update={"origin": "rollback"}))
+    assert again.slot("cls").last_known_good == _record("a")
+
+
 def test_slots_are_independent() -> None:
     state = record_activation(AgentState(), "cls", _record("a"))
     state = record_activation(state, "det", _record("d"))

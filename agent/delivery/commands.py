@@ -11,6 +11,7 @@ from __future__ import annotations
 import queue
 import threading
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, TypeVar, overload
 
@@ -26,8 +27,10 @@ from agent.protocol.topics import Topics, check_level
 
 log = structlog.get_logger(__name__)
 
-#: ``handler(args) -> result``; raises an AgentError (its ``code`` is the reply's error_code).
-CommandHandler = Callable[[dict[str, Any]], dict[str, Any]]
+#: ``handler(args) -> result`` (or :class:`Followed` for work that goes on); raises an AgentError
+#: (its ``code`` is the reply's error_code).
+CommandHandler = Callable[[dict[str, Any]], "dict[str, Any] | Followed"]
+
 ArgsT = TypeVar("ArgsT", bound=BaseModel)
 
 _QUEUE_SIZE = 32
@@ -48,8 +51,18 @@ class NoSuchSlotError(AgentError):
 
 
 @dataclass(frozen=True)
+class Followed:
+    """A handler's answer for work that goes on (a rollback that rebuilds an engine): ``interim`` is
+    replied at once, ``ok: true`` with ``state: running``; the final reply, with the same correlation
+    data, once ``done`` resolves (its result, or its error as any handler's)."""
+
+    interim: dict[str, Any]
+    done: Future[dict[str, Any]]
+
+
+@dataclass(frozen=True)
 class _Command:
-    handler: Callable[[Any], dict[str, Any]]
+    handler: Callable[[Any], dict[str, Any] | Followed]
     args: type[BaseModel] | None
     quiet: bool = False
 
@@ -71,7 +84,7 @@ class CommandRouter:
     def register(
         self,
         name: str,
-        handler: Callable[[ArgsT], dict[str, Any]],
+        handler: Callable[[ArgsT], dict[str, Any] | Followed],
         args: type[ArgsT],
         *,
         quiet: bool = False,
@@ -84,7 +97,7 @@ class CommandRouter:
     def register(
         self,
         name: str,
-        handler: Callable[[Any], dict[str, Any]],
+        handler: Callable[[Any], dict[str, Any] | Followed],
         args: type[BaseModel] | None = None,
         *,
         quiet: bool = False,
@@ -185,14 +198,41 @@ class CommandRouter:
                 )
                 return
         try:
-            reply = CommandReply(command=name, ok=True, result=command.handler(args))
-        except AgentError as exc:
-            reply = CommandReply(command=name, ok=False, error_code=exc.code, error=str(exc))
-        except Exception as exc:
-            log.exception("delivery.command.failed", command=name)
-            reply = CommandReply(command=name, ok=False, error_code="internal_error", error=repr(exc))
+            result = command.handler(args)
+        except Exception as exc:  # noqa: BLE001 (answered: internal_error, logged with its traceback)
+            self._answer(message, name, None, exc, quiet=command.quiet)
+            return
+        if isinstance(result, Followed):
+            interim = CommandReply(command=name, ok=True, result={**result.interim, "state": "running"})
+            log.info("delivery.command.running", command=name)
+            self._reply(message, interim)
+            # The final reply from the thread that ends the work (or at once, when it has ended).
+            result.done.add_done_callback(
+                lambda done: self._answer(message, name, *_outcome(done), quiet=command.quiet)
+            )
+            return
+        self._answer(message, name, result, None, quiet=command.quiet)
+
+    def _answer(
+        self,
+        message: InboundMessage,
+        name: str,
+        result: dict[str, Any] | None,
+        error: BaseException | None,
+        *,
+        quiet: bool,
+    ) -> None:
+        """The reply to a handler's ``result``, or to the ``error`` it raised (``quiet``: a served
+        call is not logged)."""
+        if error is None:
+            reply = CommandReply(command=name, ok=True, result=result)
+        elif isinstance(error, AgentError):
+            reply = CommandReply(command=name, ok=False, error_code=error.code, error=str(error))
+        else:
+            log.error("delivery.command.failed", command=name, error=repr(error), exc_info=error)
+            reply = CommandReply(command=name, ok=False, error_code="internal_error", error=repr(error))
         self._count("served" if reply.ok else "failed")
-        if not (reply.ok and command.quiet):
+        if not (reply.ok and quiet):
             log.info("delivery.command", command=name, ok=reply.ok, error_code=reply.error_code)
         self._reply(message, reply)
 
@@ -224,6 +264,11 @@ class CommandRouter:
                 # Too large (a huge status): say so instead of staying silent.
                 short = CommandReply(command=reply.command, ok=False, error_code=exc.code, error=str(exc))
                 self.link.publish(topic, short, qos=1, properties=props)
+
+
+def _outcome(done: Future[dict[str, Any]]) -> tuple[dict[str, Any] | None, BaseException | None]:
+    error = done.exception()
+    return (None, error) if error is not None else (done.result(), None)
 
 
 def bad_args_text(command: str, model: type[BaseModel], exc: ValidationError) -> str:

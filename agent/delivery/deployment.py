@@ -400,6 +400,7 @@ class Deployment:
             ),
             on_fallback=self._fell_back,
             share_engines=bool(m.share_engines),
+            rollback=bool(m.rollback),
         )
         self._step_started = started
         try:

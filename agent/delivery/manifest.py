@@ -193,6 +193,13 @@ class DeployManifest(StrictModel):
         description="Ask the controller for the engine on a cache miss, and offer a build that ran to ACTIVE "
         "through shadow and probation; absent or false: neither.",
     )
+    # Absent by default (older agents refuse unknown keys), as for ``share_engines``.
+    rollback: bool | None = Field(
+        None,
+        description="This desired state moves the slot back to a model it served before (a rollout's "
+        "rollback): the model it replaces is recorded as rolled back from, never a rollback target; "
+        "no shadow or probation (the way back is neither compared with nor returned to that model).",
+    )
 
     @field_validator("job_id")
     @classmethod
@@ -220,6 +227,15 @@ class DeployManifest(StrictModel):
     @model_validator(mode="after")
     def _chunk_count(self) -> DeployManifest:
         check_chunk_count(self.size, self.chunk_size, self.chunks)
+        return self
+
+    @model_validator(mode="after")
+    def _rollback_unguarded(self) -> DeployManifest:
+        if self.rollback and (self.shadow is not None or (self.probation_s or 0.0) > 0.0):
+            raise ValueError(
+                "rollback: a way back has no shadow and no probation (either would judge it against, "
+                "or swap back to, the model being rolled back from); leave both out"
+            )
         return self
 
     @model_validator(mode="after")
@@ -303,6 +319,7 @@ def build_manifest(
     probation: ProbationSpec | None = None,
     artifacts: Sequence[ManifestArtifact] = (),
     share_engines: bool | None = None,
+    rollback: bool | None = None,
 ) -> DeployManifest:
     """Read ``model_path`` once and describe it: size, SHA-256, per-chunk SHA-256.
 
@@ -329,6 +346,7 @@ def build_manifest(
         probation_s=probation_s,
         probation=probation,
         share_engines=share_engines or None,
+        rollback=rollback or None,
     )
 
 

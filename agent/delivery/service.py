@@ -26,7 +26,7 @@ from typing import Any, overload
 import structlog
 from pydantic import BaseModel
 
-from agent.delivery.commands import ArgsT, CommandHandler, CommandRouter
+from agent.delivery.commands import ArgsT, CommandHandler, CommandRouter, Followed
 from agent.delivery.deployment import Deployment
 from agent.delivery.desired_intake import DesiredIntake
 from agent.delivery.errors import DiskFullError, ReplayError
@@ -81,7 +81,7 @@ class DeliveryService:
         fetch: FetchFn,
         activate: ActivateFn,
         status: Callable[[], dict[str, Any]],
-        rollback: Callable[[str], dict[str, Any]],
+        rollback: Callable[[str], dict[str, Any] | Followed],
         slot_specs: SlotSpecsFn,
         build: BuildFn = no_build,
         protect: Callable[[], set[str]] | None = None,
@@ -170,7 +170,7 @@ class DeliveryService:
     def register_command(
         self,
         name: str,
-        handler: Callable[[Any], dict[str, Any]],
+        handler: Callable[[Any], dict[str, Any] | Followed],
         args: type[BaseModel] | None = None,
         *,
         quiet: bool = False,

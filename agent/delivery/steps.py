@@ -160,6 +160,8 @@ class ActivationRequest:
     on_fallback: Callable[[dict[str, Any]], None] | None = None
     #: The manifest lets the device offer the engine it built to the fleet once it is ACTIVE.
     share_engines: bool = False
+    #: The manifest moves the slot back (``rollback``): recorded as a rollback, leaving no target.
+    rollback: bool = False
 
 
 #: ``activate(request)``; raises :class:`agent.errors.EngineError` when the candidate fails to load or

@@ -28,6 +28,7 @@ from agent.engines.calibration_store import CalibrationKey, CalibrationStore, co
 from agent.engines.engine_devices import engine_devices, placement_candidates
 from agent.engines.fleet_cache import dropped_from_fleet
 from agent.engines.guard import agreement, check_int8
+from agent.engines.guard_memo import GuardMemo, Verdict
 from agent.engines.int8 import quantize_int8
 from agent.engines.model_facts import model_facts
 from agent.engines.placement_choice import (
@@ -66,6 +67,8 @@ class EngineService:
         self.config = config
         self.frames = frames
         self.calibrations = CalibrationStore(builder.state_dir)
+        #: The INT8 guard's verdicts by engine file, beside the cache: a rollback does not check again.
+        self.guard_memo = GuardMemo(builder.cache.root)
         self._lock = threading.Lock()
 
     def prepare(
@@ -189,25 +192,18 @@ class EngineService:
         """``artifact``, or its FP16 rebuild when it is INT8 and fails the accuracy guard."""
         if artifact.plan.precision != "int8":
             return PreparedEngine(artifact, effective)
-        try:
-            ok, reason, report = self._guard(slot, model, artifact, preprocess)
-            failed: Exception | None = None if ok else EngineError(f"INT8 accuracy guard here: {reason}")
-            stage: DropStage = "agreement"
-        except EngineError as exc:  # it does not load
-            failed, stage = exc, "load"
-        if failed is not None and dropped_from_fleet(self.builder, artifact, failed, stage=stage):
-            # A fleet engine that fails here is dropped (and withdrawn) and built here, calibrated on
-            # this device's own frames: the builder's calibration may not fit this camera's scene.
-            calibration = self._stream_calibration(slot, spec, preprocess, say)
-            artifact = self.builder.build(
-                model, spec, calibration=calibration, preprocess=preprocess, progress=say, cancel=cancel
+        known = self.guard_memo.known(artifact.key, artifact.engine_path, self.config.int8_agreement)
+        if known is not None:
+            # Checked on this device before (a rollback, a restart): its verdict, not a second check.
+            ok, reason, report = known
+            say(f"int8 guard (known for this engine, not run again): {reason}")
+        else:
+            artifact, effective, (ok, reason, report) = self._check_int8(
+                slot, model, spec, artifact, effective, preprocess=preprocess, say=say, cancel=cancel
             )
-            effective = {**artifact.effective, "fleet_engine_failed": str(failed)[:300]}
-            ok, reason, report = self._guard(slot, model, artifact, preprocess)
-        elif failed is not None and stage == "load":
-            raise failed
+            self.guard_memo.remember(artifact.key, artifact.engine_path, (ok, reason, report))
+            say(f"int8 guard: {reason}")
         effective["int8_guard"] = {"passed": ok, "reason": reason, **(report or {})}
-        say(f"int8 guard: {reason}")
         if ok:
             return PreparedEngine(artifact, effective)
         log.warning("engine.int8.rejected", slot=slot, reason=reason)
@@ -229,6 +225,39 @@ class EngineService:
             "fallback_reason": reason,
         }
         return PreparedEngine(artifact, effective)
+
+    def _check_int8(
+        self,
+        slot: str,
+        model: Path,
+        spec: BuildSpec | None,
+        artifact: EngineArtifact,
+        effective: dict[str, Any],
+        *,
+        preprocess: PreprocessSpec,
+        say: Progress,
+        cancel: threading.Event | None,
+    ) -> tuple[EngineArtifact, dict[str, Any], Verdict]:
+        """The guard run on ``artifact`` (or on its local rebuild when it was a fleet engine that
+        failed here): the engine checked, its effective report, and the verdict."""
+        try:
+            ok, reason, report = self._guard(slot, model, artifact, preprocess)
+            failed: Exception | None = None if ok else EngineError(f"INT8 accuracy guard here: {reason}")
+            stage: DropStage = "agreement"
+        except EngineError as exc:  # it does not load
+            failed, stage = exc, "load"
+        if failed is not None and dropped_from_fleet(self.builder, artifact, failed, stage=stage):
+            # A fleet engine that fails here is dropped (and withdrawn) and built here, calibrated on
+            # this device's own frames: the builder's calibration may not fit this camera's scene.
+            calibration = self._stream_calibration(slot, spec, preprocess, say)
+            artifact = self.builder.build(
+                model, spec, calibration=calibration, preprocess=preprocess, progress=say, cancel=cancel
+            )
+            effective = {**artifact.effective, "fleet_engine_failed": str(failed)[:300]}
+            ok, reason, report = self._guard(slot, model, artifact, preprocess)
+        elif failed is not None and stage == "load":
+            raise failed
+        return artifact, effective, (ok, reason, report)
 
     def prepare_set(
         self,

@@ -163,7 +163,8 @@ class SlotDeployments:
         guarded = request.guard is not None and (request.shadow is not None or request.probation_s > 0)
         # An empty slot has nothing to compare with and nothing to fall back to: no shadow, no probation.
         if not guarded or not guarded_ok:
-            self._owner.activate(request.slot, source, origin="delivery")
+            # A way back (manifest ``rollback``) is recorded as a rollback: what it leaves is no target.
+            self._owner.activate(request.slot, source, origin="rollback" if request.rollback else "delivery")
             return
         with self._owner.lock(request.slot):
             activate_guarded(self._guarded_slot(request.slot), request, source)

@@ -28,6 +28,7 @@ import structlog
 
 from agent.camera.preprocess_spec import PreprocessSpec
 from agent.config import SlotConfig
+from agent.delivery.commands import Followed
 from agent.delivery.steps import ActivationRequest, BuildOutcome, JobReporter
 from agent.engines.service import EngineService
 from agent.engines.spec import BuildSpec
@@ -236,7 +237,7 @@ class SlotModels:
         """A deployment's engine into its slot (:meth:`SlotDeployments.activate_delivered`)."""
         self.deployments.activate_delivered(request)
 
-    def rollback(self, slot: str) -> dict[str, Any]:
+    def rollback(self, slot: str) -> dict[str, Any] | Followed:
         """``rollback`` command (:meth:`SlotRollback.rollback`)."""
         return self.rollbacks.rollback(slot)
 

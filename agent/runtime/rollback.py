@@ -4,17 +4,26 @@ During a probation the last-known-good model is still loaded, and the probation 
 otherwise the model recorded in state.json as last-known-good is activated again (and recorded,
 or nothing changes).
 
+The way back runs on a thread of its own: one that is not over within :data:`REPLY_WITHIN_S` (an
+engine rebuilt, a swap in flight to wait for) is answered ``state: running`` at once and its end
+follows as the command's final reply, so an operator's ``--timeout`` never reads a rollback under
+way as no reply. A second ``rollback`` of the slot meanwhile follows the same one.
+
 One job (the way back), through the slot's owner (:class:`~agent.runtime.slot_owner.SlotOwner`)
 and its lock.
 """
 
 from __future__ import annotations
 
+import threading
+import time
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
 import structlog
 
+from agent.delivery.commands import Followed
 from agent.errors import AgentError, DiskFullError
 from agent.runtime.guarded import GuardRun
 from agent.runtime.model_sources import build_of, from_record, model_source
@@ -26,6 +35,9 @@ log = structlog.get_logger(__name__)
 
 #: How long a ``rollback`` during probation waits for the swap back and the rejected model's last result.
 ROLLBACK_WAIT_S = 15.0
+#: How long the ``rollback`` command waits for the way back before it answers ``state: running``
+#: (well within the operator's default 10 s ``--timeout``).
+REPLY_WITHIN_S = 5.0
 
 
 class NoRollbackTargetError(AgentError):
@@ -37,17 +49,56 @@ class NoRollbackTargetError(AgentError):
 class SlotRollback:
     """Rolls a slot back: the probation's swap back, or the last-known-good model of state.json."""
 
-    def __init__(self, owner: SlotOwner, guard_runs: dict[str, GuardRun]) -> None:
+    def __init__(
+        self, owner: SlotOwner, guard_runs: dict[str, GuardRun], *, reply_within_s: float = REPLY_WITHIN_S
+    ) -> None:
         self._owner = owner
         #: The shadow or probation running (or last run) per slot, as deployments publish them.
         self._guard_runs = guard_runs
+        self._reply_within_s = reply_within_s
+        self._lock = threading.Lock()
+        #: Per slot, the way back under way (or last run) and what its ``running`` answer says.
+        self._running: dict[str, tuple[Future[dict[str, Any]], dict[str, Any]]] = {}
 
-    def rollback(self, slot: str) -> dict[str, Any]:
-        """``rollback`` command: make the slot's last-known-good model active again.
+    def rollback(self, slot: str) -> dict[str, Any] | Followed:
+        """``rollback`` command: make the slot's last-known-good model active again; its result, or
+        :class:`Followed` when it is not over within the reply window (the final reply follows).
 
         During a probation the last-known-good model is still loaded: the probation ends at once,
         swapping back to it (the job ends ROLLED_BACK operator_rollback)."""
         self._owner.check_slot(slot)
+        with self._lock:
+            running = self._running.get(slot)
+            if running is None or running[0].done():
+                target = self._owner.state.slot(slot).last_known_good
+                interim: dict[str, Any] = {
+                    "slot": slot,
+                    "since": time.time(),
+                    "to": None
+                    if target is None
+                    else {"model_id": target.model_id, "version": target.version},
+                }
+                running = (Future(), interim)
+                self._running[slot] = running
+                threading.Thread(
+                    target=self._run, args=(slot, running[0]), name=f"rollback-{slot}", daemon=True
+                ).start()
+        done, interim = running
+        try:
+            return done.result(timeout=self._reply_within_s)
+        except TimeoutError:
+            log.info("slot.rollback.running", slot=slot, reply_within_s=self._reply_within_s)
+            return Followed(interim, done)
+
+    def _run(self, slot: str, done: Future[dict[str, Any]]) -> None:
+        if not done.set_running_or_notify_cancel():
+            return
+        try:
+            done.set_result(self._roll_back(slot))
+        except BaseException as exc:  # noqa: BLE001 (the command's final reply carries it)
+            done.set_exception(exc)
+
+    def _roll_back(self, slot: str) -> dict[str, Any]:
         run = self._guard_runs.get(slot)
         if isinstance(run, ProbationRun) and run.end_by_operator(ROLLBACK_WAIT_S):
             current = self._owner.slots[slot].current

@@ -199,3 +199,15 @@ def test_a_null_inside_shadow_or_probation_reaches_the_device_as_null(tmp_path: 
     assert parsed.shadow.min_agreement is None
     assert parsed.probation is not None
     assert parsed.probation.max_class_shift is None
+
+
+def test_a_way_back_carries_no_shadow_and_no_probation(model: Path) -> None:
+    """A manifest marked ``rollback`` that asked for either would judge the way back against, or swap
+    back to, the model being left: refused with the reason."""
+    from agent.delivery.guard import ShadowSpec
+
+    assert _manifest(model, rollback=True).rollback is True
+    with pytest.raises(ValueError, match="rollback: a way back has no shadow and no probation"):
+        _manifest(model, rollback=True, probation_s=30.0)
+    with pytest.raises(ValueError, match="rollback: a way back has no shadow and no probation"):
+        _manifest(model, rollback=True, shadow=ShadowSpec())

@@ -11,7 +11,7 @@ from agent.camera.preprocess_spec import PreprocessSpec
 from agent.datasets.shapes import generate
 from agent.engines.build_progress import frames_of
 from agent.engines.builder import EngineBuilder
-from agent.engines.service import EngineService
+from agent.engines.service import EngineService, FrameSource
 from agent.engines.settings import EngineConfig
 from agent.engines.spec import BuildSpec
 from agent.platform import detect_platform
@@ -41,7 +41,7 @@ class SlotFrames:
         return list(images)
 
 
-def _service(tmp_path: Path, frames: SlotFrames) -> EngineService:
+def _service(tmp_path: Path, frames: FrameSource) -> EngineService:
     config = EngineConfig(int8_agreement=0.9, guard_frames=48)
     return EngineService(EngineBuilder(tmp_path, config, detect_platform()), config, frames)
 
@@ -100,3 +100,42 @@ def test_no_devices_prepares_one_engine(tmp_path: Path) -> None:
     prepared = service.prepare_set("cls", MODEL, BuildSpec(device="cpu"), PreprocessSpec(width=64, height=64))
     assert len(prepared) == 1
     assert "engine_device" not in prepared[0].effective
+
+
+class SteadyFrames:
+    """A slot whose calibration frames are the same at every build (as a calibration file is), and
+    whose guard frames are counted: a second check of one engine shows as a second guard call."""
+
+    def __init__(self, calibration: npt.NDArray[np.uint8], guard_frames: int) -> None:
+        self.calibration = calibration
+        self.guard_frames = guard_frames
+        self.guard_calls = 0
+
+    def __call__(self, slot: str, n: int) -> list[npt.NDArray[np.uint8]]:
+        if n == self.guard_frames:
+            self.guard_calls += 1
+            images, _ = generate(n, seed=4242, size=64)
+            return list(images)
+        return list(self.calibration[:n])
+
+
+def test_an_int8_engine_checked_once_is_not_checked_again_its_verdict_kept_across_a_restart(
+    tmp_path: Path,
+) -> None:
+    """A rollback to a model whose INT8 engine the guard rejected takes the known verdict and the
+    FP16 engine at once: the check ran for seconds (13 s on a Jetson) past a command's timeout."""
+    frames = SteadyFrames(np.zeros((32, 64, 64, 3), np.uint8), guard_frames=48)
+    preprocess = PreprocessSpec(width=64, height=64)
+    first = _service(tmp_path, frames).prepare("cls", MODEL, SPEC, preprocess)
+    assert frames.guard_calls == 1
+    assert first.effective["int8_guard"]["passed"] is False
+    again = _service(tmp_path, frames).prepare("cls", MODEL, SPEC, preprocess)  # a new process: a restart
+    assert frames.guard_calls == 1
+    assert again.artifact.key == first.artifact.key  # the same FP16 engine, from the cache
+    assert again.effective["int8_guard"] == first.effective["int8_guard"]
+    assert again.effective["fallback_reason"] == first.effective["fallback_reason"]
+    # Another bar (engines.int8_agreement changed) judges the kept figures again, without a check.
+    strict = EngineConfig(int8_agreement=0.0, guard_frames=48)
+    relaxed = EngineService(EngineBuilder(tmp_path, strict, detect_platform()), strict, frames)
+    assert relaxed.prepare("cls", MODEL, SPEC, preprocess).effective["int8_guard"]["passed"] is True
+    assert frames.guard_calls == 1

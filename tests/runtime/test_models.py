@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from agent.config import SlotConfig
+from agent.delivery.commands import Followed
 from agent.delivery.steps import ActivationRequest
 from agent.engines.builder import EngineBuilder
 from agent.engines.service import EngineService
@@ -20,6 +21,7 @@ from agent.modelzoo import write_classifier
 from agent.platform import detect_platform
 from agent.runtime.model_sources import model_source
 from agent.runtime.models import SlotModels
+from agent.runtime.rollback import NoRollbackTargetError, SlotRollback
 from agent.runtime.slot import ModelSlot
 from agent.state import AgentState, ModelRecord, StateFile, record_activation
 from agent.telemetry import Metrics
@@ -122,6 +124,7 @@ def test_the_same_bytes_deployed_as_a_new_version_can_be_rolled_back_to_the_old_
 
     reply = models.rollback("cls")
 
+    assert isinstance(reply, dict)  # over within the reply window: the result itself
     assert reply["model"]["version"] == "1"
     current = slot.current
     assert current is not None
@@ -205,7 +208,7 @@ def test_a_rollback_sent_while_a_config_swap_records_its_model_waits_and_rolls_b
     assert current is not None
     assert current.ref.version == "2"  # v2 serves, state.json does not say so yet
 
-    replies: list[dict[str, Any]] = []
+    replies: list[dict[str, Any] | Followed] = []
     rollback = threading.Thread(target=lambda: replies.append(models.rollback("cls")))
     rollback.start()
     rollback.join(0.5)
@@ -213,7 +216,7 @@ def test_a_rollback_sent_while_a_config_swap_records_its_model_waits_and_rolls_b
     state_file.release.set()
     rollback.join(20)
 
-    assert [r["model"]["version"] for r in replies] == ["1"]
+    assert [r["model"]["version"] for r in replies if isinstance(r, dict)] == ["1"]
     saved = state_file.load().slot("cls")
     assert saved.active is not None
     assert (saved.active.version, saved.active.origin) == ("1", "rollback")
@@ -247,3 +250,32 @@ def test_the_calibration_an_active_or_last_known_good_engine_was_built_with_is_p
     protected = models.protected_models()
 
     assert protected == {sha256_file(v1), calibrations["active"], calibrations["good"]}
+
+
+def test_a_rollback_past_its_reply_window_answers_running_and_a_second_one_follows_the_same(
+    tmp_path: Path,
+) -> None:
+    """A rollback still under way when its reply is due (here: its record waits on the disk) answers
+    ``running``; a retry meanwhile follows the same way back instead of answering that the slot was
+    already rolled back, and both learn its one end."""
+    v1 = write_classifier(tmp_path / "v1.onnx", input_size=32, num_classes=4, seed=1)
+    v2 = write_classifier(tmp_path / "v2.onnx", input_size=32, num_classes=4, seed=2)
+    state_file = _HeldStateFile(tmp_path / "state" / "state.json")
+    models = _slot_models(tmp_path, _config(v1), state_file)
+    models.rollbacks = SlotRollback(models.owner, models.deployments.guard_runs, reply_within_s=0.2)
+    models.load_initial("cls", _config(v1))
+    models.activate_delivered(_request(v2, "2"))
+    state_file.hold.set()
+
+    first = models.rollback("cls")
+    assert state_file.holding.wait(20), "the rollback never came to record its model"
+    again = models.rollback("cls")
+    assert isinstance(first, Followed)
+    assert isinstance(again, Followed)
+    assert first.interim["to"] == {"model_id": "cls", "version": "1"}
+    assert again.done is first.done  # the same way back, not a second one
+    state_file.release.set()
+    assert first.done.result(timeout=20)["model"]["version"] == "1"
+    # Over now: the next one is refused, never forward to v2.
+    with pytest.raises(NoRollbackTargetError, match="already rolled back to cls 1"):
+        models.rollback("cls")

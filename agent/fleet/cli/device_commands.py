@@ -12,10 +12,13 @@ import argparse
 import json
 import sys
 import threading
+from collections.abc import Callable
 
 from agent.errors import AgentError, UsageError
+from agent.fleet.base.untrusted import shown
 from agent.fleet.cli.args import chosen_targets, json_arg
 from agent.fleet.cli.connection import settings_from_args
+from agent.protocol.messages import CommandReply
 from agent.protocol.topics import DEFAULT_PREFIX
 
 #: ``fleet status`` exit code when the prefix holds no device at all (a wrong --prefix or --broker).
@@ -175,7 +178,14 @@ def run_watch(args: argparse.Namespace) -> int:
 
 def run_cmd(args: argparse.Namespace) -> int:
     """``fleet cmd``: a command to one device or many, the replies printed as JSON."""
-    from agent.fleet.devices.command import OFFLINE, NoReplyError, Unanswered, answer_json, ask_devices
+    from agent.fleet.devices.command import (
+        OFFLINE,
+        NoReplyError,
+        Unanswered,
+        answer_json,
+        ask_devices,
+        is_running,
+    )
 
     command_args = json_arg(args.args, "--args")
     if not isinstance(command_args, dict):
@@ -184,7 +194,13 @@ def run_cmd(args: argparse.Namespace) -> int:
     if args.device is not None and args.select is None and not args.device_list and not args.dry_run:
         # One device named the old way: its reply alone, as before selectors existed.
         [answer] = ask_devices(
-            settings, [args.device], args.name, command_args, timeout=args.timeout
+            settings,
+            [args.device],
+            args.name,
+            command_args,
+            timeout=args.timeout,
+            follow_s=args.running_timeout,
+            on_running=_say_running(args.running_timeout),
         ).values()
         if isinstance(answer, Unanswered):
             hint = (
@@ -196,11 +212,34 @@ def run_cmd(args: argparse.Namespace) -> int:
         # Device text: json.dumps escapes control characters (ensure_ascii), and pydantic's JSON mode
         # writes NaN and the infinities as null (tests/fleet/base/test_hostile_devices.py checks both).
         print(json.dumps(answer_json(answer), indent=2))
-        return 0 if answer.ok else 1
+        return 0 if answer.ok and not is_running(answer) else 1
     # stdout is the replies' JSON alone (`fleet cmd ... > out.json`): the selection goes to stderr.
     targets = chosen_targets(args, ([args.device] if args.device else []) + args.device_list, out=sys.stderr)
     if targets is None:
         return 0
-    answers = ask_devices(settings, targets.devices, args.name, command_args, timeout=args.timeout)
+    answers = ask_devices(
+        settings,
+        targets.devices,
+        args.name,
+        command_args,
+        timeout=args.timeout,
+        follow_s=args.running_timeout,
+        on_running=_say_running(args.running_timeout),
+    )
     print(json.dumps({device: answer_json(answer) for device, answer in answers.items()}, indent=2))
-    return 0 if all(not isinstance(a, Unanswered) and a.ok for a in answers.values()) else 1
+    finished = (not isinstance(a, Unanswered) and a.ok and not is_running(a) for a in answers.values())
+    return 0 if all(finished) else 1
+
+
+def _say_running(follow_s: float) -> Callable[[str, CommandReply], None]:
+    """A line on stderr for each device that answered ``state: running``: what is followed, how long."""
+
+    def say(device: str, reply: CommandReply) -> None:
+        print(
+            f"{shown(device, 64)}: {shown(reply.command, 32)} running on the device; following it to its "
+            f"end (up to {follow_s:.0f} s, --running-timeout; Ctrl-C stops waiting, not the device's work)",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    return say

@@ -25,6 +25,7 @@ from agent.fleet.cli.deploy import add_manifest_arguments, run_deploy
 from agent.fleet.cli.rollout import add_controller_arguments, run_controller_command, run_rollout
 from agent.fleet.controller.config import DEFAULT_STATE_DIR
 from agent.fleet.deploy.run import DEFAULT_STATUS_POLL_S
+from agent.fleet.devices.command import FOLLOW_S
 from agent.logs import configure_logging
 
 #: ``fleet status --telemetry-wait`` default: the agent's default telemetry interval (10 s) and a margin.
@@ -149,6 +150,14 @@ def add_fleet_arguments(parser: argparse.ArgumentParser) -> None:
         "--args", default="{}", help='command arguments as a JSON object, e.g. \'{"slot": "cls"}\''
     )
     cmd.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for the reply")
+    cmd.add_argument(
+        "--running-timeout",
+        type=float,
+        default=FOLLOW_S,
+        metavar="SECONDS",
+        help="longest wait for the final reply of a device that answered state running (a rollback "
+        "rebuilding its engine)",
+    )
     add_broker_arguments(cmd)
     _add_verbose(cmd)
 

@@ -140,6 +140,46 @@ def add_controller_arguments(sub: Any) -> None:
     abort.add_argument("--json", action="store_true", help="print the controller's answer as JSON")
     _common(abort)
 
+    back = verbs.add_parser(
+        "rollback",
+        help="roll back a finished (DONE) rollout: new rollouts, in waves with the gate, move each of its "
+        "devices back to the model it served before",
+    )
+    back.add_argument("rollout_id", metavar="ID", help="the finished rollout's id")
+    back.add_argument(
+        "--waves", default=None, help="where each wave ends, cumulative (default: the finished rollout's)"
+    )
+    back.add_argument(
+        "--soak",
+        default=None,
+        metavar="DURATION",
+        help="wait after each wave (default: the finished rollout's)",
+    )
+    back.add_argument(
+        "--max-failed",
+        default=None,
+        metavar="N|P%",
+        help="bad devices allowed so far (default: the finished rollout's)",
+    )
+    back.add_argument(
+        "--wave-timeout",
+        default=None,
+        metavar="DURATION",
+        help="how long a wave may take (default: the finished rollout's)",
+    )
+    back.add_argument(
+        "--on-timeout",
+        choices=("skip", "wait"),
+        default=None,
+        help="offline devices at a wave's timeout (default: the finished rollout's)",
+    )
+    back.add_argument(
+        "--id", dest="new_id", default=None, help="the rollback's rollout id (default: ID-rollback)"
+    )
+    back.add_argument("--wait", action="store_true", help="follow the rollback until it ends")
+    back.add_argument("--json", action="store_true", help="print the controller's answer as JSON")
+    _common(back)
+
 
 def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
@@ -167,6 +207,8 @@ def run_rollout(args: argparse.Namespace) -> int:
     verb = args.rollout_command
     if verb == "start":
         return _start(args)
+    if verb == "rollback":
+        return _roll_back(args)
     with ControllerClient(settings_from_args(args), timeout=args.timeout) as client:
         if verb == "list":
             result = client.request("list", {"limit": args.limit})
@@ -252,6 +294,51 @@ def _start(args: argparse.Namespace) -> int:
         if args.wait:
             return _status(client, status["rollout_id"], as_json=args.json, watch=True)
         return 0
+
+
+def _roll_back(args: argparse.Namespace) -> int:
+    from agent.fleet.controller.client import ControllerClient
+
+    body: dict[str, Any] = {"rollout_id": args.rollout_id}
+    if args.waves is not None:
+        parse_waves(args.waves)  # each flag's mistake named before anything is sent
+        body["waves"] = args.waves
+    if args.soak is not None:
+        body["soak_s"] = parse_duration(args.soak, "--soak")
+    if args.max_failed is not None:
+        parse_max_failed(args.max_failed)
+        body["max_failed"] = args.max_failed
+    if args.wave_timeout is not None:
+        body["wave_timeout_s"] = parse_duration(args.wave_timeout, "--wave-timeout")
+        if not body["wave_timeout_s"] > 0:
+            raise UsageError("--wave-timeout must be above 0")
+    if args.on_timeout is not None:
+        body["on_timeout"] = args.on_timeout
+    if args.new_id is not None:
+        body["new_id"] = args.new_id
+    with ControllerClient(settings_from_args(args), timeout=args.timeout) as client:
+        answer = client.request("rollback", body)
+        out = sys.stderr if args.json else sys.stdout
+        for devices, why in (
+            (answer["no_previous"], "had no model in the slot before: nothing to go back to"),
+            (
+                answer["unknown_previous"],
+                "ran a model no rollout of this controller deployed: `fleet cmd DEVICE rollback` puts "
+                "back its last-known-good model",
+            ),
+        ):
+            if devices:
+                print(f"rollback: {len(devices)} device(s) not moved ({', '.join(devices)}): {why}", file=out)
+        if args.json and not args.wait:
+            print(json.dumps(answer, indent=2, sort_keys=True))
+            return 0
+        code = 0
+        for status in answer["rollbacks"]:
+            _print_status(status, as_json=args.json, lines=args.wait)
+        if args.wait:
+            for status in answer["rollbacks"]:
+                code = max(code, _status(client, status["rollout_id"], as_json=args.json, watch=True))
+        return code
 
 
 def _status(client: Any, rollout_id: str | None, *, as_json: bool, watch: bool) -> int:

@@ -48,6 +48,7 @@ from agent.fleet.devices.evidence import evidence_json, fetch_evidence
 from agent.fleet.devices.snapshot import snapshot_json, take_snapshot
 from agent.fleet.engines.hooks import engine_desk_for, engines_listing, job_facts_in, share_engines_of
 from agent.fleet.rollout.actions import WrongStateError, action_refusal
+from agent.fleet.rollout.finished_rollback import ROLLED_BACK_BY, plan_finished_rollback
 from agent.fleet.rollout.records import RolloutState
 from agent.fleet.rollout.report import rollout_status
 from agent.fleet.rollout.runner import RolloutRunner
@@ -362,6 +363,10 @@ class FleetController:
             return self.resume(rollout_id)
         if verb == "abort":
             return self.abort(rollout_id, rollback=bool(args.get("rollback", False)))
+        if verb == "rollback":
+            options = {k: v for k, v in args.items() if k not in ("rollout_id", "new_id")}
+            new_id = args.get("new_id")
+            return self.roll_back(rollout_id, options, new_id=None if new_id is None else str(new_id))
         raise ControllerError(f"unknown verb {verb}")
 
     def status(self, rollout_id: str) -> dict[str, Any]:
@@ -424,6 +429,32 @@ class FleetController:
         if rollout_id not in self.runners:
             self.runners[rollout_id] = self._runner(rollout_id)
         return self.status(rollout_id)
+
+    def roll_back(
+        self, rollout_id: str, options: dict[str, Any], *, new_id: str | None = None
+    ) -> dict[str, Any]:
+        """Roll back the finished rollout ``rollout_id``: new rollouts, in waves with the gate, take
+        its devices back to the model each served before (:mod:`agent.fleet.rollout.finished_rollback`).
+
+        Every new rollout is planned (its model checked, the fleet's up/info read) before the first
+        is stored; the finished rollout then notes them, so a second rollback of it is refused."""
+        assert self.store is not None
+        found = plan_finished_rollback(self.store, rollout_id, options, new_id)
+        stored = [
+            stored_rollout(request, self.model_path, self.settings, self.config.select_wait_s)
+            for request in found.requests
+        ]
+        for plan in stored:
+            self.store.create(plan)
+            self.runners[plan.rollout_id] = self._runner(plan.rollout_id)
+        self.store.note(rollout_id, ROLLED_BACK_BY, **found.note())
+        log.info("fleet.controller.rollback_started", rollout=rollout_id, rollouts=found.note()["rollouts"])
+        return {
+            "rollout_id": rollout_id,
+            "rollbacks": [self.status(plan.rollout_id) for plan in stored],
+            "no_previous": found.no_previous,
+            "unknown_previous": found.unknown_previous,
+        }
 
     def _allow(self, verb: str, rollout_id: str) -> None:
         """RolloutNotFoundError for an unknown id, WrongStateError (the operator's words) for a move

@@ -64,6 +64,7 @@ def plan_manifest(plan: DeployPlan, job_id: str, sequence: int) -> DeployManifes
             probation_s=plan.probation_s,
             probation=plan.probation,
             share_engines=plan.share_engines,
+            rollback=plan.rollback,
         )
     except ValidationError as exc:
         problems = [

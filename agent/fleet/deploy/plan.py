@@ -85,6 +85,8 @@ class DeployPlan:
     calib_http_url: str | None = None
     #: Devices ask the controller for the engine and offer theirs (docs/engines.md); None: they do not.
     share_engines: bool | None = None
+    #: A way back to a model the devices served before (manifest ``rollback``): no shadow, no probation.
+    rollback: bool = False
 
 
 #: The name ``fleet deploy --calib-cache`` gives the calibration artifact (build.calibration.artifact).

@@ -10,13 +10,20 @@ together: the whole command takes at most one ``timeout``, however many devices.
 retained ``up/status`` says offline is answered ``offline`` at once rather than waited for; so is
 one device asked alone (:func:`send_command`, :class:`DeviceSession`: ``fleet snapshot``, ``logs``,
 ``evidence``).
+
+A device whose work goes on past its reply window (a ``rollback`` that rebuilds an engine) answers
+``ok: true`` with ``state: running`` first and its final reply, same correlation data, when the work
+ends: ``timeout`` is the wait for a first answer, and a ``running`` one is followed for up to
+``follow_s`` more before it is taken as the answer. Only a caller that asks for it follows (``fleet
+cmd``, :data:`FOLLOW_S` by default; the controller briefly): a device that answers ``running`` to
+any other command cannot hold the caller that long.
 """
 
 from __future__ import annotations
 
 import threading
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,6 +42,14 @@ from agent.protocol.messages import (
 )
 from agent.protocol.topics import Topics, fleet_filter
 
+#: How long ``fleet cmd`` follows a command the device answered ``state: running`` to its final reply.
+FOLLOW_S = 1800.0
+
+
+def is_running(reply: CommandReply) -> bool:
+    """Whether ``reply`` is a device's interim answer (its final reply follows)."""
+    return reply.ok and isinstance(reply.result, dict) and reply.result.get("state") == "running"
+
 
 class NoReplyError(TransportError):
     """A command got no reply in time (device offline, or the broker refused the request)."""
@@ -48,6 +63,8 @@ class PendingReplies:
     def __init__(self) -> None:
         self._cond = threading.Condition()
         self._waiting: dict[bytes, CommandReply | None] = {}
+        #: The ``running`` answers of requests whose final reply is still awaited.
+        self._interim: dict[bytes, CommandReply] = {}
         #: Replies that arrived for a request nobody waits for (another operator's, or late).
         self.unmatched = 0
 
@@ -72,7 +89,11 @@ class PendingReplies:
             reply = CommandReply(command=name, ok=False, error_code=exc.code, error=str(exc))
         with self._cond:
             if correlation in self._waiting:
-                self._waiting[correlation] = reply
+                if is_running(reply):
+                    if self._waiting[correlation] is None:
+                        self._interim[correlation] = reply
+                else:
+                    self._waiting[correlation] = reply
                 self._cond.notify_all()
         return True
 
@@ -89,14 +110,31 @@ class PendingReplies:
         with self._cond:
             self._waiting.pop(correlation, None)
 
-    def wait(self, correlation: bytes, timeout: float) -> CommandReply | None:
-        """Wait up to ``timeout`` seconds for the reply; None if it did not come."""
+    def _given_up(self) -> bool:
+        """Whether a wait ends now whatever has arrived (called under the lock)."""
+        return False
+
+    def wait(self, correlation: bytes, timeout: float, follow_s: float = 0.0) -> CommandReply | None:
+        """Wait up to ``timeout`` seconds for the reply; None if it did not come. A ``running`` answer
+        in time is followed up to ``follow_s`` more seconds for the final reply, else returned."""
         with self._cond:
-            self._cond.wait_for(lambda: self._waiting.get(correlation) is not None, timeout)
+            self._cond.wait_for(
+                lambda: (
+                    self._given_up()
+                    or self._waiting.get(correlation) is not None
+                    or correlation in self._interim
+                ),
+                timeout,
+            )
+            if self._waiting.get(correlation) is None and correlation in self._interim:
+                self._cond.wait_for(
+                    lambda: self._given_up() or self._waiting.get(correlation) is not None, follow_s
+                )
+            interim = self._interim.pop(correlation, None)
         reply = self.take(correlation)
         if reply is None:
             self.forget(correlation)
-        return reply
+        return reply or interim
 
 
 #: ``error_code`` of a device answered by its retained ``up/status`` saying offline.
@@ -138,13 +176,8 @@ class DeviceReplies(PendingReplies):
             self._cond.notify_all()
         return False
 
-    def wait(self, correlation: bytes, timeout: float) -> CommandReply | None:
-        with self._cond:
-            self._cond.wait_for(lambda: self.offline or self._waiting.get(correlation) is not None, timeout)
-        reply = self.take(correlation)
-        if reply is None:
-            self.forget(correlation)
-        return reply
+    def _given_up(self) -> bool:
+        return self.offline
 
 
 def _awaited(client: ServiceClient, topics: Topics, name: str, timeout: float) -> None:
@@ -178,8 +211,10 @@ def send_command(
     args: dict[str, Any] | None = None,
     *,
     timeout: float = 10.0,
+    follow_s: float = 0.0,
 ) -> CommandReply:
-    """Send command ``name`` to ``device`` and return its reply; NoReplyError after ``timeout``.
+    """Send command ``name`` to ``device`` and return its reply; NoReplyError after ``timeout``. A
+    ``running`` answer is followed up to ``follow_s`` seconds for the final reply (else returned).
 
     Commands are not retained: a device that is offline gets it when it reconnects only if its
     broker session still exists. A device whose retained ``up/status`` says offline is not waited
@@ -193,7 +228,7 @@ def send_command(
         _awaited(client, topics, name, timeout)
         correlation = pending.expect()
         publish_command(client, topics, name, dict(args or {}), correlation)
-        reply = pending.wait(correlation, timeout)
+        reply = pending.wait(correlation, timeout, follow_s)
     finally:
         client.stop()
     if reply is None:
@@ -252,14 +287,23 @@ class FanOut:
     (on its own reply topic), or its retained ``up/status`` saying offline (then it is not waited
     for; a reply still counts)."""
 
-    def __init__(self, prefix: str, devices: Sequence[str], name: str) -> None:
+    def __init__(
+        self,
+        prefix: str,
+        devices: Sequence[str],
+        name: str,
+        on_running: Callable[[str, CommandReply], None] | None = None,
+    ) -> None:
         self.devices = tuple(dict.fromkeys(devices))
+        self._on_running = on_running
         self.name = name
         self.topics = {device: Topics(prefix, device) for device in self.devices}
         self._status_of = {topics.status: device for device, topics in self.topics.items()}
         self._cond = threading.Condition()
         self._by_correlation: dict[bytes, str] = {}
         self.replies: dict[str, CommandReply] = {}
+        #: ``running`` answers of devices whose final reply is still awaited.
+        self.interim: dict[str, CommandReply] = {}
         self.offline: set[str] = set()
         #: Messages that answered nothing of ours (another operator's replies, other devices' status).
         self.unmatched = 0
@@ -288,8 +332,14 @@ class FanOut:
             name = message.topic.rsplit("/", 1)[-1]
             reply = CommandReply(command=name, ok=False, error_code=exc.code, error=str(exc))
         with self._cond:
-            self.replies.setdefault(device, reply)
+            first = is_running(reply) and device not in self.interim
+            if is_running(reply):
+                self.interim.setdefault(device, reply)
+            else:
+                self.replies.setdefault(device, reply)
             self._cond.notify_all()
+        if first and self._on_running is not None:
+            self._on_running(device, reply)
 
     def _status(self, device: str, payload: bytes) -> None:
         try:
@@ -303,19 +353,28 @@ class FanOut:
                 self.offline.discard(device)  # back online: its reply is awaited again
             self._cond.notify_all()
 
-    def wait(self, timeout: float) -> bool:
-        """Wait until every device replied or is offline; False when ``timeout`` ran out first."""
+    def wait(self, timeout: float, follow_s: float = 0.0) -> bool:
+        """Wait until every device replied or is offline; False when ``timeout`` ran out first. Devices
+        that answered ``running`` in time are followed up to ``follow_s`` more for their final reply."""
         with self._cond:
+            answered = self._cond.wait_for(lambda: all(self._heard(d) for d in self.devices), timeout)
+            running = [d for d in self.interim if d not in self.replies]
+            if not running:
+                return answered
             return self._cond.wait_for(
-                lambda: all(d in self.replies or d in self.offline for d in self.devices), timeout
+                lambda: all(d in self.replies or d in self.offline for d in running), follow_s
             )
+
+    def _heard(self, device: str) -> bool:
+        """Answered (finally or ``running``) or offline; called with the condition held."""
+        return device in self.replies or device in self.interim or device in self.offline
 
     def answers(self, timeout: float) -> dict[str, CommandReply | Unanswered]:
         """Each device's answer: its reply, else :class:`Unanswered` (``offline``, ``no_reply``)."""
         out: dict[str, CommandReply | Unanswered] = {}
         with self._cond:
             for device in self.devices:
-                reply = self.replies.get(device)
+                reply = self.replies.get(device) or self.interim.get(device)
                 if reply is not None:
                     out[device] = reply
                 elif device in self.offline:
@@ -350,14 +409,18 @@ def ask_devices(
     args: dict[str, Any] | None = None,
     *,
     timeout: float = 10.0,
+    follow_s: float = 0.0,
+    on_running: Callable[[str, CommandReply], None] | None = None,
 ) -> dict[str, CommandReply | Unanswered]:
-    """Send command ``name`` to every one of ``devices`` at once; each one's answer, by device id.
+    """Send command ``name`` to every one of ``devices`` at once; each one's answer, by device id
+    (a ``running`` one followed up to ``follow_s`` seconds for its final reply; ``on_running`` is
+    told of each such answer as it arrives).
 
     The status and reply subscriptions come first (a retained offline status arrives right after
     its SUBACK), then every request is published, then the replies are awaited together for at most
     ``timeout`` seconds: a device that does not answer costs the others nothing.
     """
-    fan = FanOut(settings.prefix, devices, name)
+    fan = FanOut(settings.prefix, devices, name, on_running)
     client = ServiceClient(settings, handler=fan.offer)
     client.start(timeout=min(timeout, 10.0))
     try:
@@ -365,7 +428,7 @@ def ask_devices(
         client.subscribe(fleet_filter(settings.prefix, "cmd"), qos=1, timeout=timeout)
         for device in fan.devices:
             publish_command(client, fan.topics[device], name, dict(args or {}), fan.expect(device))
-        fan.wait(timeout)
+        fan.wait(timeout, follow_s)
     finally:
         client.stop()
     return fan.answers(timeout)

@@ -68,12 +68,24 @@ def rollout_status(store: RolloutStore, rollout_id: str, builds: Builds | None =
         ),
         "sends": {"devices": len(devices), "resent": sum(1 for d in devices if d.sends > 1)},
         "rollback": rollback_outcome(store, rollout_id),
+        "rollback_of": request.get("rollback_of"),
+        "rolled_back_by": rolled_back_by(store, rollout_id),
         "problem_devices": problems,
         "problem_devices_left_off": left_off,
         "building": building,
         "building_left_off": building_left_off,
         "precision": precision_summary(devices, requested_precision(request)),
     }
+
+
+def rolled_back_by(store: RolloutStore, rollout_id: str) -> list[str]:
+    """The rollouts that roll back the finished rollout ``rollout_id`` (``fleet rollout rollback``)."""
+    return [
+        str(r)
+        for what, detail in store.events(rollout_id)
+        if what == "rolled_back_by"
+        for r in detail["rollouts"]
+    ]
 
 
 def rollback_outcome(store: RolloutStore, rollout_id: str) -> dict[str, Any] | None:
@@ -144,6 +156,12 @@ def status_lines(status: dict[str, Any], now: float | None = None) -> list[str]:
     ]
     if status["reason"]:
         lines.append(f"  {status['reason']}")
+    if status.get("rollback_of"):
+        lines.append(
+            f"  rolls back rollout {status['rollback_of']}: each device to the model it served before"
+        )
+    if status.get("rolled_back_by"):
+        lines.append(f"  rolled back by {', '.join(status['rolled_back_by'])}")
     for wave in status["waves"]:
         counts = ", ".join(f"{k} {v}" for k, v in wave["ends"].items())
         lines.append(

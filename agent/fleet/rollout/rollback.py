@@ -37,10 +37,10 @@ import structlog
 from agent.errors import AgentError
 from agent.fleet.deploy.plan import DeployPlan, next_sequence
 from agent.fleet.deploy.run import FleetDeploy
-from agent.fleet.devices.command import send_command
+from agent.fleet.devices.command import is_running, send_command
 from agent.fleet.rollout.gate import DeviceEnd
 from agent.fleet.rollout.records import DeviceStep
-from agent.fleet.rollout.spec import RolloutRequest, plan_for, ref_sha256, request_of
+from agent.fleet.rollout.spec import RolloutRequest, plan_for, ref_sha256, request_of, way_back
 from agent.fleet.rollout.store import RolloutStore
 from agent.mqtt.settings import MqttSettings
 from agent.protocol.messages import JobState
@@ -52,6 +52,16 @@ log = structlog.get_logger(__name__)
 MAY_RUN_NEW = frozenset({DeviceEnd.ACTIVE, DeviceEnd.PENDING, DeviceEnd.TIMED_OUT, DeviceEnd.SKIPPED})
 #: Seconds to wait for one device's reply to the ``rollback`` command.
 _COMMAND_TIMEOUT_S = 10.0
+
+
+def deployed_requests(store: RolloutStore, slot: str) -> dict[str, RolloutRequest]:
+    """By model SHA-256: the request of the newest rollout of this store that deployed it on ``slot``."""
+    found: dict[str, RolloutRequest] = {}
+    for row in reversed(store.rollouts(limit=10_000)):  # oldest first: the newest wins
+        sha = row.spec.get("request", {}).get("model_sha256")
+        if row.slot == slot and sha:
+            found[str(sha)] = request_of(row.spec)
+    return found
 
 
 class Rollback:
@@ -200,11 +210,7 @@ class Rollback:
     def _previous_request(self, sha256: str) -> RolloutRequest | None:
         """The request of the (newest) rollout that deployed ``sha256`` on this slot, read once."""
         if self._previous is None:
-            self._previous = {}
-            for row in reversed(self.store.rollouts(limit=10_000)):  # oldest first: the newest wins
-                sha = row.spec.get("request", {}).get("model_sha256")
-                if row.slot == self.request.slot and sha:
-                    self._previous[str(sha)] = request_of(row.spec)
+            self._previous = deployed_requests(self.store, self.request.slot)
         return self._previous.get(sha256)
 
     def _log(self) -> list[tuple[str, dict[str, Any]]]:
@@ -222,8 +228,8 @@ class Rollback:
     def _publish(self, detail: Mapping[str, Any]) -> FleetDeploy:
         previous = self._previous_request(str(detail["sha256"]))
         assert previous is not None  # planned only for known models
-        plan = self._plan_for(
-            previous, tuple(detail["devices"]), str(detail["job_id"]), int(detail["sequence"])
+        plan = way_back(
+            self._plan_for(previous, tuple(detail["devices"]), str(detail["job_id"]), int(detail["sequence"]))
         )
         deploy = FleetDeploy(self.settings, plan, signing_key=self._key, key_id=self._key_id, **self._options)
         deploy.start()
@@ -262,10 +268,19 @@ class Rollback:
 
     def _send_rollback(self, device: str) -> None:
         try:
+            # Followed briefly: the controller's loop must not wait out a device's engine rebuild.
             reply = send_command(
-                self.settings, device, "rollback", {"slot": self.request.slot}, timeout=_COMMAND_TIMEOUT_S
+                self.settings,
+                device,
+                "rollback",
+                {"slot": self.request.slot},
+                timeout=_COMMAND_TIMEOUT_S,
+                follow_s=_COMMAND_TIMEOUT_S,
             )
-            end = "ROLLED_BACK" if reply.ok else f"refused: {reply.error_code}"
+            if is_running(reply):
+                end = "ROLLING_BACK: still running on the device (its up/info shows the model it ends on)"
+            else:
+                end = "ROLLED_BACK" if reply.ok else f"refused: {reply.error_code}"
         except AgentError as exc:
             end = f"no reply: {exc.code}"
         self._note("rollback_command_reply", device=device, end=end)

@@ -9,6 +9,7 @@ sequence, every device's previous model) is fixed when the rollout is created an
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Mapping
 from pathlib import Path
@@ -66,6 +67,18 @@ class RolloutRequest(StrictModel):
     #: Whether the gate counts a device that runs another precision than ``build.precision`` asked
     #: (an INT8 engine its accuracy guard refused) as unhealthy: ``allow`` only reports it.
     precision_fallback: Literal["allow", "fail"] = "allow"
+    #: The rollout whose devices this one takes back to the model each served before it
+    #: (``fleet rollout rollback``): its manifests are ways back, with no shadow and no probation.
+    rollback_of: str | None = Field(None, pattern=ROLLOUT_ID.pattern)
+
+    @model_validator(mode="after")
+    def _way_back_unguarded(self) -> RolloutRequest:
+        if self.rollback_of is not None and (self.shadow is not None or self.probation_s is not None):
+            raise ValueError(
+                f"a rollback of rollout {self.rollback_of} has no shadow and no probation: either would "
+                "judge the way back against, or swap back to, the model being rolled back from"
+            )
+        return self
 
     @model_validator(mode="after")
     def _calibration_needs_int8(self) -> RolloutRequest:
@@ -146,7 +159,7 @@ def plan_for(
     calib_http_url: str | None = None,
 ) -> DeployPlan:
     """The FleetDeploy plan that publishes ``request``'s desired state to ``devices``."""
-    return DeployPlan(
+    plan = DeployPlan(
         model=model,
         devices=devices,
         slot=request.slot,
@@ -166,3 +179,11 @@ def plan_for(
         calib_http_url=calib_http_url,
         share_engines=request.share_engines,
     )
+    return way_back(plan) if request.rollback_of is not None else plan
+
+
+def way_back(plan: DeployPlan) -> DeployPlan:
+    """``plan`` as a way back to a model its devices served before: the manifest says ``rollback``
+    (the device records the model it leaves as rolled back from, never a rollback target), without
+    shadow or probation, which would judge the way back against that model or swap back to it."""
+    return dataclasses.replace(plan, rollback=True, shadow=None, probation_s=None, probation=None)

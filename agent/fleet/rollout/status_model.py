@@ -113,6 +113,8 @@ class RolloutStatus(StrictModel):
     devices: dict[str, int]
     sends: SendCounts
     rollback: RollbackStatus | None
+    rollback_of: str | None = Field(description="The rollout this one takes back (`fleet rollout rollback`).")
+    rolled_back_by: list[str] = Field(description="The rollouts that take this one back; [] when none.")
     problem_devices: list[ProblemDevice] = Field(description="At most 50, in wave order.")
     problem_devices_left_off: int
     building: list[BuildingDevice] = Field(description="At most 50, in wave order; [] when none builds.")

@@ -195,6 +195,53 @@ def test_a_canary_that_fails_the_gate_aborts_and_rolls_the_canaries_back(
     assert all(len(jobs[n]) == 3 for n in names[:2]), jobs  # base, the bad one, the rollback
 
 
+def test_a_finished_rollout_is_rolled_back_in_waves_one_rollout_per_previous_model(
+    tmp_path: Path, broker: Broker, prefix: str, keys: KeyPairFiles, controller: Running
+) -> None:
+    """``rollback`` of a DONE rollout: its devices back to the model each ran before it, in waves
+    with the gate; devices that ran two models before get a rollout each; a second one is refused."""
+    from agent.modelzoo import write_classifier
+
+    settings = operator_settings(broker, prefix)
+    names = [f"f{i}" for i in range(4)]
+    v1 = write_classifier(tmp_path / "v1.onnx", input_size=32, num_classes=4, seed=1)
+    v1b = write_classifier(tmp_path / "v1b.onnx", input_size=32, num_classes=4, seed=2)
+    v2 = write_classifier(tmp_path / "v2.onnx", input_size=32, num_classes=4, seed=3)
+    with _fleet(broker, prefix, keys, names) as fleet:
+        _start(settings, v1, _request(v1, names[:2], version="1", rollout_id="base-a"))
+        _start(settings, v1b, _request(v1b, names[2:], version="1b", rollout_id="base-b"))
+        for rollout in ("base-a", "base-b"):
+            assert _wait_state(settings, rollout, "DONE", "ABORTED")["state"] == "DONE"
+        shadow = {"frames": 30, "min_agreement": 0.9}
+        _start(
+            settings, v2, _request(v2, names, version="2", rollout_id="new", waves="1,100%", shadow=shadow)
+        )
+        assert _wait_state(settings, "new", "DONE", "ABORTED")["state"] == "DONE"
+        assert set(fleet.models().values()) == {"2"}
+        with ControllerClient(settings, timeout=20) as client:
+            with pytest.raises(RequestRefusedError, match="rollout base-a has no device to move back"):
+                client.request("rollback", {"rollout_id": "base-a"})  # no rollout deployed their model before
+            answer = client.request("rollback", {"rollout_id": "new", "waves": "1,100%"})
+        ids = [status["rollout_id"] for status in answer["rollbacks"]]
+        assert ids == [f"new-rollback-{sha256_file(v1)[:8]}", f"new-rollback-{sha256_file(v1b)[:8]}"]
+        ended = [_wait_state(settings, rollout, "DONE", "ABORTED") for rollout in ids]
+        models = fleet.models()
+        jobs = fleet.jobs()
+        with (
+            ControllerClient(settings, timeout=20) as client,
+            pytest.raises(RequestRefusedError, match="was rolled back already, by new-rollback-"),
+        ):
+            client.request("rollback", {"rollout_id": "new"})
+        finished = _status(settings, "new")
+    assert [e["state"] for e in ended] == ["DONE", "DONE"]
+    assert [[w["devices"] for w in e["waves"]] for e in ended] == [[1, 1], [1, 1]]  # in waves
+    assert [e["devices"] for e in ended] == [{"ACTIVE": 2}, {"ACTIVE": 2}]
+    assert [e["rollback_of"] for e in ended] == ["new", "new"]
+    assert finished["rolled_back_by"] == ids
+    assert models == {"f0": "1", "f1": "1", "f2": "1b", "f3": "1b"}
+    assert all(len(jobs[n]) == 3 for n in names), jobs  # its base, the new one, the way back: once each
+
+
 def test_pause_holds_the_next_wave_resume_goes_on_and_an_overlap_is_refused(
     tmp_path: Path, broker: Broker, prefix: str, keys: KeyPairFiles, controller: Running
 ) -> None:

@@ -198,3 +198,67 @@ def test_snapshot_logs_and_evidence_to_an_offline_device_say_so_at_once(
     assert list(tmp_path.iterdir()) == []  # nothing written
     # The request still went out (a persistent session delivers it when the device is back).
     probe.wait_for(lambda ms: any(m.topic == Topics(prefix, "jet-off").cmd(argv[0]) for m in ms), timeout=10)
+
+
+def _answer_running_then(
+    probe: Probe, topics: Topics, name: str, release: threading.Event
+) -> threading.Thread:
+    """A device whose work goes on: ``state: running`` at once, the final reply once ``release`` is set."""
+
+    def run() -> None:
+        request = probe.wait_for_count(topics.cmd(name), 1, timeout=10)[0]
+        assert request.response_topic is not None
+        running = CommandReply(command=name, ok=True, result={"slot": "cls", "state": "running"})
+        probe.publish(request.response_topic, encode(running), correlation_data=request.correlation_data)
+        assert release.wait(30)
+        final = CommandReply(command=name, ok=True, result={"slot": "cls", "model": {"version": "1"}})
+        probe.publish(request.response_topic, encode(final), correlation_data=request.correlation_data)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_a_device_that_answers_running_is_followed_to_its_final_reply_past_the_timeout(
+    broker: Broker, probe: Probe
+) -> None:
+    prefix = unique_prefix()
+    topics = Topics(prefix, "jet-1")
+    announce(probe, prefix, "jet-1")
+    probe.subscribe(topics.cmd("rollback"))
+    release = threading.Event()
+    heard: list[str] = []
+    device = _answer_running_then(probe, topics, "rollback", release)
+
+    def running(name: str, reply: CommandReply) -> None:
+        heard.append(name)
+        threading.Timer(1.0, release.set).start()  # the final reply comes after the 0.5 s --timeout
+
+    [answer] = ask_devices(
+        operator_settings(broker, prefix),
+        ["jet-1"],
+        "rollback",
+        {"slot": "cls"},
+        timeout=0.5,
+        follow_s=30,
+        on_running=running,
+    ).values()
+    device.join(5)
+    assert heard == ["jet-1"]
+    assert isinstance(answer, CommandReply)
+    assert answer.result == {"slot": "cls", "model": {"version": "1"}}  # the final reply, not `running`
+
+
+def test_a_running_answer_is_the_answer_for_a_caller_that_does_not_follow(
+    broker: Broker, probe: Probe
+) -> None:
+    """A snapshot or evidence call (the console's) does not wait on a device that says it is running."""
+    prefix = unique_prefix()
+    topics = Topics(prefix, "jet-1")
+    probe.subscribe(topics.cmd("snapshot"))
+    release = threading.Event()
+    device = _answer_running_then(probe, topics, "snapshot", release)
+    reply = send_command(operator_settings(broker, prefix), "jet-1", "snapshot", timeout=10)
+    release.set()
+    device.join(5)
+    assert reply.result == {"slot": "cls", "state": "running"}
