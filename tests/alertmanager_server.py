@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from agent.localbroker import free_port
+from tests.waiting import patient
 
 
 def alertmanager_binary() -> str:
@@ -72,7 +73,7 @@ class Alertmanager:
     def stop(self) -> None:
         if self._process.poll() is None:
             self._process.kill()
-            self._process.wait(10)
+            self._process.wait(patient(10))
         self._log.close()
 
 
@@ -116,4 +117,4 @@ class WebhookReceiver:
     def stop(self) -> None:
         self._server.shutdown()
         self._server.server_close()
-        self._thread.join(5.0)
+        self._thread.join(patient(5.0))

@@ -15,6 +15,8 @@ from typing import Any
 
 import pytest
 
+from tests.waiting import patient
+
 #: Scrape interval of the test server: Prometheus marks a series stale when a scrape lacks it, so
 #: a target's dropped series disappear from instant queries within about one interval.
 SCRAPE_INTERVAL_S = 1
@@ -101,5 +103,5 @@ class Prometheus:
     def stop(self) -> None:
         if self._process.poll() is None:
             self._process.kill()
-            self._process.wait(10)
+            self._process.wait(patient(10))
         self._log.close()

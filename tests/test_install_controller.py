@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from tests.unit_files import analyze_verify, read_unit
+from tests.waiting import patient
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "tools" / "install-controller.sh"
@@ -69,7 +70,7 @@ def install(root: Path, *extra: str) -> str:
         ],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=patient(120),
         check=False,
         env={**os.environ, "PYTHONPATH": str(REPO)},
     )
@@ -113,7 +114,7 @@ def as_user(root: Path, uid: int, gid: int) -> subprocess.CompletedProcess[str]:
         [sys.executable, "-c", AS_SERVICE, str(root), str(uid), str(gid), str(ETC / "controller.yaml")],
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=patient(60),
         check=False,
         env={**os.environ, "PYTHONPATH": str(REPO)},
     )
@@ -202,7 +203,7 @@ def test_a_root_without_accounts_is_one_clear_line(tmp_path: Path) -> None:
         ["bash", str(SCRIPT), "--root", str(tmp_path)],
         capture_output=True,
         text=True,
-        timeout=30,
+        timeout=patient(30),
         check=False,
     )
     assert done.returncode == 1

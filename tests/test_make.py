@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.waiting import patient
+
 REPO = Path(__file__).resolve().parents[1]
 OS_DEPS = REPO / "tools" / "os-deps.sh"
 #: The apt packages only the tests use (their tools: gst-launch-1.0, prometheus, Alertmanager,
@@ -39,7 +41,7 @@ def dry_run(target: str, venv: Path, *extra: str) -> list[str]:
         env=env,
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=patient(60),
         check=True,
     )
     return done.stdout.splitlines()
@@ -85,7 +87,7 @@ def plan(target: str, path: Path) -> subprocess.CompletedProcess[str]:
         ["/bin/bash", str(OS_DEPS), target, "--plan"],
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=patient(60),
         check=False,
         env={"PATH": str(path), "PYTHON": sys.executable},
     )

@@ -24,6 +24,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from agent.localbroker import free_port, mosquitto_binary, port_open
 from agent.mqtt.settings import MqttSettings, TlsSettings
+from tests.waiting import patient
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "protocol.md"
 OPERATOR = "operator"
@@ -243,4 +244,4 @@ class DocBroker:
         """Kill mosquitto (tests need no orderly shutdown)."""
         if self._proc is not None and self._proc.poll() is None:
             self._proc.kill()
-            self._proc.wait(timeout=5)
+            self._proc.wait(timeout=patient(5))

@@ -24,6 +24,7 @@ from agent.runtime.slot import ModelSlot
 from agent.state import AgentState, ModelRecord, StateFile, record_activation
 from agent.telemetry import Metrics
 from tests.small_disk import small_disk
+from tests.waiting import patient
 
 
 def _config(model: Path, version: str = "1") -> SlotConfig:
@@ -89,9 +90,9 @@ def test_a_deployment_waits_for_the_slots_start_up_load_and_then_wins(tmp_path: 
         assert not activated.wait(0.5), "the deployment activated before the slot's start-up load"
         assert models.slots["cls"].current is None
         models.load_initial("cls", config)
-        assert activated.wait(20)
+        assert activated.wait(patient(20))
     finally:
-        deployment.join(20)
+        deployment.join(patient(20))
     current = slot.current
     assert current is not None
     assert current.ref.sha256 == sha256_file(v2)
@@ -186,7 +187,7 @@ class _HeldStateFile(StateFile):
         if self.hold.is_set():
             self.hold.clear()
             self.holding.set()
-            assert self.release.wait(30), "the test never let the save go"
+            assert self.release.wait(patient(30)), "the test never let the save go"
         super().save(state)
 
 
@@ -200,7 +201,7 @@ def test_a_rollback_sent_while_a_config_swap_records_its_model_waits_and_rolls_b
     models.load_initial("cls", _config(v1))
     state_file.hold.set()
     models.start_swap("cls", model_source(_config(v2, "2")), None)
-    assert state_file.holding.wait(20), "the swap never came to record its model"
+    assert state_file.holding.wait(patient(20)), "the swap never came to record its model"
     current = models.slots["cls"].current
     assert current is not None
     assert current.ref.version == "2"  # v2 serves, state.json does not say so yet
@@ -211,7 +212,7 @@ def test_a_rollback_sent_while_a_config_swap_records_its_model_waits_and_rolls_b
     rollback.join(0.5)
     assert rollback.is_alive(), "the rollback answered before the swap it follows was recorded"
     state_file.release.set()
-    rollback.join(20)
+    rollback.join(patient(20))
 
     assert [r["model"]["version"] for r in replies] == ["1"]
     saved = state_file.load().slot("cls")

@@ -16,7 +16,7 @@ from agent.errors import ConfigError
 from agent.telemetry import DeviceStats, Metrics, TelemetryLoop
 from agent.telemetry.prometheus import TelemetryEndpoint
 from agent.telemetry.series import series_of
-from tests.waiting import wait_until
+from tests.waiting import patient, wait_until
 
 
 def scrape(port: int) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
@@ -61,7 +61,7 @@ def test_the_telemetry_loop_s_figures_are_served_as_metrics(tmp_path: Path) -> N
         got = scrape(endpoint.port)
     finally:
         stop.set()
-        loop.join(5)
+        loop.join(patient(5))
         endpoint.stop()
     assert got[("edge_stream_frames_total", frozenset({("stream", "cam0"), ("stage", "published")}))] == 42
     assert (

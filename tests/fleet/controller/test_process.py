@@ -31,7 +31,7 @@ from agent.signing import load_public_key
 from tests.fleet.controller.loop_thread import RunningController
 from tests.fleet.operator_side import operator_settings, tiny_model, unique_prefix
 from tests.fleet.scripted_fleet import ScriptedFleet
-from tests.waiting import wait_until
+from tests.waiting import patient, wait_until
 
 SLOT = "cls"
 
@@ -292,7 +292,7 @@ def test_the_controller_killed_mid_wave_resumes_with_no_device_twice_and_none_sk
             )
             wait_until(lambda: len(fleet.jobs()["k0"]) == 1, timeout=30, what="k0 ran its job")
             child.send_signal(signal.SIGKILL)
-            child.wait(10)
+            child.wait(patient(10))
             fleet.set_online("k1", True)  # it gets the retained desired state while no controller runs
             wait_until(lambda: len(fleet.jobs()["k1"]) == 1, timeout=30, what="k1 ran its job")
             child = spawn()
@@ -300,7 +300,7 @@ def test_the_controller_killed_mid_wave_resumes_with_no_device_twice_and_none_sk
             jobs = fleet.jobs()
     finally:
         child.kill()
-        child.wait(10)
+        child.wait(patient(10))
     assert done["state"] == "DONE"
     assert done["devices"] == {"ACTIVE": 5}
     assert all(len(j) == 1 for j in jobs.values()), jobs
