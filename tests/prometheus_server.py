@@ -72,7 +72,7 @@ class Prometheus:
             stderr=subprocess.STDOUT,
         )
         self.log_path = workdir / "prometheus.log"
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + patient(30)
         while time.monotonic() < deadline:
             if self._process.poll() is not None:
                 raise RuntimeError(f"prometheus exited: {self.log_path.read_text()[-2000:]}")

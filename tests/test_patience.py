@@ -143,6 +143,21 @@ class _Scan(ast.NodeVisitor):
         if (self.path, text) not in ALLOWED:
             self.findings.append(Finding(self.path, call.lineno, text, why, bound))
 
+    def visit_BinOp(self, node: ast.BinOp) -> None:
+        """``time.monotonic() + 30``: a deadline of a wait written out by hand."""
+        self.generic_visit(node)
+        clock = node.left
+        if (
+            isinstance(node.op, ast.Add)
+            and isinstance(clock, ast.Call)
+            and ast.unparse(clock.func) in ("time.monotonic", "monotonic")
+            and self._fixed(node.right)
+        ):
+            text = (ast.get_source_segment(self.source, node) or "").strip()
+            if (self.path, text) not in ALLOWED:
+                why = f"a deadline {ast.unparse(node.right)} s ahead, not stretched"
+                self.findings.append(Finding(self.path, node.lineno, text, why, node.right))
+
     def visit_Call(self, node: ast.Call) -> None:
         self.generic_visit(node)
         func = node.func
@@ -194,7 +209,8 @@ if __name__ == "__main__":
 
 def test_every_wait_of_the_suite_is_under_the_patience_rule() -> None:
     found = findings()
-    assert not found, "raw waits (docs/testing.md, 'Bounds and a loaded machine'):\n" + "\n".join(map(str, found))
+    rule = "raw waits (docs/testing.md, 'Bounds and a loaded machine'):\n"
+    assert not found, rule + "\n".join(map(str, found))
 
 
 def _scan(source: str) -> list[str]:
@@ -220,6 +236,7 @@ def helper(done, proc, page, q):
     subprocess.run(["true"], timeout=30)
     page.wait_for_selector("#x", timeout=SHOWS_MS)
     wait_until(lambda: True, timeout=patient(10))
+    deadline = time.monotonic() + 30
 """
     assert _scan(source) == [
         "self._cond.wait_for(lambda: predicate(self.received), timeout)",
@@ -229,6 +246,7 @@ def helper(done, proc, page, q):
         'subprocess.run(["true"], timeout=30)',
         'page.wait_for_selector("#x", timeout=SHOWS_MS)',
         "wait_until(lambda: True, timeout=patient(10))",
+        "time.monotonic() + 30",
     ]
 
 
@@ -243,5 +261,6 @@ def fine(done, proc, probe, items, deadline, timeout):
     done.wait(timeout)
     probe.wait_for(lambda ms: bool(ms), timeout=10)
     wait_until(lambda: True, timeout=10)
+    deadline = time.monotonic() + patient(30)
 """
     assert _scan(source) == []

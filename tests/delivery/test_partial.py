@@ -360,7 +360,7 @@ def test_a_failed_background_flush_is_raised_to_the_owner_and_records_nothing(
 
 def wait_until_raises(action: Callable[[], object], timeout: float = 5.0) -> None:
     """Call ``action`` until it raises (the exception propagates); fail after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + patient(timeout)
     while time.monotonic() < deadline:
         action()
         time.sleep(0.01)

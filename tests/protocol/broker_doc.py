@@ -188,7 +188,7 @@ class DocBroker:
                 stdout=err,
                 stderr=subprocess.STDOUT,
             )
-        deadline = time.monotonic() + _START_TIMEOUT_S
+        deadline = time.monotonic() + patient(_START_TIMEOUT_S)
         while time.monotonic() < deadline and self._proc.poll() is None:
             if all(port_open(self.host, port) for port in (self.device_port, self.operator_port)):
                 return

@@ -133,7 +133,7 @@ def rig(broker: Broker, tmp_path: Path) -> Iterator[Rig]:
         yield rig
     finally:
         for pipeline in rig.pipelines:
-            pipeline.stop(time.monotonic() + 5.0)
+            pipeline.stop(time.monotonic() + patient(5.0))
             pipeline.slot.close()
         link.stop(timeout=2.0)
         probe.close()
