@@ -53,6 +53,7 @@ POLL_S = 0.5
 #: Raw waits whose bound is not a give-up bound, each with why (file, line text): keep it short.
 ALLOWED: dict[tuple[str, str], str] = {
     ("tests/fleet/metrics/scraped_fleet.py", "self._stop.wait(TELEMETRY_EVERY_S)"): "the fake devices' pace",
+    ("tests/run_processes.py", "self._stopped.wait(SCAN_EVERY_S)"): "the descendants' scan's pace",
     ("tests/fleetsim/test_fleet_convergence.py", "d.wait(timeout=8)"): "a window in which an off device "
     "stays silent while the others go on, not a bound on an event",
 }
