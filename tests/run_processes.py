@@ -90,21 +90,53 @@ def registry_root() -> Path:
     )
 
 
-def _with_descendants(procs: Iterable[Proc]) -> list[Proc]:
-    """``procs`` that still run and every running descendant of theirs."""
+def _children(pid: int) -> list[Proc] | None:
+    """The running children of ``pid`` from its threads' ``children`` files; None where the kernel
+    has none (built without CONFIG_PROC_CHILDREN)."""
+    found: list[Proc] = []
+    try:
+        tasks = list(Path(f"/proc/{pid}/task").iterdir())
+    except OSError:
+        return []
+    for task in tasks:
+        try:
+            listed = (task / "children").read_text().split()
+        except FileNotFoundError:
+            if not (task / "stat").exists():
+                continue  # the thread ended meanwhile
+            return None
+        except OSError:
+            continue
+        found += [proc for proc in map(Proc.of, map(int, listed)) if proc is not None]
+    return found
+
+
+def _all_children() -> dict[int, list[Proc]]:
+    """Every running process by its parent, from a scan of /proc."""
     children: dict[int, list[Proc]] = {}
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             stat = _stat(int(entry.name))
             if stat is not None:
                 children.setdefault(stat[0], []).append(Proc(int(entry.name), stat[1]))
+    return children
+
+
+def _with_descendants(procs: Iterable[Proc]) -> list[Proc]:
+    """``procs`` that still run and every running descendant of theirs."""
+    scanned: dict[int, list[Proc]] | None = None
     found: list[Proc] = []
     todo = [p for p in procs if p.running()]
     while todo:
         proc = todo.pop()
-        if proc not in found:
-            found.append(proc)
-            todo += children.get(proc.pid, [])
+        if proc in found:
+            continue
+        found.append(proc)
+        children = _children(proc.pid) if scanned is None else None
+        if children is None:
+            scanned = scanned if scanned is not None else _all_children()
+            children = scanned.get(proc.pid, [])
+        todo += children
     return found
 
 
