@@ -144,10 +144,10 @@ def end(procs: Iterable[Proc]) -> list[Proc]:
     """SIGTERM to each of ``procs`` still running and its descendants, SIGKILL to those left after
     the grace; returns those it had to signal."""
     targets = _with_descendants(procs)
-    for proc, sig in ((p, signal.SIGTERM) for p in targets):
+    for proc in targets:
         with contextlib.suppress(ProcessLookupError):
             if proc.running():
-                os.kill(proc.pid, sig)
+                os.kill(proc.pid, signal.SIGTERM)
     deadline = time.monotonic() + patient(GRACE_S)
     while any(p.running() for p in targets) and time.monotonic() < deadline:
         time.sleep(0.02)
