@@ -57,7 +57,9 @@ class Alertmanager:
                 self._log.close()
                 raise RuntimeError(f"alertmanager exited: {self.log_path.read_text()[-2000:]}")
             try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/-/ready", timeout=1) as reply:
+                with urllib.request.urlopen(
+                    f"http://127.0.0.1:{self.port}/-/ready", timeout=patient(1)
+                ) as reply:
                     if reply.status == 200:
                         return
             except OSError:

@@ -77,7 +77,9 @@ class Prometheus:
             if self._process.poll() is not None:
                 raise RuntimeError(f"prometheus exited: {self.log_path.read_text()[-2000:]}")
             try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/-/ready", timeout=1) as reply:
+                with urllib.request.urlopen(
+                    f"http://127.0.0.1:{self.port}/-/ready", timeout=patient(1)
+                ) as reply:
                     if reply.status == 200:
                         return
             except OSError:
@@ -88,7 +90,7 @@ class Prometheus:
     def query(self, promql: str) -> list[dict[str, Any]]:
         """An instant query's result vector: ``[{"metric": {labels}, "value": [ts, "text"]}, ...]``."""
         url = f"http://127.0.0.1:{self.port}/api/v1/query?" + urllib.parse.urlencode({"query": promql})
-        with urllib.request.urlopen(url, timeout=10) as reply:
+        with urllib.request.urlopen(url, timeout=patient(10)) as reply:
             body = json.loads(reply.read())
         if body.get("status") != "success":
             raise AssertionError(f"query {promql!r} failed: {body}")

@@ -36,6 +36,15 @@ BROWSER_WAITS = {
 }
 #: ``subprocess``'s functions, whose ``timeout=`` is a wait for the child.
 SUBPROCESS_RUNS = {"run", "check_output", "check_call", "call"}
+#: Network clients whose ``timeout=`` (or ``settimeout``'s argument) bounds a wait for a server.
+NETWORK_WAITS = {
+    "urlopen",
+    "HTTPConnection",
+    "HTTPSConnection",
+    "create_connection",
+    "settimeout",
+    "wait_for_publish",
+}
 #: Helpers of tests/ that stretch the bound they are given by the patience themselves.
 PATIENT_HELPERS = {
     "wait_until",
@@ -167,7 +176,9 @@ class _Scan(ast.NodeVisitor):
         keywords = {k.arg: k.value for k in node.keywords if k.arg is not None}
         bound = keywords.get("timeout")
         condition = receiver.rsplit(".", 1)[-1].lstrip("_").lower() in ("cond", "condition")
-        if name in PATIENT_HELPERS or (name == "wait_for" and node.args and not condition):
+        if name in PATIENT_HELPERS or (
+            name == "wait_for" and node.args and not condition and receiver != "asyncio"
+        ):
             if bound is not None and _is_patient(bound):
                 self._flag(
                     node, f"{name} stretches its bound itself: patient() here stretches it twice", bound
@@ -183,6 +194,10 @@ class _Scan(ast.NodeVisitor):
                 bound = node.args[1]
             raw = True
         elif name in BROWSER_WAITS or (name in SUBPROCESS_RUNS and receiver == "subprocess"):
+            raw = True
+        elif name in NETWORK_WAITS:
+            if bound is None and name in ("settimeout", "wait_for_publish") and node.args:
+                bound = node.args[0]
             raw = True
         if raw and bound is not None and self._fixed(bound) and not _poll(bound):
             self._flag(
@@ -238,6 +253,8 @@ def helper(done, proc, page, q):
     page.wait_for_selector("#x", timeout=SHOWS_MS)
     wait_until(lambda: True, timeout=patient(10))
     deadline = time.monotonic() + 30
+    urllib.request.urlopen(url, timeout=10)
+    asyncio.wait_for(task, 5)
 """
     assert _scan(source) == [
         "self._cond.wait_for(lambda: predicate(self.received), timeout)",
@@ -248,6 +265,8 @@ def helper(done, proc, page, q):
         'page.wait_for_selector("#x", timeout=SHOWS_MS)',
         "wait_until(lambda: True, timeout=patient(10))",
         "time.monotonic() + 30",
+        "urllib.request.urlopen(url, timeout=10)",
+        "asyncio.wait_for(task, 5)",
     ]
 
 

@@ -36,7 +36,7 @@ class NotifySocket:
         self.env_value = env_value
 
     def recv(self, timeout: float = 10.0) -> str:
-        self.sock.settimeout(timeout)
+        self.sock.settimeout(patient(timeout))
         return self.sock.recv(4096).decode()
 
     def pending(self) -> list[str]:

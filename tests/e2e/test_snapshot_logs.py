@@ -67,7 +67,7 @@ def _post(url: str, token: str | None = None) -> tuple[int, dict[str, Any]]:
     headers = {"authorization": f"Bearer {token}"} if token else {}
     request = urllib.request.Request(url, method="POST", headers=headers)
     try:
-        with urllib.request.urlopen(request, timeout=30) as response:
+        with urllib.request.urlopen(request, timeout=patient(30)) as response:
             return response.status, dict(json.loads(response.read()))
     except urllib.error.HTTPError as exc:
         return exc.code, dict(json.loads(exc.read()))

@@ -85,7 +85,7 @@ class ControllerProcess:
     def get(self, path: str) -> tuple[int, bytes]:
         """GET ``path`` from its console: (status, body)."""
         try:
-            with urllib.request.urlopen(self.url + path, timeout=30) as response:
+            with urllib.request.urlopen(self.url + path, timeout=patient(30)) as response:
                 return int(response.status), bytes(response.read())
         except urllib.error.HTTPError as exc:
             return exc.code, bytes(exc.read())

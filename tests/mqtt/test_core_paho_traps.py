@@ -69,6 +69,6 @@ def test_wait_for_publish_raises_for_a_message_queued_offline_and_delivered_late
         private_broker.start()
         assert acked.wait(patient(10))  # on_publish says it was delivered ...
         with pytest.raises(RuntimeError):
-            info.wait_for_publish(timeout=1)  # ... wait_for_publish still raises
+            info.wait_for_publish(timeout=patient(1))  # ... wait_for_publish still raises
     finally:
         client.loop_stop()

@@ -20,7 +20,7 @@ from tests.waiting import patient, wait_until
 
 
 def scrape(port: int) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as reply:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=patient(10)) as reply:
         text = reply.read().decode()
     return {
         (s.name, frozenset(s.labels.items())): s.value

@@ -158,12 +158,12 @@ class RealConsole:
         self.paths = paths  # the app's route paths
 
     def get(self, path: str) -> Any:
-        with urllib.request.urlopen(self.url + path, timeout=10) as response:
+        with urllib.request.urlopen(self.url + path, timeout=patient(10)) as response:
             return json.loads(response.read())
 
     def ask(self, method: str, path: str, headers: dict[str, str]) -> tuple[int, Any]:
         host, port = self.url.removeprefix("http://").rsplit(":", 1)
-        connection = http.client.HTTPConnection(host, int(port), timeout=10)
+        connection = http.client.HTTPConnection(host, int(port), timeout=patient(10))
         try:
             connection.request(method, path, headers=headers)
             response = connection.getresponse()

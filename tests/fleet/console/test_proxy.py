@@ -104,7 +104,7 @@ def test_the_documented_tls_proxy_serves_the_console_and_streams_its_events(
         context.check_hostname = False  # the throw-away certificate names fleet.example.com
 
         def connect() -> http.client.HTTPSConnection:
-            return http.client.HTTPSConnection("127.0.0.1", port, context=context, timeout=10)
+            return http.client.HTTPSConnection("127.0.0.1", port, context=context, timeout=patient(10))
 
         named = {"Host": "fleet.example.com"}  # what a browser opening https://fleet.example.com/ sends
 

@@ -386,7 +386,7 @@ def test_the_controller_serves_the_console_and_metrics_and_its_pause_button_acts
             )
 
             def get(path: str) -> str:
-                with urllib.request.urlopen(url + path, timeout=10) as response:
+                with urllib.request.urlopen(url + path, timeout=patient(10)) as response:
                     return str(response.read().decode())
 
             wait_until(
@@ -396,12 +396,12 @@ def test_the_controller_serves_the_console_and_metrics_and_its_pause_button_acts
             assert '"web"' in get("/api/rollouts")
             refused = urllib.request.Request(url + "/api/rollouts/web/pause", method="POST")
             with pytest.raises(urllib.error.HTTPError) as no_token:
-                urllib.request.urlopen(refused, timeout=10)
+                urllib.request.urlopen(refused, timeout=patient(10))
             assert no_token.value.code == 401
             allowed = urllib.request.Request(
                 url + "/api/rollouts/web/pause", method="POST", headers={"Authorization": "Bearer s3cret"}
             )
-            with urllib.request.urlopen(allowed, timeout=10) as response:
+            with urllib.request.urlopen(allowed, timeout=patient(10)) as response:
                 assert "PAUSED" in response.read().decode()
             assert _status(settings, "web")["state"] == "PAUSED"
     finally:
