@@ -57,10 +57,10 @@ typecheck: $(TEST_STAMP)
 	$(VENV)/bin/mypy
 
 # The suite in parallel (pytest-xdist): most tests wait on real processes, brokers and sockets, not on
-# the CPU, so more workers than the 2 cores of the development machine pay (measured: docs/testing.md).
-# --dist loadgroup keeps the tests marked @pytest.mark.xdist_group(name) on one worker, one at a
-# time. `make pytest PYTEST_WORKERS=0` runs it serially.
-PYTEST_WORKERS ?= 8
+# the CPU, so two workers per usable CPU, as many as the available memory holds (tools/pytest_workers.py,
+# docs/testing.md). --dist loadgroup keeps the tests marked @pytest.mark.xdist_group(name) on one
+# worker, one at a time. `make pytest PYTEST_WORKERS=N` runs N (0: serially, in one process).
+PYTEST_WORKERS ?= $(shell $(PYTHON) tools/pytest_workers.py)
 pytest: $(TEST_STAMP)
 	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup
 

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from agent.localbroker import free_port
+from tests.waiting import patient
 
 
 def alertmanager_binary() -> str:
@@ -50,13 +51,15 @@ class Alertmanager:
             stdout=self._log,
             stderr=subprocess.STDOUT,
         )
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + patient(60)
         while time.monotonic() < deadline:
             if self._process.poll() is not None:
                 self._log.close()
                 raise RuntimeError(f"alertmanager exited: {self.log_path.read_text()[-2000:]}")
             try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/-/ready", timeout=1) as reply:
+                with urllib.request.urlopen(
+                    f"http://127.0.0.1:{self.port}/-/ready", timeout=patient(1)
+                ) as reply:
                     if reply.status == 200:
                         return
             except OSError:
@@ -72,7 +75,7 @@ class Alertmanager:
     def stop(self) -> None:
         if self._process.poll() is None:
             self._process.kill()
-            self._process.wait(10)
+            self._process.wait(patient(10))
         self._log.close()
 
 
@@ -116,4 +119,4 @@ class WebhookReceiver:
     def stop(self) -> None:
         self._server.shutdown()
         self._server.server_close()
-        self._thread.join(5.0)
+        self._thread.join(patient(5.0))

@@ -1,4 +1,5 @@
-"""Shared fixtures: real mosquitto brokers on free loopback ports; the run lock of ``alone`` tests."""
+"""Shared fixtures: real mosquitto brokers on free loopback ports; the run lock of ``alone`` tests;
+every process the run starts ended with it (tests/run_processes.py)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from agent.localbroker import Broker
+from tests import run_processes
 
 
 @contextlib.contextmanager
@@ -21,6 +23,17 @@ def _flock(path: Path, operation: int) -> Iterator[None]:
         yield
     finally:
         os.close(fd)  # closing the descriptor releases its lock
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Record every child of this pytest process from now on (tests/run_processes.py)."""
+    run_processes.start()
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """The run is over, passed, failed or interrupted: end what it started and still runs."""
+    run_processes.stop()
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -15,6 +15,8 @@ from typing import Any
 
 import pytest
 
+from tests.waiting import patient
+
 #: Scrape interval of the test server: Prometheus marks a series stale when a scrape lacks it, so
 #: a target's dropped series disappear from instant queries within about one interval.
 SCRAPE_INTERVAL_S = 1
@@ -70,12 +72,14 @@ class Prometheus:
             stderr=subprocess.STDOUT,
         )
         self.log_path = workdir / "prometheus.log"
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + patient(30)
         while time.monotonic() < deadline:
             if self._process.poll() is not None:
                 raise RuntimeError(f"prometheus exited: {self.log_path.read_text()[-2000:]}")
             try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/-/ready", timeout=1) as reply:
+                with urllib.request.urlopen(
+                    f"http://127.0.0.1:{self.port}/-/ready", timeout=patient(1)
+                ) as reply:
                     if reply.status == 200:
                         return
             except OSError:
@@ -86,7 +90,7 @@ class Prometheus:
     def query(self, promql: str) -> list[dict[str, Any]]:
         """An instant query's result vector: ``[{"metric": {labels}, "value": [ts, "text"]}, ...]``."""
         url = f"http://127.0.0.1:{self.port}/api/v1/query?" + urllib.parse.urlencode({"query": promql})
-        with urllib.request.urlopen(url, timeout=10) as reply:
+        with urllib.request.urlopen(url, timeout=patient(10)) as reply:
             body = json.loads(reply.read())
         if body.get("status") != "success":
             raise AssertionError(f"query {promql!r} failed: {body}")
@@ -101,5 +105,5 @@ class Prometheus:
     def stop(self) -> None:
         if self._process.poll() is None:
             self._process.kill()
-            self._process.wait(10)
+            self._process.wait(patient(10))
         self._log.close()

@@ -22,6 +22,7 @@ from agent.protocol.messages import MESSAGE_MODELS, StatusMessage, encode
 from agent.protocol.topics import Topics
 from agent.schemas import EVERY_MESSAGE
 from tests.mqtt_probe import Probe
+from tests.waiting import patient
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -34,7 +35,7 @@ def agent_cli(*args: str) -> subprocess.CompletedProcess[str]:
         env=env,
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=patient(60),
         check=False,
     )
 
@@ -178,7 +179,7 @@ def _with_closed_stdout(*args: str) -> subprocess.CompletedProcess[str]:
             stdout=write_end,
             stderr=subprocess.PIPE,
             text=True,
-            timeout=60,
+            timeout=patient(60),
             check=False,
         )
     finally:

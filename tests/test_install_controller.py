@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from tests.unit_files import analyze_verify, read_unit
+from tests.waiting import patient
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "tools" / "install-controller.sh"
@@ -70,7 +71,7 @@ def install(root: Path, *extra: str) -> str:
         ],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=patient(120),
         check=False,
         env={**os.environ, "PYTHONPATH": str(REPO)},
     )
@@ -114,7 +115,7 @@ def as_user(root: Path, uid: int, gid: int) -> subprocess.CompletedProcess[str]:
         [sys.executable, "-c", AS_SERVICE, str(root), str(uid), str(gid), str(ETC / "controller.yaml")],
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=patient(60),
         check=False,
         env={**os.environ, "PYTHONPATH": str(REPO)},
     )
@@ -229,7 +230,7 @@ def test_an_empty_root_gets_its_account_files_and_the_whole_install() -> None:
 
 def run_script(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        ["bash", str(SCRIPT), *args], capture_output=True, text=True, timeout=60, check=False
+        ["bash", str(SCRIPT), *args], capture_output=True, text=True, timeout=patient(60), check=False
     )
 
 

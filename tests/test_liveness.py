@@ -10,7 +10,7 @@ import pytest
 from agent.config import load_config
 from agent.errors import ConfigError
 from agent.liveness import CallWatch
-from tests.waiting import wait_until
+from tests.waiting import patient, wait_until
 
 
 def test_a_call_is_seen_from_another_thread_while_it_runs_and_not_after() -> None:
@@ -36,7 +36,7 @@ def test_a_call_is_seen_from_another_thread_while_it_runs_and_not_after() -> Non
     assert call.seconds > 0.05
     assert watch.over(3600.0) is None  # within a generous bound: not stuck
     gate.release()
-    worker.join(5)
+    worker.join(patient(5))
     assert watch.current() is None
     assert watch.over(0.0) is None
 

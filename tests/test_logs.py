@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from agent.logs import configure_logging
+from tests.waiting import patient
 
 
 def _run(code: str) -> str:
@@ -19,7 +20,7 @@ def _run(code: str) -> str:
         [sys.executable, "-c", textwrap.dedent(code)],
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=patient(60),
         check=False,
     )
     assert result.returncode == 0, result.stderr

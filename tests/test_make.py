@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.waiting import patient
+
 REPO = Path(__file__).resolve().parents[1]
 OS_DEPS = REPO / "tools" / "os-deps.sh"
 #: The apt packages only the tests use (their tools: gst-launch-1.0, prometheus, Alertmanager,
@@ -28,18 +30,21 @@ TEST_ONLY = {
 needs_make = pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed here")
 
 
-def dry_run(target: str, venv: Path, *extra: str) -> list[str]:
-    """The commands ``make TARGET`` would run on a clean checkout (-B: every step out of date)."""
+def dry_run(target: str, venv: Path, *extra: str, environ: dict[str, str] | None = None) -> list[str]:
+    """The commands ``make TARGET`` would run on a clean checkout (-B: every step out of date), with
+    ``environ`` added to this environment."""
     # Run from `make test` itself, the inherited MAKELEVEL/MAKEFLAGS would make this a sub-make
-    # that prints "Entering directory": it is asked as a user would ask it, at the top level.
-    env = {k: v for k, v in os.environ.items() if k not in ("MAKELEVEL", "MAKEFLAGS", "MFLAGS")}
+    # that prints "Entering directory": it is asked as a user would ask it, at the top level. An
+    # inherited PYTEST_WORKERS (`PYTEST_WORKERS=2 make test`) would hide the counted default.
+    inherited = ("MAKELEVEL", "MAKEFLAGS", "MFLAGS", "PYTEST_WORKERS")
+    env = {k: v for k, v in os.environ.items() if k not in inherited} | (environ or {})
     done = subprocess.run(
         ["make", "--no-print-directory", "-n", "-B", target, f"VENV={venv}", *extra],
         cwd=REPO,
         env=env,
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=patient(60),
         check=True,
     )
     return done.stdout.splitlines()
@@ -70,12 +75,23 @@ def test_make_test_adds_the_test_tools(tmp_path: Path) -> None:
 
 @needs_make
 def test_make_test_runs_the_suite_on_workers_that_keep_each_group_together(tmp_path: Path) -> None:
-    """docs/testing.md: 8 workers by default, and --dist loadgroup, without which pytest-xdist ignores
-    the xdist_group marks that keep tests apart; PYTEST_WORKERS=0 runs it in one process."""
-    pytest_line = f"{tmp_path}/venv/bin/python -m pytest -q -n 8 --dist loadgroup"
+    """docs/testing.md: as many workers as tools/pytest_workers.py counts for this machine, and --dist
+    loadgroup, without which pytest-xdist ignores the xdist_group marks that keep tests apart;
+    PYTEST_WORKERS=N overrides the count (0: in one process), from make's command line or the environment."""
+    counted = subprocess.run(
+        [sys.executable, str(REPO / "tools" / "pytest_workers.py")],
+        capture_output=True,
+        text=True,
+        timeout=patient(60),
+        check=True,
+    ).stdout.strip()
+    assert int(counted) >= 1, counted
+    pytest_line = f"{tmp_path}/venv/bin/python -m pytest -q -n {counted} --dist loadgroup"
     assert pytest_line in dry_run("test", tmp_path / "venv")
     serial = dry_run("pytest", tmp_path / "venv", "PYTEST_WORKERS=0")
-    assert pytest_line.replace("-n 8", "-n 0") in serial
+    assert pytest_line.replace(f"-n {counted}", "-n 0") in serial
+    from_environment = dry_run("pytest", tmp_path / "venv", environ={"PYTEST_WORKERS": "3"})
+    assert pytest_line.replace(f"-n {counted}", "-n 3") in from_environment
 
 
 def plan(target: str, path: Path) -> subprocess.CompletedProcess[str]:
@@ -85,7 +101,7 @@ def plan(target: str, path: Path) -> subprocess.CompletedProcess[str]:
         ["/bin/bash", str(OS_DEPS), target, "--plan"],
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=patient(60),
         check=False,
         env={"PATH": str(path), "PYTHON": sys.executable},
     )

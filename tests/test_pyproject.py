@@ -13,6 +13,8 @@ from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name
 
+from tests.waiting import patient
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -31,7 +33,7 @@ def test_building_the_package_warns_about_nothing(tmp_path: Path) -> None:
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "-w", str(tmp_path / "wheel"), str(project)],
         capture_output=True,
         text=True,
-        timeout=170,
+        timeout=patient(170),
         check=False,
     )
     output = done.stdout + done.stderr

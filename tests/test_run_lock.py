@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.waiting import patient
+
 REPO = Path(__file__).resolve().parents[1]
 
 pytestmark = pytest.mark.skipif(
@@ -94,7 +96,7 @@ def test_an_alone_test_runs_with_no_other_test_of_the_run_beside_it(tmp_path: Pa
         env=env,
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=patient(300),
         check=False,
     )
     output = done.stdout + done.stderr

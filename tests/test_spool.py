@@ -18,6 +18,7 @@ from agent.spool_episodes import WRITE_RECOVERED_FREE_BYTES
 from agent.spool_settings import SpoolSettings
 from agent.telemetry.series import series_of
 from tests.small_disk import small_disk
+from tests.waiting import patient
 
 
 def test_add_pending_remove_in_id_order(tmp_path: Path) -> None:
@@ -74,7 +75,7 @@ def test_a_message_survives_sigkill_right_after_add(tmp_path: Path) -> None:
         assert child.stdout is not None
         assert child.stdout.readline().strip() == "added"
         child.send_signal(signal.SIGKILL)
-        child.wait(timeout=10)
+        child.wait(timeout=patient(10))
     finally:
         if child.poll() is None:
             child.kill()

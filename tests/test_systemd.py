@@ -21,7 +21,7 @@ from structlog.testing import capture_logs
 from agent.systemd import Heartbeat, Notifier, Watchdog
 from tests.unit_files import analyze_verify
 from tests.unit_files import read_unit as read_unit_file
-from tests.waiting import wait_until
+from tests.waiting import patient, wait_until
 
 REPO = Path(__file__).resolve().parents[1]
 UNIT = REPO / "systemd" / "edge-agent.service"
@@ -36,7 +36,7 @@ class NotifySocket:
         self.env_value = env_value
 
     def recv(self, timeout: float = 10.0) -> str:
-        self.sock.settimeout(timeout)
+        self.sock.settimeout(patient(timeout))
         return self.sock.recv(4096).decode()
 
     def pending(self) -> list[str]:
@@ -231,7 +231,7 @@ def test_watchdog_thread_withholds_pings_while_a_check_fails(notify_socket: Noti
         assert notify_socket.recv() == "WATCHDOG=1"
     finally:
         stop.set()
-        assert wd.join(timeout=10)
+        assert wd.join(timeout=patient(10))
 
 
 # --- the environment path in a real child process --------------------------------------------
@@ -259,7 +259,9 @@ def test_child_process_notifies_through_the_environment(notify_socket: NotifySoc
     env = {**os.environ, **notify_socket.env(WATCHDOG_USEC="4000000"), "PYTHONPATH": str(REPO)}
     # exec keeps the shell's pid, so WATCHDOG_PID=$$ names the Python process, as systemd would.
     cmd = ["/bin/sh", "-c", 'WATCHDOG_PID=$$ exec "$0" -c "$1"', sys.executable, CHILD]
-    done = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=60, check=False)
+    done = subprocess.run(
+        cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=patient(60), check=False
+    )
     assert done.returncode == 0, done.stderr
     received = [notify_socket.recv() for _ in range(4)]
     assert received == ["EXTEND_TIMEOUT_USEC=5000000", "READY=1\nSTATUS=child up", "WATCHDOG=1", "STOPPING=1"]

@@ -7,6 +7,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from tests.waiting import patient
+
 SHIPPED_EXEC = "ExecStart=/opt/edge-agent/.venv/bin/edge-agent "
 
 
@@ -31,7 +33,7 @@ def analyze_verify(unit: Path, tmp_path: Path) -> str:
         ["systemd-analyze", "verify", "--man=no", str(copy)],
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=patient(60),
         check=False,
     )
     output = done.stdout + done.stderr

@@ -19,6 +19,11 @@ def patient(timeout: float) -> float:
     return timeout * PATIENCE
 
 
+def patient_ms(seconds: float) -> float:
+    """:func:`patient` in milliseconds, for Playwright's ``timeout=``."""
+    return patient(seconds) * 1000
+
+
 def wait_until(predicate: Callable[[], bool], timeout: float = 10.0, what: str = "condition") -> None:
     """Poll ``predicate`` until true; fail the test after ``timeout`` seconds (times :data:`PATIENCE`)."""
     deadline = time.monotonic() + patient(timeout)

@@ -19,6 +19,7 @@ import pytest
 
 from agent.backends import cuda
 from agent.errors import EngineError
+from tests.waiting import patient
 
 
 def _cuda_python_installed() -> bool:
@@ -216,7 +217,7 @@ def test_two_threads_with_their_own_streams_do_not_mix_their_data() -> None:
     for t in threads:
         t.start()
     for t in threads:
-        t.join(timeout=60)
+        t.join(timeout=patient(60))
     assert not any(t.is_alive() for t in threads), "a CUDA worker thread hung"
     assert not errors, errors
     assert checked == [50, 50]

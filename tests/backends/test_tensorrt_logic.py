@@ -29,6 +29,7 @@ from agent.backends.tensorrt import (
 )
 from agent.backends.trt_api import tensorrt_status, trt_major
 from agent.errors import EngineError
+from tests.waiting import patient
 
 # --- pure helpers ------------------------------------------------------------------------------
 
@@ -306,7 +307,7 @@ def test_each_thread_gets_its_own_context_and_keeps_it() -> None:
         for t in threads:
             t.start()
         for t in threads:
-            t.join(timeout=60)
+            t.join(timeout=patient(60))
         assert not any(t.is_alive() for t in threads)
         assert not errors, errors
         assert len(engine.contexts) == 3

@@ -11,6 +11,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import cv2
 import numpy as np
 
+from tests.waiting import patient
+
 BOUNDARY = "frame"
 
 
@@ -99,5 +101,5 @@ class MjpegServer:
                 conn.close()
             self._connections.clear()
         if self._thread is not None:
-            self._thread.join(5)
+            self._thread.join(patient(5))
         self._server = None

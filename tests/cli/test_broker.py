@@ -12,7 +12,7 @@ from agent.cli import main
 from agent.cli.broker import run_broker
 from agent.localbroker import Broker, free_port
 from tests.mqtt_probe import Probe
-from tests.waiting import wait_until
+from tests.waiting import patient, wait_until
 
 
 def test_runs_on_the_port_until_stopped(capsys: pytest.CaptureFixture[str]) -> None:
@@ -25,7 +25,7 @@ def test_runs_on_the_port_until_stopped(capsys: pytest.CaptureFixture[str]) -> N
         probe.subscribe("local/check")
         assert probe.publish("local/check", b"hi") == 0
     stop.set()
-    thread.join(15)
+    thread.join(patient(15))
     assert codes == [0]
 
 

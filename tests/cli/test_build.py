@@ -17,6 +17,7 @@ import structlog
 from agent.cli.build import add_build_arguments, run_build
 from agent.errors import BuildError
 from agent.modelzoo import write_classifier
+from tests.waiting import patient
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -27,7 +28,7 @@ def edge_agent_build(*args: str) -> subprocess.CompletedProcess[str]:
         cwd=REPO,
         capture_output=True,
         text=True,
-        timeout=240,
+        timeout=patient(240),
         check=False,
     )
 
@@ -188,7 +189,7 @@ def test_calib_from_without_int8_is_one_error_line(tmp_path: Path, model: Path) 
         cwd=REPO,
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=patient(60),
         check=False,
     )
     assert result.returncode == 1

@@ -13,6 +13,7 @@ import pytest
 
 from agent.platform import detect_platform
 from agent.selftest.run import CPU_STAND_INS
+from tests.waiting import patient
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -24,7 +25,7 @@ def edge_agent(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
         env={**os.environ, "PYTHONPATH": str(REPO)},
         capture_output=True,
         text=True,
-        timeout=240,
+        timeout=patient(240),
         check=False,
     )
 

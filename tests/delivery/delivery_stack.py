@@ -34,7 +34,7 @@ from agent.signing import Ed25519PrivateKey, generate_keypair, private_key_from_
 from agent.spool import Spool
 from agent.store import DiskUsageFn, ModelStore
 from tests.mqtt_probe import Probe
-from tests.waiting import wait_until
+from tests.waiting import patient, wait_until
 
 SLOT = "main"
 KEY_ID = "fleet-test"
@@ -76,7 +76,7 @@ class LocalRepo:
             for offset in range(0, len(data), block):
                 if offset >= len(data) // 2 and manifest.job_id in self.hold:
                     self.waiting.set()
-                    cancel.wait(30.0)
+                    cancel.wait(patient(30.0))
                 if cancel.is_set():
                     raise JobCancelledError("fetch cancelled")
                 f.write(data[offset : offset + block])
@@ -84,7 +84,7 @@ class LocalRepo:
         gate = self.gate.get(manifest.job_id)
         if gate is not None:
             self.at_gate.set()
-            gate.wait(30.0)
+            gate.wait(patient(30.0))
         return part
 
 

@@ -16,7 +16,7 @@ from agent.localbroker import Broker
 from agent.protocol.messages import JobState, JobStatus, decode
 from tests.delivery.delivery_stack import SLOT, Harness, Keys
 from tests.small_disk import SmallDisk, small_disk
-from tests.waiting import wait_until
+from tests.waiting import patient, wait_until
 
 
 @pytest.fixture
@@ -34,7 +34,7 @@ def test_a_status_nothing_can_take_is_held_in_memory_and_the_job_retried_when_sp
         manifest = device.manifest(model_v1, job_id="job-held")
         gate = device.repo.gate["job-held"] = threading.Event()
         device.deploy(device.signed(manifest))
-        assert device.repo.at_gate.wait(10)  # downloaded, not yet VERIFYING
+        assert device.repo.at_gate.wait(patient(10))  # downloaded, not yet VERIFYING
         wait_until(lambda: device.spool.count() == 0, 10, "QUEUED and DOWNLOADING to be acknowledged")
 
         state_disk.fill()

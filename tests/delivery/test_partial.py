@@ -20,7 +20,7 @@ from agent.delivery.manifest import DeployManifest
 from agent.delivery.partial import PartialDownload
 from agent.errors import DeliveryError
 from tests.delivery.transfer_rig import KIB, manifest_for, random_model
-from tests.waiting import wait_until
+from tests.waiting import patient, wait_until
 
 CHUNK = 4 * KIB
 
@@ -267,7 +267,7 @@ class _SyncGate:
         def fdatasync(fd: Any) -> None:
             began = set(self.written)
             self.entered.set()
-            assert self.release.wait(10), "test never released the sync"
+            assert self.release.wait(patient(10)), "test never released the sync"
             if self.fail is not None:
                 raise self.fail
             real(fd)
@@ -296,7 +296,7 @@ def test_a_background_flush_records_only_chunks_whose_data_was_synced_first(
     gate.release.clear()
     gate.write(partial, model, 0)
     gate.write(partial, model, 1)  # the batch [0, 1] is due: the flusher takes it and syncs
-    assert gate.entered.wait(5)
+    assert gate.entered.wait(patient(5))
     for index in (2, 3, 4):  # written while the sync of [0, 1] is held
         gate.write(partial, model, index)
     assert partial.unflushed == 5
@@ -327,7 +327,7 @@ def test_chunks_written_during_a_flush_are_lost_by_a_crash_and_the_flushed_ones_
     gate.release.clear()
     for index in range(3):
         gate.write(partial, model, index)
-    assert gate.entered.wait(5)
+    assert gate.entered.wait(patient(5))
     gate.write(partial, model, 3)  # not part of the running flush
     gate.release.set()
     partial.close()  # waits for the running flush only; like a crash for chunk 3
@@ -360,7 +360,7 @@ def test_a_failed_background_flush_is_raised_to_the_owner_and_records_nothing(
 
 def wait_until_raises(action: Callable[[], object], timeout: float = 5.0) -> None:
     """Call ``action`` until it raises (the exception propagates); fail after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + patient(timeout)
     while time.monotonic() < deadline:
         action()
         time.sleep(0.01)
@@ -379,7 +379,7 @@ def test_request_flush_makes_a_partial_batch_durable_and_tells_the_owner(
 
     partial.request_flush()
 
-    assert told.wait(5)
+    assert told.wait(patient(5))
     assert partial.unflushed == 0
     assert _bitmap_chunks(partial.bitmap_path, 11) == {4}
     partial.close()

@@ -19,7 +19,7 @@ from agent.store import DiskUsage
 from tests.delivery.conftest import HarnessFactory
 from tests.delivery.delivery_stack import HAPPY_PATH, SLOT, Harness, make_keys, states
 from tests.runtime.models import write_checker_failure
-from tests.waiting import wait_until
+from tests.waiting import patient, wait_until
 
 
 def _deploy_ok(device: Harness, model: Path, *, sequence: int = 1, job_id: str | None = None) -> str:
@@ -357,7 +357,7 @@ def test_newer_manifest_supersedes_a_running_job(device: Harness, model_v1: Path
     device.repo.hold.add("job-slow")
     first = device.manifest(model_v1, sequence=1, job_id="job-slow")
     device.deploy(device.signed(first))
-    assert device.repo.waiting.wait(10), "first download never started"
+    assert device.repo.waiting.wait(patient(10)), "first download never started"
     second = device.manifest(model_v2, sequence=2, job_id="job-fast")
     device.deploy(device.signed(second))
 
@@ -391,7 +391,7 @@ def test_interrupted_job_resumes_after_restart(
     first.repo.hold.add("job-resume")
     manifest = first.manifest(model_v1, job_id="job-resume")
     first.deploy(first.signed(manifest))
-    assert first.repo.waiting.wait(10)
+    assert first.repo.waiting.wait(patient(10))
     first.stop()  # the agent stops mid-download: no terminal state, the job stays open
     assert first.statuses("job-resume")[-1].state is JobState.DOWNLOADING
     # Every state is recorded before it is published: the ledger knows where the job stopped.
@@ -415,7 +415,7 @@ def test_an_interrupted_job_whose_manifest_was_replaced_while_down_ends_supersed
     first.repo.hold.add("job-old")
     old = first.manifest(model_v1, sequence=1, job_id="job-old")
     first.deploy(first.signed(old))
-    assert first.repo.waiting.wait(10)
+    assert first.repo.waiting.wait(patient(10))
     first.stop()  # mid-download: the job stays open in jobs.json
     assert first.jobs_json()["slots"][SLOT]["state"] == "DOWNLOADING"
     new = first.manifest(model_v2, sequence=2, job_id="job-new")
@@ -443,7 +443,7 @@ def test_a_job_superseded_while_running_gets_no_second_end_when_its_manifest_ret
     device.repo.hold.add("job-slow")
     first = device.manifest(model_v1, sequence=1, job_id="job-slow")
     device.deploy(device.signed(first))
-    assert device.repo.waiting.wait(10), "first download never started"
+    assert device.repo.waiting.wait(patient(10)), "first download never started"
     device.deploy(device.signed(device.manifest(model_v2, sequence=2, job_id="job-fast")))
     assert device.wait_terminal("job-slow")[-1].state is JobState.SUPERSEDED
     device.wait_terminal("job-fast")
@@ -550,7 +550,7 @@ def test_info_fields_name_the_running_job_not_the_one_it_superseded(
 ) -> None:
     device.repo.hold.update({"job-slow", "job-next"})
     device.deploy(device.signed(device.manifest(model_v1, sequence=1, job_id="job-slow")))
-    assert device.repo.waiting.wait(10), "first download never started"
+    assert device.repo.waiting.wait(patient(10)), "first download never started"
     device.deploy(device.signed(device.manifest(model_v2, sequence=2, job_id="job-next")))
     slow = device.topics.jobs("job-slow")
     device.probe.wait_for(lambda ms: any(b'"SUPERSEDED"' in m.payload for m in ms if m.topic == slow), 10)

@@ -280,7 +280,7 @@ def test_cancel_stops_the_pull_and_keeps_what_arrived(rig: Rig) -> None:
     thread.start()
     wait_until(lambda: puller.stats.written >= 3, what="a few chunks")
     cancel.set()
-    thread.join(5.0)
+    thread.join(patient(5.0))
 
     assert not thread.is_alive()
     assert len(errors) == 1
@@ -335,7 +335,7 @@ def test_two_devices_pull_at_once_from_two_servers_sharing_the_requests(rig: Rig
     for t in threads:
         t.start()
     for t in threads:
-        t.join(60.0)
+        t.join(patient(60.0))
 
     assert set(results) == {d.id for d in devices}
     assert all(data == model.read_bytes() for data in results.values())

@@ -32,7 +32,7 @@ from tests.delivery.transfer_rig import (
     manifest_for,
     random_model,
 )
-from tests.waiting import wait_until
+from tests.waiting import patient, wait_until
 
 CHUNK = 64 * KIB
 WINDOW = 4
@@ -101,7 +101,7 @@ def test_a_killed_agent_resumes_and_fetches_at_most_one_window_again(rig: Rig) -
         os.kill(child.pid, signal.SIGKILL)
     finally:
         child.kill()
-        child.wait(10)
+        child.wait(patient(10))
     served_before = server.served_bytes(device_id)
     assert served_before < manifest.size
 
@@ -137,7 +137,7 @@ def test_a_broker_restart_mid_transfer_is_survived(private_broker: Broker, tmp_p
             lambda: server.served_bytes(dev.id) >= manifest.size // 3, timeout=30, what="a third served"
         )
         private_broker.restart()
-        thread.join(60)
+        thread.join(patient(60))
 
         assert not thread.is_alive()
         assert "error" not in result, result.get("error")

@@ -23,6 +23,7 @@ from agent.protocol.messages import JobStatus, decode
 from agent.protocol.topics import Topics
 from tests.e2e.daemon import AgentFiles, Daemon, unique_results
 from tests.mqtt_probe import Probe, Received
+from tests.waiting import patient
 
 #: Guard bars for tests about job ends, not health: only NaN outputs and inference errors fail a model.
 #: The latency bars are out of reach on purpose: on a loaded machine a 3-frame median or a short
@@ -172,7 +173,7 @@ class Fleet:
 
 def finish(deploy: FleetDeploy, timeout: float = 60.0) -> DeployOutcome:
     try:
-        return deploy.wait(timeout)
+        return deploy.wait(patient(timeout))
     finally:
         deploy.stop()
 

@@ -35,7 +35,7 @@ from tests.e2e.fleet_rig import Fleet, count_version, operator_settings
 from tests.fleet.console import test_browser
 from tests.fleet.controller_process import ROOT, ControllerProcess
 from tests.mqtt_probe import Probe
-from tests.waiting import patient, wait_until
+from tests.waiting import patient, patient_ms, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -123,17 +123,17 @@ def test_a_building_device_shows_its_phase_in_rollout_status_watch_fleet_watch_a
         seen.extend(b for b in found if b["phase"] == "calibrating")
         return bool(seen)
 
-    wait_until(calibrating, timeout=patient(120), what="the device calibrating in `rollout status --json`")
+    wait_until(calibrating, timeout=120, what="the device calibrating in `rollout status --json`")
     shown = page.locator(
         f'section[data-rollout="{ROLLOUT}"] .building tr[data-device="{device_id}"] .build-note'
     )
-    shown.wait_for(timeout=30_000)
+    shown.wait_for(timeout=patient_ms(30))
     console_note = shown.inner_text()
     # The rollout goes on to its end: `--watch` returns with it (0: DONE).
     assert status_watch.wait(timeout=patient(300)) == 0, (tmp_path / "status-watch.txt").read_text()
     final = status_json(broker, capsys)
     watching.send_signal(signal.SIGINT)
-    watching.wait(timeout=30)
+    watching.wait(timeout=patient(30))
     watch_text = (tmp_path / "status-watch.txt").read_text()
     fleet_watch_text = (tmp_path / "fleet-watch.txt").read_text()
 

@@ -32,7 +32,7 @@ from tests.delivery.delivery_stack import HAPPY_PATH
 from tests.e2e.daemon import REPO, unique_results
 from tests.e2e.fleet_rig import Fleet, agent_state, count_version, finish, operator_settings
 from tests.mqtt_probe import Probe
-from tests.waiting import wait_until
+from tests.waiting import patient, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -89,13 +89,13 @@ def test_agent_killed_half_way_resumes_and_refetches_at_most_one_window(fleet: F
         served = deploy.server.served_bytes
         wait_until(lambda: served(device_id) >= size // 2, timeout=60, what="half of the model served")
         fleet.daemons[0].proc.send_signal(signal.SIGKILL)
-        fleet.daemons[0].proc.wait(10)
+        fleet.daemons[0].proc.wait(patient(10))
         time.sleep(0.5)  # requests already received are still answered
         before = served(device_id)
         assert before < size, "the transfer finished before the kill; slow it down further"
 
         fleet.start(files)
-        outcome = deploy.wait(60)
+        outcome = deploy.wait(patient(60))
     finally:
         deploy.stop()
 
@@ -125,7 +125,7 @@ def test_broker_restart_mid_transfer_completes(
             )
             assert served(device_id) < deploy.manifest.size, "the transfer finished before the restart"
             private_broker.restart(hard=True)  # no persistence: the retained manifest is gone too
-            outcome = deploy.wait(60)
+            outcome = deploy.wait(patient(60))
         finally:
             deploy.stop()
     finally:
@@ -157,7 +157,7 @@ def test_deploy_to_three_agents_with_the_cli(fleet: Fleet, broker: Broker) -> No
         "--broker", f"{broker.host}:{broker.port}",
         "--probation-s", "0", "--no-shadow",  # not what this test is about
     ]  # fmt: skip
-    run = subprocess.run(command, check=False, cwd=REPO, capture_output=True, text=True, timeout=120)
+    run = subprocess.run(command, check=False, cwd=REPO, capture_output=True, text=True, timeout=patient(120))
     assert run.returncode == 0, run.stdout + run.stderr
     assert "all 3 device(s) ACTIVE" in run.stdout
     for device in devices:
@@ -181,7 +181,7 @@ def test_rollback_command_returns_to_the_previous_model(
         sys.executable, "-m", "agent", "fleet", "cmd", device_id, "rollback",
         "--args", '{"slot": "cls"}', "--broker", f"{broker.host}:{broker.port}",
     ]  # fmt: skip
-    run = subprocess.run(command, check=False, cwd=REPO, capture_output=True, text=True, timeout=60)
+    run = subprocess.run(command, check=False, cwd=REPO, capture_output=True, text=True, timeout=patient(60))
     assert run.returncode == 0, run.stdout + run.stderr
     reply = json.loads(run.stdout)
     assert reply["ok"] is True

@@ -19,6 +19,7 @@ from agent.protocol.messages import JobStatus, decode
 from tests.e2e.daemon import REPO, Daemon, unique_results
 from tests.e2e.fleet_rig import shapes_video
 from tests.mqtt_probe import Probe
+from tests.waiting import patient
 
 pytestmark = pytest.mark.slow
 
@@ -180,7 +181,7 @@ def test_deployment_with_an_int8_build_reports_requested_and_effective(
         deploy = FleetDeploy(MqttSettings(host=broker.host, port=broker.port), plan)
         try:
             deploy.start()
-            outcome = deploy.wait(timeout=120)
+            outcome = deploy.wait(timeout=patient(120))
         finally:
             deploy.stop()
             code = daemon.stop()
@@ -236,7 +237,7 @@ def test_a_failing_build_fails_the_job_and_the_camera_loop_keeps_serving(
         try:
             probe.wait_for_count(results_topic, 5, timeout=60)
             deploy.start()
-            outcome = deploy.wait(timeout=120)
+            outcome = deploy.wait(timeout=patient(120))
             count = len(probe.on_topic(results_topic))
             probe.wait_for_count(results_topic, count + 15, timeout=30)
         finally:

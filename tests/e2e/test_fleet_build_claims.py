@@ -32,7 +32,7 @@ from agent.localbroker import Broker
 from agent.protocol.messages import JobState
 from agent.protocol.topics import Topics
 from tests.e2e.daemon import AgentFiles, Daemon
-from tests.e2e.fleet_rig import Fleet, count_version, finish, job_statuses
+from tests.e2e.fleet_rig import Fleet, count_version, final_status, finish, job_statuses
 from tests.e2e.test_fleet_engines import (
     PROBATION,
     SHADOW,
@@ -44,7 +44,7 @@ from tests.engines import paced_build
 from tests.fleet.controller.loop_thread import RunningController
 from tests.mqtt_probe import Probe
 from tests.test_platform import AGX_RELEASE, jetson_root
-from tests.waiting import patient, wait_until
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -94,7 +94,11 @@ def restart(fleet: Fleet, files: AgentFiles, env: dict[str, str] | None = None) 
 
 
 def actives(probe: Probe, job_id: str, device: str) -> int:
-    """How many distinct ACTIVE statuses the device published for the job (a repeat has its msg_id)."""
+    """How many distinct ACTIVE statuses the device published for the job (a repeat has its msg_id).
+
+    Counted once the probe has heard the job end: ``fleet deploy`` is another subscriber and may hear
+    the ACTIVE first, so the probe's copy is waited for, never read as it stands."""
+    final_status(probe, job_id, device)
     return len({s.msg_id for s in job_statuses(probe, job_id, device) if s.state is JobState.ACTIVE})
 
 
@@ -108,7 +112,7 @@ def test_three_devices_missing_the_same_engine_at_once_build_it_once(
     devices = [f"{device_id}-{i}" for i in range(3)]
     files = serving_v1(fleet, probe, devices)
     deploy = fleet.deploy(MODEL_PATH, devices, "2", **GUARDED)
-    outcome = finish(deploy, timeout=patient(300.0))
+    outcome = finish(deploy, timeout=300.0)
     for device in devices:
         progress = outcome.devices[device]
         assert progress.state is JobState.ACTIVE, progress
@@ -145,14 +149,14 @@ def test_a_claim_holder_killed_mid_build_hands_the_claim_on_and_every_job_ends_o
         live = claims.live(0.0)
         return live[0].device if live else None
 
-    wait_until(lambda: holder() is not None, timeout=patient(120.0), what="a device told to build")
+    wait_until(lambda: holder() is not None, timeout=120.0, what="a device told to build")
     first = holder()
     assert first is not None
 
     def building(device: str) -> bool:
         return any(line.startswith("calibrating 1/") for line in progress_lines(files[device]))
 
-    wait_until(lambda: building(first), timeout=patient(60.0), what=f"{first} building (held at its gate)")
+    wait_until(lambda: building(first), timeout=60.0, what=f"{first} building (held at its gate)")
     (daemon,) = [d for d in fleet.daemons if d.log_path.parent == files[first].root and d.proc.poll() is None]
     daemon.kill()  # SIGKILL: no release, no offline of its own; its claim goes quiet
     for device in devices:
@@ -160,12 +164,12 @@ def test_a_claim_holder_killed_mid_build_hands_the_claim_on_and_every_job_ends_o
             gates[device].touch()
     wait_until(
         lambda: holder() not in (None, first) or len(controller.controller.engines.store.entries()) == 1,
-        timeout=patient(60.0),
+        timeout=60.0,
         what="another device taking the quiet claim",
     )
     gates[first].touch()
     restart(fleet, files[first], paced_build.env(gates[first]))  # its job resumes from its ledger
-    outcome = finish(deploy, timeout=patient(300.0))
+    outcome = finish(deploy, timeout=300.0)
     for device in devices:
         progress = outcome.devices[device]
         assert progress.state is JobState.ACTIVE, progress
@@ -218,7 +222,7 @@ def test_after_an_upgrade_the_first_device_back_builds_at_start_up_and_the_next_
     for device in devices:
         probe.wait_for(count_version("1", Topics("fleet/v1", device).results("cam")), timeout=180)
     deploy = fleet.deploy(MODEL_PATH, devices, "2", **GUARDED)  # state.json: a sharing deployment's model
-    outcome = finish(deploy, timeout=patient(300.0))
+    outcome = finish(deploy, timeout=300.0)
     assert all(outcome.devices[d].state is JobState.ACTIVE for d in devices), outcome
     store = controller.controller.engines.store
     wait_until(lambda: len(store.entries()) == 1, timeout=60, what="the JetPack 6.0 engine stored")
@@ -229,8 +233,8 @@ def test_after_an_upgrade_the_first_device_back_builds_at_start_up_and_the_next_
     # The upgrade: L4T R36.4 on both, so the engine key of the model they serve is new.
     first, second = devices
     daemon = start_on_release(fleet, first, "4.0")
-    wait_until(lambda: logged(daemon, "building here"), timeout=patient(120.0), what=f"{first} told to build")
-    wait_until(lambda: len(store.entries()) == 2, timeout=patient(180.0), what="the upgraded engine offered")
+    wait_until(lambda: logged(daemon, "building here"), timeout=120.0, what=f"{first} told to build")
+    wait_until(lambda: len(store.entries()) == 2, timeout=180.0, what="the upgraded engine offered")
     (after,) = [e for e in store.entries() if e.record.key != before.record.key]
     assert after.record.built_by == first
     assert after.record.job_id.startswith("startup-cls-")
@@ -244,9 +248,7 @@ def test_after_an_upgrade_the_first_device_back_builds_at_start_up_and_the_next_
     assert active.probation.probation_s == 2.0
 
     daemon = start_on_release(fleet, second, "4.0")
-    wait_until(
-        lambda: logged(daemon, "downloaded engine"), timeout=patient(120.0), what=f"{second} downloading"
-    )
+    wait_until(lambda: logged(daemon, "downloaded engine"), timeout=120.0, what=f"{second} downloading")
     assert not logged(daemon, "building here")
 
     def reused() -> int:

@@ -39,7 +39,7 @@ from tests.e2e.fleet_rig import Fleet, count_version, finish, job_statuses
 from tests.fleet.controller.loop_thread import RunningController
 from tests.fleet.engines.records import engine_file as engine_file_of
 from tests.mqtt_probe import Probe
-from tests.waiting import patient, wait_until
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -110,7 +110,7 @@ def test_one_device_builds_the_int8_engine_and_two_download_it_from_the_controll
         probation_s=2.0,
         probation=PROBATION,
     )
-    built = finish(first, timeout=patient(300.0)).devices[devices[0]]
+    built = finish(first, timeout=300.0).devices[devices[0]]
     assert built.state is JobState.ACTIVE, built
     assert {JobState.SHADOW, JobState.PROBATION} <= set(built.history)
     source = effective_of(probe, first.job_id, devices[0])["engine_source"]
@@ -133,7 +133,7 @@ def test_one_device_builds_the_int8_engine_and_two_download_it_from_the_controll
         probation_s=2.0,
         probation=PROBATION,
     )
-    outcome = finish(rest, timeout=patient(300.0))
+    outcome = finish(rest, timeout=300.0)
     engines = []
     for device in devices:
         job_id = first.job_id if device == devices[0] else rest.job_id
@@ -222,7 +222,7 @@ def test_a_shared_engine_that_fails_to_load_is_dropped_the_device_builds_and_the
     fp32 = BuildSpec(precision="fp32", device="cpu")  # no INT8 guard: the load is the first check
     options: dict[str, Any] = {"build": fp32, "share_engines": True, "shadow": SHADOW, "probation_s": 2.0}
     first = fleet.deploy(MODEL_PATH, devices[:1], "2", probation=PROBATION, **options)
-    assert finish(first, timeout=patient(300.0)).devices[devices[0]].state is JobState.ACTIVE
+    assert finish(first, timeout=300.0).devices[devices[0]].state is JobState.ACTIVE
     # Counted once the store's add has ended, its sweep of unreferenced blobs included (the entry is
     # listed before that sweep, which once removed the bad blob written below).
     desk = controller.controller.engines
@@ -233,7 +233,7 @@ def test_a_shared_engine_that_fails_to_load_is_dropped_the_device_builds_and_the
     bad_sha = vouch_for_bad_bytes(controller, key, load_signing_key(fleet.keys.private), fleet.keys.key_id)
 
     second = fleet.deploy(MODEL_PATH, devices[1:], "2", probation=PROBATION, **options)
-    progress = finish(second, timeout=patient(300.0)).devices[devices[1]]
+    progress = finish(second, timeout=300.0).devices[devices[1]]
     # The downloaded engine failed to load: dropped, built here in the same job, shadowed, ACTIVE.
     assert progress.state is JobState.ACTIVE, progress
     assert {JobState.SHADOW, JobState.PROBATION} <= set(progress.history)

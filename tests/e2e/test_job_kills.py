@@ -35,7 +35,7 @@ from agent.mqtt.settings import MqttSettings
 from agent.protocol.messages import JobState, JobStatus, decode
 from tests.delivery.delivery_stack import HAPPY_PATH
 from tests.e2e.daemon import AgentFiles, Daemon
-from tests.waiting import wait_until
+from tests.waiting import patient, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -81,7 +81,7 @@ class Killer:
         self.client.connect(self.host, self.port)
         self.client.loop_start()
         self.client.subscribe(f"fleet/v1/{self.device_id}/up/jobs/+", qos=1)
-        assert subscribed.wait(10)
+        assert subscribed.wait(patient(10))
 
     def arm(self, pid: int, when: Callable[[JobStatus], float | None]) -> None:
         """Kill ``pid`` once ``when(status)`` gives a delay (seconds) for a status seen."""
@@ -204,8 +204,8 @@ def kill_during_job(
     killer.arm(device.daemon.proc.pid, _at_state(job, state, delay))
     try:
         deploy.start()
-        assert killer.killed.wait(60), f"{job}: {state.value} never seen: {killer.states(job)}"
-        device.daemon.proc.wait(10)
+        assert killer.killed.wait(patient(60)), f"{job}: {state.value} never seen: {killer.states(job)}"
+        device.daemon.proc.wait(patient(10))
         device.daemon.kill()
         daemon = device.start()
         # Settled: the restarted agent finished the job, and handled its retained manifest.

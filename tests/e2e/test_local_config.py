@@ -17,6 +17,7 @@ from agent.config import load_config
 from agent.datasets.shapes import CLASSES
 from agent.localbroker import Broker, free_port
 from tests.e2e.daemon import REPO, Daemon
+from tests.waiting import patient
 
 LOCAL = REPO / "configs" / "local.yaml"
 
@@ -47,7 +48,7 @@ def broker_port(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[int]
     if request.param == "system broker":
         with Broker(tmp_path / "system-mosquitto") as system:
             first = _edge_agent("broker", "--port", str(system.port))
-            out, err = first.communicate(timeout=30)
+            out, err = first.communicate(timeout=patient(30))
             assert first.returncode == 0, err
             assert out.startswith(f"127.0.0.1:{system.port} already has an MQTT broker"), out
             yield system.port
@@ -61,7 +62,7 @@ def broker_port(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[int]
     )
     yield port
     proc.send_signal(signal.SIGTERM)
-    out, err = proc.communicate(timeout=15)
+    out, err = proc.communicate(timeout=patient(15))
     assert proc.returncode == 0, err
     assert "mosquitto stopped" in out
 
@@ -80,7 +81,7 @@ def test_the_agent_runs_on_local_yaml_and_fleet_watch_shows_its_results(
             cwd=REPO,
             capture_output=True,
             text=True,
-            timeout=90,
+            timeout=patient(90),
             check=False,
         )
     finally:

@@ -26,6 +26,7 @@ from agent.protocol.messages import StatusMessage, encode
 from agent.telemetry.series import series_of
 from tests.e2e.daemon import AgentFiles, Daemon, unique_results
 from tests.mqtt_probe import Probe, Received
+from tests.waiting import patient
 
 pytestmark = pytest.mark.slow
 
@@ -72,7 +73,7 @@ def test_every_telemetry_name_of_a_real_daemon_maps_to_its_metric(
         daemon.signal(signal.SIGHUP)
         probe.wait_for(_telemetry_after_swap, timeout=60)
         url = f"http://127.0.0.1:{port}/metrics"
-        with urllib.request.urlopen(url, timeout=10) as reply:
+        with urllib.request.urlopen(url, timeout=patient(10)) as reply:
             agent_text = reply.read().decode()
     finally:
         code = daemon.stop()

@@ -23,7 +23,7 @@ import pytest
 from agent.localbroker import Broker
 from tests.camera.mjpeg_server import MjpegServer
 from tests.e2e.daemon import AgentFiles, Daemon
-from tests.waiting import wait_until
+from tests.waiting import patient, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -76,9 +76,12 @@ class NotifySocket:
     def wait_for(
         self, what: str, predicate: Callable[[list[Notification]], bool], timeout: float = 30.0
     ) -> None:
+        """Until ``predicate`` holds, at most ``timeout`` seconds times the suite's patience: a daemon
+        imports numpy, OpenCV and ONNX before READY=1, which a loaded machine takes many times longer for."""
+        bound = patient(timeout)
         with self._cond:
-            if not self._cond.wait_for(lambda: predicate(self.received), timeout):
-                raise AssertionError(f"no {what} within {timeout}s; got {[n.fields for n in self.received]}")
+            if not self._cond.wait_for(lambda: predicate(self.received), bound):
+                raise AssertionError(f"no {what} within {bound}s; got {[n.fields for n in self.received]}")
 
     def count(self, key: str) -> int:
         with self._cond:
@@ -90,7 +93,7 @@ class NotifySocket:
 
     def close(self) -> None:
         self._stop.set()
-        self._thread.join(5)
+        self._thread.join(patient(5))
         self._sock.close()
 
 

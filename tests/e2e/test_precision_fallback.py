@@ -33,7 +33,7 @@ from tests.e2e.fleet_rig import Fleet, count_version, operator_settings
 from tests.fleet.console import test_browser
 from tests.fleet.controller_process import ControllerProcess
 from tests.mqtt_probe import Probe
-from tests.waiting import patient, wait_until
+from tests.waiting import patient_ms, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -109,7 +109,7 @@ def test_int8_asked_and_fp32_running_shows_in_status_rollout_console_and_metrics
         state: str = fleet_json(["rollout", "status", ROLLOUT], broker, capsys)["state"]
         return state != "RUNNING"
 
-    wait_until(ended, timeout=patient(300), what="the INT8 rollout to end")
+    wait_until(ended, timeout=300, what="the INT8 rollout to end")
     status = fleet_json(["rollout", "status", ROLLOUT], broker, capsys)
     # The gate allowed it (the default), and the end says what runs.
     assert status["state"] == "DONE", status
@@ -158,12 +158,12 @@ def test_int8_asked_and_fp32_running_shows_in_status_rollout_console_and_metrics
     # The console: the device page's slot and the rollouts page's precision box.
     page.goto(f"{controller.url}/device/{devices[0]}")
     runs_cell = page.locator("#slots td.runs.fallback")
-    runs_cell.wait_for(timeout=30_000)
+    runs_cell.wait_for(timeout=patient_ms(30_000))
     assert runs_cell.inner_text() == "fp32 built, int8 asked"
     assert "runs fp32, int8 asked: INT8 accuracy guard: " in page.locator("#slots").inner_text()
     page.goto(controller.url + "/rollouts")
     head = page.locator(f'section[data-rollout="{ROLLOUT}"] .precision-head.fallback')
-    head.wait_for(timeout=30_000)
+    head.wait_for(timeout=patient_ms(30_000))
     assert head.inner_text() == "int8 asked; running fp32 2 (built 2); 2 devices fell back"
     reasons = page.locator(f'section[data-rollout="{ROLLOUT}"] .precision .fallback-reason')
     assert reasons.count() == 2
@@ -177,7 +177,7 @@ def test_int8_asked_and_fp32_running_shows_in_status_rollout_console_and_metrics
         state: str = fleet_json(["rollout", "status", strict["rollout_id"]], broker, capsys)["state"]
         return state not in ("RUNNING", "PAUSED")
 
-    wait_until(strict_ended, timeout=patient(300), what="the strict INT8 rollout to end")
+    wait_until(strict_ended, timeout=300, what="the strict INT8 rollout to end")
     stopped = fleet_json(["rollout", "status", strict["rollout_id"]], broker, capsys)
     assert stopped["state"] == "ABORTED", stopped
     assert "run another precision than asked" in stopped["reason"], stopped["reason"]

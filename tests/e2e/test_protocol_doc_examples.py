@@ -38,6 +38,7 @@ from agent.protocol.topics import Topics
 from tests.e2e.daemon import AgentFiles, Daemon
 from tests.mqtt_probe import Probe, Received
 from tests.once_per_run import once_per_run
+from tests.waiting import patient
 
 pytestmark = pytest.mark.slow
 
@@ -150,7 +151,7 @@ def _play_scenario(root: Path, broker: Broker) -> RealDevice:
                 settings, plan, signing_key=load_signing_key(keys.private), key_id=keys.key_id
             ).start()
             try:
-                outcome = deploy.wait(60)
+                outcome = deploy.wait(patient(60))
             finally:
                 deploy.stop()
             assert outcome.ok, outcome.failures()

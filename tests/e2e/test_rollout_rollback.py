@@ -37,7 +37,7 @@ from tests.e2e.fleet_rig import (
 )
 from tests.fleet.controller_process import ControllerProcess
 from tests.mqtt_probe import Probe
-from tests.waiting import patient, wait_until
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -129,7 +129,7 @@ def test_a_rollback_after_an_abort_with_rollback_never_turns_the_aborted_model_o
     wait_state(broker, "r-v4", "RUNNING", timeout=60)
     wait_until(
         lambda: rollout_status(broker, "r-v4")["waves"][0]["state"] == "SOAKING",
-        timeout=patient(240),
+        timeout=240,
         what="r-v4's wave soaking",
     )
     assert serving(files) == "4"
@@ -137,7 +137,7 @@ def test_a_rollback_after_an_abort_with_rollback_never_turns_the_aborted_model_o
     assert code == 0
     wait_until(
         lambda: (rollout_status(broker, "r-v4").get("rollback") or {}).get("ends") is not None,
-        timeout=patient(120),
+        timeout=120,
         what="r-v4's rollback at its end",
     )
     assert serving(files) == "3"
@@ -184,7 +184,7 @@ def test_a_finished_rollout_is_rolled_back_in_waves_every_device_once_across_a_c
         # Killed while the canary's wave soaks: the restarted controller carries on from its store.
         wait_until(
             lambda: rollout_status(broker, "r-v3-rollback")["waves"][0]["state"] == "SOAKING",
-            timeout=patient(120),
+            timeout=120,
             what="the rollback's first wave soaking",
         )
         controller.kill()
@@ -235,9 +235,9 @@ def test_a_rollback_slower_than_the_cli_timeout_is_followed_to_its_end_not_repor
     probe.wait_for(count_version("1", Topics("fleet/v1", device_id).results("cam")), timeout=180)
     calibration = {"kind": "stream", "frames": CALIBRATION_FRAMES}
     build = BuildSpec.model_validate({"precision": "int8", "device": "cpu", "calibration": calibration})
-    v2 = finish(fleet.deploy(version_of(tmp_path, "2"), [device_id], "2", build=build), timeout=patient(180))
+    v2 = finish(fleet.deploy(version_of(tmp_path, "2"), [device_id], "2", build=build), timeout=180)
     assert v2.ok, v2.failures()
-    v3 = finish(fleet.deploy(version_of(tmp_path, "3"), [device_id], "3"), timeout=patient(120))
+    v3 = finish(fleet.deploy(version_of(tmp_path, "3"), [device_id], "3"), timeout=120)
     assert v3.ok, v3.failures()
     assert serving(files) == "3"
 

@@ -29,6 +29,7 @@ from tests.e2e.daemon import AgentFiles, Daemon, unique_results
 from tests.e2e.fleet_rig import Fleet, operator_settings
 from tests.engines import paced_build
 from tests.mqtt_probe import Probe, Received
+from tests.waiting import patient
 
 pytestmark = pytest.mark.slow
 
@@ -186,7 +187,7 @@ def test_a_deployments_build_reports_its_phase_at_a_bounded_rate_and_fleet_deplo
             )
             probe.wait_for_count(results, len(probe.on_topic(results)) + 5, timeout=30)
             gate.touch()
-            outcome = deploy.wait(timeout=120)
+            outcome = deploy.wait(timeout=patient(120))
             probe.wait_for(
                 lambda ms: any(r.model.version == "2" for r in unique_results(ms, results)), timeout=30
             )

@@ -31,6 +31,7 @@ from tests.e2e.fleet_rig import (
 )
 from tests.mqtt_probe import Probe, Received
 from tests.runtime.models import write_nan_when_bright, write_slower, write_swapped_classes
+from tests.waiting import patient
 
 pytestmark = pytest.mark.slow
 
@@ -156,7 +157,7 @@ def test_a_restart_in_shadow_comes_back_on_the_old_model_and_resumes_the_job_int
 
     probe.wait_for(in_shadow, timeout=60)
     daemon.signal(signal.SIGKILL)
-    daemon.proc.wait(10)
+    daemon.proc.wait(patient(10))
     job.stop()
     # A status of the killed run may still be in its spool and be replayed after the restart (same
     # msg_id): consumers drop it by msg_id, and so does this test.
@@ -226,7 +227,7 @@ def test_a_restart_in_probation_comes_back_on_the_old_model_and_a_rollback_comma
 
     probe.wait_for(info_shows_the_candidate_in_probation, timeout=30)
     daemon.signal(signal.SIGKILL)
-    daemon.proc.wait(10)
+    daemon.proc.wait(patient(10))
     state = json.loads((files.root / "state" / "state.json").read_text())
     assert state["slots"]["cls"]["active"]["version"] == "1"  # never committed during probation
 

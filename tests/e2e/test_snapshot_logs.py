@@ -38,7 +38,7 @@ from agent.mqtt.settings import MqttSettings
 from agent.protocol.topics import Topics
 from tests.e2e.daemon import AgentFiles, Daemon, unique_results
 from tests.mqtt_probe import Probe
-from tests.waiting import wait_until
+from tests.waiting import patient, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -67,7 +67,7 @@ def _post(url: str, token: str | None = None) -> tuple[int, dict[str, Any]]:
     headers = {"authorization": f"Bearer {token}"} if token else {}
     request = urllib.request.Request(url, method="POST", headers=headers)
     try:
-        with urllib.request.urlopen(request, timeout=30) as response:
+        with urllib.request.urlopen(request, timeout=patient(30)) as response:
             return response.status, dict(json.loads(response.read()))
     except urllib.error.HTTPError as exc:
         return exc.code, dict(json.loads(exc.read()))
@@ -266,7 +266,7 @@ def test_logs_last_lines_capped_and_followed_without_duplicates(
             wait_until(lambda: out.getvalue().count('"command": "status"') >= 5, 30, "5 status lines")
         finally:
             stop.set()
-            follower.join(30)
+            follower.join(patient(30))
     finally:
         assert daemon.stop() == 0, daemon.log()[-2000:]
 

@@ -17,6 +17,7 @@ import yaml
 from agent.localbroker import Broker
 from agent.state_lock import LOCK_FILE_NAME, StateDirBusyError, StateDirLock
 from tests.e2e.daemon import REPO, AgentFiles, Daemon
+from tests.waiting import patient
 
 pytestmark = pytest.mark.slow
 
@@ -41,7 +42,7 @@ def test_a_second_agent_on_the_same_state_dir_exits_naming_the_first_ones_pid(
             check=False,
             capture_output=True,
             text=True,
-            timeout=60,
+            timeout=patient(60),
         )
 
         assert second.returncode == 1, second
@@ -82,11 +83,11 @@ def test_the_lock_goes_with_its_process_even_after_sigkill(tmp_path: Path) -> No
         with pytest.raises(StateDirBusyError, match=f"pid {holder.pid}"):
             StateDirLock.acquire(tmp_path)
         os.kill(holder.pid, signal.SIGKILL)
-        holder.wait(10)
+        holder.wait(patient(10))
     finally:
         if holder.poll() is None:
             holder.kill()
-            holder.wait(10)
+            holder.wait(patient(10))
     assert (tmp_path / LOCK_FILE_NAME).exists()  # the file stays; its lock went with the process
     lock = StateDirLock.acquire(tmp_path)
     assert (tmp_path / LOCK_FILE_NAME).read_text() == f"{os.getpid()}\n"

@@ -16,6 +16,7 @@ import pytest
 from agent.protocol.messages import JobState, JobStatus
 from tests.e2e.fleet_rig import ENDS_ONLY_PROBATION, Fleet, agent_state, ends_only_shadow, job_statuses
 from tests.mqtt_probe import Probe
+from tests.waiting import patient
 
 pytestmark = pytest.mark.slow
 
@@ -55,7 +56,7 @@ def test_a_newer_manifest_retained_while_down_supersedes_the_interrupted_job_onc
     )
     probe.wait_for(lambda _m: any(s.state is step for s in _unique(probe, a.job_id, device_id)), timeout=60)
     daemon.signal(sig)
-    code = daemon.proc.wait(30)
+    code = daemon.proc.wait(patient(30))
     a.stop()
     assert code == (0 if sig is signal.SIGTERM else -signal.SIGKILL), daemon.log()[-3000:]
     assert not any(s.state.terminal for s in _unique(probe, a.job_id, device_id))

@@ -25,6 +25,7 @@ from agent.camera.linear_taps import linear_taps
 from agent.camera.preprocess import channel_gain_bias, channel_sources, resize_fit
 from agent.camera.preprocess_spec import PreprocessSpec
 from agent.engines.gpu_preprocess import BLOCK, item_shape, kernel_source, launch_grid
+from tests.waiting import patient
 
 _PRELUDE = r"""
 #include <cstring>
@@ -81,7 +82,7 @@ extern "C" void run(int grid_x, int grid_y, {params}) {{
         ["g++", "-O1", "-shared", "-fPIC", "-o", str(library), str(source)],
         check=True,
         capture_output=True,
-        timeout=120,
+        timeout=patient(120),
     )
     run: Callable[..., Any] = ctypes.CDLL(str(library)).run
     return run

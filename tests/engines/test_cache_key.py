@@ -32,6 +32,7 @@ from agent.engines.plan import PlatformFacts, plan_build
 from agent.engines.spec import BuildPlan, BuildSpec, EngineOptions, ShapeProfile
 from agent.errors import BuildError
 from agent.platform import Platform
+from tests.waiting import patient
 
 SHA_A = "a" * 64
 SHA_B = "b" * 64
@@ -139,7 +140,7 @@ def test_key_stable_across_processes() -> None:
         capture_output=True,
         text=True,
         check=True,
-        timeout=60,
+        timeout=patient(60),
         env={"PYTHONHASHSEED": "12345", "PATH": ""},
         cwd=Path(__file__).resolve().parents[2],
     )

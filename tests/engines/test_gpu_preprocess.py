@@ -33,6 +33,7 @@ from agent.engines.gpu_preprocess import (
 )
 from agent.errors import EngineError
 from tests.engines import kernel_on_cpu
+from tests.waiting import patient
 
 IMAGENET = {"mean": (0.485, 0.456, 0.406), "std": (0.229, 0.224, 0.225)}
 
@@ -215,7 +216,7 @@ def test_1080p_into_640x640_timings_cpu_path_vs_gpu_path() -> None:
         [sys.executable, str(root / "bench" / "preprocess_gpu.py"), "--runs", "50"],
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=patient(300),
         check=False,
         env=env,
     )

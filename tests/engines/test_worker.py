@@ -154,12 +154,12 @@ def test_one_build_at_a_time(tmp_path: Path, model: Path) -> None:
 
     thread = threading.Thread(target=hang)
     thread.start()
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + patient(30)
     while not order and time.monotonic() < deadline:
         time.sleep(0.02)
     second = BuildWorker(timeout_s=60, lock_path=tmp_path / "build.lock")  # another "process"
     second.run(job(tmp_path, "onnxruntime", model), lambda _m: order.append("build progress"))
-    thread.join(timeout=30)
+    thread.join(timeout=patient(30))
     assert order[0] == "hang started"
     assert order.index("hang ended") < order.index("build progress")
     assert errors

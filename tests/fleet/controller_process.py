@@ -18,7 +18,7 @@ import psutil
 
 from agent.fleet.deploy.keys import KeyPairFiles
 from agent.localbroker import Broker, free_port
-from tests.waiting import wait_until
+from tests.waiting import patient, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -85,7 +85,7 @@ class ControllerProcess:
     def get(self, path: str) -> tuple[int, bytes]:
         """GET ``path`` from its console: (status, body)."""
         try:
-            with urllib.request.urlopen(self.url + path, timeout=30) as response:
+            with urllib.request.urlopen(self.url + path, timeout=patient(30)) as response:
                 return int(response.status), bytes(response.read())
         except urllib.error.HTTPError as exc:
             return exc.code, bytes(exc.read())
@@ -99,5 +99,5 @@ class ControllerProcess:
         """SIGKILL: nothing is saved on the way out (what a crash or a power cut leaves)."""
         if self.child is not None and self.child.poll() is None:
             self.child.send_signal(signal.SIGKILL)
-            self.child.wait(10)
+            self.child.wait(patient(10))
         self.child = None

@@ -34,6 +34,7 @@ from agent.protocol.messages import (
 from agent.protocol.topics import Topics
 from agent.signing import Ed25519PublicKey
 from tests.mqtt_probe import Probe, Received
+from tests.waiting import patient
 
 #: Job states a healthy device walks through (shadow when the manifest asks for it).
 _STEPS = (JobState.QUEUED, JobState.DOWNLOADING, JobState.VERIFYING, JobState.BUILDING, JobState.VALIDATING)
@@ -95,7 +96,7 @@ class ScriptedFleet:
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
-        self._thread.join(5.0)
+        self._thread.join(patient(5.0))
         self._probe.close()
 
     # -- controls ----------------------------------------------------------------------------------

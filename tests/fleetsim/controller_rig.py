@@ -124,7 +124,7 @@ class ControllerRig:
         """Send ``signum`` to the controller and wait for it to exit (a SIGTERM stops it cleanly)."""
         assert self.controller is not None
         self.controller.send_signal(signum)
-        self.controller.wait(30)
+        self.controller.wait(patient(30))
         if signum is signal.SIGTERM:
             assert self.controller.returncode == 0, self.log.read_text(errors="replace")[-3000:]
 
@@ -229,7 +229,7 @@ class ControllerRig:
         if self.controller is not None and self.controller.poll() is None:
             self.controller.send_signal(signal.SIGTERM)
             try:
-                self.controller.wait(30)
+                self.controller.wait(patient(30))
             except subprocess.TimeoutExpired:
                 self.controller.kill()
                 self.controller.wait()

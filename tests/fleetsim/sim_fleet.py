@@ -13,7 +13,7 @@ from agent.fleet.deploy.keys import KeyPairFiles
 from agent.fleetsim.launcher import read_reports
 from agent.fleetsim.plan import device_ids
 from agent.localbroker import Broker
-from tests.waiting import wait_until
+from tests.waiting import patient, wait_until
 
 
 class SimFleet:
@@ -98,7 +98,7 @@ class SimFleet:
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
             try:
-                self.process.wait(timeout=40)
+                self.process.wait(timeout=patient(40))
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()

@@ -25,7 +25,7 @@ from agent.protocol.topics import Topics
 from tests.fleet.operator_side import operator_settings, unique_prefix
 from tests.fleetsim.sim_fleet import SimFleet
 from tests.mqtt_probe import Probe
-from tests.waiting import wait_until
+from tests.waiting import patient, wait_until
 
 # A simulated fleet per test, deployed to for real and waited on: tens of seconds.
 pytestmark = pytest.mark.slow
@@ -95,7 +95,7 @@ def test_a_fleet_converges_active_and_its_unhealthy_devices_end_as_real_ones_do(
     with _deploy(
         broker, prefix, keys, models[1], fleet.ids, shadow=ShadowSpec(frames=10), probation_s=2.0
     ) as d:
-        outcome = d.wait(timeout=90)
+        outcome = d.wait(timeout=patient(90))
     ends = {device: p.state for device, p in outcome.devices.items()}
     expected = dict.fromkeys(fleet.ids, JobState.ACTIVE)
     expected |= {
@@ -154,7 +154,7 @@ def test_a_desired_state_published_again_with_the_same_job_id_is_ignored(
     make_fleet.append(fleet)
     fleet.wait_online()
     with _deploy(broker, prefix, keys, models[1], fleet.ids) as d:
-        assert d.wait(timeout=60).ok
+        assert d.wait(timeout=patient(60)).ok
         payloads, job = d.payloads, d.job_id
     before = fleet.wait_report_after(time.time())["devices"]
 
@@ -201,7 +201,7 @@ def test_a_device_offline_during_the_deploy_converges_when_it_comes_back(
     with _deploy(broker, prefix, keys, models[1], fleet.ids) as d:
         d.wait(timeout=8)
         assert d.outcome().devices[away].state is None  # nothing heard from it: it is off
-        outcome = d.wait(timeout=90)
+        outcome = d.wait(timeout=patient(90))
     assert {p.state for p in outcome.devices.values()} == {JobState.ACTIVE}
     report = fleet.wait_report_after(time.time())["devices"]
     # Running again (a restart, or its first start when a loaded machine began the schedule late).

@@ -18,6 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from agent.mqtt.link import MqttLink
 from agent.mqtt.settings import MqttSettings
 from agent.spool import Spool
+from tests.waiting import patient
 
 
 def main() -> None:
@@ -39,7 +40,7 @@ def main() -> None:
         on_connected=on_connected,
     )
     link.start()
-    if not connected.wait(10):
+    if not connected.wait(patient(10)):
         sys.exit("not connected within 10 s")
     print(f"connected {sessions[0]}", flush=True)
     while True:

@@ -12,6 +12,7 @@ import socket
 import threading
 
 from agent.localbroker import free_port
+from tests.waiting import patient
 
 
 class FreezableProxy:
@@ -43,7 +44,7 @@ class FreezableProxy:
             except OSError:
                 return
             try:
-                server = socket.create_connection(self.upstream, timeout=5)
+                server = socket.create_connection(self.upstream, timeout=patient(5))
             except OSError:
                 client.close()
                 continue

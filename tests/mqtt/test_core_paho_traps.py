@@ -15,7 +15,7 @@ from paho.mqtt.enums import CallbackAPIVersion
 
 from agent.localbroker import Broker
 from tests.mqtt_probe import Probe
-from tests.waiting import wait_until
+from tests.waiting import patient, wait_until
 
 
 def _client(client_id: str) -> mqtt.Client:
@@ -39,13 +39,13 @@ def test_exception_in_callback_kills_paho_thread_while_is_connected_says_true(br
         subscribed = threading.Event()
         client.on_subscribe = lambda *a: subscribed.set()
         client.subscribe(topic, qos=1)
-        assert subscribed.wait(5)
+        assert subscribed.wait(patient(5))
         network_thread = client._thread
         assert network_thread is not None
         with Probe(broker.host, broker.port) as probe:
             probe.publish(topic, b"x")
         # Join it here, so the thread's exception is reported inside this test (where it is expected).
-        network_thread.join(5)
+        network_thread.join(patient(5))
         assert not network_thread.is_alive()
         assert client._thread is None
         assert client.is_connected()  # stale: nothing reads the socket any more
@@ -67,8 +67,8 @@ def test_wait_for_publish_raises_for_a_message_queued_offline_and_delivered_late
         info = client.publish("trap/offline", b"queued", qos=1)  # held in paho's memory
         assert info.rc == mqtt.MQTT_ERR_NO_CONN
         private_broker.start()
-        assert acked.wait(10)  # on_publish says it was delivered ...
+        assert acked.wait(patient(10))  # on_publish says it was delivered ...
         with pytest.raises(RuntimeError):
-            info.wait_for_publish(timeout=1)  # ... wait_for_publish still raises
+            info.wait_for_publish(timeout=patient(1))  # ... wait_for_publish still raises
     finally:
         client.loop_stop()

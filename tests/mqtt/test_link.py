@@ -23,7 +23,7 @@ from agent.spool import Spool
 from tests.mqtt.conftest import LinkFactory, fast_settings
 from tests.mqtt.tcp_proxy import FreezableProxy
 from tests.mqtt_probe import Probe, Received
-from tests.waiting import wait_until
+from tests.waiting import patient, wait_until
 
 
 def wait_subscribed(probe: Probe, link: link_module.MqttLink) -> None:
@@ -147,7 +147,7 @@ def test_last_will_writes_offline_when_the_agent_process_is_killed(broker: Broke
             session = int(line[1])
             probe.wait_for(lambda ms: any(b'"online"' in m.payload for m in ms))
             child.kill()  # SIGKILL: no graceful offline; only the broker's Last Will can tell
-            child.wait(timeout=10)
+            child.wait(timeout=patient(10))
         finally:
             if child.poll() is None:
                 child.kill()
@@ -283,7 +283,7 @@ def test_inbox_overflow_is_counted(broker: Broker, make_link: LinkFactory, devic
 
     def slow(msg: InboundMessage) -> None:
         entered.set()
-        release.wait(10)
+        release.wait(patient(10))
         seen.append(msg.payload)
 
     link = make_link(fast_settings(broker, inbox_size=2), client_id=device_id)
@@ -292,7 +292,7 @@ def test_inbox_overflow_is_counted(broker: Broker, make_link: LinkFactory, devic
     with Probe(broker.host, broker.port) as probe:
         wait_subscribed(probe, link)
         probe.publish(f"fleet/v1/{device_id}/down/cmd/x", b"0")
-        assert entered.wait(10)  # the dispatcher is busy with message 0
+        assert entered.wait(patient(10))  # the dispatcher is busy with message 0
         for i in range(1, 6):
             probe.publish(f"fleet/v1/{device_id}/down/cmd/x", str(i).encode())
     # One in the handler, two waiting, three dropped.
@@ -458,7 +458,7 @@ def test_concurrent_publishers_and_handlers_do_not_deadlock(
         for i in range(20):
             probe.publish(f"fleet/v1/{device_id}/down/cmd/echo", str(i).encode(), qos=0)
         for t in threads:
-            t.join(30)
+            t.join(patient(30))
             assert not t.is_alive()
         probe.wait_for(lambda ms: sum(1 for m in ms if m.topic.startswith(topic)) >= 400, timeout=30)
         probe.wait_for_count(f"fleet/v1/{device_id}/up/cmd/echo", 20)
@@ -511,7 +511,7 @@ def test_publishes_from_other_threads_wake_the_loop_once_per_turn_and_none_is_le
         for t in threads:
             t.start()
         for t in threads:
-            t.join(30)
+            t.join(patient(30))
         got = probe.wait_for(
             lambda ms: sum(1 for m in ms if m.payload.startswith(b"b")) >= len(sent), timeout=4.0
         )
@@ -728,5 +728,5 @@ def test_an_inbox_taken_without_a_timeout_waits_for_the_next_item() -> None:
     taker = threading.Thread(target=lambda: taken.append(inbox.take(timeout=None)), daemon=True)
     taker.start()
     inbox.put_control(Connected(3))
-    taker.join(10)
+    taker.join(patient(10))
     assert taken == [Connected(3)]

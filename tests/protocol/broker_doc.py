@@ -24,6 +24,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from agent.localbroker import free_port, mosquitto_binary, port_open
 from agent.mqtt.settings import MqttSettings, TlsSettings
+from tests.waiting import patient
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "protocol.md"
 OPERATOR = "operator"
@@ -187,7 +188,7 @@ class DocBroker:
                 stdout=err,
                 stderr=subprocess.STDOUT,
             )
-        deadline = time.monotonic() + _START_TIMEOUT_S
+        deadline = time.monotonic() + patient(_START_TIMEOUT_S)
         while time.monotonic() < deadline and self._proc.poll() is None:
             if all(port_open(self.host, port) for port in (self.device_port, self.operator_port)):
                 return
@@ -243,4 +244,4 @@ class DocBroker:
         """Kill mosquitto (tests need no orderly shutdown)."""
         if self._proc is not None and self._proc.poll() is None:
             self._proc.kill()
-            self._proc.wait(timeout=5)
+            self._proc.wait(timeout=patient(5))

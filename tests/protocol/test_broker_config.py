@@ -46,7 +46,7 @@ from tests.protocol.broker_doc import (
     DocBroker,
     doc_client_id_prefix,
 )
-from tests.waiting import wait_until
+from tests.waiting import patient, wait_until
 
 
 @pytest.fixture
@@ -148,7 +148,7 @@ def connect_as(broker: DocBroker, account: str, password: str, client_id: str) -
     client.connect(broker.host, broker.operator_port, clean_start=False, properties=props)
     client.loop_start()
     try:
-        assert answered.wait(10), f"no CONNACK for {account} as {client_id}"
+        assert answered.wait(patient(10)), f"no CONNACK for {account} as {client_id}"
     finally:
         client.disconnect()
         client.loop_stop()

@@ -45,7 +45,7 @@ from tests.runtime.models import (
 )
 from tests.runtime.test_pipeline import Rig, model_source, rig, synthetic  # noqa: F401 (rig: a fixture)
 from tests.small_disk import small_disk
-from tests.waiting import wait_until
+from tests.waiting import patient, wait_until
 
 
 @pytest.fixture(scope="module")
@@ -349,7 +349,7 @@ def test_a_rollback_command_during_probation_ends_it_at_once(
     assert isinstance(run_, ProbationRun)
     started = time.monotonic()
     assert run_.end_by_operator(30.0)
-    worker.join(30.0)
+    worker.join(patient(30.0))
     assert time.monotonic() - started < 30.0  # at once: not after the 60 s of probation
     assert len(outcome) == 1
     assert isinstance(outcome[0], RolledBackError)

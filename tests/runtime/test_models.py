@@ -26,6 +26,7 @@ from agent.runtime.slot import ModelSlot
 from agent.state import AgentState, ModelRecord, StateFile, record_activation
 from agent.telemetry import Metrics
 from tests.small_disk import small_disk
+from tests.waiting import patient
 
 
 def _config(model: Path, version: str = "1") -> SlotConfig:
@@ -91,9 +92,9 @@ def test_a_deployment_waits_for_the_slots_start_up_load_and_then_wins(tmp_path: 
         assert not activated.wait(0.5), "the deployment activated before the slot's start-up load"
         assert models.slots["cls"].current is None
         models.load_initial("cls", config)
-        assert activated.wait(20)
+        assert activated.wait(patient(20))
     finally:
-        deployment.join(20)
+        deployment.join(patient(20))
     current = slot.current
     assert current is not None
     assert current.ref.sha256 == sha256_file(v2)
@@ -189,7 +190,7 @@ class _HeldStateFile(StateFile):
         if self.hold.is_set():
             self.hold.clear()
             self.holding.set()
-            assert self.release.wait(30), "the test never let the save go"
+            assert self.release.wait(patient(30)), "the test never let the save go"
         super().save(state)
 
 
@@ -203,7 +204,7 @@ def test_a_rollback_sent_while_a_config_swap_records_its_model_waits_and_rolls_b
     models.load_initial("cls", _config(v1))
     state_file.hold.set()
     models.start_swap("cls", model_source(_config(v2, "2")), None)
-    assert state_file.holding.wait(20), "the swap never came to record its model"
+    assert state_file.holding.wait(patient(20)), "the swap never came to record its model"
     current = models.slots["cls"].current
     assert current is not None
     assert current.ref.version == "2"  # v2 serves, state.json does not say so yet
@@ -214,7 +215,7 @@ def test_a_rollback_sent_while_a_config_swap_records_its_model_waits_and_rolls_b
     rollback.join(0.5)
     assert rollback.is_alive(), "the rollback answered before the swap it follows was recorded"
     state_file.release.set()
-    rollback.join(20)
+    rollback.join(patient(20))
 
     assert [r["model"]["version"] for r in replies if isinstance(r, dict)] == ["1"]
     saved = state_file.load().slot("cls")
@@ -268,14 +269,14 @@ def test_a_rollback_past_its_reply_window_answers_running_and_a_second_one_follo
     state_file.hold.set()
 
     first = models.rollback("cls")
-    assert state_file.holding.wait(20), "the rollback never came to record its model"
+    assert state_file.holding.wait(patient(20)), "the rollback never came to record its model"
     again = models.rollback("cls")
     assert isinstance(first, Followed)
     assert isinstance(again, Followed)
     assert first.interim["to"] == {"model_id": "cls", "version": "1"}
     assert again.done is first.done  # the same way back, not a second one
     state_file.release.set()
-    assert first.done.result(timeout=20)["model"]["version"] == "1"
+    assert first.done.result(timeout=patient(20))["model"]["version"] == "1"
     # Over now: the next one is refused, never forward to v2.
     with pytest.raises(NoRollbackTargetError, match="already rolled back to cls 1"):
         models.rollback("cls")

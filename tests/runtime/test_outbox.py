@@ -7,6 +7,7 @@ import threading
 import time
 
 from agent.runtime.outbox import OrderedOutbox
+from tests.waiting import patient
 
 
 def drain(box: OrderedOutbox[int]) -> list[int]:
@@ -84,7 +85,7 @@ def test_workers_finishing_in_any_order_publish_in_take_order() -> None:
     for t in threads:
         t.start()
     published: list[int] = []
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + patient(30)
     while len(published) < 600 and time.monotonic() < deadline:
         published.extend(box.take(5, timeout=0.1))
         assert box.depth <= 8 + 2  # the bound, plus the next batch that may always enter

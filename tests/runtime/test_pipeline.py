@@ -35,7 +35,7 @@ from agent.telemetry import Metrics
 from tests.camera.specs import make
 from tests.mqtt_probe import Probe
 from tests.runtime.models import write_slow_classifier, write_static_batch_classifier
-from tests.waiting import wait_until
+from tests.waiting import patient, wait_until
 
 SIZE = 32
 
@@ -133,7 +133,7 @@ def rig(broker: Broker, tmp_path: Path) -> Iterator[Rig]:
         yield rig
     finally:
         for pipeline in rig.pipelines:
-            pipeline.stop(time.monotonic() + 5.0)
+            pipeline.stop(time.monotonic() + patient(5.0))
             pipeline.slot.close()
         link.stop(timeout=2.0)
         probe.close()
@@ -258,7 +258,7 @@ def test_a_swap_while_streaming_loses_no_frame(rig: Rig, models: dict[str, Path]
     rig.probe.wait_for(lambda _ms: len(rig.results("cam")) >= 20, timeout=20)
     swapper = threading.Thread(target=slot.load, args=(model_source(models["v2"], "2"),))
     swapper.start()
-    swapper.join(20)
+    swapper.join(patient(20))
     wait_until(lambda: pipeline.finished, timeout=30.0, what="the stream to end")
     rig.probe.wait_for(lambda _ms: len(rig.results("cam")) >= 200, timeout=10)
     results = rig.results("cam")
@@ -320,7 +320,7 @@ def test_a_hot_swap_of_a_three_engine_slot_loses_no_frame_and_never_mixes_versio
     rig.probe.wait_for(lambda _ms: len(rig.results("cam")) >= 30, timeout=20)
     swapper = threading.Thread(target=slot.load, args=(engine_set(models["v2"], "2"),))
     swapper.start()
-    swapper.join(20)
+    swapper.join(patient(20))
     wait_until(lambda: pipeline.finished, timeout=30.0, what="the stream to end")
     rig.probe.wait_for(lambda _ms: len(rig.results("cam")) >= 240, timeout=10)
     results = rig.results("cam")

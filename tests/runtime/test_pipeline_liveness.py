@@ -20,7 +20,7 @@ from tests.camera.specs import make
 from tests.runtime import test_pipeline as base
 from tests.runtime.models import write_slow_classifier
 from tests.runtime.test_pipeline import Rig, loaded_slot, synthetic
-from tests.waiting import wait_until
+from tests.waiting import patient, wait_until
 
 # test_pipeline's fixtures, under the names pytest looks them up by in this module.
 rig = base.rig
@@ -68,7 +68,7 @@ def test_a_camera_read_blocked_past_the_bound_is_stuck_and_a_reconnecting_camera
     failures_before = source.stats()["open_failures"]
     # Sampled all through three more refused reopens and the backoff waits between them.
     samples: list[list[str]] = []
-    deadline = time.monotonic() + 20.0
+    deadline = time.monotonic() + patient(20.0)
     while source.stats()["open_failures"] < failures_before + 3:
         assert time.monotonic() < deadline, "the source stopped retrying the unplugged camera"
         samples.append(pipeline.problems(STALE_S, BOUND_S))

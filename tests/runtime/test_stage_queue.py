@@ -7,6 +7,7 @@ import threading
 import pytest
 
 from agent.runtime.stage_queue import SlotInbox
+from tests.waiting import patient
 
 
 def test_keep_newest_drops_the_oldest_and_reports_it() -> None:
@@ -37,7 +38,7 @@ def test_process_all_put_resumes_when_the_consumer_takes() -> None:
     producer = threading.Thread(target=lambda: result.append(inbox.put("file", 2, timeout=10.0)))
     producer.start()
     assert inbox.take(1, timeout=1.0) == [1]
-    producer.join(10.0)
+    producer.join(patient(10.0))
     assert result == [True]
     assert inbox.take(1, timeout=1.0) == [2]
 
@@ -123,13 +124,13 @@ def test_a_waiting_producer_is_woken_once_its_lane_is_down_to_half() -> None:
     result: list[bool] = []
     producer = threading.Thread(target=lambda: result.append(inbox.put("file", 4, timeout=30.0)))
     producer.start()
-    assert cond.waiting.wait(10.0)
+    assert cond.waiting.wait(patient(10.0))
     notified = cond.notified
     assert inbox.take(1, timeout=0.0) == [0]  # 3 left: a place is free, the producer sleeps on
     assert cond.notified == notified
     assert result == []
     assert inbox.take(1, timeout=0.0) == [1]  # 2 left, half the lane: now it is woken
     assert cond.notified == notified + 1
-    producer.join(10.0)
+    producer.join(patient(10.0))
     assert result == [True]
     assert inbox.take(10, timeout=0.0) == [2, 3, 4]

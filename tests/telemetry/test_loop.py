@@ -9,6 +9,7 @@ from pathlib import Path
 from structlog.testing import capture_logs
 
 from agent.telemetry import DeviceStats, Metrics, TelemetryLoop
+from tests.waiting import patient
 
 
 class Collected:
@@ -31,7 +32,7 @@ class Collected:
 
     def wait_for(self, n: int, timeout: float = 10.0) -> list[dict[str, float]]:
         with self._cond:
-            assert self._cond.wait_for(lambda: len(self.messages) >= n, timeout), (
+            assert self._cond.wait_for(lambda: len(self.messages) >= n, patient(timeout)), (
                 f"only {len(self.messages)} of {n} telemetry messages arrived"
             )
             return list(self.messages)
@@ -50,7 +51,7 @@ def test_loop_publishes_metrics_and_device_stats() -> None:
         messages = sink.wait_for(2)
     finally:
         stop.set()
-        assert loop.join(timeout=10)
+        assert loop.join(timeout=patient(10))
     first = messages[0]
     assert first["ts"] >= before
     assert messages[1]["ts"] >= first["ts"]
@@ -70,7 +71,7 @@ def test_publish_failures_are_logged_and_the_loop_continues() -> None:
             [message] = sink.wait_for(1)[:1]
         finally:
             stop.set()
-            assert loop.join(timeout=10)
+            assert loop.join(timeout=patient(10))
     assert set(message) == {"ts"}  # no metrics and no device: just the timestamp
     failures = [e for e in logs if e["event"] == "telemetry.publish.failed"]
     assert len(failures) == 2
@@ -98,5 +99,5 @@ def test_stop_is_honoured_without_waiting_for_the_interval() -> None:
     loop = TelemetryLoop(Metrics(), None, sink, interval_s=3600, stop=stop)
     loop.start()
     stop.set()
-    assert loop.join(timeout=10), "telemetry thread ignored the stop event"
+    assert loop.join(timeout=patient(10)), "telemetry thread ignored the stop event"
     assert sink.calls == 0

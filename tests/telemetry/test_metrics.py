@@ -8,6 +8,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from agent.telemetry import Counter, Histogram, Metrics, RateMeter
+from tests.waiting import patient
 
 
 def test_counter_is_exact_under_concurrent_increments() -> None:
@@ -22,7 +23,7 @@ def test_counter_is_exact_under_concurrent_increments() -> None:
     for t in threads:
         t.start()
     for t in threads:
-        t.join(timeout=60)
+        t.join(timeout=patient(60))
     counter.inc(5)
     assert counter.value == 4 * per_thread + 5
 

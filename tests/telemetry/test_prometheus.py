@@ -16,11 +16,11 @@ from agent.errors import ConfigError
 from agent.telemetry import DeviceStats, Metrics, TelemetryLoop
 from agent.telemetry.prometheus import TelemetryEndpoint
 from agent.telemetry.series import series_of
-from tests.waiting import wait_until
+from tests.waiting import patient, wait_until
 
 
 def scrape(port: int) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as reply:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=patient(10)) as reply:
         text = reply.read().decode()
     return {
         (s.name, frozenset(s.labels.items())): s.value
@@ -61,7 +61,7 @@ def test_the_telemetry_loop_s_figures_are_served_as_metrics(tmp_path: Path) -> N
         got = scrape(endpoint.port)
     finally:
         stop.set()
-        loop.join(5)
+        loop.join(patient(5))
         endpoint.stop()
     assert got[("edge_stream_frames_total", frozenset({("stream", "cam0"), ("stage", "published")}))] == 42
     assert (

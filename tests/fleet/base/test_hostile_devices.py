@@ -46,7 +46,7 @@ from agent.telemetry.series import LABEL_VALUE_LIMIT
 from tests.fleet.controller_process import ControllerProcess
 from tests.fleet.operator_side import announce, tiny_model, unique_prefix
 from tests.mqtt_probe import Probe
-from tests.waiting import wait_until
+from tests.waiting import patient, wait_until
 
 #: What an attacker's escape sequence tries to draw over the real progress or table.
 FAKE_LINE = "jet-01  ACTIVE      100%  4.0 KiB / 4.0 KiB"
@@ -281,7 +281,7 @@ def test_deploy_reports_a_malformed_device_and_goes_on(
     with Probe(broker.host, broker.port) as probe:
         thread = _play_devices(probe, prefix, scripts, bad_status_reply="jet-bad")
         code = _deploy(tmp_path, broker, prefix, "jet-ok,jet-bad", timeout=4)
-        thread.join(5)
+        thread.join(patient(5))
     out, err = capsys.readouterr()
     assert code == EXIT_MALFORMED, out + err
     _assert_terminal_safe(out + err)
@@ -312,7 +312,7 @@ def test_deploy_shows_hostile_device_text_escaped_and_capped(
     with Probe(broker.host, broker.port) as probe:
         thread = _play_devices(probe, prefix, scripts, bad_status_reply=None)
         code = _deploy(tmp_path, broker, prefix, "jet-evil,jet-nan", timeout=20)
-        thread.join(5)
+        thread.join(patient(5))
     out, err = capsys.readouterr()
     assert code == EXIT_FAILED, out + err
     _assert_terminal_safe(out + err)
@@ -345,7 +345,7 @@ def test_fleet_cmd_prints_a_hostile_reply_as_valid_escaped_json(
         thread = threading.Thread(target=answer, daemon=True)
         thread.start()
         code = main(["fleet", "cmd", "jet-evil", "status", *_broker_args(broker, prefix)])
-        thread.join(5)
+        thread.join(patient(5))
     out, err = capsys.readouterr()
     assert code == 0, err
     _assert_terminal_safe(out + err)

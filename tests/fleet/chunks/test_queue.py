@@ -6,6 +6,7 @@ import threading
 import time
 
 from agent.fleet.chunks.queue import ChunkQueue, PendingChunks
+from tests.waiting import patient
 
 
 def add(
@@ -73,7 +74,7 @@ def test_take_waits_for_an_add_and_close_wakes_it_for_good() -> None:
     taker.start()
     time.sleep(0.05)  # most often the taker waits before the add; either order must give the entry
     add(queue, "dev-a", [7])
-    taker.join(60.0)
+    taker.join(patient(60.0))
     assert [list(e.indices) for e in got if e is not None] == [[7]]
 
     add(queue, "dev-b", [1])

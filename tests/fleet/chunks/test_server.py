@@ -22,7 +22,7 @@ from agent.localbroker import Broker
 from agent.protocol.topics import Topics
 from tests.delivery.transfer_rig import KIB, Rig, manifest_for, random_model
 from tests.mqtt_probe import Probe, Received
-from tests.waiting import wait_until
+from tests.waiting import patient, wait_until
 
 CHUNK = 4 * KIB
 
@@ -230,7 +230,7 @@ class Gated(ChunkServer):
     def replies(self, index: int, data: bytes) -> list[tuple[int, bytes]]:
         if not self.held.is_set():
             self.held.set()
-            assert self.gate.wait(10.0)
+            assert self.gate.wait(patient(10.0))
         return [(index, data)]
 
 
@@ -241,7 +241,7 @@ def held_busy(rig: Rig, probe: Probe, manifest: DeployManifest, model: Path, **k
     server.register(manifest, model)
     probe.subscribe(f"{rig.prefix}/+/down/xfer/+")
     ask(probe, Topics(rig.prefix, "dev-busy"), manifest.sha256, [0])
-    assert server.held.wait(5.0)
+    assert server.held.wait(patient(5.0))
     return server
 
 

@@ -22,6 +22,7 @@ from agent.protocol.messages import JobState, JobStatus, encode
 from agent.protocol.topics import Topics
 from tests.fleet.operator_side import announce, tiny_model, unique_prefix
 from tests.mqtt_probe import Probe
+from tests.waiting import patient
 
 
 def _parse(*argv: str) -> argparse.Namespace:
@@ -104,7 +105,7 @@ def test_deploy_exits_non_zero_and_prints_each_failure(
                 "--broker", f"{broker.host}:{broker.port}", "--prefix", prefix,
             ]
         )  # fmt: skip
-        thread.join(5)
+        thread.join(patient(5))
     captured = capsys.readouterr()
     assert code == 1, captured.out + captured.err
     assert "UNSIGNED" in captured.out
@@ -245,7 +246,7 @@ def _manifest_sent(tmp_path: Path, broker: Broker, *flags: str) -> dict[str, Any
                 "--prefix", prefix, *flags,
             ]
         )  # fmt: skip
-        thread.join(5)
+        thread.join(patient(5))
     assert len(sent) == 1
     return sent[0]
 

@@ -14,6 +14,7 @@ from agent.localbroker import Broker
 from agent.protocol.topics import Topics
 from tests.fleet.operator_side import operator_settings, tiny_model, unique_prefix
 from tests.mqtt_probe import Probe
+from tests.waiting import patient
 
 
 def test_serves_repo_models_until_stopped(tmp_path: Path, broker: Broker) -> None:
@@ -33,7 +34,7 @@ def test_serves_repo_models_until_stopped(tmp_path: Path, broker: Broker) -> Non
         daemon=True,
     )
     thread.start()
-    assert ready.wait(10)
+    assert ready.wait(patient(10))
     topics = Topics(prefix, "jet-1")
     with Probe(broker.host, broker.port) as device:
         device.subscribe(topics.xfer_filter)
@@ -43,7 +44,7 @@ def test_serves_repo_models_until_stopped(tmp_path: Path, broker: Broker) -> Non
         )
         reply = device.wait_for_count(topics.xfer(sha), 1, timeout=10)[0]
     stop.set()
-    thread.join(10)
+    thread.join(patient(10))
 
     assert not thread.is_alive()
     assert reply.payload == data[1024:2048]

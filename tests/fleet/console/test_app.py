@@ -41,6 +41,7 @@ from tests.fleet.console_rig import (
     status,
     telemetry,
 )
+from tests.waiting import patient
 
 PREFIX = "fleet/v1"
 TOKEN = "s3cret-token-for-tests"
@@ -432,13 +433,13 @@ def test_the_served_console_streams_server_sent_events_and_stops(
     """A real uvicorn on a free loopback port (TestClient cannot read an endless response)."""
     server = serve_console(make_console_app(view, store, StoreActions(store), token=None), "127.0.0.1", 0)
     try:
-        connection = http.client.HTTPConnection(server.host, server.port, timeout=10)
+        connection = http.client.HTTPConnection(server.host, server.port, timeout=patient(10))
         connection.request("GET", "/events?want=devices&select=site%3Dparis")
         response = connection.getresponse()
         head = [response.readline() for _ in range(5)]
         feed(view, [status(PREFIX, "jet-03", "offline")])
         change = [response.readline() for _ in range(3)]
-        bad = http.client.HTTPConnection(server.host, server.port, timeout=10)
+        bad = http.client.HTTPConnection(server.host, server.port, timeout=patient(10))
         bad.request("GET", "/events?select=site%3Dberlin%2C%2C")
         bad_status = bad.getresponse().status
     finally:

@@ -51,7 +51,7 @@ from tests.fleet.console_rig import (
 )
 from tests.fleet.operator_side import operator_settings, unique_prefix
 from tests.mqtt_probe import Probe
-from tests.waiting import wait_until
+from tests.waiting import patient_ms, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -60,7 +60,7 @@ DOCS_IMG = Path(__file__).resolve().parents[3] / "docs" / "img"
 TOKEN = "console-test-token"
 DEVICES = [f"jet-{i:02d}" for i in range(8)]
 #: How long the page may take to show a change (the feed sends at most one frame a second).
-SHOWS_WITHIN_MS = 5000
+SHOWS_WITHIN_MS = patient_ms(5)
 
 
 @dataclass
@@ -126,6 +126,9 @@ def read_only_console(broker: Broker, tmp_path: Path) -> Iterator[Console]:
 @pytest.fixture
 def page(browser: Browser) -> Iterator[Page]:
     context = browser.new_context(viewport={"width": 1280, "height": 800})
+    # Playwright's own bounds (30 s for an action, 5 s for an expect) under the suite's patience.
+    context.set_default_timeout(patient_ms(30))
+    expect.set_options(timeout=patient_ms(5))
     p = context.new_page()
     errors: list[str] = []
     p.on("pageerror", lambda exc: errors.append(str(exc)))

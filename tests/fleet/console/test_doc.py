@@ -47,7 +47,7 @@ from tests.fleet.console_rig import telemetry
 from tests.fleet.operator_side import operator_settings, tiny_model, unique_prefix
 from tests.fleet.scripted_fleet import ScriptedFleet
 from tests.mqtt_probe import Probe
-from tests.waiting import wait_until
+from tests.waiting import patient, wait_until
 
 REPO = Path(__file__).resolve().parents[3]
 DOC = (REPO / "docs" / "console.md").read_text(encoding="utf-8")
@@ -158,12 +158,12 @@ class RealConsole:
         self.paths = paths  # the app's route paths
 
     def get(self, path: str) -> Any:
-        with urllib.request.urlopen(self.url + path, timeout=10) as response:
+        with urllib.request.urlopen(self.url + path, timeout=patient(10)) as response:
             return json.loads(response.read())
 
     def ask(self, method: str, path: str, headers: dict[str, str]) -> tuple[int, Any]:
         host, port = self.url.removeprefix("http://").rsplit(":", 1)
-        connection = http.client.HTTPConnection(host, int(port), timeout=10)
+        connection = http.client.HTTPConnection(host, int(port), timeout=patient(10))
         try:
             connection.request(method, path, headers=headers)
             response = connection.getresponse()
@@ -237,7 +237,7 @@ def real(tmp_path_factory: pytest.TempPathFactory, broker: Broker) -> Iterator[R
             yield console
     finally:
         stop.set()
-        loop.join(10)
+        loop.join(patient(10))
         controller.stop()
 
 

@@ -22,6 +22,7 @@ from agent.fleet.metrics.serving import metrics_asgi_app
 from agent.fleet.rollout.store import RolloutStore
 from agent.fleet.view.live import FleetView
 from tests.fleet.console_rig import StoreActions, feed, fleet_messages, make_rollout, new_store
+from tests.waiting import patient
 
 REPO = Path(__file__).resolve().parents[3]
 PREFIX = "fleet/v1"
@@ -68,7 +69,7 @@ def _serve(
 def _ask(server: ConsoleServer, method: str, path: str, host: str | None) -> tuple[int, bytes]:
     """One request with ``Host: host`` (None: no Host header at all); the status and the start of the
     body (/events never ends: only its first line is read)."""
-    connection = http.client.HTTPConnection(server.host, server.port, timeout=10)
+    connection = http.client.HTTPConnection(server.host, server.port, timeout=patient(10))
     try:
         connection.putrequest(method, path, skip_host=True, skip_accept_encoding=True)
         if host is not None:

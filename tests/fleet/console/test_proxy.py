@@ -27,7 +27,7 @@ from agent.fleet.console.server import ConsoleServer, serve_console
 from agent.fleet.view.live import FleetView
 from agent.localbroker import free_port
 from tests.fleet.console_rig import StoreActions, feed, fleet_messages, new_store
-from tests.waiting import wait_until
+from tests.waiting import patient, wait_until
 
 DOC = Path(__file__).resolve().parents[3] / "docs" / "console.md"
 NGINX = shutil.which("nginx") or "/usr/sbin/nginx"
@@ -104,7 +104,7 @@ def test_the_documented_tls_proxy_serves_the_console_and_streams_its_events(
         context.check_hostname = False  # the throw-away certificate names fleet.example.com
 
         def connect() -> http.client.HTTPSConnection:
-            return http.client.HTTPSConnection("127.0.0.1", port, context=context, timeout=10)
+            return http.client.HTTPSConnection("127.0.0.1", port, context=context, timeout=patient(10))
 
         named = {"Host": "fleet.example.com"}  # what a browser opening https://fleet.example.com/ sends
 
@@ -144,4 +144,4 @@ def test_the_documented_tls_proxy_serves_the_console_and_streams_its_events(
         stream.close()
     finally:
         nginx.terminate()
-        nginx.wait(10)
+        nginx.wait(patient(10))

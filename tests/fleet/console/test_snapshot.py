@@ -24,6 +24,7 @@ from agent.fleet.rollout.store import RolloutStore
 from agent.fleet.view.live import FleetView
 from agent.runtime.snapshot_command import RateLimitedError
 from tests.fleet.console_rig import StoreActions, feed, fleet_messages, new_store
+from tests.waiting import patient
 
 PREFIX = "fleet/v1"
 
@@ -40,7 +41,7 @@ class _Actions(StoreActions):
 
     def snapshot(self, device_id: str, stream: str | None) -> dict[str, Any]:
         self.entered.set()
-        assert self.release.wait(30)
+        assert self.release.wait(patient(30))
         if self.fail is not None:
             raise self.fail
         return super().snapshot(device_id, stream)
@@ -92,10 +93,10 @@ def test_one_snapshot_in_flight_per_device(view: FleetView, store: RolloutStore)
     client = TestClient(make_console_app(view, store, actions, token=token))
     with ThreadPoolExecutor(1) as pool:
         first = pool.submit(client.post, "/api/devices/jet-00/snapshot", headers=auth)
-        assert actions.entered.wait(30)
+        assert actions.entered.wait(patient(30))
         second = client.post("/api/devices/jet-00/snapshot", headers=auth)
         actions.release.set()
-        assert first.result(30).status_code == 200
+        assert first.result(patient(30)).status_code == 200
     assert second.status_code == 429
     assert "already being taken" in second.json()["error"]
     assert client.post("/api/devices/jet-00/snapshot", headers=auth).status_code == 200  # freed again

@@ -6,6 +6,7 @@ import threading
 
 from agent.fleet.controller.config import ControllerConfig
 from agent.fleet.controller.process import FleetController
+from tests.waiting import patient
 
 
 class RunningController:
@@ -32,5 +33,5 @@ class RunningController:
 
     def stop(self) -> None:
         self.stop_event.set()
-        self.thread.join(10)
+        self.thread.join(patient(10))
         self.controller.stop()

@@ -31,7 +31,7 @@ from tests.fleet.controller.test_process import _request, _start, _status
 from tests.fleet.operator_side import operator_settings, unique_prefix
 from tests.fleetsim.sim_fleet import SimFleet
 from tests.mqtt.tcp_proxy import FreezableProxy
-from tests.waiting import wait_until
+from tests.waiting import patient, wait_until
 
 #: Shadow and probation as operators run them (the rollout's defaults ask for neither).
 _GUARDS: dict[str, Any] = {"shadow": {"frames": 10}, "probation_s": 3.0}
@@ -259,7 +259,7 @@ def test_a_request_waits_while_the_lease_is_down_and_is_handled_once_it_is_back(
         wait_until(lambda: controller._requests.qsize() == 0, what="the loop to take the call")
         assert seen == []  # paused: taken, not run, while the lease is down
         broker.restart()
-        call.result(60)
+        call.result(patient(60))
         assert seen == [None]  # run with the lease held again
         assert loop.thread.is_alive(), failed
         wait_until(lambda: _answers_list(settings), timeout=60, what="the controller answering again")

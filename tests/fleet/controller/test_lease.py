@@ -33,7 +33,7 @@ from tests.fleet.controller.loop_thread import RunningController
 from tests.fleet.controller.test_process import _fleet, _request, _start, _wait_state
 from tests.fleet.operator_side import operator_settings, tiny_model, unique_prefix
 from tests.mqtt_probe import Probe
-from tests.waiting import wait_until
+from tests.waiting import patient, wait_until
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -78,7 +78,7 @@ class Child:
     def kill(self) -> None:
         if self.proc.poll() is None:
             self.proc.kill()
-        self.proc.wait(10)
+        self.proc.wait(patient(10))
 
 
 @pytest.fixture
@@ -133,7 +133,7 @@ def test_a_second_controller_refuses_naming_the_holder_and_a_rollout_is_made_onc
             _config_file(tmp_path / f"{name}.yaml", broker, prefix, keys, state),
             tmp_path / f"{name}.log",
         )
-        assert second.proc.wait(30) == 1, second.text()
+        assert second.proc.wait(patient(30)) == 1, second.text()
         (line,) = [ln for ln in second.text().splitlines() if ln.startswith("error:")]
         assert f"prefix {prefix} is held by controller {claim.holder}" in line
         assert f"pid {first.proc.pid} on {claim.host}, state_dir {tmp_path / 'state-a'}" in line
@@ -281,7 +281,7 @@ def test_a_standby_takes_over_from_a_killed_holder_and_finishes_its_rollout(
         _start(settings, model, _request(model, names, rollout_id="handover", on_timeout="wait"))
         wait_until(lambda: len(fleet.jobs()["k1"]) == 1, timeout=30, what="k1 ran its job")
         holder.proc.send_signal(signal.SIGKILL)
-        holder.proc.wait(10)
+        holder.proc.wait(patient(10))
         # The killed process's socket closes: the broker publishes its Last Will, which clears
         # the claim; the standby takes the lease and resumes the rollout from the store.
         standby.wait_serving_or_exit(timeout=60)
@@ -311,7 +311,7 @@ def test_a_holder_whose_lease_connection_is_taken_stops_and_does_not_take_it_bac
     controller, raised = loop.controller, loop.raised
     try:
         with Probe(broker.host, broker.port, client_id=controller.lease.client_id) as taker:
-            loop.thread.join(30)
+            loop.thread.join(patient(30))
             assert not loop.thread.is_alive()
             assert raised, "the controller went on after losing its lease connection"
             # The line docs/protocol.md quotes ("... another controller may hold prefix P now; stopping").

@@ -31,7 +31,7 @@ from agent.signing import load_public_key
 from tests.fleet.controller.loop_thread import RunningController
 from tests.fleet.operator_side import operator_settings, tiny_model, unique_prefix
 from tests.fleet.scripted_fleet import ScriptedFleet
-from tests.waiting import wait_until
+from tests.waiting import patient, wait_until
 
 SLOT = "cls"
 
@@ -339,7 +339,7 @@ def test_the_controller_killed_mid_wave_resumes_with_no_device_twice_and_none_sk
             )
             wait_until(lambda: len(fleet.jobs()["k0"]) == 1, timeout=30, what="k0 ran its job")
             child.send_signal(signal.SIGKILL)
-            child.wait(10)
+            child.wait(patient(10))
             fleet.set_online("k1", True)  # it gets the retained desired state while no controller runs
             wait_until(lambda: len(fleet.jobs()["k1"]) == 1, timeout=30, what="k1 ran its job")
             child = spawn()
@@ -347,7 +347,7 @@ def test_the_controller_killed_mid_wave_resumes_with_no_device_twice_and_none_sk
             jobs = fleet.jobs()
     finally:
         child.kill()
-        child.wait(10)
+        child.wait(patient(10))
     assert done["state"] == "DONE"
     assert done["devices"] == {"ACTIVE": 5}
     assert all(len(j) == 1 for j in jobs.values()), jobs
@@ -433,7 +433,7 @@ def test_the_controller_serves_the_console_and_metrics_and_its_pause_button_acts
             )
 
             def get(path: str) -> str:
-                with urllib.request.urlopen(url + path, timeout=10) as response:
+                with urllib.request.urlopen(url + path, timeout=patient(10)) as response:
                     return str(response.read().decode())
 
             wait_until(
@@ -443,12 +443,12 @@ def test_the_controller_serves_the_console_and_metrics_and_its_pause_button_acts
             assert '"web"' in get("/api/rollouts")
             refused = urllib.request.Request(url + "/api/rollouts/web/pause", method="POST")
             with pytest.raises(urllib.error.HTTPError) as no_token:
-                urllib.request.urlopen(refused, timeout=10)
+                urllib.request.urlopen(refused, timeout=patient(10))
             assert no_token.value.code == 401
             allowed = urllib.request.Request(
                 url + "/api/rollouts/web/pause", method="POST", headers={"Authorization": "Bearer s3cret"}
             )
-            with urllib.request.urlopen(allowed, timeout=10) as response:
+            with urllib.request.urlopen(allowed, timeout=patient(10)) as response:
                 assert "PAUSED" in response.read().decode()
             assert _status(settings, "web")["state"] == "PAUSED"
     finally:

@@ -38,7 +38,7 @@ from tests.fleet.operator_side import operator_settings, tiny_model, unique_pref
 from tests.fleet.rollout.test_store_faults import damage_every_third_page
 from tests.fleet.scripted_fleet import ScriptedFleet
 from tests.small_disk import small_disk
-from tests.waiting import wait_until
+from tests.waiting import patient, wait_until
 
 ROOT = Path(__file__).resolve().parents[3]
 SLOT = "cls"
@@ -102,7 +102,7 @@ class ControllerProcess:
 
     def stop(self) -> int:
         self.child.send_signal(signal.SIGTERM)
-        return self.child.wait(30)
+        return self.child.wait(patient(30))
 
 
 @pytest.mark.parametrize("damage", ["every third page", "emptied to 0 bytes"])
@@ -119,7 +119,7 @@ def test_a_controller_on_a_damaged_store_exits_with_one_line_naming_the_file(
     damaged = store.read_bytes()
     config = _config(tmp_path, broker, unique_prefix(), keys, state)
     done = subprocess.run(
-        _command(config), env=_env(), capture_output=True, text=True, timeout=60, check=False
+        _command(config), env=_env(), capture_output=True, text=True, timeout=patient(60), check=False
     )
     assert done.returncode == 1, done.stdout + done.stderr
     lines = done.stderr.splitlines()
@@ -156,11 +156,11 @@ def test_damage_met_by_a_running_controller_stops_it_with_one_line(
             cookie = vandal.execute("PRAGMA schema_version").fetchone()[0]
             vandal.execute(f"PRAGMA schema_version={cookie + 1}")  # the controller rereads the schema
             vandal.close()
-            code = controller.child.wait(30)
+            code = controller.child.wait(patient(30))
     finally:
         if controller.child.poll() is None:
             controller.child.kill()
-            controller.child.wait(10)
+            controller.child.wait(patient(10))
     stderr = errors.read_text()
     assert code == 1, controller.text()[-3000:] + stderr
     assert stderr.splitlines() == [stderr.strip()], stderr

@@ -30,7 +30,7 @@ from tests.fleet.controller.test_process import (
 )
 from tests.fleet.operator_side import announce, operator_settings, tiny_model
 from tests.mqtt_probe import Probe
-from tests.waiting import wait_until
+from tests.waiting import patient, wait_until
 
 __all__ = ["controller", "keys", "prefix"]  # fixtures this module's tests use
 
@@ -79,7 +79,7 @@ def test_watch_prints_again_when_the_build_moves_on_not_when_only_its_seconds_do
         probe.publish(
             job_topic, encode(JobStatus(job_id=started["job_id"], slot=SLOT, state=JobState.ACTIVE))
         )
-        watching.join(timeout=60)
+        watching.join(timeout=patient(60))
     out = capsys.readouterr().out
 
     assert codes == [0]  # DONE

@@ -26,7 +26,7 @@ from tests.fleet.console_rig import info
 from tests.fleet.controller.test_process import Running
 from tests.fleet.operator_side import operator_settings, unique_prefix
 from tests.mqtt_probe import Probe
-from tests.waiting import wait_until
+from tests.waiting import patient, wait_until
 
 TOKEN_TEXT = "a token of this test only"
 DOCS = Path(__file__).resolve().parents[3] / "docs"
@@ -84,7 +84,7 @@ def _post(url: str, token: str | None) -> tuple[int, dict[str, object]]:
     headers = {} if token is None else {"Authorization": f"Bearer {token}"}
     request = urllib.request.Request(url, method="POST", headers=headers)
     try:
-        with urllib.request.urlopen(request, timeout=30) as response:
+        with urllib.request.urlopen(request, timeout=patient(30)) as response:
             return response.status, json.loads(response.read())
     except urllib.error.HTTPError as exc:
         return exc.code, json.loads(exc.read())
@@ -92,7 +92,7 @@ def _post(url: str, token: str | None) -> tuple[int, dict[str, object]]:
 
 def _status_code(url: str) -> int:
     try:
-        with urllib.request.urlopen(url, timeout=10) as response:
+        with urllib.request.urlopen(url, timeout=patient(10)) as response:
             return int(response.status)
     except urllib.error.HTTPError as exc:
         return exc.code

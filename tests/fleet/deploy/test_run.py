@@ -33,6 +33,7 @@ from agent.protocol.topics import Topics
 from agent.signing import load_public_key
 from tests.fleet.operator_side import announce, operator_settings, tiny_model, unique_prefix
 from tests.mqtt_probe import Probe
+from tests.waiting import patient
 
 
 @pytest.fixture
@@ -124,7 +125,7 @@ def test_states_are_followed_repeats_dropped_and_nothing_undoes_the_end(
         assert deploy.snapshot()[0].bytes_done == 4096
         probe.publish(jobs, _status(deploy, JobState.ACTIVE))
         probe.publish(jobs, _status(deploy, JobState.DOWNLOADING))  # late echo after the end
-        outcome = deploy.wait(5)
+        outcome = deploy.wait(patient(5))
         deploy.poll(0.3)
     finally:
         deploy.stop()
@@ -156,10 +157,10 @@ def test_a_missed_final_state_is_read_with_the_status_command(
     thread = threading.Thread(target=device, daemon=True)
     thread.start()
     try:
-        outcome = deploy.wait(10)
+        outcome = deploy.wait(patient(10))
     finally:
         deploy.stop()
-    thread.join(5)
+    thread.join(patient(5))
     assert answered.is_set()
     assert json.loads(probe.on_topic(topics.cmd("status"))[0].payload)["args"] == {}
     progress = outcome.devices["dev"]
@@ -207,10 +208,10 @@ def test_a_missed_active_end_is_read_with_the_figures_the_device_kept(
     thread = threading.Thread(target=device, daemon=True)
     thread.start()
     try:
-        outcome = deploy.wait(10)
+        outcome = deploy.wait(patient(10))
     finally:
         deploy.stop()
-    thread.join(5)
+    thread.join(patient(5))
     progress = outcome.devices["dev"]
     assert progress.state is JobState.ACTIVE
     assert (progress.shadow, progress.probation) == (final.shadow, final.probation)
@@ -261,7 +262,7 @@ def test_an_unknown_device_is_waited_for_only_when_asked(
         probe.wait_for(lambda ms: len(ms) >= 1, timeout=5)  # it got the manifest: it may still come
         announce(probe, prefix, "jet-new")
         probe.publish(Topics(prefix, "jet-new").jobs(deploy.job_id), _status(deploy, JobState.ACTIVE))
-        outcome = deploy.wait(timeout=10)
+        outcome = deploy.wait(timeout=patient(10))
     assert outcome.ok
     assert not outcome.devices["jet-new"].unknown
 
@@ -280,7 +281,7 @@ def test_a_rate_capped_deploy_notices_bytes_it_did_not_send(
         for done in (0, 4096, total):
             probe.publish(jobs, _status(deploy, JobState.DOWNLOADING, bytes_done=done, bytes_total=total))
         probe.publish(jobs, _status(deploy, JobState.ACTIVE))
-        outcome = deploy.wait(timeout=10)
+        outcome = deploy.wait(timeout=patient(10))
     assert outcome.devices["dev"].served == 0
     assert outcome.devices["dev"].foreign_bytes == total - 4096 - plan.chunk_size
     assert outcome.rate_cap_lines()[0].startswith("dev: received")

@@ -15,6 +15,7 @@ from agent.protocol.messages import CommandReply, StatusMessage, encode
 from agent.protocol.topics import Topics
 from tests.fleet.operator_side import announce, operator_settings, unique_prefix
 from tests.mqtt_probe import Probe
+from tests.waiting import patient
 
 
 @pytest.fixture
@@ -39,7 +40,7 @@ def test_the_reply_with_our_correlation_data_is_returned(broker: Broker, probe: 
     thread = threading.Thread(target=device, daemon=True)
     thread.start()
     reply = send_command(operator_settings(broker, prefix), "jet-1", "rollback", {"slot": "cls"}, timeout=10)
-    thread.join(5)
+    thread.join(patient(5))
 
     assert reply.ok
     assert reply.result == {"args": {"slot": "cls"}}
@@ -81,7 +82,7 @@ def test_many_devices_are_asked_at_once_every_request_before_any_reply(broker: B
         d: answer_json(a)
         for d, a in ask_devices(operator_settings(broker, prefix), devices, "status", timeout=60).items()
     }
-    thread.join(5)
+    thread.join(patient(5))
     assert list(answers) == devices
     assert {d: (a["ok"], a["result"]) for d, a in answers.items()} == {
         d: (True, {"device": d}) for d in devices
@@ -103,7 +104,7 @@ def test_a_device_whose_retained_status_says_offline_is_answered_offline_not_wai
     settings = operator_settings(broker, prefix)
     asked = ask_devices(settings, ["jet-off", *online], "status", timeout=600)
     answers = {d: answer_json(a) for d, a in asked.items()}
-    thread.join(5)
+    thread.join(patient(5))
     assert list(answers) == ["jet-off", *online]
     assert answers["jet-off"]["ok"] is False
     assert answers["jet-off"]["error_code"] == "offline"
@@ -161,7 +162,7 @@ def test_a_reply_on_another_devices_topic_does_not_answer_for_it(broker: Broker,
     thread = threading.Thread(target=impostor, daemon=True)
     thread.start()
     [answer] = ask_devices(operator_settings(broker, prefix), ["jet-1"], "status", timeout=2).values()
-    thread.join(5)
+    thread.join(patient(5))
     assert answer_json(answer)["error_code"] == "no_reply"
 
 
@@ -210,7 +211,7 @@ def _answer_running_then(
         assert request.response_topic is not None
         running = CommandReply(command=name, ok=True, result={"slot": "cls", "state": "running"})
         probe.publish(request.response_topic, encode(running), correlation_data=request.correlation_data)
-        assert release.wait(30)
+        assert release.wait(patient(30))
         final = CommandReply(command=name, ok=True, result={"slot": "cls", "model": {"version": "1"}})
         probe.publish(request.response_topic, encode(final), correlation_data=request.correlation_data)
 
@@ -243,7 +244,7 @@ def test_a_device_that_answers_running_is_followed_to_its_final_reply_past_the_t
         follow_s=30,
         on_running=running,
     ).values()
-    device.join(5)
+    device.join(patient(5))
     assert heard == ["jet-1"]
     assert isinstance(answer, CommandReply)
     assert answer.result == {"slot": "cls", "model": {"version": "1"}}  # the final reply, not `running`
@@ -260,5 +261,5 @@ def test_a_running_answer_is_the_answer_for_a_caller_that_does_not_follow(
     device = _answer_running_then(probe, topics, "snapshot", release)
     reply = send_command(operator_settings(broker, prefix), "jet-1", "snapshot", timeout=10)
     release.set()
-    device.join(5)
+    device.join(patient(5))
     assert reply.result == {"slot": "cls", "state": "running"}

@@ -20,6 +20,7 @@ from agent.protocol.messages import CommandReply, encode
 from agent.protocol.topics import Topics
 from tests.fleet.operator_side import announce, unique_prefix
 from tests.mqtt_probe import Probe
+from tests.waiting import patient
 
 #: A PNG's first bytes: what the device sends instead of a JPEG.
 NOT_A_JPEG = base64.b64encode(b"\x89PNG\r\n\x1a\n" + bytes(64)).decode("ascii")
@@ -55,7 +56,7 @@ def test_a_snapshot_that_is_not_a_jpeg_is_refused_with_its_code_and_not_written(
         thread = _answer(probe, topics, "snapshot", [result])
         argv = ["fleet", "snapshot", "jet-01", "-o", str(output), *(["--json"] if as_json else [])]
         code = main([*argv, "--broker", f"{broker.host}:{broker.port}", "--prefix", prefix])
-        thread.join(10)
+        thread.join(patient(10))
     shown = capsys.readouterr()
     assert code == 1
     message = "the device's snapshot is not a JPEG (no SOI marker) (bad_snapshot)"
@@ -81,7 +82,7 @@ def test_an_evidence_frame_that_is_not_a_jpeg_is_refused_with_its_code_and_nothi
         thread = _answer(probe, topics, "evidence", [index, frame])
         argv = ["fleet", "evidence", "jet-01", "job-8", "-o", str(output)]
         code = main([*argv, "--broker", f"{broker.host}:{broker.port}", "--prefix", prefix])
-        thread.join(10)
+        thread.join(patient(10))
     shown = capsys.readouterr()
     assert code == 1
     assert shown.err.splitlines() == [

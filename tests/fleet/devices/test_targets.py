@@ -17,6 +17,7 @@ from agent.protocol.messages import CommandReply, InfoMessage, StatusMessage, en
 from agent.protocol.topics import Topics
 from tests.fleet.operator_side import tiny_model, unique_prefix
 from tests.mqtt_probe import Probe
+from tests.waiting import patient
 
 #: Three devices: two in Berlin (one without DLA), one in Paris.
 FLEET = {
@@ -128,7 +129,7 @@ def test_cmd_goes_to_each_selected_device_and_a_silent_one_does_not_hide_the_oth
                 *_broker_args(broker, prefix),
             ]
         )
-        thread.join(5)
+        thread.join(patient(5))
     shown = capsys.readouterr()
     replies = json.loads(shown.out)  # stdout is the JSON alone (`fleet cmd ... > out.json`)
     assert "cmd: selected 2 device(s)" in shown.err

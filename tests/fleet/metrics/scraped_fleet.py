@@ -32,6 +32,7 @@ from agent.protocol.topics import Topics
 from tests.fleet.operator_side import operator_settings, unique_prefix
 from tests.mqtt_probe import Probe
 from tests.prometheus_server import Prometheus
+from tests.waiting import patient
 
 TELEMETRY_EVERY_S = 0.5
 #: Seconds of silence after which the view calls a device stale (short, so tests see it happen).
@@ -166,7 +167,7 @@ class ScrapedFleet:
 
     def close(self) -> None:
         self._stop.set()
-        self._thread.join(5)
+        self._thread.join(patient(5))
         self.prometheus.stop()
         self.controller.stop()
         for device in self.devices.values():

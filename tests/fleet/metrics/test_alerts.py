@@ -24,7 +24,7 @@ from agent.protocol.messages import JobState, JobStatus, encode
 from tests.alertmanager_server import Alertmanager, WebhookReceiver, alertmanager_binary
 from tests.fleet.metrics.scraped_fleet import ScrapedFleet
 from tests.prometheus_server import Prometheus
-from tests.waiting import wait_until
+from tests.waiting import patient, wait_until
 
 REPO = Path(__file__).resolve().parents[3]
 RULES = REPO / "dashboards" / "edge-fleet-alerts.yml"
@@ -45,7 +45,9 @@ def _tool(name: str) -> str:
 
 def _run(*command: str) -> None:
     """Run a checker in the rules' directory (the test file names its rule file relatively)."""
-    done = subprocess.run(command, cwd=RULES.parent, capture_output=True, text=True, timeout=120, check=False)
+    done = subprocess.run(
+        command, cwd=RULES.parent, capture_output=True, text=True, timeout=patient(120), check=False
+    )
     assert done.returncode == 0, f"{' '.join(command)} failed:\n{done.stdout}{done.stderr}"
 
 

@@ -37,6 +37,7 @@ from agent.protocol.messages import (
 from agent.protocol.topics import Topics
 from agent.telemetry.prometheus import TelemetryEndpoint
 from agent.telemetry.series import LABEL_VALUE_LIMIT, series_of
+from tests.waiting import patient
 
 PREFIX = "fleet/v1"
 
@@ -255,12 +256,12 @@ def test_serve_metrics_answers_over_http() -> None:
     server = serve_metrics(view)
     url = f"http://127.0.0.1:{server.port}/metrics"
     try:
-        with urllib.request.urlopen(url, timeout=10) as reply:
+        with urllib.request.urlopen(url, timeout=patient(10)) as reply:
             text = reply.read().decode()
             assert reply.headers["Content-Type"] == "text/plain; version=0.0.4; charset=utf-8"
         # Prometheus asks for gzip: the same text, compressed.
         asked = urllib.request.Request(url, headers={"Accept-Encoding": "gzip"})
-        with urllib.request.urlopen(asked, timeout=10) as reply:
+        with urllib.request.urlopen(asked, timeout=patient(10)) as reply:
             assert reply.headers["Content-Encoding"] == "gzip"
             assert gzip.decompress(reply.read()).decode() == text
     finally:

@@ -17,6 +17,7 @@ from agent.fleet.rollout.records import DeviceStep, RolloutPlan, RolloutState, W
 from agent.fleet.rollout.store import RolloutStore
 from agent.fleet.rollout.store_file import SCHEMA_VERSION, OverlapError, RolloutStoreError, StoreDamagedError
 from agent.transitions import IllegalTransitionError
+from tests.waiting import patient
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -259,7 +260,7 @@ def test_a_controller_killed_mid_write_resumes_with_no_device_sent_twice_or_skip
         line = rest.split()
         if line[0] in _STEP_OF_LINE:
             reported[line[1]] = _STEP_OF_LINE[line[0]]
-    child.wait(timeout=10)
+    child.wait(timeout=patient(10))
     assert child.returncode == -signal.SIGKILL
 
     store = RolloutStore(db)
@@ -283,7 +284,7 @@ def test_a_controller_killed_mid_write_resumes_with_no_device_sent_twice_or_skip
     store.close()
 
     again = _driver(db, log, count)
-    out, _ = again.communicate(timeout=60)
+    out, _ = again.communicate(timeout=patient(60))
     assert again.returncode == 0
     assert out.splitlines()[-1] == "done"
     store = RolloutStore(db)

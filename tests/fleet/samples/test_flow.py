@@ -31,7 +31,7 @@ from agent.runtime.snapshots import SnapshotBoard
 from agent.spool import Spool
 from tests.fleet.operator_side import operator_settings, unique_prefix
 from tests.sample_results import result
-from tests.waiting import wait_until
+from tests.waiting import patient, wait_until
 
 
 @pytest.fixture
@@ -53,7 +53,7 @@ def controller(tmp_path: Path, broker: Broker, prefix: str) -> Iterator[FleetCon
     thread.start()
     yield controller
     stop.set()
-    thread.join(10)
+    thread.join(patient(10))
     controller.stop()
 
 

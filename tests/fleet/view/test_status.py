@@ -22,6 +22,7 @@ from agent.protocol.messages import (
 from agent.protocol.topics import Topics
 from tests.fleet.operator_side import operator_settings, unique_prefix
 from tests.mqtt_probe import Probe
+from tests.waiting import patient
 
 
 def test_devices_from_retained_status_and_info(broker: Broker) -> None:
@@ -126,7 +127,7 @@ def test_last_job_with_its_end_last_failure_and_telemetry_figures(broker: Broker
             rows = collect_fleet(operator_settings(broker, prefix), quiet_s=0.3, telemetry_wait_s=2.0)
         finally:
             stop.set()
-            thread.join(5)
+            thread.join(patient(5))
 
     jet_a, jet_b, quiet = rows
     assert (jet_a.fps, jet_a.cpu_percent, jet_a.temp_c) == (24.5, 37.2, 52.4)
@@ -173,7 +174,7 @@ def test_an_online_devices_info_that_comes_after_a_pause_is_waited_for(broker: B
         collector.start()
         time.sleep(1.0)  # five quiet periods: the collection would have ended here
         device.publish(late.info, encode(info), retain=True)
-        collector.join(30)
+        collector.join(patient(30))
         assert [(r.device, r.platform.get("device_model")) for r in rows] == [("jet-late", "Orin NX")]
 
         # A device online without an info costs the bounded wait, no more.

@@ -30,7 +30,7 @@ from agent.protocol.messages import (
 from agent.protocol.results import ClassScore
 from tests.fleet.operator_side import operator_settings, unique_prefix
 from tests.mqtt_probe import Probe
-from tests.waiting import wait_until
+from tests.waiting import patient, wait_until
 
 DEVICE = "jet-07"
 
@@ -82,7 +82,7 @@ class Watching:
         return self.out.getvalue().splitlines()
 
     def finish(self) -> list[str]:
-        self.thread.join(10)
+        self.thread.join(patient(10))
         assert not self.thread.is_alive()
         assert self.code == 0
         return self.lines()
