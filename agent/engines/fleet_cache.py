@@ -31,7 +31,7 @@ import threading
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -252,7 +252,7 @@ class FleetEngineCache:
             if not reply.ok or result.get("build", True):
                 if reply.ok and isinstance(result.get("claim"), dict):
                     self._count("claimed")
-                    self.claims.hold(ask.key, result["claim"])
+                    self.claims.hold(ask.key, result["claim"], ask.job_id)
                 say(f"fleet: {why}; building here")
                 return None
             spent = time.monotonic() - started
@@ -272,6 +272,10 @@ class FleetEngineCache:
     def release(self, key: str, reason: str) -> None:
         """This device gave up building ``key`` without an engine to offer: the next asker builds it."""
         self.claims.release(key, reason)
+
+    def release_job(self, job_id: str, reason: str, *, keep: Collection[str] = ()) -> list[str]:
+        """Job ``job_id`` will offer nothing more: every claim it still holds but ``keep``'s ends."""
+        return self.claims.release_job(job_id, reason, keep=keep)
 
     def _download_entry(
         self,

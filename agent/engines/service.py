@@ -204,12 +204,15 @@ class EngineService:
             effective = {**artifact.effective, "fleet_engine_failed": str(failed)[:300]}
             ok, reason, report = self._guard(slot, model, artifact, preprocess)
         elif failed is not None and stage == "load":
+            self._release_claim(artifact.key, f"the INT8 engine does not load here: {failed}")
             raise failed
         effective["int8_guard"] = {"passed": ok, "reason": reason, **(report or {})}
         say(f"int8 guard: {reason}")
         if ok:
             return PreparedEngine(artifact, effective)
         log.warning("engine.int8.rejected", slot=slot, reason=reason)
+        # This device goes on with another engine: the fleet stops waiting for this key's offer.
+        self._release_claim(artifact.key, f"the INT8 check rejected it: {reason}")
         fallback = (spec or BuildSpec()).model_copy(update={"precision": "fp16", "calibration": None})
         load_failure = (artifact.effective.get("fallback") or {}).get("stage") == "load"
         if load_failure:
@@ -222,6 +225,10 @@ class EngineService:
             artifact = self.builder.build(model, fallback, preprocess=preprocess, progress=say, cancel=cancel)
         effective = {**artifact.effective, "int8_guard": effective["int8_guard"], "fallback_reason": reason}
         return PreparedEngine(artifact, effective)
+
+    def _release_claim(self, key: str, reason: str) -> None:
+        if self.builder.fleet is not None:
+            self.builder.fleet.release(key, reason)
 
     def prepare_set(
         self,
