@@ -336,6 +336,8 @@ class FleetController:
         args: dict[str, Any] = json_object(message.payload)
         if verb == "engines":
             return engines_listing(self.engines)
+        if verb == "engines_release":
+            return self.engines.release(str(args.get("key", "")), str(args.get("reason", "")))
         if verb == "start":
             return self.start_rollout(RolloutRequest.model_validate(args))
         if verb == "list":

@@ -4,9 +4,11 @@ key, not one per asker").
 The first device that asks for a key nobody holds or builds is told to build it: it holds the key's
 **claim**. Every other device asking for that key meanwhile is told who builds it since when, and
 to ask again after ``retry_s`` (its model keeps serving). A claim ends when the engine is stored,
-when its holder releases it (its build failed, its job ended without an offer), when the holder's
-job is heard ending without ACTIVE, or when the holder is quiet (no ask, no renewal) for
-``quiet_s``: then the next asker gets it.
+when its holder releases it (its build failed, the INT8 check rejected the engine, its job went on
+with another engine or ended without an offer), when the holder's job is heard ending without
+ACTIVE or ACTIVE without offering this key for ``quiet_s``, when the holder is quiet (no ask, no
+renewal) for ``quiet_s``, or when the operator releases it (``fleet engines release``): then the
+next asker gets it.
 
 :class:`ClaimBook` decides; it keeps no clock of its own (``now``: monotonic seconds, passed in) and
 nothing unbounded: at most ``max_claims`` claims (more askers than that build without one, as before
@@ -57,6 +59,9 @@ class Claim:
     since: float  # Unix seconds (shown)
     heard: float  # monotonic seconds (expiry)
     waiters: set[str] = field(default_factory=set)
+    #: When the controller first heard the holder's job ACTIVE (monotonic seconds): it offers soon
+    #: after, or never (it went ACTIVE on another engine).
+    active_seen: float | None = None
 
 
 @dataclass(frozen=True)
@@ -85,7 +90,15 @@ class ClaimBook:
         self._claims: dict[str, Claim] = {}
         self._lock = threading.RLock()
         self.ended: list[tuple[str, str, str]] = []  # (key, device, why): the last few, for the log
-        self.stats = {"granted": 0, "waits": 0, "expired": 0, "released": 0, "unclaimed": 0}
+        self.stats = {
+            "granted": 0,
+            "waits": 0,
+            "expired": 0,
+            "released": 0,
+            "unclaimed": 0,
+            "operator_released": 0,
+            "job_ended": 0,
+        }
 
     def __len__(self) -> int:
         return len(self._claims)
@@ -114,7 +127,8 @@ class ClaimBook:
         if claim is not None and claim.device == device:
             # The holder asks again (a restart, a retried job): it still builds. Its ask is a heartbeat.
             claim.heard = now
-            claim.job_id = job_id or claim.job_id
+            if job_id and job_id != claim.job_id:
+                claim.job_id, claim.active_seen = job_id, None
             return Decision("build", claim)
         if claim is not None:
             if len(claim.waiters) < MAX_WAITERS:
@@ -155,6 +169,25 @@ class ClaimBook:
         return True
 
     @_locked
+    def matching(self, key: str) -> list[Claim]:
+        """The live claims whose key is ``key`` or starts with it (the listing shows 12 characters)."""
+        exact = self._claims.get(key)
+        if exact is not None:
+            return [exact]
+        return [c for c in self._claims.values() if key and c.key.startswith(key)]
+
+    @_locked
+    def withdraw(self, key: str, why: str) -> Claim | None:
+        """The operator ends ``key``'s claim whoever holds it (the holder hears so at its next renewal);
+        the claim ended, or None when there was none."""
+        claim = self._claims.get(key)
+        if claim is None:
+            return None
+        self._end(claim, f"released by the operator: {why}"[:300])
+        self.stats["operator_released"] += 1
+        return claim
+
+    @_locked
     def settled(self, key: str) -> None:
         """The engine of ``key`` is stored: its claim, if any, is over (waiters download it now)."""
         claim = self._claims.pop(key, None)
@@ -181,7 +214,10 @@ class ClaimBook:
         if now - claim.heard > self.quiet_s:
             self.stats["expired"] += 1
             return f"its builder was quiet for {now - claim.heard:.0f}s (more than {self.quiet_s:.0f}s)"
-        return ended(claim) if ended is not None else None
+        why = ended(claim) if ended is not None else None
+        if why is not None:
+            self.stats["job_ended"] += 1
+        return why
 
     def _end(self, claim: Claim, why: str) -> None:
         self._claims.pop(claim.key, None)

@@ -78,6 +78,18 @@ class EngineRequestError(AgentError):
     code = "engines"
 
 
+class UnknownClaimError(AgentError):
+    """``fleet engines release``: no live claim on that key."""
+
+    code = "unknown_claim"
+
+
+class AmbiguousClaimError(AgentError):
+    """``fleet engines release``: the key given starts several claims' keys."""
+
+    code = "ambiguous_key"
+
+
 @dataclass
 class _Upload:
     offer: EngineOffer
@@ -253,14 +265,59 @@ class EngineDesk:
             log.info("fleet.engines.claim_released", device=device, key=claim.key, reason=why)
         return {"released": released}
 
+    def release(self, key: str, reason: str = "") -> dict[str, Any]:
+        """The operator's ``fleet engines release KEY``: the claim on ``key`` (or the one key it starts)
+        ends; the holder hears so at its next renewal and the next asker builds."""
+        if len(key) < 6:
+            raise UnknownClaimError(f"key {shown(key, 64)!s}: give at least 6 characters of it")
+        found = self.claims.matching(key)
+        if not found:
+            live = ", ".join(c.key[:12] for c in self.claims.live(time.monotonic())[:5]) or "none"
+            raise UnknownClaimError(f"no build claim on key {shown(key, 64)} (claims now: {live})")
+        if len(found) > 1:
+            keys = ", ".join(c.key[:16] for c in found[:5])
+            raise AmbiguousClaimError(
+                f"key {shown(key, 64)} starts {len(found)} claims ({keys}): give more of it"
+            )
+        why = reason.strip()[:200] or "no reason given"
+        claim = self.claims.withdraw(found[0].key, why)
+        if claim is None:  # ended between the two looks
+            raise UnknownClaimError(f"no build claim on key {shown(key, 64)} any more")
+        log.warning(
+            "fleet.engines.claim_released_by_operator", key=claim.key, device=claim.device, reason=why
+        )
+        return {
+            "released": True,
+            "key": claim.key,
+            "device": claim.device,
+            "job_id": claim.job_id,
+            "since": claim.since,
+            "waiting": len(claim.waiters),
+            "reason": why,
+        }
+
     def _claim_ended(self, claim: Claim) -> str | None:
-        """The holder's job ended without ACTIVE (it will never offer), or None."""
+        """The holder's job ended without ACTIVE, or went ACTIVE ``quiet_s`` ago without offering this
+        key (it runs another engine: it will never offer), or None."""
         if claim.job_id is None:
             return None
         facts = self._job_facts(claim.device, claim.job_id)
-        if facts is None or facts.state in _STILL_RUNNING or facts.state == JobState.ACTIVE.value:
+        if facts is None or facts.state in _STILL_RUNNING:
             return None
-        return f"its job {claim.job_id} ended {facts.state}"
+        if facts.state != JobState.ACTIVE.value:
+            return f"its job {claim.job_id} ended {facts.state}"
+        now = time.monotonic()
+        if claim.active_seen is None:
+            claim.active_seen = now
+        upload = self._uploads.get(claim.device)
+        if upload is not None and upload.offer.key == claim.key:
+            return None  # its offer is coming in
+        if now - claim.active_seen <= self.claims.quiet_s:
+            return None
+        return (
+            f"its job {claim.job_id} went ACTIVE {now - claim.active_seen:.0f}s ago and offered no "
+            "engine of this key (it runs another one)"
+        )
 
     def offer(self, device: str, offer: EngineOffer) -> dict[str, Any]:
         if self.store.get(offer.key) is not None:

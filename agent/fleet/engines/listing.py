@@ -99,3 +99,12 @@ def _withdrawn_line(row: dict[str, Any]) -> str:
             f" withdrawn {at}: {shown(row['reason'], 200)}"
         )
     return line
+
+
+def released_line(result: dict[str, Any]) -> str:
+    """``fleet engines release``'s answer: which claim ended, whose it was, how many devices waited."""
+    since = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(float(result["since"])))
+    return (
+        f"released the build claim on {shown(str(result['key'])[:12])} held by {shown(result['device'], 64)} "
+        f"since {since} UTC; {result['waiting']} device(s) waited for it: the next to ask builds it"
+    )
