@@ -75,7 +75,12 @@ class SlotDeployments:
                 reporter.build(due.as_dict())
 
         try:
-            with heartbeat(beat), FleetEngineCache.sharing(reporter.share_engines, reporter.job_id):
+            with (
+                heartbeat(beat),
+                FleetEngineCache.sharing(
+                    reporter.share_engines, reporter.job_id, reporter.model_id, reporter.version
+                ),
+            ):
                 prepared, *more = self._owner.engines.prepare_set(
                     slot, model, spec, preprocess, progress=progress, cancel=reporter.cancel
                 )

@@ -80,6 +80,7 @@ def offer_when_active(
         job_id=job_id or request.version,
         shadow=request.shadow is not None,
         probation_s=request.probation_s,
+        model=(request.model_id, request.version),
     )
 
 

@@ -32,6 +32,7 @@ import pytest
 from agent.datasets.shapes import MODEL_PATH
 from agent.engines.spec import BuildSpec, CalibrationSource
 from agent.fleet.engines.claims import ClaimBook
+from agent.fleet.engines.hooks import engines_listing
 from agent.fleet.engines.settings import EngineShareSettings
 from agent.localbroker import Broker
 from agent.protocol.messages import JobState
@@ -306,7 +307,13 @@ def test_an_int8_engine_the_check_rejects_releases_its_claim_and_the_next_wave_d
     )
     (int8_key,) = released_by(claims, first, "the INT8 check rejected it")
     wait_until(lambda: len(store.entries()) == 1, timeout=60.0, what="the FP16 engine stored")
-    assert store.entries()[0].record.key != int8_key
+    (stored,) = store.entries()
+    assert stored.record.key != int8_key
+    # The listing names its model, version and precision, as the builder's job said.
+    (row,) = [
+        r for rows in engines_listing(controller.controller.engines)["fingerprints"].values() for r in rows
+    ]
+    assert (row["model_id"], row["version"], row["precision"]) == ("cls", "2", effective["precision"])
     wait_until(lambda: len(claims) == 0, timeout=30.0, what="no claim left")
 
     # Wave 2: nobody holds the INT8 key, so the device builds it at once (and releases it in turn) and

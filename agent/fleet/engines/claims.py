@@ -62,6 +62,10 @@ class Claim:
     #: When the controller first heard the holder's job ACTIVE (monotonic seconds): it offers soon
     #: after, or never (it went ACTIVE on another engine).
     active_seen: float | None = None
+    #: What the builder said it builds: model, version, precision (shown; None when not said).
+    model_id: str | None = None
+    version: str | None = None
+    precision: str | None = None
 
 
 @dataclass(frozen=True)
@@ -116,8 +120,10 @@ class ClaimBook:
         fingerprint: str,
         now: float,
         ended: EndedFn | None = None,
+        model: tuple[str | None, str | None, str | None] = (None, None, None),
     ) -> Decision:
-        """``device`` asks for ``key`` and the fleet holds no such engine: who builds it."""
+        """``device`` asks for ``key`` and the fleet holds no such engine: who builds it. ``model``: the
+        model, version and precision the asker said it wants (kept with a claim it gets)."""
         claim = self._claims.get(key)
         if claim is not None:
             why = self._over(claim, now, ended)
@@ -140,6 +146,7 @@ class ClaimBook:
             self.stats["unclaimed"] += 1
             return Decision("build_unclaimed", None)
         claim = Claim(key, device, job_id, fingerprint, time.time(), now)
+        claim.model_id, claim.version, claim.precision = model
         self._claims[key] = claim
         self.stats["granted"] += 1
         return Decision("build", claim)

@@ -224,6 +224,7 @@ class EngineDesk:
             fingerprint=ask.fingerprint or "",
             now=time.monotonic(),
             ended=self._claim_ended,
+            model=(ask.model_id, ask.version, ask.precision),
         )
         key = ask.key[:12]
         if decision.kind == "build_unclaimed":
@@ -385,7 +386,9 @@ class EngineDesk:
         )
         signed = sign_record(record, self._key, self._key_id)
         self._uploads.pop(device, None)
-        self.store.add(signed, record, keep_blobs=self._pending_blobs())
+        self.store.add(
+            signed, record, keep_blobs=self._pending_blobs(), model_id=offer.model_id, version=offer.version
+        )
         self.claims.settled(offer.key)
         self.stats["stored"] += 1
         return {"stored": True}
@@ -415,6 +418,9 @@ class EngineDesk:
                 build_seconds=record.build_seconds,
                 reuse=entry.reuse,
                 last_used=entry.last_used,
+                model_id=entry.model_id,
+                version=entry.version,
+                precision=engine_precision(record.meta),
             )
             by_platform.setdefault(record.fingerprint, []).append(row.model_dump(mode="json"))
         now = time.monotonic()
@@ -428,6 +434,9 @@ class EngineDesk:
                 since=c.since,
                 heard_s=round(now - c.heard, 1),
                 waiting=len(c.waiters),
+                model_id=c.model_id,
+                version=c.version,
+                precision=c.precision,
             ).model_dump(mode="json")
             for c in self.claims.live(now)
         ]
@@ -439,3 +448,10 @@ class EngineDesk:
             "sharing": self.settings.share and self.can_vouch,
             "signed": self.can_vouch,
         }
+
+
+def engine_precision(meta: dict[str, Any]) -> str | None:
+    """The precision an engine was built at, from its sidecar's identity (None: not there)."""
+    identity = meta.get("identity")
+    precision = identity.get("precision") if isinstance(identity, dict) else None
+    return precision if precision in ("fp32", "fp16", "int8") else None

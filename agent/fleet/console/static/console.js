@@ -716,9 +716,16 @@ function size(n) {
 // Engines change when a device offers or drops one (minutes apart): read again at this interval.
 const ENGINES_REFRESH_MS = 5000;
 
+// A key's model, version and precision, as its builder said ("-" where it did not).
+function modelCells(row) {
+  return [el("td", { className: "model" }, row.model_id || "-"), el("td", { className: "version" }, row.version || "-"),
+    el("td", { className: "precision" }, row.precision || "-")];
+}
+
 function engineRow(e) {
   return el("tr", { dataset: { key: e.key } },
     el("td", { className: "mono key", title: e.key }, e.key.slice(0, 12)),
+    ...modelCells(e),
     el("td", { className: "num size" }, size(e.bytes)),
     el("td", { className: "built-by" }, el("a", { href: "/device/" + encodeURIComponent(e.built_by) }, e.built_by)),
     el("td", { className: "built-at" }, when(e.built_at)),
@@ -736,19 +743,19 @@ function enginesView(listing) {
   for (const [fingerprint, rows] of fingerprints) {
     parts.push(el("section", { className: "fingerprint", dataset: { fingerprint } },
       el("h2", {}, fingerprint),
-      table("", ["key", "size", "built by", "built at", "build", "reused", "last used"], rows.map(engineRow))));
+      table("", ["key", "model", "version", "precision", "size", "built by", "built at", "build", "reused", "last used"], rows.map(engineRow))));
   }
   if (!fingerprints.length) parts.push(el("p", { className: "muted" }, "No engines yet: a device offers its engine once its job ran to ACTIVE through shadow and probation."));
   const claims = listing.claims || [];
   if (claims.length) {
     // One build per key: the device building it now, and how many devices wait for its engine.
     const rows = claims.map((c) => el("tr", { className: "claim", dataset: { key: c.key } },
-      el("td", { className: "mono key", title: c.key }, c.key.slice(0, 12)), el("td", {}, c.fingerprint),
+      el("td", { className: "mono key", title: c.key }, c.key.slice(0, 12)), ...modelCells(c), el("td", {}, c.fingerprint),
       el("td", {}, c.device), el("td", {}, new Date(c.since * 1000).toISOString().slice(0, 19).replace("T", " ")),
       el("td", {}, Math.round(c.heard_s) + " s ago"), el("td", {}, String(c.waiting))));
     parts.push(el("section", { id: "claims" },
       el("h2", {}, "Being built now (" + claims.length + "): one device builds, the others wait and download"),
-      table("", ["key", "fingerprint", "builder", "since (UTC)", "last heard", "waiting"], rows)));
+      table("", ["key", "model", "version", "precision", "fingerprint", "builder", "since (UTC)", "last heard", "waiting"], rows)));
   }
   const withdrawn = listing.withdrawn || [];
   if (withdrawn.length) {
