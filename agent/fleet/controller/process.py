@@ -48,7 +48,7 @@ from agent.fleet.devices.evidence import evidence_json, fetch_evidence
 from agent.fleet.devices.snapshot import snapshot_json, take_snapshot
 from agent.fleet.engines.hooks import engine_desk_for, engines_listing, job_facts_in, share_engines_of
 from agent.fleet.rollout.actions import WrongStateError, action_refusal
-from agent.fleet.rollout.records import RolloutState
+from agent.fleet.rollout.records import OPERATOR_ABORT, RolloutState
 from agent.fleet.rollout.report import rollout_status
 from agent.fleet.rollout.runner import RolloutRunner
 from agent.fleet.rollout.spec import RolloutRequest, request_of
@@ -169,6 +169,7 @@ class FleetController:
                 ConsoleCalls(self),
                 self.config.http,
                 engines=lambda: engines_listing(self.engines),
+                desk=self.engines,
             )
         log.info(
             "fleet.controller.started",
@@ -422,7 +423,7 @@ class FleetController:
         assert self.store is not None
         self._allow("abort", rollout_id)
         self.store.note(rollout_id, "abort", rollback=rollback, by="operator")
-        self.store.set_state(rollout_id, RolloutState.ABORTED, "aborted by the operator")
+        self.store.set_state(rollout_id, RolloutState.ABORTED, OPERATOR_ABORT)
         if rollout_id not in self.runners:
             self.runners[rollout_id] = self._runner(rollout_id)
         return self.status(rollout_id)

@@ -59,6 +59,8 @@ class Claim:
     since: float  # Unix seconds (shown)
     heard: float  # monotonic seconds (expiry)
     waiters: set[str] = field(default_factory=set)
+    #: When each waiter first asked (monotonic seconds): how long it has waited for this build.
+    waiting_since: dict[str, float] = field(default_factory=dict)
     #: When the controller first heard the holder's job ACTIVE (monotonic seconds): it offers soon
     #: after, or never (it went ACTIVE on another engine).
     active_seen: float | None = None
@@ -102,6 +104,7 @@ class ClaimBook:
             "unclaimed": 0,
             "operator_released": 0,
             "job_ended": 0,
+            "stored": 0,
         }
 
     def __len__(self) -> int:
@@ -139,6 +142,7 @@ class ClaimBook:
         if claim is not None:
             if len(claim.waiters) < MAX_WAITERS:
                 claim.waiters.add(device)
+                claim.waiting_since.setdefault(device, now)
             self.stats["waits"] += 1
             return Decision("wait", claim, self.retry_for(claim))
         self.expire(now, ended)
@@ -199,6 +203,7 @@ class ClaimBook:
         """The engine of ``key`` is stored: its claim, if any, is over (waiters download it now)."""
         claim = self._claims.pop(key, None)
         if claim is not None:
+            self.stats["stored"] += 1
             self._remember(claim, "stored")
 
     @_locked
@@ -211,6 +216,15 @@ class ClaimBook:
                 self._end(claim, why)
                 gone.append(claim)
         return gone
+
+    @_locked
+    def waiting(self, now: float) -> dict[str, tuple[str, float]]:
+        """Each device waiting for a claimed build: (the device building it, seconds waited so far)."""
+        return {
+            device: (claim.device, round(now - since, 1))
+            for claim in self._claims.values()
+            for device, since in claim.waiting_since.items()
+        }
 
     @_locked
     def live(self, now: float) -> list[Claim]:

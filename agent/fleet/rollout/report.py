@@ -15,7 +15,7 @@ from typing import Any
 
 from agent.errors import AgentError
 from agent.fleet.base.untrusted import shown
-from agent.fleet.rollout.building import Builds, building_devices
+from agent.fleet.rollout.building import Builds, Waits, building_devices
 from agent.fleet.rollout.gate import GatePolicy
 from agent.fleet.rollout.problems import MAX_LISTED, device_problems
 from agent.fleet.rollout.records import DeviceStep
@@ -24,10 +24,12 @@ from agent.fleet.rollout.store import RolloutStore
 from agent.fleet.rollout.waves import format_duration
 
 
-def rollout_status(store: RolloutStore, rollout_id: str, builds: Builds | None = None) -> dict[str, Any]:
-    """Everything ``status`` shows of one rollout: its state, each wave with counts, the rollback, and
-    the devices building now, from ``builds`` (the controller's :meth:`FleetView.builds`; none given:
-    none listed)."""
+def rollout_status(
+    store: RolloutStore, rollout_id: str, builds: Builds | None = None, waits: Waits | None = None
+) -> dict[str, Any]:
+    """Everything ``status`` shows of one rollout: its state, each wave with counts and times, the
+    rollback, and the devices building now, from ``builds`` (the controller's :meth:`FleetView.builds`;
+    none given: none listed), each waiting for whose build where ``waits`` (the build claims) says."""
     row = store.rollout(rollout_id)
     devices = store.devices(rollout_id)
     request = row.spec.get("request", {})
@@ -49,7 +51,7 @@ def rollout_status(store: RolloutStore, rollout_id: str, builds: Builds | None =
             }
         )
     problems, left_off = device_problems(devices, _policy(row.spec))
-    building, building_left_off = building_devices(devices, builds or {})
+    building, building_left_off = building_devices(devices, builds or {}, waits)
     return {
         "rollout_id": row.rollout_id,
         "state": row.state.value,
