@@ -344,9 +344,11 @@ class FleetController:
         if verb == "list":
             limit = int(args.get("limit", 50))
             builds = self.view.builds()  # one look at the devices for every rollout listed
+            waits = self.engines.claims.waiting(time.monotonic())
             return {
                 "rollouts": [
-                    rollout_status(self.store, r.rollout_id, builds) for r in self.store.rollouts(limit)
+                    rollout_status(self.store, r.rollout_id, builds, waits)
+                    for r in self.store.rollouts(limit)
                 ]
             }
         rollout_id = args.get("rollout_id")
@@ -370,7 +372,8 @@ class FleetController:
     def status(self, rollout_id: str) -> dict[str, Any]:
         """The rollout's status, with its devices building now (their progress: in memory only)."""
         assert self.store is not None
-        return rollout_status(self.store, rollout_id, self.view.builds())
+        waits = self.engines.claims.waiting(time.monotonic())  # who waits for whose build
+        return rollout_status(self.store, rollout_id, self.view.builds(), waits)
 
     # -- the actions (the console calls these too) ---------------------------------------------------
 

@@ -148,6 +148,7 @@ def status_lines(status: dict[str, Any], now: float | None = None) -> list[str]:
         counts = ", ".join(f"{k} {v}" for k, v in wave["ends"].items())
         lines.append(
             f"  wave {wave['index'] + 1}: {wave['state']:<9} {wave['devices']:>5} device(s)  {counts}"
+            + wave_times(wave)
         )
         if wave["reason"] and wave["state"] not in ("WAITING",):
             lines.append(f"          {wave['reason']}")
@@ -168,6 +169,20 @@ def status_lines(status: dict[str, Any], now: float | None = None) -> list[str]:
             line += f"; {len(rollback['no_previous'])} had no previous model"
         lines.append(line)
     return lines
+
+
+def wave_times(wave: Mapping[str, Any]) -> str:
+    """``  09:16:23-09:26:30 UTC (10 min 07 s)`` for an ended wave, ``  since 09:26:30 UTC`` for one
+    running (no seconds counting up: ``--watch`` prints again only when something changed), ""
+    for one not started."""
+    started, ended = wave.get("started_at"), wave.get("ended_at")
+    if not isinstance(started, (int, float)):
+        return ""
+    start = time.strftime("%H:%M:%S", time.gmtime(started))
+    if not isinstance(ended, (int, float)):
+        return f"  since {start} UTC"
+    end = time.strftime("%H:%M:%S", time.gmtime(ended))
+    return f"  {start}-{end} UTC ({format_duration(ended - started)})"
 
 
 #: Building devices ``status`` prints as text (``--json`` carries up to MAX_BUILDING).

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -197,3 +198,36 @@ def test_the_rollouts_page_shows_each_building_devices_phase_frames_elapsed_and_
     ]
     assert still == "jet-01\t1\tslimming, 4 s"  # jet-00 left BUILDING: its row went with it
     assert job_row.split("\t")[:3] == ["job-r-int8", "main", "BUILDING slimming, 4 s"]
+
+
+@pytest.fixture
+def waiting_console(broker: Broker, tmp_path: Path, desk: EngineDesk) -> Iterator[Console]:
+    """A console told who waits for whose build by the engine desk's claims, as the controller does."""
+    yield from _serve(broker, tmp_path, TOKEN, waits=lambda: desk.claims.waiting(time.monotonic()))
+
+
+def test_a_device_waiting_for_another_devices_build_says_whose_and_how_long(
+    waiting_console: Console, desk: EngineDesk, page: Page
+) -> None:
+    """Not "planning": the rollouts page names the device whose build (a claim at the controller's
+    real engine desk) the waiting device waits for, and how long it has waited."""
+    console = waiting_console
+    ask = EngineAsk(key="ef" * 32, job_id="job-r-wait", model_id="cls", version="5", precision="int8")
+    assert desk.handle("jet-07", "ask", ask.model_dump_json().encode(), {})["build"] is True
+    assert desk.handle("jet-00", "ask", ask.model_dump_json().encode(), {})["build"] is False
+    console.publish(list(fleet_messages(console.prefix, ["jet-00"])))
+    wait_until(lambda: len(console.view.devices()) == 1, what="the device in the view")
+    make_rollout(console.store, "r-wait", [["jet-00"]])
+    console.store.set_wave("r-wait", 0, WaveState.RUNNING, reason="started")
+    console.store.mark_sending("r-wait", "jet-00")
+    console.store.mark_sent("r-wait", "jet-00")
+    planning = BuildProgressInfo(phase="planning", elapsed_s=35.0)
+    console.publish([building(console.prefix, "jet-00", "job-r-wait", JobState.BUILDING, planning)])
+    page.goto(console.server.url + "/rollouts")
+    note = page.locator('section[data-rollout="r-wait"] .building tr[data-device="jet-00"] .build-note')
+    expect(note).to_have_text(re.compile(r"waiting for jet-07's build, \d+ s"), timeout=SHOWS_WITHIN_MS)
+    api = json.loads(page.request.get(console.server.url + "/api/rollout/r-wait").text())
+    (entry,) = api["building"]
+    assert entry["waiting_for"] == "jet-07"
+    assert entry["waited_s"] >= 0
+    assert entry["phase"] == "planning"

@@ -469,6 +469,15 @@ function buildingBox(r) {
     table("", ["device", "wave", "build"], rows), more);
 }
 
+// "09:16:23-09:26:30 (10m 7s)" for an ended wave, "since 09:26:30" for a running one, as
+// `fleet rollout status` prints them (UTC, the controller's clock).
+function waveTimes(w) {
+  const clock = (ts) => new Date(ts * 1000).toISOString().slice(11, 19);
+  if (w.started_at === null || w.started_at === undefined) return "-";
+  if (w.ended_at === null || w.ended_at === undefined) return "since " + clock(w.started_at);
+  return clock(w.started_at) + "-" + clock(w.ended_at) + " (" + duration(w.ended_at - w.started_at) + ")";
+}
+
 function rolloutCard(r) {
   const open = r.state === "RUNNING" || r.state === "PAUSED";
   const id = r.rollout_id;
@@ -482,7 +491,8 @@ function rolloutCard(r) {
   const waves = r.waves.map((w) => el("tr", { dataset: { wave: String(w.index) } },
     el("td", { className: "num" }, w.wave), el("td", { className: "wave-state" }, badge(w.state)),
     el("td", { className: "num wave-devices" }, w.devices), el("td", { className: "wave-steps" }, counts(w.steps)),
-    el("td", { className: "wave-ends" }, counts(w.ends)), el("td", { className: "wave-gate" }, gateWords(w, r.policy)), el("td", {}, w.reason)));
+    el("td", { className: "wave-ends" }, counts(w.ends)), el("td", { className: "wave-times" }, waveTimes(w)),
+    el("td", { className: "wave-gate" }, gateWords(w, r.policy)), el("td", {}, w.reason)));
   const list = el("div", { className: "device-rows" }, el("p", { className: "muted" }, "…"));
   const devices = el("details", { className: "devices", open: openLists.has(id) },
     el("summary", {}, "Devices (" + r.devices.total + "): wave, state, error code, the figure that failed"), list);
@@ -497,7 +507,7 @@ function rolloutCard(r) {
     r.reason ? el("p", { className: "reason" }, r.reason) : null,
     rollbackWords(r.rollback),
     el("p", { className: "totals" }, "steps: " + counts(r.devices.steps) + "; ends: " + counts(r.devices.ends)),
-    table("", ["wave", "state", "devices", "steps", "ends", "gate", "reason"], waves),
+    table("", ["wave", "state", "devices", "steps", "ends", "time (UTC)", "gate", "reason"], waves),
     buildingBox(r),
     devices);
 }
