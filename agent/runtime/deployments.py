@@ -85,7 +85,7 @@ class SlotDeployments:
                     slot, model, spec, preprocess, progress=progress, cancel=reporter.cancel
                 )
         except BaseException as exc:
-            release_job_claims(self._owner.engines, reporter.job_id, f"the job's build failed: {exc}")
+            release_job_claims(self._owner.engines, reporter.job_id or "", f"the job's build failed: {exc}")
             raise
         reporter.progress(1.0)
         self._engine_keys[prepared.artifact.engine_path] = (prepared.artifact.key, spec, [prepared, *more])

@@ -301,7 +301,7 @@ def test_an_int8_engine_the_check_rejects_releases_its_claim_and_the_next_wave_d
     assert effective["int8_guard"]["passed"] is False, effective
     assert effective["engine_source"]["origin"] == "built"
     wait_until(
-        lambda: released_by(claims, first, "the INT8 check rejected it"),
+        lambda: bool(released_by(claims, first, "the INT8 check rejected it")),
         timeout=60.0,
         what=f"{first} releasing the INT8 key's claim",
     )

@@ -273,11 +273,11 @@ class FleetMetrics:
             changed = self.rollout_changed(row.rollout_id) if self.rollout_changed is not None else None
             if changed is not None:
                 times[LAST_CHANGE].append(LAST_CHANGE.line(labels_text(named), changed))
-            for wave in self.rollout_waves(row.rollout_id) if self.rollout_waves is not None else ():
-                pairs = labels_text([*rollout, ("wave", str(wave.index + 1))])
-                for head, at in ((WAVE_STARTED, wave.started_at), (WAVE_ENDED, wave.ended_at)):
+            for stored in self.rollout_waves(row.rollout_id) if self.rollout_waves is not None else ():
+                numbered = labels_text([*rollout, ("wave", str(stored.index + 1))])
+                for head, at in ((WAVE_STARTED, stored.started_at), (WAVE_ENDED, stored.ended_at)):
                     if at is not None:
-                        times[head].append(head.line(pairs, at))
+                        times[head].append(head.line(numbered, at))
             labels = [
                 ("rollout_id", row.rollout_id),
                 ("slot", label_value(row.slot)),

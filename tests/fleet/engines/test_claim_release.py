@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from agent.fleet.engines.desk import EngineDesk
+from agent.fleet.engines.listing import released_line
 from agent.fleet.engines.settings import EngineShareSettings
 from agent.fleet.engines.trust import JobFacts
 from agent.localbroker import Broker
@@ -121,3 +122,10 @@ def test_the_operator_releases_a_stuck_claim_and_the_next_asker_builds(
         assert "released the build claim on c0ffee222222 held by d1" in capsys.readouterr().out
     ended = controller.controller.engines.claims.ended
     assert any(k == KEY and "released by the operator: stuck" in why for k, _d, why in ended)
+
+
+def test_the_release_example_in_docs_fleet_md_is_what_the_command_prints() -> None:
+    doc = (Path(__file__).resolve().parents[3] / "docs" / "fleet.md").read_text()
+    shown = doc.split("$ edge-agent fleet engines release ", 1)[1].split("\n```", 1)[0].splitlines()[1]
+    result = {"key": "7d2c4e6f8a0b" * 5 + "1234", "device": "jet-c4", "since": 1772370300.0, "waiting": 17}
+    assert released_line(result) == shown
