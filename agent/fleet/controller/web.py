@@ -70,7 +70,7 @@ def engine_figures(desk: EngineDesk) -> EngineFigures:
     """What ``/metrics`` shows of the engine desk now: engines held and withdrawn, claims held, the
     oldest's age, the devices waiting, and the claims ended since start by why."""
     now = time.monotonic()
-    live = desk.claims.live(now)
+    live = desk.live_claims(now)
     stats = desk.claims.stats
     ended = {
         "stored": stats["stored"],

@@ -161,10 +161,16 @@ class ClaimBook:
         return round(min(MAX_RETRY_S, max(self.retry_s, len(claim.waiters) / ASKS_PER_S)), 1)
 
     @_locked
-    def renew(self, key: str, device: str, now: float) -> bool:
-        """The holder's heartbeat: True when ``device`` holds ``key``'s claim (now renewed)."""
+    def renew(self, key: str, device: str, now: float, ended: EndedFn | None = None) -> bool:
+        """The holder's heartbeat: True when ``device`` holds ``key``'s claim (now renewed); False,
+        the claim ended, when ``ended`` says the holder's job is over (it stops renewing then)."""
         claim = self._claims.get(key)
         if claim is None or claim.device != device:
+            return False
+        why = ended(claim) if ended is not None else None
+        if why is not None:
+            self.stats["job_ended"] += 1
+            self._end(claim, why)
             return False
         claim.heard = now
         return True

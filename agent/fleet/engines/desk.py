@@ -259,7 +259,7 @@ class EngineDesk:
 
     def claim(self, device: str, claim: EngineClaim) -> dict[str, Any]:
         if claim.action == "renew":
-            return {"held": self.claims.renew(claim.key, device, time.monotonic())}
+            return {"held": self.claims.renew(claim.key, device, time.monotonic(), self._claim_ended)}
         released = self.claims.release(claim.key, device, claim.reason)
         if released:
             why = shown(claim.reason, 300)
@@ -296,6 +296,11 @@ class EngineDesk:
             "waiting": len(claim.waiters),
             "reason": why,
         }
+
+    def live_claims(self, now: float) -> list[Claim]:
+        """The claims still running, oldest first, once those whose holder's job is over have ended."""
+        self.claims.expire(now, self._claim_ended)
+        return self.claims.live(now)
 
     def _claim_ended(self, claim: Claim) -> str | None:
         """The holder's job ended without ACTIVE, or went ACTIVE ``quiet_s`` ago without offering this
@@ -424,7 +429,6 @@ class EngineDesk:
             )
             by_platform.setdefault(record.fingerprint, []).append(row.model_dump(mode="json"))
         now = time.monotonic()
-        self.claims.expire(now, self._claim_ended)
         claims = [
             ClaimListed(
                 key=c.key,
@@ -438,7 +442,7 @@ class EngineDesk:
                 version=c.version,
                 precision=c.precision,
             ).model_dump(mode="json")
-            for c in self.claims.live(now)
+            for c in self.live_claims(now)
         ]
         return {
             "fingerprints": by_platform,

@@ -64,6 +64,24 @@ def test_a_claim_whose_job_went_active_without_offering_ends_after_the_quiet_tim
     assert desk.handle("d1", "claim", renew, {}) == {"held": False}  # d1 hears it and stops
 
 
+def test_a_holder_renewing_the_claim_of_a_job_that_ended_hears_at_once_that_it_is_over(
+    tmp_path: Path,
+) -> None:
+    """A job superseded between its build and its activation: the device's heartbeat still runs, but
+    the controller ends the claim at that heartbeat (no one has to ask first) and says so."""
+    states = {"j1": "BUILDING"}
+    desk = make_desk(tmp_path, Ed25519PrivateKey.generate())
+    desk._job_facts = lambda _device, job: JobFacts(states[job], shadow=False, probation=False)
+    assert ask(desk, "d1")["build"] is True
+    renew = EngineClaim(key=KEY, action="renew").model_dump_json().encode()
+    assert desk.handle("d1", "claim", renew, {}) == {"held": True}
+    states["j1"] = "SUPERSEDED"
+    assert desk.handle("d1", "claim", renew, {}) == {"held": False}
+    assert desk.claims.get(KEY) is None
+    assert desk.claims.ended[-1] == (KEY, "d1", "its job j1 ended SUPERSEDED")
+    assert desk.claims.stats["job_ended"] == 1
+
+
 def _device_ask(
     probe: Probe, prefix: str, device: str, payload: bytes, verb: str = "ask"
 ) -> dict[str, object]:
