@@ -73,12 +73,13 @@ class Claim:
 @dataclass(frozen=True)
 class Decision:
     """What an ask without a stored engine is answered: ``build`` (the asker holds the claim),
-    ``wait`` (another device builds it: ask again after ``retry_s``), or ``build_unclaimed`` (too
-    many claims: build without one)."""
+    ``wait`` (another device builds it: ask again after ``retry_s``), or ``build_unclaimed`` (build
+    without a claim: too many claims, or ``freed``: it waited for a builder that gave up)."""
 
     kind: Literal["build", "wait", "build_unclaimed"]
     claim: Claim | None
     retry_s: float = 0.0
+    freed: bool = False
 
 
 #: ``ended(claim)``: why the holder's build is over though it never said so (its job ended without
@@ -96,6 +97,9 @@ class ClaimBook:
         self._claims: dict[str, Claim] = {}
         self._lock = threading.RLock()
         self.ended: list[tuple[str, str, str]] = []  # (key, device, why): the last few, for the log
+        #: Per key whose holder gave up, the devices that waited for it: the first of them to ask again
+        #: takes the claim, the others build at once rather than each waiting for the one before.
+        self._freed: dict[str, set[str]] = {}
         self.stats = {
             "granted": 0,
             "waits": 0,
@@ -114,6 +118,7 @@ class ClaimBook:
     def get(self, key: str) -> Claim | None:
         return self._claims.get(key)
 
+    @_locked
     def ask(
         self,
         key: str,
@@ -139,6 +144,11 @@ class ClaimBook:
             if job_id and job_id != claim.job_id:
                 claim.job_id, claim.active_seen = job_id, None
             return Decision("build", claim)
+        freed = self._freed.get(key)
+        if claim is not None and freed is not None and device in freed:
+            freed.discard(device)
+            self.stats["unclaimed"] += 1
+            return Decision("build_unclaimed", None, freed=True)
         if claim is not None:
             if len(claim.waiters) < MAX_WAITERS:
                 claim.waiters.add(device)
@@ -149,6 +159,8 @@ class ClaimBook:
         if len(self._claims) >= self.max_claims:
             self.stats["unclaimed"] += 1
             return Decision("build_unclaimed", None)
+        if freed is not None:
+            freed.discard(device)
         claim = Claim(key, device, job_id, fingerprint, time.time(), now)
         claim.model_id, claim.version, claim.precision = model
         self._claims[key] = claim
@@ -182,6 +194,7 @@ class ClaimBook:
         if claim is None or claim.device != device:
             return False
         self._end(claim, f"released: {reason}"[:300])
+        self._free(claim)
         self.stats["released"] += 1
         return True
 
@@ -201,12 +214,14 @@ class ClaimBook:
         if claim is None:
             return None
         self._end(claim, f"released by the operator: {why}"[:300])
+        self._free(claim)
         self.stats["operator_released"] += 1
         return claim
 
     @_locked
     def settled(self, key: str) -> None:
         """The engine of ``key`` is stored: its claim, if any, is over (waiters download it now)."""
+        self._freed.pop(key, None)  # they download it now
         claim = self._claims.pop(key, None)
         if claim is not None:
             self.stats["stored"] += 1
@@ -249,6 +264,15 @@ class ClaimBook:
     def _end(self, claim: Claim, why: str) -> None:
         self._claims.pop(claim.key, None)
         self._remember(claim, why)
+
+    def _free(self, claim: Claim) -> None:
+        """Its holder gave up: its waiters need not wait for one another (bounded as the claims are)."""
+        if not claim.waiters:
+            return
+        self._freed.pop(claim.key, None)
+        self._freed[claim.key] = set(claim.waiters)
+        while len(self._freed) > self.max_claims:
+            del self._freed[next(iter(self._freed))]
 
     def _remember(self, claim: Claim, why: str) -> None:
         self.ended.append((claim.key, claim.device, why))

@@ -227,6 +227,12 @@ class EngineDesk:
             model=(ask.model_id, ask.version, ask.precision),
         )
         key = ask.key[:12]
+        if decision.kind == "build_unclaimed" and decision.freed:
+            return {
+                "found": False,
+                "build": True,
+                "reason": f"the device building engine {key} gave up while you waited: build it here",
+            }
         if decision.kind == "build_unclaimed":
             return {
                 "found": False,
