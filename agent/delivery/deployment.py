@@ -368,6 +368,8 @@ class Deployment:
             on_build=self._on_build_phase,
             share_engines=bool(m.share_engines),
             job_id=m.job_id,
+            model_id=m.model_id,
+            version=m.version,
         )
         outcome = self._build(model, with_artifacts(m.build, artifacts), reporter)
         self.effective = dict(outcome.effective) or {"backend": outcome.backend}

@@ -43,6 +43,8 @@ class JobReporter:
         on_build: Callable[[dict[str, object]], None] | None = None,
         share_engines: bool = False,
         job_id: str | None = None,
+        model_id: str | None = None,
+        version: str | None = None,
     ) -> None:
         self._on_progress = on_progress
         self._on_build = on_build
@@ -54,6 +56,9 @@ class JobReporter:
         #: The manifest asks to take the engine from the fleet on a cache miss (docs/engines.md).
         self.share_engines = share_engines
         self.job_id = job_id
+        #: The model and version the job delivers (a fleet ask names them to the controller).
+        self.model_id = model_id
+        self.version = version
 
     def progress(self, fraction: float) -> None:
         """Report the step as ``fraction`` (0..1) done; published, rate-limited, in job status."""

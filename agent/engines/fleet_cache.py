@@ -31,7 +31,7 @@ import threading
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -49,6 +49,7 @@ from agent.engines.fleet_trust import EngineRefusedError, checked_meta, verified
 from agent.engines.fleet_upload import describe_entry, offer_and_upload
 from agent.errors import AgentError
 from agent.protocol.engines import (
+    MAX_MODEL_TEXT,
     DropStage,
     EngineAsk,
     EngineDrop,
@@ -93,6 +94,9 @@ class Sharing:
     """What the running deployment allows: take engines from the fleet, for which job."""
 
     job_id: str | None
+    #: The model and version the deployment delivers (the controller shows them per key).
+    model_id: str | None = None
+    version: str | None = None
 
 
 #: The deployment a build runs for, when its manifest says ``share_engines`` (None: no sharing).
@@ -154,9 +158,12 @@ class FleetEngineCache:
 
     @staticmethod
     @contextlib.contextmanager
-    def sharing(enabled: bool, job_id: str | None) -> Iterator[None]:
-        """Builds inside this block may take their engine from the fleet (when ``enabled``)."""
-        token = _SHARING.set(Sharing(job_id) if enabled else None)
+    def sharing(
+        enabled: bool, job_id: str | None, model_id: str | None = None, version: str | None = None
+    ) -> Iterator[None]:
+        """Builds inside this block may take their engine from the fleet (when ``enabled``), for job
+        ``job_id`` of ``model_id`` at ``version``."""
+        token = _SHARING.set(Sharing(job_id, model_id, version) if enabled else None)
         try:
             yield
         finally:
@@ -192,7 +199,14 @@ class FleetEngineCache:
         started = time.monotonic()
         self._count("asked")
         say(f"{ASKING_THE_FLEET} for engine {key[:12]}")
-        ask = EngineAsk(key=key, job_id=sharing.job_id, fingerprint=platform_fingerprint(identity))
+        ask = EngineAsk(
+            key=key,
+            job_id=sharing.job_id,
+            fingerprint=platform_fingerprint(identity),
+            model_id=bounded_name(sharing.model_id),
+            version=bounded_name(sharing.version),
+            precision=identity.precision,
+        )
         result = self._ask_until_found(ask, started, say, cancel)
         if result is None:
             return None
@@ -252,7 +266,7 @@ class FleetEngineCache:
             if not reply.ok or result.get("build", True):
                 if reply.ok and isinstance(result.get("claim"), dict):
                     self._count("claimed")
-                    self.claims.hold(ask.key, result["claim"])
+                    self.claims.hold(ask.key, result["claim"], ask.job_id)
                 say(f"fleet: {why}; building here")
                 return None
             spent = time.monotonic() - started
@@ -272,6 +286,10 @@ class FleetEngineCache:
     def release(self, key: str, reason: str) -> None:
         """This device gave up building ``key`` without an engine to offer: the next asker builds it."""
         self.claims.release(key, reason)
+
+    def release_job(self, job_id: str, reason: str, *, keep: Collection[str] = ()) -> list[str]:
+        """Job ``job_id`` will offer nothing more: every claim it still holds but ``keep``'s ends."""
+        return self.claims.release_job(job_id, reason, keep=keep)
 
     def _download_entry(
         self,
@@ -297,7 +315,14 @@ class FleetEngineCache:
     # -- offering what this device built -------------------------------------------------------------
 
     def offer_in_background(
-        self, cache: EngineCache, key: str, *, job_id: str, shadow: bool, probation_s: float
+        self,
+        cache: EngineCache,
+        key: str,
+        *,
+        job_id: str,
+        shadow: bool,
+        probation_s: float,
+        model: tuple[str | None, str | None] = (None, None),
     ) -> threading.Thread | None:
         """:meth:`offer` on a thread of its own (the job that went ACTIVE does not wait for the upload)."""
         if not shadow or probation_s <= 0:
@@ -307,7 +332,7 @@ class FleetEngineCache:
         thread = threading.Thread(
             target=self.offer,
             args=(cache, key),
-            kwargs={"job_id": job_id, "shadow": shadow, "probation_s": probation_s},
+            kwargs={"job_id": job_id, "shadow": shadow, "probation_s": probation_s, "model": model},
             name=f"engine-offer-{key[:8]}",
             daemon=True,
         )
@@ -323,6 +348,7 @@ class FleetEngineCache:
         slot: str,
         shadow: ShadowFigures,
         probation: ProbationFigures,
+        model: tuple[str | None, str | None] = (None, None),
     ) -> threading.Thread:
         """A start-up build's engine swapped in through shadow and probation (:mod:`.fleet_startup`):
         its start-up job's ACTIVE status (the controller's evidence) goes out, then the offer, in the
@@ -330,23 +356,42 @@ class FleetEngineCache:
         self._requests.job_status(startup_active_status(job_id, slot, shadow, probation))
 
         def run() -> None:
-            self.offer(cache, key, job_id=job_id, shadow=True, probation_s=probation.probation_s)
+            self.offer(cache, key, job_id=job_id, shadow=True, probation_s=probation.probation_s, model=model)
 
         thread = threading.Thread(target=run, name=f"engine-offer-{key[:8]}", daemon=True)
         thread.start()
         return thread
 
-    def offer(self, cache: EngineCache, key: str, *, job_id: str, shadow: bool, probation_s: float) -> str:
-        """Offer the entry ``key`` (built here, ACTIVE through shadow and probation) to the controller and
-        upload what it wants; returns what happened (``stored``, ``not_built_here``, a refusal ...)."""
-        outcome = self._offer(cache, key, job_id=job_id, shadow=shadow, probation_s=probation_s)
+    def offer(
+        self,
+        cache: EngineCache,
+        key: str,
+        *,
+        job_id: str,
+        shadow: bool,
+        probation_s: float,
+        model: tuple[str | None, str | None] = (None, None),
+    ) -> str:
+        """Offer the entry ``key`` (built here, ACTIVE through shadow and probation, for ``model``: its
+        id and version) to the controller and upload what it wants; returns what happened (``stored``,
+        ``not_built_here``, a refusal ...)."""
+        outcome = self._offer(cache, key, job_id=job_id, shadow=shadow, probation_s=probation_s, model=model)
         if outcome == "stored":
             self.claims.settled(key)  # the controller ended the claim as it stored the engine
         else:
             self.release(key, f"offer: {outcome}")
         return outcome
 
-    def _offer(self, cache: EngineCache, key: str, *, job_id: str, shadow: bool, probation_s: float) -> str:
+    def _offer(
+        self,
+        cache: EngineCache,
+        key: str,
+        *,
+        job_id: str,
+        shadow: bool,
+        probation_s: float,
+        model: tuple[str | None, str | None],
+    ) -> str:
         if not shadow or probation_s <= 0:
             return "not_guarded"  # trust rule: only engines that ran through shadow and probation
         with self._offering:
@@ -367,6 +412,8 @@ class FleetEngineCache:
                 built_at=entry.meta.created_at,
                 build_seconds=entry.meta.build_seconds,
                 job_id=job_id,
+                model_id=bounded_name(model[0]),
+                version=bounded_name(model[1]),
                 shadow=shadow,
                 probation_s=probation_s,
             )
@@ -442,3 +489,8 @@ def with_source(
     if built_by is not None:
         source["built_by"] = built_by
     return replace(artifact, effective={**artifact.effective, "engine_source": source})
+
+
+def bounded_name(text: str | None) -> str | None:
+    """A model id or version as an engine request carries it (cut to the protocol's bound)."""
+    return None if text is None else text[:MAX_MODEL_TEXT]

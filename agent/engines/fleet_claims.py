@@ -4,15 +4,19 @@ While the build, the job's shadow and its probation run, a heartbeat renews the 
 (``up/engines/claim`` ``renew``, every ``renew_s`` the controller gave), so the controller knows the
 builder is alive; a builder killed mid-build goes quiet and its claim expires at the controller,
 which then tells the next asker to build. The claim ends here when the engine was stored
-(:meth:`HeldClaims.settled`), or is released (``release``: the build failed, the job ended without
-an offer, the offer was refused), so a waiting device takes it at once. A heartbeat stops by itself
-after ``hold_max_s`` (a path that never settles cannot renew forever) or when the controller says
-the claim is no longer this device's.
+(:meth:`HeldClaims.settled`), or is released (``release``: the build failed, the INT8 check rejected
+the engine, the job went on with another engine, ended without an offer, or the offer was refused),
+so a waiting device takes it at once. Each claim remembers the job it was asked for: when that job
+ends, every claim it still holds but the one it offers is released (:meth:`HeldClaims.release_job`).
+A heartbeat stops by itself after ``hold_max_s`` (a path that never settles cannot renew forever)
+or when the controller says the claim is no longer this device's.
 """
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Collection
+from dataclasses import dataclass
 from typing import Any
 
 import structlog
@@ -30,6 +34,12 @@ _MIN_RENEW_S = 1.0
 _MAX_RENEW_S = 600.0
 
 
+@dataclass(frozen=True)
+class _Held:
+    stop: threading.Event
+    job_id: str | None
+
+
 class HeldClaims:
     """Heartbeats of the claims held (see the module docstring)."""
 
@@ -38,14 +48,19 @@ class HeldClaims:
         self._reply_timeout_s = reply_timeout_s
         self._hold_max_s = hold_max_s
         self._lock = threading.Lock()
-        self._held: dict[str, threading.Event] = {}
+        self._held: dict[str, _Held] = {}
 
     def holding(self, key: str) -> bool:
         with self._lock:
             return key in self._held
 
-    def hold(self, key: str, claim: dict[str, Any]) -> None:
-        """The controller told this device to build ``key``: renew the claim until it ends."""
+    def held(self) -> dict[str, str | None]:
+        """The keys whose claims this device holds, each with the job it was asked for."""
+        with self._lock:
+            return {key: held.job_id for key, held in self._held.items()}
+
+    def hold(self, key: str, claim: dict[str, Any], job_id: str | None = None) -> None:
+        """The controller told this device to build ``key`` for ``job_id``: renew the claim until it ends."""
         try:
             renew_s = min(max(float(claim.get("renew_s") or 30.0), _MIN_RENEW_S), _MAX_RENEW_S)
         except (TypeError, ValueError):
@@ -54,7 +69,7 @@ class HeldClaims:
         with self._lock:
             if key in self._held or len(self._held) >= MAX_HELD:
                 return
-            self._held[key] = stop
+            self._held[key] = _Held(stop, job_id)
         threading.Thread(
             target=self._renew, args=(key, stop, renew_s), name=f"engine-claim-{key[:8]}", daemon=True
         ).start()
@@ -77,15 +92,16 @@ class HeldClaims:
                 log.warning("engine.fleet.claim_lost", key=key)  # expired there: another device builds
                 break
         with self._lock:
-            if self._held.get(key) is stop:
+            held = self._held.get(key)
+            if held is not None and held.stop is stop:
                 del self._held[key]
 
     def _stop(self, key: str) -> bool:
         with self._lock:
-            stop = self._held.pop(key, None)
-        if stop is None:
+            held = self._held.pop(key, None)
+        if held is None:
             return False
-        stop.set()
+        held.stop.set()
         return True
 
     def settled(self, key: str) -> None:
@@ -105,3 +121,12 @@ class HeldClaims:
             name=f"engine-release-{key[:8]}",
             daemon=True,
         ).start()
+
+    def release_job(self, job_id: str, reason: str, *, keep: Collection[str] = ()) -> list[str]:
+        """Job ``job_id`` is over here: release every claim it still holds but those in ``keep`` (the
+        engine it offers); returns the keys released."""
+        with self._lock:
+            keys = [k for k, held in self._held.items() if held.job_id == job_id and k not in keep]
+        for key in keys:
+            self.release(key, reason)
+        return keys

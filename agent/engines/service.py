@@ -207,6 +207,8 @@ class EngineService:
         if ok:
             return PreparedEngine(artifact, effective)
         log.warning("engine.int8.rejected", slot=slot, reason=reason)
+        # This device goes on with another engine: the fleet stops waiting for this key's offer.
+        self._release_claim(artifact.key, f"the INT8 check rejected it: {reason}")
         fallback = (spec or BuildSpec()).model_copy(update={"precision": "fp16", "calibration": None})
         load_failure = (artifact.effective.get("fallback") or {}).get("stage") == "load"
         if load_failure:
@@ -256,8 +258,13 @@ class EngineService:
             effective = {**artifact.effective, "fleet_engine_failed": str(failed)[:300]}
             ok, reason, report = self._guard(slot, model, artifact, preprocess)
         elif failed is not None and stage == "load":
+            self._release_claim(artifact.key, f"the INT8 engine does not load here: {failed}")
             raise failed
         return artifact, effective, (ok, reason, report)
+
+    def _release_claim(self, key: str, reason: str) -> None:
+        if self.builder.fleet is not None:
+            self.builder.fleet.release(key, reason)
 
     def prepare_set(
         self,

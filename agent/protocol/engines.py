@@ -36,6 +36,11 @@ MAX_TEXT = 300
 #: Largest sidecar (the engine's meta.json) a record carries.
 MAX_META_CHARS = 64 * 1024
 
+#: Longest model name or version a device names an engine's model by (as the manifest bounds them).
+MAX_MODEL_TEXT = 128
+#: The precisions an engine is built at (the plan's, in the engine's identity).
+EnginePrecision = Literal["fp32", "fp16", "int8"]
+
 #: The verbs of ``up/engines/{verb}``.
 EngineVerb = Literal["ask", "offer", "piece", "drop", "claim"]
 ENGINE_VERBS: tuple[str, ...] = ("ask", "offer", "piece", "drop", "claim")
@@ -113,6 +118,15 @@ class EngineAsk(StrictModel):
     fingerprint: str | None = Field(
         None, max_length=MAX_TEXT, description="The platform it is for (shown with a claim)."
     )
+    model_id: str | None = Field(
+        None, max_length=MAX_MODEL_TEXT, description="The model the job deploys (shown with a claim)."
+    )
+    version: str | None = Field(
+        None, max_length=MAX_MODEL_TEXT, description="The model version the job deploys (shown with a claim)."
+    )
+    precision: EnginePrecision | None = Field(
+        None, description="The engine's precision (shown with a claim)."
+    )
 
 
 class EngineClaim(StrictModel):
@@ -134,6 +148,14 @@ class EngineOffer(StrictModel):
     built_at: FiniteTime
     build_seconds: FiniteTime | None = Field(None, ge=0)
     job_id: str = Field(min_length=1, max_length=200, description="The job that ran it to ACTIVE.")
+    model_id: str | None = Field(
+        None, max_length=MAX_MODEL_TEXT, description="The model that job deployed (`fleet engines list`)."
+    )
+    version: str | None = Field(
+        None,
+        max_length=MAX_MODEL_TEXT,
+        description="The model version that job deployed (`fleet engines list`).",
+    )
     shadow: bool = Field(description="The job ran a shadow comparison before the swap.")
     probation_s: FiniteTime = Field(ge=0, description="The probation the job passed, seconds.")
 
@@ -175,6 +197,9 @@ class ClaimListed(StrictModel):
     since: FiniteTime = Field(description="When the device was told to build it, Unix seconds.")
     heard_s: FiniteTime = Field(description="Seconds since the builder was last heard.")
     waiting: Count = Field(description="Devices waiting for this engine.")
+    model_id: str | None = Field(None, description="The model the builder's job deploys, as it said.")
+    version: str | None = Field(None, description="That model's version, as the builder said.")
+    precision: str | None = Field(None, description="The engine's precision, as the builder said.")
 
 
 class EngineListed(StrictModel):
@@ -188,6 +213,9 @@ class EngineListed(StrictModel):
     build_seconds: FiniteTime | None = None
     reuse: Count = Field(description="Downloads by other devices.")
     last_used: FiniteTime
+    model_id: str | None = Field(None, description="The model its builder's job deployed, as it said.")
+    version: str | None = Field(None, description="That model's version, as its builder said.")
+    precision: str | None = Field(None, description="The precision it was built at (its identity's).")
 
 
 __all__ = [

@@ -204,7 +204,18 @@ def parse(topic: str, prefix: str = DEFAULT_PREFIX) -> ParsedTopic:
 #: ``reply``) are neither ``up`` nor ``down``, so no device topic and no device ACL pattern meets it.
 CONTROLLER_LEVEL = "_controller"
 #: Verbs the fleet controller answers (``{prefix}/_controller/req/{verb}``).
-CONTROLLER_VERBS = ("start", "status", "list", "pause", "resume", "abort", "upload", "engines", "rollback")
+CONTROLLER_VERBS = (
+    "start",
+    "status",
+    "list",
+    "pause",
+    "resume",
+    "abort",
+    "upload",
+    "engines",
+    "engines_release",
+    "rollback",
+)
 
 
 class ControllerTopics:

@@ -25,7 +25,7 @@ from agent.engines.spec import BuildSpec
 from agent.errors import BuildError, EngineError
 from agent.protocol.runs import runs_of
 from agent.runtime.evidence import EvidenceStore
-from agent.runtime.fleet_engines import offer_when_active, rebuilt_here, release_claim
+from agent.runtime.fleet_engines import offer_when_active, rebuilt_here, release_claim, release_job_claims
 from agent.runtime.guarded import GuardedSlot, GuardRun, activate_guarded
 from agent.runtime.loaded import ModelSource
 from agent.runtime.model_sources import engine_report, engine_source, engine_summary, model_source
@@ -75,10 +75,19 @@ class SlotDeployments:
             if due is not None:
                 reporter.build(due.as_dict())
 
-        with heartbeat(beat), FleetEngineCache.sharing(reporter.share_engines, reporter.job_id):
-            prepared, *more = self._owner.engines.prepare_set(
-                slot, model, spec, preprocess, progress=progress, cancel=reporter.cancel
-            )
+        try:
+            with (
+                heartbeat(beat),
+                FleetEngineCache.sharing(
+                    reporter.share_engines, reporter.job_id, reporter.model_id, reporter.version
+                ),
+            ):
+                prepared, *more = self._owner.engines.prepare_set(
+                    slot, model, spec, preprocess, progress=progress, cancel=reporter.cancel
+                )
+        except BaseException as exc:
+            release_job_claims(self._owner.engines, reporter.job_id or "", f"the job's build failed: {exc}")
+            raise
         reporter.progress(1.0)
         self._engine_keys[prepared.artifact.engine_path] = (prepared.artifact.key, spec, [prepared, *more])
         effective = prepared.effective
@@ -98,14 +107,21 @@ class SlotDeployments:
         Waits for the slot's start-up load first: one owner per slot. A build claim this device holds
         for the engine is released when the activation fails (the fleet's next asker builds it)."""
         built = self._engine_keys.get(request.engine_path)
+        job_id = request.guard.job_id if request.guard is not None else ""
         try:
-            self._activate_delivered(request)
+            offered = self._activate_delivered(request)
         except BaseException as exc:
             if built is not None:
                 release_claim(self._owner.engines, built[0], f"the job's activation failed: {exc}")
+            release_job_claims(self._owner.engines, job_id, f"the job's activation failed: {exc}")
             raise
+        # Any other key this job claimed (an INT8 engine the check rejected, a set's engine the
+        # activation replaced) will never be offered: the fleet stops waiting for it.
+        keep = {offered} if offered is not None else set()
+        release_job_claims(self._owner.engines, job_id, "the job went ACTIVE on another engine", keep=keep)
 
-    def _activate_delivered(self, request: ActivationRequest) -> None:
+    def _activate_delivered(self, request: ActivationRequest) -> str | None:
+        """Activate ``request``; returns the engine key ACTIVE now (the one offered), if any."""
         self._owner.wait_initial_load(request.slot)
         slot_config = self._owner.slot_configs[request.slot]
         current = self._owner.slots[request.slot].current
@@ -144,7 +160,7 @@ class SlotDeployments:
                 source = engine_source(replace(source, engines=()), here)
                 self._activate_request(request, source, guarded_ok=current is not None)
                 offer_when_active(self._owner.engines, request, source, guarded=current is not None)
-                return
+                return source.engine_key
             decision = load_fallback(spec, (source.backend, *(e.backend for e in source.engines)))
             if decision == "not_tensorrt" or spec is None:
                 raise
@@ -155,9 +171,10 @@ class SlotDeployments:
                 ) from exc
             fallback = self._load_fallback_source(request, source, spec, exc)
             self._activate_request(request, fallback, guarded_ok=current is not None)
-            return
+            return None
         # ACTIVE through shadow and probation (when guarded): offered to the fleet if it shares engines.
         offer_when_active(self._owner.engines, request, source, guarded=current is not None)
+        return source.engine_key
 
     def _activate_request(self, request: ActivationRequest, source: ModelSource, *, guarded_ok: bool) -> None:
         guarded = request.guard is not None and (request.shadow is not None or request.probation_s > 0)

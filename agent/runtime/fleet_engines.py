@@ -9,7 +9,7 @@ job goes on with an engine built here.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from functools import partial
 from pathlib import Path
 
@@ -80,6 +80,7 @@ def offer_when_active(
         job_id=job_id or request.version,
         shadow=request.shadow is not None,
         probation_s=request.probation_s,
+        model=(request.model_id, request.version),
     )
 
 
@@ -87,6 +88,14 @@ def release_claim(engines: EngineService, key: str, reason: str) -> None:
     """This device will offer no engine for ``key``: a build claim it holds ends (no-op otherwise)."""
     if engines.builder.fleet is not None:
         engines.builder.fleet.release(key, reason)
+
+
+def release_job_claims(
+    engines: EngineService, job_id: str, reason: str, *, keep: Collection[str] = ()
+) -> None:
+    """Job ``job_id`` works on no other key than ``keep`` now: every other claim it holds ends."""
+    if engines.builder.fleet is not None and job_id:
+        engines.builder.fleet.release_job(job_id, reason, keep=keep)
 
 
 def rebuilt_here(

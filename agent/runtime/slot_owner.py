@@ -191,7 +191,7 @@ class SlotOwner:
                 if watch is not None:
                     watch(message)
 
-            with FleetEngineCache.sharing(source.share_engines, job_id):
+            with FleetEngineCache.sharing(source.share_engines, job_id, source.model_id, source.version):
                 engines = self.engines.prepare_set(
                     name, source.path, build, source.preprocess, progress=progress
                 )

@@ -129,6 +129,7 @@ def swap_guarded_and_offer(
         slot=name,
         shadow=figures.shadow,
         probation=figures.probation,
+        model=(engine.model_id, engine.version),
     )
     return True
 

@@ -15,6 +15,8 @@ faults below play out in seconds; the rules are the defaults'.
   key changes. The first device back builds at start-up while its ONNX model serves, swaps the
   engine in through shadow and probation and offers it (its start-up job's ACTIVE status is the
   evidence); the next device back downloads it at start-up.
+- The INT8 check rejects the claimed INT8 engine (calibrated on black frames): the device releases
+  that key's claim as it falls back, so the next wave builds at once instead of waiting for it.
 """
 
 from __future__ import annotations
@@ -23,10 +25,14 @@ from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
+import cv2
+import numpy as np
 import pytest
 
 from agent.datasets.shapes import MODEL_PATH
-from agent.engines.spec import BuildSpec
+from agent.engines.spec import BuildSpec, CalibrationSource
+from agent.fleet.engines.claims import ClaimBook
+from agent.fleet.engines.hooks import engines_listing
 from agent.fleet.engines.settings import EngineShareSettings
 from agent.localbroker import Broker
 from agent.protocol.messages import JobState
@@ -258,3 +264,66 @@ def test_after_an_upgrade_the_first_device_back_builds_at_start_up_and_the_next_
     wait_until(lambda: reused() == 1, timeout=30, what="the download counted")
     probe.clear()
     probe.wait_for(count_version("2", Topics("fleet/v1", second).results("cam")), timeout=60)
+
+
+def black_images(directory: Path, count: int = 16) -> Path:
+    """A calibration dataset of black frames: INT8 calibrated on it saturates on the shapes the camera
+    sees, so the INT8 check rejects the engine (as tests/engines/test_service.py shows)."""
+    directory.mkdir(parents=True)
+    for i in range(count):
+        cv2.imwrite(str(directory / f"black-{i:02d}.png"), np.zeros((64, 64, 3), np.uint8))
+    return directory
+
+
+def released_by(claims: ClaimBook, device: str, why: str) -> list[str]:
+    """The keys whose claim ``device`` released with a reason containing ``why``."""
+    return [
+        key
+        for key, holder, ended in claims.ended
+        if holder == device and "released" in ended and why in ended
+    ]
+
+
+def test_an_int8_engine_the_check_rejects_releases_its_claim_and_the_next_wave_does_not_wait(
+    fleet: Fleet, controller: RunningController, probe: Probe, device_id: str, tmp_path: Path
+) -> None:
+    devices = [f"{device_id}-{i}" for i in range(2)]
+    files = serving_v1(fleet, probe, devices)
+    calibration = CalibrationSource(kind="dataset", path=black_images(tmp_path / "black"), frames=16)
+    options = {**GUARDED, "build": BuildSpec(precision="int8", device="cpu", calibration=calibration)}
+    claims = controller.controller.engines.claims
+    store = controller.controller.engines.store
+    first, second = devices
+
+    # Wave 1: the INT8 key claimed, built, rejected by the check; the device goes on at FP16 (its own
+    # key, built, offered and stored) and the INT8 key's claim is released, not renewed for ever.
+    wave1 = fleet.deploy(MODEL_PATH, [first], "2", **options)
+    assert finish(wave1, timeout=300.0).devices[first].state is JobState.ACTIVE
+    effective = effective_of(probe, wave1.job_id, first)
+    assert effective["int8_guard"]["passed"] is False, effective
+    assert effective["engine_source"]["origin"] == "built"
+    wait_until(
+        lambda: bool(released_by(claims, first, "the INT8 check rejected it")),
+        timeout=60.0,
+        what=f"{first} releasing the INT8 key's claim",
+    )
+    (int8_key,) = released_by(claims, first, "the INT8 check rejected it")
+    wait_until(lambda: len(store.entries()) == 1, timeout=60.0, what="the FP16 engine stored")
+    (stored,) = store.entries()
+    assert stored.record.key != int8_key
+    # The listing names its model, version and precision, as the builder's job said.
+    (row,) = [
+        r for rows in engines_listing(controller.controller.engines)["fingerprints"].values() for r in rows
+    ]
+    assert (row["model_id"], row["version"], row["precision"]) == ("cls", "2", effective["precision"])
+    wait_until(lambda: len(claims) == 0, timeout=30.0, what="no claim left")
+
+    # Wave 2: nobody holds the INT8 key, so the device builds it at once (and releases it in turn) and
+    # downloads the FP16 engine: it never waits for a build nobody runs.
+    wave2 = fleet.deploy(MODEL_PATH, [second], "2", **options)
+    assert finish(wave2, timeout=300.0).devices[second].state is JobState.ACTIVE
+    lines = progress_lines(files[second])
+    assert not any("waiting for its engine" in line for line in lines), lines
+    assert effective_of(probe, wave2.job_id, second)["engine_source"]["origin"] == "downloaded"
+    assert released_by(claims, second, "the INT8 check rejected it") == [int8_key]
+    wait_until(lambda: len(claims) == 0, timeout=30.0, what="no claim left after wave 2")

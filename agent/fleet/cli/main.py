@@ -228,6 +228,23 @@ def add_fleet_arguments(parser: argparse.ArgumentParser) -> None:
     listing.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for the controller")
     add_broker_arguments(listing)
     _add_verbose(listing)
+    release = engines_sub.add_parser(
+        "release",
+        help="end a stuck build claim: the next device asking for the key builds it (no one waits for it)",
+    )
+    release.add_argument(
+        "key", metavar="KEY", help="the engine cache key, or its start as listed (at least 6 characters)"
+    )
+    release.add_argument(
+        "--reason",
+        default="",
+        metavar="TEXT",
+        help="why (logged by the controller, kept with the claim's end)",
+    )
+    release.add_argument("--json", action="store_true", help="the controller's answer as JSON")
+    release.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for the controller")
+    add_broker_arguments(release)
+    _add_verbose(release)
     logs = sub.add_parser("logs", help="print a device's latest log lines (secrets redacted on the device)")
     logs.add_argument("device", metavar="DEVICE", help="device id")
     logs.add_argument(
@@ -302,7 +319,7 @@ def run_fleet(args: argparse.Namespace) -> int:
     if command == "samples":
         return _samples_export(args)
     if command == "engines":
-        return _engines_list(args)
+        return _engines_release(args) if args.engines_command == "release" else _engines_list(args)
     if command == "logs":
         return device_commands.run_logs(args)
     if command == "decommission":
@@ -324,6 +341,25 @@ def _engines_list(args: argparse.Namespace) -> int:
     with ControllerClient(settings_from_args(args), timeout=args.timeout) as client:
         listing = client.request("engines", {})
     print(json.dumps(listing, indent=2, sort_keys=True) if args.json else engines_table(listing))
+    return 0
+
+
+def _engines_release(args: argparse.Namespace) -> int:
+    """``fleet engines release KEY``: exit 0 with the claim ended, 1 with the controller's refusal
+    (``unknown_claim``, ``ambiguous_key``), printed with its code (as JSON with ``--json``)."""
+    from agent.fleet.controller.client import ControllerClient, RequestRefusedError
+    from agent.fleet.engines.listing import released_line
+
+    with ControllerClient(settings_from_args(args), timeout=args.timeout) as client:
+        try:
+            result = client.request("engines_release", {"key": args.key, "reason": args.reason})
+        except RequestRefusedError as exc:
+            if args.json:
+                print(json.dumps({"released": False, "error_code": exc.code, "error": exc.reason}, indent=2))
+            else:
+                print(f"error: {exc.reason} ({exc.code})", file=sys.stderr)
+            return 1
+    print(json.dumps(result, indent=2, sort_keys=True) if args.json else released_line(result))
     return 0
 
 

@@ -359,9 +359,9 @@ def _status(client: Any, rollout_id: str | None, *, as_json: bool, watch: bool) 
         status = client.request("status", payload)
 
 
-#: Status fields that change with the clock alone (a build's elapsed seconds and the note that
+#: Status fields that change with the clock alone (a build's elapsed seconds, a wait's seconds, the note that
 #: quotes them, the document's own time): ``--watch`` prints again only when something else changed.
-_CLOCK_FIELDS = frozenset({"elapsed_s", "note", "updated_at"})
+_CLOCK_FIELDS = frozenset({"elapsed_s", "waited_s", "note", "updated_at"})
 
 
 def _without_clock(value: Any) -> Any:

@@ -40,6 +40,7 @@ from agent.errors import AgentError, UsageError
 from agent.fleet.console.feed import Feed, Stream
 from agent.fleet.console.rollouts import rollout_devices, rollout_ids, rollout_summary
 from agent.fleet.console.summary import DeviceFilter, device_detail, device_rows
+from agent.fleet.rollout.building import Waits
 from agent.fleet.rollout.store import RolloutStore
 from agent.fleet.rollout.store_file import RolloutNotFoundError, RolloutStoreError
 from agent.fleet.view.live import FleetView
@@ -170,15 +171,17 @@ def make_console_app(
     metrics_app: ASGIApp | None = None,
     interval_s: float = 1.0,
     engines: Callable[[], dict[str, Any]] | None = None,
+    waits: Callable[[], Waits] | None = None,
 ) -> Starlette:
     """The console over ``view`` (devices) and ``store`` (rollouts); ``actions`` behind ``token``.
 
     ``token`` None or empty: read-only, every action answers 403. ``metrics_app`` is served at
     ``/metrics``. ``interval_s``: the shortest time between two live frames to one browser.
     ``engines()``: the controller's engine listing (the ``engines`` verb's answer); None: the engines
-    page says this console has none.
+    page says this console has none. ``waits()``: the devices waiting for another device's build (the
+    controller's build claims), for the rollouts page's building devices.
     """
-    feed = Feed(view, store, interval_s=interval_s)
+    feed = Feed(view, store, interval_s=interval_s, waits=waits)
     closing = threading.Event()
     # One snapshot in flight per device: a double click, or two tabs, wait for the first answer.
     snapshots_lock = threading.Lock()
@@ -211,9 +214,13 @@ def make_console_app(
 
     def api_rollouts(request: Request) -> Response:
         try:
-            builds = view.builds()
+            builds, waiting = view.builds(), waits() if waits is not None else None
             return JSONResponse(
-                {"rollouts": [rollout_summary(store, r, builds=builds) for r in rollout_ids(store)]}
+                {
+                    "rollouts": [
+                        rollout_summary(store, r, builds=builds, waits=waiting) for r in rollout_ids(store)
+                    ]
+                }
             )
         except RolloutStoreError as exc:
             return _error(503, str(exc))
@@ -221,7 +228,8 @@ def make_console_app(
     def api_rollout(request: Request) -> Response:
         rollout_id = request.path_params["rollout_id"]
         try:
-            summary = rollout_summary(store, rollout_id, builds=view.builds())
+            waiting = waits() if waits is not None else None
+            summary = rollout_summary(store, rollout_id, builds=view.builds(), waits=waiting)
             summary["device_rows"] = rollout_devices(store, rollout_id)
         except RolloutStoreError as exc:
             return _error(404, str(exc))

@@ -30,6 +30,7 @@ import anyio.to_thread
 
 from agent.fleet.console.rollouts import rollout_ids, rollout_summary
 from agent.fleet.console.summary import DeviceFilter, device_rows
+from agent.fleet.rollout.building import Waits
 from agent.fleet.rollout.store import RolloutStore
 from agent.fleet.view.live import DeviceState, FleetView
 
@@ -52,8 +53,11 @@ class Feed:
         interval_s: float = 1.0,
         refresh_s: float = 5.0,
         clock: Callable[[], float] = time.monotonic,
+        waits: Callable[[], Waits] | None = None,
     ) -> None:
         self.view, self.store = view, store
+        #: The devices waiting for another device's build (the controller's build claims), if known.
+        self.waits = waits
         self.interval_s, self.refresh_s = interval_s, refresh_s
         self._clock = clock
         self._lock = threading.Lock()
@@ -80,7 +84,10 @@ class Feed:
             if now - at < self.interval_s:
                 return summaries
         builds = self.view.builds()  # the engine builds running now (in memory, never in the store)
-        summaries = [rollout_summary(self.store, r, builds=builds) for r in rollout_ids(self.store)]
+        waits = self.waits() if self.waits is not None else None
+        summaries = [
+            rollout_summary(self.store, r, builds=builds, waits=waits) for r in rollout_ids(self.store)
+        ]
         with self._lock:
             self._rollouts = (now, summaries)
         return summaries

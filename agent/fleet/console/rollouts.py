@@ -11,7 +11,7 @@ import sqlite3
 import time
 from typing import Any
 
-from agent.fleet.rollout.building import Builds, building_devices
+from agent.fleet.rollout.building import Builds, Waits, building_devices
 from agent.fleet.rollout.precision import precision_summary, requested_precision
 from agent.fleet.rollout.records import WaveState
 from agent.fleet.rollout.report import rollback_outcome, rollout_policy
@@ -41,11 +41,16 @@ def rollout_ids(store: RolloutStore, limit: int = ROLLOUTS_SHOWN) -> list[str]:
 
 
 def rollout_summary(
-    store: RolloutStore, rollout_id: str, now: float | None = None, builds: Builds | None = None
+    store: RolloutStore,
+    rollout_id: str,
+    now: float | None = None,
+    builds: Builds | None = None,
+    waits: Waits | None = None,
 ) -> dict[str, Any]:
     """One rollout: state, slot, version, each wave's devices by step and end, gate figures, reason,
     and its devices building their engine now (``building``, from ``builds``: the controller's
-    :meth:`~agent.fleet.view.live.FleetView.builds`; as ``status --json`` lists them).
+    :meth:`~agent.fleet.view.live.FleetView.builds`; as ``status --json`` lists them, each waiting for
+    whose build where ``waits`` says), and each wave's ``started_at`` and ``ended_at``.
 
     The shape follows ``edge-agent fleet rollout status --json`` (``policy``, ``waves[].index/state/
     devices/ends/reason``, ``rollback``) with the steps and the gate's figures added, and a soaking
@@ -61,20 +66,22 @@ def rollout_summary(
         steps[row.wave][row.step.value] += 1
         if row.end is not None:
             ends[row.wave][row.end.value] += 1
-    building, building_left_off = building_devices(devices, builds or {})
+    building, building_left_off = building_devices(devices, builds or {}, waits)
     waves = [
         {
-            "index": index,
-            "wave": index + 1,  # as operators count them; index (0-based) stays for old readers
-            "state": state.value,
-            "devices": sum(steps[index].values()),
-            "steps": dict(sorted(steps[index].items())),
-            "ends": dict(sorted(ends[index].items())),
-            "figures": figures,
-            "reason": reason,
-            "soak_left_s": _soak_left(state, figures, now),
+            "index": wave.index,
+            "wave": wave.index + 1,  # as operators count them; index (0-based) stays for old readers
+            "state": wave.state.value,
+            "devices": sum(steps[wave.index].values()),
+            "steps": dict(sorted(steps[wave.index].items())),
+            "ends": dict(sorted(ends[wave.index].items())),
+            "figures": wave.figures,
+            "reason": wave.reason,
+            "started_at": wave.started_at,
+            "ended_at": wave.ended_at,
+            "soak_left_s": _soak_left(wave.state, wave.figures, now),
         }
-        for index, (state, figures, reason) in enumerate(store.waves(rollout_id))
+        for wave in store.wave_rows(rollout_id)
     ]
     return {
         "rollout_id": rollout.rollout_id,

@@ -49,7 +49,7 @@ from agent.fleet.devices.snapshot import snapshot_json, take_snapshot
 from agent.fleet.engines.hooks import engine_desk_for, engines_listing, job_facts_in, share_engines_of
 from agent.fleet.rollout.actions import WrongStateError, action_refusal
 from agent.fleet.rollout.finished_rollback import ROLLED_BACK_BY, plan_finished_rollback
-from agent.fleet.rollout.records import RolloutState
+from agent.fleet.rollout.records import OPERATOR_ABORT, RolloutState
 from agent.fleet.rollout.report import rollout_status
 from agent.fleet.rollout.runner import RolloutRunner
 from agent.fleet.rollout.spec import RolloutRequest, request_of
@@ -170,6 +170,7 @@ class FleetController:
                 ConsoleCalls(self),
                 self.config.http,
                 engines=lambda: engines_listing(self.engines),
+                desk=self.engines,
             )
         log.info(
             "fleet.controller.started",
@@ -337,14 +338,18 @@ class FleetController:
         args: dict[str, Any] = json_object(message.payload)
         if verb == "engines":
             return engines_listing(self.engines)
+        if verb == "engines_release":
+            return self.engines.release(str(args.get("key", "")), str(args.get("reason", "")))
         if verb == "start":
             return self.start_rollout(RolloutRequest.model_validate(args))
         if verb == "list":
             limit = int(args.get("limit", 50))
             builds = self.view.builds()  # one look at the devices for every rollout listed
+            waits = self.engines.claims.waiting(time.monotonic())
             return {
                 "rollouts": [
-                    rollout_status(self.store, r.rollout_id, builds) for r in self.store.rollouts(limit)
+                    rollout_status(self.store, r.rollout_id, builds, waits)
+                    for r in self.store.rollouts(limit)
                 ]
             }
         rollout_id = args.get("rollout_id")
@@ -372,7 +377,8 @@ class FleetController:
     def status(self, rollout_id: str) -> dict[str, Any]:
         """The rollout's status, with its devices building now (their progress: in memory only)."""
         assert self.store is not None
-        return rollout_status(self.store, rollout_id, self.view.builds())
+        waits = self.engines.claims.waiting(time.monotonic())  # who waits for whose build
+        return rollout_status(self.store, rollout_id, self.view.builds(), waits)
 
     # -- the actions (the console calls these too) ---------------------------------------------------
 
@@ -425,7 +431,7 @@ class FleetController:
         assert self.store is not None
         self._allow("abort", rollout_id)
         self.store.note(rollout_id, "abort", rollback=rollback, by="operator")
-        self.store.set_state(rollout_id, RolloutState.ABORTED, "aborted by the operator")
+        self.store.set_state(rollout_id, RolloutState.ABORTED, OPERATOR_ABORT)
         if rollout_id not in self.runners:
             self.runners[rollout_id] = self._runner(rollout_id)
         return self.status(rollout_id)

@@ -78,6 +78,18 @@ class EngineRequestError(AgentError):
     code = "engines"
 
 
+class UnknownClaimError(AgentError):
+    """``fleet engines release``: no live claim on that key."""
+
+    code = "unknown_claim"
+
+
+class AmbiguousClaimError(AgentError):
+    """``fleet engines release``: the key given starts several claims' keys."""
+
+    code = "ambiguous_key"
+
+
 @dataclass
 class _Upload:
     offer: EngineOffer
@@ -212,8 +224,15 @@ class EngineDesk:
             fingerprint=ask.fingerprint or "",
             now=time.monotonic(),
             ended=self._claim_ended,
+            model=(ask.model_id, ask.version, ask.precision),
         )
         key = ask.key[:12]
+        if decision.kind == "build_unclaimed" and decision.freed:
+            return {
+                "found": False,
+                "build": True,
+                "reason": f"the device building engine {key} gave up while you waited: build it here",
+            }
         if decision.kind == "build_unclaimed":
             return {
                 "found": False,
@@ -246,21 +265,71 @@ class EngineDesk:
 
     def claim(self, device: str, claim: EngineClaim) -> dict[str, Any]:
         if claim.action == "renew":
-            return {"held": self.claims.renew(claim.key, device, time.monotonic())}
+            return {"held": self.claims.renew(claim.key, device, time.monotonic(), self._claim_ended)}
         released = self.claims.release(claim.key, device, claim.reason)
         if released:
             why = shown(claim.reason, 300)
             log.info("fleet.engines.claim_released", device=device, key=claim.key, reason=why)
         return {"released": released}
 
+    def release(self, key: str, reason: str = "") -> dict[str, Any]:
+        """The operator's ``fleet engines release KEY``: the claim on ``key`` (or the one key it starts)
+        ends; the holder hears so at its next renewal and the next asker builds."""
+        if len(key) < 6:
+            raise UnknownClaimError(f"key {shown(key, 64)!s}: give at least 6 characters of it")
+        found = self.claims.matching(key)
+        if not found:
+            live = ", ".join(c.key[:12] for c in self.claims.live(time.monotonic())[:5]) or "none"
+            raise UnknownClaimError(f"no build claim on key {shown(key, 64)} (claims now: {live})")
+        if len(found) > 1:
+            keys = ", ".join(c.key[:16] for c in found[:5])
+            raise AmbiguousClaimError(
+                f"key {shown(key, 64)} starts {len(found)} claims ({keys}): give more of it"
+            )
+        why = reason.strip()[:200] or "no reason given"
+        claim = self.claims.withdraw(found[0].key, why)
+        if claim is None:  # ended between the two looks
+            raise UnknownClaimError(f"no build claim on key {shown(key, 64)} any more")
+        log.warning(
+            "fleet.engines.claim_released_by_operator", key=claim.key, device=claim.device, reason=why
+        )
+        return {
+            "released": True,
+            "key": claim.key,
+            "device": claim.device,
+            "job_id": claim.job_id,
+            "since": claim.since,
+            "waiting": len(claim.waiters),
+            "reason": why,
+        }
+
+    def live_claims(self, now: float) -> list[Claim]:
+        """The claims still running, oldest first, once those whose holder's job is over have ended."""
+        self.claims.expire(now, self._claim_ended)
+        return self.claims.live(now)
+
     def _claim_ended(self, claim: Claim) -> str | None:
-        """The holder's job ended without ACTIVE (it will never offer), or None."""
+        """The holder's job ended without ACTIVE, or went ACTIVE ``quiet_s`` ago without offering this
+        key (it runs another engine: it will never offer), or None."""
         if claim.job_id is None:
             return None
         facts = self._job_facts(claim.device, claim.job_id)
-        if facts is None or facts.state in _STILL_RUNNING or facts.state == JobState.ACTIVE.value:
+        if facts is None or facts.state in _STILL_RUNNING:
             return None
-        return f"its job {claim.job_id} ended {facts.state}"
+        if facts.state != JobState.ACTIVE.value:
+            return f"its job {claim.job_id} ended {facts.state}"
+        now = time.monotonic()
+        if claim.active_seen is None:
+            claim.active_seen = now
+        upload = self._uploads.get(claim.device)
+        if upload is not None and upload.offer.key == claim.key:
+            return None  # its offer is coming in
+        if now - claim.active_seen <= self.claims.quiet_s:
+            return None
+        return (
+            f"its job {claim.job_id} went ACTIVE {now - claim.active_seen:.0f}s ago and offered no "
+            "engine of this key (it runs another one)"
+        )
 
     def offer(self, device: str, offer: EngineOffer) -> dict[str, Any]:
         if self.store.get(offer.key) is not None:
@@ -328,7 +397,9 @@ class EngineDesk:
         )
         signed = sign_record(record, self._key, self._key_id)
         self._uploads.pop(device, None)
-        self.store.add(signed, record, keep_blobs=self._pending_blobs())
+        self.store.add(
+            signed, record, keep_blobs=self._pending_blobs(), model_id=offer.model_id, version=offer.version
+        )
         self.claims.settled(offer.key)
         self.stats["stored"] += 1
         return {"stored": True}
@@ -358,10 +429,12 @@ class EngineDesk:
                 build_seconds=record.build_seconds,
                 reuse=entry.reuse,
                 last_used=entry.last_used,
+                model_id=entry.model_id,
+                version=entry.version,
+                precision=engine_precision(record.meta),
             )
             by_platform.setdefault(record.fingerprint, []).append(row.model_dump(mode="json"))
         now = time.monotonic()
-        self.claims.expire(now, self._claim_ended)
         claims = [
             ClaimListed(
                 key=c.key,
@@ -371,8 +444,11 @@ class EngineDesk:
                 since=c.since,
                 heard_s=round(now - c.heard, 1),
                 waiting=len(c.waiters),
+                model_id=c.model_id,
+                version=c.version,
+                precision=c.precision,
             ).model_dump(mode="json")
-            for c in self.claims.live(now)
+            for c in self.live_claims(now)
         ]
         return {
             "fingerprints": by_platform,
@@ -382,3 +458,10 @@ class EngineDesk:
             "sharing": self.settings.share and self.can_vouch,
             "signed": self.can_vouch,
         }
+
+
+def engine_precision(meta: dict[str, Any]) -> str | None:
+    """The precision an engine was built at, from its sidecar's identity (None: not there)."""
+    identity = meta.get("identity")
+    precision = identity.get("precision") if isinstance(identity, dict) else None
+    return precision if precision in ("fp32", "fp16", "int8") else None

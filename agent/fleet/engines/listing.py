@@ -1,8 +1,9 @@
 """``fleet engines list``'s text: per platform fingerprint (backend and exact version, device, L4T
-release), each engine's key, size, who built it and when, how long that build took, and how often
-other devices downloaded it instead of building, then the engines withdrawn, then the build
-claims running (which device builds which key since when, last heard, how many devices wait for
-it). The command itself is in :mod:`agent.fleet.cli.main`; the console's engines page shows the
+release), each engine's key, model, version and precision, size, who built it and when, how long
+that build took, and how often other devices downloaded it instead of building, then the engines
+withdrawn, then the build claims running (which device builds which key of which model, version
+and precision, since when, last heard, how many devices wait for it).
+The command itself is in :mod:`agent.fleet.cli.main`; the console's engines page shows the
 same listing.
 
 Fingerprints and builders' ids came from devices: they pass :func:`~agent.fleet.base.untrusted.shown`.
@@ -48,7 +49,8 @@ def engines_table(listing: dict[str, Any]) -> str:
     for fingerprint, rows in sorted(dict(listing.get("fingerprints", {})).items()):
         lines.append(f"{shown(fingerprint, 200)}:")
         lines.append(
-            f"  {'KEY':<12}  {'SIZE':>9}  {'BUILT BY':<24}  {'BUILT AT (UTC)':<19}  {'BUILD':>7}  REUSED"
+            f"  {'KEY':<12}  {'MODEL':<20}  {'VERSION':<12}  {'PREC':<4}  {'SIZE':>9}  {'BUILT BY':<24}  "
+            f"{'BUILT AT (UTC)':<19}  {'BUILD':>7}  REUSED"
         )
         for row in rows:
             built = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(float(row["built_at"])))
@@ -59,7 +61,10 @@ def engines_table(listing: dict[str, Any]) -> str:
                 _size(int(row["bytes"])),
                 shown(row["built_by"], 24),
             )
-            lines.append(f"  {key:<12}  {size:>9}  {builder:<24}  {built:<19}  {took:>7}  {row['reuse']}")
+            model = _model_cells(row)
+            lines.append(
+                f"  {key:<12}  {model}  {size:>9}  {builder:<24}  {built:<19}  {took:>7}  {row['reuse']}"
+            )
     if listing.get("withdrawn_total"):
         lines.append(f"withdrawn (never taken again): {listing['withdrawn_total']}")
         lines += [_withdrawn_line(w) for w in listing["withdrawn"]]
@@ -67,15 +72,27 @@ def engines_table(listing: dict[str, Any]) -> str:
     if claims:
         lines.append(f"being built now (build claims): {len(claims)}")
         lines.append(
-            f"  {'KEY':<12}  {'BUILDER':<24}  {'SINCE (UTC)':<19}  {'HEARD':>7}  WAITING  FINGERPRINT"
+            f"  {'KEY':<12}  {'MODEL':<20}  {'VERSION':<12}  {'PREC':<4}  {'BUILDER':<24}  "
+            f"{'SINCE (UTC)':<19}  {'HEARD':>7}  WAITING  FINGERPRINT"
         )
         for claim in claims:
             since = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(float(claim["since"])))
             key, builder = shown(str(claim["key"])[:12]), shown(claim["device"], 24)
             heard, waiting = f"{float(claim['heard_s']):.0f}s ago", claim["waiting"]
             fingerprint = shown(claim["fingerprint"])
-            lines.append(f"  {key:<12}  {builder:<24}  {since:<19}  {heard:>7}  {waiting:>7}  {fingerprint}")
+            model = _model_cells(claim)
+            lines.append(
+                f"  {key:<12}  {model}  {builder:<24}  {since:<19}  {heard:>7}  {waiting:>7}  {fingerprint}"
+            )
     return "\n".join(lines)
+
+
+def _model_cells(row: dict[str, Any]) -> str:
+    """The model, version and precision columns of a row ("-" where the device did not say)."""
+    model = shown(row.get("model_id") or "-", 20)
+    version = shown(row.get("version") or "-", 12)
+    precision = shown(row.get("precision") or "-", 4)
+    return f"{model:<20}  {version:<12}  {precision:<4}"
 
 
 def _size(n: int) -> str:
@@ -99,3 +116,12 @@ def _withdrawn_line(row: dict[str, Any]) -> str:
             f" withdrawn {at}: {shown(row['reason'], 200)}"
         )
     return line
+
+
+def released_line(result: dict[str, Any]) -> str:
+    """``fleet engines release``'s answer: which claim ended, whose it was, how many devices waited."""
+    since = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(float(result["since"])))
+    return (
+        f"released the build claim on {shown(str(result['key'])[:12])} held by {shown(result['device'], 64)} "
+        f"since {since} UTC; {result['waiting']} device(s) waited for it: the next to ask builds it"
+    )

@@ -46,6 +46,10 @@ class StoredEngine(StrictModel):
     stored_at: float
     last_used: float
     reuse: int = Field(0, ge=0, description="Downloads by other devices than its builder.")
+    #: The model and version its builder's job deployed, as the builder said (not signed, not sent to
+    #: devices: the operator's listing only; an entry stored before they were kept has neither).
+    model_id: str | None = Field(None, max_length=MAX_NOTE_CHARS)
+    version: str | None = Field(None, max_length=MAX_NOTE_CHARS)
 
 
 class WithdrawnNote(StrictModel):
@@ -132,9 +136,16 @@ class EngineStore:
     # -- changing -------------------------------------------------------------------------------------
 
     def add(
-        self, signed: SignedEngine, record: EngineRecord, *, keep_blobs: Collection[str] = ()
+        self,
+        signed: SignedEngine,
+        record: EngineRecord,
+        *,
+        keep_blobs: Collection[str] = (),
+        model_id: str | None = None,
+        version: str | None = None,
     ) -> list[str]:
-        """Store a vouched engine whose blobs are all here; returns the keys evicted to fit the bounds."""
+        """Store a vouched engine whose blobs are all here (its model and version as its builder named
+        them); returns the keys evicted to fit the bounds."""
         missing = [f.name for f in record.files if not self.blob_path(f.sha256).is_file()]
         if missing:
             raise ValueError(f"engine {record.key[:12]}: files {missing} are not uploaded")
@@ -145,6 +156,8 @@ class EngineStore:
             bytes=sum(f.size for f in record.files),
             stored_at=now,
             last_used=now,
+            model_id=model_id,
+            version=version,
         )
         with self._lock:
             self._index.engines[record.key] = entry

@@ -14,8 +14,13 @@ scrape time, so nothing is kept twice and nothing drifts. What it exports:
   (fps, latency percentiles, drops by reason, spool depth, CPU, RSS, temperatures, GPU/DLA load and
   clocks), each with a ``device`` label. A STALE device (offline, or silent for ``stale_after_s``)
   has these series left out, so Prometheus marks them stale rather than charting frozen values;
-- per rollout: ``edge_rollout_info{rollout_id, slot, to_version, state} 1`` and
-  ``edge_rollout_devices{rollout_id, wave, step, end}`` (device counts);
+- per rollout: ``edge_rollout_info{rollout_id, slot, to_version, state} 1``,
+  ``edge_rollout_devices{rollout_id, wave, step, end}`` (device counts), each wave's
+  ``edge_rollout_wave_started_timestamp_seconds`` and ``..._ended_...{rollout_id, wave}`` once set,
+  ``edge_rollout_last_change_timestamp_seconds{rollout_id, slot, to_version}`` (when any of it last
+  moved: a stalled rollout's stops) and, for an aborted one, ``edge_rollout_aborted_info{rollout_id,
+  slot, to_version, by} 1`` (``by``: ``operator`` for the operator's own abort, else ``gate``);
+- the engines the controller holds for the fleet and their build claims (:class:`EngineFigures`);
 - ``edge_fleet_devices`` and ``edge_fleet_refused_devices_total`` (devices past the view's cap).
 
 Bounds (a device chooses its id, labels, slots and figures; docs/fleet.md "Metrics"): label values
@@ -58,8 +63,9 @@ from agent.fleet.metrics.device_series import (
     label_value,
     telemetry_lines,
 )
+from agent.fleet.metrics.engine_series import EnginesFn, engine_lines
 from agent.fleet.metrics.text import FamilyHead, escape, labels_text
-from agent.fleet.rollout.records import RolloutRow
+from agent.fleet.rollout.records import OPERATOR_ABORT, RolloutRow, RolloutState, WaveRow
 from agent.fleet.view.live import FleetView
 
 #: Device label keys exported on ``edge_device_info`` (the most used first; a fleet with more keys
@@ -67,6 +73,10 @@ from agent.fleet.view.live import FleetView
 MAX_LABEL_KEYS = 32
 
 Rollouts = Callable[[], Sequence[RolloutRow]]
+#: A rollout's waves with their times: :meth:`RolloutStore.wave_rows`.
+RolloutWaves = Callable[[str], Sequence[WaveRow]]
+#: When anything of a rollout last moved: :meth:`RolloutStore.last_change`.
+RolloutChanged = Callable[[str], "float | None"]
 #: A rollout's device counts by (wave, step, end): :meth:`RolloutStore.device_counts`.
 RolloutCounts = Callable[[str], Sequence[tuple[int, str, str, int]]]
 #: Moves when the rollouts may have changed: :meth:`RolloutStore.change_mark`.
@@ -75,6 +85,20 @@ RolloutsMark = Callable[[], object]
 ROLLOUT = FamilyHead("edge_rollout_info", "gauge", "A rollout and its state.")
 ROLLOUT_DEVICES = FamilyHead(
     "edge_rollout_devices", "gauge", "Devices of a rollout by wave, controller step and job end."
+)
+WAVE_STARTED = FamilyHead(
+    "edge_rollout_wave_started_timestamp_seconds", "gauge", "When a rollout's wave started, Unix seconds."
+)
+WAVE_ENDED = FamilyHead(
+    "edge_rollout_wave_ended_timestamp_seconds", "gauge", "When a rollout's wave ended, Unix seconds."
+)
+LAST_CHANGE = FamilyHead(
+    "edge_rollout_last_change_timestamp_seconds",
+    "gauge",
+    "When a device, wave or the state of a rollout last moved, Unix seconds.",
+)
+ABORTED = FamilyHead(
+    "edge_rollout_aborted_info", "gauge", "An aborted rollout and who aborted it: operator, or gate."
 )
 FLEET = FamilyHead("edge_fleet_devices", "gauge", "Devices the controller has heard of, by state.")
 REFUSED = FamilyHead(
@@ -96,11 +120,18 @@ class FleetMetrics:
         rollouts: Rollouts | None = None,
         rollout_counts: RolloutCounts | None = None,
         rollouts_mark: RolloutsMark | None = None,
+        *,
+        rollout_waves: RolloutWaves | None = None,
+        rollout_changed: RolloutChanged | None = None,
+        engines: EnginesFn | None = None,
     ) -> None:
         self.view = view
         self.rollouts = rollouts
         self.rollout_counts = rollout_counts
         self.rollouts_mark = rollouts_mark
+        self.rollout_waves = rollout_waves
+        self.rollout_changed = rollout_changed
+        self.engines = engines
         self._rollouts_kept: tuple[object, str] | None = None  # (mark, text) of the last read
         self._lock = threading.Lock()
         self._devices: dict[str, KeptDevice] = {}
@@ -126,7 +157,7 @@ class FleetMetrics:
 
     def _render(self) -> bytes:
         changed = self._refresh(self.view.changes())
-        rest = (self._rollouts_text(), self.view.refused_devices)
+        rest = (self._rollouts_text() + self._engines_text(), self.view.refused_devices)
         if not changed and self._body is not None and self._body[0] == rest:
             return self._body[1]
         # "replace": the protocol's JSON parser refuses lone surrogates, but a scrape must not fail.
@@ -222,10 +253,31 @@ class FleetMetrics:
         self._rollouts_kept = None if mark is None else (mark, text)
         return text
 
+    def _engines_text(self) -> str:
+        """The engine and claim series, read at every scrape (a claim's age moves by itself)."""
+        return "" if self.engines is None else engine_lines(self.engines())
+
     def _rollouts(self, rows: Sequence[RolloutRow]) -> str:
         info: list[str] = [ROLLOUT.header()]
         counts: list[str] = [ROLLOUT_DEVICES.header()]
+        times: dict[FamilyHead, list[str]] = {
+            h: [h.header()] for h in (WAVE_STARTED, WAVE_ENDED, LAST_CHANGE)
+        }
+        aborted: list[str] = [ABORTED.header()]
         for row in rows:
+            rollout = [("rollout_id", row.rollout_id)]
+            named = [*rollout, ("slot", label_value(row.slot)), ("to_version", label_value(row.to_version))]
+            if row.state is RolloutState.ABORTED:
+                by = "operator" if row.reason.startswith(OPERATOR_ABORT) else "gate"
+                aborted.append(ABORTED.line(labels_text([*named, ("by", by)]), 1.0))
+            changed = self.rollout_changed(row.rollout_id) if self.rollout_changed is not None else None
+            if changed is not None:
+                times[LAST_CHANGE].append(LAST_CHANGE.line(labels_text(named), changed))
+            for stored in self.rollout_waves(row.rollout_id) if self.rollout_waves is not None else ():
+                numbered = labels_text([*rollout, ("wave", str(stored.index + 1))])
+                for head, at in ((WAVE_STARTED, stored.started_at), (WAVE_ENDED, stored.ended_at)):
+                    if at is not None:
+                        times[head].append(head.line(numbered, at))
             labels = [
                 ("rollout_id", row.rollout_id),
                 ("slot", label_value(row.slot)),
@@ -244,7 +296,7 @@ class FleetMetrics:
                     ("end", end),
                 ]
                 counts.append(ROLLOUT_DEVICES.line(labels_text(pairs), n))
-        return "".join(info + counts)
+        return "".join(info + counts + aborted + [line for lines in times.values() for line in lines])
 
 
 def fleet_metrics(
@@ -252,7 +304,20 @@ def fleet_metrics(
     rollouts: Rollouts | None = None,
     rollout_counts: RolloutCounts | None = None,
     rollouts_mark: RolloutsMark | None = None,
+    *,
+    rollout_waves: RolloutWaves | None = None,
+    rollout_changed: RolloutChanged | None = None,
+    engines: EnginesFn | None = None,
 ) -> FleetMetrics:
     """The fleet's ``/metrics`` content (hand it to :func:`metrics_asgi_app`); the rollouts, their
-    device counts and the store's change mark usually come from one :class:`RolloutStore`."""
-    return FleetMetrics(view, rollouts, rollout_counts, rollouts_mark)
+    device counts, waves, last change and the store's change mark usually come from one
+    :class:`RolloutStore`, ``engines`` from the controller's engine desk."""
+    return FleetMetrics(
+        view,
+        rollouts,
+        rollout_counts,
+        rollouts_mark,
+        rollout_waves=rollout_waves,
+        rollout_changed=rollout_changed,
+        engines=engines,
+    )

@@ -23,6 +23,11 @@ class RolloutState(str, enum.Enum):
     SUPERSEDED = "SUPERSEDED"
 
 
+#: The reason an operator's abort (``fleet rollout abort``, the console's button) stores, first words:
+#: ``/metrics`` tells it from the gate's or a timeout's abort by it.
+OPERATOR_ABORT = "aborted by the operator"
+
+
 class WaveState(str, enum.Enum):
     """A wave's lifecycle: it waits, runs, soaks once its devices ended, then holds (DONE) or trips."""
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from agent.errors import AgentError
 from agent.fleet.base.untrusted import shown
-from agent.fleet.rollout.building import Builds, building_devices
+from agent.fleet.rollout.building import Builds, Waits, building_devices
 from agent.fleet.rollout.gate import GatePolicy
 from agent.fleet.rollout.precision import precision_lines, precision_summary, requested_precision
 from agent.fleet.rollout.problems import MAX_LISTED, device_problems
@@ -25,10 +25,12 @@ from agent.fleet.rollout.store import RolloutStore
 from agent.fleet.rollout.waves import format_duration
 
 
-def rollout_status(store: RolloutStore, rollout_id: str, builds: Builds | None = None) -> dict[str, Any]:
-    """Everything ``status`` shows of one rollout: its state, each wave with counts, the rollback, and
-    the devices building now, from ``builds`` (the controller's :meth:`FleetView.builds`; none given:
-    none listed)."""
+def rollout_status(
+    store: RolloutStore, rollout_id: str, builds: Builds | None = None, waits: Waits | None = None
+) -> dict[str, Any]:
+    """Everything ``status`` shows of one rollout: its state, each wave with counts and times, the
+    rollback, and the devices building now, from ``builds`` (the controller's :meth:`FleetView.builds`;
+    none given: none listed), each waiting for whose build where ``waits`` (the build claims) says."""
     row = store.rollout(rollout_id)
     devices = store.devices(rollout_id)
     request = row.spec.get("request", {})
@@ -50,7 +52,7 @@ def rollout_status(store: RolloutStore, rollout_id: str, builds: Builds | None =
             }
         )
     problems, left_off = device_problems(devices, _policy(row.spec))
-    building, building_left_off = building_devices(devices, builds or {})
+    building, building_left_off = building_devices(devices, builds or {}, waits)
     return {
         "rollout_id": row.rollout_id,
         "state": row.state.value,
@@ -166,6 +168,7 @@ def status_lines(status: dict[str, Any], now: float | None = None) -> list[str]:
         counts = ", ".join(f"{k} {v}" for k, v in wave["ends"].items())
         lines.append(
             f"  wave {wave['index'] + 1}: {wave['state']:<9} {wave['devices']:>5} device(s)  {counts}"
+            + wave_times(wave)
         )
         if wave["reason"] and wave["state"] not in ("WAITING",):
             lines.append(f"          {wave['reason']}")
@@ -187,6 +190,20 @@ def status_lines(status: dict[str, Any], now: float | None = None) -> list[str]:
             line += f"; {len(rollback['no_previous'])} had no previous model"
         lines.append(line)
     return lines
+
+
+def wave_times(wave: Mapping[str, Any]) -> str:
+    """``  09:16:23-09:26:30 UTC (10 min 07 s)`` for an ended wave, ``  since 09:26:30 UTC`` for one
+    running (no seconds counting up: ``--watch`` prints again only when something changed), ""
+    for one not started."""
+    started, ended = wave.get("started_at"), wave.get("ended_at")
+    if not isinstance(started, (int, float)):
+        return ""
+    start = time.strftime("%H:%M:%S", time.gmtime(started))
+    if not isinstance(ended, (int, float)):
+        return f"  since {start} UTC"
+    end = time.strftime("%H:%M:%S", time.gmtime(ended))
+    return f"  {start}-{end} UTC ({format_duration(ended - started)})"
 
 
 #: Building devices ``status`` prints as text (``--json`` carries up to MAX_BUILDING).

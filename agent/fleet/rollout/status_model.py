@@ -73,7 +73,16 @@ class BuildingDevice(StrictModel):
     frames_total: int | None
     elapsed_s: float = Field(description="Seconds since the build began, as the device said.")
     estimate_s: float | None = Field(description="Expected seconds in all, from earlier builds.")
-    note: str = Field(description="e.g. 'calibrating 120/500 frames, 42 s of ~310 s'.")
+    note: str = Field(
+        description="e.g. 'calibrating 120/500 frames, 42 s of ~310 s'; 'waiting for jet-01's build, 35 s'."
+    )
+    waiting_for: str | None = Field(
+        None,
+        description="The device whose build of this engine it waits for (a build claim); absent when none.",
+    )
+    waited_s: float | None = Field(
+        None, description="Seconds it has waited for that build; absent when none."
+    )
 
 
 class FellBackDevice(StrictModel):

@@ -84,6 +84,19 @@ class StoreReads(StoreFile):
             ).fetchall()
         return [(int(r[0]), str(r[1]), str(r[2]), int(r[3])) for r in rows]
 
+    def last_change(self, rollout_id: str) -> float | None:
+        """When anything of the rollout last moved (Unix seconds): a device's step, end or job state, a
+        wave's start or end, the rollout's state; ``/metrics`` exports it (a stalled rollout's stops)."""
+        with self._lock:
+            row = self._db.execute(
+                "SELECT MAX(t) FROM ("
+                "SELECT MAX(updated_at) AS t FROM devices WHERE rollout_id = ? "
+                "UNION ALL SELECT MAX(MAX(COALESCE(started_at, 0), COALESCE(ended_at, 0))) FROM waves "
+                "WHERE rollout_id = ? UNION ALL SELECT updated_at FROM rollouts WHERE id = ?)",
+                (rollout_id, rollout_id, rollout_id),
+            ).fetchone()
+        return None if row is None or row[0] is None else float(row[0])
+
     def change_mark(self) -> tuple[int, int]:
         """Moves whenever the store's content may have changed, written through this store or another
         connection to its file; a reader that keeps what it read (``/metrics``) reads again then."""

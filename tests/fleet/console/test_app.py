@@ -159,6 +159,12 @@ def test_rollouts_show_waves_with_counts_per_step_and_end_and_gate_figures(
 
     assert [r["rollout_id"] for r in listed] == ["r-1"]
     first, second = one["waves"]
+    # When each wave started and ended, as `rollout status` prints them.
+    started, ended = first.pop("started_at"), first.pop("ended_at")
+    assert isinstance(started, float)
+    assert isinstance(ended, float)
+    assert started <= ended
+    assert (second["started_at"], second["ended_at"]) == (None, None)
     assert first == {
         "index": 0,
         "wave": 1,  # counted from 1, as the page and the CLI show it (issue 22.6)

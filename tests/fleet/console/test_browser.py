@@ -29,6 +29,7 @@ from playwright.sync_api import Browser, Dialog, Page, expect, sync_playwright
 
 from agent.fleet.console import make_console_app, serve_console
 from agent.fleet.console.server import ConsoleServer
+from agent.fleet.rollout.building import Waits
 from agent.fleet.rollout.gate import DeviceEnd
 from agent.fleet.rollout.records import RolloutState, WaveState
 from agent.fleet.rollout.store import RolloutStore
@@ -90,9 +91,14 @@ def browser() -> Iterator[Browser]:
 
 
 def _serve(
-    broker: Broker, tmp_path: Path, token: str | None, engines: Callable[[], dict[str, Any]] | None = None
+    broker: Broker,
+    tmp_path: Path,
+    token: str | None,
+    engines: Callable[[], dict[str, Any]] | None = None,
+    waits: Callable[[], Waits] | None = None,
 ) -> Iterator[Console]:
-    """A console over a live fleet view on ``broker``; ``engines``: the engine listing it shows."""
+    """A console over a live fleet view on ``broker``; ``engines``: the engine listing it shows;
+    ``waits``: who waits for whose build (an engine desk's claims)."""
     prefix = unique_prefix()
     view = FleetView(prefix)
     store = new_store(tmp_path)
@@ -101,7 +107,9 @@ def _serve(
     for topic_filter in view.topic_filters():
         client.subscribe(topic_filter, qos=1)
     server = serve_console(
-        make_console_app(view, store, StoreActions(store, view), token=token, engines=engines), "127.0.0.1", 0
+        make_console_app(view, store, StoreActions(store, view), token=token, engines=engines, waits=waits),
+        "127.0.0.1",
+        0,
     )
     probe = Probe(broker.host, broker.port)
     try:
@@ -369,6 +377,10 @@ def test_rollout_wave_counts_move_and_pause_needs_the_token(console: Console, pa
     page.wait_for_selector(f'{rollout} tr[data-wave="1"] .soak-left', timeout=SHOWS_WITHIN_MS)
     gate = page.inner_text(f'{rollout} tr[data-wave="0"] .wave-gate')
     soak = page.inner_text(f'{rollout} tr[data-wave="1"] .soak')
+    times = [page.inner_text(f'{rollout} tr[data-wave="{i}"] .wave-times') for i in range(3)]
+    started = [
+        time.strftime("%H:%M:%S", time.gmtime(w.started_at or 0)) for w in store.wave_rows("r-2026-05")
+    ]
     page.click(f"{rollout} details.devices summary")
     rows = page.locator(f"{rollout} .device-rows tbody tr")
     expect(rows).to_have_count(len(DEVICES))
@@ -385,6 +397,9 @@ def test_rollout_wave_counts_move_and_pause_needs_the_token(console: Console, pa
     _screenshot(page, "console-rollouts.png")
 
     assert before == "PLANNED 2"
+    # Each wave's start and end (UTC) with how long it took; "since" while it runs; "-" before.
+    assert re.fullmatch(rf"{started[0]}-\d\d:\d\d:\d\d \(\d+s\)", times[0]), times
+    assert times[1:] == [f"since {started[1]}", "-"]
     assert gate == (
         "1 of 2 devices touched went wrong (0 failed, 1 rolled back, 0 unhealthy); the gate allows 1"
     )

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,7 +31,7 @@ from tests.engines.fleet_desk import make_desk
 from tests.fleet.console import test_browser
 from tests.fleet.console.test_browser import SHOWS_WITHIN_MS, TOKEN, Console, _screenshot, _serve
 from tests.fleet.console_rig import fleet_messages, make_rollout
-from tests.fleet.engines.records import store_engine
+from tests.fleet.engines.records import offer, store_engine
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.slow
@@ -58,8 +59,16 @@ def test_the_engines_page_lists_each_fingerprints_engines_with_builder_build_tim
     console: Console, desk: EngineDesk, page: Page
 ) -> None:
     cpu = "onnxruntime 1.20 / x86_64 / cpu"
+    int8 = {**offer().meta, "identity": {"precision": "int8"}}
     shared = store_engine(
-        desk, "jet-01", b"int8 engine of cls v2" * 50, fingerprint=cpu, build_seconds=41.5
+        desk,
+        "jet-01",
+        b"int8 engine of cls v2" * 50,
+        fingerprint=cpu,
+        build_seconds=41.5,
+        model_id="cls",
+        version="2",
+        meta=int8,
     ).key
     for device in ("jet-02", "jet-03", "jet-01"):  # two downloads by others; the builder's own is no reuse
         desk.store.used(shared, device)
@@ -71,7 +80,14 @@ def test_the_engines_page_lists_each_fingerprints_engines_with_builder_build_tim
     ).key
     assert desk.store.withdraw(bad, "failed to load on jet-06")
     # A key nobody holds: the first asker builds it under its claim, the next two wait for it.
-    ask = EngineAsk(key="ab" * 32, job_id="cls-3", fingerprint="onnxruntime 1.20 / x86_64 / cpu")
+    ask = EngineAsk(
+        key="ab" * 32,
+        job_id="cls-3",
+        fingerprint="onnxruntime 1.20 / x86_64 / cpu",
+        model_id="cls",
+        version="3",
+        precision="fp16",
+    )
     for device in ("jet-08", "jet-09", "jet-10"):
         desk.handle(device, "ask", ask.model_dump_json().encode(), {})
 
@@ -94,10 +110,12 @@ def test_the_engines_page_lists_each_fingerprints_engines_with_builder_build_tim
 
     shown_hostile = HOSTILE_FINGERPRINT.replace("\u202e", "\\u202e")
     assert headings == sorted([cpu, shown_hostile])
-    assert rows[shared][:3] == [shared[:12], "1.0 KiB", "jet-01"]
-    assert rows[shared][4:6] == ["42s", "2"]  # build seconds, downloads by devices other than the builder
-    assert rows[hostile][2] == "jet-04"
-    assert rows[hostile][4] == "5m 12s"
+    # Each key's model, version and precision, then its size and builder.
+    assert rows[shared][:6] == [shared[:12], "cls", "2", "int8", "1.0 KiB", "jet-01"]
+    assert rows[shared][7:9] == ["42s", "2"]  # build seconds, downloads by devices other than the builder
+    assert rows[hostile][1:4] == ["-", "-", "-"]  # its builder named no model
+    assert rows[hostile][5] == "jet-04"
+    assert rows[hostile][7] == "5m 12s"
     assert page.locator("main img").count() == 0
     assert page.evaluate("document.body.dataset.pwned") is None
     when = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(api["withdrawn"][0]["at"]))
@@ -105,8 +123,8 @@ def test_the_engines_page_lists_each_fingerprints_engines_with_builder_build_tim
         f"{bad[:12]}\twithdrawn\t{hashlib.sha256(b'an engine that failed to load').hexdigest()[:12]}"
         f"\tjet-05\t{cpu}\t{when}\tfailed to load on jet-06"
     ]
-    assert claim[:3] == ["ab" * 6, "onnxruntime 1.20 / x86_64 / cpu", "jet-08"]
-    assert claim[5] == "2", "two devices wait for the claimed build"
+    assert claim[:6] == ["ab" * 6, "cls", "3", "fp16", "onnxruntime 1.20 / x86_64 / cpu", "jet-08"]
+    assert claim[8] == "2", "two devices wait for the claimed build"
     assert totals.startswith("2 engines (")
     assert "sharing on" in totals
     assert "current" in (nav or "")
@@ -180,3 +198,36 @@ def test_the_rollouts_page_shows_each_building_devices_phase_frames_elapsed_and_
     ]
     assert still == "jet-01\t1\tslimming, 4 s"  # jet-00 left BUILDING: its row went with it
     assert job_row.split("\t")[:3] == ["job-r-int8", "main", "BUILDING slimming, 4 s"]
+
+
+@pytest.fixture
+def waiting_console(broker: Broker, tmp_path: Path, desk: EngineDesk) -> Iterator[Console]:
+    """A console told who waits for whose build by the engine desk's claims, as the controller does."""
+    yield from _serve(broker, tmp_path, TOKEN, waits=lambda: desk.claims.waiting(time.monotonic()))
+
+
+def test_a_device_waiting_for_another_devices_build_says_whose_and_how_long(
+    waiting_console: Console, desk: EngineDesk, page: Page
+) -> None:
+    """Not "planning": the rollouts page names the device whose build (a claim at the controller's
+    real engine desk) the waiting device waits for, and how long it has waited."""
+    console = waiting_console
+    ask = EngineAsk(key="ef" * 32, job_id="job-r-wait", model_id="cls", version="5", precision="int8")
+    assert desk.handle("jet-07", "ask", ask.model_dump_json().encode(), {})["build"] is True
+    assert desk.handle("jet-00", "ask", ask.model_dump_json().encode(), {})["build"] is False
+    console.publish(list(fleet_messages(console.prefix, ["jet-00"])))
+    wait_until(lambda: len(console.view.devices()) == 1, what="the device in the view")
+    make_rollout(console.store, "r-wait", [["jet-00"]])
+    console.store.set_wave("r-wait", 0, WaveState.RUNNING, reason="started")
+    console.store.mark_sending("r-wait", "jet-00")
+    console.store.mark_sent("r-wait", "jet-00")
+    planning = BuildProgressInfo(phase="planning", elapsed_s=35.0)
+    console.publish([building(console.prefix, "jet-00", "job-r-wait", JobState.BUILDING, planning)])
+    page.goto(console.server.url + "/rollouts")
+    note = page.locator('section[data-rollout="r-wait"] .building tr[data-device="jet-00"] .build-note')
+    expect(note).to_have_text(re.compile(r"waiting for jet-07's build, \d+ s"), timeout=SHOWS_WITHIN_MS)
+    api = json.loads(page.request.get(console.server.url + "/api/rollout/r-wait").text())
+    (entry,) = api["building"]
+    assert entry["waiting_for"] == "jet-07"
+    assert entry["waited_s"] >= 0
+    assert entry["phase"] == "planning"

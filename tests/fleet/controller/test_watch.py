@@ -85,3 +85,14 @@ def test_watch_prints_again_when_the_build_moves_on_not_when_only_its_seconds_do
     assert codes == [0]  # DONE
     notes = [line.split("wave 1", 1)[1].strip() for line in out.splitlines() if f"{DEVICE}  wave 1" in line]
     assert [note.split(",")[0] for note in notes] == ["building", "calibrating 10/100 frames"], out
+
+
+def test_a_device_waiting_for_another_devices_build_counts_no_change_by_its_seconds_alone() -> None:
+    from agent.fleet.cli.rollout import _without_clock
+
+    def status(waited: float, waiting_for: str) -> dict[str, object]:
+        device = {"device": DEVICE, "phase": "planning", "waiting_for": waiting_for, "waited_s": waited}
+        return {"state": "RUNNING", "waves": [{"building": [device]}]}
+
+    assert _without_clock(status(3.0, "jet-02")) == _without_clock(status(35.0, "jet-02"))
+    assert _without_clock(status(3.0, "jet-02")) != _without_clock(status(3.0, "jet-03"))

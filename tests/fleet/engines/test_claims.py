@@ -100,3 +100,37 @@ def test_claims_are_bounded_and_the_wait_grows_with_the_waiters() -> None:
     assert len(claim.waiters) == 10_000
     assert last.retry_s == MAX_RETRY_S
     assert len(many.ended) == 0
+
+
+def test_the_waiters_of_a_released_claim_do_not_wait_for_one_another() -> None:
+    """The holder gave up (its INT8 check rejected the engine): the first waiter to ask again takes
+    the claim, and every other device that waited builds at once, not one after the other."""
+    claims = book()
+    claims.ask(KEY, "d1", job_id="j1", fingerprint="fp", now=0.0)
+    for device in ("d2", "d3", "d4"):
+        assert claims.ask(KEY, device, job_id="j2", fingerprint="fp", now=1.0).kind == "wait"
+    assert claims.release(KEY, "d1", "the INT8 check rejected it")
+    taken = claims.ask(KEY, "d3", job_id="j2", fingerprint="fp", now=2.0)
+    assert taken.kind == "build"
+    assert taken.claim is not None
+    assert taken.claim.device == "d3"
+    for device in ("d2", "d4"):
+        freed = claims.ask(KEY, device, job_id="j2", fingerprint="fp", now=2.5)
+        assert (freed.kind, freed.freed) == ("build_unclaimed", True)
+    # A device that never waited for the one that gave up waits for the new holder, as before.
+    assert claims.ask(KEY, "d5", job_id="j2", fingerprint="fp", now=3.0).kind == "wait"
+    assert claims.ask(KEY, "d2", job_id="j2", fingerprint="fp", now=3.0).kind == "wait"  # freed once
+    # Stored: nothing is left to free.
+    claims.settled(KEY)
+    assert claims.ask(KEY, "d4", job_id="j2", fingerprint="fp", now=4.0).kind == "build"
+
+
+def test_the_waiters_of_an_expired_claim_hand_it_on_one_at_a_time() -> None:
+    """A quiet holder (killed) may have built all but the offer: its waiters keep waiting for the next
+    holder rather than all building at once."""
+    claims = book(quiet_s=10.0)
+    claims.ask(KEY, "d1", job_id="j1", fingerprint="fp", now=0.0)
+    for device in ("d2", "d3"):
+        claims.ask(KEY, device, job_id="j2", fingerprint="fp", now=1.0)
+    assert claims.ask(KEY, "d2", job_id="j2", fingerprint="fp", now=11.0).kind == "build"
+    assert claims.ask(KEY, "d3", job_id="j2", fingerprint="fp", now=11.5).kind == "wait"

@@ -16,19 +16,36 @@ from agent.fleet.engines.store import INDEX_FILE, MAX_NOTE_CHARS
 from agent.protocol.engines import EngineAsk
 from agent.signing import Ed25519PrivateKey
 from tests.engines.fleet_desk import make_desk
-from tests.fleet.engines.records import KEY, store_engine
+from tests.fleet.engines.records import KEY, offer, store_engine
 
 
 def test_the_table_shows_each_fingerprints_engines_with_builder_and_reuse(tmp_path: Path) -> None:
     desk = make_desk(tmp_path, Ed25519PrivateKey.generate())
-    made = store_engine(desk, "jet-01", b"engine bytes", key=KEY)
+    meta = {**offer().meta, "identity": {"precision": "int8"}}
+    made = store_engine(desk, "jet-01", b"engine bytes", key=KEY, model_id="shapes", version="2", meta=meta)
     desk.store.used(made.key, "jet-02")
-    lines = engines_table(desk.listing()).splitlines()
+    listing = desk.listing()
+    lines = engines_table(listing).splitlines()
     assert lines[0] == "engines: 1 (12 B), sharing on"
     assert lines[1] == "onnxruntime 1.20 / x86_64 / cpu:"
-    assert lines[3].split()[:3] == [made.key[:12], "12", "B"]
+    assert lines[2].split()[:4] == ["KEY", "MODEL", "VERSION", "PREC"]
+    # Per key: the model and version its builder's job deployed, the precision it was built at.
+    assert lines[3].split()[:6] == [made.key[:12], "shapes", "2", "int8", "12", "B"]
     assert "jet-01" in lines[3]
     assert lines[3].split()[-2:] == ["3s", "1"]  # build seconds, downloads by other devices
+    (row,) = listing["fingerprints"]["onnxruntime 1.20 / x86_64 / cpu"]
+    assert (row["model_id"], row["version"], row["precision"]) == ("shapes", "2", "int8")
+
+
+def test_a_claim_shows_the_model_version_and_precision_its_builder_asked_for(tmp_path: Path) -> None:
+    desk = make_desk(tmp_path, Ed25519PrivateKey.generate())
+    ask = EngineAsk(key=KEY, job_id="j1", fingerprint="fp", model_id="shapes", version="3", precision="fp16")
+    assert desk.handle("jet-01", "ask", ask.model_dump_json().encode(), {})["build"] is True
+    listing = desk.listing()
+    (claim,) = listing["claims"]
+    assert (claim["model_id"], claim["version"], claim["precision"]) == ("shapes", "3", "fp16")
+    line = engines_table(listing).splitlines()[-1]
+    assert line.split()[:5] == [KEY[:12], "shapes", "3", "fp16", "jet-01"]
 
 
 def test_an_unsigned_controller_says_it_shares_nothing(tmp_path: Path) -> None:
@@ -47,7 +64,8 @@ def test_the_example_in_docs_fleet_md_is_what_the_table_prints() -> None:
         key: str, size: float, by: str, at: float, took: float, reuse: int, platform: str
     ) -> dict[str, object]:
         fields = {"key": key * 6, "fingerprint": platform, "bytes": int(size * mib), "built_by": by}
-        return {**fields, "built_at": at, "build_seconds": took, "reuse": reuse, "last_used": at}
+        model = {"model_id": "yolo", "version": "8", "precision": "fp16"}
+        return {**fields, "built_at": at, "build_seconds": took, "reuse": reuse, "last_used": at, **model}
 
     gpu = "tensorrt 10.3.0 / Orin 8.7 / gpu / L4T R36.4.3"
     dla = "tensorrt 10.3.0 / Orin 8.7 / dla / L4T R36.4.3"
@@ -159,5 +177,5 @@ def test_the_table_shows_the_builds_claimed_and_who_waits_for_them(tmp_path: Pat
     assert (claim["device"], claim["waiting"], claim["key"]) == ("jet-01", 2, "ab" * 32)
     lines = engines_table(listing).splitlines()
     assert lines[1] == "being built now (build claims): 1"
-    assert lines[3].split()[:2] == ["ab" * 6, "jet-01"]
+    assert lines[3].split()[:5] == ["ab" * 6, "-", "-", "-", "jet-01"]  # the asks named no model
     assert lines[3].endswith("2  tensorrt 10.3.0 / Orin NX 8.7 / gpu / L4T R36.4.0")

@@ -504,6 +504,15 @@ function precisionBox(r) {
     rows.length ? table("", ["device", "wave", "runs", "why"], rows) : null);
 }
 
+// "09:16:23-09:26:30 (10m 7s)" for an ended wave, "since 09:26:30" for a running one, as
+// `fleet rollout status` prints them (UTC, the controller's clock).
+function waveTimes(w) {
+  const clock = (ts) => new Date(ts * 1000).toISOString().slice(11, 19);
+  if (w.started_at === null || w.started_at === undefined) return "-";
+  if (w.ended_at === null || w.ended_at === undefined) return "since " + clock(w.started_at);
+  return clock(w.started_at) + "-" + clock(w.ended_at) + " (" + duration(w.ended_at - w.started_at) + ")";
+}
+
 function rolloutCard(r) {
   const open = r.state === "RUNNING" || r.state === "PAUSED";
   const id = r.rollout_id;
@@ -517,7 +526,8 @@ function rolloutCard(r) {
   const waves = r.waves.map((w) => el("tr", { dataset: { wave: String(w.index) } },
     el("td", { className: "num" }, w.wave), el("td", { className: "wave-state" }, badge(w.state)),
     el("td", { className: "num wave-devices" }, w.devices), el("td", { className: "wave-steps" }, counts(w.steps)),
-    el("td", { className: "wave-ends" }, counts(w.ends)), el("td", { className: "wave-gate" }, gateWords(w, r.policy)), el("td", {}, w.reason)));
+    el("td", { className: "wave-ends" }, counts(w.ends)), el("td", { className: "wave-times" }, waveTimes(w)),
+    el("td", { className: "wave-gate" }, gateWords(w, r.policy)), el("td", {}, w.reason)));
   const list = el("div", { className: "device-rows" }, el("p", { className: "muted" }, "…"));
   const devices = el("details", { className: "devices", open: openLists.has(id) },
     el("summary", {}, "Devices (" + r.devices.total + "): wave, state, error code, the figure that failed"), list);
@@ -532,7 +542,7 @@ function rolloutCard(r) {
     r.reason ? el("p", { className: "reason" }, r.reason) : null,
     rollbackWords(r.rollback),
     el("p", { className: "totals" }, "steps: " + counts(r.devices.steps) + "; ends: " + counts(r.devices.ends)),
-    table("", ["wave", "state", "devices", "steps", "ends", "gate", "reason"], waves),
+    table("", ["wave", "state", "devices", "steps", "ends", "time (UTC)", "gate", "reason"], waves),
     buildingBox(r),
     precisionBox(r),
     devices);
@@ -793,9 +803,16 @@ function size(n) {
 // Engines change when a device offers or drops one (minutes apart): read again at this interval.
 const ENGINES_REFRESH_MS = 5000;
 
+// A key's model, version and precision, as its builder said ("-" where it did not).
+function modelCells(row) {
+  return [el("td", { className: "model" }, row.model_id || "-"), el("td", { className: "version" }, row.version || "-"),
+    el("td", { className: "precision" }, row.precision || "-")];
+}
+
 function engineRow(e) {
   return el("tr", { dataset: { key: e.key } },
     el("td", { className: "mono key", title: e.key }, e.key.slice(0, 12)),
+    ...modelCells(e),
     el("td", { className: "num size" }, size(e.bytes)),
     el("td", { className: "built-by" }, el("a", { href: "/device/" + encodeURIComponent(e.built_by) }, e.built_by)),
     el("td", { className: "built-at" }, utc(e.built_at)),
@@ -813,19 +830,19 @@ function enginesView(listing) {
   for (const [fingerprint, rows] of fingerprints) {
     parts.push(el("section", { className: "fingerprint", dataset: { fingerprint } },
       el("h2", {}, fingerprint),
-      table("", ["key", "size", "built by", "built at (UTC)", "build", "reused", "last used"], rows.map(engineRow))));
+      table("", ["key", "model", "version", "precision", "size", "built by", "built at (UTC)", "build", "reused", "last used"], rows.map(engineRow))));
   }
   if (!fingerprints.length) parts.push(el("p", { className: "muted" }, "No engines yet: a device offers its engine once its job ran to ACTIVE through shadow and probation."));
   const claims = listing.claims || [];
   if (claims.length) {
     // One build per key: the device building it now, and how many devices wait for its engine.
     const rows = claims.map((c) => el("tr", { className: "claim", dataset: { key: c.key } },
-      el("td", { className: "mono key", title: c.key }, c.key.slice(0, 12)), el("td", {}, c.fingerprint),
+      el("td", { className: "mono key", title: c.key }, c.key.slice(0, 12)), ...modelCells(c), el("td", {}, c.fingerprint),
       el("td", {}, c.device), el("td", {}, new Date(c.since * 1000).toISOString().slice(0, 19).replace("T", " ")),
       el("td", {}, Math.round(c.heard_s) + " s ago"), el("td", {}, String(c.waiting))));
     parts.push(el("section", { id: "claims" },
       el("h2", {}, "Being built now (" + claims.length + "): one device builds, the others wait and download"),
-      table("", ["key", "fingerprint", "builder", "since (UTC)", "last heard", "waiting"], rows)));
+      table("", ["key", "model", "version", "precision", "fingerprint", "builder", "since (UTC)", "last heard", "waiting"], rows)));
   }
   const withdrawn = listing.withdrawn || [];
   if (withdrawn.length) {
