@@ -28,7 +28,7 @@ from agent.backends.base import LoadOptions, ProviderRequest, Runner, TensorSpec
 from agent.engines.artifact import EngineArtifact
 from agent.engines.ort_builder import CPU_EP, CUDA_EP, TENSORRT_EP
 from agent.errors import AgentError, BuildError
-from agent.platform import Platform
+from agent.machine.platform import Platform
 
 CandidateKey = Literal["ort-cpu", "ort-cuda", "ort-tensorrt", "tensorrt"]
 

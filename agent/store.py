@@ -3,7 +3,7 @@
 A model enters the store only through :meth:`ModelStore.adopt`, which checks the whole file's
 SHA-256 and then renames it into place (same file system: atomic) and fsyncs the directory, so the
 store never holds a torn or unverified file under a hash name. Which models are active or
-last-known-good is recorded in ``state.json`` (:mod:`agent.state`); :meth:`ModelStore.gc` is told
+last-known-good is recorded in ``state.json`` (:mod:`agent.state.file`); :meth:`ModelStore.gc` is told
 which ones to protect.
 """
 

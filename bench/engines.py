@@ -39,9 +39,9 @@ from agent.engines.artifact import EngineArtifact
 from agent.engines.builder import EngineBuilder
 from agent.engines.settings import EngineConfig
 from agent.engines.spec import BuildSpec, CalibrationSource
-from agent.logs import configure_logging
+from agent.logs.setup import configure_logging
+from agent.machine.platform import detect_platform
 from agent.modelzoo import write_classifier, write_mobilenet_like
-from agent.platform import detect_platform
 
 REPO = Path(__file__).resolve().parents[1]
 SHAPES_MODEL = REPO / "agent" / "assets" / "shapes_classifier.onnx"

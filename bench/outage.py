@@ -25,11 +25,11 @@ from typing import Any
 
 import yaml
 
-from agent.demo_setup import write_demo_video
+from agent.demo.setup import write_demo_video
 from agent.localbroker import Broker
-from agent.logs import configure_logging
+from agent.logs.setup import configure_logging
 from agent.modelzoo import write_classifier
-from agent.spool import Spool, SpoolEntry
+from agent.spool.queue import Spool, SpoolEntry
 
 REPO = Path(__file__).resolve().parents[1]
 PAYLOAD = b'{"msg_id":"' + b"0" * 32 + b'","stream":"cam","classes":[{"label":"a","score":0.9}]}' + b" " * 400

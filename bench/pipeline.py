@@ -54,15 +54,15 @@ import cv2
 import numpy as np
 import yaml
 
-from agent.app import Agent
+from agent.app.root import Agent
 from agent.backends.base import LoadOptions, get_backend
 from agent.camera.preprocess import preprocess
 from agent.camera.preprocess_spec import PreprocessSpec
 from agent.config import load_config
 from agent.config.models import SamplesConfig
-from agent.demo_setup import write_demo_video
+from agent.demo.setup import write_demo_video
 from agent.localbroker import Broker
-from agent.logs import configure_logging
+from agent.logs.setup import configure_logging
 from agent.modelzoo import write_mobilenet_like, write_tiny_classifier
 from agent.mqtt.link import MqttLink
 from agent.mqtt.observer import Observer
@@ -72,7 +72,7 @@ from agent.postprocess.spec import ClassificationSpec
 from agent.protocol.messages import ModelRef, ResultMessage
 from agent.runtime.samples import SamplePublisher, Sampler, sample_reason
 from agent.runtime.snapshots import SnapshotBoard
-from agent.spool import Spool
+from agent.spool.queue import Spool
 
 
 def _median(samples: list[dict[str, float]]) -> dict[str, float]:

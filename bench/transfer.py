@@ -42,13 +42,13 @@ from agent.delivery.settings import DeliveryConfig
 from agent.delivery.transfer import fetch_model
 from agent.fleet.chunks.server import DEFAULT_MAX_INFLIGHT, ChunkServer
 from agent.localbroker import Broker
-from agent.logs import configure_logging
+from agent.logs.setup import configure_logging
 from agent.mqtt.inbound import InboundMessage
 from agent.mqtt.link import MqttLink
 from agent.mqtt.service_client import ServiceClient
 from agent.mqtt.settings import MqttSettings
 from agent.protocol.topics import Topics
-from agent.spool import Spool
+from agent.spool.queue import Spool
 
 MIB = 1024 * 1024
 

@@ -52,7 +52,7 @@ GROUND_FLOOR = frozenset(
         "agent.engines.spec",
         "agent.mqtt.settings",
         "agent.postprocess.spec",
-        "agent.spool_settings",
+        "agent.spool.settings",
     }
 )
 

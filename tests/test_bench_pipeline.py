@@ -8,7 +8,7 @@ from types import ModuleType
 
 from agent.camera.preprocess_spec import PreprocessSpec
 from agent.config.models import SamplesConfig
-from agent.demo_setup import write_demo_video
+from agent.demo.setup import write_demo_video
 from agent.localbroker import Broker
 from agent.modelzoo import write_tiny_classifier
 

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from agent.benchmark import bench_candidates, compare_backends
+from agent.machine.platform import BackendAvailability, Platform, detect_platform
 from agent.modelzoo import write_classifier
-from agent.platform import BackendAvailability, Platform, detect_platform
 
 ALL_ORT = ("TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider")
 

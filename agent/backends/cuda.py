@@ -28,7 +28,7 @@ import numpy.typing as npt
 
 from agent.errors import EngineError
 
-#: The file every Jetson's L4T has (agent.platform reads the release from it).
+#: The file every Jetson's L4T has (agent.machine.platform reads the release from it).
 _L4T_RELEASE = Path("/etc/nv_tegra_release")
 
 

@@ -16,8 +16,8 @@ import numpy as np
 import structlog
 
 from agent.backends.base import SMALL_MODEL_MS, Backend, Feeds, LoadOptions, Outputs, Runner, TensorSpec
-from agent.cpus import usable_cpus
 from agent.errors import EngineError
+from agent.machine.cpus import usable_cpus
 
 try:
     import onnxruntime as ort

@@ -31,8 +31,8 @@ from agent.camera.drivers import Driver, driver_for, read_timeout_s
 from agent.camera.frame import Frame
 from agent.camera.source_spec import SourceSpec
 from agent.errors import SourceError
-from agent.liveness import CallWatch, OpenCall
 from agent.transitions import TransitionTable
+from agent.watchdog.liveness import CallWatch, OpenCall
 
 log = structlog.get_logger(__name__)
 

@@ -126,7 +126,7 @@ def _closed_pipe() -> int:
 
 def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "run":
-        from agent.app import run
+        from agent.app.root import run
 
         return run(args.config)
     if args.command == "check-config":
@@ -148,7 +148,7 @@ def _dispatch(args: argparse.Namespace) -> int:
             print(path)
         return 0
     if args.command == "info":
-        from agent.platform import detect_platform, platform_summary
+        from agent.machine.platform import detect_platform, platform_summary
 
         platform = detect_platform()
         summary = platform_summary(platform)
@@ -177,7 +177,7 @@ def _dispatch(args: argparse.Namespace) -> int:
 
         return run_fleet(args)
     if args.command == "demo":
-        from agent.demo import run_demo
+        from agent.demo.run import run_demo
 
         return run_demo(
             duration=None if args.forever else args.duration, workdir=args.workdir, keep=args.keep

@@ -318,7 +318,7 @@ def run_build(args: argparse.Namespace) -> int:
     """``edge-agent build``: returns the exit status; raises AgentError for the CLI to print."""
     from agent.benchmark import THIS_BUILD, bench
     from agent.engines.builder import EngineBuilder
-    from agent.platform import detect_platform
+    from agent.machine.platform import detect_platform
 
     quiet_logs()
 

@@ -88,7 +88,7 @@ def _run(work_dir: Path, quick: bool) -> tuple[list[StepResult], float]:
 
     from agent.engines.builder import EngineBuilder
     from agent.engines.settings import EngineConfig
-    from agent.platform import detect_platform
+    from agent.machine.platform import detect_platform
     from agent.selftest.report import step_line
     from agent.selftest.run import FULL, QUICK, SelfTestRun
     from agent.selftest.step import run_steps

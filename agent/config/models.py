@@ -22,7 +22,7 @@ from agent.model_base import StrictModel
 from agent.mqtt.settings import MqttSettings
 from agent.names import LabelKey, LabelValue, Name
 from agent.postprocess.spec import ClassificationSpec, PostprocessSpec
-from agent.spool_settings import SpoolSettings
+from agent.spool.settings import SpoolSettings
 
 
 class SamplesConfig(StrictModel):

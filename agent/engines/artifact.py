@@ -25,7 +25,7 @@ from agent.engines.ort_builder import (
     provider_options,
 )
 from agent.engines.spec import BuildPlan, BuildSpec
-from agent.platform import Platform
+from agent.machine.platform import Platform
 
 
 @dataclass(frozen=True)

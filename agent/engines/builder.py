@@ -58,7 +58,7 @@ from agent.engines.slim import onnxslim_version
 from agent.engines.spec import BuildPlan, BuildSpec
 from agent.engines.worker import BuildWorker
 from agent.errors import BuildError
-from agent.platform import Platform
+from agent.machine.platform import Platform
 
 log = structlog.get_logger(__name__)
 

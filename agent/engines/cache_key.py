@@ -28,8 +28,8 @@ from pydantic import Field, ValidationError
 from agent.engines.spec import BuildPlan, EngineOptions
 from agent.errors import BuildError
 from agent.fsutil import atomic_write_json, sha256_file
+from agent.machine.platform import Platform
 from agent.model_base import StrictModel
-from agent.platform import Platform
 
 log = structlog.get_logger(__name__)
 

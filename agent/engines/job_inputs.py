@@ -33,7 +33,7 @@ from agent.engines.ort_builder import ENGINE_FILE as ORT_ENGINE_FILE
 from agent.engines.spec import BuildPlan
 from agent.errors import BuildError
 from agent.fsutil import atomic_write_bytes, sha256_file
-from agent.platform import Platform
+from agent.machine.platform import Platform
 
 #: Engine file name of a TensorRT entry.
 TRT_ENGINE_FILE = "engine"

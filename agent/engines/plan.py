@@ -31,7 +31,7 @@ from agent.engines.spec import (
 from agent.errors import BuildError
 
 if TYPE_CHECKING:
-    from agent.platform import Platform
+    from agent.machine.platform import Platform
 
 EffectiveBackend = Literal["tensorrt", "onnxruntime"]
 EffectiveDevice = Literal["gpu", "dla", "cpu"]
@@ -74,7 +74,10 @@ class PlatformFacts:
 
     @classmethod
     def from_platform(cls, platform: Platform) -> PlatformFacts:
-        """Facts from a detected :class:`~agent.platform.Platform`; unusable TensorRT counts as absent."""
+        """Facts from a detected :class:`~agent.machine.platform.Platform`.
+
+        Unusable TensorRT counts as absent.
+        """
         trt = platform.backends.get("tensorrt")
         usable = trt.usable if trt is not None else platform.tensorrt_version is not None
         no_dla = (

@@ -3,7 +3,7 @@
 For fleet-scale tests and ``bench/fleet.py``: a thousand devices on one machine, against one
 broker, driven by the real operator side (``fleet deploy``, the rollout controller).
 
-**Real** (the agent's own classes, wired as :mod:`agent.app` wires them, one set per device):
+**Real** (the agent's own classes, wired as :mod:`agent.app.root` wires them, one set per device):
 
 * the MQTT link (:class:`agent.mqtt.link.MqttLink`): its own MQTT 5 session and client id, the
   Last Will and the retained ``up/status`` with its session counter, reconnects with jittered
@@ -32,5 +32,5 @@ around plausible values. The slots' models live in the worker's memory, not in `
 
 The flags are in :mod:`agent.fleetsim.plan` and :mod:`agent.fleetsim.launcher`, and in
 docs/fleet.md, "Fleet simulator". Nothing in ``agent/`` imports this package (it is a composition
-root, like :mod:`agent.app`).
+root, like :mod:`agent.app.root`).
 """

@@ -1,6 +1,6 @@
 """One simulated device: the agent's own link, spool, store, job ledger and delivery service.
 
-Wired as :class:`agent.app.Agent` wires them (same classes, same arguments), with two differences:
+Wired as :class:`agent.app.root.Agent` wires them (same classes, same arguments), with two differences:
 the slots are :class:`~agent.fleetsim.slot.SimSlots` (no engines, no frames) and the job ledger is
 a :class:`JournaledJobs`, the real ``jobs.json`` that also tells a :class:`JobJournal` every state
 it records, so the simulator can count how often each job ran on each device.
@@ -40,8 +40,8 @@ from agent.postprocess.spec import PostprocessSpec
 from agent.protocol.messages import BackendInfo, InfoMessage, ModelRef, SlotInfo, TelemetryMessage
 from agent.protocol.topics import Topics
 from agent.signing import Ed25519PublicKey
-from agent.spool import Spool
-from agent.spool_settings import SpoolSettings
+from agent.spool.queue import Spool
+from agent.spool.settings import SpoolSettings
 from agent.store import ModelStore
 
 #: PullStats fields that are a largest value, not a count (the others are summed over pulls).

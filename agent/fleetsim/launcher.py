@@ -35,7 +35,7 @@ from agent.fleetsim.device import FleetSetup, SlotSetup
 from agent.fleetsim.plan import FIGURES, plan_fleet
 from agent.fleetsim.worker import REPORT_EVERY_S, TICK_S, SimWorker, report_path
 from agent.fsutil import atomic_write_json, sha256_file
-from agent.logs import configure_logging
+from agent.logs.setup import configure_logging
 from agent.mqtt.settings import MqttSettings
 from agent.postprocess.spec import ClassificationSpec
 from agent.protocol.messages import ModelRef

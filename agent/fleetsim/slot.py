@@ -2,7 +2,7 @@
 
 A stand-in for :class:`agent.runtime.models.SlotModels` behind the delivery service's seam (the
 ``activate``, ``rollback``, ``slot_specs`` and ``protected_models`` callables that
-:mod:`agent.app` wires to the real runtime). No engine is built and no frame runs: a delivered
+:mod:`agent.app.root` wires to the real runtime). No engine is built and no frame runs: a delivered
 model becomes the slot's model at once, after the guard phases the manifest asks for, which behave
 as the real ones (:mod:`agent.runtime.guarded`) end:
 

@@ -28,7 +28,7 @@ from agent.mqtt.core import MqttCore, PublishProperties
 from agent.mqtt.events import PublishOutcome
 from agent.mqtt.link_counters import LinkCounters
 from agent.protocol.messages import encode
-from agent.spool import MessageKind, Spool, SpoolEntry, SpoolWriteError
+from agent.spool.queue import MessageKind, Spool, SpoolEntry, SpoolWriteError
 
 log = structlog.get_logger(__name__)
 

@@ -44,7 +44,7 @@ from agent.mqtt.link_counters import LinkCounters
 from agent.mqtt.session import SESSION_KEY, SessionCounter
 from agent.mqtt.settings import MqttSettings
 from agent.protocol.messages import StatusMessage, encode
-from agent.spool import MessageKind, Spool
+from agent.spool.queue import MessageKind, Spool
 
 log = structlog.get_logger(__name__)
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import structlog
 
-from agent.spool import Spool, SpoolWriteError
+from agent.spool.queue import Spool, SpoolWriteError
 
 log = structlog.get_logger(__name__)
 

@@ -219,8 +219,9 @@ class InfoMessage(Envelope):
     device_id: str
     agent_version: str
     platform: dict[str, str | bool | Count | FiniteTime | None] = Field(
-        description="What agent.platform.platform_summary reports: l4t_release, jetpack, cuda_driver, "
-        "cuda_runtime, gpu_name, compute_capability, dla_cores, tensorrt_version, onnxruntime_version, ... "
+        description="What agent.machine.platform.platform_summary reports: l4t_release, jetpack, "
+        "cuda_driver, cuda_runtime, gpu_name, compute_capability, dla_cores, tensorrt_version, "
+        "onnxruntime_version, ... "
         "A value that could not be read is null, and <key>_reason says why."
     )
     labels: dict[LabelKey, LabelValue] = Field(

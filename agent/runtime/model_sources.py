@@ -23,7 +23,7 @@ from agent.fsutil import sha256_file
 from agent.postprocess.spec import PostprocessSpec
 from agent.protocol.runs import interim_runs, runs_of
 from agent.runtime.loaded import EngineReport, LoadedModel, ModelSource
-from agent.state import ModelRecord
+from agent.state.file import ModelRecord
 
 #: Why a model was activated, as state.json records it.
 Origin = Literal["config", "delivery", "rollback"]

@@ -1,7 +1,7 @@
 """What every slot runs: the model chosen at start, config reloads, and the one object the
 composition root wires for the slots' models.
 
-The composition root (:mod:`agent.app`) owns the components; :class:`SlotModels` owns the decisions
+The composition root (:mod:`agent.app.root`) owns the components; :class:`SlotModels` owns the decisions
 about models, in parts that each hold one of them, all through the slots' one owner
 (:class:`~agent.runtime.slot_owner.SlotOwner`: each slot's lock, every activation recorded in
 state.json before anyone is told):
@@ -43,7 +43,7 @@ from agent.runtime.model_sources import Origin, build_of, from_record, model_sou
 from agent.runtime.rollback import SlotRollback
 from agent.runtime.slot import ModelSlot
 from agent.runtime.slot_owner import SlotOwner
-from agent.state import AgentState, StateFile
+from agent.state.file import AgentState, StateFile
 from agent.telemetry import Metrics
 
 log = structlog.get_logger(__name__)

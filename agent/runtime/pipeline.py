@@ -26,7 +26,6 @@ from agent.camera.preprocess import preprocess, resize_fit
 from agent.camera.preprocess_spec import PreprocessSpec
 from agent.engines.gpu_preprocess import GpuPreprocessor
 from agent.errors import AgentError
-from agent.liveness import CallWatch
 from agent.runtime.loaded import LoadedModel
 from agent.runtime.outbox import OrderedOutbox
 from agent.runtime.publish_stage import PublishStage
@@ -35,6 +34,7 @@ from agent.runtime.snapshots import SnapshotBoard
 from agent.runtime.stage_items import FrameTap, InferredItem, Publisher, StreamMetrics, StreamPlan, WorkItem
 from agent.runtime.stage_queue import SlotInbox
 from agent.telemetry import Metrics
+from agent.watchdog.liveness import CallWatch
 
 log = structlog.get_logger(__name__)
 

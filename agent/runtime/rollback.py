@@ -29,7 +29,7 @@ from agent.runtime.guarded import GuardRun
 from agent.runtime.model_sources import build_of, from_record, model_source
 from agent.runtime.probation import ProbationRun
 from agent.runtime.slot_owner import SlotOwner
-from agent.state import ModelRecord
+from agent.state.file import ModelRecord
 
 log = structlog.get_logger(__name__)
 

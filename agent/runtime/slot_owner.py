@@ -34,7 +34,7 @@ from agent.runtime.loaded import LoadedModel, ModelSource
 from agent.runtime.model_sources import Origin, engine_source, record_of
 from agent.runtime.slot import ModelSlot
 from agent.runtime.slot_builds import SlotBuilds
-from agent.state import StateFile, record_activation, record_config_model, record_rollback
+from agent.state.file import StateFile, record_activation, record_config_model, record_rollback
 from agent.store import ModelStore
 from agent.telemetry import Metrics
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from agent.platform import platform_summary
+from agent.machine.platform import platform_summary
 from agent.selftest.run import INPUT_SIZE, LEAK_TOLERANCE_BYTES, SelfTestRun
 from agent.selftest.step import Passed, Skipped, StepFailure
 from agent.telemetry import DeviceStats

@@ -13,7 +13,7 @@ import cv2
 from agent.datasets import shapes
 from agent.engines.artifact import EngineArtifact
 from agent.engines.builder import EngineBuilder
-from agent.platform import Platform
+from agent.machine.platform import Platform
 from agent.selftest.targets import (
     Device,
     DeviceTarget,

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from agent.platform import Platform
+from agent.machine.platform import Platform
 
 #: ONNX Runtime providers that run on the GPU, best first.
 ORT_GPU_PROVIDERS = ("TensorrtExecutionProvider", "CUDAExecutionProvider")

@@ -21,8 +21,8 @@ from agent.backends.onnxruntime import (
     small_model_threads,
     split_threads,
 )
-from agent.cpus import usable_cpus
 from agent.errors import EngineError
+from agent.machine.cpus import usable_cpus
 from agent.modelzoo import write_classifier, write_tiny_classifier
 
 

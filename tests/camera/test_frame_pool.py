@@ -1,6 +1,6 @@
 """Decoding into reused buffers: a buffer is written again only once nothing references it.
 
-Real video (``agent.demo_setup.write_demo_video``, MJPG) decoded by the real file source; the
+Real video (``agent.demo.setup.write_demo_video``, MJPG) decoded by the real file source; the
 reference pixels come from a second, plain ``cv2.VideoCapture`` of the same file.
 """
 
@@ -17,7 +17,7 @@ from agent.camera.frame import Frame
 from agent.camera.frame_pool import FramePool
 from agent.camera.source import VideoSource
 from agent.camera.source_spec import FileSourceSpec
-from agent.demo_setup import write_demo_video
+from agent.demo.setup import write_demo_video
 from tests.camera.specs import make
 
 FRAMES = 60

@@ -157,7 +157,7 @@ def test_run_build_in_process(tmp_path: Path, model: Path, capsys: pytest.Captur
 
 
 def test_int8_calibrated_on_frames_of_a_video(tmp_path: Path, model: Path) -> None:
-    from agent.demo_setup import write_demo_video
+    from agent.demo.setup import write_demo_video
 
     video = write_demo_video(tmp_path / "lobby.avi", frames=40, size=(80, 60), fps=15.0)
     images = tmp_path / "calib-lobby"
@@ -209,7 +209,7 @@ def test_calib_from_names_its_folder_after_the_video() -> None:
 def test_int8_reports_its_agreement_with_fp32_and_a_short_video(tmp_path: Path, model: Path) -> None:
     """Issue 22.11: an INT8 build said nothing of its agreement with FP32, nor that --calib-from gave
     fewer frames than --calib-frames asked."""
-    from agent.demo_setup import write_demo_video
+    from agent.demo.setup import write_demo_video
 
     video = write_demo_video(tmp_path / "short.avi", frames=12, size=(80, 60), fps=15.0)
     images = tmp_path / "calib-short"

@@ -11,7 +11,7 @@ from agent.cli.info import info_lines
 def test_info_on_this_machine_prints_no_python_none_and_each_backend_once(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    from agent.platform import detect_platform
+    from agent.machine.platform import detect_platform
 
     assert main(["info"]) == 0
     lines = capsys.readouterr().out.splitlines()

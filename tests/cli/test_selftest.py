@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.platform import detect_platform
+from agent.machine.platform import detect_platform
 from agent.selftest.run import CPU_STAND_INS
 from tests.waiting import patient
 

@@ -31,7 +31,7 @@ from agent.postprocess.spec import ClassificationSpec
 from agent.protocol.messages import JobState, JobStatus, decode
 from agent.protocol.topics import Topics
 from agent.signing import Ed25519PrivateKey, generate_keypair, private_key_from_bytes
-from agent.spool import Spool
+from agent.spool.queue import Spool
 from agent.store import DiskUsageFn, ModelStore
 from tests.mqtt_probe import Probe
 from tests.waiting import patient, wait_until

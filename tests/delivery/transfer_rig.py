@@ -19,7 +19,7 @@ from agent.localbroker import Broker
 from agent.mqtt.link import MqttLink
 from agent.mqtt.settings import MqttSettings
 from agent.protocol.topics import Topics
-from agent.spool import Spool
+from agent.spool.queue import Spool
 
 KIB = 1024
 MIB = 1024 * KIB

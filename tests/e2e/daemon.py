@@ -13,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from agent.demo_setup import write_demo_video
+from agent.demo.setup import write_demo_video
 from agent.modelzoo import write_classifier
 from agent.protocol.messages import ResultMessage, decode
 from tests.mqtt_probe import Received

@@ -11,7 +11,7 @@ faults below play out in seconds; the rules are the defaults'.
   its claim goes quiet, a waiting device takes it and builds, the killed device comes back and
   downloads; the deployment finishes, each device's job ACTIVE exactly once.
 - An "upgrade": every device's L4T release changes (a fake Jetson root through
-  ``telemetry.sysfs_root``, as tests/test_platform.py fakes the absent hardware), so every engine
+  ``telemetry.sysfs_root``, as tests/machine/test_platform.py fakes the absent hardware), so every engine
   key changes. The first device back builds at start-up while its ONNX model serves, swaps the
   engine in through shadow and probation and offers it (its start-up job's ACTIVE status is the
   evidence); the next device back downloads it at start-up.
@@ -48,8 +48,8 @@ from tests.e2e.test_fleet_engines import (
 )
 from tests.engines import paced_build
 from tests.fleet.controller.loop_thread import RunningController
+from tests.machine.test_platform import AGX_RELEASE, jetson_root
 from tests.mqtt_probe import Probe
-from tests.test_platform import AGX_RELEASE, jetson_root
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.slow

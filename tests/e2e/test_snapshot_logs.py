@@ -26,7 +26,7 @@ import numpy.typing as npt
 import pytest
 
 from agent.cli import main
-from agent.demo_setup import write_demo_video
+from agent.demo.setup import write_demo_video
 from agent.fleet.controller.config import ControllerConfig, HttpSettings
 from agent.fleet.controller.process import FleetController
 from agent.fleet.devices.command import DeviceRefusedError, DeviceSession, PendingReplies, publish_command

@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from agent.localbroker import Broker
-from agent.state_lock import LOCK_FILE_NAME, StateDirBusyError, StateDirLock
+from agent.state.lock import LOCK_FILE_NAME, StateDirBusyError, StateDirLock
 from tests.e2e.daemon import REPO, AgentFiles, Daemon
 from tests.waiting import patient
 
@@ -66,7 +66,7 @@ def test_the_lock_goes_with_its_process_even_after_sigkill(tmp_path: Path) -> No
             textwrap.dedent(
                 f"""
                 import sys, time
-                from agent.state_lock import StateDirLock
+                from agent.state.lock import StateDirLock
                 StateDirLock.acquire({str(tmp_path)!r})
                 print("locked", flush=True)
                 time.sleep(120)

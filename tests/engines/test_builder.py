@@ -26,8 +26,8 @@ from agent.engines.settings import EngineConfig
 from agent.engines.spec import BuildSpec, CalibrationSource
 from agent.engines.worker import BuildWorker
 from agent.errors import BuildError
+from agent.machine.platform import BackendAvailability, Platform
 from agent.modelzoo import write_classifier
-from agent.platform import BackendAvailability, Platform
 from tests.engines.failing_jobs import TEST_ENV
 from tests.waiting import patient
 

@@ -31,7 +31,7 @@ from agent.engines.cache_key import (
 from agent.engines.plan import PlatformFacts, plan_build
 from agent.engines.spec import BuildPlan, BuildSpec, EngineOptions, ShapeProfile
 from agent.errors import BuildError
-from agent.platform import Platform
+from agent.machine.platform import Platform
 from tests.waiting import patient
 
 SHA_A = "a" * 64

@@ -7,7 +7,7 @@ from pathlib import Path
 import cv2
 import pytest
 
-from agent.demo_setup import write_demo_video
+from agent.demo.setup import write_demo_video
 from agent.engines.calibration_data import dataset_images
 from agent.engines.calibration_video import STREAM_STRIDE, frame_numbers, write_calibration_frames
 from agent.errors import BuildError

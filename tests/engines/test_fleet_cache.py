@@ -26,8 +26,8 @@ from agent.fleet.engines.desk import EngineDesk
 from agent.fleet.engines.local import LocalDeskRequests, local_download
 from agent.fleet.engines.settings import EngineShareSettings
 from agent.fleet.engines.trust import sign_record
+from agent.machine.platform import BackendAvailability, Platform
 from agent.modelzoo import write_classifier
-from agent.platform import BackendAvailability, Platform
 from agent.protocol.engines import EngineAsk
 from agent.signing import Ed25519PrivateKey
 from tests.engines.fleet_desk import make_desk

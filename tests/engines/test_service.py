@@ -14,7 +14,7 @@ from agent.engines.builder import EngineBuilder
 from agent.engines.service import EngineService, FrameSource
 from agent.engines.settings import EngineConfig
 from agent.engines.spec import BuildSpec
-from agent.platform import detect_platform
+from agent.machine.platform import detect_platform
 from agent.protocol.runs import runs_of
 
 MODEL = Path(__file__).resolve().parents[2] / "agent" / "assets" / "shapes_classifier.onnx"

@@ -23,7 +23,7 @@ from agent.engines.settings import EngineConfig
 from agent.engines.spec import BuildSpec
 from agent.engines.timing import time_runner, time_together
 from agent.errors import BuildError
-from agent.platform import detect_platform
+from agent.machine.platform import detect_platform
 from tests.engines.test_builder_fallback import FORCED_TRT
 
 MODEL = Path(__file__).resolve().parents[2] / "agent" / "assets" / "shapes_classifier.onnx"

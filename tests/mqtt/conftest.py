@@ -12,7 +12,7 @@ import pytest
 from agent.localbroker import Broker
 from agent.mqtt.link import MqttLink
 from agent.mqtt.settings import MqttSettings
-from agent.spool import Spool
+from agent.spool.queue import Spool
 
 LinkFactory = Callable[..., MqttLink]
 

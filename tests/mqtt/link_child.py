@@ -17,7 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from agent.mqtt.link import MqttLink
 from agent.mqtt.settings import MqttSettings
-from agent.spool import Spool
+from agent.spool.queue import Spool
 from tests.waiting import patient
 
 

@@ -19,7 +19,7 @@ from agent.mqtt.core import _AckedOnlyClient as AckedOnlyClient
 from agent.mqtt.inbound import Connected, InboundMessage, Inbox
 from agent.mqtt.wake import CoalescedWake
 from agent.protocol.messages import StatusMessage, decode
-from agent.spool import Spool
+from agent.spool.queue import Spool
 from tests.mqtt.conftest import LinkFactory, fast_settings
 from tests.mqtt.tcp_proxy import FreezableProxy
 from tests.mqtt_probe import Probe, Received
@@ -628,7 +628,7 @@ def test_on_a_full_disk_the_link_reconnects_and_job_states_still_arrive(
 def test_durable_results_carry_their_remaining_time_to_live_and_job_states_none(
     broker: Broker, tmp_path: Path, make_link: LinkFactory, device_id: str
 ) -> None:
-    from agent.spool_settings import SpoolSettings
+    from agent.spool.settings import SpoolSettings
 
     spool = Spool(tmp_path / "ttl.sqlite", SpoolSettings(results_ttl_s=600.0))
     link = make_link(fast_settings(broker), client_id=device_id, spool=spool)

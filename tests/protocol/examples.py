@@ -28,7 +28,8 @@ MODEL = ModelRef(slot="main", model_id="mobilenet", version="3", sha256="9f" * 3
 
 ORT_REASON = "ONNX Runtime 1.20.0, providers: CUDAExecutionProvider, CPUExecutionProvider"
 
-#: ``up/info``'s platform as an Orin that read every value reports it (agent.platform.platform_summary).
+#: ``up/info``'s platform as an Orin that read every value reports it
+#: (agent.machine.platform.platform_summary).
 JETSON_PLATFORM: dict[str, str | bool | int | float | None] = {
     "is_jetson": True,
     "machine": "aarch64",

@@ -32,7 +32,7 @@ from agent.fleet.controller.config import ControllerConfig
 from agent.fleet.controller.process import FleetController
 from agent.mqtt.link import MqttLink
 from agent.protocol.topics import Topics
-from agent.spool import Spool
+from agent.spool.queue import Spool
 from agent.telemetry.loop import TelemetryLoop
 from agent.telemetry.metrics import Metrics
 from tests.delivery.transfer_rig import KIB, MIB, delivery_config, manifest_for, random_model
@@ -343,7 +343,7 @@ def test_publishing_outside_its_tree_is_refused_counted_logged_once_and_reported
     link_a = device_link(doc_broker, "jet-a", tmp_path, links)
     jet_a, jet_b = Topics("fleet/v1", "jet-a"), Topics("fleet/v1", "jet-b")
     metrics = Metrics()
-    metrics.add_collector(link_a.stats, prefix="mqtt")  # as agent/app.py does
+    metrics.add_collector(link_a.stats, prefix="mqtt")  # as agent/app/root.py does
     telemetry = TelemetryLoop(
         metrics,
         None,

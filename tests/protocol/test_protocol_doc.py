@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel
 
-from agent.jetson_files import jetpack_for_l4t, parse_tegra_release
-from agent.platform import BackendAvailability, Platform, platform_summary
+from agent.machine.jetson_files import jetpack_for_l4t, parse_tegra_release
+from agent.machine.platform import BackendAvailability, Platform, platform_summary
 from agent.protocol.messages import MESSAGE_MODELS, CommandReply, decode, encode
 from agent.protocol.topics import Topics
 from tests.protocol.examples import EXAMPLES, MORE_EXAMPLES

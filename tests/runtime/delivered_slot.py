@@ -23,7 +23,7 @@ from agent.localbroker import Broker
 from agent.modelzoo import write_classifier
 from agent.runtime.models import SlotModels
 from agent.runtime.slot import ModelSlot
-from agent.state import StateFile
+from agent.state.file import StateFile
 from agent.telemetry import Metrics
 from tests.delivery.delivery_stack import SLOT, Harness, make_keys
 

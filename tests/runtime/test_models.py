@@ -17,13 +17,13 @@ from agent.engines.service import EngineService
 from agent.engines.settings import EngineConfig
 from agent.errors import DiskFullError
 from agent.fsutil import sha256_file
+from agent.machine.platform import detect_platform
 from agent.modelzoo import write_classifier
-from agent.platform import detect_platform
 from agent.runtime.model_sources import model_source
 from agent.runtime.models import SlotModels
 from agent.runtime.rollback import NoRollbackTargetError, SlotRollback
 from agent.runtime.slot import ModelSlot
-from agent.state import AgentState, ModelRecord, StateFile, record_activation
+from agent.state.file import AgentState, ModelRecord, StateFile, record_activation
 from agent.telemetry import Metrics
 from tests.small_disk import small_disk
 from tests.waiting import patient

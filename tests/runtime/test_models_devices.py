@@ -14,7 +14,7 @@ from pathlib import Path
 from agent.engines.builder import EngineBuilder
 from agent.engines.spec import BuildSpec
 from agent.localbroker import Broker
-from agent.platform import detect_platform
+from agent.machine.platform import detect_platform
 from agent.protocol.messages import JobState
 from agent.runtime.models import SlotModels
 from tests.delivery.delivery_stack import SLOT

@@ -16,12 +16,12 @@ from agent.datasets.shapes import MODEL_PATH, generate
 from agent.engines.builder import EngineBuilder
 from agent.engines.service import EngineService
 from agent.engines.worker import BuildWorker
+from agent.machine.platform import detect_platform
 from agent.modelzoo import write_classifier
-from agent.platform import detect_platform
 from agent.runtime.model_sources import model_source
 from agent.runtime.models import SlotModels
 from agent.runtime.slot import ModelSlot
-from agent.state import StateFile
+from agent.state.file import StateFile
 from agent.telemetry import Metrics
 from tests.engines import paced_build
 from tests.runtime.delivered_slot import ENGINES_CONFIG

@@ -18,7 +18,7 @@ from agent.camera.preprocess import Letterbox, preprocess
 from agent.camera.preprocess_spec import PreprocessSpec
 from agent.camera.source import VideoSource
 from agent.camera.source_spec import FileSourceSpec, SyntheticSourceSpec
-from agent.demo_setup import write_demo_video
+from agent.demo.setup import write_demo_video
 from agent.localbroker import Broker
 from agent.modelzoo import write_classifier
 from agent.mqtt.link import MqttLink
@@ -30,7 +30,7 @@ from agent.runtime.pipeline import SlotPipeline, publishes_inline
 from agent.runtime.slot import ModelSlot
 from agent.runtime.stage_items import StreamPlan
 from agent.runtime.stage_queue import DropPolicy
-from agent.spool import Spool
+from agent.spool.queue import Spool
 from agent.telemetry import Metrics
 from tests.camera.specs import make
 from tests.mqtt_probe import Probe

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from agent.errors import EngineError
-from agent.platform import Platform
+from agent.machine.platform import Platform
 from agent.protocol.messages import ModelRef, ResultMessage
 from agent.selftest.device_steps import telemetry_step
 from agent.selftest.runtime_steps import _judge_swap, judge_engines

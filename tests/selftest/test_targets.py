@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from agent.platform import BackendAvailability, Platform
+from agent.machine.platform import BackendAvailability, Platform
 from agent.selftest.steps import all_steps
 from agent.selftest.targets import TOTAL_BUDGET_S, device_targets, total_budget_s
 

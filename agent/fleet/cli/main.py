@@ -26,7 +26,7 @@ from agent.fleet.cli.rollout import add_controller_arguments, run_controller_com
 from agent.fleet.controller.config import DEFAULT_STATE_DIR
 from agent.fleet.deploy.run import DEFAULT_STATUS_POLL_S
 from agent.fleet.devices.command import FOLLOW_S
-from agent.logs import configure_logging
+from agent.logs.setup import configure_logging
 
 #: ``fleet status --telemetry-wait`` default: the agent's default telemetry interval (10 s) and a margin.
 DEFAULT_TELEMETRY_WAIT_S = 11.0

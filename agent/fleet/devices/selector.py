@@ -31,7 +31,8 @@ Operator = Literal["exists", "!exists", "=", "!=", "in", "notin", ">", ">=", "<"
 
 #: Keys under ``agent.`` a selector may name (what ``up/info`` says about the agent itself).
 AGENT_KEYS = ("agent.version",)
-#: A platform fact's name: what agent.platform.platform_summary writes (``dla_cores``, ``l4t_release``).
+#: A platform fact's name: what agent.machine.platform.platform_summary writes (``dla_cores``,
+#: ``l4t_release``).
 _PLATFORM_NAME = re.compile(r"^[a-z0-9_]{1,64}$")
 #: A number or a version: digits separated by single dots (``2``, ``0.2``, ``8.6.2``).
 _NUMBER = re.compile(r"^[0-9]+(\.[0-9]+)*$")

@@ -28,7 +28,7 @@ from agent.protocol.samples import SampleMessage
 from agent.protocol.topics import Topics
 from agent.runtime.samples import SamplePublisher, Sampler
 from agent.runtime.snapshots import SnapshotBoard
-from agent.spool import Spool
+from agent.spool.queue import Spool
 from tests.fleet.operator_side import operator_settings, unique_prefix
 from tests.sample_results import result
 from tests.waiting import patient, wait_until

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from structlog.testing import capture_logs
 
-from agent.state import (
+from agent.state.file import (
     STATE_FILE_NAME,
     AgentState,
     ModelRecord,

@@ -1,7 +1,7 @@
 """The spool's SQLite file: its tables, the columns later releases added, and how it is opened
 (WAL, ``synchronous=FULL``, a bounded write-ahead log).
 
-One job (the file's shape and its upgrade on open); the queries on it are :mod:`agent.spool`'s.
+One job (the file's shape and its upgrade on open); the queries on it are :mod:`agent.spool.queue`'s.
 """
 
 from __future__ import annotations

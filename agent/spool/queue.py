@@ -5,20 +5,20 @@ when the broker acknowledged it, so a broker outage, a crash or a power cut lose
 price is a possible duplicate, which consumers drop by ``msg_id``. A small key/value table keeps
 the link's state that must survive restarts (the session counter).
 
-Bounded (:class:`~agent.spool_settings.SpoolSettings`): at ``max_rows`` or ``max_bytes`` the oldest
+Bounded (:class:`~agent.spool.settings.SpoolSettings`): at ``max_rows`` or ``max_bytes`` the oldest
 durable *results* make room (or new ones are refused, ``results_at_cap: drop_newest``); *job states*
 are never dropped. Results carry a time-to-live: an expired one is deleted when the replay reaches it
 instead of being published. A full disk never raises for a result: it is dropped and counted, and
 warned about once per episode (from the first failed write to the first write that succeeds with
-:data:`~agent.spool_episodes.WRITE_RECOVERED_FREE_BYTES` free on the disk); a job state raises
+:data:`~agent.spool.episodes.WRITE_RECOVERED_FREE_BYTES` free on the disk); a job state raises
 :class:`SpoolWriteError` so the caller can keep it in memory instead. Each write is one
 transaction, and :meth:`Spool.add_many` writes a whole batch in one, so a publisher of many results
 pays one fsync per batch, not one per result.
 
 One job (a capped, crash-safe outbox): the cap, the eviction order and the TTL live in the same
 transactions as the rows they change; apart, a crash between them would break the cap. The file's
-tables and their upgrade are :mod:`agent.spool_schema`; the figures and the once-per-episode log
-lines (at the cap, writes failing) are :mod:`agent.spool_episodes`, changed here under the same lock
+tables and their upgrade are :mod:`agent.spool.schema`; the figures and the once-per-episode log
+lines (at the cap, writes failing) are :mod:`agent.spool.episodes`, changed here under the same lock
 right after each transaction.
 """
 
@@ -37,9 +37,9 @@ from typing import Literal, overload
 import structlog
 
 from agent.errors import TransportError
-from agent.spool_episodes import SpoolEpisodes
-from agent.spool_schema import open_outbox
-from agent.spool_settings import SpoolSettings
+from agent.spool.episodes import SpoolEpisodes
+from agent.spool.schema import open_outbox
+from agent.spool.settings import SpoolSettings
 
 log = structlog.get_logger(__name__)
 

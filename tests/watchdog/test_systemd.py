@@ -18,12 +18,12 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 
-from agent.systemd import Heartbeat, Notifier, Watchdog
+from agent.watchdog.systemd import Heartbeat, Notifier, Watchdog
 from tests.unit_files import analyze_verify
 from tests.unit_files import read_unit as read_unit_file
 from tests.waiting import patient, wait_until
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 UNIT = REPO / "systemd" / "edge-agent.service"
 
 
@@ -238,7 +238,7 @@ def test_watchdog_thread_withholds_pings_while_a_check_fails(notify_socket: Noti
 
 CHILD = """
 import threading
-from agent.systemd import Notifier, Watchdog
+from agent.watchdog.systemd import Notifier, Watchdog
 n = Notifier.from_env()
 assert n.watchdog_interval_s() == 4.0, n.watchdog_interval_s()
 assert n.extend_timeout(5)

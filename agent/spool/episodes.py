@@ -1,7 +1,7 @@
 """What the spool tells of itself: its figures (rows, bytes, what it dropped and why) and its two
 episodes, at the cap and writes failing, each logged once when it starts and once when it ends.
 
-One job (the spool's telemetry and journal lines); :class:`~agent.spool.Spool` changes them under
+One job (the spool's telemetry and journal lines); :class:`~agent.spool.queue.Spool` changes them under
 its lock, after the transaction they describe, and decides what is stored and dropped.
 """
 
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import structlog
 
-from agent.spool_settings import SpoolSettings
+from agent.spool.settings import SpoolSettings
 
 log = structlog.get_logger(__name__)
 

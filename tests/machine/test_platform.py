@@ -17,9 +17,9 @@ from typing import Any
 import onnxruntime
 import pytest
 
-import agent.platform as platform_mod
-from agent.jetson_files import L4T_TO_JETPACK, jetpack_for_l4t, parse_tegra_release
-from agent.platform import (
+import agent.machine.platform as platform_mod
+from agent.machine.jetson_files import L4T_TO_JETPACK, jetpack_for_l4t, parse_tegra_release
+from agent.machine.platform import (
     BackendAvailability,
     Platform,
     cuda_version_string,

@@ -12,8 +12,8 @@ import pytest
 import structlog
 
 from agent.fleet.devices.logs import LogCursor
-from agent.log_ring import LogRing, logs_command, redact
-from agent.logs import configure_logging
+from agent.logs.ring import LogRing, logs_command, redact
+from agent.logs.setup import configure_logging
 from agent.protocol.command_args import LogsArgs
 from agent.protocol.messages import CommandReply
 

@@ -2,7 +2,7 @@
 
 :func:`probe_jetson_files` reads ``/etc/nv_tegra_release`` and the device tree under a ``root``
 (tests point it at a temporary directory dressed as a Jetson); every fact it cannot read gets a
-one-line reason instead. The parsers and tables are pure. :func:`agent.platform.detect_platform`
+one-line reason instead. The parsers and tables are pure. :func:`agent.machine.platform.detect_platform`
 runs it beside the CUDA, TensorRT and ONNX Runtime probes.
 """
 

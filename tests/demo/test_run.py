@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from agent.cli import _parser
-from agent.demo import demo_workdir, run_demo
+from agent.demo.run import demo_workdir, run_demo
 
 
 @pytest.fixture

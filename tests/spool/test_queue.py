@@ -13,9 +13,9 @@ import pytest
 from structlog.testing import capture_logs
 
 from agent.mqtt.session import RESERVATION, SessionCounter
-from agent.spool import ROW_OVERHEAD, Spool, SpoolEntry, SpoolWriteError
-from agent.spool_episodes import WRITE_RECOVERED_FREE_BYTES
-from agent.spool_settings import SpoolSettings
+from agent.spool.episodes import WRITE_RECOVERED_FREE_BYTES
+from agent.spool.queue import ROW_OVERHEAD, Spool, SpoolEntry, SpoolWriteError
+from agent.spool.settings import SpoolSettings
 from agent.telemetry.series import series_of
 from tests.small_disk import small_disk
 from tests.waiting import patient
@@ -61,9 +61,9 @@ def test_a_message_survives_sigkill_right_after_add(tmp_path: Path) -> None:
     code = textwrap.dedent(
         f"""
         import sys, time
-        sys.path.insert(0, {str(Path(__file__).resolve().parents[1])!r})
+        sys.path.insert(0, {str(Path(__file__).resolve().parents[2])!r})
         from pathlib import Path
-        from agent.spool import Spool
+        from agent.spool.queue import Spool
         spool = Spool(Path({str(path)!r}))
         spool.add("fleet/v1/d/up/jobs/j", b"must-survive", 1, False)
         print("added", flush=True)

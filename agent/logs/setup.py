@@ -51,7 +51,7 @@ def configure_logging(
     event takes the standard library's global logging lock (``logging.getLogger``); one agent per
     process never notices, the fleet simulator's 125 devices per process queued on it.
 
-    ``ring``: a second handler that gets the same lines (the agent's :class:`~agent.log_ring.LogRing`
+    ``ring``: a second handler that gets the same lines (the agent's :class:`~agent.logs.ring.LogRing`
     for the ``logs`` command); console lines reach it without colour codes.
     """
     try:

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 from agent.config.changes import REDACTED, SECRET_NAME
-from agent.logs import RingHandler
+from agent.logs.setup import RingHandler
 from agent.protocol.command_args import LogsArgs
 
 #: Longest line kept; a longer one (a traceback of a deep stack) is cut, saying so.

@@ -26,7 +26,7 @@ from typing import Any
 
 import yaml
 
-from agent.demo_setup import (
+from agent.demo.setup import (
     DEVICE,
     PREFIX,
     DemoFiles,
@@ -41,7 +41,7 @@ from agent.fleet.deploy.outcome import DeviceProgress
 from agent.fleet.deploy.plan import DeployPlan
 from agent.fleet.deploy.run import FleetDeploy
 from agent.localbroker import Broker
-from agent.logs import configure_logging
+from agent.logs.setup import configure_logging
 from agent.modelzoo import write_detector
 from agent.mqtt.observer import Observer
 from agent.mqtt.settings import MqttSettings

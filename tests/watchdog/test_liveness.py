@@ -9,7 +9,7 @@ import pytest
 
 from agent.config import load_config
 from agent.errors import ConfigError
-from agent.liveness import CallWatch
+from agent.watchdog.liveness import CallWatch
 from tests.waiting import patient, wait_until
 
 

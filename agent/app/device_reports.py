@@ -3,7 +3,7 @@
 one line systemd shows.
 
 One job (the device's reports, read from the components as they are now); part of the composition
-root: :class:`~agent.app.Agent` builds it and calls it when something worth reporting changed.
+root: :class:`~agent.app.root.Agent` builds it and calls it when something worth reporting changed.
 """
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ from collections.abc import Callable
 from typing import Any
 
 from agent import __version__
+from agent.app.frame_paths import FramePaths
 from agent.config import AgentConfig
 from agent.delivery.service import DeliveryService
-from agent.frame_paths import FramePaths
+from agent.machine.platform import Platform, platform_summary
 from agent.mqtt.link import MqttLink
-from agent.platform import Platform, platform_summary
 from agent.protocol.messages import (
     BackendInfo,
     EngineInfo,

@@ -9,7 +9,7 @@ Heavy libraries (``tensorrt``, ``cuda``, ``onnxruntime``) are imported lazily in
 importing this module costs nothing.
 
 One job, detection: each probe (CUDA, TensorRT, ONNX Runtime, and the Jetson's files in
-:mod:`agent.jetson_files`) carries its own failure reasons, and they share one result type.
+:mod:`agent.machine.jetson_files`) carries its own failure reasons, and they share one result type.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from typing import Any, NamedTuple
 
 import structlog
 
-from agent.jetson_files import SOC_FACTS, probe_jetson_files
+from agent.machine.jetson_files import SOC_FACTS, probe_jetson_files
 
 log = structlog.get_logger(__name__)
 

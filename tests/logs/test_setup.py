@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from agent.logs import configure_logging
+from agent.logs.setup import configure_logging
 from tests.waiting import patient
 
 
@@ -36,7 +36,7 @@ def test_json_lines_for_structlog_and_stdlib() -> None:
     stdout = _run(
         """
         import logging, structlog
-        from agent.logs import configure_logging
+        from agent.logs.setup import configure_logging
         configure_logging("json", "info")
         structlog.get_logger("agent.engine").info("engine.build.done", seconds=1.5, device="dla0")
         structlog.get_logger("agent.engine").debug("engine.build.step")
@@ -69,7 +69,7 @@ def test_configuring_twice_does_not_duplicate_lines_and_applies_the_new_level() 
     stdout = _run(
         """
         import structlog
-        from agent.logs import configure_logging
+        from agent.logs.setup import configure_logging
         configure_logging("json", "info")
         configure_logging("json", "debug")
         structlog.get_logger("agent.x").debug("once")
@@ -82,7 +82,7 @@ def test_exceptions_are_rendered_inside_the_json_line() -> None:
     stdout = _run(
         """
         import structlog
-        from agent.logs import configure_logging
+        from agent.logs.setup import configure_logging
         configure_logging("json", "info")
         try:
             raise RuntimeError("boom")
@@ -100,7 +100,7 @@ def test_warnings_are_routed_to_the_log() -> None:
     stdout = _run(
         """
         import warnings
-        from agent.logs import configure_logging
+        from agent.logs.setup import configure_logging
         configure_logging("json", "warning")
         warnings.warn("old option", DeprecationWarning, stacklevel=1)
         """
@@ -115,7 +115,7 @@ def test_console_format_is_for_humans() -> None:
     stdout = _run(
         """
         import structlog
-        from agent.logs import configure_logging
+        from agent.logs.setup import configure_logging
         configure_logging("console", "info")
         structlog.get_logger("agent.x").info("agent.started", device_id="jetson-1")
         """
@@ -141,7 +141,7 @@ def test_cached_loggers_look_their_logger_up_once(cache: bool, lookups: int) -> 
     stdout = _run(
         f"""
         import logging, structlog
-        from agent.logs import configure_logging
+        from agent.logs.setup import configure_logging
         configure_logging("json", "info", cache_loggers={cache})
         calls = []
         real = logging.Manager.getLogger

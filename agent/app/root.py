@@ -5,7 +5,7 @@ config, hot-swap slots whose model changed). Both are handled on the main thread
 
 One job (the composition root: build every component, start them in order, stop them in
 reverse). Two parts of the wiring have modules of their own: the slots' frame paths
-(:mod:`agent.frame_paths`) and what the device reports about itself (:mod:`agent.device_reports`).
+(:mod:`agent.app.frame_paths`) and what the device reports about itself (:mod:`agent.app.device_reports`).
 """
 
 from __future__ import annotations
@@ -22,20 +22,20 @@ from typing import Any
 import structlog
 
 from agent import __version__
+from agent.app.device_reports import DeviceReports
+from agent.app.frame_paths import FramePaths
 from agent.config import AgentConfig, load_config
 from agent.config.changes import config_changes, needs_restart
 from agent.delivery.ledger import JobsFile
 from agent.delivery.service import DeliveryService
 from agent.delivery.transfer import fetch_model
-from agent.device_reports import DeviceReports
 from agent.engines.builder import EngineBuilder
 from agent.engines.service import EngineService
 from agent.errors import ConfigError
-from agent.frame_paths import FramePaths
-from agent.log_ring import LogRing, logs_command
-from agent.logs import configure_logging
+from agent.logs.ring import LogRing, logs_command
+from agent.logs.setup import configure_logging
+from agent.machine.platform import detect_platform
 from agent.mqtt.link import MqttLink
-from agent.platform import detect_platform
 from agent.protocol.command_args import CalibrateArgs, EvidenceArgs, LogsArgs, SnapshotArgs
 from agent.protocol.topics import Topics
 from agent.runtime.evidence import EvidenceCommand, EvidenceStore
@@ -43,13 +43,13 @@ from agent.runtime.fleet_engines import fleet_cache_for
 from agent.runtime.models import SlotModels
 from agent.runtime.slot import ModelSlot, SlotState
 from agent.runtime.snapshot_command import SnapshotCommand
-from agent.spool import Spool
-from agent.state import StateFile
-from agent.state_lock import StateDirLock
+from agent.spool.queue import Spool
+from agent.state.file import StateFile
+from agent.state.lock import StateDirLock
 from agent.store import ModelStore
-from agent.systemd import Notifier, Watchdog
 from agent.telemetry import DeviceStats, Metrics, TelemetryLoop
 from agent.telemetry.prometheus import TelemetryEndpoint
+from agent.watchdog.systemd import Notifier, Watchdog
 
 log = structlog.get_logger(__name__)
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.cpus import cpu_quota, usable_cpus
+from agent.machine.cpus import cpu_quota, usable_cpus
 
 
 @pytest.mark.parametrize(

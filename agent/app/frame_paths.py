@@ -3,7 +3,7 @@ allows, the opt-in samplers, and what the rest of the agent asks of them (the la
 stream's snapshot, live frames to calibrate on, whether a frame loop is stuck).
 
 One job (building the frame paths from the config and answering for them); part of the
-composition root: :class:`~agent.app.Agent` builds one and starts it after the slots' first load.
+composition root: :class:`~agent.app.root.Agent` builds one and starts it after the slots' first load.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import structlog
 from agent.camera.gst_pipelines import scaled_for
 from agent.camera.source import VideoSource
 from agent.config import AgentConfig
-from agent.cpus import usable_cpus
+from agent.machine.cpus import usable_cpus
 from agent.mqtt.link import MqttLink
 from agent.protocol.topics import Topics
 from agent.runtime.layout import Layout, slot_layout

@@ -1,0 +1,1 @@
+"""The agent's log lines: how they are written, and the latest ones kept for the ``logs`` command."""

@@ -1,0 +1,1 @@
+"""What this machine is: its platform, what its Jetson files say, and the CPUs it may use."""
