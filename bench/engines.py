@@ -35,13 +35,13 @@ import onnxruntime as ort
 from agent.backends.base import LoadOptions, get_backend
 from agent.camera.preprocess import preprocess
 from agent.camera.preprocess_spec import PreprocessSpec
+from agent.demo.modelzoo import write_classifier, write_mobilenet_like
 from agent.engines.artifact import EngineArtifact
 from agent.engines.builder import EngineBuilder
 from agent.engines.settings import EngineConfig
 from agent.engines.spec import BuildSpec, CalibrationSource
 from agent.logs.setup import configure_logging
 from agent.machine.platform import detect_platform
-from agent.modelzoo import write_classifier, write_mobilenet_like
 
 REPO = Path(__file__).resolve().parents[1]
 SHAPES_MODEL = REPO / "agent" / "assets" / "shapes_classifier.onnx"

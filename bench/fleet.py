@@ -71,12 +71,12 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from agent.demo.broker import Broker, free_port
+from agent.demo.modelzoo import write_classifier
 from agent.fleet.deploy.keys import KeyPairFiles, write_keypair
 from agent.fleetsim.device import add_pull_counters
 from agent.fleetsim.launcher import read_reports
 from agent.fsutil import sha256_file
-from agent.localbroker import Broker, free_port
-from agent.modelzoo import write_classifier
 from agent.mqtt.inbound import InboundMessage
 from agent.mqtt.service_client import ServiceClient
 from agent.mqtt.settings import MqttSettings

@@ -25,10 +25,10 @@ from pathlib import Path
 
 import psutil
 
+from agent.demo.broker import Broker
+from agent.demo.modelzoo import write_classifier
 from agent.fleet.deploy.keys import write_keypair
 from agent.fleetsim.launcher import read_reports
-from agent.localbroker import Broker
-from agent.modelzoo import write_classifier
 
 
 def _cpu_s(process: psutil.Process) -> float:

@@ -28,13 +28,13 @@ import yaml
 from agent.app.root import Agent
 from agent.config import load_config
 from agent.delivery.guard import ProbationSpec, ShadowSpec
+from agent.demo.broker import Broker
+from agent.demo.modelzoo import write_mobilenet_like
 from agent.demo.setup import write_demo_video
 from agent.fleet.deploy.outcome import DeviceProgress
 from agent.fleet.deploy.plan import DeployPlan
 from agent.fleet.deploy.run import FleetDeploy
-from agent.localbroker import Broker
 from agent.logs.setup import configure_logging
-from agent.modelzoo import write_mobilenet_like
 from agent.mqtt.settings import MqttSettings
 from agent.protocol.messages import JobState
 

@@ -25,10 +25,10 @@ from typing import Any
 
 import yaml
 
+from agent.demo.broker import Broker
+from agent.demo.modelzoo import write_classifier
 from agent.demo.setup import write_demo_video
-from agent.localbroker import Broker
 from agent.logs.setup import configure_logging
-from agent.modelzoo import write_classifier
 from agent.spool.queue import Spool, SpoolEntry
 
 REPO = Path(__file__).resolve().parents[1]

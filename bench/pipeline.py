@@ -60,10 +60,10 @@ from agent.camera.preprocess import preprocess
 from agent.camera.preprocess_spec import PreprocessSpec
 from agent.config import load_config
 from agent.config.models import SamplesConfig
+from agent.demo.broker import Broker
+from agent.demo.modelzoo import write_mobilenet_like, write_tiny_classifier
 from agent.demo.setup import write_demo_video
-from agent.localbroker import Broker
 from agent.logs.setup import configure_logging
-from agent.modelzoo import write_mobilenet_like, write_tiny_classifier
 from agent.mqtt.link import MqttLink
 from agent.mqtt.observer import Observer
 from agent.mqtt.settings import MqttSettings

@@ -40,8 +40,8 @@ from typing import Any
 from agent.delivery.manifest import DeployManifest, build_manifest
 from agent.delivery.settings import DeliveryConfig
 from agent.delivery.transfer import fetch_model
+from agent.demo.broker import Broker
 from agent.fleet.chunks.server import DEFAULT_MAX_INFLIGHT, ChunkServer
-from agent.localbroker import Broker
 from agent.logs.setup import configure_logging
 from agent.mqtt.inbound import InboundMessage
 from agent.mqtt.link import MqttLink

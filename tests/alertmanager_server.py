@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from agent.localbroker import free_port
+from agent.demo.broker import free_port
 from tests.waiting import patient
 
 

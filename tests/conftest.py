@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.localbroker import Broker
+from agent.demo.broker import Broker
 from tests import run_processes
 
 

@@ -8,9 +8,9 @@ from types import ModuleType
 
 from agent.camera.preprocess_spec import PreprocessSpec
 from agent.config.models import SamplesConfig
+from agent.demo.broker import Broker
+from agent.demo.modelzoo import write_tiny_classifier
 from agent.demo.setup import write_demo_video
-from agent.localbroker import Broker
-from agent.modelzoo import write_tiny_classifier
 
 
 def _bench_pipeline() -> ModuleType:

@@ -1,7 +1,7 @@
 """``edge-agent broker``: a local mosquitto for trying the agent on one machine, until Ctrl-C.
 
 The broker ``configs/local.yaml`` expects: loopback only, anonymous clients, no persistence, on port
-1883 unless ``--port`` says otherwise. It is :class:`agent.localbroker.Broker`, the one the demo and
+1883 unless ``--port`` says otherwise. It is :class:`agent.demo.broker.Broker`, the one the demo and
 the tests start, with its config and log in a temporary directory removed at exit. A production
 fleet runs a real broker with TLS and ACLs (docs/operations.md).
 
@@ -21,8 +21,8 @@ import threading
 from pathlib import Path
 from types import FrameType
 
+from agent.demo.broker import Broker, free_port
 from agent.errors import AgentError
-from agent.localbroker import Broker, free_port
 
 DEFAULT_PORT = 1883
 

@@ -3,9 +3,9 @@
 Prints the plan with a reason for every change, the build time, the cache entry (key, path, hit or
 miss), where the layers run (TensorRT placement, or ONNX Runtime's providers), and with ``--bench``
 the throughput of the engine on random input, beside every other backend this device has (ONNX
-Runtime CPU, CUDA, TensorRT EP, native TensorRT; :mod:`agent.benchmark`), each skipped with its reason
-when absent. ``--calib DIR`` calibrates INT8 on the images in DIR,
-preprocessed to ``--width`` x ``--height`` (default: the model's input size), RGB, pixels / 255;
+Runtime CPU, CUDA, TensorRT EP, native TensorRT; :mod:`agent.measure.throughput`), each skipped
+with its reason when absent. ``--calib DIR`` calibrates INT8 on the images in DIR, preprocessed
+to ``--width`` x ``--height`` (default: the model's input size), RGB, pixels / 255;
 ``--calib-from VIDEO`` first writes ``--calib-frames`` frames of a video file or stream into that
 directory (:mod:`agent.engines.calibration_video`).
 
@@ -35,12 +35,12 @@ from agent.flag_aliases import add_alias
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from agent.benchmark import ComparisonRow
     from agent.camera.preprocess_spec import PreprocessSpec
     from agent.engines.artifact import EngineArtifact
     from agent.engines.builder import EngineBuilder
     from agent.engines.settings import EngineConfig
     from agent.engines.spec import BuildSpec
+    from agent.measure.throughput import ComparisonRow
 
 DEFAULT_ITERATIONS = 200
 
@@ -270,7 +270,7 @@ def _compare(  # noqa: PLR0917 - a private step of run_build, called once
 ) -> list[ComparisonRow]:
     """Every backend of this device on the same model and input; native TensorRT built for the GPU
     (a cache hit when this build already was one, or was made before)."""
-    from agent.benchmark import bench_candidates, compare_backends
+    from agent.measure.throughput import bench_candidates, compare_backends
 
     def native() -> EngineArtifact:
         return builder.build(model, spec.model_copy(update={"device": "gpu"}), progress=progress)
@@ -316,9 +316,9 @@ def quiet_logs() -> None:
 
 def run_build(args: argparse.Namespace) -> int:
     """``edge-agent build``: returns the exit status; raises AgentError for the CLI to print."""
-    from agent.benchmark import THIS_BUILD, bench
     from agent.engines.builder import EngineBuilder
     from agent.machine.platform import detect_platform
+    from agent.measure.throughput import THIS_BUILD, bench
 
     quiet_logs()
 
@@ -346,7 +346,7 @@ def run_build(args: argparse.Namespace) -> int:
     seconds = time.monotonic() - started
     agreement = None
     if artifact.plan.precision == "int8" and args.calib is not None and preprocess is not None:
-        from agent.int8_agreement import MAX_FRAMES, int8_agreement
+        from agent.measure.int8_agreement import MAX_FRAMES, int8_agreement
 
         progress("comparing the INT8 build with FP32 on the calibration images")
         agreement = int8_agreement(

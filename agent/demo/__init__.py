@@ -1,1 +1,1 @@
-"""``edge-agent demo``: the whole agent and the operator side on one machine, and what it runs on."""
+"""Trying the agent on one machine: ``edge-agent demo`` and the broker, models and video it runs on."""

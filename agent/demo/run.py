@@ -26,6 +26,8 @@ from typing import Any
 
 import yaml
 
+from agent.demo.broker import Broker
+from agent.demo.modelzoo import write_detector
 from agent.demo.setup import (
     DEVICE,
     PREFIX,
@@ -40,9 +42,7 @@ from agent.fleet.deploy.keys import load_signing_key, write_keypair
 from agent.fleet.deploy.outcome import DeviceProgress
 from agent.fleet.deploy.plan import DeployPlan
 from agent.fleet.deploy.run import FleetDeploy
-from agent.localbroker import Broker
 from agent.logs.setup import configure_logging
-from agent.modelzoo import write_detector
 from agent.mqtt.observer import Observer
 from agent.mqtt.settings import MqttSettings
 from agent.postprocess.spec import ClassificationSpec

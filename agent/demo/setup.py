@@ -14,8 +14,8 @@ import numpy as np
 import onnx
 
 from agent.datasets import shapes
+from agent.demo.modelzoo import write_classifier
 from agent.fleet.deploy.keys import KeyPairFiles
-from agent.modelzoo import write_classifier
 
 DEVICE = "demo-orin-01"
 PREFIX = "fleet/v1"

@@ -8,9 +8,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from agent.benchmark import bench, bench_candidates, compare_backends
 from agent.engines.artifact import EngineArtifact
 from agent.engines.spec import BuildSpec, CalibrationSource
+from agent.measure.throughput import bench, bench_candidates, compare_backends
 from agent.selftest.run import SelfTestRun
 from agent.selftest.step import Passed, Skipped, Step, StepFailure
 from agent.selftest.targets import (

@@ -14,7 +14,6 @@ from __future__ import annotations
 import numpy as np
 
 from agent.backends.base import get_backend
-from agent.benchmark import random_feeds
 from agent.engines.artifact import EngineArtifact
 from agent.engines.builder import EngineBuilder
 from agent.engines.fleet_cache import FleetEngineCache
@@ -25,6 +24,7 @@ from agent.fleet.engines.local import LocalDeskRequests, local_download
 from agent.fleet.engines.settings import EngineShareSettings
 from agent.fleet.engines.store import EngineStore
 from agent.fleet.engines.trust import JobFacts
+from agent.measure.throughput import random_feeds
 from agent.selftest.engine_steps import build_spec_for, built_engine
 from agent.selftest.run import SelfTestRun
 from agent.selftest.step import Passed, Skipped, StepFailure

@@ -2,7 +2,7 @@
 
 Every step uses the agent's own code on this machine's hardware: the engine builder and its cache
 (:mod:`agent.engines.builder`), the backend comparison of ``edge-agent build --bench``
-(:mod:`agent.benchmark`), a model slot with a live pipeline (:mod:`agent.runtime`), the device
+(:mod:`agent.measure.throughput`), a model slot with a live pipeline (:mod:`agent.runtime`), the device
 statistics telemetry publishes (:mod:`agent.telemetry.device`) and the CUDA wrappers TensorRT runs on
 (:mod:`agent.backends.cuda`). The model is the bundled shapes classifier; INT8 calibrates on shapes
 images generated on the spot, so nothing is downloaded.

@@ -21,9 +21,9 @@ from agent.backends.onnxruntime import (
     small_model_threads,
     split_threads,
 )
+from agent.demo.modelzoo import write_classifier, write_tiny_classifier
 from agent.errors import EngineError
 from agent.machine.cpus import usable_cpus
-from agent.modelzoo import write_classifier, write_tiny_classifier
 
 
 def _affine_model(path: Path) -> Path:

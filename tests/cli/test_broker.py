@@ -10,7 +10,7 @@ import pytest
 
 from agent.cli import main
 from agent.cli.broker import run_broker
-from agent.localbroker import Broker, free_port
+from agent.demo.broker import Broker, free_port
 from tests.mqtt_probe import Probe
 from tests.waiting import patient, wait_until
 

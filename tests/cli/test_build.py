@@ -15,8 +15,8 @@ import pytest
 import structlog
 
 from agent.cli.build import add_build_arguments, run_build
+from agent.demo.modelzoo import write_classifier
 from agent.errors import BuildError
-from agent.modelzoo import write_classifier
 from tests.waiting import patient
 
 REPO = Path(__file__).resolve().parents[2]

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from agent.localbroker import Broker
-from agent.modelzoo import write_classifier
+from agent.demo.broker import Broker
+from agent.demo.modelzoo import write_classifier
 from tests.delivery.delivery_stack import Harness, Keys, make_keys
 
 HarnessFactory = Callable[..., Harness]

@@ -23,8 +23,8 @@ from agent.delivery.manifest import DeployManifest, build_manifest, sign_manifes
 from agent.delivery.service import DeliveryService
 from agent.delivery.settings import DeliveryConfig
 from agent.delivery.steps import ActivateFn, ActivationRequest, BuildFn, ProgressFn, no_build
+from agent.demo.broker import Broker
 from agent.errors import EngineError
-from agent.localbroker import Broker
 from agent.mqtt.link import MqttLink
 from agent.mqtt.settings import MqttSettings
 from agent.postprocess.spec import ClassificationSpec

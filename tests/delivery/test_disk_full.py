@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.localbroker import Broker
+from agent.demo.broker import Broker
 from agent.protocol.messages import JobState, JobStatus, decode
 from tests.delivery.delivery_stack import SLOT, Harness, Keys
 from tests.small_disk import SmallDisk, small_disk

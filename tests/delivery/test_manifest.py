@@ -20,8 +20,8 @@ from agent.delivery.manifest import (
     recover_job_id,
     sign_manifest,
 )
+from agent.demo.modelzoo import write_classifier
 from agent.engines.spec import BuildSpec
-from agent.modelzoo import write_classifier
 from agent.postprocess.spec import ClassificationSpec
 from agent.signing import (
     Ed25519PublicKey,

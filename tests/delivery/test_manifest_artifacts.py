@@ -17,11 +17,11 @@ from agent.delivery.manifest import (
     parse_signed,
     sign_manifest,
 )
+from agent.demo.modelzoo import write_classifier
 from agent.engines.int8 import write_table
 from agent.engines.spec import BuildSpec, CalibrationSource
 from agent.fleet.deploy.manifest import plan_manifest
 from agent.fleet.deploy.plan import CALIBRATION_ARTIFACT, DeployPlan
-from agent.modelzoo import write_classifier
 from agent.signing import generate_keypair, private_key_from_bytes, public_key_from_bytes
 
 DEVICE = "jet-01"

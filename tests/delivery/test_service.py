@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from agent.delivery.manifest import SignedManifest
+from agent.demo.modelzoo import write_classifier
 from agent.errors import DeliveryError
-from agent.modelzoo import write_classifier
 from agent.protocol.messages import JobState
 from agent.store import DiskUsage
 from tests.delivery.conftest import HarnessFactory

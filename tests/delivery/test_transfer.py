@@ -23,8 +23,8 @@ from agent.delivery.errors import JobCancelledError, TransferTimeoutError
 from agent.delivery.manifest import DeployManifest, ModelSourceRef
 from agent.delivery.partial import PartialDownload
 from agent.delivery.transfer import MqttPull, PullStats, fetch_model
+from agent.demo.broker import Broker
 from agent.fleet.chunks.server import ChunkServer
-from agent.localbroker import Broker
 from tests.delivery.transfer_rig import (
     KIB,
     MIB,

@@ -21,8 +21,8 @@ import pytest
 
 from agent.delivery.manifest import DeployManifest
 from agent.delivery.transfer import fetch_model
+from agent.demo.broker import Broker
 from agent.fleet.chunks.server import ChunkServer
-from agent.localbroker import Broker
 from tests.delivery.transfer_rig import (
     KIB,
     MIB,

@@ -12,8 +12,8 @@ from agent.camera.preprocess_spec import PreprocessSpec
 from agent.delivery.errors import RejectedError
 from agent.delivery.manifest import build_manifest
 from agent.delivery.verify import verify_model
+from agent.demo.modelzoo import write_classifier, write_detector
 from agent.errors import EngineError
-from agent.modelzoo import write_classifier, write_detector
 from agent.postprocess.spec import ClassificationSpec, DetectionSpec, PostprocessSpec, RawSpec
 from tests.runtime.models import write_checker_failure
 

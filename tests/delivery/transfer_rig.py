@@ -14,8 +14,8 @@ from typing import Any
 
 from agent.delivery.manifest import DeployManifest, ModelSourceRef, build_manifest
 from agent.delivery.settings import DeliveryConfig
+from agent.demo.broker import Broker
 from agent.fleet.chunks.server import ChunkServer
-from agent.localbroker import Broker
 from agent.mqtt.link import MqttLink
 from agent.mqtt.settings import MqttSettings
 from agent.protocol.topics import Topics

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from agent.demo.broker import Broker
 from agent.fleet.deploy.keys import KeyPairFiles, write_keypair
-from agent.localbroker import Broker
 from tests.e2e.fleet_rig import Fleet
 from tests.mqtt_probe import Probe
 

@@ -13,8 +13,8 @@ from typing import Any
 
 import yaml
 
+from agent.demo.modelzoo import write_classifier
 from agent.demo.setup import write_demo_video
-from agent.modelzoo import write_classifier
 from agent.protocol.messages import ResultMessage, decode
 from tests.mqtt_probe import Received
 from tests.waiting import patient

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.localbroker import Broker
+from agent.demo.broker import Broker
 from agent.protocol.messages import InfoMessage, ResultMessage, StatusMessage, decode
 from tests.e2e.daemon import AgentFiles, Daemon, unique_results
 from tests.mqtt_probe import Probe

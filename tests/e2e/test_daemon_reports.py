@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
+from agent.demo.broker import Broker
 from agent.fleet.devices.command import send_command
-from agent.localbroker import Broker
 from agent.mqtt.settings import MqttSettings
 from agent.protocol.messages import InfoMessage, SlotInfo, decode
 from tests.e2e.daemon import AgentFiles, Daemon, unique_results

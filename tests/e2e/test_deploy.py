@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from agent.delivery.manifest import KIB
+from agent.demo.broker import Broker
 from agent.fleet.chunks.server import ChunkServer
 from agent.fleet.deploy.keys import KeyPairFiles, load_signing_key
 from agent.fleet.deploy.plan import DeployPlan
@@ -25,7 +26,6 @@ from agent.fleet.deploy.run import FleetDeploy
 from agent.fleet.devices.command import send_command
 from agent.fleet.view.status import collect_fleet, format_table
 from agent.fsutil import sha256_file
-from agent.localbroker import Broker
 from agent.protocol.messages import InfoMessage, JobState, JobStatus, decode
 from agent.protocol.topics import Topics
 from tests.delivery.delivery_stack import HAPPY_PATH

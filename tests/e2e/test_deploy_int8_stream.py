@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 from agent.cli import main
-from agent.localbroker import Broker
+from agent.demo.broker import Broker
 from agent.protocol.messages import JobStatus, decode
 from agent.protocol.topics import Topics
 from tests.e2e.daemon import REPO

@@ -19,11 +19,11 @@ from typing import Any
 import pytest
 import yaml
 
+from agent.demo.broker import Broker
 from agent.fleet.deploy.keys import KeyPairFiles, load_signing_key, write_keypair
 from agent.fleet.deploy.plan import DeployPlan
 from agent.fleet.deploy.run import FleetDeploy
 from agent.fsutil import sha256_file
-from agent.localbroker import Broker
 from agent.mqtt.settings import MqttSettings
 from agent.protocol.messages import JobState, JobStatus, ResultMessage, decode
 from agent.protocol.topics import Topics

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from agent.demo.broker import Broker
 from agent.engines.spec import BuildSpec
 from agent.fleet.deploy.plan import DeployPlan
 from agent.fleet.deploy.run import FleetDeploy
-from agent.localbroker import Broker
 from agent.mqtt.settings import MqttSettings
 from agent.protocol.messages import JobStatus, decode
 from tests.e2e.daemon import REPO, Daemon, unique_results

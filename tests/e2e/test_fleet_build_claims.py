@@ -30,11 +30,11 @@ import numpy as np
 import pytest
 
 from agent.datasets.shapes import MODEL_PATH
+from agent.demo.broker import Broker
 from agent.engines.spec import BuildSpec, CalibrationSource
 from agent.fleet.engines.claims import ClaimBook
 from agent.fleet.engines.hooks import engines_listing
 from agent.fleet.engines.settings import EngineShareSettings
-from agent.localbroker import Broker
 from agent.protocol.messages import JobState
 from agent.protocol.topics import Topics
 from tests.e2e.daemon import AgentFiles, Daemon

@@ -27,10 +27,10 @@ from agent.camera.preprocess_spec import PreprocessSpec
 from agent.cli import main
 from agent.datasets.shapes import MODEL_PATH, generate
 from agent.delivery.guard import ProbationSpec, ShadowSpec
+from agent.demo.broker import Broker
 from agent.engines.spec import BuildSpec, CalibrationSource
 from agent.fleet.deploy.keys import load_signing_key
 from agent.fleet.engines.trust import sign_record
-from agent.localbroker import Broker
 from agent.protocol.messages import JobState
 from agent.protocol.topics import Topics
 from agent.signing import Ed25519PrivateKey

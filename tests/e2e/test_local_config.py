@@ -15,7 +15,7 @@ import pytest
 
 from agent.config import load_config
 from agent.datasets.shapes import CLASSES
-from agent.localbroker import Broker, free_port
+from agent.demo.broker import Broker, free_port
 from tests.e2e.daemon import REPO, Daemon
 from tests.waiting import patient
 

@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from agent.demo.broker import Broker, free_port
 from agent.fleet.metrics.exposition import fleet_metrics
 from agent.fleet.view.live import FleetView
-from agent.localbroker import Broker, free_port
 from agent.mqtt.inbound import InboundMessage
 from agent.protocol.messages import StatusMessage, encode
 from agent.telemetry.series import series_of

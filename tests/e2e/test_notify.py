@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from agent.localbroker import Broker
+from agent.demo.broker import Broker
 from tests.camera.mjpeg_server import MjpegServer
 from tests.e2e.daemon import AgentFiles, Daemon
 from tests.waiting import patient, wait_until

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.localbroker import Broker
+from agent.demo.broker import Broker
 from agent.protocol.messages import CommandReply, CommandRequest, ResultMessage, StatusMessage, decode, encode
 from tests.e2e.daemon import AgentFiles, Daemon
 from tests.mqtt_probe import Probe

@@ -27,12 +27,12 @@ import pytest
 import yaml
 
 from agent.delivery.manifest import KIB, build_manifest, sign_manifest
+from agent.demo.broker import Broker
 from agent.engines.spec import BuildSpec
 from agent.fleet.deploy.keys import KeyPairFiles, load_signing_key, write_keypair
 from agent.fleet.deploy.plan import DeployPlan
 from agent.fleet.deploy.run import FleetDeploy
 from agent.fleet.devices.command import send_command
-from agent.localbroker import Broker
 from agent.mqtt.settings import MqttSettings
 from agent.protocol.topics import Topics
 from tests.e2e.daemon import AgentFiles, Daemon

@@ -20,9 +20,9 @@ import pytest
 import yaml
 
 from agent.cli import main
+from agent.demo.broker import Broker
 from agent.fleet.controller.config import ControllerConfig
 from agent.fleet.controller.process import FleetController
-from agent.localbroker import Broker
 from agent.mqtt.settings import MqttSettings
 from agent.protocol.messages import decode
 from agent.protocol.samples import SampleMessage

@@ -26,13 +26,13 @@ import numpy.typing as npt
 import pytest
 
 from agent.cli import main
+from agent.demo.broker import Broker, free_port
 from agent.demo.setup import write_demo_video
 from agent.fleet.controller.config import ControllerConfig, HttpSettings
 from agent.fleet.controller.process import FleetController
 from agent.fleet.devices.command import DeviceRefusedError, DeviceSession, PendingReplies, publish_command
 from agent.fleet.devices.logs import print_logs
 from agent.fleet.devices.snapshot import save_snapshot, take_snapshot
-from agent.localbroker import Broker, free_port
 from agent.mqtt.service_client import ServiceClient
 from agent.mqtt.settings import MqttSettings
 from agent.protocol.topics import Topics

@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from agent.camera.source import STATE_CODES, SourceState
-from agent.localbroker import Broker
+from agent.demo.broker import Broker
 from agent.protocol.messages import ResultMessage, decode
 from tests.camera.mjpeg_server import MjpegServer
 from tests.e2e.daemon import AgentFiles, Daemon

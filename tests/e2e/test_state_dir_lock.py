@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from agent.localbroker import Broker
+from agent.demo.broker import Broker
 from agent.state.lock import LOCK_FILE_NAME, StateDirBusyError, StateDirLock
 from tests.e2e.daemon import REPO, AgentFiles, Daemon
 from tests.waiting import patient

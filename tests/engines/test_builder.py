@@ -16,6 +16,7 @@ import pytest
 
 from agent.backends.base import get_backend
 from agent.camera.preprocess_spec import PreprocessSpec
+from agent.demo.modelzoo import write_classifier
 from agent.engines.builder import EngineBuilder
 from agent.engines.cache_key import SIDECAR_NAME
 from agent.engines.calibration_data import calibration_identity
@@ -27,7 +28,6 @@ from agent.engines.spec import BuildSpec, CalibrationSource
 from agent.engines.worker import BuildWorker
 from agent.errors import BuildError
 from agent.machine.platform import BackendAvailability, Platform
-from agent.modelzoo import write_classifier
 from tests.engines.failing_jobs import TEST_ENV
 from tests.waiting import patient
 

@@ -16,6 +16,7 @@ import onnxruntime as ort
 import pytest
 
 from agent.backends.base import get_backend
+from agent.demo.modelzoo import write_classifier
 from agent.engines.builder import EngineBuilder
 from agent.engines.job import BuildJob, Progress, WorkerResult
 from agent.engines.settings import EngineConfig
@@ -23,7 +24,6 @@ from agent.engines.spec import BuildSpec
 from agent.engines.worker import BuildWorker
 from agent.errors import BuildError
 from agent.machine.platform import BackendAvailability, Platform
-from agent.modelzoo import write_classifier
 from tests.engines.failing_jobs import TEST_ENV
 
 #: A fake platform for absent hardware: it claims TensorRT and a GPU so the planner picks TensorRT;

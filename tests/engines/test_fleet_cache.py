@@ -16,6 +16,7 @@ import pytest
 
 from agent.camera.preprocess_spec import PreprocessSpec
 from agent.datasets.shapes import MODEL_PATH, generate
+from agent.demo.modelzoo import write_classifier
 from agent.engines.artifact import EngineArtifact
 from agent.engines.builder import EngineBuilder
 from agent.engines.fleet_cache import FLEET_BUILT_BY, FleetEngineCache
@@ -27,7 +28,6 @@ from agent.fleet.engines.local import LocalDeskRequests, local_download
 from agent.fleet.engines.settings import EngineShareSettings
 from agent.fleet.engines.trust import sign_record
 from agent.machine.platform import BackendAvailability, Platform
-from agent.modelzoo import write_classifier
 from agent.protocol.engines import EngineAsk
 from agent.signing import Ed25519PrivateKey
 from tests.engines.fleet_desk import make_desk

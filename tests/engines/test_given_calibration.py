@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from agent.demo.modelzoo import write_classifier
 from agent.engines.builder import EngineBuilder
 from agent.engines.calibration_cache import write_trt_cache
 from agent.engines.calibration_file import as_trt_cache, read_ranges
@@ -17,7 +18,6 @@ from agent.engines.int8 import write_table
 from agent.engines.settings import EngineConfig
 from agent.engines.spec import BuildSpec, CalibrationSource
 from agent.errors import BuildError
-from agent.modelzoo import write_classifier
 from tests.engines.test_builder import PLATFORM, frames, run
 
 

@@ -9,6 +9,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 
+from agent.demo.modelzoo import write_classifier
 from agent.engines.calibration_cache import read_trt_cache
 from agent.engines.calibration_data import save_batches
 from agent.engines.int8 import read_table
@@ -28,7 +29,6 @@ from agent.engines.ort_builder import (
 )
 from agent.engines.spec import BuildPlan, CalibrationSource, ShapeProfile
 from agent.errors import BuildError
-from agent.modelzoo import write_classifier
 
 PATHS = OrtPaths(engine_cache_dir=Path("/s/engines/k/trt_engines"), timing_cache_dir=Path("/s/timing"))
 ALL = (TENSORRT_EP, CUDA_EP, CPU_EP)

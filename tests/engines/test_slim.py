@@ -14,13 +14,13 @@ import onnx
 import onnxruntime as ort
 import pytest
 
+from agent.demo.modelzoo import write_classifier, write_detector, write_mobilenet_like
 from agent.engines.builder import EngineBuilder
 from agent.engines.cache_key import model_sha256
 from agent.engines.settings import EngineConfig
 from agent.engines.slim import onnxslim_version, slim_model
 from agent.engines.spec import BuildSpec
 from agent.machine.platform import detect_platform
-from agent.modelzoo import write_classifier, write_detector, write_mobilenet_like
 
 SHAPES = Path(__file__).resolve().parents[2] / "agent" / "assets" / "shapes_classifier.onnx"
 

@@ -16,8 +16,8 @@ from typing import Any
 
 import psutil
 
+from agent.demo.broker import Broker, free_port
 from agent.fleet.deploy.keys import KeyPairFiles
-from agent.localbroker import Broker, free_port
 from tests.waiting import patient, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -5,8 +5,8 @@ from __future__ import annotations
 import uuid
 from pathlib import Path
 
-from agent.localbroker import Broker
-from agent.modelzoo import write_classifier
+from agent.demo.broker import Broker
+from agent.demo.modelzoo import write_classifier
 from agent.mqtt.settings import MqttSettings
 from agent.protocol.messages import InfoMessage, StatusMessage, encode
 from agent.protocol.topics import Topics

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agent.delivery.manifest import DeployManifest, parse_signed
-from agent.localbroker import Broker
+from agent.demo.broker import Broker
 from agent.protocol.messages import (
     CommandReply,
     FailedFigure,

@@ -21,12 +21,12 @@ from pathlib import Path
 from typing import Any
 
 from agent.delivery.manifest import recover_job_id
+from agent.demo.broker import Broker
+from agent.demo.modelzoo import write_classifier
 from agent.errors import TransportError
 from agent.fleet.controller.client import ControllerClient, RequestRefusedError
 from agent.fleet.deploy.keys import KeyPairFiles, write_keypair
 from agent.fsutil import sha256_file
-from agent.localbroker import Broker
-from agent.modelzoo import write_classifier
 from agent.mqtt.settings import MqttSettings
 from agent.protocol.messages import JobStatus, decode
 from tests.fleetsim.sim_fleet import SimFleet

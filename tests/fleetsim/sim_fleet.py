@@ -9,10 +9,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from agent.demo.broker import Broker
 from agent.fleet.deploy.keys import KeyPairFiles
 from agent.fleetsim.launcher import read_reports
 from agent.fleetsim.plan import device_ids
-from agent.localbroker import Broker
 from tests.waiting import patient, wait_until
 
 

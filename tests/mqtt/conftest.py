@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from agent.localbroker import Broker
+from agent.demo.broker import Broker
 from agent.mqtt.link import MqttLink
 from agent.mqtt.settings import MqttSettings
 from agent.spool.queue import Spool

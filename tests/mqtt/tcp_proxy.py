@@ -11,7 +11,7 @@ import contextlib
 import socket
 import threading
 
-from agent.localbroker import free_port
+from agent.demo.broker import free_port
 from tests.waiting import patient
 
 

@@ -13,7 +13,7 @@ import paho.mqtt.client as mqtt
 import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 
-from agent.localbroker import Broker
+from agent.demo.broker import Broker
 from tests.mqtt_probe import Probe
 from tests.waiting import patient, wait_until
 

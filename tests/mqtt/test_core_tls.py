@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.localbroker import Broker
+from agent.demo.broker import Broker
 from agent.mqtt.settings import TlsSettings
 from tests.mqtt.conftest import LinkFactory, fast_settings
 from tests.mqtt_probe import Probe

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from agent.demo.broker import Broker, free_port
 from agent.errors import TransportError
-from agent.localbroker import Broker, free_port
 from agent.mqtt import link as link_module
 from agent.mqtt.core import PublishProperties
 from agent.mqtt.core import _AckedOnlyClient as AckedOnlyClient

@@ -6,8 +6,8 @@ from collections.abc import Callable, Sequence
 
 import pytest
 
+from agent.demo.broker import Broker, free_port
 from agent.errors import TransportError
-from agent.localbroker import Broker, free_port
 from agent.mqtt.service_client import ServiceClient
 from agent.mqtt.settings import MqttSettings
 
@@ -58,7 +58,7 @@ def _mosquitto_version() -> tuple[int, ...]:
     import re
     import subprocess
 
-    from agent.localbroker import mosquitto_binary
+    from agent.demo.broker import mosquitto_binary
 
     out = subprocess.run([mosquitto_binary(), "-h"], capture_output=True, text=True, check=False).stdout
     found = re.search(r"mosquitto version (\d+)\.(\d+)\.(\d+)", out)

@@ -22,7 +22,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from agent.localbroker import free_port, mosquitto_binary, port_open
+from agent.demo.broker import free_port, mosquitto_binary, port_open
 from agent.mqtt.settings import MqttSettings, TlsSettings
 from tests.waiting import patient
 

@@ -15,12 +15,12 @@ import numpy.typing as npt
 
 from agent.config import SlotConfig
 from agent.delivery.manifest import DeployManifest
+from agent.demo.broker import Broker
+from agent.demo.modelzoo import write_classifier
 from agent.engines.builder import EngineBuilder
 from agent.engines.service import EngineService
 from agent.engines.settings import EngineConfig
 from agent.engines.spec import BuildSpec
-from agent.localbroker import Broker
-from agent.modelzoo import write_classifier
 from agent.runtime.models import SlotModels
 from agent.runtime.slot import ModelSlot
 from agent.state.file import StateFile

@@ -1,6 +1,6 @@
 """Real ONNX models that misbehave on purpose, for slot and pipeline tests.
 
-All take ``images`` ``[batch, 3, S, S]`` float32 like :mod:`agent.modelzoo` models, so a slot can
+All take ``images`` ``[batch, 3, S, S]`` float32 like :mod:`agent.demo.modelzoo` models, so a slot can
 swap between them and the model zoo's classifiers.
 """
 
@@ -12,7 +12,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from agent.modelzoo import IR_VERSION, OPSET, write_classifier
+from agent.demo.modelzoo import IR_VERSION, OPSET, write_classifier
 
 
 def _save(

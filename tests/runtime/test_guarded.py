@@ -26,8 +26,8 @@ from agent.datasets.shapes import generate
 from agent.delivery.errors import JobCancelledError, RolledBackError, ShadowRejectedError
 from agent.delivery.guard import ProbationSpec, ShadowSpec
 from agent.delivery.steps import ActivationRequest, GuardReporter
+from agent.demo.modelzoo import write_classifier, write_detector
 from agent.fsutil import atomic_write_json
-from agent.modelzoo import write_classifier, write_detector
 from agent.postprocess.spec import DetectionSpec
 from agent.protocol.messages import JobState, ProbationFigures, ShadowFigures
 from agent.runtime.guarded import GuardedSlot, GuardRun, activate_guarded

@@ -12,13 +12,13 @@ import pytest
 from agent.config import SlotConfig
 from agent.delivery.commands import Followed
 from agent.delivery.steps import ActivationRequest
+from agent.demo.modelzoo import write_classifier
 from agent.engines.builder import EngineBuilder
 from agent.engines.service import EngineService
 from agent.engines.settings import EngineConfig
 from agent.errors import DiskFullError
 from agent.fsutil import sha256_file
 from agent.machine.platform import detect_platform
-from agent.modelzoo import write_classifier
 from agent.runtime.model_sources import model_source
 from agent.runtime.models import SlotModels
 from agent.runtime.rollback import NoRollbackTargetError, SlotRollback

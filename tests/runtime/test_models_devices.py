@@ -11,9 +11,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from agent.demo.broker import Broker
 from agent.engines.builder import EngineBuilder
 from agent.engines.spec import BuildSpec
-from agent.localbroker import Broker
 from agent.machine.platform import detect_platform
 from agent.protocol.messages import JobState
 from agent.runtime.models import SlotModels

@@ -13,11 +13,11 @@ from structlog.testing import capture_logs
 
 from agent.config import SlotConfig
 from agent.datasets.shapes import MODEL_PATH, generate
+from agent.demo.modelzoo import write_classifier
 from agent.engines.builder import EngineBuilder
 from agent.engines.service import EngineService
 from agent.engines.worker import BuildWorker
 from agent.machine.platform import detect_platform
-from agent.modelzoo import write_classifier
 from agent.runtime.model_sources import model_source
 from agent.runtime.models import SlotModels
 from agent.runtime.slot import ModelSlot

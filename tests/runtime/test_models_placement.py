@@ -15,10 +15,10 @@ import pytest
 
 from agent.backends.base import BACKENDS
 from agent.datasets.shapes import generate
+from agent.demo.broker import Broker
 from agent.engines.service import EngineService
 from agent.engines.settings import EngineConfig
 from agent.engines.spec import BuildSpec
-from agent.localbroker import Broker
 from agent.protocol.messages import JobState
 from tests.delivery.delivery_stack import SLOT
 from tests.engines.standin_accelerators import STANDIN, STANDIN_ORIN, STANDIN_TARGET, StandInBuilder

@@ -18,9 +18,9 @@ from agent.camera.preprocess import Letterbox, preprocess
 from agent.camera.preprocess_spec import PreprocessSpec
 from agent.camera.source import VideoSource
 from agent.camera.source_spec import FileSourceSpec, SyntheticSourceSpec
+from agent.demo.broker import Broker
+from agent.demo.modelzoo import write_classifier
 from agent.demo.setup import write_demo_video
-from agent.localbroker import Broker
-from agent.modelzoo import write_classifier
 from agent.mqtt.link import MqttLink
 from agent.mqtt.settings import MqttSettings
 from agent.postprocess.spec import ClassificationSpec

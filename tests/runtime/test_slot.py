@@ -9,8 +9,8 @@ import pytest
 
 from agent.camera.preprocess_spec import PreprocessSpec
 from agent.config import SlotConfig
+from agent.demo.modelzoo import write_classifier
 from agent.errors import EngineError
-from agent.modelzoo import write_classifier
 from agent.postprocess.spec import ClassificationSpec
 from agent.protocol.messages import EngineInfo
 from agent.runtime.loaded import MODEL_TRANSITIONS, LoadedModel, ModelSource, ModelState

@@ -23,6 +23,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from agent.cli import main
+from agent.demo.broker import Broker
 from agent.fleet.base.bounded import cost
 from agent.fleet.cli.deploy import EXIT_FAILED, EXIT_MALFORMED
 from agent.fleet.metrics.device_series import MAX_SLOTS, device_label
@@ -38,7 +39,6 @@ from agent.fleet.view.device_record import (
 )
 from agent.fleet.view.live import MAX_DEVICE_ID, FleetView
 from agent.fleet.view.status import MAX_PROBLEMS
-from agent.localbroker import Broker
 from agent.mqtt.inbound import InboundMessage
 from agent.protocol.messages import CommandReply, encode
 from agent.protocol.topics import Topics

@@ -13,10 +13,10 @@ import pytest
 
 from agent.cli import main
 from agent.delivery.guard import ShadowSpec
+from agent.demo.broker import Broker, free_port
 from agent.errors import ConfigError
 from agent.fleet.cli.deploy import build_spec_from_args, postprocess_from_args
 from agent.fleet.cli.main import add_fleet_arguments
-from agent.localbroker import Broker, free_port
 from agent.postprocess.spec import ClassificationSpec, DetectionSpec
 from agent.protocol.messages import JobState, JobStatus, encode
 from agent.protocol.topics import Topics

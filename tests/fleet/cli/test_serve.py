@@ -8,9 +8,9 @@ import json
 import threading
 from pathlib import Path
 
+from agent.demo.broker import Broker
 from agent.fleet.chunks.server import ChunkServer
 from agent.fleet.cli.serve import serve_repo
-from agent.localbroker import Broker
 from agent.protocol.topics import Topics
 from tests.fleet.operator_side import operator_settings, tiny_model, unique_prefix
 from tests.mqtt_probe import Probe

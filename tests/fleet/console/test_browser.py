@@ -27,6 +27,7 @@ from typing import Any
 import pytest
 from playwright.sync_api import Browser, Dialog, Page, expect, sync_playwright
 
+from agent.demo.broker import Broker
 from agent.fleet.console import make_console_app, serve_console
 from agent.fleet.console.server import ConsoleServer
 from agent.fleet.rollout.building import Waits
@@ -34,7 +35,6 @@ from agent.fleet.rollout.gate import DeviceEnd
 from agent.fleet.rollout.records import RolloutState, WaveState
 from agent.fleet.rollout.store import RolloutStore
 from agent.fleet.view.live import FleetView
-from agent.localbroker import Broker
 from agent.mqtt.service_client import ServiceClient
 from tests.fleet.console_rig import (
     EVIDENCE_CLASSES,

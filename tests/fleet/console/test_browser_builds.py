@@ -19,10 +19,10 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import Page, expect
 
+from agent.demo.broker import Broker
 from agent.fleet.engines.desk import EngineDesk
 from agent.fleet.engines.hooks import engines_listing
 from agent.fleet.rollout.records import WaveState
-from agent.localbroker import Broker
 from agent.protocol.engines import EngineAsk
 from agent.protocol.messages import BuildProgressInfo, JobState, JobStatus, encode
 from agent.protocol.topics import Topics

@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import Browser, Page
 
+from agent.demo.broker import Broker
 from agent.fleet.engines.desk import EngineDesk
 from agent.fleet.engines.hooks import engines_listing
-from agent.localbroker import Broker
 from agent.protocol.messages import JobState, JobStatus, ProbationFigures, ShadowFigures, encode
 from agent.protocol.topics import Topics
 from agent.signing import Ed25519PrivateKey

@@ -31,6 +31,7 @@ from typing import Any
 import pytest
 import yaml
 
+from agent.demo.broker import Broker, free_port
 from agent.errors import ConfigError
 from agent.fleet.console import console_token
 from agent.fleet.controller.client import ControllerClient
@@ -41,7 +42,6 @@ from agent.fleet.rollout.records import DeviceStep
 from agent.fleet.rollout.status_model import BuildingDevice
 from agent.fleet.view.build_note import build_note
 from agent.fsutil import sha256_file
-from agent.localbroker import Broker, free_port
 from agent.protocol.messages import BuildProgressInfo, JobState
 from tests.fleet.console_rig import telemetry
 from tests.fleet.operator_side import operator_settings, tiny_model, unique_prefix

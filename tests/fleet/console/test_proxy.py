@@ -22,10 +22,10 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
+from agent.demo.broker import free_port
 from agent.fleet.console.app import make_console_app
 from agent.fleet.console.server import ConsoleServer, serve_console
 from agent.fleet.view.live import FleetView
-from agent.localbroker import free_port
 from tests.fleet.console_rig import StoreActions, feed, fleet_messages, new_store
 from tests.waiting import patient, wait_until
 

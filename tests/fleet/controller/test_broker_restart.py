@@ -17,13 +17,13 @@ from typing import Any
 
 import pytest
 
+from agent.demo.broker import Broker
+from agent.demo.modelzoo import write_classifier
 from agent.fleet.controller.calls import LoopCall
 from agent.fleet.controller.client import ControllerClient, ControllerUnavailableError
 from agent.fleet.controller.config import ControllerConfig
 from agent.fleet.controller.lease_claim import read_lease
 from agent.fleet.deploy.keys import KeyPairFiles, write_keypair
-from agent.localbroker import Broker
-from agent.modelzoo import write_classifier
 from agent.mqtt.settings import MqttSettings
 from tests.fleet.controller.loop_thread import RunningController
 from tests.fleet.controller.test_lease import Child, _config_file, _spawn

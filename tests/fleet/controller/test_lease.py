@@ -21,12 +21,12 @@ from pathlib import Path
 
 import pytest
 
+from agent.demo.broker import Broker
 from agent.fleet.controller.config import ControllerConfig
 from agent.fleet.controller.lease import LeaseLostError, PrefixLease
 from agent.fleet.controller.lease_claim import describe, lease_client_id, read_lease
 from agent.fleet.controller.process import FleetController
 from agent.fleet.deploy.keys import KeyPairFiles, load_signing_key, write_keypair
-from agent.localbroker import Broker
 from agent.protocol.messages import ControllerLease, decode
 from agent.protocol.topics import ControllerTopics
 from tests.fleet.controller.loop_thread import RunningController

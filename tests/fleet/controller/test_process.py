@@ -21,11 +21,11 @@ from typing import Any
 
 import pytest
 
+from agent.demo.broker import Broker
 from agent.fleet.controller.client import ControllerClient, RequestRefusedError
 from agent.fleet.controller.config import ControllerConfig, load_controller_config
 from agent.fleet.deploy.keys import KeyPairFiles, write_keypair
 from agent.fsutil import sha256_file
-from agent.localbroker import Broker
 from agent.mqtt.settings import MqttSettings
 from agent.signing import load_public_key
 from tests.fleet.controller.loop_thread import RunningController
@@ -154,7 +154,7 @@ def test_a_canary_that_fails_the_gate_aborts_and_rolls_the_canaries_back(
     v1 = tiny_model(tmp_path / "v1" / "m.onnx")
     v2 = tmp_path / "v2.onnx"
     v2.write_bytes(tiny_model(tmp_path / "v2src" / "m.onnx").read_bytes() + b"")  # same graph, own file
-    from agent.modelzoo import write_classifier
+    from agent.demo.modelzoo import write_classifier
 
     write_classifier(v2, input_size=32, num_classes=4, seed=9)
     with _fleet(broker, prefix, keys, names) as fleet:
@@ -200,7 +200,7 @@ def test_a_finished_rollout_is_rolled_back_in_waves_one_rollout_per_previous_mod
 ) -> None:
     """``rollback`` of a DONE rollout: its devices back to the model each ran before it, in waves
     with the gate; devices that ran two models before get a rollout each; a second one is refused."""
-    from agent.modelzoo import write_classifier
+    from agent.demo.modelzoo import write_classifier
 
     settings = operator_settings(broker, prefix)
     names = [f"f{i}" for i in range(4)]
@@ -412,8 +412,8 @@ def test_the_controller_serves_the_console_and_metrics_and_its_pause_button_acts
     import urllib.error
     import urllib.request
 
+    from agent.demo.broker import free_port
     from agent.fleet.controller.config import HttpSettings
-    from agent.localbroker import free_port
 
     token = tmp_path / "console.token"
     token.write_text("s3cret\n")
@@ -460,13 +460,13 @@ def test_a_wave_whose_publish_failed_is_published_at_the_next_step(
 ) -> None:
     """The broker is down when the wave starts: the step fails, the devices stay SENDING, and once
     the broker is up the next step publishes the same desired state (not skipped, not twice)."""
+    from agent.demo.broker import free_port
     from agent.errors import TransportError
     from agent.fleet.deploy.keys import load_signing_key
     from agent.fleet.rollout.records import DeviceStep
     from agent.fleet.rollout.runner import RolloutRunner
     from agent.fleet.rollout.spec import RolloutRequest
     from agent.fleet.rollout.store import RolloutStore
-    from agent.localbroker import free_port
 
     port = free_port()
     local = Broker(tmp_path / "broker", port=port)

@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 
 from agent.cli import main
+from agent.demo.broker import Broker
 from agent.fleet.controller.client import ControllerClient, RequestRefusedError
 from agent.fleet.deploy.keys import KeyPairFiles
 from agent.fsutil import sha256_file
-from agent.localbroker import Broker
 from agent.protocol.topics import CONTROLLER_VERBS, ControllerTopics, Topics
 from tests.fleet.controller.test_process import (
     SLOT,

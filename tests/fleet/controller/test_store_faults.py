@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 
+from agent.demo.broker import Broker
 from agent.fleet.controller.client import ControllerClient, RequestRefusedError
 from agent.fleet.deploy.keys import KeyPairFiles, load_signing_key, write_keypair
 from agent.fleet.rollout.records import DeviceStep, RolloutPlan
@@ -31,7 +32,6 @@ from agent.fleet.rollout.spec import RolloutRequest
 from agent.fleet.rollout.store import RolloutStore
 from agent.fleet.rollout.store_file import WAL_LIMIT_BYTES, StoreFullError
 from agent.fsutil import sha256_file
-from agent.localbroker import Broker
 from agent.mqtt.settings import MqttSettings
 from agent.signing import load_public_key
 from tests.fleet.operator_side import operator_settings, tiny_model, unique_prefix

@@ -16,10 +16,10 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from agent.demo.broker import Broker
 from agent.fleet.rollout.gate import DeviceEnd
 from agent.fleet.rollout.records import RolloutState
 from agent.fleet.rollout.store import RolloutStore
-from agent.localbroker import Broker
 from agent.protocol.messages import (
     InfoMessage,
     JobEnd,

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from agent.cli import main
+from agent.demo.broker import Broker
 from agent.fleet.deploy.keys import KeyPairFiles
-from agent.localbroker import Broker
 from agent.protocol.messages import BuildProgressInfo, JobState, JobStatus, encode
 from agent.protocol.topics import ControllerTopics, Topics
 from tests.fleet.controller.test_process import (

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from agent.cli import main
+from agent.demo.broker import Broker, free_port
 from agent.fleet.controller.config import ControllerConfig, HttpSettings
-from agent.localbroker import Broker, free_port
 from agent.protocol.messages import StatusMessage, encode
 from agent.protocol.topics import Topics
 from tests.fleet.console_rig import info

@@ -17,10 +17,10 @@ import pytest
 from agent.delivery.errors import UnsignedError, WrongDeviceError
 from agent.delivery.ledger import JobRecord
 from agent.delivery.manifest import parse_signed
+from agent.demo.broker import Broker
 from agent.fleet.deploy.keys import KeyPairFiles, load_signing_key, write_keypair
 from agent.fleet.deploy.plan import DeployPlan, new_job_id, next_sequence
 from agent.fleet.deploy.run import FleetDeploy
-from agent.localbroker import Broker
 from agent.protocol.messages import (
     CommandReply,
     JobState,

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from agent.demo.broker import Broker
 from agent.fleet.devices.command import NoReplyError, answer_json, ask_devices, send_command
-from agent.localbroker import Broker
 from agent.protocol.messages import CommandReply, StatusMessage, encode
 from agent.protocol.topics import Topics
 from tests.fleet.operator_side import announce, operator_settings, unique_prefix

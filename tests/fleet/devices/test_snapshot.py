@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from agent.cli import main
-from agent.localbroker import Broker
+from agent.demo.broker import Broker
 from agent.protocol.messages import CommandReply, encode
 from agent.protocol.topics import Topics
 from tests.fleet.operator_side import announce, unique_prefix

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from agent.cli import main
+from agent.demo.broker import Broker
 from agent.fleet.devices.selector import parse_selector
 from agent.fleet.devices.targets import choose
 from agent.fleet.view.status import DeviceRow
-from agent.localbroker import Broker
 from agent.protocol.messages import CommandReply, InfoMessage, StatusMessage, encode
 from agent.protocol.topics import Topics
 from tests.fleet.operator_side import tiny_model, unique_prefix

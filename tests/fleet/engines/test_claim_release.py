@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from agent.demo.broker import Broker
 from agent.fleet.engines.desk import EngineDesk
 from agent.fleet.engines.listing import released_line
 from agent.fleet.engines.settings import EngineShareSettings
 from agent.fleet.engines.trust import JobFacts
-from agent.localbroker import Broker
 from agent.protocol.engines import EngineAsk, EngineClaim
 from agent.protocol.messages import CommandReply, decode
 from agent.protocol.topics import Topics

@@ -13,10 +13,10 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
+from agent.demo.broker import Broker, free_port
 from agent.fleet.controller.config import ControllerConfig, HttpSettings
 from agent.fleet.controller.process import FleetController
 from agent.fleet.rollout.records import RolloutPlan
-from agent.localbroker import Broker, free_port
 from agent.protocol.messages import (
     InfoMessage,
     JobEnd,

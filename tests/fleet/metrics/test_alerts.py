@@ -16,10 +16,10 @@ from typing import Any
 import pytest
 import yaml
 
+from agent.demo.broker import Broker
 from agent.fleet.metrics.exposition import fleet_metrics
 from agent.fleet.rollout.records import OPERATOR_ABORT, RolloutPlan, RolloutState
 from agent.fleet.view.live import FleetView
-from agent.localbroker import Broker
 from agent.protocol.messages import JobState, JobStatus, encode
 from tests.alertmanager_server import Alertmanager, WebhookReceiver, alertmanager_binary
 from tests.fleet.metrics.scraped_fleet import ScrapedFleet

@@ -11,7 +11,7 @@ from types import ModuleType
 
 import pytest
 
-from agent.localbroker import Broker
+from agent.demo.broker import Broker
 from tests.fleet.metrics.scraped_fleet import ScrapedFleet
 from tests.waiting import wait_until
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.localbroker import Broker
+from agent.demo.broker import Broker
 from tests.fleet.metrics.scraped_fleet import ScrapedFleet
 from tests.waiting import wait_until
 

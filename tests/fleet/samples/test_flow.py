@@ -17,11 +17,11 @@ import pytest
 
 from agent.cli import main
 from agent.config.models import SamplesConfig
+from agent.demo.broker import Broker
 from agent.fleet.controller.config import ControllerConfig
 from agent.fleet.controller.process import FleetController
 from agent.fleet.samples.export import export_samples
 from agent.fleet.samples.store import SampleBounds, SampleStore
-from agent.localbroker import Broker
 from agent.mqtt.link import MqttLink
 from agent.protocol.results import ClassScore, Detection, Prediction
 from agent.protocol.samples import SampleMessage

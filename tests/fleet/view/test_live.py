@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 
+from agent.demo.broker import Broker
 from agent.fleet.base.bounded import cost
 from agent.fleet.metrics.exposition import fleet_metrics
 from agent.fleet.view.chart_history import POINT_BYTES, ChartHistory
@@ -19,7 +20,6 @@ from agent.fleet.view.device_record import (
     JobSeen,
 )
 from agent.fleet.view.live import MAX_DEVICE_ID, FleetView
-from agent.localbroker import Broker
 from agent.mqtt.inbound import InboundMessage
 from agent.mqtt.service_client import ServiceClient
 from agent.protocol.messages import (

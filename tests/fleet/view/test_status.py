@@ -6,8 +6,8 @@ import threading
 import time
 from typing import Any
 
+from agent.demo.broker import Broker
 from agent.fleet.view.status import JSON_TEXT_LIMIT, DeviceRow, age, collect_fleet, format_table, slot_summary
-from agent.localbroker import Broker
 from agent.protocol.messages import (
     InfoMessage,
     JobEnd,

@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 
 from agent.cli import main
+from agent.demo.broker import Broker
 from agent.fleet.view.watch import WatchOptions, watch_device
-from agent.localbroker import Broker
 from agent.protocol.messages import (
     InfoMessage,
     ModelRef,

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from agent.benchmark import bench_candidates, compare_backends
+from agent.demo.modelzoo import write_classifier
 from agent.machine.platform import BackendAvailability, Platform, detect_platform
-from agent.modelzoo import write_classifier
+from agent.measure.throughput import bench_candidates, compare_backends
 
 ALL_ORT = ("TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider")
 

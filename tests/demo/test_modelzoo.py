@@ -13,11 +13,11 @@ import onnx
 import onnxruntime as ort
 import pytest
 
-from agent import modelzoo
 from agent.backends.base import LoadOptions
 from agent.backends.onnxruntime import OnnxRuntimeBackend
 from agent.camera.preprocess import preprocess
 from agent.camera.preprocess_spec import PreprocessSpec
+from agent.demo import modelzoo
 from agent.errors import EngineError
 from agent.postprocess.runner import Postprocessor, validate_outputs
 from agent.postprocess.spec import ClassificationSpec, DetectionSpec

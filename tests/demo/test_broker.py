@@ -6,7 +6,7 @@ from collections.abc import Callable, Sequence
 
 import pytest
 
-from agent.localbroker import Broker
+from agent.demo.broker import Broker
 from tests.mqtt_probe import Probe
 
 

@@ -7,7 +7,7 @@ preprocessed as the calibration was, through the same measure the device's INT8 
 (:func:`agent.engines.guard.agreement`): ``top1_agreement`` is the share of frames whose arg-max of
 the first output is the same, ``max_abs_diff`` the largest score difference.
 
-A module of its own above ``backends`` and ``engines`` (like :mod:`agent.benchmark`): it loads both.
+A module of its own above ``backends`` and ``engines`` (like :mod:`agent.measure.throughput`): it loads both.
 """
 
 from __future__ import annotations
