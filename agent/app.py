@@ -60,8 +60,7 @@ INITIAL_LOAD_BUDGET_S = 300.0
 #: How long a Python thread may keep the GIL while another waits for it (CPython's default: 5 ms).
 #: The frame path's threads spend most of their time in C (decode, inference) and need the GIL back
 #: for a few microseconds after each call; behind a publisher running Python they could wait up to
-#: the full interval. 1 ms: +4 % frames and -5 % CPU per frame on the tiny-model bench (medians of 5
-#: interleaved runs), no change on the heavy one.
+#: the full interval (docs/benchmarks.md, "Frame path").
 GIL_SWITCH_INTERVAL_S = 0.001
 
 
@@ -135,7 +134,7 @@ class Agent:
             protect=self.models.protected_models,
             part_dir=config.state_dir / "partial",
             on_job_end=self._on_job_end,
-            on_job_phase=self._on_job_end,  # up/info shows the candidate and its phase (issue 22.10)
+            on_job_phase=self._on_job_end,  # up/info shows the candidate and its phase
         )
         # The engine cache's second level at the controller (used when a manifest shares engines).
         self.engines.builder.fleet = fleet_cache_for(

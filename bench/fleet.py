@@ -19,7 +19,7 @@ CLI (``fleet rollout start ... --json``, ``fleet rollout status ID --json`` ever
 6. The broker (no persistence) SIGKILLed in the third wave, once some of its devices ended, and
    started again 3 s later on its port: the rollout completes, same checks.
 
-7. Engines for the whole fleet (issue 23): devices of two fingerprints (``hw`` label: Orin NX and
+7. Engines for the whole fleet: devices of two fingerprints (``hw`` label: Orin NX and
    AGX Orin alternate) whose delivered model needs an engine; the build is the simulator's stand-in
    (``--build-seconds``, default 300 s as measured on an Orin NX for a YOLO-class FP16 engine; a
    sleep: the Jetson's build is absent here), the engine cache, its key and the fleet engine cache

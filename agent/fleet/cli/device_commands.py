@@ -43,7 +43,7 @@ def run_status(args: argparse.Namespace) -> int:
     elif rows:
         print(format_table(rows))
     if not everyone:
-        # Most likely the wrong target, not an empty fleet: say where we looked, and fail (issue 22.9).
+        # Most likely the wrong target, not an empty fleet: say where we looked, and fail.
         print(
             f"no devices found: nothing retained under {settings.prefix}/+/up/status or up/info on "
             f"{settings.host}:{settings.port}; check --prefix (the devices' mqtt.prefix, default "
