@@ -192,7 +192,7 @@ def run_cmd(args: argparse.Namespace) -> int:
         raise UsageError('--args must be a JSON object, e.g. \'{"slot": "cls"}\'')
     settings = settings_from_args(args)
     if args.device is not None and args.select is None and not args.device_list and not args.dry_run:
-        # One device named the old way: its reply alone, as before selectors existed.
+        # One device named by its id alone: its reply alone, as a script that names one device expects.
         [answer] = ask_devices(
             settings,
             [args.device],
