@@ -1,54 +1,24 @@
 """Rollouts at fleet scale: the controller, the broker and N simulated devices on this machine (JSON).
 
-Per scenario, in a fresh work directory: its own mosquitto (free port, ``$SYS`` every second), the
-controller as a child process (``edge-agent fleet controller --config ...``), the fleet simulator
-(``python -m agent.fleetsim``, worker processes of ~125 devices each: the agent's own link,
-delivery service, ledger and messages; a stand-in model loop), then the rollout driven with the
-CLI (``fleet rollout start ... --json``, ``fleet rollout status ID --json`` every few seconds).
+Per scenario, in a fresh work directory: its own mosquitto, the controller as a child process, the
+fleet simulator (``python -m agent.fleetsim``: the agent's own link, delivery service, ledger and
+messages, a stand-in model loop), then the rollout driven with the CLI (``fleet rollout start ...
+--json``, ``fleet rollout status ID --json``). Scenarios:
 
-1. ``--size-mb`` (5) model over the MQTT pull, waves 5%,10%,50%,100%, no soak: every device ACTIVE.
-2. The same from nginx (a Python ``http.server`` when nginx is absent) through the controller's
-   ``http_source``, the MQTT pull as fallback: the operator-side bytes and CPU against scenario 1.
-3. 5 % of the devices switched off before the rollout starts and back ~90 s later
-   (``--on-timeout wait``): they converge from the retained desired state; the rollout ends then.
-4. 3 % of the canary wave unhealthy (NaN outputs in a 3 s probation), ``--max-failed 2%
-   --rollback-on-abort``: the gate trips, nothing beyond the canary is touched, the canaries end on
-   the previous model.
-5. The controller SIGKILLed when the third wave starts and restarted: the rollout completes, no
-   device runs the rollout's job twice, none is skipped.
-6. The broker (no persistence) SIGKILLed in the third wave, once some of its devices ended, and
-   started again 3 s later on its port: the rollout completes, same checks.
+1. the model over the MQTT pull; 2. the same from nginx (``http_source``) with the MQTT fallback;
+3. 5 % of the devices offline until ~90 s in (``--on-timeout wait``); 4. 3 % of the canary
+unhealthy (``--rollback-on-abort``): the gate trips and the canaries end on the previous model;
+5. the controller SIGKILLed in the third wave and restarted; 6. the broker SIGKILLed in the third
+wave and started again (5 and 6 with shadow and a 4 s probation, as operators run them); 7. engines
+for the whole fleet: two fingerprints, the build a stand-in sleep of ``--build-seconds``, one
+rollout with ``--no-share-engines`` then one with ``--share-engines``; 8. an upgrade: every engine
+key new at start, the model from a sharing deployment, each start-up build asking the fleet.
 
-7. Engines for the whole fleet (issue 23): devices of two fingerprints (``hw`` label: Orin NX and
-   AGX Orin alternate) whose delivered model needs an engine; the build is the simulator's stand-in
-   (``--build-seconds``, default 300 s as measured on an Orin NX for a YOLO-class FP16 engine; a
-   sleep: the Jetson's build is absent here), the engine cache, its key and the fleet engine cache
-   are the agent's own, against the real controller's engine desk. One run, two rollouts of two new
-   models in the same waves (1%,5%,10%,50%,100%: with 1,000 devices the canary is 10 devices, 5 per
-   fingerprint, missing the same key at once: build claims let one build per fingerprint), shadow
-   and a 2 s probation (the trust rules share only engines that ran through both), a ``--soak``
-   (default 10 s) after each wave: first ``--no-share-engines``, then ``--share-engines``. Each:
-   rollout and per-wave seconds, device build-seconds, builds and downloads per fingerprint, engine
-   bytes pulled; then the ratios (time on/off, build-seconds off/on).
-8. An "upgrade": every device starts on JetPack 6.1 (``--upgrade-at 0``: each engine key changed)
-   with its model's engine missing, the model from a deployment that shared engines
-   (``--share-at-start``): each start-up build asks the fleet, one device per fingerprint builds
-   under its claim while the others wait, and offers after its start-up shadow and probation; the
-   others download. Seconds until every device serves (its ONNX model, while the engine builds or
-   downloads) and until every device runs the new engine, and the builds per fingerprint.
-
-Scenarios 5 and 6 ask for what operators ask for: a shadow run (the defaults) and a 4 s probation,
-so devices end while the controller or the broker is away with figures the gate must still see.
-``sends`` is the rollout's ``sends.resent`` (devices whose desired state was published again);
-scenario 6's broker counters restart with the broker (they cover the time after the restart).
-
-Each prints: seconds per wave and to converge, the controller's CPU seconds and peak RSS (from
-/proc, summed over its restarts), the broker's message and byte counters, the model bytes pulled
-per device and the operator-side HTTP bytes, where devices ended (controller and devices' view),
-jobs run per device, and the simulator's processes (CPU, peak RSS). ``pulls``: the devices' MQTT
-pull counters summed (``PullStats``: requests, timeouts, duplicate replies, ...); ``controller.
-chunk_server``: the chunk server's counters (chunks sent, repeats merged as ``coalesced``, ...), read
-from its ``fleet.chunks.stopped`` log line.
+Each prints seconds per wave and to converge, the controller's CPU and peak RSS, the broker's
+counters, bytes pulled per device, where devices ended, jobs run per device (none twice, none
+skipped), the simulator's processes, the devices' pull counters (``pulls``) and the chunk server's
+(``controller.chunk_server``); scenarios 7 and 8 add builds, downloads and the on/off ratios.
+Results: docs/benchmarks.md.
 
     .venv/bin/python bench/fleet.py [--devices 1000] [--scenario 1] [--size-mb 5] [--workdir DIR]
         [--build-seconds 300] [--soak 10s]

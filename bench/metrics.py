@@ -25,8 +25,8 @@ Per fleet size (``--devices``, default 1,000 and 10,000), each a series of ``--s
 ``first_s`` is the first scrape after the server started (every device rendered). Each scenario
 prints ``s`` (min/median/max seconds per scrape, from the request to the last byte),
 ``series`` (sample lines of the last scrape) and ``bytes``. Only the public API is used
-(``serve_metrics``), so the same file measures an older tree of the same layout (issue 21 moved
-it to agent/fleet/metrics/serving.py): ``PYTHONPATH=<old tree> python bench/metrics.py``.
+(``serve_metrics``), so the same file measures an older tree that has it at agent/fleet/metrics/serving.py:
+``PYTHONPATH=<old tree> python bench/metrics.py``.
 
     .venv/bin/python bench/metrics.py [--devices 1000 10000] [--scrapes 5] [--rollouts 10]
         [--flood-rate 5000]

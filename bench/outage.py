@@ -1,7 +1,7 @@
 """Broker-outage benchmark: durable-result spool throughput, and the daemon's memory in a long outage.
 
-Part 1, spool rows/s in one run: one transaction (one fsync) per row, as every durable result cost
-before issue 8, against batches of 32 rows in one transaction, as the publisher writes them now.
+Part 1, spool rows/s in one run: one transaction (one fsync) per row, the slow way,
+against batches of 32 rows in one transaction, as the publisher writes them now.
 Part 2, the real daemon (a subprocess) at full frame rate with durable results and a local mosquitto:
 the broker is stopped for ``--outage-s`` (default 120), then started again; RSS is read from /proc
 every second. Prints one JSON object.

@@ -14,10 +14,9 @@ pool's own bookkeeping, preprocessing, the queues, postprocessing and publishing
 ``preprocess_cpu_ms_per_frame`` is the part of it preprocessing alone costs: the case's decoded
 frames through :func:`preprocess`, one thread, nothing else running in the process.
 The bench's own main thread waits for the agent's last result with few wake-ups (half the expected
-time left, then every 5 ms): it used to check every 5 ms, which cost the process about 30 us per
-frame of the tiny case.
+time left, then every 5 ms), so that the bench's own thread stays out of the measured CPU.
 
-Per case, ``sampling_cost`` is the sampler's own CPU per frame (issue 24), measured directly
+Per case, ``sampling_cost`` is the sampler's own CPU per frame, measured directly
 because end-to-end runs differ by more than it costs. The case's frames and the results the agent
 publishes for them (its backend, its default postprocess) go through the code the pipeline runs
 per frame, :meth:`SnapshotBoard.inferred` and :meth:`SnapshotBoard.published`, for one simulated
@@ -301,7 +300,7 @@ def _until_frames(frames: int) -> Callable[[Agent, float], float]:
     """Wait half the time the rest of ``frames`` should take at the rate so far, then 5 ms at a time.
 
     Few wake-ups of the bench's thread inside the measured process CPU, and the end still seen
-    within 5 ms (checking every 5 ms cost ~30 us per frame of the tiny case, measured per thread).
+    within 5 ms.
     """
 
     def poll_s(agent: Agent, elapsed: float) -> float:
@@ -636,7 +635,7 @@ def main() -> int:
                     "agent_sampling_on": sampling,
                     "agent_sampling_on_fps_samples": [round(r["fps"], 1) for r in rows["sampling"]],
                     # The sampler's own cost, measured directly (module docstring): the figure to
-                    # judge issue 24's target by; the end-to-end ratios below vary by more than it.
+                    # judge its target by; the end-to-end ratios below vary by more than it.
                     "sampling_cost": sampling_cost,
                     "sampling_on_cost_fraction": sampling_cost["sampling_on_cost_fraction"],
                     "sampling_off_cost_fraction": sampling_cost["sampling_off_cost_fraction"],

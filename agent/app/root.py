@@ -60,7 +60,7 @@ INITIAL_LOAD_BUDGET_S = 300.0
 #: How long a Python thread may keep the GIL while another waits for it (CPython's default: 5 ms).
 #: The frame path's threads spend most of their time in C (decode, inference) and need the GIL back
 #: for a few microseconds after each call; behind a publisher running Python they could wait up to
-#: the full interval, so the daemon shortens it.
+#: the full interval (docs/benchmarks.md, "Frame path").
 GIL_SWITCH_INTERVAL_S = 0.001
 
 

@@ -36,7 +36,7 @@ def install_hint(jetson: bool | None = None) -> str:
     """What to install to use CUDA, for this kind of machine (``jetson`` None: look at this one).
 
     On a Jetson the CUDA comes with JetPack; elsewhere (an x86 workstation, a CI runner) JetPack
-    means nothing, and without an NVIDIA GPU no install helps (issue 22.11).
+    means nothing, and without an NVIDIA GPU no install helps.
     """
     if jetson is None:
         jetson = _L4T_RELEASE.exists()

@@ -117,8 +117,8 @@ def _session_options(intra_op_threads: int, allow_spinning: bool = False) -> Any
         so.intra_op_num_threads = intra_op_threads
     if not allow_spinning:
         # ORT's pool threads spin after every operator waiting for more work (its default). Between
-        # camera frames there is none: on the demo (two tiny models, 25 fps) the spinning threads
-        # burned ~80% of a core. The agent overlaps decode/preprocess with inference in other
+        # camera frames there is none, and with small models the spinning threads burn most of a
+        # core. The agent overlaps decode/preprocess with inference in other
         # threads, which need that core; a parked pool thread costs only a futex wake per run.
         so.add_session_config_entry("session.intra_op.allow_spinning", "0")
         so.add_session_config_entry("session.inter_op.allow_spinning", "0")

@@ -135,8 +135,8 @@ def channel_gain_bias(spec: PreprocessSpec) -> tuple[tuple[float, ...], tuple[fl
 
 
 # Per frame, the geometry and the coefficients are the same as for the previous frame of the stream:
-# computed once per (spec, frame size) instead of per frame (~8 us of Python on a 32x32 model input,
-# where the resize and normalisation themselves take ~20 us). Specs are frozen, hashable models.
+# computed once per (spec, frame size) instead of per frame: on a small model input that Python
+# costs about as much as the resize and normalisation themselves. Specs are frozen, hashable models.
 @functools.lru_cache(maxsize=64)
 def _fit(src_w: int, src_h: int, spec: PreprocessSpec) -> ResizeFit:
     return resize_fit(src_w, src_h, spec)

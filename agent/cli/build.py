@@ -186,7 +186,7 @@ def _frames_from_video(args: argparse.Namespace) -> None:
     if not args.json:
         print(f"calib      {len(written)} frames of {args.calib_from} written to {args.calib}/", flush=True)
         if len(written) < args.calib_frames:
-            # A short video (or an ended stream) gives fewer than asked: say so (issue 22.11).
+            # A short video (or an ended stream) gives fewer than asked: say so.
             print(
                 f"calib      {len(written)} of the {args.calib_frames} frames asked (--calib-frames): "
                 f"{args.calib_from} gave no more; fewer frames calibrate less representatively",

@@ -1,5 +1,5 @@
 """``edge-agent info`` as text: one line per platform fact, the reason beside a fact that could not be
-read, one line per backend (issue 22.11: Python ``None`` and every backend twice)."""
+read, one line per backend: no Python ``None``, no backend twice."""
 
 from __future__ import annotations
 

@@ -99,7 +99,7 @@ def resolve_paths(value: Any, tp: Any, base_dir: Path, discriminator: str | None
         if isinstance(value, str) and value and not Path(value).is_absolute():
             # Lexically normalised (``configs/../agent/x`` -> ``agent/x``): the path as an operator
             # reads it from the file's directory, which is what logs and state.json then show. Not
-            # resolved: symlinks stay as named, like base_dir's (issue 22.11).
+            # resolved: symlinks stay as named, like base_dir's.
             return os.path.normpath(base_dir / value)
         return value
     if is_model(tp) and isinstance(value, dict):

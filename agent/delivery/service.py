@@ -98,7 +98,7 @@ class DeliveryService:
         end is visible in :meth:`job_fields`: the agent republishes ``up/info`` with it.
         ``on_job_phase(slot)`` likewise when a job of ``slot`` enters BUILDING, SHADOW or PROBATION (a minute
         or more in which the candidate runs or serves): ``up/info`` then shows the running job and
-        its phase rather than the previous job (issue 22.10).
+        its phase rather than the previous job.
         """
         self.config = config
         self.device_id = device_id

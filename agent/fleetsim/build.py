@@ -1,7 +1,7 @@
 """The simulated devices' engine build: a FAKE of the Jetson's TensorRT build, which is absent here.
 
-On a Jetson a YOLO-class FP16 engine takes about five minutes to build (300 s on an Orin NX, issue
-23); here a build is a sleep of ``--build-seconds`` on the build path (no CPU is spent), after which
+On a Jetson a YOLO-class FP16 engine takes about five minutes to build (300 s on an Orin NX);
+here a build is a sleep of ``--build-seconds`` on the build path (no CPU is spent), after which
 a stand-in engine file of a few kilobytes is stored. Everything around the sleep is the agent's own:
 
 * the engine cache key (:func:`agent.engines.cache_key.engine_cache_key` over a real

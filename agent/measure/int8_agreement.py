@@ -1,7 +1,7 @@
 """How close an INT8 build stays to the FP32 model, on the images it was calibrated on.
 
-``edge-agent build --precision int8 --calib DIR`` reports it, so the build says what quantization
-cost: the ONNX model on ONNX Runtime's CPU provider in FP32 is the reference, the
+``edge-agent build --precision int8 --calib DIR`` reports it, so that an operator sees
+what quantization cost: the ONNX model on ONNX Runtime's CPU provider in FP32 is the reference, the
 built engine the candidate; both run on up to :data:`MAX_FRAMES` of the calibration images,
 preprocessed as the calibration was, through the same measure the device's INT8 guard applies
 (:func:`agent.engines.guard.agreement`): ``top1_agreement`` is the share of frames whose arg-max of

@@ -138,11 +138,10 @@ class _AckedOnlyClient(paho.Client):
     """paho's client reporting only acknowledged publishes (QoS 1 PUBACKs) to :attr:`on_ack`.
 
     paho calls ``on_publish`` also after writing each QoS 0 packet, and builds a PUBACK ReasonCode and
-    Properties object to pass it: about half of paho's CPU per QoS 0 message (40 against 20 us per
-    message publish + write, measured on the 2-core x86 machine), on the device link's network thread,
-    for a call that only counts. With ``on_publish`` left unset paho builds nothing for QoS 0, and
-    every acknowledgement still comes through ``_do_on_publish`` (paho 2.x; the acknowledgement tests
-    of tests/mqtt/test_link.py fail if paho stops routing them there).
+    Properties object to pass it: about half of paho's CPU per QoS 0 message, on the device link's
+    network thread, for a call that only counts. With ``on_publish`` left unset paho builds nothing
+    for QoS 0, and every acknowledgement still comes through ``_do_on_publish`` (paho 2.x; the
+    acknowledgement tests of tests/mqtt/test_link.py fail if paho stops routing them there).
     """
 
     on_ack: Callable[[Any, Any, int, Any, Any], None] | None = None

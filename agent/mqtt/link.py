@@ -51,8 +51,8 @@ log = structlog.get_logger(__name__)
 __all__ = ["SESSION_KEY", "MqttLink", "PublishProperties"]
 #: Longest one turn of the network loop waits on the socket. What another thread asks of the loop
 #: (a publish, a spooled message to send, stop) wakes it at once through paho's socket pair, so this
-#: only paces housekeeping (keepalive): idle, a link costs 2 turns a second, not 20 (1,000 simulated
-#: devices on two cores: 1.2 cores idle at 20, 0.3 at 2; bench/fleetsim_idle.py).
+#: only paces housekeeping (keepalive): an idle link should cost next to nothing, on a Jetson as in
+#: a simulated fleet of thousands (bench/fleetsim_idle.py).
 _IDLE_LOOP_S = 0.5
 #: While stopping, the stop's deadlines are checked this often.
 _STOP_LOOP_S = 0.05

@@ -43,8 +43,8 @@ Count = Annotated[int, Field(ge=0, le=MAX_COUNT)]
 
 def _new_msg_id() -> str:
     # 128 random bits as 32 hex digits, like uuid4().hex, from the process's Mersenne Twister instead
-    # of os.urandom: one id per result is on the frame path, and the syscall cost 10-40 us per frame
-    # on a loaded 2-core machine (bench/pipeline.py). An id only deduplicates, it protects nothing;
+    # of os.urandom: one id per result is on the frame path, and a syscall per frame shows on a busy
+    # CPU. An id only deduplicates, it protects nothing;
     # the generator is seeded from os.urandom and reseeded in a forked child by the random module.
     return f"{random.getrandbits(128):032x}"
 

@@ -23,8 +23,7 @@ MAX_AUTO_WORKERS = 4
 
 #: Throughput layout: results the publisher waits for before it is woken (:mod:`agent.runtime.outbox`).
 #: Nothing waits on a single result of an unpaced file, and a wake-up per result cost more CPU than
-#: publishing it on two busy cores; 4 and 8 measured alike within the noise (bench/pipeline.py
-#: heavy case).
+#: publishing it on two busy cores; a few results per wake-up is enough.
 THROUGHPUT_PUBLISH_WAKE = 4
 
 _CPU = "CPUExecutionProvider"
@@ -85,9 +84,8 @@ def inference_layout(
     if model_ms is not None and model_ms < SMALL_MODEL_MS:
         return Layout(1, f"auto: a small model ({model_ms:.2f} ms per frame) needs one worker")
     workers = min(cpus, MAX_AUTO_WORKERS)
-    # One frame per run: on the CPU provider a batch costs the same per frame as single frames
-    # (bench: 1, 2, 4 and 8 all ~14 ms/frame for the MobileNet-sized model), and a batch of 4 on one
-    # thread makes each result wait for three others and come out in bursts.
+    # One frame per run: on the CPU provider a batch costs the same per frame as single frames, and a
+    # batch of 4 on one thread makes each result wait for three others and come out in bursts.
     return Layout(
         workers,
         f"auto: unpaced files on {cpus} cores: {workers} single-threaded runs of one frame",

@@ -1,4 +1,4 @@
-"""The fleet step: an engine shared through the controller loads and runs on this device (issue 23.5).
+"""The fleet step: an engine shared through the controller loads and runs on this device.
 
 It takes the TensorRT engine ``build.gpu.fp16`` made, offers it to a real controller engine desk
 (its store, trust checks and signing; reached in-process, :mod:`agent.fleet.engines.local`, with a

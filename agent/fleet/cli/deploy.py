@@ -418,7 +418,7 @@ def run_deploy(args: argparse.Namespace) -> int:
         published = sum(1 for p in devices if not p.skipped)
         if published:
             view.say(f"deploy: published to {published} device(s) on {topic} (retained){serving}")
-        else:  # every target unknown: nothing was sent and nothing will be served (issue 22.9)
+        else:  # every target unknown: nothing was sent and nothing will be served
             view.say("deploy: nothing published: no target is a known device (below)", sys.stderr)
         _print_unknown(devices, settings.prefix, waiting=args.wait_unknown, say=view.say)
         view.update(deploy.snapshot(), force=True)

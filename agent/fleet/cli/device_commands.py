@@ -43,7 +43,7 @@ def run_status(args: argparse.Namespace) -> int:
     elif rows:
         print(format_table(rows))
     if not everyone:
-        # Most likely the wrong target, not an empty fleet: say where we looked, and fail (issue 22.9).
+        # Most likely the wrong target, not an empty fleet: say where we looked, and fail.
         print(
             f"no devices found: nothing retained under {settings.prefix}/+/up/status or up/info on "
             f"{settings.host}:{settings.port}; check --prefix (the devices' mqtt.prefix, default "
@@ -192,7 +192,7 @@ def run_cmd(args: argparse.Namespace) -> int:
         raise UsageError('--args must be a JSON object, e.g. \'{"slot": "cls"}\'')
     settings = settings_from_args(args)
     if args.device is not None and args.select is None and not args.device_list and not args.dry_run:
-        # One device named the old way: its reply alone, as before selectors existed.
+        # One device named by its id alone: its reply alone, as a script that names one device expects.
         [answer] = ask_devices(
             settings,
             [args.device],

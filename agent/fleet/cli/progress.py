@@ -45,8 +45,8 @@ def state_line(p: DeviceProgress, state: JobState, width: int = 0) -> str:
 
 
 def phase_note(p: DeviceProgress, now: float, probation_s: float | None = None) -> str:
-    """How long a long phase has run and, for probation, how long is left (issue 22.8: 60 s of
-    PROBATION showed one unchanging line). ``now`` is ``time.monotonic()``; the probation's length is
+    """How long a long phase has run and, for probation, how long is left, so that a long
+    PROBATION is not one unchanging line. ``now`` is ``time.monotonic()``; the probation's length is
     the device's own figure once it reported one, else ``probation_s`` (the manifest's)."""
     if p.state not in LONG_PHASES:
         return ""
@@ -155,7 +155,7 @@ class ProgressView:
 
     def say(self, text: str, stream: TextIO | None = None) -> None:
         """Print a line of the command's own (``deploy: ...``) below the progress: a progress line
-        drawn without its newline is ended first (issue 22.8: "0 B / 239.1 KiBdeploy: job ..."), and
+        drawn without its newline is ended first (no text glued to a progress line), and
         the next redraw starts a fresh block under the text rather than overwriting it."""
         if self.tty and self._drawn:
             if self._drawn == 1 and "" in self._last_lines:

@@ -31,7 +31,7 @@ _HOST_NAME = re.compile(rf"^(?=.{{1,253}}$){_LABEL}(?:\.{_LABEL})*\.?$")
 
 
 class HttpSettings(StrictModel):
-    """The controller's web console and ``/metrics`` (issue 12); off unless ``port`` is set."""
+    """The controller's web console and ``/metrics``; off unless ``port`` is set."""
 
     host: str = Field("127.0.0.1", description="Address to bind; loopback unless told otherwise.")
     port: int | None = Field(None, gt=0, lt=65536, description="Port of the console and /metrics.")

@@ -4,39 +4,14 @@ Two controllers on one prefix both drive rollouts: each gives every device a job
 same model. So a controller starts by taking the prefix's lease, and one that finds it held refuses
 (:class:`LeaseHeldError`, naming the holder) or, with ``standby``, waits until it is free.
 
-- **The claim** is a retained :class:`~agent.protocol.messages.ControllerLease` on
-  ``{prefix}/_controller/lease``, renewed every third of its ``ttl_s`` (by a thread of its own, so
-  a loop busy with one long request keeps it) and published with that Message Expiry: a claim
-  nobody renews (its holder and the broker's memory of it gone, after a broker restart) expires on
-  its own.
-- **The holder's connection** has one client id per prefix (:func:`lease_client_id`), derived
-  from the signing key, so every controller of the fleet computes it and no account without the key
-  (a dashboard's) can connect under it and close the holder's connection.
-  The broker keeps one connection per client id, so two controllers that both found the lease free
-  cannot both hold it: the later connection closes the earlier one, which has lost the lease. Its
-  Last Will (a retained empty message) clears the claim the moment the holder dies, or 1.5
-  keep-alives after it went silent.
-- **A dropped connection pauses; a taken lease is lost for good.** The lease connection does not
-  reconnect by itself (it would close a new holder's). When it drops, :attr:`PrefixLease.lost` says
-  so and the controller pauses: it handles no request and takes no rollout step. Then
-  :meth:`PrefixLease.regain` tells the two kinds of loss apart. *Taken over* (another connection
-  connected under the lease's client id): the broker says so with DISCONNECT 0x8E "Session taken
-  over" (mosquitto 2.0.15 and later), or, for mosquitto 2.0.11 which closes the socket without it
-  (mosquitto#2607), the broker closed the lease connection alone: a **witness**, a second
-  connection of this controller's, is still the one it had when the lease was taken and gets a QoS 1
-  round trip through (a broker that restarted, or a link that dropped, takes the witness's
-  connection too). Taken over is final: :class:`LeaseLostError`, the controller stops and systemd
-  starts it again, when it takes the lease only if it is free (``standby: true``: it stands by).
-  *Any other loss* (broker restarted, link dropped): the controller reads the claim again, tries
-  spaced like reconnects; another controller's claim there is final too; absent (a broker without
-  persistence forgot it, it expired, our Last Will cleared it) or this controller's own, it connects
-  the lease connection again, publishes the claim, and resumes. Two that both find it absent (a
-  holder coming back, a standby whose wait ran out) race as at start: the broker keeps the later
-  connection, and the earlier one pauses at once and, at its next try, finds the lease taken (the
-  broker closed its connection alone, or the other's claim is there). A standby rides through a
-  broker outage too: it reads the claim again once the broker is back.
-- **Reading the claim** needs no clock, and a holder of this host that is gone is recognised: see
-  :mod:`agent.fleet.controller.lease_claim`.
+The claim is a retained :class:`~agent.protocol.messages.ControllerLease`, renewed by a thread of
+its own and published with a Message Expiry, held over a connection whose client id every
+controller derives from the signing key (:func:`lease_client_id`): the broker keeps one connection
+per client id, so two controllers cannot both hold it. A dropped lease connection pauses the
+controller; :meth:`PrefixLease.regain` then tells *taken over* (final: :class:`LeaseLostError`)
+from any other loss (it takes the lease back if it is free or its own). mosquitto 2.0.11 sends no
+"Session taken over" (mosquitto#2607), so a second **witness** connection tells the two apart.
+Reading the claim: :mod:`agent.fleet.controller.lease_claim`.
 """
 
 from __future__ import annotations

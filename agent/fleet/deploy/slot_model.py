@@ -1,7 +1,7 @@
-"""The model id a deploy keeps when ``--model-id`` is not given: the slot's current one (issue 22.10).
+"""The model id a deploy keeps when ``--model-id`` is not given: the slot's current one.
 
 A redeploy of ``shapes_classifier.onnx`` to a slot serving ``shapes-classifier`` (the config's id)
-used to rename the model after the file's stem; a model's id is what dashboards, results and the
+must not rename the model after the file's stem: a model's id is what dashboards, results and the
 console key on. So the default is the id the target devices' retained ``up/info`` report for the
 slot, when they agree; the file's stem only when the slot is empty everywhere (a first deploy).
 """

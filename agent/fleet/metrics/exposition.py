@@ -1,48 +1,13 @@
 """The controller's ``/metrics``: the whole fleet as Prometheus series, from a :class:`FleetView`.
 
 :class:`FleetMetrics` renders the exposition from the view (and, when given, the rollout store) at
-scrape time, so nothing is kept twice and nothing drifts. What it exports:
-
-- per device, from ``up/status`` and ``up/info`` (always, stale or not): ``edge_device_online``
-  (1/0), ``edge_device_stale``, ``edge_device_session``, ``edge_device_info{device, agent_version,
-  <each device label>} 1`` (join it with ``* on(device) group_left(site)``), ``edge_device_platform_info``,
-  ``edge_device_slots`` (slots the device reports), ``edge_slot_model_info{device, slot, model_id,
-  version, sha256, state} 1``, the latest job of each slot as ``edge_slot_job_info{..., job_id,
-  state, error_code} 1``, ``edge_slot_last_failure_timestamp_seconds``,
-  ``edge_device_last_telemetry_timestamp_seconds`` and ``edge_device_malformed_messages``;
-- per device, from its latest ``up/telemetry``, every figure :mod:`agent.telemetry.series` knows
-  (fps, latency percentiles, drops by reason, spool depth, CPU, RSS, temperatures, GPU/DLA load and
-  clocks), each with a ``device`` label. A STALE device (offline, or silent for ``stale_after_s``)
-  has these series left out, so Prometheus marks them stale rather than charting frozen values;
-- per rollout: ``edge_rollout_info{rollout_id, slot, to_version, state} 1``,
-  ``edge_rollout_devices{rollout_id, wave, step, end}`` (device counts), each wave's
-  ``edge_rollout_wave_started_timestamp_seconds`` and ``..._ended_...{rollout_id, wave}`` once set,
-  ``edge_rollout_last_change_timestamp_seconds{rollout_id, slot, to_version}`` (when any of it last
-  moved: a stalled rollout's stops) and, for an aborted one, ``edge_rollout_aborted_info{rollout_id,
-  slot, to_version, by} 1`` (``by``: ``operator`` for the operator's own abort, else ``gate``);
-- the engines the controller holds for the fleet and their build claims (:class:`EngineFigures`);
-- ``edge_fleet_devices`` and ``edge_fleet_refused_devices_total`` (devices past the view's cap).
-
-Bounds (a device chooses its id, labels, slots and figures; docs/fleet.md "Metrics"): label values
-a device chose are cut to :data:`~agent.telemetry.series.LABEL_VALUE_LIMIT` characters; a device id
-longer than that becomes :func:`~agent.fleet.metrics.device_series.device_label` (cut, plus a hash of
-the whole id, so two ids sharing a long prefix never share a label); at most :data:`MAX_LABEL_KEYS`
-device label keys become label names (``example.com/site`` -> ``example_com_site``; a key that would
-collide with a label of ours gets a ``label_`` prefix); at most
-:data:`~agent.fleet.metrics.device_series.MAX_SLOTS` slots per device get slot series; telemetry
-figures are the view's (at most :data:`~agent.fleet.view.device_record.MAX_FIGURES` per device). One
-device's series that would repeat after cutting are written once.
-
-Speed: each device's lines are kept rendered between scrapes and redone only for the devices whose
-entry in :meth:`FleetView.changes` moved (a message changed them, or they turned stale or fresh);
-a telemetry message redoes that device's telemetry lines, not its status and info lines. The
-rollout series are read again only when the store's change mark moved, and their device counts are
-counted by SQLite. The text is written directly (:mod:`agent.fleet.metrics.text`) rather than
-through ``prometheus_client``'s collectors, which format every sample at every scrape
-(bench/metrics.py measures this tree or an older one).
-
-:mod:`agent.fleet.metrics.serving` serves it; :mod:`agent.fleet.metrics.device_series` renders each
-device's lines.
+scrape time, so nothing is kept twice and nothing drifts. The series (per device, per slot, per
+rollout, the fleet's engines) and their bounds are listed in docs/operations.md: a device chooses
+its id, labels, slots and figures, so what becomes a label is cut and counted
+(:mod:`agent.fleet.metrics.device_series`). Each device's lines stay rendered between scrapes and
+are redone only when :meth:`FleetView.changes` says the device moved, and the text is written
+directly (:mod:`agent.fleet.metrics.text`) rather than through ``prometheus_client``'s collectors,
+which format every sample at every scrape. :mod:`agent.fleet.metrics.serving` serves it.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """What an operator's ``pause``, ``resume`` and ``abort`` may do to a rollout in each state, and the
-refusal in the operator's words when it may not (issue 22.6: the store's "illegal rollout
-transition PAUSED -> PAUSED" is a check for programmers, not an answer for people).
+refusal in the operator's words when it may not (the store's "illegal rollout transition PAUSED ->
+PAUSED" is a check for programmers, not an answer for people).
 
 Pure; the controller asks :func:`action_refusal` before it moves the stored state, and the broker
 API answers ``wrong_state``, the console 409, with the text.

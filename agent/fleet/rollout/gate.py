@@ -198,7 +198,7 @@ def judge_wave(
     skipped = tuple(r.device for r in current if r.end is DeviceEnd.SKIPPED)
     stuck = tuple(r.device for r in current if r.end is DeviceEnd.TIMED_OUT)
     # The text counts only the devices the job reached: a skipped one (offline at the timeout) or one
-    # not started yet is named apart, not counted as touched (issue 22.6). The limit stays the figures'.
+    # not started yet is named apart, not counted as touched. The limit stays the figures'.
     unreached = sum(1 for r in everyone if _unreached(r))
     not_reached = f" ({unreached} not reached)" if unreached else ""
     # Devices serving another precision than asked are named either way: counted (fail) or not (allow).

@@ -1,5 +1,5 @@
-"""Which devices of a rollout went wrong, each with its error code and the figure that failed (issue
-22.7: ``fleet rollout status`` said "REJECTED 1" and never which device, nor why). Pure.
+"""Which devices of a rollout went wrong, each with its error code and the figure that failed: an
+operator needs which device and why, not "REJECTED 1". Pure.
 
 A device counts here when its job ended ``FAILED``, ``REJECTED``, ``ROLLED_BACK`` or ``TIMED_OUT``, or
 ended ``ACTIVE`` but is unhealthy by the rollout's own gate (:func:`agent.fleet.rollout.gate.unhealth`): the

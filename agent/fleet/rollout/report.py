@@ -136,7 +136,7 @@ def _where(step: DeviceStep, end: str | None) -> str:
 
 def soak_note(figures: Mapping[str, Any] | None, now: float) -> str:
     """``soak: 4 min 10 s left (until 12:34:56 UTC)`` for a soaking wave's figures (``soak_until``, a
-    Unix time), or "" (issue 22.8: "soaking 300 s" never said how much was left)."""
+    Unix time), or "": an operator wants to know how much is left, not how long it was."""
     until = (figures or {}).get("soak_until")
     if not isinstance(until, (int, float)) or isinstance(until, bool):
         return ""

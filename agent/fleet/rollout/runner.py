@@ -59,7 +59,7 @@ STORED_NAME_CHARS = 128
 
 
 def job_figures(p: DeviceProgress) -> dict[str, Any]:
-    """The job figures the rollout store keeps for ``p``: bounded in count and bytes (issue 20's
+    """The job figures the rollout store keeps for ``p``: bounded in count and bytes (the
     rule for everything a device sends that the operator side keeps), the gate's inputs intact."""
     figures: dict[str, Any] = {"state": p.state.value if p.state else None}
     if p.error_code:
