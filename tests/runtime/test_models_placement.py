@@ -48,8 +48,11 @@ def test_a_delivered_device_auto_build_goes_live_on_the_fastest_combination(
     assert final.effective is not None
     assert final.effective["requested"]["device"] == "auto"
     choice = final.effective["placement_choice"]
-    assert set(choice["chosen"]) == {"gpu", "dla0", "dla1"}
-    assert choice["combined_fps"] == max(o["fps"] for o in choice["combinations"])
+    # Which set is fastest is measured (the stand-ins are paced, but a loaded host slows some runs):
+    # the kept set is the fastest of the report's own figures, whichever it was.
+    fastest = max(choice["combinations"], key=lambda o: o["fps"])
+    assert choice["combined_fps"] == fastest["fps"]
+    assert sorted(choice["chosen"]) == sorted(fastest["devices"])
     assert len(choice["combinations"]) == 6, "three alone, three sets together"
     # The job status reports each engine of the kept set, as for a build.devices set.
     assert [e["device"] for e in final.effective["engines"]] == choice["chosen"]
@@ -57,7 +60,7 @@ def test_a_delivered_device_auto_build_goes_live_on_the_fastest_combination(
     current = models.slots[SLOT].current
     assert current is not None
     assert current.source.version == "2"
-    assert len(current.engines) == 3
+    assert len(current.engines) == len(choice["chosen"])
     assert all(e.runner.backend == STANDIN for e in current.engines)
     # The set runs in the order placement kept it (best solo first), each engine on its device.
     assert [row["device"] for row in current.engine_shares()] == choice["chosen"]
