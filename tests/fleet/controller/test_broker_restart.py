@@ -20,7 +20,7 @@ import pytest
 from agent.fleet.controller.calls import LoopCall
 from agent.fleet.controller.client import ControllerClient, ControllerUnavailableError
 from agent.fleet.controller.config import ControllerConfig
-from agent.fleet.controller.lease_claim import read_lease
+from agent.fleet.controller.lease import read_lease
 from agent.fleet.deploy.keys import KeyPairFiles, write_keypair
 from agent.localbroker import Broker
 from agent.modelzoo import write_classifier
