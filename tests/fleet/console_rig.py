@@ -20,8 +20,7 @@ from agent.fleet.devices.evidence import DeviceEvidence, evidence_json, frame_fr
 from agent.fleet.devices.snapshot import snapshot_from_reply, snapshot_json
 from agent.fleet.rollout.gate import GateFigures
 from agent.fleet.rollout.records import RolloutPlan, RolloutState
-from agent.fleet.rollout.store import RolloutStore
-from agent.fleet.rollout.store_file import RolloutStoreError
+from agent.fleet.rollout.store import RolloutStore, RolloutStoreError
 from agent.fleet.view.live import FleetView
 from agent.mqtt.inbound import InboundMessage
 from agent.protocol.command_args import EvidenceArgs, SnapshotArgs

@@ -24,7 +24,7 @@ from agent.delivery.manifest import recover_job_id
 from agent.demo.broker import Broker
 from agent.demo.modelzoo import write_classifier
 from agent.errors import TransportError
-from agent.fleet.controller.client import ControllerClient, RequestRefusedError
+from agent.fleet.controller.client import ControllerClient
 from agent.fleet.deploy.keys import KeyPairFiles, write_keypair
 from agent.fsutil import sha256_file
 from agent.mqtt.settings import MqttSettings
@@ -143,13 +143,7 @@ class ControllerRig:
             **body,
         }
         with ControllerClient(self.settings, timeout=30) as client:
-            try:
-                return client.request("start", request)
-            except RequestRefusedError as exc:
-                if "upload it first" not in exc.reason:
-                    raise
-                client.upload(model, request["model_sha256"])
-                return client.request("start", request)
+            return client.start(request, model)
 
     def status(self, rollout_id: str) -> dict[str, Any]:
         """The rollout's status; asked again while the controller is not subscribed (a request sent

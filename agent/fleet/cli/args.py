@@ -19,6 +19,7 @@ from agent.fleet.cli.connection import settings_from_args
 
 if TYPE_CHECKING:
     from agent.fleet.devices.targets import Targets
+    from agent.fleet.view.status import DeviceRow
 
 SpecT = TypeVar("SpecT", bound=BaseModel)
 
@@ -61,16 +62,40 @@ def add_retained_wait(parser: argparse.ArgumentParser, *, old: str, what: str) -
     add_alias(parser, old, action)
 
 
+class FleetRead:
+    """The fleet's retained ``up/status`` and ``up/info``, collected from the broker the first time
+    they are asked for and kept: a command that selects devices and looks up their slot reads once."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self._args = args
+        self._rows: list[DeviceRow] | None = None
+
+    def __call__(self) -> list[DeviceRow]:
+        if self._rows is None:
+            from agent.fleet.view.status import collect_fleet
+
+            self._rows = collect_fleet(settings_from_args(self._args), max_wait_s=self._args.retained_wait)
+        return self._rows
+
+
 def chosen_targets(
-    args: argparse.Namespace, explicit: list[str], *, out: TextIO | None = None
+    args: argparse.Namespace,
+    explicit: list[str],
+    *,
+    out: TextIO | None = None,
+    fleet: FleetRead | None = None,
 ) -> Targets | None:
     """The devices ``args`` name, printed to ``out`` (stdout; stderr where stdout carries JSON); None
-    when ``--dry-run`` says to stop there."""
+    when ``--dry-run`` says to stop there. ``--select`` reads the fleet through ``fleet``."""
     from agent.fleet.deploy.plan import parse_devices
     from agent.fleet.devices.targets import resolve_targets
 
     targets = resolve_targets(
-        settings_from_args(args), args.select, parse_devices(explicit), wait_s=args.retained_wait
+        settings_from_args(args),
+        args.select,
+        parse_devices(explicit),
+        wait_s=args.retained_wait,
+        read_fleet=fleet or FleetRead(args),
     )
     for line in targets.lines():
         print(f"{args.fleet_command}: {line}", file=out or sys.stdout)
@@ -111,16 +136,20 @@ def validation_problems(exc: ValidationError, flag: str) -> list[str]:
 
 
 def keep_slot_model_id(
-    args: argparse.Namespace, fields: dict[str, Any], devices: Sequence[str], *, out: TextIO | None = None
+    args: argparse.Namespace,
+    fields: dict[str, Any],
+    devices: Sequence[str],
+    *,
+    out: TextIO | None = None,
+    fleet: FleetRead | None = None,
 ) -> None:
     """Without ``--model-id``: the id the targets' slot serves now, read from their retained up/info
     (:mod:`agent.fleet.deploy.slot_model`); the file's stem only for an empty slot. Says which, on ``out``."""
     if fields.get("model_id") is not None:
         return
     from agent.fleet.deploy.slot_model import default_model_id, slot_model_ids
-    from agent.fleet.view.status import collect_fleet
 
-    rows = collect_fleet(settings_from_args(args), max_wait_s=args.retained_wait)
+    rows = (fleet or FleetRead(args))()
     model_id, line = default_model_id(slot_model_ids(rows, devices, args.slot), args.model.stem, args.slot)
     fields["model_id"] = model_id
     print(f"{args.fleet_command}: {line}", file=out or sys.stdout)

@@ -25,7 +25,14 @@ if TYPE_CHECKING:
 
     from agent.fleet.deploy.outcome import DeployOutcome, DeviceProgress
 
-from agent.fleet.cli.args import chosen_targets, json_arg, keep_slot_model_id, spec_arg, validation_problems
+from agent.fleet.cli.args import (
+    FleetRead,
+    chosen_targets,
+    json_arg,
+    keep_slot_model_id,
+    spec_arg,
+    validation_problems,
+)
 
 #: Exit codes of ``fleet deploy`` (docs/fleet.md): every device ACTIVE; a device ended in a failure
 #: state; some device unfinished at --timeout; a device sent a message that did not parse (and none
@@ -364,10 +371,11 @@ def run_deploy(args: argparse.Namespace) -> int:
     fields = manifest_fields(args)
     check_model_file(args.model, preprocess=fields["preprocess"], postprocess=fields["postprocess"])
     check_int8_source(fields, args.model)
-    targets = chosen_targets(args, args.device)
+    fleet = FleetRead(args)  # read once, for --select and for the slot's model id alike
+    targets = chosen_targets(args, args.device, fleet=fleet)
     if targets is None:
         return EXIT_OK
-    keep_slot_model_id(args, fields, targets.devices)
+    keep_slot_model_id(args, fields, targets.devices, fleet=fleet)
     settings = settings_from_args(args)
     key = load_signing_key(args.key) if args.key is not None else None
     request = RolloutRequest(

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.errors import UsageError
-from agent.fleet.cli.args import add_target_arguments, chosen_targets, keep_slot_model_id
+from agent.fleet.cli.args import FleetRead, add_target_arguments, chosen_targets, keep_slot_model_id
 from agent.fleet.cli.connection import add_broker_arguments, settings_from_args
 from agent.fleet.cli.deploy import add_manifest_arguments, check_int8_source, manifest_fields
 from agent.fleet.rollout.spec import DEFAULT_WAVE_TIMEOUT_S
@@ -232,7 +232,7 @@ def run_rollout(args: argparse.Namespace) -> int:
 
 
 def _start(args: argparse.Namespace) -> int:
-    from agent.fleet.controller.client import ControllerClient, RequestRefusedError
+    from agent.fleet.controller.client import ControllerClient
     from agent.fleet.deploy.model_check import check_model_file
     from agent.fleet.rollout.spec import RolloutRequest
     from agent.fsutil import sha256_file
@@ -249,10 +249,11 @@ def _start(args: argparse.Namespace) -> int:
     check_model_file(args.model, preprocess=fields["preprocess"], postprocess=fields["postprocess"])
     check_int8_source(fields, args.model)
     # With --json, stdout carries the answer alone: the selection lines go to stderr.
-    targets = chosen_targets(args, args.device, out=sys.stderr if args.json else None)
+    fleet = FleetRead(args)  # read once, for --select and for the slot's model id alike
+    targets = chosen_targets(args, args.device, out=sys.stderr if args.json else None, fleet=fleet)
     if targets is None:
         return 0
-    keep_slot_model_id(args, fields, targets.devices, out=sys.stderr if args.json else None)
+    keep_slot_model_id(args, fields, targets.devices, out=sys.stderr if args.json else None, fleet=fleet)
     sha = sha256_file(args.model)
     request = RolloutRequest(
         rollout_id=args.rollout_id,
@@ -279,17 +280,14 @@ def _start(args: argparse.Namespace) -> int:
         if request.calib_sha256 is not None:
             # The calibration goes into the controller's repository like a model (by SHA-256).
             client.upload(args.calib_cache, request.calib_sha256)
-        try:
-            status = client.request("start", body)
-        except RequestRefusedError as exc:
-            if "upload it first" not in exc.reason:
-                raise
+
+        def uploading() -> None:
             print(
                 f"rollout: uploading {args.model.name} ({args.model.stat().st_size} bytes) to the controller",
                 file=sys.stderr if args.json else sys.stdout,
             )
-            client.upload(args.model, sha)
-            status = client.request("start", body)
+
+        status = client.start(body, args.model, on_upload=uploading)
         _print_status(status, as_json=args.json, lines=args.wait)
         if args.wait:
             return _status(client, status["rollout_id"], as_json=args.json, watch=True)

@@ -41,8 +41,7 @@ from agent.fleet.console.feed import Feed, Stream
 from agent.fleet.console.rollouts import rollout_devices, rollout_ids, rollout_summary
 from agent.fleet.console.summary import DeviceFilter, device_detail, device_rows
 from agent.fleet.rollout.building import Waits
-from agent.fleet.rollout.store import RolloutStore
-from agent.fleet.rollout.store_file import RolloutNotFoundError, RolloutStoreError
+from agent.fleet.rollout.store import RolloutNotFoundError, RolloutStore, RolloutStoreError
 from agent.fleet.view.live import FleetView
 from agent.transitions import IllegalTransitionError
 

@@ -15,8 +15,7 @@ from agent.fleet.rollout.building import Builds, Waits, building_devices
 from agent.fleet.rollout.precision import precision_summary, requested_precision
 from agent.fleet.rollout.records import WaveState
 from agent.fleet.rollout.report import rollback_outcome, rollout_policy
-from agent.fleet.rollout.store import RolloutStore
-from agent.fleet.rollout.store_file import RolloutStoreError
+from agent.fleet.rollout.store import RolloutStore, RolloutStoreError
 
 #: Rollouts the rollouts page lists: the open ones and then the latest finished ones, up to this many.
 ROLLOUTS_SHOWN = 20

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.errors import AgentError, TransportError
+from agent.fleet.controller.requests import ModelNotUploadedError
 from agent.fleet.controller.upload import PIECE_SIZE
 from agent.fleet.devices.command import PendingReplies
 from agent.mqtt.core import PublishProperties
@@ -97,6 +98,25 @@ class ControllerClient:
                 f"the broker refused the request on {topic} (MQTT reason code {code:#04x}); may this "
                 f"account publish on {self.topics.prefix}/_controller/req/# (the broker's ACL)?"
             )
+
+    def start(
+        self, body: dict[str, Any], model: Path, on_upload: Callable[[], None] | None = None
+    ) -> dict[str, Any]:
+        """Ask the controller to start the rollout ``body`` describes; the rollout's status.
+
+        Asked once; only when the controller answers that its repository lacks the model (by error
+        code, never by the words of the error) is ``model`` uploaded (``on_upload`` called first) and
+        the start asked again.
+        """
+        try:
+            return self.request("start", body)
+        except RequestRefusedError as exc:
+            if exc.code != ModelNotUploadedError.code:
+                raise
+        if on_upload is not None:
+            on_upload()
+        self.upload(model, str(body["model_sha256"]))
+        return self.request("start", body)
 
     def upload(self, path: Path, sha256: str, on_piece: Callable[[int, int], None] | None = None) -> None:
         """Send ``path`` to the controller's repository in pieces (nothing if it has it already)."""

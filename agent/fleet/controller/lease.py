@@ -11,12 +11,14 @@ per client id, so two controllers cannot both hold it. A dropped lease connectio
 controller; :meth:`PrefixLease.regain` then tells *taken over* (final: :class:`LeaseLostError`)
 from any other loss (it takes the lease back if it is free or its own). mosquitto 2.0.11 sends no
 "Session taken over" (mosquitto#2607), so a second **witness** connection tells the two apart.
-Reading the claim: :mod:`agent.fleet.controller.lease_claim`.
+Reading the claim needs no clock (:func:`read_lease`): a retained claim arrives before an echo of
+the reader's own.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import random
 import secrets
@@ -28,25 +30,94 @@ from pathlib import Path
 import structlog
 
 from agent.errors import AgentError, TransportError
-from agent.fleet.controller.lease_claim import (
-    LeaseHeldError,
-    claim_of,
-    describe,
-    holder_is_gone,
-    lease_client_id,
-    read_lease,
-)
 from agent.mqtt.core import LastWill, PublishProperties
 from agent.mqtt.inbound import InboundMessage
 from agent.mqtt.service_client import ServiceClient
 from agent.mqtt.settings import MqttSettings
-from agent.protocol.messages import ControllerLease, encode
+from agent.protocol.messages import ControllerLease, ProtocolError, decode, encode
 from agent.protocol.topics import ControllerTopics
 
 log = structlog.get_logger(__name__)
 
 #: A claim not renewed for this long expires (it is renewed every third of it).
 DEFAULT_LEASE_TTL_S = 60
+
+
+class LeaseHeldError(AgentError):
+    """Another controller holds the prefix (the message names it)."""
+
+    code = "lease_held"
+
+
+def lease_client_id(prefix: str, secret: bytes | None) -> str:
+    """The client id of the prefix's lease holder: a keyed hash of the prefix (the plain prefix
+    for an unsigned test fleet, which has no key)."""
+    if secret is None:
+        return f"edge-fleet-controller:{prefix}"
+    digest = hashlib.blake2b(prefix.encode(), key=hashlib.sha256(secret).digest(), digest_size=12)
+    return f"edge-fleet-controller:{digest.hexdigest()}"
+
+
+def describe(claim: ControllerLease) -> str:
+    """The holder in words, for the one line a refused controller prints."""
+    since = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(claim.since))
+    return (
+        f"controller {claim.holder} (pid {claim.pid} on {claim.host}, "
+        f"state_dir {claim.state_dir}, since {since})"
+    )
+
+
+def read_lease(settings: MqttSettings, timeout: float = 10.0) -> ControllerLease | None:
+    """The prefix's current claim (None: free). LeaseHeldError when the retained message is no claim."""
+    topics = ControllerTopics(settings.prefix)
+    reader = f"lease-reader-{secrets.token_hex(6)}"
+    echo = topics.lease_echo(reader)
+    payloads: list[bytes] = []
+    echoed = threading.Event()
+
+    def on_message(message: InboundMessage) -> None:
+        if message.topic == topics.lease:
+            payloads.append(message.payload)
+        elif message.topic == echo:
+            echoed.set()
+
+    client = ServiceClient(settings, client_id=reader, handler=on_message)
+    client.start(timeout)
+    try:
+        client.subscribe(topics.lease, qos=1, timeout=timeout)
+        client.subscribe(echo, qos=1, timeout=timeout)
+        client.publish(echo, b"echo", qos=1)
+        if not echoed.wait(timeout):
+            raise TransportError(f"the broker did not echo {echo} within {timeout:.0f}s")
+    finally:
+        client.stop()
+    return claim_of(payloads[-1] if payloads else b"", topics.lease)
+
+
+def claim_of(payload: bytes, topic: str) -> ControllerLease | None:
+    """The claim in a lease message (None: an empty one, nobody holds the prefix)."""
+    if not payload:
+        return None
+    try:
+        return decode(ControllerLease, payload)
+    except ProtocolError as exc:
+        raise LeaseHeldError(
+            f"the retained message on {topic} is not a controller lease ({exc}); if no controller runs "
+            f"on this prefix, clear it: mosquitto_pub -r -n -t '{topic}'"
+        ) from exc
+
+
+def holder_is_gone(claim: ControllerLease) -> bool:
+    """True for a claim whose holder was a process of this host that no longer exists."""
+    if claim.host != socket.gethostname() or claim.pid == os.getpid():
+        return False
+    try:
+        os.kill(claim.pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # it exists, under another user
+        return False
+    return False
 
 
 class StandbyEndedError(AgentError):

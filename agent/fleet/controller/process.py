@@ -53,8 +53,7 @@ from agent.fleet.rollout.records import OPERATOR_ABORT, RolloutState
 from agent.fleet.rollout.report import rollout_status
 from agent.fleet.rollout.runner import RolloutRunner
 from agent.fleet.rollout.spec import RolloutRequest, request_of
-from agent.fleet.rollout.store import RolloutStore
-from agent.fleet.rollout.store_file import StoreDamagedError, StoreFullError
+from agent.fleet.rollout.store import RolloutStore, StoreDamagedError, StoreFullError
 from agent.fleet.samples.store import SampleStore
 from agent.fleet.view.live import FleetView
 from agent.mqtt.core import PublishProperties

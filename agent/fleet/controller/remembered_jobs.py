@@ -10,8 +10,7 @@ turns the latest rollouts' device rows into :class:`~agent.fleet.view.device_rec
 
 from __future__ import annotations
 
-from agent.fleet.rollout.store import RolloutStore
-from agent.fleet.rollout.store_file import RolloutStoreError
+from agent.fleet.rollout.store import RolloutStore, RolloutStoreError
 from agent.fleet.view.device_record import MAX_JOBS, JobSeen
 
 #: Rollouts read (the latest first): enough for MAX_JOBS jobs per device in any real history.

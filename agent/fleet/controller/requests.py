@@ -37,6 +37,12 @@ class ControllerError(AgentError):
     code = "controller"
 
 
+class ModelNotUploadedError(ControllerError):
+    """A ``start`` names a model the controller's repository lacks: the caller uploads it and asks again."""
+
+    code = "model_not_uploaded"
+
+
 def answer_request(
     message: InboundMessage, topics: ControllerTopics, handle: Handler, client: ServiceClient
 ) -> None:

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from agent.fleet.base.untrusted import shown
-from agent.fleet.controller.requests import ControllerError
+from agent.fleet.controller.requests import ControllerError, ModelNotUploadedError
 from agent.fleet.deploy.manifest import check_device_ids, plan_manifest
 from agent.fleet.deploy.model_check import check_model_file
 from agent.fleet.deploy.plan import new_job_id, next_sequence
@@ -21,15 +21,15 @@ from agent.mqtt.settings import MqttSettings
 def stored_rollout(
     request: RolloutRequest, model_path: Callable[[str], Path], settings: MqttSettings, select_wait_s: float
 ) -> RolloutPlan:
-    """The rollout ``request`` asks for, ready for the store (ControllerError: the model or its
-    calibration is not in the repository; ModelFileError: no device could load it).
+    """The rollout ``request`` asks for, ready for the store (ModelNotUploadedError: the model is not
+    in the repository; ControllerError: its calibration is not; ModelFileError: no device could load it).
 
     ``model_path`` names the repository's file of a SHA-256; the fleet's retained ``up/info`` is
     collected for at most ``select_wait_s`` seconds.
     """
     model = model_path(request.model_sha256)
     if not model.is_file():
-        raise ControllerError(
+        raise ModelNotUploadedError(
             f"model {request.model_sha256} is not in the controller's repository; upload it first"
         )
     # The repository takes any uploaded bytes: a file no device can load is refused here, before

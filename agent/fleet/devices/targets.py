@@ -7,7 +7,7 @@ command prints :meth:`Targets.lines` before it sends anything, and ``--dry-run``
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from agent.errors import UsageError
@@ -82,9 +82,16 @@ def choose(rows: Sequence[DeviceRow], selector: Selector | None, explicit: Seque
 
 
 def resolve_targets(
-    settings: MqttSettings, select: str | None, explicit: Sequence[str], *, wait_s: float = 5.0
+    settings: MqttSettings,
+    select: str | None,
+    explicit: Sequence[str],
+    *,
+    wait_s: float = 5.0,
+    read_fleet: Callable[[], Sequence[DeviceRow]] | None = None,
 ) -> Targets:
     """Parse ``select`` (UsageError naming the column), collect the fleet's retained info, choose.
+
+    ``read_fleet`` collects it when given (a caller that needs the rows again reads them once).
 
     Raises UsageError when neither ``--device`` nor ``--select`` names a device, or the selection is
     empty; TransportError when the broker cannot be reached.
@@ -96,7 +103,8 @@ def resolve_targets(
             )
         return choose((), None, explicit)
     selector = parse_selector(select)  # before connecting: a typo is reported at once
-    targets = choose(collect_fleet(settings, max_wait_s=wait_s), selector, explicit)
+    rows = read_fleet() if read_fleet is not None else collect_fleet(settings, max_wait_s=wait_s)
+    targets = choose(rows, selector, explicit)
     if not targets.devices:
         message = (
             f"--select {selector}: no device matches ({targets.evaluated} device(s) with a retained "

@@ -24,8 +24,7 @@ from agent.fleet.rollout.gate import DeviceEnd
 from agent.fleet.rollout.records import DeviceStep, RolloutState
 from agent.fleet.rollout.rollback import deployed_requests
 from agent.fleet.rollout.spec import ROLLOUT_ID, RolloutRequest, ref_sha256, request_of
-from agent.fleet.rollout.store import RolloutStore
-from agent.fleet.rollout.store_file import RolloutNotFoundError
+from agent.fleet.rollout.store import RolloutNotFoundError, RolloutStore
 
 #: The event on the finished rollout naming the rollouts that roll it back.
 ROLLED_BACK_BY = "rolled_back_by"

@@ -1,6 +1,5 @@
 """What the rollout store keeps: the states of rollouts, waves and devices, their legal moves, and
-the rows read back (:mod:`agent.fleet.rollout.store` writes them, :mod:`agent.fleet.rollout.store_reads`
-reads them)."""
+the rows read back (:mod:`agent.fleet.rollout.store` writes and reads them)."""
 
 from __future__ import annotations
 

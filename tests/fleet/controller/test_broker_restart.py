@@ -22,7 +22,7 @@ from agent.demo.modelzoo import write_classifier
 from agent.fleet.controller.calls import LoopCall
 from agent.fleet.controller.client import ControllerClient, ControllerUnavailableError
 from agent.fleet.controller.config import ControllerConfig
-from agent.fleet.controller.lease_claim import read_lease
+from agent.fleet.controller.lease import read_lease
 from agent.fleet.deploy.keys import KeyPairFiles, write_keypair
 from agent.mqtt.settings import MqttSettings
 from tests.fleet.controller.loop_thread import RunningController

@@ -23,8 +23,7 @@ import pytest
 
 from agent.demo.broker import Broker
 from agent.fleet.controller.config import ControllerConfig
-from agent.fleet.controller.lease import LeaseLostError, PrefixLease
-from agent.fleet.controller.lease_claim import describe, lease_client_id, read_lease
+from agent.fleet.controller.lease import LeaseLostError, PrefixLease, describe, lease_client_id, read_lease
 from agent.fleet.controller.process import FleetController
 from agent.fleet.deploy.keys import KeyPairFiles, load_signing_key, write_keypair
 from agent.protocol.messages import ControllerLease, decode

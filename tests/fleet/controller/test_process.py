@@ -83,13 +83,7 @@ def _request(model: Path, devices: list[str], **fields: Any) -> dict[str, Any]:
 
 def _start(settings: MqttSettings, model: Path, body: dict[str, Any]) -> dict[str, Any]:
     with ControllerClient(settings, timeout=20) as client:
-        try:
-            return client.request("start", body)
-        except RequestRefusedError as exc:
-            if "upload it first" not in exc.reason:
-                raise
-            client.upload(model, body["model_sha256"])
-            return client.request("start", body)
+        return client.start(body, model)
 
 
 def _status(settings: MqttSettings, rollout_id: str) -> dict[str, Any]:

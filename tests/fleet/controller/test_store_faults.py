@@ -29,8 +29,7 @@ from agent.fleet.deploy.keys import KeyPairFiles, load_signing_key, write_keypai
 from agent.fleet.rollout.records import DeviceStep, RolloutPlan
 from agent.fleet.rollout.runner import RolloutRunner
 from agent.fleet.rollout.spec import RolloutRequest
-from agent.fleet.rollout.store import RolloutStore
-from agent.fleet.rollout.store_file import WAL_LIMIT_BYTES, StoreFullError
+from agent.fleet.rollout.store import WAL_LIMIT_BYTES, RolloutStore, StoreFullError
 from agent.fsutil import sha256_file
 from agent.mqtt.settings import MqttSettings
 from agent.signing import load_public_key

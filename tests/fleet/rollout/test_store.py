@@ -14,8 +14,13 @@ import pytest
 
 from agent.fleet.rollout.gate import DeviceEnd
 from agent.fleet.rollout.records import DeviceStep, RolloutPlan, RolloutState, WaveState
-from agent.fleet.rollout.store import RolloutStore
-from agent.fleet.rollout.store_file import SCHEMA_VERSION, OverlapError, RolloutStoreError, StoreDamagedError
+from agent.fleet.rollout.store import (
+    SCHEMA_VERSION,
+    OverlapError,
+    RolloutStore,
+    RolloutStoreError,
+    StoreDamagedError,
+)
 from agent.transitions import IllegalTransitionError
 from tests.waiting import patient
 

@@ -17,9 +17,9 @@ from structlog.testing import capture_logs
 
 from agent.fleet.rollout.gate import DeviceEnd
 from agent.fleet.rollout.records import DeviceStep, RolloutPlan, RolloutState, WaveState
-from agent.fleet.rollout.store import RolloutStore
-from agent.fleet.rollout.store_file import (
+from agent.fleet.rollout.store import (
     WAL_LIMIT_BYTES,
+    RolloutStore,
     RolloutStoreError,
     StoreDamagedError,
     StoreFullError,
