@@ -38,11 +38,11 @@ from agent.mqtt.link import MqttLink
 from agent.platform import detect_platform
 from agent.protocol.command_args import CalibrateArgs, EvidenceArgs, LogsArgs, SnapshotArgs
 from agent.protocol.topics import Topics
-from agent.runtime.evidence import EvidenceCommand, EvidenceStore
-from agent.runtime.fleet_engines import fleet_cache_for
-from agent.runtime.models import SlotModels
-from agent.runtime.slot import ModelSlot, SlotState
-from agent.runtime.snapshot_command import SnapshotCommand
+from agent.runtime.frames.snapshot_command import SnapshotCommand
+from agent.runtime.slots.evidence import EvidenceCommand, EvidenceStore
+from agent.runtime.slots.models.choice import SlotModels
+from agent.runtime.slots.models.fleet_engines import fleet_cache_for
+from agent.runtime.slots.slot import ModelSlot, SlotState
 from agent.spool import Spool
 from agent.state import StateFile
 from agent.state_lock import StateDirLock
