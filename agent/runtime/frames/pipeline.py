@@ -22,11 +22,11 @@ import numpy as np
 import numpy.typing as npt
 import structlog
 
+from agent.camera.gpu_preprocess import GpuPreprocessor
 from agent.camera.preprocess import preprocess, resize_fit
 from agent.camera.preprocess_spec import PreprocessSpec
 from agent.errors import AgentError
 from agent.liveness import CallWatch
-from agent.runtime.frames.gpu_preprocess import GpuPreprocessor
 from agent.runtime.frames.outbox import OrderedOutbox
 from agent.runtime.frames.publish_stage import PublishStage
 from agent.runtime.frames.snapshots import SnapshotBoard

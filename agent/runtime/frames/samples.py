@@ -29,12 +29,12 @@ import numpy as np
 import numpy.typing as npt
 import structlog
 
+from agent.camera.jpeg import encode_jpeg
 from agent.config.models import SamplesConfig
 from agent.errors import AgentError
 from agent.protocol.messages import ResultMessage
 from agent.protocol.results import ClassScore, Detection, Prediction
 from agent.protocol.samples import SampleMessage, SampleReason
-from agent.runtime.frames.snapshot_command import encode_jpeg
 from agent.runtime.slots.evidence import bounded_prediction
 
 #: Frames waiting to be encoded; the rate bounds how many arrive, this bounds a stalled publisher.

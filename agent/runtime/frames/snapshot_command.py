@@ -15,23 +15,15 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
-import cv2
-import numpy as np
-import numpy.typing as npt
-
+from agent.camera.jpeg import SnapshotTooLargeError, encode_jpeg
 from agent.config.models import SnapshotConfig
 from agent.errors import AgentError
 from agent.protocol.command_args import SnapshotArgs
 from agent.protocol.messages import CommandReply, encode
 from agent.runtime.frames.snapshots import Snapshot
 
-#: Qualities tried after the configured one, in order, before the image is made smaller.
-_FALLBACK_QUALITIES = (70, 50, 30, 15)
-#: Below this longest side a smaller image would say nothing: the budget is too small.
-_MIN_SIDE = 16
 #: Bytes kept free in the reply for the JSON around the base64 text (keys, quotes, msg_id).
 _REPLY_SLACK = 512
 _WINDOW_S = 60.0
@@ -53,53 +45,6 @@ class WrongStreamError(AgentError):
     """The request names a stream the device does not have."""
 
     code = "wrong_stream"
-
-
-class SnapshotTooLargeError(AgentError):
-    """Even the smallest, lowest-quality JPEG does not fit the byte budget."""
-
-    code = "snapshot_too_large"
-
-
-@dataclass(frozen=True)
-class Jpeg:
-    """An encoded frame: its bytes, size and the quality it took to fit."""
-
-    data: bytes
-    width: int
-    height: int
-    quality: int
-
-
-def encode_jpeg(image: npt.NDArray[np.uint8], max_dimension: int, max_bytes: int, quality: int) -> Jpeg:
-    """``image`` (BGR) as a JPEG of at most ``max_dimension`` a side and ``max_bytes`` bytes.
-
-    Scaled down (area interpolation) to ``max_dimension`` first; then quality steps down from
-    ``quality``, then the size halves, until it fits. Raises SnapshotTooLargeError when even a
-    ``_MIN_SIDE`` pixel image at the lowest quality does not.
-    """
-    height, width = image.shape[:2]
-    qualities = [quality, *(q for q in _FALLBACK_QUALITIES if q < quality)]
-    scale = min(1.0, max_dimension / max(height, width))
-    small: npt.NDArray[Any] = image
-    smallest = 0
-    while True:
-        size = (max(1, round(width * scale)), max(1, round(height * scale)))
-        if size != (small.shape[1], small.shape[0]):
-            small = cv2.resize(small, size, interpolation=cv2.INTER_AREA)
-        for q in qualities:
-            ok, buffer = cv2.imencode(".jpg", small, [cv2.IMWRITE_JPEG_QUALITY, q])
-            if not ok:
-                raise SnapshotTooLargeError("the frame could not be encoded as JPEG")
-            smallest = len(buffer)
-            if len(buffer) <= max_bytes:
-                return Jpeg(buffer.tobytes(), size[0], size[1], q)
-        if max(size) <= _MIN_SIDE:
-            raise SnapshotTooLargeError(
-                f"a {size[0]}x{size[1]} JPEG at quality {qualities[-1]} takes {smallest} bytes, over the "
-                f"budget of {max_bytes}: raise snapshot.max_bytes (or mqtt.max_payload_bytes)"
-            )
-        scale = max(_MIN_SIDE / max(height, width), scale / 2)
 
 
 class SnapshotCommand:

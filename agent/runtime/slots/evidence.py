@@ -31,11 +31,11 @@ import cv2
 import numpy as np
 import numpy.typing as npt
 
+from agent.camera.jpeg import SnapshotTooLargeError, encode_jpeg
 from agent.errors import AgentError
 from agent.protocol.command_args import EvidenceArgs
 from agent.protocol.messages import CommandReply, EvidenceSummary, encode
 from agent.protocol.results import Prediction
-from agent.runtime.frames.snapshot_command import SnapshotTooLargeError, encode_jpeg
 
 #: Classes, boxes and tensor values kept of each model's output per frame (the rest is cut).
 _MAX_CLASSES = 5

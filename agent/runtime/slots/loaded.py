@@ -11,11 +11,11 @@ from pathlib import Path
 import structlog
 
 from agent.backends.base import ProviderRequest, Runner
+from agent.camera.gpu_preprocess import GpuPreprocessor, PreprocessChoice
 from agent.camera.preprocess_spec import PreprocessSpec
 from agent.engines.spec import BuildSpec
 from agent.postprocess.runner import Postprocessor
 from agent.protocol.messages import ModelRef, RunsInfo
-from agent.runtime.frames.gpu_preprocess import GpuPreprocessor, PreprocessChoice
 from agent.runtime.slots.health import ModelHealth
 from agent.transitions import TransitionTable
 
@@ -136,7 +136,7 @@ class LoadedModel:
     #: Frames this engine inferred (its share of the slot's frames).
     frames: int = 0
     #: Set when frames for this engine are preprocessed on the GPU by the inference worker
-    #: (agent.runtime.frames.gpu_preprocess); None: the capture threads preprocess them on the CPU.
+    #: (agent.camera.gpu_preprocess); None: the capture threads preprocess them on the CPU.
     gpu_preprocessor: GpuPreprocessor | None = None
     #: Where this engine's frames are preprocessed and why, as up/info shows it.
     preprocess_choice: PreprocessChoice = field(

@@ -338,11 +338,11 @@ def test_a_hot_swap_of_a_three_engine_slot_loses_no_frame_and_never_mixes_versio
 
 
 class _CpuStandInForGpuPreprocessing:
-    """Stands in for :class:`agent.runtime.frames.gpu_preprocess.GpuPreprocessor` (no GPU on this machine).
+    """Stands in for :class:`agent.camera.gpu_preprocess.GpuPreprocessor` (no GPU on this machine).
 
     Same ``batch`` contract, computed with the CPU path, so the pipeline's GPU branch (capture leaves
     frames as decoded, the inference worker fills the batch) runs here; the GPU kernel itself is
-    checked against the CPU path by the ``gpu`` tests in tests/runtime/frames/test_gpu_preprocess.py.
+    checked against the CPU path by the ``gpu`` tests in tests/camera/test_gpu_preprocess.py.
     """
 
     def __init__(self, spec: PreprocessSpec) -> None:

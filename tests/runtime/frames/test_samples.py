@@ -11,13 +11,13 @@ import cv2
 import numpy as np
 import pytest
 
+from agent.camera.jpeg import SnapshotTooLargeError
 from agent.config.changes import ConfigChange, needs_restart
 from agent.config.models import SamplesConfig, SlotConfig
 from agent.protocol.messages import decode, encode
 from agent.protocol.results import ClassScore, Detection, Prediction
 from agent.protocol.samples import SampleMessage
 from agent.runtime.frames.samples import SamplePublisher, Sampler, sample_reason
-from agent.runtime.frames.snapshot_command import SnapshotTooLargeError
 from agent.telemetry.metrics import Metrics
 from tests.sample_results import result
 

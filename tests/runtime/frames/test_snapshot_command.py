@@ -11,6 +11,7 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
+from agent.camera.jpeg import SnapshotTooLargeError, encode_jpeg
 from agent.config.models import SnapshotConfig
 from agent.protocol.command_args import SnapshotArgs
 from agent.protocol.messages import ModelRef, ResultMessage
@@ -19,9 +20,7 @@ from agent.runtime.frames.snapshot_command import (
     NoFrameError,
     RateLimitedError,
     SnapshotCommand,
-    SnapshotTooLargeError,
     WrongStreamError,
-    encode_jpeg,
 )
 from agent.runtime.frames.snapshots import Snapshot, SnapshotBoard
 

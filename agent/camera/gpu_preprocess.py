@@ -9,21 +9,17 @@ padding, channel order, ``x * gain - bias`` and the layout (NCHW/NHWC) and dtype
 (float32/float16/uint8). The batch tensor it fills is the engine's input buffer: the TensorRT runner
 takes its device address as is (:func:`agent.backends.cuda.device_array`).
 
-Why CuPy: it is already on the lent GPU machine and installs on a Jetson from a wheel
-(``cupy-cuda12x``), its ``RawKernel`` compiles CUDA C through NVRTC at first use (no compiler on
-the device), and its arrays speak ``__cuda_array_interface__``, so no glue is needed to hand the
-result to TensorRT. CV-CUDA does the same operators prebuilt, but its ~125 MB wheel could not be
-carried to the GPU test machine; NVRTC through cuda-python (already a dependency of the TensorRT
-backend) would work too but means writing module loading, launch and memory management by hand.
-CuPy is an optional dependency (the ``gpu-preprocess`` extra); without it the slot keeps the CPU
-path and ``up/info`` says why (:func:`preprocess_choice`).
+Why CuPy: it installs on a Jetson from a wheel (``cupy-cuda12x``), its ``RawKernel`` compiles CUDA C
+through NVRTC at first use (no compiler on the device), and its arrays speak
+``__cuda_array_interface__``, so the result goes to TensorRT without glue. CuPy is an optional
+dependency (the ``gpu-preprocess`` extra); without it the slot keeps the CPU path and ``up/info``
+says why (:func:`preprocess_choice`).
 
 Tolerance against the CPU path: the resized pixel equals OpenCV's on x86 (same taps, same integer
 formula; OpenCV's ARM HAL may differ by one grey level), so values differ by at most one grey level
 times the gain, plus float rounding (float32: 1e-5 relative; float16: one half-precision step).
 
-``cupy`` is imported lazily (only engines/ and backends/ import GPU libraries): this module
-imports everywhere.
+``cupy`` is imported lazily, so this module imports on a machine without it.
 """
 
 from __future__ import annotations

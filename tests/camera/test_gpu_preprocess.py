@@ -19,10 +19,7 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-from agent.camera.preprocess import channel_gain_bias, preprocess
-from agent.camera.preprocess_spec import PreprocessSpec
-from agent.errors import EngineError
-from agent.runtime.frames.gpu_preprocess import (
+from agent.camera.gpu_preprocess import (
     BLOCK,
     GpuPreprocessor,
     cupy_status,
@@ -32,7 +29,10 @@ from agent.runtime.frames.gpu_preprocess import (
     launch_grid,
     preprocess_choice,
 )
-from tests.runtime.frames import kernel_on_cpu
+from agent.camera.preprocess import channel_gain_bias, preprocess
+from agent.camera.preprocess_spec import PreprocessSpec
+from agent.errors import EngineError
+from tests.camera import kernel_on_cpu
 from tests.waiting import patient
 
 IMAGENET = {"mean": (0.485, 0.456, 0.406), "std": (0.229, 0.224, 0.225)}
@@ -150,7 +150,7 @@ CASES = [
 def test_the_kernel_source_run_on_the_cpu_equals_the_cpu_path_exactly(
     height: int, width: int, fields: dict[str, Any], tmp_path: Path
 ) -> None:
-    """The CUDA source itself, compiled as C++ (tests/runtime/frames/kernel_on_cpu.py): arithmetic, taps,
+    """The CUDA source itself, compiled as C++ (tests/camera/kernel_on_cpu.py): arithmetic, taps,
     padding, channel order, layout and dtype equal agent.camera.preprocess bit for bit."""
     if kernel_on_cpu.compiler() is None:
         pytest.skip("g++ missing: apt-get install g++")
@@ -208,7 +208,7 @@ def test_gpu_tensor_equals_the_cpu_path(height: int, width: int, fields: dict[st
 def test_1080p_into_640x640_timings_cpu_path_vs_gpu_path() -> None:
     """The issue's figure, in one run: CPU path ms vs GPU path host ms and GPU (event) ms, as JSON."""
     # The bench script itself, as it is run there by hand: one JSON line.
-    root = Path(__file__).parents[3]
+    root = Path(__file__).parents[2]
     # The script's own directory is its sys.path[0]: the checkout's agent/ comes from PYTHONPATH.
     paths = [str(root), os.environ.get("PYTHONPATH", "")]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in paths if p)}

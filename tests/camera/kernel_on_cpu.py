@@ -1,7 +1,7 @@
 """The GPU preprocessing kernel's CUDA source compiled as C++ and run on the CPU (no GPU here).
 
 Stands in for the GPU, which this machine lacks: the very source string the agent hands to NVRTC
-(:func:`agent.runtime.frames.gpu_preprocess.kernel_source`) is compiled with g++ after a few textual
+(:func:`agent.camera.gpu_preprocess.kernel_source`) is compiled with g++ after a few textual
 stand-ins for CUDA built-ins (``blockIdx``/``threadIdx`` set by a loop over every block and thread
 of the launch grid, ``__fmul_rn``/``__fsub_rn`` as separately rounded float operations, the PTX
 half conversion as a C++ ``_Float16`` cast, both round-to-nearest-even). What it checks is the
@@ -21,10 +21,10 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from agent.camera.gpu_preprocess import BLOCK, item_shape, kernel_source, launch_grid
 from agent.camera.linear_taps import linear_taps
 from agent.camera.preprocess import channel_gain_bias, channel_sources, resize_fit
 from agent.camera.preprocess_spec import PreprocessSpec
-from agent.runtime.frames.gpu_preprocess import BLOCK, item_shape, kernel_source, launch_grid
 from tests.waiting import patient
 
 _PRELUDE = r"""
