@@ -1,11 +1,11 @@
 """How many inference workers a slot runs, decided once from its config, streams and the machine.
 
 Pure: the composition root passes in what it knows and gets back a number with the reason, which is
-logged and shown in status. Measured in ``bench/pipeline.py`` on two cores (a MobileNet-sized model,
-640x480 video): one single-threaded ONNX Runtime run per core, side by side, beats one run spread
-over every core, because a run's own threads wait on each other at every operator while two
-independent runs never do. The price is latency: one frame takes a whole single-threaded run. So the
-throughput layout is chosen only where nothing waits on a single frame: unpaced files.
+logged and shown in status. One single-threaded ONNX Runtime run per core, side by side, beats one
+run spread over every core (``bench/pipeline.py`` compares them), because a run's own threads wait
+on each other at every operator while two independent runs never do. The price is latency: one
+frame takes a whole single-threaded run. So the throughput layout is chosen only where nothing waits
+on a single frame: unpaced files.
 """
 
 from __future__ import annotations
@@ -22,9 +22,8 @@ from agent.config import SlotConfig, StreamConfig
 MAX_AUTO_WORKERS = 4
 
 #: Throughput layout: results the publisher waits for before it is woken (:mod:`agent.runtime.frames.outbox`).
-#: Nothing waits on a single result of an unpaced file, and a wake-up per result cost more CPU than
-#: publishing it on two busy cores; 4 and 8 measured alike within the noise (bench/pipeline.py
-#: heavy case).
+#: Nothing waits on a single result of an unpaced file, and on busy cores a wake-up per result costs
+#: more CPU than publishing it.
 THROUGHPUT_PUBLISH_WAKE = 4
 
 _CPU = "CPUExecutionProvider"

@@ -10,16 +10,13 @@ Bounded: a worker waits while the outbox is full, and so applies back-pressure t
 drop policy then drops frames of a live camera as ``queue_full``, or slows a file source down). The
 one exception is the next batch while nothing is ready to take: the publisher could not make progress
 without it (a full outbox of later batches would deadlock the workers), so it always enters. The
-bound is therefore ``capacity`` plus one batch. (The next batch used to enter unconditionally; with
-one inference worker every batch is the next one, so the bound never held and a publisher slowed by
-the spool's fsyncs let the outbox, and the frames its items hold, grow by gigabytes: issue 8.)
+bound is therefore ``capacity`` plus one batch, so a publisher slowed by the spool's fsyncs cannot
+let the outbox, and the frames its items hold, grow without end.
 
 ``wake_at``: how many ready items wake the publisher. 1 (the default) publishes each result as soon
 as it is in. Where no one waits on a single result (a slot fed by unpaced files only,
-:mod:`agent.runtime.frames.layout`), a few at a time: on two cores busy with inference, each wake-up of the
-publisher preempted an inference thread and ran on cold caches, and cost more than publishing the
-result (bench/pipeline.py heavy case: the publish thread's CPU per frame 0.43-0.54 -> 0.26-0.35 ms,
-and fewer wake-ups of the MQTT network thread; docs/operations.md). A take that times out still
+:mod:`agent.runtime.frames.layout`), a few at a time: on cores busy with inference, each wake-up of
+the publisher preempts an inference thread and runs on cold caches. A take that times out still
 takes what is ready, close wakes it, and a full outbox wakes it whatever it holds, so ``wake_at``
 delays a result by the publisher's poll interval at most.
 """

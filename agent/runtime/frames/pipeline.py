@@ -47,7 +47,7 @@ log = structlog.get_logger(__name__)
 
 _POLL_S = 0.1
 #: What an inferred frame keeps instead of its image and tensor: the publisher needs neither, and
-#: holding them while results wait for the spool is what made memory grow (issue 8).
+#: holding them while results wait for the spool would let memory grow with the queue.
 _RELEASED_IMAGE: npt.NDArray[np.uint8] = np.zeros((0, 0, 3), np.uint8)
 _RELEASED_TENSOR: npt.NDArray[Any] = np.zeros((0,), np.float32)
 

@@ -104,9 +104,8 @@ class SlotInbox(StageQueue, Generic[T]):
 
         A producer waiting on a full ``process_all`` lane is woken once that lane is down to half its
         capacity, not at the first free place: it then decodes several frames in one go instead of
-        one per wake-up. On two cores busy with inference each wake-up preempts an inference thread
-        and runs on cold caches (bench/pipeline.py heavy case: the capture thread's CPU per frame
-        -0.1 to -0.2 ms, docs/operations.md).
+        one per wake-up. On cores busy with inference each wake-up preempts an inference thread and
+        runs on cold caches.
         """
         with self._cond:
             if not self._count:
