@@ -69,8 +69,8 @@ from agent.mqtt.settings import MqttSettings
 from agent.postprocess.runner import Postprocessor
 from agent.postprocess.spec import ClassificationSpec
 from agent.protocol.messages import ModelRef, ResultMessage
-from agent.runtime.samples import SamplePublisher, Sampler, sample_reason
-from agent.runtime.snapshots import SnapshotBoard
+from agent.runtime.frames.samples import SamplePublisher, Sampler, sample_reason
+from agent.runtime.frames.snapshots import SnapshotBoard
 from agent.spool.queue import Spool
 
 

@@ -8,7 +8,7 @@ to fail:
     packages: the imports between packages go one way;
 (a') the same inside the operator side: its rooms (the sub-packages of ``agent/fleet/``, listed in
     :data:`FLEET_ROOMS`) import each other one way only, every module of it lives in a room, and
-    each room's ``__init__.py`` says its purpose;
+    each room's ``__init__.py`` says its purpose; and inside the device's runtime (:data:`RUNTIME_ROOMS`);
 (b) no circle between files;
 (c) ``agent/config*`` imports only the ground floor, and the ground floor imports only itself;
 (d) only the paho core imports ``paho``;
@@ -86,6 +86,11 @@ FLEET_ROOMS = (
     "controller",
     "cli",
 )
+
+#: The device's runtime, whose rooms follow the same rules, lowest first: the frame path runs the
+#: slots' models, so ``frames`` imports ``slots`` and never the other way.
+RUNTIME = "agent.runtime"
+RUNTIME_ROOMS = ("slots", "frames")
 
 
 @dataclass(frozen=True)
@@ -371,6 +376,28 @@ def test_no_circle_through_rooms_of_the_operator_side(agent_imports: list[Import
     assert not circles, "rooms of agent/fleet/ in a circle:\n" + "\n".join(
         "    " + ", ".join(sorted(c)) for c in circles
     )
+
+
+def test_the_runtime_is_rooms_importing_one_way_each_with_its_purpose(agent_imports: list[Import]) -> None:
+    runtime_dir = AGENT_DIR / "runtime"
+    assert package_cycles(agent_imports, RUNTIME) == {}
+    assert package_circles(agent_imports, RUNTIME) == []
+    assert loose_modules(module_files(AGENT_DIR), RUNTIME) == [], "modules of agent/runtime/ outside a room"
+    assert sorted(p.parent.name for p in runtime_dir.glob("*/__init__.py")) == sorted(RUNTIME_ROOMS)
+    assert rooms_without_purpose(runtime_dir) == []
+    assert rooms_without_purpose(runtime_dir / "slots") == []
+    order = {f"{RUNTIME}.{room}": i for i, room in enumerate(RUNTIME_ROOMS)}
+    upward = [imp for a, b, imp in _within(agent_imports, RUNTIME) if order[b] > order[a]]
+    assert upward == [], "runtime rooms importing a room listed after them:\n" + "\n".join(map(str, upward))
+    # Inside slots, what every slot runs (slots.models) builds on the slot, never the other way.
+    inward = [
+        imp
+        for imp in agent_imports
+        if imp.importer.count(".") == 3
+        and imp.importer.startswith(f"{RUNTIME}.slots.")
+        and imp.target.startswith(f"{RUNTIME}.slots.models")
+    ]
+    assert inward == [], "\n".join(map(str, inward))
 
 
 def test_the_operator_side_is_all_rooms_each_with_its_purpose(agent_imports: list[Import]) -> None:

@@ -26,9 +26,9 @@ from agent.protocol.messages import (
     TelemetryMessage,
 )
 from agent.protocol.topics import Topics
-from agent.runtime.loaded import runs_of_model
-from agent.runtime.models import SlotModels
-from agent.runtime.slot import ModelSlot
+from agent.runtime.slots.loaded import runs_of_model
+from agent.runtime.slots.models.choice import SlotModels
+from agent.runtime.slots.slot import ModelSlot
 from agent.telemetry import Metrics
 from agent.telemetry.prometheus import TelemetryEndpoint
 

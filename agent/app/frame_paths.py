@@ -21,12 +21,12 @@ from agent.config import AgentConfig
 from agent.machine.cpus import usable_cpus
 from agent.mqtt.link import MqttLink
 from agent.protocol.topics import Topics
-from agent.runtime.layout import Layout, slot_layout
-from agent.runtime.pipeline import SlotPipeline
-from agent.runtime.samples import SamplePublisher, Sampler
-from agent.runtime.slot import ModelSlot
-from agent.runtime.snapshots import Snapshot
-from agent.runtime.stage_items import StreamPlan
+from agent.runtime.frames.layout import Layout, slot_layout
+from agent.runtime.frames.pipeline import SlotPipeline
+from agent.runtime.frames.samples import SamplePublisher, Sampler
+from agent.runtime.frames.snapshots import Snapshot
+from agent.runtime.frames.stage_items import StreamPlan
+from agent.runtime.slots.slot import ModelSlot
 from agent.telemetry import Metrics
 
 log = structlog.get_logger(__name__)

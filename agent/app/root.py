@@ -38,11 +38,11 @@ from agent.machine.platform import detect_platform
 from agent.mqtt.link import MqttLink
 from agent.protocol.command_args import CalibrateArgs, EvidenceArgs, LogsArgs, SnapshotArgs
 from agent.protocol.topics import Topics
-from agent.runtime.evidence import EvidenceCommand, EvidenceStore
-from agent.runtime.fleet_engines import fleet_cache_for
-from agent.runtime.models import SlotModels
-from agent.runtime.slot import ModelSlot, SlotState
-from agent.runtime.snapshot_command import SnapshotCommand
+from agent.runtime.frames.snapshot_command import SnapshotCommand
+from agent.runtime.slots.evidence import EvidenceCommand, EvidenceStore
+from agent.runtime.slots.models.choice import SlotModels
+from agent.runtime.slots.models.fleet_engines import fleet_cache_for
+from agent.runtime.slots.slot import ModelSlot, SlotState
 from agent.spool.queue import Spool
 from agent.state.file import StateFile
 from agent.state.lock import StateDirLock

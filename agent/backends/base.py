@@ -39,7 +39,7 @@ class TensorSpec:
 #: the thread count is left to the agent (``intra_op_threads: 0``). Splitting a sub-millisecond run
 #: over every core costs more in thread wake-ups than it saves, and those cores are what the capture
 #: threads need to decode the next frames (measured in bench/pipeline.py: the "tiny" case).
-#: A slot fed by unpaced files also keeps such a model on one inference worker (agent.runtime.layout).
+#: A slot fed by unpaced files also keeps such a model on one inference worker (agent.runtime.frames.layout).
 SMALL_MODEL_MS = 1.5
 
 #: An ONNX Runtime provider: a name, or ``(name, options)``.

@@ -1,1 +1,1 @@
-"""Camera sources, frame transforms and the frame type."""
+"""Camera sources, frame transforms (on the CPU, on the GPU, to JPEG) and the frame type."""

@@ -1,7 +1,7 @@
 """Does a model's input fit a slot's preprocessing? Pure checks on tensor specs, no framework.
 
 Shared by delivery (checked on the ONNX graph before anything is built) and by
-:func:`agent.runtime.slot.validate_candidate` (checked on the loaded runner), so both refuse the
+:func:`agent.runtime.slots.slot.validate_candidate` (checked on the loaded runner), so both refuse the
 same models with the same words. It lives with the preprocessing it checks against, below both
 users: delivery must not import runtime, which imports delivery's job steps.
 """

@@ -9,7 +9,7 @@ A float bilinear kernel differs from it by one grey level on a sizeable share of
 
 :func:`linear_taps` computes, per output column and row, the two source indices and the two
 integer weights; :func:`blend` is that fixed-point formula. The GPU preprocessing kernel
-(:mod:`agent.engines.gpu_preprocess`) gathers with the same tables and the same formula, and the
+(:mod:`agent.camera.gpu_preprocess`) gathers with the same tables and the same formula, and the
 tests check a numpy gather with these tables against ``cv2.resize`` bit for bit (x86 OpenCV; on
 ARM OpenCV's carotene HAL may round differently by one level, which the stated tolerance covers).
 """

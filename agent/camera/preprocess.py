@@ -100,7 +100,7 @@ class ResizeFit:
     """Where the resized frame lands in the model input: ``new_w x new_h`` pixels at ``left, top``.
 
     The rest of the input is padding (letterbox only). Both the CPU path and the GPU path
-    (:mod:`agent.engines.gpu_preprocess`) take their geometry from :func:`resize_fit`, so they agree.
+    (:mod:`agent.camera.gpu_preprocess`) take their geometry from :func:`resize_fit`, so they agree.
     """
 
     new_w: int

@@ -4,7 +4,8 @@ Both are optional per manifest (docs/protocol.md, "Shadow and probation"). The s
 many live frames the candidate runs beside the serving model, how much it must agree with it and how
 much slower it may be; the probation bars say how far the new model's live health may fall from the
 baseline the old model set before the swap. These are plain settings models (ground-floor style):
-the runtime does the measuring, :mod:`agent.runtime.agreement` and :mod:`agent.runtime.health` judge.
+the runtime does the measuring, :mod:`agent.runtime.slots.agreement` and
+:mod:`agent.runtime.slots.health` judge.
 """
 
 from __future__ import annotations

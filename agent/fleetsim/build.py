@@ -14,8 +14,8 @@ a stand-in engine file of a few kilobytes is stored. Everything around the sleep
   the manifest shares engines, the device asks the real controller, checks the signed record and
   downloads the files through the chunked MQTT pull; otherwise it "builds", and once the job is
   ACTIVE through shadow and probation it offers the engine (:meth:`SimBuilds.offer_when_active`),
-  as :func:`agent.runtime.fleet_engines.offer_when_active` does for the real runtime; a device told
-  that another device builds the key waits for it (build claims, docs/engines.md);
+  as :func:`agent.runtime.slots.models.fleet_engines.offer_when_active` does for the real runtime;
+  a device told that another device builds the key waits for it (build claims, docs/engines.md);
 * at start-up (after an "upgrade"), a model from a sharing deployment asks the fleet the same way
   while its ONNX model serves, and an engine built here is offered after its start-up job
   (:mod:`agent.engines.fleet_startup`) passed its shadow and probation stand-ins.

@@ -1,10 +1,10 @@
 """The simulated model loop: a slot that "loads" at once and reports the figures the scenario dictates.
 
-A stand-in for :class:`agent.runtime.models.SlotModels` behind the delivery service's seam (the
+A stand-in for :class:`agent.runtime.slots.models.choice.SlotModels` behind the delivery service's seam (the
 ``activate``, ``rollback``, ``slot_specs`` and ``protected_models`` callables that
 :mod:`agent.app.root` wires to the real runtime). No engine is built and no frame runs: a delivered
 model becomes the slot's model at once, after the guard phases the manifest asks for, which behave
-as the real ones (:mod:`agent.runtime.guarded`) end:
+as the real ones (:mod:`agent.runtime.slots.guarded`) end:
 
 * ``shadow``: SHADOW is entered, figures are reported (agreement 0.97, latency ratio 1.05, or the
   device's unhealthy figure: agreement 0.5, latency ratio 3.0) and judged against the manifest's

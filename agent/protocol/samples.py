@@ -1,7 +1,7 @@
 """The ``up/samples`` message: one frame kept for retraining, with the model's prediction of it.
 
 A device publishes these only when the operator turned ``samples.enabled`` on for the slot
-(:mod:`agent.runtime.samples`); the controller keeps them in a bounded store
+(:mod:`agent.runtime.frames.samples`); the controller keeps them in a bounded store
 (:mod:`agent.fleet.samples.store`) and ``edge-agent fleet samples export`` writes them as a dataset.
 """
 

@@ -1,1 +1,1 @@
-"""Model slots, hot-swap and the frame pipeline."""
+"""The device's model slots and the frame path that runs them, in two rooms: ``frames`` and ``slots``."""

@@ -18,10 +18,10 @@ from agent.camera.source import VideoSource
 from agent.camera.source_spec import SyntheticSourceSpec
 from agent.postprocess.spec import ClassificationSpec
 from agent.protocol.messages import ResultMessage
-from agent.runtime.loaded import EngineReport, ModelSource
-from agent.runtime.pipeline import SlotPipeline
-from agent.runtime.slot import ModelSlot
-from agent.runtime.stage_items import StreamPlan
+from agent.runtime.frames.pipeline import SlotPipeline
+from agent.runtime.frames.stage_items import StreamPlan
+from agent.runtime.slots.loaded import EngineReport, ModelSource
+from agent.runtime.slots.slot import ModelSlot
 from agent.selftest.run import CPU_STAND_INS, INPUT_SIZE, SelfTestRun
 from agent.selftest.step import Passed, StepFailure
 from agent.telemetry import Metrics

@@ -1,6 +1,6 @@
 """The INTER_LINEAR taps: a numpy gather with them equals ``cv2.resize`` bit for bit.
 
-This is what lets the GPU kernel (agent/engines/gpu_preprocess.py), which gathers with the same
+This is what lets the GPU kernel (agent/camera/gpu_preprocess.py), which gathers with the same
 tables and the same fixed-point formula, match the CPU path exactly rather than within a float
 bilinear's one-grey-level error on many pixels.
 """

@@ -2,7 +2,7 @@
 
 The slot is the delivery stack's stand-in (tests/delivery/delivery_stack.py) driven by a script that
 talks to the job through ``request.guard`` exactly as the runtime does; the runtime side runs for
-real in tests/runtime/test_guarded.py.
+real in tests/runtime/slots/test_guarded.py.
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ from agent.delivery.guard import ShadowSpec
 from agent.fleet.devices.command import send_command
 from agent.fleet.devices.evidence import fetch_evidence, save_evidence
 from agent.protocol.messages import JobState
-from agent.runtime.evidence import EvidenceBounds
+from agent.runtime.slots.evidence import EvidenceBounds
 from tests.e2e.fleet_rig import Fleet, final_status, finish, operator_settings
 from tests.mqtt_probe import Probe
 from tests.runtime.models import write_swapped_classes

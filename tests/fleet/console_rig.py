@@ -41,9 +41,9 @@ from agent.protocol.messages import (
 )
 from agent.protocol.results import ClassScore, Detection, Prediction
 from agent.protocol.topics import Topics
-from agent.runtime.evidence import EvidenceCommand, EvidenceStore
-from agent.runtime.snapshot_command import SnapshotCommand
-from agent.runtime.snapshots import SnapshotBoard
+from agent.runtime.frames.snapshot_command import SnapshotCommand
+from agent.runtime.frames.snapshots import SnapshotBoard
+from agent.runtime.slots.evidence import EvidenceCommand, EvidenceStore
 
 
 def status(prefix: str, device: str, state: str = "online", session: int = 1) -> tuple[str, bytes]:

@@ -22,7 +22,7 @@ from agent.fleet.rollout.store import RolloutStore
 from agent.fleet.view.live import FleetView
 from agent.protocol.command_args import EvidenceArgs
 from agent.protocol.messages import CommandReply
-from agent.runtime.evidence import EvidenceCommand, EvidenceStore
+from agent.runtime.slots.evidence import EvidenceCommand, EvidenceStore
 from tests.fleet.console_rig import EVIDENCE_CLASSES, StoreActions, feed, fleet_messages, new_store
 
 PREFIX = "fleet/v1"

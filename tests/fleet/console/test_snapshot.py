@@ -22,7 +22,7 @@ from agent.fleet.console import make_console_app
 from agent.fleet.devices.command import NoReplyError
 from agent.fleet.rollout.store import RolloutStore
 from agent.fleet.view.live import FleetView
-from agent.runtime.snapshot_command import RateLimitedError
+from agent.runtime.frames.snapshot_command import RateLimitedError
 from tests.fleet.console_rig import StoreActions, feed, fleet_messages, new_store
 from tests.waiting import patient
 

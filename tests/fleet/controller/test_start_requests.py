@@ -14,11 +14,11 @@ import pytest
 
 import agent.fleet.devices.targets
 import agent.fleet.view.status
+from agent.demo.broker import Broker
 from agent.fleet.controller import start_request
 from agent.fleet.controller.requests import ModelNotUploadedError
 from agent.fleet.deploy.keys import KeyPairFiles
 from agent.fleet.view.status import DeviceRow
-from agent.localbroker import Broker
 from agent.mqtt.settings import MqttSettings
 from tests.fleet.controller.test_process import SLOT, Running, _fleet, _wait_state, controller, keys, prefix
 from tests.fleet.operator_side import operator_settings, tiny_model

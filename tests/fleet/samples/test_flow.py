@@ -26,8 +26,8 @@ from agent.mqtt.link import MqttLink
 from agent.protocol.results import ClassScore, Detection, Prediction
 from agent.protocol.samples import SampleMessage
 from agent.protocol.topics import Topics
-from agent.runtime.samples import SamplePublisher, Sampler
-from agent.runtime.snapshots import SnapshotBoard
+from agent.runtime.frames.samples import SamplePublisher, Sampler
+from agent.runtime.frames.snapshots import SnapshotBoard
 from agent.spool.queue import Spool
 from tests.fleet.operator_side import operator_settings, unique_prefix
 from tests.sample_results import result

@@ -14,7 +14,7 @@ from agent.fleet.samples.export import export_samples
 from agent.fleet.samples.store import SampleBounds, SampleStore
 from agent.protocol.results import ClassScore, Detection, Prediction
 from agent.protocol.samples import SampleMessage
-from agent.runtime.samples import Sampler
+from agent.runtime.frames.samples import Sampler
 from tests.sample_results import result
 
 

@@ -1,0 +1,1 @@
+"""A slot's model lifecycle: loaded, validated, guarded by shadow and probation, swapped and watched."""

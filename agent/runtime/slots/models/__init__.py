@@ -1,0 +1,1 @@
+"""What every slot runs: start-up choice, reloads, interim serving, deployments and rollback."""
