@@ -28,7 +28,7 @@ from agent.delivery.ledger import JobsFile
 from agent.delivery.service import DeliveryService
 from agent.delivery.transfer import fetch_model
 from agent.device_reports import DeviceReports
-from agent.engines.builder import EngineBuilder
+from agent.engines.building.builder import EngineBuilder
 from agent.engines.service import EngineService
 from agent.errors import ConfigError
 from agent.frame_paths import FramePaths

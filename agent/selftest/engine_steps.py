@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.benchmark import bench, bench_candidates, compare_backends
-from agent.engines.artifact import EngineArtifact
+from agent.engines.building.artifact import EngineArtifact
 from agent.engines.spec import BuildSpec, CalibrationSource
 from agent.selftest.run import SelfTestRun
 from agent.selftest.step import Passed, Skipped, Step, StepFailure

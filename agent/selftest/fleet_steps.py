@@ -15,9 +15,9 @@ import numpy as np
 
 from agent.backends.base import get_backend
 from agent.benchmark import random_feeds
-from agent.engines.artifact import EngineArtifact
-from agent.engines.builder import EngineBuilder
-from agent.engines.fleet_cache import FleetEngineCache
+from agent.engines.building.artifact import EngineArtifact
+from agent.engines.building.builder import EngineBuilder
+from agent.engines.sharing.cache import FleetEngineCache
 from agent.engines.spec import BuildSpec
 from agent.fleet.controller.upload import UploadSink
 from agent.fleet.engines.desk import EngineDesk

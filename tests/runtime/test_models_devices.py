@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from agent.engines.builder import EngineBuilder
+from agent.engines.building.builder import EngineBuilder
 from agent.engines.spec import BuildSpec
 from agent.localbroker import Broker
 from agent.platform import detect_platform

@@ -13,9 +13,9 @@ from structlog.testing import capture_logs
 
 from agent.config import SlotConfig
 from agent.datasets.shapes import MODEL_PATH, generate
-from agent.engines.builder import EngineBuilder
+from agent.engines.building.builder import EngineBuilder
+from agent.engines.building.worker import BuildWorker
 from agent.engines.service import EngineService
-from agent.engines.worker import BuildWorker
 from agent.modelzoo import write_classifier
 from agent.platform import detect_platform
 from agent.runtime.model_sources import model_source
