@@ -39,7 +39,6 @@ from agent.engines.placement.choice import (
 from agent.engines.placement.devices import engine_devices, placement_candidates
 from agent.engines.placement.measure import measure_candidates, measure_combinations
 from agent.engines.settings import EngineConfig
-from agent.engines.sharing.cache import dropped_from_fleet
 from agent.engines.spec import BuildSpec
 from agent.errors import BuildError, EngineError
 from agent.protocol.engines import DropStage
@@ -248,7 +247,7 @@ class EngineService:
             stage: DropStage = "agreement"
         except EngineError as exc:  # it does not load
             failed, stage = exc, "load"
-        if failed is not None and dropped_from_fleet(self.builder, artifact, failed, stage=stage):
+        if failed is not None and self.builder.dropped_from_fleet(artifact, failed, stage=stage):
             # A fleet engine that fails here is dropped (and withdrawn) and built here, calibrated on
             # this device's own frames: the builder's calibration may not fit this camera's scene.
             calibration = self._stream_calibration(slot, spec, preprocess, say)

@@ -9,7 +9,7 @@ build report cached with it.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +24,7 @@ from agent.engines.building.ort import (
     provider_options,
 )
 from agent.engines.cache.store import CacheEntry
+from agent.engines.sharing.cache import FLEET_BUILT_BY
 from agent.engines.spec import BuildPlan, BuildSpec
 from agent.platform import Platform
 
@@ -127,3 +128,19 @@ def read_report(path: Path) -> dict[str, Any]:
     except (OSError, ValueError):
         return {}
     return data if isinstance(data, dict) else {}
+
+
+def with_source(
+    artifact: EngineArtifact, origin: str, entry: CacheEntry, *, seconds: float | None = None
+) -> EngineArtifact:
+    """``artifact`` whose ``effective.engine_source`` (job status) says where the engine came from:
+    ``built`` here, ``downloaded`` from the fleet, or ``cache`` (this device's), and how long that took."""
+    source: dict[str, object] = {
+        "origin": origin,
+        "seconds": round(seconds if seconds is not None else artifact.build_seconds, 3),
+        "key": entry.key[:12],
+    }
+    built_by = entry.meta.extra.get(FLEET_BUILT_BY)
+    if built_by is not None:
+        source["built_by"] = built_by
+    return replace(artifact, effective={**artifact.effective, "engine_source": source})

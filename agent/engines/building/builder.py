@@ -41,7 +41,7 @@ import numpy.typing as npt
 import structlog
 
 from agent.camera.preprocess_spec import PreprocessSpec
-from agent.engines.building.artifact import EngineArtifact, artifact_of
+from agent.engines.building.artifact import EngineArtifact, artifact_of, with_source
 from agent.engines.building.history import BuildHistory, build_fingerprint
 from agent.engines.building.job_inputs import default_preprocess, job_for
 from agent.engines.building.model_facts import model_facts
@@ -55,10 +55,11 @@ from agent.engines.calibration.data import calibration_identity
 from agent.engines.calibration.int8 import host_cpu_flags, reduce_range_for
 from agent.engines.job import MIB, Progress
 from agent.engines.settings import EngineConfig
-from agent.engines.sharing.cache import FleetEngineCache, with_source
+from agent.engines.sharing.cache import FleetEngineCache
 from agent.engines.spec import BuildPlan, BuildSpec
 from agent.errors import BuildError
 from agent.platform import Platform
+from agent.protocol.engines import DropStage
 
 log = structlog.get_logger(__name__)
 
@@ -326,6 +327,15 @@ class EngineBuilder:
             raise
         finally:
             self._build_lock.release()
+
+    def dropped_from_fleet(
+        self, artifact: EngineArtifact, error: Exception, *, stage: DropStage = "load"
+    ) -> bool:
+        """``artifact`` came from the fleet and failed here with ``error``: dropped (and reported);
+        False when it was this device's own engine (nothing done: the caller's failure stands)."""
+        if self.fleet is None or artifact.effective.get("engine_source", {}).get("origin") != "downloaded":
+            return False
+        return self.fleet.dropped(self.cache, artifact.key, str(error), stage)
 
     def _release_claim(self, key: str, reason: str) -> None:
         if self.fleet is not None:

@@ -33,13 +33,12 @@ import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Collection, Iterator, Mapping
 from contextvars import ContextVar
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import structlog
 
-from agent.engines.building.artifact import EngineArtifact
 from agent.engines.cache.key import EngineIdentity
 from agent.engines.cache.store import CacheEntry, EngineCache
 from agent.engines.sharing.claims import HeldClaims
@@ -66,13 +65,6 @@ log = structlog.get_logger(__name__)
 #: against ``file.sha256`` (raises on failure). Wired to the delivery fetch by the composition root.
 DownloadFn = Callable[[EngineFile, Path, threading.Event | None], Path]
 Progress = Callable[[str], None]
-
-
-class _Builder(Protocol):
-    """The two attributes of :class:`~agent.engines.building.builder.EngineBuilder` a drop needs."""
-
-    fleet: FleetEngineCache | None
-    cache: EngineCache
 
 
 #: ``meta.extra`` keys of an entry that came from the fleet (never offered back).
@@ -454,17 +446,6 @@ class FleetEngineCache:
         ).start()
 
 
-def dropped_from_fleet(
-    builder: _Builder, artifact: EngineArtifact, error: Exception, *, stage: DropStage = "load"
-) -> bool:
-    """``artifact`` came from the fleet and failed here with ``error``: dropped (and reported); False
-    when it was this device's own engine (nothing done: the caller's failure stands)."""
-    fleet = builder.fleet
-    if fleet is None or artifact.effective.get("engine_source", {}).get("origin") != "downloaded":
-        return False
-    return fleet.dropped(builder.cache, artifact.key, str(error), stage)
-
-
 def platform_fingerprint(identity: EngineIdentity) -> str:
     """The platform an engine is for, as ``fleet engines list`` groups it: backend and its exact
     version, the device (GPU and compute capability, or the machine) and the L4T release."""
@@ -473,22 +454,6 @@ def platform_fingerprint(identity: EngineIdentity) -> str:
     if identity.l4t_release:
         parts.append(f"L4T {identity.l4t_release}")
     return " / ".join(parts)[:300]
-
-
-def with_source(
-    artifact: EngineArtifact, origin: str, entry: CacheEntry, *, seconds: float | None = None
-) -> EngineArtifact:
-    """``artifact`` whose ``effective.engine_source`` (job status) says where the engine came from:
-    ``built`` here, ``downloaded`` from the fleet, or ``cache`` (this device's), and how long that took."""
-    source: dict[str, object] = {
-        "origin": origin,
-        "seconds": round(seconds if seconds is not None else artifact.build_seconds, 3),
-        "key": entry.key[:12],
-    }
-    built_by = entry.meta.extra.get(FLEET_BUILT_BY)
-    if built_by is not None:
-        source["built_by"] = built_by
-    return replace(artifact, effective={**artifact.effective, "engine_source": source})
 
 
 def bounded_name(text: str | None) -> str | None:
