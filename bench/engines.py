@@ -35,9 +35,8 @@ import onnxruntime as ort
 from agent.backends.base import LoadOptions, get_backend
 from agent.camera.preprocess import preprocess
 from agent.camera.preprocess_spec import PreprocessSpec
-from agent.demo.modelzoo import write_classifier, write_mobilenet_like
-from agent.engines.artifact import EngineArtifact
-from agent.engines.builder import EngineBuilder
+from agent.engines.building.artifact import EngineArtifact
+from agent.engines.building.builder import EngineBuilder
 from agent.engines.settings import EngineConfig
 from agent.engines.spec import BuildSpec, CalibrationSource
 from agent.logs.setup import configure_logging

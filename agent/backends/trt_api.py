@@ -1,5 +1,5 @@
 """Small TensorRT helpers that the runner (:mod:`agent.backends.tensorrt`) and the build steps
-(:mod:`agent.engines.trt_steps`) share: is a real TensorRT here, its major version, and honest
+(:mod:`agent.engines.trt.steps`) share: is a real TensorRT here, its major version, and honest
 types over the stubs' gaps. Imports TensorRT lazily, so it imports everywhere.
 """
 

@@ -7,7 +7,7 @@ Runtime CPU, CUDA, TensorRT EP, native TensorRT; :mod:`agent.measure.throughput`
 with its reason when absent. ``--calib DIR`` calibrates INT8 on the images in DIR, preprocessed
 to ``--width`` x ``--height`` (default: the model's input size), RGB, pixels / 255;
 ``--calib-from VIDEO`` first writes ``--calib-frames`` frames of a video file or stream into that
-directory (:mod:`agent.engines.calibration_video`).
+directory (:mod:`agent.engines.calibration.video`).
 
 The cache is the agent's own (``--state-dir``, or ``state_dir`` from ``--config``), so an engine
 built here ahead of a deploy is a cache hit for the daemon on the same device.
@@ -36,8 +36,8 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from agent.camera.preprocess_spec import PreprocessSpec
-    from agent.engines.artifact import EngineArtifact
-    from agent.engines.builder import EngineBuilder
+    from agent.engines.building.artifact import EngineArtifact
+    from agent.engines.building.builder import EngineBuilder
     from agent.engines.settings import EngineConfig
     from agent.engines.spec import BuildSpec
     from agent.measure.throughput import ComparisonRow
@@ -135,7 +135,7 @@ def _check_int8_scales(model: Path, spec: BuildSpec) -> None:
     build spec of a deploy manifest)."""
     if spec.precision != "int8" or spec.calibration is not None:
         return
-    from agent.engines.model_facts import model_facts
+    from agent.engines.building.model_facts import model_facts
 
     _, has_qdq = model_facts(model)
     if not has_qdq:
@@ -149,7 +149,7 @@ def _preprocess(args: argparse.Namespace) -> PreprocessSpec | None:
     if args.calib is None:
         return None
     from agent.camera.preprocess_spec import PreprocessSpec
-    from agent.engines.model_facts import model_input_size
+    from agent.engines.building.model_facts import model_input_size
 
     size = model_input_size(args.model)
     width = args.width or (size[0] if size else None)
@@ -168,7 +168,7 @@ def calib_dir_for(source: str) -> Path:
 
 def _frames_from_video(args: argparse.Namespace) -> None:
     """``--calib-from``: fill ``--calib`` (default ./calib-<name>) with frames, then calibrate on it."""
-    from agent.engines.calibration_video import write_calibration_frames
+    from agent.engines.calibration.video import write_calibration_frames
 
     if args.precision not in ("int8", "best"):
         raise BuildError(
@@ -316,9 +316,9 @@ def quiet_logs() -> None:
 
 def run_build(args: argparse.Namespace) -> int:
     """``edge-agent build``: returns the exit status; raises AgentError for the CLI to print."""
-    from agent.engines.builder import EngineBuilder
-    from agent.machine.platform import detect_platform
     from agent.measure.throughput import THIS_BUILD, bench
+    from agent.engines.building.builder import EngineBuilder
+    from agent.machine.platform import detect_platform
 
     quiet_logs()
 

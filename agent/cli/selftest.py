@@ -86,7 +86,7 @@ def run_selftest(args: argparse.Namespace) -> int:
 def _run(work_dir: Path, quick: bool) -> tuple[list[StepResult], float]:
     import time
 
-    from agent.engines.builder import EngineBuilder
+    from agent.engines.building.builder import EngineBuilder
     from agent.engines.settings import EngineConfig
     from agent.machine.platform import detect_platform
     from agent.selftest.report import step_line

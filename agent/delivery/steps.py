@@ -66,7 +66,7 @@ class JobReporter:
 
     def build(self, info: dict[str, object]) -> None:
         """Report the build's phase, frames, elapsed and estimate (``JobStatus.build``); the caller
-        bounds the rate (agent.engines.build_progress)."""
+        bounds the rate (agent.engines.building.progress)."""
         if self._on_build is not None:
             self._on_build(info)
 

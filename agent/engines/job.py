@@ -1,9 +1,9 @@
 """The message between the build supervisor and its child: :class:`BuildJob` in, :class:`WorkerResult` out.
 
 Both sides import this module and nothing of each other: the supervisor
-(:mod:`agent.engines.worker`) sends a job as JSON on the child's stdin; the child
-(:mod:`agent.engines.worker_child`) runs a builder (:mod:`agent.engines.ort_builder`,
-:mod:`agent.engines.trt_builder`) and answers with a result.
+(:mod:`agent.engines.building.worker`) sends a job as JSON on the child's stdin; the child
+(:mod:`agent.engines.building.worker_child`) runs a builder (:mod:`agent.engines.building.ort`,
+:mod:`agent.engines.trt.builder`) and answers with a result.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from agent.model_base import StrictModel
 
 MIB = 1 << 20
 
-#: The builds the child runs. Any other kind is a test job (see :mod:`agent.engines.worker_child`).
+#: The builds the child runs. Any other kind is a test job (see :mod:`agent.engines.building.worker_child`).
 BUILD_KINDS = frozenset({"onnxruntime", "tensorrt"})
 
 ExtraValue = str | int | float | bool | None

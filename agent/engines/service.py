@@ -1,6 +1,6 @@
 """The agent's side of engine builds: a slot's model and build request in, a loadable engine out.
 
-Wraps :class:`agent.engines.builder.EngineBuilder` (plan, cache, worker) with what only the running
+Wraps :class:`agent.engines.building.builder.EngineBuilder` (plan, cache, worker) with what only the running
 agent has: live frames of the slot's streams, for calibration (``calibration.kind: stream``) and
 for the INT8 accuracy guard. An INT8 engine whose top-1 agreement with FP32 on held-out frames is
 below ``engines.int8_agreement`` never goes live: the build falls back to FP16 and says why.
@@ -21,24 +21,23 @@ import structlog
 
 from agent.backends.base import LoadOptions, get_backend
 from agent.camera.preprocess_spec import PreprocessSpec
-from agent.engines.artifact import EngineArtifact
-from agent.engines.builder import EngineBuilder
-from agent.engines.calibration_data import PROGRESS_LINES
-from agent.engines.calibration_store import CalibrationKey, CalibrationStore, collect_frames
-from agent.engines.engine_devices import engine_devices, placement_candidates
-from agent.engines.fleet_cache import dropped_from_fleet
-from agent.engines.guard import agreement, check_int8
-from agent.engines.guard_memo import GuardMemo, Verdict
-from agent.engines.int8 import quantize_int8
-from agent.engines.model_facts import model_facts
-from agent.engines.placement_choice import (
+from agent.engines.building.artifact import EngineArtifact
+from agent.engines.building.builder import EngineBuilder
+from agent.engines.building.model_facts import model_facts
+from agent.engines.calibration.data import PROGRESS_LINES
+from agent.engines.calibration.int8 import quantize_int8
+from agent.engines.calibration.store import CalibrationKey, CalibrationStore, collect_frames
+from agent.engines.guard.agreement import agreement, check_int8
+from agent.engines.guard.memo import GuardMemo, Verdict
+from agent.engines.placement.choice import (
     CandidateTiming,
     CombinationTiming,
     choose_placement,
     combinations_to_try,
     ranked_accelerators,
 )
-from agent.engines.placement_measure import measure_candidates, measure_combinations
+from agent.engines.placement.devices import engine_devices, placement_candidates
+from agent.engines.placement.measure import measure_candidates, measure_combinations
 from agent.engines.settings import EngineConfig
 from agent.engines.spec import BuildSpec
 from agent.errors import BuildError, EngineError
@@ -248,7 +247,7 @@ class EngineService:
             stage: DropStage = "agreement"
         except EngineError as exc:  # it does not load
             failed, stage = exc, "load"
-        if failed is not None and dropped_from_fleet(self.builder, artifact, failed, stage=stage):
+        if failed is not None and self.builder.dropped_from_fleet(artifact, failed, stage=stage):
             # A fleet engine that fails here is dropped (and withdrawn) and built here, calibrated on
             # this device's own frames: the builder's calibration may not fit this camera's scene.
             calibration = self._stream_calibration(slot, spec, preprocess, say)

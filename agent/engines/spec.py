@@ -1,6 +1,6 @@
 """What an operator asks to build (``BuildSpec``) and what the planner decided (``BuildPlan``).
 
-The planner (:mod:`agent.engines.plan`) maps a spec onto a platform and records a reason for every
+The planner (:mod:`agent.engines.building.plan`) maps a spec onto a platform and records a reason for every
 change, so the job status can publish requested vs effective.
 """
 
@@ -144,7 +144,7 @@ class PlanChange(StrictModel):
 class EngineOptions(StrictModel):
     """The plan's choices that change the engine. The engine cache key takes every one of them.
 
-    :class:`BuildPlan` and :class:`~agent.engines.cache_key.EngineIdentity` both derive from this
+    :class:`BuildPlan` and :class:`~agent.engines.cache.key.EngineIdentity` both derive from this
     class, so a field added here is planned and keyed at once; one added to BuildPlan alone is
     refused when the key is made (see ``EngineIdentity.for_build``).
     """
@@ -165,7 +165,7 @@ class EngineOptions(StrictModel):
     profiles: list[ShapeProfile] = Field(default_factory=list)
     #: The engine is built from the onnxslim-ed model (ONNX -> OnnxSlim -> engine).
     slim: bool = True
-    #: ONNX Runtime's TensorRT provider only (mapped by agent.engines.ort_builder): the EP-context
+    #: ONNX Runtime's TensorRT provider only (mapped by agent.engines.building.ort): the EP-context
     #: model it dumps, shared context memory, auxiliary streams.
     ep_context: Literal["embed", "file", "off"] = "embed"
     trt_context_memory_sharing: bool = False

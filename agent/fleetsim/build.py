@@ -4,13 +4,13 @@ On a Jetson a YOLO-class FP16 engine takes about five minutes to build (300 s on
 here a build is a sleep of ``--build-seconds`` on the build path (no CPU is spent), after which
 a stand-in engine file of a few kilobytes is stored. Everything around the sleep is the agent's own:
 
-* the engine cache key (:func:`agent.engines.cache_key.engine_cache_key` over a real
-  :class:`~agent.engines.cache_key.EngineIdentity`: the model's SHA-256, TensorRT and its version,
+* the engine cache key (:func:`agent.engines.cache.key.engine_cache_key` over a real
+  :class:`~agent.engines.cache.key.EngineIdentity`: the model's SHA-256, TensorRT and its version,
   the device's GPU, compute capability, L4T release and CUDA, the FP16 GPU plan), so two
   fingerprints (an Orin NX and an AGX Orin, or JetPack 6.0 and 6.1) never share a key;
-* the local engine cache (:class:`agent.engines.cache.EngineCache`, on disk per device);
-* the engine cache's second level at the controller (:class:`agent.engines.fleet_cache.FleetEngineCache`
-  over :class:`agent.engines.fleet_link.MqttEngineRequests` and the delivery fetch): on a miss, when
+* the local engine cache (:class:`agent.engines.cache.store.EngineCache`, on disk per device);
+* the engine cache's second level at the controller (:class:`agent.engines.sharing.cache.FleetEngineCache`
+  over :class:`agent.engines.sharing.link.MqttEngineRequests` and the delivery fetch): on a miss, when
   the manifest shares engines, the device asks the real controller, checks the signed record and
   downloads the files through the chunked MQTT pull; otherwise it "builds", and once the job is
   ACTIVE through shadow and probation it offers the engine (:meth:`SimBuilds.offer_when_active`),
@@ -18,7 +18,7 @@ a stand-in engine file of a few kilobytes is stored. Everything around the sleep
   a device told that another device builds the key waits for it (build claims, docs/engines.md);
 * at start-up (after an "upgrade"), a model from a sharing deployment asks the fleet the same way
   while its ONNX model serves, and an engine built here is offered after its start-up job
-  (:mod:`agent.engines.fleet_startup`) passed its shadow and probation stand-ins.
+  (:mod:`agent.engines.sharing.startup`) passed its shadow and probation stand-ins.
 
 :class:`BuildCounters` keeps what the benchmark reports per device (builds, build-seconds, downloads,
 bytes, asks, uploads); it lives as long as the simulated device's slots (across its restarts).
@@ -38,11 +38,11 @@ from typing import Any
 from agent.delivery.engine_fetch import fetch_engine_file
 from agent.delivery.errors import JobCancelledError
 from agent.delivery.steps import ActivationRequest, BuildOutcome, FetchFn, JobReporter
-from agent.engines.cache import CacheEntry, EngineCache
-from agent.engines.cache_key import EngineIdentity, engine_cache_key, new_engine_meta
-from agent.engines.fleet_cache import FleetEngineCache, FleetFetch, platform_fingerprint
-from agent.engines.fleet_link import MqttEngineRequests
-from agent.engines.fleet_startup import startup_job_id
+from agent.engines.cache.key import EngineIdentity, engine_cache_key, new_engine_meta
+from agent.engines.cache.store import CacheEntry, EngineCache
+from agent.engines.sharing.cache import FleetEngineCache, FleetFetch, platform_fingerprint
+from agent.engines.sharing.link import MqttEngineRequests
+from agent.engines.sharing.startup import startup_job_id
 from agent.engines.spec import BuildSpec
 from agent.mqtt.link import MqttLink
 from agent.protocol.messages import ProbationFigures, ShadowFigures

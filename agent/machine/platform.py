@@ -3,7 +3,7 @@
 :func:`detect_platform` runs every probe in isolation: a probe that fails (file missing, library
 absent, no driver) leaves its fields ``None`` and records a one-line reason in
 :attr:`Platform.reasons`; it never raises. The result feeds the build planner
-(:mod:`agent.engines.plan`), the engine cache key and the retained ``up/info`` message.
+(:mod:`agent.engines.building.plan`), the engine cache key and the retained ``up/info`` message.
 
 Heavy libraries (``tensorrt``, ``cuda``, ``onnxruntime``) are imported lazily inside the probes, so
 importing this module costs nothing.

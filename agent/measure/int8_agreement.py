@@ -4,7 +4,7 @@
 what quantization cost: the ONNX model on ONNX Runtime's CPU provider in FP32 is the reference, the
 built engine the candidate; both run on up to :data:`MAX_FRAMES` of the calibration images,
 preprocessed as the calibration was, through the same measure the device's INT8 guard applies
-(:func:`agent.engines.guard.agreement`): ``top1_agreement`` is the share of frames whose arg-max of
+(:func:`agent.engines.guard.agreement.agreement`): ``top1_agreement`` is the share of frames whose arg-max of
 the first output is the same, ``max_abs_diff`` the largest score difference.
 
 Beside :mod:`agent.measure.throughput`, above ``backends`` and ``engines``: it loads both.
@@ -20,10 +20,10 @@ import numpy as np
 
 from agent.backends.base import LoadOptions, get_backend
 from agent.camera.preprocess_spec import PreprocessSpec
-from agent.engines.artifact import EngineArtifact
-from agent.engines.calibration_data import dataset_images
-from agent.engines.guard import agreement
-from agent.engines.ort_builder import CPU_EP
+from agent.engines.building.artifact import EngineArtifact
+from agent.engines.building.ort import CPU_EP
+from agent.engines.calibration.data import dataset_images
+from agent.engines.guard.agreement import agreement
 from agent.errors import AgentError
 
 #: Most calibration images the comparison runs (a few seconds on a CPU).
@@ -59,7 +59,7 @@ def int8_agreement(
     model: Path, artifact: EngineArtifact, images: Path, preprocess: PreprocessSpec, frames: int = MAX_FRAMES
 ) -> Int8Agreement:
     """Run the FP32 reference and the built engine on the calibration images and compare them with
-    the engines' own INT8 accuracy guard (:func:`agent.engines.guard.agreement`)."""
+    the engines' own INT8 accuracy guard (:func:`agent.engines.guard.agreement.agreement`)."""
     import cv2
 
     try:

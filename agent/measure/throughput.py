@@ -25,8 +25,8 @@ import numpy as np
 import numpy.typing as npt
 
 from agent.backends.base import LoadOptions, ProviderRequest, Runner, TensorSpec, get_backend
-from agent.engines.artifact import EngineArtifact
-from agent.engines.ort_builder import CPU_EP, CUDA_EP, TENSORRT_EP
+from agent.engines.building.artifact import EngineArtifact
+from agent.engines.building.ort import CPU_EP, CUDA_EP, TENSORRT_EP
 from agent.errors import AgentError, BuildError
 from agent.machine.platform import Platform
 

@@ -154,7 +154,7 @@ BuildPhaseName = Literal["planning", "slimming", "calibrating", "building", "tim
 
 
 class BuildProgressInfo(StrictModel):
-    """A running engine build (agent.engines.build_progress), published at most once per 2 s."""
+    """A running engine build (agent.engines.building.progress), published at most once per 2 s."""
 
     phase: BuildPhaseName = Field(description="What the build does now.")
     frames_done: Count | None = Field(None, description="Calibration frames consumed (phase calibrating).")

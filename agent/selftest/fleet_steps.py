@@ -14,9 +14,10 @@ from __future__ import annotations
 import numpy as np
 
 from agent.backends.base import get_backend
-from agent.engines.artifact import EngineArtifact
-from agent.engines.builder import EngineBuilder
-from agent.engines.fleet_cache import FleetEngineCache
+from agent.measure.throughput import random_feeds
+from agent.engines.building.artifact import EngineArtifact
+from agent.engines.building.builder import EngineBuilder
+from agent.engines.sharing.cache import FleetEngineCache
 from agent.engines.spec import BuildSpec
 from agent.fleet.controller.upload import UploadSink
 from agent.fleet.engines.desk import EngineDesk

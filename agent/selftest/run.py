@@ -11,8 +11,8 @@ from pathlib import Path
 import cv2
 
 from agent.datasets import shapes
-from agent.engines.artifact import EngineArtifact
-from agent.engines.builder import EngineBuilder
+from agent.engines.building.artifact import EngineArtifact
+from agent.engines.building.builder import EngineBuilder
 from agent.machine.platform import Platform
 from agent.selftest.targets import (
     Device,

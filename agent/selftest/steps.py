@@ -1,7 +1,7 @@
 """The self-test's steps, in the order they run, and the context they share.
 
 Every step uses the agent's own code on this machine's hardware: the engine builder and its cache
-(:mod:`agent.engines.builder`), the backend comparison of ``edge-agent build --bench``
+(:mod:`agent.engines.building.builder`), the backend comparison of ``edge-agent build --bench``
 (:mod:`agent.measure.throughput`), a model slot with a live pipeline (:mod:`agent.runtime`), the device
 statistics telemetry publishes (:mod:`agent.telemetry.device`) and the CUDA wrappers TensorRT runs on
 (:mod:`agent.backends.cuda`). The model is the bundled shapes classifier; INT8 calibrates on shapes

@@ -12,7 +12,7 @@ from pathlib import Path
 from agent.delivery.artifacts import KEEP
 from agent.delivery.manifest import describe_artifact
 from agent.delivery.steps import BuildOutcome, JobReporter, no_build
-from agent.engines.int8 import write_table
+from agent.engines.calibration.int8 import write_table
 from agent.engines.spec import BuildSpec, CalibrationSource
 from agent.protocol.messages import JobState
 from tests.delivery.conftest import HarnessFactory

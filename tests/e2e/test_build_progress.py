@@ -5,7 +5,7 @@ operator's key, its console on a free port), a real ``python -m agent run`` daem
 commands as processes: ``fleet rollout status --watch`` and ``fleet watch DEVICE``. The rollout asks
 for an INT8 engine calibrated on 600 frames of the device's stream (a file played at its own 30 fps:
 about 20 s of calibration), with shadow and probation on. While the job is BUILDING the device
-publishes its progress (agent/engines/build_progress.py); the test checks that the controller keeps
+publishes its progress (agent/engines/building/progress.py); the test checks that the controller keeps
 it and that ``rollout status --json``, the text of ``--watch``, ``fleet watch`` and the console's
 rollouts page (real Chromium) all show ``calibrating``, and that the entry is gone once the job left
 BUILDING.

@@ -18,7 +18,7 @@ from agent.camera.preprocess import preprocess
 from agent.camera.preprocess_spec import PreprocessSpec
 from agent.datasets.shapes import MODEL_PATH, generate
 from agent.delivery.guard import ProbationSpec, ShadowSpec
-from agent.engines.int8 import quantize_int8
+from agent.engines.calibration.int8 import quantize_int8
 from agent.engines.spec import BuildSpec
 from agent.protocol.messages import JobState
 from agent.protocol.topics import Topics

@@ -1,7 +1,7 @@
 """End to end: two INT8 builds of the bundled shapes model, one poor and one good, face the shadow.
 
 Real mosquitto, a real ``python -m agent run`` serving the FP32 shapes model on a video of generated
-shapes, INT8 models quantized by the agent's own :func:`~agent.engines.int8.quantize_int8` and
+shapes, INT8 models quantized by the agent's own :func:`~agent.engines.calibration.int8.quantize_int8` and
 deployed with the real FleetDeploy (signed, pulled in chunks).
 """
 
@@ -16,7 +16,7 @@ from agent.camera.preprocess import preprocess
 from agent.camera.preprocess_spec import PreprocessSpec
 from agent.datasets.shapes import MODEL_PATH, generate
 from agent.delivery.guard import ProbationSpec, ShadowSpec
-from agent.engines.int8 import quantize_int8
+from agent.engines.calibration.int8 import quantize_int8
 from agent.protocol.messages import JobState
 from agent.protocol.topics import Topics
 from tests.e2e.fleet_rig import (

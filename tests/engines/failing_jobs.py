@@ -1,7 +1,8 @@
 """Build jobs that fail for real, for the worker's tests: a segfault, a hang, an allocation failure.
 
-The build child (:mod:`agent.engines.worker_child`) runs these only when ``EDGE_AGENT_BUILD_TEST_JOBS``
-names this module, which :data:`TEST_ENV` does for a :class:`~agent.engines.worker.BuildWorker`.
+The build child (:mod:`agent.engines.building.worker_child`) runs these only when
+``EDGE_AGENT_BUILD_TEST_JOBS`` names this module, which :data:`TEST_ENV` does for a
+:class:`~agent.engines.building.worker.BuildWorker`.
 They are here, not in the agent package, because nothing but the tests ever runs them.
 """
 
@@ -9,8 +10,8 @@ from __future__ import annotations
 
 import time
 
+from agent.engines.building.worker_child import TEST_JOBS_ENV
 from agent.engines.job import MIB, BuildJob, Progress, WorkerResult
-from agent.engines.worker_child import TEST_JOBS_ENV
 from agent.errors import BuildError
 
 #: Environment for a BuildWorker whose child may run the jobs below.

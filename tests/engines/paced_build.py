@@ -1,6 +1,6 @@
 """A real build held back until the test lets it go: serve-while-building's slow build.
 
-The build child (:mod:`agent.engines.worker_child`) runs :func:`pace_build` before a real ONNX
+The build child (:mod:`agent.engines.building.worker_child`) runs :func:`pace_build` before a real ONNX
 Runtime build when ``EDGE_AGENT_BUILD_TEST_JOBS`` names this module. It reports calibration frames
 as a slow INT8 build would, and waits until the file :data:`GATE_ENV` names exists: the test, not a
 clock, decides how long the build takes (minutes on a Jetson; here, until the test has seen what
@@ -13,8 +13,8 @@ import os
 import time
 from pathlib import Path
 
+from agent.engines.building.worker_child import TEST_JOBS_ENV
 from agent.engines.job import BuildJob, Progress, WorkerResult
-from agent.engines.worker_child import TEST_JOBS_ENV
 from agent.errors import BuildError
 
 #: Environment variable naming the file whose creation releases the build.

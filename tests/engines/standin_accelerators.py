@@ -24,11 +24,11 @@ import numpy.typing as npt
 
 from agent.backends.base import Backend, Feeds, LoadOptions, Outputs, Runner, get_backend
 from agent.camera.preprocess_spec import PreprocessSpec
-from agent.engines.artifact import EngineArtifact
-from agent.engines.builder import EngineBuilder
+from agent.engines.building.artifact import EngineArtifact
+from agent.engines.building.builder import EngineBuilder
 from agent.engines.job import Progress
 from agent.engines.spec import BuildSpec
-from tests.engines.test_builder_fallback import FORCED_TRT
+from tests.engines.building.test_builder_fallback import FORCED_TRT
 
 #: The registry key and target of the stand-in backend.
 STANDIN = "standin"

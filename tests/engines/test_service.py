@@ -9,8 +9,8 @@ import numpy.typing as npt
 
 from agent.camera.preprocess_spec import PreprocessSpec
 from agent.datasets.shapes import generate
-from agent.engines.build_progress import frames_of
-from agent.engines.builder import EngineBuilder
+from agent.engines.building.builder import EngineBuilder
+from agent.engines.building.progress import frames_of
 from agent.engines.service import EngineService, FrameSource
 from agent.engines.settings import EngineConfig
 from agent.engines.spec import BuildSpec

@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
-from agent.engines.cache_key import engine_cache_key
-from agent.engines.fleet_cache import platform_fingerprint
+from agent.engines.cache.key import engine_cache_key
+from agent.engines.sharing.cache import platform_fingerprint
 from agent.fleetsim.build import engine_identity, sim_platform
 from agent.machine.jetson_files import jetpack_for_l4t, parse_tegra_release
 from tests.fleet.operator_side import unique_prefix

@@ -329,7 +329,7 @@ def test_thor_on_jetpack7_has_no_dla_and_a_newer_tensorrt(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Fakes for absent hardware: Thor's files, cuda-python and TensorRT 10.13 (JetPack 7.0)."""
-    from agent.engines.plan import PlatformFacts, plan_build
+    from agent.engines.building.plan import PlatformFacts, plan_build
     from agent.engines.spec import BuildSpec
 
     monkeypatch.setattr(platform_mod, "_load_cudart", lambda: (fake_cudart(driver=13000, runtime=13000), ""))
@@ -362,8 +362,8 @@ def test_orin_on_jetpack5_and_6_plans_the_dla(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, release: str, trt: str, jetpack: str
 ) -> None:
     """Fakes for absent hardware: an AGX Orin's files and TensorRT with two DLA cores."""
-    from agent.engines.engine_devices import placement_candidates
-    from agent.engines.plan import PlatformFacts, plan_build
+    from agent.engines.building.plan import PlatformFacts, plan_build
+    from agent.engines.placement.devices import placement_candidates
     from agent.engines.spec import BuildSpec
 
     monkeypatch.setattr(platform_mod, "_load_cudart", lambda: (fake_cudart(), ""))

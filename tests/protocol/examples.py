@@ -68,7 +68,8 @@ REQUESTED = {
     "fallback": "onnxruntime",
 }
 
-#: What the engine service reports for that request on ONNX Runtime (agent.engines.artifact.artifact_of).
+#: What the engine service reports for that request on ONNX Runtime
+#: (agent.engines.building.artifact.artifact_of).
 EFFECTIVE = {
     "backend": "onnxruntime",
     "precision": "fp32",

@@ -8,7 +8,7 @@ from pathlib import Path
 import onnxruntime as ort
 import pytest
 
-from agent.engines.builder import EngineBuilder
+from agent.engines.building.builder import EngineBuilder
 from agent.engines.settings import EngineConfig
 from agent.engines.spec import BuildSpec
 from agent.machine.platform import BackendAvailability, Platform

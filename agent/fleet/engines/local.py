@@ -14,7 +14,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ValidationError
 
-from agent.engines.fleet_cache import DownloadFn
+from agent.engines.sharing.cache import DownloadFn
 from agent.errors import AgentError, HashMismatchError
 from agent.fleet.engines.desk import EngineDesk
 from agent.fsutil import sha256_file
@@ -23,7 +23,7 @@ from agent.protocol.messages import CommandReply, JobStatus
 
 
 class LocalDeskRequests:
-    """:class:`~agent.engines.fleet_link.EngineRequests` answered by ``desk`` for ``device``."""
+    """:class:`~agent.engines.sharing.link.EngineRequests` answered by ``desk`` for ``device``."""
 
     def __init__(self, desk: EngineDesk, device: str) -> None:
         self.desk = desk

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from agent.cli import main
-from agent.engines.int8 import write_table
+from agent.engines.calibration.int8 import write_table
 from agent.fleet.cli.deploy import manifest_fields
 from agent.fleet.cli.main import add_fleet_arguments
 from agent.fleet.rollout.spec import RolloutRequest

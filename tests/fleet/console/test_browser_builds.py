@@ -137,7 +137,10 @@ def test_the_engines_page_lists_each_fingerprints_engines_with_builder_build_tim
 def building(
     prefix: str, device: str, job_id: str, state: JobState, build: BuildProgressInfo | None
 ) -> tuple[str, bytes]:
-    """A device's job status while its engine builds (``build``: what agent.engines.build_progress sends)."""
+    """A device's job status while its engine builds.
+
+    ``build`` is what agent.engines.building.progress sends.
+    """
     message = JobStatus(job_id=job_id, slot="main", state=state, progress=0.3, build=build)
     return Topics(prefix, device).jobs(job_id), encode(message)
 

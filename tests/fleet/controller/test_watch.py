@@ -2,7 +2,7 @@
 
 The controller is the real one (a thread runs its loop, :class:`tests.fleet.controller.test_process.Running`);
 the building device is the test itself publishing the job states and build progress an agent
-publishes (agent/engines/build_progress.py: a heartbeat every 2 s that moves only ``elapsed_s``).
+publishes (agent/engines/building/progress.py: a heartbeat every 2 s that moves only ``elapsed_s``).
 Each poll of ``--watch`` is a request on the broker, so the test counts them instead of sleeping.
 """
 

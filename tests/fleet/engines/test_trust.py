@@ -6,7 +6,7 @@ import hashlib
 
 import pytest
 
-from agent.engines.fleet_trust import EngineRefusedError, verified_record
+from agent.engines.sharing.trust import EngineRefusedError, verified_record
 from agent.fleet.engines.trust import (
     JobFacts,
     missing_files,

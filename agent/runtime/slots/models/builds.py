@@ -3,7 +3,7 @@
 A deployment's build reports in its job status; a build the slot started itself has no job, so
 up/info says what is being built, since when, its phase and estimate (``SlotInfo.building``). The
 device republishes up/info on progress at most once per
-:data:`~agent.engines.build_progress.PUBLISH_INTERVAL_S` per slot.
+:data:`~agent.engines.building.progress.PUBLISH_INTERVAL_S` per slot.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from agent.engines.build_progress import PUBLISH_INTERVAL_S, ProgressTracker
+from agent.engines.building.progress import PUBLISH_INTERVAL_S, ProgressTracker
 from agent.engines.job import Progress
 
 

@@ -17,10 +17,10 @@ import structlog
 
 from agent.delivery.errors import JobCancelledError
 from agent.delivery.steps import ActivationRequest, BuildOutcome, JobReporter, no_build
-from agent.engines.build_progress import ProgressTracker
-from agent.engines.fleet_cache import FleetEngineCache
-from agent.engines.plan import FAILED_AT, load_fallback
+from agent.engines.building.plan import FAILED_AT, load_fallback
+from agent.engines.building.progress import ProgressTracker
 from agent.engines.service import PreparedEngine
+from agent.engines.sharing.cache import FleetEngineCache
 from agent.engines.spec import BuildSpec
 from agent.errors import BuildError, EngineError
 from agent.protocol.runs import runs_of

@@ -20,9 +20,9 @@ from agent.delivery.errors import JobCancelledError
 from agent.delivery.settings import DeliveryConfig
 from agent.delivery.steps import ActivationRequest
 from agent.delivery.transfer import fetch_model
-from agent.engines.fleet_cache import FleetEngineCache
-from agent.engines.fleet_link import MqttEngineRequests
 from agent.engines.service import EngineService, PreparedEngine
+from agent.engines.sharing.cache import FleetEngineCache
+from agent.engines.sharing.link import MqttEngineRequests
 from agent.engines.spec import BuildSpec
 from agent.errors import BuildError, EngineError
 from agent.mqtt.link import MqttLink

@@ -16,8 +16,8 @@ from typing import Literal
 
 import structlog
 
-from agent.engines.fleet_cache import ASKING_THE_FLEET
-from agent.engines.fleet_startup import startup_job_id
+from agent.engines.sharing.cache import ASKING_THE_FLEET
+from agent.engines.sharing.startup import startup_job_id
 from agent.engines.spec import BuildSpec
 from agent.errors import BuildError, EngineError
 from agent.runtime.slots.loaded import LoadedModel, ModelSource

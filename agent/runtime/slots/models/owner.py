@@ -25,8 +25,8 @@ import structlog
 from agent.camera.preprocess_spec import PreprocessSpec
 from agent.config import SlotConfig
 from agent.delivery.commands import NoSuchSlotError
-from agent.engines.fleet_cache import FleetEngineCache
 from agent.engines.service import EngineService
+from agent.engines.sharing.cache import FleetEngineCache
 from agent.engines.spec import BuildSpec
 from agent.errors import EngineError
 from agent.fsutil import sha256_file

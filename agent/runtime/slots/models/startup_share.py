@@ -3,12 +3,12 @@
 A slot whose model came from a deployment that shared engines (``share_engines`` in its state.json
 record) and whose engine is missing at start-up (after an upgrade changed every key) serves its
 ONNX model while the builder asks the fleet, waits for another device's build, or builds under its
-claim (:mod:`agent.engines.fleet_cache`). The engine then replaces the ONNX model the way a
+claim (:mod:`agent.engines.sharing.cache`). The engine then replaces the ONNX model the way a
 deployment's does (:func:`~agent.runtime.slots.guarded.activate_guarded`): validated, a shadow against
 the ONNX model on live frames, the swap, a probation against the ONNX model's health (the bars
 of ``engines.startup_guard``). Rejected or unhealthy, the ONNX model keeps serving and nothing is
 offered (the claim is released: another device builds). Healthy, an engine built here is offered
-for its *start-up job* (:mod:`agent.engines.fleet_startup`): its ACTIVE status with the shadow and
+for its *start-up job* (:mod:`agent.engines.sharing.startup`): its ACTIVE status with the shadow and
 probation figures is what the controller checks before it vouches.
 """
 
@@ -22,7 +22,7 @@ import structlog
 from agent.delivery.errors import JobCancelledError, RolledBackError, ShadowRejectedError
 from agent.delivery.guard import ProbationSpec, ShadowSpec
 from agent.delivery.steps import ActivationRequest, GuardReporter
-from agent.engines.fleet_cache import FLEET_BUILT_BY
+from agent.engines.sharing.cache import FLEET_BUILT_BY
 from agent.errors import EngineError
 from agent.protocol.messages import JobState, ProbationFigures, ShadowFigures
 from agent.runtime.slots.guarded import GuardedSlot, GuardRun, activate_guarded

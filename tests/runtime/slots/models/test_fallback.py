@@ -1,7 +1,7 @@
 """A deployment whose TensorRT build fails still goes live, on ONNX Runtime, and the job says why.
 
 TensorRT is absent here, so the planner's choice is forced with a fake platform that claims
-TensorRT and a GPU (:data:`tests.engines.test_builder_fallback.FORCED_TRT`, a fake for absent
+TensorRT and a GPU (:data:`tests.engines.building.test_builder_fallback.FORCED_TRT`, a fake for absent
 hardware). Everything else is real: the broker, the delivery service, the build children (the
 TensorRT one fails for real: it cannot import TensorRT), the slot that loads and validates the
 fallback engine, and state.json.
@@ -11,13 +11,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from agent.demo.broker import Broker
-from agent.engines.builder import EngineBuilder
+from agent.engines.building.builder import EngineBuilder
 from agent.engines.spec import BuildSpec
 from agent.protocol.messages import JobState
 from agent.runtime.slots.models.choice import SlotModels
 from tests.delivery.delivery_stack import SLOT, Harness
-from tests.engines.test_builder_fallback import FORCED_TRT
+from tests.engines.building.test_builder_fallback import FORCED_TRT
 from tests.runtime.slots.models.delivered_slot import ENGINES_CONFIG, deploy_v2, slot_models
 
 

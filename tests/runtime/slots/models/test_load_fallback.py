@@ -1,7 +1,7 @@
 """A TensorRT engine that builds but fails to load or validate falls back to ONNX Runtime too.
 
 TensorRT is absent here, so two stand-ins for absent hardware force the TensorRT path:
-:data:`~tests.engines.test_builder_fallback.FORCED_TRT` (a platform that claims TensorRT and a GPU,
+:data:`~tests.engines.building.test_builder_fallback.FORCED_TRT` (a platform that claims TensorRT and a GPU,
 so the planner picks TensorRT) and :class:`PlanFakingWorker` (a "TensorRT build" that writes bytes
 that are no plan). Everything after that is real: the agent's TensorRT backend fails to load that
 file (TensorRT cannot be imported), the slot rejects it, the ONNX Runtime fallback is a real build in
@@ -19,17 +19,17 @@ from typing import Any
 import numpy as np
 
 from agent.delivery.guard import ProbationSpec, ShadowSpec
-from agent.demo.broker import Broker
-from agent.engines.builder import EngineBuilder
+from agent.engines.building.builder import EngineBuilder
+from agent.engines.building.plan import FAILED_AT, PlatformFacts, load_fallback, plan_build, plan_fallback
+from agent.engines.building.worker import BuildWorker
 from agent.engines.job import BuildJob, Progress, WorkerResult
-from agent.engines.plan import FAILED_AT, PlatformFacts, load_fallback, plan_build, plan_fallback
 from agent.engines.spec import BuildSpec
-from agent.engines.worker import BuildWorker
+from agent.demo.broker import Broker
 from agent.protocol.messages import JobState, JobStatus
 from agent.runtime.slots.models.choice import SlotModels
 from tests.delivery.delivery_stack import SLOT, Harness, states
+from tests.engines.building.test_builder_fallback import FORCED_TRT
 from tests.engines.failing_jobs import TEST_ENV
-from tests.engines.test_builder_fallback import FORCED_TRT
 from tests.runtime.slots.models.delivered_slot import ENGINES_CONFIG, deploy_v2, slot_models
 
 #: What the fake plan holds: readable by a human who finds it in the engine cache.
