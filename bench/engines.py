@@ -35,6 +35,7 @@ import onnxruntime as ort
 from agent.backends.base import LoadOptions, get_backend
 from agent.camera.preprocess import preprocess
 from agent.camera.preprocess_spec import PreprocessSpec
+from agent.demo.modelzoo import write_classifier, write_mobilenet_like
 from agent.engines.building.artifact import EngineArtifact
 from agent.engines.building.builder import EngineBuilder
 from agent.engines.settings import EngineConfig

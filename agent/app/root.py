@@ -29,7 +29,6 @@ from agent.config.changes import config_changes, needs_restart
 from agent.delivery.ledger import JobsFile
 from agent.delivery.service import DeliveryService
 from agent.delivery.transfer import fetch_model
-from agent.app.device_reports import DeviceReports
 from agent.engines.building.builder import EngineBuilder
 from agent.engines.service import EngineService
 from agent.errors import ConfigError

@@ -316,9 +316,9 @@ def quiet_logs() -> None:
 
 def run_build(args: argparse.Namespace) -> int:
     """``edge-agent build``: returns the exit status; raises AgentError for the CLI to print."""
-    from agent.measure.throughput import THIS_BUILD, bench
     from agent.engines.building.builder import EngineBuilder
     from agent.machine.platform import detect_platform
+    from agent.measure.throughput import THIS_BUILD, bench
 
     quiet_logs()
 

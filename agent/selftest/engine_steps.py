@@ -8,7 +8,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from agent.measure.throughput import bench, bench_candidates, compare_backends
 from agent.engines.building.artifact import EngineArtifact
 from agent.engines.spec import BuildSpec, CalibrationSource
 from agent.measure.throughput import bench, bench_candidates, compare_backends

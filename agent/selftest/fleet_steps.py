@@ -14,7 +14,6 @@ from __future__ import annotations
 import numpy as np
 
 from agent.backends.base import get_backend
-from agent.measure.throughput import random_feeds
 from agent.engines.building.artifact import EngineArtifact
 from agent.engines.building.builder import EngineBuilder
 from agent.engines.sharing.cache import FleetEngineCache

@@ -12,6 +12,7 @@ from agent.delivery.errors import NoSourceError
 from agent.delivery.manifest import build_manifest, describe_artifact
 from agent.delivery.settings import DeliveryConfig
 from agent.delivery.transfer import fetch_model
+from agent.demo.modelzoo import write_classifier
 from agent.engines.calibration.int8 import write_table
 from agent.engines.spec import BuildSpec, CalibrationSource
 from agent.protocol.topics import Topics

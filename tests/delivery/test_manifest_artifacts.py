@@ -17,6 +17,7 @@ from agent.delivery.manifest import (
     parse_signed,
     sign_manifest,
 )
+from agent.demo.modelzoo import write_classifier
 from agent.engines.calibration.int8 import write_table
 from agent.engines.spec import BuildSpec, CalibrationSource
 from agent.fleet.deploy.manifest import plan_manifest

@@ -24,6 +24,7 @@ from agent.camera.preprocess import preprocess
 from agent.camera.preprocess_spec import PreprocessSpec
 from agent.cli import main
 from agent.datasets.shapes import MODEL_PATH
+from agent.demo.broker import Broker
 from agent.engines.calibration.int8 import quantize_int8
 from agent.fleet.controller.client import ControllerClient
 from agent.fsutil import sha256_file

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from agent.demo.broker import Broker
 from agent.engines.building.progress import PUBLISH_INTERVAL_S
 from agent.engines.spec import BuildSpec
 from agent.fleet.cli.progress import progress_line

@@ -16,6 +16,7 @@ import pytest
 
 from agent.backends.base import get_backend
 from agent.camera.preprocess_spec import PreprocessSpec
+from agent.demo.modelzoo import write_classifier
 from agent.engines.building.builder import EngineBuilder
 from agent.engines.building.model_facts import model_facts
 from agent.engines.building.worker import BuildWorker

@@ -16,6 +16,7 @@ import onnxruntime as ort
 import pytest
 
 from agent.backends.base import get_backend
+from agent.demo.modelzoo import write_classifier
 from agent.engines.building.builder import EngineBuilder
 from agent.engines.building.worker import BuildWorker
 from agent.engines.job import BuildJob, Progress, WorkerResult

@@ -9,6 +9,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 
+from agent.demo.modelzoo import write_classifier
 from agent.engines.building.ort import (
     CPU_EP,
     CUDA_EP,

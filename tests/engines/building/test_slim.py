@@ -14,6 +14,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 
+from agent.demo.modelzoo import write_classifier, write_detector, write_mobilenet_like
 from agent.engines.building.builder import EngineBuilder
 from agent.engines.building.slim import onnxslim_version, slim_model
 from agent.engines.cache.key import model_sha256

@@ -13,6 +13,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
+from agent.demo.modelzoo import write_classifier
 from agent.engines.building.worker import BuildWorker, signal_name
 from agent.engines.building.worker_child import TEST_JOBS_ENV, raised_during_import
 from agent.engines.calibration.data import load_batches, save_batches

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from agent.demo.modelzoo import write_classifier
 from agent.engines.building.builder import EngineBuilder
 from agent.engines.calibration.file import as_trt_cache, read_ranges
 from agent.engines.calibration.int8 import write_table
@@ -17,7 +18,6 @@ from agent.engines.calibration.trt_cache import write_trt_cache
 from agent.engines.settings import EngineConfig
 from agent.engines.spec import BuildSpec, CalibrationSource
 from agent.errors import BuildError
-from agent.demo.modelzoo import write_classifier
 from tests.engines.building.test_builder import PLATFORM, frames, run
 
 

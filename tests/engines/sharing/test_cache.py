@@ -16,6 +16,7 @@ import pytest
 
 from agent.camera.preprocess_spec import PreprocessSpec
 from agent.datasets.shapes import MODEL_PATH, generate
+from agent.demo.modelzoo import write_classifier
 from agent.engines.building.artifact import EngineArtifact
 from agent.engines.building.builder import EngineBuilder
 from agent.engines.service import EngineService

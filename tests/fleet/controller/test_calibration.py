@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from agent.delivery.manifest import parse_signed
+from agent.demo.broker import Broker
 from agent.engines.calibration.int8 import write_table
 from agent.fleet.deploy.keys import KeyPairFiles
 from agent.fsutil import sha256_file

@@ -15,6 +15,8 @@ import numpy.typing as npt
 
 from agent.config import SlotConfig
 from agent.delivery.manifest import DeployManifest
+from agent.demo.broker import Broker
+from agent.demo.modelzoo import write_classifier
 from agent.engines.building.builder import EngineBuilder
 from agent.engines.service import EngineService
 from agent.engines.settings import EngineConfig

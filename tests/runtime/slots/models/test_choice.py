@@ -12,6 +12,7 @@ import pytest
 from agent.config import SlotConfig
 from agent.delivery.commands import Followed
 from agent.delivery.steps import ActivationRequest
+from agent.demo.modelzoo import write_classifier
 from agent.engines.building.builder import EngineBuilder
 from agent.engines.service import EngineService
 from agent.engines.settings import EngineConfig

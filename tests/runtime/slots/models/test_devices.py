@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from agent.demo.broker import Broker
 from agent.engines.building.builder import EngineBuilder
 from agent.engines.spec import BuildSpec
 from agent.machine.platform import detect_platform

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from agent.demo.broker import Broker
 from agent.engines.building.builder import EngineBuilder
 from agent.engines.spec import BuildSpec
 from agent.protocol.messages import JobState

@@ -13,13 +13,13 @@ from structlog.testing import capture_logs
 
 from agent.config import SlotConfig
 from agent.datasets.shapes import MODEL_PATH, generate
+from agent.demo.modelzoo import write_classifier
 from agent.engines.building.builder import EngineBuilder
 from agent.engines.building.worker import BuildWorker
 from agent.engines.service import EngineService
-from agent.demo.modelzoo import write_classifier
 from agent.machine.platform import detect_platform
-from agent.runtime.slots.models.sources import model_source
 from agent.runtime.slots.models.choice import SlotModels
+from agent.runtime.slots.models.sources import model_source
 from agent.runtime.slots.slot import ModelSlot
 from agent.state.file import StateFile
 from agent.telemetry import Metrics
