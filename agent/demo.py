@@ -45,7 +45,7 @@ from agent.logs import configure_logging
 from agent.modelzoo import write_detector
 from agent.mqtt.observer import Observer
 from agent.mqtt.settings import MqttSettings
-from agent.postprocess.spec import ClassificationSpec
+from agent.specs.postprocess import ClassificationSpec
 
 
 @dataclass

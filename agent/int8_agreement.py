@@ -19,12 +19,12 @@ from typing import Any
 import numpy as np
 
 from agent.backends.base import LoadOptions, get_backend
-from agent.camera.preprocess_spec import PreprocessSpec
 from agent.engines.artifact import EngineArtifact
 from agent.engines.calibration_data import dataset_images
 from agent.engines.guard import agreement
 from agent.engines.ort_builder import CPU_EP
 from agent.errors import AgentError
+from agent.specs.preprocess import PreprocessSpec
 
 #: Most calibration images the comparison runs (a few seconds on a CPU).
 MAX_FRAMES = 50

@@ -6,11 +6,11 @@ import importlib.util
 from pathlib import Path
 from types import ModuleType
 
-from agent.camera.preprocess_spec import PreprocessSpec
 from agent.config.models import SamplesConfig
 from agent.demo_setup import write_demo_video
 from agent.localbroker import Broker
 from agent.modelzoo import write_tiny_classifier
+from agent.specs.preprocess import PreprocessSpec
 
 
 def _bench_pipeline() -> ModuleType:

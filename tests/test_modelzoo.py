@@ -17,10 +17,10 @@ from agent import modelzoo
 from agent.backends.base import LoadOptions
 from agent.backends.onnxruntime import OnnxRuntimeBackend
 from agent.camera.preprocess import preprocess
-from agent.camera.preprocess_spec import PreprocessSpec
 from agent.errors import EngineError
 from agent.postprocess.runner import Postprocessor, validate_outputs
-from agent.postprocess.spec import ClassificationSpec, DetectionSpec
+from agent.specs.postprocess import ClassificationSpec, DetectionSpec
+from agent.specs.preprocess import PreprocessSpec
 
 
 def _session(path: Path) -> Any:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from agent.delivery.manifest import DeployManifest
+    from agent.protocol.manifest import DeployManifest
 
 BITMAP_VERSION = 1
 

@@ -30,7 +30,7 @@ from agent.delivery.chunk_bitmap import bitmap_record, empty_bits, set_bit
 from agent.fsutil import atomic_write_json
 
 if TYPE_CHECKING:
-    from agent.delivery.manifest import DeployManifest
+    from agent.protocol.manifest import DeployManifest
 
 log = structlog.get_logger(__name__)
 

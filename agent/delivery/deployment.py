@@ -21,17 +21,7 @@ from typing import Any, Literal
 
 import structlog
 
-from agent.camera.preprocess_spec import PreprocessSpec
 from agent.delivery.artifacts import fetch_artifacts, with_artifacts
-from agent.delivery.errors import (
-    DiskFullError,
-    JobCancelledError,
-    RolledBackError,
-    TooLargeError,
-    rejects,
-)
-from agent.delivery.guard import ProbationSpec
-from agent.delivery.manifest import DeployManifest
 from agent.delivery.reconcile import DISK_FULL
 from agent.delivery.steps import (
     ActivateFn,
@@ -43,7 +33,14 @@ from agent.delivery.steps import (
 )
 from agent.delivery.verify import verify_model
 from agent.errors import AgentError, EngineError
-from agent.postprocess.spec import PostprocessSpec
+from agent.protocol.delivery_errors import (
+    DiskFullError,
+    JobCancelledError,
+    RolledBackError,
+    TooLargeError,
+    rejects,
+)
+from agent.protocol.manifest import DeployManifest
 from agent.protocol.messages import (
     BuildProgressInfo,
     EvidenceSummary,
@@ -52,7 +49,10 @@ from agent.protocol.messages import (
     ProbationFigures,
     ShadowFigures,
 )
+from agent.protocol.proving import ProbationSpec
 from agent.protocol.runs import runs_of
+from agent.specs.postprocess import PostprocessSpec
+from agent.specs.preprocess import PreprocessSpec
 from agent.store import ModelStore
 from agent.transitions import TransitionTable
 

@@ -1,7 +1,7 @@
 """The gate of ``down/desired/{slot}``: a payload checked into a manifest, or refused and reported once.
 
 :class:`DesiredIntake` runs on the MQTT dispatcher thread. It parses and checks a payload
-(:func:`~agent.delivery.manifest.parse_signed`: JSON, signature, shape, names, device), checks the
+(:func:`~agent.protocol.manifest.parse_signed`: JSON, signature, shape, names, device), checks the
 slot (the topic's, and one this device has), and hands the manifest to the delivery service. A
 refusal is logged, and published as a REJECTED job status once per job id: a job id that runs, ran
 or was refused already gets no second terminal state. A refused payload is remembered per slot, so
@@ -16,13 +16,13 @@ from collections.abc import Callable, Mapping
 
 import structlog
 
-from agent.delivery.errors import WrongSlotError
 from agent.delivery.job_records import JobRecords
-from agent.delivery.manifest import DeployManifest, parse_signed, recover_job_id
 from agent.delivery.settings import DeliveryConfig
 from agent.delivery.steps import SlotSpecsFn
 from agent.errors import DeliveryError
 from agent.mqtt.inbound import InboundMessage
+from agent.protocol.delivery_errors import WrongSlotError
+from agent.protocol.manifest import DeployManifest, parse_signed, recover_job_id
 from agent.protocol.messages import JobState, JobStatus
 from agent.signing import Ed25519PublicKey
 

@@ -11,11 +11,11 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
-from agent.delivery.errors import HashMismatchError
-from agent.delivery.manifest import DeployManifest, ModelSourceRef
 from agent.delivery.steps import FetchFn
 from agent.fsutil import sha256_file
+from agent.protocol.delivery_errors import HashMismatchError
 from agent.protocol.engines import EngineFile
+from agent.protocol.manifest import DeployManifest, ModelSourceRef
 
 
 def _quiet(done: int, total: int) -> None:

@@ -25,8 +25,13 @@ from typing import IO, Any
 import structlog
 
 from agent.backoff import reconnect_delay
-from agent.delivery.errors import HttpFailedError, HttpNotFoundError, JobCancelledError, TransferTimeoutError
 from agent.delivery.partial import PartialDownload
+from agent.protocol.delivery_errors import (
+    HttpFailedError,
+    HttpNotFoundError,
+    JobCancelledError,
+    TransferTimeoutError,
+)
 
 log = structlog.get_logger(__name__)
 

@@ -14,7 +14,7 @@ from collections.abc import Callable
 import structlog
 
 from agent.delivery.ledger import JobLedger, JobRecord
-from agent.delivery.manifest import DeployManifest
+from agent.protocol.manifest import DeployManifest
 from agent.protocol.messages import JobState, JobStatus
 
 log = structlog.get_logger(__name__)

@@ -30,12 +30,12 @@ import structlog
 
 from agent.delivery.chunk_bitmap import read_bitmap
 from agent.delivery.chunk_flusher import ChunkFlusher
-from agent.delivery.errors import DiskFullError, HashMismatchError
 from agent.errors import DeliveryError
 from agent.fsutil import fsync_directory, sha256_file
+from agent.protocol.delivery_errors import DiskFullError, HashMismatchError
 
 if TYPE_CHECKING:
-    from agent.delivery.manifest import DeployManifest
+    from agent.protocol.manifest import DeployManifest
 
 log = structlog.get_logger(__name__)
 

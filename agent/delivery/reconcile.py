@@ -22,10 +22,10 @@ from collections.abc import Collection
 from dataclasses import dataclass
 
 from agent.delivery.ledger import JobRecord
-from agent.delivery.manifest import DeployManifest
+from agent.protocol.manifest import DeployManifest
 from agent.protocol.messages import JobState
 
-#: The error code of a job that failed for want of disk space (:class:`~agent.delivery.errors.DiskFullError`).
+#: The error code of a job that failed for want of disk space (:class:`~agent.errors.DiskFullError`).
 DISK_FULL = "disk_full"
 
 

@@ -14,12 +14,12 @@ from pathlib import Path
 from typing import Any
 
 from agent.backends.base import ProviderRequest
-from agent.camera.preprocess_spec import PreprocessSpec
-from agent.delivery.guard import ProbationSpec, ShadowSpec
-from agent.delivery.manifest import DeployManifest
-from agent.engines.spec import BuildSpec
-from agent.postprocess.spec import PostprocessSpec
+from agent.protocol.manifest import DeployManifest
 from agent.protocol.messages import EvidenceSummary, JobState, ProbationFigures, ShadowFigures
+from agent.protocol.proving import ProbationSpec, ShadowSpec
+from agent.specs.build import BuildSpec
+from agent.specs.postprocess import PostprocessSpec
+from agent.specs.preprocess import PreprocessSpec
 
 #: Called by a fetch with ``(bytes_done, bytes_total)`` as the download advances.
 ProgressFn = Callable[[int, int], None]
@@ -142,7 +142,8 @@ class ActivationRequest:
 
     ``preprocess``/``postprocess`` None keep the slot's current ones. ``shadow`` and a positive
     ``probation_s`` guard the swap (reported through ``guard``): the runtime raises
-    :class:`~agent.delivery.errors.ShadowRejectedError` or :class:`~agent.delivery.errors.RolledBackError`.
+    :class:`~agent.protocol.delivery_errors.ShadowRejectedError` or
+    :class:`~agent.protocol.delivery_errors.RolledBackError`.
     """
 
     slot: str

@@ -29,19 +29,20 @@ from typing import TYPE_CHECKING
 
 import structlog
 
-from agent.delivery.chunks import INDEX_PROPERTY, SHA256_PROPERTY, ChunkReply, ChunkRequest, router_for
-from agent.delivery.errors import JobCancelledError, NoSourceError, TransferTimeoutError
+from agent.delivery.chunks import ChunkReply, router_for
 from agent.delivery.http_source import HttpSource
 from agent.delivery.partial import PartialDownload
 from agent.delivery.rto import RetransmitTimer
 from agent.delivery.settings import DeliveryConfig
 from agent.errors import DeliveryError
 from agent.mqtt.core import PublishProperties
+from agent.protocol.chunks import INDEX_PROPERTY, SHA256_PROPERTY, ChunkRequest
+from agent.protocol.delivery_errors import JobCancelledError, NoSourceError, TransferTimeoutError
 from agent.protocol.topics import Topics
 
 if TYPE_CHECKING:
-    from agent.delivery.manifest import DeployManifest
     from agent.mqtt.link import MqttLink
+    from agent.protocol.manifest import DeployManifest
 
 log = structlog.get_logger(__name__)
 

@@ -24,8 +24,8 @@ from agent.engines.ort_builder import (
     provider_names,
     provider_options,
 )
-from agent.engines.spec import BuildPlan, BuildSpec
 from agent.platform import Platform
+from agent.specs.build import BuildPlan, BuildSpec
 
 
 @dataclass(frozen=True)

@@ -40,7 +40,6 @@ from typing import Any
 import numpy.typing as npt
 import structlog
 
-from agent.camera.preprocess_spec import PreprocessSpec
 from agent.engines.artifact import EngineArtifact, artifact_of
 from agent.engines.build_history import BuildHistory, build_fingerprint
 from agent.engines.cache import CacheEntry, EngineCache
@@ -55,10 +54,11 @@ from agent.engines.ort_builder import REPORT_FILE
 from agent.engines.plan import FAILED_AT, FailureStage, PlatformFacts, plan_build, plan_fallback
 from agent.engines.settings import EngineConfig
 from agent.engines.slim import onnxslim_version
-from agent.engines.spec import BuildPlan, BuildSpec
 from agent.engines.worker import BuildWorker
 from agent.errors import BuildError
 from agent.platform import Platform
+from agent.specs.build import BuildPlan, BuildSpec
+from agent.specs.preprocess import PreprocessSpec
 
 log = structlog.get_logger(__name__)
 

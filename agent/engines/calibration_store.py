@@ -29,13 +29,13 @@ import structlog
 
 from agent.camera.frame import Frame
 from agent.camera.preprocess import preprocess as preprocess_frame
-from agent.camera.preprocess_spec import PreprocessSpec
 from agent.engines.cache_key import model_sha256
 from agent.engines.calibration_cache import read_trt_cache
 from agent.engines.guard import Preprocess
 from agent.engines.int8 import Method, read_table, write_table
 from agent.errors import BuildError
 from agent.fsutil import atomic_write_bytes
+from agent.specs.preprocess import PreprocessSpec
 
 log = structlog.get_logger(__name__)
 

@@ -19,13 +19,13 @@ from typing import Any
 import numpy.typing as npt
 
 from agent.backends.base import Runner, get_backend
-from agent.camera.preprocess_spec import PreprocessSpec
 from agent.engines.artifact import EngineArtifact
 from agent.engines.builder import EngineBuilder
 from agent.engines.placement_choice import CandidateTiming, CombinationTiming
-from agent.engines.spec import BuildSpec
 from agent.engines.timing import time_runner, time_together
 from agent.errors import BuildError, EngineError
+from agent.specs.build import BuildSpec
+from agent.specs.preprocess import PreprocessSpec
 
 Progress = Callable[[str], None]
 

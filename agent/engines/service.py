@@ -20,7 +20,6 @@ import numpy.typing as npt
 import structlog
 
 from agent.backends.base import LoadOptions, get_backend
-from agent.camera.preprocess_spec import PreprocessSpec
 from agent.engines.artifact import EngineArtifact
 from agent.engines.builder import EngineBuilder
 from agent.engines.calibration_data import PROGRESS_LINES
@@ -40,9 +39,10 @@ from agent.engines.placement_choice import (
 )
 from agent.engines.placement_measure import measure_candidates, measure_combinations
 from agent.engines.settings import EngineConfig
-from agent.engines.spec import BuildSpec
 from agent.errors import BuildError, EngineError
 from agent.protocol.engines import DropStage
+from agent.specs.build import BuildSpec
+from agent.specs.preprocess import PreprocessSpec
 
 log = structlog.get_logger(__name__)
 

@@ -24,9 +24,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from agent import __version__
-from agent.camera.preprocess_spec import PreprocessSpec
 from agent.delivery.ledger import JobRecord, JobsFile
-from agent.delivery.manifest import DeployManifest
 from agent.delivery.service import DeliveryService
 from agent.delivery.settings import DeliveryConfig
 from agent.delivery.steps import ActivationRequest, ProgressFn, no_build
@@ -36,10 +34,12 @@ from agent.fleetsim.plan import DevicePlan
 from agent.fleetsim.slot import SimSlots
 from agent.mqtt.link import MqttLink
 from agent.mqtt.settings import MqttSettings
-from agent.postprocess.spec import PostprocessSpec
+from agent.protocol.manifest import DeployManifest
 from agent.protocol.messages import BackendInfo, InfoMessage, ModelRef, SlotInfo, TelemetryMessage
 from agent.protocol.topics import Topics
 from agent.signing import Ed25519PublicKey
+from agent.specs.postprocess import PostprocessSpec
+from agent.specs.preprocess import PreprocessSpec
 from agent.spool import Spool
 from agent.spool_settings import SpoolSettings
 from agent.store import ModelStore

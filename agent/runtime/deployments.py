@@ -15,14 +15,13 @@ from pathlib import Path
 
 import structlog
 
-from agent.delivery.errors import JobCancelledError
 from agent.delivery.steps import ActivationRequest, BuildOutcome, JobReporter, no_build
 from agent.engines.build_progress import ProgressTracker
 from agent.engines.fleet_cache import FleetEngineCache
 from agent.engines.plan import FAILED_AT, load_fallback
 from agent.engines.service import PreparedEngine
-from agent.engines.spec import BuildSpec
 from agent.errors import BuildError, EngineError
+from agent.protocol.delivery_errors import JobCancelledError
 from agent.protocol.runs import runs_of
 from agent.runtime.evidence import EvidenceStore
 from agent.runtime.fleet_engines import offer_when_active, rebuilt_here, release_claim, release_job_claims
@@ -31,6 +30,7 @@ from agent.runtime.loaded import ModelSource
 from agent.runtime.model_sources import engine_report, engine_source, engine_summary, model_source
 from agent.runtime.slot_builds import heartbeat
 from agent.runtime.slot_owner import SlotOwner
+from agent.specs.build import BuildSpec
 
 log = structlog.get_logger(__name__)
 

@@ -31,8 +31,8 @@ import numpy as np
 import numpy.typing as npt
 import structlog
 
-from agent.delivery.errors import JobCancelledError, RolledBackError, ShadowRejectedError
 from agent.delivery.steps import ActivationRequest, GuardReporter
+from agent.protocol.delivery_errors import JobCancelledError, RolledBackError, ShadowRejectedError
 from agent.protocol.messages import JobState, ShadowFigures
 from agent.runtime.agreement import ShadowTally, frame_agreement
 from agent.runtime.evidence import EvidenceStore

@@ -26,14 +26,11 @@ import numpy as np
 import numpy.typing as npt
 import structlog
 
-from agent.camera.preprocess_spec import PreprocessSpec
 from agent.config import SlotConfig
 from agent.delivery.commands import Followed
 from agent.delivery.steps import ActivationRequest, BuildOutcome, JobReporter
 from agent.engines.service import EngineService
-from agent.engines.spec import BuildSpec
 from agent.errors import AgentError, BuildError, EngineError
-from agent.postprocess.spec import PostprocessSpec
 from agent.protocol.command_args import CalibrateArgs
 from agent.runtime.deployments import SlotDeployments
 from agent.runtime.evidence import EvidenceStore
@@ -43,6 +40,9 @@ from agent.runtime.model_sources import Origin, build_of, from_record, model_sou
 from agent.runtime.rollback import SlotRollback
 from agent.runtime.slot import ModelSlot
 from agent.runtime.slot_owner import SlotOwner
+from agent.specs.build import BuildSpec
+from agent.specs.postprocess import PostprocessSpec
+from agent.specs.preprocess import PreprocessSpec
 from agent.state import AgentState, StateFile
 from agent.telemetry import Metrics
 

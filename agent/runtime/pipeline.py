@@ -23,7 +23,6 @@ import numpy.typing as npt
 import structlog
 
 from agent.camera.preprocess import preprocess, resize_fit
-from agent.camera.preprocess_spec import PreprocessSpec
 from agent.engines.gpu_preprocess import GpuPreprocessor
 from agent.errors import AgentError
 from agent.liveness import CallWatch
@@ -34,6 +33,7 @@ from agent.runtime.slot import ModelSlot
 from agent.runtime.snapshots import SnapshotBoard
 from agent.runtime.stage_items import FrameTap, InferredItem, Publisher, StreamMetrics, StreamPlan, WorkItem
 from agent.runtime.stage_queue import SlotInbox
+from agent.specs.preprocess import PreprocessSpec
 from agent.telemetry import Metrics
 
 log = structlog.get_logger(__name__)

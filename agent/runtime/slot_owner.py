@@ -21,19 +21,19 @@ import numpy as np
 import numpy.typing as npt
 import structlog
 
-from agent.camera.preprocess_spec import PreprocessSpec
 from agent.config import SlotConfig
 from agent.delivery.commands import NoSuchSlotError
 from agent.engines.fleet_cache import FleetEngineCache
 from agent.engines.service import EngineService
-from agent.engines.spec import BuildSpec
 from agent.errors import EngineError
 from agent.fsutil import sha256_file
-from agent.postprocess.spec import PostprocessSpec
 from agent.runtime.loaded import LoadedModel, ModelSource
 from agent.runtime.model_sources import Origin, engine_source, record_of
 from agent.runtime.slot import ModelSlot
 from agent.runtime.slot_builds import SlotBuilds
+from agent.specs.build import BuildSpec
+from agent.specs.postprocess import PostprocessSpec
+from agent.specs.preprocess import PreprocessSpec
 from agent.state import StateFile, record_activation, record_config_model, record_rollback
 from agent.store import ModelStore
 from agent.telemetry import Metrics

@@ -10,7 +10,6 @@ from typing import Any
 
 from agent.benchmark import bench, bench_candidates, compare_backends
 from agent.engines.artifact import EngineArtifact
-from agent.engines.spec import BuildSpec, CalibrationSource
 from agent.selftest.run import SelfTestRun
 from agent.selftest.step import Passed, Skipped, Step, StepFailure
 from agent.selftest.targets import (
@@ -19,6 +18,7 @@ from agent.selftest.targets import (
     Device,
     EnginePrecision,
 )
+from agent.specs.build import BuildSpec, CalibrationSource
 
 
 def build_spec_for(run: SelfTestRun, device: Device, precision: EnginePrecision) -> BuildSpec:

@@ -18,7 +18,6 @@ from agent.benchmark import random_feeds
 from agent.engines.artifact import EngineArtifact
 from agent.engines.builder import EngineBuilder
 from agent.engines.fleet_cache import FleetEngineCache
-from agent.engines.spec import BuildSpec
 from agent.fleet.controller.upload import UploadSink
 from agent.fleet.engines.desk import EngineDesk
 from agent.fleet.engines.local import LocalDeskRequests, local_download
@@ -29,6 +28,7 @@ from agent.selftest.engine_steps import build_spec_for, built_engine
 from agent.selftest.run import SelfTestRun
 from agent.selftest.step import Passed, Skipped, StepFailure
 from agent.signing import Ed25519PrivateKey
+from agent.specs.build import BuildSpec
 
 _KEY_ID = "selftest"
 

@@ -10,11 +10,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from agent.delivery.artifacts import KEEP
-from agent.delivery.manifest import describe_artifact
 from agent.delivery.steps import BuildOutcome, JobReporter, no_build
 from agent.engines.int8 import write_table
-from agent.engines.spec import BuildSpec, CalibrationSource
+from agent.protocol.manifest import describe_artifact
 from agent.protocol.messages import JobState
+from agent.specs.build import BuildSpec, CalibrationSource
 from tests.delivery.conftest import HarnessFactory
 
 SPEC = BuildSpec(

@@ -8,14 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from agent.delivery.errors import NoSourceError
-from agent.delivery.manifest import build_manifest, describe_artifact
 from agent.delivery.settings import DeliveryConfig
 from agent.delivery.transfer import fetch_model
 from agent.engines.int8 import write_table
-from agent.engines.spec import BuildSpec, CalibrationSource
 from agent.modelzoo import write_classifier
+from agent.protocol.delivery_errors import NoSourceError
+from agent.protocol.manifest import build_manifest, describe_artifact
 from agent.protocol.topics import Topics
+from agent.specs.build import BuildSpec, CalibrationSource
 from tests.delivery.test_http_source import ModelServer
 
 SPEC = BuildSpec(

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 from agent.delivery.deployment import JOB_TRANSITIONS
-from agent.delivery.errors import RolledBackError, ShadowRejectedError
-from agent.delivery.guard import ProbationSpec, ShadowSpec
 from agent.delivery.steps import ActivationRequest
+from agent.protocol.delivery_errors import RolledBackError, ShadowRejectedError
 from agent.protocol.messages import FailedFigure, JobState, ProbationFigures, ShadowFigures
+from agent.protocol.proving import ProbationSpec, ShadowSpec
 from agent.transitions import IllegalTransitionError
 from tests.delivery.delivery_stack import Harness, states
 

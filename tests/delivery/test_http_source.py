@@ -18,11 +18,11 @@ from typing import Any
 
 import pytest
 
-from agent.delivery.errors import HttpFailedError, HttpNotFoundError, JobCancelledError
 from agent.delivery.http_source import HttpSource
-from agent.delivery.manifest import DeployManifest, ModelSourceRef
 from agent.delivery.partial import PartialDownload
 from agent.delivery.transfer import fetch_model
+from agent.protocol.delivery_errors import HttpFailedError, HttpNotFoundError, JobCancelledError
+from agent.protocol.manifest import DeployManifest, ModelSourceRef
 from agent.protocol.topics import Topics
 from tests.delivery.transfer_rig import KIB, delivery_config, manifest_for, random_model
 

@@ -15,10 +15,10 @@ import pytest
 
 from agent import fsutil
 from agent.delivery import chunk_flusher
-from agent.delivery.errors import HashMismatchError
-from agent.delivery.manifest import DeployManifest
 from agent.delivery.partial import PartialDownload
 from agent.errors import DeliveryError
+from agent.protocol.delivery_errors import HashMismatchError
+from agent.protocol.manifest import DeployManifest
 from tests.delivery.transfer_rig import KIB, manifest_for, random_model
 from tests.waiting import patient, wait_until
 

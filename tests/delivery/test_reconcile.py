@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from agent.delivery.ledger import JobRecord
-from agent.delivery.manifest import DeployManifest, build_manifest
 from agent.delivery.reconcile import Action, decide
+from agent.protocol.manifest import DeployManifest, build_manifest
 from agent.protocol.messages import JobState
 
 

@@ -19,12 +19,12 @@ from typing import Any
 import pytest
 
 from agent.delivery.chunks import router_for
-from agent.delivery.errors import JobCancelledError, TransferTimeoutError
-from agent.delivery.manifest import DeployManifest, ModelSourceRef
 from agent.delivery.partial import PartialDownload
 from agent.delivery.transfer import MqttPull, PullStats, fetch_model
 from agent.fleet.chunks.server import ChunkServer
 from agent.localbroker import Broker
+from agent.protocol.delivery_errors import JobCancelledError, TransferTimeoutError
+from agent.protocol.manifest import DeployManifest, ModelSourceRef
 from tests.delivery.transfer_rig import (
     KIB,
     MIB,

@@ -19,10 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from agent.delivery.manifest import DeployManifest
 from agent.delivery.transfer import fetch_model
 from agent.fleet.chunks.server import ChunkServer
 from agent.localbroker import Broker
+from agent.protocol.manifest import DeployManifest
 from tests.delivery.transfer_rig import (
     KIB,
     MIB,

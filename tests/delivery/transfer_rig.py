@@ -12,12 +12,12 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from agent.delivery.manifest import DeployManifest, ModelSourceRef, build_manifest
 from agent.delivery.settings import DeliveryConfig
 from agent.fleet.chunks.server import ChunkServer
 from agent.localbroker import Broker
 from agent.mqtt.link import MqttLink
 from agent.mqtt.settings import MqttSettings
+from agent.protocol.manifest import DeployManifest, ModelSourceRef, build_manifest
 from agent.protocol.topics import Topics
 from agent.spool import Spool
 

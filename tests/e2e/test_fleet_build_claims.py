@@ -30,13 +30,13 @@ import numpy as np
 import pytest
 
 from agent.datasets.shapes import MODEL_PATH
-from agent.engines.spec import BuildSpec, CalibrationSource
 from agent.fleet.engines.claims import ClaimBook
 from agent.fleet.engines.hooks import engines_listing
 from agent.fleet.engines.settings import EngineShareSettings
 from agent.localbroker import Broker
 from agent.protocol.messages import JobState
 from agent.protocol.topics import Topics
+from agent.specs.build import BuildSpec, CalibrationSource
 from tests.e2e.daemon import AgentFiles, Daemon
 from tests.e2e.fleet_rig import Fleet, count_version, final_status, finish, job_statuses
 from tests.e2e.test_fleet_engines import (

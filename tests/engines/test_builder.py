@@ -15,7 +15,6 @@ import onnxruntime as ort
 import pytest
 
 from agent.backends.base import get_backend
-from agent.camera.preprocess_spec import PreprocessSpec
 from agent.engines.builder import EngineBuilder
 from agent.engines.cache_key import SIDECAR_NAME
 from agent.engines.calibration_data import calibration_identity
@@ -23,11 +22,12 @@ from agent.engines.int8 import host_cpu_flags, reduce_range_for
 from agent.engines.job import BuildJob, Progress, WorkerResult
 from agent.engines.model_facts import model_facts
 from agent.engines.settings import EngineConfig
-from agent.engines.spec import BuildSpec, CalibrationSource
 from agent.engines.worker import BuildWorker
 from agent.errors import BuildError
 from agent.modelzoo import write_classifier
 from agent.platform import BackendAvailability, Platform
+from agent.specs.build import BuildSpec, CalibrationSource
+from agent.specs.preprocess import PreprocessSpec
 from tests.engines.failing_jobs import TEST_ENV
 from tests.waiting import patient
 

@@ -19,11 +19,11 @@ from agent.backends.base import get_backend
 from agent.engines.builder import EngineBuilder
 from agent.engines.job import BuildJob, Progress, WorkerResult
 from agent.engines.settings import EngineConfig
-from agent.engines.spec import BuildSpec
 from agent.engines.worker import BuildWorker
 from agent.errors import BuildError
 from agent.modelzoo import write_classifier
 from agent.platform import BackendAvailability, Platform
+from agent.specs.build import BuildSpec
 from tests.engines.failing_jobs import TEST_ENV
 
 #: A fake platform for absent hardware: it claims TensorRT and a GPU so the planner picks TensorRT;

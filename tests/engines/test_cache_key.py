@@ -29,9 +29,9 @@ from agent.engines.cache_key import (
     write_sidecar,
 )
 from agent.engines.plan import PlatformFacts, plan_build
-from agent.engines.spec import BuildPlan, BuildSpec, EngineOptions, ShapeProfile
 from agent.errors import BuildError
 from agent.platform import Platform
+from agent.specs.build import BuildPlan, BuildSpec, EngineOptions, ShapeProfile
 from tests.waiting import patient
 
 SHA_A = "a" * 64

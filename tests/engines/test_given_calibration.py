@@ -15,9 +15,9 @@ from agent.engines.calibration_cache import write_trt_cache
 from agent.engines.calibration_file import as_trt_cache, read_ranges
 from agent.engines.int8 import write_table
 from agent.engines.settings import EngineConfig
-from agent.engines.spec import BuildSpec, CalibrationSource
 from agent.errors import BuildError
 from agent.modelzoo import write_classifier
+from agent.specs.build import BuildSpec, CalibrationSource
 from tests.engines.test_builder import PLATFORM, frames, run
 
 

@@ -20,7 +20,6 @@ import numpy.typing as npt
 import pytest
 
 from agent.camera.preprocess import channel_gain_bias, preprocess
-from agent.camera.preprocess_spec import PreprocessSpec
 from agent.engines.gpu_preprocess import (
     BLOCK,
     GpuPreprocessor,
@@ -32,6 +31,7 @@ from agent.engines.gpu_preprocess import (
     preprocess_choice,
 )
 from agent.errors import EngineError
+from agent.specs.preprocess import PreprocessSpec
 from tests.engines import kernel_on_cpu
 from tests.waiting import patient
 

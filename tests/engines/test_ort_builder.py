@@ -26,9 +26,9 @@ from agent.engines.ort_builder import (
     provider_options,
     tensorrt_provider_options,
 )
-from agent.engines.spec import BuildPlan, CalibrationSource, ShapeProfile
 from agent.errors import BuildError
 from agent.modelzoo import write_classifier
+from agent.specs.build import BuildPlan, CalibrationSource, ShapeProfile
 
 PATHS = OrtPaths(engine_cache_dir=Path("/s/engines/k/trt_engines"), timing_cache_dir=Path("/s/timing"))
 ALL = (TENSORRT_EP, CUDA_EP, CPU_EP)

@@ -18,9 +18,9 @@ from agent.engines.builder import EngineBuilder
 from agent.engines.cache_key import model_sha256
 from agent.engines.settings import EngineConfig
 from agent.engines.slim import onnxslim_version, slim_model
-from agent.engines.spec import BuildSpec
 from agent.modelzoo import write_classifier, write_detector, write_mobilenet_like
 from agent.platform import detect_platform
+from agent.specs.build import BuildSpec
 
 SHAPES = Path(__file__).resolve().parents[2] / "agent" / "assets" / "shapes_classifier.onnx"
 

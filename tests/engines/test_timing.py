@@ -13,17 +13,17 @@ import numpy as np
 import pytest
 
 from agent.backends.base import Feeds, LoadOptions, Outputs, Runner, get_backend
-from agent.camera.preprocess_spec import PreprocessSpec
 from agent.datasets.shapes import generate
 from agent.engines.builder import EngineBuilder
 from agent.engines.calibration_store import collect_frames
 from agent.engines.placement_choice import choose_placement
 from agent.engines.service import EngineService
 from agent.engines.settings import EngineConfig
-from agent.engines.spec import BuildSpec
 from agent.engines.timing import time_runner, time_together
 from agent.errors import BuildError
 from agent.platform import detect_platform
+from agent.specs.build import BuildSpec
+from agent.specs.preprocess import PreprocessSpec
 from tests.engines.test_builder_fallback import FORCED_TRT
 
 MODEL = Path(__file__).resolve().parents[2] / "agent" / "assets" / "shapes_classifier.onnx"

@@ -15,11 +15,11 @@ import pytest
 
 from agent.engines.calibration_data import load_batches, save_batches
 from agent.engines.job import BuildJob
-from agent.engines.spec import BuildPlan
 from agent.engines.worker import BuildWorker, signal_name
 from agent.engines.worker_child import TEST_JOBS_ENV, raised_during_import
 from agent.errors import BuildError
 from agent.modelzoo import write_classifier
+from agent.specs.build import BuildPlan
 from tests.engines.failing_jobs import TEST_ENV
 from tests.waiting import patient
 

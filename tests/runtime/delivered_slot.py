@@ -14,15 +14,15 @@ import numpy as np
 import numpy.typing as npt
 
 from agent.config import SlotConfig
-from agent.delivery.manifest import DeployManifest
 from agent.engines.builder import EngineBuilder
 from agent.engines.service import EngineService
 from agent.engines.settings import EngineConfig
-from agent.engines.spec import BuildSpec
 from agent.localbroker import Broker
 from agent.modelzoo import write_classifier
+from agent.protocol.manifest import DeployManifest
 from agent.runtime.models import SlotModels
 from agent.runtime.slot import ModelSlot
+from agent.specs.build import BuildSpec
 from agent.state import StateFile
 from agent.telemetry import Metrics
 from tests.delivery.delivery_stack import SLOT, Harness, make_keys

@@ -20,21 +20,21 @@ import cv2
 import numpy as np
 import pytest
 
-from agent.camera.preprocess_spec import PreprocessSpec
 from agent.camera.source_spec import FileSourceSpec
 from agent.datasets.shapes import generate
-from agent.delivery.errors import JobCancelledError, RolledBackError, ShadowRejectedError
-from agent.delivery.guard import ProbationSpec, ShadowSpec
 from agent.delivery.steps import ActivationRequest, GuardReporter
 from agent.fsutil import atomic_write_json
 from agent.modelzoo import write_classifier, write_detector
-from agent.postprocess.spec import DetectionSpec
+from agent.protocol.delivery_errors import JobCancelledError, RolledBackError, ShadowRejectedError
 from agent.protocol.messages import JobState, ProbationFigures, ShadowFigures
+from agent.protocol.proving import ProbationSpec, ShadowSpec
 from agent.runtime.guarded import GuardedSlot, GuardRun, activate_guarded
 from agent.runtime.loaded import LoadedModel, ModelSource
 from agent.runtime.pipeline import SlotPipeline
 from agent.runtime.probation import ProbationRun
 from agent.runtime.slot import ModelSlot
+from agent.specs.postprocess import DetectionSpec
+from agent.specs.preprocess import PreprocessSpec
 from tests.camera.specs import make
 from tests.runtime.models import (
     write_detector_boxes_moved,

@@ -12,11 +12,11 @@ import json
 from pathlib import Path
 
 from agent.engines.builder import EngineBuilder
-from agent.engines.spec import BuildSpec
 from agent.localbroker import Broker
 from agent.platform import detect_platform
 from agent.protocol.messages import JobState
 from agent.runtime.models import SlotModels
+from agent.specs.build import BuildSpec
 from tests.delivery.delivery_stack import SLOT
 from tests.runtime.delivered_slot import ENGINES_CONFIG, deploy_v2, slot_models
 

@@ -12,10 +12,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from agent.engines.builder import EngineBuilder
-from agent.engines.spec import BuildSpec
 from agent.localbroker import Broker
 from agent.protocol.messages import JobState
 from agent.runtime.models import SlotModels
+from agent.specs.build import BuildSpec
 from tests.delivery.delivery_stack import SLOT, Harness
 from tests.engines.test_builder_fallback import FORCED_TRT
 from tests.runtime.delivered_slot import ENGINES_CONFIG, deploy_v2, slot_models

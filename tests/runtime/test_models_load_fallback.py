@@ -18,15 +18,15 @@ from typing import Any
 
 import numpy as np
 
-from agent.delivery.guard import ProbationSpec, ShadowSpec
 from agent.engines.builder import EngineBuilder
 from agent.engines.job import BuildJob, Progress, WorkerResult
 from agent.engines.plan import FAILED_AT, PlatformFacts, load_fallback, plan_build, plan_fallback
-from agent.engines.spec import BuildSpec
 from agent.engines.worker import BuildWorker
 from agent.localbroker import Broker
 from agent.protocol.messages import JobState, JobStatus
+from agent.protocol.proving import ProbationSpec, ShadowSpec
 from agent.runtime.models import SlotModels
+from agent.specs.build import BuildSpec
 from tests.delivery.delivery_stack import SLOT, Harness, states
 from tests.engines.failing_jobs import TEST_ENV
 from tests.engines.test_builder_fallback import FORCED_TRT

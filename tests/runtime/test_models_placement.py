@@ -17,9 +17,9 @@ from agent.backends.base import BACKENDS
 from agent.datasets.shapes import generate
 from agent.engines.service import EngineService
 from agent.engines.settings import EngineConfig
-from agent.engines.spec import BuildSpec
 from agent.localbroker import Broker
 from agent.protocol.messages import JobState
+from agent.specs.build import BuildSpec
 from tests.delivery.delivery_stack import SLOT
 from tests.engines.standin_accelerators import STANDIN, STANDIN_ORIN, STANDIN_TARGET, StandInBuilder
 from tests.runtime.delivered_slot import deploy_v2, slot_models

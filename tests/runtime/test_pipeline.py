@@ -15,7 +15,6 @@ import numpy as np
 import pytest
 
 from agent.camera.preprocess import Letterbox, preprocess
-from agent.camera.preprocess_spec import PreprocessSpec
 from agent.camera.source import VideoSource
 from agent.camera.source_spec import FileSourceSpec, SyntheticSourceSpec
 from agent.demo_setup import write_demo_video
@@ -23,13 +22,14 @@ from agent.localbroker import Broker
 from agent.modelzoo import write_classifier
 from agent.mqtt.link import MqttLink
 from agent.mqtt.settings import MqttSettings
-from agent.postprocess.spec import ClassificationSpec
 from agent.protocol.messages import ResultMessage, decode
 from agent.runtime.loaded import EngineReport, ModelSource
 from agent.runtime.pipeline import SlotPipeline, publishes_inline
 from agent.runtime.slot import ModelSlot
 from agent.runtime.stage_items import StreamPlan
 from agent.runtime.stage_queue import DropPolicy
+from agent.specs.postprocess import ClassificationSpec
+from agent.specs.preprocess import PreprocessSpec
 from agent.spool import Spool
 from agent.telemetry import Metrics
 from tests.camera.specs import make

@@ -16,9 +16,9 @@ from typing import Any, cast
 
 import pytest
 
-from agent.delivery.manifest import DeployManifest
 from agent.fleet.chunks.server import ChunkServer
 from agent.localbroker import Broker
+from agent.protocol.manifest import DeployManifest
 from agent.protocol.topics import Topics
 from tests.delivery.transfer_rig import KIB, Rig, manifest_for, random_model
 from tests.mqtt_probe import Probe, Received

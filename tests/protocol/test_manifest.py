@@ -10,8 +10,9 @@ from typing import Any
 
 import pytest
 
-from agent.delivery.errors import RejectedError
-from agent.delivery.manifest import (
+from agent.modelzoo import write_classifier
+from agent.protocol.delivery_errors import RejectedError
+from agent.protocol.manifest import (
     DeployManifest,
     ModelSourceRef,
     SignedManifest,
@@ -20,9 +21,6 @@ from agent.delivery.manifest import (
     recover_job_id,
     sign_manifest,
 )
-from agent.engines.spec import BuildSpec
-from agent.modelzoo import write_classifier
-from agent.postprocess.spec import ClassificationSpec
 from agent.signing import (
     Ed25519PublicKey,
     generate_keypair,
@@ -30,6 +28,8 @@ from agent.signing import (
     public_key_from_bytes,
     sign,
 )
+from agent.specs.build import BuildSpec
+from agent.specs.postprocess import ClassificationSpec
 
 DEVICE = "jet-01"
 
@@ -185,7 +185,7 @@ def test_a_signed_manifest_carries_only_the_build_keys_that_were_set(tmp_path: P
 
 def test_a_null_inside_shadow_or_probation_reaches_the_device_as_null(tmp_path: Path) -> None:
     """``min_agreement: null`` (classes changed on purpose) must not become the device's default."""
-    from agent.delivery.guard import ProbationSpec, ShadowSpec
+    from agent.protocol.proving import ProbationSpec, ShadowSpec
 
     model = tmp_path / "m.onnx"
     model.write_bytes(b"\0" * 4096)
@@ -204,7 +204,7 @@ def test_a_null_inside_shadow_or_probation_reaches_the_device_as_null(tmp_path: 
 def test_a_way_back_carries_no_shadow_and_no_probation(model: Path) -> None:
     """A manifest marked ``rollback`` that asked for either would judge the way back against, or swap
     back to, the model being left: refused with the reason."""
-    from agent.delivery.guard import ShadowSpec
+    from agent.protocol.proving import ShadowSpec
 
     assert _manifest(model, rollback=True).rollback is True
     with pytest.raises(ValueError, match="rollback: a way back has no shadow and no probation"):

@@ -9,8 +9,8 @@ subclass with a stable ``code``.
 
 One job, the manifest's wire format in both directions: its models, made from files and signed on
 the operator side, checked and parsed on the device. The checks it relies on have their own
-modules: names and hashes (:mod:`agent.delivery.manifest_names`), the signature
-(:mod:`agent.delivery.manifest_signature`).
+modules: names and hashes (:mod:`agent.protocol.manifest_names`), the signature
+(:mod:`agent.protocol.manifest_signature`).
 """
 
 from __future__ import annotations
@@ -24,16 +24,17 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field, ValidationError, field_serializer, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
-from agent.camera.preprocess_spec import PreprocessSpec
-from agent.delivery.errors import (
+from agent.fsutil import hash_chunks
+from agent.model_base import StrictModel
+from agent.names import NAME_PATTERN
+from agent.protocol.delivery_errors import (
     BadJsonError,
     BadManifestError,
     BadNameError,
     RejectedError,
     WrongDeviceError,
 )
-from agent.delivery.guard import ProbationSpec, ShadowSpec
-from agent.delivery.manifest_names import (
+from agent.protocol.manifest_names import (
     SHA256_PATTERN,
     bad_name,
     check_chunk_count,
@@ -41,13 +42,12 @@ from agent.delivery.manifest_names import (
     check_job_id,
     check_path_safe,
 )
-from agent.delivery.manifest_signature import check_signature, signature_for
-from agent.engines.spec import BuildSpec
-from agent.fsutil import hash_chunks
-from agent.model_base import StrictModel
-from agent.names import NAME_PATTERN
-from agent.postprocess.spec import PostprocessSpec
+from agent.protocol.manifest_signature import check_signature, signature_for
+from agent.protocol.proving import ProbationSpec, ShadowSpec
 from agent.signing import Ed25519PrivateKey, Ed25519PublicKey
+from agent.specs.build import BuildSpec
+from agent.specs.postprocess import PostprocessSpec
+from agent.specs.preprocess import PreprocessSpec
 
 KIB = 1024
 MIB = 1024 * KIB

@@ -11,7 +11,7 @@ import base64
 import binascii
 from collections.abc import Mapping
 
-from agent.delivery.errors import BadSignatureError, UnknownKeyError, UnsignedError
+from agent.protocol.delivery_errors import BadSignatureError, UnknownKeyError, UnsignedError
 from agent.signing import Ed25519PrivateKey, Ed25519PublicKey, sign, verify
 
 
