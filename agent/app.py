@@ -24,9 +24,9 @@ import structlog
 from agent import __version__
 from agent.config import AgentConfig, load_config
 from agent.config.changes import config_changes, needs_restart
-from agent.delivery.ledger import JobsFile
+from agent.delivery.jobs.ledger import JobsFile
 from agent.delivery.service import DeliveryService
-from agent.delivery.transfer import fetch_model
+from agent.delivery.transfer.pull import fetch_model
 from agent.device_reports import DeviceReports
 from agent.engines.builder import EngineBuilder
 from agent.engines.service import EngineService

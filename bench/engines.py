@@ -34,14 +34,14 @@ import onnxruntime as ort
 
 from agent.backends.base import LoadOptions, get_backend
 from agent.camera.preprocess import preprocess
-from agent.camera.preprocess_spec import PreprocessSpec
 from agent.engines.artifact import EngineArtifact
 from agent.engines.builder import EngineBuilder
 from agent.engines.settings import EngineConfig
-from agent.engines.spec import BuildSpec, CalibrationSource
 from agent.logs import configure_logging
 from agent.modelzoo import write_classifier, write_mobilenet_like
 from agent.platform import detect_platform
+from agent.specs.build import BuildSpec, CalibrationSource
+from agent.specs.preprocess import PreprocessSpec
 
 REPO = Path(__file__).resolve().parents[1]
 SHAPES_MODEL = REPO / "agent" / "assets" / "shapes_classifier.onnx"

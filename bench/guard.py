@@ -27,7 +27,6 @@ import yaml
 
 from agent.app import Agent
 from agent.config import load_config
-from agent.delivery.guard import ProbationSpec, ShadowSpec
 from agent.demo_setup import write_demo_video
 from agent.fleet.deploy.outcome import DeviceProgress
 from agent.fleet.deploy.plan import DeployPlan
@@ -37,6 +36,7 @@ from agent.logs import configure_logging
 from agent.modelzoo import write_mobilenet_like
 from agent.mqtt.settings import MqttSettings
 from agent.protocol.messages import JobState
+from agent.protocol.proving import ProbationSpec, ShadowSpec
 
 _SAMPLE_S = 0.1
 

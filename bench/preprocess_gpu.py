@@ -19,8 +19,8 @@ from typing import Any
 import numpy as np
 
 from agent.camera.preprocess import preprocess
-from agent.camera.preprocess_spec import PreprocessSpec
 from agent.engines.gpu_preprocess import GpuPreprocessor, item_shape
+from agent.specs.preprocess import PreprocessSpec
 
 
 def measure(runs: int = 200) -> dict[str, Any]:

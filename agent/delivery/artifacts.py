@@ -14,7 +14,7 @@ import threading
 from collections.abc import Collection
 from pathlib import Path
 
-from agent.delivery.steps import FetchFn
+from agent.delivery.jobs.steps import FetchFn
 from agent.protocol.delivery_errors import HashMismatchError, TooLargeError
 from agent.protocol.manifest import DeployManifest
 from agent.specs.build import BuildSpec

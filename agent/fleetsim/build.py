@@ -35,8 +35,8 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from agent.delivery.engine_fetch import fetch_engine_file
-from agent.delivery.steps import ActivationRequest, BuildOutcome, FetchFn, JobReporter
+from agent.delivery.jobs.steps import ActivationRequest, BuildOutcome, FetchFn, JobReporter
+from agent.delivery.transfer.engine_fetch import fetch_engine_file
 from agent.engines.cache import CacheEntry, EngineCache
 from agent.engines.cache_key import EngineIdentity, engine_cache_key, new_engine_meta
 from agent.engines.fleet_cache import FleetEngineCache, FleetFetch, platform_fingerprint

@@ -26,7 +26,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from agent.delivery.steps import ActivationRequest, GuardReporter
+from agent.delivery.jobs.steps import ActivationRequest, GuardReporter
 from agent.errors import EngineError
 from agent.fleetsim.plan import Figure
 from agent.protocol.delivery_errors import JobCancelledError, RolledBackError, ShadowRejectedError

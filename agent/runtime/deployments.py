@@ -4,7 +4,7 @@ Runtime fallback when a TensorRT engine fails to load).
 
 One job (a delivered model into its slot), through the slot's owner
 (:class:`~agent.runtime.slot_owner.SlotOwner`) and its lock; the guarded sequence itself is in
-:mod:`agent.runtime.guarded`. Delivery calls these steps (:mod:`agent.delivery.steps`).
+:mod:`agent.runtime.guarded`. Delivery calls these steps (:mod:`agent.delivery.jobs.steps`).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import structlog
 
-from agent.delivery.steps import ActivationRequest, BuildOutcome, JobReporter, no_build
+from agent.delivery.jobs.steps import ActivationRequest, BuildOutcome, JobReporter, no_build
 from agent.engines.build_progress import ProgressTracker
 from agent.engines.fleet_cache import FleetEngineCache
 from agent.engines.plan import FAILED_AT, load_fallback

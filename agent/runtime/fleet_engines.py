@@ -15,10 +15,10 @@ from pathlib import Path
 
 import structlog
 
-from agent.delivery.engine_fetch import fetch_engine_file
+from agent.delivery.jobs.steps import ActivationRequest
 from agent.delivery.settings import DeliveryConfig
-from agent.delivery.steps import ActivationRequest
-from agent.delivery.transfer import fetch_model
+from agent.delivery.transfer.engine_fetch import fetch_engine_file
+from agent.delivery.transfer.pull import fetch_model
 from agent.engines.fleet_cache import FleetEngineCache
 from agent.engines.fleet_link import MqttEngineRequests
 from agent.engines.service import EngineService, PreparedEngine

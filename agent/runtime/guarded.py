@@ -31,7 +31,7 @@ import numpy as np
 import numpy.typing as npt
 import structlog
 
-from agent.delivery.steps import ActivationRequest, GuardReporter
+from agent.delivery.jobs.steps import ActivationRequest, GuardReporter
 from agent.protocol.delivery_errors import JobCancelledError, RolledBackError, ShadowRejectedError
 from agent.protocol.messages import JobState, ShadowFigures
 from agent.runtime.agreement import ShadowTally, frame_agreement

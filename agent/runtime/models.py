@@ -28,7 +28,7 @@ import structlog
 
 from agent.config import SlotConfig
 from agent.delivery.commands import Followed
-from agent.delivery.steps import ActivationRequest, BuildOutcome, JobReporter
+from agent.delivery.jobs.steps import ActivationRequest, BuildOutcome, JobReporter
 from agent.engines.service import EngineService
 from agent.errors import AgentError, BuildError, EngineError
 from agent.protocol.command_args import CalibrateArgs

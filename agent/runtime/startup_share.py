@@ -19,7 +19,7 @@ from typing import Any
 
 import structlog
 
-from agent.delivery.steps import ActivationRequest, GuardReporter
+from agent.delivery.jobs.steps import ActivationRequest, GuardReporter
 from agent.engines.fleet_cache import FLEET_BUILT_BY
 from agent.errors import EngineError
 from agent.protocol.delivery_errors import JobCancelledError, RolledBackError, ShadowRejectedError

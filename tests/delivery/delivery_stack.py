@@ -16,10 +16,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agent.delivery.ledger import JobsFile
+from agent.delivery.jobs.ledger import JobsFile
+from agent.delivery.jobs.steps import ActivateFn, ActivationRequest, BuildFn, ProgressFn, no_build
 from agent.delivery.service import DeliveryService
 from agent.delivery.settings import DeliveryConfig
-from agent.delivery.steps import ActivateFn, ActivationRequest, BuildFn, ProgressFn, no_build
 from agent.errors import EngineError
 from agent.localbroker import Broker
 from agent.mqtt.link import MqttLink

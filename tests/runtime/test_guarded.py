@@ -22,7 +22,7 @@ import pytest
 
 from agent.camera.source_spec import FileSourceSpec
 from agent.datasets.shapes import generate
-from agent.delivery.steps import ActivationRequest, GuardReporter
+from agent.delivery.jobs.steps import ActivationRequest, GuardReporter
 from agent.fsutil import atomic_write_json
 from agent.modelzoo import write_classifier, write_detector
 from agent.protocol.delivery_errors import JobCancelledError, RolledBackError, ShadowRejectedError

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.delivery.ledger import JobRecord
+from agent.delivery.jobs.ledger import JobRecord
 from agent.fleet.deploy.keys import KeyPairFiles, load_signing_key, write_keypair
 from agent.fleet.deploy.plan import DeployPlan, new_job_id, next_sequence
 from agent.fleet.deploy.run import FleetDeploy

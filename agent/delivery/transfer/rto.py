@@ -5,7 +5,7 @@ At fleet scale the chunk server and the broker answer hundreds of devices at onc
 take longer than ``delivery.chunk_timeout_s`` without being lost. A fixed timeout then re-requests
 chunks that are still on their way, the server sends them twice, and the extra load slows every
 answer further (a server answering 50 ms a chunk: 4-5x the re-fetched bytes without this timer,
-tests/delivery/test_transfer.py). The timer follows TCP's retransmission timer (RFC 6298,
+tests/delivery/transfer/test_transfer.py). The timer follows TCP's retransmission timer (RFC 6298,
 Jacobson/Karels): a smoothed round-trip time and its variation from answered chunks, ``timeout =
 srtt + 4 * rttvar``, never below the configured floor nor above a ceiling. Each chunk reply carries
 its request's correlation data, so its round trip is known even for a chunk asked for twice (what

@@ -16,9 +16,9 @@ from collections.abc import Callable, Mapping
 
 import structlog
 
-from agent.delivery.job_records import JobRecords
+from agent.delivery.jobs.records import JobRecords
+from agent.delivery.jobs.steps import SlotSpecsFn
 from agent.delivery.settings import DeliveryConfig
-from agent.delivery.steps import SlotSpecsFn
 from agent.errors import DeliveryError
 from agent.mqtt.inbound import InboundMessage
 from agent.protocol.delivery_errors import WrongSlotError

@@ -12,7 +12,7 @@ with receiving the next chunks: the flusher takes the batch of chunks written so
 data, then writes a bitmap naming only the chunks already durable plus that batch, never a chunk
 written after the batch was taken.
 
-This is the part of a :class:`~agent.delivery.partial.PartialDownload` that two threads share; the
+This is the part of a :class:`~agent.delivery.transfer.partial.PartialDownload` that two threads share; the
 download's owner thread writes the chunks and tells this class which (:meth:`ChunkFlusher.written`).
 """
 
@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 
 import structlog
 
-from agent.delivery.chunk_bitmap import bitmap_record, empty_bits, set_bit
+from agent.delivery.transfer.bitmap import bitmap_record, empty_bits, set_bit
 from agent.fsutil import atomic_write_json
 
 if TYPE_CHECKING:

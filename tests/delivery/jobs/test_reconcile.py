@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.delivery.ledger import JobRecord
-from agent.delivery.reconcile import Action, decide
+from agent.delivery.jobs.ledger import JobRecord
+from agent.delivery.jobs.reconcile import Action, decide
 from agent.protocol.manifest import DeployManifest, build_manifest
 from agent.protocol.messages import JobState
 

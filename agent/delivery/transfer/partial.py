@@ -2,8 +2,8 @@
 
 Crash safety rests on one ordering rule: the ``.part`` data is fsynced *before* the bitmap that
 says "these chunks are there" is replaced, so after a crash the bitmap only names chunks whose
-bytes are on disk. :mod:`agent.delivery.chunk_flusher` keeps that rule (in batches, optionally on a
-flusher thread); :mod:`agent.delivery.chunk_bitmap` is the bitmap's format. This module is the
+bytes are on disk. :mod:`agent.delivery.transfer.flusher` keeps that rule (in batches, optionally on a
+flusher thread); :mod:`agent.delivery.transfer.bitmap` is the bitmap's format. This module is the
 download itself: the files, verified chunk writes, resume and the final whole-file check.
 
 A bitmap that does not describe the manifest (other size, chunk size or chunk list), or a ``.part``
@@ -28,8 +28,8 @@ from typing import TYPE_CHECKING
 
 import structlog
 
-from agent.delivery.chunk_bitmap import read_bitmap
-from agent.delivery.chunk_flusher import ChunkFlusher
+from agent.delivery.transfer.bitmap import read_bitmap
+from agent.delivery.transfer.flusher import ChunkFlusher
 from agent.errors import DeliveryError
 from agent.fsutil import fsync_directory, sha256_file
 from agent.protocol.delivery_errors import DiskFullError, HashMismatchError
@@ -46,7 +46,7 @@ class PartialDownload:
     """The on-disk state of one model download, keyed by the model's SHA-256.
 
     Not thread-safe: one transfer thread owns it and calls every method. With ``background=True``
-    its :class:`~agent.delivery.chunk_flusher.ChunkFlusher` makes batches durable on a thread of its
+    its :class:`~agent.delivery.transfer.flusher.ChunkFlusher` makes batches durable on a thread of its
     own; that thread only touches the ``.part`` descriptor (fsync) and the bitmap, never the chunk
     bookkeeping the owner uses.
     """
@@ -318,7 +318,7 @@ class PartialDownload:
             self._prefix_hash.update(os.pread(self._fd, self.chunk_length(self._prefix_end), start))
             self._prefix_end += 1
 
-    # -- durability (agent.delivery.chunk_flusher) ---------------------------------------------
+    # -- durability (agent.delivery.transfer.flusher) ---------------------------------------------
 
     def flush(self, *, force: bool = False) -> None:
         """Make written chunks durable now: fsync the ``.part``, then atomically replace the bitmap.

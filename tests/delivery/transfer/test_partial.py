@@ -14,12 +14,12 @@ from typing import Any
 import pytest
 
 from agent import fsutil
-from agent.delivery import chunk_flusher
-from agent.delivery.partial import PartialDownload
+from agent.delivery.transfer import flusher
+from agent.delivery.transfer.partial import PartialDownload
 from agent.errors import DeliveryError
 from agent.protocol.delivery_errors import HashMismatchError
 from agent.protocol.manifest import DeployManifest
-from tests.delivery.transfer_rig import KIB, manifest_for, random_model
+from tests.delivery.transfer.transfer_rig import KIB, manifest_for, random_model
 from tests.waiting import patient, wait_until
 
 CHUNK = 4 * KIB
@@ -281,7 +281,7 @@ class _SyncGate:
 
         monkeypatch.setattr(os, "pwrite", pwrite)
         monkeypatch.setattr(os, "fdatasync", fdatasync)
-        monkeypatch.setattr(chunk_flusher, "atomic_write_json", atomic_write_json)
+        monkeypatch.setattr(flusher, "atomic_write_json", atomic_write_json)
 
     def write(self, partial: PartialDownload, model: Path, index: int) -> None:
         assert partial.write_chunk(index, chunk(model, index))

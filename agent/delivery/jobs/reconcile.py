@@ -21,7 +21,7 @@ import enum
 from collections.abc import Collection
 from dataclasses import dataclass
 
-from agent.delivery.ledger import JobRecord
+from agent.delivery.jobs.ledger import JobRecord
 from agent.protocol.manifest import DeployManifest
 from agent.protocol.messages import JobState
 

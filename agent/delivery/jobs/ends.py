@@ -14,7 +14,7 @@ from typing import Any
 
 import structlog
 
-from agent.delivery.ledger import JobRecord
+from agent.delivery.jobs.ledger import JobRecord
 from agent.protocol.messages import JobEnd, JobState, JobStatus
 
 log = structlog.get_logger(__name__)

@@ -3,7 +3,7 @@
 A JSON object: a header that ties the bitmap to one manifest (format version, model SHA-256, size,
 chunk size, and a digest of the chunk hash list) and ``done``, the hex of a bit per chunk (bit ``i``
 of byte ``i // 8``). :func:`read_bitmap` answers None for a bitmap that does not describe the
-manifest (another attempt's leftovers); :mod:`agent.delivery.chunk_flusher` writes it, only after
+manifest (another attempt's leftovers); :mod:`agent.delivery.transfer.flusher` writes it, only after
 the chunks it names are on disk.
 """
 

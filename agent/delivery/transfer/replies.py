@@ -1,5 +1,5 @@
 """Chunk replies routed to their transfer: one :class:`ChunkRouter` per link hands each reply to the
-running transfer of its model (:mod:`agent.delivery.transfer`); the messages are in
+running transfer of its model (:mod:`agent.delivery.transfer.pull`); the messages are in
 :mod:`agent.protocol.chunks`.
 """
 

@@ -18,14 +18,14 @@ from typing import Any
 
 import pytest
 
-from agent.delivery.chunks import router_for
-from agent.delivery.partial import PartialDownload
-from agent.delivery.transfer import MqttPull, PullStats, fetch_model
+from agent.delivery.transfer.partial import PartialDownload
+from agent.delivery.transfer.pull import MqttPull, PullStats, fetch_model
+from agent.delivery.transfer.replies import router_for
 from agent.fleet.chunks.server import ChunkServer
 from agent.localbroker import Broker
 from agent.protocol.delivery_errors import JobCancelledError, TransferTimeoutError
 from agent.protocol.manifest import DeployManifest, ModelSourceRef
-from tests.delivery.transfer_rig import (
+from tests.delivery.transfer.transfer_rig import (
     KIB,
     MIB,
     Device,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
-from agent.delivery.deployment import Deployment
+from agent.delivery.jobs.deployment import Deployment
 
 
 class SlotLane:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from agent.delivery.ledger import ENDED_MAX, JobRecord, JobsFile
+from agent.delivery.jobs.ledger import ENDED_MAX, JobRecord, JobsFile
 from agent.protocol.messages import JobState, JobStatus
 
 

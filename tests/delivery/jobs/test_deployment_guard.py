@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.delivery.deployment import JOB_TRANSITIONS
-from agent.delivery.steps import ActivationRequest
+from agent.delivery.jobs.deployment import JOB_TRANSITIONS
+from agent.delivery.jobs.steps import ActivationRequest
 from agent.protocol.delivery_errors import RolledBackError, ShadowRejectedError
 from agent.protocol.messages import FailedFigure, JobState, ProbationFigures, ShadowFigures
 from agent.protocol.proving import ProbationSpec, ShadowSpec

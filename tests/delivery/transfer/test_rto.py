@@ -1,10 +1,10 @@
-"""The re-request timer (agent/delivery/rto.py): RFC 6298's estimate, the floor and the ceiling."""
+"""The re-request timer (agent/delivery/transfer/rto.py): RFC 6298's estimate, the floor and the ceiling."""
 
 from __future__ import annotations
 
 import pytest
 
-from agent.delivery.rto import RetransmitTimer
+from agent.delivery.transfer.rto import RetransmitTimer
 
 
 @pytest.mark.parametrize(

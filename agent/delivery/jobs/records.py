@@ -1,6 +1,6 @@
 """The job ledger as the delivery service keeps it: record first, and a full disk does not forget.
 
-Every state change of a job is recorded in ``jobs.json`` (:class:`~agent.delivery.ledger.JobLedger`)
+Every state change of a job is recorded in ``jobs.json`` (:class:`~agent.delivery.jobs.ledger.JobLedger`)
 before it is published. When the disk refuses a terminal record, this process still knows the job
 is over (a redelivered manifest must not resume it): the record is kept in memory and written by
 :meth:`JobRecords.write_unrecorded` once the disk takes it.
@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import structlog
 
-from agent.delivery.ledger import JobLedger, JobRecord
+from agent.delivery.jobs.ledger import JobLedger, JobRecord
 from agent.protocol.manifest import DeployManifest
 from agent.protocol.messages import JobState, JobStatus
 

@@ -18,13 +18,13 @@ from typing import Any
 
 import pytest
 
-from agent.delivery.http_source import HttpSource
-from agent.delivery.partial import PartialDownload
-from agent.delivery.transfer import fetch_model
+from agent.delivery.transfer.http_source import HttpSource
+from agent.delivery.transfer.partial import PartialDownload
+from agent.delivery.transfer.pull import fetch_model
 from agent.protocol.delivery_errors import HttpFailedError, HttpNotFoundError, JobCancelledError
 from agent.protocol.manifest import DeployManifest, ModelSourceRef
 from agent.protocol.topics import Topics
-from tests.delivery.transfer_rig import KIB, delivery_config, manifest_for, random_model
+from tests.delivery.transfer.transfer_rig import KIB, delivery_config, manifest_for, random_model
 
 CHUNK = 16 * KIB
 SIZE = 20 * CHUNK + 777

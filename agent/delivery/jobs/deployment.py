@@ -22,8 +22,8 @@ from typing import Any, Literal
 import structlog
 
 from agent.delivery.artifacts import fetch_artifacts, with_artifacts
-from agent.delivery.reconcile import DISK_FULL
-from agent.delivery.steps import (
+from agent.delivery.jobs.reconcile import DISK_FULL
+from agent.delivery.jobs.steps import (
     ActivateFn,
     ActivationRequest,
     BuildFn,

@@ -19,11 +19,11 @@ from pathlib import Path
 
 import pytest
 
-from agent.delivery.transfer import fetch_model
+from agent.delivery.transfer.pull import fetch_model
 from agent.fleet.chunks.server import ChunkServer
 from agent.localbroker import Broker
 from agent.protocol.manifest import DeployManifest
-from tests.delivery.transfer_rig import (
+from tests.delivery.transfer.transfer_rig import (
     KIB,
     MIB,
     Device,
@@ -36,7 +36,7 @@ from tests.waiting import patient, wait_until
 
 CHUNK = 64 * KIB
 WINDOW = 4
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 
 
 class Throttled(ChunkServer):
@@ -79,7 +79,7 @@ def test_a_killed_agent_resumes_and_fetches_at_most_one_window_again(rig: Rig) -
         [
             sys.executable,
             "-m",
-            "tests.delivery.test_transfer_restart",
+            "tests.delivery.transfer.test_transfer_restart",
             "child",
             str(rig.broker.port),
             rig.prefix,

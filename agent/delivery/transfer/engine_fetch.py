@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
-from agent.delivery.steps import FetchFn
+from agent.delivery.jobs.steps import FetchFn
 from agent.fsutil import sha256_file
 from agent.protocol.delivery_errors import HashMismatchError
 from agent.protocol.engines import EngineFile

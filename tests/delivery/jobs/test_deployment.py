@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from agent.delivery.deployment import JOB_TRANSITIONS
+from agent.delivery.jobs.deployment import JOB_TRANSITIONS
 from agent.protocol.messages import JobState
 from agent.transitions import IllegalTransitionError
 

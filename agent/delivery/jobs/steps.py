@@ -1,7 +1,7 @@
 """The collaborators a deployment job calls, as types: fetch, build, activate.
 
 The composition root (:mod:`agent.app`) wires the real ones: ``fetch_model`` from
-:mod:`agent.delivery.transfer`, the engine builder, and the slot activation. Keeping them as
+:mod:`agent.delivery.transfer.pull`, the engine builder, and the slot activation. Keeping them as
 plain callables lets the job runner be tested with real files and a real broker and no TensorRT.
 """
 

@@ -3,7 +3,7 @@
 The download resumes at the first missing chunk with ``Range: bytes=<offset>-`` and, once the
 server has shown a strong validator, ``If-Range: <ETag or Last-Modified>``: if the file changed the
 server answers 200 with the whole body, which is read from offset 0. Either way every chunk is
-verified against the manifest through :class:`~agent.delivery.partial.PartialDownload`, so a
+verified against the manifest through :class:`~agent.delivery.transfer.partial.PartialDownload`, so a
 server that ignores ``Range``, or serves another file, can never put wrong bytes in the model.
 
 A connection that drops mid-body keeps every complete chunk and resumes with ``Range``; attempts
@@ -25,7 +25,7 @@ from typing import IO, Any
 import structlog
 
 from agent.backoff import reconnect_delay
-from agent.delivery.partial import PartialDownload
+from agent.delivery.transfer.partial import PartialDownload
 from agent.protocol.delivery_errors import (
     HttpFailedError,
     HttpNotFoundError,

@@ -10,7 +10,7 @@ but not yet recorded in the bitmap occupy window slots until they are flushed, s
 fetches at most one window again. Flushes run on the partial download's flusher thread, half a
 window at a time, so the other half keeps the link busy meanwhile.
 
-A little over 400 lines: the pull's window, timeouts (agent/delivery/rto.py decides their length),
+A little over 400 lines: the pull's window, timeouts (agent/delivery/transfer/rto.py decides their length),
 reconnect handling and reply checks share its state; ``fetch_model``'s source order is the rest.
 """
 
@@ -29,11 +29,11 @@ from typing import TYPE_CHECKING
 
 import structlog
 
-from agent.delivery.chunks import ChunkReply, router_for
-from agent.delivery.http_source import HttpSource
-from agent.delivery.partial import PartialDownload
-from agent.delivery.rto import RetransmitTimer
 from agent.delivery.settings import DeliveryConfig
+from agent.delivery.transfer.http_source import HttpSource
+from agent.delivery.transfer.partial import PartialDownload
+from agent.delivery.transfer.replies import ChunkReply, router_for
+from agent.delivery.transfer.rto import RetransmitTimer
 from agent.errors import DeliveryError
 from agent.mqtt.core import PublishProperties
 from agent.protocol.chunks import INDEX_PROPERTY, SHA256_PROPERTY, ChunkRequest
@@ -81,7 +81,7 @@ class PullStats:
     max_at_risk: int = 0
     #: Chunks requested while a background flush was running (the window kept busy meanwhile).
     requested_while_flushing: int = 0
-    #: The re-request timeout the round trips measured so far give (agent/delivery/rto.py), in ms.
+    #: The re-request timeout the round trips measured so far give (agent/delivery/transfer/rto.py), in ms.
     timeout_ms: int = 0
 
     def as_dict(self) -> dict[str, int]:
