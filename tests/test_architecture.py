@@ -70,14 +70,13 @@ DEVICE_ONLY = frozenset(
 )
 
 #: Operator-side modules that still reach into a device package for a check or a helper that has
-#: no shared home yet (the model check before signing, the fleet engine download): importer, package.
+#: no shared home yet (the model check before signing): importer, package.
 OPERATOR_DEVICE_IMPORTS_PENDING = frozenset(
     {
         ("agent.fleet.cli.deploy", "agent.engines"),
         ("agent.fleet.deploy.model_check", "agent.camera"),
         ("agent.fleet.deploy.model_check", "agent.delivery"),
         ("agent.fleet.deploy.model_check", "agent.postprocess"),
-        ("agent.fleet.engines.local", "agent.engines"),
     }
 )
 
