@@ -49,7 +49,7 @@ class DeliveryError(AgentError):
     code = "delivery_failed"
 
 
-# --- delivery errors the model store raises too (agent.delivery.errors holds the rest) -----------
+# --- delivery errors the model store raises too (agent.protocol.delivery_errors holds the rest) -----------
 
 
 class RejectedError(DeliveryError):

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 from pydantic import BaseModel
 
-from agent.delivery.chunks import ChunkRequest
-from agent.delivery.manifest import DeployManifest, SignedManifest
 from agent.fleet.rollout.spec import RolloutRequest
 from agent.fleet.rollout.status_model import RolloutStatus
+from agent.protocol.chunks import ChunkRequest
 from agent.protocol.engines import EngineAsk, EngineClaim, EngineDrop, EngineOffer, EngineRecord, SignedEngine
+from agent.protocol.manifest import DeployManifest, SignedManifest
 from agent.protocol.messages import MESSAGE_MODELS
 from agent.protocol.samples import SampleMessage
 

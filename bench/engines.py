@@ -34,14 +34,14 @@ import onnxruntime as ort
 
 from agent.backends.base import LoadOptions, get_backend
 from agent.camera.preprocess import preprocess
-from agent.camera.preprocess_spec import PreprocessSpec
 from agent.demo.modelzoo import write_classifier, write_mobilenet_like
 from agent.engines.building.artifact import EngineArtifact
 from agent.engines.building.builder import EngineBuilder
 from agent.engines.settings import EngineConfig
-from agent.engines.spec import BuildSpec, CalibrationSource
 from agent.logs.setup import configure_logging
 from agent.machine.platform import detect_platform
+from agent.specs.build import BuildSpec, CalibrationSource
+from agent.specs.preprocess import PreprocessSpec
 
 REPO = Path(__file__).resolve().parents[1]
 SHAPES_MODEL = REPO / "agent" / "assets" / "shapes_classifier.onnx"

@@ -27,7 +27,6 @@ import yaml
 
 from agent.app.root import Agent
 from agent.config import load_config
-from agent.delivery.guard import ProbationSpec, ShadowSpec
 from agent.demo.broker import Broker
 from agent.demo.modelzoo import write_mobilenet_like
 from agent.demo.setup import write_demo_video
@@ -37,6 +36,7 @@ from agent.fleet.deploy.run import FleetDeploy
 from agent.logs.setup import configure_logging
 from agent.mqtt.settings import MqttSettings
 from agent.protocol.messages import JobState
+from agent.protocol.proving import ProbationSpec, ShadowSpec
 
 _SAMPLE_S = 0.1
 

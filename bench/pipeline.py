@@ -56,7 +56,6 @@ import yaml
 from agent.app.root import Agent
 from agent.backends.base import LoadOptions, get_backend
 from agent.camera.preprocess import preprocess
-from agent.camera.preprocess_spec import PreprocessSpec
 from agent.config import load_config
 from agent.config.models import SamplesConfig
 from agent.demo.broker import Broker
@@ -67,10 +66,11 @@ from agent.mqtt.link import MqttLink
 from agent.mqtt.observer import Observer
 from agent.mqtt.settings import MqttSettings
 from agent.postprocess.runner import Postprocessor
-from agent.postprocess.spec import ClassificationSpec
 from agent.protocol.messages import ModelRef, ResultMessage
 from agent.runtime.frames.samples import SamplePublisher, Sampler, sample_reason
 from agent.runtime.frames.snapshots import SnapshotBoard
+from agent.specs.postprocess import ClassificationSpec
+from agent.specs.preprocess import PreprocessSpec
 from agent.spool.queue import Spool
 
 

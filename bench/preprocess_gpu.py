@@ -20,7 +20,7 @@ import numpy as np
 
 from agent.camera.gpu_preprocess import GpuPreprocessor, item_shape
 from agent.camera.preprocess import preprocess
-from agent.camera.preprocess_spec import PreprocessSpec
+from agent.specs.preprocess import PreprocessSpec
 
 
 def measure(runs: int = 200) -> dict[str, Any]:

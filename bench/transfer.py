@@ -37,9 +37,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from agent.delivery.manifest import DeployManifest, build_manifest
 from agent.delivery.settings import DeliveryConfig
-from agent.delivery.transfer import fetch_model
+from agent.delivery.transfer.pull import fetch_model
 from agent.demo.broker import Broker
 from agent.fleet.chunks.server import DEFAULT_MAX_INFLIGHT, ChunkServer
 from agent.logs.setup import configure_logging
@@ -47,6 +46,7 @@ from agent.mqtt.inbound import InboundMessage
 from agent.mqtt.link import MqttLink
 from agent.mqtt.service_client import ServiceClient
 from agent.mqtt.settings import MqttSettings
+from agent.protocol.manifest import DeployManifest, build_manifest
 from agent.protocol.topics import Topics
 from agent.spool.queue import Spool
 

@@ -45,14 +45,39 @@ GROUND_FLOOR = frozenset(
         "agent.model_base",
         "agent.secret_file",
         # each package's own small settings model / spec module
-        "agent.camera.preprocess_spec",
         "agent.camera.source_spec",
         "agent.delivery.settings",
         "agent.engines.settings",
-        "agent.engines.spec",
         "agent.mqtt.settings",
-        "agent.postprocess.spec",
         "agent.spool.settings",
+        # what a slot's configuration and a manifest share
+        "agent.specs.build",
+        "agent.specs.postprocess",
+        "agent.specs.preprocess",
+    }
+)
+
+#: Packages only the device runs; the operator side shares the wire contract (``agent.protocol``)
+#: and the ground floor with them, never their code.
+DEVICE_ONLY = frozenset(
+    {
+        "agent.backends",
+        "agent.camera",
+        "agent.delivery",
+        "agent.engines",
+        "agent.postprocess",
+        "agent.runtime",
+    }
+)
+
+#: Operator-side modules that still reach into a device package for a check or a helper that has
+#: no shared home yet (the model check before signing): importer, package.
+OPERATOR_DEVICE_IMPORTS_PENDING = frozenset(
+    {
+        ("agent.fleet.cli.deploy", "agent.engines"),
+        ("agent.fleet.deploy.model_check", "agent.camera"),
+        ("agent.fleet.deploy.model_check", "agent.delivery"),
+        ("agent.fleet.deploy.model_check", "agent.postprocess"),
     }
 )
 
@@ -295,7 +320,7 @@ def ground_floor_violations(
 ) -> list[str]:
     """Imports from the ground floor of anything above it.
 
-    Importing ``agent.engines.spec`` runs ``agent/engines/__init__.py`` first, so the package files
+    Importing ``agent.engines.settings`` runs ``agent/engines/__init__.py`` first, so the package files
     above a ground-floor module must import nothing of the agent either.
     """
     modules = set(modules)
@@ -310,6 +335,21 @@ def ground_floor_violations(
         f"{imp} (a ground-floor package file imports)" for imp in imports if imp.importer in parents - floor
     ]
     return sorted(set(problems))
+
+
+def device_imports_of_the_operator_side(
+    imports: Iterable[Import],
+    device_only: frozenset[str] = DEVICE_ONLY,
+    pending: frozenset[tuple[str, str]] = OPERATOR_DEVICE_IMPORTS_PENDING,
+) -> list[str]:
+    """Imports of a device-only package by a module of the operator side, at any level."""
+    return sorted(
+        str(imp)
+        for imp in imports
+        if imp.importer.startswith(FLEET + ".")
+        and package_of(imp.target) in device_only
+        and (imp.importer, package_of(imp.target)) not in pending
+    )
 
 
 def paho_importers(root: Path, allowed: frozenset[str] = PAHO_CORE) -> list[str]:
@@ -450,6 +490,14 @@ def test_configuration_imports_only_the_ground_floor(agent_imports: list[Import]
 def test_ground_floor_list_names_real_modules() -> None:
     assert set(module_files(AGENT_DIR)) >= GROUND_FLOOR
     assert {"agent.config"} <= set(module_files(AGENT_DIR))
+
+
+def test_the_operator_side_imports_no_device_only_package(agent_imports: list[Import]) -> None:
+    problems = device_imports_of_the_operator_side(agent_imports)
+    assert not problems, "\n".join(problems)
+    modules = set(module_files(AGENT_DIR))
+    assert all(package in modules for package in DEVICE_ONLY)
+    assert all(importer in modules for importer, _ in OPERATOR_DEVICE_IMPORTS_PENDING)
 
 
 def test_only_the_paho_core_imports_paho() -> None:
@@ -631,4 +679,27 @@ def test_operator_libraries_outside_the_operator_side_are_found(tmp_path: Path) 
     assert operator_library_importers(root, frozenset({"agent/telemetry/prometheus.py"})) == [
         "agent/telemetry/loop.py:2 imports uvicorn (function level)",
         "agent/telemetry/prometheus.py:1 imports prometheus_client (module level)",
+    ]
+
+
+def test_an_operator_module_importing_a_device_package_is_found(tmp_path: Path) -> None:
+    root = _tree(
+        tmp_path,
+        {
+            "fleet/deploy/plan.py": "import agent.protocol.manifest\nfrom agent.delivery.guard import G\n",
+            "fleet/deploy/check.py": "def f():\n    from agent.engines import spec\n",
+            "fleet/cli/deploy.py": "from agent.camera.fit import fits\n",
+            "protocol/manifest.py": "",
+            "delivery/guard.py": "",
+            "engines/spec.py": "",
+            "camera/fit.py": "",
+            "runtime/slot.py": "from agent.engines.spec import S\n",
+        },
+    )
+    imports = internal_imports(root)
+    assert device_imports_of_the_operator_side(
+        imports, pending=frozenset({("agent.fleet.cli.deploy", "agent.camera")})
+    ) == [
+        "agent.fleet.deploy.check:2 imports agent.engines.spec (function level)",
+        "agent.fleet.deploy.plan:2 imports agent.delivery.guard (module level)",
     ]

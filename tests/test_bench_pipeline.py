@@ -6,11 +6,11 @@ import importlib.util
 from pathlib import Path
 from types import ModuleType
 
-from agent.camera.preprocess_spec import PreprocessSpec
 from agent.config.models import SamplesConfig
 from agent.demo.broker import Broker
 from agent.demo.modelzoo import write_tiny_classifier
 from agent.demo.setup import write_demo_video
+from agent.specs.preprocess import PreprocessSpec
 
 
 def _bench_pipeline() -> ModuleType:

@@ -15,9 +15,9 @@ from pydantic import BaseModel
 
 from agent import __version__
 from agent.cli import EXIT_CLOSED_PIPE
-from agent.delivery.manifest import DeployManifest, SignedManifest
 from agent.demo.broker import Broker
 from agent.demo.modelzoo import write_classifier
+from agent.protocol.manifest import DeployManifest, SignedManifest
 from agent.protocol.messages import MESSAGE_MODELS, StatusMessage, encode
 from agent.protocol.topics import Topics
 from agent.schemas import EVERY_MESSAGE

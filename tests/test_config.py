@@ -15,7 +15,7 @@ from structlog.testing import capture_logs
 from agent.camera.source_spec import FileSourceSpec, SyntheticSourceSpec
 from agent.config import AgentConfig, check_config, load_config, read_secret
 from agent.errors import ConfigError
-from agent.postprocess.spec import DetectionSpec
+from agent.specs.postprocess import DetectionSpec
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "configs" / "agent.example.yaml"

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.delivery.errors import DiskFullError, HashMismatchError
+from agent.protocol.delivery_errors import DiskFullError, HashMismatchError
 from agent.store import DiskUsage, ModelStore
 
 

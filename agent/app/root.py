@@ -26,9 +26,9 @@ from agent.app.device_reports import DeviceReports
 from agent.app.frame_paths import FramePaths
 from agent.config import AgentConfig, load_config
 from agent.config.changes import config_changes, needs_restart
-from agent.delivery.ledger import JobsFile
+from agent.delivery.jobs.ledger import JobsFile
 from agent.delivery.service import DeliveryService
-from agent.delivery.transfer import fetch_model
+from agent.delivery.transfer.pull import fetch_model
 from agent.engines.building.builder import EngineBuilder
 from agent.engines.service import EngineService
 from agent.errors import ConfigError

@@ -34,8 +34,8 @@ import numpy.typing as npt
 
 from agent.camera.linear_taps import linear_taps
 from agent.camera.preprocess import Letterbox, ResizeFit, channel_gain_bias, channel_sources, resize_fit
-from agent.camera.preprocess_spec import PreprocessSpec
 from agent.errors import EngineError, SourceError
+from agent.specs.preprocess import PreprocessSpec
 
 #: How to get CuPy when it is missing (the reason published in ``up/info``).
 INSTALL_HINT = "install the gpu-preprocess extra (CuPy for this CUDA: pip install cupy-cuda12x)"

@@ -27,7 +27,6 @@ from fractions import Fraction
 from pathlib import PurePath
 
 from agent.camera.preprocess import resize_fit
-from agent.camera.preprocess_spec import PreprocessSpec
 from agent.camera.source_spec import (
     CsiCamera,
     EncodedFile,
@@ -37,6 +36,7 @@ from agent.camera.source_spec import (
     SourceSpec,
 )
 from agent.errors import SourceError
+from agent.specs.preprocess import PreprocessSpec
 
 #: The Jetson elements each kind of camera needs for its hardware pipeline.
 HARDWARE_ELEMENTS: dict[str, tuple[str, ...]] = {

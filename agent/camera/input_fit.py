@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from agent.backends.base import TensorSpec
-from agent.camera.preprocess_spec import PreprocessSpec
 from agent.errors import EngineError
+from agent.specs.preprocess import PreprocessSpec
 
 
 def select_input(preprocess: PreprocessSpec, inputs: Sequence[TensorSpec]) -> TensorSpec:

@@ -15,8 +15,8 @@ import cv2
 import numpy as np
 import numpy.typing as npt
 
-from agent.camera.preprocess_spec import PreprocessSpec
 from agent.errors import SourceError
+from agent.specs.preprocess import PreprocessSpec
 
 #: OpenCV channel index of each RGB / BGR channel in a BGR image.
 _CHANNELS = {"rgb": (2, 1, 0), "bgr": (0, 1, 2)}

@@ -7,8 +7,8 @@ from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
-from agent.camera.preprocess_spec import PreprocessSpec
 from agent.model_base import StrictModel
+from agent.specs.preprocess import PreprocessSpec
 
 
 class _Reconnect(StrictModel):

@@ -35,12 +35,12 @@ from agent.flag_aliases import add_alias
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from agent.camera.preprocess_spec import PreprocessSpec
     from agent.engines.building.artifact import EngineArtifact
     from agent.engines.building.builder import EngineBuilder
     from agent.engines.settings import EngineConfig
-    from agent.engines.spec import BuildSpec
     from agent.measure.throughput import ComparisonRow
+    from agent.specs.build import BuildSpec
+    from agent.specs.preprocess import PreprocessSpec
 
 DEFAULT_ITERATIONS = 200
 
@@ -106,7 +106,7 @@ def add_build_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _spec(args: argparse.Namespace) -> BuildSpec:
-    from agent.engines.spec import BuildSpec, CalibrationSource
+    from agent.specs.build import BuildSpec, CalibrationSource
 
     calibration: CalibrationSource | None = None
     if args.calib is not None and args.calib_cache is not None:
@@ -148,8 +148,8 @@ def _check_int8_scales(model: Path, spec: BuildSpec) -> None:
 def _preprocess(args: argparse.Namespace) -> PreprocessSpec | None:
     if args.calib is None:
         return None
-    from agent.camera.preprocess_spec import PreprocessSpec
     from agent.engines.building.model_facts import model_input_size
+    from agent.specs.preprocess import PreprocessSpec
 
     size = model_input_size(args.model)
     width = args.width or (size[0] if size else None)

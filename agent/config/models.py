@@ -13,15 +13,15 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from agent.camera.preprocess_spec import PreprocessSpec
 from agent.camera.source_spec import SourceSpec
 from agent.delivery.settings import DeliveryConfig
 from agent.engines.settings import EngineConfig
-from agent.engines.spec import BuildSpec
 from agent.model_base import StrictModel
 from agent.mqtt.settings import MqttSettings
 from agent.names import LabelKey, LabelValue, Name
-from agent.postprocess.spec import ClassificationSpec, PostprocessSpec
+from agent.specs.build import BuildSpec
+from agent.specs.postprocess import ClassificationSpec, PostprocessSpec
+from agent.specs.preprocess import PreprocessSpec
 from agent.spool.settings import SpoolSettings
 
 

@@ -14,10 +14,10 @@ import threading
 from collections.abc import Collection
 from pathlib import Path
 
-from agent.delivery.errors import HashMismatchError, TooLargeError
-from agent.delivery.manifest import DeployManifest
-from agent.delivery.steps import FetchFn
-from agent.engines.spec import BuildSpec
+from agent.delivery.jobs.steps import FetchFn
+from agent.protocol.delivery_errors import HashMismatchError, TooLargeError
+from agent.protocol.manifest import DeployManifest
+from agent.specs.build import BuildSpec
 from agent.store import ModelStore
 
 #: Artifacts kept on the device (each is a few kilobytes to a few megabytes).

@@ -27,28 +27,28 @@ import structlog
 from pydantic import BaseModel
 
 from agent.delivery.commands import ArgsT, CommandHandler, CommandRouter, Followed
-from agent.delivery.deployment import Deployment
-from agent.delivery.desired_intake import DesiredIntake
-from agent.delivery.errors import DiskFullError, ReplayError
-from agent.delivery.job_ends import JobEnds
-from agent.delivery.job_records import JobRecords
-from agent.delivery.lanes import SlotLane
-from agent.delivery.ledger import JobLedger
-from agent.delivery.manifest import DeployManifest
-from agent.delivery.reconcile import DISK_FULL, Action, decide
-from agent.delivery.settings import DeliveryConfig
-from agent.delivery.status_sender import JobStatusSender
-from agent.delivery.steps import (
+from agent.delivery.jobs.deployment import Deployment
+from agent.delivery.jobs.ends import JobEnds
+from agent.delivery.jobs.intake import DesiredIntake
+from agent.delivery.jobs.lanes import SlotLane
+from agent.delivery.jobs.ledger import JobLedger
+from agent.delivery.jobs.reconcile import DISK_FULL, Action, decide
+from agent.delivery.jobs.records import JobRecords
+from agent.delivery.jobs.status_sender import JobStatusSender
+from agent.delivery.jobs.steps import (
     ActivateFn,
     BuildFn,
     FetchFn,
     SlotSpecsFn,
     no_build,
 )
+from agent.delivery.settings import DeliveryConfig
 from agent.errors import DeliveryError
 from agent.mqtt.inbound import InboundMessage
 from agent.mqtt.link import MqttLink
 from agent.protocol.command_args import NoArgs, SlotArgs
+from agent.protocol.delivery_errors import DiskFullError, ReplayError
+from agent.protocol.manifest import DeployManifest
 from agent.protocol.messages import JobState, JobStatus
 from agent.protocol.topics import Topics
 from agent.signing import Ed25519PublicKey, load_public_key

@@ -14,12 +14,12 @@ from onnx import helper
 
 from agent.backends.base import Dim, TensorSpec
 from agent.camera.input_fit import check_input_fits, select_input
-from agent.camera.preprocess_spec import PreprocessSpec
-from agent.delivery.errors import BadOnnxError, IncompatibleError, OnnxCheckerError, TooLargeError
-from agent.delivery.manifest import DeployManifest
 from agent.errors import EngineError
 from agent.postprocess.runner import validate_outputs
-from agent.postprocess.spec import PostprocessSpec
+from agent.protocol.delivery_errors import BadOnnxError, IncompatibleError, OnnxCheckerError, TooLargeError
+from agent.protocol.manifest import DeployManifest
+from agent.specs.postprocess import PostprocessSpec
+from agent.specs.preprocess import PreprocessSpec
 
 
 def _dtype_name(elem_type: int) -> str:

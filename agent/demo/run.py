@@ -45,7 +45,7 @@ from agent.fleet.deploy.run import FleetDeploy
 from agent.logs.setup import configure_logging
 from agent.mqtt.observer import Observer
 from agent.mqtt.settings import MqttSettings
-from agent.postprocess.spec import ClassificationSpec
+from agent.specs.postprocess import ClassificationSpec
 
 
 @dataclass

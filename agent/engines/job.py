@@ -14,8 +14,8 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from agent.engines.spec import BuildPlan
 from agent.model_base import StrictModel
+from agent.specs.build import BuildPlan
 
 MIB = 1 << 20
 

@@ -20,7 +20,6 @@ import numpy.typing as npt
 import structlog
 
 from agent.backends.base import LoadOptions, get_backend
-from agent.camera.preprocess_spec import PreprocessSpec
 from agent.engines.building.artifact import EngineArtifact
 from agent.engines.building.builder import EngineBuilder
 from agent.engines.building.model_facts import model_facts
@@ -39,9 +38,10 @@ from agent.engines.placement.choice import (
 from agent.engines.placement.devices import engine_devices, placement_candidates
 from agent.engines.placement.measure import measure_candidates, measure_combinations
 from agent.engines.settings import EngineConfig
-from agent.engines.spec import BuildSpec
 from agent.errors import BuildError, EngineError
 from agent.protocol.engines import DropStage
+from agent.specs.build import BuildSpec
+from agent.specs.preprocess import PreprocessSpec
 
 log = structlog.get_logger(__name__)
 

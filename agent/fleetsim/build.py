@@ -35,19 +35,19 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from agent.delivery.engine_fetch import fetch_engine_file
-from agent.delivery.errors import JobCancelledError
-from agent.delivery.steps import ActivationRequest, BuildOutcome, FetchFn, JobReporter
+from agent.delivery.jobs.steps import ActivationRequest, BuildOutcome, FetchFn, JobReporter
+from agent.delivery.transfer.engine_fetch import fetch_engine_file
 from agent.engines.cache.key import EngineIdentity, engine_cache_key, new_engine_meta
 from agent.engines.cache.store import CacheEntry, EngineCache
 from agent.engines.sharing.cache import FleetEngineCache, FleetFetch, platform_fingerprint
 from agent.engines.sharing.link import MqttEngineRequests
 from agent.engines.sharing.startup import startup_job_id
-from agent.engines.spec import BuildSpec
 from agent.mqtt.link import MqttLink
+from agent.protocol.delivery_errors import JobCancelledError
 from agent.protocol.messages import ProbationFigures, ShadowFigures
 from agent.protocol.topics import Topics
 from agent.signing import Ed25519PublicKey
+from agent.specs.build import BuildSpec
 
 #: The stand-in engine's size: a few kilobytes (the transfer is real; its size is not a YOLO's).
 ENGINE_BYTES = 4096

@@ -24,22 +24,22 @@ from pathlib import Path
 from typing import Any, Literal
 
 from agent import __version__
-from agent.camera.preprocess_spec import PreprocessSpec
-from agent.delivery.ledger import JobRecord, JobsFile
-from agent.delivery.manifest import DeployManifest
+from agent.delivery.jobs.ledger import JobRecord, JobsFile
+from agent.delivery.jobs.steps import ActivationRequest, ProgressFn, no_build
 from agent.delivery.service import DeliveryService
 from agent.delivery.settings import DeliveryConfig
-from agent.delivery.steps import ActivationRequest, ProgressFn, no_build
-from agent.delivery.transfer import PullStats, fetch_model
+from agent.delivery.transfer.pull import PullStats, fetch_model
 from agent.fleetsim.build import BuildCounters, SimBuilds, SimPlatform, sim_platform
 from agent.fleetsim.plan import DevicePlan
 from agent.fleetsim.slot import SimSlots
 from agent.mqtt.link import MqttLink
 from agent.mqtt.settings import MqttSettings
-from agent.postprocess.spec import PostprocessSpec
+from agent.protocol.manifest import DeployManifest
 from agent.protocol.messages import BackendInfo, InfoMessage, ModelRef, SlotInfo, TelemetryMessage
 from agent.protocol.topics import Topics
 from agent.signing import Ed25519PublicKey
+from agent.specs.postprocess import PostprocessSpec
+from agent.specs.preprocess import PreprocessSpec
 from agent.spool.queue import Spool
 from agent.spool.settings import SpoolSettings
 from agent.store import ModelStore
@@ -95,7 +95,7 @@ class JobJournal:
         self._lock = threading.Lock()
         self.jobs: dict[str, list[str]] = {}
         self.fetched_bytes = 0
-        #: The MQTT pulls' counters (agent/delivery/transfer.py PullStats), summed over the pulls.
+        #: The MQTT pulls' counters (agent/delivery/transfer/pull.py PullStats), summed over the pulls.
         self.pull: collections.Counter[str] = collections.Counter()
 
     def note(self, job_id: str, state: str) -> None:

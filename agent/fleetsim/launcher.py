@@ -27,7 +27,6 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from agent.camera.preprocess_spec import PreprocessSpec
 from agent.delivery.settings import DeliveryConfig
 from agent.delivery.verify import graph_io
 from agent.errors import UsageError
@@ -37,9 +36,10 @@ from agent.fleetsim.worker import REPORT_EVERY_S, TICK_S, SimWorker, report_path
 from agent.fsutil import atomic_write_json, sha256_file
 from agent.logs.setup import configure_logging
 from agent.mqtt.settings import MqttSettings
-from agent.postprocess.spec import ClassificationSpec
 from agent.protocol.messages import ModelRef
 from agent.signing import load_public_key
+from agent.specs.postprocess import ClassificationSpec
+from agent.specs.preprocess import PreprocessSpec
 
 #: Devices one process may run: ~6 descriptors each must stay below select()'s 1024 (see above).
 MAX_DEVICES_PER_PROC = 140

@@ -26,13 +26,13 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from agent.camera.preprocess_spec import PreprocessSpec
-from agent.delivery.errors import JobCancelledError, RolledBackError, ShadowRejectedError
-from agent.delivery.steps import ActivationRequest, GuardReporter
+from agent.delivery.jobs.steps import ActivationRequest, GuardReporter
 from agent.errors import EngineError
 from agent.fleetsim.plan import Figure
-from agent.postprocess.spec import PostprocessSpec
+from agent.protocol.delivery_errors import JobCancelledError, RolledBackError, ShadowRejectedError
 from agent.protocol.messages import FailedFigure, JobState, ModelRef, ProbationFigures, ShadowFigures
+from agent.specs.postprocess import PostprocessSpec
+from agent.specs.preprocess import PreprocessSpec
 
 #: How often a probation reports its figures (the real one: every 5 s).
 _REPORT_EVERY_S = 5.0

@@ -19,12 +19,12 @@ from typing import Any
 import numpy as np
 
 from agent.backends.base import LoadOptions, get_backend
-from agent.camera.preprocess_spec import PreprocessSpec
 from agent.engines.building.artifact import EngineArtifact
 from agent.engines.building.ort import CPU_EP
 from agent.engines.calibration.data import dataset_images
 from agent.engines.guard.agreement import agreement
 from agent.errors import AgentError
+from agent.specs.preprocess import PreprocessSpec
 
 #: Most calibration images the comparison runs (a few seconds on a CPU).
 MAX_FRAMES = 50

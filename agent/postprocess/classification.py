@@ -20,9 +20,9 @@ import numpy.typing as npt
 from agent.backends.base import TensorSpec
 from agent.errors import EngineError
 from agent.postprocess.labels import label_of
-from agent.postprocess.spec import ClassificationSpec
 from agent.postprocess.tensors import describe_shape, pick_output, pick_output_spec
 from agent.protocol.results import ClassScore, Prediction
+from agent.specs.postprocess import ClassificationSpec
 
 #: Most classes handled as a Python list: numpy's fixed cost per call outweighs its speed for a short
 #: vector; past a few dozen classes numpy wins.

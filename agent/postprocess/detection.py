@@ -19,9 +19,9 @@ from agent.backends.base import TensorSpec
 from agent.camera.preprocess import Letterbox, boxes_to_source
 from agent.errors import EngineError
 from agent.postprocess.labels import label_of
-from agent.postprocess.spec import DetectionSpec
 from agent.postprocess.tensors import describe_shape, pick_output, pick_output_spec
 from agent.protocol.results import Detection, Prediction
+from agent.specs.postprocess import DetectionSpec
 
 log = structlog.get_logger(__name__)
 

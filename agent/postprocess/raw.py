@@ -8,8 +8,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from agent.postprocess.spec import RawSpec
 from agent.protocol.results import Prediction, RawTensor
+from agent.specs.postprocess import RawSpec
 
 
 class RawPostprocess:

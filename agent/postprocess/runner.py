@@ -15,9 +15,9 @@ from agent.postprocess.classification import ClassificationPostprocess, validate
 from agent.postprocess.detection import DetectionPostprocess, validate_detection
 from agent.postprocess.labels import load_labels
 from agent.postprocess.raw import RawPostprocess
-from agent.postprocess.spec import ClassificationSpec, DetectionSpec, PostprocessSpec
 from agent.postprocess.tensors import pick_output_spec
 from agent.protocol.results import Prediction
+from agent.specs.postprocess import ClassificationSpec, DetectionSpec, PostprocessSpec
 
 log = structlog.get_logger(__name__)
 

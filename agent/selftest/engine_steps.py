@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Any
 
 from agent.engines.building.artifact import EngineArtifact
-from agent.engines.spec import BuildSpec, CalibrationSource
 from agent.measure.throughput import bench, bench_candidates, compare_backends
 from agent.selftest.run import SelfTestRun
 from agent.selftest.step import Passed, Skipped, Step, StepFailure
@@ -19,6 +18,7 @@ from agent.selftest.targets import (
     Device,
     EnginePrecision,
 )
+from agent.specs.build import BuildSpec, CalibrationSource
 
 
 def build_spec_for(run: SelfTestRun, device: Device, precision: EnginePrecision) -> BuildSpec:

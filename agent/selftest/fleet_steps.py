@@ -17,7 +17,6 @@ from agent.backends.base import get_backend
 from agent.engines.building.artifact import EngineArtifact
 from agent.engines.building.builder import EngineBuilder
 from agent.engines.sharing.cache import FleetEngineCache
-from agent.engines.spec import BuildSpec
 from agent.fleet.controller.upload import UploadSink
 from agent.fleet.engines.desk import EngineDesk
 from agent.fleet.engines.local import LocalDeskRequests, local_download
@@ -29,6 +28,7 @@ from agent.selftest.engine_steps import build_spec_for, built_engine
 from agent.selftest.run import SelfTestRun
 from agent.selftest.step import Passed, Skipped, StepFailure
 from agent.signing import Ed25519PrivateKey
+from agent.specs.build import BuildSpec
 
 _KEY_ID = "selftest"
 

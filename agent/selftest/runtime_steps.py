@@ -13,10 +13,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
-from agent.camera.preprocess_spec import PreprocessSpec
 from agent.camera.source import VideoSource
 from agent.camera.source_spec import SyntheticSourceSpec
-from agent.postprocess.spec import ClassificationSpec
 from agent.protocol.messages import ResultMessage
 from agent.runtime.frames.pipeline import SlotPipeline
 from agent.runtime.frames.stage_items import StreamPlan
@@ -24,6 +22,8 @@ from agent.runtime.slots.loaded import EngineReport, ModelSource
 from agent.runtime.slots.slot import ModelSlot
 from agent.selftest.run import CPU_STAND_INS, INPUT_SIZE, SelfTestRun
 from agent.selftest.step import Passed, StepFailure
+from agent.specs.postprocess import ClassificationSpec
+from agent.specs.preprocess import PreprocessSpec
 from agent.telemetry import Metrics
 
 

@@ -24,7 +24,7 @@ import numpy.typing as npt
 from agent.camera.gpu_preprocess import BLOCK, item_shape, kernel_source, launch_grid
 from agent.camera.linear_taps import linear_taps
 from agent.camera.preprocess import channel_gain_bias, channel_sources, resize_fit
-from agent.camera.preprocess_spec import PreprocessSpec
+from agent.specs.preprocess import PreprocessSpec
 from tests.waiting import patient
 
 _PRELUDE = r"""

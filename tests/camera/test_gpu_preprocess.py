@@ -30,8 +30,8 @@ from agent.camera.gpu_preprocess import (
     preprocess_choice,
 )
 from agent.camera.preprocess import channel_gain_bias, preprocess
-from agent.camera.preprocess_spec import PreprocessSpec
 from agent.errors import EngineError
+from agent.specs.preprocess import PreprocessSpec
 from tests.camera import kernel_on_cpu
 from tests.waiting import patient
 

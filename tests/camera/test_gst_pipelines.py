@@ -17,9 +17,9 @@ from pydantic import ValidationError
 
 from agent.camera.drivers.gstreamer import GStreamerDriver, probe_elements
 from agent.camera.gst_pipelines import build_pipeline, choose_hardware, delivered_size, framerate, scaled_for
-from agent.camera.preprocess_spec import PreprocessSpec
 from agent.camera.source_spec import FileSourceSpec, GStreamerSourceSpec
 from agent.errors import SourceError
+from agent.specs.preprocess import PreprocessSpec
 from tests.camera.specs import make
 
 JETSON = frozenset({"nvarguscamerasrc", "nvv4l2decoder", "nvvidconv"})

@@ -10,8 +10,8 @@ import numpy.typing as npt
 import pytest
 
 from agent.camera.preprocess import Letterbox, boxes_to_source, in_native_pixels, preprocess
-from agent.camera.preprocess_spec import PreprocessSpec
 from agent.errors import SourceError
+from agent.specs.preprocess import PreprocessSpec
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)

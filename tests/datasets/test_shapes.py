@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from agent.camera.preprocess import preprocess
-from agent.camera.preprocess_spec import PreprocessSpec
 from agent.datasets.shapes import CLASSES, generate
+from agent.specs.preprocess import PreprocessSpec
 
 
 def test_same_seed_same_bytes_other_seed_other_images() -> None:

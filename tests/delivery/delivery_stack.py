@@ -16,21 +16,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agent.camera.preprocess_spec import PreprocessSpec
-from agent.delivery.errors import JobCancelledError
-from agent.delivery.ledger import JobsFile
-from agent.delivery.manifest import DeployManifest, build_manifest, sign_manifest
+from agent.delivery.jobs.ledger import JobsFile
+from agent.delivery.jobs.steps import ActivateFn, ActivationRequest, BuildFn, ProgressFn, no_build
 from agent.delivery.service import DeliveryService
 from agent.delivery.settings import DeliveryConfig
-from agent.delivery.steps import ActivateFn, ActivationRequest, BuildFn, ProgressFn, no_build
 from agent.demo.broker import Broker
 from agent.errors import EngineError
 from agent.mqtt.link import MqttLink
 from agent.mqtt.settings import MqttSettings
-from agent.postprocess.spec import ClassificationSpec
+from agent.protocol.delivery_errors import JobCancelledError
+from agent.protocol.manifest import DeployManifest, build_manifest, sign_manifest
 from agent.protocol.messages import JobState, JobStatus, decode
 from agent.protocol.topics import Topics
 from agent.signing import Ed25519PrivateKey, generate_keypair, private_key_from_bytes
+from agent.specs.postprocess import ClassificationSpec
+from agent.specs.preprocess import PreprocessSpec
 from agent.spool.queue import Spool
 from agent.store import DiskUsageFn, ModelStore
 from tests.mqtt_probe import Probe

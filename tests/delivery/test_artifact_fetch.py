@@ -1,7 +1,7 @@
 """A manifest's calibration artifact on a real DeliveryService: fetched, verified, handed to the build.
 
 Real mosquitto, a real in-process device (tests/delivery/delivery_stack.py) whose fetch copies files
-by SHA-256 (the MQTT pull itself is tests/delivery/test_transfer.py's subject: artifacts use it
+by SHA-256 (the MQTT pull itself is tests/delivery/transfer/test_transfer.py's subject: artifacts use it
 unchanged through ``DeployManifest.for_artifact``).
 """
 
@@ -10,11 +10,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from agent.delivery.artifacts import KEEP
-from agent.delivery.manifest import describe_artifact
-from agent.delivery.steps import BuildOutcome, JobReporter, no_build
+from agent.delivery.jobs.steps import BuildOutcome, JobReporter, no_build
 from agent.engines.calibration.int8 import write_table
-from agent.engines.spec import BuildSpec, CalibrationSource
+from agent.protocol.manifest import describe_artifact
 from agent.protocol.messages import JobState
+from agent.specs.build import BuildSpec, CalibrationSource
 from tests.delivery.conftest import HarnessFactory
 
 SPEC = BuildSpec(

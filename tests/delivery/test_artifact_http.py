@@ -1,5 +1,5 @@
 """A manifest artifact with a ``url``: fetched over HTTP by the same fetch path as a model, verified the
-same way, from a real HTTP server (tests/delivery/test_http_source.py's)."""
+same way, from a real HTTP server (tests/delivery/transfer/test_http_source.py's)."""
 
 from __future__ import annotations
 
@@ -8,15 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from agent.delivery.errors import NoSourceError
-from agent.delivery.manifest import build_manifest, describe_artifact
 from agent.delivery.settings import DeliveryConfig
-from agent.delivery.transfer import fetch_model
+from agent.delivery.transfer.pull import fetch_model
 from agent.demo.modelzoo import write_classifier
 from agent.engines.calibration.int8 import write_table
-from agent.engines.spec import BuildSpec, CalibrationSource
+from agent.protocol.delivery_errors import NoSourceError
+from agent.protocol.manifest import build_manifest, describe_artifact
 from agent.protocol.topics import Topics
-from tests.delivery.test_http_source import ModelServer
+from agent.specs.build import BuildSpec, CalibrationSource
+from tests.delivery.transfer.test_http_source import ModelServer
 
 SPEC = BuildSpec(
     precision="int8", device="cpu", calibration=CalibrationSource(kind="cache", artifact="calib")

@@ -9,20 +9,20 @@ from typing import Any
 
 import pytest
 
-from agent.delivery.errors import BadManifestError, BadNameError, BadSignatureError
-from agent.delivery.manifest import (
+from agent.demo.modelzoo import write_classifier
+from agent.engines.calibration.int8 import write_table
+from agent.fleet.deploy.manifest import plan_manifest
+from agent.fleet.deploy.plan import CALIBRATION_ARTIFACT, DeployPlan
+from agent.protocol.delivery_errors import BadManifestError, BadNameError, BadSignatureError
+from agent.protocol.manifest import (
     DeployManifest,
     build_manifest,
     describe_artifact,
     parse_signed,
     sign_manifest,
 )
-from agent.demo.modelzoo import write_classifier
-from agent.engines.calibration.int8 import write_table
-from agent.engines.spec import BuildSpec, CalibrationSource
-from agent.fleet.deploy.manifest import plan_manifest
-from agent.fleet.deploy.plan import CALIBRATION_ARTIFACT, DeployPlan
 from agent.signing import generate_keypair, private_key_from_bytes, public_key_from_bytes
+from agent.specs.build import BuildSpec, CalibrationSource
 
 DEVICE = "jet-01"
 CALIBRATION = BuildSpec(

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from agent.delivery import errors
-from agent.delivery.manifest import DeployManifest, SignedManifest
 from agent.errors import DeliveryError
+from agent.protocol import delivery_errors
+from agent.protocol.manifest import DeployManifest, SignedManifest
 from tests.protocol.examples import DELIVERY_EXAMPLES
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "protocol.md"
@@ -30,7 +30,7 @@ def test_doc_lists_every_delivery_error_code() -> None:
     text = DOC.read_text()
     codes = {
         cls.code
-        for cls in vars(errors).values()
+        for cls in vars(delivery_errors).values()
         if isinstance(cls, type)
         and issubclass(cls, DeliveryError)
         and getattr(cls, "rejects", None) is not None

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from agent.delivery.manifest import SignedManifest
 from agent.demo.modelzoo import write_classifier
 from agent.errors import DeliveryError
+from agent.protocol.manifest import SignedManifest
 from agent.protocol.messages import JobState
 from agent.store import DiskUsage
 from tests.delivery.conftest import HarnessFactory
@@ -66,7 +66,7 @@ def test_deploy_publishes_every_step_and_activates(device: Harness, model_v1: Pa
 
 
 def test_build_request_is_published_as_requested(device: Harness, model_v1: Path) -> None:
-    from agent.engines.spec import BuildSpec
+    from agent.specs.build import BuildSpec
 
     manifest = device.manifest(model_v1, build=BuildSpec(precision="int8", device="dla0"))
     device.deploy(device.signed(manifest))

@@ -8,13 +8,13 @@ import pytest
 
 from agent.backends.base import TensorSpec
 from agent.camera.input_fit import check_input_fits, select_input
-from agent.camera.preprocess_spec import PreprocessSpec
-from agent.delivery.errors import RejectedError
-from agent.delivery.manifest import build_manifest
 from agent.delivery.verify import verify_model
 from agent.demo.modelzoo import write_classifier, write_detector
 from agent.errors import EngineError
-from agent.postprocess.spec import ClassificationSpec, DetectionSpec, PostprocessSpec, RawSpec
+from agent.protocol.delivery_errors import RejectedError
+from agent.protocol.manifest import build_manifest
+from agent.specs.postprocess import ClassificationSpec, DetectionSpec, PostprocessSpec, RawSpec
+from agent.specs.preprocess import PreprocessSpec
 from tests.runtime.models import write_checker_failure
 
 PRE = PreprocessSpec(width=64, height=64)

@@ -16,11 +16,11 @@ import pytest
 from agent.backends.base import LoadOptions
 from agent.backends.onnxruntime import OnnxRuntimeBackend
 from agent.camera.preprocess import preprocess
-from agent.camera.preprocess_spec import PreprocessSpec
 from agent.demo import modelzoo
 from agent.errors import EngineError
 from agent.postprocess.runner import Postprocessor, validate_outputs
-from agent.postprocess.spec import ClassificationSpec, DetectionSpec
+from agent.specs.postprocess import ClassificationSpec, DetectionSpec
+from agent.specs.preprocess import PreprocessSpec
 
 
 def _session(path: Path) -> Any:

@@ -10,8 +10,6 @@ from typing import Any
 import cv2
 
 from agent.datasets.shapes import LABELS_PATH, MODEL_PATH, generate
-from agent.delivery.guard import ProbationSpec, ShadowSpec
-from agent.delivery.manifest import KIB
 from agent.demo.broker import Broker
 from agent.fleet.controller.config import ControllerConfig
 from agent.fleet.deploy.keys import KeyPairFiles, load_signing_key
@@ -19,7 +17,9 @@ from agent.fleet.deploy.outcome import DeployOutcome
 from agent.fleet.deploy.plan import DeployPlan
 from agent.fleet.deploy.run import FleetDeploy
 from agent.mqtt.settings import MqttSettings
+from agent.protocol.manifest import KIB
 from agent.protocol.messages import JobStatus, decode
+from agent.protocol.proving import ProbationSpec, ShadowSpec
 from agent.protocol.topics import Topics
 from tests.e2e.daemon import AgentFiles, Daemon, unique_results
 from tests.mqtt_probe import Probe, Received

@@ -19,11 +19,11 @@ from typing import Any
 
 import pytest
 
-from agent.delivery.manifest import DeployManifest, build_manifest
 from agent.demo.broker import Broker
 from agent.demo.modelzoo import write_classifier
 from agent.fleet.chunks.server import ChunkServer
 from agent.mqtt.settings import MqttSettings
+from agent.protocol.manifest import DeployManifest, build_manifest
 from agent.protocol.messages import JobStatus, decode
 from agent.signing import generate_keypair, private_key_from_bytes, sign
 from tests.e2e.daemon import AgentFiles, Daemon, unique_results

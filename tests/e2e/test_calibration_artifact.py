@@ -15,13 +15,13 @@ import pytest
 
 from agent.backends.base import LoadOptions, get_backend
 from agent.camera.preprocess import preprocess
-from agent.camera.preprocess_spec import PreprocessSpec
 from agent.datasets.shapes import MODEL_PATH, generate
-from agent.delivery.guard import ProbationSpec, ShadowSpec
 from agent.engines.calibration.int8 import quantize_int8
-from agent.engines.spec import BuildSpec
 from agent.protocol.messages import JobState
+from agent.protocol.proving import ProbationSpec, ShadowSpec
 from agent.protocol.topics import Topics
+from agent.specs.build import BuildSpec
+from agent.specs.preprocess import PreprocessSpec
 from tests.e2e.fleet_rig import Fleet, count_version, finish, job_statuses
 from tests.e2e.test_shadow_int8 import CALIBRATION_SEED
 from tests.mqtt_probe import Probe

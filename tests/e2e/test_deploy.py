@@ -17,7 +17,6 @@ from pathlib import Path
 
 import pytest
 
-from agent.delivery.manifest import KIB
 from agent.demo.broker import Broker
 from agent.fleet.chunks.server import ChunkServer
 from agent.fleet.deploy.keys import KeyPairFiles, load_signing_key
@@ -26,6 +25,7 @@ from agent.fleet.deploy.run import FleetDeploy
 from agent.fleet.devices.command import send_command
 from agent.fleet.view.status import collect_fleet, format_table
 from agent.fsutil import sha256_file
+from agent.protocol.manifest import KIB
 from agent.protocol.messages import InfoMessage, JobState, JobStatus, decode
 from agent.protocol.topics import Topics
 from tests.delivery.delivery_stack import HAPPY_PATH

@@ -11,11 +11,11 @@ import pytest
 import yaml
 
 from agent.demo.broker import Broker
-from agent.engines.spec import BuildSpec
 from agent.fleet.deploy.plan import DeployPlan
 from agent.fleet.deploy.run import FleetDeploy
 from agent.mqtt.settings import MqttSettings
 from agent.protocol.messages import JobStatus, decode
+from agent.specs.build import BuildSpec
 from tests.e2e.daemon import REPO, Daemon, unique_results
 from tests.e2e.fleet_rig import shapes_video
 from tests.mqtt_probe import Probe

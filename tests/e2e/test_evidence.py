@@ -16,10 +16,10 @@ import numpy as np
 import pytest
 
 from agent.cli import main
-from agent.delivery.guard import ShadowSpec
 from agent.fleet.devices.command import send_command
 from agent.fleet.devices.evidence import fetch_evidence, save_evidence
 from agent.protocol.messages import JobState
+from agent.protocol.proving import ShadowSpec
 from agent.runtime.slots.evidence import EvidenceBounds
 from tests.e2e.fleet_rig import Fleet, final_status, finish, operator_settings
 from tests.mqtt_probe import Probe

@@ -31,12 +31,12 @@ import pytest
 
 from agent.datasets.shapes import MODEL_PATH
 from agent.demo.broker import Broker
-from agent.engines.spec import BuildSpec, CalibrationSource
 from agent.fleet.engines.claims import ClaimBook
 from agent.fleet.engines.hooks import engines_listing
 from agent.fleet.engines.settings import EngineShareSettings
 from agent.protocol.messages import JobState
 from agent.protocol.topics import Topics
+from agent.specs.build import BuildSpec, CalibrationSource
 from tests.e2e.daemon import AgentFiles, Daemon
 from tests.e2e.fleet_rig import Fleet, count_version, final_status, finish, job_statuses
 from tests.e2e.test_fleet_engines import (

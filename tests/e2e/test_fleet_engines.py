@@ -23,17 +23,17 @@ import pytest
 
 from agent.backends.base import LoadOptions, get_backend
 from agent.camera.preprocess import preprocess
-from agent.camera.preprocess_spec import PreprocessSpec
 from agent.cli import main
 from agent.datasets.shapes import MODEL_PATH, generate
-from agent.delivery.guard import ProbationSpec, ShadowSpec
 from agent.demo.broker import Broker
-from agent.engines.spec import BuildSpec, CalibrationSource
 from agent.fleet.deploy.keys import load_signing_key
 from agent.fleet.engines.trust import sign_record
 from agent.protocol.messages import JobState
+from agent.protocol.proving import ProbationSpec, ShadowSpec
 from agent.protocol.topics import Topics
 from agent.signing import Ed25519PrivateKey
+from agent.specs.build import BuildSpec, CalibrationSource
+from agent.specs.preprocess import PreprocessSpec
 from tests.e2e.daemon import AgentFiles
 from tests.e2e.fleet_rig import Fleet, count_version, finish, job_statuses
 from tests.fleet.controller.loop_thread import RunningController

@@ -25,13 +25,13 @@ import paho.mqtt.client as mqtt
 import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 
-from agent.delivery.manifest import KIB
 from agent.demo.broker import Broker
 from agent.fleet.deploy.keys import KeyPairFiles, load_signing_key
 from agent.fleet.deploy.plan import DeployPlan
 from agent.fleet.deploy.run import FleetDeploy
 from agent.fsutil import sha256_file
 from agent.mqtt.settings import MqttSettings
+from agent.protocol.manifest import KIB
 from agent.protocol.messages import JobState, JobStatus, decode
 from tests.delivery.delivery_stack import HAPPY_PATH
 from tests.e2e.daemon import AgentFiles, Daemon

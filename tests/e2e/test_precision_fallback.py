@@ -21,7 +21,6 @@ import pytest
 from playwright.sync_api import Page
 
 from agent.camera.preprocess import preprocess
-from agent.camera.preprocess_spec import PreprocessSpec
 from agent.cli import main
 from agent.datasets.shapes import MODEL_PATH
 from agent.demo.broker import Broker
@@ -29,6 +28,7 @@ from agent.engines.calibration.int8 import quantize_int8
 from agent.fleet.controller.client import ControllerClient
 from agent.fsutil import sha256_file
 from agent.protocol.topics import Topics
+from agent.specs.preprocess import PreprocessSpec
 from tests.e2e.fleet_rig import Fleet, count_version, operator_settings
 from tests.fleet.console import test_browser
 from tests.fleet.controller_process import ControllerProcess

@@ -26,15 +26,15 @@ from typing import Any
 import pytest
 import yaml
 
-from agent.delivery.manifest import KIB, build_manifest, sign_manifest
 from agent.demo.broker import Broker
-from agent.engines.spec import BuildSpec
 from agent.fleet.deploy.keys import KeyPairFiles, load_signing_key, write_keypair
 from agent.fleet.deploy.plan import DeployPlan
 from agent.fleet.deploy.run import FleetDeploy
 from agent.fleet.devices.command import send_command
 from agent.mqtt.settings import MqttSettings
+from agent.protocol.manifest import KIB, build_manifest, sign_manifest
 from agent.protocol.topics import Topics
+from agent.specs.build import BuildSpec
 from tests.e2e.daemon import AgentFiles, Daemon
 from tests.mqtt_probe import Probe, Received
 from tests.once_per_run import once_per_run

@@ -20,10 +20,10 @@ import pytest
 from agent.cli import main
 from agent.datasets.shapes import MODEL_PATH
 from agent.demo.broker import Broker
-from agent.engines.spec import BuildSpec
 from agent.fleet.controller.client import ControllerClient
 from agent.fsutil import sha256_file
 from agent.protocol.topics import Topics
+from agent.specs.build import BuildSpec
 from tests.e2e.daemon import unique_results
 from tests.e2e.fleet_rig import (
     ENDS_ONLY_PROBATION,

@@ -19,12 +19,12 @@ import yaml
 
 from agent.demo.broker import Broker
 from agent.engines.building.progress import PUBLISH_INTERVAL_S
-from agent.engines.spec import BuildSpec
 from agent.fleet.cli.progress import progress_line
 from agent.fleet.deploy.keys import KeyPairFiles, load_signing_key
 from agent.fleet.deploy.plan import DeployPlan
 from agent.fleet.deploy.run import FleetDeploy
 from agent.protocol.messages import InfoMessage, JobState, JobStatus, SlotInfo, decode
+from agent.specs.build import BuildSpec
 from tests.e2e.daemon import AgentFiles, Daemon, unique_results
 from tests.e2e.fleet_rig import Fleet, operator_settings
 from tests.engines import paced_build

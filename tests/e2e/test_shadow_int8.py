@@ -13,12 +13,12 @@ import numpy as np
 import pytest
 
 from agent.camera.preprocess import preprocess
-from agent.camera.preprocess_spec import PreprocessSpec
 from agent.datasets.shapes import MODEL_PATH, generate
-from agent.delivery.guard import ProbationSpec, ShadowSpec
 from agent.engines.calibration.int8 import quantize_int8
 from agent.protocol.messages import JobState
+from agent.protocol.proving import ProbationSpec, ShadowSpec
 from agent.protocol.topics import Topics
+from agent.specs.preprocess import PreprocessSpec
 from tests.e2e.fleet_rig import (
     Fleet,
     assert_no_gap,

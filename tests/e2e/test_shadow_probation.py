@@ -15,9 +15,9 @@ import cv2
 import numpy as np
 import pytest
 
-from agent.delivery.guard import ProbationSpec, ShadowSpec
 from agent.fleet.devices.command import send_command
 from agent.protocol.messages import InfoMessage, JobState, JobStatus, decode
+from agent.protocol.proving import ProbationSpec, ShadowSpec
 from agent.protocol.topics import Topics
 from tests.e2e.fleet_rig import (
     Fleet,

@@ -23,11 +23,11 @@ from typing import Any
 import numpy.typing as npt
 
 from agent.backends.base import Backend, Feeds, LoadOptions, Outputs, Runner, get_backend
-from agent.camera.preprocess_spec import PreprocessSpec
 from agent.engines.building.artifact import EngineArtifact
 from agent.engines.building.builder import EngineBuilder
 from agent.engines.job import Progress
-from agent.engines.spec import BuildSpec
+from agent.specs.build import BuildSpec
+from agent.specs.preprocess import PreprocessSpec
 from tests.engines.building.test_builder_fallback import FORCED_TRT
 
 #: The registry key and target of the stand-in backend.

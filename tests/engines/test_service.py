@@ -7,15 +7,15 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
-from agent.camera.preprocess_spec import PreprocessSpec
 from agent.datasets.shapes import generate
 from agent.engines.building.builder import EngineBuilder
 from agent.engines.building.progress import frames_of
 from agent.engines.service import EngineService, FrameSource
 from agent.engines.settings import EngineConfig
-from agent.engines.spec import BuildSpec
 from agent.machine.platform import detect_platform
 from agent.protocol.runs import runs_of
+from agent.specs.build import BuildSpec
+from agent.specs.preprocess import PreprocessSpec
 
 MODEL = Path(__file__).resolve().parents[2] / "agent" / "assets" / "shapes_classifier.onnx"
 SPEC = BuildSpec.model_validate(

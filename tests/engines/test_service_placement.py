@@ -17,11 +17,11 @@ from typing import Any
 import pytest
 
 from agent.backends.base import BACKENDS
-from agent.camera.preprocess_spec import PreprocessSpec
 from agent.datasets.shapes import generate
 from agent.engines.service import EngineService
 from agent.engines.settings import EngineConfig
-from agent.engines.spec import BuildSpec
+from agent.specs.build import BuildSpec
+from agent.specs.preprocess import PreprocessSpec
 from tests.engines.standin_accelerators import STANDIN, STANDIN_ORIN, STANDIN_TARGET, StandInBuilder
 
 MODEL = Path(__file__).resolve().parents[2] / "agent" / "assets" / "shapes_classifier.onnx"

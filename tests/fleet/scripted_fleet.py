@@ -18,8 +18,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from agent.delivery.manifest import DeployManifest, parse_signed
 from agent.demo.broker import Broker
+from agent.protocol.manifest import DeployManifest, parse_signed
 from agent.protocol.messages import (
     CommandReply,
     FailedFigure,

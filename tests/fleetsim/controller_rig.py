@@ -20,7 +20,6 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from agent.delivery.manifest import recover_job_id
 from agent.demo.broker import Broker
 from agent.demo.modelzoo import write_classifier
 from agent.errors import TransportError
@@ -28,6 +27,7 @@ from agent.fleet.controller.client import ControllerClient
 from agent.fleet.deploy.keys import KeyPairFiles, write_keypair
 from agent.fsutil import sha256_file
 from agent.mqtt.settings import MqttSettings
+from agent.protocol.manifest import recover_job_id
 from agent.protocol.messages import JobStatus, decode
 from tests.fleetsim.sim_fleet import SimFleet
 from tests.mqtt_probe import Probe, Received

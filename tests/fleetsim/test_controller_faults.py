@@ -30,7 +30,7 @@ from typing import Any
 
 import pytest
 
-from agent.delivery.manifest import recover_job_id
+from agent.protocol.manifest import recover_job_id
 from agent.protocol.messages import JobState
 from tests.fleet.operator_side import unique_prefix
 from tests.fleetsim.controller_rig import ControllerRig

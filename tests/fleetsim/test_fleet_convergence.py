@@ -12,15 +12,15 @@ from pathlib import Path
 
 import pytest
 
-from agent.delivery.guard import ShadowSpec
-from agent.delivery.manifest import DEFAULT_CHUNK_SIZE
 from agent.demo.broker import Broker
 from agent.demo.modelzoo import write_classifier
 from agent.fleet.deploy.keys import KeyPairFiles, load_signing_key, write_keypair
 from agent.fleet.deploy.plan import DeployPlan
 from agent.fleet.deploy.run import FleetDeploy
 from agent.fleet.devices.command import send_command
+from agent.protocol.manifest import DEFAULT_CHUNK_SIZE
 from agent.protocol.messages import InfoMessage, JobState, decode
+from agent.protocol.proving import ShadowSpec
 from agent.protocol.topics import Topics
 from tests.fleet.operator_side import operator_settings, unique_prefix
 from tests.fleetsim.sim_fleet import SimFleet

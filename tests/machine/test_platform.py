@@ -330,7 +330,7 @@ def test_thor_on_jetpack7_has_no_dla_and_a_newer_tensorrt(
 ) -> None:
     """Fakes for absent hardware: Thor's files, cuda-python and TensorRT 10.13 (JetPack 7.0)."""
     from agent.engines.building.plan import PlatformFacts, plan_build
-    from agent.engines.spec import BuildSpec
+    from agent.specs.build import BuildSpec
 
     monkeypatch.setattr(platform_mod, "_load_cudart", lambda: (fake_cudart(driver=13000, runtime=13000), ""))
     monkeypatch.setattr(platform_mod, "_load_tensorrt", lambda: (fake_tensorrt("10.13.3", 0), ""))
@@ -364,7 +364,7 @@ def test_orin_on_jetpack5_and_6_plans_the_dla(
     """Fakes for absent hardware: an AGX Orin's files and TensorRT with two DLA cores."""
     from agent.engines.building.plan import PlatformFacts, plan_build
     from agent.engines.placement.devices import placement_candidates
-    from agent.engines.spec import BuildSpec
+    from agent.specs.build import BuildSpec
 
     monkeypatch.setattr(platform_mod, "_load_cudart", lambda: (fake_cudart(), ""))
     monkeypatch.setattr(platform_mod, "_load_tensorrt", lambda: (fake_tensorrt(trt, 2), ""))

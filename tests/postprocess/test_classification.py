@@ -15,7 +15,7 @@ from agent.errors import ConfigError, EngineError
 from agent.postprocess import classification
 from agent.postprocess.classification import needs_softmax, numpy_order_sum, softmax
 from agent.postprocess.runner import Postprocessor, validate_outputs
-from agent.postprocess.spec import ClassificationSpec
+from agent.specs.postprocess import ClassificationSpec
 
 
 def _spec(**fields: Any) -> ClassificationSpec:

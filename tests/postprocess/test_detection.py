@@ -15,7 +15,7 @@ from agent.camera.preprocess import Letterbox
 from agent.errors import EngineError
 from agent.postprocess.detection import class_wise_nms, decode, nms
 from agent.postprocess.runner import Postprocessor, validate_outputs
-from agent.postprocess.spec import DetectionSpec
+from agent.specs.postprocess import DetectionSpec
 
 #: One candidate: (cx, cy, w, h, class scores...)
 Row = tuple[float, ...]

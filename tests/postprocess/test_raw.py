@@ -10,7 +10,7 @@ import numpy.typing as npt
 from agent.backends.base import TensorSpec
 from agent.camera.preprocess import Letterbox
 from agent.postprocess.runner import Postprocessor, validate_outputs
-from agent.postprocess.spec import RawSpec
+from agent.specs.postprocess import RawSpec
 
 
 def test_outputs_flattened_and_truncated(identity_lb: Letterbox) -> None:

@@ -247,10 +247,10 @@ MORE_EXAMPLES: dict[str, list[BaseModel]] = {
 
 def _delivery_examples() -> dict[str, BaseModel]:
     # Imported here: the manifest models live in agent.delivery, not agent.protocol.
-    from agent.camera.preprocess_spec import PreprocessSpec
-    from agent.delivery.manifest import DeployManifest, ModelSourceRef, SignedManifest
-    from agent.engines.spec import BuildSpec
-    from agent.postprocess.spec import ClassificationSpec
+    from agent.protocol.manifest import DeployManifest, ModelSourceRef, SignedManifest
+    from agent.specs.build import BuildSpec
+    from agent.specs.postprocess import ClassificationSpec
+    from agent.specs.preprocess import PreprocessSpec
 
     manifest = DeployManifest(
         job_id="job-8",

@@ -25,8 +25,8 @@ from structlog.testing import capture_logs
 
 from agent.cli import main
 from agent.config import read_yaml
-from agent.delivery.partial import PartialDownload
-from agent.delivery.transfer import MqttPull
+from agent.delivery.transfer.partial import PartialDownload
+from agent.delivery.transfer.pull import MqttPull
 from agent.fleet.chunks.server import GROUP_PREFIX, ChunkServer
 from agent.fleet.controller.config import ControllerConfig
 from agent.fleet.controller.process import FleetController
@@ -35,7 +35,7 @@ from agent.protocol.topics import Topics
 from agent.spool.queue import Spool
 from agent.telemetry.loop import TelemetryLoop
 from agent.telemetry.metrics import Metrics
-from tests.delivery.transfer_rig import KIB, MIB, delivery_config, manifest_for, random_model
+from tests.delivery.transfer.transfer_rig import KIB, MIB, delivery_config, manifest_for, random_model
 from tests.mqtt_probe import Probe
 from tests.protocol.broker_doc import (
     DOC,

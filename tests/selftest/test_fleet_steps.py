@@ -10,11 +10,11 @@ import pytest
 
 from agent.engines.building.builder import EngineBuilder
 from agent.engines.settings import EngineConfig
-from agent.engines.spec import BuildSpec
 from agent.machine.platform import BackendAvailability, Platform
 from agent.selftest.fleet_steps import downloaded_engine_step, shared_and_loaded
 from agent.selftest.run import QUICK, SelfTestRun
 from agent.selftest.step import Skipped
+from agent.specs.build import BuildSpec
 
 PLATFORM = Platform(
     machine="x86_64",

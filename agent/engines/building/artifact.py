@@ -25,8 +25,8 @@ from agent.engines.building.ort import (
 )
 from agent.engines.cache.store import CacheEntry
 from agent.engines.sharing.cache import FLEET_BUILT_BY
-from agent.engines.spec import BuildPlan, BuildSpec
 from agent.machine.platform import Platform
+from agent.specs.build import BuildPlan, BuildSpec
 
 
 @dataclass(frozen=True)

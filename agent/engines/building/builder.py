@@ -40,7 +40,6 @@ from typing import Any
 import numpy.typing as npt
 import structlog
 
-from agent.camera.preprocess_spec import PreprocessSpec
 from agent.engines.building.artifact import EngineArtifact, artifact_of, with_source
 from agent.engines.building.history import BuildHistory, build_fingerprint
 from agent.engines.building.job_inputs import default_preprocess, job_for
@@ -56,10 +55,11 @@ from agent.engines.calibration.int8 import host_cpu_flags, reduce_range_for
 from agent.engines.job import MIB, Progress
 from agent.engines.settings import EngineConfig
 from agent.engines.sharing.cache import FleetEngineCache
-from agent.engines.spec import BuildPlan, BuildSpec
 from agent.errors import BuildError
 from agent.machine.platform import Platform
 from agent.protocol.engines import DropStage
+from agent.specs.build import BuildPlan, BuildSpec
+from agent.specs.preprocess import PreprocessSpec
 
 log = structlog.get_logger(__name__)
 

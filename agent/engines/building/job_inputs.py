@@ -23,17 +23,17 @@ from typing import Any
 
 import numpy.typing as npt
 
-from agent.camera.preprocess_spec import PreprocessSpec
 from agent.engines.building.model_facts import model_input_size
 from agent.engines.building.ort import ENGINE_FILE as ORT_ENGINE_FILE
 from agent.engines.cache.key import canonical_json, model_sha256
 from agent.engines.calibration.data import dataset_batches, limit_frames, save_batches
 from agent.engines.calibration.file import as_trt_cache
 from agent.engines.job import BuildJob
-from agent.engines.spec import BuildPlan
 from agent.errors import BuildError
 from agent.fsutil import atomic_write_bytes, sha256_file
 from agent.machine.platform import Platform
+from agent.specs.build import BuildPlan
+from agent.specs.preprocess import PreprocessSpec
 
 #: Engine file name of a TensorRT entry.
 TRT_ENGINE_FILE = "engine"

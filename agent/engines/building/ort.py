@@ -29,8 +29,8 @@ import structlog
 
 from agent.engines.calibration.data import load_batches
 from agent.engines.job import MIB, BuildJob, Progress, WorkerResult
-from agent.engines.spec import BuildPlan, ShapeProfile
 from agent.errors import BuildError, EngineError
+from agent.specs.build import BuildPlan, ShapeProfile
 
 log = structlog.get_logger(__name__)
 

@@ -21,14 +21,14 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Literal
 
 from agent.engines.calibration.trt_cache import parse_trt_version
-from agent.engines.spec import (
+from agent.errors import BuildError
+from agent.specs.build import (
     BuildPlan,
     BuildSpec,
     CalibrationSource,
     PlanChange,
     ShapeProfile,
 )
-from agent.errors import BuildError
 
 if TYPE_CHECKING:
     from agent.machine.platform import Platform

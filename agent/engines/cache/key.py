@@ -25,11 +25,11 @@ import onnx
 import structlog
 from pydantic import Field, ValidationError
 
-from agent.engines.spec import BuildPlan, EngineOptions
 from agent.errors import BuildError
 from agent.fsutil import atomic_write_json, sha256_file
 from agent.machine.platform import Platform
 from agent.model_base import StrictModel
+from agent.specs.build import BuildPlan, EngineOptions
 
 log = structlog.get_logger(__name__)
 
@@ -52,7 +52,7 @@ PLAN_FIELDS_NOT_IN_KEY = frozenset({"changes", "calibration"})
 class EngineIdentity(EngineOptions):
     """Everything an engine depends on. Two builds with equal identities produce interchangeable engines.
 
-    The plan's part is inherited whole from :class:`~agent.engines.spec.EngineOptions`; the rest is
+    The plan's part is inherited whole from :class:`~agent.specs.build.EngineOptions`; the rest is
     what the plan does not know: the model, the backend's exact version, the device, the calibration.
     """
 
@@ -93,7 +93,7 @@ class EngineIdentity(EngineOptions):
         if unkeyed:
             raise BuildError(
                 f"plan field(s) {unkeyed} are not part of the engine key: declare them in "
-                "agent.engines.spec.EngineOptions, or in PLAN_FIELDS_NOT_IN_KEY if they do not change it"
+                "agent.specs.build.EngineOptions, or in PLAN_FIELDS_NOT_IN_KEY if they do not change it"
             )
         return cls(
             model_sha256=model_sha256,

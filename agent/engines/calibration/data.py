@@ -17,11 +17,11 @@ import numpy as np
 import numpy.typing as npt
 import structlog
 
-from agent.camera.preprocess_spec import PreprocessSpec
 from agent.engines.cache.key import canonical_json
-from agent.engines.spec import CalibrationSource
 from agent.errors import BuildError
 from agent.fsutil import sha256_file
+from agent.specs.build import CalibrationSource
+from agent.specs.preprocess import PreprocessSpec
 
 log = structlog.get_logger(__name__)
 

@@ -30,13 +30,13 @@ import structlog
 
 from agent.camera.frame import Frame
 from agent.camera.preprocess import preprocess as preprocess_frame
-from agent.camera.preprocess_spec import PreprocessSpec
 from agent.engines.cache.key import model_sha256
 from agent.engines.calibration.int8 import Method, read_table, write_table
 from agent.engines.calibration.trt_cache import read_trt_cache
 from agent.engines.guard.agreement import Preprocess
 from agent.errors import BuildError
 from agent.fsutil import atomic_write_bytes
+from agent.specs.preprocess import PreprocessSpec
 
 log = structlog.get_logger(__name__)
 

@@ -22,8 +22,8 @@ import numpy.typing as npt
 from agent.backends.base import Runner
 from agent.camera.frame import Frame
 from agent.camera.preprocess import preprocess as preprocess_frame
-from agent.camera.preprocess_spec import PreprocessSpec
 from agent.errors import BuildError, EngineError
+from agent.specs.preprocess import PreprocessSpec
 
 #: A preprocessing step: a spec (run through the agent's own preprocessing) or any image -> tensor function.
 Preprocess = PreprocessSpec | Callable[[npt.NDArray[np.uint8]], npt.NDArray[Any]]

@@ -9,7 +9,7 @@ candidates is :mod:`agent.engines.placement.choice`.
 from __future__ import annotations
 
 from agent.engines.building.plan import PlatformFacts, shapes_dynamic, usable_dla_cores
-from agent.engines.spec import BuildSpec, DeviceTarget
+from agent.specs.build import BuildSpec, DeviceTarget
 
 
 def placement_candidates(spec: BuildSpec, facts: PlatformFacts, *, model_static: bool) -> tuple[str, ...]:

@@ -19,13 +19,13 @@ from typing import Any
 import numpy.typing as npt
 
 from agent.backends.base import Runner, get_backend
-from agent.camera.preprocess_spec import PreprocessSpec
 from agent.engines.building.artifact import EngineArtifact
 from agent.engines.building.builder import EngineBuilder
 from agent.engines.placement.choice import CandidateTiming, CombinationTiming
 from agent.engines.placement.timing import time_runner, time_together
-from agent.engines.spec import BuildSpec
 from agent.errors import BuildError, EngineError
+from agent.specs.build import BuildSpec
+from agent.specs.preprocess import PreprocessSpec
 
 Progress = Callable[[str], None]
 

@@ -19,7 +19,6 @@ from pathlib import Path
 from agent.backends.trt_api import tensorrt_status
 from agent.engines.calibration.data import load_batches
 from agent.engines.job import BuildJob, Progress, WorkerResult
-from agent.engines.spec import BuildPlan
 from agent.engines.trt.calibrator import CalibrationBatch
 from agent.engines.trt.decisions import target_label, warning_lines
 from agent.engines.trt.log import BuildLog, capturing_logger
@@ -31,6 +30,7 @@ from agent.engines.trt.steps import (
     PlacementFromBuild,
 )
 from agent.errors import BuildError
+from agent.specs.build import BuildPlan
 
 
 @dataclass(frozen=True)

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agent.engines.job import MIB
-from agent.engines.spec import BuildPlan, ShapeProfile
 from agent.errors import BuildError
+from agent.specs.build import BuildPlan, ShapeProfile
 
 
 def network_flags(trt_major_version: int, explicit_batch_bit: int = 0) -> int:

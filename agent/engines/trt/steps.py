@@ -20,7 +20,6 @@ import structlog
 
 from agent.backends.trt_api import dims_of, nullable, succeeded, trt_major
 from agent.engines.job import Progress
-from agent.engines.spec import BuildPlan
 from agent.engines.trt.calibrator import CalibrationBatch, Calibrator, make_entropy_calibrator
 from agent.engines.trt.decisions import (
     ProfileShape,
@@ -42,6 +41,7 @@ from agent.engines.trt.placement import (
 )
 from agent.errors import BuildError, EngineError
 from agent.fsutil import atomic_write_bytes
+from agent.specs.build import BuildPlan
 
 if TYPE_CHECKING:
     import tensorrt as trt

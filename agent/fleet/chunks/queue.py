@@ -11,7 +11,7 @@ place in the line is the first request's.
 
 The first request's correlation data is kept too: the device matches a reply to the request it
 answers, so its round-trip sample is the whole wait, and its timeout grows to match
-(agent/delivery/rto.py) instead of firing again while the chunks are on their way.
+(agent/delivery/transfer/rto.py) instead of firing again while the chunks are on their way.
 
 Pure: no MQTT here. The :class:`~agent.fleet.chunks.server.ChunkServer` adds what its dispatcher thread
 accepted and sends what its sender thread takes.

@@ -1,6 +1,6 @@
 """The operator-side chunk server: answers devices' chunk requests for the models it knows.
 
-Devices pull (docs/delivery.md): a :class:`~agent.delivery.chunks.ChunkRequest` arrives on
+Devices pull (docs/delivery.md): a :class:`~agent.protocol.chunks.ChunkRequest` arrives on
 ``{prefix}/{device}/up/xfer/req`` with an MQTT 5 response topic and correlation data; the server
 publishes each requested chunk to that response topic with user properties ``index`` and
 ``sha256`` and the request's correlation data. The subscription is an MQTT 5 *shared* one
@@ -35,7 +35,6 @@ from typing import TYPE_CHECKING
 import structlog
 from pydantic import ValidationError
 
-from agent.delivery.chunks import INDEX_PROPERTY, SHA256_PROPERTY, ChunkRequest
 from agent.errors import TransportError
 from agent.fleet.base.untrusted import shown
 from agent.fleet.chunks.queue import DEFAULT_MAX_ENTRIES, ChunkQueue, PendingChunks
@@ -44,10 +43,11 @@ from agent.mqtt.core import PublishProperties
 from agent.mqtt.inbound import InboundMessage
 from agent.mqtt.service_client import ServiceClient
 from agent.mqtt.settings import MqttSettings
+from agent.protocol.chunks import INDEX_PROPERTY, SHA256_PROPERTY, ChunkRequest
 from agent.protocol.topics import Topics, check_level, fleet_filter, parse
 
 if TYPE_CHECKING:
-    from agent.delivery.manifest import DeployManifest
+    from agent.protocol.manifest import DeployManifest
 
 log = structlog.get_logger(__name__)
 

@@ -9,16 +9,16 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from pydantic import TypeAdapter, ValidationError
 
-from agent.camera.preprocess_spec import PreprocessSpec
-from agent.delivery.guard import ProbationSpec, ShadowSpec
-from agent.delivery.manifest import DEFAULT_CHUNK_SIZE, MAX_CHUNK_SIZE, MIN_CHUNK_SIZE
-from agent.engines.spec import BuildSpec, CalibrationSource
 from agent.errors import UsageError
 from agent.flag_aliases import add_alias
 from agent.fleet.base.untrusted import shown
 from agent.fleet.cli.connection import settings_from_args
 from agent.fleet.deploy.plan import DEFAULT_PROBATION_S
-from agent.postprocess.spec import ClassificationSpec, DetectionSpec, PostprocessSpec
+from agent.protocol.manifest import DEFAULT_CHUNK_SIZE, MAX_CHUNK_SIZE, MIN_CHUNK_SIZE
+from agent.protocol.proving import ProbationSpec, ShadowSpec
+from agent.specs.build import BuildSpec, CalibrationSource
+from agent.specs.postprocess import ClassificationSpec, DetectionSpec, PostprocessSpec
+from agent.specs.preprocess import PreprocessSpec
 
 if TYPE_CHECKING:
     from collections.abc import Callable

@@ -14,11 +14,11 @@ import time
 from collections.abc import Sequence
 from typing import TextIO
 
-from agent.delivery.manifest import DeployManifest
 from agent.fleet.base.untrusted import shown
 from agent.fleet.deploy.outcome import DeviceProgress
 from agent.fleet.rollout.waves import format_duration
 from agent.fleet.view.build_note import build_note
+from agent.protocol.manifest import DeployManifest
 from agent.protocol.messages import JobState
 
 #: Longest error message shown in the live line (the final summary shows more of it).

@@ -8,11 +8,11 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from agent.delivery.manifest import DeployManifest, ModelSourceRef, build_manifest, describe_artifact
-from agent.engines.spec import BuildSpec, CalibrationSource
 from agent.errors import ConfigError
 from agent.fleet.deploy.plan import CALIBRATION_ARTIFACT, DeployPlan
+from agent.protocol.manifest import DeployManifest, ModelSourceRef, build_manifest, describe_artifact
 from agent.protocol.topics import check_level
+from agent.specs.build import BuildSpec, CalibrationSource
 
 
 def check_device_ids(devices: Iterable[str]) -> None:

@@ -15,11 +15,11 @@ import onnx
 import onnx.defs
 
 from agent.camera.input_fit import check_input_fits, select_input
-from agent.camera.preprocess_spec import PreprocessSpec
 from agent.delivery.verify import graph_io, load_checked
 from agent.errors import AgentError, EngineError, RejectedError
 from agent.postprocess.runner import validate_outputs
-from agent.postprocess.spec import PostprocessSpec
+from agent.specs.postprocess import PostprocessSpec
+from agent.specs.preprocess import PreprocessSpec
 
 #: The oldest ``ai.onnx`` opset ONNX Runtime loads (its compatibility notes: "opset version 7 and higher").
 MIN_OPSET = 7

@@ -11,11 +11,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent.camera.preprocess_spec import PreprocessSpec
-from agent.delivery.guard import ProbationSpec, ShadowSpec
-from agent.delivery.manifest import DEFAULT_CHUNK_SIZE
-from agent.engines.spec import BuildSpec
-from agent.postprocess.spec import PostprocessSpec
+from agent.protocol.manifest import DEFAULT_CHUNK_SIZE
+from agent.protocol.proving import ProbationSpec, ShadowSpec
+from agent.specs.build import BuildSpec
+from agent.specs.postprocess import PostprocessSpec
+from agent.specs.preprocess import PreprocessSpec
 
 #: Seconds of probation ``fleet deploy`` asks for unless ``--probation-s`` says otherwise. The
 #: default is the operator tool's, not the manifest's: a manifest without ``probation_s`` keeps

@@ -36,10 +36,6 @@ from pathlib import Path
 
 import structlog
 
-from agent.delivery.manifest import (
-    DeployManifest,
-    sign_manifest,
-)
 from agent.errors import ConfigError
 from agent.fleet.base.untrusted import shown
 from agent.fleet.chunks.server import ChunkServer, random_group
@@ -51,6 +47,10 @@ from agent.fleet.devices.command import PendingReplies, publish_command
 from agent.mqtt.inbound import InboundMessage
 from agent.mqtt.service_client import ServiceClient
 from agent.mqtt.settings import MqttSettings
+from agent.protocol.manifest import (
+    DeployManifest,
+    sign_manifest,
+)
 from agent.protocol.messages import JobState, JobStatus, ProtocolError, StatusMessage, decode
 from agent.protocol.topics import Topics, parse
 from agent.signing import Ed25519PrivateKey

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import shutil
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 from pydantic import BaseModel, ValidationError
 
-from agent.engines.sharing.cache import DownloadFn
 from agent.errors import AgentError, HashMismatchError
 from agent.fleet.engines.desk import EngineDesk
 from agent.fsutil import sha256_file
@@ -55,7 +55,7 @@ class LocalDeskRequests:
         return reply
 
 
-def local_download(desk: EngineDesk) -> DownloadFn:
+def local_download(desk: EngineDesk) -> Callable[[EngineFile, Path, threading.Event | None], Path]:
     """``download(file, directory, cancel)``: the controller's blob copied, checked like a pull."""
 
     def download(file: EngineFile, directory: Path, cancel: threading.Event | None) -> Path:

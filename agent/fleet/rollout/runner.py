@@ -31,7 +31,6 @@ from typing import Any
 
 import structlog
 
-from agent.delivery.manifest import DeployManifest
 from agent.fleet.deploy.manifest import plan_manifest
 from agent.fleet.deploy.outcome import DeviceProgress
 from agent.fleet.deploy.run import FleetDeploy
@@ -42,6 +41,7 @@ from agent.fleet.rollout.rollback import Rollback
 from agent.fleet.rollout.spec import plan_for, request_of
 from agent.fleet.rollout.store import RolloutStore
 from agent.mqtt.settings import MqttSettings
+from agent.protocol.manifest import DeployManifest
 from agent.protocol.messages import ProbationFigures, ShadowFigures
 from agent.signing import Ed25519PrivateKey
 

@@ -17,16 +17,16 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from agent.camera.preprocess_spec import PreprocessSpec
-from agent.delivery.guard import ProbationSpec, ShadowSpec
-from agent.delivery.manifest import DEFAULT_CHUNK_SIZE, MAX_CHUNK_SIZE, MIN_CHUNK_SIZE
-from agent.engines.spec import BuildSpec
 from agent.fleet.deploy.plan import DeployPlan
 from agent.fleet.rollout.gate import GatePolicy
 from agent.fleet.rollout.records import RolloutPlan
 from agent.fleet.rollout.waves import parse_max_failed, parse_waves, split_waves
 from agent.model_base import StrictModel
-from agent.postprocess.spec import PostprocessSpec
+from agent.protocol.manifest import DEFAULT_CHUNK_SIZE, MAX_CHUNK_SIZE, MIN_CHUNK_SIZE
+from agent.protocol.proving import ProbationSpec, ShadowSpec
+from agent.specs.build import BuildSpec
+from agent.specs.postprocess import PostprocessSpec
+from agent.specs.preprocess import PreprocessSpec
 
 #: A rollout id: what ``fleet rollout status ID`` takes; it also names the rollback job.
 ROLLOUT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,79}$")

@@ -24,7 +24,6 @@ import structlog
 
 from agent.camera.gpu_preprocess import GpuPreprocessor
 from agent.camera.preprocess import preprocess, resize_fit
-from agent.camera.preprocess_spec import PreprocessSpec
 from agent.errors import AgentError
 from agent.runtime.frames.outbox import OrderedOutbox
 from agent.runtime.frames.publish_stage import PublishStage
@@ -40,6 +39,7 @@ from agent.runtime.frames.stage_items import (
 from agent.runtime.frames.stage_queue import SlotInbox
 from agent.runtime.slots.loaded import LoadedModel
 from agent.runtime.slots.slot import ModelSlot
+from agent.specs.preprocess import PreprocessSpec
 from agent.telemetry import Metrics
 from agent.watchdog.liveness import CallWatch
 

@@ -15,10 +15,10 @@ from pydantic import BaseModel
 
 from agent.camera.frame import Frame
 from agent.camera.preprocess import Letterbox
-from agent.camera.preprocess_spec import PreprocessSpec
 from agent.camera.source import VideoSource
 from agent.runtime.frames.stage_queue import DropPolicy
 from agent.runtime.slots.loaded import LoadedModel
+from agent.specs.preprocess import PreprocessSpec
 from agent.telemetry import Metrics
 
 

@@ -31,8 +31,8 @@ import numpy as np
 import numpy.typing as npt
 import structlog
 
-from agent.delivery.errors import JobCancelledError, RolledBackError, ShadowRejectedError
-from agent.delivery.steps import ActivationRequest, GuardReporter
+from agent.delivery.jobs.steps import ActivationRequest, GuardReporter
+from agent.protocol.delivery_errors import JobCancelledError, RolledBackError, ShadowRejectedError
 from agent.protocol.messages import JobState, ShadowFigures
 from agent.runtime.slots.agreement import ShadowTally, frame_agreement
 from agent.runtime.slots.evidence import EvidenceStore

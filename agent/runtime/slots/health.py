@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from agent.delivery.guard import ProbationSpec
 from agent.protocol.messages import FailedFigure
+from agent.protocol.proving import ProbationSpec
 from agent.runtime.slots.agreement import total_variation
 
 #: Buckets kept: the baseline reaches at most this far back.

@@ -12,11 +12,11 @@ import structlog
 
 from agent.backends.base import ProviderRequest, Runner
 from agent.camera.gpu_preprocess import GpuPreprocessor, PreprocessChoice
-from agent.camera.preprocess_spec import PreprocessSpec
-from agent.engines.spec import BuildSpec
 from agent.postprocess.runner import Postprocessor
 from agent.protocol.messages import ModelRef, RunsInfo
 from agent.runtime.slots.health import ModelHealth
+from agent.specs.build import BuildSpec
+from agent.specs.preprocess import PreprocessSpec
 from agent.transitions import TransitionTable
 
 log = structlog.get_logger(__name__)

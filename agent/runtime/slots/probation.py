@@ -19,8 +19,8 @@ import numpy as np
 import numpy.typing as npt
 import structlog
 
-from agent.delivery.guard import ProbationSpec
 from agent.protocol.messages import FailedFigure, ProbationFigures
+from agent.protocol.proving import ProbationSpec
 from agent.runtime.slots.agreement import total_variation
 from agent.runtime.slots.health import HealthFigures, judge
 from agent.runtime.slots.loaded import LoadedModel

@@ -21,8 +21,8 @@ import numpy.typing as npt
 import structlog
 
 from agent.camera.preprocess import preprocess
-from agent.delivery.errors import JobCancelledError
-from agent.delivery.guard import ShadowSpec
+from agent.protocol.delivery_errors import JobCancelledError
+from agent.protocol.proving import ShadowSpec
 from agent.protocol.results import Prediction
 from agent.runtime.slots.agreement import ShadowBar, ShadowTally, Verdict, frame_agreement, topk_overlap
 from agent.runtime.slots.evidence import DisagreementHeap

@@ -15,7 +15,6 @@ import onnxruntime as ort
 import pytest
 
 from agent.backends.base import get_backend
-from agent.camera.preprocess_spec import PreprocessSpec
 from agent.demo.modelzoo import write_classifier
 from agent.engines.building.builder import EngineBuilder
 from agent.engines.building.model_facts import model_facts
@@ -25,9 +24,10 @@ from agent.engines.calibration.data import calibration_identity
 from agent.engines.calibration.int8 import host_cpu_flags, reduce_range_for
 from agent.engines.job import BuildJob, Progress, WorkerResult
 from agent.engines.settings import EngineConfig
-from agent.engines.spec import BuildSpec, CalibrationSource
 from agent.errors import BuildError
 from agent.machine.platform import BackendAvailability, Platform
+from agent.specs.build import BuildSpec, CalibrationSource
+from agent.specs.preprocess import PreprocessSpec
 from tests.engines.failing_jobs import TEST_ENV
 from tests.waiting import patient
 

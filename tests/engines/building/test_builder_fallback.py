@@ -21,9 +21,9 @@ from agent.engines.building.builder import EngineBuilder
 from agent.engines.building.worker import BuildWorker
 from agent.engines.job import BuildJob, Progress, WorkerResult
 from agent.engines.settings import EngineConfig
-from agent.engines.spec import BuildSpec
 from agent.errors import BuildError
 from agent.machine.platform import BackendAvailability, Platform
+from agent.specs.build import BuildSpec
 from tests.engines.failing_jobs import TEST_ENV
 
 #: A fake platform for absent hardware: it claims TensorRT and a GPU so the planner picks TensorRT;

@@ -27,8 +27,8 @@ from agent.engines.calibration.data import save_batches
 from agent.engines.calibration.int8 import read_table
 from agent.engines.calibration.trt_cache import read_trt_cache
 from agent.engines.job import BuildJob
-from agent.engines.spec import BuildPlan, CalibrationSource, ShapeProfile
 from agent.errors import BuildError
+from agent.specs.build import BuildPlan, CalibrationSource, ShapeProfile
 
 PATHS = OrtPaths(engine_cache_dir=Path("/s/engines/k/trt_engines"), timing_cache_dir=Path("/s/timing"))
 ALL = (TENSORRT_EP, CUDA_EP, CPU_EP)

@@ -11,9 +11,9 @@ import pytest
 
 from agent.engines.building.plan import PlatformFacts, plan_build, plan_fallback, shapes_dynamic
 from agent.engines.placement.devices import engine_devices, placement_candidates
-from agent.engines.spec import BuildPlan, BuildSpec, CalibrationSource, ShapeProfile
 from agent.errors import BuildError
 from agent.machine.platform import BackendAvailability, Platform
+from agent.specs.build import BuildPlan, BuildSpec, CalibrationSource, ShapeProfile
 
 # Platforms the rules are written for (facts as the platform probe would report them).
 ORIN_AGX = PlatformFacts(tensorrt_version="10.3.0", dla_cores=2, has_gpu=True)

@@ -19,8 +19,8 @@ from agent.engines.building.builder import EngineBuilder
 from agent.engines.building.slim import onnxslim_version, slim_model
 from agent.engines.cache.key import model_sha256
 from agent.engines.settings import EngineConfig
-from agent.engines.spec import BuildSpec
 from agent.machine.platform import detect_platform
+from agent.specs.build import BuildSpec
 
 SHAPES = Path(__file__).resolve().parents[3] / "agent" / "assets" / "shapes_classifier.onnx"
 

@@ -18,8 +18,8 @@ from agent.engines.building.worker import BuildWorker, signal_name
 from agent.engines.building.worker_child import TEST_JOBS_ENV, raised_during_import
 from agent.engines.calibration.data import load_batches, save_batches
 from agent.engines.job import BuildJob
-from agent.engines.spec import BuildPlan
 from agent.errors import BuildError
+from agent.specs.build import BuildPlan
 from tests.engines.failing_jobs import TEST_ENV
 from tests.waiting import patient
 

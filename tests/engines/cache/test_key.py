@@ -29,9 +29,9 @@ from agent.engines.cache.key import (
     read_sidecar,
     write_sidecar,
 )
-from agent.engines.spec import BuildPlan, BuildSpec, EngineOptions, ShapeProfile
 from agent.errors import BuildError
 from agent.machine.platform import Platform
+from agent.specs.build import BuildPlan, BuildSpec, EngineOptions, ShapeProfile
 from tests.waiting import patient
 
 SHA_A = "a" * 64

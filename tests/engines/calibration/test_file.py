@@ -16,8 +16,8 @@ from agent.engines.calibration.file import as_trt_cache, read_ranges
 from agent.engines.calibration.int8 import write_table
 from agent.engines.calibration.trt_cache import write_trt_cache
 from agent.engines.settings import EngineConfig
-from agent.engines.spec import BuildSpec, CalibrationSource
 from agent.errors import BuildError
+from agent.specs.build import BuildSpec, CalibrationSource
 from tests.engines.building.test_builder import PLATFORM, frames, run
 
 

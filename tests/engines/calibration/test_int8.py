@@ -21,7 +21,6 @@ from onnx import TensorProto, helper
 from agent.backends.base import LoadOptions
 from agent.backends.onnxruntime import OnnxRuntimeBackend
 from agent.camera.preprocess import preprocess
-from agent.camera.preprocess_spec import PreprocessSpec
 from agent.datasets.shapes import CLASSES, LABELS_PATH, MODEL_PATH, generate
 from agent.engines.building.progress import frames_of, phase_of
 from agent.engines.calibration.data import PROGRESS_LINES, load_batches, save_batches
@@ -39,6 +38,7 @@ from agent.engines.calibration.int8 import (
 )
 from agent.engines.calibration.trt_cache import from_ort_ranges, read_trt_cache
 from agent.errors import BuildError
+from agent.specs.preprocess import PreprocessSpec
 
 #: Seeds never used by tools/train_shapes.py (it trains on 1 and validates on 2).
 CALIBRATION_SEED = 10_001

@@ -15,7 +15,6 @@ import numpy.typing as npt
 import pytest
 
 from agent.camera.frame import Frame
-from agent.camera.preprocess_spec import PreprocessSpec
 from agent.camera.source import VideoSource
 from agent.camera.source_spec import FileSourceSpec
 from agent.datasets.shapes import MODEL_PATH, generate
@@ -33,6 +32,7 @@ from agent.engines.calibration.store import (
 )
 from agent.engines.calibration.trt_cache import read_trt_cache
 from agent.errors import BuildError
+from agent.specs.preprocess import PreprocessSpec
 
 SPEC = PreprocessSpec(width=64, height=64)
 

@@ -16,11 +16,11 @@ from agent.backends.base import LoadOptions, Runner
 from agent.backends.onnxruntime import OnnxRuntimeBackend
 from agent.camera.frame import Frame
 from agent.camera.preprocess import preprocess
-from agent.camera.preprocess_spec import PreprocessSpec
 from agent.datasets.shapes import MODEL_PATH, generate
 from agent.engines.calibration.int8 import Int8Result, quantize_int8, quantize_with_ranges
 from agent.engines.guard.agreement import GuardReport, agreement, check_int8
 from agent.errors import BuildError
+from agent.specs.preprocess import PreprocessSpec
 
 SPEC = PreprocessSpec(width=64, height=64)
 #: The default of EngineConfig.int8_agreement.

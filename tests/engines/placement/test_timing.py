@@ -13,7 +13,6 @@ import numpy as np
 import pytest
 
 from agent.backends.base import Feeds, LoadOptions, Outputs, Runner, get_backend
-from agent.camera.preprocess_spec import PreprocessSpec
 from agent.datasets.shapes import generate
 from agent.engines.building.builder import EngineBuilder
 from agent.engines.calibration.store import collect_frames
@@ -21,9 +20,10 @@ from agent.engines.placement.choice import choose_placement
 from agent.engines.placement.timing import time_runner, time_together
 from agent.engines.service import EngineService
 from agent.engines.settings import EngineConfig
-from agent.engines.spec import BuildSpec
 from agent.errors import BuildError
 from agent.machine.platform import detect_platform
+from agent.specs.build import BuildSpec
+from agent.specs.preprocess import PreprocessSpec
 from tests.engines.building.test_builder_fallback import FORCED_TRT
 
 MODEL = Path(__file__).resolve().parents[3] / "agent" / "assets" / "shapes_classifier.onnx"

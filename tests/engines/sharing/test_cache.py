@@ -14,7 +14,6 @@ import numpy.typing as npt
 import onnxruntime as ort
 import pytest
 
-from agent.camera.preprocess_spec import PreprocessSpec
 from agent.datasets.shapes import MODEL_PATH, generate
 from agent.demo.modelzoo import write_classifier
 from agent.engines.building.artifact import EngineArtifact
@@ -22,7 +21,6 @@ from agent.engines.building.builder import EngineBuilder
 from agent.engines.service import EngineService
 from agent.engines.settings import EngineConfig
 from agent.engines.sharing.cache import FLEET_BUILT_BY, FleetEngineCache
-from agent.engines.spec import BuildSpec
 from agent.fleet.engines.desk import EngineDesk
 from agent.fleet.engines.local import LocalDeskRequests, local_download
 from agent.fleet.engines.settings import EngineShareSettings
@@ -30,6 +28,8 @@ from agent.fleet.engines.trust import sign_record
 from agent.machine.platform import BackendAvailability, Platform
 from agent.protocol.engines import EngineAsk
 from agent.signing import Ed25519PrivateKey
+from agent.specs.build import BuildSpec
+from agent.specs.preprocess import PreprocessSpec
 from tests.engines.fleet_desk import make_desk
 from tests.fleet.engines.records import engine_file, put_blob
 from tests.waiting import patient, wait_until

@@ -18,7 +18,6 @@ import numpy.typing as npt
 import pytest
 
 from agent.backends.trt_api import tensorrt_status
-from agent.engines.spec import BuildPlan, ShapeProfile
 from agent.engines.trt.builder import build_engine
 from agent.engines.trt.calibrator import (
     CalibrationFeed,
@@ -48,6 +47,7 @@ from agent.engines.trt.placement import (
     parse_placement_log,
 )
 from agent.errors import BuildError
+from agent.specs.build import BuildPlan, ShapeProfile
 
 _TRT_HERE = tensorrt_status()[0]
 

@@ -16,11 +16,11 @@ from typing import Any, cast
 
 import pytest
 
-from agent.delivery.manifest import DeployManifest
 from agent.demo.broker import Broker
 from agent.fleet.chunks.server import ChunkServer
+from agent.protocol.manifest import DeployManifest
 from agent.protocol.topics import Topics
-from tests.delivery.transfer_rig import KIB, Rig, manifest_for, random_model
+from tests.delivery.transfer.transfer_rig import KIB, Rig, manifest_for, random_model
 from tests.mqtt_probe import Probe, Received
 from tests.waiting import patient, wait_until
 

@@ -14,10 +14,10 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from agent.cli import main
-from agent.delivery.manifest import build_manifest
 from agent.errors import UsageError
 from agent.fleet.cli.deploy import check_int8_source, manifest_fields
 from agent.fleet.cli.main import add_fleet_arguments
+from agent.protocol.manifest import build_manifest
 from tests.fleet.operator_side import tiny_model
 
 PROTOCOL_DOC = Path(__file__).resolve().parents[3] / "docs" / "protocol.md"

@@ -12,14 +12,14 @@ from typing import Any
 import pytest
 
 from agent.cli import main
-from agent.delivery.guard import ShadowSpec
 from agent.demo.broker import Broker, free_port
 from agent.errors import ConfigError
 from agent.fleet.cli.deploy import build_spec_from_args, postprocess_from_args
 from agent.fleet.cli.main import add_fleet_arguments
-from agent.postprocess.spec import ClassificationSpec, DetectionSpec
 from agent.protocol.messages import JobState, JobStatus, encode
+from agent.protocol.proving import ShadowSpec
 from agent.protocol.topics import Topics
+from agent.specs.postprocess import ClassificationSpec, DetectionSpec
 from tests.fleet.operator_side import announce, tiny_model, unique_prefix
 from tests.mqtt_probe import Probe
 from tests.waiting import patient
@@ -320,7 +320,7 @@ def test_a_redeploy_keeps_the_model_id_the_slot_serves_not_the_files_stem(
     """Issue 22.10: ``shapes_classifier.onnx`` redeployed to a slot serving ``shapes-classifier``
     renamed the model after the file's stem. The device's retained up/info (as a simulated device
     publishes it) says what the slot serves; the manifest the deploy publishes keeps that id."""
-    from agent.delivery.manifest import DeployManifest, SignedManifest
+    from agent.protocol.manifest import DeployManifest, SignedManifest
     from tests.fleet.console_rig import info, status
 
     prefix = unique_prefix()

@@ -9,11 +9,11 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from agent.camera.preprocess_spec import PreprocessSpec
 from agent.cli import main
 from agent.demo.broker import Broker
 from agent.fleet.deploy.model_check import ModelFileError, check_model_file
-from agent.postprocess.spec import ClassificationSpec
+from agent.specs.postprocess import ClassificationSpec
+from agent.specs.preprocess import PreprocessSpec
 from tests.fleet.operator_side import announce, tiny_model, unique_prefix
 from tests.mqtt_probe import Probe
 

@@ -14,13 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from agent.delivery.errors import UnsignedError, WrongDeviceError
-from agent.delivery.ledger import JobRecord
-from agent.delivery.manifest import parse_signed
+from agent.delivery.jobs.ledger import JobRecord
 from agent.demo.broker import Broker
 from agent.fleet.deploy.keys import KeyPairFiles, load_signing_key, write_keypair
 from agent.fleet.deploy.plan import DeployPlan, new_job_id, next_sequence
 from agent.fleet.deploy.run import FleetDeploy
+from agent.protocol.delivery_errors import UnsignedError, WrongDeviceError
+from agent.protocol.manifest import parse_signed
 from agent.protocol.messages import (
     CommandReply,
     JobState,

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from agent.delivery.manifest import parse_signed
 from agent.demo.broker import Broker
 from agent.fleet.deploy.keys import KeyPairFiles
+from agent.protocol.manifest import parse_signed
 from agent.signing import load_public_key
 from tests.fleet.controller.test_process import SLOT, Running, _fleet, _wait_state, controller, keys, prefix
 from tests.fleet.operator_side import operator_settings, tiny_model

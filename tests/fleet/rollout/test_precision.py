@@ -8,7 +8,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-from agent.engines.spec import BuildSpec
 from agent.fleet.deploy.outcome import DeviceProgress
 from agent.fleet.rollout.gate import DeviceEnd
 from agent.fleet.rollout.precision import REASON_CHARS, end_note
@@ -20,6 +19,7 @@ from agent.fleet.rollout.status_model import RolloutStatus
 from agent.fleet.rollout.store import RolloutStore
 from agent.mqtt.settings import MqttSettings
 from agent.protocol.messages import JobState, RunsInfo
+from agent.specs.build import BuildSpec
 
 GUARD = "INT8 accuracy guard: INT8 top-1 agrees with FP32 on 18.8% of 64 held-out frames"
 FELL_BACK = RunsInfo(requested="int8", precision="fp32", source="built", fallback=GUARD)

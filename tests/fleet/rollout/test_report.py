@@ -10,7 +10,6 @@ from typing import Any
 
 import pytest
 
-from agent.delivery.guard import ShadowSpec
 from agent.fleet.rollout.gate import DeviceEnd
 from agent.fleet.rollout.problems import MAX_LISTED
 from agent.fleet.rollout.records import RolloutState, WaveState
@@ -18,6 +17,7 @@ from agent.fleet.rollout.report import list_line, rollout_status, status_lines
 from agent.fleet.rollout.spec import RolloutRequest
 from agent.fleet.rollout.status_model import RolloutStatus
 from agent.fleet.rollout.store import RolloutStore
+from agent.protocol.proving import ShadowSpec
 
 DOC = Path(__file__).resolve().parents[3] / "docs" / "protocol.md"
 HEALTHY = {

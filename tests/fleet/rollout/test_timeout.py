@@ -11,7 +11,6 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from agent.delivery.guard import ShadowSpec
 from agent.demo.broker import Broker
 from agent.fleet.rollout.records import RolloutState
 from agent.fleet.rollout.runner import RolloutRunner
@@ -19,6 +18,7 @@ from agent.fleet.rollout.spec import RolloutRequest
 from agent.fleet.rollout.store import RolloutStore
 from agent.fsutil import sha256_file
 from agent.protocol.messages import JobState, JobStatus, ProbationFigures, ShadowFigures, encode
+from agent.protocol.proving import ShadowSpec
 from agent.protocol.topics import Topics
 from tests.fleet.operator_side import announce, operator_settings, tiny_model, unique_prefix
 from tests.mqtt_probe import Probe

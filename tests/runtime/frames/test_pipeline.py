@@ -15,7 +15,6 @@ import numpy as np
 import pytest
 
 from agent.camera.preprocess import Letterbox, preprocess
-from agent.camera.preprocess_spec import PreprocessSpec
 from agent.camera.source import VideoSource
 from agent.camera.source_spec import FileSourceSpec, SyntheticSourceSpec
 from agent.demo.broker import Broker
@@ -23,13 +22,14 @@ from agent.demo.modelzoo import write_classifier
 from agent.demo.setup import write_demo_video
 from agent.mqtt.link import MqttLink
 from agent.mqtt.settings import MqttSettings
-from agent.postprocess.spec import ClassificationSpec
 from agent.protocol.messages import ResultMessage, decode
 from agent.runtime.frames.pipeline import SlotPipeline, publishes_inline
 from agent.runtime.frames.stage_items import StreamPlan
 from agent.runtime.frames.stage_queue import DropPolicy
 from agent.runtime.slots.loaded import EngineReport, ModelSource
 from agent.runtime.slots.slot import ModelSlot
+from agent.specs.postprocess import ClassificationSpec
+from agent.specs.preprocess import PreprocessSpec
 from agent.spool.queue import Spool
 from agent.telemetry import Metrics
 from tests.camera.specs import make

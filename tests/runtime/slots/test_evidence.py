@@ -17,11 +17,11 @@ import numpy as np
 import pytest
 
 from agent.camera.source_spec import FileSourceSpec
-from agent.delivery.errors import RolledBackError, ShadowRejectedError
-from agent.delivery.guard import ShadowSpec
-from agent.delivery.steps import GuardReporter
+from agent.delivery.jobs.steps import GuardReporter
 from agent.protocol.command_args import EvidenceArgs
+from agent.protocol.delivery_errors import RolledBackError, ShadowRejectedError
 from agent.protocol.messages import EvidenceSummary, JobState, ProbationFigures, ShadowFigures
+from agent.protocol.proving import ShadowSpec
 from agent.protocol.results import ClassScore, Prediction
 from agent.runtime.slots.evidence import (
     DisagreementHeap,

@@ -20,21 +20,21 @@ import cv2
 import numpy as np
 import pytest
 
-from agent.camera.preprocess_spec import PreprocessSpec
 from agent.camera.source_spec import FileSourceSpec
 from agent.datasets.shapes import generate
-from agent.delivery.errors import JobCancelledError, RolledBackError, ShadowRejectedError
-from agent.delivery.guard import ProbationSpec, ShadowSpec
-from agent.delivery.steps import ActivationRequest, GuardReporter
+from agent.delivery.jobs.steps import ActivationRequest, GuardReporter
 from agent.demo.modelzoo import write_classifier, write_detector
 from agent.fsutil import atomic_write_json
-from agent.postprocess.spec import DetectionSpec
+from agent.protocol.delivery_errors import JobCancelledError, RolledBackError, ShadowRejectedError
 from agent.protocol.messages import JobState, ProbationFigures, ShadowFigures
+from agent.protocol.proving import ProbationSpec, ShadowSpec
 from agent.runtime.frames.pipeline import SlotPipeline
 from agent.runtime.slots.guarded import GuardedSlot, GuardRun, activate_guarded
 from agent.runtime.slots.loaded import LoadedModel, ModelSource
 from agent.runtime.slots.probation import ProbationRun
 from agent.runtime.slots.slot import ModelSlot
+from agent.specs.postprocess import DetectionSpec
+from agent.specs.preprocess import PreprocessSpec
 from tests.camera.specs import make
 from tests.runtime.frames.test_pipeline import Rig, model_source, rig, synthetic  # noqa: F401 (rig: a fixture)
 from tests.runtime.models import (

@@ -7,15 +7,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from agent.camera.preprocess_spec import PreprocessSpec
 from agent.config import SlotConfig
 from agent.demo.modelzoo import write_classifier
 from agent.errors import EngineError
-from agent.postprocess.spec import ClassificationSpec
 from agent.protocol.messages import EngineInfo
 from agent.runtime.slots.loaded import MODEL_TRANSITIONS, LoadedModel, ModelSource, ModelState
 from agent.runtime.slots.models.sources import model_source
 from agent.runtime.slots.slot import SLOT_TRANSITIONS, ModelSlot, SlotState
+from agent.specs.postprocess import ClassificationSpec
+from agent.specs.preprocess import PreprocessSpec
 from tests.runtime.models import write_nan_classifier
 
 SIZE = 32

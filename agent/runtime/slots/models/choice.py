@@ -18,14 +18,11 @@ import numpy as np
 import numpy.typing as npt
 import structlog
 
-from agent.camera.preprocess_spec import PreprocessSpec
 from agent.config import SlotConfig
 from agent.delivery.commands import Followed
-from agent.delivery.steps import ActivationRequest, BuildOutcome, JobReporter
+from agent.delivery.jobs.steps import ActivationRequest, BuildOutcome, JobReporter
 from agent.engines.service import EngineService
-from agent.engines.spec import BuildSpec
 from agent.errors import AgentError, BuildError, EngineError
-from agent.postprocess.spec import PostprocessSpec
 from agent.protocol.command_args import CalibrateArgs
 from agent.runtime.slots.evidence import EvidenceStore
 from agent.runtime.slots.loaded import LoadedModel, ModelSource
@@ -42,6 +39,9 @@ from agent.runtime.slots.models.sources import (
     sha_or_none,
 )
 from agent.runtime.slots.slot import ModelSlot
+from agent.specs.build import BuildSpec
+from agent.specs.postprocess import PostprocessSpec
+from agent.specs.preprocess import PreprocessSpec
 from agent.state.file import AgentState, StateFile
 from agent.telemetry import Metrics
 

@@ -4,7 +4,7 @@ Runtime fallback when a TensorRT engine fails to load).
 
 One job (a delivered model into its slot), through the slot's owner
 (:class:`~agent.runtime.slots.models.owner.SlotOwner`) and its lock; the guarded sequence itself is in
-:mod:`agent.runtime.slots.guarded`. Delivery calls these steps (:mod:`agent.delivery.steps`).
+:mod:`agent.runtime.slots.guarded`. Delivery calls these steps (:mod:`agent.delivery.jobs.steps`).
 """
 
 from __future__ import annotations
@@ -15,14 +15,13 @@ from pathlib import Path
 
 import structlog
 
-from agent.delivery.errors import JobCancelledError
-from agent.delivery.steps import ActivationRequest, BuildOutcome, JobReporter, no_build
+from agent.delivery.jobs.steps import ActivationRequest, BuildOutcome, JobReporter, no_build
 from agent.engines.building.plan import FAILED_AT, load_fallback
 from agent.engines.building.progress import ProgressTracker
 from agent.engines.service import PreparedEngine
 from agent.engines.sharing.cache import FleetEngineCache
-from agent.engines.spec import BuildSpec
 from agent.errors import BuildError, EngineError
+from agent.protocol.delivery_errors import JobCancelledError
 from agent.protocol.runs import runs_of
 from agent.runtime.slots.evidence import EvidenceStore
 from agent.runtime.slots.guarded import GuardedSlot, GuardRun, activate_guarded
@@ -36,6 +35,7 @@ from agent.runtime.slots.models.fleet_engines import (
 )
 from agent.runtime.slots.models.owner import SlotOwner
 from agent.runtime.slots.models.sources import engine_report, engine_source, engine_summary, model_source
+from agent.specs.build import BuildSpec
 
 log = structlog.get_logger(__name__)
 

@@ -15,20 +15,20 @@ from pathlib import Path
 
 import structlog
 
-from agent.delivery.engine_fetch import fetch_engine_file
-from agent.delivery.errors import JobCancelledError
+from agent.delivery.jobs.steps import ActivationRequest
 from agent.delivery.settings import DeliveryConfig
-from agent.delivery.steps import ActivationRequest
-from agent.delivery.transfer import fetch_model
+from agent.delivery.transfer.engine_fetch import fetch_engine_file
+from agent.delivery.transfer.pull import fetch_model
 from agent.engines.service import EngineService, PreparedEngine
 from agent.engines.sharing.cache import FleetEngineCache
 from agent.engines.sharing.link import MqttEngineRequests
-from agent.engines.spec import BuildSpec
 from agent.errors import BuildError, EngineError
 from agent.mqtt.link import MqttLink
+from agent.protocol.delivery_errors import JobCancelledError
 from agent.protocol.topics import Topics
 from agent.runtime.slots.loaded import ModelSource
 from agent.signing import Ed25519PublicKey
+from agent.specs.build import BuildSpec
 
 log = structlog.get_logger(__name__)
 

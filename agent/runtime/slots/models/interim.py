@@ -18,12 +18,12 @@ import structlog
 
 from agent.engines.sharing.cache import ASKING_THE_FLEET
 from agent.engines.sharing.startup import startup_job_id
-from agent.engines.spec import BuildSpec
 from agent.errors import BuildError, EngineError
 from agent.runtime.slots.loaded import LoadedModel, ModelSource
 from agent.runtime.slots.models.owner import SlotOwner
 from agent.runtime.slots.models.sources import Origin, interim_source
 from agent.runtime.slots.models.startup_share import swap_guarded_and_offer
+from agent.specs.build import BuildSpec
 
 log = structlog.get_logger(__name__)
 

@@ -22,19 +22,19 @@ import numpy as np
 import numpy.typing as npt
 import structlog
 
-from agent.camera.preprocess_spec import PreprocessSpec
 from agent.config import SlotConfig
 from agent.delivery.commands import NoSuchSlotError
 from agent.engines.service import EngineService
 from agent.engines.sharing.cache import FleetEngineCache
-from agent.engines.spec import BuildSpec
 from agent.errors import EngineError
 from agent.fsutil import sha256_file
-from agent.postprocess.spec import PostprocessSpec
 from agent.runtime.slots.loaded import LoadedModel, ModelSource
 from agent.runtime.slots.models.builds import SlotBuilds
 from agent.runtime.slots.models.sources import Origin, engine_source, record_of
 from agent.runtime.slots.slot import ModelSlot
+from agent.specs.build import BuildSpec
+from agent.specs.postprocess import PostprocessSpec
+from agent.specs.preprocess import PreprocessSpec
 from agent.state.file import StateFile, record_activation, record_config_model, record_rollback
 from agent.store import ModelStore
 from agent.telemetry import Metrics

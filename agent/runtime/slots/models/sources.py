@@ -15,14 +15,14 @@ from typing import Any, Literal
 from pydantic import TypeAdapter
 
 from agent.backends.onnxruntime import interim_providers
-from agent.camera.preprocess_spec import PreprocessSpec
 from agent.config import SlotConfig
 from agent.engines.service import PreparedEngine
-from agent.engines.spec import BuildSpec
 from agent.fsutil import sha256_file
-from agent.postprocess.spec import PostprocessSpec
 from agent.protocol.runs import interim_runs, runs_of
 from agent.runtime.slots.loaded import EngineReport, LoadedModel, ModelSource
+from agent.specs.build import BuildSpec
+from agent.specs.postprocess import PostprocessSpec
+from agent.specs.preprocess import PreprocessSpec
 from agent.state.file import ModelRecord
 
 #: Why a model was activated, as state.json records it.

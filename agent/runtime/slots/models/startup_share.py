@@ -19,12 +19,12 @@ from typing import Any
 
 import structlog
 
-from agent.delivery.errors import JobCancelledError, RolledBackError, ShadowRejectedError
-from agent.delivery.guard import ProbationSpec, ShadowSpec
-from agent.delivery.steps import ActivationRequest, GuardReporter
+from agent.delivery.jobs.steps import ActivationRequest, GuardReporter
 from agent.engines.sharing.cache import FLEET_BUILT_BY
 from agent.errors import EngineError
+from agent.protocol.delivery_errors import JobCancelledError, RolledBackError, ShadowRejectedError
 from agent.protocol.messages import JobState, ProbationFigures, ShadowFigures
+from agent.protocol.proving import ProbationSpec, ShadowSpec
 from agent.runtime.slots.guarded import GuardedSlot, GuardRun, activate_guarded
 from agent.runtime.slots.loaded import LoadedModel, ModelSource
 from agent.runtime.slots.models.owner import SlotOwner

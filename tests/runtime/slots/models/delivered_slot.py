@@ -14,15 +14,15 @@ import numpy as np
 import numpy.typing as npt
 
 from agent.config import SlotConfig
-from agent.delivery.manifest import DeployManifest
 from agent.demo.broker import Broker
 from agent.demo.modelzoo import write_classifier
 from agent.engines.building.builder import EngineBuilder
 from agent.engines.service import EngineService
 from agent.engines.settings import EngineConfig
-from agent.engines.spec import BuildSpec
+from agent.protocol.manifest import DeployManifest
 from agent.runtime.slots.models.choice import SlotModels
 from agent.runtime.slots.slot import ModelSlot
+from agent.specs.build import BuildSpec
 from agent.state.file import StateFile
 from agent.telemetry import Metrics
 from tests.delivery.delivery_stack import SLOT, Harness, make_keys

@@ -11,7 +11,7 @@ import pytest
 
 from agent.config import SlotConfig
 from agent.delivery.commands import Followed
-from agent.delivery.steps import ActivationRequest
+from agent.delivery.jobs.steps import ActivationRequest
 from agent.demo.modelzoo import write_classifier
 from agent.engines.building.builder import EngineBuilder
 from agent.engines.service import EngineService

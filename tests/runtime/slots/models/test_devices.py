@@ -13,10 +13,10 @@ from pathlib import Path
 
 from agent.demo.broker import Broker
 from agent.engines.building.builder import EngineBuilder
-from agent.engines.spec import BuildSpec
 from agent.machine.platform import detect_platform
 from agent.protocol.messages import JobState
 from agent.runtime.slots.models.choice import SlotModels
+from agent.specs.build import BuildSpec
 from tests.delivery.delivery_stack import SLOT
 from tests.runtime.slots.models.delivered_slot import ENGINES_CONFIG, deploy_v2, slot_models
 

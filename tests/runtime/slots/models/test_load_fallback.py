@@ -18,15 +18,15 @@ from typing import Any
 
 import numpy as np
 
-from agent.delivery.guard import ProbationSpec, ShadowSpec
 from agent.demo.broker import Broker
 from agent.engines.building.builder import EngineBuilder
 from agent.engines.building.plan import FAILED_AT, PlatformFacts, load_fallback, plan_build, plan_fallback
 from agent.engines.building.worker import BuildWorker
 from agent.engines.job import BuildJob, Progress, WorkerResult
-from agent.engines.spec import BuildSpec
 from agent.protocol.messages import JobState, JobStatus
+from agent.protocol.proving import ProbationSpec, ShadowSpec
 from agent.runtime.slots.models.choice import SlotModels
+from agent.specs.build import BuildSpec
 from tests.delivery.delivery_stack import SLOT, Harness, states
 from tests.engines.building.test_builder_fallback import FORCED_TRT
 from tests.engines.failing_jobs import TEST_ENV

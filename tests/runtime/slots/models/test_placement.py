@@ -18,8 +18,8 @@ from agent.datasets.shapes import generate
 from agent.demo.broker import Broker
 from agent.engines.service import EngineService
 from agent.engines.settings import EngineConfig
-from agent.engines.spec import BuildSpec
 from agent.protocol.messages import JobState
+from agent.specs.build import BuildSpec
 from tests.delivery.delivery_stack import SLOT
 from tests.engines.standin_accelerators import STANDIN, STANDIN_ORIN, STANDIN_TARGET, StandInBuilder
 from tests.runtime.slots.models.delivered_slot import deploy_v2, slot_models
