@@ -118,6 +118,59 @@ RUNTIME = "agent.runtime"
 RUNTIME_ROOMS = ("slots", "frames")
 
 
+#: The whole agent as rooms, lowest first: every top-level package and module of ``agent/`` is one,
+#: and a room imports only rooms listed before it or a ground-floor module (:data:`GROUND_FLOOR`,
+#: ``agent.config``), which any room may use. docs/architecture.md draws the same layers.
+AGENT_ROOMS = (
+    # ground floor: names, errors, configuration and the settings models every package shares
+    "names",
+    "errors",
+    "fsutil",
+    "model_base",
+    "secret_file",
+    "config",
+    "specs",
+    "backoff",
+    "transitions",
+    "flag_aliases",
+    # services: the machine, files kept on disk, the wire contract, the broker
+    "machine",
+    "watchdog",
+    "signing",
+    "store",
+    "state",
+    "telemetry",
+    "datasets",
+    "protocol",
+    "spool",
+    "logs",
+    "mqtt",
+    # frames and models
+    "backends",
+    "camera",
+    "postprocess",
+    # device services
+    "delivery",
+    "engines",
+    "measure",
+    "runtime",
+    # the operator side (its own rooms: FLEET_ROOMS)
+    "fleet",
+    # composition roots: build everything, start, stop; prove it
+    "app",
+    "demo",
+    "schemas",
+    "selftest",
+    "fleetsim",
+    "cli",
+    "__main__",
+)
+
+#: Modules a package may hold directly (``__init__.py`` aside): a room that grows gets sub-rooms
+#: by concept, never a file split only to be shorter.
+MAX_MODULES_PER_PACKAGE = 16
+
+
 @dataclass(frozen=True)
 class Import:
     """One import statement's target inside the tree, as seen from the importing module."""
@@ -352,6 +405,57 @@ def device_imports_of_the_operator_side(
     )
 
 
+def rooms_out_of_order(
+    imports: Iterable[Import],
+    rooms: tuple[str, ...] = AGENT_ROOMS,
+    ground_floor: frozenset[str] = GROUND_FLOOR,
+) -> list[str]:
+    """Imports of a room listed later in ``rooms`` (a ground-floor target is allowed from anywhere)."""
+    rank = {f"agent.{room}": n for n, room in enumerate(rooms)}
+    return sorted(
+        str(imp)
+        for a, b, imp in _within(imports, "agent")
+        if not is_ground_floor(imp.target, ground_floor) and a in rank and b in rank and rank[b] > rank[a]
+    )
+
+
+def unlisted_rooms(root: Path, rooms: tuple[str, ...] = AGENT_ROOMS) -> list[str]:
+    """Top-level packages and modules of ``root`` missing from ``rooms``, and listed ones that are gone."""
+    present = {p.stem for p in root.glob("*.py") if p.stem != "__init__"}
+    present |= {p.parent.name for p in root.glob("*/__init__.py")}
+    return sorted(present.symmetric_difference(rooms))
+
+
+def packages_too_full(root: Path, limit: int = MAX_MODULES_PER_PACKAGE) -> list[str]:
+    """Packages under ``root`` (itself included) holding more than ``limit`` modules directly."""
+    full = []
+    for init in sorted([root / "__init__.py", *root.rglob("*/__init__.py")]):
+        count = sum(1 for p in init.parent.glob("*.py") if p.name != "__init__.py")
+        if count > limit:
+            full.append(f"{init.parent.relative_to(root.parent).as_posix()}/ holds {count} modules")
+    return full
+
+
+def packages_without_purpose(root: Path) -> list[str]:
+    """Packages under ``root`` whose ``__init__.py`` has no docstring saying what the room is for."""
+    return [
+        init.parent.relative_to(root.parent).as_posix()
+        for init in sorted(root.rglob("*/__init__.py"))
+        if not ast.get_docstring(ast.parse(init.read_text(encoding="utf-8")))
+    ]
+
+
+def rooms_importing_each_other(imports: list[Import], modules: Iterable[str]) -> list[str]:
+    """At every level of the tree: two sub-packages of one package that import each other, or a
+    circle through several of them."""
+    problems = []
+    for package in sorted({m for m in modules if m == "agent" or m.startswith("agent.")}):
+        for (a, b), imps in package_cycles(imports, package).items():
+            problems.append(f"{a} <-> {b}: " + "; ".join(map(str, imps)))
+        problems.extend("circle: " + ", ".join(sorted(c)) for c in package_circles(imports, package))
+    return sorted(set(problems))
+
+
 def paho_importers(root: Path, allowed: frozenset[str] = PAHO_CORE) -> list[str]:
     """Imports of ``paho`` outside the allowed files (paths relative to ``root``'s parent)."""
     modules = module_files(root)
@@ -449,6 +553,28 @@ def test_the_operator_side_is_all_rooms_each_with_its_purpose(agent_imports: lis
     rank = {f"{FLEET}.{room}": n for n, room in enumerate(FLEET_ROOMS)}
     upward = [str(imp) for a, b, imp in _within(agent_imports, FLEET) if rank[b] > rank[a]]
     assert not upward, "imports of a room listed later in FLEET_ROOMS:\n" + "\n".join(upward)
+
+
+def test_the_agent_is_rooms_listed_lowest_first_each_importing_only_rooms_below(
+    agent_imports: list[Import],
+) -> None:
+    assert unlisted_rooms(AGENT_DIR) == [], (
+        "top-level packages and modules missing from AGENT_ROOMS (or gone)"
+    )
+    upward = rooms_out_of_order(agent_imports)
+    assert not upward, "imports of a room listed later in AGENT_ROOMS:\n" + "\n".join(upward)
+
+
+def test_every_package_at_every_level_imports_one_way_and_says_its_purpose(
+    agent_imports: list[Import],
+) -> None:
+    problems = rooms_importing_each_other(agent_imports, module_files(AGENT_DIR))
+    assert not problems, "rooms that import each other:\n" + "\n".join(problems)
+    assert packages_without_purpose(AGENT_DIR) == []
+
+
+def test_no_package_holds_more_than_sixteen_modules() -> None:
+    assert packages_too_full(AGENT_DIR) == []
 
 
 def _drawn_rooms(doc: str) -> dict[str, str]:
@@ -703,3 +829,33 @@ def test_an_operator_module_importing_a_device_package_is_found(tmp_path: Path) 
         "agent.fleet.deploy.check:2 imports agent.engines.spec (function level)",
         "agent.fleet.deploy.plan:2 imports agent.delivery.guard (module level)",
     ]
+
+
+def test_a_room_importing_a_room_listed_above_it_is_found(tmp_path: Path) -> None:
+    root = _tree(
+        tmp_path,
+        {
+            "camera/source.py": "from agent.runtime.slot import Slot\n",
+            "runtime/slot.py": "from agent.errors import E\nfrom agent.camera.source import S\n",
+            "errors.py": "",
+        },
+    )
+    imports = internal_imports(root)
+    rooms = ("errors", "camera", "runtime")
+    assert rooms_out_of_order(imports, rooms, frozenset({"agent.errors"})) == [
+        "agent.camera.source:1 imports agent.runtime.slot (module level)"
+    ]
+    assert unlisted_rooms(root, rooms) == []
+    assert unlisted_rooms(root, ("errors", "camera")) == ["runtime"]
+
+
+def test_a_full_package_a_room_without_purpose_and_sub_rooms_in_a_circle_are_found(tmp_path: Path) -> None:
+    files = {f"engines/m{n}.py": "" for n in range(MAX_MODULES_PER_PACKAGE + 1)}
+    files["runtime/slots/a.py"] = "from agent.runtime.frames.b import B\n"
+    files["runtime/frames/b.py"] = "from agent.runtime.slots.a import A\n"
+    root = _tree(tmp_path, files)
+    (root / "engines" / "__init__.py").write_text('"""Engines."""\n', encoding="utf-8")
+    assert packages_too_full(root) == [f"agent/engines/ holds {MAX_MODULES_PER_PACKAGE + 1} modules"]
+    assert packages_without_purpose(root) == ["agent/runtime", "agent/runtime/frames", "agent/runtime/slots"]
+    problems = rooms_importing_each_other(internal_imports(root), module_files(root))
+    assert any(p.startswith("agent.runtime.frames <-> agent.runtime.slots") for p in problems), problems

@@ -21,7 +21,7 @@ from typing import Any, Literal
 
 import structlog
 
-from agent.delivery.artifacts import fetch_artifacts, with_artifacts
+from agent.delivery.jobs.artifacts import fetch_artifacts, with_artifacts
 from agent.delivery.jobs.reconcile import DISK_FULL
 from agent.delivery.jobs.steps import (
     ActivateFn,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from agent.delivery.artifacts import KEEP
+from agent.delivery.jobs.artifacts import KEEP
 from agent.delivery.jobs.steps import BuildOutcome, JobReporter, no_build
 from agent.engines.calibration.int8 import write_table
 from agent.protocol.manifest import describe_artifact
