@@ -3,7 +3,8 @@
 Wraps :class:`agent.engines.building.builder.EngineBuilder` (plan, cache, worker) with what only the running
 agent has: live frames of the slot's streams, for calibration (``calibration.kind: stream``) and
 for the INT8 accuracy guard. An INT8 engine whose top-1 agreement with FP32 on held-out frames is
-below ``engines.int8_agreement`` never goes live: the build falls back to FP16 and says why.
+below ``engines.int8_agreement`` never goes live: the build falls back to FP16 and says why. What
+follows a failed engine is :mod:`agent.engines.fallback`'s to decide; this module carries it out.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from agent.engines.building.model_facts import model_facts
 from agent.engines.calibration.data import PROGRESS_LINES
 from agent.engines.calibration.int8 import quantize_int8
 from agent.engines.calibration.store import CalibrationKey, CalibrationStore, collect_frames
+from agent.engines.fallback import after_int8_check, after_int8_rejected
 from agent.engines.guard.agreement import agreement, check_int8
 from agent.engines.guard.memo import GuardMemo, Verdict
 from agent.engines.placement.choice import (
@@ -208,16 +210,14 @@ class EngineService:
         log.warning("engine.int8.rejected", slot=slot, reason=reason)
         # This device goes on with another engine: the fleet stops waiting for this key's offer.
         self._release_claim(artifact.key, f"the INT8 check rejected it: {reason}")
-        fallback = (spec or BuildSpec()).model_copy(update={"precision": "fp16", "calibration": None})
-        load_failure = (artifact.effective.get("fallback") or {}).get("stage") == "load"
-        if load_failure:
-            # A plain build would plan TensorRT again, whose engine this device already failed to load.
-            failure = str(artifact.effective["fallback"]["error"])
+        step = after_int8_rejected(spec, artifact.effective)
+        fp16 = step.spec or BuildSpec()
+        if step.failure is not None:
             artifact = self.builder.build_fallback(
-                model, fallback, failure, preprocess=preprocess, progress=say, cancel=cancel
+                model, fp16, step.failure, preprocess=preprocess, progress=say, cancel=cancel
             )
         else:
-            artifact = self.builder.build(model, fallback, preprocess=preprocess, progress=say, cancel=cancel)
+            artifact = self.builder.build(model, fp16, preprocess=preprocess, progress=say, cancel=cancel)
         # The rebuild's own request is the FP16 fallback: the job reports what the operator asked.
         effective = {
             **artifact.effective,
@@ -247,16 +247,17 @@ class EngineService:
             stage: DropStage = "agreement"
         except EngineError as exc:  # it does not load
             failed, stage = exc, "load"
-        if failed is not None and self.builder.dropped_from_fleet(artifact, failed, stage=stage):
-            # A fleet engine that fails here is dropped (and withdrawn) and built here, calibrated on
-            # this device's own frames: the builder's calibration may not fit this camera's scene.
+        # A fleet engine that fails here is dropped (and withdrawn) first; then the owner decides.
+        dropped = failed is not None and self.builder.dropped_from_fleet(artifact, failed, stage=stage)
+        step = after_int8_check(failed=failed is not None, stage=stage, fleet_engine=dropped)
+        if step is not None and step.action == "build_here":
             calibration = self._stream_calibration(slot, spec, preprocess, say)
             artifact = self.builder.build(
                 model, spec, calibration=calibration, preprocess=preprocess, progress=say, cancel=cancel
             )
             effective = {**artifact.effective, "fleet_engine_failed": str(failed)[:300]}
             ok, reason, report = self._guard(slot, model, artifact, preprocess)
-        elif failed is not None and stage == "load":
+        elif step is not None and step.action == "give_up" and failed is not None:
             self._release_claim(artifact.key, f"the INT8 engine does not load here: {failed}")
             raise failed
         return artifact, effective, (ok, reason, report)

@@ -45,13 +45,21 @@ from agent.engines.building.history import BuildHistory, build_fingerprint
 from agent.engines.building.job_inputs import default_preprocess, job_for
 from agent.engines.building.model_facts import model_facts
 from agent.engines.building.ort import REPORT_FILE
-from agent.engines.building.plan import FAILED_AT, FailureStage, PlatformFacts, plan_build, plan_fallback
+from agent.engines.building.plan import PlatformFacts, plan_build
 from agent.engines.building.slim import onnxslim_version
 from agent.engines.building.worker import BuildWorker
 from agent.engines.cache.key import EngineIdentity, engine_cache_key, model_sha256, new_engine_meta
 from agent.engines.cache.store import CacheEntry, EngineCache
 from agent.engines.calibration.data import calibration_identity
 from agent.engines.calibration.int8 import host_cpu_flags, reduce_range_for
+from agent.engines.fallback import (
+    FAILED_AT,
+    FailureStage,
+    after_build_failure,
+    fallback_refused,
+    from_fleet,
+    plan_fallback,
+)
 from agent.engines.job import MIB, Progress
 from agent.engines.settings import EngineConfig
 from agent.engines.sharing.cache import FleetEngineCache
@@ -155,14 +163,18 @@ class EngineBuilder:
                 started=started,
             )
         except BuildError as exc:
-            # Only a failed TensorRT build falls back: not a busy builder, not a cancelled job.
-            busy = isinstance(exc, _BuilderBusyError)
-            if plan.backend != "tensorrt" or busy or (cancel is not None and cancel.is_set()):
+            step = after_build_failure(
+                plan.backend,
+                str(exc),
+                busy=isinstance(exc, _BuilderBusyError),
+                cancelled=cancel is not None and cancel.is_set(),
+            )
+            if step.action != "onnxruntime":
                 raise
             return self._fall_back(
                 model,
                 requested,
-                str(exc),
+                step.failure or str(exc),
                 stage="build",
                 calibration=calibration,
                 preprocess=preprocess,
@@ -186,7 +198,7 @@ class EngineBuilder:
         """The ONNX Runtime engine for ``model`` after its TensorRT engine, built as ``spec`` asked,
         failed to load or validate with ``failure`` (the slot's load error).
 
-        Plans with :func:`~agent.engines.building.plan.plan_fallback` (stage ``load``) and builds like
+        Plans with :func:`~agent.engines.fallback.plan_fallback` (stage ``load``) and builds like
         :meth:`build`; ``effective.fallback`` names the failure. Raises :class:`BuildError` when the
         spec says ``fallback: none`` or the ONNX Runtime build fails too.
         """
@@ -226,10 +238,7 @@ class EngineBuilder:
             requested, self.facts, headline, model_static=static, model_has_qdq=has_qdq, stage=stage
         )
         if fallback is None:
-            raise BuildError(
-                f"{what} and the build spec says fallback: none, so no ONNX Runtime engine is built "
-                f"instead: {failure}"
-            ) from cause
+            raise BuildError(fallback_refused(stage, failure)) from cause
         log.warning(f"engine.{stage}.tensorrt_failed", model=model.name, error=failure)
         say(f"{what.removeprefix('the ')}: {failure}; falling back to ONNX Runtime")
         try:
@@ -333,7 +342,7 @@ class EngineBuilder:
     ) -> bool:
         """``artifact`` came from the fleet and failed here with ``error``: dropped (and reported);
         False when it was this device's own engine (nothing done: the caller's failure stands)."""
-        if self.fleet is None or artifact.effective.get("engine_source", {}).get("origin") != "downloaded":
+        if self.fleet is None or not from_fleet(artifact.effective):
             return False
         return self.fleet.dropped(self.cache, artifact.key, str(error), stage)
 

@@ -8,16 +8,14 @@ can publish requested vs effective. A request that cannot be honoured in any sen
 ``shared/reference/tensorrt.md``) and have not been exercised on a Jetson from this code.
 
 One job (pure planning decisions for one engine, with their reasons): each decision (backend,
-device, precision, shapes, INT8 mode, the fallback after a TensorRT failure) is a small table-like
-function, and they share the reason type that makes requested vs effective readable. Which devices
-a slot builds engines for (a ``build.devices`` set, the ``device: auto`` candidates) is
-:mod:`agent.engines.placement.devices`.
+device, precision, shapes, INT8 mode) is a small table-like function, and they share the reason
+type that makes requested vs effective readable. Which devices a slot builds engines for is
+:mod:`agent.engines.placement.devices`; what follows a failed engine is :mod:`agent.engines.fallback`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 from agent.engines.calibration.trt_cache import parse_trt_version
@@ -37,16 +35,6 @@ EffectiveBackend = Literal["tensorrt", "onnxruntime"]
 EffectiveDevice = Literal["gpu", "dla", "cpu"]
 EffectivePrecision = Literal["fp32", "fp16", "int8"]
 Int8Mode = Literal["none", "calibrator", "qdq"]
-#: Where TensorRT failed: building the engine, or loading/validating the engine it built.
-FailureStage = Literal["build", "load"]
-#: What a slot does after a built engine set failed to load or validate (:func:`load_fallback`).
-LoadFallback = Literal["onnxruntime", "none", "not_tensorrt"]
-#: How the backend change's reason names each failure stage.
-FAILED_AT: dict[FailureStage, str] = {
-    "build": "the TensorRT build failed",
-    "load": "the TensorRT engine built but failed to load or validate",
-}
-
 #: ONNX Runtime providers that run on the GPU.
 ORT_GPU_PROVIDERS = frozenset({"CUDAExecutionProvider", "TensorrtExecutionProvider"})
 ORT_TENSORRT_PROVIDER = "TensorrtExecutionProvider"
@@ -58,9 +46,9 @@ class PlatformFacts:
 
     ``tensorrt_version`` is None when TensorRT is absent or unusable; ``dla_cores`` is what
     ``builder.num_DLA_cores`` reported (0 when unknown). ``tensorrt_failure`` is set when a TensorRT
-    build of this model already failed here (or, ``tensorrt_failed_at`` ``load``, its engine built but
-    failed to load or validate): the planner then plans the ONNX Runtime fallback and names the
-    failure as the reason (see :func:`plan_fallback`).
+    build of this model already failed here, or its engine failed to load or validate: it names the
+    failure, and the planner plans ONNX Runtime with it as the reason
+    (:func:`agent.engines.fallback.plan_fallback` sets it).
     """
 
     tensorrt_version: str | None
@@ -68,7 +56,6 @@ class PlatformFacts:
     has_gpu: bool
     ort_providers: tuple[str, ...] = ("CPUExecutionProvider",)
     tensorrt_failure: str | None = None
-    tensorrt_failed_at: FailureStage = "build"
     #: Set on a chip that has no DLA at all (Jetson Thor): the reason the planner gives for the GPU.
     no_dla: str | None = None
 
@@ -154,8 +141,7 @@ class _Planner:
                 "backend",
                 "tensorrt",
                 "onnxruntime",
-                f"{FAILED_AT[facts.tensorrt_failed_at]} ({facts.tensorrt_failure}); fallback: ONNX Runtime "
-                "with the best provider present",
+                f"{facts.tensorrt_failure}; fallback: ONNX Runtime with the best provider present",
             )
             return "onnxruntime"
         if facts.tensorrt_version is None:
@@ -339,41 +325,6 @@ class _Planner:
             )
             return "qdq", calibration
         return "calibrator", calibration
-
-
-def load_fallback(spec: BuildSpec | None, backends: Iterable[str]) -> LoadFallback:
-    """What a slot does when a built engine set (its engines' ``backends``) fails to load or validate.
-
-    ``not_tensorrt``: no TensorRT engine failed, so there is nothing to fall back from (the job ends
-    ROLLED_BACK as for any bad model); ``none``: the build spec forbids the fallback (same end, naming
-    the TensorRT failure); ``onnxruntime``: rebuild on ONNX Runtime (:func:`plan_fallback`, stage
-    ``load``) and activate that.
-    """
-    if spec is None or "tensorrt" not in set(backends):
-        return "not_tensorrt"
-    return spec.fallback
-
-
-def plan_fallback(
-    spec: BuildSpec,
-    facts: PlatformFacts,
-    failure: str,
-    *,
-    model_static: bool,
-    model_has_qdq: bool = False,
-    stage: FailureStage = "build",
-) -> BuildPlan | None:
-    """The ONNX Runtime plan to build after a TensorRT build (``stage`` ``build``) or the load or
-    validation of a built TensorRT engine (``load``) failed with ``failure``, or None when
-    ``spec.fallback`` is ``none`` (the operator wants TensorRT or nothing).
-
-    The plan's changes start with the backend change naming the failure, so the job status says
-    why it runs on ONNX Runtime. The device follows ONNX Runtime's providers (TensorRT EP, CUDA, CPU).
-    """
-    if spec.fallback == "none":
-        return None
-    failed = replace(facts, tensorrt_failure=failure or "no reason given", tensorrt_failed_at=stage)
-    return plan_build(spec, failed, model_static=model_static, model_has_qdq=model_has_qdq)
 
 
 def plan_build(

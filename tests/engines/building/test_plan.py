@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from agent.engines.building.plan import PlatformFacts, plan_build, plan_fallback, shapes_dynamic
+from agent.engines.building.plan import PlatformFacts, plan_build, shapes_dynamic
 from agent.engines.placement.devices import engine_devices, placement_candidates
 from agent.errors import BuildError
 from agent.machine.platform import BackendAvailability, Platform
@@ -503,76 +503,6 @@ def test_facts_from_platform_unusable_tensorrt_counts_as_absent() -> None:
     assert facts.tensorrt_version is None
     assert facts.dla_cores == 0
     assert not facts.has_gpu
-
-
-@dataclass(frozen=True)
-class FallbackCase:
-    """After a failed TensorRT build: the request, the platform, and the ONNX Runtime plan expected."""
-
-    id: str
-    facts: PlatformFacts
-    spec: dict[str, Any]
-    expect: dict[str, Any]
-
-
-ORIN_WITH_ORT_GPU = PlatformFacts(
-    tensorrt_version="10.3.0",
-    dla_cores=2,
-    has_gpu=True,
-    ort_providers=("TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"),
-)
-ORIN_WITH_ORT_CUDA = PlatformFacts(
-    tensorrt_version="10.3.0",
-    dla_cores=2,
-    has_gpu=True,
-    ort_providers=("CUDAExecutionProvider", "CPUExecutionProvider"),
-)
-
-FALLBACKS = [
-    FallbackCase(
-        "gpu-fp16-to-ort-trt-ep",
-        ORIN_WITH_ORT_GPU,
-        {"device": "gpu", "precision": "fp16"},
-        {"backend": "onnxruntime", "device": "gpu", "precision": "fp16"},
-    ),
-    FallbackCase(
-        "dla0-to-ort-cuda-fp32",
-        ORIN_WITH_ORT_CUDA,
-        {"device": "dla0", "precision": "fp16"},
-        {"backend": "onnxruntime", "device": "gpu", "precision": "fp32", "dla_core": None},
-    ),
-    FallbackCase(
-        "auto-to-cpu",
-        ORIN_AGX,
-        {"device": "auto", "precision": "best"},
-        {"backend": "onnxruntime", "device": "cpu", "precision": "fp32"},
-    ),
-    FallbackCase(
-        "int8-calibrated-to-ort-qdq",
-        ORIN_WITH_ORT_GPU,
-        {"device": "gpu", "precision": "int8", "calibration": {"kind": "stream"}},
-        {"backend": "onnxruntime", "device": "gpu", "precision": "int8", "int8_mode": "qdq"},
-    ),
-]
-
-
-@pytest.mark.parametrize("case", FALLBACKS, ids=[c.id for c in FALLBACKS])
-def test_fallback_plan_after_a_failed_tensorrt_build(case: FallbackCase) -> None:
-    requested = BuildSpec.model_validate(case.spec)
-    assert plan_build(requested, case.facts, model_static=True).backend == "tensorrt"
-    plan = plan_fallback(requested, case.facts, "parser error: Unsupported ONNX op Foo", model_static=True)
-    assert plan is not None
-    for name, value in case.expect.items():
-        assert getattr(plan, name) == value, f"{name}: {getattr(plan, name)!r} != {value!r}"
-    first = plan.changes[0]
-    assert (first.field, first.requested, first.effective) == ("backend", "tensorrt", "onnxruntime")
-    assert "Unsupported ONNX op Foo" in first.reason
-    assert all(c.reason for c in plan.changes)
-
-
-def test_fallback_none_plans_nothing() -> None:
-    requested = spec(device="gpu", fallback="none")
-    assert plan_fallback(requested, ORIN_WITH_ORT_GPU, "out of memory", model_static=True) is None
 
 
 def test_fallback_is_refused_for_an_unknown_value() -> None:

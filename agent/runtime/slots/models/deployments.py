@@ -5,6 +5,7 @@ Runtime fallback when a TensorRT engine fails to load).
 One job (a delivered model into its slot), through the slot's owner
 (:class:`~agent.runtime.slots.models.owner.SlotOwner`) and its lock; the guarded sequence itself is in
 :mod:`agent.runtime.slots.guarded`. Delivery calls these steps (:mod:`agent.delivery.jobs.steps`).
+What follows an engine that fails to load is :mod:`agent.engines.fallback`'s to decide.
 """
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ from pathlib import Path
 import structlog
 
 from agent.delivery.jobs.steps import ActivationRequest, BuildOutcome, JobReporter, no_build
-from agent.engines.building.plan import FAILED_AT, load_fallback
 from agent.engines.building.progress import ProgressTracker
+from agent.engines.fallback import FAILED_AT, after_load_failure
 from agent.engines.service import PreparedEngine
 from agent.engines.sharing.cache import FleetEngineCache
 from agent.errors import BuildError, EngineError
@@ -28,8 +29,9 @@ from agent.runtime.slots.guarded import GuardedSlot, GuardRun, activate_guarded
 from agent.runtime.slots.loaded import ModelSource
 from agent.runtime.slots.models.builds import heartbeat
 from agent.runtime.slots.models.fleet_engines import (
+    build_here,
+    dropped_fleet_engine,
     offer_when_active,
-    rebuilt_here,
     release_claim,
     release_job_claims,
 )
@@ -160,23 +162,22 @@ class SlotDeployments:
             self._activate_request(request, source, guarded_ok=current is not None)
         except EngineError as exc:
             spec = built[1] if built else None
-            here = rebuilt_here(self._owner.engines, request, source, spec, exc)  # a fleet engine that failed
-            if here is not None:
+            backends = (source.backend, *(e.backend for e in source.engines))
+            fleet_engine = dropped_fleet_engine(self._owner.engines, source, exc)
+            step = after_load_failure(spec, backends, str(exc), fleet_engine=fleet_engine)
+            if step.action == "build_here" and step.spec is not None:
+                here = build_here(self._owner.engines, request, source, step.spec, exc)
                 source = engine_source(replace(source, engines=()), here)
                 self._activate_request(request, source, guarded_ok=current is not None)
                 offer_when_active(self._owner.engines, request, source, guarded=current is not None)
                 return source.engine_key
-            decision = load_fallback(spec, (source.backend, *(e.backend for e in source.engines)))
-            if decision == "not_tensorrt" or spec is None:
-                raise
-            if decision == "none":
-                raise EngineError(
-                    f"{FAILED_AT['load']} and the build spec says fallback: none, so no ONNX Runtime "
-                    f"engine is built instead: {exc}"
-                ) from exc
-            fallback = self._load_fallback_source(request, source, spec, exc)
-            self._activate_request(request, fallback, guarded_ok=current is not None)
-            return None
+            if step.action == "onnxruntime" and step.spec is not None:
+                fallback = self._load_fallback_source(request, source, step.spec, exc)
+                self._activate_request(request, fallback, guarded_ok=current is not None)
+                return None
+            if step.reason:
+                raise EngineError(step.reason) from exc
+            raise
         # ACTIVE through shadow and probation (when guarded): offered to the fleet if it shares engines.
         offer_when_active(self._owner.engines, request, source, guarded=current is not None)
         return source.engine_key

@@ -98,27 +98,26 @@ def release_job_claims(
         engines.builder.fleet.release_job(job_id, reason, keep=keep)
 
 
-def rebuilt_here(
+def dropped_fleet_engine(engines: EngineService, source: ModelSource, error: EngineError) -> bool:
+    """``source`` was a fleet engine that failed to load or validate with ``error``: dropped (and
+    reported to the controller). False when it was no fleet engine (nothing done)."""
+    fleet = engines.builder.fleet
+    key = source.engine_key
+    return fleet is not None and key is not None and fleet.dropped(engines.builder.cache, key, str(error))
+
+
+def build_here(
     engines: EngineService,
     request: ActivationRequest,
     source: ModelSource,
-    spec: BuildSpec | None,
+    spec: BuildSpec,
     error: EngineError,
-) -> PreparedEngine | None:
-    """The engine built here instead of the fleet's engine that failed to load or validate with
-    ``error`` (dropped and reported first); None when ``source`` was no fleet engine. Raises
-    EngineError when the build here fails too."""
-    fleet = engines.builder.fleet
-    key = source.engine_key
-    if (
-        fleet is None
-        or key is None
-        or spec is None
-        or not fleet.dropped(engines.builder.cache, key, str(error))
-    ):
-        return None
+) -> PreparedEngine:
+    """The engine built here instead of the dropped fleet engine that failed with ``error`` (the
+    step :func:`agent.engines.fallback.after_load_failure` names). Raises EngineError when the build
+    here fails too."""
     cancel = request.guard.cancel if request.guard is not None else None
-    log.warning("slot.fleet_engine_failed", slot=request.slot, key=key, error=str(error)[:300])
+    log.warning("slot.fleet_engine_failed", slot=request.slot, key=source.engine_key, error=str(error)[:300])
     try:
         # The key is refused now: this build does not ask the fleet again.
         prepared = engines.prepare(

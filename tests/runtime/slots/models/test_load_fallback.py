@@ -20,8 +20,8 @@ import numpy as np
 
 from agent.demo.broker import Broker
 from agent.engines.building.builder import EngineBuilder
-from agent.engines.building.plan import FAILED_AT, PlatformFacts, load_fallback, plan_build, plan_fallback
 from agent.engines.building.worker import BuildWorker
+from agent.engines.fallback import FAILED_AT
 from agent.engines.job import BuildJob, Progress, WorkerResult
 from agent.protocol.messages import JobState, JobStatus
 from agent.protocol.proving import ProbationSpec, ShadowSpec
@@ -56,32 +56,6 @@ class PlanFakingWorker(BuildWorker):
         job.out_dir.mkdir(parents=True, exist_ok=True)
         (job.out_dir / job.engine_file).write_bytes(FAKE_PLAN)
         return WorkerResult(engine_file=job.engine_file, report={"fake": "TensorRT absent"})
-
-
-def test_load_fallback_decides_by_the_failed_backends_and_the_spec() -> None:
-    table = [
-        (BuildSpec(device="gpu"), ("tensorrt",), "onnxruntime"),
-        (BuildSpec(device="gpu", fallback="none"), ("tensorrt",), "none"),
-        (BuildSpec(device="gpu"), ("onnxruntime",), "not_tensorrt"),
-        (BuildSpec(device="gpu"), ("onnxruntime", "tensorrt"), "onnxruntime"),
-        (None, ("tensorrt",), "not_tensorrt"),
-    ]
-    for spec, backends, decision in table:
-        assert load_fallback(spec, backends) == decision, (spec, backends)
-
-
-def test_plan_fallback_after_a_load_failure_names_the_load_as_the_reason() -> None:
-    facts = PlatformFacts.from_platform(FORCED_TRT)
-    spec = BuildSpec(precision="fp16", device="gpu")
-    assert plan_build(spec, facts, model_static=True).backend == "tensorrt"
-    plan = plan_fallback(spec, facts, "deserializeCudaEngine failed", model_static=True, stage="load")
-    assert plan is not None
-    assert plan.backend == "onnxruntime"
-    first = plan.changes[0]
-    assert (first.field, first.requested, first.effective) == ("backend", "tensorrt", "onnxruntime")
-    assert first.reason.startswith(f"{FAILED_AT['load']} (deserializeCudaEngine failed)")
-    none = spec.model_copy(update={"fallback": "none"})
-    assert plan_fallback(none, facts, "x", model_static=True, stage="load") is None
 
 
 def _deploy(
