@@ -22,7 +22,6 @@ import structlog
 from agent.backends.base import LoadOptions, get_backend
 from agent.engines.building.artifact import EngineArtifact
 from agent.engines.building.builder import EngineBuilder
-from agent.engines.building.model_facts import model_facts
 from agent.engines.calibration.data import PROGRESS_LINES
 from agent.engines.calibration.int8 import quantize_int8
 from agent.engines.calibration.store import CalibrationKey, CalibrationStore, collect_frames
@@ -39,6 +38,7 @@ from agent.engines.placement.devices import engine_devices, placement_candidates
 from agent.engines.placement.measure import measure_candidates, measure_combinations
 from agent.engines.settings import EngineConfig
 from agent.errors import BuildError, EngineError
+from agent.model_contract.model_facts import model_facts
 from agent.protocol.engines import DropStage
 from agent.specs.build import BuildSpec
 from agent.specs.preprocess import PreprocessSpec

@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from agent.backends.base import TensorSpec
-from agent.camera.input_fit import check_input_fits, select_input
 from agent.delivery.verify import verify_model
 from agent.demo.modelzoo import write_classifier, write_detector
 from agent.errors import EngineError
+from agent.model_contract.input_fit import check_input_fits, select_input
+from agent.model_contract.tensors import TensorSpec
 from agent.protocol.delivery_errors import RejectedError
 from agent.protocol.manifest import build_manifest
 from agent.specs.postprocess import ClassificationSpec, DetectionSpec, PostprocessSpec, RawSpec

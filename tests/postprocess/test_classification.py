@@ -9,12 +9,13 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-from agent.backends.base import TensorSpec
 from agent.camera.preprocess import Letterbox
 from agent.errors import ConfigError, EngineError
+from agent.model_contract.outputs import validate_outputs
+from agent.model_contract.tensors import TensorSpec
 from agent.postprocess import classification
 from agent.postprocess.classification import needs_softmax, numpy_order_sum, softmax
-from agent.postprocess.runner import Postprocessor, validate_outputs
+from agent.postprocess.runner import Postprocessor
 from agent.specs.postprocess import ClassificationSpec
 
 

@@ -10,11 +10,12 @@ import numpy.typing as npt
 import pytest
 from structlog.testing import capture_logs
 
-from agent.backends.base import TensorSpec
 from agent.camera.preprocess import Letterbox
 from agent.errors import EngineError
+from agent.model_contract.outputs import validate_outputs
+from agent.model_contract.tensors import TensorSpec
 from agent.postprocess.detection import class_wise_nms, decode, nms
-from agent.postprocess.runner import Postprocessor, validate_outputs
+from agent.postprocess.runner import Postprocessor
 from agent.specs.postprocess import DetectionSpec
 
 #: One candidate: (cx, cy, w, h, class scores...)

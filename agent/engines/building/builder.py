@@ -43,7 +43,6 @@ import structlog
 from agent.engines.building.artifact import EngineArtifact, artifact_of, with_source
 from agent.engines.building.history import BuildHistory, build_fingerprint
 from agent.engines.building.job_inputs import default_preprocess, job_for
-from agent.engines.building.model_facts import model_facts
 from agent.engines.building.ort import REPORT_FILE
 from agent.engines.building.plan import FAILED_AT, FailureStage, PlatformFacts, plan_build, plan_fallback
 from agent.engines.building.slim import onnxslim_version
@@ -57,6 +56,7 @@ from agent.engines.settings import EngineConfig
 from agent.engines.sharing.cache import FleetEngineCache
 from agent.errors import BuildError
 from agent.machine.platform import Platform
+from agent.model_contract.model_facts import model_facts
 from agent.protocol.engines import DropStage
 from agent.specs.build import BuildPlan, BuildSpec
 from agent.specs.preprocess import PreprocessSpec

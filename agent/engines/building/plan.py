@@ -20,8 +20,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Literal
 
-from agent.engines.calibration.trt_cache import parse_trt_version
 from agent.errors import BuildError
+from agent.model_contract.trt_cache import parse_trt_version
 from agent.specs.build import (
     BuildPlan,
     BuildSpec,
