@@ -1,4 +1,4 @@
-"""Choosing the model output a postprocess reads, at load time (specs) and per frame (arrays)."""
+"""Choosing the model output a postprocess reads, per frame (at load time: :mod:`agent.model_contract`)."""
 
 from __future__ import annotations
 
