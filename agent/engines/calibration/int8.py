@@ -9,7 +9,7 @@ Two steps, each usable alone:
    (``QuantFormat.QDQ``, per-channel INT8 weights) that ONNX Runtime runs with INT8 kernels on CPU.
 
 :func:`quantize_int8` does both and writes ``model.int8.onnx`` and the calibration table
-``calibration.json`` (our own small JSON format: :func:`read_table`). The same ranges become a
+``calibration.json`` (:mod:`agent.model_contract.calibration_table`). The same ranges become a
 TensorRT calibration cache with :func:`calibration_table_to_trt`, so a table computed here can
 feed a Jetson build.
 
