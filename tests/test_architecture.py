@@ -57,8 +57,8 @@ GROUND_FLOOR = frozenset(
     }
 )
 
-#: Packages only the device runs; the operator side shares the wire contract (``agent.protocol``)
-#: and the ground floor with them, never their code.
+#: Packages only the device runs; the operator side shares the wire contract (``agent.protocol``),
+#: the model contract (``agent.model_contract``) and the ground floor with them, never their code.
 DEVICE_ONLY = frozenset(
     {
         "agent.backends",
@@ -67,17 +67,6 @@ DEVICE_ONLY = frozenset(
         "agent.engines",
         "agent.postprocess",
         "agent.runtime",
-    }
-)
-
-#: Operator-side modules that still reach into a device package for a check or a helper that has
-#: no shared home yet (the model check before signing): importer, package.
-OPERATOR_DEVICE_IMPORTS_PENDING = frozenset(
-    {
-        ("agent.fleet.cli.deploy", "agent.engines"),
-        ("agent.fleet.deploy.model_check", "agent.camera"),
-        ("agent.fleet.deploy.model_check", "agent.delivery"),
-        ("agent.fleet.deploy.model_check", "agent.postprocess"),
     }
 )
 
@@ -145,6 +134,8 @@ AGENT_ROOMS = (
     "spool",
     "logs",
     "mqtt",
+    # what a deployable model must be: checked by the operator before signing and by the device
+    "model_contract",
     # frames and models
     "backends",
     "camera",
@@ -393,15 +384,12 @@ def ground_floor_violations(
 def device_imports_of_the_operator_side(
     imports: Iterable[Import],
     device_only: frozenset[str] = DEVICE_ONLY,
-    pending: frozenset[tuple[str, str]] = OPERATOR_DEVICE_IMPORTS_PENDING,
 ) -> list[str]:
     """Imports of a device-only package by a module of the operator side, at any level."""
     return sorted(
         str(imp)
         for imp in imports
-        if imp.importer.startswith(FLEET + ".")
-        and package_of(imp.target) in device_only
-        and (imp.importer, package_of(imp.target)) not in pending
+        if imp.importer.startswith(FLEET + ".") and package_of(imp.target) in device_only
     )
 
 
@@ -623,7 +611,6 @@ def test_the_operator_side_imports_no_device_only_package(agent_imports: list[Im
     assert not problems, "\n".join(problems)
     modules = set(module_files(AGENT_DIR))
     assert all(package in modules for package in DEVICE_ONLY)
-    assert all(importer in modules for importer, _ in OPERATOR_DEVICE_IMPORTS_PENDING)
 
 
 def test_only_the_paho_core_imports_paho() -> None:
@@ -823,9 +810,8 @@ def test_an_operator_module_importing_a_device_package_is_found(tmp_path: Path) 
         },
     )
     imports = internal_imports(root)
-    assert device_imports_of_the_operator_side(
-        imports, pending=frozenset({("agent.fleet.cli.deploy", "agent.camera")})
-    ) == [
+    assert device_imports_of_the_operator_side(imports) == [
+        "agent.fleet.cli.deploy:1 imports agent.camera.fit (module level)",
         "agent.fleet.deploy.check:2 imports agent.engines.spec (function level)",
         "agent.fleet.deploy.plan:2 imports agent.delivery.guard (module level)",
     ]

@@ -17,23 +17,7 @@ from typing import Any
 import numpy.typing as npt
 
 from agent.errors import EngineError
-
-#: Dimension of a tensor: a fixed size, or a symbolic name / None for a dynamic axis.
-Dim = int | str | None
-
-
-@dataclass(frozen=True)
-class TensorSpec:
-    """Name, shape and element type of one model input or output."""
-
-    name: str
-    shape: tuple[Dim, ...]
-    dtype: str  # numpy dtype name: "float32", "float16", "uint8", "int64", ...
-
-    @property
-    def is_static(self) -> bool:
-        return all(isinstance(d, int) and d > 0 for d in self.shape)
-
+from agent.model_contract.tensors import TensorSpec
 
 #: A model faster than this per frame (batch 1, on the CPU provider) gets one intra-op thread when
 #: the thread count is left to the agent (``intra_op_threads: 0``). Splitting a sub-millisecond run

@@ -15,9 +15,10 @@ from typing import Any
 import numpy as np
 import structlog
 
-from agent.backends.base import SMALL_MODEL_MS, Backend, Feeds, LoadOptions, Outputs, Runner, TensorSpec
+from agent.backends.base import SMALL_MODEL_MS, Backend, Feeds, LoadOptions, Outputs, Runner
 from agent.errors import EngineError
 from agent.machine.cpus import usable_cpus
+from agent.model_contract.tensors import TensorSpec
 
 try:
     import onnxruntime as ort

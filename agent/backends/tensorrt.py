@@ -29,9 +29,10 @@ import numpy.typing as npt
 import structlog
 
 from agent.backends import cuda
-from agent.backends.base import Backend, Dim, Feeds, LoadOptions, Outputs, Runner, TensorSpec
+from agent.backends.base import Backend, Feeds, LoadOptions, Outputs, Runner
 from agent.backends.trt_api import dims_of, nullable, succeeded, tensorrt_status
 from agent.errors import EngineError
+from agent.model_contract.tensors import Dim, TensorSpec
 
 if TYPE_CHECKING:
     import tensorrt as trt

@@ -135,7 +135,7 @@ def _check_int8_scales(model: Path, spec: BuildSpec) -> None:
     build spec of a deploy manifest)."""
     if spec.precision != "int8" or spec.calibration is not None:
         return
-    from agent.engines.building.model_facts import model_facts
+    from agent.model_contract.model_facts import model_facts
 
     _, has_qdq = model_facts(model)
     if not has_qdq:
@@ -148,7 +148,7 @@ def _check_int8_scales(model: Path, spec: BuildSpec) -> None:
 def _preprocess(args: argparse.Namespace) -> PreprocessSpec | None:
     if args.calib is None:
         return None
-    from agent.engines.building.model_facts import model_input_size
+    from agent.model_contract.model_facts import model_input_size
     from agent.specs.preprocess import PreprocessSpec
 
     size = model_input_size(args.model)

@@ -4,7 +4,7 @@ Wraps :class:`agent.engines.building.builder.EngineBuilder` (plan, cache, worker
 agent has: live frames of the slot's streams, for calibration (``calibration.kind: stream``) and
 for the INT8 accuracy guard. An INT8 engine whose top-1 agreement with FP32 on held-out frames is
 below ``engines.int8_agreement`` never goes live: the build falls back to FP16 and says why. What
-follows a failed engine is :mod:`agent.engines.fallback`'s to decide; this module carries it out.
+follows a failed engine is :mod:`agent.engines.building.fallback`'s to decide; this module carries it out.
 """
 
 from __future__ import annotations
@@ -23,11 +23,10 @@ import structlog
 from agent.backends.base import LoadOptions, get_backend
 from agent.engines.building.artifact import EngineArtifact
 from agent.engines.building.builder import EngineBuilder
-from agent.engines.building.model_facts import model_facts
+from agent.engines.building.fallback import after_int8_check, after_int8_rejected
 from agent.engines.calibration.data import PROGRESS_LINES
 from agent.engines.calibration.int8 import quantize_int8
 from agent.engines.calibration.store import CalibrationKey, CalibrationStore, collect_frames
-from agent.engines.fallback import after_int8_check, after_int8_rejected
 from agent.engines.guard.agreement import agreement, check_int8
 from agent.engines.guard.memo import GuardMemo, Verdict
 from agent.engines.placement.choice import (
@@ -41,6 +40,7 @@ from agent.engines.placement.devices import engine_devices, placement_candidates
 from agent.engines.placement.measure import measure_candidates, measure_combinations
 from agent.engines.settings import EngineConfig
 from agent.errors import BuildError, EngineError
+from agent.model_contract.model_facts import model_facts
 from agent.protocol.engines import DropStage
 from agent.specs.build import BuildSpec
 from agent.specs.preprocess import PreprocessSpec

@@ -28,13 +28,13 @@ from types import FrameType
 from typing import Any
 
 from agent.delivery.settings import DeliveryConfig
-from agent.delivery.verify import graph_io
 from agent.errors import UsageError
 from agent.fleetsim.device import FleetSetup, SlotSetup
 from agent.fleetsim.plan import FIGURES, plan_fleet
 from agent.fleetsim.worker import REPORT_EVERY_S, TICK_S, SimWorker, report_path
 from agent.fsutil import atomic_write_json, sha256_file
 from agent.logs.setup import configure_logging
+from agent.model_contract.graph import graph_io
 from agent.mqtt.settings import MqttSettings
 from agent.protocol.messages import ModelRef
 from agent.signing import load_public_key

@@ -24,11 +24,12 @@ from typing import Any, Literal
 import numpy as np
 import numpy.typing as npt
 
-from agent.backends.base import LoadOptions, ProviderRequest, Runner, TensorSpec, get_backend
+from agent.backends.base import LoadOptions, ProviderRequest, Runner, get_backend
 from agent.engines.building.artifact import EngineArtifact
 from agent.engines.building.ort import CPU_EP, CUDA_EP, TENSORRT_EP
 from agent.errors import AgentError, BuildError
 from agent.machine.platform import Platform
+from agent.model_contract.tensors import TensorSpec
 
 CandidateKey = Literal["ort-cpu", "ort-cuda", "ort-tensorrt", "tensorrt"]
 

@@ -17,29 +17,15 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from agent.backends.base import TensorSpec
 from agent.errors import EngineError
 from agent.postprocess.labels import label_of
-from agent.postprocess.tensors import describe_shape, pick_output, pick_output_spec
+from agent.postprocess.tensors import pick_output
 from agent.protocol.results import ClassScore, Prediction
 from agent.specs.postprocess import ClassificationSpec
 
 #: Most classes handled as a Python list: numpy's fixed cost per call outweighs its speed for a short
 #: vector; past a few dozen classes numpy wins.
 SMALL_VECTOR = 32
-
-
-def validate_classification(spec: ClassificationSpec, outputs: Sequence[TensorSpec]) -> None:
-    """Refuse a model whose output is not one score per class (``[batch, c]``, ``[batch, c, 1, 1]``)."""
-    out = pick_output_spec(outputs, spec.output_name)
-    item_dims = out.shape[1:]
-    # Symbolic or unknown dims may be > 1, so they count as class axes.
-    class_axes = [d for d in item_dims if d != 1]
-    if not item_dims or len(class_axes) > 1:
-        raise EngineError(
-            f"classification needs an output of shape [batch, classes]; {out.name!r} is "
-            f"{describe_shape(out)}; use postprocess type 'detection' or 'raw' for this model"
-        )
 
 
 def softmax(scores: npt.NDArray[Any]) -> npt.NDArray[np.float64]:

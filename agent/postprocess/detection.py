@@ -15,11 +15,11 @@ import numpy as np
 import numpy.typing as npt
 import structlog
 
-from agent.backends.base import TensorSpec
 from agent.camera.preprocess import Letterbox, boxes_to_source
 from agent.errors import EngineError
+from agent.model_contract.outputs import MIN_CHANNELS
 from agent.postprocess.labels import label_of
-from agent.postprocess.tensors import describe_shape, pick_output, pick_output_spec
+from agent.postprocess.tensors import pick_output
 from agent.protocol.results import Detection, Prediction
 from agent.specs.postprocess import DetectionSpec
 
@@ -27,34 +27,6 @@ log = structlog.get_logger(__name__)
 
 #: Candidates kept for NMS after the confidence filter (highest scores first), as YOLOv5 does.
 MAX_CANDIDATES = 30_000
-
-#: Fewest values per box: 4 coordinates + 1 class (+ objectness for YOLOv5).
-_MIN_CHANNELS = {"yolov8": 5, "yolov5": 6}
-
-
-def validate_detection(spec: DetectionSpec, outputs: Sequence[TensorSpec]) -> None:
-    """Refuse a model whose output cannot be a ``[batch, 4+c, n]`` / ``[batch, n, 5+c]`` detector."""
-    out = pick_output_spec(outputs, spec.output_name)
-    expected = "[batch, 4+classes, boxes]" if spec.format == "yolov8" else "[batch, boxes, 5+classes]"
-    if len(out.shape) != 3:
-        raise EngineError(
-            f"{spec.format} detection needs an output of shape {expected}; {out.name!r} is "
-            f"{describe_shape(out)}; check postprocess.type and postprocess.output_name"
-        )
-    channels, boxes = (
-        (out.shape[1], out.shape[2]) if spec.format == "yolov8" else (out.shape[2], out.shape[1])
-    )
-    minimum = _MIN_CHANNELS[spec.format]
-    if isinstance(channels, int) and 0 < channels < minimum:
-        raise EngineError(
-            f"{spec.format} detection needs at least {minimum} values per box; {out.name!r} is "
-            f"{describe_shape(out)}; check postprocess.format"
-        )
-    if isinstance(channels, int) and isinstance(boxes, int) and channels > boxes > 0:
-        # Real detectors have far more boxes than values per box: this is probably the other layout.
-        log.warning(
-            "postprocess.detection.layout_suspect", output=out.name, shape=list(out.shape), format=spec.format
-        )
 
 
 def decode(
@@ -66,7 +38,7 @@ def decode(
     """
     if array.ndim == 3 and array.shape[0] == 1:
         array = array[0]
-    minimum = _MIN_CHANNELS[fmt]
+    minimum = MIN_CHANNELS[fmt]
     if array.ndim != 2 or array.shape[0 if fmt == "yolov8" else 1] < minimum:
         raise EngineError(f"{fmt} detection output has shape {list(array.shape)}; check postprocess.format")
     if fmt == "yolov8":

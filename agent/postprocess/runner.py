@@ -9,28 +9,17 @@ from typing import Any
 import numpy.typing as npt
 import structlog
 
-from agent.backends.base import TensorSpec
 from agent.camera.preprocess import Letterbox
-from agent.postprocess.classification import ClassificationPostprocess, validate_classification
-from agent.postprocess.detection import DetectionPostprocess, validate_detection
+from agent.model_contract.outputs import validate_outputs
+from agent.model_contract.tensors import TensorSpec, pick_output_spec
+from agent.postprocess.classification import ClassificationPostprocess
+from agent.postprocess.detection import DetectionPostprocess
 from agent.postprocess.labels import load_labels
 from agent.postprocess.raw import RawPostprocess
-from agent.postprocess.tensors import pick_output_spec
 from agent.protocol.results import Prediction
 from agent.specs.postprocess import ClassificationSpec, DetectionSpec, PostprocessSpec
 
 log = structlog.get_logger(__name__)
-
-
-def validate_outputs(spec: PostprocessSpec, outputs: Sequence[TensorSpec]) -> None:
-    """Raise :class:`~agent.errors.EngineError` when a model's outputs cannot feed ``spec``.
-
-    Called when a model is loaded, so an incompatible model is refused before it goes live.
-    """
-    if isinstance(spec, ClassificationSpec):
-        validate_classification(spec, outputs)
-    elif isinstance(spec, DetectionSpec):
-        validate_detection(spec, outputs)
 
 
 class Postprocessor:

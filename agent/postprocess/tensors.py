@@ -1,13 +1,12 @@
-"""Choosing the model output a postprocess reads, at load time (specs) and per frame (arrays)."""
+"""Choosing the model output a postprocess reads, per frame (at load time: :mod:`agent.model_contract`)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 import numpy.typing as npt
 
-from agent.backends.base import TensorSpec
 from agent.errors import EngineError
 
 
@@ -24,23 +23,3 @@ def pick_output(outputs: Mapping[str, npt.NDArray[Any]], name: str | None) -> np
         raise EngineError(
             f"postprocess reads output {name!r}, the model produced: {known}; fix postprocess.output_name"
         ) from None
-
-
-def pick_output_spec(outputs: Sequence[TensorSpec], name: str | None) -> TensorSpec:
-    """Load-time counterpart of :func:`pick_output`."""
-    if not outputs:
-        raise EngineError("the model has no outputs")
-    if name is None:
-        return outputs[0]
-    for spec in outputs:
-        if spec.name == name:
-            return spec
-    known = ", ".join(s.name for s in outputs)
-    raise EngineError(
-        f"postprocess reads output {name!r}, the model has: {known}; fix postprocess.output_name"
-    )
-
-
-def describe_shape(spec: TensorSpec) -> str:
-    """``[batch, 84, 8400]`` style text of a tensor shape for error messages."""
-    return "[" + ", ".join("?" if d is None else str(d) for d in spec.shape) + "]"

@@ -10,7 +10,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 from structlog.testing import capture_logs
 
-from agent.backends.base import LoadOptions, TensorSpec, get_backend
+from agent.backends.base import LoadOptions, get_backend
 from agent.backends.onnxruntime import (
     OnnxRuntimeBackend,
     OnnxRuntimeRunner,
@@ -24,6 +24,7 @@ from agent.backends.onnxruntime import (
 from agent.demo.modelzoo import write_classifier, write_tiny_classifier
 from agent.errors import EngineError
 from agent.machine.cpus import usable_cpus
+from agent.model_contract.tensors import TensorSpec
 
 
 def _affine_model(path: Path) -> Path:

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from agent.backends import cuda
-from agent.backends.base import LoadOptions, TensorSpec, get_backend
+from agent.backends.base import LoadOptions, get_backend
 from agent.backends.tensorrt import (
     TensorRTBackend,
     TensorRTRunner,
@@ -29,6 +29,7 @@ from agent.backends.tensorrt import (
 )
 from agent.backends.trt_api import tensorrt_status, trt_major
 from agent.errors import EngineError
+from agent.model_contract.tensors import TensorSpec
 from tests.waiting import patient
 
 # --- pure helpers ------------------------------------------------------------------------------

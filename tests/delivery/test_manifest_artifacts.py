@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 
 from agent.demo.modelzoo import write_classifier
-from agent.engines.calibration.int8 import write_table
 from agent.fleet.deploy.manifest import plan_manifest
 from agent.fleet.deploy.plan import CALIBRATION_ARTIFACT, DeployPlan
+from agent.model_contract.calibration_table import write_table
 from agent.protocol.delivery_errors import BadManifestError, BadNameError, BadSignatureError
 from agent.protocol.manifest import (
     DeployManifest,

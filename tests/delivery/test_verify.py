@@ -6,11 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.backends.base import TensorSpec
-from agent.camera.input_fit import check_input_fits, select_input
 from agent.delivery.verify import verify_model
 from agent.demo.modelzoo import write_classifier, write_detector
-from agent.errors import EngineError
 from agent.protocol.delivery_errors import RejectedError
 from agent.protocol.manifest import build_manifest
 from agent.specs.postprocess import ClassificationSpec, DetectionSpec, PostprocessSpec, RawSpec
@@ -69,16 +66,3 @@ def test_incompatible_inputs_and_outputs(tmp_path: Path) -> None:
     assert _code(model, pre=PreprocessSpec(width=64, height=64, input_name="pixels")) == "incompatible"
     # A classifier's [batch, 10] output cannot feed a YOLO decoder.
     assert _code(model, post=DetectionSpec(format="yolov8")) == "incompatible"
-
-
-def test_compat_helpers() -> None:
-    spec = TensorSpec("images", ("batch", 3, 64, 64), "float32")
-    assert select_input(PRE, [spec]) is spec
-    check_input_fits(PRE, spec)
-    check_input_fits(PRE, TensorSpec("images", ("batch", 3, "h", "w"), "float32"))  # dynamic fits
-    with pytest.raises(EngineError, match="axis 3 is 64 but preprocess produces 32"):
-        check_input_fits(PreprocessSpec(width=32, height=64), spec)
-    with pytest.raises(EngineError, match="3 axes"):
-        check_input_fits(PRE, TensorSpec("x", ("batch", 3, 64), "float32"))
-    with pytest.raises(EngineError, match=r"set preprocess\.input_name"):
-        select_input(PRE, [spec, TensorSpec("other", (1,), "float32")])

@@ -18,7 +18,8 @@ from agent.backends.onnxruntime import OnnxRuntimeBackend
 from agent.camera.preprocess import preprocess
 from agent.demo import modelzoo
 from agent.errors import EngineError
-from agent.postprocess.runner import Postprocessor, validate_outputs
+from agent.model_contract.outputs import validate_outputs
+from agent.postprocess.runner import Postprocessor
 from agent.specs.postprocess import ClassificationSpec, DetectionSpec
 from agent.specs.preprocess import PreprocessSpec
 

@@ -9,12 +9,11 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-from agent.backends.base import TensorSpec
 from agent.camera.preprocess import Letterbox
 from agent.errors import ConfigError, EngineError
 from agent.postprocess import classification
 from agent.postprocess.classification import needs_softmax, numpy_order_sum, softmax
-from agent.postprocess.runner import Postprocessor, validate_outputs
+from agent.postprocess.runner import Postprocessor
 from agent.specs.postprocess import ClassificationSpec
 
 
@@ -121,31 +120,6 @@ def test_labels_and_labels_file_together_is_a_config_error(tmp_path: Path) -> No
     (tmp_path / "l.txt").write_text("a\n", encoding="utf-8")
     with pytest.raises(ConfigError, match="not both"):
         Postprocessor(_spec(labels=["a"], labels_file="l.txt"), base_dir=tmp_path)
-
-
-@pytest.mark.parametrize(
-    "shape",
-    [("batch", 10), (1, 1000), ("batch", 1000, 1, 1), ("batch", "classes")],
-)
-def test_validate_accepts_vector_outputs(shape: tuple[Any, ...]) -> None:
-    validate_outputs(_spec(), [TensorSpec("scores", shape, "float32")])
-
-
-@pytest.mark.parametrize("shape", [("batch", 8400, 85), ("batch",), ("batch", 3, 224, 224)])
-def test_validate_refuses_non_vector_outputs(shape: tuple[Any, ...]) -> None:
-    with pytest.raises(EngineError, match="classification needs an output of shape"):
-        validate_outputs(_spec(), [TensorSpec("out", shape, "float32")])
-
-
-def test_validate_checks_output_name() -> None:
-    outputs = [TensorSpec("a", ("batch", 3, 8, 8), "float32"), TensorSpec("b", ("batch", 10), "float32")]
-    validate_outputs(_spec(output_name="b"), outputs)
-    with pytest.raises(EngineError, match="classification"):
-        validate_outputs(_spec(), outputs)  # first output is a feature map
-    with pytest.raises(EngineError, match="'c'"):
-        validate_outputs(_spec(output_name="c"), outputs)
-    with pytest.raises(EngineError, match="no outputs"):
-        validate_outputs(_spec(), [])
 
 
 @pytest.mark.parametrize("softmax_mode", ["auto", "always", "never"])

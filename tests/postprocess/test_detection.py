@@ -10,11 +10,11 @@ import numpy.typing as npt
 import pytest
 from structlog.testing import capture_logs
 
-from agent.backends.base import TensorSpec
 from agent.camera.preprocess import Letterbox
 from agent.errors import EngineError
+from agent.model_contract.tensors import TensorSpec
 from agent.postprocess.detection import class_wise_nms, decode, nms
-from agent.postprocess.runner import Postprocessor, validate_outputs
+from agent.postprocess.runner import Postprocessor
 from agent.specs.postprocess import DetectionSpec
 
 #: One candidate: (cx, cy, w, h, class scores...)
@@ -201,39 +201,6 @@ def test_decode_converts_centre_size_to_corners() -> None:
 def test_decode_refuses_too_few_channels(fmt: str, shape: tuple[int, ...]) -> None:
     with pytest.raises(EngineError, match=fmt):
         decode(np.zeros(shape, np.float32), fmt, 0.25)
-
-
-@pytest.mark.parametrize(
-    ("fmt", "shape"),
-    [
-        ("yolov8", ("batch", 84, 8400)),
-        ("yolov8", ("batch", "channels", "boxes")),
-        ("yolov5", ("batch", 25200, 85)),
-        ("yolov5", (1, 25200, 6)),
-    ],
-)
-def test_validate_accepts_detector_outputs(fmt: str, shape: tuple[Any, ...]) -> None:
-    validate_outputs(_spec(format=fmt), [TensorSpec("output0", shape, "float32")])
-
-
-@pytest.mark.parametrize(
-    ("fmt", "shape", "match"),
-    [
-        ("yolov8", ("batch", 1000), "shape \\[batch, 4\\+classes, boxes\\]"),
-        ("yolov8", ("batch", 4, 8400), "at least 5 values"),
-        ("yolov5", ("batch", 25200, 5), "at least 6 values"),
-        ("yolov5", ("batch", 3, 224, 224), "detection needs an output"),
-    ],
-)
-def test_validate_refuses_incompatible_outputs(fmt: str, shape: tuple[Any, ...], match: str) -> None:
-    with pytest.raises(EngineError, match=match):
-        validate_outputs(_spec(format=fmt), [TensorSpec("output0", shape, "float32")])
-
-
-def test_validate_warns_on_probably_swapped_layout() -> None:
-    with capture_logs() as logs:
-        validate_outputs(_spec(format="yolov5"), [TensorSpec("output0", ("batch", 84, 8400), "float32")])
-    assert [e["event"] for e in logs] == ["postprocess.detection.layout_suspect"]
 
 
 def test_label_count_mismatch_warns() -> None:

@@ -7,9 +7,10 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from agent.backends.base import TensorSpec
 from agent.camera.preprocess import Letterbox
-from agent.postprocess.runner import Postprocessor, validate_outputs
+from agent.model_contract.outputs import validate_outputs
+from agent.model_contract.tensors import TensorSpec
+from agent.postprocess.runner import Postprocessor
 from agent.specs.postprocess import RawSpec
 
 

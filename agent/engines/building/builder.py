@@ -41,9 +41,16 @@ import numpy.typing as npt
 import structlog
 
 from agent.engines.building.artifact import EngineArtifact, artifact_of, with_source
+from agent.engines.building.fallback import (
+    FAILED_AT,
+    FailureStage,
+    after_build_failure,
+    fallback_refused,
+    from_fleet,
+    plan_fallback,
+)
 from agent.engines.building.history import BuildHistory, build_fingerprint
 from agent.engines.building.job_inputs import default_preprocess, job_for
-from agent.engines.building.model_facts import model_facts
 from agent.engines.building.ort import REPORT_FILE
 from agent.engines.building.plan import PlatformFacts, plan_build
 from agent.engines.building.slim import onnxslim_version
@@ -52,19 +59,12 @@ from agent.engines.cache.key import EngineIdentity, engine_cache_key, model_sha2
 from agent.engines.cache.store import CacheEntry, EngineCache
 from agent.engines.calibration.data import calibration_identity
 from agent.engines.calibration.int8 import host_cpu_flags, reduce_range_for
-from agent.engines.fallback import (
-    FAILED_AT,
-    FailureStage,
-    after_build_failure,
-    fallback_refused,
-    from_fleet,
-    plan_fallback,
-)
 from agent.engines.job import MIB, Progress
 from agent.engines.settings import EngineConfig
 from agent.engines.sharing.cache import FleetEngineCache
 from agent.errors import BuildError
 from agent.machine.platform import Platform
+from agent.model_contract.model_facts import model_facts
 from agent.protocol.engines import DropStage
 from agent.specs.build import BuildPlan, BuildSpec
 from agent.specs.preprocess import PreprocessSpec
@@ -198,7 +198,7 @@ class EngineBuilder:
         """The ONNX Runtime engine for ``model`` after its TensorRT engine, built as ``spec`` asked,
         failed to load or validate with ``failure`` (the slot's load error).
 
-        Plans with :func:`~agent.engines.fallback.plan_fallback` (stage ``load``) and builds like
+        Plans with :func:`~agent.engines.building.fallback.plan_fallback` (stage ``load``) and builds like
         :meth:`build`; ``effective.fallback`` names the failure. Raises :class:`BuildError` when the
         spec says ``fallback: none`` or the ONNX Runtime build fails too.
         """

@@ -23,15 +23,15 @@ from typing import Any
 
 import numpy.typing as npt
 
-from agent.engines.building.model_facts import model_input_size
 from agent.engines.building.ort import ENGINE_FILE as ORT_ENGINE_FILE
 from agent.engines.cache.key import canonical_json, model_sha256
 from agent.engines.calibration.data import dataset_batches, limit_frames, save_batches
-from agent.engines.calibration.file import as_trt_cache
 from agent.engines.job import BuildJob
 from agent.errors import BuildError
 from agent.fsutil import atomic_write_bytes, sha256_file
 from agent.machine.platform import Platform
+from agent.model_contract.calibration_file import as_trt_cache
+from agent.model_contract.model_facts import model_input_size
 from agent.specs.build import BuildPlan
 from agent.specs.preprocess import PreprocessSpec
 

@@ -223,8 +223,8 @@ def build_onnxruntime(job: BuildJob, say: Progress) -> WorkerResult:
             "trt_cache_version": job.trt_cache_version,
         }
     elif plan.precision == "int8" and plan.int8_mode == "qdq" and job.calibration_table is not None:
-        from agent.engines.calibration.file import read_ranges
         from agent.engines.calibration.int8 import calibration_table_to_trt, quantize_with_ranges
+        from agent.model_contract.calibration_file import read_ranges
 
         target_given: Literal["cpu", "tensorrt"] = "tensorrt" if TENSORRT_EP in names else "cpu"
         ranges, method = read_ranges(job.calibration_table)

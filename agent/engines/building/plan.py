@@ -10,7 +10,8 @@ can publish requested vs effective. A request that cannot be honoured in any sen
 One job (pure planning decisions for one engine, with their reasons): each decision (backend,
 device, precision, shapes, INT8 mode) is a small table-like function, and they share the reason
 type that makes requested vs effective readable. Which devices a slot builds engines for is
-:mod:`agent.engines.placement.devices`; what follows a failed engine is :mod:`agent.engines.fallback`.
+:mod:`agent.engines.placement.devices`; what follows a failed engine is
+:mod:`agent.engines.building.fallback`.
 """
 
 from __future__ import annotations
@@ -18,8 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
-from agent.engines.calibration.trt_cache import parse_trt_version
 from agent.errors import BuildError
+from agent.model_contract.trt_cache import parse_trt_version
 from agent.specs.build import (
     BuildPlan,
     BuildSpec,
@@ -48,7 +49,7 @@ class PlatformFacts:
     ``builder.num_DLA_cores`` reported (0 when unknown). ``tensorrt_failure`` is set when a TensorRT
     build of this model already failed here, or its engine failed to load or validate: it names the
     failure, and the planner plans ONNX Runtime with it as the reason
-    (:func:`agent.engines.fallback.plan_fallback` sets it).
+    (:func:`agent.engines.building.fallback.plan_fallback` sets it).
     """
 
     tensorrt_version: str | None

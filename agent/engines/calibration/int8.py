@@ -9,7 +9,7 @@ Two steps, each usable alone:
    (``QuantFormat.QDQ``, per-channel INT8 weights) that ONNX Runtime runs with INT8 kernels on CPU.
 
 :func:`quantize_int8` does both and writes ``model.int8.onnx`` and the calibration table
-``calibration.json`` (our own small JSON format: :func:`read_table`). The same ranges become a
+``calibration.json`` (:mod:`agent.model_contract.calibration_table`). The same ranges become a
 TensorRT calibration cache with :func:`calibration_table_to_trt`, so a table computed here can
 feed a Jetson build.
 
@@ -19,8 +19,6 @@ quantizer registry), like every framework import under ``agent/engines``.
 
 from __future__ import annotations
 
-import json
-import math
 import platform as host_platform
 import shutil
 import tempfile
@@ -34,24 +32,26 @@ import numpy.typing as npt
 import onnx
 import structlog
 
-from agent.engines.calibration.trt_cache import from_ort_ranges, write_trt_cache
 from agent.errors import BuildError
-from agent.fsutil import atomic_write_bytes, atomic_write_json
+from agent.fsutil import atomic_write_bytes
+from agent.model_contract.calibration_table import (
+    TRT_ALGORITHMS,
+    Method,
+    check_method,
+    finite_range,
+    write_table,
+)
+from agent.model_contract.trt_cache import from_ort_ranges, write_trt_cache
 
 log = structlog.get_logger(__name__)
 
-Method = Literal["entropy", "minmax"]
 #: ``cpu``: asymmetric UINT8 activations (what ORT's x86/ARM kernels prefer). ``tensorrt``:
 #: symmetric INT8 activations and weights, the only Q/DQ form TensorRT accepts.
 Target = Literal["cpu", "tensorrt"]
 
 MODEL_FILE = "model.int8.onnx"
 TABLE_FILE = "calibration.json"
-TABLE_FORMAT = "edge-agent.calibration-table"
-TABLE_VERSION = 1
 
-#: TensorRT's name of each calibration algorithm (the cache header's last field).
-TRT_ALGORITHMS: dict[str, str] = {"entropy": "EntropyCalibration2", "minmax": "MinMaxCalibration"}
 
 #: Highest IR version written: ONNX Runtime 1.31 refuses IR 14, which onnx >= 1.20 writes by
 #: default; older Jetson builds of ORT accept less. A model never gets a higher IR than its source's.
@@ -130,7 +130,7 @@ def calibrate(
     from onnxruntime.quantization import CalibrationMethod, create_calibrator
 
     model = Path(model)
-    _check_method(method)
+    check_method(method)
     source = _load(model)
     input_name, input_dtype, fixed_batch = _first_input(source)
     calibration_method = CalibrationMethod.Entropy if method == "entropy" else CalibrationMethod.MinMax
@@ -165,7 +165,7 @@ def calibrate(
             tensors = calibrator.compute_data()
         except Exception as exc:
             raise BuildError(f"INT8 calibration of {model.name} failed computing ranges: {exc}") from exc
-    ranges = {name: _finite_range(name, data.range_value) for name, data in tensors.items()}
+    ranges = {name: finite_range(name, data.range_value) for name, data in tensors.items()}
     log.info("engine.int8.calibrated", model=model.name, method=method, samples=samples, tensors=len(ranges))
     return ranges
 
@@ -195,10 +195,10 @@ def quantize_with_ranges(
     )
 
     model, out_dir = Path(model), Path(out_dir)
-    _check_method(method)
+    check_method(method)
     if not ranges:
         raise BuildError(f"no calibration ranges to quantize {model.name} with: recalibrate")
-    clean = {name: _finite_range(name, r) for name, r in ranges.items()}
+    clean = {name: finite_range(name, r) for name, r in ranges.items()}
     source = _load(model)
     out_dir.mkdir(parents=True, exist_ok=True)
     calibration_method = CalibrationMethod.Entropy if method == "entropy" else CalibrationMethod.MinMax
@@ -244,66 +244,13 @@ def quantize_with_ranges(
     return Int8Result(model_path=model_path, table_path=table_path, ranges=clean, method=method)
 
 
-def write_table(
-    path: Path,
-    ranges: Mapping[str, tuple[float, float]],
-    *,
-    method: str,
-    extra: Mapping[str, Any] | None = None,
-) -> None:
-    """Write a calibration table atomically.
-
-    JSON ``{"format", "version", "method", "onnxruntime", "ranges": {tensor: [min, max]}}`` plus
-    the ``extra`` fields (the calibration store adds its key).
-    """
-    import onnxruntime
-
-    _check_method(method)
-    doc: dict[str, Any] = dict(extra or {})
-    doc.update(
-        {
-            "format": TABLE_FORMAT,
-            "version": TABLE_VERSION,
-            "method": method,
-            "onnxruntime": onnxruntime.__version__,
-            "ranges": {name: [float(lo), float(hi)] for name, (lo, hi) in sorted(ranges.items())},
-        }
-    )
-    atomic_write_json(Path(path), doc)
-
-
-def read_table(path: Path) -> tuple[dict[str, tuple[float, float]], Method]:
-    """Read a table written by :func:`write_table`; BuildError naming the problem when it is not one."""
-    path = Path(path)
-    try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise BuildError(f"calibration table {path} is unreadable ({exc}): recalibrate") from exc
-    if not isinstance(doc, dict) or doc.get("format") != TABLE_FORMAT:
-        raise BuildError(f"{path} is not an edge-agent calibration table: recalibrate")
-    if doc.get("version") != TABLE_VERSION:
-        raise BuildError(f"calibration table {path} has version {doc.get('version')!r}: recalibrate")
-    method = doc.get("method")
-    if method not in TRT_ALGORITHMS:
-        raise BuildError(f"calibration table {path} has unknown method {method!r}: recalibrate")
-    raw = doc.get("ranges")
-    if not isinstance(raw, dict) or not raw:
-        raise BuildError(f"calibration table {path} has no ranges: recalibrate")
-    ranges: dict[str, tuple[float, float]] = {}
-    for name, pair in raw.items():
-        if not (isinstance(pair, list) and len(pair) == 2 and all(isinstance(v, int | float) for v in pair)):
-            raise BuildError(f"calibration table {path}: range of {name!r} is not [min, max]: recalibrate")
-        ranges[name] = _finite_range(name, (pair[0], pair[1]))
-    return ranges, method
-
-
 def calibration_table_to_trt(result: Int8Result, trt_version: str) -> bytes:
     """The result's ranges as a TensorRT calibration cache for ``trt_version`` (e.g. ``'10.3.0'``).
 
     Scales are ``max(|min|, |max|) / 127`` per tensor (TensorRT is symmetric); the header names
     the TensorRT algorithm matching the ONNX Runtime method.
     """
-    _check_method(result.method)
+    check_method(result.method)
     return write_trt_cache(from_ort_ranges(result.ranges), trt_version, TRT_ALGORITHMS[result.method])
 
 
@@ -316,11 +263,6 @@ class _OneBatch:
     def get_next(self) -> dict[str, npt.NDArray[Any]] | None:
         feeds, self._feeds = self._feeds, None
         return feeds
-
-
-def _check_method(method: str) -> None:
-    if method not in TRT_ALGORITHMS:
-        raise BuildError(f"calibration method {method!r} is unknown: use 'entropy' or 'minmax'")
 
 
 def linked_beside(model: Path, source: onnx.ModelProto, directory: Path) -> Path:
@@ -402,18 +344,6 @@ def _chunks(array: npt.NDArray[Any], fixed_batch: int | None) -> Iterator[npt.ND
         log.warning("engine.int8.calibration_frames_dropped", dropped=len(array) - usable, batch=fixed_batch)
     for start in range(0, usable, fixed_batch):
         yield array[start : start + fixed_batch]
-
-
-def _finite_range(name: str, pair: Any) -> tuple[float, float]:
-    # ORT hands numpy scalars (Entropy) or 1-element arrays (MinMax's ReduceMin/ReduceMax outputs).
-    low = float(np.min(np.asarray(pair[0], dtype=np.float64)))
-    high = float(np.max(np.asarray(pair[1], dtype=np.float64)))
-    if not (math.isfinite(low) and math.isfinite(high)) or low > high:
-        raise BuildError(
-            f"calibration range of tensor {name!r} is ({low}, {high}): not a finite [min, max]; "
-            "recalibrate with frames that do not overflow"
-        )
-    return low, high
 
 
 def _pin_ir_version(model: onnx.ModelProto, source_ir: int) -> None:

@@ -5,8 +5,8 @@ its exact version: TensorRT ignores caches of another version, TensorRT#1378) an
 :class:`CalibrationKey` hashes those five; the store keeps, under ``<state_dir>/calibration/``:
 
 - ``<key>.json``: the ranges as a calibration table
-  (:func:`agent.engines.calibration.int8.write_table` format, plus the key's fields), what ONNX Runtime
-  quantizes with;
+  (:func:`agent.model_contract.calibration_table.write_table` format, plus the key's fields), what
+  ONNX Runtime quantizes with;
 - ``<key>.trtcache``: optionally the same calibration in TensorRT's cache format.
 
 :func:`collect_frames` takes N frames from a live stream and preprocesses them into batches, and
@@ -31,11 +31,11 @@ import structlog
 from agent.camera.frame import Frame
 from agent.camera.preprocess import preprocess as preprocess_frame
 from agent.engines.cache.key import model_sha256
-from agent.engines.calibration.int8 import Method, read_table, write_table
-from agent.engines.calibration.trt_cache import read_trt_cache
 from agent.engines.guard.agreement import Preprocess
 from agent.errors import BuildError
 from agent.fsutil import atomic_write_bytes
+from agent.model_contract.calibration_table import Method, read_table, write_table
+from agent.model_contract.trt_cache import read_trt_cache
 from agent.specs.preprocess import PreprocessSpec
 
 log = structlog.get_logger(__name__)

@@ -135,8 +135,8 @@ def _int8_inputs(job: BuildJob, say: Progress) -> tuple[Path, Iterable[Calibrati
     if job.calibration_cache is not None and job.calibration_cache.is_file():
         import tensorrt as trt
 
-        from agent.engines.calibration.trt_cache import check_cache_version, read_trt_cache
         from agent.engines.trt.calibrator import read_cache_bytes
+        from agent.model_contract.trt_cache import check_cache_version, read_trt_cache
 
         # A cache written for another TensorRT is refused here, naming both versions.
         data = read_cache_bytes(job.calibration_cache)

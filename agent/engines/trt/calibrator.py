@@ -11,7 +11,7 @@ TensorRT's C++ is at best printed and at worst aborts the process. So every fail
 :class:`~agent.errors.BuildError` after the build returns.
 
 The cache bytes are passed through unchanged (TensorRT owns their format: ``TRT-<version>-
-EntropyCalibration2`` then ``tensor: hex scale`` lines); :mod:`agent.engines.calibration.trt_cache` parses
+EntropyCalibration2`` then ``tensor: hex scale`` lines); :mod:`agent.model_contract.trt_cache` parses
 and writes that format when another tool needs it.
 """
 

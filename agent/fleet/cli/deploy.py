@@ -160,7 +160,7 @@ def check_int8_source(fields: dict[str, Any], model: Path) -> None:
         return
     if fields["calib_sha256"] is not None:
         return
-    from agent.engines.building.model_facts import model_facts
+    from agent.model_contract.model_facts import model_facts
 
     if model_facts(model)[1]:
         return
@@ -320,9 +320,9 @@ def manifest_fields(args: argparse.Namespace) -> dict[str, Any]:
             raise UsageError(f"--calib-cache: {args.calib_cache} is not a file")
         if args.precision not in ("int8", "best"):
             raise UsageError("--calib-cache needs an INT8 build: add --precision int8")
-        from agent.engines.calibration.file import read_ranges
         from agent.errors import BuildError
         from agent.fsutil import sha256_file
+        from agent.model_contract.calibration_file import read_ranges
 
         try:
             read_ranges(args.calib_cache)  # a file no device can quantize with is refused here

@@ -3,7 +3,7 @@
 ``fleet deploy``, ``fleet rollout start`` and the controller's ``start`` run it. A device refuses a
 file that is not a loadable ONNX model (``bad_onnx``, ``onnx_checker``, ``incompatible``), but only
 after pulling it from a retained desired state; in a rollout that burns the canary wave. Here the
-same checks the device runs (:func:`agent.delivery.verify.load_checked`), plus what a device's ONNX
+same checks the device runs (:func:`agent.model_contract.graph.load_checked`), plus what a device's ONNX
 Runtime can load, fail at once with one error naming the file and what is wrong.
 """
 
@@ -14,10 +14,10 @@ from pathlib import Path
 import onnx
 import onnx.defs
 
-from agent.camera.input_fit import check_input_fits, select_input
-from agent.delivery.verify import graph_io, load_checked
 from agent.errors import AgentError, EngineError, RejectedError
-from agent.postprocess.runner import validate_outputs
+from agent.model_contract.graph import graph_io, load_checked
+from agent.model_contract.input_fit import check_input_fits, select_input
+from agent.model_contract.outputs import validate_outputs
 from agent.specs.postprocess import PostprocessSpec
 from agent.specs.preprocess import PreprocessSpec
 

@@ -20,11 +20,12 @@ import structlog
 
 from agent.backends.base import LoadOptions, Runner, get_backend
 from agent.camera.gpu_preprocess import gpu_preprocessor_for
-from agent.camera.input_fit import check_input_fits, select_input
 from agent.camera.preprocess import preprocess
 from agent.errors import AgentError, EngineError
 from agent.fsutil import sha256_file
-from agent.postprocess.runner import Postprocessor, validate_outputs
+from agent.model_contract.input_fit import check_input_fits, select_input
+from agent.model_contract.outputs import validate_outputs
+from agent.postprocess.runner import Postprocessor
 from agent.protocol.messages import ModelRef
 from agent.runtime.slots.loaded import LoadedModel, ModelSource, ModelState, runs_of_model
 from agent.transitions import TransitionTable

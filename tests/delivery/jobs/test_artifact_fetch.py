@@ -11,7 +11,7 @@ from pathlib import Path
 
 from agent.delivery.jobs.artifacts import KEEP
 from agent.delivery.jobs.steps import BuildOutcome, JobReporter, no_build
-from agent.engines.calibration.int8 import write_table
+from agent.model_contract.calibration_table import write_table
 from agent.protocol.manifest import describe_artifact
 from agent.protocol.messages import JobState
 from agent.specs.build import BuildSpec, CalibrationSource

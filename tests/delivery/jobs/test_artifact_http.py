@@ -11,7 +11,7 @@ import pytest
 from agent.delivery.settings import DeliveryConfig
 from agent.delivery.transfer.pull import fetch_model
 from agent.demo.modelzoo import write_classifier
-from agent.engines.calibration.int8 import write_table
+from agent.model_contract.calibration_table import write_table
 from agent.protocol.delivery_errors import NoSourceError
 from agent.protocol.manifest import build_manifest, describe_artifact
 from agent.protocol.topics import Topics

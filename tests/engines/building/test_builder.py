@@ -17,7 +17,6 @@ import pytest
 from agent.backends.base import get_backend
 from agent.demo.modelzoo import write_classifier
 from agent.engines.building.builder import EngineBuilder
-from agent.engines.building.model_facts import model_facts
 from agent.engines.building.worker import BuildWorker
 from agent.engines.cache.key import SIDECAR_NAME
 from agent.engines.calibration.data import calibration_identity
@@ -26,6 +25,7 @@ from agent.engines.job import BuildJob, Progress, WorkerResult
 from agent.engines.settings import EngineConfig
 from agent.errors import BuildError
 from agent.machine.platform import BackendAvailability, Platform
+from agent.model_contract.model_facts import model_facts
 from agent.specs.build import BuildSpec, CalibrationSource
 from agent.specs.preprocess import PreprocessSpec
 from tests.engines.failing_jobs import TEST_ENV

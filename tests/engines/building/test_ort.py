@@ -24,10 +24,10 @@ from agent.engines.building.ort import (
     tensorrt_provider_options,
 )
 from agent.engines.calibration.data import save_batches
-from agent.engines.calibration.int8 import read_table
-from agent.engines.calibration.trt_cache import read_trt_cache
 from agent.engines.job import BuildJob
 from agent.errors import BuildError
+from agent.model_contract.calibration_table import read_table
+from agent.model_contract.trt_cache import read_trt_cache
 from agent.specs.build import BuildPlan, CalibrationSource, ShapeProfile
 
 PATHS = OrtPaths(engine_cache_dir=Path("/s/engines/k/trt_engines"), timing_cache_dir=Path("/s/timing"))

@@ -33,11 +33,11 @@ from agent.engines.calibration.int8 import (
     parse_cpu_flags,
     quantize_int8,
     quantize_with_ranges,
-    read_table,
     reduce_range_for,
 )
-from agent.engines.calibration.trt_cache import from_ort_ranges, read_trt_cache
 from agent.errors import BuildError
+from agent.model_contract.calibration_table import read_table
+from agent.model_contract.trt_cache import from_ort_ranges, read_trt_cache
 from agent.specs.preprocess import PreprocessSpec
 
 #: Seeds never used by tools/train_shapes.py (it trains on 1 and validates on 2).

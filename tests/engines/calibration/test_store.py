@@ -30,8 +30,8 @@ from agent.engines.calibration.store import (
     collect_frames,
     data_sha256,
 )
-from agent.engines.calibration.trt_cache import read_trt_cache
 from agent.errors import BuildError
+from agent.model_contract.trt_cache import read_trt_cache
 from agent.specs.preprocess import PreprocessSpec
 
 SPEC = PreprocessSpec(width=64, height=64)

@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 
 from agent.cli import main
-from agent.engines.calibration.int8 import write_table
 from agent.fleet.cli.deploy import manifest_fields
 from agent.fleet.cli.main import add_fleet_arguments
 from agent.fleet.rollout.spec import RolloutRequest
 from agent.fsutil import sha256_file
+from agent.model_contract.calibration_table import write_table
 from tests.fleet.operator_side import tiny_model
 
 

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from agent.demo.broker import Broker
-from agent.engines.calibration.int8 import write_table
 from agent.fleet.deploy.keys import KeyPairFiles
 from agent.fsutil import sha256_file
+from agent.model_contract.calibration_table import write_table
 from agent.protocol.manifest import parse_signed
 from agent.signing import load_public_key
 from tests.fleet.controller.test_process import SLOT, Running, _fleet, _wait_state, controller, keys, prefix

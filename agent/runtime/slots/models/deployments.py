@@ -5,7 +5,7 @@ Runtime fallback when a TensorRT engine fails to load).
 One job (a delivered model into its slot), through the slot's owner
 (:class:`~agent.runtime.slots.models.owner.SlotOwner`) and its lock; the guarded sequence itself is in
 :mod:`agent.runtime.slots.guarded`. Delivery calls these steps (:mod:`agent.delivery.jobs.steps`).
-What follows an engine that fails to load is :mod:`agent.engines.fallback`'s to decide.
+What follows an engine that fails to load is :mod:`agent.engines.building.fallback`'s to decide.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from pathlib import Path
 import structlog
 
 from agent.delivery.jobs.steps import ActivationRequest, BuildOutcome, JobReporter, no_build
+from agent.engines.building.fallback import FAILED_AT, after_load_failure
 from agent.engines.building.progress import ProgressTracker
-from agent.engines.fallback import FAILED_AT, after_load_failure
 from agent.engines.service import PreparedEngine
 from agent.engines.sharing.cache import FleetEngineCache
 from agent.errors import BuildError, EngineError

@@ -114,7 +114,7 @@ def build_here(
     error: EngineError,
 ) -> PreparedEngine:
     """The engine built here instead of the dropped fleet engine that failed with ``error`` (the
-    step :func:`agent.engines.fallback.after_load_failure` names). Raises EngineError when the build
+    step :func:`agent.engines.building.fallback.after_load_failure` names). Raises EngineError when the build
     here fails too."""
     cancel = request.guard.cancel if request.guard is not None else None
     log.warning("slot.fleet_engine_failed", slot=request.slot, key=source.engine_key, error=str(error)[:300])

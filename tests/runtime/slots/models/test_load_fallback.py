@@ -20,8 +20,8 @@ import numpy as np
 
 from agent.demo.broker import Broker
 from agent.engines.building.builder import EngineBuilder
+from agent.engines.building.fallback import FAILED_AT
 from agent.engines.building.worker import BuildWorker
-from agent.engines.fallback import FAILED_AT
 from agent.engines.job import BuildJob, Progress, WorkerResult
 from agent.protocol.messages import JobState, JobStatus
 from agent.protocol.proving import ProbationSpec, ShadowSpec

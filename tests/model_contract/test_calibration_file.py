@@ -12,11 +12,11 @@ import pytest
 
 from agent.demo.modelzoo import write_classifier
 from agent.engines.building.builder import EngineBuilder
-from agent.engines.calibration.file import as_trt_cache, read_ranges
-from agent.engines.calibration.int8 import write_table
-from agent.engines.calibration.trt_cache import write_trt_cache
 from agent.engines.settings import EngineConfig
 from agent.errors import BuildError
+from agent.model_contract.calibration_file import as_trt_cache, read_ranges
+from agent.model_contract.calibration_table import write_table
+from agent.model_contract.trt_cache import write_trt_cache
 from agent.specs.build import BuildSpec, CalibrationSource
 from tests.engines.building.test_builder import PLATFORM, frames, run
 

@@ -7,7 +7,8 @@ import struct
 import numpy as np
 import pytest
 
-from agent.engines.calibration.trt_cache import (
+from agent.errors import BuildError
+from agent.model_contract.trt_cache import (
     TrtCalibrationCache,
     check_cache_version,
     from_ort_ranges,
@@ -18,7 +19,6 @@ from agent.engines.calibration.trt_cache import (
     version_from_tag,
     write_trt_cache,
 )
-from agent.errors import BuildError
 
 
 @pytest.mark.parametrize(

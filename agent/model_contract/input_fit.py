@@ -1,17 +1,16 @@
 """Does a model's input fit a slot's preprocessing? Pure checks on tensor specs, no framework.
 
-Shared by delivery (checked on the ONNX graph before anything is built) and by
-:func:`agent.runtime.slots.slot.validate_candidate` (checked on the loaded runner), so both refuse the
-same models with the same words. It lives with the preprocessing it checks against, below both
-users: delivery must not import runtime, which imports delivery's job steps.
+Checked on the ONNX graph by the operator before signing and by delivery before anything is
+built, and on the loaded runner by :func:`agent.runtime.slots.slot.validate_candidate`, so all refuse
+the same models with the same words.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from agent.backends.base import TensorSpec
 from agent.errors import EngineError
+from agent.model_contract.tensors import TensorSpec
 from agent.specs.preprocess import PreprocessSpec
 
 

@@ -2,7 +2,7 @@
 
 A calibration shipped with a deployment (``calibration: {kind: cache, artifact: ...}``) is either
 
-- a calibration table (:func:`agent.engines.calibration.int8.write_table`, JSON ``{"format":
+- a calibration table (:func:`agent.model_contract.calibration_table.write_table`, JSON ``{"format":
   "edge-agent.calibration-table", "ranges": {tensor: [min, max]}}``): what an ONNX Runtime INT8
   build writes as ``calibration.json`` and quantizes with; or
 - a TensorRT calibration cache (``TRT-<tag>-<algorithm>`` text): what a TensorRT build writes.
@@ -17,9 +17,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from agent.engines.calibration.int8 import TABLE_FORMAT, TRT_ALGORITHMS, Method, read_table
-from agent.engines.calibration.trt_cache import INT8_MAX, from_ort_ranges, read_trt_cache, write_trt_cache
 from agent.errors import BuildError
+from agent.model_contract.calibration_table import TABLE_FORMAT, TRT_ALGORITHMS, Method, read_table
+from agent.model_contract.trt_cache import INT8_MAX, from_ort_ranges, read_trt_cache, write_trt_cache
 
 #: TensorRT's algorithm name -> the ONNX Runtime method that computes the same kind of range.
 _METHOD_OF_ALGORITHM: dict[str, Method] = {

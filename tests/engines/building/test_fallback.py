@@ -7,8 +7,7 @@ from typing import Any
 
 import pytest
 
-from agent.engines.building.plan import PlatformFacts, plan_build
-from agent.engines.fallback import (
+from agent.engines.building.fallback import (
     FAILED_AT,
     after_build_failure,
     after_int8_check,
@@ -19,6 +18,7 @@ from agent.engines.fallback import (
     load_fallback,
     plan_fallback,
 )
+from agent.engines.building.plan import PlatformFacts, plan_build
 from agent.specs.build import BuildSpec
 from tests.engines.building.test_builder_fallback import FORCED_TRT
 from tests.engines.building.test_plan import ORIN_AGX, spec
