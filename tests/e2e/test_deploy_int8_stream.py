@@ -24,7 +24,7 @@ from agent.demo.broker import Broker
 from agent.protocol.messages import JobStatus, decode
 from agent.protocol.topics import Topics
 from tests.e2e.daemon import REPO
-from tests.e2e.fleet_rig import Fleet, count_version
+from tests.e2e.fleet_rig import ENDS_ONLY_PROBATION, Fleet, count_version, ends_only_shadow
 from tests.mqtt_probe import Probe
 
 pytestmark = pytest.mark.slow
@@ -82,8 +82,11 @@ def test_the_documented_int8_deploy_runs_to_active_on_a_device_configured_like_l
 
     argv = ["fleet", "deploy", str(tmp_path / "shapes-2.onnx"), "--device", device_id, "--slot", "shapes"]
     argv += ["--version", "2", *flags, "--key", str(fleet.keys.private), "--key-id", fleet.keys.key_id]
-    # Test pace only: a short probation (the page's example keeps the 60 s default).
+    # Test pace only: a short probation (the page's example keeps the 60 s default). The build flags
+    # are what this test is about: shadow and probation judge ends only, not a loaded host's latency.
     argv += ["--probation-s", "3", "--timeout", "300", "--broker", f"{broker.host}:{broker.port}"]
+    argv += ["--shadow-json", ends_only_shadow().model_dump_json()]
+    argv += ["--probation-json", ENDS_ONLY_PROBATION.model_dump_json()]
     assert main(argv) == 0, daemon.log()[-3000:]
     probe.wait_for(count_version("2", results), timeout=60)
     ended = [
