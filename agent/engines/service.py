@@ -209,7 +209,7 @@ class EngineService:
             return PreparedEngine(artifact, effective)
         log.warning("engine.int8.rejected", slot=slot, reason=reason)
         # This device goes on with another engine: the fleet stops waiting for this key's offer.
-        self._release_claim(artifact.key, f"the INT8 check rejected it: {reason}")
+        self.builder.release_claim(artifact.key, f"the INT8 check rejected it: {reason}")
         step = after_int8_rejected(spec, artifact.effective)
         fp16 = step.spec or BuildSpec()
         if step.failure is not None:
@@ -258,13 +258,9 @@ class EngineService:
             effective = {**artifact.effective, "fleet_engine_failed": str(failed)[:300]}
             ok, reason, report = self._guard(slot, model, artifact, preprocess)
         elif step is not None and step.action == "give_up" and failed is not None:
-            self._release_claim(artifact.key, f"the INT8 engine does not load here: {failed}")
+            self.builder.release_claim(artifact.key, f"the INT8 engine does not load here: {failed}")
             raise failed
         return artifact, effective, (ok, reason, report)
-
-    def _release_claim(self, key: str, reason: str) -> None:
-        if self.builder.fleet is not None:
-            self.builder.fleet.release(key, reason)
 
     def prepare_set(
         self,

@@ -29,7 +29,7 @@ from agent.fleet.controller.client import ControllerClient
 from agent.fsutil import sha256_file
 from agent.protocol.topics import Topics
 from agent.specs.preprocess import PreprocessSpec
-from tests.e2e.fleet_rig import Fleet, count_version, operator_settings
+from tests.e2e.fleet_rig import ENDS_ONLY_PROBATION, Fleet, count_version, ends_only_shadow, operator_settings
 from tests.fleet.console import test_browser
 from tests.fleet.controller_process import ControllerProcess
 from tests.mqtt_probe import Probe
@@ -99,6 +99,10 @@ def test_int8_asked_and_fp32_running_shows_in_status_rollout_console_and_metrics
         "calib_sha256": sha256_file(table),
         # Each device builds its own: what runs is the subject here, not who builds (docs/engines.md).
         "share_engines": False,
+        # Guarded as operators run it; the bars judge ends only, not a loaded host's latency.
+        "shadow": ends_only_shadow(frames=5, sample_fps=10.0).model_dump(mode="json"),
+        "probation_s": 2.0,
+        "probation": ENDS_ONLY_PROBATION.model_dump(mode="json"),
     }
     with ControllerClient(operator_settings(broker), timeout=30) as client:
         client.upload(MODEL_PATH, body["model_sha256"])

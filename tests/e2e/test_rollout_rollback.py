@@ -235,9 +235,11 @@ def test_a_rollback_slower_than_the_cli_timeout_is_followed_to_its_end_not_repor
     probe.wait_for(count_version("1", Topics("fleet/v1", device_id).results("cam")), timeout=180)
     calibration = {"kind": "stream", "frames": CALIBRATION_FRAMES}
     build = BuildSpec.model_validate({"precision": "int8", "device": "cpu", "calibration": calibration})
-    v2 = finish(fleet.deploy(version_of(tmp_path, "2"), [device_id], "2", build=build), timeout=180)
+    guarded = {"shadow": ends_only_shadow(frames=5), "probation_s": 2.0, "probation": ENDS_ONLY_PROBATION}
+    v2_deploy = fleet.deploy(version_of(tmp_path, "2"), [device_id], "2", build=build, **guarded)
+    v2 = finish(v2_deploy, timeout=180)
     assert v2.ok, v2.failures()
-    v3 = finish(fleet.deploy(version_of(tmp_path, "3"), [device_id], "3"), timeout=120)
+    v3 = finish(fleet.deploy(version_of(tmp_path, "3"), [device_id], "3", **guarded), timeout=120)
     assert v3.ok, v3.failures()
     assert serving(files) == "3"
 

@@ -30,6 +30,12 @@ def tiny_model(path: Path) -> Path:
     return write_classifier(path, input_size=32, num_classes=4, seed=3)
 
 
+def unsigned_deploy(model: Path) -> list[str]:
+    """``fleet deploy MODEL`` of version 1 to device d1's slot cls, unsigned: the flags a test of
+    the deploy command's own flags starts from (nothing is sent when those flags are refused)."""
+    return ["fleet", "deploy", str(model), "--device", "d1", "--slot", "cls", "--version", "1", "--unsigned"]
+
+
 def announce(probe: Probe, prefix: str, *devices: str) -> None:
     """Publish each device's retained ``up/status`` (online) and ``up/info`` (no slot, no stream), as
     a connected agent does. Without the info, every operator command that reads the fleet's retained

@@ -316,7 +316,7 @@ class EngineBuilder:
         # One build at a time per builder; the worker also serialises builds across processes.
         wait_s = self.config.build_timeout_s + 60.0
         if not self._build_lock.acquire(timeout=wait_s):
-            self._release_claim(key, "the builder was busy")
+            self.release_claim(key, "the builder was busy")
             raise _BuilderBusyError(f"another build is still running after {wait_s:.0f}s; retry later")
         try:
             return self._build_locked(
@@ -332,7 +332,7 @@ class EngineBuilder:
                 started=started,
             )
         except BaseException as exc:
-            self._release_claim(key, f"the build failed: {exc}")  # the fleet's next asker builds it
+            self.release_claim(key, f"the build failed: {exc}")  # the fleet's next asker builds it
             raise
         finally:
             self._build_lock.release()
@@ -346,7 +346,9 @@ class EngineBuilder:
             return False
         return self.fleet.dropped(self.cache, artifact.key, str(error), stage)
 
-    def _release_claim(self, key: str, reason: str) -> None:
+    def release_claim(self, key: str, reason: str) -> None:
+        """This device will offer no engine for ``key``: a build claim it holds ends (no-op without
+        a fleet, or without a claim)."""
         if self.fleet is not None:
             self.fleet.release(key, reason)
 

@@ -13,25 +13,14 @@ from agent.fleet.cli.main import add_fleet_arguments
 from agent.fleet.rollout.spec import RolloutRequest
 from agent.fsutil import sha256_file
 from agent.model_contract.calibration_table import write_table
-from tests.fleet.operator_side import tiny_model
+from tests.fleet.operator_side import tiny_model, unsigned_deploy
 
 
 def test_calib_cache_mistakes_name_the_flag(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     model = tiny_model(tmp_path / "m.onnx")
     (tmp_path / "labels.txt").write_text("cat\n")
     write_table(tmp_path / "calibration.json", {"x": (-1.0, 1.0)}, method="entropy")
-    deploy = [
-        "fleet",
-        "deploy",
-        str(model),
-        "--device",
-        "d1",
-        "--slot",
-        "cls",
-        "--version",
-        "1",
-        "--unsigned",
-    ]
+    deploy = unsigned_deploy(model)
     cases = [
         (["--calib-cache", str(tmp_path / "nope.json"), "--precision", "int8"], "is not a file"),
         (["--calib-cache", str(tmp_path / "calibration.json")], "needs an INT8 build: add --precision int8"),

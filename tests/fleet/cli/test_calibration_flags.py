@@ -18,7 +18,7 @@ from agent.errors import UsageError
 from agent.fleet.cli.deploy import check_int8_source, manifest_fields
 from agent.fleet.cli.main import add_fleet_arguments
 from agent.protocol.manifest import build_manifest
-from tests.fleet.operator_side import tiny_model
+from tests.fleet.operator_side import tiny_model, unsigned_deploy
 
 PROTOCOL_DOC = Path(__file__).resolve().parents[3] / "docs" / "protocol.md"
 #: Port 9 (discard): nothing listens there, so reaching for the broker would fail otherwise.
@@ -125,18 +125,7 @@ def test_int8_without_any_source_of_scales_is_refused_before_anything_is_sent(
 
 def test_calibration_flag_mistakes_name_the_flag(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     model = tiny_model(tmp_path / "m.onnx")
-    deploy = [
-        "fleet",
-        "deploy",
-        str(model),
-        "--device",
-        "d1",
-        "--slot",
-        "cls",
-        "--version",
-        "1",
-        "--unsigned",
-    ]
+    deploy = unsigned_deploy(model)
     cases = [
         (["--calibration", "stream"], "--calibration stream needs an INT8 build: add --precision int8"),
         (["--precision", "int8", "--calib-frames", "50"], "--calib-frames needs --calibration stream"),
@@ -207,18 +196,7 @@ def test_build_json_carries_any_build_field_and_a_field_set_twice_is_refused(
     }
     assert f"`'{documented}'`" in (PROTOCOL_DOC.parent / "fleet.md").read_text()
     model = tiny_model(tmp_path / "m.onnx")
-    deploy = [
-        "fleet",
-        "deploy",
-        str(model),
-        "--device",
-        "d1",
-        "--slot",
-        "cls",
-        "--version",
-        "1",
-        "--unsigned",
-    ]
+    deploy = unsigned_deploy(model)
     cases = [
         (["--build-json", '{"precision": "fp16"}', "--precision", "int8"], "--precision and --build-json's"),
         (

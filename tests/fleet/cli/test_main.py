@@ -20,7 +20,7 @@ from agent.protocol.messages import JobState, JobStatus, encode
 from agent.protocol.proving import ShadowSpec
 from agent.protocol.topics import Topics
 from agent.specs.postprocess import ClassificationSpec, DetectionSpec
-from tests.fleet.operator_side import announce, tiny_model, unique_prefix
+from tests.fleet.operator_side import announce, tiny_model, unique_prefix, unsigned_deploy
 from tests.mqtt_probe import Probe
 from tests.waiting import patient
 
@@ -196,18 +196,7 @@ def test_shadow_and_probation_flag_mistakes_name_the_flag(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     model = tiny_model(tmp_path / "m.onnx")
-    deploy = [
-        "fleet",
-        "deploy",
-        str(model),
-        "--device",
-        "d1",
-        "--slot",
-        "cls",
-        "--version",
-        "1",
-        "--unsigned",
-    ]
+    deploy = unsigned_deploy(model)
     cases = [
         ([*deploy, "--shadow-json", '{"frames": 0}'], "error: --shadow-json frames: Input should be greater"),
         ([*deploy, "--shadow-json", '{"min_agreement": 2}'], "error: --shadow-json min_agreement:"),

@@ -86,8 +86,7 @@ def offer_when_active(
 
 def release_claim(engines: EngineService, key: str, reason: str) -> None:
     """This device will offer no engine for ``key``: a build claim it holds ends (no-op otherwise)."""
-    if engines.builder.fleet is not None:
-        engines.builder.fleet.release(key, reason)
+    engines.builder.release_claim(key, reason)
 
 
 def release_job_claims(
