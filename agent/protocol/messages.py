@@ -213,6 +213,14 @@ class SlotInfo(StrictModel):
     )
 
 
+class CertificateInfo(StrictModel):
+    """The certificate a device connects with, as ``up/info`` reports it (days to expiry follow)."""
+
+    serial: str = Field(max_length=64, description="Serial number, hex.")
+    not_after: FiniteTime = Field(description="Expiry, Unix seconds.")
+    issuer: str = Field("", max_length=300, description="The issuer's common name.")
+
+
 class InfoMessage(Envelope):
     """``up/info`` (retained): what the device is and runs."""
 
@@ -232,6 +240,11 @@ class InfoMessage(Envelope):
     backends: dict[str, BackendInfo]
     slots: dict[str, SlotInfo]
     streams: list[str]
+    certificate: CertificateInfo | None = Field(
+        None,
+        description="The client certificate the device connects with (absent on plain TCP or from "
+        "agents before enrollment existed).",
+    )
 
 
 # -- up/telemetry ----------------------------------------------------------------------------------

@@ -16,8 +16,8 @@ DOWN = "down"
 
 #: Kinds without an argument level, by direction.
 _FIXED_KINDS: dict[str, frozenset[str]] = {
-    UP: frozenset({"status", "info", "telemetry", "samples"}),
-    DOWN: frozenset(),
+    UP: frozenset({"status", "info", "telemetry", "samples", "cert"}),
+    DOWN: frozenset({"cert"}),
 }
 #: Kinds followed by exactly one argument level, by direction.
 _ARG_KINDS: dict[str, frozenset[str]] = {
@@ -120,6 +120,11 @@ class Topics:
         """Where the controller answers this device's engines requests (their response topic)."""
         return f"{self._base}/down/engines/{_DOWN_ENGINES_REPLY}"
 
+    @property
+    def cert_renewal(self) -> str:
+        """Certificate renewal requests (only the device's own certificate may publish here)."""
+        return f"{self._base}/up/cert"
+
     def cmd_reply(self, name: str) -> str:
         """Reply to a command named ``name``."""
         return f"{self._base}/up/cmd/{check_level(name, 'command name')}"
@@ -140,6 +145,11 @@ class Topics:
         """Subscription filter for every transfer's chunk replies."""
         return f"{self._base}/down/xfer/+"
 
+    @property
+    def cert_reply(self) -> str:
+        """The controller's answers to this device's certificate renewals."""
+        return f"{self._base}/down/cert"
+
     def desired(self, slot: str) -> str:
         """Retained, signed desired-state manifest of one model slot."""
         return f"{self._base}/down/desired/{check_level(slot, 'slot name')}"
@@ -151,6 +161,33 @@ class Topics:
     def cmd(self, name: str) -> str:
         """Command ``name`` sent to the device."""
         return f"{self._base}/down/cmd/{check_level(name, 'command name')}"
+
+
+#: The level under the prefix that holds enrollment topics (outside every device's own tree).
+ENROLL_LEVEL = "enroll"
+
+
+def enroll_request(prefix: str, client_id: str) -> str:
+    """Where an enrolling client (id ``enroll:{device}``) publishes its request."""
+    return f"{check_prefix(prefix)}/{ENROLL_LEVEL}/{check_level(client_id, 'enrollment client id')}/request"
+
+
+def enroll_reply(prefix: str, client_id: str) -> str:
+    """Where the controller answers an enrolling client (id ``enroll:{device}``)."""
+    return f"{check_prefix(prefix)}/{ENROLL_LEVEL}/{check_level(client_id, 'enrollment client id')}/reply"
+
+
+def enroll_request_filter(prefix: str) -> str:
+    """The controller's subscription to every enrollment request."""
+    return f"{check_prefix(prefix)}/{ENROLL_LEVEL}/+/request"
+
+
+def enroll_client_of(topic: str, prefix: str) -> str:
+    """The client id level of an enrollment request topic; raise ValueError if it is not one."""
+    head = f"{check_prefix(prefix)}/{ENROLL_LEVEL}/"
+    if not topic.startswith(head) or not topic.endswith("/request"):
+        raise ValueError(f"topic {topic!r} is not an enrollment request under {prefix!r}")
+    return check_level(topic[len(head) : -len("/request")], "enrollment client id")
 
 
 def fleet_filter(prefix: str, kind: str, direction: Literal["up", "down"] = "up") -> str:
