@@ -17,8 +17,10 @@ from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric.types import CertificateIssuerPrivateKeyTypes
 
 from agent.errors import UsageError
+from agent.fleet.ca.broker import BrokerSettings, write_broker_settings, write_devices_acl
 from agent.fleet.ca.crl import write_crl
 from agent.fleet.ca.layout import CaDir, RootDir, make_private_dir
+from agent.fleet.ca.ledger import IssuedLedger
 from agent.fleet.ca.pki import (
     ca_certificate,
     leaf_certificate,
@@ -51,9 +53,15 @@ class InitDone:
 
 
 def init_ca(
-    root_dir: Path, ca_dir: Path, server_names: tuple[str, ...], *, intermediate_days: int = INTERMEDIATE_DAYS
+    root_dir: Path,
+    ca_dir: Path,
+    server_names: tuple[str, ...],
+    *,
+    intermediate_days: int = INTERMEDIATE_DAYS,
+    broker: BrokerSettings | None = None,
 ) -> InitDone:
-    """Make the root, the devices intermediate, the claims CA, the broker's certificate and the CRL."""
+    """Make the root, the devices intermediate, the claims CA, the broker's certificate, the CRL
+    and the devices ACL; record ``broker`` (the topic prefix, the local broker's pid file)."""
     root, ca = RootDir(Path(root_dir)), CaDir(Path(ca_dir))
     if root.path.resolve() == ca.path.resolve():
         raise UsageError("--root-dir and --ca-dir must differ: the root directory leaves the controller host")
@@ -74,6 +82,8 @@ def init_ca(
     write_key(ca.devices_key, new_key())
     intermediate = certify_intermediate(root, ca, intermediate_days)
     write_crl(ca.crl, [], intermediate, read_key(ca.devices_key))
+    write_broker_settings(ca, broker or BrokerSettings())
+    write_devices_acl(ca, IssuedLedger())
     return InitDone(root, ca, intermediate.not_valid_after_utc)
 
 

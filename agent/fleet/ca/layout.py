@@ -82,6 +82,16 @@ class CaDir:
         return self.path / "claims.json"
 
     @property
+    def devices_acl(self) -> Path:
+        """The devices listener's ACL file, written from the ledger (revoked devices denied)."""
+        return self.path / "devices.acl"
+
+    @property
+    def broker_settings(self) -> Path:
+        """``broker.json``: the topic prefix and the local broker's pid file, from ``fleet ca init``."""
+        return self.path / "broker.json"
+
+    @property
     def server_cert(self) -> Path:
         """The broker's server certificate (both listeners)."""
         return self.path / "broker" / "server.crt"
