@@ -113,6 +113,10 @@ class DeviceAuthority:
             ledger = read_ledger(self._dir.issued)
             ledger.certificates.append(record)
             write_ledger(self._dir.issued, ledger)
+            lifted = write_devices_acl(self._dir, ledger)
+        if lifted:
+            # The device had been revoked and is enrolled again: the broker must drop its deny block.
+            self.tell_broker()
         log.info(
             "fleet.ca.issued", device=checked.device_id, serial=serial, not_after=record.not_after.isoformat()
         )

@@ -40,6 +40,11 @@ NOT_AUTHORIZED = 0x87
 OPERATOR = "operator"
 
 
+def accepted(puback: int) -> bool:
+    """Whether a PUBACK reason code says the broker took the message (0, or 16: no subscriber)."""
+    return puback < 0x80
+
+
 class CountingProbe(Probe):
     """A probe that counts its connections and disconnections (paho reconnects on its own)."""
 
@@ -146,7 +151,8 @@ class EnrollmentBroker:
         """Issue ``device_id`` a certificate as the desk would; its TLS files as ``tls_set`` arguments."""
         key, checked = device_key_and_csr(device_id)
         issued = self.authority().issue(checked)
-        key_file, cert_file = self.workdir / f"{device_id}.key", self.workdir / f"{device_id}.crt"
+        name = f"{device_id}-{issued.serial}"  # a device enrolled again keeps its old files apart
+        key_file, cert_file = self.workdir / f"{name}.key", self.workdir / f"{name}.crt"
         write_key(key_file, key)
         cert_file.write_bytes(issued.cert_pem + issued.chain_pem)
         return {"ca_certs": str(self.ca.ca.root_cert), "certfile": str(cert_file), "keyfile": str(key_file)}
