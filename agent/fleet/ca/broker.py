@@ -15,17 +15,15 @@ ACL there and run ``systemctl reload mosquitto``; docs/enrollment.md).
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 from dataclasses import dataclass
 from pathlib import Path
 
 import structlog
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict
 
-from agent.errors import ConfigError
-from agent.fleet.ca.layout import CaDir
+from agent.fleet.ca.layout import CaDir, read_json_model
 from agent.fleet.ca.ledger import IssuedLedger
 from agent.fleet.ca.pki import now
 from agent.fsutil import atomic_write_json, atomic_write_text
@@ -55,14 +53,7 @@ class BrokerTold:
 
 def read_broker_settings(ca: CaDir) -> BrokerSettings:
     """``broker.json`` (defaults when there is none; ConfigError naming a damaged file)."""
-    try:
-        text = ca.broker_settings.read_text()
-    except FileNotFoundError:
-        return BrokerSettings()
-    try:
-        return BrokerSettings.model_validate(json.loads(text))
-    except (ValueError, ValidationError) as exc:
-        raise ConfigError(f"{ca.broker_settings} is damaged: {exc}") from exc
+    return read_json_model(ca.broker_settings, BrokerSettings, "the broker settings")
 
 
 def write_broker_settings(ca: CaDir, settings: BrokerSettings) -> None:

@@ -9,12 +9,11 @@ by the broker anyway, so neither the ledger nor the CRL grows with renewals.
 from __future__ import annotations
 
 import datetime
-import json
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict
 
-from agent.errors import ConfigError
+from agent.fleet.ca.layout import read_json_model
 from agent.fleet.ca.pki import now
 from agent.fsutil import atomic_write_json
 
@@ -55,14 +54,7 @@ class IssuedLedger(BaseModel):
 
 def read_ledger(path: Path) -> IssuedLedger:
     """The ledger at ``path`` (empty when there is none yet; ConfigError naming a damaged file)."""
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        return IssuedLedger()
-    try:
-        return IssuedLedger.model_validate(json.loads(text))
-    except (ValueError, ValidationError) as exc:
-        raise ConfigError(f"the issued-certificates ledger {path} is damaged: {exc}") from exc
+    return read_json_model(path, IssuedLedger, "the issued-certificates ledger")
 
 
 def write_ledger(path: Path, ledger: IssuedLedger) -> None:
