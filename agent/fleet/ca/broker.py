@@ -24,8 +24,6 @@ import structlog
 from pydantic import BaseModel, ConfigDict
 
 from agent.fleet.ca.layout import CaDir, read_json_model
-from agent.fleet.ca.ledger import IssuedLedger
-from agent.fleet.ca.pki import now
 from agent.fsutil import atomic_write_json, atomic_write_text
 
 log = structlog.get_logger(__name__)
@@ -74,21 +72,9 @@ def devices_acl(prefix: str, denied: list[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def denied_devices(ledger: IssuedLedger) -> list[str]:
-    """Devices holding a revoked certificate still valid and no valid certificate that is not revoked."""
-    at = now()
-    revoked: set[str] = set()
-    good: set[str] = set()
-    for record in ledger.certificates:
-        if record.not_after <= at:
-            continue
-        (revoked if record.revoked_at is not None else good).add(record.device_id)
-    return sorted(revoked - good)
-
-
-def write_devices_acl(ca: CaDir, ledger: IssuedLedger) -> bool:
-    """Rewrite the devices ACL (temp + fsync + rename, 0644) from ``ledger``; whether it changed."""
-    text = devices_acl(read_broker_settings(ca).prefix, denied_devices(ledger))
+def write_devices_acl(ca: CaDir, denied: list[str]) -> bool:
+    """Rewrite the devices ACL (temp + fsync + rename, 0644) denying ``denied``; whether it changed."""
+    text = devices_acl(read_broker_settings(ca).prefix, denied)
     try:
         if ca.devices_acl.read_text() == text:
             return False

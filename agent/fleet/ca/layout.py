@@ -79,7 +79,7 @@ class CaDir:
     @property
     def issued(self) -> Path:
         """The ledger of every device certificate issued and not long expired."""
-        return self.path / "issued.json"
+        return self.path / "issued.sqlite"
 
     @property
     def claims_key(self) -> Path:
