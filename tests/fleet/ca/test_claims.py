@@ -88,3 +88,14 @@ def test_an_expired_claim_is_claim_expired(tmp_path: Path) -> None:
 
 def test_a_certificate_of_the_claims_ca_without_a_claim_name_is_bad_claim(tmp_path: Path) -> None:
     assert refused_claim(tmp_path, "jet-1", datetime.timedelta(days=1)) == "bad_claim"
+
+
+def test_a_claim_of_another_fleet_is_bad_claim(tmp_path: Path) -> None:
+    ours, theirs = make_ca(tmp_path / "ours").ca, make_ca(tmp_path / "theirs").ca
+    bundle = make_claim(theirs.path, "batch-7", uses=5, days=14, out_dir=tmp_path / "their-claim")
+    # Same claims CA name, same claim name: only the signature tells them apart.
+    assert read_cert(theirs.claims_cert).subject == read_cert(ours.claims_cert).subject
+    signature = sign(bundle.key_file, REQUEST)
+    with pytest.raises(ClaimRefused) as caught:
+        verify_claim(bundle.cert_file.read_bytes(), signature, REQUEST, read_cert(ours.claims_cert))
+    assert caught.value.code == "bad_claim"
