@@ -56,3 +56,16 @@ def test_init_twice_and_a_claim_name_reused_are_refused_with_the_reason(
     assert fleet_ca(*claim) == 0
     assert fleet_ca(*claim) != 0
     assert "exists already" in capsys.readouterr().err
+
+
+def test_revoking_a_device_without_certificates_exits_1_and_says_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ca = tmp_path / "c"
+    assert fleet_ca("init", "--root-dir", tmp_path / "r", "--ca-dir", ca, "--broker-host", "b") == 0
+    capsys.readouterr()
+    assert main(["fleet", "devices", "revoke", "jet-none", "--ca-dir", str(ca)]) == 1
+    out = capsys.readouterr().out
+    assert "revoked none (no current certificate)" in out
+    assert "no local broker recorded" in out
+    assert main(["fleet", "devices", "revoke", "jet/bad", "--ca-dir", str(ca)]) != 0
