@@ -77,7 +77,9 @@ class EnrollmentBroker:
     _probes: list[Probe] = field(default_factory=list)
 
     @classmethod
-    def start(cls, workdir: Path) -> EnrollmentBroker:
+    def start(cls, workdir: Path, *, drop: tuple[str, ...] = ()) -> EnrollmentBroker:
+        """Make the CA and start mosquitto; ``drop``: config lines to leave out, to show what a
+        line protects against (never in a passing configuration test)."""
         etc, data = workdir / "etc", workdir / "data"
         etc.mkdir(parents=True)
         data.mkdir()
@@ -97,7 +99,8 @@ class EnrollmentBroker:
             capture_output=True,
         )
         broker = cls(workdir, done, free_port(), free_port(), free_port(), password)
-        text = CONF.read_text()
+        lines = CONF.read_text().splitlines(keepends=True)
+        text = "".join(line for line in lines if line.strip() not in drop)
         text = text.replace(CA_DIR, f"{done.ca.path}/").replace("/etc/mosquitto/", f"{etc}/")
         text = text.replace("/var/lib/mosquitto/", f"{data}/").replace(
             "/run/mosquitto/mosquitto.pid", str(pid_file)
