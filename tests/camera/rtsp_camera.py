@@ -66,7 +66,7 @@ class RtspCamera:
 
     ``user`` set: the camera asks for Basic credentials; its password is made here, at run time.
     ``protocols``: which RTP transports the camera offers. ``loss``: probability of dropping each RTP
-    packet. ``silent``: answers RTSP, then never sends a frame.
+    packet. ``silent``: answers RTSP (the stream's parameters are in its SDP), never sends a frame.
     """
 
     def __init__(
@@ -111,12 +111,10 @@ class RtspCamera:
             f"--fps={self.fps}",
             f"--gop={self.gop}",
             f"--protocols={self.protocols}",
-            f"--loss={self.loss}",
+            f"--loss={1.0 if self.silent else self.loss}",
         ]
         if self.user:
             argv.append(f"--user={self.user}")
-        if self.silent:
-            argv.append("--silent")
         env = {**os.environ, "RTSP_PASSWORD": self.password}
         self._ready.clear()
         self._process = subprocess.Popen(

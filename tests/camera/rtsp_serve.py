@@ -75,13 +75,9 @@ class Camera:
 
     def media_configure(self, _factory: Any, media: Any) -> None:
         appsrc = media.get_element().get_by_name("src")
-        state: dict[str, int | None] = {"n": None}
 
         def push() -> bool:
-            if self.args.silent and state["n"] is not None:
-                return True  # answered DESCRIBE with the first frame; never another
             n = round((time.monotonic() - self.started) * self.args.fps)
-            state["n"] = n
             data = frame_bytes(self.args.width, self.args.height, n, int(time.time() * 1000) % 2**BITS)
             return bool(appsrc.emit("push-buffer", Gst.Buffer.new_wrapped(data)) == Gst.FlowReturn.OK)
 
@@ -102,9 +98,13 @@ def main() -> None:
     parser.add_argument("--gop", type=int, default=10, help="Frames between keyframes.")
     parser.add_argument("--kbps", type=int, default=800)
     parser.add_argument("--protocols", choices=("tcp", "udp", "both"), default="both")
-    parser.add_argument("--loss", type=float, default=0.0, help="Probability of dropping each RTP packet.")
+    parser.add_argument(
+        "--loss",
+        type=float,
+        default=0.0,
+        help="Probability of dropping each RTP packet (1: answers, sends nothing).",
+    )
     parser.add_argument("--user", default="", help="Require this user (password in $RTSP_PASSWORD).")
-    parser.add_argument("--silent", action="store_true", help="Answer RTSP, then send no frame.")
     args = parser.parse_args()
 
     Gst.init(None)
