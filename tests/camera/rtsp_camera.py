@@ -64,7 +64,8 @@ def read_marks(image: npt.NDArray[np.uint8]) -> Marks:
 class RtspCamera:
     """One camera at ``rtsp://127.0.0.1:port/stream``; :meth:`restart` is a reboot on the same port.
 
-    ``user`` set: the camera asks for Basic credentials; its password is made here, at run time.
+    ``user`` set: the camera asks for Basic credentials (``digest``: Digest); its password is made
+    here, at run time.
     ``protocols``: which RTP transports the camera offers. ``loss``: probability of dropping each RTP
     packet. ``silent``: answers RTSP (the stream's parameters are in its SDP), never sends a frame.
     """
@@ -80,11 +81,12 @@ class RtspCamera:
         protocols: Literal["tcp", "udp", "both"] = "both",
         loss: float = 0.0,
         user: str = "",
+        digest: bool = False,
         silent: bool = False,
     ) -> None:
         self.codec, self.width, self.height, self.fps, self.gop = codec, width, height, fps, gop
         self.protocols, self.loss, self.silent = protocols, loss, silent
-        self.user = user
+        self.user, self.digest = user, digest
         self.password = secrets.token_urlsafe(12) if user else ""
         self.port = free_port()
         self.clients = 0  # RTSP connections accepted, over every start
@@ -115,6 +117,8 @@ class RtspCamera:
         ]
         if self.user:
             argv.append(f"--user={self.user}")
+        if self.digest:
+            argv.append("--digest")
         env = {**os.environ, "RTSP_PASSWORD": self.password}
         self._ready.clear()
         self._process = subprocess.Popen(

@@ -105,6 +105,7 @@ def main() -> None:
         help="Probability of dropping each RTP packet (1: answers, sends nothing).",
     )
     parser.add_argument("--user", default="", help="Require this user (password in $RTSP_PASSWORD).")
+    parser.add_argument("--digest", action="store_true", help="Ask for Digest credentials, not Basic.")
     args = parser.parse_args()
 
     Gst.init(None)
@@ -125,7 +126,12 @@ def main() -> None:
         auth = GstRtspServer.RTSPAuth()
         token = GstRtspServer.RTSPToken()
         token.set_string(GstRtspServer.RTSP_TOKEN_MEDIA_FACTORY_ROLE, "viewer")
-        auth.add_basic(GstRtspServer.RTSPAuth.make_basic(args.user, os.environ["RTSP_PASSWORD"]), token)
+        password = os.environ["RTSP_PASSWORD"]
+        if args.digest:
+            auth.set_supported_methods(GstRtsp.RTSPAuthMethod.DIGEST)
+            auth.add_digest(args.user, password, token)
+        else:
+            auth.add_basic(GstRtspServer.RTSPAuth.make_basic(args.user, password), token)
         server.set_auth(auth)
         factory.add_role_from_structure(
             Gst.Structure.new_from_string(

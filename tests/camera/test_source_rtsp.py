@@ -17,6 +17,8 @@ from typing import Any, Literal
 
 import pytest
 
+from agent.camera.drivers import missing_frames
+from agent.camera.drivers.rtsp_answer import describe_status
 from agent.camera.source import SourceState
 from agent.camera.source_spec import UrlSourceSpec
 from tests.camera.recorder import Recorder
@@ -179,8 +181,29 @@ def test_camera_asking_for_credentials_the_url_lacks_says_so(cameras: list[RtspC
     )
 
 
+@pytest.mark.parametrize("digest", [False, True], ids=["basic", "digest"])
+def test_the_camera_is_asked_why_with_basic_and_digest_credentials(
+    cameras: list[RtspCamera], digest: bool
+) -> None:
+    camera = _start(cameras, user="viewer", digest=digest)
+    assert describe_status(camera.url, 5) == 200
+    assert describe_status(camera.url_as("viewer", camera.password + "x"), 5) == 401
+    assert describe_status(f"rtsp://127.0.0.1:{camera.port}/stream", 5) == 401
+    assert describe_status(camera.url.replace("/stream", "/elsewhere"), 5) == 404
+    camera.stop()
+    assert describe_status(camera.url, 5) is None  # refused: nothing answers
+
+
+def test_missing_frames_between_two_timestamps() -> None:
+    assert missing_frames(0.04, 25) == 0
+    assert missing_frames(0.055, 25) == 0  # jitter under 1.5 intervals
+    assert missing_frames(0.12, 25) == 2
+    assert missing_frames(3.0, 25) == 74
+    assert missing_frames(1.0, 0) == 0
+
+
 def test_right_credentials_stream(cameras: list[RtspCamera]) -> None:
-    camera = _start(cameras, user="viewer")
+    camera = _start(cameras, user="viewer", digest=True)
     rec = _record("cam", camera.url)
     rec.wait_until("frames", lambda: rec.frame_count() >= 3)
     rec.stop()
