@@ -235,7 +235,8 @@ def test_camera_that_answers_but_never_sends_a_frame_is_retried_with_the_reason(
     rec.wait_until("two failed attempts", lambda: rec.count(S.RECONNECTING) >= 2)
     rec.stop()
     reasons = [e.reason for e in rec.events if e.new is S.RECONNECTING]
-    assert all("answers but sent no frame within 1 s of opening" in r for r in reasons)
+    assert all("answered but sent no frame after opening" in r for r in reasons)
+    assert all("stayed silent for 1 s, read_timeout_s" in r for r in reasons)
     assert rec.frames == []
     assert rec.count(S.STREAMING) == 0
 
@@ -255,8 +256,11 @@ def test_other_streams_never_stop_while_one_camera_fails(cameras: list[RtspCamer
     steady_rec.stop()
     failing_rec.stop()
     assert steady_rec.count(S.RECONNECTING) == 0
-    counters = [read_marks(f.image).counter for f in steady_rec.frames]
-    assert all(b - a <= 2 for a, b in itertools.pairwise(counters))  # no hole in the steady stream
+    assert steady_rec.source.stats()["gaps"] == 0
+    # In order and whole; the counter is the camera's clock, so a loaded machine may skip numbers.
+    marks = [read_marks(f.image) for f in steady_rec.frames]
+    assert all(m.intact for m in marks)
+    assert all(a.counter < b.counter for a, b in itertools.pairwise(marks))
 
 
 def _streamed_more(rec: Recorder, than: int) -> bool:
@@ -271,9 +275,9 @@ def _resources() -> tuple[int, int, int]:
 
 
 def test_memory_threads_and_descriptors_stay_flat_over_100_reconnects(cameras: list[RtspCamera]) -> None:
-    # 100 frames a second: FFmpeg's probe at open reads a fixed number of frames, so a fast camera
+    # 200 frames a second: FFmpeg's probe at open reads a fixed number of frames, so a fast camera
     # opens fast and 100 reconnects take seconds, not minutes.
-    camera = _start(cameras, protocols="tcp", width=128, height=96, fps=100, gop=5)
+    camera = _start(cameras, protocols="tcp", width=128, height=96, fps=200, gop=10)
     proxy = FreezableProxy("127.0.0.1", camera.port).start()
     rec = _record("cam", camera.url.replace(str(camera.port), str(proxy.port)), reconnect_min_s=0.01)
     try:

@@ -76,8 +76,9 @@ class UrlDriver(Driver[UrlSourceSpec]):
             shown, wait_s = redact(self.spec.url), self.spec.read_timeout_s
             if self._frames_since_open == 0:
                 raise SourceError(
-                    f"camera {shown} answers but sent no frame within {wait_s:g} s of opening "
-                    "(read_timeout_s): check that it is streaming, and its codec (H.264/H.265/MJPEG)"
+                    f"camera {shown} answered but sent no frame after opening (the stream ended or "
+                    f"stayed silent for {wait_s:g} s, read_timeout_s): check that it is streaming, "
+                    "and its codec (H.264/H.265/MJPEG)"
                 )
             raise SourceError(
                 f"camera stream {shown} ended or sent no frame for {wait_s:g} s (read_timeout_s)"
