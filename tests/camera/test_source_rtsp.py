@@ -30,12 +30,9 @@ S = SourceState
 pytestmark = pytest.mark.skipif(bool(rtsp_server_missing()), reason=str(rtsp_server_missing()))
 
 #: Fast reopen for tests; the defaults (0.5 s doubling to 30 s) are what docs/cameras.md states.
-FAST: dict[str, Any] = {
-    "reconnect_min_s": 0.05,
-    "reconnect_max_s": 0.5,
-    "open_timeout_s": 3,
-    "read_timeout_s": 1.5,
-}
+#: The open and read timeouts stay the defaults except where a test is about them: a loaded
+#: machine must not turn a slow frame into a reconnect the test did not cause.
+FAST: dict[str, Any] = {"reconnect_min_s": 0.05, "reconnect_max_s": 0.5}
 
 
 @pytest.fixture
@@ -162,7 +159,7 @@ def test_wrong_password_waits_the_longest_backoff_and_says_why_without_the_passw
     reopen = [e for e in rec.events if e.new is S.CONNECTING][1:]
     waits = [b.ts - a.ts for a, b in zip(failures, reopen, strict=False)]
     assert len(waits) >= 3
-    assert min(waits) >= 0.2
+    assert min(waits) >= 0.19  # 0.2 by the monotonic clock; the events carry wall-clock times
     # Each attempt is one FFmpeg connection and one DESCRIBE of ours asking why.
     assert camera.connections() <= 2 * (len(failures) + 1)
     logged = capsys.readouterr()

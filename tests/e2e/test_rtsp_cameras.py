@@ -1,6 +1,7 @@
 """End to end: the real daemon reading real RTSP cameras (gst-rtsp-server on loopback).
 
-One camera reboots while the other (H.265, with credentials) never stops; snapshots and shadow
+One camera reboots while the other (H.265, with credentials) never stops, and a third stream with
+a wrong password to that camera only fails, saying why; snapshots and shadow
 evidence frames are frames the RTSP camera sent, read back from the counter burnt into them.
 """
 
@@ -61,6 +62,11 @@ def test_a_camera_reboot_is_a_gap_in_one_stream_while_the_other_serves_and_snaps
     config = files.write_config(stream={"source": _rtsp(rebooting.url), "drop_policy": "keep_newest"})
     config_doc = yaml.safe_load(config.read_text())
     config_doc["streams"]["locked"] = {**config_doc["streams"]["cam"], "source": _rtsp(locked.url)}
+    wrong_password = locked.password[::-1]
+    config_doc["streams"]["refused"] = {
+        **config_doc["streams"]["cam"],
+        "source": _rtsp(locked.url_as("viewer", wrong_password)),
+    }
     config.write_text(yaml.safe_dump(config_doc))
     topics = Topics("fleet/v1", device_id)
     daemon = Daemon(config, tmp_path / "agent.log")
@@ -107,8 +113,15 @@ def test_a_camera_reboot_is_a_gap_in_one_stream_while_the_other_serves_and_snaps
     marks = read_marks(_image(snapshot.jpeg))
     assert marks.intact
     assert marks.counter > 0
-    # The camera's password never reaches the log.
+    # A refused password says so, and no password reaches the log.
+    assert last["stream.refused.source.open_failures"] >= 1
+    assert last["stream.refused.source.frames"] == 0
+    refused = [
+        e for e in daemon.events() if e.get("event") == "camera.source.failed" and e["stream"] == "refused"
+    ]
+    assert all("refused the credentials (401 Unauthorized)" in e["reason"] for e in refused)
     assert locked.password not in daemon.log()
+    assert wrong_password not in daemon.log()
 
 
 def test_shadow_evidence_frames_come_from_the_rtsp_camera(
