@@ -7,6 +7,7 @@ its number since the camera started and the wall-clock millisecond it was made (
 
 from __future__ import annotations
 
+import functools
 import os
 import secrets
 import subprocess
@@ -26,6 +27,7 @@ SERVE = Path(__file__).with_name("rtsp_serve.py")
 BITS, ROWS = 32, 3
 
 
+@functools.cache
 def rtsp_server_missing() -> str | None:
     """Why no RTSP camera can be started here, or None when it can."""
     probe = "import gi; gi.require_version('GstRtspServer', '1.0'); from gi.repository import GstRtspServer"
