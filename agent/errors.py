@@ -96,3 +96,7 @@ class SourceError(AgentError):
     """A camera source could not be opened or read."""
 
     code = "source_failed"
+
+
+class CredentialsRejectedError(SourceError):
+    """The camera refused the credentials: retrying soon only counts towards the camera's lockout."""

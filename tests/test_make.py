@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.camera.rtsp_camera import rtsp_server_missing
 from tests.waiting import patient
 
 REPO = Path(__file__).resolve().parents[1]
@@ -24,6 +25,11 @@ TEST_ONLY = {
     "prometheus",
     "prometheus-alertmanager",
     "chromium",
+    "gstreamer1.0-plugins-ugly",
+    "gstreamer1.0-plugins-bad",
+    "ffmpeg",
+    "python3-gi",
+    "gir1.2-gst-rtsp-server-1.0",
     "nginx",
 }
 
@@ -133,6 +139,11 @@ def test_the_demo_plan_never_holds_a_test_tool_and_the_test_plan_does(tmp_path: 
         "prometheus",
         "prometheus-alertmanager",
     }
+    # The RTSP test cameras: encoders looked up through gst-inspect-1.0 and ffmpeg on PATH (missing
+    # here), gst-rtsp-server through the system python3 at its absolute path.
+    expected |= {"gstreamer1.0-plugins-ugly", "gstreamer1.0-plugins-bad", "ffmpeg"}
+    if rtsp_server_missing() is not None:
+        expected |= {"python3-gi", "gir1.2-gst-rtsp-server-1.0"}
     if not os.access("/usr/bin/chromium", os.X_OK):
         expected.add("chromium")
     if not os.access("/usr/sbin/nginx", os.X_OK):

@@ -11,8 +11,11 @@ States and the only transitions allowed between them (:data:`ALLOWED`)::
 Every change is checked against the table under a lock and emitted as a :class:`SourceEvent`.
 Camera trouble never raises out of :meth:`VideoSource.frames`: it becomes RECONNECTING with the
 reason in the event and in the ``camera.source.failed`` log line, and the source is reopened after
-an exponential backoff with jitter. Frame indices count from 0 for the whole life of the source,
-across loops and reconnects.
+an exponential backoff with jitter (a camera that refused the credentials waits the longest delay
+at once: cameras lock accounts out after repeated failed logins). Frame indices count from 0 for
+the whole life of the source, across loops and reconnects, one per frame delivered; what a
+reconnect missed is a :class:`StreamGap`, logged as ``camera.source.gap``, told in the reason of
+the STREAMING event that ends it, and counted in :meth:`VideoSource.stats`.
 """
 
 from __future__ import annotations
@@ -27,10 +30,10 @@ from typing import Any, TypeVar
 
 import structlog
 
-from agent.camera.drivers import Driver, driver_for, read_timeout_s
+from agent.camera.drivers import Driver, driver_for, missing_frames, read_timeout_s
 from agent.camera.frame import Frame
 from agent.camera.source_spec import SourceSpec
-from agent.errors import SourceError
+from agent.errors import CredentialsRejectedError, SourceError
 from agent.transitions import TransitionTable
 from agent.watchdog.liveness import CallWatch, OpenCall
 
@@ -76,6 +79,8 @@ ALLOWED = TransitionTable(
 STATE_CODES: dict[SourceState, int] = {state: code for code, state in enumerate(SourceState)}
 
 _TERMINAL = ALLOWED.terminal
+#: A backoff step far enough that :func:`backoff_delay` is at ``reconnect_max_s``.
+_LONGEST_STEP = 64
 
 
 def check_transition(old: SourceState, new: SourceState) -> None:
@@ -105,6 +110,20 @@ class SourceEvent:
     new: SourceState
     reason: str
     ts: float
+
+
+@dataclass(frozen=True)
+class StreamGap:
+    """Time without frames across a reconnect: frames ``last_index`` and ``last_index + 1`` are
+    ``seconds`` apart, in which the camera sent about ``frames_missed`` frames (None: its rate unknown)."""
+
+    last_index: int
+    seconds: float
+    frames_missed: int | None
+
+    def describe(self) -> str:
+        missed = "" if self.frames_missed is None else f", ~{self.frames_missed} frames missed"
+        return f"{self.seconds:.2f} s without frames after frame {self.last_index}{missed}"
 
 
 class _ClosedError(Exception):
@@ -144,6 +163,12 @@ class VideoSource:
         self._reconnects = 0
         self._read_failures = 0
         self._open_failures = 0
+        self._last_frame_mono: float | None = None
+        self._gaps = 0
+        self._gap_s = 0.0
+        self._gap_frames_missed = 0
+        self._last_gap: StreamGap | None = None
+        self._last_error: str | None = None
         self._rng = random.Random()
 
     # -- public API ---------------------------------------------------------------------------
@@ -202,7 +227,11 @@ class VideoSource:
         """Counters for telemetry.
 
         ``frames``: frames yielded; ``reconnects``: times the source entered RECONNECTING;
-        ``read_failures`` / ``open_failures``: failed reads / opens; ``state``: :data:`STATE_CODES`.
+        ``read_failures`` / ``open_failures``: failed reads / opens; ``state``: :data:`STATE_CODES`;
+        ``gaps`` / ``gap_s``: reconnects after which frames came again, and the seconds without
+        frames they cost; ``frames_missed``: frames the camera sent that never arrived (estimated
+        over those gaps from the camera's rate, plus jumps in the stream's own timestamps where the
+        driver can see them).
         """
         with self._lock:
             return {
@@ -211,7 +240,22 @@ class VideoSource:
                 "read_failures": float(self._read_failures),
                 "open_failures": float(self._open_failures),
                 "state": float(STATE_CODES[self._state]),
+                "gaps": float(self._gaps),
+                "gap_s": round(self._gap_s, 3),
+                "frames_missed": float(self._gap_frames_missed + self._driver.frames_missing),
             }
+
+    @property
+    def last_error(self) -> str | None:
+        """Why the source last failed (credentials already stripped by the driver), None if never."""
+        with self._lock:
+            return self._last_error
+
+    @property
+    def last_gap(self) -> StreamGap | None:
+        """The latest time without frames across a reconnect, None if frames never stopped."""
+        with self._lock:
+            return self._last_gap
 
     def close(self) -> None:
         """Stop the source and release the driver. Idempotent; safe from any thread."""
@@ -273,7 +317,9 @@ class VideoSource:
                 if first:
                     first = False
                     attempt = 0
-                    if not self._advance(SourceState.STREAMING, "first frame after open"):
+                    gap = self._record_gap(captured_mono)
+                    reason = "first frame after open" + (f": {gap.describe()}" if gap else "")
+                    if not self._advance(SourceState.STREAMING, reason):
                         return
                 frame = Frame(
                     stream=self.stream,
@@ -286,12 +332,40 @@ class VideoSource:
                 with self._lock:
                     self._index += 1
                     self._frames += 1
+                    self._last_frame_mono = captured_mono
                 yield frame
+
+    def _record_gap(self, resumed_mono: float) -> StreamGap | None:
+        """The gap a reopen ends (None on the first open), counted and logged."""
+        with self._lock:
+            if self._last_frame_mono is None:
+                return None
+            seconds = resumed_mono - self._last_frame_mono
+            fps = self._driver.nominal_fps
+            missed = missing_frames(seconds, fps) if fps else None
+            gap = StreamGap(last_index=self._index - 1, seconds=seconds, frames_missed=missed)
+            self._gaps += 1
+            self._gap_s += seconds
+            self._gap_frames_missed += missed or 0
+            self._last_gap = gap
+        log.warning(
+            "camera.source.gap",
+            stream=self.stream,
+            last_index=gap.last_index,
+            resumed_index=gap.last_index + 1,
+            gap_s=round(seconds, 3),
+            frames_missed=missed,
+        )
+        return gap
 
     def _back_off(self, stop: threading.Event, attempt: int, phase: str, exc: Exception) -> bool:
         """Enter RECONNECTING, release the driver, wait, enter CONNECTING. False: stop instead."""
         reason = str(exc) or type(exc).__name__
-        delay = backoff_delay(attempt, self.spec.reconnect_min_s, self.spec.reconnect_max_s, self._rng)
+        # Refused credentials do not get better by retrying soon: wait as long as the backoff goes.
+        step = _LONGEST_STEP if isinstance(exc, CredentialsRejectedError) else attempt
+        delay = backoff_delay(step, self.spec.reconnect_min_s, self.spec.reconnect_max_s, self._rng)
+        with self._lock:
+            self._last_error = reason
         log.warning(
             "camera.source.failed",
             stream=self.stream,

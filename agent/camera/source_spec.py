@@ -54,6 +54,16 @@ class UrlSourceSpec(_Reconnect):
         description="FFmpeg decoder threads; 0 = FFmpeg's default (one per core). 1 spends the least "
         "CPU per frame on streams up to 1080p, where one thread keeps up.",
     )
+    open_timeout_s: float = Field(
+        10.0, gt=0, le=120, description="Longest wait for the camera to answer and send a playable stream."
+    )
+    read_timeout_s: float = Field(
+        5.0,
+        gt=0,
+        le=120,
+        description="Longest wait for one frame before the stream counts as stalled and is reopened "
+        "(covers a camera whose socket stays open but sends nothing). Keep it above two frame intervals.",
+    )
 
 
 class CsiCamera(StrictModel):

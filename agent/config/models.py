@@ -152,7 +152,8 @@ class WatchdogConfig(StrictModel):
         description=(
             "A camera driver call (open/read/close) or an inference call still running after this "
             "many seconds withholds the watchdog ping. Keep it above the drivers' own timeouts "
-            "(10 s: URL open, first GStreamer frame) and above the slowest inference of a batch."
+            "(a URL source's open_timeout_s, 10 s, plus 3 s asking a camera that did not open why; "
+            "10 s for a first GStreamer frame) and above the slowest inference of a batch."
         ),
     )
 

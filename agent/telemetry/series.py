@@ -106,10 +106,16 @@ RULES: tuple[Rule, ...] = (
     ),
     _rule(r"stream\.{s}\.source\.state", "stream_source_state", "gauge", "Camera source state code."),
     _rule(
-        r"stream\.{s}\.source\.(?P<event>frames|reconnects|read_failures|open_failures)",
+        r"stream\.{s}\.source\.(?P<event>frames|reconnects|read_failures|open_failures|gaps|frames_missed)",
         "stream_source_events_total",
         "counter",
-        "Camera source counters (frames read, reconnects, failures).",
+        "Camera source counters (frames read, reconnects, failures, gaps after a reconnect, frames missed).",
+    ),
+    _rule(
+        r"stream\.{s}\.source\.gap_s",
+        "stream_source_gap_seconds_total",
+        "counter",
+        "Seconds without frames across the camera source's reconnects.",
     ),
     # -- model slots --
     _rule(

@@ -112,6 +112,9 @@ def test_event_sequence_of_a_finite_stream_and_stats() -> None:
         "read_failures": 0.0,
         "open_failures": 0.0,
         "state": float(STATE_CODES[S.ENDED]),
+        "gaps": 0.0,
+        "gap_s": 0.0,
+        "frames_missed": 0.0,
     }
     rec.source.close()  # after ENDED: idempotent, the state stays ENDED
     assert rec.source.state is S.ENDED

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 
 from agent.camera.drivers.url import redact
 from agent.camera.source import SourceState
@@ -74,3 +77,14 @@ def test_unsupported_scheme_is_reported() -> None:
 def test_credentials_are_redacted() -> None:
     assert redact("rtsp://admin:secret@10.0.0.5:554/live") == "rtsp://***@10.0.0.5:554/live"
     assert redact("http://10.0.0.5/mjpg") == "http://10.0.0.5/mjpg"
+
+
+def test_the_documented_url_source_is_accepted_with_its_defaults() -> None:
+    text = (Path(__file__).parents[2] / "docs" / "cameras.md").read_text()
+    section = text.split("## `url`: a network camera", 1)[1]
+    block = re.search(r"```yaml\n(.*?)```", section, re.S)
+    assert block is not None
+    spec = UrlSourceSpec.model_validate(yaml.safe_load(block.group(1))["source"])
+    defaults = make(UrlSourceSpec, url=spec.url)
+    assert (spec.open_timeout_s, spec.read_timeout_s) == (defaults.open_timeout_s, defaults.read_timeout_s)
+    assert spec.decode_threads == defaults.decode_threads

@@ -21,8 +21,8 @@ from agent.mqtt.wake import CoalescedWake
 from agent.protocol.messages import StatusMessage, decode
 from agent.spool.queue import Spool
 from tests.mqtt.conftest import LinkFactory, fast_settings
-from tests.mqtt.tcp_proxy import FreezableProxy
 from tests.mqtt_probe import Probe, Received
+from tests.tcp_proxy import FreezableProxy
 from tests.waiting import patient, wait_until
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from agent.camera.drivers.base import Driver, Image, read_timeout_s
+from agent.camera.drivers.base import Driver, Image, missing_frames, read_timeout_s
 from agent.camera.drivers.file import FileDriver
 from agent.camera.drivers.gstreamer import GStreamerDriver
 from agent.camera.drivers.synthetic import SyntheticDriver
@@ -32,4 +32,4 @@ def driver_for(spec: SourceSpec) -> Driver[Any]:
     return cls(spec)
 
 
-__all__ = ["DRIVERS", "Driver", "Image", "driver_for", "read_timeout_s"]
+__all__ = ["DRIVERS", "Driver", "Image", "driver_for", "missing_frames", "read_timeout_s"]

@@ -39,6 +39,16 @@ def read_timeout_s(nominal_fps: float | None) -> float:
     return max(MIN_READ_TIMEOUT_S, 2.0 / nominal_fps)
 
 
+def missing_frames(step_s: float, fps: float) -> int:
+    """Frames missing between two frames ``step_s`` apart in a stream of ``fps`` (pure).
+
+    A step up to 1.5 frame intervals is the next frame: cameras' clocks jitter.
+    """
+    if fps <= 0 or step_s <= 1.5 / fps:
+        return 0
+    return max(0, round(step_s * fps) - 1)
+
+
 def as_bgr(image: npt.NDArray[np.uint8]) -> Image:
     """Return ``image`` as a contiguous H x W x 3 uint8 BGR array (gray and BGRA are converted)."""
     if image.dtype != np.uint8:
@@ -70,6 +80,9 @@ class Driver(ABC, Generic[SpecT]):
         self.native_size: tuple[int, int] | None = None
         #: Buffers the driver decodes into again once no stage holds them (:mod:`agent.camera.frame_pool`).
         self.buffers = FramePool()
+        #: Frames the source sent that never arrived while open (a jump in its frame timestamps), for
+        #: drivers that can tell; over the driver's life, across reopens.
+        self.frames_missing = 0
 
     @property
     def pace_fps(self) -> float | None:

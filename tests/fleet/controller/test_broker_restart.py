@@ -30,7 +30,7 @@ from tests.fleet.controller.test_lease import Child, _config_file, _spawn
 from tests.fleet.controller.test_process import _request, _start, _status
 from tests.fleet.operator_side import operator_settings, unique_prefix
 from tests.fleetsim.sim_fleet import SimFleet
-from tests.mqtt.tcp_proxy import FreezableProxy
+from tests.tcp_proxy import FreezableProxy
 from tests.waiting import patient, wait_until
 
 #: Shadow and probation as operators run them (the rollout's defaults ask for neither).

@@ -28,7 +28,7 @@ models = base.models
 
 #: The heartbeat bound the agent uses; these tests are about calls, not about an idle loop.
 STALE_S = 10.0
-#: Far below FFmpeg's own 5 s read timeout (agent.camera.drivers.url.READ_TIMEOUT_S), so the read is
+#: Far below FFmpeg's own 5 s read timeout (UrlSourceSpec.read_timeout_s's default), so the read is
 #: seen blocked for seconds before FFmpeg gives up on it.
 BOUND_S = 0.5
 

@@ -1,8 +1,9 @@
-"""A TCP proxy on loopback that can freeze its connections: a half-open link without iptables.
+"""A TCP proxy on loopback that can freeze or cut its connections: link faults without iptables.
 
 Frozen connections stay open at both ends but carry no byte in either direction, which is what a
-pulled cable or a dead NAT entry looks like to both peers. Connections accepted after the freeze
-pass normally, so a client that notices and reconnects gets through.
+pulled cable, a dead NAT entry or a camera whose encoder hung looks like to both peers. Cut
+connections are closed at both ends at once. Connections accepted afterwards pass normally, so a
+client that notices and reconnects gets through. Used for MQTT links and RTSP cameras alike.
 """
 
 from __future__ import annotations
@@ -36,6 +37,15 @@ class FreezableProxy:
     def freeze(self) -> None:
         with self._lock:
             self._frozen_below = self._generation
+
+    def cut(self) -> None:
+        """Close every connection open now, at both ends."""
+        with self._lock:
+            sockets, self._sockets = self._sockets, []
+        for s in sockets:
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+            s.close()
 
     def _accept(self) -> None:
         while not self._closed.is_set():
