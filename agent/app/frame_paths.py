@@ -16,7 +16,7 @@ import numpy.typing as npt
 import structlog
 
 from agent.camera.gst_pipelines import scaled_for
-from agent.camera.source import VideoSource
+from agent.camera.source import SourceEvent, SourceReport, VideoSource
 from agent.config import AgentConfig
 from agent.machine.cpus import usable_cpus
 from agent.mqtt.link import MqttLink
@@ -62,6 +62,8 @@ class FramePaths:
         self._built = threading.Event()
         #: Publishes the opt-in samples for retraining (None: no slot samples).
         self.samples: SamplePublisher | None = None
+        #: Set when a camera source changed state: the composition root republishes ``up/info``.
+        self.cameras_changed = threading.Event()
 
     def layout(self, slot: str, model_ms: float | None = None, engines: int | None = None) -> Layout:
         """Slot ``slot``'s layout on this machine's CPUs (given its model's run time, when known)."""
@@ -88,7 +90,9 @@ class FramePaths:
                 # A camera pipeline scales frames to this slot's input before they reach the CPU.
                 model = slot.current
                 preprocess = model.preprocess if model else self.config.slots[slot_name].preprocess
-                source = VideoSource(stream_name, scaled_for(stream.source, preprocess))
+                source = VideoSource(
+                    stream_name, scaled_for(stream.source, preprocess), on_event=self._camera_changed
+                )
                 policy = stream.drop_policy
                 if policy == "auto":
                     policy = "keep_newest" if source.is_live else "process_all"
@@ -106,6 +110,9 @@ class FramePaths:
                     )
                 )
                 self.metrics.rate(f"stream.{stream_name}.fps", f"stream.{stream_name}.frames_published")
+                self.metrics.rate(
+                    f"stream.{stream_name}.capture_fps", f"stream.{stream_name}.frames_captured"
+                )
                 self.metrics.add_collector(source.stats, prefix=f"stream.{stream_name}.source")
             if plans:
                 slot_config = self.config.slots[slot_name]
@@ -163,7 +170,15 @@ class FramePaths:
         publisher.start()
         return publisher
 
+    def _camera_changed(self, _event: SourceEvent) -> None:
+        # Called under the source's lock: only flags (the event itself is logged by the source).
+        self.cameras_changed.set()
+
     # -- what the rest of the agent asks of them ------------------------------------------------
+
+    def cameras(self) -> dict[str, SourceReport]:
+        """Every running stream's camera source, by stream name (up/info's ``cameras``)."""
+        return {plan.name: plan.source.report() for p in self.pipelines for plan in p.streams}
 
     def pipeline(self, slot: str) -> SlotPipeline | None:
         """Slot ``slot``'s pipeline (None: no streams, or not built yet)."""

@@ -62,6 +62,9 @@ INITIAL_LOAD_BUDGET_S = 300.0
 #: for a few microseconds after each call; behind a publisher running Python they could wait up to
 #: the full interval (docs/benchmarks.md, "Frame path").
 GIL_SWITCH_INTERVAL_S = 0.001
+#: Shortest gap between two ``up/info`` republished because a camera changed state: a camera in a
+#: reconnect loop changes state every few seconds, and each info is a retained message.
+CAMERA_INFO_GAP_S = 5.0
 
 
 class Agent:
@@ -237,10 +240,17 @@ class Agent:
 
     def run_forever(self) -> None:
         """Serve until the stop event; reloads run here, on the main thread."""
+        camera_info_at = 0.0
         while not self.stop_event.wait(0.2):
             if self.reload_event.is_set():
                 self.reload_event.clear()
                 self.reload()
+            cameras = self.frames.cameras_changed
+            if cameras.is_set() and time.monotonic() - camera_info_at >= CAMERA_INFO_GAP_S:
+                cameras.clear()
+                camera_info_at = time.monotonic()
+                if self.link.connected:
+                    self.reports.publish_info()
 
     # -- reload ------------------------------------------------------------------------------
 

@@ -28,6 +28,7 @@ from typing import Any, TypeVar
 import structlog
 
 from agent.camera.drivers import Driver, driver_for, read_timeout_s
+from agent.camera.drivers.url import redact
 from agent.camera.frame import Frame
 from agent.camera.source_spec import SourceSpec
 from agent.errors import SourceError
@@ -43,6 +44,8 @@ T = TypeVar("T")
 CLOSE_WAIT_S = 15.0
 #: Granularity at which a wait notices close() (the stop event itself is noticed at once).
 _CLOSE_POLL_S = 0.1
+#: Longest failure reason a source keeps for its reports (an FFmpeg message can run long).
+MAX_ERROR_CHARS = 300
 
 
 class SourceState(str, Enum):
@@ -107,6 +110,25 @@ class SourceEvent:
     ts: float
 
 
+@dataclass(frozen=True)
+class SourceReport:
+    """What an operator is shown of one source (``up/info``'s ``cameras``): its state since when, its
+    counters, and its last failure, credentials stripped and cut to :data:`MAX_ERROR_CHARS`."""
+
+    state: SourceState
+    since: float
+    frames: int
+    reconnects: int
+    last_error: str | None
+    last_error_at: float | None
+
+
+def failure_reason(exc: BaseException) -> str:
+    """What an operator is told of a failure: the message without ``user:password@``, cut short."""
+    text = redact(str(exc) or type(exc).__name__)
+    return text if len(text) <= MAX_ERROR_CHARS else text[: MAX_ERROR_CHARS - 3] + "..."
+
+
 class _ClosedError(Exception):
     """close() was called: the iterating thread must stop touching the driver."""
 
@@ -145,6 +167,11 @@ class VideoSource:
         self._read_failures = 0
         self._open_failures = 0
         self._rng = random.Random()
+        self._since = time.time()
+        self._created_mono = time.monotonic()
+        self._last_frame_mono: float | None = None
+        self._last_error: str | None = None
+        self._last_error_at: float | None = None
 
     # -- public API ---------------------------------------------------------------------------
 
@@ -202,16 +229,31 @@ class VideoSource:
         """Counters for telemetry.
 
         ``frames``: frames yielded; ``reconnects``: times the source entered RECONNECTING;
-        ``read_failures`` / ``open_failures``: failed reads / opens; ``state``: :data:`STATE_CODES`.
+        ``read_failures`` / ``open_failures``: failed reads / opens; ``state``: :data:`STATE_CODES`;
+        ``last_frame_age_s``: seconds since the last frame (since the source was made, before the first).
         """
         with self._lock:
+            last = self._created_mono if self._last_frame_mono is None else self._last_frame_mono
             return {
                 "frames": float(self._frames),
                 "reconnects": float(self._reconnects),
                 "read_failures": float(self._read_failures),
                 "open_failures": float(self._open_failures),
                 "state": float(STATE_CODES[self._state]),
+                "last_frame_age_s": round(max(0.0, time.monotonic() - last), 3),
             }
+
+    def report(self) -> SourceReport:
+        """The source as an operator is shown it (:class:`SourceReport`)."""
+        with self._lock:
+            return SourceReport(
+                state=self._state,
+                since=self._since,
+                frames=self._frames,
+                reconnects=self._reconnects,
+                last_error=self._last_error,
+                last_error_at=self._last_error_at,
+            )
 
     def close(self) -> None:
         """Stop the source and release the driver. Idempotent; safe from any thread."""
@@ -286,11 +328,14 @@ class VideoSource:
                 with self._lock:
                     self._index += 1
                     self._frames += 1
+                    self._last_frame_mono = captured_mono
                 yield frame
 
     def _back_off(self, stop: threading.Event, attempt: int, phase: str, exc: Exception) -> bool:
         """Enter RECONNECTING, release the driver, wait, enter CONNECTING. False: stop instead."""
-        reason = str(exc) or type(exc).__name__
+        reason = failure_reason(exc)
+        with self._lock:
+            self._last_error, self._last_error_at = reason, time.time()
         delay = backoff_delay(attempt, self.spec.reconnect_min_s, self.spec.reconnect_max_s, self._rng)
         log.warning(
             "camera.source.failed",
@@ -365,7 +410,8 @@ class VideoSource:
         old = self._state
         check_transition(old, new)
         self._state = new
-        event = SourceEvent(stream=self.stream, old=old, new=new, reason=reason, ts=time.time())
+        self._since = time.time()
+        event = SourceEvent(stream=self.stream, old=old, new=new, reason=reason, ts=self._since)
         log.info("camera.source.state", stream=self.stream, old=old.value, new=new.value, reason=reason)
         if self._on_event is not None:
             try:
