@@ -30,6 +30,7 @@ import structlog
 from agent.camera.drivers import Driver, driver_for, read_timeout_s
 from agent.camera.drivers.url import redact
 from agent.camera.frame import Frame
+from agent.camera.frame_pool import Allocator
 from agent.camera.source_spec import SourceSpec
 from agent.errors import SourceError
 from agent.transitions import TransitionTable
@@ -216,6 +217,11 @@ class VideoSource:
             # close() from another thread sets _closed before it takes the driver: the reading thread
             # may see it first and end the loop, and the stop then still says it came from close().
             self._release(reason or ("closed" if self._closed else "stop requested"))
+
+    def decode_into(self, allocate: Allocator | None) -> None:
+        """Decode frames into buffers ``allocate`` makes (page-locked memory for the GPU path; None:
+        the decoder's own arrays). Call it from the thread that iterates :meth:`frames`."""
+        self._driver.buffers.allocate_with(allocate)
 
     def driver_call(self) -> OpenCall | None:
         """The driver call (``open``, ``read``, ``close``) in progress now, and for how long.

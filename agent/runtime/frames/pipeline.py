@@ -227,9 +227,11 @@ class SlotPipeline:
                     continue
                 t0 = time.perf_counter()
                 tensor: npt.NDArray[Any] | None
-                if model.preprocessed_on_gpu:
+                if model.gpu_preprocessor is not None and model.preprocessed_on_gpu:
                     # Left to the inference worker, which uploads the frame as decoded and fills the
                     # engine's input on the GPU: the CPU never touches the full-size pixels again.
+                    # The next frames are decoded into page-locked memory, uploaded without a copy.
+                    plan.source.decode_into(model.gpu_preprocessor.pinned.empty)
                     height, width = frame.image.shape[:2]
                     tensor, letterbox = None, resize_fit(width, height, model.preprocess).letterbox
                 else:
