@@ -48,6 +48,15 @@ if [ "$target" = test ]; then
   command -v gst-launch-1.0 >/dev/null 2>&1 \
     || want "gst-launch-1.0: the GStreamer camera source is tested as a real subprocess" \
       gstreamer1.0-tools gstreamer1.0-plugins-base gstreamer1.0-plugins-good
+  /usr/bin/python3 -c 'import gi; gi.require_version("GstRtspServer", "1.0")' >/dev/null 2>&1 \
+    || want "the RTSP camera tests run gst-rtsp-server under the system python3 (tests/camera/rtsp_serve.py)" \
+      python3-gi gir1.2-gst-rtsp-server-1.0
+  gst-inspect-1.0 x264enc >/dev/null 2>&1 \
+    || want "x264enc: the test RTSP cameras encode H.264 live" gstreamer1.0-plugins-ugly
+  gst-inspect-1.0 x265enc >/dev/null 2>&1 \
+    || want "x265enc: the test RTSP cameras encode H.265 live" gstreamer1.0-plugins-bad
+  command -v ffmpeg >/dev/null 2>&1 \
+    || want "bench/cameras.py compares the agent's decode CPU with \`ffmpeg -i URL -f null -\`" ffmpeg
   command -v prometheus >/dev/null 2>&1 \
     || want "the metrics tests scrape /metrics and run the dashboard's queries on a real Prometheus" prometheus
   command -v prometheus-alertmanager >/dev/null 2>&1 \
@@ -103,9 +112,11 @@ if command -v apt-get >/dev/null 2>&1; then
   fi
 elif command -v dnf >/dev/null 2>&1; then
   # Fedora names; dnf never starts or enables a package's service. Alertmanager: no Fedora name was
-  # checked here (its test skips without it).
+  # checked here (its test skips without it), nor for the RTSP test cameras' packages (their tests skip).
   declare -A fedora=([python3-venv]="" [mosquitto]=mosquitto [gstreamer1.0-tools]=gstreamer1
     [gstreamer1.0-plugins-base]=gstreamer1-plugins-base [gstreamer1.0-plugins-good]=gstreamer1-plugins-good
+    [python3-gi]="" [gir1.2-gst-rtsp-server-1.0]="" [gstreamer1.0-plugins-ugly]="" [gstreamer1.0-plugins-bad]=""
+    [ffmpeg]=""
     [prometheus]=golang-github-prometheus
     [prometheus-alertmanager]="" [chromium]=chromium [nginx]=nginx)
   names=()
