@@ -10,30 +10,20 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from playwright.sync_api import Browser, Page
+from playwright.sync_api import Page
 
 from agent.demo.broker import Broker
-from tests.fleet.console import test_browser
+from tests.fleet.console import test_browser, test_browser_figures
 from tests.fleet.console.test_browser import TOKEN, Console, _serve
 from tests.fleet.console_rig import DOCK_ERROR, fleet_messages, telemetry
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 
-#: test_browser.py's Chromium, one per module.
+#: test_browser.py's Chromium, one per module, and test_browser_figures.py's page (a script error
+#: fails the test).
 browser = test_browser.browser
-
-
-@pytest.fixture
-def page(browser: Browser) -> Iterator[Page]:
-    """A page whose script errors fail the test."""
-    context = browser.new_context(viewport={"width": 1280, "height": 900})
-    p = context.new_page()
-    errors: list[str] = []
-    p.on("pageerror", lambda exc: errors.append(str(exc)))
-    yield p
-    context.close()
-    assert errors == []
+page = test_browser_figures.page
 
 
 @pytest.fixture
