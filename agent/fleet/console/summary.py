@@ -18,7 +18,7 @@ from typing import Any
 
 from agent.fleet.devices.selector import DeviceFacts, Selector, SelectorError, parse_selector
 from agent.fleet.view.build_note import build_note
-from agent.fleet.view.cameras import camera_rows
+from agent.fleet.view.cameras import camera_down, camera_rows
 from agent.fleet.view.chart_history import CHARTED, TelemetryPoint, chart_figures
 from agent.fleet.view.device_record import JobSeen
 from agent.fleet.view.live import DeviceState
@@ -106,6 +106,8 @@ def device_row(device: DeviceState) -> dict[str, Any]:
         "p99_ms": figures["p99_ms"],
         "cpu": device.telemetry.get("cpu.percent"),
         "temp_c": figures["temp_c"],
+        "cameras": len(device.cameras),
+        "cameras_down": sum(camera_down(camera) for camera in device.cameras.values()),
         "job": None if last is None else {"slot": last.slot, "state": last.state, "code": last.error_code},
         "problems": len(device.problems),
     }

@@ -94,3 +94,17 @@ def test_the_device_page_lists_each_camera_with_its_state_figures_and_last_error
     assert dock[2:5] == ["0.0", "2m 12s ago", "14"]
     assert dock[5].startswith(DOCK_ERROR + " (2m")
     assert down == [rows[1]]
+
+
+def test_the_devices_table_counts_each_devices_cameras_and_the_ones_down(
+    console: Console, page: Page
+) -> None:
+    console.publish(list(fleet_messages(console.prefix, ["jet-00"])))
+    wait_until(lambda: len(console.view.history("jet-00")) == 1, what="one telemetry point")
+
+    page.goto(console.server.url + "/")
+    page.wait_for_selector('#devices tr[data-device="jet-00"]')
+    cell = page.locator('#devices tr[data-device="jet-00"] td.cameras')
+
+    assert cell.inner_text() == "1 of 2 down"
+    assert "error" in (cell.get_attribute("class") or "")

@@ -109,7 +109,7 @@ function listen(query, handlers) {
 
 // -- devices ---------------------------------------------------------------------------------------
 
-const COLUMNS = ["Device", "State", "Agent", "Models", "FPS", "p99 ms", "CPU %", "Temp °C", "Last job", "Labels"];
+const COLUMNS = ["Device", "State", "Agent", "Models", "Cameras", "FPS", "p99 ms", "CPU %", "Temp °C", "Last job", "Labels"];
 
 function deviceRow(row) {
   const models = Object.entries(row.models).map(([slot, model]) => slot + "=" + model).join(" ");
@@ -123,6 +123,9 @@ function deviceRow(row) {
     el("td", { className: "id" }, link), status,
     el("td", {}, row.agent),
     el("td", { className: "models" }, models || "-"),
+    // How many cameras the device reads, and how many deliver no frames (its up/info's states).
+    el("td", { className: "cameras num" + (row.cameras_down ? " error" : "") },
+      row.cameras ? (row.cameras_down ? row.cameras_down + " of " + row.cameras + " down" : String(row.cameras)) : "-"),
     el("td", { ...figure, className: figure.className + " fps" }, num(row.fps)),
     el("td", figure, num(row.p99_ms)),
     el("td", figure, num(row.cpu, 0)),
