@@ -31,18 +31,27 @@ def console(broker: Broker, tmp_path: Path) -> Iterator[Console]:
     yield from _serve(broker, tmp_path, TOKEN)
 
 
+def _one_device(console: Console) -> None:
+    """jet-00's status, info (camera cam0 streaming, dock reconnecting) and one telemetry point, heard."""
+    console.publish(list(fleet_messages(console.prefix, ["jet-00"])))
+    wait_until(lambda: len(console.view.history("jet-00")) == 1, what="one telemetry point")
+
+
+def _device_page(console: Console, page: Page) -> None:
+    page.goto(console.server.url + "/device/jet-00")
+    page.wait_for_selector("body[data-device=rendered]")
+
+
 def _x_axis(page: Page) -> tuple[float, float]:
     low, high = page.evaluate("[charts.fps.scales.x.min, charts.fps.scales.x.max]")
     return float(low), float(high)
 
 
 def test_one_telemetry_point_is_charted_in_a_minute_around_it(console: Console, page: Page) -> None:
-    console.publish(list(fleet_messages(console.prefix, ["jet-00"])))
-    wait_until(lambda: len(console.view.history("jet-00")) == 1, what="one telemetry point")
+    _one_device(console)
     point = console.view.history("jet-00")[0].ts
 
-    page.goto(console.server.url + "/device/jet-00")
-    page.wait_for_selector("body[data-device=rendered]")
+    _device_page(console, page)
     low, high = _x_axis(page)
 
     # uPlot's own range for a single point spans years (min equal to max widened by magnitude).
@@ -58,8 +67,7 @@ def test_a_few_points_span_what_was_received_and_a_long_history_its_own_span(
     wait_until(lambda: len(console.view.history("jet-00")) == 3, what="three telemetry points")
     points = [p.ts for p in console.view.history("jet-00")]
 
-    page.goto(console.server.url + "/device/jet-00")
-    page.wait_for_selector("body[data-device=rendered]")
+    _device_page(console, page)
     low, high = _x_axis(page)
     # The same rule over a history longer than the minimum: the axis is exactly what was received.
     long_span = page.evaluate("timeRange(null, 1000, 1300)")
@@ -75,11 +83,9 @@ def test_a_few_points_span_what_was_received_and_a_long_history_its_own_span(
 def test_the_device_page_lists_each_camera_with_its_state_figures_and_last_error(
     console: Console, page: Page
 ) -> None:
-    console.publish(list(fleet_messages(console.prefix, ["jet-00"])))
-    wait_until(lambda: len(console.view.history("jet-00")) == 1, what="one telemetry point")
+    _one_device(console)
 
-    page.goto(console.server.url + "/device/jet-00")
-    page.wait_for_selector("body[data-device=rendered]")
+    _device_page(console, page)
     rows = page.locator("#cameras tbody tr").all_inner_texts()
     down = page.locator("#cameras tr.down").all_inner_texts()
 
@@ -99,8 +105,7 @@ def test_the_device_page_lists_each_camera_with_its_state_figures_and_last_error
 def test_the_devices_table_counts_each_devices_cameras_and_the_ones_down(
     console: Console, page: Page
 ) -> None:
-    console.publish(list(fleet_messages(console.prefix, ["jet-00"])))
-    wait_until(lambda: len(console.view.history("jet-00")) == 1, what="one telemetry point")
+    _one_device(console)
 
     page.goto(console.server.url + "/")
     page.wait_for_selector('#devices tr[data-device="jet-00"]')
