@@ -5,8 +5,13 @@ Run on a CUDA machine with CuPy (the lent GPU machine, or a Jetson with the gpu-
     PYTHONPATH=. python3 bench/preprocess_gpu.py [--runs 200]
 
 Prints one JSON object: the CPU path's ms per frame (agent/camera/preprocess.py), the GPU path's
-host-side ms per frame (upload + kernel + synchronise, as the inference worker sees it) and the
-GPU's own ms per frame (CUDA events around the upload and the kernel on one stream), all in one run.
+host-side ms per frame (upload + kernel + synchronise, as the inference worker sees it) for a frame
+in pageable memory and for one in a page-locked buffer (as the decoder writes it when the slot
+preprocesses on the GPU), per frame in a batch of 4 page-locked frames (the uploads overlap the
+kernels before them), the bounds: a synchronous upload alone from page-locked and from pageable
+memory (host ms), and the GPU's own ms per frame (CUDA events around the upload and the kernel),
+all in one run; ``pinned_host_over_upload`` is the GPU path's host time over the page-locked
+upload's.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -23,35 +29,54 @@ from agent.camera.preprocess import preprocess
 from agent.specs.preprocess import PreprocessSpec
 
 
+def _per_frame_ms(work: Callable[[], object], runs: int, frames: int = 1) -> float:
+    t0 = time.perf_counter()
+    for _ in range(runs):
+        work()
+    return (time.perf_counter() - t0) * 1000.0 / (runs * frames)
+
+
 def measure(runs: int = 200) -> dict[str, Any]:
-    """The three figures, each a mean over ``runs`` frames after one warm-up."""
+    """Every figure, each a mean over ``runs`` frames (or batches) after one warm-up."""
     import cupy
 
     spec = PreprocessSpec.model_validate({"width": 640, "height": 640, "resize": "letterbox"})
     frame = np.random.default_rng(7).integers(0, 256, (1080, 1920, 3), dtype=np.uint8)
     gpu = GpuPreprocessor(spec)
+    pinned = gpu.pinned.empty(frame.shape)  # what the decoder writes into on the GPU path
+    pinned[...] = frame
+    pinned_batch = [gpu.pinned.empty(frame.shape) for _ in range(4)]
+    for buffer in pinned_batch:
+        buffer[...] = frame
     gpu.batch([frame])  # compiles the kernel, uploads the taps
+    gpu.batch(pinned_batch)
     preprocess(frame, spec)
 
-    t0 = time.perf_counter()
-    for _ in range(runs):
-        preprocess(frame, spec)
-    cpu_ms = (time.perf_counter() - t0) * 1000.0 / runs
+    device = cupy.empty(frame.shape, dtype=np.uint8)
+    copy = cupy.cuda.Stream(non_blocking=True)
 
-    t0 = time.perf_counter()
-    for _ in range(runs):
-        gpu.batch([frame])
-    host_ms = (time.perf_counter() - t0) * 1000.0 / runs
+    def upload(host: Any) -> None:
+        device.set(host, stream=copy)
+        copy.synchronize()
+
+    upload(pinned)
+    figures = {
+        "cpu_path_ms": _per_frame_ms(lambda: preprocess(frame, spec), runs),
+        "gpu_path_host_ms": _per_frame_ms(lambda: gpu.batch([frame]), runs),
+        "gpu_path_host_pinned_ms": _per_frame_ms(lambda: gpu.batch([pinned]), runs),
+        "gpu_path_host_pinned_batch4_ms_per_frame": _per_frame_ms(lambda: gpu.batch(pinned_batch), runs, 4),
+        "upload_pinned_ms": _per_frame_ms(lambda: upload(pinned), runs),
+        "upload_pageable_ms": _per_frame_ms(lambda: upload(frame), runs),
+    }
 
     out = cupy.empty(item_shape(spec), dtype=np.float32)
-    stream = cupy.cuda.Stream(non_blocking=True)
-    with stream:
-        start, end = cupy.cuda.Event(), cupy.cuda.Event()
-        start.record(stream)
-        for _ in range(runs):
-            gpu._one(frame, out)  # upload + kernel, no per-frame synchronise
-        end.record(stream)
-        end.synchronize()
+    lane = gpu._lane()
+    start, end = cupy.cuda.Event(), cupy.cuda.Event()
+    start.record(lane.copy)
+    for _ in range(runs):
+        gpu._one(frame, out, lane)  # upload + kernel, no per-frame synchronise
+    end.record(lane.compute)
+    end.synchronize()
     device_ms = cupy.cuda.get_elapsed_time(start, end) / runs
 
     props = cupy.cuda.runtime.getDeviceProperties(0)
@@ -61,9 +86,11 @@ def measure(runs: int = 200) -> dict[str, Any]:
         "frame": "1920x1080 bgr uint8",
         "input": "640x640 letterbox rgb float32 nchw",
         "runs": runs,
-        "cpu_path_ms": round(cpu_ms, 3),
-        "gpu_path_host_ms": round(host_ms, 3),
+        **{key: round(value, 3) for key, value in figures.items()},
         "gpu_device_ms": round(device_ms, 3),
+        "pinned_host_over_upload": round(figures["gpu_path_host_pinned_ms"] / figures["upload_pinned_ms"], 2),
+        "uploads_pinned": gpu.uploads_pinned,
+        "uploads_pageable": gpu.uploads_pageable,
     }
 
 

@@ -19,6 +19,7 @@ from agent.machine.platform import Platform, platform_summary
 from agent.mqtt.link import MqttLink
 from agent.protocol.messages import (
     BackendInfo,
+    CameraInfo,
     EngineInfo,
     InfoMessage,
     SlotBuildInfo,
@@ -93,6 +94,17 @@ class DeviceReports:
             backends=backends,
             slots=slots,
             streams=list(config.streams),
+            cameras={
+                name: CameraInfo(
+                    state=report.state.value,
+                    since=report.since,
+                    frames=report.frames,
+                    reconnects=report.reconnects,
+                    last_error=report.last_error,
+                    last_error_at=report.last_error_at,
+                )
+                for name, report in self.frames.cameras().items()
+            },
         )
 
     def publish_info(self) -> None:

@@ -15,9 +15,10 @@ import numpy as np
 import numpy.typing as npt
 import structlog
 
+from agent.camera.framing import Framing
 from agent.camera.gst_pipelines import scaled_for
-from agent.camera.source import VideoSource
-from agent.config import AgentConfig
+from agent.camera.source import SourceEvent, SourceReport, VideoSource
+from agent.config import AgentConfig, StreamConfig
 from agent.machine.cpus import usable_cpus
 from agent.mqtt.link import MqttLink
 from agent.protocol.topics import Topics
@@ -25,7 +26,7 @@ from agent.runtime.frames.layout import Layout, slot_layout
 from agent.runtime.frames.pipeline import SlotPipeline
 from agent.runtime.frames.samples import SamplePublisher, Sampler
 from agent.runtime.frames.snapshots import Snapshot
-from agent.runtime.frames.stage_items import StreamPlan
+from agent.runtime.frames.stage_items import StreamPlan, StreamTuning, TuningDial
 from agent.runtime.slots.slot import ModelSlot
 from agent.telemetry import Metrics
 
@@ -62,6 +63,8 @@ class FramePaths:
         self._built = threading.Event()
         #: Publishes the opt-in samples for retraining (None: no slot samples).
         self.samples: SamplePublisher | None = None
+        #: Set when a camera source changed state: the composition root republishes ``up/info``.
+        self.cameras_changed = threading.Event()
 
     def layout(self, slot: str, model_ms: float | None = None, engines: int | None = None) -> Layout:
         """Slot ``slot``'s layout on this machine's CPUs (given its model's run time, when known)."""
@@ -88,7 +91,9 @@ class FramePaths:
                 # A camera pipeline scales frames to this slot's input before they reach the CPU.
                 model = slot.current
                 preprocess = model.preprocess if model else self.config.slots[slot_name].preprocess
-                source = VideoSource(stream_name, scaled_for(stream.source, preprocess))
+                source = VideoSource(
+                    stream_name, scaled_for(stream.source, preprocess), on_event=self._camera_changed
+                )
                 policy = stream.drop_policy
                 if policy == "auto":
                     policy = "keep_newest" if source.is_live else "process_all"
@@ -100,12 +105,15 @@ class FramePaths:
                         topic=self.topics.results(stream_name),
                         policy=policy,
                         queue_size=stream.queue_size,
-                        fps_limit=stream.fps_limit,
+                        tuning=TuningDial(stream_tuning(stream)),
                         qos=1 if stream.durable_results else stream.results_qos,
                         durable=stream.durable_results,
                     )
                 )
                 self.metrics.rate(f"stream.{stream_name}.fps", f"stream.{stream_name}.frames_published")
+                self.metrics.rate(
+                    f"stream.{stream_name}.capture_fps", f"stream.{stream_name}.frames_captured"
+                )
                 self.metrics.add_collector(source.stats, prefix=f"stream.{stream_name}.source")
             if plans:
                 slot_config = self.config.slots[slot_name]
@@ -163,7 +171,36 @@ class FramePaths:
         publisher.start()
         return publisher
 
+    def retune(self, streams: dict[str, StreamConfig]) -> list[str]:
+        """Apply ``streams``' fps_limit, rotate and roi to the running streams whose tuning they
+        change (a reload); the names of those streams. Nothing else of any stream is touched."""
+        retuned = []
+        for pipeline in self.pipelines:
+            for plan in pipeline.streams:
+                config = streams.get(plan.name)
+                if config is None:
+                    continue
+                tuning = stream_tuning(config)
+                if tuning != plan.tuning.current and pipeline.retune(plan.name, tuning):
+                    retuned.append(plan.name)
+                    log.info(
+                        "stream.retuned",
+                        stream=plan.name,
+                        fps_limit=tuning.fps_limit,
+                        rotate=tuning.framing.rotate,
+                        roi=config.roi.model_dump() if config.roi else None,
+                    )
+        return retuned
+
+    def _camera_changed(self, _event: SourceEvent) -> None:
+        # Called under the source's lock: only flags (the event itself is logged by the source).
+        self.cameras_changed.set()
+
     # -- what the rest of the agent asks of them ------------------------------------------------
+
+    def cameras(self) -> dict[str, SourceReport]:
+        """Every running stream's camera source, by stream name (up/info's ``cameras``)."""
+        return {plan.name: plan.source.report() for p in self.pipelines for plan in p.streams}
 
     def pipeline(self, slot: str) -> SlotPipeline | None:
         """Slot ``slot``'s pipeline (None: no streams, or not built yet)."""
@@ -202,3 +239,8 @@ class FramePaths:
         """Stop every pipeline (frames first, then the inference drain) by ``deadline`` (monotonic)."""
         for pipeline in self.pipelines:
             pipeline.stop(deadline)
+
+
+def stream_tuning(stream: StreamConfig) -> StreamTuning:
+    """What of ``stream``'s configuration a reload changes on the running stream."""
+    return StreamTuning(stream.fps_limit, Framing(stream.rotate, stream.roi))

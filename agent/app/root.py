@@ -24,8 +24,8 @@ import structlog
 from agent import __version__
 from agent.app.device_reports import DeviceReports
 from agent.app.frame_paths import FramePaths
-from agent.config import AgentConfig, load_config
-from agent.config.changes import config_changes, needs_restart
+from agent.config import AgentConfig, StreamConfig, load_config
+from agent.config.changes import LIVE_STREAM_KEYS, config_changes, needs_restart
 from agent.delivery.jobs.ledger import JobsFile
 from agent.delivery.service import DeliveryService
 from agent.delivery.transfer.pull import fetch_model
@@ -62,6 +62,9 @@ INITIAL_LOAD_BUDGET_S = 300.0
 #: for a few microseconds after each call; behind a publisher running Python they could wait up to
 #: the full interval (docs/benchmarks.md, "Frame path").
 GIL_SWITCH_INTERVAL_S = 0.001
+#: Shortest gap between two ``up/info`` republished because a camera changed state: a camera in a
+#: reconnect loop changes state every few seconds, and each info is a retained message.
+CAMERA_INFO_GAP_S = 5.0
 
 
 class Agent:
@@ -237,10 +240,17 @@ class Agent:
 
     def run_forever(self) -> None:
         """Serve until the stop event; reloads run here, on the main thread."""
+        camera_info_at = 0.0
         while not self.stop_event.wait(0.2):
             if self.reload_event.is_set():
                 self.reload_event.clear()
                 self.reload()
+            cameras = self.frames.cameras_changed
+            if cameras.is_set() and time.monotonic() - camera_info_at >= CAMERA_INFO_GAP_S:
+                cameras.clear()
+                camera_info_at = time.monotonic()
+                if self.link.connected:
+                    self.reports.publish_info()
 
     # -- reload ------------------------------------------------------------------------------
 
@@ -256,20 +266,29 @@ class Agent:
             self.notifier.ready(status="reload refused: invalid config; still serving the previous one")
             return
         changes = config_changes(self.config, new)
-        later = [c.key for c in changes if needs_restart(c, set(self.slots))]
+        running_streams = set(self.frames.cameras())
+        later = [c.key for c in changes if needs_restart(c, set(self.slots), running_streams)]
         if later:
             log.warning("config.reload.restart_required", keys=later, reason="these take effect at restart")
         swapping = self.models.reload(new.slots)
+        retuned = self.frames.retune({n: s for n, s in new.streams.items() if n in running_streams})
         log.info(
             "config.reload.applied",
             changed={c.key: c.shown() for c in changes},
             swapping=swapping,
+            retuned=retuned,
             restart_required=later,
         )
-        # What runs now: the slots that exist (with their new settings) and the watchdog's bound; every
-        # other key waits for a restart, so the next reload reports it again instead of forgetting it.
+        # What runs now: the slots that exist (with their new settings), the running streams' tuning
+        # and the watchdog's bound; every other key waits for a restart, so the next reload reports it
+        # again instead of forgetting it.
         slots = {name: new.slots.get(name, self.config.slots[name]) for name in self.slots}
-        self.config = self.config.model_copy(update={"slots": slots, "watchdog": new.watchdog})
+        streams = {
+            name: _tuned(stream, new.streams.get(name)) for name, stream in self.config.streams.items()
+        }
+        self.config = self.config.model_copy(
+            update={"slots": slots, "streams": streams, "watchdog": new.watchdog}
+        )
         self.notifier.ready(status=self.reports.status_line())
 
     # -- stop --------------------------------------------------------------------------------
@@ -318,6 +337,13 @@ class Agent:
 
     def _slot_changed(self, name: str, _old: SlotState, new: SlotState) -> None:
         self.metrics.counter(f"slot.{name}.transitions.{new.value}").inc()
+
+
+def _tuned(running: StreamConfig, new: StreamConfig | None) -> StreamConfig:
+    """``running`` with ``new``'s live keys (LIVE_STREAM_KEYS), when the stream is still configured."""
+    if new is None:
+        return running
+    return running.model_copy(update={key: getattr(new, key) for key in LIVE_STREAM_KEYS})
 
 
 def run(config_path: Path) -> int:

@@ -16,17 +16,26 @@ each is a reference, and a buffer with one is never written to. (The GPU path's 
 can take a new reference to a buffer nobody holds, so the check cannot race. When every buffer is
 held (a slow consumer), the decoder gets no buffer and allocates as before; the new array takes the
 slot of a held one, so frames held for long do not keep the pool from being reused.
+
+Where a slot preprocesses on the GPU, the pool is given an allocator of page-locked (pinned) host
+memory (:meth:`FramePool.allocate_with`): a frame the decoder wrote into a new array is then not
+kept, a page-locked buffer of its size is made in its place, and from the next frame on the decoder
+writes straight into page-locked memory. The upload to the GPU then runs at the bus's speed and
+asynchronously, with no copy into a staging buffer (:mod:`agent.camera.gpu_preprocess`).
 """
 
 from __future__ import annotations
 
 import sys
 import threading
+from collections.abc import Callable
 
 import numpy as np
 import numpy.typing as npt
 
 Image = npt.NDArray[np.uint8]
+#: Makes a new, contiguous uint8 buffer of a frame's shape (page-locked memory, for the GPU path).
+Allocator = Callable[[tuple[int, ...]], Image]
 
 #: Buffers kept per stream: the frames in flight on a default stream (queue of 4, a batch of up to 4,
 #: the snapshot board's two, the shadow run's latest) fit; more in flight only allocate as before.
@@ -50,14 +59,27 @@ class FramePool:
     are read by anyone (telemetry, tests).
     """
 
-    def __init__(self, capacity: int = DEFAULT_CAPACITY) -> None:
+    def __init__(self, capacity: int = DEFAULT_CAPACITY, allocate: Allocator | None = None) -> None:
         self.capacity = capacity
+        self._allocate = allocate
         self._buffers: list[Image] = []
         self._lock = threading.Lock()  # take/keep from the decoder vs clear() from a closing thread
         self._evict = -1  # the slot a new array took last when all were held
         #: Decodes written into a pooled buffer / into a fresh array (none free, or the first ones).
         self.reused = 0
         self.allocated = 0
+
+    def allocate_with(self, allocate: Allocator | None) -> None:
+        """Make the pool's buffers with ``allocate`` from now on (None: keep the decoder's arrays).
+
+        The buffers made otherwise are forgotten (their holders keep them), so the next decodes
+        fill the pool with buffers of the new kind. Called by the decoding thread.
+        """
+        with self._lock:
+            if allocate == self._allocate:  # a bound method is a new object at each access
+                return
+            self._allocate = allocate
+            self._buffers = []
 
     def take(self) -> Image | None:
         """A buffer no one else references, to decode the next frame into; None: decode into a new one."""
@@ -86,6 +108,11 @@ class FramePool:
         with self._lock:
             if self._buffers and self._buffers[0].shape != image.shape:
                 self._buffers = []
+            if self._allocate is not None:
+                # The decoder's own array serves this frame; the next ones land in a made buffer.
+                if len(self._buffers) < self.capacity:
+                    self._buffers.append(self._allocate(image.shape))
+                return
             if len(self._buffers) < self.capacity:
                 self._buffers.append(image)
             elif self.capacity > 0:

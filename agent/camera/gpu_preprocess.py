@@ -19,14 +19,24 @@ Tolerance against the CPU path: the resized pixel equals OpenCV's on x86 (same t
 formula; OpenCV's ARM HAL may differ by one grey level), so values differ by at most one grey level
 times the gain, plus float rounding (float32: 1e-5 relative; float16: one half-precision step).
 
+Frames in page-locked memory: an upload from pageable memory goes through the driver's staging
+buffer (a host copy, then the transfer), and copying a frame into a pinned buffer first costs the
+same host copy. So the decoder writes frames straight into page-locked buffers
+(:class:`PinnedFrames`, handed to the stream's :class:`~agent.camera.frame_pool.FramePool`), and such a
+frame is uploaded asynchronously on a copy stream while the kernel of the frame before it runs on
+the compute stream; two device buffers per thread take turns, each guarded by events (the upload
+waits until the kernel that read the buffer last has finished; the kernel waits for its upload).
+A frame not in page-locked memory (the stream's first ones, a framed region) is uploaded as before.
+
 ``cupy`` is imported lazily, so this module imports on a machine without it.
 """
 
 from __future__ import annotations
 
 import threading
+import weakref
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -209,12 +219,78 @@ def cupy_status() -> tuple[bool, str]:
     return True, f"CuPy {cupy.__version__}, {count} CUDA device(s)"
 
 
+class PinnedFrames:
+    """Page-locked host buffers for decoded frames (CuPy's pinned memory: ``cudaHostAlloc``), and
+    whether a given frame lives in one. Safe from any thread."""
+
+    def __init__(self, cupy: Any) -> None:
+        self._cupy = cupy
+        self._lock = threading.Lock()
+        #: Start address -> size of every live buffer made here (an entry goes with its memory).
+        self._spans: dict[int, int] = {}
+
+    def empty(self, shape: tuple[int, ...]) -> npt.NDArray[np.uint8]:
+        """A new page-locked uint8 array of ``shape`` (contents undefined)."""
+        size = int(np.prod(shape))
+        memory = self._cupy.cuda.alloc_pinned_memory(size)
+        image: npt.NDArray[np.uint8] = np.frombuffer(memory, np.uint8, size).reshape(shape)
+        address = image.ctypes.data
+        with self._lock:
+            self._spans[address] = size
+        # On the array, not the memory: CuPy's PinnedMemoryPointer takes no weak reference. The pool
+        # and the frames hold this very array; a view outliving it only goes uncounted as page-locked.
+        weakref.finalize(image, self._forget, address)
+        return image
+
+    def holds(self, image: npt.NDArray[np.uint8]) -> bool:
+        """True when ``image`` is one of these buffers, whole and contiguous."""
+        if not image.flags.c_contiguous:
+            return False
+        with self._lock:
+            return self._spans.get(image.ctypes.data) == image.nbytes
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._spans)
+
+    def _forget(self, address: int) -> None:
+        with self._lock:
+            self._spans.pop(address, None)
+
+
+_PINNED: list[PinnedFrames] = []
+_PINNED_LOCK = threading.Lock()
+
+
+def pinned_frames(cupy: Any) -> PinnedFrames:
+    """The process's one :class:`PinnedFrames`: every engine of a set, every slot, knows its buffers."""
+    with _PINNED_LOCK:
+        if not _PINNED:
+            _PINNED.append(PinnedFrames(cupy))
+        return _PINNED[0]
+
+
+@dataclass
+class _Lane:
+    """One thread's device side: its streams, and two frame buffers that take turns."""
+
+    copy: Any
+    compute: Any
+    buffers: list[Any] = field(default_factory=lambda: [None, None])
+    #: Per buffer: recorded on the compute stream after the kernel that read it (the buffer is free).
+    read: list[Any] = field(default_factory=list)
+    #: Per buffer: recorded on the copy stream after its upload (the kernel may read it).
+    written: list[Any] = field(default_factory=list)
+    turn: int = 0
+
+
 class GpuPreprocessor:
     """Preprocesses frames on the GPU for one :class:`PreprocessSpec`; safe to share between threads.
 
-    Each calling thread gets its own CUDA stream and upload buffer (as the TensorRT runner gives
+    Each calling thread gets its own CUDA streams and upload buffers (as the TensorRT runner gives
     each thread its own context). :meth:`batch` returns only when the kernels have finished, so
-    the engine may read the tensor on any stream.
+    the engine may read the tensor on any stream and the frames' host buffers are free again.
+    Frames in :attr:`pinned` buffers are uploaded asynchronously, overlapping the kernel before.
     """
 
     def __init__(self, spec: PreprocessSpec, device: int = 0) -> None:
@@ -234,6 +310,11 @@ class GpuPreprocessor:
         self._taps: dict[tuple[int, int], tuple[ResizeFit, tuple[Any, ...]]] = {}
         self._taps_lock = threading.Lock()
         self._local = threading.local()
+        #: Page-locked buffers for the streams' decoders to write frames into (see the module docstring).
+        self.pinned = pinned_frames(cupy)
+        #: Frames uploaded from page-locked / from pageable memory (read by tests and the bench).
+        self.uploads_pinned = 0
+        self.uploads_pageable = 0
 
     def batch(self, images: Sequence[npt.NDArray[np.uint8]]) -> tuple[Any, list[Letterbox]]:
         """A ``(n, *item)`` CuPy array of ``images`` preprocessed, and each frame's :class:`Letterbox`."""
@@ -241,25 +322,33 @@ class GpuPreprocessor:
         spec = self.spec
         try:
             with cp.cuda.Device(self._device):
-                stream = self._stream()
-                with stream:
+                lane = self._lane()
+                with lane.compute:
                     out = cp.empty((len(images), *item_shape(spec)), dtype=np.dtype(spec.dtype))
-                    boxes = [self._one(image, out[i]) for i, image in enumerate(images)]
-                stream.synchronize()
+                    boxes = [self._one(image, out[i], lane) for i, image in enumerate(images)]
+                lane.compute.synchronize()
         except SourceError:
             raise
         except Exception as exc:
             raise EngineError(f"GPU preprocessing failed: {exc}") from exc
         return out, boxes
 
-    def _one(self, image: npt.NDArray[np.uint8], dst: Any) -> Letterbox:
+    def _one(self, image: npt.NDArray[np.uint8], dst: Any, lane: _Lane | None = None) -> Letterbox:
         if image.ndim != 3 or image.shape[2] != 3 or image.dtype != np.uint8:
             raise SourceError(
                 f"frame is {image.dtype} with shape {image.shape}; preprocessing needs H x W x 3 uint8 BGR"
             )
         src_h, src_w = image.shape[:2]
         fit, tables = self._tables(src_w, src_h)
-        frame = self._upload(np.ascontiguousarray(image))
+        lane = lane or self._lane()
+        frame, turn = self._upload(image, lane)
+        lane.compute.wait_event(lane.written[turn])
+        with lane.compute:
+            self._launch(frame, src_w=src_w, fit=fit, tables=tables, dst=dst)
+        lane.read[turn].record(lane.compute)
+        return fit.letterbox
+
+    def _launch(self, frame: Any, *, src_w: int, fit: ResizeFit, tables: tuple[Any, ...], dst: Any) -> None:
         i32, f32 = np.int32, np.float32
         spec = self.spec
         self._kernel(
@@ -282,24 +371,39 @@ class GpuPreprocessor:
                 dst,
             ),
         )
-        return fit.letterbox
 
-    def _stream(self) -> Any:
-        stream = getattr(self._local, "stream", None)
-        if stream is None:
-            stream = self._cupy.cuda.Stream(non_blocking=True)
-            self._local.stream = stream
-        return stream
+    def _lane(self) -> _Lane:
+        lane: _Lane | None = getattr(self._local, "lane", None)
+        if lane is None:
+            cuda = self._cupy.cuda
+            lane = _Lane(copy=cuda.Stream(non_blocking=True), compute=cuda.Stream(non_blocking=True))
+            lane.read = [cuda.Event(disable_timing=True) for _ in range(2)]
+            lane.written = [cuda.Event(disable_timing=True) for _ in range(2)]
+            self._local.lane = lane
+        return lane
 
-    def _upload(self, image: npt.NDArray[np.uint8]) -> Any:
-        """The frame on the device, in this thread's buffer (reused while frames keep their size)."""
-        buf = getattr(self._local, "frame", None)
+    def _upload(self, image: npt.NDArray[np.uint8], lane: _Lane) -> tuple[Any, int]:
+        """The frame on the device, in this thread's next buffer, and that buffer's number."""
+        turn = lane.turn
+        lane.turn ^= 1
+        buf = lane.buffers[turn]
         if buf is None or buf.shape != image.shape:
+            # The old buffer goes back to CuPy's pool, which may hand its memory out again at once:
+            # the kernel that reads it must be done first (a batch of streams of different sizes).
+            lane.read[turn].synchronize()
             buf = self._cupy.empty(image.shape, dtype=np.uint8)
-            self._local.frame = buf
-        # On this thread's stream: ordered after the kernel that read the previous frame.
-        buf.set(image)
-        return buf
+            lane.buffers[turn] = buf
+        # Not before the kernel that read this buffer last has finished.
+        lane.copy.wait_event(lane.read[turn])
+        # cudaMemcpyAsync on the copy stream: from page-locked memory a DMA that returns at once;
+        # from pageable memory it returns once the driver has copied the frame to its staging buffer.
+        if self.pinned.holds(image):
+            self.uploads_pinned += 1
+        else:
+            self.uploads_pageable += 1
+        buf.set(np.ascontiguousarray(image), stream=lane.copy)
+        lane.written[turn].record(lane.copy)
+        return buf, turn
 
     def _tables(self, src_w: int, src_h: int) -> tuple[ResizeFit, tuple[Any, ...]]:
         """Resize geometry and taps for one frame size, uploaded once and kept (a camera keeps its size)."""

@@ -31,7 +31,9 @@ from typing import Any, TypeVar
 import structlog
 
 from agent.camera.drivers import Driver, driver_for, missing_frames, read_timeout_s
+from agent.camera.drivers.url import redact
 from agent.camera.frame import Frame
+from agent.camera.frame_pool import Allocator
 from agent.camera.source_spec import SourceSpec
 from agent.errors import CredentialsRejectedError, SourceError
 from agent.transitions import TransitionTable
@@ -46,6 +48,8 @@ T = TypeVar("T")
 CLOSE_WAIT_S = 15.0
 #: Granularity at which a wait notices close() (the stop event itself is noticed at once).
 _CLOSE_POLL_S = 0.1
+#: Longest failure reason a source keeps for its reports (an FFmpeg message can run long).
+MAX_ERROR_CHARS = 300
 
 
 class SourceState(str, Enum):
@@ -126,6 +130,25 @@ class StreamGap:
         return f"{self.seconds:.2f} s without frames after frame {self.last_index}{missed}"
 
 
+@dataclass(frozen=True)
+class SourceReport:
+    """What an operator is shown of one source (``up/info``'s ``cameras``): its state since when, its
+    counters, and its last failure, credentials stripped and cut to :data:`MAX_ERROR_CHARS`."""
+
+    state: SourceState
+    since: float
+    frames: int
+    reconnects: int
+    last_error: str | None
+    last_error_at: float | None
+
+
+def failure_reason(exc: BaseException) -> str:
+    """What an operator is told of a failure: the message without ``user:password@``, cut short."""
+    text = redact(str(exc) or type(exc).__name__)
+    return text if len(text) <= MAX_ERROR_CHARS else text[: MAX_ERROR_CHARS - 3] + "..."
+
+
 class _ClosedError(Exception):
     """close() was called: the iterating thread must stop touching the driver."""
 
@@ -163,13 +186,16 @@ class VideoSource:
         self._reconnects = 0
         self._read_failures = 0
         self._open_failures = 0
-        self._last_frame_mono: float | None = None
         self._gaps = 0
         self._gap_s = 0.0
         self._gap_frames_missed = 0
         self._last_gap: StreamGap | None = None
-        self._last_error: str | None = None
         self._rng = random.Random()
+        self._since = time.time()
+        self._created_mono = time.monotonic()
+        self._last_frame_mono: float | None = None
+        self._last_error: str | None = None
+        self._last_error_at: float | None = None
 
     # -- public API ---------------------------------------------------------------------------
 
@@ -215,6 +241,11 @@ class VideoSource:
             # may see it first and end the loop, and the stop then still says it came from close().
             self._release(reason or ("closed" if self._closed else "stop requested"))
 
+    def decode_into(self, allocate: Allocator | None) -> None:
+        """Decode frames into buffers ``allocate`` makes (page-locked memory for the GPU path; None:
+        the decoder's own arrays). Call it from the thread that iterates :meth:`frames`."""
+        self._driver.buffers.allocate_with(allocate)
+
     def driver_call(self) -> OpenCall | None:
         """The driver call (``open``, ``read``, ``close``) in progress now, and for how long.
 
@@ -232,8 +263,10 @@ class VideoSource:
         frames they cost; ``frames_missed``: frames the camera sent that never arrived (estimated
         over those gaps from the camera's rate, plus jumps in the stream's own timestamps where the
         driver can see them).
+        ``last_frame_age_s``: seconds since the last frame (since the source was made, before the first).
         """
         with self._lock:
+            last = self._created_mono if self._last_frame_mono is None else self._last_frame_mono
             return {
                 "frames": float(self._frames),
                 "reconnects": float(self._reconnects),
@@ -243,6 +276,7 @@ class VideoSource:
                 "gaps": float(self._gaps),
                 "gap_s": round(self._gap_s, 3),
                 "frames_missed": float(self._gap_frames_missed + self._driver.frames_missing),
+                "last_frame_age_s": round(max(0.0, time.monotonic() - last), 3),
             }
 
     @property
@@ -256,6 +290,18 @@ class VideoSource:
         """The latest time without frames across a reconnect, None if frames never stopped."""
         with self._lock:
             return self._last_gap
+
+    def report(self) -> SourceReport:
+        """The source as an operator is shown it (:class:`SourceReport`)."""
+        with self._lock:
+            return SourceReport(
+                state=self._state,
+                since=self._since,
+                frames=self._frames,
+                reconnects=self._reconnects,
+                last_error=self._last_error,
+                last_error_at=self._last_error_at,
+            )
 
     def close(self) -> None:
         """Stop the source and release the driver. Idempotent; safe from any thread."""
@@ -360,12 +406,12 @@ class VideoSource:
 
     def _back_off(self, stop: threading.Event, attempt: int, phase: str, exc: Exception) -> bool:
         """Enter RECONNECTING, release the driver, wait, enter CONNECTING. False: stop instead."""
-        reason = str(exc) or type(exc).__name__
+        reason = failure_reason(exc)
         # Refused credentials do not get better by retrying soon: wait as long as the backoff goes.
         step = _LONGEST_STEP if isinstance(exc, CredentialsRejectedError) else attempt
         delay = backoff_delay(step, self.spec.reconnect_min_s, self.spec.reconnect_max_s, self._rng)
         with self._lock:
-            self._last_error = reason
+            self._last_error, self._last_error_at = reason, time.time()
         log.warning(
             "camera.source.failed",
             stream=self.stream,
@@ -439,7 +485,8 @@ class VideoSource:
         old = self._state
         check_transition(old, new)
         self._state = new
-        event = SourceEvent(stream=self.stream, old=old, new=new, reason=reason, ts=time.time())
+        self._since = time.time()
+        event = SourceEvent(stream=self.stream, old=old, new=new, reason=reason, ts=self._since)
         log.info("camera.source.state", stream=self.stream, old=old.value, new=new.value, reason=reason)
         if self._on_event is not None:
             try:

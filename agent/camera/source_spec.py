@@ -11,6 +11,26 @@ from agent.model_base import StrictModel
 from agent.specs.preprocess import PreprocessSpec
 
 
+class Region(StrictModel):
+    """A rectangle of the (rotated) frame, in fractions of its width and height: a region of
+    interest that stays right when the camera comes back at another resolution."""
+
+    x: float = Field(ge=0, lt=1, description="Left edge, as a fraction of the frame's width (0: the left).")
+    y: float = Field(ge=0, lt=1, description="Top edge, as a fraction of the frame's height (0: the top).")
+    width: float = Field(gt=0, le=1, description="Width, as a fraction of the frame's width.")
+    height: float = Field(gt=0, le=1, description="Height, as a fraction of the frame's height.")
+
+    @model_validator(mode="after")
+    def _inside(self) -> Region:
+        # A little rounding slack: 0.1 + 0.9 is 1.0000000000000002 in floats.
+        if self.x + self.width > 1 + 1e-9 or self.y + self.height > 1 + 1e-9:
+            raise ValueError(
+                f"the region must lie inside the frame: x + width = {self.x + self.width:g} and "
+                f"y + height = {self.y + self.height:g} must each be at most 1"
+            )
+        return self
+
+
 class _Reconnect(StrictModel):
     reconnect_min_s: float = Field(0.5, gt=0, description="First delay before reopening a lost source.")
     reconnect_max_s: float = Field(30.0, gt=0, description="Longest delay between reopen attempts.")

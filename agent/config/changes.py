@@ -25,7 +25,8 @@ _MAX_SHOWN = 160
 REDACTED = "<redacted>"
 
 #: What a SIGHUP applies without a restart, by key (``*`` is one slot name): the model of each
-#: existing slot (hot-swapped) and the watchdog's bound (read at every check).
+#: existing slot (hot-swapped), the watchdog's bound (read at every check) and, below, a running
+#: stream's rate limit and framing.
 _LIVE_SLOT_KEYS = frozenset(
     {
         "model",
@@ -41,6 +42,8 @@ _LIVE_SLOT_KEYS = frozenset(
     }
 )
 _LIVE_KEYS = frozenset({"watchdog.stuck_call_s"})
+#: What a SIGHUP applies to a running stream (``streams.<name>.<key>[...]``), that stream alone.
+LIVE_STREAM_KEYS = frozenset({"fps_limit", "rotate", "roi"})
 
 
 @dataclass(frozen=True)
@@ -85,15 +88,21 @@ def config_changes(old: AgentConfig, new: AgentConfig) -> list[ConfigChange]:
     return changes
 
 
-def needs_restart(change: ConfigChange, running_slots: set[str]) -> bool:
+def needs_restart(
+    change: ConfigChange, running_slots: set[str], running_streams: set[str] | None = None
+) -> bool:
     """True when a reload does not apply ``change`` (it waits for the next restart)."""
     if change.key in _LIVE_KEYS:
         return False
     parts = change.key.split(".")
-    # slots.<name>.<field>[...]: live for a slot that runs now; adding or removing a slot is not.
-    return not (
-        len(parts) >= 3 and parts[0] == "slots" and parts[1] in running_slots and parts[2] in _LIVE_SLOT_KEYS
-    )
+    if len(parts) < 3:
+        return True
+    # <slots|streams>.<name>.<field>[...]: live for one that runs now; adding or removing one is not.
+    if parts[0] == "slots":
+        return not (parts[1] in running_slots and parts[2] in _LIVE_SLOT_KEYS)
+    if parts[0] == "streams":
+        return not (parts[1] in (running_streams or set()) and parts[2] in LIVE_STREAM_KEYS)
+    return True
 
 
 class _Absent:

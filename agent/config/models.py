@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from agent.camera.source_spec import SourceSpec
+from agent.camera.source_spec import Region, SourceSpec
 from agent.delivery.settings import DeliveryConfig
 from agent.engines.settings import EngineConfig
 from agent.model_base import StrictModel
@@ -105,7 +105,21 @@ class StreamConfig(StrictModel):
 
     source: SourceSpec
     slot: Name = Field(description="Slot (key of ``slots``) whose model processes this stream.")
-    fps_limit: float | None = Field(None, gt=0, description="Process at most this many frames per second.")
+    fps_limit: float | None = Field(
+        None,
+        gt=0,
+        description="Process at most this many frames per second (a reload applies it to this stream).",
+    )
+    rotate: Literal[0, 90, 180, 270] = Field(
+        0,
+        description="Turn every frame clockwise by this many degrees before anything else sees it "
+        "(a camera mounted sideways or upside down; a reload applies it to this stream).",
+    )
+    roi: Region | None = Field(
+        None,
+        description="Region of interest: only this part of the (rotated) frame is preprocessed, inferred, "
+        "snapshotted; results are in its pixels. null: the whole frame (a reload applies it to this stream).",
+    )
     drop_policy: Literal["auto", "keep_newest", "process_all"] = Field(
         "auto",
         description="When inference falls behind: keep_newest drops old frames (live cameras), "

@@ -221,6 +221,29 @@ class CertificateInfo(StrictModel):
     issuer: str = Field("", max_length=300, description="The issuer's common name.")
 
 
+#: Longest failure reason of a camera in ``up/info`` (the device cuts its own at 300 characters).
+CAMERA_ERROR_CHARS = 1024
+
+
+class CameraInfo(StrictModel):
+    """One camera stream's source as ``up/info`` reports it; live figures are in ``up/telemetry``."""
+
+    state: Literal["idle", "connecting", "streaming", "reconnecting", "ended", "stopped"] = Field(
+        description='The source\'s state (docs/cameras.md, "States").'
+    )
+    since: FiniteTime = Field(description="When the source entered ``state``, Unix seconds.")
+    frames: Count = Field(0, description="Frames the source delivered since the agent started.")
+    reconnects: Count = Field(
+        0, description="Times the source was lost and reopened since the agent started."
+    )
+    last_error: str | None = Field(
+        None,
+        max_length=CAMERA_ERROR_CHARS,
+        description="Why it was last lost (credentials stripped, at most 300 characters); absent if never.",
+    )
+    last_error_at: FiniteTime | None = Field(None, description="When that was, Unix seconds.")
+
+
 class InfoMessage(Envelope):
     """``up/info`` (retained): what the device is and runs."""
 
@@ -244,6 +267,11 @@ class InfoMessage(Envelope):
         None,
         description="The client certificate the device connects with (absent on plain TCP or from "
         "agents before enrollment existed).",
+    )
+    cameras: dict[str, CameraInfo] = Field(
+        default_factory=dict,
+        description="Each stream's camera source by stream name: state, counters, last failure; "
+        "absent from agents before it existed, read as none.",
     )
 
 

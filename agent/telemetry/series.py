@@ -104,7 +104,24 @@ RULES: tuple[Rule, ...] = (
         "counter",
         "Frames timed per stage since the agent started.",
     ),
-    _rule(r"stream\.{s}\.source\.state", "stream_source_state", "gauge", "Camera source state code."),
+    _rule(
+        r"stream\.{s}\.capture_fps",
+        "stream_capture_frames_per_second",
+        "gauge",
+        "Frames per second the camera delivered over the last telemetry interval.",
+    ),
+    _rule(
+        r"stream\.{s}\.source\.state",
+        "stream_source_state",
+        "gauge",
+        "Camera source state code: 0 idle, 1 connecting, 2 streaming, 3 reconnecting, 4 ended, 5 stopped.",
+    ),
+    _rule(
+        r"stream\.{s}\.source\.last_frame_age_s",
+        "stream_source_last_frame_age_seconds",
+        "gauge",
+        "Seconds since the camera delivered its last frame (since the source started, before the first).",
+    ),
     _rule(
         r"stream\.{s}\.source\.(?P<event>frames|reconnects|read_failures|open_failures|gaps|frames_missed)",
         "stream_source_events_total",

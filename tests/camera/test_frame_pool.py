@@ -134,3 +134,79 @@ def test_a_looping_file_reuses_buffers_across_the_rewind(clip: Path, reference: 
     assert kept is not None
     np.testing.assert_array_equal(kept.image, reference[FRAMES - 1])
     assert source._driver.buffers.reused > FRAMES
+
+
+class _MadeBuffers:
+    """An allocator of the pool's own buffers that remembers what it made. On the GPU path this is
+    page-locked memory (``PinnedFrames.empty``, cudaHostAlloc through CuPy, tested in
+    tests/camera/test_gpu_preprocess.py on a GPU); here, with no CUDA, plain numpy memory stands in:
+    the pool's logic does not depend on the kind of memory."""
+
+    def __init__(self) -> None:
+        self.made: dict[int, tuple[int, ...]] = {}
+
+    def __call__(self, shape: tuple[int, ...]) -> np.ndarray:
+        image = np.empty(shape, np.uint8)
+        self.made[image.__array_interface__["data"][0]] = shape
+        return image
+
+    def holds(self, image: np.ndarray) -> bool:
+        return image.__array_interface__["data"][0] in self.made
+
+
+def test_with_an_allocator_the_decoder_writes_every_frame_after_the_first_into_the_made_buffers(
+    clip: Path, reference: list[np.ndarray]
+) -> None:
+    made = _MadeBuffers()
+    source = VideoSource("cam", make(FileSourceSpec, path=clip, loop=False))
+    outside: list[int] = []
+    for frame in source.frames(threading.Event()):
+        if frame.index == 0:
+            source.decode_into(made)  # from the decoding thread, as the capture stage does
+        np.testing.assert_array_equal(frame.image, reference[frame.index])
+        if not made.holds(frame.image):
+            outside.append(frame.index)
+
+    # Frame 0 came before the allocator; after it, a frame lands in the decoder's own array only
+    # while the pool grows (no made buffer free yet), and each such frame makes one more buffer.
+    assert outside[:2] == [0, 1]
+    assert len(made.made) == len(outside) - 1
+    assert len(made.made) <= 3  # the frame being decoded and the consumer's previous one
+    assert all(shape == reference[0].shape for shape in made.made.values())
+
+
+def test_frames_held_everywhere_make_the_pool_grow_its_made_buffers_up_to_capacity_and_no_further() -> None:
+    made = _MadeBuffers()
+    pool = FramePool(capacity=3, allocate=made)
+    held = []
+    for _ in range(8):
+        taken = pool.take()
+        image = np.zeros((4, 6, 3), np.uint8) if taken is None else taken
+        pool.keep(image, taken)
+        held.append(image)  # a stage holds every frame
+        del taken, image
+    assert len(made.made) == 3
+    assert pool.take() is None  # every made buffer is held
+    pool.keep(np.zeros((4, 6, 3), np.uint8), None)  # decoded into a new array: none made beyond capacity
+    assert len(made.made) == 3
+    held.clear()
+    lent = pool.take()
+    assert lent is not None
+    assert made.holds(lent)
+
+
+def test_giving_the_pool_another_allocator_forgets_its_buffers_and_the_same_one_keeps_them() -> None:
+    made = _MadeBuffers()
+    pool = FramePool(capacity=2)
+    pool.keep(np.zeros((4, 6, 3), np.uint8), None)
+    assert len(pool) == 1
+    pool.allocate_with(made)
+    assert len(pool) == 0  # a decoder's own array is not what the new allocator makes
+    pool.keep(np.zeros((4, 6, 3), np.uint8), None)
+    pool.allocate_with(made)  # the same again: nothing changes
+    assert len(pool) == 1
+    lent = pool.take()
+    assert lent is not None
+    assert made.holds(lent)
+    pool.allocate_with(None)
+    assert len(pool) == 0

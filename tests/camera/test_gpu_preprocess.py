@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -30,9 +31,13 @@ from agent.camera.gpu_preprocess import (
     preprocess_choice,
 )
 from agent.camera.preprocess import channel_gain_bias, preprocess
+from agent.camera.source import VideoSource
+from agent.camera.source_spec import FileSourceSpec
+from agent.demo.setup import write_demo_video
 from agent.errors import EngineError
 from agent.specs.preprocess import PreprocessSpec
 from tests.camera import kernel_on_cpu
+from tests.camera.specs import make
 from tests.waiting import patient
 
 IMAGENET = {"mean": (0.485, 0.456, 0.406), "std": (0.229, 0.224, 0.225)}
@@ -181,6 +186,19 @@ def _tolerance(spec: PreprocessSpec) -> tuple[float, float]:
     return grey, rounding
 
 
+def _like_the_cpu_path(got: npt.NDArray[Any], frame: npt.NDArray[np.uint8], spec: PreprocessSpec) -> Any:
+    """Assert one preprocessed item equals the CPU path's within the kernel's tolerance; its letterbox."""
+    grey, rounding = _tolerance(spec)
+    expected, letterbox = preprocess(frame, spec)
+    diff = np.abs(got.astype(np.float64) - expected.astype(np.float64))
+    scale = np.maximum(1.0, np.abs(expected.astype(np.float64)))
+    assert float(diff.max()) <= grey + rounding * float(scale.max()), spec
+    # The fixed-point resize matches OpenCV's, so (nearly) every value differs by rounding only.
+    within_rounding = float((diff <= rounding * scale).mean())
+    assert within_rounding >= 0.999, (spec, within_rounding)
+    return letterbox
+
+
 @pytest.mark.gpu
 @pytest.mark.usefixtures("gpu")
 @pytest.mark.parametrize(("height", "width", "fields"), CASES)
@@ -191,16 +209,61 @@ def test_gpu_tensor_equals_the_cpu_path(height: int, width: int, fields: dict[st
     got = tensor.get()
     assert got.shape == (3, *item_shape(spec))
     assert got.dtype == np.dtype(spec.dtype)
-    grey, rounding = _tolerance(spec)
     for i, frame in enumerate(frames):
-        expected, letterbox = preprocess(frame, spec)
-        assert boxes[i] == letterbox
-        diff = np.abs(got[i].astype(np.float64) - expected.astype(np.float64))
-        scale = np.maximum(1.0, np.abs(expected.astype(np.float64)))
-        assert float(diff.max()) <= grey + rounding * float(scale.max()), fields
-        # The fixed-point resize matches OpenCV's, so (nearly) every value differs by rounding only.
-        within_rounding = float((diff <= rounding * scale).mean())
-        assert within_rounding >= 0.999, (fields, within_rounding)
+        assert boxes[i] == _like_the_cpu_path(got[i], frame, spec)
+
+
+@pytest.mark.gpu
+@pytest.mark.usefixtures("gpu")
+def test_a_batch_of_page_locked_and_pageable_frames_of_three_sizes_equals_the_cpu_path() -> None:
+    """Two device buffers take turns and each frame's upload overlaps the kernel before it: a
+    buffer written while a kernel still read it, or a kernel reading before its upload, shows here."""
+    spec = _spec(width=640, height=640, resize="letterbox")
+    gpu = GpuPreprocessor(spec)
+    sizes = [(1080, 1920), (1080, 1920), (480, 640), (1080, 1920), (720, 1280), (720, 1280), (480, 640)]
+    frames = [_frame(h, w, seed) for seed, (h, w) in enumerate(sizes)]
+    batch = []
+    for i, frame in enumerate(frames):
+        if i % 2 == 0:
+            locked = gpu.pinned.empty(frame.shape)
+            locked[...] = frame
+            batch.append(locked)
+        else:
+            batch.append(frame)
+    before = (gpu.uploads_pinned, gpu.uploads_pageable)
+
+    tensor, _ = gpu.batch(batch)
+    again, _ = gpu.batch(batch)  # the buffers' second turn, after a batch ended
+    got, got_again = tensor.get(), again.get()
+
+    for i, frame in enumerate(frames):
+        _like_the_cpu_path(got[i], frame, spec)
+        _like_the_cpu_path(got_again[i], frame, spec)
+    assert (gpu.uploads_pinned - before[0], gpu.uploads_pageable - before[1]) == (8, 6)
+
+
+@pytest.mark.gpu
+@pytest.mark.usefixtures("gpu")
+def test_a_sources_frames_land_in_page_locked_buffers_and_are_uploaded_from_them(tmp_path: Path) -> None:
+    import cupy
+
+    spec = _spec(width=640, height=640, resize="letterbox")
+    gpu = GpuPreprocessor(spec)
+    clip = write_demo_video(tmp_path / "clip.avi", frames=12, size=(1920, 1080), fps=30.0)
+    source = VideoSource("cam", make(FileSourceSpec, path=clip, loop=False))
+    locked = 0
+    for frame in source.frames(threading.Event()):
+        if frame.index == 0:
+            source.decode_into(gpu.pinned.empty)  # what the capture stage does on the GPU path
+        tensor, _ = gpu.batch([frame.image])
+        _like_the_cpu_path(tensor.get()[0], frame.image, spec)
+        if gpu.pinned.holds(frame.image):
+            locked += 1
+            # Page-locked as CUDA itself sees it (cudaMemoryTypeHost), not only by our bookkeeping.
+            attributes = cupy.cuda.runtime.pointerGetAttributes(frame.image.ctypes.data)
+            assert attributes.type == 1
+    assert locked >= 12 - 4  # all but the first few, made while the pool grew
+    assert gpu.uploads_pinned == locked
 
 
 @pytest.mark.gpu

@@ -104,3 +104,16 @@ def test_a_running_slot_s_model_settings_apply_live_everything_else_at_restart()
     assert later("streams.cam.fps_limit")
     assert later("mqtt.host")
     assert later("telemetry.interval_s")
+
+
+def test_a_running_stream_s_rate_limit_and_framing_apply_live_its_source_and_new_streams_at_restart() -> None:
+    def later(key: str) -> bool:
+        return needs_restart(ConfigChange(key, 1, 2), {"main"}, {"cam"})
+
+    assert not later("streams.cam.fps_limit")
+    assert not later("streams.cam.rotate")
+    assert not later("streams.cam.roi")
+    assert not later("streams.cam.roi.x")
+    assert later("streams.cam.source.url")
+    assert later("streams.cam.queue_size")
+    assert later("streams.door.rotate")  # not running yet: an added stream needs a restart

@@ -206,6 +206,10 @@ def test_info_example_is_what_the_device_sends(real: RealDevice) -> None:
     assert _keys(doc["slots"]["main"]) == _keys(info["slots"]["main"])
     assert _keys(doc["slots"]["aux"]) == _keys(info["slots"]["aux"])
     assert doc["streams"] == info["streams"]
+    # The doc's camera was lost once (last_error); the device's never was: its keys are a subset.
+    assert set(doc["cameras"]) == set(info["cameras"])
+    assert set(info["cameras"]["cam0"]) == {"state", "since", "frames", "reconnects"}
+    assert set(doc["cameras"]["cam0"]) == {*info["cameras"]["cam0"], "last_error", "last_error_at"}
 
 
 def test_telemetry_example_is_an_excerpt_of_what_the_device_sends(real: RealDevice) -> None:

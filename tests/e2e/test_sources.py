@@ -1,13 +1,17 @@
 """Every camera source type at once in the real daemon: file, synthetic, GStreamer, HTTP MJPEG, V4L2.
 
 There is no camera on this machine: the V4L2 stream points at a missing device and must show up
-in telemetry as reconnecting while the other four streams keep producing results.
+in telemetry as reconnecting while the other four streams keep producing results. A network camera
+whose URL carries a password (made at run time) and points at a closed port shows in ``up/info``
+as reconnecting with its reason, the password stripped.
 """
 
 from __future__ import annotations
 
 import json
+import secrets
 import shutil
+import socket
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,7 +22,7 @@ import yaml
 
 from agent.camera.source import STATE_CODES, SourceState
 from agent.demo.broker import Broker
-from agent.protocol.messages import ResultMessage, decode
+from agent.protocol.messages import InfoMessage, ResultMessage, decode
 from tests.camera.mjpeg_server import MjpegServer
 from tests.e2e.daemon import AgentFiles, Daemon
 from tests.mqtt_probe import Probe, Received
@@ -42,7 +46,15 @@ def camera() -> Iterator[MjpegServer]:
     server.stop()
 
 
-def _config(files: AgentFiles, camera_url: str) -> dict[str, Any]:
+def _closed_port() -> int:
+    """A loopback port nothing listens on (bound, then released)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+    return port
+
+
+def _config(files: AgentFiles, camera_url: str, locked_url: str) -> dict[str, Any]:
     streams: dict[str, Any] = {
         "file": {"type": "file", "path": str(files.video), "loop": True, "realtime": True},
         "synthetic": {"type": "synthetic", "width": 64, "height": 48, "fps": 20},
@@ -54,6 +66,7 @@ def _config(files: AgentFiles, camera_url: str) -> dict[str, Any]:
         },
         "ipcam": {"type": "url", "url": camera_url},
         "usb": {"type": "v4l2", "device": MISSING_DEVICE, "reconnect_min_s": 0.5, "reconnect_max_s": 1.0},
+        "locked": {"type": "url", "url": locked_url, "reconnect_min_s": 0.5, "reconnect_max_s": 1.0},
     }
     return {
         "device_id": files.device_id,
@@ -75,7 +88,7 @@ def _config(files: AgentFiles, camera_url: str) -> dict[str, Any]:
 
 
 def _result_counts(messages: list[Received], device: str) -> dict[str, int]:
-    counts = dict.fromkeys((*WORKING, "usb"), 0)
+    counts = dict.fromkeys((*WORKING, "usb", "locked"), 0)
     prefix = f"fleet/v1/{device}/up/results/"
     for m in messages:
         if m.topic.startswith(prefix):
@@ -87,19 +100,34 @@ def _telemetry(messages: list[Received], device: str) -> list[dict[str, float]]:
     return [json.loads(m.payload) for m in messages if m.topic == f"fleet/v1/{device}/up/telemetry"]
 
 
+def _infos(messages: list[Received], device: str) -> list[InfoMessage]:
+    return [decode(InfoMessage, m.payload) for m in messages if m.topic == f"fleet/v1/{device}/up/info"]
+
+
+def _cameras_reported(info: InfoMessage) -> bool:
+    """The working streams streaming and the locked camera's failure, in one up/info."""
+    locked = info.cameras.get("locked")
+    working = all(name in info.cameras and info.cameras[name].state == "streaming" for name in WORKING)
+    return working and locked is not None and locked.last_error is not None
+
+
 def test_every_source_type_in_one_daemon(tmp_path: Path, broker: Broker, camera: MjpegServer) -> None:
     if Path(MISSING_DEVICE).exists():
         pytest.skip(f"{MISSING_DEVICE} exists on this machine")
     device = f"src-{uuid.uuid4().hex[:8]}"
     files = AgentFiles(tmp_path, broker.port, device, frames=30)
-    files.config_path.write_text(yaml.safe_dump(_config(files, camera.url)))
+    password = secrets.token_hex(8)
+    locked_url = f"http://viewer:{password}@127.0.0.1:{_closed_port()}/stream.mjpg"
+    files.config_path.write_text(yaml.safe_dump(_config(files, camera.url, locked_url)))
     reconnecting = float(STATE_CODES[SourceState.RECONNECTING])
     streaming = float(STATE_CODES[SourceState.STREAMING])
 
     def settled(messages: list[Received]) -> bool:
         counts = _result_counts(messages, device)
         usb_seen = any(t.get("stream.usb.source.state") == reconnecting for t in _telemetry(messages, device))
-        return usb_seen and all(counts[name] >= 5 for name in WORKING)
+        infos = _infos(messages, device)
+        infos_ok = bool(infos) and _cameras_reported(infos[-1])
+        return usb_seen and infos_ok and all(counts[name] >= 5 for name in WORKING)
 
     with Probe(broker.host, broker.port) as probe:
         probe.subscribe(f"fleet/v1/{device}/up/#")
@@ -128,3 +156,22 @@ def test_every_source_type_in_one_daemon(tmp_path: Path, broker: Broker, camera:
     usb_failures = [e for e in failures if e["stream"] == "usb"]
     assert usb_failures
     assert f"camera device {MISSING_DEVICE} does not exist" in usb_failures[0]["reason"]
+    # Per camera in telemetry: what it delivers and how long since its last frame.
+    for name in WORKING:
+        assert last[f"stream.{name}.capture_fps"] >= 0, name
+        assert 0 <= last[f"stream.{name}.source.last_frame_age_s"] < 5, name
+    assert last["stream.usb.source.last_frame_age_s"] > 0
+    # Per camera in up/info: state, counters, the last failure without the password.
+    info = _infos(seen, device)[-1]
+    locked = info.cameras["locked"]
+    assert locked.state in {"reconnecting", "connecting"}
+    assert locked.reconnects >= 1
+    assert locked.frames == 0
+    assert locked.last_error is not None
+    assert "//***@127.0.0.1" in locked.last_error
+    assert password not in locked.last_error
+    assert all(password not in m.payload.decode("utf-8", "replace") for m in seen)
+    assert password not in daemon.log()
+    assert all(info.cameras[name].state == "streaming" for name in WORKING)
+    assert info.cameras["usb"].last_error is not None
+    assert MISSING_DEVICE in info.cameras["usb"].last_error

@@ -8,6 +8,7 @@ messages to a :class:`FleetView` directly or publish them through a real mosquit
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict
 from pathlib import Path
@@ -25,6 +26,7 @@ from agent.fleet.view.live import FleetView
 from agent.mqtt.inbound import InboundMessage
 from agent.protocol.command_args import EvidenceArgs, SnapshotArgs
 from agent.protocol.messages import (
+    CameraInfo,
     CommandReply,
     FailedFigure,
     InfoMessage,
@@ -52,10 +54,19 @@ def status(prefix: str, device: str, state: str = "online", session: int = 1) ->
     return Topics(prefix, device).status, encode(message)
 
 
+#: The failure the rig's second camera reports, as an agent words it (the password already stripped).
+DOCK_ERROR = (
+    "cannot open camera stream rtsp://***@10.0.4.21:554/main: check that the camera is reachable "
+    "and the URL, path and credentials are right"
+)
+
+
 def info(
     prefix: str, device: str, *, site: str = "berlin", model: str = "mobilenet", version: str = "4"
 ) -> tuple[str, bytes]:
-    """A device's retained ``up/info``: one slot ``main`` serving ``model:version``, labels ``site``."""
+    """A device's retained ``up/info``: one slot ``main`` serving ``model:version``, labels ``site``,
+    camera ``cam0`` streaming and camera ``dock`` reconnecting after :data:`DOCK_ERROR`."""
+    now = time.time()
     message = InfoMessage(
         device_id=device,
         agent_version="0.3.1",
@@ -75,7 +86,18 @@ def info(
                 last_job_state=JobState.ACTIVE,
             )
         },
-        streams=["cam0"],
+        streams=["cam0", "dock"],
+        cameras={
+            "cam0": CameraInfo(state="streaming", since=now - 3600, frames=90000, reconnects=0),
+            "dock": CameraInfo(
+                state="reconnecting",
+                since=now - 130,
+                frames=5120,
+                reconnects=14,
+                last_error=DOCK_ERROR,
+                last_error_at=now - 130,
+            ),
+        },
     )
     return Topics(prefix, device).info, encode(message)
 
@@ -86,6 +108,10 @@ def telemetry(prefix: str, device: str, fps: float, ts: float | None = None) -> 
         "stream.cam0.fps": fps,
         "stream.cam0.latency.total.p50_ms": 20.0 + fps / 10,
         "stream.cam0.latency.total.p99_ms": 41.5,
+        "stream.cam0.capture_fps": fps,
+        "stream.cam0.source.last_frame_age_s": 0.04,
+        "stream.dock.capture_fps": 0.0,
+        "stream.dock.source.last_frame_age_s": 132.0,
         "cpu.percent": 37.0,
         "temp.cpu_therm_c": 51.5,
         "temp.gpu_therm_c": 49.0,

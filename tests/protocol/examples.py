@@ -6,6 +6,7 @@ from pydantic import BaseModel
 
 from agent.protocol.messages import (
     BackendInfo,
+    CameraInfo,
     CommandReply,
     CommandRequest,
     EngineInfo,
@@ -156,11 +157,27 @@ EXAMPLES: dict[str, BaseModel] = {
             ),
         },
         streams=["cam0"],
+        cameras={
+            # Streaming again after it was lost once: the reason of that loss stays until the next one.
+            "cam0": CameraInfo(
+                state="streaming",
+                since=TS - 3600,
+                frames=107940,
+                reconnects=1,
+                last_error="cannot open camera stream rtsp://***@10.0.4.21:554/main: check that the camera "
+                "is reachable and the URL, path and credentials are right",
+                last_error_at=TS - 3604,
+            ),
+        },
     ),
     "TelemetryMessage": TelemetryMessage.model_validate(
         {
             "ts": TS,
             "stream.cam0.fps": 29.8,
+            "stream.cam0.capture_fps": 30.0,
+            "stream.cam0.source.state": 2,
+            "stream.cam0.source.reconnects": 0,
+            "stream.cam0.source.last_frame_age_s": 0.021,
             "stream.cam0.frames_published": 51234,
             "stream.cam0.dropped.queue_full": 3,
             "stream.cam0.latency.total.p95_ms": 9.9,

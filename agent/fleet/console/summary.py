@@ -18,6 +18,7 @@ from typing import Any
 
 from agent.fleet.devices.selector import DeviceFacts, Selector, SelectorError, parse_selector
 from agent.fleet.view.build_note import build_note
+from agent.fleet.view.cameras import camera_down, camera_rows
 from agent.fleet.view.chart_history import CHARTED, TelemetryPoint, chart_figures
 from agent.fleet.view.device_record import JobSeen
 from agent.fleet.view.live import DeviceState
@@ -105,6 +106,8 @@ def device_row(device: DeviceState) -> dict[str, Any]:
         "p99_ms": figures["p99_ms"],
         "cpu": device.telemetry.get("cpu.percent"),
         "temp_c": figures["temp_c"],
+        "cameras": len(device.cameras),
+        "cameras_down": sum(camera_down(camera) for camera in device.cameras.values()),
         "job": None if last is None else {"slot": last.slot, "state": last.state, "code": last.error_code},
         "problems": len(device.problems),
     }
@@ -149,7 +152,7 @@ def history_columns(points: Iterable[TelemetryPoint]) -> dict[str, list[float | 
 def device_detail(
     device: DeviceState, history: Iterable[TelemetryPoint], history_since: float | None = None
 ) -> dict[str, Any]:
-    """Everything the device page shows: the row, slots, platform, temperatures, jobs, the charts.
+    """Everything the device page shows: the row, slots, cameras, platform, temperatures, jobs, the charts.
 
     ``history_since``: since when the charts can hold data (a restarted controller's start, when
     that is less than an hour ago: the page says so).
@@ -160,6 +163,7 @@ def device_detail(
         "telemetry_at": device.telemetry_at,
         "platform": device.platform,
         "slots": device.slots,
+        "cameras": camera_rows(device.cameras, device.telemetry),
         "temperatures": {
             k.removeprefix("temp.").removesuffix("_c"): v
             for k, v in sorted(device.telemetry.items())

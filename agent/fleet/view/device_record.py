@@ -19,6 +19,7 @@ from typing import Any
 
 from agent.fleet.base.bounded import fit
 from agent.fleet.base.untrusted import clipped
+from agent.fleet.view.cameras import camera_summary
 from agent.fleet.view.chart_history import ChartHistory
 from agent.fleet.view.status import JSON_TEXT_LIMIT, MAX_PROBLEMS, slot_summary
 from agent.protocol.messages import (
@@ -87,6 +88,7 @@ class DeviceRecord:
     platform: dict[str, Any] = field(default_factory=dict)
     slots: dict[str, dict[str, Any]] = field(default_factory=dict)
     slots_listed: int = 0
+    cameras: dict[str, dict[str, Any]] = field(default_factory=dict)
     telemetry: dict[str, float] = field(default_factory=dict)
     telemetry_at: float | None = None
     heard_at: float = 0.0  # controller clock: the last message of any kind (eviction, forgetting)
@@ -165,18 +167,30 @@ def take_figures(row: DeviceRecord, message: TelemetryMessage) -> dict[str, floa
 
 
 def take_info(row: DeviceRecord, info: InfoMessage) -> None:
-    """The slots, labels and platform of ``info``, within INFO_BYTES (slots first: they matter most)."""
+    """The slots, cameras, labels and platform of ``info``, within INFO_BYTES (slots first: they
+    matter most; at most MAX_CAMERAS cameras)."""
     row.agent_version = clipped(info.agent_version, JSON_TEXT_LIMIT)
     kept, cut = fit(
-        {"slots": slot_summary(info), "labels": dict(info.labels), "platform": dict(info.platform)},
+        {
+            "slots": slot_summary(info),
+            "cameras": camera_summary(info),
+            "labels": dict(info.labels),
+            "platform": dict(info.platform),
+        },
         INFO_BYTES,
         JSON_TEXT_LIMIT,
     )
     row.slots = kept.get("slots", {})
     row.slots_listed = len(info.slots)
+    row.cameras = kept.get("cameras", {})
     row.labels = kept.get("labels", {})
     row.platform = kept.get("platform", {})
-    sizes = ((row.slots, info.slots), (row.labels, info.labels), (row.platform, info.platform))
+    sizes = (
+        (row.slots, info.slots),
+        (row.cameras, camera_summary(info)),
+        (row.labels, info.labels),
+        (row.platform, info.platform),
+    )
     if cut and any(len(part) < len(whole) for part, whole in sizes):
         note(row, f"info: over the {INFO_BYTES // 1024} KiB kept per device; the first entries kept")
     # The slots' last jobs (a restarted controller heard no job message yet: up/info names them).

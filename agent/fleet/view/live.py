@@ -39,7 +39,7 @@ import collections
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from agent.fleet.view.chart_history import TelemetryPoint
@@ -79,6 +79,8 @@ class DeviceState:
     jobs: tuple[JobSeen, ...]  # latest first, at most MAX_JOBS
     problems: tuple[str, ...]  # malformed messages, named
     slots_listed: int = 0  # slots in the device's up/info, those cut off by INFO_BYTES included
+    #: Its cameras from up/info (agent.fleet.view.cameras.camera_summary), within INFO_BYTES.
+    cameras: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 class FleetView:
@@ -245,6 +247,7 @@ class FleetView:
             if row is None or not (row.labels or row.platform or row.slots):
                 return False
             row.labels, row.platform, row.slots, row.slots_listed = {}, {}, {}, 0
+            row.cameras = {}
             self._changed(row)
             return True
 
@@ -344,4 +347,5 @@ class FleetView:
             jobs=tuple(reversed(row.jobs.values())),
             problems=tuple(row.problems),
             slots_listed=row.slots_listed,
+            cameras={name: dict(camera) for name, camera in row.cameras.items()},
         )

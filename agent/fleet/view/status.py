@@ -26,6 +26,7 @@ from typing import Any
 
 from agent.fleet.base.untrusted import clipped, shown
 from agent.fleet.view.build_note import build_note
+from agent.fleet.view.cameras import camera_down, camera_rows, camera_summary
 from agent.mqtt.inbound import InboundMessage
 from agent.mqtt.service_client import ServiceClient
 from agent.mqtt.settings import MqttSettings
@@ -36,6 +37,8 @@ from agent.protocol.topics import fleet_filter, parse
 JSON_TEXT_LIMIT = 1024
 #: Slots listed per device in the table (a device can claim thousands).
 _MAX_SLOTS_SHOWN = 8
+#: Cameras listed per device in the table (``--json`` has every camera kept).
+_MAX_CAMERAS_SHOWN = 8
 #: Malformed-message notes kept per device (a device can publish malformed messages in a loop).
 MAX_PROBLEMS = 5
 
@@ -60,6 +63,15 @@ class DeviceRow:
     fps: float | None = None  # sum of the streams' ``stream.<s>.fps``
     cpu_percent: float | None = None  # ``cpu.percent`` (the whole system)
     temp_c: float | None = None  # the hottest ``temp.<zone>_c``
+    #: Each camera from ``up/info`` (agent.fleet.view.cameras.camera_summary), by stream name.
+    cameras: dict[str, dict[str, Any]] = field(default_factory=dict)
+    cameras_listed: int = 0  # cameras in the device's up/info, those past MAX_CAMERAS included
+    #: The latest telemetry's per-camera figures (``stream.<s>.fps``, ``.capture_fps``, ``.source.*``).
+    camera_figures: dict[str, float] = field(default_factory=dict)
+
+    def camera_rows(self) -> list[dict[str, Any]]:
+        """Each camera with its latest figures (agent.fleet.view.cameras.camera_rows)."""
+        return camera_rows(self.cameras, self.camera_figures)
 
     def as_dict(self) -> dict[str, Any]:
         """The row for ``--json``, every device string cut to :data:`JSON_TEXT_LIMIT` characters."""
@@ -78,6 +90,7 @@ class DeviceRow:
                 "fps": self.fps,
                 "cpu_percent": self.cpu_percent,
                 "temp_c": self.temp_c,
+                "cameras": self.camera_rows(),
             }
         )
         return row
@@ -174,6 +187,8 @@ def _apply(rows: dict[str, DeviceRow], message: InboundMessage, prefix: str) -> 
             row.labels = dict(info.labels)
             row.info_seen = True
             row.slots = slot_summary(info)
+            row.cameras = camera_summary(info)
+            row.cameras_listed = len(info.cameras)
         elif topic.kind == "telemetry":
             _apply_telemetry(row, decode(TelemetryMessage, message.payload))
     except ProtocolError as exc:
@@ -214,6 +229,11 @@ def _apply_telemetry(row: DeviceRow, telemetry: TelemetryMessage) -> None:
     row.fps = sum(fps) if fps else None
     row.cpu_percent = values.get("cpu.percent")
     row.temp_c = max(temps) if temps else None
+    row.camera_figures = {k: v for k, v in values.items() if _camera_figure(k)}
+
+
+def _camera_figure(name: str) -> bool:
+    return name.startswith("stream.") and name.endswith((".fps", ".capture_fps", ".source.last_frame_age_s"))
 
 
 def platform_bits(platform: dict[str, Any]) -> str:
@@ -317,6 +337,36 @@ def last_failure_cell(slots: dict[str, dict[str, Any]], now: float) -> str:
     return " ".join(cells)
 
 
+def cameras_cell(cameras: list[dict[str, Any]], listed: int) -> str:
+    """``cam0=streaming 25.0fps dock=reconnecting`` for the first cameras by name; ``listed``: how
+    many the device has."""
+    cells = []
+    for c in cameras[:_MAX_CAMERAS_SHOWN]:
+        cell = f"{shown(c['stream'], 24)}={shown(c.get('state') or '?', 16)}"
+        if c.get("capture_fps") is not None:
+            cell += f" {figure(c['capture_fps'])}fps"
+        cells.append(cell)
+    shown_count = min(len(cameras), _MAX_CAMERAS_SHOWN)
+    if max(listed, len(cameras)) > shown_count:
+        cells.append(f"(+{max(listed, len(cameras)) - shown_count} more)")
+    return " ".join(cells)
+
+
+def camera_note(camera: dict[str, Any], now: float) -> str:
+    """Why a camera is down, in a line: ``camera dock reconnecting for 2m10s, 14 reconnects, last
+    frame 2m12s ago: <its last error>``."""
+    text = f"camera {shown(camera['stream'], 24)} {shown(camera.get('state') or '?', 16)}"
+    since = camera.get("since")
+    if isinstance(since, int | float):
+        text += f" for {shown(age(now - since), 16)}"
+    text += f", {figure(camera.get('reconnects'), ' reconnects')}"
+    if camera.get("last_frame_age_s") is not None:
+        text += f", last frame {shown(age(camera['last_frame_age_s']), 16)} ago"
+    if camera.get("last_error"):
+        text += f": {shown(camera['last_error'], 300)}"
+    return text
+
+
 def format_table(rows: list[DeviceRow], now: float | None = None) -> str:
     """The devices as an aligned text table (one line per device), then one line per problem.
 
@@ -333,6 +383,7 @@ def format_table(rows: list[DeviceRow], now: float | None = None) -> str:
         "TEMP",
         "SLOTS (model:version)",
         "RUNS (precision, engine)",
+        "CAMERAS",
         "LAST JOB",
         "LAST FAILURE",
         "PLATFORM",
@@ -342,6 +393,7 @@ def format_table(rows: list[DeviceRow], now: float | None = None) -> str:
     for row in rows:
         device = shown(row.device, 40)
         status = row.state if row.since is None else f"{row.state} {age(now - row.since)}"
+        cameras = row.camera_rows()
         slots = " ".join(_slot_cell(name, s) for name, s in sorted(row.slots.items())[:_MAX_SLOTS_SHOWN])
         if len(row.slots) > _MAX_SLOTS_SHOWN:
             slots += f" (+{len(row.slots) - _MAX_SLOTS_SHOWN} more)"
@@ -355,12 +407,14 @@ def format_table(rows: list[DeviceRow], now: float | None = None) -> str:
                 figure(row.temp_c, "C"),
                 slots or "-",
                 _runs_cell(row.slots) or "-",
+                cameras_cell(cameras, row.cameras_listed) or "-",
                 last_job_cell(row.slots) or "-",
                 last_failure_cell(row.slots, now) or "-",
                 platform_bits(row.platform) if row.platform else "-",
             )
         )
         notes.extend(f"{device}: malformed {shown(problem, 200)}" for problem in row.problems)
+        notes.extend(f"{device}: {camera_note(c, now)}" for c in cameras if camera_down(c))
         notes.extend(
             f"{device}: slot {shown(name, 24)} is empty: {shown(s['reason'], 200)}"
             for name, s in sorted(row.slots.items())

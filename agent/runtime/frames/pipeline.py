@@ -22,6 +22,8 @@ import numpy as np
 import numpy.typing as npt
 import structlog
 
+from agent.camera.frame import Frame
+from agent.camera.framing import framed
 from agent.camera.gpu_preprocess import GpuPreprocessor
 from agent.camera.preprocess import preprocess, resize_fit
 from agent.errors import AgentError
@@ -34,6 +36,7 @@ from agent.runtime.frames.stage_items import (
     Publisher,
     StreamMetrics,
     StreamPlan,
+    StreamTuning,
     WorkItem,
 )
 from agent.runtime.frames.stage_queue import SlotInbox
@@ -194,15 +197,27 @@ class SlotPipeline:
         sm = self._stream_metrics[plan.name]
         captured, skipped, no_model = sm.captured, sm.dropped["fps_limit"], sm.dropped["no_model"]
         pre_hist = sm.preprocess
-        min_gap = 1.0 / plan.fps_limit if plan.fps_limit else 0.0
         last_taken = -1e9
         try:
-            for frame in plan.source.frames(self._capture_stop):
+            for captured_frame in plan.source.frames(self._capture_stop):
                 captured.inc()
-                if min_gap and frame.captured_mono - last_taken < min_gap:
+                tuning = plan.tuning.current
+                frame = captured_frame
+                if tuning.fps_limit and frame.captured_mono - last_taken < 1.0 / tuning.fps_limit:
                     skipped.inc()
                     continue
                 last_taken = frame.captured_mono
+                if not tuning.framing.is_identity:
+                    # Turned and cut before anything sees it: results, snapshots and samples are in
+                    # the framed image's pixels, so the camera's own size no longer maps them.
+                    frame = Frame(
+                        frame.stream,
+                        frame.index,
+                        framed(frame.image, tuning.framing),
+                        frame.captured_at,
+                        frame.captured_mono,
+                        frame.meta,
+                    )
                 self.last_image = frame.image
                 if self._taps:
                     self._feed_taps(frame.image)
@@ -212,9 +227,11 @@ class SlotPipeline:
                     continue
                 t0 = time.perf_counter()
                 tensor: npt.NDArray[Any] | None
-                if model.preprocessed_on_gpu:
+                if model.gpu_preprocessor is not None and model.preprocessed_on_gpu:
                     # Left to the inference worker, which uploads the frame as decoded and fills the
                     # engine's input on the GPU: the CPU never touches the full-size pixels again.
+                    # The next frames are decoded into page-locked memory, uploaded without a copy.
+                    plan.source.decode_into(model.gpu_preprocessor.pinned.empty)
                     height, width = frame.image.shape[:2]
                     tensor, letterbox = None, resize_fit(width, height, model.preprocess).letterbox
                 else:
@@ -231,6 +248,17 @@ class SlotPipeline:
         finally:
             self._capture_ended()
         log.info("pipeline.capture.ended", stream=plan.name, state=plan.source.state.value)
+
+    def retune(self, stream: str, tuning: StreamTuning) -> bool:
+        """Give stream ``stream`` a new tuning from its next frame on; False: no such stream here.
+
+        Only that stream's capture thread reads it: its source stays open, its frame numbers go on,
+        and the other streams never notice."""
+        for plan in self.streams:
+            if plan.name == stream:
+                plan.tuning.current = tuning
+                return True
+        return False
 
     def tap(self, n: int, *, every: int = 1, timeout_s: float = 30.0) -> list[npt.NDArray[np.uint8]]:
         """Copies of the next ``n`` captured frames (one in ``every``), for calibration and the INT8 guard.

@@ -14,6 +14,7 @@ import numpy.typing as npt
 from pydantic import BaseModel
 
 from agent.camera.frame import Frame
+from agent.camera.framing import Framing
 from agent.camera.preprocess import Letterbox
 from agent.camera.source import VideoSource
 from agent.runtime.frames.stage_queue import DropPolicy
@@ -41,6 +42,23 @@ class Publisher(Protocol):
 
 
 @dataclass(frozen=True)
+class StreamTuning:
+    """What a config reload changes on a running stream, without touching its source or any other
+    stream: its rate limit (``fps_limit``) and its framing (``rotate``, ``roi``)."""
+
+    fps_limit: float | None = None
+    framing: Framing = field(default_factory=Framing)
+
+
+class TuningDial:
+    """A stream's tuning, replaced whole by a reload (one attribute store) and read once per frame
+    by the stream's capture thread, so a frame never sees half of an old and half of a new one."""
+
+    def __init__(self, tuning: StreamTuning | None = None) -> None:
+        self.current = tuning or StreamTuning()
+
+
+@dataclass(frozen=True)
 class StreamPlan:
     """A stream as the pipeline runs it."""
 
@@ -50,7 +68,7 @@ class StreamPlan:
     topic: str
     policy: DropPolicy
     queue_size: int = 4
-    fps_limit: float | None = None
+    tuning: TuningDial = field(default_factory=TuningDial)
     qos: int = 0
     durable: bool = False
 

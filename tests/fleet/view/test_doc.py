@@ -10,6 +10,7 @@ import yaml
 
 from agent.config import read_yaml
 from agent.fleet.controller.config import ControllerConfig
+from agent.fleet.view.cameras import MAX_CAMERAS
 from agent.fleet.view.chart_history import CHARTED, POINT_BYTES
 from agent.fleet.view.device_record import (
     FIGURE_NAME_CHARS,
@@ -47,6 +48,9 @@ def test_the_bounds_table_gives_the_codes_figures() -> None:
     assert bounds["device id"].startswith(f"{MAX_DEVICE_ID} characters; a longer one is refused")
     assert bounds["`up/info` as kept (slots, then labels, then platform)"].startswith(
         f"{INFO_BYTES // 1024} KiB"
+    )
+    assert bounds["cameras (from `up/info`, inside its 64 KiB, after the slots)"] == (
+        f"{MAX_CAMERAS}, the first by name"
     )
     assert bounds["latest `up/telemetry`"] == (
         f"{_n(MAX_FIGURES)} figures, names of at most {MAX_FIGURE_NAME} characters, "

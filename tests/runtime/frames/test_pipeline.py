@@ -337,6 +337,22 @@ def test_a_hot_swap_of_a_three_engine_slot_loses_no_frame_and_never_mixes_versio
     assert sum(e.frames for e in new.engines) == 240 - switch
 
 
+class _StandInPinnedFrames:
+    """Stands in for :class:`agent.camera.gpu_preprocess.PinnedFrames` (no CUDA here): plain numpy
+    buffers, remembered by address, so the test sees whether frames were decoded into them."""
+
+    def __init__(self) -> None:
+        self.made: set[int] = set()
+
+    def empty(self, shape: tuple[int, ...]) -> np.ndarray:
+        image = np.empty(shape, np.uint8)
+        self.made.add(image.ctypes.data)
+        return image
+
+    def holds(self, image: np.ndarray) -> bool:
+        return image.ctypes.data in self.made
+
+
 class _CpuStandInForGpuPreprocessing:
     """Stands in for :class:`agent.camera.gpu_preprocess.GpuPreprocessor` (no GPU on this machine).
 
@@ -345,12 +361,16 @@ class _CpuStandInForGpuPreprocessing:
     checked against the CPU path by the ``gpu`` tests in tests/camera/test_gpu_preprocess.py.
     """
 
-    def __init__(self, spec: PreprocessSpec) -> None:
+    def __init__(self, spec: PreprocessSpec, pinned: _StandInPinnedFrames) -> None:
         self.spec = spec
+        self.pinned = pinned
         self.frame_shapes: list[tuple[int, ...]] = []
+        #: Frames that reached this engine in a buffer ``pinned`` made (decoded straight into it).
+        self.in_made_buffers = 0
 
     def batch(self, images: list[np.ndarray]) -> tuple[np.ndarray, list[Letterbox]]:
         self.frame_shapes.extend(image.shape for image in images)
+        self.in_made_buffers += sum(self.pinned.holds(image) for image in images)
         done = [preprocess(image, self.spec) for image in images]
         return np.stack([tensor for tensor, _ in done]), [letterbox for _, letterbox in done]
 
@@ -367,7 +387,8 @@ def test_frames_left_for_gpu_preprocessing_reach_the_engine_whole_and_publish_th
 
     slot = ModelSlot("cls", parallel_runs=3)
     loaded = slot.load(engine_set(models["v1"]))
-    stand_ins = {i: _CpuStandInForGpuPreprocessing(loaded.preprocess) for i in gpu_engines}
+    pinned = _StandInPinnedFrames()
+    stand_ins = {i: _CpuStandInForGpuPreprocessing(loaded.preprocess, pinned) for i in gpu_engines}
     for i, stand_in in stand_ins.items():
         loaded.engines[i].gpu_preprocessor = cast(Any, stand_in)
     assert loaded.preprocessed_on_gpu is (len(gpu_engines) == 3)
@@ -384,8 +405,15 @@ def test_frames_left_for_gpu_preprocessing_reach_the_engine_whole_and_publish_th
     # on a loaded machine): every frame an engine of the GPU branch ran reached it whole.
     assert len(seen) == sum(loaded.engines[i].frames for i in gpu_engines)
     assert all(shape == (72, 96, 3) for shape in seen), "full-size decoded frames, not CPU tensors"
+    in_made = sum(stand_in.in_made_buffers for stand_in in stand_ins.values())
     if len(gpu_engines) == 3:
         assert len(seen) == 30
+        # The slot preprocesses on the GPU: the source decodes into the preprocessor's (page-locked)
+        # buffers once the first frame showed it, as many as are free (the queue holds up to 30).
+        assert in_made > 0
+        assert 0 < len(pinned.made) <= 12
+    else:
+        assert (in_made, len(pinned.made)) == (0, 0)  # CPU preprocessing: the decoder's own arrays
 
 
 # -- the lean frame path: inline publishing, pooled frame buffers -------------------------------

@@ -109,7 +109,7 @@ function listen(query, handlers) {
 
 // -- devices ---------------------------------------------------------------------------------------
 
-const COLUMNS = ["Device", "State", "Agent", "Models", "FPS", "p99 ms", "CPU %", "Temp °C", "Last job", "Labels"];
+const COLUMNS = ["Device", "State", "Agent", "Models", "Cameras", "FPS", "p99 ms", "CPU %", "Temp °C", "Last job", "Labels"];
 
 function deviceRow(row) {
   const models = Object.entries(row.models).map(([slot, model]) => slot + "=" + model).join(" ");
@@ -123,6 +123,9 @@ function deviceRow(row) {
     el("td", { className: "id" }, link), status,
     el("td", {}, row.agent),
     el("td", { className: "models" }, models || "-"),
+    // How many cameras the device reads, and how many deliver no frames (its up/info's states).
+    el("td", { className: "cameras num" + (row.cameras_down ? " error" : "") },
+      row.cameras ? (row.cameras_down ? row.cameras_down + " of " + row.cameras + " down" : String(row.cameras)) : "-"),
     el("td", { ...figure, className: figure.className + " fps" }, num(row.fps)),
     el("td", figure, num(row.p99_ms)),
     el("td", figure, num(row.cpu, 0)),
@@ -243,6 +246,21 @@ function probationBox(p) {
 }
 
 const charts = {};
+//: The narrowest time axis, in seconds: one point or a few are drawn in the middle of a minute.
+const MIN_SPAN_S = 60;
+
+function timeRange(u, min, max) {
+  // From the data, not min/max: for a single point uPlot passes max = min + 86400 / its time unit.
+  const times = u && u.data && u.data[0] ? u.data[0].filter((t) => t !== null && isFinite(t)) : [];
+  if (times.length) { min = Math.min(...times); max = Math.max(...times); }
+  if (min === null || max === null || !isFinite(min) || !isFinite(max)) {
+    const now = Date.now() / 1000;
+    return [now - MIN_SPAN_S, now];
+  }
+  if (max - min >= MIN_SPAN_S) return [min, max];
+  const middle = (min + max) / 2;
+  return [middle - MIN_SPAN_S / 2, middle + MIN_SPAN_S / 2];
+}
 
 function chart(key, title, columns, series) {
   const box = el("div", { className: "chart card", id: "chart-" + key }, el("h2", {}, title));
@@ -259,7 +277,9 @@ function chart(key, title, columns, series) {
     series: [{ label: "time", value: time }, ...series.map((s) => ({ label: s.label, stroke: s.color, width: 1.5, spanGaps: false, value }))],
     axes: [{}, { size: 50 }],
     // From 0: a steady 10 fps must read as flat, not as spikes across 9.99-10.01.
-    scales: { y: { range: (u, min, max) => [0, max > 0 ? max * 1.15 : 1] } },
+    // The time axis spans what was received: uPlot widens a single point into years of empty
+    // axis, so a short history is centred in a minute instead.
+    scales: { x: { time: true, range: timeRange }, y: { range: (u, min, max) => [0, max > 0 ? max * 1.15 : 1] } },
   };
   charts[key] = new uPlot(options, data, box);
   return box;
@@ -295,6 +315,12 @@ async function devicePage(deviceId) {
   // An offline (or silent) device's figures are its last ones: greyed and marked, never shown as live.
   const old = stale(row) ? " (stale: last heard " + (detail.telemetry_at ? age(detail.telemetry_at) + " ago" : "never") + ")" : "";
   const figure = (text) => el("span", { className: old ? "stale" : "" }, text + (text === "-" ? "" : old));
+  const cameras = detail.cameras.map((c) => el("tr", { className: "camera" + (c.state === "streaming" || c.state === "ended" ? "" : " down") },
+    el("td", {}, c.stream), el("td", {}, badge(c.state), " for " + age(c.since)),
+    el("td", { className: "num" }, figure(num(c.capture_fps))),
+    el("td", { className: "num" }, figure(c.last_frame_age_s === null ? "-" : duration(c.last_frame_age_s) + " ago")),
+    el("td", { className: "num" }, String(c.reconnects)),
+    el("td", { className: "error" }, c.last_error ? c.last_error + " (" + age(c.last_error_at) + " ago)" : "")));
   const focus = keptFocus();
   $("#app").replaceChildren(...[
     el("h1", { id: "device-title" }, row.id, " ", badge(row.state)),
@@ -309,6 +335,8 @@ async function devicePage(deviceId) {
       el("div", { className: "card" + (old ? " stale" : "") }, el("h2", {}, "Temperatures" + (old ? " (stale)" : "")), table("temperatures", ["zone", "°C"], temps))),
     el("h2", {}, "Slots"),
     table("slots", ["slot", "model", "version", "sha256", "state", "runs", "last job", "job state", "error code", "note"], slots),
+    el("h2", {}, "Cameras"),
+    table("cameras", ["stream", "state", "fps", "last frame", "reconnects", "last error"], cameras),
     el("div", { className: "grid" },
       chart("fps", "Frames per second (" + span(detail) + ")", detail.history, [{ field: "fps", label: "fps", color: "#2563eb" }]),
       chart("latency", "End-to-end latency, ms (" + span(detail) + ")", detail.history, [
