@@ -46,7 +46,11 @@ class ProbationSpec(StrictModel):
         0.8, ge=0.0, le=1.0, description="Least published fps per stream, as a share of the baseline's."
     )
     max_p99_ratio: float = Field(
-        3.0, gt=0.0, description="Most the inference p99 may be, as a multiple of the baseline's."
+        3.0,
+        gt=0.0,
+        description="Most the new model's inference time may be, as a multiple of the old model's timed "
+        "on the same live frames at the same moments (median of the per-frame ratios, over the whole "
+        "probation and over its latter half).",
     )
     max_infer_errors: int = Field(0, ge=0, description="Inference errors tolerated (0: the first one fails).")
     max_nan_outputs: int = Field(0, ge=0, description="Frames with NaN/Inf outputs tolerated.")

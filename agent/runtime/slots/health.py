@@ -138,13 +138,24 @@ class ModelHealth:
 
 
 def judge(
-    baseline: HealthFigures, current: HealthFigures, bars: ProbationSpec, *, final: bool
+    baseline: HealthFigures,
+    current: HealthFigures,
+    bars: ProbationSpec,
+    *,
+    final: bool,
+    latency_ratio: float | None,
 ) -> FailedFigure | None:
     """The first figure of ``current`` that crosses its bar against ``baseline``; None while healthy.
 
     NaN outputs and inference errors fail at once (they count, so any time is long enough); the
-    ratios (fps, p99, drops, class mix) are judged at the end (``final``), over the whole probation,
+    ratios (fps, latency, drops, class mix) are judged at the end (``final``), over the whole probation,
     so a slow first second after a swap (a cold cache) is not a failure.
+
+    The latency is ``latency_ratio``: the new model's inference time over the old model's, both timed
+    on the same live frames at the same moments (:func:`agent.runtime.slots.latency.judged_ratio`),
+    judged against ``max_p99_ratio`` under the figure name ``p99_ratio``. The live p99s before and
+    after the swap are not compared: between them the machine's load changes as much as the model.
+    None (no pair could be timed: no live frame) leaves the latency unjudged.
     """
     if current.nan_outputs > bars.max_nan_outputs:
         return FailedFigure(figure="nan_outputs", value=current.nan_outputs, bar=bars.max_nan_outputs)
@@ -158,10 +169,8 @@ def judge(
         ratio = current.fps.get(stream, 0.0) / before
         if ratio < bars.min_fps_ratio:
             return FailedFigure(figure=f"fps_ratio.{stream}", value=round(ratio, 4), bar=bars.min_fps_ratio)
-    if baseline.p99_ms and current.p99_ms is not None:
-        ratio = current.p99_ms / baseline.p99_ms
-        if ratio > bars.max_p99_ratio:
-            return FailedFigure(figure="p99_ratio", value=round(ratio, 4), bar=bars.max_p99_ratio)
+    if latency_ratio is not None and latency_ratio > bars.max_p99_ratio:
+        return FailedFigure(figure="p99_ratio", value=round(latency_ratio, 4), bar=bars.max_p99_ratio)
     increase = current.dropped_share - baseline.dropped_share
     if increase > bars.max_drop_increase:
         return FailedFigure(figure="dropped_increase", value=round(increase, 4), bar=bars.max_drop_increase)
