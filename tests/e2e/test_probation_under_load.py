@@ -1,0 +1,225 @@
+"""End to end: a busy machine does not fail a healthy model in probation; a slow model still fails.
+
+Real mosquitto, real ``python -m agent run`` daemons fed by a real HTTP MJPEG camera on loopback,
+models deployed with the real FleetDeploy and judged with the bars operators run (``ProbationSpec()``:
+latency 3x, fps 0.8, drops +0.1, class shift 0.5). The load is real too: two busy Python processes
+per core, started once the probation began and killed when the job ended. The serving model is the
+test classifier plus two ``[192, 192]`` matrix products (about 0.3 ms a frame here), so the models
+compared cost more than the call around them.
+
+Each test prints one JSON line (``probation-under-load``: the verdict, the figures and the load
+average at the end): docs/benchmarks.md, "Probation under a CPU hog".
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agent.demo.modelzoo import write_classifier
+from agent.protocol.messages import JobState, JobStatus, decode
+from agent.protocol.proving import ProbationSpec
+from agent.protocol.topics import Topics
+from tests.camera.mjpeg_server import MjpegServer
+from tests.e2e.fleet_rig import Fleet, count_version, final_status, finish
+from tests.mqtt_probe import Probe, Received
+from tests.runtime.models import write_copy, write_slower, write_slower_when_bright
+from tests.waiting import patient
+
+pytestmark = pytest.mark.slow
+
+#: Grey levels of the camera's frames: below and above the late-slow model's threshold (0.5 of 255);
+#: the serving classifier names the same class on both, so only the cost changes with the scene.
+DARK, BRIGHT = 40, 160
+
+
+class CpuHog:
+    """Processes that spin in Python: the load other work puts on a device (other containers, a
+    second camera's decoding), competing with the agent's threads for the cores."""
+
+    def __init__(self, processes: int) -> None:
+        self.processes = processes
+        self._running: list[subprocess.Popen[bytes]] = []
+
+    def start(self) -> None:
+        for _ in range(self.processes):
+            self._running.append(subprocess.Popen([sys.executable, "-c", "while True: pass"]))
+
+    def stop(self) -> None:
+        for proc in self._running:
+            proc.kill()
+        for proc in self._running:
+            proc.wait(patient(10))
+        self._running.clear()
+
+
+@pytest.fixture
+def hog() -> Iterator[CpuHog]:
+    running = CpuHog(2 * (os.cpu_count() or 2))
+    try:
+        yield running
+    finally:
+        running.stop()
+
+
+@pytest.fixture
+def camera() -> Iterator[MjpegServer]:
+    server = MjpegServer(width=64, height=48, fps=30.0)
+    server.level = DARK
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def v1(tmp_path: Path) -> Path:
+    """The e2e daemons' test classifier (tests/e2e/daemon.py)."""
+    return write_classifier(tmp_path / "v1.onnx", input_size=32, num_classes=4, seed=1)
+
+
+@pytest.fixture
+def incumbent(v1: Path) -> Path:
+    return write_slower(v1, v1.with_name("incumbent.onnx"), dim=192, repeats=2)
+
+
+def serving(fleet: Fleet, device_id: str, probe: Probe, camera: MjpegServer, model: Path) -> Topics:
+    """A daemon serving ``model`` as version 1 on ``camera``, trusting the test's key."""
+    files = fleet.files(device_id)
+    source = {"type": "url", "url": camera.url, "reconnect_min_s": 0.2, "reconnect_max_s": 1.0}
+    trust = {"trusted_keys": {fleet.keys.key_id: str(fleet.keys.public)}}
+    files.write_config(model=model, stream={"source": source}, delivery=trust)
+    fleet.start(files)
+    topic = Topics("fleet/v1", device_id)
+    probe.wait_for(count_version("1", topic.results("cam")), timeout=60)
+    return topic
+
+
+def in_probation(topic: Topics, job_id: str) -> Any:
+    def seen(messages: list[Received]) -> bool:
+        return any(
+            m.topic == topic.jobs(job_id) and decode(JobStatus, m.payload).state is JobState.PROBATION
+            for m in messages
+        )
+
+    return seen
+
+
+def probation_elapsed(topic: Topics, at_least_s: float) -> Any:
+    """The device's telemetry says its probation has run ``at_least_s`` seconds."""
+
+    def seen(messages: list[Received]) -> bool:
+        for m in messages:
+            if m.topic == topic.telemetry:
+                elapsed = json.loads(m.payload).get("slot.cls.probation.elapsed_s")
+                if elapsed is not None and elapsed >= at_least_s:
+                    return True
+        return False
+
+    return seen
+
+
+def report(case: str, final: JobStatus, hog: CpuHog) -> dict[str, Any]:
+    """The verdict as the operator sees it, printed as one JSON line with the load average."""
+    probation = final.probation
+    line = {
+        "bench": "probation-under-load",
+        "case": case,
+        "state": final.state.value,
+        "error_code": final.error_code,
+        "failed": probation.failed.model_dump() if probation is not None and probation.failed else None,
+        "current": probation.current if probation is not None else None,
+        "baseline": probation.baseline if probation is not None else None,
+        "hog_processes": hog.processes,
+        "cpu_count": os.cpu_count(),
+        "loadavg_1m": round(os.getloadavg()[0], 2),
+    }
+    print(json.dumps(line))
+    return line
+
+
+def test_a_cpu_hog_started_in_probation_does_not_roll_back_a_healthy_model_with_default_bars(
+    fleet: Fleet, device_id: str, probe: Probe, camera: MjpegServer, incumbent: Path, hog: CpuHog
+) -> None:
+    topic = serving(fleet, device_id, probe, camera, incumbent)
+    same = write_copy(incumbent, incumbent.with_name("same.onnx"))
+
+    job = fleet.deploy(same, [device_id], "2", probation_s=30.0, probation=ProbationSpec())
+    probe.wait_for(in_probation(topic, job.job_id), timeout=60)
+    hog.start()
+    outcome = finish(job, timeout=90.0)
+    final = final_status(probe, job.job_id, device_id)
+    line = report("healthy model, hog from the start of probation", final, hog)
+    hog.stop()
+
+    progress = outcome.devices[device_id]
+    assert (progress.state, progress.error_code) == (JobState.ACTIVE, None), line
+    assert final.probation is not None
+    assert final.probation.current["latency_pairs"] >= 10  # the latency was judged, on pairs
+    assert final.probation.current["latency_ratio"] <= 3.0
+
+
+def test_a_model_four_times_slower_is_still_rolled_back_under_the_hog(
+    fleet: Fleet,
+    device_id: str,
+    probe: Probe,
+    camera: MjpegServer,
+    v1: Path,
+    incumbent: Path,
+    hog: CpuHog,
+) -> None:
+    """Ten matrix products where the serving model has two: about 4.4x its inference time alone."""
+    topic = serving(fleet, device_id, probe, camera, incumbent)
+    slower = write_slower(v1, incumbent.with_name("slower.onnx"), dim=192, repeats=10)
+
+    job = fleet.deploy(slower, [device_id], "2", probation_s=30.0, probation=ProbationSpec())
+    probe.wait_for(in_probation(topic, job.job_id), timeout=60)
+    hog.start()
+    outcome = finish(job, timeout=90.0)
+    final = final_status(probe, job.job_id, device_id)
+    line = report("model 4.4x slower, hog from the start of probation", final, hog)
+    hog.stop()
+
+    progress = outcome.devices[device_id]
+    assert (progress.state, progress.error_code) == (JobState.ROLLED_BACK, "unhealthy"), line
+    assert final.probation is not None
+    assert final.probation.failed is not None
+    assert (final.probation.failed.figure, final.probation.failed.bar) == ("p99_ratio", 3.0), line
+    assert final.probation.failed.value > 3.0
+
+
+def test_a_model_that_turns_slow_after_20_s_of_probation_is_rolled_back_under_the_hog(
+    fleet: Fleet, device_id: str, probe: Probe, camera: MjpegServer, incumbent: Path, hog: CpuHog
+) -> None:
+    """The candidate is the serving model plus ten matrix products that run only on bright frames
+    (an ONNX ``If``): as fast as the serving model while the scene is dark, some 5x slower once the
+    camera turns bright, which it does once the device reports 20 s of probation. Nothing in the
+    agent is told to slow it: the model's cost follows what the camera sees."""
+    topic = serving(fleet, device_id, probe, camera, incumbent)
+    late = write_slower_when_bright(incumbent, incumbent.with_name("late.onnx"))
+
+    job = fleet.deploy(late, [device_id], "2", probation_s=60.0, probation=ProbationSpec())
+    probe.wait_for(in_probation(topic, job.job_id), timeout=60)
+    hog.start()
+    probe.wait_for(probation_elapsed(topic, 20.0), timeout=60)
+    camera.level = BRIGHT
+    outcome = finish(job, timeout=120.0)
+    final = final_status(probe, job.job_id, device_id)
+    line = report("model 5x slower after 20 s of probation, hog from its start", final, hog)
+    hog.stop()
+
+    progress = outcome.devices[device_id]
+    assert (progress.state, progress.error_code) == (JobState.ROLLED_BACK, "unhealthy"), line
+    assert final.probation is not None
+    assert final.probation.failed is not None
+    assert final.probation.failed.figure == "p99_ratio", line
+    assert final.probation.elapsed_s >= 60.0  # judged at the end, on the whole probation
+    assert final.probation.current["class_shift"] == 0.0  # the same answers: only the cost changed
