@@ -30,7 +30,13 @@ from agent.protocol.topics import Topics
 from tests.camera.mjpeg_server import MjpegServer
 from tests.e2e.fleet_rig import Fleet, count_version, final_status, finish
 from tests.mqtt_probe import Probe, Received
-from tests.runtime.models import write_copy, write_slower, write_slower_when_bright
+from tests.runtime.models import (
+    write_copy,
+    write_nan_when_bright,
+    write_slower,
+    write_slower_when_bright,
+    write_swapped_classes,
+)
 from tests.waiting import patient
 
 pytestmark = pytest.mark.slow
@@ -223,3 +229,42 @@ def test_a_model_that_turns_slow_after_20_s_of_probation_is_rolled_back_under_th
     assert final.probation.failed.figure == "p99_ratio", line
     assert final.probation.elapsed_s >= 60.0  # judged at the end, on the whole probation
     assert final.probation.current["class_shift"] == 0.0  # the same answers: only the cost changed
+
+
+@pytest.mark.parametrize(
+    ("bad", "figure"),
+    [("swapped", "class_shift"), ("nan", "nan_outputs")],
+    ids=["class-shift", "nan"],
+)
+def test_a_class_shifted_or_nan_model_keeps_its_verdict_under_the_hog(
+    fleet: Fleet,
+    device_id: str,
+    probe: Probe,
+    camera: MjpegServer,
+    incumbent: Path,
+    hog: CpuHog,
+    bad: str,
+    figure: str,
+) -> None:
+    """As fast as the serving model, wrong in what it says: the load changes nothing of the verdict.
+    The hog starts before the deploy here: a NaN fails at the first check after the scene turns
+    bright (its trigger; dark, it passes validation), sooner than a hog started then would run.
+    The class-swapped model is wrong on every frame."""
+    topic = serving(fleet, device_id, probe, camera, incumbent)
+    writer = write_swapped_classes if bad == "swapped" else write_nan_when_bright
+    model = writer(incumbent, incumbent.with_name(f"{bad}.onnx"))
+
+    hog.start()
+    job = fleet.deploy(model, [device_id], "2", probation_s=30.0, probation=ProbationSpec())
+    probe.wait_for(in_probation(topic, job.job_id), timeout=90)
+    camera.level = BRIGHT
+    outcome = finish(job, timeout=120.0)
+    final = final_status(probe, job.job_id, device_id)
+    line = report(f"{figure} model, hog from before the deploy", final, hog)
+    hog.stop()
+
+    progress = outcome.devices[device_id]
+    assert (progress.state, progress.error_code) == (JobState.ROLLED_BACK, "unhealthy"), line
+    assert final.probation is not None
+    assert final.probation.failed is not None
+    assert final.probation.failed.figure == figure, line
