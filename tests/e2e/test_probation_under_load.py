@@ -17,14 +17,15 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from agent.demo.modelzoo import write_classifier
-from agent.protocol.messages import JobState, JobStatus, decode
+from agent.protocol.messages import JobState, JobStatus, ProbationFigures, decode
 from agent.protocol.proving import ProbationSpec
 from agent.protocol.topics import Topics
 from tests.camera.mjpeg_server import MjpegServer
@@ -39,7 +40,8 @@ from tests.runtime.models import (
 )
 from tests.waiting import patient
 
-pytestmark = pytest.mark.slow
+#: Alone: the hog is this test's load; beside other tests it would be theirs too.
+pytestmark = [pytest.mark.slow, pytest.mark.alone]
 
 #: Grey levels of the camera's frames: below and above the late-slow model's threshold (0.5 of 255);
 #: the serving classifier names the same class on both, so only the cost changes with the scene.
@@ -152,83 +154,123 @@ def report(case: str, final: JobStatus, hog: CpuHog) -> dict[str, Any]:
     return line
 
 
-def test_a_cpu_hog_started_in_probation_does_not_roll_back_a_healthy_model_with_default_bars(
+@dataclass(frozen=True)
+class Verdict:
+    """How a probation ended: the deploy's view, the device's last status and the printed line."""
+
+    state: JobState | None
+    error_code: str | None
+    probation: ProbationFigures
+    line: dict[str, Any]
+
+    @property
+    def failed(self) -> tuple[str, float, float] | None:
+        failed = self.probation.failed
+        return None if failed is None else (failed.figure, failed.value, failed.bar)
+
+
+@dataclass(frozen=True)
+class Device:
+    """A serving daemon of one test, its camera and the hog beside it."""
+
+    fleet: Fleet
+    device_id: str
+    probe: Probe
+    topic: Topics
+    hog: CpuHog
+
+    def probation(
+        self,
+        model: Path,
+        case: str,
+        *,
+        probation_s: float,
+        hog_first: bool = False,
+        then: Callable[[], None] | None = None,
+    ) -> Verdict:
+        """Deploy ``model`` with the default probation bars; the hog starts once the probation began
+        (``hog_first``: before the deploy), then ``then`` runs; the hog stops when the job ended."""
+        if hog_first:
+            self.hog.start()
+        job = self.fleet.deploy(
+            model, [self.device_id], "2", probation_s=probation_s, probation=ProbationSpec()
+        )
+        self.probe.wait_for(in_probation(self.topic, job.job_id), timeout=90)
+        if not hog_first:
+            self.hog.start()
+        if then is not None:
+            then()
+        outcome = finish(job, timeout=probation_s + 90.0)
+        final = final_status(self.probe, job.job_id, self.device_id)
+        line = report(case, final, self.hog)
+        self.hog.stop()
+        progress = outcome.devices[self.device_id]
+        assert final.probation is not None, line
+        return Verdict(progress.state, progress.error_code, final.probation, line)
+
+
+@pytest.fixture
+def device(
     fleet: Fleet, device_id: str, probe: Probe, camera: MjpegServer, incumbent: Path, hog: CpuHog
+) -> Device:
+    """A daemon serving the incumbent as version 1 on the test's camera."""
+    return Device(fleet, device_id, probe, serving(fleet, device_id, probe, camera, incumbent), hog)
+
+
+def test_a_cpu_hog_started_in_probation_does_not_roll_back_a_healthy_model_with_default_bars(
+    device: Device, incumbent: Path
 ) -> None:
-    topic = serving(fleet, device_id, probe, camera, incumbent)
     same = write_copy(incumbent, incumbent.with_name("same.onnx"))
 
-    job = fleet.deploy(same, [device_id], "2", probation_s=30.0, probation=ProbationSpec())
-    probe.wait_for(in_probation(topic, job.job_id), timeout=60)
-    hog.start()
-    outcome = finish(job, timeout=90.0)
-    final = final_status(probe, job.job_id, device_id)
-    line = report("healthy model, hog from the start of probation", final, hog)
-    hog.stop()
+    verdict = device.probation(same, "healthy model, 20 s probation, hog from its start", probation_s=20.0)
 
-    progress = outcome.devices[device_id]
-    assert (progress.state, progress.error_code) == (JobState.ACTIVE, None), line
-    assert final.probation is not None
-    assert final.probation.current["latency_pairs"] >= 10  # the latency was judged, on pairs
-    assert final.probation.current["latency_ratio"] <= 3.0
+    assert (verdict.state, verdict.error_code) == (JobState.ACTIVE, None), verdict.line
+    assert verdict.probation.current["latency_pairs"] >= 10  # the latency was judged, on pairs
+    assert verdict.probation.current["latency_ratio"] <= 3.0
 
 
 def test_a_model_four_times_slower_is_still_rolled_back_under_the_hog(
-    fleet: Fleet,
-    device_id: str,
-    probe: Probe,
-    camera: MjpegServer,
-    v1: Path,
-    incumbent: Path,
-    hog: CpuHog,
+    device: Device, v1: Path, incumbent: Path
 ) -> None:
     """Ten matrix products where the serving model has two: about 4.4x its inference time alone."""
-    topic = serving(fleet, device_id, probe, camera, incumbent)
     slower = write_slower(v1, incumbent.with_name("slower.onnx"), dim=192, repeats=10)
 
-    job = fleet.deploy(slower, [device_id], "2", probation_s=30.0, probation=ProbationSpec())
-    probe.wait_for(in_probation(topic, job.job_id), timeout=60)
-    hog.start()
-    outcome = finish(job, timeout=90.0)
-    final = final_status(probe, job.job_id, device_id)
-    line = report("model 4.4x slower, hog from the start of probation", final, hog)
-    hog.stop()
+    verdict = device.probation(
+        slower, "model 4.4x slower, 20 s probation, hog from its start", probation_s=20.0
+    )
 
-    progress = outcome.devices[device_id]
-    assert (progress.state, progress.error_code) == (JobState.ROLLED_BACK, "unhealthy"), line
-    assert final.probation is not None
-    assert final.probation.failed is not None
-    assert (final.probation.failed.figure, final.probation.failed.bar) == ("p99_ratio", 3.0), line
-    assert final.probation.failed.value > 3.0
+    assert (verdict.state, verdict.error_code) == (JobState.ROLLED_BACK, "unhealthy"), verdict.line
+    assert verdict.failed is not None
+    figure, value, bar = verdict.failed
+    assert (figure, bar) == ("p99_ratio", 3.0), verdict.line
+    assert value > 3.0
 
 
 def test_a_model_that_turns_slow_after_20_s_of_probation_is_rolled_back_under_the_hog(
-    fleet: Fleet, device_id: str, probe: Probe, camera: MjpegServer, incumbent: Path, hog: CpuHog
+    device: Device, camera: MjpegServer, incumbent: Path
 ) -> None:
     """The candidate is the serving model plus ten matrix products that run only on bright frames
     (an ONNX ``If``): as fast as the serving model while the scene is dark, some 5x slower once the
     camera turns bright, which it does once the device reports 20 s of probation. Nothing in the
     agent is told to slow it: the model's cost follows what the camera sees."""
-    topic = serving(fleet, device_id, probe, camera, incumbent)
     late = write_slower_when_bright(incumbent, incumbent.with_name("late.onnx"))
 
-    job = fleet.deploy(late, [device_id], "2", probation_s=60.0, probation=ProbationSpec())
-    probe.wait_for(in_probation(topic, job.job_id), timeout=60)
-    hog.start()
-    probe.wait_for(probation_elapsed(topic, 20.0), timeout=60)
-    camera.level = BRIGHT
-    outcome = finish(job, timeout=120.0)
-    final = final_status(probe, job.job_id, device_id)
-    line = report("model 5x slower after 20 s of probation, hog from its start", final, hog)
-    hog.stop()
+    def bright_after_20_s() -> None:
+        device.probe.wait_for(probation_elapsed(device.topic, 20.0), timeout=60)
+        camera.level = BRIGHT
 
-    progress = outcome.devices[device_id]
-    assert (progress.state, progress.error_code) == (JobState.ROLLED_BACK, "unhealthy"), line
-    assert final.probation is not None
-    assert final.probation.failed is not None
-    assert final.probation.failed.figure == "p99_ratio", line
-    assert final.probation.elapsed_s >= 60.0  # judged at the end, on the whole probation
-    assert final.probation.current["class_shift"] == 0.0  # the same answers: only the cost changed
+    verdict = device.probation(
+        late,
+        "model 5x slower after 20 s of a 60 s probation, hog from its start",
+        probation_s=60.0,
+        then=bright_after_20_s,
+    )
+
+    assert (verdict.state, verdict.error_code) == (JobState.ROLLED_BACK, "unhealthy"), verdict.line
+    assert verdict.failed is not None
+    assert verdict.failed[0] == "p99_ratio", verdict.line
+    assert verdict.probation.elapsed_s >= 60.0  # judged at the end, on the whole probation
+    assert verdict.probation.current["class_shift"] == 0.0  # the same answers: only the cost changed
 
 
 @pytest.mark.parametrize(
@@ -237,34 +279,22 @@ def test_a_model_that_turns_slow_after_20_s_of_probation_is_rolled_back_under_th
     ids=["class-shift", "nan"],
 )
 def test_a_class_shifted_or_nan_model_keeps_its_verdict_under_the_hog(
-    fleet: Fleet,
-    device_id: str,
-    probe: Probe,
-    camera: MjpegServer,
-    incumbent: Path,
-    hog: CpuHog,
-    bad: str,
-    figure: str,
+    device: Device, camera: MjpegServer, incumbent: Path, bad: str, figure: str
 ) -> None:
     """As fast as the serving model, wrong in what it says: the load changes nothing of the verdict.
     The hog starts before the deploy here: a NaN fails at the first check after the scene turns
     bright (its trigger; dark, it passes validation), sooner than a hog started then would run.
     The class-swapped model is wrong on every frame."""
-    topic = serving(fleet, device_id, probe, camera, incumbent)
     writer = write_swapped_classes if bad == "swapped" else write_nan_when_bright
     model = writer(incumbent, incumbent.with_name(f"{bad}.onnx"))
 
-    hog.start()
-    job = fleet.deploy(model, [device_id], "2", probation_s=30.0, probation=ProbationSpec())
-    probe.wait_for(in_probation(topic, job.job_id), timeout=90)
-    camera.level = BRIGHT
-    outcome = finish(job, timeout=120.0)
-    final = final_status(probe, job.job_id, device_id)
-    line = report(f"{figure} model, hog from before the deploy", final, hog)
-    hog.stop()
+    def bright() -> None:
+        camera.level = BRIGHT
 
-    progress = outcome.devices[device_id]
-    assert (progress.state, progress.error_code) == (JobState.ROLLED_BACK, "unhealthy"), line
-    assert final.probation is not None
-    assert final.probation.failed is not None
-    assert final.probation.failed.figure == figure, line
+    verdict = device.probation(
+        model, f"{figure} model, hog from before the deploy", probation_s=20.0, hog_first=True, then=bright
+    )
+
+    assert (verdict.state, verdict.error_code) == (JobState.ROLLED_BACK, "unhealthy"), verdict.line
+    assert verdict.failed is not None
+    assert verdict.failed[0] == figure, verdict.line

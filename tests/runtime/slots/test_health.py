@@ -6,7 +6,7 @@ import dataclasses
 
 from agent.protocol.messages import FailedFigure
 from agent.protocol.proving import ProbationSpec
-from agent.runtime.slots.health import HealthFigures, judge
+from agent.runtime.slots.health import HealthFigures, ModelHealth, judge
 
 BARS = ProbationSpec()  # the defaults operators run: p99 3.0, fps 0.8, drops 0.1, class shift 0.5
 
@@ -67,3 +67,33 @@ def test_fps_is_judged_before_latency_and_drops_and_class_shift_after() -> None:
     assert shifted.figure == "class_shift"
     no_shift_bar = ProbationSpec(max_class_shift=None)
     assert judge(figures(), figures(classes={1: 100}), no_shift_bar, final=True, latency_ratio=1.0) is None
+
+
+def test_fps_is_judged_against_the_frames_the_capture_handed_the_model_when_fewer() -> None:
+    """The camera (or a capture starved by other work) gave 15 fps where the baseline published 30:
+    publishing those 15 is all the model could do."""
+    slowed_camera = figures(fps={"cam": 15.0}, offered_fps={"cam": 15.0})
+    assert judge(figures(), slowed_camera, BARS, final=True, latency_ratio=1.0) is None
+    kept_up = figures(fps={"cam": 15.0}, offered_fps={"cam": 30.0})
+    failed = judge(figures(), kept_up, BARS, final=True, latency_ratio=1.0)
+    assert failed == FailedFigure(figure="fps_ratio.cam", value=0.5, bar=0.8)
+    # More frames offered than the baseline published (a faster camera): the baseline is the reference.
+    faster_camera = figures(fps={"cam": 20.0}, offered_fps={"cam": 60.0})
+    failed = judge(figures(), faster_camera, BARS, final=True, latency_ratio=1.0)
+    assert failed == FailedFigure(figure="fps_ratio.cam", value=0.6667, bar=0.8)
+    # No frame offered at all (the camera is gone): nothing to judge the model's fps on.
+    gone = figures(fps={}, offered_fps={"cam": 0.0})
+    assert judge(figures(), gone, BARS, final=True, latency_ratio=None) is None
+
+
+def test_the_frames_offered_are_counted_per_stream_into_the_figures() -> None:
+    health = ModelHealth()
+    for _ in range(6):
+        health.offered("cam")
+    for _ in range(3):
+        health.published("cam")
+    assert health.first_mono is not None
+    got = health.figures(health.first_mono, health.first_mono + 2.0)
+    assert got.offered_fps == {"cam": 3.0}
+    assert got.fps == {"cam": 1.5}
+    assert got.flat()["offered_fps.cam"] == 3.0
