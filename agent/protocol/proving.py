@@ -43,7 +43,11 @@ class ProbationSpec(StrictModel):
     """How far the new model's live health may fall from the old model's baseline during probation."""
 
     min_fps_ratio: float = Field(
-        0.8, ge=0.0, le=1.0, description="Least published fps per stream, as a share of the baseline's."
+        0.8,
+        ge=0.0,
+        le=1.0,
+        description="Least published fps per stream, as a share of the baseline's (or of the fps the "
+        "capture handed the new model, when lower).",
     )
     max_p99_ratio: float = Field(
         3.0,
