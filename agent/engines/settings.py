@@ -26,7 +26,10 @@ class StartupGuard(StrictModel):
         0.8, ge=0.0, le=1.0, description="Least fps per stream, share of the ONNX model's."
     )
     max_p99_ratio: float = Field(
-        3.0, gt=0.0, description="Most the inference p99, multiple of the ONNX model's."
+        3.0,
+        gt=0.0,
+        description="Most the engine's inference time, multiple of the ONNX model's on the same frames "
+        "at the same moments.",
     )
     max_drop_increase: float = Field(0.1, ge=0.0, le=1.0, description="Most the dropped share may rise.")
 

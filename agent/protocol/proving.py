@@ -43,10 +43,18 @@ class ProbationSpec(StrictModel):
     """How far the new model's live health may fall from the old model's baseline during probation."""
 
     min_fps_ratio: float = Field(
-        0.8, ge=0.0, le=1.0, description="Least published fps per stream, as a share of the baseline's."
+        0.8,
+        ge=0.0,
+        le=1.0,
+        description="Least published fps per stream, as a share of the baseline's (or of the fps the "
+        "capture handed the new model, when lower).",
     )
     max_p99_ratio: float = Field(
-        3.0, gt=0.0, description="Most the inference p99 may be, as a multiple of the baseline's."
+        3.0,
+        gt=0.0,
+        description="Most the new model's inference time may be, as a multiple of the old model's timed "
+        "on the same live frames at the same moments (median of the per-frame ratios, over the whole "
+        "probation and over its latter half).",
     )
     max_infer_errors: int = Field(0, ge=0, description="Inference errors tolerated (0: the first one fails).")
     max_nan_outputs: int = Field(0, ge=0, description="Frames with NaN/Inf outputs tolerated.")

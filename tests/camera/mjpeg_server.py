@@ -21,6 +21,8 @@ class MjpegServer:
 
     :meth:`stall` makes it a camera that hangs mid-frame: it sends the first half of one more
     frame and then nothing, keeping the connection open, so the reader blocks inside its read.
+    Frames cycle through grey levels 0..199, or all have :attr:`level` once it is set (a scene that
+    turns bright, while the stream runs).
     """
 
     def __init__(self, width: int = 64, height: int = 48, fps: float = 50.0) -> None:
@@ -33,6 +35,7 @@ class MjpegServer:
         self._connections: list[socket.socket] = []
         self._lock = threading.Lock()
         self.sent = 0
+        self.level: int | None = None
 
     def start(self) -> MjpegServer:
         owner = self
@@ -46,7 +49,7 @@ class MjpegServer:
                 self.send_header("Cache-Control", "no-cache")
                 self.end_headers()
                 while not owner._stopping.is_set():
-                    value = owner.sent % 200
+                    value = owner.sent % 200 if owner.level is None else owner.level
                     image = np.full((owner.height, owner.width, 3), value, dtype=np.uint8)
                     ok, jpeg = cv2.imencode(".jpg", image)
                     assert ok

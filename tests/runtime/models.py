@@ -244,3 +244,66 @@ def write_detector_boxes_moved(src: Path, dst: Path, *, shift: float, classes: i
     model.graph.initializer.append(numpy_helper.from_array(offset, "moved_offset"))
     model.graph.node.append(helper.make_node("Add", [out, "moved_offset"], ["output0"]))
     return _finish(model, dst)
+
+
+def write_copy(src: Path, dst: Path) -> Path:
+    """``src``'s graph and weights under other bytes (a new version that is the same model)."""
+    model = onnx.load_model(str(src))
+    model.doc_string = f"copy of {src.name}"
+    return _finish(model, dst)
+
+
+def write_slower_when_bright(
+    src: Path, dst: Path, *, threshold: float = 0.5, dim: int = 192, repeats: int = 10
+) -> Path:
+    """``src``, plus ``repeats`` ``[dim, dim]`` matrix products on batches whose mean input value
+    exceeds ``threshold`` (an ``If``: ONNX Runtime runs only the branch taken), multiplied by zero.
+
+    The same answers as ``src`` on every frame, and its speed on dark frames; on a camera whose
+    scene turns bright, a model that "gets slow later", with nothing in the agent told to slow it.
+    """
+    model, scores = _rewire_scores(src, dst)
+    q, _ = np.linalg.qr(np.random.default_rng(1).normal(size=(dim, dim)))
+    model.graph.initializer.extend(
+        [
+            numpy_helper.from_array(q.astype(np.float32), "late_q"),
+            numpy_helper.from_array(np.array(threshold, np.float32), "late_threshold"),
+            numpy_helper.from_array(np.array([-1, 1, 1], np.int64), "late_shape3"),
+            numpy_helper.from_array(np.array([1, 1], np.int64), "late_shape2"),
+            numpy_helper.from_array(np.zeros((1, 1), np.float32), "late_zero"),
+        ]
+    )
+    heavy: list[onnx.NodeProto] = [
+        helper.make_node("ReduceMean", ["images"], ["late_mean4"], axes=[1, 2, 3], keepdims=1),
+        helper.make_node("Reshape", ["late_mean4", "late_shape3"], ["late_m"]),
+        helper.make_node("Mul", ["late_m", "late_q"], ["late_x0"]),
+    ]
+    x = "late_x0"
+    for i in range(repeats):
+        heavy.append(helper.make_node("MatMul", [x, "late_q"], [f"late_x{i + 1}"]))
+        x = f"late_x{i + 1}"
+    heavy.append(helper.make_node("ReduceMean", [x], ["late_heavy"], axes=[0, 1, 2], keepdims=1))
+    out = helper.make_tensor_value_info("late_heavy", TensorProto.FLOAT, [1, 1, 1])
+    light_out = helper.make_tensor_value_info("late_light", TensorProto.FLOAT, [1, 1, 1])
+    light = helper.make_node(
+        "Constant",
+        [],
+        ["late_light"],
+        value=numpy_helper.from_array(np.zeros((1, 1, 1), np.float32), "late_light_value"),
+    )
+    nodes = model.graph.node
+    nodes.append(helper.make_node("ReduceMean", ["images"], ["late_level"], keepdims=0))
+    nodes.append(helper.make_node("Greater", ["late_level", "late_threshold"], ["late_bright"]))
+    nodes.append(
+        helper.make_node(
+            "If",
+            ["late_bright"],
+            ["late_branch"],
+            then_branch=helper.make_graph(heavy, "late_then", [], [out]),
+            else_branch=helper.make_graph([light], "late_else", [], [light_out]),
+        )
+    )
+    nodes.append(helper.make_node("Reshape", ["late_branch", "late_shape2"], ["late_col"]))
+    nodes.append(helper.make_node("Mul", ["late_col", "late_zero"], ["late_nothing"]))
+    nodes.append(helper.make_node("Add", [scores, "late_nothing"], ["scores"]))
+    return _finish(model, dst)

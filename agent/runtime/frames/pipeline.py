@@ -225,6 +225,7 @@ class SlotPipeline:
                 if model is None:
                     no_model.inc()
                     continue
+                model.health.offered(plan.name)
                 t0 = time.perf_counter()
                 tensor: npt.NDArray[Any] | None
                 if model.gpu_preprocessor is not None and model.preprocessed_on_gpu:

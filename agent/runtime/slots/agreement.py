@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from agent.protocol.results import ClassScore, Detection, Prediction, RawTensor
+from agent.runtime.slots.latency import median_ratio
 
 #: Boxes of the same class overlapping at least this much count as the same object.
 IOU_MATCH = 0.5
@@ -160,11 +161,9 @@ class ShadowTally:
 
     @property
     def latency_ratio(self) -> float | None:
-        """Median new / median old inference time on the same frames (medians: one stall is noise)."""
-        if not self.old_ms:
-            return None
-        old = statistics.median(self.old_ms)
-        return statistics.median(self.new_ms) / old if old > 0 else None
+        """The median over frames of new / old inference time, both timed on that frame back to back
+        (:func:`~agent.runtime.slots.latency.median_ratio`: the same load under both, one stall is noise)."""
+        return median_ratio(zip(self.old_ms, self.new_ms, strict=True))
 
     def figures(self) -> dict[str, float | int | None]:
         """What the job status shows: frames, agreement, latency_ratio (and top5 for classifiers)."""

@@ -8,7 +8,8 @@ while it owns the slot:
    (:func:`~agent.runtime.slots.shadow.run_shadow`); below the bar the candidate is dropped, never having
    served, and the job ends REJECTED with the figures;
 3. swap it in, keeping the previous model loaded;
-4. PROBATION (when ``probation_s`` > 0): watch its health against the previous model's baseline
+4. PROBATION (when ``probation_s`` > 0): watch its health against the previous model's baseline,
+   and its latency against the previous model's timed on the same frames at the same moments
    (:func:`~agent.runtime.slots.probation.run_probation`); unhealthy, an operator rollback, a newer job or
    the agent stopping swap the previous model back in (a reference swap: no frame is lost) and the
    rejected model's last result is published before the job's end is;
@@ -118,6 +119,7 @@ def activate_guarded(target: GuardedSlot, request: ActivationRequest, source: Mo
             guard.cancel,
             report=lambda f: guard.figures(probation=f),
             latest_frame=target.latest_frame,
+            previous=previous,
         )
     except BaseException:
         slot.swap_back(previous, candidate)

@@ -30,6 +30,7 @@ _TIMES_PER_BUCKET = 256
 class _Bucket:
     second: int
     published: Counter[str] = field(default_factory=Counter)
+    offered: Counter[str] = field(default_factory=Counter)
     infer_ms: list[float] = field(default_factory=list)
     errors: int = 0
     nan: int = 0
@@ -48,10 +49,13 @@ class HealthFigures:
     nan_outputs: int
     dropped_share: float
     classes: dict[int, int]
+    #: Frames per second the capture handed this model, per stream (what it could have published).
+    offered_fps: dict[str, float] = field(default_factory=dict)
 
     def flat(self) -> dict[str, float]:
         """Flat numbers for the job status and telemetry (classes left out: a histogram, not a figure)."""
         out = {f"fps.{stream}": round(v, 3) for stream, v in self.fps.items()}
+        out.update({f"offered_fps.{stream}": round(v, 3) for stream, v in self.offered_fps.items()})
         if self.p99_ms is not None:
             out["p99_ms"] = round(self.p99_ms, 3)
         out["infer_errors"] = float(self.infer_errors)
@@ -89,6 +93,11 @@ class ModelHealth:
             if top1 is not None:
                 bucket.classes[top1] += 1
 
+    def offered(self, stream: str) -> None:
+        """The capture handed this model a frame of ``stream`` (before any queue could drop it)."""
+        with self._lock:
+            self._bucket(time.monotonic()).offered[stream] += 1
+
     def inferred(self, infer_ms: float, *, nan_frames: int = 0) -> None:
         """One batch ran in ``infer_ms``; ``nan_frames`` of its frames had NaN/Inf outputs."""
         with self._lock:
@@ -114,11 +123,13 @@ class ModelHealth:
         with self._lock:
             buckets = [b for b in self._buckets if start <= b.second <= end]
             published: Counter[str] = Counter()
+            offered: Counter[str] = Counter()
             classes: Counter[int] = Counter()
             times: list[float] = []
             errors = nan = dropped = 0
             for b in buckets:
                 published.update(b.published)
+                offered.update(b.offered)
                 classes.update(b.classes)
                 times.extend(b.infer_ms)
                 errors += b.errors
@@ -134,17 +145,32 @@ class ModelHealth:
             nan_outputs=nan,
             dropped_share=dropped / (frames + dropped) if frames + dropped else 0.0,
             classes=dict(classes),
+            offered_fps={stream: n / seconds for stream, n in offered.items()},
         )
 
 
 def judge(
-    baseline: HealthFigures, current: HealthFigures, bars: ProbationSpec, *, final: bool
+    baseline: HealthFigures,
+    current: HealthFigures,
+    bars: ProbationSpec,
+    *,
+    final: bool,
+    latency_ratio: float | None,
 ) -> FailedFigure | None:
     """The first figure of ``current`` that crosses its bar against ``baseline``; None while healthy.
 
     NaN outputs and inference errors fail at once (they count, so any time is long enough); the
-    ratios (fps, p99, drops, class mix) are judged at the end (``final``), over the whole probation,
+    ratios (fps, latency, drops, class mix) are judged at the end (``final``), over the whole probation,
     so a slow first second after a swap (a cold cache) is not a failure.
+
+    The fps of a stream is judged against the baseline's, or against the frames the capture handed
+    the new model where those were fewer: what the model could have published.
+
+    The latency is ``latency_ratio``: the new model's inference time over the old model's, both timed
+    on the same live frames at the same moments (:func:`agent.runtime.slots.latency.judged_ratio`),
+    judged against ``max_p99_ratio`` under the figure name ``p99_ratio``. The live p99s before and
+    after the swap are not compared: between them the machine's load changes as much as the model.
+    None (no pair could be timed: no live frame) leaves the latency unjudged.
     """
     if current.nan_outputs > bars.max_nan_outputs:
         return FailedFigure(figure="nan_outputs", value=current.nan_outputs, bar=bars.max_nan_outputs)
@@ -153,15 +179,16 @@ def judge(
     if not final:
         return None
     for stream, before in sorted(baseline.fps.items()):
-        if before <= 0:
+        # A model cannot publish frames the capture never handed it: a camera that slowed down, or
+        # a capture starved by other work, lowers the reference, not the model's score.
+        reference = min(before, current.offered_fps.get(stream, before))
+        if reference <= 0:
             continue
-        ratio = current.fps.get(stream, 0.0) / before
+        ratio = current.fps.get(stream, 0.0) / reference
         if ratio < bars.min_fps_ratio:
             return FailedFigure(figure=f"fps_ratio.{stream}", value=round(ratio, 4), bar=bars.min_fps_ratio)
-    if baseline.p99_ms and current.p99_ms is not None:
-        ratio = current.p99_ms / baseline.p99_ms
-        if ratio > bars.max_p99_ratio:
-            return FailedFigure(figure="p99_ratio", value=round(ratio, 4), bar=bars.max_p99_ratio)
+    if latency_ratio is not None and latency_ratio > bars.max_p99_ratio:
+        return FailedFigure(figure="p99_ratio", value=round(latency_ratio, 4), bar=bars.max_p99_ratio)
     increase = current.dropped_share - baseline.dropped_share
     if increase > bars.max_drop_increase:
         return FailedFigure(figure="dropped_increase", value=round(increase, 4), bar=bars.max_drop_increase)

@@ -1,9 +1,12 @@
 """Probation: the new model serves, watched against the old model's baseline, until it passes or fails.
 
-:func:`run_probation` checks every second: NaN/Inf outputs and inference errors end it at once, the
-ratios (fps per stream, inference p99, drops, the classifier's class mix) are judged when
-``probation_s`` is over (:func:`agent.runtime.slots.health.judge`). An operator ``rollback`` during it
-ends it at once, and so does the job's cancel event (superseded, agent stopping).
+:func:`run_probation` checks twice a second: NaN/Inf outputs and inference errors end it at once, the
+ratios (fps per stream, latency, drops, the classifier's class mix) are judged when ``probation_s``
+is over (:func:`agent.runtime.slots.health.judge`). At every check it also times the old model (kept
+loaded for the swap back) and the new one on the latest live frame, back to back: the latency is
+judged on those pairs, so a machine busy with other work slows both sides alike
+(:mod:`agent.runtime.slots.latency`). An operator ``rollback`` during it ends it at once, and so does
+the job's cancel event (superseded, agent stopping).
 """
 
 from __future__ import annotations
@@ -19,11 +22,14 @@ import numpy as np
 import numpy.typing as npt
 import structlog
 
+from agent.errors import AgentError
 from agent.protocol.messages import FailedFigure, ProbationFigures
 from agent.protocol.proving import ProbationSpec
 from agent.runtime.slots.agreement import total_variation
 from agent.runtime.slots.health import HealthFigures, judge
+from agent.runtime.slots.latency import PairedTiming, judged_ratio, old_first
 from agent.runtime.slots.loaded import LoadedModel
+from agent.runtime.slots.shadow import predict
 
 log = structlog.get_logger(__name__)
 
@@ -31,6 +37,8 @@ _CHECK_EVERY_S = 0.5
 #: Live frames remembered during a probation (references, one per check), for a rollback's evidence.
 _FRAMES_KEPT = 12
 _REPORT_EVERY_S = 5.0
+#: Paired timings kept (one per check): an hour of probation.
+_PAIRS_KEPT = 7200
 
 Outcome = Literal["healthy", "unhealthy", "operator_rollback", "cancelled"]
 
@@ -51,6 +59,8 @@ class ProbationRun:
     #: The latest live frames seen at the checks (references the capture owns, never copies): what a
     #: rollback's evidence compares both models on.
     frames: deque[npt.NDArray[np.uint8]] = field(default_factory=lambda: deque(maxlen=_FRAMES_KEPT))
+    #: Both models timed on the same live frame, one pair per check: what the latency is judged on.
+    pairs: deque[PairedTiming] = field(default_factory=lambda: deque(maxlen=_PAIRS_KEPT))
 
     def remember(self, image: npt.NDArray[np.uint8] | None) -> None:
         """Keep ``image`` among the latest frames (a frame already kept is skipped)."""
@@ -82,10 +92,12 @@ def run_probation(
     report: Callable[[ProbationFigures], None],
     *,
     latest_frame: Callable[[], npt.NDArray[np.uint8] | None] | None = None,
+    previous: LoadedModel | None = None,
 ) -> Outcome:
     """Watch ``model`` (already serving) until the probation ends; return how it ended.
 
-    ``run.figures`` holds the last figures (with ``failed`` set when a figure crossed its bar).
+    ``previous`` (the model it replaced, still loaded) is timed beside it on the latest frame at each
+    check. ``run.figures`` holds the last figures (with ``failed`` set when a figure crossed its bar).
     """
     model.health.watch_outputs = True
     last_report = time.monotonic()
@@ -96,11 +108,14 @@ def run_probation(
                 return "operator_rollback"
             if cancel.is_set():
                 return "cancelled"
-            if latest_frame is not None:
-                run.remember(latest_frame())
+            image = latest_frame() if latest_frame is not None else None
+            run.remember(image)
+            if previous is not None and image is not None:
+                _time_pair(run, previous, model, image)
             final = time.monotonic() - run.started >= run.probation_s
             current = model.health.figures(run.started, time.monotonic())
-            failed = judge(run.baseline, current, bars, final=final)
+            latency = judged_ratio(list(run.pairs), run.probation_s)
+            failed = judge(run.baseline, current, bars, final=final, latency_ratio=latency)
             _measure(run, model, failed, current)
             if failed is not None:
                 log.error(
@@ -121,6 +136,23 @@ def run_probation(
         model.health.watch_outputs = False
 
 
+def _time_pair(run: ProbationRun, old: LoadedModel, new: LoadedModel, image: npt.NDArray[np.uint8]) -> None:
+    """Both models on ``image``, back to back (the order alternating), kept as one pair."""
+    at_s = time.monotonic() - run.started
+    try:
+        if old_first(len(run.pairs)):
+            _, old_ms, _ = predict(old, image)
+            _, new_ms, _ = predict(new, image)
+        else:
+            _, new_ms, _ = predict(new, image)
+            _, old_ms, _ = predict(old, image)
+    except AgentError as exc:
+        # The frame path counts the new model's errors; a pair that failed is only not a pair.
+        log.warning("probation.pair_failed", slot=run.slot, error=str(exc))
+        return
+    run.pairs.append(PairedTiming(at_s, old_ms, new_ms))
+
+
 def _measure(
     run: ProbationRun, model: LoadedModel, failed: FailedFigure | None, current: HealthFigures | None = None
 ) -> None:
@@ -130,6 +162,10 @@ def _measure(
     shift = total_variation(run.baseline.classes, current.classes)
     if shift is not None:
         now["class_shift"] = round(shift, 4)
+    latency = judged_ratio(list(run.pairs), run.probation_s)
+    if latency is not None:
+        now["latency_ratio"] = round(latency, 4)
+    now["latency_pairs"] = float(len(run.pairs))
     run.figures = ProbationFigures(
         elapsed_s=round(time.monotonic() - run.started, 3),
         probation_s=run.probation_s,

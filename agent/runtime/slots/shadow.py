@@ -2,7 +2,7 @@
 
 The run samples the slot's latest captured frame at most ``sample_fps`` times a second (a frame it
 has already seen is skipped), runs it through the serving model (leased, like a batch) and through
-the candidate, one after the other on this thread, and feeds the pair to a
+the candidate, one after the other on this thread (which one first alternates), and feeds the pair to a
 :class:`~agent.runtime.slots.agreement.ShadowTally` until the tally decides, ``frames`` were compared, or
 ``timeout_s`` passes. The frame path never waits for it: it only reads a reference the capture
 thread keeps anyway (``SlotPipeline.last_image``), and the extra inference load is bounded by the
@@ -26,6 +26,7 @@ from agent.protocol.proving import ShadowSpec
 from agent.protocol.results import Prediction
 from agent.runtime.slots.agreement import ShadowBar, ShadowTally, Verdict, frame_agreement, topk_overlap
 from agent.runtime.slots.evidence import DisagreementHeap
+from agent.runtime.slots.latency import old_first
 from agent.runtime.slots.loaded import LoadedModel
 from agent.runtime.slots.slot import ModelSlot
 
@@ -84,8 +85,12 @@ def _compare(
     with slot.lease() as serving:
         if serving is None:
             return
-        old, old_ms, _ = predict(serving, image)
-    new, new_ms, finite = predict(candidate, image)
+        if old_first(tally.frames + tally.bad_outputs):
+            old, old_ms, _ = predict(serving, image)
+            new, new_ms, finite = predict(candidate, image)
+        else:
+            new, new_ms, finite = predict(candidate, image)
+            old, old_ms, _ = predict(serving, image)
     if not finite:
         tally.bad_outputs += 1
         if evidence is not None:
