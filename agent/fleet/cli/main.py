@@ -1,5 +1,5 @@
 """``edge-agent fleet ...``: the operator commands (keygen, deploy, serve, status, watch, cmd,
-snapshot, evidence, samples, engines, logs, decommission, controller, rollout).
+snapshot, evidence, samples, engines, logs, decommission, devices, controller, rollout).
 
 :func:`add_fleet_arguments` fills the ``fleet`` sub-parser, :func:`run_fleet` runs the chosen
 command and returns the exit code. ``fleet deploy`` itself is :mod:`agent.fleet.cli.deploy`, the
@@ -19,6 +19,7 @@ from pathlib import Path
 
 from agent.errors import UsageError
 from agent.fleet.cli import device_commands
+from agent.fleet.cli.admission import add_admission_arguments, run_admission
 from agent.fleet.cli.args import add_retained_wait, add_target_arguments
 from agent.fleet.cli.connection import add_broker_arguments, settings_from_args
 from agent.fleet.cli.deploy import add_manifest_arguments, run_deploy
@@ -46,6 +47,7 @@ FLEET_COMMANDS = (
     "engines",
     "logs",
     "decommission",
+    "devices",
     "controller",
     "rollout",
 )
@@ -283,6 +285,11 @@ def add_fleet_arguments(parser: argparse.ArgumentParser) -> None:
     add_broker_arguments(gone)
     _add_verbose(gone)
 
+    devices = sub.add_parser(
+        "devices", help="devices enrolling with a claim: register, pending, accept, reject"
+    )
+    add_admission_arguments(devices.add_subparsers(dest="devices_command", required=True, metavar="VERB"))
+
     add_controller_arguments(sub)
 
 
@@ -324,6 +331,8 @@ def run_fleet(args: argparse.Namespace) -> int:
         return device_commands.run_logs(args)
     if command == "decommission":
         return device_commands.run_decommission(args)
+    if command == "devices":
+        return run_admission(args)
     if command == "controller":
         return run_controller_command(args)
     if command == "rollout":
