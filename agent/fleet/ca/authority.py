@@ -17,6 +17,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric.types import CertificateIssuerPrivateKeyTypes
 
 from agent.errors import ConfigError
+from agent.fleet.ca.broker import BrokerTold, tell_broker, write_devices_acl
 from agent.fleet.ca.crl import crl_due, write_crl
 from agent.fleet.ca.csr import CheckedCsr
 from agent.fleet.ca.layout import CaDir
@@ -112,6 +113,10 @@ class DeviceAuthority:
             ledger = read_ledger(self._dir.issued)
             ledger.certificates.append(record)
             write_ledger(self._dir.issued, ledger)
+            lifted = write_devices_acl(self._dir, ledger)
+        if lifted:
+            # The device had been revoked and is enrolled again: the broker must drop its deny block.
+            self.tell_broker()
         log.info(
             "fleet.ca.issued", device=checked.device_id, serial=serial, not_after=record.not_after.isoformat()
         )
@@ -121,11 +126,12 @@ class DeviceAuthority:
         """The ledger's records for ``device_id``, oldest first (revoked ones included)."""
         return [r for r in read_ledger(self._dir.issued).certificates if r.device_id == device_id]
 
-    def revoke_device(self, device_id: str, reason: str) -> list[str]:
-        """Revoke every unexpired certificate of ``device_id``; rewrite the CRL; the serials revoked.
+    def revoke_device(self, device_id: str, reason: str, *, tell: bool = True) -> list[str]:
+        """Revoke every unexpired certificate of ``device_id``; the serials revoked.
 
-        The CRL is written (temp + fsync + rename) even when nothing new was revoked, so a
-        revocation always leaves a fresh CRL; telling the broker to read it is the caller's.
+        The CRL and the devices ACL are rewritten (temp + fsync + rename) even when nothing new was
+        revoked, so a revocation always leaves them current; then the broker is told to reload
+        them (``tell``; the CLI passes False and calls :meth:`tell_broker` to print the outcome).
         """
         revoked: list[str] = []
         with self._dir.locked():
@@ -141,22 +147,33 @@ class DeviceAuthority:
             ledger = IssuedLedger(certificates=kept)
             write_ledger(self._dir.issued, ledger)
             self._write_crl(ledger)
+            write_devices_acl(self._dir, ledger)
         log.info("fleet.ca.revoked", device=device_id, serials=revoked, reason=reason)
+        if tell:
+            self.tell_broker()
         return revoked
 
+    def tell_broker(self) -> BrokerTold:
+        """Tell the local broker to re-read the CRL and the devices ACL (see :mod:`agent.fleet.ca.broker`)."""
+        return tell_broker(self._dir)
+
     def renew_crl_if_due(self) -> bool:
-        """Re-issue the CRL when it is missing or past half its life; whether it was re-issued."""
+        """Re-issue the CRL when it is missing or past half its life, and tell the broker (which
+        keeps the CRL it read in memory until told); whether it was re-issued."""
         with self._dir.locked():
             if not crl_due(self._dir.crl):
                 return False
             self._write_crl(read_ledger(self._dir.issued))
         log.info("fleet.ca.crl_renewed", path=str(self._dir.crl))
+        self.tell_broker()
         return True
 
     def reissue_crl(self) -> Path:
-        """Re-issue the CRL now (``fleet ca crl``); its path."""
+        """Re-issue the CRL and the devices ACL now (``fleet ca crl``; the caller tells the broker)."""
         with self._dir.locked():
-            self._write_crl(read_ledger(self._dir.issued))
+            ledger = read_ledger(self._dir.issued)
+            self._write_crl(ledger)
+            write_devices_acl(self._dir, ledger)
         return self._dir.crl
 
     def _write_crl(self, ledger: IssuedLedger) -> None:

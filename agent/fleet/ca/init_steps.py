@@ -17,8 +17,10 @@ from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric.types import CertificateIssuerPrivateKeyTypes
 
 from agent.errors import UsageError
+from agent.fleet.ca.broker import BrokerSettings, write_broker_settings, write_devices_acl
 from agent.fleet.ca.crl import write_crl
 from agent.fleet.ca.layout import CaDir, RootDir, make_private_dir
+from agent.fleet.ca.ledger import IssuedLedger
 from agent.fleet.ca.pki import (
     ca_certificate,
     leaf_certificate,
@@ -36,6 +38,10 @@ INTERMEDIATE_DAYS = 90
 CLAIMS_CA_DAYS = 3650
 SERVER_DAYS = 825
 
+#: The CA directory may be traversed (not listed) so the broker reaches ``broker/``, which it reads.
+CA_DIR_MODE = 0o711
+BROKER_DIR_MODE = 0o755
+
 ROOT_CN = "edge-agent fleet device root"
 INTERMEDIATE_CN = "edge-agent fleet devices"
 CLAIMS_CN = "edge-agent fleet claims"
@@ -51,9 +57,15 @@ class InitDone:
 
 
 def init_ca(
-    root_dir: Path, ca_dir: Path, server_names: tuple[str, ...], *, intermediate_days: int = INTERMEDIATE_DAYS
+    root_dir: Path,
+    ca_dir: Path,
+    server_names: tuple[str, ...],
+    *,
+    intermediate_days: int = INTERMEDIATE_DAYS,
+    broker: BrokerSettings | None = None,
 ) -> InitDone:
-    """Make the root, the devices intermediate, the claims CA, the broker's certificate and the CRL."""
+    """Make the root, the devices intermediate, the claims CA, the broker's certificate, the CRL
+    and the devices ACL; record ``broker`` (the topic prefix, the local broker's pid file)."""
     root, ca = RootDir(Path(root_dir)), CaDir(Path(ca_dir))
     if root.path.resolve() == ca.path.resolve():
         raise UsageError("--root-dir and --ca-dir must differ: the root directory leaves the controller host")
@@ -65,8 +77,8 @@ def init_ca(
     if not server_names:
         raise UsageError("name the broker's host with --broker-host (repeat it for each name or IP)")
     make_private_dir(root.path)
-    make_private_dir(ca.path)
-    make_private_dir(ca.server_key.parent)
+    make_private_dir(ca.path, CA_DIR_MODE)
+    make_private_dir(ca.broker_dir, BROKER_DIR_MODE)
     root_cert = _make_root(root)
     write_cert(ca.root_cert, root_cert)
     _make_server_cert(ca, root_cert, read_key(root.key), server_names)
@@ -74,6 +86,8 @@ def init_ca(
     write_key(ca.devices_key, new_key())
     intermediate = certify_intermediate(root, ca, intermediate_days)
     write_crl(ca.crl, [], intermediate, read_key(ca.devices_key))
+    write_broker_settings(ca, broker or BrokerSettings())
+    write_devices_acl(ca, IssuedLedger())
     return InitDone(root, ca, intermediate.not_valid_after_utc)
 
 
