@@ -176,7 +176,7 @@ class EnrollmentDesk:
             request = self._enroll_request(client, message.payload)
             request_id = request.request_id
             with self._lock:
-                reply = self._admit(request)
+                reply = self._admit(request, client)
         except _Refusal as refusal:
             reply = self._refusal(request_id, refusal)
         self._send(reply_to, reply)
@@ -186,18 +186,18 @@ class EnrollmentDesk:
         if device_id is None:
             raise _Refusal(
                 "bad_device_id",
-                f"client id {shown(client, 80)} is not enroll:DEVICE_ID with a device id of 1-64 letters, "
-                "digits, '_', '.' or '-'",
+                f"client id {shown(client, 80)} is not [prefix]enroll:DEVICE_ID with a device id of 1-64 "
+                "letters, digits, '_', '.' or '-'",
             )
         request = _decoded(EnrollRequest, payload)
         if request.device_id != device_id:
             raise _Refusal(
                 "id_mismatch",
-                f"the request is for {shown(request.device_id, 64)}, sent as client enroll:{device_id}",
+                f"the request is for {shown(request.device_id, 64)}, sent as client {shown(client, 100)}",
             )
         return request
 
-    def _admit(self, request: EnrollRequest) -> EnrollReply:
+    def _admit(self, request: EnrollRequest, client: str) -> EnrollReply:
         assert self.book is not None
         device_id = request.device_id
         claim = self._claim(request)
@@ -244,7 +244,7 @@ class EnrollmentDesk:
         self.book.add_pending(
             Pending(
                 device_id, claim, request.serial, checked.fingerprint, request.csr_pem, request.request_id,
-                verdict.code, now, now, 1, 0,
+                verdict.code, now, now, 1, 0, client,
             )
         )  # fmt: skip
         log.info("fleet.enroll.pending", device=device_id, claim=claim, code=verdict.code)
@@ -411,7 +411,7 @@ class EnrollmentDesk:
                 spends=True,
             )
         reply = _issued_reply(waiting.request_id, issued.cert_pem.decode(), issued.chain_pem.decode())
-        self._send(enroll_reply(self.prefix, f"enroll:{device_id}"), reply)
+        self._send(enroll_reply(self.prefix, waiting.client), reply)
         return {
             "device_id": device_id,
             "accepted": True,

@@ -13,7 +13,7 @@ def _enrolled(fingerprint: str) -> Enrolled:
 
 
 def _pending(fingerprint: str, code: str = "pending") -> Pending:
-    return Pending("cam-1", "batch", None, fingerprint, "CSR", "r1", code, 1e9, 1e9, 1, 0)
+    return Pending("cam-1", "batch", None, fingerprint, "CSR", "r1", code, 1e9, 1e9, 1, 0, "enroll:cam-1")
 
 
 def test_an_unknown_id_waits_and_a_second_request_with_its_key_only_counts() -> None:

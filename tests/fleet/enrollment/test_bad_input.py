@@ -159,9 +159,9 @@ def _forged_claim(rig: EnrollRig, name: str, not_after: datetime.datetime, *, ot
     folder.mkdir(parents=True)
     write_cert(folder / "claim.crt", cert)
     write_key(folder / "claim.key", key)
-    return ClaimBundle(
-        folder / "claim.crt", folder / "claim.key", ca.root_cert, read_claims(rig.ca.ca.path)["batch-1"]
-    )
+    name_listed = rig.claim().record.name  # any record: the ledger is not asked for a forged claim
+    record = read_claims(rig.ca.ca.path)[name_listed]
+    return ClaimBundle(folder / "claim.crt", folder / "claim.key", ca.root_cert, record)
 
 
 def test_a_claim_used_past_its_count_expired_forged_or_not_signing_is_refused(rig: EnrollRig) -> None:
