@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from agent.errors import AgentError
+
 #: The schema's version (``PRAGMA user_version``); a newer file is refused.
 SCHEMA_VERSION = 1
 
@@ -38,8 +40,10 @@ CREATE TABLE claim_uses (claim TEXT PRIMARY KEY, uses INTEGER NOT NULL);
 """
 
 
-class BookError(Exception):
+class BookError(AgentError):
     """The enrollment file cannot be used (written by a newer controller)."""
+
+    code = "enrollment_store"
 
 
 @dataclass(frozen=True)
@@ -65,7 +69,8 @@ class Pending:
             "claim": self.claim,
             "serial": self.serial,
             "fingerprint": self.fingerprint,
-            "reenroll": self.code == "already_enrolled",
+            "reenroll": self.code in ("already_enrolled", "revoked"),
+            "code": self.code,
             "first_at": self.first_at,
             "last_at": self.last_at,
             "asks": self.asks,
@@ -214,6 +219,11 @@ class EnrollmentBook:
                 f"UPDATE pending SET {column} = {column} + 1, last_at = ? WHERE device_id = ?",  # noqa: S608
                 (at, device_id),
             )
+
+    def forget_pending_before(self, at: float) -> int:
+        """Drop the waiting devices not heard since ``at`` (they gave up); how many."""
+        with self._writing() as db:
+            return int(db.execute("DELETE FROM pending WHERE last_at < ?", (at,)).rowcount)
 
     def reject(self, device_id: str, reason: str) -> bool:
         """Reject ``device_id``: it leaves the pending list; whether it was pending."""

@@ -57,6 +57,8 @@ MAX_REQUEST_BYTES = 64 * 1024
 UNKNOWN_REQUEST = "unknown"
 #: A pending request asked again sooner than this after the last is not written down again.
 TOUCH_EVERY_S = 10.0
+#: Why a device waits when it holds a certificate already: accepting it needs ``--reenroll``.
+REENROLLING = frozenset({"already_enrolled", "revoked"})
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
 M = TypeVar("M", EnrollRequest, CertRenewal)
@@ -202,12 +204,14 @@ class EnrollmentDesk:
         device_id = request.device_id
         claim = self._claim(request)
         checked = _checked(request.csr_pem, device_id)
+        enrolled = self.book.enrolled(device_id)
         known = Known(
-            self.book.enrolled(device_id),
+            enrolled,
             self.book.pending(device_id),
             self.book.rejected(device_id),
             self.book.registration_of_id(device_id),
             None if request.serial is None else self.book.registration_of_serial(request.serial),
+            revoked=enrolled is not None and self._revoked(device_id, enrolled.serial),
         )
         verdict = admit(device_id, request.serial, checked.fingerprint, known)
         if verdict.action == "resend":
@@ -235,6 +239,7 @@ class EnrollmentDesk:
                 spends=True,
             )
             return _issued_reply(request.request_id, issued.cert_pem.decode(), issued.chain_pem.decode())
+        self.book.forget_pending_before(now - self.settings.pending_forget_s)
         total, of_claim = self.book.pending_counts(claim)
         if total >= self.settings.max_pending or of_claim >= self.settings.max_pending_per_claim:
             raise _Refusal(
@@ -249,6 +254,13 @@ class EnrollmentDesk:
         )  # fmt: skip
         log.info("fleet.enroll.pending", device=device_id, claim=claim, code=verdict.code)
         return self._pending_reply(request.request_id, verdict.code, verdict.message)
+
+    def _revoked(self, device_id: str, serial: str) -> bool:
+        """Whether the CA revoked ``device_id``'s certificate ``serial`` (``fleet devices revoke``)."""
+        assert self.authority is not None
+        return any(
+            r.serial == serial and r.revoked_at is not None for r in self.authority.certificates_of(device_id)
+        )
 
     def _claim(self, request: EnrollRequest) -> str:
         """The name of the claim that signed ``request`` (a refusal when it is not a good one)."""
@@ -386,11 +398,11 @@ class EnrollmentDesk:
                         "not_pending", f"{device_id} is not waiting: see `fleet devices pending`"
                     )
                 return {"device_id": device_id, "accepted": True, "already": True, **enrolled.as_dict()}
-            if waiting.code == "already_enrolled" and not reenroll:
+            if waiting.code in REENROLLING and not reenroll:
                 raise AdmissionError(
                     "reenroll_needed",
-                    f"{device_id} is enrolled with another key; accept it with --reenroll to revoke the old "
-                    "certificate and issue one for the new key",
+                    f"{device_id} is enrolled already ({waiting.code}); accept it with --reenroll to revoke "
+                    "the old certificate and issue one for the new key",
                 )
             try:
                 self._check_uses_left(waiting.claim)
@@ -398,7 +410,7 @@ class EnrollmentDesk:
             except _Refusal as refusal:
                 raise AdmissionError(refusal.code, refusal.message) from refusal
             revoked: list[str] = []
-            if waiting.code == "already_enrolled":
+            if waiting.code in REENROLLING:
                 assert self.authority is not None
                 revoked = self.authority.revoke_device(device_id, "re-enrolled by an operator")
             issued = self._issue(checked)

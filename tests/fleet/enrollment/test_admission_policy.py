@@ -57,3 +57,9 @@ def test_a_rejected_id_stays_rejected_even_when_its_serial_is_registered() -> No
     )
     assert (verdict.action, verdict.code) == ("rejected", "rejected")
     assert "stolen" in verdict.message
+
+
+def test_a_revoked_id_waits_for_an_operator_whatever_key_it_asks_with() -> None:
+    for key in ("k1", "k2"):
+        verdict = admit("cam-1", None, key, Known(_enrolled("k1"), None, None, None, None, revoked=True))
+        assert (verdict.action, verdict.code) == ("wait", "revoked")

@@ -261,3 +261,20 @@ def test_a_device_enrolling_while_the_controller_is_down_is_issued_once_when_it_
     again = rig.ask(signed_request("cam-12", rig.claim(), request.csr_pem))
     assert again["cert_pem"] == reply["cert_pem"]
     assert len(DeviceAuthority.load(rig.ca.ca.path).certificates_of("cam-12")) == 1
+
+
+def test_a_revoked_device_asking_again_with_its_key_waits_for_the_operator(rig: EnrollRig) -> None:
+    rig.operator("register", {"device_id": "cam-13"})
+    key = new_key()
+    first = rig.ask(signed_request("cam-13", rig.claim(), csr_pem(key, "cam-13")))
+    assert first["outcome"] == "issued"
+    DeviceAuthority.load(rig.ca.ca.path).revoke_device("cam-13", "stolen", tell=False)
+    again = rig.ask(signed_request("cam-13", rig.claim(), csr_pem(key, "cam-13")))
+    assert (again["outcome"], again["code"]) == ("pending", "revoked")
+    assert again.get("cert_pem") is None
+    with pytest.raises(RequestRefusedError) as caught:
+        rig.operator("accept", {"device_id": "cam-13"})
+    assert caught.value.code == "reenroll_needed"
+    assert rig.operator("accept", {"device_id": "cam-13", "reenroll": True})["already"] is False
+    records = DeviceAuthority.load(rig.ca.ca.path).certificates_of("cam-13")
+    assert [r.revoked_at is not None for r in records] == [True, False]
