@@ -6,8 +6,8 @@ ca claim``), every device id in the controller's ``enrollment.registered_file`` 
 once). Each simulated device, as the agent does: a P-256 key made here, a CSR for its id, the
 request signed by the claim key, sent on the enrollment listener as client ``fleet:enroll:ID``;
 then the certificate it got opens the devices listener, where it publishes its retained online
-status and stays connected. The devices share one process and a pool of threads (``--workers``);
-the controller is its own process, as in production, over the operator listener.
+status and stays connected. The devices share processes of 125 devices each and ``--workers``
+threads in all; the controller is its own process, as in production, over the operator listener.
 
 Measured: seconds from the first request to the controller's /metrics counting every device
 enrolled and online, each device's claim-to-online seconds (median, 95th percentile, max), the
@@ -17,6 +17,7 @@ average at the start and the end.
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import secrets
 import statistics
@@ -39,7 +40,7 @@ from paho.mqtt.enums import CallbackAPIVersion
 
 from agent.demo.broker import free_port, mosquitto_binary, port_open
 from agent.fleet.ca.broker import BrokerSettings
-from agent.fleet.ca.claims import ClaimBundle, make_claim
+from agent.fleet.ca.claims import make_claim
 from agent.fleet.ca.init_steps import InitDone, init_ca
 from agent.protocol.enrollment import EnrollReply, EnrollRequest, enroll_client_id, signed_request_bytes
 from agent.protocol.messages import StatusMessage, decode, encode
@@ -52,6 +53,8 @@ PREFIX = "fleet/v1"
 #: The documented paths in mosquitto.conf, replaced by this run's.
 _CA_DIR = "/var/lib/edge-fleet-controller/ca/"
 OPERATOR = "operator"
+#: Simulated devices per process (three file descriptors each while connected).
+DEVICES_PER_PROCESS = 125
 
 
 @dataclass
@@ -147,14 +150,24 @@ def _connect(client: mqtt.Client, port: int, timeout: float) -> None:
         raise RuntimeError(f"connection to port {port} failed: {refused or 'no CONNACK'}")
 
 
-class SimulatedDevice:
-    """One device enrolling with ``claim`` as the agent does (see the module docstring)."""
+@dataclass(frozen=True)
+class Endpoints:
+    """What a simulated device needs: the claim's files, the trust anchor, the two listeners' ports."""
 
-    def __init__(self, device_id: str, claim: ClaimBundle, broker: DocumentedBroker, files: Path) -> None:
+    claim_cert: Path
+    claim_key: Path
+    root_cert: Path
+    device_port: int
+    enroll_port: int
+    files: Path  # where each device's key and certificate go
+
+
+class SimulatedDevice:
+    """One device enrolling with the claim as the agent does (see the module docstring)."""
+
+    def __init__(self, device_id: str, at: Endpoints) -> None:
         self.device_id = device_id
-        self.claim = claim
-        self.broker = broker
-        self.files = files
+        self.at = at
 
     def request(self, key: ec.EllipticCurvePrivateKey) -> EnrollRequest:
         csr = (
@@ -166,11 +179,11 @@ class SimulatedDevice:
             "device_id": self.device_id,
             "request_id": uuid.uuid4().hex[:16],
             "csr_pem": csr.public_bytes(serialization.Encoding.PEM).decode(),
-            "claim_cert_pem": self.claim.cert_file.read_text(),
+            "claim_cert_pem": self.at.claim_cert.read_text(),
             "msg_id": uuid.uuid4().hex,
             "ts": time.time(),
         }
-        claim_key = serialization.load_pem_private_key(self.claim.key_file.read_bytes(), password=None)
+        claim_key = serialization.load_pem_private_key(self.at.claim_key.read_bytes(), password=None)
         assert isinstance(claim_key, ec.EllipticCurvePrivateKey)
         signature = claim_key.sign(signed_request_bytes(fields), ec.ECDSA(hashes.SHA256()))
         return EnrollRequest(**fields, claim_signature=signature.hex())
@@ -181,7 +194,7 @@ class SimulatedDevice:
         reply = self._ask(self.request(key), timeout)
         if reply.outcome != "issued" or reply.cert_pem is None:
             raise RuntimeError(f"{self.device_id}: {reply.outcome} {reply.code}: {reply.message}")
-        key_file, cert_file = self.files / f"{self.device_id}.key", self.files / f"{self.device_id}.crt"
+        key_file, cert_file = self.at.files / f"{self.device_id}.key", self.at.files / f"{self.device_id}.crt"
         key_file.write_bytes(
             key.private_bytes(
                 serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
@@ -192,10 +205,8 @@ class SimulatedDevice:
         device = mqtt.Client(
             CallbackAPIVersion.VERSION2, client_id=f"fleet:{self.device_id}", protocol=mqtt.MQTTv5
         )
-        device.tls_set(
-            ca_certs=str(self.broker.ca.ca.root_cert), certfile=str(cert_file), keyfile=str(key_file)
-        )
-        _connect(device, self.broker.ports[8883], timeout)
+        device.tls_set(ca_certs=str(self.at.root_cert), certfile=str(cert_file), keyfile=str(key_file))
+        _connect(device, self.at.device_port, timeout)
         status = StatusMessage(state="online", session=1, agent_version="bench")
         device.publish(
             Topics(PREFIX, self.device_id).status, encode(status), qos=1, retain=True
@@ -215,13 +226,11 @@ class SimulatedDevice:
 
         client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=client_id, protocol=mqtt.MQTTv5)
         client.tls_set(
-            ca_certs=str(self.claim.ca_file),
-            certfile=str(self.claim.cert_file),
-            keyfile=str(self.claim.key_file),
+            ca_certs=str(self.at.root_cert), certfile=str(self.at.claim_cert), keyfile=str(self.at.claim_key)
         )
         client.on_message = on_message
         try:
-            _connect(client, self.broker.ports[8885], timeout)
+            _connect(client, self.at.enroll_port, timeout)
             client.subscribe(enroll_reply(PREFIX, client_id), qos=1)
             time.sleep(0.05)  # the SUBACK before the request: the reply is not retained
             client.publish(enroll_request(PREFIX, client_id), encode(request), qos=1)
@@ -231,6 +240,22 @@ class SimulatedDevice:
         finally:
             client.disconnect()
             client.loop_stop()
+
+
+def _enroll_slice(ids: list[str], at: Endpoints, workers: int, results: Any, stop: Any) -> None:
+    """One simulator process: enroll ``ids`` on ``workers`` threads, report (id, seconds) or the
+    error, and keep the devices connected until ``stop`` is set."""
+    try:
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            done = list(pool.map(lambda d: SimulatedDevice(d, at).enroll(300.0), ids))
+    except Exception as exc:  # the parent reports it; a half-enrolled slice measures nothing
+        results.put(repr(exc))
+        return
+    results.put([(d.device_id, d.seconds) for d in done])
+    stop.wait(3600)
+    for device in done:
+        device.client.disconnect()
+        device.client.loop_stop()
 
 
 def _metric(url: str, name: str) -> float:
@@ -272,10 +297,29 @@ def run_enrollment(root: Path, devices: int, workers: int, controller_factory: A
     sampler.start()
     controller.sample()
     cpu_before = float(getattr(controller, "_cpu_now", 0.0))  # its start-up, left out of the figure below
+    at = Endpoints(
+        claim.cert_file, claim.key_file, broker.ca.ca.root_cert, broker.ports[8883], broker.ports[8885], files
+    )
+    # Processes of at most DEVICES_PER_PROCESS devices: paho's loop uses select(), which fails past
+    # file descriptor 1024, and each connected device holds three.
+    context = multiprocessing.get_context("fork")
+    results, stop = context.Queue(), context.Event()
+    slices = [ids[n : n + DEVICES_PER_PROCESS] for n in range(0, len(ids), DEVICES_PER_PROCESS)]
+    per_process = max(1, workers // len(slices))
     load_start = os.getloadavg()
     t0 = time.monotonic()
-    with ThreadPoolExecutor(max_workers=workers) as pool:
-        done = list(pool.map(lambda d: SimulatedDevice(d, claim, broker, files).enroll(300.0), ids))
+    processes = [
+        context.Process(target=_enroll_slice, args=(part, at, per_process, results, stop)) for part in slices
+    ]
+    for process in processes:
+        process.start()
+    done: list[tuple[str, float]] = []
+    for _ in processes:
+        part = results.get(timeout=1800)
+        if isinstance(part, str):
+            stop.set()
+            raise RuntimeError(f"a simulator process failed: {part}")  # noqa: TRY004 (its report)
+        done += part
     enrolled_at = time.monotonic() - t0
     while _metric(url, "edge_device_online{") < devices or _metric(url, "edge_enroll_enrolled") < devices:
         if time.monotonic() - t0 > 1800:
@@ -290,15 +334,16 @@ def run_enrollment(root: Path, devices: int, workers: int, controller_factory: A
     issued = _metric(url, 'edge_enroll_replies_total{outcome="issued"}')
     refused = _metric(url, 'edge_enroll_replies_total{outcome="refused"}')
     measured = controller.stop()
-    for device in done:
-        device.client.disconnect()
-        device.client.loop_stop()
+    stop.set()
+    for process in processes:
+        process.join(60)
     broker.stop()
-    seconds = sorted(d.seconds for d in done)
+    seconds = sorted(s for _, s in done)
     return {
         "scenario": 9,
         "devices": devices,
         "workers": workers,
+        "simulator_processes": len(processes),
         "seconds_to_all_online": round(total, 1),
         "seconds_devices_enrolled": round(enrolled_at, 1),
         "per_device_s": {
