@@ -229,10 +229,8 @@ class EnrollmentDesk:
             return self._pending_reply(request.request_id, verdict.code, verdict.message)
         self._check_uses_left(claim)
         if verdict.action == "issue":
-            issued = self._issue(checked)
-            self._record(
+            issued = self._issue(
                 checked,
-                issued,
                 claim=claim,
                 hw_serial=request.serial,
                 request_id=request.request_id,
@@ -289,21 +287,13 @@ class EnrollmentDesk:
             limit = 0 if record is None else record.uses
             raise _Refusal("claim_used_up", f"claim {claim} has enrolled {used} of its {limit} devices")
 
-    def _issue(self, checked: CheckedCsr) -> Issued:
+    def _issue(
+        self, checked: CheckedCsr, *, claim: str | None, hw_serial: str | None, request_id: str, spends: bool
+    ) -> Issued:
+        """Sign ``checked`` and record the device as enrolled with it (``spends``: one use of ``claim``)."""
         assert self.authority is not None
-        return self.authority.issue(checked, self.settings.certificate_days)
-
-    def _record(
-        self,
-        checked: CheckedCsr,
-        issued: Issued,
-        *,
-        claim: str | None,
-        hw_serial: str | None,
-        request_id: str,
-        spends: bool,
-    ) -> None:
         assert self.book is not None
+        issued = self.authority.issue(checked, self.settings.certificate_days)
         device_id = checked.device_id
         self.book.enroll(
             Enrolled(
@@ -313,6 +303,7 @@ class EnrollmentDesk:
             spends_claim=spends,
         )  # fmt: skip
         log.info("fleet.enroll.issued", device=device_id, serial=issued.serial, claim=claim)
+        return issued
 
     # -- renewal ------------------------------------------------------------------------------------
 
@@ -347,10 +338,8 @@ class EnrollmentDesk:
                 f"renew in {wait:.0f}s",
             )
         checked = _checked(renewal.csr_pem, device_id)
-        issued = self._issue(checked)
-        self._record(
+        issued = self._issue(
             checked,
-            issued,
             claim=enrolled.claim,
             hw_serial=enrolled.hw_serial,
             request_id=renewal.request_id,
@@ -413,10 +402,8 @@ class EnrollmentDesk:
             if waiting.code in REENROLLING:
                 assert self.authority is not None
                 revoked = self.authority.revoke_device(device_id, "re-enrolled by an operator")
-            issued = self._issue(checked)
-            self._record(
+            issued = self._issue(
                 checked,
-                issued,
                 claim=waiting.claim,
                 hw_serial=waiting.serial,
                 request_id=waiting.request_id,

@@ -25,8 +25,16 @@ def _yaml_blocks() -> list[str]:
 def test_every_code_the_desk_answers_is_in_the_table() -> None:
     source = "\n".join(p.read_text() for p in SOURCES)
     codes = set(re.findall(r'(?:_Refusal|AdmissionError)\(\s*"([a-z_]+)"', source))
-    codes |= set(re.findall(r'Verdict\(\s*"\w+"(?: if [^,]* else "\w+")?,\s*"([a-z_]+)"', source))
-    assert {"pending_full", "claim_used_up", "id_contested", "already_enrolled", "too_soon"} <= codes
+    codes |= set(re.findall(r'Verdict\(\s*"\w+",\s*"([a-z_]+)"', source))
+    codes |= set(re.findall(r'_needs_reenroll\(\s*\w+,\s*\w+,\s*\w+,\s*"([a-z_]+)"', source))
+    assert {
+        "pending_full",
+        "claim_used_up",
+        "id_contested",
+        "already_enrolled",
+        "revoked",
+        "too_soon",
+    } <= codes
     table = DOC.split("## What each code means", 1)[1].split("\n## ", 1)[0]
     for code in codes:
         assert f"`{code}`" in table, code

@@ -861,13 +861,15 @@ function enginesView(listing) {
   return parts;
 }
 
-function enginesPage() {
-  const box = el("div", { id: "engines" }, el("p", { className: "muted" }, "…"));
-  $("#app").replaceChildren(el("h1", {}, "Engines"), box);
+// A page read again every ENGINES_REFRESH_MS: its box shows render(answer of url), or the error.
+// Returns the loader (an action calls it to show its outcome at once).
+function refreshingPage(id, title, url, render) {
+  const box = el("div", { id }, el("p", { className: "muted" }, "…"));
+  $("#app").replaceChildren(el("h1", {}, title), box);
   const live = $("#live");
   async function load() {
     try {
-      box.replaceChildren(...enginesView(await getJSON("/api/engines")));
+      box.replaceChildren(...render(await getJSON(url)));
       box.dataset.rendered = "1";
       live.textContent = "updated " + new Date().toLocaleTimeString();
       live.className = "live on";
@@ -878,6 +880,11 @@ function enginesPage() {
   }
   load();
   setInterval(load, ENGINES_REFRESH_MS);
+  return load;
+}
+
+function enginesPage() {
+  refreshingPage("engines", "Engines", "/api/engines", enginesView);
 }
 
 // -- enrollment ------------------------------------------------------------------------------------
@@ -917,29 +924,18 @@ function enrolledRow(e) {
 
 let enrollmentLoad = () => {};
 
+function enrollmentView(listing) {
+  return [
+    el("h2", {}, "Waiting for an operator (" + listing.pending.length + " of at most " + listing.max_pending + ")"),
+    listing.pending.length ? table("pending", ["device", "claim", "serial", "key", "asks", "waiting", "note", ""], listing.pending.map(pendingRow))
+      : el("p", { className: "muted", id: "no-pending" }, "No device waits."),
+    el("h2", {}, "Enrolled (" + listing.enrolled.length + ")"),
+    table("enrolled", ["device", "certificate serial", "expiry", "claim", "hardware serial"], listing.enrolled.map(enrolledRow)),
+  ];
+}
+
 function enrollmentPage() {
-  const box = el("div", { id: "enrollment" }, el("p", { className: "muted" }, "…"));
-  $("#app").replaceChildren(el("h1", {}, "Enrollment"), box);
-  const live = $("#live");
-  enrollmentLoad = async () => {
-    try {
-      const listing = await getJSON("/api/enrollment");
-      box.replaceChildren(
-        el("h2", {}, "Waiting for an operator (" + listing.pending.length + " of at most " + listing.max_pending + ")"),
-        listing.pending.length ? table("pending", ["device", "claim", "serial", "key", "asks", "waiting", "note", ""], listing.pending.map(pendingRow))
-          : el("p", { className: "muted", id: "no-pending" }, "No device waits."),
-        el("h2", {}, "Enrolled (" + listing.enrolled.length + ")"),
-        table("enrolled", ["device", "certificate serial", "expiry", "claim", "hardware serial"], listing.enrolled.map(enrolledRow)));
-      box.dataset.rendered = "1";
-      live.textContent = "updated " + new Date().toLocaleTimeString();
-      live.className = "live on";
-    } catch (error) {
-      box.replaceChildren(el("p", { className: "error" }, error.message));
-      live.className = "live off";
-    }
-  };
-  enrollmentLoad();
-  setInterval(enrollmentLoad, ENGINES_REFRESH_MS);
+  enrollmentLoad = refreshingPage("enrollment", "Enrollment", "/api/enrollment", enrollmentView);
 }
 
 // -- routing ---------------------------------------------------------------------------------------
