@@ -117,3 +117,14 @@ def test_the_documented_files_are_what_the_broker_ran(broker: EnrollmentBroker) 
     assert f"crlfile {broker.ca.ca.crl}" in ran
     assert f"acl_file {broker.ca.ca.devices_acl}" in ran
     assert Path(broker.ca.ca.crl).is_file()
+
+
+def test_without_the_enrollment_acl_a_claim_could_write_a_device_topic(tmp_path: Path) -> None:
+    """What the enrollment listener's acl_file line protects against (per_listener_settings: no
+    ACL on a listener means every topic for every client it admits)."""
+    open_broker = EnrollmentBroker.start(tmp_path / "open", drop=("acl_file /etc/mosquitto/enrollment.acl",))
+    try:
+        holder = open_broker.probe(open_broker.enroll_port, "fleet:enroll:jet-x", tls=open_broker.claim("b"))
+        assert accepted(holder.publish(f"{PREFIX}/jet-a/up/status", b"forged"))
+    finally:
+        open_broker.stop()

@@ -11,13 +11,11 @@ from pathlib import Path
 from agent.fleet.ca.authority import DeviceAuthority
 from agent.fleet.ca.broker import (
     BrokerSettings,
-    denied_devices,
     devices_acl,
     tell_broker,
     write_broker_settings,
 )
-from agent.fleet.ca.layout import CaDir
-from agent.fleet.ca.ledger import read_ledger
+from agent.fleet.ca.ledger import IssuedLedger
 from tests.fleet.ca.ca_rig import device_key_and_csr, make_ca
 
 
@@ -66,6 +64,13 @@ def test_only_devices_whose_every_current_certificate_is_revoked_are_denied(tmp_
     authority.revoke_device("jet-1", "stolen")
     authority.revoke_device("jet-2", "reset")
     authority.issue(device_key_and_csr("jet-2")[1])  # enrolled again
-    assert denied_devices(read_ledger(CaDir(done.ca.path).issued)) == ["jet-1"]
+    ledger = IssuedLedger(done.ca.issued)
+    assert ledger.denied_devices() == ["jet-1"]
+    assert [ledger.is_denied(device) for device in ("jet-1", "jet-2", "jet-3", "jet-unknown")] == [
+        True,
+        False,
+        False,
+        False,
+    ]
     assert done.ca.devices_acl.read_text() == devices_acl("fleet/v1", ["jet-1"])
     assert "user jet-1\ntopic deny #\n" in done.ca.devices_acl.read_text()

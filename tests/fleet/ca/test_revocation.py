@@ -166,3 +166,16 @@ def test_an_expired_crl_refuses_every_device_until_it_is_renewed(
         lambda: try_connect(broker.host, broker.device_port, "fleet:jet-g", tls) == CONNECTED,
         what="devices accepted under the renewed CRL",
     )
+
+
+def test_the_broker_reads_a_new_crl_only_when_told(broker: EnrollmentBroker) -> None:
+    tls = broker.enroll("jet-h")
+    authority = broker.authority()
+    assert authority.revoke_device("jet-h", "test", tell=False)
+    # The CRL on disk lists it, but mosquitto still holds the one it read: why every CRL write tells it.
+    assert try_connect(broker.host, broker.device_port, "fleet:jet-h", tls) == CONNECTED
+    assert authority.tell_broker().told
+    wait_until(
+        lambda: try_connect(broker.host, broker.device_port, "fleet:jet-h", tls).startswith("tls refused"),
+        what="the CRL read after SIGHUP",
+    )
