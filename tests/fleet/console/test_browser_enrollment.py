@@ -17,7 +17,13 @@ from agent.demo.broker import Broker
 from agent.protocol.messages import CertificateInfo, InfoMessage, StatusMessage, encode
 from agent.protocol.topics import Topics
 from tests.fleet.console import test_browser
-from tests.fleet.enrollment.enroll_rig import EnrollRig, csr_pem, new_key, signed_request, start_rig
+from tests.fleet.enrollment.enroll_rig import (
+    EnrollRig,
+    csr_pem,
+    new_key,
+    running_rig,
+    signed_request,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -33,10 +39,7 @@ def token() -> str:
 
 @pytest.fixture
 def rig(tmp_path: Path, broker: Broker, token: str) -> Iterator[EnrollRig]:
-    running = start_rig(tmp_path, broker, token=token)
-    yield running
-    running.probe.close()
-    running.controller.kill()
+    yield from running_rig(tmp_path, broker, token=token)
 
 
 def test_the_operator_accepts_one_waiting_device_and_rejects_another_with_the_token(

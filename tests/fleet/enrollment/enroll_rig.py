@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -158,6 +159,18 @@ def start_rig(tmp: Path, broker: Broker, extra: str = "", *, token: str | None =
     probe.subscribe(f"{prefix}/enroll/+/reply")
     probe.subscribe(f"{prefix}/+/down/cert")
     return EnrollRig(tmp, broker, ca, controller, prefix, probe)
+
+
+def running_rig(
+    tmp: Path, broker: Broker, extra: str = "", *, token: str | None = None
+) -> Iterator[EnrollRig]:
+    """:func:`start_rig` for a fixture: the probe closed and the controller killed afterwards."""
+    rig = start_rig(tmp, broker, extra, token=token)
+    try:
+        yield rig
+    finally:
+        rig.probe.close()
+        rig.controller.kill()
 
 
 def metric(text: str, name: str) -> float:

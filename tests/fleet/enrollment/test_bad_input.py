@@ -31,6 +31,7 @@ from tests.fleet.enrollment.enroll_rig import (
     csr_pem,
     metric,
     new_key,
+    running_rig,
     signed_request,
     start_rig,
     weak_rsa_key,
@@ -40,10 +41,7 @@ from tests.waiting import wait_until
 
 @pytest.fixture
 def rig(tmp_path: Path, broker: Broker) -> Iterator[EnrollRig]:
-    running = start_rig(tmp_path, broker)
-    yield running
-    running.probe.close()
-    running.controller.kill()
+    yield from running_rig(tmp_path, broker)
 
 
 def _refused(reply: dict[str, object], code: str) -> None:

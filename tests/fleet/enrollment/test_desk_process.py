@@ -16,15 +16,20 @@ from agent.demo.broker import Broker
 from agent.fleet.ca.authority import DeviceAuthority
 from agent.fleet.ca.pki import read_cert
 from agent.protocol.enrollment import enroll_client_id
-from tests.fleet.enrollment.enroll_rig import EnrollRig, csr_pem, metric, new_key, signed_request, start_rig
+from tests.fleet.enrollment.enroll_rig import (
+    EnrollRig,
+    csr_pem,
+    metric,
+    new_key,
+    running_rig,
+    signed_request,
+    start_rig,
+)
 
 
 @pytest.fixture
 def rig(tmp_path: Path, broker: Broker) -> Iterator[EnrollRig]:
-    running = start_rig(tmp_path, broker, "min_renew_interval_s: 0")
-    yield running
-    running.probe.close()
-    running.controller.kill()
+    yield from running_rig(tmp_path, broker, "min_renew_interval_s: 0")
 
 
 def _issued_for(rig: EnrollRig, reply: dict[str, object], device_id: str) -> x509.Certificate:

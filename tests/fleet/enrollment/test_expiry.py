@@ -15,16 +15,20 @@ from agent.cli import main
 from agent.demo.broker import Broker
 from agent.protocol.messages import CertificateInfo, InfoMessage, StatusMessage, encode
 from agent.protocol.topics import Topics
-from tests.fleet.enrollment.enroll_rig import EnrollRig, csr_pem, metric, new_key, signed_request, start_rig
+from tests.fleet.enrollment.enroll_rig import (
+    EnrollRig,
+    csr_pem,
+    metric,
+    new_key,
+    running_rig,
+    signed_request,
+)
 from tests.waiting import wait_until
 
 
 @pytest.fixture
 def rig(tmp_path: Path, broker: Broker) -> Iterator[EnrollRig]:
-    running = start_rig(tmp_path, broker)
-    yield running
-    running.probe.close()
-    running.controller.kill()
+    yield from running_rig(tmp_path, broker)
 
 
 def _announce(rig: EnrollRig, device: str, not_after: float | None) -> None:
