@@ -25,6 +25,7 @@ from agent.fleet.ca.pki import leaf_certificate, now, read_cert, read_key, write
 from agent.fleet.controller.client import RequestRefusedError
 from agent.protocol.enrollment import EnrollRequest
 from agent.protocol.messages import encode
+from agent.protocol.topics import enroll_request
 from tests.fleet.ca.ca_rig import make_ca
 from tests.fleet.enrollment.enroll_rig import (
     EnrollRig,
@@ -276,3 +277,37 @@ def test_a_revoked_device_asking_again_with_its_key_waits_for_the_operator(rig: 
     assert rig.operator("accept", {"device_id": "cam-13", "reenroll": True})["already"] is False
     records = DeviceAuthority.load(rig.ca.ca.path).certificates_of("cam-13")
     assert [r.revoked_at is not None for r in records] == [True, False]
+
+
+def test_a_burst_past_the_desks_queue_is_dropped_and_counted(tmp_path: Path, broker: Broker) -> None:
+    rig = start_rig(tmp_path, broker, "queue: 1")
+    try:
+        claim = rig.claim()
+        payloads = [
+            (
+                f"enroll:burst-{n}",
+                encode(signed_request(f"burst-{n}", claim, csr_pem(new_key(), f"burst-{n}"))),
+            )
+            for n in range(200)
+        ]
+        for client, payload in payloads:  # QoS 0: as fast as the broker takes them
+            rig.probe.publish(enroll_request(rig.prefix, client), payload, qos=0)
+
+        def counted() -> tuple[float, float]:
+            text = rig.metrics()
+            replies = sum(
+                metric(text, f'edge_enroll_replies_total{{outcome="{o}"}}') for o in ("pending", "refused")
+            )
+            return replies, metric(text, "edge_enroll_dropped_total")
+
+        wait_until(
+            lambda: sum(counted()) == len(payloads), timeout=60, what="every request answered or dropped"
+        )
+        replies, dropped = counted()
+        assert dropped > 0
+        assert replies == len(rig.operator("pending")["pending"]) + metric(
+            rig.metrics(), 'edge_enroll_refused_total{code="pending_full"}'
+        )
+    finally:
+        rig.probe.close()
+        rig.controller.kill()
