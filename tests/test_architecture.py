@@ -96,6 +96,7 @@ FLEET_ROOMS = (
     "rollout",
     "samples",
     "engines",
+    "enrollment",
     "metrics",
     "console",
     "controller",

@@ -162,6 +162,7 @@ def device_detail(
         "stale": device.stale,
         "telemetry_at": device.telemetry_at,
         "platform": device.platform,
+        "cert_not_after": device.cert_not_after,
         "slots": device.slots,
         "cameras": camera_rows(device.cameras, device.telemetry),
         "temperatures": {

@@ -81,6 +81,7 @@ class DeviceState:
     slots_listed: int = 0  # slots in the device's up/info, those cut off by INFO_BYTES included
     #: Its cameras from up/info (agent.fleet.view.cameras.camera_summary), within INFO_BYTES.
     cameras: dict[str, dict[str, Any]] = field(default_factory=dict)
+    cert_not_after: float | None = None  # the client certificate's expiry (up/info), Unix seconds
 
 
 class FleetView:
@@ -348,4 +349,5 @@ class FleetView:
             problems=tuple(row.problems),
             slots_listed=row.slots_listed,
             cameras={name: dict(camera) for name, camera in row.cameras.items()},
+            cert_not_after=row.cert_not_after,
         )

@@ -72,6 +72,8 @@ class DeviceRow:
     def camera_rows(self) -> list[dict[str, Any]]:
         """Each camera with its latest figures (agent.fleet.view.cameras.camera_rows)."""
         return camera_rows(self.cameras, self.camera_figures)
+    #: When the client certificate the device connects with expires (``up/info``; None: not said).
+    cert_not_after: float | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """The row for ``--json``, every device string cut to :data:`JSON_TEXT_LIMIT` characters."""
@@ -91,6 +93,7 @@ class DeviceRow:
                 "cpu_percent": self.cpu_percent,
                 "temp_c": self.temp_c,
                 "cameras": self.camera_rows(),
+                "cert_not_after": self.cert_not_after,
             }
         )
         return row
@@ -189,6 +192,7 @@ def _apply(rows: dict[str, DeviceRow], message: InboundMessage, prefix: str) -> 
             row.slots = slot_summary(info)
             row.cameras = camera_summary(info)
             row.cameras_listed = len(info.cameras)
+            row.cert_not_after = None if info.certificate is None else info.certificate.not_after
         elif topic.kind == "telemetry":
             _apply_telemetry(row, decode(TelemetryMessage, message.payload))
     except ProtocolError as exc:
@@ -365,6 +369,12 @@ def camera_note(camera: dict[str, Any], now: float) -> str:
     if camera.get("last_error"):
         text += f": {shown(camera['last_error'], 300)}"
     return text
+def cert_days(not_after: float | None, now: float) -> str:
+    """Days until the device's certificate expires (``expired`` past it; ``-``: not said)."""
+    if not_after is None:
+        return "-"
+    days = (not_after - now) / 86400
+    return "expired" if days <= 0 else f"{days:.0f}d" if days >= 2 else f"{days * 24:.0f}h"
 
 
 def format_table(rows: list[DeviceRow], now: float | None = None) -> str:
@@ -387,6 +397,7 @@ def format_table(rows: list[DeviceRow], now: float | None = None) -> str:
         "LAST JOB",
         "LAST FAILURE",
         "PLATFORM",
+        "CERT",
     )
     lines: list[tuple[str, ...]] = [header]
     notes: list[str] = []
@@ -411,6 +422,7 @@ def format_table(rows: list[DeviceRow], now: float | None = None) -> str:
                 last_job_cell(row.slots) or "-",
                 last_failure_cell(row.slots, now) or "-",
                 platform_bits(row.platform) if row.platform else "-",
+                cert_days(row.cert_not_after, now),
             )
         )
         notes.extend(f"{device}: malformed {shown(problem, 200)}" for problem in row.problems)

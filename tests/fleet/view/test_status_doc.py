@@ -75,6 +75,7 @@ def example_rows() -> list[DeviceRow]:
             "stream.dock.capture_fps": 0.0,
             "stream.dock.source.last_frame_age_s": 132.0,
         },
+        cert_not_after=NOW + 24 * 86400,
     )
     jet2 = DeviceRow(
         "jet-02",
@@ -99,6 +100,7 @@ def example_rows() -> list[DeviceRow]:
         cameras={"cam0": _camera("streaming", 4200, 0)},
         cameras_listed=1,
         camera_figures={"stream.cam0.capture_fps": 15.0, "stream.cam0.source.last_frame_age_s": 0.07},
+        cert_not_after=NOW + 11 * 86400,
     )  # fmt: skip
     jet3 = DeviceRow(
         "jet-03",
