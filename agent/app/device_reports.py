@@ -19,6 +19,7 @@ from agent.machine.platform import Platform, platform_summary
 from agent.mqtt.link import MqttLink
 from agent.protocol.messages import (
     BackendInfo,
+    CertificateInfo,
     EngineInfo,
     InfoMessage,
     SlotBuildInfo,
@@ -49,7 +50,9 @@ class DeviceReports:
         topics: Topics,
         metrics: Metrics,
         metrics_endpoint: TelemetryEndpoint | None,
+        certificate: Callable[[], CertificateInfo | None] = lambda: None,
     ) -> None:
+        """``certificate``: the client certificate the device connects with, for up/info."""
         #: The configuration in force (a reload replaces it).
         self._config = config
         self.platform = platform
@@ -61,6 +64,7 @@ class DeviceReports:
         self.topics = topics
         self.metrics = metrics
         self.metrics_endpoint = metrics_endpoint
+        self.certificate = certificate
 
     def info_message(self) -> InfoMessage:
         """``up/info``: the platform, its backends, every slot (model, job, layout, engines, build)."""
@@ -93,6 +97,7 @@ class DeviceReports:
             backends=backends,
             slots=slots,
             streams=list(config.streams),
+            certificate=self.certificate(),
         )
 
     def publish_info(self) -> None:
