@@ -1,0 +1,117 @@
+"""Where the fleet's CA keeps each file: the offline root's directory and the controller's CA directory.
+
+The root directory holds the root key and is meant to leave the controller host after
+``fleet ca init`` (it is needed again only to renew the devices intermediate). The CA directory
+is what the controller holds: the intermediate it issues device certificates with, the claims CA,
+the broker's certificate, the CRL and the two ledgers. docs/enrollment.md lists them for operators.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from agent.fleet.ca.pki import DIR_MODE
+
+
+@dataclass(frozen=True)
+class RootDir:
+    """The offline root: its key and certificate."""
+
+    path: Path
+
+    @property
+    def key(self) -> Path:
+        return self.path / "root.key"
+
+    @property
+    def cert(self) -> Path:
+        return self.path / "root.crt"
+
+
+@dataclass(frozen=True)
+class CaDir:
+    """The controller's CA directory."""
+
+    path: Path
+
+    @property
+    def root_cert(self) -> Path:
+        """The device root: the trust anchor devices and operators verify the broker with (``ca_file``)."""
+        return self.path / "root.crt"
+
+    @property
+    def devices_key(self) -> Path:
+        return self.path / "devices-ca.key"
+
+    @property
+    def devices_cert(self) -> Path:
+        return self.path / "devices-ca.crt"
+
+    @property
+    def devices_trust(self) -> Path:
+        """The intermediate then the root: the ``cafile`` of the broker's devices listener."""
+        return self.path / "devices-trust.pem"
+
+    @property
+    def crl(self) -> Path:
+        """The devices intermediate's CRL: the ``crlfile`` of the broker's devices listener."""
+        return self.path / "devices.crl"
+
+    @property
+    def issued(self) -> Path:
+        """The ledger of every device certificate issued and not long expired."""
+        return self.path / "issued.json"
+
+    @property
+    def claims_key(self) -> Path:
+        return self.path / "claims-ca.key"
+
+    @property
+    def claims_cert(self) -> Path:
+        """The claims CA: the ``cafile`` of the broker's enrollment listener."""
+        return self.path / "claims-ca.crt"
+
+    @property
+    def claims(self) -> Path:
+        """The ledger of claims made: name, serial, uses, expiry."""
+        return self.path / "claims.json"
+
+    @property
+    def devices_acl(self) -> Path:
+        """The devices listener's ACL file, written from the ledger (revoked devices denied)."""
+        return self.path / "devices.acl"
+
+    @property
+    def broker_settings(self) -> Path:
+        """``broker.json``: the topic prefix and the local broker's pid file, from ``fleet ca init``."""
+        return self.path / "broker.json"
+
+    @property
+    def server_cert(self) -> Path:
+        """The broker's server certificate (both listeners)."""
+        return self.path / "broker" / "server.crt"
+
+    @property
+    def server_key(self) -> Path:
+        return self.path / "broker" / "server.key"
+
+    @contextlib.contextmanager
+    def locked(self) -> Iterator[None]:
+        """Hold the CA directory's lock: the controller and a CLI command never interleave a ledger write."""
+        fd = os.open(self.path / ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
+
+
+def make_private_dir(path: Path) -> None:
+    """Create ``path`` (and parents) with mode 0700, and tighten it to 0700 if it exists."""
+    path.mkdir(parents=True, exist_ok=True, mode=DIR_MODE)
+    path.chmod(DIR_MODE)

@@ -1,0 +1,1 @@
+"""Tests of the fleet's certificate authority (agent/fleet/ca)."""
