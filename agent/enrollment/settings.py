@@ -44,7 +44,7 @@ class EnrollmentSettings(StrictModel):
     host: str | None = Field(
         None, description="The broker's enrollment listener; default: mqtt.host (the same broker)."
     )
-    port: int = Field(8884, gt=0, lt=65536, description="The enrollment listener's port (TLS).")
+    port: int = Field(8885, gt=0, lt=65536, description="The enrollment listener's port (TLS).")
     claim_cert_file: Path = Field(description="The claim certificate (PEM), shared by a batch of devices.")
     claim_key_file: Path = Field(description="The claim's private key (PEM); only signs requests.")
     serial: str | None = Field(
