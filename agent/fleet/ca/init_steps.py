@@ -38,6 +38,10 @@ INTERMEDIATE_DAYS = 90
 CLAIMS_CA_DAYS = 3650
 SERVER_DAYS = 825
 
+#: The CA directory may be traversed (not listed) so the broker reaches ``broker/``, which it reads.
+CA_DIR_MODE = 0o711
+BROKER_DIR_MODE = 0o755
+
 ROOT_CN = "edge-agent fleet device root"
 INTERMEDIATE_CN = "edge-agent fleet devices"
 CLAIMS_CN = "edge-agent fleet claims"
@@ -73,8 +77,8 @@ def init_ca(
     if not server_names:
         raise UsageError("name the broker's host with --broker-host (repeat it for each name or IP)")
     make_private_dir(root.path)
-    make_private_dir(ca.path)
-    make_private_dir(ca.server_key.parent)
+    make_private_dir(ca.path, CA_DIR_MODE)
+    make_private_dir(ca.broker_dir, BROKER_DIR_MODE)
     root_cert = _make_root(root)
     write_cert(ca.root_cert, root_cert)
     _make_server_cert(ca, root_cert, read_key(root.key), server_names)

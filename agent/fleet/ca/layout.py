@@ -17,6 +17,9 @@ from pathlib import Path
 
 from agent.fleet.ca.pki import DIR_MODE
 
+#: The controller's CA directory unless ``--ca-dir`` names another: inside its default state_dir.
+DEFAULT_CA_DIR = Path("/var/lib/edge-fleet-controller/ca")
+
 
 @dataclass(frozen=True)
 class RootDir:
@@ -40,6 +43,12 @@ class CaDir:
     path: Path
 
     @property
+    def broker_dir(self) -> Path:
+        """What the broker reads (mode 0755 in a CA directory of 0711: mosquitto, which reads the CRL
+        and the ACL again as its own user on SIGHUP, reaches it by name and cannot list or read a key)."""
+        return self.path / "broker"
+
+    @property
     def root_cert(self) -> Path:
         """The device root: the trust anchor devices and operators verify the broker with (``ca_file``)."""
         return self.path / "root.crt"
@@ -55,12 +64,12 @@ class CaDir:
     @property
     def devices_trust(self) -> Path:
         """The intermediate then the root: the ``cafile`` of the broker's devices listener."""
-        return self.path / "devices-trust.pem"
+        return self.broker_dir / "devices-trust.pem"
 
     @property
     def crl(self) -> Path:
         """The devices intermediate's CRL: the ``crlfile`` of the broker's devices listener."""
-        return self.path / "devices.crl"
+        return self.broker_dir / "devices.crl"
 
     @property
     def issued(self) -> Path:
@@ -74,7 +83,7 @@ class CaDir:
     @property
     def claims_cert(self) -> Path:
         """The claims CA: the ``cafile`` of the broker's enrollment listener."""
-        return self.path / "claims-ca.crt"
+        return self.broker_dir / "claims-ca.crt"
 
     @property
     def claims(self) -> Path:
@@ -84,7 +93,7 @@ class CaDir:
     @property
     def devices_acl(self) -> Path:
         """The devices listener's ACL file, written from the ledger (revoked devices denied)."""
-        return self.path / "devices.acl"
+        return self.broker_dir / "devices.acl"
 
     @property
     def broker_settings(self) -> Path:
@@ -94,11 +103,11 @@ class CaDir:
     @property
     def server_cert(self) -> Path:
         """The broker's server certificate (both listeners)."""
-        return self.path / "broker" / "server.crt"
+        return self.broker_dir / "server.crt"
 
     @property
     def server_key(self) -> Path:
-        return self.path / "broker" / "server.key"
+        return self.broker_dir / "server.key"
 
     @contextlib.contextmanager
     def locked(self) -> Iterator[None]:
@@ -111,7 +120,7 @@ class CaDir:
             os.close(fd)
 
 
-def make_private_dir(path: Path) -> None:
-    """Create ``path`` (and parents) with mode 0700, and tighten it to 0700 if it exists."""
-    path.mkdir(parents=True, exist_ok=True, mode=DIR_MODE)
-    path.chmod(DIR_MODE)
+def make_private_dir(path: Path, mode: int = DIR_MODE) -> None:
+    """Create ``path`` (and parents) with ``mode`` (0700), and set that mode if it exists."""
+    path.mkdir(parents=True, exist_ok=True, mode=mode)
+    path.chmod(mode)

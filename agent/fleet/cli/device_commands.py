@@ -13,6 +13,7 @@ import json
 import sys
 import threading
 from collections.abc import Callable
+from pathlib import Path
 
 from agent.errors import AgentError, UsageError
 from agent.fleet.base.untrusted import shown
@@ -142,8 +143,14 @@ def run_decommission(args: argparse.Namespace) -> int:
     from agent.fleet.deploy.decommission import decommission
 
     settings = settings_from_args(args)
-    done = decommission(settings, args.device, force=args.force, max_wait_s=args.retained_wait)
-    if not done.cleared:  # a typo must not look like a success
+    done = decommission(
+        settings,
+        args.device,
+        force=args.force,
+        max_wait_s=args.retained_wait,
+        ca_dir=decommission_ca_dir(args),
+    )
+    if not done.cleared and not done.revoked:  # a typo must not look like a success
         print(
             f"fleet decommission: nothing retained for {shown(done.device)} under {shown(settings.prefix)}: "
             "nothing cleared (check the id and --prefix)",
@@ -156,7 +163,19 @@ def run_decommission(args: argparse.Namespace) -> int:
     print(f"decommissioned {shown(done.device)} (its status said {done.state}); retained topics cleared:")
     for topic in done.cleared:
         print(f"  {shown(topic, 300)}")
+    if done.broker is not None:
+        print(f"certificates revoked: {', '.join(done.revoked) or 'none (it held no current one)'}")
+        print(f"broker: {done.broker}")
     return 0
+
+
+def decommission_ca_dir(args: argparse.Namespace) -> Path | None:
+    """``--ca-dir``, or the controller's default CA directory when it holds a CA (else None)."""
+    from agent.fleet.ca.layout import DEFAULT_CA_DIR, CaDir
+
+    if args.ca_dir is not None:
+        return Path(args.ca_dir)
+    return DEFAULT_CA_DIR if CaDir(DEFAULT_CA_DIR).devices_cert.exists() else None
 
 
 def run_watch(args: argparse.Namespace) -> int:

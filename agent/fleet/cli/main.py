@@ -1,5 +1,5 @@
 """``edge-agent fleet ...``: the operator commands (keygen, deploy, serve, status, watch, cmd,
-snapshot, evidence, samples, engines, logs, decommission, controller, rollout).
+snapshot, evidence, samples, engines, logs, decommission, ca, devices, controller, rollout).
 
 :func:`add_fleet_arguments` fills the ``fleet`` sub-parser, :func:`run_fleet` runs the chosen
 command and returns the exit code. ``fleet deploy`` itself is :mod:`agent.fleet.cli.deploy`, the
@@ -20,6 +20,7 @@ from pathlib import Path
 from agent.errors import UsageError
 from agent.fleet.cli import device_commands
 from agent.fleet.cli.args import add_retained_wait, add_target_arguments
+from agent.fleet.cli.ca import add_ca_arguments, add_ca_dir, run_ca, run_revoke
 from agent.fleet.cli.connection import add_broker_arguments, settings_from_args
 from agent.fleet.cli.deploy import add_manifest_arguments, run_deploy
 from agent.fleet.cli.rollout import add_controller_arguments, run_controller_command, run_rollout
@@ -46,6 +47,8 @@ FLEET_COMMANDS = (
     "engines",
     "logs",
     "decommission",
+    "ca",
+    "devices",
     "controller",
     "rollout",
 )
@@ -280,9 +283,15 @@ def add_fleet_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="SECONDS",
         help="longest time to collect its retained messages",
     )
+    add_ca_dir(
+        gone,
+        "also revoke its certificates in this CA directory and tell the broker "
+        "(default: the controller's, when it holds a CA)",
+    )
     add_broker_arguments(gone)
     _add_verbose(gone)
 
+    add_ca_arguments(sub)
     add_controller_arguments(sub)
 
 
@@ -324,6 +333,10 @@ def run_fleet(args: argparse.Namespace) -> int:
         return device_commands.run_logs(args)
     if command == "decommission":
         return device_commands.run_decommission(args)
+    if command == "ca":
+        return run_ca(args)
+    if command == "devices":
+        return run_revoke(args)
     if command == "controller":
         return run_controller_command(args)
     if command == "rollout":

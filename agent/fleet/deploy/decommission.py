@@ -12,15 +12,21 @@ controller's fleet view forgets a device whose retained status is cleared
 A device whose status says online is refused: its agent would announce itself again at its next
 connection, and its desired states are what it serves. Stop its agent first, or pass ``force``
 (a device that is gone without its Last Will having reached the broker still reads online).
+
+Given the fleet's CA directory, every certificate of the device is revoked too, once its topics
+are cleared: the CRL and the devices ACL are rewritten and the broker told to reload them, so the
+device cannot come back with the certificate it holds (docs/enrollment.md, "Revocation").
 """
 
 from __future__ import annotations
 
 import queue
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from pathlib import Path
 
 from agent.errors import AgentError
+from agent.fleet.ca.authority import DeviceAuthority
 from agent.fleet.deploy.manifest import check_device_ids
 from agent.mqtt.inbound import InboundMessage
 from agent.mqtt.service_client import ServiceClient
@@ -42,9 +48,17 @@ class Decommissioned:
     device: str
     state: str  # online | offline | unknown (no retained status, or a malformed one)
     cleared: tuple[str, ...]
+    revoked: tuple[str, ...] = ()  # serials of the certificates revoked (with a CA directory)
+    broker: str | None = None  # what telling the broker to reload its CRL did, or what to do
 
     def as_dict(self) -> dict[str, object]:
-        return {"device": self.device, "state": self.state, "cleared": list(self.cleared)}
+        return {
+            "device": self.device,
+            "state": self.state,
+            "cleared": list(self.cleared),
+            "revoked": list(self.revoked),
+            "broker": self.broker,
+        }
 
 
 def decommission(
@@ -55,8 +69,10 @@ def decommission(
     quiet_s: float = 0.5,
     max_wait_s: float = 5.0,
     timeout: float = 10.0,
+    ca_dir: Path | None = None,
 ) -> Decommissioned:
-    """Clear ``device``'s retained status, info and desired states on the broker.
+    """Clear ``device``'s retained status, info and desired states on the broker; with ``ca_dir``,
+    then revoke its certificates and tell the broker (:class:`DeviceAuthority`).
 
     Reads what is retained first (until ``quiet_s`` passes without a message, at most
     ``max_wait_s``), refuses an online device unless ``force``, then publishes an empty retained
@@ -66,6 +82,19 @@ def decommission(
     DecommissionError when refused, TransportError when the broker cannot be reached.
     """
     check_device_ids([device])
+    done = _clear_retained(
+        settings, device, force=force, quiet_s=quiet_s, max_wait_s=max_wait_s, timeout=timeout
+    )
+    if ca_dir is None:
+        return done
+    authority = DeviceAuthority.load(ca_dir)
+    revoked = authority.revoke_device(device, "decommissioned", tell=False)
+    return replace(done, revoked=tuple(revoked), broker=authority.tell_broker().line)
+
+
+def _clear_retained(
+    settings: MqttSettings, device: str, *, force: bool, quiet_s: float, max_wait_s: float, timeout: float
+) -> Decommissioned:
     topics = Topics(settings.prefix, device)
     arrivals: queue.Queue[InboundMessage] = queue.Queue()
     client = ServiceClient(settings, handler=arrivals.put)

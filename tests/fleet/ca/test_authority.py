@@ -33,13 +33,17 @@ def openssl_verify(
     )
 
 
-def test_init_keeps_keys_0600_in_0700_dirs_and_the_root_key_out_of_the_ca_dir(tmp_path: Path) -> None:
+def test_init_keeps_keys_0600_and_the_root_key_out_of_the_ca_dir(tmp_path: Path) -> None:
     done = make_ca(tmp_path)
     ca = done.ca
     for key in (done.root.key, ca.devices_key, ca.claims_key, ca.server_key):
         assert key.stat().st_mode & 0o777 == 0o600, key
-    for directory in (done.root.path, ca.path, ca.server_key.parent):
-        assert directory.stat().st_mode & 0o777 == 0o700, directory
+    assert done.root.path.stat().st_mode & 0o777 == 0o700
+    assert ca.path.stat().st_mode & 0o777 == 0o711  # traversable by the broker, never listed
+    assert ca.broker_dir.stat().st_mode & 0o777 == 0o755
+    for readable_by_the_broker in (ca.crl, ca.devices_acl, ca.devices_trust, ca.claims_cert, ca.server_cert):
+        assert readable_by_the_broker.parent == ca.broker_dir
+        assert readable_by_the_broker.stat().st_mode & 0o777 == 0o644, readable_by_the_broker
     assert not any(p.name == "root.key" for p in ca.path.rglob("*"))
     assert read_crl(ca.crl) is not None
     assert datetime.timedelta(days=80) < done.intermediate_not_after - now() <= datetime.timedelta(days=90)
@@ -145,4 +149,4 @@ def test_renewing_the_intermediate_without_the_root_says_what_is_missing(tmp_pat
 def test_loading_a_directory_without_a_ca_names_the_command(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="fleet ca init"):
         DeviceAuthority.load(tmp_path)
-    assert CaDir(tmp_path).crl == tmp_path / "devices.crl"
+    assert CaDir(tmp_path).crl == tmp_path / "broker" / "devices.crl"
