@@ -97,6 +97,7 @@ FLEET_ROOMS = (
     "rollout",
     "samples",
     "engines",
+    "enrollment",
     "metrics",
     "console",
     "controller",

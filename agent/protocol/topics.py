@@ -252,6 +252,11 @@ CONTROLLER_VERBS = (
     "engines",
     "engines_release",
     "rollback",
+    "devices_register",
+    "devices_pending",
+    "devices_accept",
+    "devices_reject",
+    "devices_enrolled",
 )
 
 

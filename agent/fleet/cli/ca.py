@@ -15,8 +15,11 @@ DEFAULT_CLAIM_USES = 100
 DEFAULT_CLAIM_DAYS = 14
 
 
-def add_ca_arguments(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Add ``fleet ca`` and its verbs to the ``fleet`` sub-parsers ``sub``."""
+def add_ca_arguments(
+    sub: argparse._SubParsersAction[argparse.ArgumentParser],
+) -> argparse._SubParsersAction[argparse.ArgumentParser]:
+    """Add ``fleet ca`` and its verbs, and ``fleet devices revoke``, to the ``fleet`` sub-parsers
+    ``sub``; the verbs of ``fleet devices``, for the admission verbs to join."""
     from agent.fleet.ca.init_steps import INTERMEDIATE_DAYS
 
     ca = sub.add_parser("ca", help="the fleet's certificate authority: make it, claims, the CRL")
@@ -69,7 +72,9 @@ def add_ca_arguments(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
     for parser in (init, intermediate, claim, crl):
         _verbose(parser)
 
-    devices = sub.add_parser("devices", help="a device's place in the fleet: revoke its certificates")
+    devices = sub.add_parser(
+        "devices", help="a device's place in the fleet: register, pending, accept, reject, revoke"
+    )
     device_verbs = devices.add_subparsers(dest="devices_command", required=True, metavar="VERB")
     revoke = device_verbs.add_parser(
         "revoke", help="revoke every certificate of a device: the broker refuses it, and cuts it if connected"
@@ -79,6 +84,7 @@ def add_ca_arguments(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
     revoke.add_argument("--json", action="store_true", help="machine-readable output")
     _ca_dir(revoke)
     _verbose(revoke)
+    return device_verbs
 
 
 def add_ca_dir(parser: argparse.ArgumentParser, help_text: str) -> None:

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from agent.errors import UsageError
 from agent.fleet.cli import device_commands
+from agent.fleet.cli.admission import add_admission_arguments, run_admission
 from agent.fleet.cli.args import add_retained_wait, add_target_arguments
 from agent.fleet.cli.ca import add_ca_arguments, add_ca_dir, run_ca, run_revoke
 from agent.fleet.cli.connection import add_broker_arguments, settings_from_args
@@ -291,7 +292,7 @@ def add_fleet_arguments(parser: argparse.ArgumentParser) -> None:
     add_broker_arguments(gone)
     _add_verbose(gone)
 
-    add_ca_arguments(sub)
+    add_admission_arguments(add_ca_arguments(sub))
     add_controller_arguments(sub)
 
 
@@ -336,7 +337,7 @@ def run_fleet(args: argparse.Namespace) -> int:
     if command == "ca":
         return run_ca(args)
     if command == "devices":
-        return run_revoke(args)
+        return run_revoke(args) if args.devices_command == "revoke" else run_admission(args)
     if command == "controller":
         return run_controller_command(args)
     if command == "rollout":

@@ -19,6 +19,7 @@ from agent.config import base_dir, read_yaml, resolve_paths
 from agent.config.problems import config_error, describe
 from agent.errors import ConfigError
 from agent.fleet.engines.settings import EngineShareSettings
+from agent.fleet.enrollment.settings import EnrollmentSettings
 from agent.fleet.samples.store import SampleBounds
 from agent.model_base import StrictModel
 from agent.mqtt.settings import MqttSettings
@@ -118,6 +119,16 @@ class ControllerConfig(StrictModel):
         default_factory=EngineShareSettings,
         description="Engines shared between devices ({state_dir}/engines): on by default, bounded.",
     )
+
+    enrollment: EnrollmentSettings = Field(
+        default_factory=EnrollmentSettings,
+        description="Devices enrolling with a claim and renewing their certificates (docs/enrollment.md); "
+        "off unless ca_dir is set.",
+    )
+
+    @property
+    def enrollment_path(self) -> Path:
+        return self.state_dir / "enrollment.sqlite"
 
     @property
     def engines_dir(self) -> Path:

@@ -47,6 +47,7 @@ from agent.fleet.deploy.keys import load_signing_key
 from agent.fleet.devices.evidence import evidence_json, fetch_evidence
 from agent.fleet.devices.snapshot import snapshot_json, take_snapshot
 from agent.fleet.engines.hooks import engine_desk_for, engines_listing, job_facts_in, share_engines_of
+from agent.fleet.enrollment.desk import EnrollmentDesk
 from agent.fleet.rollout.actions import WrongStateError, action_refusal
 from agent.fleet.rollout.finished_rollback import ROLLED_BACK_BY, plan_finished_rollback
 from agent.fleet.rollout.records import OPERATOR_ABORT, RolloutState
@@ -61,7 +62,7 @@ from agent.mqtt.inbound import InboundMessage
 from agent.mqtt.service_client import ServiceClient
 from agent.protocol.messages import ProtocolError, decode
 from agent.protocol.samples import SampleMessage
-from agent.protocol.topics import ControllerTopics, fleet_filter, parse
+from agent.protocol.topics import ControllerTopics, enroll_request_filter, fleet_filter, parse
 
 log = structlog.get_logger(__name__)
 
@@ -122,6 +123,18 @@ class FleetController:
             job_facts=job_facts_in(self.view),
             sink_for=UploadSink,
         )
+        #: Devices enrolling with a claim and renewing (agent/fleet/enrollment/); None: off.
+        self.enrollment = (
+            None
+            if config.enrollment.ca_dir is None
+            else EnrollmentDesk(
+                config.enrollment,
+                config.enrollment.ca_dir,
+                config.enrollment_path,
+                prefix=self.settings.prefix,
+                publish=self._publish_enroll_reply,
+            )
+        )
 
     # -- lifecycle -----------------------------------------------------------------------------------
 
@@ -149,7 +162,12 @@ class FleetController:
         self.chunks.add_repo(self.engines.store.blobs)
         self.chunks.start(timeout)
         self.samples = SampleStore(self.config.samples_dir, self.config.samples)
+        if self.enrollment is not None:
+            self.enrollment.start()
         self._client.start(timeout)
+        if self.enrollment is not None:
+            self._client.subscribe(enroll_request_filter(self.settings.prefix), qos=1, timeout=timeout)
+            self._client.subscribe(fleet_filter(self.settings.prefix, "cert"), qos=1, timeout=timeout)
         self._client.subscribe(fleet_filter(self.settings.prefix, "samples"), qos=1, timeout=timeout)
         self._client.subscribe(fleet_filter(self.settings.prefix, "engines"), qos=1, timeout=timeout)
         self._client.subscribe(self.topics.request_filter, qos=1, timeout=timeout)
@@ -170,6 +188,7 @@ class FleetController:
                 self.config.http,
                 engines=lambda: engines_listing(self.engines),
                 desk=self.engines,
+                enrollment=self.enrollment,
             )
         log.info(
             "fleet.controller.started",
@@ -252,6 +271,8 @@ class FleetController:
             runner.stop()
         self.engines.stop()
         self._client.stop()
+        if self.enrollment is not None:
+            self.enrollment.stop()
         self.chunks.stop()
         if self.store is not None:
             self.store.close()
@@ -285,6 +306,9 @@ class FleetController:
     def _publish_reply(self, topic: str, payload: bytes, properties: PublishProperties) -> None:
         self._client.publish(topic, payload, qos=1, properties=properties)
 
+    def _publish_enroll_reply(self, topic: str, payload: bytes) -> None:
+        self._client.publish(topic, payload, qos=1)
+
     def model_path(self, sha256: str) -> Path:
         return self.config.models_dir / f"{sha256}.onnx"
 
@@ -298,6 +322,8 @@ class FleetController:
             self._requests.put(message)
         elif self.engines.take(message):
             pass  # an engine request: answered on the desk's thread
+        elif self.enrollment is not None and self.enrollment.take(message):
+            pass  # an enrollment or a renewal: answered on the enrollment desk's thread
         elif message.topic.endswith("/up/samples"):
             self._keep_sample(message)
         else:
@@ -339,6 +365,8 @@ class FleetController:
             return engines_listing(self.engines)
         if verb == "engines_release":
             return self.engines.release(str(args.get("key", "")), str(args.get("reason", "")))
+        if verb.startswith("devices_"):
+            return self.devices_request(verb, args)
         if verb == "start":
             return self.start_rollout(RolloutRequest.model_validate(args))
         if verb == "list":
@@ -372,6 +400,29 @@ class FleetController:
             new_id = args.get("new_id")
             return self.roll_back(rollout_id, options, new_id=None if new_id is None else str(new_id))
         raise ControllerError(f"unknown verb {verb}")
+
+    def devices_request(self, verb: str, args: dict[str, Any]) -> dict[str, Any]:
+        """``fleet devices register|pending|accept|reject``: the enrollment desk's operator actions."""
+        desk = self.enrollment
+        if desk is None:
+            raise ControllerError(
+                "enrollment is off on this controller: set enrollment.ca_dir (docs/enrollment.md)"
+            )
+        if verb == "devices_pending":
+            return desk.pending_list()
+        if verb == "devices_enrolled":
+            return desk.enrolled_list()
+        device = args.get("device_id")
+        if verb == "devices_register":
+            serial = args.get("serial")
+            return desk.register(
+                None if device is None else str(device), None if serial is None else str(serial)
+            )
+        if not isinstance(device, str):
+            raise ControllerError(f"{verb} needs device_id")
+        if verb == "devices_accept":
+            return desk.accept(device, reenroll=bool(args.get("reenroll", False)))
+        return desk.reject(device, str(args.get("reason", "")))
 
     def status(self, rollout_id: str) -> dict[str, Any]:
         """The rollout's status, with its devices building now (their progress: in memory only)."""

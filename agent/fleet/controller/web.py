@@ -16,7 +16,9 @@ import structlog
 from agent.fleet.controller.calls import ConsoleCalls
 from agent.fleet.controller.config import HttpSettings
 from agent.fleet.engines.desk import EngineDesk
+from agent.fleet.enrollment.desk import EnrollmentDesk
 from agent.fleet.metrics.engine_series import EngineFigures
+from agent.fleet.metrics.enroll_series import EnrollFigures
 from agent.fleet.rollout.store import RolloutStore
 from agent.fleet.view.live import FleetView
 
@@ -34,10 +36,12 @@ def serve_http(
     *,
     engines: Callable[[], dict[str, Any]] | None = None,
     desk: EngineDesk | None = None,
+    enrollment: EnrollmentDesk | None = None,
 ) -> ConsoleServer:
     """Serve the console (its buttons are ``calls``) and ``/metrics`` over ``view`` and ``store``;
     ``engines()``: the fleet's engines for the console's engines page; ``desk``: the engine desk
-    whose engines and claims ``/metrics`` shows."""
+    whose engines and claims ``/metrics`` shows; ``enrollment``: the enrollment desk (its counts on
+    ``/metrics``, its pending list on the console)."""
     from agent.fleet.console.app import make_console_app
     from agent.fleet.console.server import console_token, serve_console
     from agent.fleet.metrics.exposition import fleet_metrics
@@ -51,6 +55,7 @@ def serve_http(
         rollout_waves=store.wave_rows,
         rollout_changed=store.last_change,
         engines=None if desk is None else lambda: engine_figures(desk),
+        enrollment=None if enrollment is None else lambda: enroll_figures(enrollment),
     )
     app = make_console_app(
         view,
@@ -87,4 +92,16 @@ def engine_figures(desk: EngineDesk) -> EngineFigures:
         oldest_claim_age_s=max((time.time() - c.since for c in live), default=0.0),
         waiting=sum(len(c.waiters) for c in live),
         ended=ended,
+    )
+
+
+def enroll_figures(desk: EnrollmentDesk) -> EnrollFigures:
+    """What ``/metrics`` shows of the enrollment desk now."""
+    book = desk.book
+    return EnrollFigures(
+        pending=0 if book is None else book.pending_total(),
+        enrolled=0 if book is None else book.enrolled_total(),
+        dropped=desk.dropped,
+        outcomes=dict(desk.outcomes),
+        refusals=dict(desk.refusals),
     )

@@ -29,6 +29,7 @@ from agent.fleet.metrics.device_series import (
     telemetry_lines,
 )
 from agent.fleet.metrics.engine_series import EnginesFn, engine_lines
+from agent.fleet.metrics.enroll_series import EnrollFn, enroll_lines
 from agent.fleet.metrics.text import FamilyHead, escape, labels_text
 from agent.fleet.rollout.records import OPERATOR_ABORT, RolloutRow, RolloutState, WaveRow
 from agent.fleet.view.live import FleetView
@@ -89,6 +90,7 @@ class FleetMetrics:
         rollout_waves: RolloutWaves | None = None,
         rollout_changed: RolloutChanged | None = None,
         engines: EnginesFn | None = None,
+        enrollment: EnrollFn | None = None,
     ) -> None:
         self.view = view
         self.rollouts = rollouts
@@ -97,6 +99,7 @@ class FleetMetrics:
         self.rollout_waves = rollout_waves
         self.rollout_changed = rollout_changed
         self.engines = engines
+        self.enrollment = enrollment
         self._rollouts_kept: tuple[object, str] | None = None  # (mark, text) of the last read
         self._lock = threading.Lock()
         self._devices: dict[str, KeptDevice] = {}
@@ -122,7 +125,7 @@ class FleetMetrics:
 
     def _render(self) -> bytes:
         changed = self._refresh(self.view.changes())
-        rest = (self._rollouts_text() + self._engines_text(), self.view.refused_devices)
+        rest = (self._rollouts_text() + self._engines_text() + self._enroll_text(), self.view.refused_devices)
         if not changed and self._body is not None and self._body[0] == rest:
             return self._body[1]
         # "replace": the protocol's JSON parser refuses lone surrogates, but a scrape must not fail.
@@ -222,6 +225,10 @@ class FleetMetrics:
         """The engine and claim series, read at every scrape (a claim's age moves by itself)."""
         return "" if self.engines is None else engine_lines(self.engines())
 
+    def _enroll_text(self) -> str:
+        """The enrollment desk's series, read at every scrape (its counters move on their own)."""
+        return "" if self.enrollment is None else enroll_lines(self.enrollment())
+
     def _rollouts(self, rows: Sequence[RolloutRow]) -> str:
         info: list[str] = [ROLLOUT.header()]
         counts: list[str] = [ROLLOUT_DEVICES.header()]
@@ -273,6 +280,7 @@ def fleet_metrics(
     rollout_waves: RolloutWaves | None = None,
     rollout_changed: RolloutChanged | None = None,
     engines: EnginesFn | None = None,
+    enrollment: EnrollFn | None = None,
 ) -> FleetMetrics:
     """The fleet's ``/metrics`` content (hand it to :func:`metrics_asgi_app`); the rollouts, their
     device counts, waves, last change and the store's change mark usually come from one
@@ -285,4 +293,5 @@ def fleet_metrics(
         rollout_waves=rollout_waves,
         rollout_changed=rollout_changed,
         engines=engines,
+        enrollment=enrollment,
     )
