@@ -1,10 +1,11 @@
 """Enrollment by claim: ask the enrollment listener for this device's certificate until it is issued.
 
-Each attempt is one connection with the claim (client id ``enroll:{device_id}``, the only id its ACL
-serves): subscribe to the reply topic, publish a request signed by the claim key, wait for the
-answer. Anything but ``issued`` (``pending``, ``rejected``, ``refused``, no answer, no broker) waits
-before the next attempt: at least the reply's ``retry_after_s``, growing with every failed attempt,
-jittered so a batch of devices does not ask in lockstep (:func:`agent.backoff.reconnect_delay`).
+Each attempt is one connection with the claim (client id ``enroll:{device_id}`` after
+``mqtt.client_id_prefix``: its ACL serves only that id's topics): subscribe to the reply topic,
+publish a request signed by the claim key, wait for the answer. Anything but ``issued``
+(``pending``, ``rejected``, ``refused``, no answer, no broker) waits before the next attempt: at
+least the reply's ``retry_after_s``, growing with every failed attempt, jittered so a batch of
+devices does not ask in lockstep (:func:`agent.backoff.reconnect_delay`).
 """
 
 from __future__ import annotations
@@ -82,7 +83,6 @@ def enrollment_listener(mqtt: MqttSettings, settings: EnrollmentSettings) -> Mqt
             "tls": claim_tls,
             "username": None,
             "password_file": None,
-            "client_id_prefix": "",  # the listener's ACL serves exactly ``enroll:{device_id}``
         }
     ).with_address_from("enrollment.host/port")
 
@@ -107,6 +107,8 @@ class ClaimEnrollment:
         _, self.cert_file, self.key_file = identity_files(mqtt)
         self.prefix = mqtt.prefix
         self.client_id = enroll_client_id(device_id)
+        #: The topics' client id level: the whole client id the broker sees (its ACL's ``%c``).
+        self.topic_client = enroll_client_id(device_id, mqtt.client_id_prefix)
         self._stop = stop
         self._on_wait = on_wait
         self._rng = rng or random.Random()
@@ -165,8 +167,8 @@ class ClaimEnrollment:
         )
         client.start(timeout=_CONNECT_TIMEOUT_S)
         try:
-            client.subscribe(enroll_reply(self.prefix, self.client_id), qos=1)
-            client.publish(enroll_request(self.prefix, self.client_id), payload, qos=1)
+            client.subscribe(enroll_reply(self.prefix, self.topic_client), qos=1)
+            client.publish(enroll_request(self.prefix, self.topic_client), payload, qos=1)
             log.info("enrollment.request.sent", device=self.device_id, request_id=request_id)
             deadline = time.monotonic() + self.settings.reply_timeout_s
             while not self._stop.is_set():

@@ -13,6 +13,7 @@ on ``down/cert``). Every field is bounded: the controller keeps what a claim hol
 from __future__ import annotations
 
 import json
+import re
 from typing import Any, Literal
 
 from pydantic import Field
@@ -20,9 +21,14 @@ from pydantic import Field
 from agent.names import NAME_PATTERN
 from agent.protocol.messages import Envelope, FiniteTime
 
-#: The client id a claim connects with: ``enroll:`` and the device id. No device id holds ``:``, so
-#: a claim holder can never take over the session of an enrolled device.
+#: The client id a claim connects with: ``enroll:`` and the device id, after the connecting client's
+#: ``mqtt.client_id_prefix`` (``fleet:`` under configs/mosquitto/, whose ``clientid_prefixes`` holds
+#: on every listener). No device id holds ``:``, so a claim holder can never take over the session of
+#: an enrolled device (whose client id is its device id). The enrollment topics' client id level is
+#: that whole client id (the broker's ACL matches it as ``%c``).
 ENROLL_CLIENT_PREFIX = "enroll:"
+#: Longest client id prefix before ``enroll:`` (as ``mqtt.client_id_prefix`` allows).
+MAX_CLIENT_ID_PREFIX_CHARS = 32
 #: Largest PEM text a message carries (a certificate request, a certificate, a short chain).
 MAX_PEM_CHARS = 16 * 1024
 #: Longest serial number or hardware id a device names itself by.
@@ -34,18 +40,19 @@ MAX_REQUEST_ID_CHARS = 64
 
 _REQUEST_ID = r"^[A-Za-z0-9_-]{1,64}$"
 _HEX_SIGNATURE = r"^[0-9a-f]{2,512}$"
+_CLIENT_ID_PREFIX = re.compile(rf"^[^\s/+#]{{0,{MAX_CLIENT_ID_PREFIX_CHARS}}}$")
 
 
-def enroll_client_id(device_id: str) -> str:
-    """The MQTT client id a device enrolls with (``enroll:{device_id}``)."""
-    return ENROLL_CLIENT_PREFIX + device_id
+def enroll_client_id(device_id: str, client_id_prefix: str = "") -> str:
+    """The MQTT client id a device enrolls with (``{client_id_prefix}enroll:{device_id}``)."""
+    return client_id_prefix + ENROLL_CLIENT_PREFIX + device_id
 
 
 def device_of_enroll_client(client_id: str) -> str | None:
-    """The device id an enrollment client id names, or None when it is not ``enroll:{device id}``."""
-    if not client_id.startswith(ENROLL_CLIENT_PREFIX):
+    """The device id an enrollment client id names (``[prefix]enroll:{device id}``), or None."""
+    prefix, found, device_id = client_id.rpartition(ENROLL_CLIENT_PREFIX)
+    if not found or not _CLIENT_ID_PREFIX.match(prefix):
         return None
-    device_id = client_id[len(ENROLL_CLIENT_PREFIX) :]
     return device_id if NAME_PATTERN.match(device_id) else None
 
 

@@ -38,6 +38,12 @@ def test_an_enrollment_client_id_names_its_device_and_no_device_id_is_one() -> N
     assert device_of_enroll_client("enroll:") is None
     assert device_of_enroll_client("enroll:a:b") is None
     assert device_of_enroll_client("enroll:" + "x" * 65) is None
+    # After the connecting client's mqtt.client_id_prefix (configs/mosquitto/: fleet:).
+    assert enroll_client_id("cam-7", "fleet:") == "fleet:enroll:cam-7"
+    assert device_of_enroll_client("fleet:enroll:cam-7") == "cam-7"
+    assert device_of_enroll_client("fleet:enroll:a:b") is None
+    assert device_of_enroll_client("a/b:enroll:cam-7") is None
+    assert device_of_enroll_client("p" * 33 + "enroll:cam-7") is None
 
 
 def test_the_signed_bytes_cover_every_field_but_the_signature() -> None:
