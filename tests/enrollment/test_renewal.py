@@ -1,8 +1,7 @@
-"""Renewal over the device's own connection, against a real mosquitto and the real fleet CA.
+"""Renewal over the device's own connection, against the documented broker and a real controller.
 
-The controller's side is :class:`~tests.enrollment.fleet_pki.StandInDesk` (the real CA API in place
-of the admission desk). The renewal is made due seconds after enrollment by ``at_fraction``: the
-certificate the CA issues lives a day, and the test cannot wait two thirds of one.
+The renewal is made due seconds after enrollment by ``at_fraction``: the certificate the controller
+issues lives a day (its shortest), and the test cannot wait two thirds of one.
 """
 
 from __future__ import annotations
@@ -22,11 +21,9 @@ from agent.enrollment.keys import CertificateFacts
 from agent.enrollment.renewal import CertificateRenewal
 from agent.enrollment.settings import RenewalSettings
 from agent.mqtt.link import MqttLink
-from agent.protocol.enrollment import CertRenewal, EnrollReply, EnrollRequest
 from agent.protocol.topics import Topics
 from agent.spool.queue import Spool
-from tests.enrollment.fleet_pki import PREFIX, FleetPki, StandInDesk
-from tests.mqtt_probe import Probe
+from tests.enrollment.enrollment_fleet import PREFIX, EnrollmentFleet, start_fleet
 from tests.waiting import patient, wait_until
 
 DEVICE = "jet-r"
@@ -35,11 +32,12 @@ DEVICE = "jet-r"
 class Enrolled:
     """A device enrolled by claim, its link on the devices listener and its renewal (not started)."""
 
-    def __init__(self, pki: FleetPki, directory: Path, renew_in_s: float, **renewal: object) -> None:
+    def __init__(self, fleet: EnrollmentFleet, directory: Path, renew_in_s: float, **renewal: object) -> None:
         self.dir = directory
         self.stop = threading.Event()
-        self.mqtt = pki.device_mqtt(directory)
-        facts = ClaimEnrollment(DEVICE, self.mqtt, pki.enrollment(), stop=self.stop).run()
+        self.mqtt = fleet.device_mqtt(directory)
+        fleet.devices("register", {"device_id": DEVICE, "serial": None})
+        facts = ClaimEnrollment(DEVICE, self.mqtt, fleet.enrollment(), stop=self.stop).run()
         assert facts is not None
         self.first: CertificateFacts = facts
         life = facts.not_after - facts.not_before
@@ -82,13 +80,12 @@ class Enrolled:
 
 
 @pytest.fixture
-def make_enrolled(
-    fleet_pki: FleetPki, desk: StandInDesk, tmp_path: Path
-) -> Iterator[Callable[..., Enrolled]]:
+def make_enrolled(tmp_path: Path) -> Iterator[Callable[..., Enrolled]]:
+    """``make_enrolled(fleet, renew_in_s, **renewal)``: a device enrolled with ``fleet``'s controller."""
     made: list[Enrolled] = []
 
-    def make(renew_in_s: float, **renewal: object) -> Enrolled:
-        device = Enrolled(fleet_pki, tmp_path / "dev", renew_in_s, **renewal)
+    def make(fleet: EnrollmentFleet, renew_in_s: float, **renewal: object) -> Enrolled:
+        device = Enrolled(fleet, tmp_path / "dev", renew_in_s, **renewal)
         made.append(device)
         return device
 
@@ -97,12 +94,16 @@ def make_enrolled(
         device.close()
 
 
+def _renewals(fleet: EnrollmentFleet) -> list[float]:
+    return [seen.at for seen in fleet.requests("/up/cert")]
+
+
 def test_a_renewed_certificate_is_written_and_the_link_moves_to_it_losing_no_durable_message(
-    fleet_pki: FleetPki, desk: StandInDesk, make_enrolled: Callable[..., Enrolled]
+    fleet: EnrollmentFleet, make_enrolled: Callable[..., Enrolled]
 ) -> None:
-    device = make_enrolled(3.0)
-    probe = Probe(fleet_pki.broker.host, fleet_pki.broker.port)
-    probe.subscribe(f"{PREFIX}/{DEVICE}/up/#")
+    device = make_enrolled(fleet, 3.0)
+    assert fleet.operator is not None
+    fleet.operator.subscribe(f"{PREFIX}/{DEVICE}/up/#", qos=1)
     device.start()
     sent = 0
     stop_sending = threading.Event()
@@ -126,66 +127,50 @@ def test_a_renewed_certificate_is_written_and_the_link_moves_to_it_losing_no_dur
     finally:
         stop_sending.set()
         sender.join(5)
-    results = probe.wait_for(
-        lambda msgs: (
-            {json.loads(m.payload)["i"] for m in msgs if "/up/results/" in m.topic} >= set(range(sent))
-        ),
-        timeout=30,
-    )
+
+    def results() -> set[int]:
+        return {json.loads(s.payload)["i"] for s in list(fleet.seen) if "/up/results/" in s.topic}
+
+    wait_until(lambda: results() >= set(range(sent)), timeout=30, what="every durable message")
     renewed = held_certificate(device.dir / "device.crt")
     assert renewed is not None
     assert renewed.serial != device.first.serial
-    assert device.renewal.certificate is not None
-    assert renewed.serial in {r.serial for r in fleet_pki.authority.certificates_of(DEVICE)}
+    assert device.renewal.certificate == renewed
+    assert renewed.serial in {r.serial for r in fleet.authority().certificates_of(DEVICE)}
     assert device.link.counter("reconnects") >= 1
     # A DISCONNECT, not a lost connection: the broker published no Last Will (offline) meanwhile.
-    statuses = [json.loads(m.payload)["state"] for m in results if m.topic.endswith("/up/status")]
+    statuses = [json.loads(s.payload)["state"] for s in list(fleet.seen) if s.topic.endswith("/up/status")]
     assert "offline" not in statuses
-    probe.close()
 
 
 def test_a_refused_renewal_is_asked_again_with_backoff_and_the_old_certificate_keeps_working(
-    fleet_pki: FleetPki, desk: StandInDesk, make_enrolled: Callable[..., Enrolled]
+    tmp_path: Path, make_enrolled: Callable[..., Enrolled]
 ) -> None:
-    def refuse_renewals(request: EnrollRequest | CertRenewal, device_id: str) -> EnrollReply:
-        if isinstance(request, EnrollRequest):
-            return desk.issue(request, device_id)
-        return EnrollReply(
-            request_id=request.request_id,
-            outcome="refused",
-            code="not_enrolled",
-            message="no",
-            retry_after_s=0.7,
-        )
-
-    desk.decide = refuse_renewals
-    device = make_enrolled(1.0)
-    device.start()
-    wait_until(lambda: device.renewal.stats()["refused"] >= 3, timeout=60, what="three refused renewals")
-    renewals = [asked.at for asked in desk.requests() if isinstance(asked.request, CertRenewal)]
-    assert all(b - a >= 0.7 for a, b in itertools.pairwise(renewals))
-    assert device.link.connected
-    assert device.link.counter("reconnects") == 0
-    assert device.link.counter("certificate_moves") == 0
-    held = held_certificate(device.dir / "device.crt")
-    assert held is not None
-    assert held.serial == device.first.serial
+    """The controller refuses a renewal sooner than min_renew_interval_s (too_soon, retry after 1 s)."""
+    fleet = start_fleet(tmp_path / "fleet", min_renew_interval_s=3600)
+    try:
+        device = make_enrolled(fleet, 1.0)
+        device.start()
+        wait_until(lambda: device.renewal.stats()["refused"] >= 3, timeout=60, what="three refused renewals")
+        assert all(b - a >= 1.0 for a, b in itertools.pairwise(_renewals(fleet))), _renewals(fleet)
+        assert device.link.connected
+        assert device.link.counter("reconnects") == 0
+        assert device.link.counter("certificate_moves") == 0
+        held = held_certificate(device.dir / "device.crt")
+        assert held is not None
+        assert held.serial == device.first.serial
+    finally:
+        fleet.stop()
 
 
 def test_an_unanswered_renewal_is_asked_again_after_the_reply_timeout(
-    fleet_pki: FleetPki, desk: StandInDesk, make_enrolled: Callable[..., Enrolled]
+    fleet: EnrollmentFleet, make_enrolled: Callable[..., Enrolled]
 ) -> None:
-    def silent_then_issue(request: EnrollRequest | CertRenewal, device_id: str) -> EnrollReply | None:
-        renewals = [a for a in desk.requests() if isinstance(a.request, CertRenewal)]
-        if isinstance(request, CertRenewal) and len(renewals) <= 1:
-            return None
-        return desk.issue(request, device_id)
-
-    desk.decide = silent_then_issue
-    device = make_enrolled(1.0, reply_timeout_s=1.0)
+    device = make_enrolled(fleet, 1.0, reply_timeout_s=1.0)
+    fleet.controller.kill()
     device.start()
+    wait_until(lambda: device.renewal.stats()["unanswered"] >= 1, timeout=60, what="an unanswered renewal")
+    fleet.controller.start()
     wait_until(lambda: device.renewal.stats()["renewed"] >= 1, timeout=60, what="a renewal")
-    stats = device.renewal.stats()
-    assert stats["unanswered"] == 1
-    renewals = [asked.at for asked in desk.requests() if isinstance(asked.request, CertRenewal)]
+    renewals = _renewals(fleet)
     assert renewals[1] - renewals[0] >= 1.5  # the reply timeout, then at least retry_min_s
