@@ -74,7 +74,7 @@ class Enrolled:
 
     def close(self) -> None:
         self.stop.set()
-        self.renewal.join(2.0)
+        self.renewal.join(patient(2.0))
         self.link.stop(timeout=1.0)
         self.spool.close()
 
@@ -126,7 +126,7 @@ def test_a_renewed_certificate_is_written_and_the_link_moves_to_it_losing_no_dur
         wait_until(lambda: sent >= first_after + 20, timeout=30, what="messages after the move")
     finally:
         stop_sending.set()
-        sender.join(5)
+        sender.join(patient(5))
 
     def results() -> set[int]:
         return {json.loads(s.payload)["i"] for s in list(fleet.seen) if "/up/results/" in s.topic}
