@@ -129,3 +129,24 @@ def test_edge_agent_enroll_enrolls_once_by_hand_and_says_so(fleet: EnrollmentFle
     assert again.returncode == 0
     assert held.serial in again.stdout  # already enrolled: the same certificate, no second request
     assert len(fleet.requests()) == 1
+
+
+def test_a_pending_first_start_waits_quietly_and_stops_cleanly_on_sigterm(
+    fleet: EnrollmentFleet, tmp_path: Path
+) -> None:
+    """Not registered: the controller holds it pending; the agent waits (no certificate, no serving)
+    and SIGTERM ends the wait with exit 0, its key kept for the next start."""
+    files = AgentFiles(tmp_path / "device", fleet.broker.device_port, "jet-wait", frames=5)
+    config = _device_config(fleet, files)
+    daemon = Daemon(config, tmp_path / "agent.log")
+    try:
+        answered = daemon.wait_for_event("enrollment.answered", timeout=60)
+        assert answered["outcome"] == "pending"
+        daemon.wait_for_event("enrollment.wait", timeout=60)
+    finally:
+        code = daemon.stop()
+    assert code == 0, daemon.log()[-3000:]
+    assert not (files.root / "tls" / "device.crt").exists()
+    assert (files.root / "tls" / "device.key").stat().st_mode & 0o777 == 0o600
+    assert "agent.started" not in daemon.log()
+    assert "jet-wait" in str(fleet.devices("pending"))

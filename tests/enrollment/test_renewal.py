@@ -174,3 +174,16 @@ def test_an_unanswered_renewal_is_asked_again_after_the_reply_timeout(
     wait_until(lambda: device.renewal.stats()["renewed"] >= 1, timeout=60, what="a renewal")
     renewals = _renewals(fleet)
     assert renewals[1] - renewals[0] >= 1.5  # the reply timeout, then at least retry_min_s
+
+
+def test_a_certificate_that_does_not_load_leaves_the_connection_as_it_is(
+    fleet: EnrollmentFleet, make_enrolled: Callable[..., Enrolled]
+) -> None:
+    device = make_enrolled(fleet, 3600.0)  # renewal not due during the test
+    device.start()
+    (device.dir / "device.crt").write_text("not a certificate\n")
+    device.link.move_to_new_certificate()
+    wait_until(lambda: device.link.counter("certificate_move_failures") == 1, what="the failed reload")
+    assert device.link.connected
+    assert device.link.counter("reconnects") == 0
+    assert device.link.counter("certificate_moves") == 0
