@@ -11,9 +11,10 @@ import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
-from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import ec
 
+from agent.enrollment.keys import load_key
 from agent.errors import ConfigError
 from agent.protocol.enrollment import EnrollRequest
 
@@ -34,13 +35,7 @@ class Claim:
             raise ConfigError(f"enrollment.claim_cert_file: cannot read {cert_file} ({exc})") from exc
         if "-----BEGIN CERTIFICATE-----" not in cert_pem:
             raise ConfigError(f"enrollment.claim_cert_file: {cert_file} holds no PEM certificate")
-        try:
-            key = serialization.load_pem_private_key(key_file.read_bytes(), password=None)
-        except (OSError, ValueError, TypeError) as exc:
-            raise ConfigError(f"enrollment.claim_key_file: cannot read {key_file} ({exc})") from exc
-        if not isinstance(key, ec.EllipticCurvePrivateKey):
-            raise ConfigError(f"enrollment.claim_key_file: {key_file} is not an EC key (claims sign ECDSA)")
-        return cls(cert_pem=cert_pem, key=key)
+        return cls(cert_pem=cert_pem, key=load_key(key_file, "enrollment.claim_key_file"))
 
     def sign(self, data: bytes) -> str:
         """The claim key's ECDSA-SHA256 signature over ``data``, hex of the DER."""

@@ -10,7 +10,6 @@ devices does not ask in lockstep (:func:`agent.backoff.reconnect_delay`).
 
 from __future__ import annotations
 
-import queue
 import random
 import threading
 import time
@@ -20,7 +19,6 @@ from pathlib import Path
 
 import structlog
 
-from agent.backoff import reconnect_delay
 from agent.enrollment.certificate import ForeignReplyError, issued_certificate, write_certificate
 from agent.enrollment.claim import Claim
 from agent.enrollment.keys import (
@@ -29,13 +27,13 @@ from agent.enrollment.keys import (
     certificate_request,
     load_or_make_key,
 )
+from agent.enrollment.replies import ReplyInbox, retry_delay
 from agent.enrollment.settings import EnrollmentSettings
 from agent.errors import ConfigError, TransportError
-from agent.mqtt.inbound import InboundMessage
 from agent.mqtt.service_client import ServiceClient
 from agent.mqtt.settings import MqttSettings, TlsSettings
 from agent.protocol.enrollment import EnrollReply, enroll_client_id
-from agent.protocol.messages import ProtocolError, decode, encode
+from agent.protocol.messages import encode
 from agent.protocol.topics import enroll_reply, enroll_request
 
 log = structlog.get_logger(__name__)
@@ -52,7 +50,7 @@ class EnrollmentCounts:
     """What enrollment did: attempts (requests sent or tried) and replies it ignored as foreign."""
 
     attempts: int = 0
-    foreign_replies: int = 0
+    foreign_replies: int = 0  # replies this device did not ask for (see certificate.ForeignReplyError)
     outcomes: dict[str, int] = field(default_factory=dict)
 
 
@@ -113,7 +111,7 @@ class ClaimEnrollment:
         self._on_wait = on_wait
         self._rng = rng or random.Random()
         self.counts = EnrollmentCounts()
-        self._replies: queue.Queue[EnrollReply] = queue.Queue(maxsize=64)
+        self._inbox = ReplyInbox()
 
     def run(self) -> CertificateFacts | None:
         """Enroll: the certificate's facts once written, or None when stopped before that."""
@@ -163,7 +161,7 @@ class ClaimEnrollment:
     def _ask(self, payload: bytes, request_id: str, key: DevicePrivateKey) -> Answer | None:
         """One attempt: connect, subscribe, publish, wait for this request's answer (None: none came)."""
         client = ServiceClient(
-            self.listener, client_id=self.client_id, handler=self._on_reply, reconnect=False
+            self.listener, client_id=self.client_id, handler=self._inbox.on_message, reconnect=False
         )
         client.start(timeout=_CONNECT_TIMEOUT_S)
         try:
@@ -175,9 +173,8 @@ class ClaimEnrollment:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     return None
-                try:
-                    reply = self._replies.get(timeout=min(remaining, 0.5))
-                except queue.Empty:
+                reply = self._inbox.take(min(remaining, 0.5))
+                if reply is None:
                     continue
                 answer = self._answer(reply, request_id, key)
                 if answer is not None:
@@ -197,23 +194,9 @@ class ClaimEnrollment:
             log.warning("enrollment.reply.ignored", reason=str(exc), device=self.device_id)
             return None
 
-    def _on_reply(self, message: InboundMessage) -> None:
-        # The dispatcher thread: decode and hand over; a full queue drops (the wait asks again).
-        try:
-            reply = decode(EnrollReply, message.payload)
-        except ProtocolError as exc:
-            self.counts.foreign_replies += 1
-            log.warning("enrollment.reply.invalid", error=str(exc))
-            return
-        try:
-            self._replies.put_nowait(reply)
-        except queue.Full:
-            self.counts.foreign_replies += 1
-
     def _wait(self, why: str, failures: int, floor: float) -> None:
         s = self.settings
-        low = max(s.retry_min_s, floor)
-        delay = reconnect_delay(failures, low, max(low, s.retry_max_s), self._rng)
+        delay = retry_delay(failures, floor, s.retry_min_s, s.retry_max_s, self._rng)
         log.info("enrollment.wait", why=why, delay_s=round(delay, 1), attempt=self.counts.attempts)
         if self._on_wait is not None:
             self._on_wait(why, delay)

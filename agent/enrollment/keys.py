@@ -41,15 +41,15 @@ def load_or_make_key(path: Path) -> DevicePrivateKey:
     return key
 
 
-def load_key(path: Path) -> DevicePrivateKey:
-    """An EC private key from a PEM file; ConfigError naming the file when it is not one."""
+def load_key(path: Path, key: str = "mqtt.tls.key_file") -> DevicePrivateKey:
+    """An EC private key from a PEM file; ConfigError naming the configuration ``key`` and the file."""
     try:
-        key = serialization.load_pem_private_key(path.read_bytes(), password=None)
+        loaded = serialization.load_pem_private_key(path.read_bytes(), password=None)
     except (OSError, ValueError, TypeError) as exc:
-        raise ConfigError(f"{path}: cannot read the private key ({exc})") from exc
-    if not isinstance(key, ec.EllipticCurvePrivateKey):
-        raise ConfigError(f"{path}: not an EC private key (the device makes ECDSA P-256 keys)")
-    return key
+        raise ConfigError(f"{key}: cannot read the private key {path} ({exc})") from exc
+    if not isinstance(loaded, ec.EllipticCurvePrivateKey):
+        raise ConfigError(f"{key}: {path} is not an EC private key (enrollment signs with ECDSA)")
+    return loaded
 
 
 def certificate_request(key: DevicePrivateKey, device_id: str) -> str:

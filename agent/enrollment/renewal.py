@@ -10,7 +10,6 @@ old certificate keeps working until it expires.
 
 from __future__ import annotations
 
-import queue
 import random
 import secrets
 import threading
@@ -20,7 +19,6 @@ from pathlib import Path
 
 import structlog
 
-from agent.backoff import reconnect_delay
 from agent.enrollment.certificate import (
     ForeignReplyError,
     held_certificate,
@@ -28,11 +26,10 @@ from agent.enrollment.certificate import (
     write_certificate,
 )
 from agent.enrollment.keys import CertificateFacts, certificate_request, load_key
+from agent.enrollment.replies import ReplyInbox, retry_delay
 from agent.enrollment.settings import RenewalSettings
-from agent.mqtt.inbound import InboundMessage
 from agent.mqtt.link import MqttLink
-from agent.protocol.enrollment import CertRenewal, EnrollReply
-from agent.protocol.messages import ProtocolError, decode
+from agent.protocol.enrollment import CertRenewal
 from agent.protocol.topics import Topics
 
 log = structlog.get_logger(__name__)
@@ -66,7 +63,7 @@ class CertificateRenewal:
         self._stop = stop
         self._on_renewed = on_renewed
         self._rng = rng or random.Random()
-        self._replies: queue.Queue[EnrollReply] = queue.Queue(maxsize=16)
+        self._inbox = ReplyInbox()
         self._facts = held_certificate(cert_file)
         self._counts = {"requests": 0, "renewed": 0, "refused": 0, "unanswered": 0, "foreign_replies": 0}
         self._thread: threading.Thread | None = None
@@ -78,7 +75,7 @@ class CertificateRenewal:
 
     def start(self) -> None:
         """Subscribe to ``down/cert`` (before the link connects) and start the renewal thread."""
-        self._link.subscribe(self._topics.cert_reply, self._on_reply, qos=1)
+        self._link.subscribe(self._topics.cert_reply, self._inbox.on_message, qos=1)
         self._thread = threading.Thread(target=self._run, name="cert-renewal", daemon=True)
         self._thread.start()
 
@@ -88,7 +85,8 @@ class CertificateRenewal:
 
     def stats(self) -> dict[str, float]:
         """For telemetry (``cert.*``): requests, renewals, refusals, unanswered, ignored replies."""
-        return {name: float(n) for name, n in self._counts.items()}
+        counts = self._counts | {"foreign_replies": self._counts["foreign_replies"] + self._inbox.dropped}
+        return {name: float(n) for name, n in counts.items()}
 
     # -- the renewal thread ----------------------------------------------------------------------
 
@@ -108,8 +106,7 @@ class CertificateRenewal:
                 failures = 0
                 continue
             s = self.settings
-            low = max(s.retry_min_s, floor)
-            delay = reconnect_delay(failures, low, max(low, s.retry_max_s), self._rng)
+            delay = retry_delay(failures, floor, s.retry_min_s, s.retry_max_s, self._rng)
             failures += 1
             log.info("cert.renewal.wait", delay_s=round(delay, 1), failures=failures)
             self._stop.wait(delay)
@@ -120,7 +117,7 @@ class CertificateRenewal:
         request = CertRenewal(
             request_id=secrets.token_hex(8), csr_pem=certificate_request(key, self.device_id)
         )
-        self._drain()
+        self._inbox.drain()
         self._counts["requests"] += 1
         self._link.publish(self._topics.cert_renewal, request, qos=1)
         log.info("cert.renewal.requested", request_id=request.request_id)
@@ -131,9 +128,8 @@ class CertificateRenewal:
                 self._counts["unanswered"] += 1
                 log.warning("cert.renewal.unanswered", request_id=request.request_id)
                 return 0.0
-            try:
-                reply = self._replies.get(timeout=min(remaining, 0.5))
-            except queue.Empty:
+            reply = self._inbox.take(min(remaining, 0.5))
+            if reply is None:
                 continue
             if reply.outcome != "issued" and reply.request_id == request.request_id:
                 self._counts["refused"] += 1
@@ -162,23 +158,3 @@ class CertificateRenewal:
                 self._on_renewed(facts)
             return None
         return 0.0
-
-    def _drain(self) -> None:
-        while True:
-            try:
-                self._replies.get_nowait()
-            except queue.Empty:
-                return
-
-    def _on_reply(self, message: InboundMessage) -> None:
-        # The link's dispatcher thread: decode and hand over, nothing more.
-        try:
-            reply = decode(EnrollReply, message.payload)
-        except ProtocolError as exc:
-            self._counts["foreign_replies"] += 1
-            log.warning("cert.renewal.reply_invalid", error=str(exc))
-            return
-        try:
-            self._replies.put_nowait(reply)
-        except queue.Full:
-            self._counts["foreign_replies"] += 1
