@@ -131,6 +131,38 @@ class Pki:
         return {"ca_certs": str(tls.ca_file), "certfile": str(tls.cert_file), "keyfile": str(tls.key_file)}
 
 
+def run_mosquitto(workdir: Path, config: str, host: str, ports: tuple[int, ...]) -> subprocess.Popen[bytes]:
+    """Write ``config`` to ``workdir/mosquitto.conf`` (logging everything to ``workdir``), start
+    mosquitto with it and wait until each of ``ports`` accepts connections."""
+    if os.geteuid() == 0:
+        # As root mosquitto drops to user `mosquitto`, which cannot read the test's private files.
+        config = "user root\n" + config
+    config += f"log_dest file {workdir / 'mosquitto.log'}\nlog_type all\n"
+    (workdir / "mosquitto.conf").write_text(config)
+    with (workdir / "stderr.log").open("ab") as err:
+        proc = subprocess.Popen(
+            [mosquitto_binary(), "-c", str(workdir / "mosquitto.conf")], stdout=err, stderr=subprocess.STDOUT
+        )
+    deadline = time.monotonic() + patient(_START_TIMEOUT_S)
+    while time.monotonic() < deadline and proc.poll() is None:
+        if all(port_open(host, port) for port in ports):
+            return proc
+        time.sleep(0.05)
+    proc.kill()
+    proc.wait(timeout=patient(5))
+    conf = workdir / "mosquitto.conf"
+    raise RuntimeError(f"mosquitto did not start with {conf}:\n{mosquitto_log(workdir)}")
+
+
+def mosquitto_log(workdir: Path) -> str:
+    """Everything a mosquitto run by :func:`run_mosquitto` logged (stderr, and its ``log_dest file``)."""
+    return "".join(
+        path.read_text(errors="replace")
+        for path in (workdir / "stderr.log", workdir / "mosquitto.log")
+        if path.exists()
+    )
+
+
 @dataclass
 class DocBroker:
     """mosquitto running docs/protocol.md's configuration.
@@ -173,35 +205,12 @@ class DocBroker:
         text = text.replace("/var/lib/mosquitto/", f"{workdir / 'data'}/")
         text = text.replace("listener 8883\n", f"listener {broker.device_port} {broker.host}\n")
         text = text.replace("listener 8884\n", f"listener {broker.operator_port} {broker.host}\n")
-        if os.geteuid() == 0:
-            # As root mosquitto drops to user `mosquitto`, which cannot read the test's private files.
-            text = "user root\n" + text
-        text += f"log_dest file {workdir / 'mosquitto.log'}\nlog_type all\n"
-        (workdir / "mosquitto.conf").write_text(text)
-        broker._run()
+        broker._proc = run_mosquitto(workdir, text, broker.host, (broker.device_port, broker.operator_port))
         return broker
-
-    def _run(self) -> None:
-        with (self.workdir / "stderr.log").open("ab") as err:
-            self._proc = subprocess.Popen(
-                [mosquitto_binary(), "-c", str(self.workdir / "mosquitto.conf")],
-                stdout=err,
-                stderr=subprocess.STDOUT,
-            )
-        deadline = time.monotonic() + patient(_START_TIMEOUT_S)
-        while time.monotonic() < deadline and self._proc.poll() is None:
-            if all(port_open(self.host, port) for port in (self.device_port, self.operator_port)):
-                return
-            time.sleep(0.05)
-        raise RuntimeError(f"mosquitto did not start with the doc's configuration:\n{self.log()}")
 
     def log(self) -> str:
         """Everything mosquitto logged (``log_type all``)."""
-        return "".join(
-            path.read_text(errors="replace")
-            for path in (self.workdir / "stderr.log", self.workdir / "mosquitto.log")
-            if path.exists()
-        )
+        return mosquitto_log(self.workdir)
 
     def device_settings(self, device: str, prefix: str = "fleet/v1", **overrides: object) -> MqttSettings:
         """MqttSettings of the agent on ``device``: the device listener with its certificate."""

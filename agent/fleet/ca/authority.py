@@ -21,7 +21,7 @@ from agent.fleet.ca.broker import BrokerTold, tell_broker, write_devices_acl
 from agent.fleet.ca.crl import crl_due, write_crl
 from agent.fleet.ca.csr import CheckedCsr
 from agent.fleet.ca.layout import CaDir
-from agent.fleet.ca.ledger import IssuedLedger, IssuedRecord, read_ledger, write_ledger
+from agent.fleet.ca.ledger import IssuedLedger, IssuedRecord
 from agent.fleet.ca.pki import leaf_certificate, now, pem, read_cert, read_key, serial_text
 
 log = structlog.get_logger(__name__)
@@ -54,6 +54,7 @@ class DeviceAuthority:
         claims_ca: x509.Certificate,
     ) -> None:
         self._dir = ca_dir
+        self._ledger = IssuedLedger(ca_dir.issued)
         self._cert = cert
         self._key = key
         self.claims_ca = claims_ca
@@ -109,10 +110,13 @@ class DeviceAuthority:
             issued_at=now(),
             not_after=cert.not_valid_after_utc,
         )
-        with self._dir.locked():
-            ledger = read_ledger(self._dir.issued)
-            ledger.certificates.append(record)
-            write_ledger(self._dir.issued, ledger)
+        was_denied = self._ledger.is_denied(checked.device_id)
+        self._ledger.add(record)
+        if was_denied:
+            # The device had been revoked and is enrolled again: the broker must drop its deny block.
+            with self._dir.locked():
+                write_devices_acl(self._dir, self._ledger.denied_devices())
+            self.tell_broker()
         log.info(
             "fleet.ca.issued", device=checked.device_id, serial=serial, not_after=record.not_after.isoformat()
         )
@@ -120,7 +124,7 @@ class DeviceAuthority:
 
     def certificates_of(self, device_id: str) -> list[IssuedRecord]:
         """The ledger's records for ``device_id``, oldest first (revoked ones included)."""
-        return [r for r in read_ledger(self._dir.issued).certificates if r.device_id == device_id]
+        return self._ledger.of_device(device_id)
 
     def revoke_device(self, device_id: str, reason: str, *, tell: bool = True) -> list[str]:
         """Revoke every unexpired certificate of ``device_id``; the serials revoked.
@@ -129,21 +133,10 @@ class DeviceAuthority:
         revoked, so a revocation always leaves them current; then the broker is told to reload
         them (``tell``; the CLI passes False and calls :meth:`tell_broker` to print the outcome).
         """
-        revoked: list[str] = []
         with self._dir.locked():
-            ledger = read_ledger(self._dir.issued)
-            kept: list[IssuedRecord] = []
-            at = now()
-            for record in ledger.certificates:
-                if record.device_id == device_id and record.revoked_at is None and record.not_after > at:
-                    kept.append(record.model_copy(update={"revoked_at": at, "reason": reason}))
-                    revoked.append(record.serial)
-                else:
-                    kept.append(record)
-            ledger = IssuedLedger(certificates=kept)
-            write_ledger(self._dir.issued, ledger)
-            self._write_crl(ledger)
-            write_devices_acl(self._dir, ledger)
+            revoked = self._ledger.revoke(device_id, reason)
+            self._write_crl()
+            write_devices_acl(self._dir, self._ledger.denied_devices())
         log.info("fleet.ca.revoked", device=device_id, serials=revoked, reason=reason)
         if tell:
             self.tell_broker()
@@ -159,7 +152,7 @@ class DeviceAuthority:
         with self._dir.locked():
             if not crl_due(self._dir.crl):
                 return False
-            self._write_crl(read_ledger(self._dir.issued))
+            self._write_crl()
         log.info("fleet.ca.crl_renewed", path=str(self._dir.crl))
         self.tell_broker()
         return True
@@ -167,10 +160,9 @@ class DeviceAuthority:
     def reissue_crl(self) -> Path:
         """Re-issue the CRL and the devices ACL now (``fleet ca crl``; the caller tells the broker)."""
         with self._dir.locked():
-            ledger = read_ledger(self._dir.issued)
-            self._write_crl(ledger)
-            write_devices_acl(self._dir, ledger)
+            self._write_crl()
+            write_devices_acl(self._dir, self._ledger.denied_devices())
         return self._dir.crl
 
-    def _write_crl(self, ledger: IssuedLedger) -> None:
-        write_crl(self._dir.crl, ledger.pruned().revoked(), self._cert, self._key)
+    def _write_crl(self) -> None:
+        write_crl(self._dir.crl, self._ledger.revoked(), self._cert, self._key)

@@ -15,19 +15,15 @@ ACL there and run ``systemctl reload mosquitto``; docs/enrollment.md).
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 from dataclasses import dataclass
 from pathlib import Path
 
 import structlog
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict
 
-from agent.errors import ConfigError
-from agent.fleet.ca.layout import CaDir
-from agent.fleet.ca.ledger import IssuedLedger
-from agent.fleet.ca.pki import now
+from agent.fleet.ca.layout import CaDir, read_json_model
 from agent.fsutil import atomic_write_json, atomic_write_text
 
 log = structlog.get_logger(__name__)
@@ -55,14 +51,7 @@ class BrokerTold:
 
 def read_broker_settings(ca: CaDir) -> BrokerSettings:
     """``broker.json`` (defaults when there is none; ConfigError naming a damaged file)."""
-    try:
-        text = ca.broker_settings.read_text()
-    except FileNotFoundError:
-        return BrokerSettings()
-    try:
-        return BrokerSettings.model_validate(json.loads(text))
-    except (ValueError, ValidationError) as exc:
-        raise ConfigError(f"{ca.broker_settings} is damaged: {exc}") from exc
+    return read_json_model(ca.broker_settings, BrokerSettings, "the broker settings")
 
 
 def write_broker_settings(ca: CaDir, settings: BrokerSettings) -> None:
@@ -83,21 +72,9 @@ def devices_acl(prefix: str, denied: list[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def denied_devices(ledger: IssuedLedger) -> list[str]:
-    """Devices holding a revoked certificate still valid and no valid certificate that is not revoked."""
-    at = now()
-    revoked: set[str] = set()
-    good: set[str] = set()
-    for record in ledger.certificates:
-        if record.not_after <= at:
-            continue
-        (revoked if record.revoked_at is not None else good).add(record.device_id)
-    return sorted(revoked - good)
-
-
-def write_devices_acl(ca: CaDir, ledger: IssuedLedger) -> bool:
-    """Rewrite the devices ACL (temp + fsync + rename, 0644) from ``ledger``; whether it changed."""
-    text = devices_acl(read_broker_settings(ca).prefix, denied_devices(ledger))
+def write_devices_acl(ca: CaDir, denied: list[str]) -> bool:
+    """Rewrite the devices ACL (temp + fsync + rename, 0644) denying ``denied``; whether it changed."""
+    text = devices_acl(read_broker_settings(ca).prefix, denied)
     try:
         if ca.devices_acl.read_text() == text:
             return False

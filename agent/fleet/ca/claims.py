@@ -10,7 +10,6 @@ signing its request with the claim key (ECDSA-SHA256): :func:`verify_claim`.
 from __future__ import annotations
 
 import datetime
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -19,10 +18,10 @@ from cryptography import x509
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import ec
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict
 
-from agent.errors import ConfigError, UsageError
-from agent.fleet.ca.layout import CaDir, make_private_dir
+from agent.errors import UsageError
+from agent.fleet.ca.layout import CaDir, make_private_dir, read_json_model
 from agent.fleet.ca.pki import (
     cn_of,
     leaf_certificate,
@@ -34,6 +33,7 @@ from agent.fleet.ca.pki import (
     write_cert,
     write_key,
 )
+from agent.fleet.ca.refusal import Refused
 from agent.fsutil import atomic_write_json
 from agent.names import NAME_PATTERN, NAME_RULE
 
@@ -48,13 +48,8 @@ MAX_CLAIM_DAYS = 3650
 ClaimCode = Literal["bad_claim", "claim_expired", "bad_claim_signature"]
 
 
-class ClaimRefused(Exception):  # noqa: N818 - the contract's name: a refusal, not a crash
+class ClaimRefused(Refused[ClaimCode]):
     """A claim the controller will not accept: ``code`` for the reply, ``message`` one line saying why."""
-
-    def __init__(self, code: ClaimCode, message: str) -> None:
-        super().__init__(f"{code}: {message}")
-        self.code: ClaimCode = code
-        self.message = message
 
 
 @dataclass(frozen=True)
@@ -98,15 +93,7 @@ class ClaimBundle:
 
 def read_claims(ca_dir: Path) -> dict[str, ClaimRecord]:
     """The claims made so far, by name (ConfigError naming a damaged ledger)."""
-    path = CaDir(Path(ca_dir)).claims
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        return {}
-    try:
-        ledger = ClaimLedger.model_validate(json.loads(text))
-    except (ValueError, ValidationError) as exc:
-        raise ConfigError(f"the claims ledger {path} is damaged: {exc}") from exc
+    ledger = read_json_model(CaDir(Path(ca_dir)).claims, ClaimLedger, "the claims ledger")
     return {record.name: record for record in ledger.claims}
 
 

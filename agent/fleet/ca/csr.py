@@ -16,6 +16,7 @@ from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.hazmat.primitives.asymmetric.types import CertificatePublicKeyTypes
 
 from agent.fleet.ca.pki import cn_of, key_fingerprint
+from agent.fleet.ca.refusal import Refused
 from agent.names import NAME_PATTERN, NAME_RULE
 
 #: A CSR larger than this is refused unread: an RSA 4096 request is under 2 KiB of PEM.
@@ -30,13 +31,8 @@ EC_CURVES = ("secp256r1", "secp384r1")
 CsrCode = Literal["bad_csr", "bad_signature", "wrong_subject", "weak_key", "unsupported_key", "bad_device_id"]
 
 
-class CsrRefused(Exception):  # noqa: N818 - the contract's name: a refusal, not a crash
+class CsrRefused(Refused[CsrCode]):
     """A CSR the CA will not sign: ``code`` for the device's reply, ``message`` one line saying why."""
-
-    def __init__(self, code: CsrCode, message: str) -> None:
-        super().__init__(f"{code}: {message}")
-        self.code: CsrCode = code
-        self.message = message
 
 
 @dataclass(frozen=True)

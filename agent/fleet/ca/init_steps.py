@@ -20,7 +20,6 @@ from agent.errors import UsageError
 from agent.fleet.ca.broker import BrokerSettings, write_broker_settings, write_devices_acl
 from agent.fleet.ca.crl import write_crl
 from agent.fleet.ca.layout import CaDir, RootDir, make_private_dir
-from agent.fleet.ca.ledger import IssuedLedger
 from agent.fleet.ca.pki import (
     ca_certificate,
     leaf_certificate,
@@ -87,7 +86,7 @@ def init_ca(
     intermediate = certify_intermediate(root, ca, intermediate_days)
     write_crl(ca.crl, [], intermediate, read_key(ca.devices_key))
     write_broker_settings(ca, broker or BrokerSettings())
-    write_devices_acl(ca, IssuedLedger())
+    write_devices_acl(ca, [])
     return InitDone(root, ca, intermediate.not_valid_after_utc)
 
 

@@ -10,11 +10,16 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
+from pydantic import BaseModel, ValidationError
+
+from agent.errors import ConfigError
 from agent.fleet.ca.pki import DIR_MODE
 
 #: The controller's CA directory unless ``--ca-dir`` names another: inside its default state_dir.
@@ -74,7 +79,7 @@ class CaDir:
     @property
     def issued(self) -> Path:
         """The ledger of every device certificate issued and not long expired."""
-        return self.path / "issued.json"
+        return self.path / "issued.sqlite"
 
     @property
     def claims_key(self) -> Path:
@@ -118,6 +123,22 @@ class CaDir:
             yield
         finally:
             os.close(fd)
+
+
+ModelT = TypeVar("ModelT", bound=BaseModel)
+
+
+def read_json_model(path: Path, model: type[ModelT], what: str) -> ModelT:
+    """The JSON file ``path`` as ``model`` (its defaults when there is no file yet; ConfigError
+    naming ``what`` and the file when it is damaged)."""
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return model()
+    try:
+        return model.model_validate(json.loads(text))
+    except (ValueError, ValidationError) as exc:
+        raise ConfigError(f"{what} {path} is damaged: {exc}") from exc
 
 
 def make_private_dir(path: Path, mode: int = DIR_MODE) -> None:

@@ -52,13 +52,10 @@ class Decommissioned:
     broker: str | None = None  # what telling the broker to reload its CRL did, or what to do
 
     def as_dict(self) -> dict[str, object]:
-        return {
-            "device": self.device,
-            "state": self.state,
-            "cleared": list(self.cleared),
-            "revoked": list(self.revoked),
-            "broker": self.broker,
-        }
+        out: dict[str, object] = {"device": self.device, "state": self.state, "cleared": list(self.cleared)}
+        if self.broker is not None:  # revoked with a CA directory
+            out |= {"revoked": list(self.revoked), "broker": self.broker}
+        return out
 
 
 def decommission(

@@ -8,11 +8,9 @@ mosquitto.conf in which only the documented paths and the three port numbers are
 
 from __future__ import annotations
 
-import os
 import secrets
 import subprocess
 import threading
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,7 +18,7 @@ from typing import Any
 import paho.mqtt.client as mqtt
 from paho.mqtt.enums import CallbackAPIVersion
 
-from agent.demo.broker import free_port, mosquitto_binary, port_open
+from agent.demo.broker import free_port
 from agent.fleet.ca.authority import DeviceAuthority
 from agent.fleet.ca.broker import BrokerSettings
 from agent.fleet.ca.claims import ClaimBundle, make_claim
@@ -28,6 +26,7 @@ from agent.fleet.ca.init_steps import InitDone, init_ca
 from agent.fleet.ca.pki import write_key
 from tests.fleet.ca.ca_rig import device_key_and_csr
 from tests.mqtt_probe import Probe
+from tests.protocol.broker_doc import mosquitto_log, run_mosquitto
 from tests.waiting import patient
 
 CONFIGS = Path(__file__).resolve().parents[3] / "configs" / "mosquitto"
@@ -38,6 +37,11 @@ CONNECTED = "connected"
 #: PUBACK reason code of a publish the ACL refused.
 NOT_AUTHORIZED = 0x87
 OPERATOR = "operator"
+
+
+def accepted(puback: int) -> bool:
+    """Whether a PUBACK reason code says the broker took the message (0, or 16: no subscriber)."""
+    return puback < 0x80
 
 
 class CountingProbe(Probe):
@@ -73,7 +77,9 @@ class EnrollmentBroker:
     _probes: list[Probe] = field(default_factory=list)
 
     @classmethod
-    def start(cls, workdir: Path) -> EnrollmentBroker:
+    def start(cls, workdir: Path, *, drop: tuple[str, ...] = ()) -> EnrollmentBroker:
+        """Make the CA and start mosquitto; ``drop``: config lines to leave out, to show what a
+        line protects against (never in a passing configuration test)."""
         etc, data = workdir / "etc", workdir / "data"
         etc.mkdir(parents=True)
         data.mkdir()
@@ -93,7 +99,8 @@ class EnrollmentBroker:
             capture_output=True,
         )
         broker = cls(workdir, done, free_port(), free_port(), free_port(), password)
-        text = CONF.read_text()
+        lines = CONF.read_text().splitlines(keepends=True)
+        text = "".join(line for line in lines if line.strip() not in drop)
         text = text.replace(CA_DIR, f"{done.ca.path}/").replace("/etc/mosquitto/", f"{etc}/")
         text = text.replace("/var/lib/mosquitto/", f"{data}/").replace(
             "/run/mosquitto/mosquitto.pid", str(pid_file)
@@ -104,36 +111,13 @@ class EnrollmentBroker:
             (8885, broker.enroll_port),
         ):
             text = text.replace(f"listener {documented}\n", f"listener {port} {broker.host}\n")
-        if os.geteuid() == 0:
-            # As root mosquitto drops to user `mosquitto`, which cannot read the test's private files.
-            text = "user root\n" + text
-        text += f"log_dest file {workdir / 'mosquitto.log'}\nlog_type all\n"
-        (workdir / "mosquitto.conf").write_text(text)
-        broker._run()
+        ports = (broker.device_port, broker.operator_port, broker.enroll_port)
+        broker._proc = run_mosquitto(workdir, text, broker.host, ports)
         return broker
-
-    def _run(self) -> None:
-        with (self.workdir / "stderr.log").open("ab") as err:
-            self._proc = subprocess.Popen(
-                [mosquitto_binary(), "-c", str(self.workdir / "mosquitto.conf")],
-                stdout=err,
-                stderr=subprocess.STDOUT,
-            )
-        deadline = time.monotonic() + patient(10)
-        ports = (self.device_port, self.operator_port, self.enroll_port)
-        while time.monotonic() < deadline and self._proc.poll() is None:
-            if all(port_open(self.host, port) for port in ports):
-                return
-            time.sleep(0.05)
-        raise RuntimeError(f"mosquitto did not start with configs/mosquitto/mosquitto.conf:\n{self.log()}")
 
     def log(self) -> str:
         """Everything mosquitto logged."""
-        return "".join(
-            p.read_text(errors="replace")
-            for p in (self.workdir / "stderr.log", self.workdir / "mosquitto.log")
-            if p.exists()
-        )
+        return mosquitto_log(self.workdir)
 
     def handshakes_refused(self) -> int:
         """How many client certificates mosquitto refused so far (its log's OpenSSL verify errors)."""
@@ -146,7 +130,8 @@ class EnrollmentBroker:
         """Issue ``device_id`` a certificate as the desk would; its TLS files as ``tls_set`` arguments."""
         key, checked = device_key_and_csr(device_id)
         issued = self.authority().issue(checked)
-        key_file, cert_file = self.workdir / f"{device_id}.key", self.workdir / f"{device_id}.crt"
+        name = f"{device_id}-{issued.serial}"  # a device enrolled again keeps its old files apart
+        key_file, cert_file = self.workdir / f"{name}.key", self.workdir / f"{name}.crt"
         write_key(key_file, key)
         cert_file.write_bytes(issued.cert_pem + issued.chain_pem)
         return {"ca_certs": str(self.ca.ca.root_cert), "certfile": str(cert_file), "keyfile": str(key_file)}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -15,9 +16,10 @@ from agent.fleet.ca.authority import DeviceAuthority
 from agent.fleet.ca.crl import crl_due, read_crl
 from agent.fleet.ca.init_steps import certify_intermediate
 from agent.fleet.ca.layout import CaDir
-from agent.fleet.ca.ledger import IssuedLedger, IssuedRecord, read_ledger, write_ledger
+from agent.fleet.ca.ledger import IssuedLedger, IssuedRecord
 from agent.fleet.ca.pki import now
 from tests.fleet.ca.ca_rig import device_key_and_csr, make_ca
+from tests.waiting import patient
 
 
 def openssl_verify(
@@ -102,18 +104,41 @@ def test_revoking_lists_every_certificate_of_that_device_and_no_other(tmp_path: 
 
 def test_the_ledger_forgets_certificates_long_expired(tmp_path: Path) -> None:
     ca = make_ca(tmp_path).ca
+    ledger = IssuedLedger(ca.issued)
     long_ago = now() - datetime.timedelta(days=40)
-    old = IssuedRecord(
-        serial="abc",
-        device_id="jet-old",
-        fingerprint="00",
-        issued_at=long_ago,
-        not_after=long_ago + datetime.timedelta(days=30),
-        revoked_at=long_ago,
-        reason="test",
+    ledger.add(
+        IssuedRecord(
+            serial="abc",
+            device_id="jet-old",
+            fingerprint="00",
+            issued_at=long_ago,
+            not_after=long_ago + datetime.timedelta(days=30),
+            revoked_at=long_ago,
+            reason="test",
+        )
     )
-    write_ledger(ca.issued, IssuedLedger(certificates=[old]))
-    assert read_ledger(ca.issued).certificates == []
+    assert ledger.of_device("jet-old") == []  # dropped by the same write
+    assert ledger.revoked() == []
+    assert ca.issued.stat().st_mode & 0o777 == 0o600
+
+
+def test_issuing_in_two_processes_at_once_loses_no_record(tmp_path: Path) -> None:
+    ca = make_ca(tmp_path).ca
+    script = (
+        "import sys; from agent.fleet.ca.authority import DeviceAuthority; "
+        "from tests.fleet.ca.ca_rig import device_key_and_csr; "
+        "a = DeviceAuthority.load(sys.argv[1]); "
+        "[a.issue(device_key_and_csr(f'{sys.argv[2]}-{i}')[1]) for i in range(15)]"
+    )
+    workers = [
+        subprocess.Popen([sys.executable, "-c", script, str(ca.path), name], cwd=Path(__file__).parents[3])
+        for name in ("left", "right")
+    ]
+    assert [w.wait(timeout=patient(120)) for w in workers] == [0, 0]
+    authority = DeviceAuthority.load(ca.path)
+    assert all(
+        len(authority.certificates_of(f"{side}-{i}")) == 1 for side in ("left", "right") for i in range(15)
+    )
 
 
 def test_a_crl_past_half_its_life_is_reissued_on_load(tmp_path: Path) -> None:

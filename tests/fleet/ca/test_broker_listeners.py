@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.fleet.ca.broker_rig import CONNECTED, NOT_AUTHORIZED, EnrollmentBroker, try_connect
+from tests.fleet.ca.broker_rig import CONNECTED, NOT_AUTHORIZED, EnrollmentBroker, accepted, try_connect
 from tests.waiting import wait_until
 
 PREFIX = "fleet/v1"
@@ -42,7 +42,7 @@ def test_a_claim_publishes_its_own_request_and_nothing_else(broker: EnrollmentBr
     ]
     for topic in elsewhere:
         assert holder.publish(topic, b"x") == NOT_AUTHORIZED, topic
-    assert holder.publish(enroll_topic(me, "request"), b"mine") == 0
+    assert accepted(holder.publish(enroll_topic(me, "request"), b"mine"))
     # Messages of one client arrive in order: the request's arrival means nothing before it came.
     operator.wait_for_count(enroll_topic(me, "request"), 1)
     assert {m.topic for m in operator.snapshot()} == {enroll_topic(me, "request")}
@@ -89,7 +89,7 @@ def test_a_claim_cannot_take_a_device_client_id(broker: EnrollmentBroker) -> Non
     assert "Not authorized" in try_connect(broker.host, broker.enroll_port, "jet-held", claim)
     # ... and "fleet:jet-held" is another client: the device keeps its connection.
     assert try_connect(broker.host, broker.enroll_port, "fleet:jet-held", claim) == CONNECTED
-    assert device.publish(f"{PREFIX}/jet-held/up/status", b"still here") == 0
+    assert accepted(device.publish(f"{PREFIX}/jet-held/up/status", b"still here"))
     assert (device.connects, device.disconnects) == (1, 0)
 
 
@@ -108,7 +108,7 @@ def test_a_device_with_an_enroll_client_id_reaches_no_enrollment_topic(broker: E
     device = broker.probe(broker.device_port, "fleet:enroll:jet-sly", tls=tls)
     for topic in (enroll_topic("fleet:enroll:jet-sly", "request"), enroll_topic("jet-sly", "request")):
         assert device.publish(topic, b"x") == NOT_AUTHORIZED, topic
-    assert device.publish(f"{PREFIX}/jet-sly/up/status", b"x") == 0
+    assert accepted(device.publish(f"{PREFIX}/jet-sly/up/status", b"x"))
 
 
 def test_the_documented_files_are_what_the_broker_ran(broker: EnrollmentBroker) -> None:
@@ -117,3 +117,14 @@ def test_the_documented_files_are_what_the_broker_ran(broker: EnrollmentBroker) 
     assert f"crlfile {broker.ca.ca.crl}" in ran
     assert f"acl_file {broker.ca.ca.devices_acl}" in ran
     assert Path(broker.ca.ca.crl).is_file()
+
+
+def test_without_the_enrollment_acl_a_claim_could_write_a_device_topic(tmp_path: Path) -> None:
+    """What the enrollment listener's acl_file line protects against (per_listener_settings: no
+    ACL on a listener means every topic for every client it admits)."""
+    open_broker = EnrollmentBroker.start(tmp_path / "open", drop=("acl_file /etc/mosquitto/enrollment.acl",))
+    try:
+        holder = open_broker.probe(open_broker.enroll_port, "fleet:enroll:jet-x", tls=open_broker.claim("b"))
+        assert accepted(holder.publish(f"{PREFIX}/jet-a/up/status", b"forged"))
+    finally:
+        open_broker.stop()

@@ -70,26 +70,32 @@ def test_a_device_certificate_or_garbage_is_bad_claim(tmp_path: Path) -> None:
         assert caught.value.code == "bad_claim"
 
 
-def test_an_expired_claim_is_claim_expired(tmp_path: Path) -> None:
+def refused_claim(tmp_path: Path, cn: str, life: datetime.timedelta) -> str:
+    """The code verify_claim refuses a claims CA certificate for ``cn``, valid until ``life`` from now."""
     ca = make_ca(tmp_path).ca
     claims_ca, claims_key = read_cert(ca.claims_cert), read_key(ca.claims_key)
     key = ec.generate_private_key(ec.SECP256R1())
-    expired = leaf_certificate(
-        "claim:old", key.public_key(), claims_key, claims_ca, now() - datetime.timedelta(minutes=1)
-    )
+    cert = leaf_certificate(cn, key.public_key(), claims_key, claims_ca, now() + life)
     signature = key.sign(REQUEST, ec.ECDSA(hashes.SHA256()))
     with pytest.raises(ClaimRefused) as caught:
-        verify_claim(pem(expired), signature, REQUEST, claims_ca)
-    assert caught.value.code == "claim_expired"
+        verify_claim(pem(cert), signature, REQUEST, claims_ca)
+    return caught.value.code
+
+
+def test_an_expired_claim_is_claim_expired(tmp_path: Path) -> None:
+    assert refused_claim(tmp_path, "claim:old", -datetime.timedelta(minutes=1)) == "claim_expired"
 
 
 def test_a_certificate_of_the_claims_ca_without_a_claim_name_is_bad_claim(tmp_path: Path) -> None:
-    ca = make_ca(tmp_path).ca
-    claims_ca, claims_key = read_cert(ca.claims_cert), read_key(ca.claims_key)
-    key = ec.generate_private_key(ec.SECP256R1())
-    cert = leaf_certificate(
-        "jet-1", key.public_key(), claims_key, claims_ca, now() + datetime.timedelta(days=1)
-    )
+    assert refused_claim(tmp_path, "jet-1", datetime.timedelta(days=1)) == "bad_claim"
+
+
+def test_a_claim_of_another_fleet_is_bad_claim(tmp_path: Path) -> None:
+    ours, theirs = make_ca(tmp_path / "ours").ca, make_ca(tmp_path / "theirs").ca
+    bundle = make_claim(theirs.path, "batch-7", uses=5, days=14, out_dir=tmp_path / "their-claim")
+    # Same claims CA name, same claim name: only the signature tells them apart.
+    assert read_cert(theirs.claims_cert).subject == read_cert(ours.claims_cert).subject
+    signature = sign(bundle.key_file, REQUEST)
     with pytest.raises(ClaimRefused) as caught:
-        verify_claim(pem(cert), key.sign(REQUEST, ec.ECDSA(hashes.SHA256())), REQUEST, claims_ca)
+        verify_claim(bundle.cert_file.read_bytes(), signature, REQUEST, read_cert(ours.claims_cert))
     assert caught.value.code == "bad_claim"
