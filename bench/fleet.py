@@ -12,7 +12,9 @@ unhealthy (``--rollback-on-abort``): the gate trips and the canaries end on the 
 wave and started again (5 and 6 with shadow and a 4 s probation, as operators run them); 7. engines
 for the whole fleet: two fingerprints, the build a stand-in sleep of ``--build-seconds``, one
 rollout with ``--no-share-engines`` then one with ``--share-engines``; 8. an upgrade: every engine
-key new at start, the model from a sharing deployment, each start-up build asking the fleet.
+key new at start, the model from a sharing deployment, each start-up build asking the fleet;
+9. enrollment: N devices holding one claim, from their first request to online with their own
+certificates over configs/mosquitto/ (bench/fleet_enroll.py; run alone with ``--scenario 9``).
 
 Each prints seconds per wave and to converge, the controller's CPU and peak RSS, the broker's
 counters, bytes pulled per device, where devices ended, jobs run per device (none twice, none
@@ -21,7 +23,7 @@ skipped), the simulator's processes, the devices' pull counters (``pulls``) and 
 Results: docs/benchmarks.md.
 
     .venv/bin/python bench/fleet.py [--devices 1000] [--scenario 1] [--size-mb 5] [--workdir DIR]
-        [--build-seconds 300] [--soak 10s]
+        [--build-seconds 300] [--soak 10s] [--workers 16]
 """
 
 from __future__ import annotations
@@ -40,6 +42,8 @@ import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
+
+from fleet_enroll import run_enrollment  # bench/fleet_enroll.py, beside this script
 
 from agent.demo.broker import Broker, free_port
 from agent.demo.modelzoo import write_classifier
@@ -656,7 +660,7 @@ def _last_end(device: dict[str, Any], job_id: str | None) -> str:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--devices", type=int, default=1000)
-    p.add_argument("--scenario", type=int, action="append", choices=(1, 2, 3, 4, 5, 6, 7, 8), default=None)
+    p.add_argument("--scenario", type=int, action="append", choices=(1, 2, 3, 4, 5, 6, 7, 8, 9), default=None)
     p.add_argument("--size-mb", type=float, default=5.0)
     p.add_argument("--timeout", type=float, default=900.0, help="longest a rollout may take (s)")
     p.add_argument("--poll-s", type=float, default=5.0, help="seconds between status polls")
@@ -669,6 +673,7 @@ def main() -> int:
     p.add_argument(
         "--soak", default="10s", help="7: soak after each wave (the canary's offer lands meanwhile)"
     )
+    p.add_argument("--workers", type=int, default=16, help="9: devices enrolling at once (threads)")
     p.add_argument("--workdir", type=Path, default=None, help="default: a temporary directory, removed")
     args = p.parse_args()
     os.environ.setdefault("PYTHONPATH", str(Path(__file__).resolve().parents[1]))
@@ -676,7 +681,10 @@ def main() -> int:
     results = []
     try:
         for number in args.scenario or [1, 2, 3, 4, 5, 6, 7, 8]:
-            result = _Scenario(number, args, root).run()
+            if number == 9:
+                result = run_enrollment(root, args.devices, args.workers, _Controller)
+            else:
+                result = _Scenario(number, args, root).run()
             print(json.dumps(result), flush=True)
             results.append(result)
     finally:

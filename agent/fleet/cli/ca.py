@@ -18,8 +18,8 @@ DEFAULT_CLAIM_DAYS = 14
 def add_ca_arguments(
     sub: argparse._SubParsersAction[argparse.ArgumentParser],
 ) -> argparse._SubParsersAction[argparse.ArgumentParser]:
-    """Add ``fleet ca`` and its verbs, and ``fleet devices revoke``, to the ``fleet`` sub-parsers
-    ``sub``; the verbs of ``fleet devices``, for the admission verbs to join."""
+    """Add ``fleet ca`` and its verbs and ``fleet devices revoke`` to the ``fleet`` sub-parsers
+    ``sub``; the ``fleet devices`` verbs, for the admission verbs to join."""
     from agent.fleet.ca.init_steps import INTERMEDIATE_DAYS
 
     ca = sub.add_parser("ca", help="the fleet's certificate authority: make it, claims, the CRL")
@@ -73,7 +73,7 @@ def add_ca_arguments(
         _verbose(parser)
 
     devices = sub.add_parser(
-        "devices", help="a device's place in the fleet: register, pending, accept, reject, revoke"
+        "devices", help="a device's place in the fleet: register, pending, accept, reject, enrolled, revoke"
     )
     device_verbs = devices.add_subparsers(dest="devices_command", required=True, metavar="VERB")
     revoke = device_verbs.add_parser(

@@ -1,4 +1,4 @@
-"""The fleet console: a Starlette app with four pages, a JSON API, live events and its actions.
+"""The fleet console: a Starlette app with five pages, a JSON API, live events and its actions.
 
 Routes (docs/console.md)::
 
@@ -9,6 +9,8 @@ Routes (docs/console.md)::
     GET  /api/device/{id}                     one device: slots, platform, jobs, the last hour's charts
     GET  /api/rollouts   /api/rollout/{id}    rollouts: waves, counts, gate figures, builds (+ devices)
     GET  /api/engines                         the fleet's engines per fingerprint (``fleet engines list``)
+    GET  /enrollment  /api/enrollment         devices waiting for an operator, enrolled devices
+    POST /api/enrollment/{id}/accept[?reenroll=1]|reject   the operator's decision (the token too)
     GET  /events?want=devices,rollouts&...    server-sent events (agent/fleet/console/feed.py)
     POST /api/rollouts/{id}/pause|resume|abort[?rollback=1]   needs ``Authorization: Bearer TOKEN``
     POST /api/devices/{id}/decommission       clears its retained topics, forgets it (the token too)
@@ -95,6 +97,22 @@ class ConsoleActions(Protocol):
     def evidence(self, device_id: str, job_id: str) -> dict[str, Any]: ...
 
 
+class EnrollmentActions(Protocol):
+    """The controller's enrollment desk as the console's enrollment page uses it (thread-safe).
+
+    ``accept`` and ``reject`` raise an :class:`AgentError` whose ``code`` says why not
+    (``not_pending``, ``reenroll_needed``, ``claim_used_up``); the console answers 409 with its text.
+    """
+
+    def pending_list(self) -> dict[str, Any]: ...
+
+    def enrolled_list(self) -> dict[str, Any]: ...
+
+    def accept(self, device_id: str, *, reenroll: bool = False) -> dict[str, Any]: ...
+
+    def reject(self, device_id: str, reason: str) -> dict[str, Any]: ...
+
+
 #: How a device's refusal of a snapshot is answered: its rate limit is the browser's 429 too.
 _SNAPSHOT_STATUS = {
     "rate_limited": 429,
@@ -171,6 +189,7 @@ def make_console_app(
     interval_s: float = 1.0,
     engines: Callable[[], dict[str, Any]] | None = None,
     waits: Callable[[], Waits] | None = None,
+    enrollment: EnrollmentActions | None = None,
 ) -> Starlette:
     """The console over ``view`` (devices) and ``store`` (rollouts); ``actions`` behind ``token``.
 
@@ -178,7 +197,8 @@ def make_console_app(
     ``/metrics``. ``interval_s``: the shortest time between two live frames to one browser.
     ``engines()``: the controller's engine listing (the ``engines`` verb's answer); None: the engines
     page says this console has none. ``waits()``: the devices waiting for another device's build (the
-    controller's build claims), for the rollouts page's building devices.
+    controller's build claims), for the rollouts page's building devices. ``enrollment``: the
+    controller's enrollment desk (None: the enrollment page says this console has none).
     """
     feed = Feed(view, store, interval_s=interval_s, waits=waits)
     closing = threading.Event()
@@ -238,6 +258,35 @@ def make_console_app(
         if engines is None:
             return _error(404, "this console serves no engine store (run it in the fleet controller)")
         return JSONResponse(engines(), headers={"cache-control": "no-store"})
+
+    def api_enrollment(request: Request) -> Response:
+        if enrollment is None:
+            return _error(404, "enrollment is off on this controller (set enrollment.ca_dir)")
+        listing = {**enrollment.pending_list(), **enrollment.enrolled_list()}
+        return JSONResponse(listing, headers={"cache-control": "no-store"})
+
+    def decide(request: Request) -> Response:
+        refused = refusal(request)
+        if refused is not None:
+            return refused
+        if enrollment is None:
+            return _error(404, "enrollment is off on this controller (set enrollment.ca_dir)")
+        device_id, verb = request.path_params["device_id"], request.path_params["verb"]
+        try:
+            if verb == "accept":
+                reenroll = request.query_params.get("reenroll", "") in ("1", "true", "yes")
+                done = enrollment.accept(device_id, reenroll=reenroll)
+                message = f"{device_id} accepted: certificate {done['serial']}" + (
+                    " (accepted already)" if done["already"] else ""
+                )
+            elif verb == "reject":
+                enrollment.reject(device_id, request.query_params.get("reason", "")[:200])
+                message = f"{device_id} rejected"
+            else:
+                return _error(404, f"no action {verb!r}: accept or reject")
+        except AgentError as exc:
+            return _error(409, str(exc))
+        return JSONResponse({"ok": True, "message": message})
 
     def refusal(request: Request) -> Response | None:
         """The answer to an action without the token (None: it carries the token)."""
@@ -353,12 +402,15 @@ def make_console_app(
         Route("/device/{device_id}", page),
         Route("/rollouts", page),
         Route("/engines", page),
+        Route("/enrollment", page),
         Route("/favicon.ico", favicon),
         Route("/api/devices", api_devices),
         Route("/api/device/{device_id}", api_device),
         Route("/api/rollouts", api_rollouts),
         Route("/api/rollout/{rollout_id}", api_rollout),
         Route("/api/engines", api_engines),
+        Route("/api/enrollment", api_enrollment),
+        Route("/api/enrollment/{device_id}/{verb}", decide, methods=["POST"]),
         Route("/api/rollouts/{rollout_id}/{verb}", act, methods=["POST"]),
         Route("/api/devices/{device_id}/decommission", decommission, methods=["POST"]),
         Route("/api/devices/{device_id}/snapshot", snapshot, methods=["POST"]),

@@ -159,6 +159,7 @@ def device_detail(
         "stale": device.stale,
         "telemetry_at": device.telemetry_at,
         "platform": device.platform,
+        "cert_not_after": device.cert_not_after,
         "slots": device.slots,
         "temperatures": {
             k.removeprefix("temp.").removesuffix("_c"): v

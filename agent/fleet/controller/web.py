@@ -65,6 +65,7 @@ def serve_http(
         metrics_app=metrics_asgi_app(metrics),
         engines=engines,
         waits=None if desk is None else lambda: desk.claims.waiting(time.monotonic()),
+        enrollment=enrollment,
     )
     server = serve_console(app, settings.host, settings.port or 0, settings.allowed_hosts)
     log.info("fleet.controller.http", url=server.url, token=settings.token_file is not None)

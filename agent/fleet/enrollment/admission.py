@@ -1,6 +1,7 @@
 """The admission policy, pure: what the desk does with a request whose claim and CSR passed their checks.
 
-In order: an id enrolled with this very key gets its certificate again (a repeated request, never a
+In order: an id whose certificate was revoked waits for an operator's ``accept --reenroll``; an id
+enrolled with this very key gets its certificate again (a repeated request, never a
 second certificate); an id enrolled with another key waits for an operator's ``accept --reenroll``
 (a factory reset, or someone else asking for that id); a rejected id stays rejected; an id
 registered with a serial is issued only when the request names that serial; a registered id or
@@ -36,20 +37,20 @@ class Known:
     rejected: str | None
     by_id: Registration | None
     by_serial: Registration | None
+    revoked: bool = False  # the enrolled certificate was revoked (fleet devices revoke, decommission)
 
 
 def admit(device_id: str, serial: str | None, fingerprint: str, known: Known) -> Verdict:
     """The verdict for a request for ``device_id`` (naming hardware ``serial``) with key ``fingerprint``."""
+    if known.enrolled is not None and known.revoked:
+        return _needs_reenroll(
+            device_id, known, fingerprint, "revoked", f"{device_id}'s certificate was revoked"
+        )
     if known.enrolled is not None:
         if known.enrolled.fingerprint == fingerprint:
             return Verdict("resend")
-        if known.pending is not None and known.pending.fingerprint != fingerprint:
-            return _contested(device_id)
-        return Verdict(
-            "wait" if known.pending is None else "touch",
-            "already_enrolled",
-            f"{device_id} is enrolled with another key; an operator must run "
-            f"`edge-agent fleet devices accept {device_id} --reenroll`",
+        return _needs_reenroll(
+            device_id, known, fingerprint, "already_enrolled", f"{device_id} is enrolled with another key"
         )
     if known.rejected is not None:
         return Verdict("rejected", "rejected", f"{device_id} was rejected by an operator: {known.rejected}")
@@ -66,6 +67,17 @@ def admit(device_id: str, serial: str | None, fingerprint: str, known: Known) ->
             return _contested(device_id)
         return Verdict("touch", "pending", _waiting(device_id))
     return Verdict("wait", "pending", _waiting(device_id))
+
+
+def _needs_reenroll(device_id: str, known: Known, fingerprint: str, code: str, why: str) -> Verdict:
+    """An id holding a certificate already waits for ``accept --reenroll`` (first key first)."""
+    if known.pending is not None and known.pending.fingerprint != fingerprint:
+        return _contested(device_id)
+    return Verdict(
+        "wait" if known.pending is None else "touch",
+        code,
+        f"{why}; an operator must run `edge-agent fleet devices accept {device_id} --reenroll`",
+    )
 
 
 def _waiting(device_id: str) -> str:

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from agent.errors import AgentError
+
 #: The schema's version (``PRAGMA user_version``); a newer file is refused.
 SCHEMA_VERSION = 1
 
@@ -27,7 +29,8 @@ CREATE TABLE registered (kind TEXT NOT NULL, value TEXT NOT NULL, serial TEXT, s
     at REAL NOT NULL, PRIMARY KEY (kind, value));
 CREATE TABLE pending (device_id TEXT PRIMARY KEY, claim TEXT NOT NULL, serial TEXT,
     fingerprint TEXT NOT NULL, csr_pem TEXT NOT NULL, request_id TEXT NOT NULL, code TEXT NOT NULL,
-    first_at REAL NOT NULL, last_at REAL NOT NULL, asks INTEGER NOT NULL, contested INTEGER NOT NULL);
+    first_at REAL NOT NULL, last_at REAL NOT NULL, asks INTEGER NOT NULL, contested INTEGER NOT NULL,
+    client TEXT NOT NULL);
 CREATE INDEX pending_claim ON pending (claim);
 CREATE TABLE rejected (device_id TEXT PRIMARY KEY, reason TEXT NOT NULL, at REAL NOT NULL);
 CREATE TABLE enrolled (device_id TEXT PRIMARY KEY, fingerprint TEXT NOT NULL, serial TEXT NOT NULL,
@@ -37,8 +40,10 @@ CREATE TABLE claim_uses (claim TEXT PRIMARY KEY, uses INTEGER NOT NULL);
 """
 
 
-class BookError(Exception):
+class BookError(AgentError):
     """The enrollment file cannot be used (written by a newer controller)."""
+
+    code = "enrollment_store"
 
 
 @dataclass(frozen=True)
@@ -56,6 +61,7 @@ class Pending:
     last_at: float
     asks: int
     contested: int  # requests for this id with another key, refused while it waits
+    client: str  # the client id it enrolls with: its reply topic's level
 
     def as_dict(self) -> dict[str, object]:
         return {
@@ -63,7 +69,8 @@ class Pending:
             "claim": self.claim,
             "serial": self.serial,
             "fingerprint": self.fingerprint,
-            "reenroll": self.code == "already_enrolled",
+            "reenroll": self.code in ("already_enrolled", "revoked"),
+            "code": self.code,
             "first_at": self.first_at,
             "last_at": self.last_at,
             "asks": self.asks,
@@ -197,10 +204,10 @@ class EnrollmentBook:
     def add_pending(self, p: Pending) -> None:
         with self._writing() as db:
             db.execute(
-                "INSERT INTO pending VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "INSERT INTO pending VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     p.device_id, p.claim, p.serial, p.fingerprint, p.csr_pem, p.request_id, p.code,
-                    p.first_at, p.last_at, p.asks, p.contested,
+                    p.first_at, p.last_at, p.asks, p.contested, p.client,
                 ),
             )  # fmt: skip
 
@@ -212,6 +219,11 @@ class EnrollmentBook:
                 f"UPDATE pending SET {column} = {column} + 1, last_at = ? WHERE device_id = ?",  # noqa: S608
                 (at, device_id),
             )
+
+    def forget_pending_before(self, at: float) -> int:
+        """Drop the waiting devices not heard since ``at`` (they gave up); how many."""
+        with self._writing() as db:
+            return int(db.execute("DELETE FROM pending WHERE last_at < ?", (at,)).rowcount)
 
     def reject(self, device_id: str, reason: str) -> bool:
         """Reject ``device_id``: it leaves the pending list; whether it was pending."""
@@ -275,7 +287,7 @@ def _text(value: object) -> str | None:
 def _pending(r: Any) -> Pending:
     return Pending(
         str(r[0]), str(r[1]), _text(r[2]), str(r[3]), str(r[4]), str(r[5]), str(r[6]),
-        float(r[7]), float(r[8]), int(r[9]), int(r[10]),
+        float(r[7]), float(r[8]), int(r[9]), int(r[10]), str(r[11]),
     )  # fmt: skip
 
 

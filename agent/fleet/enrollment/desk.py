@@ -57,6 +57,8 @@ MAX_REQUEST_BYTES = 64 * 1024
 UNKNOWN_REQUEST = "unknown"
 #: A pending request asked again sooner than this after the last is not written down again.
 TOUCH_EVERY_S = 10.0
+#: Why a device waits when it holds a certificate already: accepting it needs ``--reenroll``.
+REENROLLING = frozenset({"already_enrolled", "revoked"})
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
 M = TypeVar("M", EnrollRequest, CertRenewal)
@@ -176,7 +178,7 @@ class EnrollmentDesk:
             request = self._enroll_request(client, message.payload)
             request_id = request.request_id
             with self._lock:
-                reply = self._admit(request)
+                reply = self._admit(request, client)
         except _Refusal as refusal:
             reply = self._refusal(request_id, refusal)
         self._send(reply_to, reply)
@@ -186,28 +188,30 @@ class EnrollmentDesk:
         if device_id is None:
             raise _Refusal(
                 "bad_device_id",
-                f"client id {shown(client, 80)} is not enroll:DEVICE_ID with a device id of 1-64 letters, "
-                "digits, '_', '.' or '-'",
+                f"client id {shown(client, 80)} is not [prefix]enroll:DEVICE_ID with a device id of 1-64 "
+                "letters, digits, '_', '.' or '-'",
             )
         request = _decoded(EnrollRequest, payload)
         if request.device_id != device_id:
             raise _Refusal(
                 "id_mismatch",
-                f"the request is for {shown(request.device_id, 64)}, sent as client enroll:{device_id}",
+                f"the request is for {shown(request.device_id, 64)}, sent as client {shown(client, 100)}",
             )
         return request
 
-    def _admit(self, request: EnrollRequest) -> EnrollReply:
+    def _admit(self, request: EnrollRequest, client: str) -> EnrollReply:
         assert self.book is not None
         device_id = request.device_id
         claim = self._claim(request)
         checked = _checked(request.csr_pem, device_id)
+        enrolled = self.book.enrolled(device_id)
         known = Known(
-            self.book.enrolled(device_id),
+            enrolled,
             self.book.pending(device_id),
             self.book.rejected(device_id),
             self.book.registration_of_id(device_id),
             None if request.serial is None else self.book.registration_of_serial(request.serial),
+            revoked=enrolled is not None and self._revoked(device_id, enrolled.serial),
         )
         verdict = admit(device_id, request.serial, checked.fingerprint, known)
         if verdict.action == "resend":
@@ -225,16 +229,15 @@ class EnrollmentDesk:
             return self._pending_reply(request.request_id, verdict.code, verdict.message)
         self._check_uses_left(claim)
         if verdict.action == "issue":
-            issued = self._issue(checked)
-            self._record(
+            issued = self._issue(
                 checked,
-                issued,
                 claim=claim,
                 hw_serial=request.serial,
                 request_id=request.request_id,
                 spends=True,
             )
             return _issued_reply(request.request_id, issued.cert_pem.decode(), issued.chain_pem.decode())
+        self.book.forget_pending_before(now - self.settings.pending_forget_s)
         total, of_claim = self.book.pending_counts(claim)
         if total >= self.settings.max_pending or of_claim >= self.settings.max_pending_per_claim:
             raise _Refusal(
@@ -244,11 +247,18 @@ class EnrollmentDesk:
         self.book.add_pending(
             Pending(
                 device_id, claim, request.serial, checked.fingerprint, request.csr_pem, request.request_id,
-                verdict.code, now, now, 1, 0,
+                verdict.code, now, now, 1, 0, client,
             )
         )  # fmt: skip
         log.info("fleet.enroll.pending", device=device_id, claim=claim, code=verdict.code)
         return self._pending_reply(request.request_id, verdict.code, verdict.message)
+
+    def _revoked(self, device_id: str, serial: str) -> bool:
+        """Whether the CA revoked ``device_id``'s certificate ``serial`` (``fleet devices revoke``)."""
+        assert self.authority is not None
+        return any(
+            r.serial == serial and r.revoked_at is not None for r in self.authority.certificates_of(device_id)
+        )
 
     def _claim(self, request: EnrollRequest) -> str:
         """The name of the claim that signed ``request`` (a refusal when it is not a good one)."""
@@ -277,21 +287,13 @@ class EnrollmentDesk:
             limit = 0 if record is None else record.uses
             raise _Refusal("claim_used_up", f"claim {claim} has enrolled {used} of its {limit} devices")
 
-    def _issue(self, checked: CheckedCsr) -> Issued:
+    def _issue(
+        self, checked: CheckedCsr, *, claim: str | None, hw_serial: str | None, request_id: str, spends: bool
+    ) -> Issued:
+        """Sign ``checked`` and record the device as enrolled with it (``spends``: one use of ``claim``)."""
         assert self.authority is not None
-        return self.authority.issue(checked, self.settings.certificate_days)
-
-    def _record(
-        self,
-        checked: CheckedCsr,
-        issued: Issued,
-        *,
-        claim: str | None,
-        hw_serial: str | None,
-        request_id: str,
-        spends: bool,
-    ) -> None:
         assert self.book is not None
+        issued = self.authority.issue(checked, self.settings.certificate_days)
         device_id = checked.device_id
         self.book.enroll(
             Enrolled(
@@ -301,6 +303,7 @@ class EnrollmentDesk:
             spends_claim=spends,
         )  # fmt: skip
         log.info("fleet.enroll.issued", device=device_id, serial=issued.serial, claim=claim)
+        return issued
 
     # -- renewal ------------------------------------------------------------------------------------
 
@@ -335,10 +338,8 @@ class EnrollmentDesk:
                 f"renew in {wait:.0f}s",
             )
         checked = _checked(renewal.csr_pem, device_id)
-        issued = self._issue(checked)
-        self._record(
+        issued = self._issue(
             checked,
-            issued,
             claim=enrolled.claim,
             hw_serial=enrolled.hw_serial,
             request_id=renewal.request_id,
@@ -386,11 +387,11 @@ class EnrollmentDesk:
                         "not_pending", f"{device_id} is not waiting: see `fleet devices pending`"
                     )
                 return {"device_id": device_id, "accepted": True, "already": True, **enrolled.as_dict()}
-            if waiting.code == "already_enrolled" and not reenroll:
+            if waiting.code in REENROLLING and not reenroll:
                 raise AdmissionError(
                     "reenroll_needed",
-                    f"{device_id} is enrolled with another key; accept it with --reenroll to revoke the old "
-                    "certificate and issue one for the new key",
+                    f"{device_id} is enrolled already ({waiting.code}); accept it with --reenroll to revoke "
+                    "the old certificate and issue one for the new key",
                 )
             try:
                 self._check_uses_left(waiting.claim)
@@ -398,20 +399,18 @@ class EnrollmentDesk:
             except _Refusal as refusal:
                 raise AdmissionError(refusal.code, refusal.message) from refusal
             revoked: list[str] = []
-            if waiting.code == "already_enrolled":
+            if waiting.code in REENROLLING:
                 assert self.authority is not None
                 revoked = self.authority.revoke_device(device_id, "re-enrolled by an operator")
-            issued = self._issue(checked)
-            self._record(
+            issued = self._issue(
                 checked,
-                issued,
                 claim=waiting.claim,
                 hw_serial=waiting.serial,
                 request_id=waiting.request_id,
                 spends=True,
             )
         reply = _issued_reply(waiting.request_id, issued.cert_pem.decode(), issued.chain_pem.decode())
-        self._send(enroll_reply(self.prefix, f"enroll:{device_id}"), reply)
+        self._send(enroll_reply(self.prefix, waiting.client), reply)
         return {
             "device_id": device_id,
             "accepted": True,

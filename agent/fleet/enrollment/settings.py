@@ -29,6 +29,13 @@ class EnrollmentSettings(StrictModel):
     max_pending_per_claim: int = Field(
         200, ge=1, le=100_000, description="Requests waiting for an operator made with one claim."
     )
+    pending_forget_s: float = Field(
+        7 * 86400.0,
+        ge=60,
+        le=365 * 86400.0,
+        description="A waiting device not heard this long leaves the pending list (it asks again to "
+        "come back).",
+    )
     pending_retry_s: float = Field(
         60.0, ge=1, le=86_400, description="A pending device asks again after at least this long."
     )

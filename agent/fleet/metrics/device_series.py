@@ -61,6 +61,12 @@ PROBLEMS = FamilyHead(
     "gauge",
     "Malformed messages from the device kept by the controller (capped).",
 )
+CERT_EXPIRY = FamilyHead(
+    "edge_device_certificate_expiry_timestamp_seconds",
+    "gauge",
+    "When the client certificate the device connects with expires (up/info); days left: "
+    "(this - time()) / 86400.",
+)
 INFO = FamilyHead("edge_device_info", "gauge", "The device's agent version and labels (join on device).")
 PLATFORM = FamilyHead("edge_device_platform_info", "gauge", "What the device runs on (from up/info).")
 SLOTS = FamilyHead(
@@ -88,6 +94,7 @@ DEVICE_FAMILIES = (
     SESSION,
     LAST_TELEMETRY,
     PROBLEMS,
+    CERT_EXPIRY,
     INFO,
     PLATFORM,
     SLOTS,
@@ -190,6 +197,8 @@ def device_lines(d: DeviceState, dev: str) -> dict[str, str]:
     }
     if d.session is not None:
         single[SESSION.name] = SESSION.line(base, d.session)
+    if d.cert_not_after is not None:
+        single[CERT_EXPIRY.name] = CERT_EXPIRY.line(base, d.cert_not_after)
     if d.platform:
         platform = labels_text([(k, label_value(d.platform.get(k))) for k in PLATFORM_KEYS])
         single[PLATFORM.name] = PLATFORM.line(f"{base},{platform}", 1.0)

@@ -87,6 +87,7 @@ class DeviceRecord:
     platform: dict[str, Any] = field(default_factory=dict)
     slots: dict[str, dict[str, Any]] = field(default_factory=dict)
     slots_listed: int = 0
+    cert_not_after: float | None = None  # the client certificate's expiry, from up/info
     telemetry: dict[str, float] = field(default_factory=dict)
     telemetry_at: float | None = None
     heard_at: float = 0.0  # controller clock: the last message of any kind (eviction, forgetting)
@@ -174,6 +175,7 @@ def take_info(row: DeviceRecord, info: InfoMessage) -> None:
     )
     row.slots = kept.get("slots", {})
     row.slots_listed = len(info.slots)
+    row.cert_not_after = None if info.certificate is None else info.certificate.not_after
     row.labels = kept.get("labels", {})
     row.platform = kept.get("platform", {})
     sizes = ((row.slots, info.slots), (row.labels, info.labels), (row.platform, info.platform))

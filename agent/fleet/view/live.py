@@ -79,6 +79,7 @@ class DeviceState:
     jobs: tuple[JobSeen, ...]  # latest first, at most MAX_JOBS
     problems: tuple[str, ...]  # malformed messages, named
     slots_listed: int = 0  # slots in the device's up/info, those cut off by INFO_BYTES included
+    cert_not_after: float | None = None  # the client certificate's expiry (up/info), Unix seconds
 
 
 class FleetView:
@@ -344,4 +345,5 @@ class FleetView:
             jobs=tuple(reversed(row.jobs.values())),
             problems=tuple(row.problems),
             slots_listed=row.slots_listed,
+            cert_not_after=row.cert_not_after,
         )

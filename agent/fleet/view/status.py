@@ -60,6 +60,8 @@ class DeviceRow:
     fps: float | None = None  # sum of the streams' ``stream.<s>.fps``
     cpu_percent: float | None = None  # ``cpu.percent`` (the whole system)
     temp_c: float | None = None  # the hottest ``temp.<zone>_c``
+    #: When the client certificate the device connects with expires (``up/info``; None: not said).
+    cert_not_after: float | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """The row for ``--json``, every device string cut to :data:`JSON_TEXT_LIMIT` characters."""
@@ -78,6 +80,7 @@ class DeviceRow:
                 "fps": self.fps,
                 "cpu_percent": self.cpu_percent,
                 "temp_c": self.temp_c,
+                "cert_not_after": self.cert_not_after,
             }
         )
         return row
@@ -174,6 +177,7 @@ def _apply(rows: dict[str, DeviceRow], message: InboundMessage, prefix: str) -> 
             row.labels = dict(info.labels)
             row.info_seen = True
             row.slots = slot_summary(info)
+            row.cert_not_after = None if info.certificate is None else info.certificate.not_after
         elif topic.kind == "telemetry":
             _apply_telemetry(row, decode(TelemetryMessage, message.payload))
     except ProtocolError as exc:
@@ -317,6 +321,14 @@ def last_failure_cell(slots: dict[str, dict[str, Any]], now: float) -> str:
     return " ".join(cells)
 
 
+def cert_days(not_after: float | None, now: float) -> str:
+    """Days until the device's certificate expires (``expired`` past it; ``-``: not said)."""
+    if not_after is None:
+        return "-"
+    days = (not_after - now) / 86400
+    return "expired" if days <= 0 else f"{days:.0f}d" if days >= 2 else f"{days * 24:.0f}h"
+
+
 def format_table(rows: list[DeviceRow], now: float | None = None) -> str:
     """The devices as an aligned text table (one line per device), then one line per problem.
 
@@ -336,6 +348,7 @@ def format_table(rows: list[DeviceRow], now: float | None = None) -> str:
         "LAST JOB",
         "LAST FAILURE",
         "PLATFORM",
+        "CERT",
     )
     lines: list[tuple[str, ...]] = [header]
     notes: list[str] = []
@@ -358,6 +371,7 @@ def format_table(rows: list[DeviceRow], now: float | None = None) -> str:
                 last_job_cell(row.slots) or "-",
                 last_failure_cell(row.slots, now) or "-",
                 platform_bits(row.platform) if row.platform else "-",
+                cert_days(row.cert_not_after, now),
             )
         )
         notes.extend(f"{device}: malformed {shown(problem, 200)}" for problem in row.problems)

@@ -138,12 +138,22 @@ class EnrollRig:
         return self.controller.get("/metrics")[1].decode()
 
 
-def start_rig(tmp: Path, broker: Broker, extra: str = "") -> EnrollRig:
-    """Make the CA, start the controller with ``enrollment: {ca_dir: ..., <extra>}``, subscribe."""
+def start_rig(tmp: Path, broker: Broker, extra: str = "", *, token: str | None = None) -> EnrollRig:
+    """Make the CA, start the controller with ``enrollment: {ca_dir: ..., <extra>}`` (and the
+    console ``token`` in its http.token_file, if given), subscribe to every reply."""
     ca = make_ca(tmp)
     prefix = unique_prefix()
     settings = f"ca_dir: {ca.ca.path}" + (f", {extra}" if extra else "")
-    controller = ControllerProcess(tmp, broker, prefix, extra=f"enrollment: {{{settings}}}\n").start()
+    controller = ControllerProcess(tmp, broker, prefix, extra=f"enrollment: {{{settings}}}\n")
+    if token is not None:
+        token_file = tmp / "console.token"
+        token_file.write_text(token)
+        token_file.chmod(0o600)
+        config = controller.config.read_text().replace(
+            "http: {port:", f"http: {{token_file: {token_file}, port:"
+        )
+        controller.config.write_text(config)
+    controller.start()
     probe = Probe(broker.host, broker.port)
     probe.subscribe(f"{prefix}/enroll/+/reply")
     probe.subscribe(f"{prefix}/+/down/cert")

@@ -13,7 +13,7 @@ def _enrolled(fingerprint: str) -> Enrolled:
 
 
 def _pending(fingerprint: str, code: str = "pending") -> Pending:
-    return Pending("cam-1", "batch", None, fingerprint, "CSR", "r1", code, 1e9, 1e9, 1, 0)
+    return Pending("cam-1", "batch", None, fingerprint, "CSR", "r1", code, 1e9, 1e9, 1, 0, "enroll:cam-1")
 
 
 def test_an_unknown_id_waits_and_a_second_request_with_its_key_only_counts() -> None:
@@ -57,3 +57,9 @@ def test_a_rejected_id_stays_rejected_even_when_its_serial_is_registered() -> No
     )
     assert (verdict.action, verdict.code) == ("rejected", "rejected")
     assert "stolen" in verdict.message
+
+
+def test_a_revoked_id_waits_for_an_operator_whatever_key_it_asks_with() -> None:
+    for key in ("k1", "k2"):
+        verdict = admit("cam-1", None, key, Known(_enrolled("k1"), None, None, None, None, revoked=True))
+        assert (verdict.action, verdict.code) == ("wait", "revoked")

@@ -15,6 +15,7 @@ from agent.cli import main
 from agent.demo.broker import Broker
 from agent.fleet.ca.authority import DeviceAuthority
 from agent.fleet.ca.pki import read_cert
+from agent.protocol.enrollment import enroll_client_id
 from tests.fleet.enrollment.enroll_rig import EnrollRig, csr_pem, metric, new_key, signed_request, start_rig
 
 
@@ -139,3 +140,14 @@ def test_a_serial_in_the_registered_file_is_issued_at_once(tmp_path: Path, broke
     finally:
         rig.probe.close()
         rig.controller.kill()
+
+
+def test_a_device_enrolling_under_the_brokers_client_id_prefix_gets_the_acceptance_on_its_own_topic(
+    rig: EnrollRig,
+) -> None:
+    client = enroll_client_id("cam-6", "fleet:")  # configs/mosquitto/ wants fleet: on every client id
+    request = signed_request("cam-6", rig.claim(), csr_pem(new_key(), "cam-6"))
+    assert rig.ask(request, client=client)["outcome"] == "pending"
+    rig.operator("accept", {"device_id": "cam-6"})
+    _issued_for(rig, rig.reply(client, request.request_id, nth=2), "cam-6")
+    assert rig.replies("enroll:cam-6") == []

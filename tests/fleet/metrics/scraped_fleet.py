@@ -11,6 +11,7 @@ makes the rollout series exist too.
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 
 from agent.demo.broker import Broker, free_port
@@ -18,6 +19,7 @@ from agent.fleet.controller.config import ControllerConfig, HttpSettings
 from agent.fleet.controller.process import FleetController
 from agent.fleet.rollout.records import RolloutPlan
 from agent.protocol.messages import (
+    CertificateInfo,
     InfoMessage,
     JobEnd,
     JobState,
@@ -104,6 +106,8 @@ class SimulatedDevice:
                 )
             },
             streams=["cam0"],
+            # Its certificate has 90 days left: the expiry alert has series and does not fire.
+            certificate=CertificateInfo(serial=f"{index + 1:x}", not_after=time.time() + 90 * 86400),
         )
         self.probe.publish(self.topics.info, encode(info), retain=True)
         job = JobStatus(job_id=f"job-{name}", slot="main", state=JobState.ACTIVE)

@@ -1,4 +1,4 @@
-// The fleet console's page script: four views (devices, one device, rollouts, engines) over the JSON API,
+// The fleet console's page script: five views (devices, one device, rollouts, engines, enrollment) over the JSON API,
 // kept live by server-sent events (/events). Everything a device sent is untrusted: it reaches the
 // document only as text nodes (el() below, textContent), never as markup, and invisible or
 // direction-changing characters are shown as escapes (safe()), as the CLI's untrusted.shown does.
@@ -303,6 +303,7 @@ async function devicePage(deviceId) {
         ["status", row.state + (row.since ? " for " + age(row.since) : "")], ["session", row.session], ["agent", row.agent],
         ["telemetry", detail.telemetry_at ? age(detail.telemetry_at) + " ago" : "none heard"],
         ["fps", figure(num(row.fps))], ["p99 latency ms", figure(num(row.p99_ms))], ["CPU %", figure(num(row.cpu, 0))],
+        ["certificate", certWords(detail.cert_not_after)],
         ["labels", Object.entries(row.labels).map(([k, v]) => k + "=" + v).join(" ")],
         ["platform", [p.device_model || p.machine, p.jetpack && "JetPack " + p.jetpack, p.tensorrt_version && "TensorRT " + p.tensorrt_version, p.dla_cores && p.dla_cores + " DLA"].filter(Boolean).join(", ")],
       ])),
@@ -860,13 +861,15 @@ function enginesView(listing) {
   return parts;
 }
 
-function enginesPage() {
-  const box = el("div", { id: "engines" }, el("p", { className: "muted" }, "…"));
-  $("#app").replaceChildren(el("h1", {}, "Engines"), box);
+// A page read again every ENGINES_REFRESH_MS: its box shows render(answer of url), or the error.
+// Returns the loader (an action calls it to show its outcome at once).
+function refreshingPage(id, title, url, render) {
+  const box = el("div", { id }, el("p", { className: "muted" }, "…"));
+  $("#app").replaceChildren(el("h1", {}, title), box);
   const live = $("#live");
   async function load() {
     try {
-      box.replaceChildren(...enginesView(await getJSON("/api/engines")));
+      box.replaceChildren(...render(await getJSON(url)));
       box.dataset.rendered = "1";
       live.textContent = "updated " + new Date().toLocaleTimeString();
       live.className = "live on";
@@ -877,6 +880,62 @@ function enginesPage() {
   }
   load();
   setInterval(load, ENGINES_REFRESH_MS);
+  return load;
+}
+
+function enginesPage() {
+  refreshingPage("engines", "Engines", "/api/engines", enginesView);
+}
+
+// -- enrollment ------------------------------------------------------------------------------------
+
+// Days until a certificate expires, as `fleet status` says it ("12 days", "5 h", "expired").
+function certWords(notAfter) {
+  if (notAfter === null || notAfter === undefined) return "none reported";
+  const days = (notAfter - Date.now() / 1000) / 86400;
+  if (days <= 0) return "expired";
+  return days >= 2 ? "expires in " + Math.floor(days) + " days" : "expires in " + Math.round(days * 24) + " h";
+}
+
+async function decide(deviceId, verb, reenroll = false) {
+  const url = "/api/enrollment/" + encodeURIComponent(deviceId) + "/" + verb + (reenroll ? "?reenroll=1" : "");
+  await post(verb + " " + deviceId, url, (message) => message);
+  enrollmentLoad();
+}
+
+function pendingRow(p) {
+  const accept = p.reenroll ? "Accept (re-enroll)" : "Accept";
+  return el("tr", { className: "pending", dataset: { device: p.device_id } },
+    el("td", { className: "device" }, p.device_id), el("td", {}, p.claim), el("td", {}, p.serial || "-"),
+    el("td", { className: "mono", title: p.fingerprint }, p.fingerprint.slice(0, 16)),
+    el("td", { className: "num" }, String(p.asks)), el("td", {}, age(p.first_at) + " ago"),
+    el("td", {}, [p.reenroll ? "enrolled with another key" : "", p.contested ? p.contested + " request(s) with another key" : ""].filter(Boolean).join("; ")),
+    el("td", { className: "actions" },
+      el("button", { type: "button", className: "accept", onclick: () => decide(p.device_id, "accept", p.reenroll) }, accept),
+      el("button", { type: "button", className: "reject", onclick: () => decide(p.device_id, "reject") }, "Reject")));
+}
+
+function enrolledRow(e) {
+  return el("tr", { className: "enrolled", dataset: { device: e.device_id } },
+    el("td", {}, el("a", { href: "/device/" + encodeURIComponent(e.device_id) }, e.device_id)),
+    el("td", { className: "mono" }, e.serial), el("td", { className: "expiry" }, certWords(e.not_after)),
+    el("td", {}, e.claim || "-"), el("td", {}, e.hw_serial || "-"));
+}
+
+let enrollmentLoad = () => {};
+
+function enrollmentView(listing) {
+  return [
+    el("h2", {}, "Waiting for an operator (" + listing.pending.length + " of at most " + listing.max_pending + ")"),
+    listing.pending.length ? table("pending", ["device", "claim", "serial", "key", "asks", "waiting", "note", ""], listing.pending.map(pendingRow))
+      : el("p", { className: "muted", id: "no-pending" }, "No device waits."),
+    el("h2", {}, "Enrolled (" + listing.enrolled.length + ")"),
+    table("enrolled", ["device", "certificate serial", "expiry", "claim", "hardware serial"], listing.enrolled.map(enrolledRow)),
+  ];
+}
+
+function enrollmentPage() {
+  enrollmentLoad = refreshingPage("enrollment", "Enrollment", "/api/enrollment", enrollmentView);
 }
 
 // -- routing ---------------------------------------------------------------------------------------
@@ -886,8 +945,10 @@ function route() {
   $("#nav-devices").classList.toggle("current", path === "/" || path.startsWith("/device/"));
   $("#nav-rollouts").classList.toggle("current", path === "/rollouts");
   $("#nav-engines").classList.toggle("current", path === "/engines");
+  $("#nav-enrollment").classList.toggle("current", path === "/enrollment");
   if (path === "/rollouts") rolloutsPage();
   else if (path === "/engines") enginesPage();
+  else if (path === "/enrollment") enrollmentPage();
   else if (path.startsWith("/device/")) deviceView(decodeURIComponent(path.slice("/device/".length)));
   else devicesPage();
 }
