@@ -123,40 +123,40 @@ class ClaimEnrollment:
             request = claim.request(self.device_id, csr_pem, self.settings.serial)
             self.counts.attempts += 1
             try:
-                reply = self._ask(encode(request), request.request_id, key)
+                answer = self._ask(encode(request), request.request_id, key)
             except TransportError as exc:
                 log.warning("enrollment.connect.failed", error=str(exc), attempt=self.counts.attempts)
-                reply, why = None, "no connection to the enrollment listener"
+                answer = None
+            if answer is None:
+                self._wait("no answer", failures, 0.0)
             else:
-                why = (
-                    "no answer"
-                    if reply is None
-                    else f"{reply[0].outcome}: {reply[0].message or reply[0].code}"
-                )
-            if reply is not None:
-                self.counts.outcomes[reply[0].outcome] = self.counts.outcomes.get(reply[0].outcome, 0) + 1
-                if reply[1] is not None:
-                    pem, facts = reply[1]
-                    write_certificate(self.cert_file, pem)
-                    log.info(
-                        "enrollment.issued",
-                        device=self.device_id,
-                        serial=facts.serial,
-                        not_after=facts.not_after,
-                        attempts=self.counts.attempts,
-                    )
-                    return facts
+                reply, certificate = answer
+                self.counts.outcomes[reply.outcome] = self.counts.outcomes.get(reply.outcome, 0) + 1
+                if certificate is not None:
+                    return self._written(*certificate)
                 log.warning(
                     "enrollment.answered",
-                    outcome=reply[0].outcome,
-                    code=reply[0].code,
-                    message=reply[0].message,
-                    retry_after_s=reply[0].retry_after_s,
+                    outcome=reply.outcome,
+                    code=reply.code,
+                    message=reply.message,
+                    retry_after_s=reply.retry_after_s,
                 )
-            floor = reply[0].retry_after_s or 0.0 if reply is not None else 0.0
-            self._wait(why, failures, floor)
+                self._wait(
+                    f"{reply.outcome}: {reply.message or reply.code}", failures, reply.retry_after_s or 0.0
+                )
             failures += 1
         return None
+
+    def _written(self, pem: bytes, facts: CertificateFacts) -> CertificateFacts:
+        write_certificate(self.cert_file, pem)
+        log.info(
+            "enrollment.issued",
+            device=self.device_id,
+            serial=facts.serial,
+            not_after=facts.not_after,
+            attempts=self.counts.attempts,
+        )
+        return facts
 
     def _ask(self, payload: bytes, request_id: str, key: DevicePrivateKey) -> Answer | None:
         """One attempt: connect, subscribe, publish, wait for this request's answer (None: none came)."""

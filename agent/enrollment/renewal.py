@@ -65,7 +65,9 @@ class CertificateRenewal:
         self._rng = rng or random.Random()
         self._inbox = ReplyInbox()
         self._facts = held_certificate(cert_file)
-        self._counts = {"requests": 0, "renewed": 0, "refused": 0, "unanswered": 0, "foreign_replies": 0}
+        self._counts = dict.fromkeys(
+            ("requests", "renewed", "refused", "unanswered", "failed", "foreign_replies"), 0
+        )
         self._thread: threading.Thread | None = None
 
     @property
@@ -101,7 +103,12 @@ class CertificateRenewal:
             if time.time() < due:
                 self._stop.wait(min(due - time.time(), _CHECK_EVERY_S))
                 continue
-            floor = self._renew_once()
+            try:
+                floor = self._renew_once()
+            except Exception as exc:  # a full disk or a bad key file: log, keep trying
+                self._counts["failed"] += 1
+                log.exception("cert.renewal.failed", error=repr(exc))
+                floor = 0.0
             if floor is None:
                 failures = 0
                 continue

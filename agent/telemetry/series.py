@@ -200,7 +200,7 @@ RULES: tuple[Rule, ...] = (
         r"cert\.(?P<event>[^.]+)",
         "certificate_renewal_events_total",
         "counter",
-        "Certificate renewal counters: requests, renewed, refused, unanswered, foreign_replies.",
+        "Certificate renewal counters: requests, renewed, refused, unanswered, failed, foreign_replies.",
     ),
     _rule(
         r"commands\.(?P<outcome>[^.]+)",

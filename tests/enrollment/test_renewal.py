@@ -187,3 +187,17 @@ def test_a_certificate_that_does_not_load_leaves_the_connection_as_it_is(
     assert device.link.connected
     assert device.link.counter("reconnects") == 0
     assert device.link.counter("certificate_moves") == 0
+
+
+def test_a_renewal_that_fails_on_the_device_is_logged_and_tried_again_while_the_link_serves(
+    fleet: EnrollmentFleet, make_enrolled: Callable[..., Enrolled]
+) -> None:
+    """The key file turns unreadable after the link loaded it (a damaged disk): each renewal fails
+    on the device, is counted and tried again with backoff; the connection stays."""
+    device = make_enrolled(fleet, 1.0, retry_min_s=0.3)
+    (device.dir / "device.key").write_text("damaged\n")
+    device.start()
+    wait_until(lambda: device.renewal.stats()["failed"] >= 2, timeout=60, what="two failed renewals")
+    assert device.link.connected
+    assert device.renewal.stats()["requests"] == 0
+    assert not fleet.requests("/up/cert")
