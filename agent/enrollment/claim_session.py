@@ -27,7 +27,7 @@ from agent.enrollment.keys import (
     certificate_request,
     load_or_make_key,
 )
-from agent.enrollment.replies import ReplyInbox, retry_delay
+from agent.enrollment.replies import ReplyInbox, log_answer, retry_delay
 from agent.enrollment.settings import EnrollmentSettings
 from agent.errors import ConfigError, TransportError
 from agent.mqtt.service_client import ServiceClient
@@ -134,13 +134,7 @@ class ClaimEnrollment:
                 self.counts.outcomes[reply.outcome] = self.counts.outcomes.get(reply.outcome, 0) + 1
                 if certificate is not None:
                     return self._written(*certificate)
-                log.warning(
-                    "enrollment.answered",
-                    outcome=reply.outcome,
-                    code=reply.code,
-                    message=reply.message,
-                    retry_after_s=reply.retry_after_s,
-                )
+                log_answer("enrollment.answered", reply)
                 self._wait(
                     f"{reply.outcome}: {reply.message or reply.code}", failures, reply.retry_after_s or 0.0
                 )

@@ -26,7 +26,7 @@ from agent.enrollment.certificate import (
     write_certificate,
 )
 from agent.enrollment.keys import CertificateFacts, certificate_request, load_key
-from agent.enrollment.replies import ReplyInbox, retry_delay
+from agent.enrollment.replies import ReplyInbox, log_answer, retry_delay
 from agent.enrollment.settings import RenewalSettings
 from agent.mqtt.link import MqttLink
 from agent.protocol.enrollment import CertRenewal
@@ -140,13 +140,7 @@ class CertificateRenewal:
                 continue
             if reply.outcome != "issued" and reply.request_id == request.request_id:
                 self._counts["refused"] += 1
-                log.warning(
-                    "cert.renewal.refused",
-                    outcome=reply.outcome,
-                    code=reply.code,
-                    message=reply.message,
-                    retry_after_s=reply.retry_after_s,
-                )
+                log_answer("cert.renewal.refused", reply)
                 return reply.retry_after_s or 0.0
             try:
                 pem, facts = issued_certificate(

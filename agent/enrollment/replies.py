@@ -57,6 +57,17 @@ class ReplyInbox:
                 return
 
 
+def log_answer(event: str, reply: EnrollReply) -> None:
+    """Log an answer that is not a certificate: its outcome, code, one line and the wait it asks for."""
+    log.warning(
+        event,
+        outcome=reply.outcome,
+        code=reply.code,
+        message=reply.message,
+        retry_after_s=reply.retry_after_s,
+    )
+
+
 def retry_delay(failures: int, retry_after_s: float, min_s: float, max_s: float, rng: random.Random) -> float:
     """Seconds to wait after ``failures`` failed requests: jittered, doubling from the longer of
     ``min_s`` and the controller's ``retry_after_s``, at most the longer of ``max_s`` and it."""
