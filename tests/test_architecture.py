@@ -48,6 +48,7 @@ GROUND_FLOOR = frozenset(
         "agent.camera.source_spec",
         "agent.delivery.settings",
         "agent.engines.settings",
+        "agent.enrollment.settings",
         "agent.mqtt.settings",
         "agent.spool.settings",
         # what a slot's configuration and a manifest share
@@ -143,6 +144,7 @@ AGENT_ROOMS = (
     "camera",
     "postprocess",
     # device services
+    "enrollment",
     "delivery",
     "engines",
     "measure",

@@ -509,3 +509,38 @@ def test_labels_load_and_follow_the_kubernetes_rules(conf_dir: Path) -> None:
         "labels.site: label value 'berlin 3': use at most 63 letters, digits, '-', '_' or '.', starting "
         "and ending with a letter or digit",
     ]
+
+
+def test_an_enrollment_section_lets_the_device_certificate_and_key_be_missing_but_not_the_claim(
+    conf_dir: Path,
+) -> None:
+    """The first start writes mqtt.tls.cert_file and key_file itself; the claim and the trust anchors
+    must be in place (docs/enrollment.md)."""
+    _touch(conf_dir / "tls" / "ca.pem")
+    text = MINIMAL + (
+        "mqtt:\n  port: 8883\n"
+        "  tls: {ca_file: tls/ca.pem, cert_file: tls/device.crt, key_file: tls/device.key}\n"
+        "enrollment:\n  claim_cert_file: tls/claim.crt\n  claim_key_file: tls/claim.key\n"
+    )
+    assert _problems(_write(conf_dir, text)) == [
+        f"enrollment.claim_cert_file: file not found: {conf_dir / 'tls' / 'claim.crt'}",
+        f"enrollment.claim_key_file: file not found: {conf_dir / 'tls' / 'claim.key'}",
+    ]
+    _touch(conf_dir / "tls" / "claim.crt")
+    _touch(conf_dir / "tls" / "claim.key")
+    config = load_config(_write(conf_dir, text), {})
+    assert config.enrollment is not None
+    assert config.enrollment.claim_key_file == conf_dir / "tls" / "claim.key"
+    assert config.enrollment.port == 8885
+    assert config.enrollment.renewal.at_fraction == pytest.approx(2 / 3)
+
+
+def test_an_enrollment_section_needs_somewhere_to_write_the_device_certificate(conf_dir: Path) -> None:
+    _touch(conf_dir / "claim.crt")
+    _touch(conf_dir / "claim.key")
+    text = MINIMAL + "enrollment:\n  claim_cert_file: claim.crt\n  claim_key_file: claim.key\n"
+    (problem,) = _problems(_write(conf_dir, text))
+    assert "mqtt.tls.ca_file" in problem
+    assert "mqtt.tls.cert_file" in problem
+    bad = text + "  renewal: {at_fraction: 1.5}\n"
+    assert any("enrollment.renewal.at_fraction" in p for p in _problems(_write(conf_dir, bad)))

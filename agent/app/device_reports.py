@@ -20,6 +20,7 @@ from agent.mqtt.link import MqttLink
 from agent.protocol.messages import (
     BackendInfo,
     CameraInfo,
+    CertificateInfo,
     EngineInfo,
     InfoMessage,
     SlotBuildInfo,
@@ -50,7 +51,9 @@ class DeviceReports:
         topics: Topics,
         metrics: Metrics,
         metrics_endpoint: TelemetryEndpoint | None,
+        certificate: Callable[[], CertificateInfo | None] = lambda: None,
     ) -> None:
+        """``certificate``: the client certificate the device connects with, for up/info."""
         #: The configuration in force (a reload replaces it).
         self._config = config
         self.platform = platform
@@ -62,6 +65,7 @@ class DeviceReports:
         self.topics = topics
         self.metrics = metrics
         self.metrics_endpoint = metrics_endpoint
+        self.certificate = certificate
 
     def info_message(self) -> InfoMessage:
         """``up/info``: the platform, its backends, every slot (model, job, layout, engines, build)."""
@@ -105,6 +109,7 @@ class DeviceReports:
                 )
                 for name, report in self.frames.cameras().items()
             },
+            certificate=self.certificate(),
         )
 
     def publish_info(self) -> None:

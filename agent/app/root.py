@@ -14,6 +14,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from types import FrameType
@@ -23,6 +24,7 @@ import structlog
 
 from agent import __version__
 from agent.app.device_reports import DeviceReports
+from agent.app.first_enrollment import enroll_if_needed
 from agent.app.frame_paths import FramePaths
 from agent.config import AgentConfig, StreamConfig, load_config
 from agent.config.changes import LIVE_STREAM_KEYS, config_changes, needs_restart
@@ -31,6 +33,9 @@ from agent.delivery.service import DeliveryService
 from agent.delivery.transfer.pull import fetch_model
 from agent.engines.building.builder import EngineBuilder
 from agent.engines.service import EngineService
+from agent.enrollment.certificate import HeldCertificate, held_certificate
+from agent.enrollment.keys import CertificateFacts
+from agent.enrollment.renewal import CertificateRenewal
 from agent.errors import ConfigError
 from agent.logs.ring import LogRing, logs_command
 from agent.logs.setup import configure_logging
@@ -95,6 +100,9 @@ class Agent:
         )
         self.metrics.add_collector(self.link.stats, prefix="mqtt")
         self.metrics.add_collector(self.spool.stats, prefix="spool")
+        self.renewal = _renewal(config, self.link, self.topics, self.stop_event, self._on_renewed)
+        self.certificate = _certificate_reading(config, self.renewal)
+        self.metrics.add_collector(self.certificate.stats, prefix="cert")
         self.platform = detect_platform(config.telemetry.sysfs_root)
         self.frames = FramePaths(config, self.topics, self.link, self.metrics, self.stop_event)
         self.slots = {
@@ -183,6 +191,7 @@ class Agent:
             topics=self.topics,
             metrics=self.metrics,
             metrics_endpoint=self.metrics_endpoint,
+            certificate=self.certificate.info,
         )
 
     # -- start -------------------------------------------------------------------------------
@@ -192,6 +201,8 @@ class Agent:
         if self.metrics_endpoint is not None:
             self.metrics_endpoint.start()  # first: a taken port fails the start before anything runs
         self.delivery.start()  # subscribes before connecting: retained manifests arrive on connect
+        if self.renewal is not None:
+            self.renewal.start()  # subscribes to down/cert before connecting too
         self.link.start()
         for name, slot_config in self.config.slots.items():
             # Loading (and later, building) an engine can outlast systemd's start timeout.
@@ -305,6 +316,8 @@ class Agent:
             self.frames.samples.join(max(0.1, deadline - 2.5 - time.monotonic()))
         if self.watchdog is not None:
             self.watchdog.join(1.0)
+        if self.renewal is not None:
+            self.renewal.join(1.0)
         if self.metrics_endpoint is not None:
             self.metrics_endpoint.stop()
         self.models.join_swaps(deadline - 2.5 - time.monotonic())
@@ -331,6 +344,10 @@ class Agent:
         if self.link.connected:
             self.reports.publish_info()
 
+    def _on_renewed(self, _facts: CertificateFacts) -> None:
+        if self.link.connected:
+            self.reports.publish_info()
+
     def _on_connected(self, session: int) -> None:
         log.info("agent.connected", session=session)
         self.reports.publish_info()
@@ -346,11 +363,47 @@ def _tuned(running: StreamConfig, new: StreamConfig | None) -> StreamConfig:
     return running.model_copy(update={key: getattr(new, key) for key in LIVE_STREAM_KEYS})
 
 
+def _renewal(
+    config: AgentConfig,
+    link: MqttLink,
+    topics: Topics,
+    stop: threading.Event,
+    on_renewed: Callable[[CertificateFacts], None],
+) -> CertificateRenewal | None:
+    """Renewal over the device's own connection, for a device enrolled by claim (renewal on)."""
+    enrollment, tls = config.enrollment, config.mqtt.tls
+    if enrollment is None or not enrollment.renewal.enabled or tls is None:
+        return None
+    if tls.cert_file is None or tls.key_file is None:
+        return None
+    return CertificateRenewal(
+        config.device_id,
+        enrollment.renewal,
+        cert_file=tls.cert_file,
+        key_file=tls.key_file,
+        link=link,
+        topics=topics,
+        stop=stop,
+        on_renewed=on_renewed,
+    )
+
+
+def _certificate_reading(config: AgentConfig, renewal: CertificateRenewal | None) -> HeldCertificate:
+    """What up/info and telemetry say of the certificate: the renewal's latest, else the file's."""
+    if renewal is not None:
+        return HeldCertificate(lambda: renewal.certificate, renewal.stats)
+    tls = config.mqtt.tls
+    facts = held_certificate(tls.cert_file) if tls is not None and tls.cert_file is not None else None
+    return HeldCertificate(lambda: facts)
+
+
 def run(config_path: Path) -> int:
     """``edge-agent run``: start, serve until SIGTERM, stop in order. Returns the exit code."""
     config = load_config(config_path, require_models=False)
     ring = LogRing(config.logging.ring_lines, config.logging.ring_bytes)
     configure_logging(config.logging.format, config.logging.level, ring=ring)
+    if not enroll_if_needed(config, Notifier.from_env()):
+        return 0
     agent = Agent(config, config_path, ring)
     agent.install_signal_handlers()
     try:

@@ -30,6 +30,13 @@ def _parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="run the daemon (systemd: Type=notify)")
     run.add_argument("-c", "--config", type=Path, required=True, help="agent YAML config")
 
+    enroll = sub.add_parser(
+        "enroll",
+        help="ask for this device's own certificate with the claim of the config's enrollment: section; "
+        "wait until it is issued (pending: until an operator accepts)",
+    )
+    enroll.add_argument("-c", "--config", type=Path, required=True, help="agent YAML config")
+
     check = sub.add_parser("check-config", help="validate a config file; exit 1 naming every problem")
     # Both spellings: `check-config FILE` is what the docs and the example config show, `-c FILE`
     # matches `run -c FILE`.
@@ -129,6 +136,10 @@ def _dispatch(args: argparse.Namespace) -> int:
         from agent.app.root import run
 
         return run(args.config)
+    if args.command == "enroll":
+        from agent.cli.enroll import run_enroll
+
+        return run_enroll(args.config)
     if args.command == "check-config":
         from agent.config import check_config
 

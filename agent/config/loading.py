@@ -213,7 +213,13 @@ def _missing_files(data: dict[str, Any], directory: Path, *, require_models: boo
     mqtt = _section(data, "mqtt")
     wanted.append((("mqtt", "password_file"), mqtt.get("password_file")))
     tls = _section(mqtt, "tls")
-    wanted.extend((("mqtt", "tls", key), tls.get(key)) for key in ("ca_file", "cert_file", "key_file"))
+    # With an enrollment: section the device makes its key and receives its certificate itself.
+    enrollment = _section(data, "enrollment")
+    own = ("cert_file", "key_file") if enrollment else ()
+    wanted.extend(
+        (("mqtt", "tls", key), tls.get(key)) for key in ("ca_file", "cert_file", "key_file") if key not in own
+    )
+    wanted.extend((("enrollment", key), enrollment.get(key)) for key in ("claim_cert_file", "claim_key_file"))
 
     problems = []
     for loc, value in wanted:

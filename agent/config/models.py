@@ -16,6 +16,7 @@ from pydantic import Field, model_validator
 from agent.camera.source_spec import Region, SourceSpec
 from agent.delivery.settings import DeliveryConfig
 from agent.engines.settings import EngineConfig
+from agent.enrollment.settings import EnrollmentSettings
 from agent.model_base import StrictModel
 from agent.mqtt.settings import MqttSettings
 from agent.names import LabelKey, LabelValue, Name
@@ -224,6 +225,24 @@ class AgentConfig(StrictModel):
     delivery: DeliveryConfig = Field(default_factory=DeliveryConfig)
     engines: EngineConfig = Field(default_factory=EngineConfig)
     spool: SpoolSettings = Field(default_factory=SpoolSettings)
+    enrollment: EnrollmentSettings | None = Field(
+        None,
+        description="Enrollment by claim: the first start asks for the device's own certificate (written "
+        "to mqtt.tls.cert_file) when it has none, and renews it before it expires; absent: the "
+        "certificate is put in place by hand.",
+    )
+
+    @model_validator(mode="after")
+    def _enrollment_has_somewhere_to_write(self) -> AgentConfig:
+        tls = self.mqtt.tls
+        if self.enrollment is not None and (
+            tls is None or tls.ca_file is None or tls.cert_file is None or tls.key_file is None
+        ):
+            raise ValueError(
+                "enrollment: needs mqtt.tls.ca_file (the fleet's trust anchors), mqtt.tls.cert_file and "
+                "mqtt.tls.key_file (where the device's own certificate and key are written)"
+            )
+        return self
 
     @model_validator(mode="after")
     def _streams_name_known_slots(self) -> AgentConfig:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import socket
+import ssl
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -44,7 +45,7 @@ from agent.mqtt.events import (
     SubAck,
 )
 from agent.mqtt.inbound import InboundMessage
-from agent.mqtt.settings import MqttSettings
+from agent.mqtt.settings import MqttSettings, TlsSettings
 from agent.mqtt.wake import CoalescedWake
 from agent.secret_file import read_secret
 
@@ -156,9 +157,14 @@ class _AckedOnlyClient(paho.Client):
 
 
 def _new_paho_client(
-    settings: MqttSettings, client_id: str, *, reconnect: bool = True, acked_only: bool = False
+    settings: MqttSettings,
+    client_id: str,
+    *,
+    tls_context: ssl.SSLContext | None = None,
+    reconnect: bool = True,
+    acked_only: bool = False,
 ) -> paho.Client:
-    """An MQTT 5 paho client with the settings' TLS and credentials; raises ConfigError naming the key.
+    """An MQTT 5 paho client with TLS (``tls_context``, from the settings) and the settings' credentials.
 
     ``reconnect`` False: paho's loop thread does not connect again once the connection is lost.
     ``acked_only``: an :class:`_AckedOnlyClient`.
@@ -171,25 +177,37 @@ def _new_paho_client(
         protocol=paho.MQTTv5,
         reconnect_on_failure=reconnect,
     )
-    tls = settings.tls
-    if tls is not None:
-        try:
-            client.tls_set(
-                ca_certs=str(tls.ca_file) if tls.ca_file else None,
-                certfile=str(tls.cert_file) if tls.cert_file else None,
-                keyfile=str(tls.key_file) if tls.key_file else None,
-            )
-        except (OSError, ValueError) as exc:
-            raise ConfigError(
-                f"mqtt.tls: cannot load the CA/certificate/key ({exc}); check the paths and that "
-                "the key matches the certificate"
-            ) from exc
-        client.tls_insecure_set(tls.insecure)
+    if settings.tls is not None and tls_context is not None:
+        client.tls_set_context(tls_context)
+        client.tls_insecure_set(settings.tls.insecure)
     if settings.username is not None:
         password = read_secret(settings.password_file) if settings.password_file is not None else None
         client.username_pw_set(settings.username, password)
     client.on_socket_open = _on_socket_open
     return client
+
+
+def _tls_context(tls: TlsSettings) -> ssl.SSLContext:
+    """What paho's ``tls_set`` makes (verify the broker, TLS client), kept so the certificate can be
+    loaded again (:meth:`MqttCore.reload_certificate`); raises ConfigError naming the key."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    try:
+        if tls.ca_file is not None:
+            context.load_verify_locations(cafile=str(tls.ca_file))
+        else:
+            context.load_default_certs()
+        _load_client_certificate(context, tls)
+    except (OSError, ValueError) as exc:
+        raise ConfigError(
+            f"mqtt.tls: cannot load the CA/certificate/key ({exc}); check the paths and that "
+            "the key matches the certificate"
+        ) from exc
+    return context
+
+
+def _load_client_certificate(context: ssl.SSLContext, tls: TlsSettings) -> None:
+    if tls.cert_file is not None:
+        context.load_cert_chain(str(tls.cert_file), str(tls.key_file) if tls.key_file else None)
 
 
 def _inbound(msg: Any) -> InboundMessage:
@@ -239,7 +257,14 @@ class MqttCore:
         self._on_message = on_message
         self._quiet_ack = quiet_ack
         self._on_quiet_ack = on_quiet_ack
-        client = _new_paho_client(settings, client_id, reconnect=reconnect, acked_only=single_writer)
+        self._tls_context = _tls_context(settings.tls) if settings.tls is not None else None
+        client = _new_paho_client(
+            settings,
+            client_id,
+            tls_context=self._tls_context,
+            reconnect=reconnect,
+            acked_only=single_writer,
+        )
         client.on_connect = self._cb_connect
         client.on_disconnect = self._cb_disconnect
         if isinstance(client, _AckedOnlyClient):
@@ -309,6 +334,19 @@ class MqttCore:
     def set_reconnect_delay(self, first_s: float, max_s: float) -> None:
         """paho's own reconnect delays (for :meth:`loop_start` users)."""
         self._client.reconnect_delay_set(first_s, max_s)  # type: ignore[arg-type]  # floats work; stub says int
+
+    def reload_certificate(self) -> None:
+        """Load the client certificate and key from their files again: the next connection (not this
+        one) presents them. Raises ConfigError (nothing changed) when they do not load or match."""
+        tls = self.settings.tls
+        if self._tls_context is None or tls is None:
+            raise ConfigError("mqtt.tls: no TLS configured, so there is no certificate to reload")
+        try:
+            _load_client_certificate(self._tls_context, tls)
+        except (OSError, ValueError) as exc:
+            raise ConfigError(
+                f"mqtt.tls: cannot load the new certificate/key ({exc}); the previous one stays in use"
+            ) from exc
 
     def will_set(self, topic: str, payload: bytes, *, qos: int, retain: bool) -> None:
         self._client.will_set(topic, payload, qos=qos, retain=retain)

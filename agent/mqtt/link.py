@@ -34,7 +34,7 @@ import structlog
 from pydantic import BaseModel
 
 from agent.backoff import reconnect_delay
-from agent.errors import TransportError
+from agent.errors import ConfigError, TransportError
 from agent.mqtt.core import MqttCore, PublishProperties, payload_limit
 from agent.mqtt.dispatch import Dispatcher, Handler
 from agent.mqtt.durable import DurableMessages
@@ -104,6 +104,7 @@ class MqttLink:
 
         self._socket_open = False
         self._attempt = 0
+        self._move_requested = threading.Event()
         self._stop_requested = threading.Event()
         self._stop_deadline = 0.0
         self._stopped = threading.Event()
@@ -294,6 +295,17 @@ class MqttLink:
         if self._connected:
             self._core.subscribe(topic_filter, qos)
 
+    def move_to_new_certificate(self) -> None:
+        """Connect again at once with the client certificate now in ``mqtt.tls``'s files (renewed).
+
+        The network thread reloads the files, ends the connection with a normal DISCONNECT (no Last
+        Will, no offline status) and reconnects without a backoff wait: durable and QoS 1 messages
+        wait in the spool and paho's queue meanwhile, QoS 0 ones are dropped (``dropped_offline``).
+        If the new files do not load, the connection stays as it is (``certificate_move_failures``).
+        """
+        self._move_requested.set()
+        self._core.wake_now()
+
     def wait_connected(self, timeout: float) -> bool:
         """Wait until connected; False after ``timeout`` seconds (tools and benchmarks, not the agent)."""
         return self._connected_event.wait(timeout)
@@ -325,6 +337,8 @@ class MqttLink:
         """One turn of the network thread; True when it should exit."""
         if self._stop_requested.is_set() and self._shutdown_step():
             return True
+        if self._move_requested.is_set() and not self._stop_requested.is_set():
+            self._move_connection()
         if not self._socket_open:
             if self._stop_requested.is_set():
                 return True
@@ -361,6 +375,23 @@ class MqttLink:
                 return True
             self._sleep_backoff()
         return False
+
+    def _move_connection(self) -> None:
+        """Reload the certificate, and end the connection so the next turn opens one with it."""
+        self._move_requested.clear()
+        try:
+            self._core.reload_certificate()
+        except ConfigError as exc:
+            self._counters.count("certificate_move_failures")
+            log.error("mqtt.certificate.reload_failed", error=str(exc))
+            return
+        self._counters.count("certificate_moves")
+        log.info("mqtt.certificate.moved", session=self._session)
+        if self._socket_open:
+            self._core.disconnect(flush_s=1.0, loop_timeout=_STOP_LOOP_S)
+            self._handle_events()
+            self._set_connected(False)
+            self._socket_open = False
 
     def _sleep_backoff(self) -> None:
         attempt, s = self._attempt, self.settings

@@ -30,6 +30,8 @@ LINK_COUNTERS = (
     "connect_failures",
     "inbox_dropped",
     "spool_fallback_memory",
+    "certificate_moves",
+    "certificate_move_failures",
 )
 
 

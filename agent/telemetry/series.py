@@ -214,6 +214,18 @@ RULES: tuple[Rule, ...] = (
         "Spool counters: evicted, dropped_at_cap, expired, dropped_write_failed, ...",
     ),
     _rule(
+        r"cert\.days_to_expiry",
+        "certificate_days_to_expiry",
+        "gauge",
+        "Days until the client certificate the device connects with expires.",
+    ),
+    _rule(
+        r"cert\.(?P<event>[^.]+)",
+        "certificate_renewal_events_total",
+        "counter",
+        "Certificate renewal counters: requests, renewed, refused, unanswered, failed, foreign_replies.",
+    ),
+    _rule(
         r"commands\.(?P<outcome>[^.]+)",
         "commands_total",
         "counter",

@@ -16,7 +16,18 @@ from agent.fleet.cli.main import FLEET_COMMANDS
 from tests.cli.parser_walk import commands, is_alias, options
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "cli.md"
-TOP_LEVEL = ("run", "check-config", "schema", "info", "build", "selftest", "broker", "fleet", "demo")
+TOP_LEVEL = (
+    "run",
+    "check-config",
+    "enroll",
+    "schema",
+    "info",
+    "build",
+    "selftest",
+    "broker",
+    "fleet",
+    "demo",
+)
 PARSERS = dict(commands())
 
 

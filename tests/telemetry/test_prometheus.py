@@ -129,3 +129,16 @@ def test_the_metrics_section_of_the_operations_doc_says_what_the_code_does() -> 
         assert found is not None
         assert found.metric == metric
         assert f"`{field}` becomes `{metric}" in prose
+
+
+def test_the_certificate_figures_become_a_days_gauge_and_renewal_counters() -> None:
+    days = series_of("cert.days_to_expiry")
+    assert days is not None
+    assert (days.metric, days.kind, days.labels) == ("edge_certificate_days_to_expiry", "gauge", ())
+    renewed = series_of("cert.renewed")
+    assert renewed is not None
+    assert (renewed.metric, renewed.kind, dict(renewed.labels)) == (
+        "edge_certificate_renewal_events_total",
+        "counter",
+        {"event": "renewed"},
+    )
