@@ -53,6 +53,7 @@ class ChunkQueue:
         )
         self._cond = threading.Condition()
         self._closed = False
+        self._waiting = 0  # chunks in all entries
 
     def add(
         self,
@@ -75,8 +76,26 @@ class ChunkQueue:
             before = len(entry.indices)
             entry.indices.update(dict.fromkeys(indices))
             added = len(entry.indices) - before
+            self._waiting += added
             self._cond.notify()
             return added
+
+    def ahead(self, *, device: str, sha256: str, chunk_size: int) -> tuple[int, int]:
+        """Chunks waiting in entries before this entry, and in it; ``(0, 0)`` when it waits no more."""
+        key = (device, sha256, chunk_size)
+        with self._cond:
+            entry = self._entries.get(key)
+            if entry is None:
+                return 0, 0
+            own = len(entry.indices)
+            if next(reversed(self._entries)) == key:  # the usual case: a new entry at the back
+                return self._waiting - own, own
+            before = 0
+            for other_key, other in self._entries.items():
+                if other_key == key:
+                    break
+                before += len(other.indices)
+            return before, own
 
     def take(self, timeout: float) -> PendingChunks | None:
         """The entry waiting longest, removed from the queue; None after ``timeout`` s or once closed.
@@ -89,6 +108,7 @@ class ChunkQueue:
             if self._closed:
                 return None
             _key, entry = self._entries.popitem(last=False)
+            self._waiting -= len(entry.indices)
             return entry
 
     def close(self) -> None:
@@ -96,6 +116,7 @@ class ChunkQueue:
         with self._cond:
             self._closed = True
             self._entries.clear()
+            self._waiting = 0
             self._cond.notify_all()
 
     def __len__(self) -> int:
@@ -106,4 +127,4 @@ class ChunkQueue:
     def waiting_chunks(self) -> int:
         """Chunks waiting in all entries."""
         with self._cond:
-            return sum(len(entry.indices) for entry in self._entries.values())
+            return self._waiting
