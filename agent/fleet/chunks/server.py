@@ -154,6 +154,7 @@ class ChunkServer:
         self._counts: collections.Counter[str] = collections.Counter(dict.fromkeys(_COUNTERS, 0))
         self._queue = ChunkQueue(max_waiting)
         self._rate = ServeRate()  # under _lock: sampled by the sender, read by the dispatcher
+        self._sending_left = 0  # under _lock: chunks of the entry being sent not sent yet
         self._stopping = threading.Event()
         self._sender: threading.Thread | None = None
         self._client = ServiceClient(
@@ -393,10 +394,12 @@ class ChunkServer:
         if timeout_ms is not None:
             ahead, own = self._queue.ahead(device=device, sha256=request.sha256, chunk_size=chunk_size)
             sent, acked = self._client.delivery_counts()
-            # Chunks handed to the client and not yet acknowledged are ahead of this request too.
-            notice = wait_notice(
-                ahead=ahead + sent - acked, own=own, per_second=self._per_second(), timeout_ms=timeout_ms
-            )
+            with self._lock:
+                # The rest of the entry being sent, and what waits for the broker's acknowledgement,
+                # are ahead of this request too.
+                ahead += self._sending_left + sent - acked
+                per_second = self._rate.per_second
+            notice = wait_notice(ahead=ahead, own=own, per_second=per_second, timeout_ms=timeout_ms)
             if notice is not None:
                 self._notify(reply_topic, message.correlation_data, notice, "wait_notices")
 
@@ -407,7 +410,8 @@ class ChunkServer:
     def _notify(self, topic: str, correlation: bytes | None, notice: ChunkNotice, counter: str) -> None:
         """Tell a device about its request (a reply without a chunk: only user properties).
 
-        QoS 0: a notice lost costs what no notice costs, the device asks again after its timeout.
+        QoS 1, as the chunks: the client's count of unacknowledged publishes (flow control, the
+        chunks ahead of a request) only adds up when every publish is acknowledged.
         """
         properties = PublishProperties(
             correlation_data=correlation,
@@ -415,7 +419,7 @@ class ChunkServer:
             message_expiry_s=self.reply_expiry_s,
         )
         try:
-            self._client.publish(topic, b"", qos=0, properties=properties)
+            self._client.publish(topic, b"", qos=1, properties=properties)
         except TransportError as exc:
             log.warning("fleet.chunks.notice_failed", topic=topic, error=str(exc))
             return
@@ -426,6 +430,8 @@ class ChunkServer:
             entry = self._queue.take(timeout=0.5)
             if entry is None:
                 continue
+            with self._lock:
+                self._sending_left = len(entry.indices)
             try:
                 self._serve(entry)
             except Exception:
@@ -433,6 +439,9 @@ class ChunkServer:
                 # serves every device; the device asks again.
                 self._count("publish_failed")
                 log.exception("fleet.chunks.serve_failed", device=shown(entry.device), sha256=entry.sha256)
+            finally:
+                with self._lock:
+                    self._sending_left = 0
 
     def _serve(self, entry: PendingChunks) -> None:
         model = self._model(entry.sha256)
@@ -443,6 +452,8 @@ class ChunkServer:
         for index in entry.indices:
             if self._stopping.is_set():
                 return
+            with self._lock:
+                self._sending_left -= 1
             offset = index * entry.chunk_size
             data = os.pread(model.fd, min(entry.chunk_size, model.size - offset), offset)
             for reply_index, payload in self.replies(index, data):
