@@ -15,7 +15,9 @@ What it owns, so that neither user has to know paho:
 * the payload limit paho ignores (paho#760: an oversized QoS 1 message is resent for ever):
   :func:`payload_limit`;
 * the wake-up socket pair of paho's loop (:class:`CoalescedWake`), for a user that runs the loop on
-  its own thread.
+  its own thread;
+* a PUBLISH decoder that copies the payload once (:func:`_decode_publish`): paho's copies a chunk
+  reply about a dozen times.
 """
 
 from __future__ import annotations
@@ -28,9 +30,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import paho.mqtt.client as paho
+from paho.mqtt import _packet
 from paho.mqtt.enums import CallbackAPIVersion, MQTTErrorCode
 from paho.mqtt.packettypes import PacketTypes
-from paho.mqtt.properties import Properties
+from paho.mqtt.properties import Properties, VariableByteIntegers
 
 from agent.errors import ConfigError
 from agent.mqtt.events import (
@@ -190,6 +193,58 @@ def _new_paho_client(
         client.username_pw_set(settings.username, password)
     client.on_socket_open = _on_socket_open
     return client
+
+
+_paho_decode_publish = _packet.decode_publish
+
+
+def _decode_publish(header: int, packet: bytes | bytearray, protocol: Any) -> Any:
+    """paho's PUBLISH decoder, reading the header and properties in place and copying the payload once.
+
+    paho 2.x (``_packet.decode_publish``) peels each field off with ``struct.unpack``, which copies the
+    rest of the packet, and its properties parser slices the rest after every property: a 256 KiB
+    chunk reply with its four properties was copied about a dozen times on the receiving thread (most
+    of that thread's CPU in a model pull). A packet this does not expect goes to paho's decoder, which
+    accepts or refuses it as it always did.
+    """
+    try:
+        with memoryview(packet) as view:
+            decoded = _read_publish(header, view, protocol)
+    except Exception:  # noqa: BLE001 - paho's decoder decides (and raises MalformedPacket)
+        decoded = None
+    return decoded if decoded is not None else _paho_decode_publish(header, packet, protocol)
+
+
+def _read_publish(header: int, view: memoryview, protocol: Any) -> Any:
+    """The PublishPacket in ``view``, or None when it is truncated or unusual (paho's decoder then)."""
+    qos = (header & 0x06) >> 1
+    topic_end = 2 + int.from_bytes(view[0:2], "big")
+    pos = topic_end + (2 if qos else 0)
+    if len(view) < pos or (topic_end == 2 and protocol != paho.MQTTv5):
+        return None
+    topic = bytes(view[2:topic_end])
+    mid = int.from_bytes(view[topic_end:pos], "big") if qos else 0
+    properties = None
+    if protocol == paho.MQTTv5:
+        length, used = VariableByteIntegers.decode(bytes(view[pos : pos + 4]))  # type: ignore[no-untyped-call]
+        if pos + used + length > len(view):
+            return None
+        properties = Properties(PacketTypes.PUBLISH)  # type: ignore[no-untyped-call]
+        properties.unpack(bytes(view[pos : pos + used + length]))  # type: ignore[no-untyped-call]
+        pos += used + length
+    return _packet.PublishPacket(
+        dup=bool(header & 0x08),
+        qos=qos,
+        retain=bool(header & 0x01),
+        topic=topic,
+        mid=mid,
+        properties=properties,
+        payload=bytes(view[pos:]),
+    )
+
+
+# paho's client calls the decoder through its module; every paho client of the agent is this module's.
+_packet.decode_publish = _decode_publish
 
 
 def _inbound(msg: Any) -> InboundMessage:

@@ -2,9 +2,21 @@
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pytest
 
-from agent.protocol.chunks import MAX_NOTICE_MS, ChunkNotice, notice_properties, read_notice
+from agent.protocol.chunks import (
+    AHEAD_PROPERTY,
+    MAX_NOTICE_MS,
+    RETRY_PROPERTY,
+    TIMEOUT_PROPERTY,
+    WAIT_PROPERTY,
+    ChunkNotice,
+    notice_properties,
+    read_notice,
+)
 
 
 @pytest.mark.parametrize(
@@ -37,3 +49,11 @@ def test_garbled_notices_are_no_notices(properties: dict[str, str]) -> None:
 def test_a_server_cannot_make_a_device_wait_longer_than_the_cap() -> None:
     notice = read_notice({"wait_ms": str(10**11), "retry_ms": str(10**11)})
     assert notice == ChunkNotice(wait_ms=MAX_NOTICE_MS, retry_ms=MAX_NOTICE_MS)
+
+
+def test_delivery_md_documents_exactly_these_properties() -> None:
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "delivery.md").read_text()
+    section = doc.split("### Pacing", 1)[1].split("\n### ", 1)[0]
+    documented = set(re.findall(r"^\| `([a-z_]+)` \|", section, re.M))
+    assert documented == {TIMEOUT_PROPERTY, WAIT_PROPERTY, AHEAD_PROPERTY, RETRY_PROPERTY}
+    assert f"{MAX_NOTICE_MS:,}" in section
