@@ -77,16 +77,21 @@ class PublishProperties:
     message_expiry_s: int | None = None
 
     def to_paho(self) -> Properties:
-        props = Properties(PacketTypes.PUBLISH)  # type: ignore[no-untyped-call]
-        if self.response_topic is not None:
-            props.ResponseTopic = self.response_topic
-        if self.correlation_data is not None:
-            props.CorrelationData = self.correlation_data
-        if self.user_properties:
-            props.UserProperty = list(self.user_properties)
+        """paho's Properties for a publish, packed once here (see :class:`_PackedProperties`)."""
+        return _PackedProperties(self.pack())
+
+    def pack(self) -> bytes:
+        """The MQTT 5 property section: its length, then each property, in paho's order."""
+        body = bytearray()
         if self.message_expiry_s is not None:
-            props.MessageExpiryInterval = self.message_expiry_s
-        return props
+            body += b"\x02" + self.message_expiry_s.to_bytes(4, "big")
+        if self.response_topic is not None:
+            body += b"\x08" + _utf8(self.response_topic.encode())
+        if self.correlation_data is not None:
+            body += b"\x09" + _utf8(self.correlation_data)
+        for key, value in self.user_properties:
+            body += b"\x26" + _utf8(key.encode()) + _utf8(value.encode())
+        return _variable_int(len(body)) + bytes(body)
 
     def wire_size(self) -> int:
         """Upper bound of the bytes these properties add to a PUBLISH packet."""
@@ -193,6 +198,41 @@ def _new_paho_client(
         client.username_pw_set(settings.username, password)
     client.on_socket_open = _on_socket_open
     return client
+
+
+def _utf8(data: bytes) -> bytes:
+    """An MQTT length-prefixed string or binary field."""
+    if len(data) > 0xFFFF:
+        raise ValueError(f"an MQTT property field holds at most 65535 bytes, not {len(data)}")
+    return len(data).to_bytes(2, "big") + data
+
+
+def _variable_int(value: int) -> bytes:
+    """MQTT's variable byte integer."""
+    out = bytearray()
+    while True:
+        value, digit = divmod(value, 128)
+        out.append(digit | (0x80 if value else 0))
+        if not value:
+            return bytes(out)
+
+
+class _PackedProperties(Properties):
+    """paho Properties whose wire form is already packed.
+
+    paho looks every property name up by scanning all of them, twice per property and once more per
+    name when packing: about 80 microseconds a chunk reply, which carries four, on the chunk server's
+    sending thread. Only ``pack()`` is read from a publish's properties (paho 2.x: ``_send_publish``,
+    and again on a resend); tests/mqtt/test_core_decode.py checks the bytes against paho's own.
+    """
+
+    def __init__(self, packed: bytes) -> None:
+        super().__init__(PacketTypes.PUBLISH)  # type: ignore[no-untyped-call]
+        object.__setattr__(self, "_packed", packed)
+
+    def pack(self) -> bytes:
+        packed: bytes = object.__getattribute__(self, "_packed")
+        return packed
 
 
 _paho_decode_publish = _packet.decode_publish

@@ -16,9 +16,9 @@ import uuid
 import paho.mqtt.client as paho
 import pytest
 from paho.mqtt import _packet
+from paho.mqtt.exception import MalformedPacket
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
-from paho.mqtt.exception import MalformedPacket
 
 from agent.demo.broker import Broker
 from agent.mqtt import core
@@ -140,3 +140,30 @@ def test_a_chunk_sized_reply_arrives_whole_with_its_properties(broker: Broker) -
     assert message.payload == payload
     assert message.correlation_data == b"pull:1"
     assert message.user_properties == (("index", "7"), ("sha256", "cd" * 32))
+
+
+@pytest.mark.parametrize(
+    "properties",
+    [
+        PublishProperties(),
+        PublishProperties(message_expiry_s=120),
+        PublishProperties(response_topic="fleet/v1/dev/down/xfer/" + "a" * 64, correlation_data=b"p:1"),
+        PublishProperties(
+            correlation_data=bytes(range(256)),
+            user_properties=(("index", "3"), ("sha256", "ab" * 32), ("ä", "ü" * 100)),
+            message_expiry_s=2**32 - 1,
+        ),
+        PublishProperties(user_properties=(("k", "v" * 200),)),  # a length past one VBI byte
+    ],
+)
+def test_publish_properties_pack_as_paho_packs_them(properties: PublishProperties) -> None:
+    props = Properties(PacketTypes.PUBLISH)  # type: ignore[no-untyped-call]
+    if properties.response_topic is not None:
+        props.ResponseTopic = properties.response_topic
+    if properties.correlation_data is not None:
+        props.CorrelationData = properties.correlation_data
+    if properties.user_properties:
+        props.UserProperty = list(properties.user_properties)
+    if properties.message_expiry_s is not None:
+        props.MessageExpiryInterval = properties.message_expiry_s
+    assert properties.to_paho().pack() == props.pack()  # type: ignore[no-untyped-call]
