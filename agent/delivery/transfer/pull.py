@@ -439,20 +439,28 @@ def fetch_model(
     on_pull: Callable[[PullStats], None] | None = None,
     stall_s: float | None = None,
 ) -> Path:
-    """Download ``manifest``'s model into ``part_dir`` and return the verified file.
+    """Download ``manifest``'s model into ``part_dir`` and return the file, every chunk verified.
+
+    The whole file's SHA-256 is not checked here: the caller hashes it where it adopts the file (the
+    model store, :func:`~agent.delivery.transfer.engine_fetch.fetch_engine_file`), once.
 
     Sources are tried in manifest order (mqtt: :class:`MqttPull`; http: :class:`HttpSource`); a
     failing source falls through to the next, keeping the chunks it wrote. Resumes what an earlier
     (killed) attempt left in ``part_dir``. Raises JobCancelledError, TransferTimeoutError (after
-    ``config.job_deadline_s``), HashMismatchError, DiskFullError, or the last source's DeliveryError.
+    ``config.job_deadline_s``), DiskFullError, or the last source's DeliveryError.
     ``on_pull`` is given each MQTT pull's counters when it ends, however it ends; ``stall_s`` ends an
     MQTT pull that got no chunk for that long (TransferTimeoutError).
     """
     deadline = time.monotonic() + config.job_deadline_s
     # Half a window per flush: one half is made durable by the flusher thread while the other
-    # half is on its way, and both together stay within the window a crash may cost.
+    # half is on its way, and both together stay within the window a crash may cost. Every chunk is
+    # checked here; the whole file is hashed once, by whoever adopts it (FetchFn's contract).
     partial = PartialDownload(
-        part_dir, manifest, flush_every=max(1, config.chunk_window // 2), background=True
+        part_dir,
+        manifest,
+        flush_every=max(1, config.chunk_window // 2),
+        background=True,
+        whole_hash=False,
     )
     try:
         progress(partial.bytes_done, manifest.size)

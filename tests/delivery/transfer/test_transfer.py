@@ -23,8 +23,9 @@ from agent.delivery.transfer.pull import MqttPull, PullStats, fetch_model
 from agent.delivery.transfer.replies import router_for
 from agent.demo.broker import Broker
 from agent.fleet.chunks.server import ChunkServer
-from agent.protocol.delivery_errors import JobCancelledError, TransferTimeoutError
+from agent.protocol.delivery_errors import HashMismatchError, JobCancelledError, TransferTimeoutError
 from agent.protocol.manifest import DeployManifest, ModelSourceRef
+from agent.store import ModelStore
 from tests.delivery.transfer.transfer_rig import (
     KIB,
     MIB,
@@ -165,6 +166,33 @@ def test_fetch_model_transfers_a_random_file_exactly(rig: Rig) -> None:
     # A clean transfer asks for every chunk once: nothing served twice.
     assert server.served_bytes(dev.id) == manifest.size
     assert server.served_bytes(dev.id, manifest.sha256) == manifest.size
+
+
+def test_a_manifest_whose_whole_hash_contradicts_its_chunks_is_refused_where_the_file_is_adopted(
+    rig: Rig,
+) -> None:
+    """The pull checks every chunk and leaves the whole file's hash to the store, once: a signed
+    manifest whose chunks are one file's and whose SHA-256 another's gets through the pull (every chunk
+    matches) and is refused, its file removed, when the job moves it into the store."""
+    model = random_model(rig.tmp_path / "m.bin", 6 * CHUNK)
+    lying = manifest_for(model, CHUNK).model_copy(update={"sha256": "0" * 64})
+    rig.server().register(lying, model, verify=False)
+    dev = rig.device()
+    path = fetch_model(
+        lying,
+        dev.part_dir,
+        lambda done, total: None,
+        threading.Event(),
+        link=dev.link,
+        topics=dev.topics,
+        config=delivery_config(),
+    )
+    assert path.read_bytes() == model.read_bytes()
+
+    with pytest.raises(HashMismatchError):
+        ModelStore(rig.tmp_path / "models").adopt(path, lying.sha256)
+    assert not path.exists()
+    assert not (rig.tmp_path / "models" / f"{lying.sha256}.onnx").exists()
 
 
 def test_a_corrupted_chunk_is_dropped_and_fetched_again(rig: Rig) -> None:
