@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 
 #: Most (device, model, chunk size) entries waiting at once: a bound on memory whatever devices send.
 DEFAULT_MAX_ENTRIES = 65536
+#: Most entries walked to find a request's place in the line (a bound on the dispatcher's work).
+_AHEAD_WALK = 4096
 
 
 @dataclass
@@ -91,11 +93,14 @@ class ChunkQueue:
             if next(reversed(self._entries)) == key:  # the usual case: a new entry at the back
                 return self._waiting - own, own
             before = 0
-            for other_key, other in self._entries.items():
+            for walked, (other_key, other) in enumerate(self._entries.items()):
                 if other_key == key:
+                    return before, own
+                if walked >= _AHEAD_WALK:
                     break
                 before += len(other.indices)
-            return before, own
+            # Deep in a very long line: say everything waits ahead (a longer wait is the safe error).
+            return self._waiting - own, own
 
     def take(self, timeout: float) -> PendingChunks | None:
         """The entry waiting longest, removed from the queue; None after ``timeout`` s or once closed.

@@ -8,20 +8,23 @@ import functools
 import hashlib
 import threading
 import time
-from collections.abc import Iterator
-from pathlib import Path
-
-import pytest
 
 from agent.delivery.transfer.engine_fetch import fetch_engine_file
 from agent.delivery.transfer.partial import PartialDownload
 from agent.delivery.transfer.pull import MqttPull, PullStats, fetch_model
-from agent.demo.broker import Broker
 from agent.fleet.chunks.server import ChunkServer
 from agent.protocol.delivery_errors import TransferTimeoutError
 from agent.protocol.engines import EngineFile
 from agent.protocol.manifest import DeployManifest
-from tests.delivery.transfer.transfer_rig import KIB, Device, Rig, delivery_config, manifest_for, random_model
+from tests.delivery.transfer.transfer_rig import (
+    KIB,
+    Device,
+    Rig,
+    Slow,
+    delivery_config,
+    manifest_for,
+    random_model,
+)
 from tests.waiting import patient, wait_until
 
 CHUNK = 4 * KIB
@@ -30,19 +33,10 @@ CHUNK = 4 * KIB
 TIMEOUT_S = 0.2
 
 
-class Paced(ChunkServer):
+class Paced(Slow):
     """Takes 20 ms per chunk (a server busy with a whole fleet, scaled down)."""
 
-    def replies(self, index: int, data: bytes) -> list[tuple[int, bytes]]:
-        time.sleep(0.02)
-        return [(index, data)]
-
-
-@pytest.fixture
-def rig(broker: Broker, tmp_path: Path) -> Iterator[Rig]:
-    r = Rig(broker, tmp_path)
-    yield r
-    r.close()
+    delay_s = 0.02
 
 
 def pull(dev: Device, manifest: DeployManifest, deadline_s: float | None = None) -> PullStats:

@@ -12,7 +12,6 @@ import itertools
 import os
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +20,6 @@ import pytest
 from agent.delivery.transfer.partial import PartialDownload
 from agent.delivery.transfer.pull import MqttPull, PullStats, fetch_model
 from agent.delivery.transfer.replies import router_for
-from agent.demo.broker import Broker
 from agent.fleet.chunks.server import ChunkServer
 from agent.protocol.delivery_errors import HashMismatchError, JobCancelledError, TransferTimeoutError
 from agent.protocol.manifest import DeployManifest, ModelSourceRef
@@ -31,6 +29,7 @@ from tests.delivery.transfer.transfer_rig import (
     MIB,
     Device,
     Rig,
+    Slow,
     delivery_config,
     manifest_for,
     random_model,
@@ -38,13 +37,6 @@ from tests.delivery.transfer.transfer_rig import (
 from tests.waiting import patient, wait_until
 
 CHUNK = 64 * KIB
-
-
-@pytest.fixture
-def rig(broker: Broker, tmp_path: Path) -> Iterator[Rig]:
-    r = Rig(broker, tmp_path)
-    yield r
-    r.close()
 
 
 def pull(
@@ -117,16 +109,6 @@ class NeverAnswers2(ChunkServer):
     def replies(self, index: int, data: bytes) -> list[tuple[int, bytes]]:
         self.asked[index] += 1
         return [] if index == 2 else [(index, data)]
-
-
-class Slow(ChunkServer):
-    """Takes 50 ms per chunk (a slow uplink)."""
-
-    delay_s = 0.05
-
-    def replies(self, index: int, data: bytes) -> list[tuple[int, bytes]]:
-        time.sleep(self.delay_s)
-        return [(index, data)]
 
 
 class Slower(Slow):

@@ -101,3 +101,13 @@ def test_a_requests_place_counts_the_chunks_of_the_entries_before_it() -> None:
     assert queue.ahead(device="dev-a", sha256="a" * 64, chunk_size=1024) == (0, 0)  # taken: waits no more
     assert queue.ahead(device="dev-c", sha256="a" * 64, chunk_size=1024) == (2, 1)
     assert queue.waiting_chunks == 3
+
+
+def test_deep_in_a_very_long_line_a_request_is_told_everything_waits_ahead() -> None:
+    """Finding a place costs a walk of the line; past a few thousand entries the walk stops and the
+    answer errs long (the device then waits longer, never asks early)."""
+    queue = ChunkQueue()
+    for n in range(5000):
+        add(queue, f"dev-{n}", [0, 1])
+    assert queue.ahead(device="dev-4500", sha256="a" * 64, chunk_size=1024) == (9998, 2)
+    assert queue.ahead(device="dev-10", sha256="a" * 64, chunk_size=1024) == (20, 2)
