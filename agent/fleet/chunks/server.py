@@ -127,6 +127,7 @@ class ChunkServer:
         on_served: ServedCallback | None = None,
         max_inflight: int = DEFAULT_MAX_INFLIGHT,
         max_waiting: int = DEFAULT_MAX_ENTRIES,
+        pace: bool = True,
     ) -> None:
         """``group``: the shared-subscription group (None: a random one, answered by this server only).
 
@@ -136,6 +137,8 @@ class ChunkServer:
 
         ``max_waiting``: most (device, model) entries waiting to be sent; a request beyond is dropped
         (counted ``busy``; the device asks again after its timeout).
+
+        ``pace`` False: no notices (a server from before pacing; a comparison needs one).
         """
         self.settings = settings
         self.prefix = settings.prefix
@@ -143,6 +146,7 @@ class ChunkServer:
         self.reply_expiry_s = reply_expiry_s
         self.max_unacked = max_unacked
         self._on_served = on_served
+        self._pace = pace
         self._models: dict[str, _Model] = {}
         self._repos: list[Path] = []
         self._repo_index: dict[Path, tuple[float, int, str]] = {}  # path -> (mtime, size, sha256)
@@ -382,7 +386,7 @@ class ChunkServer:
             correlation=message.correlation_data,
             indices=indices,
         )
-        timeout_ms = _device_timeout_ms(message)
+        timeout_ms = _device_timeout_ms(message) if self._pace else None
         if added is None:
             self._count("busy")
             log.warning("fleet.chunks.busy", device=shown(device), waiting=self._queue.max_entries)

@@ -419,12 +419,14 @@ def test_slow_answers_raise_the_timeout_instead_of_asking_again(rig: Rig) -> Non
     """A server that answers every chunk slowly (150 ms each, one at a time) against a configured
     timeout of 0.1 s: held there, a chunk times out between any two replies and is asked for again
     while still on its way (arrivals restart the timer, but not for long enough). The timer learns the
-    round trips and waits longer; run with the timer held at the floor, for comparison."""
+    round trips and waits longer; run with the timer held at the floor, for comparison. The server
+    sends no notices (``pace=False``): they would spare both runs their repeats, and this is the
+    timer's test (tests/delivery/transfer/test_pacing.py is the notices')."""
     model = random_model(rig.tmp_path / "m.bin", 12 * CHUNK)
     manifest = manifest_for(model, CHUNK)
 
     def run(*, adaptive: bool) -> PullStats:
-        server = rig.server(Slower)  # one per run: no backlog of the other run's requests
+        server = rig.server(Slower, pace=False)  # one per run: no backlog of the other run's requests
         server.register(manifest, model)
         dev = rig.device()
         partial = PartialDownload(dev.part_dir, manifest, flush_every=4, background=True)
