@@ -18,8 +18,10 @@ certificates over configs/mosquitto/ (bench/fleet_enroll.py; run alone with ``--
 
 Each prints seconds per wave and to converge, the controller's CPU and peak RSS, the broker's
 counters, bytes pulled per device, where devices ended, jobs run per device (none twice, none
-skipped), the simulator's processes, the devices' pull counters (``pulls``) and the chunk server's
-(``controller.chunk_server``); scenarios 7 and 8 add builds, downloads and the on/off ratios.
+skipped), the simulator's processes, the devices' pull counters (``pulls``: chunks asked for,
+request timeouts, the server's wait and busy notices; ``pull_timeout_share``: timeouts over chunks
+asked) and the chunk server's (``controller.chunk_server``); scenarios 7 and 8 add builds,
+downloads and the on/off ratios.
 Results: docs/benchmarks.md.
 
     .venv/bin/python bench/fleet.py [--devices 1000] [--scenario 1] [--size-mb 5] [--workdir DIR]
@@ -584,6 +586,7 @@ class _Scenario:
         devices = report["devices"]
         runs = Counter(sum(d["runs"].values()) for d in devices.values())
         fetched = [d["fetched_bytes"] for d in devices.values()]
+        pulls = _pull_totals(devices.values())
         return {
             "devices_view": {
                 "slot_main": dict(Counter(str(d["slots"]["main"]) for d in devices.values())),
@@ -596,7 +599,11 @@ class _Scenario:
                 "mean": round(sum(fetched) / max(1, len(fetched))),
                 "max": max(fetched, default=0),
             },
-            "pulls": _pull_totals(devices.values()),
+            "pulls": pulls,
+            # Chunks asked for again after a timeout, over all chunks asked for (the pacing's measure).
+            "pull_timeout_share": round(
+                pulls.get("timeouts", 0) / max(1, pulls.get("requested_chunks", 0)), 4
+            ),
         }
 
 

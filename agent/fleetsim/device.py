@@ -45,7 +45,7 @@ from agent.spool.settings import SpoolSettings
 from agent.store import ModelStore
 
 #: PullStats fields that are a largest value, not a count (the others are summed over pulls).
-_PULL_MAXIMA = ("max_at_risk", "timeout_ms")
+_PULL_MAXIMA = ("max_at_risk", "timeout_ms", "server_wait_ms")
 #: The simulated link's longest idle turn (the agent's: 0.5 s). Everything another thread asks of a
 #: link wakes it at once, so this only paces keepalive (30 s): a thousand idle links on two cores
 #: turn 500 times a second instead of 2,000 (bench/fleetsim_idle.py).

@@ -15,7 +15,9 @@ What it owns, so that neither user has to know paho:
 * the payload limit paho ignores (paho#760: an oversized QoS 1 message is resent for ever):
   :func:`payload_limit`;
 * the wake-up socket pair of paho's loop (:class:`CoalescedWake`), for a user that runs the loop on
-  its own thread.
+  its own thread;
+* a PUBLISH decoder that copies the payload once (:func:`_decode_publish`): paho's copies a chunk
+  reply about a dozen times.
 """
 
 from __future__ import annotations
@@ -29,9 +31,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import paho.mqtt.client as paho
+from paho.mqtt import _packet
 from paho.mqtt.enums import CallbackAPIVersion, MQTTErrorCode
 from paho.mqtt.packettypes import PacketTypes
-from paho.mqtt.properties import Properties
+from paho.mqtt.properties import Properties, VariableByteIntegers
 
 from agent.errors import ConfigError
 from agent.mqtt.events import (
@@ -75,16 +78,21 @@ class PublishProperties:
     message_expiry_s: int | None = None
 
     def to_paho(self) -> Properties:
-        props = Properties(PacketTypes.PUBLISH)  # type: ignore[no-untyped-call]
-        if self.response_topic is not None:
-            props.ResponseTopic = self.response_topic
-        if self.correlation_data is not None:
-            props.CorrelationData = self.correlation_data
-        if self.user_properties:
-            props.UserProperty = list(self.user_properties)
+        """paho's Properties for a publish, packed once here (see :class:`_PackedProperties`)."""
+        return _PackedProperties(self.pack())
+
+    def pack(self) -> bytes:
+        """The MQTT 5 property section: its length, then each property, in paho's order."""
+        body = bytearray()
         if self.message_expiry_s is not None:
-            props.MessageExpiryInterval = self.message_expiry_s
-        return props
+            body += b"\x02" + self.message_expiry_s.to_bytes(4, "big")
+        if self.response_topic is not None:
+            body += b"\x08" + _utf8(self.response_topic.encode())
+        if self.correlation_data is not None:
+            body += b"\x09" + _utf8(self.correlation_data)
+        for key, value in self.user_properties:
+            body += b"\x26" + _utf8(key.encode()) + _utf8(value.encode())
+        return _variable_int(len(body)) + bytes(body)
 
     def wire_size(self) -> int:
         """Upper bound of the bytes these properties add to a PUBLISH packet."""
@@ -208,6 +216,93 @@ def _tls_context(tls: TlsSettings) -> ssl.SSLContext:
 def _load_client_certificate(context: ssl.SSLContext, tls: TlsSettings) -> None:
     if tls.cert_file is not None:
         context.load_cert_chain(str(tls.cert_file), str(tls.key_file) if tls.key_file else None)
+
+
+def _utf8(data: bytes) -> bytes:
+    """An MQTT length-prefixed string or binary field."""
+    if len(data) > 0xFFFF:
+        raise ValueError(f"an MQTT property field holds at most 65535 bytes, not {len(data)}")
+    return len(data).to_bytes(2, "big") + data
+
+
+def _variable_int(value: int) -> bytes:
+    """MQTT's variable byte integer."""
+    out = bytearray()
+    while True:
+        value, digit = divmod(value, 128)
+        out.append(digit | (0x80 if value else 0))
+        if not value:
+            return bytes(out)
+
+
+class _PackedProperties(Properties):
+    """paho Properties whose wire form is already packed.
+
+    paho looks every property name up by scanning all of them, twice per property and once more per
+    name when packing: about 80 microseconds a chunk reply, which carries four, on the chunk server's
+    sending thread. Only ``pack()`` is read from a publish's properties (paho 2.x: ``_send_publish``,
+    and again on a resend); tests/mqtt/test_core_decode.py checks the bytes against paho's own.
+    """
+
+    def __init__(self, packed: bytes) -> None:
+        super().__init__(PacketTypes.PUBLISH)  # type: ignore[no-untyped-call]
+        object.__setattr__(self, "_packed", packed)
+
+    def pack(self) -> bytes:
+        packed: bytes = object.__getattribute__(self, "_packed")
+        return packed
+
+
+_paho_decode_publish = _packet.decode_publish
+
+
+def _decode_publish(header: int, packet: bytes | bytearray, protocol: Any) -> Any:
+    """paho's PUBLISH decoder, reading the header and properties in place and copying the payload once.
+
+    paho 2.x (``_packet.decode_publish``) peels each field off with ``struct.unpack``, which copies the
+    rest of the packet, and its properties parser slices the rest after every property: a 256 KiB
+    chunk reply with its four properties was copied about a dozen times on the receiving thread (most
+    of that thread's CPU in a model pull). A packet this does not expect goes to paho's decoder, which
+    accepts or refuses it as it always did.
+    """
+    try:
+        with memoryview(packet) as view:
+            decoded = _read_publish(header, view, protocol)
+    except Exception:  # noqa: BLE001 - paho's decoder decides (and raises MalformedPacket)
+        decoded = None
+    return decoded if decoded is not None else _paho_decode_publish(header, packet, protocol)
+
+
+def _read_publish(header: int, view: memoryview, protocol: Any) -> Any:
+    """The PublishPacket in ``view``, or None when it is truncated or unusual (paho's decoder then)."""
+    qos = (header & 0x06) >> 1
+    topic_end = 2 + int.from_bytes(view[0:2], "big")
+    pos = topic_end + (2 if qos else 0)
+    if len(view) < pos or (topic_end == 2 and protocol != paho.MQTTv5):
+        return None
+    topic = bytes(view[2:topic_end])
+    mid = int.from_bytes(view[topic_end:pos], "big") if qos else 0
+    properties = None
+    if protocol == paho.MQTTv5:
+        length, used = VariableByteIntegers.decode(bytes(view[pos : pos + 4]))  # type: ignore[no-untyped-call]
+        if pos + used + length > len(view):
+            return None
+        properties = Properties(PacketTypes.PUBLISH)  # type: ignore[no-untyped-call]
+        properties.unpack(bytes(view[pos : pos + used + length]))  # type: ignore[no-untyped-call]
+        pos += used + length
+    return _packet.PublishPacket(
+        dup=bool(header & 0x08),
+        qos=qos,
+        retain=bool(header & 0x01),
+        topic=topic,
+        mid=mid,
+        properties=properties,
+        payload=bytes(view[pos:]),
+    )
+
+
+# paho's client calls the decoder through its module; every paho client of the agent is this module's.
+_packet.decode_publish = _decode_publish
 
 
 def _inbound(msg: Any) -> InboundMessage:

@@ -302,6 +302,11 @@ class ServiceClient:
         with self._cond:
             return self._cond.wait_for(lambda: self._sent - self._acked <= at_most, timeout)
 
+    def delivery_counts(self) -> tuple[int, int]:
+        """QoS 1 messages published so far and how many of them the broker acknowledged."""
+        with self._cond:
+            return self._sent, self._acked
+
     def stats(self) -> dict[str, int]:
         """Counters: published/acked/failed acks, connects, drops and errors."""
         with self._cond:

@@ -59,14 +59,17 @@ class PartialDownload:
         flush_every: int = 1,
         background: bool = False,
         on_durable: Callable[[], None] | None = None,
+        whole_hash: bool = True,
     ) -> None:
         """Open (resume) or create the partial files for ``manifest`` in ``part_dir``.
 
         ``flush_every``: once this many written chunks are not yet being flushed, :meth:`write_chunk`
         flushes them (itself, or with ``background`` by waking the flusher thread and returning at
         once). ``on_durable``: called on the flusher thread after each background flush (it must
-        only wake its owner, e.g. put into a queue). Raises DiskFullError when the ``.part`` file
-        cannot be preallocated.
+        only wake its owner, e.g. put into a queue). ``whole_hash`` False: :meth:`finish` checks
+        that every chunk is there and verified but leaves the whole file's SHA-256 to whoever adopts
+        the file (the model store does: hashing every byte a third time here is a cost, not a check).
+        Raises DiskFullError when the ``.part`` file cannot be preallocated.
         """
         if flush_every < 1:
             raise ValueError("flush_every must be >= 1")
@@ -99,6 +102,7 @@ class PartialDownload:
         # need not read the file again when this process wrote it all (mostly in order).
         self._prefix_hash = hashlib.sha256()
         self._prefix_end = 0
+        self._whole_hash = whole_hash
         self._fd: int | None = None
         self._finished = self.verified_path.exists() and self.verified_path.stat().st_size == manifest.size
         if self._finished:
@@ -141,7 +145,7 @@ class PartialDownload:
                 have[i] = 0
             else:
                 self._flusher.mark_durable(i)
-                if i == self._prefix_end:
+                if self._whole_hash and i == self._prefix_end:
                     self._prefix_hash.update(data)
                     self._prefix_end += 1
         self._have = have
@@ -307,7 +311,7 @@ class PartialDownload:
         return True
 
     def _extend_prefix_hash(self, index: int, data: bytes) -> None:
-        if index != self._prefix_end:
+        if not self._whole_hash or index != self._prefix_end:
             return
         self._prefix_hash.update(data)
         self._prefix_end += 1
@@ -345,8 +349,11 @@ class PartialDownload:
         """Check the whole file's SHA-256 and return ``<sha>.verified``; the bitmap is removed.
 
         Raises DeliveryError if chunks are missing, HashMismatchError (files deleted) if every chunk
-        matched but the whole file does not (the manifest contradicts itself).
+        matched but the whole file does not (the manifest contradicts itself). Without ``whole_hash``
+        only the chunks are checked (each was, against the manifest, when it was written or resumed).
         """
+        if self._finished and not self._whole_hash:
+            return self.verified_path
         if self._finished:
             actual = sha256_file(self.verified_path)
             if actual == self.manifest.sha256:
@@ -358,7 +365,9 @@ class PartialDownload:
             raise DeliveryError(f"download incomplete: {len(missing)} of {self.chunk_count} chunks missing")
         self.flush()
         self.close()
-        if self._prefix_end == self.chunk_count:
+        if not self._whole_hash:
+            actual = self.manifest.sha256
+        elif self._prefix_end == self.chunk_count:
             actual = self._prefix_hash.hexdigest()
         else:
             actual = sha256_file(self.part_path)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import queue
+import random
 import threading
 import time
 import uuid
@@ -33,10 +34,17 @@ from agent.delivery.settings import DeliveryConfig
 from agent.delivery.transfer.http_source import HttpSource
 from agent.delivery.transfer.partial import PartialDownload
 from agent.delivery.transfer.replies import ChunkReply, router_for
-from agent.delivery.transfer.rto import RetransmitTimer
+from agent.delivery.transfer.rto import RetransmitTimer, due_after_wait, resume_after_busy
 from agent.errors import DeliveryError
 from agent.mqtt.core import PublishProperties
-from agent.protocol.chunks import INDEX_PROPERTY, SHA256_PROPERTY, ChunkRequest
+from agent.protocol.chunks import (
+    INDEX_PROPERTY,
+    SHA256_PROPERTY,
+    TIMEOUT_PROPERTY,
+    ChunkNotice,
+    ChunkRequest,
+    read_notice,
+)
 from agent.protocol.delivery_errors import JobCancelledError, NoSourceError, TransferTimeoutError
 from agent.protocol.topics import Topics
 
@@ -83,6 +91,11 @@ class PullStats:
     requested_while_flushing: int = 0
     #: The re-request timeout the round trips measured so far give (agent/delivery/transfer/rto.py), in ms.
     timeout_ms: int = 0
+    #: The server's word (docs/delivery.md, "Pacing"): notices that the chunks wait in its line, the
+    #: longest wait one named (ms), and notices that it was too busy to queue a request.
+    wait_notices: int = 0
+    server_wait_ms: int = 0
+    busy_notices: int = 0
 
     def as_dict(self) -> dict[str, int]:
         """The counters as a plain dict (telemetry, job status details)."""
@@ -135,7 +148,10 @@ class MqttPull:
         self._outstanding: dict[int, _Outstanding] = {}
         #: Waits longer before asking again when answers are slow (at fleet scale), never shorter.
         self.timer = RetransmitTimer(floor_s=config.chunk_timeout_s)
-        self._asked_at: dict[int, float] = {}  # request sequence number -> when it was sent
+        # request sequence number -> when it was sent, and the chunks it asked for
+        self._asked_at: dict[int, tuple[float, list[int]]] = {}
+        self._hold_until = 0.0  # a busy server said: no request before this (monotonic)
+        self._rng = random.Random()
         self._attempts: collections.Counter[int] = collections.Counter()
         self._retry: collections.deque[int] = collections.deque()
         self._todo: collections.deque[int] = collections.deque()
@@ -200,6 +216,11 @@ class MqttPull:
                 # Reconnected: replies in flight on the old connection are likely gone; ask again now.
                 session = self.link.session
                 self._requeue_outstanding()
+            # Replies that queued up while this thread was busy (a loaded device) count before any
+            # timeout fires: asking again for a chunk waiting in our own queue is asking twice.
+            if self._take_arrived(replies):
+                break  # complete
+            now = time.monotonic()
             self._expire(now)
             # Written chunks are flushed in batches (PartialDownload.flush_every, by the flusher
             # thread); what is left over is flushed when nothing else is on its way, or after
@@ -211,6 +232,8 @@ class MqttPull:
                 self._durable.clear()
                 self._request(now)
             wakes = [o.due for o in self._outstanding.values()] + [self._deadline, now + _TICK_S]
+            if self._hold_until > now:
+                wakes.append(self._hold_until)
             if self._stall_s is not None:
                 wakes.append(self._last_chunk + self._stall_s)
             if self._flush_due is not None:
@@ -220,17 +243,20 @@ class MqttPull:
             except queue.Empty:
                 continue
             self._report_progress()
-            while True:  # take what else arrived too
-                if self._durable.is_set() and self.link.connected:
-                    # Slots were freed: ask now rather than after the replies queued meanwhile
-                    # (processing those takes a while; the server should not idle until then).
-                    self._durable.clear()
-                    self._request(time.monotonic())
-                try:
-                    self._on_reply(replies.get_nowait())
-                except queue.Empty:
-                    break
-                self._report_progress()
+
+    def _take_arrived(self, replies: queue.Queue[ChunkReply | None]) -> bool:
+        """Process every reply already queued, without waiting; True when the download is complete."""
+        while True:
+            if self._durable.is_set() and self.link.connected:
+                # Slots were freed: ask now rather than after the replies queued meanwhile
+                # (processing those takes a while; the server should not idle until then).
+                self._durable.clear()
+                self._request(time.monotonic())
+            try:
+                self._on_reply(replies.get_nowait())
+            except queue.Empty:
+                return self.partial.complete
+            self._report_progress()
 
     def _report_progress(self) -> None:
         """Tell the job the bytes written so far, after every reply: on a busy device many replies
@@ -274,6 +300,8 @@ class MqttPull:
         return None
 
     def _request(self, now: float) -> None:
+        if now < self._hold_until:
+            return
         # Unflushed chunks count against the window: they are what a crash would lose.
         free = self.window - len(self._outstanding) - self.partial.unflushed
         indices: list[int] = []
@@ -293,7 +321,7 @@ class MqttPull:
             self._outstanding[index] = _Outstanding(due=now + base * factor)
             self.stats.requested_bytes += self.partial.chunk_length(index)
         self._seq += 1
-        self._asked_at[self._seq] = now
+        self._asked_at[self._seq] = (now, indices)
         if len(self._asked_at) > _ASKED_KEPT:
             del self._asked_at[next(iter(self._asked_at))]
         request = ChunkRequest(
@@ -305,6 +333,8 @@ class MqttPull:
         properties = PublishProperties(
             response_topic=self.topics.xfer(self.manifest.sha256),
             correlation_data=f"{self._id}:{self._seq}".encode(),
+            # Asks the server for notices when the chunks will wait about this long or more.
+            user_properties=((TIMEOUT_PROPERTY, str(round(base * 1000))),),
         )
         self.link.publish(
             self.topics.xfer_req, request.model_dump_json().encode(), qos=1, properties=properties
@@ -326,6 +356,10 @@ class MqttPull:
         message = reply.message
         self.stats.received += 1
         props = dict(message.user_properties)
+        notice = read_notice(props) if INDEX_PROPERTY not in props else None
+        if notice is not None:
+            self._on_notice(notice, self._request_seq(message.correlation_data))
+            return
         try:
             index = int(props[INDEX_PROPERTY])
         except (KeyError, ValueError):
@@ -355,7 +389,7 @@ class MqttPull:
         if asked is not None:
             # The reply names its request (correlation data), so even the answer to a chunk asked
             # for twice gives its true round trip.
-            self.timer.sample(now - asked)
+            self.timer.sample(now - asked[0])
             self.stats.timeout_ms = round(self.timer.timeout * 1000)
         # Progress restarts the timer of what is still outstanding (TCP's rule, RFC 6298 5.3): replies
         # are flowing, so the rest is most likely on its way behind this one, and asking for it now
@@ -366,6 +400,28 @@ class MqttPull:
         self.stats.written += 1
         if self._flush_due is None:
             self._flush_due = time.monotonic() + _FLUSH_DELAY_S
+
+    def _on_notice(self, notice: ChunkNotice, seq: int) -> None:
+        """The server's word about request ``seq``: wait in its line, or come back later."""
+        now = time.monotonic()
+        if notice.retry_ms is not None:
+            # Busy: nothing of that request was queued. Its chunks go back to the front of the line
+            # (not counted as asked again), and no request leaves before the time the server named.
+            self.stats.busy_notices += 1
+            asked = self._asked_at.get(seq)
+            refused = [i for i in (asked[1] if asked else []) if self._outstanding.pop(i, None) is not None]
+            for index in refused:
+                self._attempts[index] -= 1
+            self._retry.extendleft(reversed(refused))
+            resume = resume_after_busy(now, notice.retry_ms / 1000, self._rng.random())
+            self._hold_until = max(self._hold_until, resume)
+        if notice.wait_ms is not None:
+            # Queued behind others: what is outstanding is on its way, later than a timeout expects.
+            self.stats.wait_notices += 1
+            self.stats.server_wait_ms = max(self.stats.server_wait_ms, notice.wait_ms)
+            due = due_after_wait(now, notice.wait_ms / 1000, self.timer.timeout)
+            for outstanding in self._outstanding.values():
+                outstanding.due = max(outstanding.due, due)
 
 
 # -- all sources ------------------------------------------------------------------------------------
@@ -383,20 +439,28 @@ def fetch_model(
     on_pull: Callable[[PullStats], None] | None = None,
     stall_s: float | None = None,
 ) -> Path:
-    """Download ``manifest``'s model into ``part_dir`` and return the verified file.
+    """Download ``manifest``'s model into ``part_dir`` and return the file, every chunk verified.
+
+    The whole file's SHA-256 is not checked here: the caller hashes it where it adopts the file (the
+    model store, :func:`~agent.delivery.transfer.engine_fetch.fetch_engine_file`), once.
 
     Sources are tried in manifest order (mqtt: :class:`MqttPull`; http: :class:`HttpSource`); a
     failing source falls through to the next, keeping the chunks it wrote. Resumes what an earlier
     (killed) attempt left in ``part_dir``. Raises JobCancelledError, TransferTimeoutError (after
-    ``config.job_deadline_s``), HashMismatchError, DiskFullError, or the last source's DeliveryError.
+    ``config.job_deadline_s``), DiskFullError, or the last source's DeliveryError.
     ``on_pull`` is given each MQTT pull's counters when it ends, however it ends; ``stall_s`` ends an
     MQTT pull that got no chunk for that long (TransferTimeoutError).
     """
     deadline = time.monotonic() + config.job_deadline_s
     # Half a window per flush: one half is made durable by the flusher thread while the other
-    # half is on its way, and both together stay within the window a crash may cost.
+    # half is on its way, and both together stay within the window a crash may cost. Every chunk is
+    # checked here; the whole file is hashed once, by whoever adopts it (FetchFn's contract).
     partial = PartialDownload(
-        part_dir, manifest, flush_every=max(1, config.chunk_window // 2), background=True
+        part_dir,
+        manifest,
+        flush_every=max(1, config.chunk_window // 2),
+        background=True,
+        whole_hash=False,
     )
     try:
         progress(partial.bytes_done, manifest.size)

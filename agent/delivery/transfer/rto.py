@@ -9,6 +9,10 @@ Jacobson/Karels): a smoothed round-trip time and its variation from answered chu
 srtt + 4 * rttvar``, never below the configured floor nor above a ceiling. Each chunk reply carries
 its request's correlation data, so its round trip is known even for a chunk asked for twice (what
 TCP needs timestamps for).
+
+The server may also say how long the wait will be (docs/delivery.md, "Pacing"): a *wait notice*
+moves the timeout of what is outstanding past the wait it names (:func:`due_after_wait`), a *busy
+notice* holds new requests until the time it names (:func:`resume_after_busy`).
 """
 
 from __future__ import annotations
@@ -18,6 +22,10 @@ from dataclasses import dataclass
 #: Gains of RFC 6298 (alpha 1/8 for the mean, beta 1/4 for the variation).
 _ALPHA = 0.125
 _BETA = 0.25
+#: A wait the server names is stretched by this factor: its estimate is of a rate that moves.
+WAIT_MARGIN = 1.5
+#: Devices told "busy" at once come back spread over this share of the retry time beyond it.
+BUSY_SPREAD = 0.5
 #: Longest base timeout (backoff doubles it per attempt on top; the job deadline bounds everything).
 DEFAULT_CEILING_S = 60.0
 
@@ -48,3 +56,15 @@ class RetransmitTimer:
         if self.srtt is None:
             return self.floor_s
         return max(self.floor_s, min(self.ceiling_s, self.srtt + 4 * self.rttvar))
+
+
+def due_after_wait(now: float, wait_s: float, timeout_s: float) -> float:
+    """When to ask again for chunks the server said wait ``wait_s`` in its line: the stretched wait,
+    then the usual timeout (the chunks still have to travel once they leave)."""
+    return now + WAIT_MARGIN * max(0.0, wait_s) + timeout_s
+
+
+def resume_after_busy(now: float, retry_s: float, spread: float) -> float:
+    """When to ask again after a busy notice naming ``retry_s``; ``spread`` in [0, 1) (random per
+    device) keeps the devices refused together from coming back together."""
+    return now + max(0.0, retry_s) * (1 + BUSY_SPREAD * spread)

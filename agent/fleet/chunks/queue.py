@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 
 #: Most (device, model, chunk size) entries waiting at once: a bound on memory whatever devices send.
 DEFAULT_MAX_ENTRIES = 65536
+#: Most entries walked to find a request's place in the line (a bound on the dispatcher's work).
+_AHEAD_WALK = 4096
 
 
 @dataclass
@@ -53,6 +55,7 @@ class ChunkQueue:
         )
         self._cond = threading.Condition()
         self._closed = False
+        self._waiting = 0  # chunks in all entries
 
     def add(
         self,
@@ -75,8 +78,29 @@ class ChunkQueue:
             before = len(entry.indices)
             entry.indices.update(dict.fromkeys(indices))
             added = len(entry.indices) - before
+            self._waiting += added
             self._cond.notify()
             return added
+
+    def ahead(self, *, device: str, sha256: str, chunk_size: int) -> tuple[int, int]:
+        """Chunks waiting in entries before this entry, and in it; ``(0, 0)`` when it waits no more."""
+        key = (device, sha256, chunk_size)
+        with self._cond:
+            entry = self._entries.get(key)
+            if entry is None:
+                return 0, 0
+            own = len(entry.indices)
+            if next(reversed(self._entries)) == key:  # the usual case: a new entry at the back
+                return self._waiting - own, own
+            before = 0
+            for walked, (other_key, other) in enumerate(self._entries.items()):
+                if other_key == key:
+                    return before, own
+                if walked >= _AHEAD_WALK:
+                    break
+                before += len(other.indices)
+            # Deep in a very long line: say everything waits ahead (a longer wait is the safe error).
+            return self._waiting - own, own
 
     def take(self, timeout: float) -> PendingChunks | None:
         """The entry waiting longest, removed from the queue; None after ``timeout`` s or once closed.
@@ -89,6 +113,7 @@ class ChunkQueue:
             if self._closed:
                 return None
             _key, entry = self._entries.popitem(last=False)
+            self._waiting -= len(entry.indices)
             return entry
 
     def close(self) -> None:
@@ -96,6 +121,7 @@ class ChunkQueue:
         with self._cond:
             self._closed = True
             self._entries.clear()
+            self._waiting = 0
             self._cond.notify_all()
 
     def __len__(self) -> int:
@@ -106,4 +132,4 @@ class ChunkQueue:
     def waiting_chunks(self) -> int:
         """Chunks waiting in all entries."""
         with self._cond:
-            return sum(len(entry.indices) for entry in self._entries.values())
+            return self._waiting

@@ -37,13 +37,21 @@ from pydantic import ValidationError
 
 from agent.errors import TransportError
 from agent.fleet.base.untrusted import shown
+from agent.fleet.chunks.pace import ServeRate, busy_notice, wait_notice
 from agent.fleet.chunks.queue import DEFAULT_MAX_ENTRIES, ChunkQueue, PendingChunks
 from agent.fsutil import sha256_file
 from agent.mqtt.core import PublishProperties
 from agent.mqtt.inbound import InboundMessage
 from agent.mqtt.service_client import ServiceClient
 from agent.mqtt.settings import MqttSettings
-from agent.protocol.chunks import INDEX_PROPERTY, SHA256_PROPERTY, ChunkRequest
+from agent.protocol.chunks import (
+    INDEX_PROPERTY,
+    SHA256_PROPERTY,
+    TIMEOUT_PROPERTY,
+    ChunkNotice,
+    ChunkRequest,
+    notice_properties,
+)
 from agent.protocol.topics import Topics, check_level, fleet_filter, parse
 
 if TYPE_CHECKING:
@@ -78,6 +86,8 @@ _COUNTERS = (
     "unknown_model",
     "bad_index",
     "publish_failed",
+    "wait_notices",
+    "busy_notices",
 )
 #: Longest a chunk waits for the broker to acknowledge earlier ones before it is published anyway.
 _FLOW_WAIT_S = 10.0
@@ -117,6 +127,7 @@ class ChunkServer:
         on_served: ServedCallback | None = None,
         max_inflight: int = DEFAULT_MAX_INFLIGHT,
         max_waiting: int = DEFAULT_MAX_ENTRIES,
+        pace: bool = True,
     ) -> None:
         """``group``: the shared-subscription group (None: a random one, answered by this server only).
 
@@ -126,6 +137,8 @@ class ChunkServer:
 
         ``max_waiting``: most (device, model) entries waiting to be sent; a request beyond is dropped
         (counted ``busy``; the device asks again after its timeout).
+
+        ``pace`` False: no notices (a server from before pacing; a comparison needs one).
         """
         self.settings = settings
         self.prefix = settings.prefix
@@ -133,6 +146,7 @@ class ChunkServer:
         self.reply_expiry_s = reply_expiry_s
         self.max_unacked = max_unacked
         self._on_served = on_served
+        self._pace = pace
         self._models: dict[str, _Model] = {}
         self._repos: list[Path] = []
         self._repo_index: dict[Path, tuple[float, int, str]] = {}  # path -> (mtime, size, sha256)
@@ -143,6 +157,8 @@ class ChunkServer:
         self._served_model: collections.Counter[tuple[str, str]] = collections.Counter()
         self._counts: collections.Counter[str] = collections.Counter(dict.fromkeys(_COUNTERS, 0))
         self._queue = ChunkQueue(max_waiting)
+        self._rate = ServeRate()  # under _lock: sampled by the sender, read by the dispatcher
+        self._sending_left = 0  # under _lock: chunks of the entry being sent not sent yet
         self._stopping = threading.Event()
         self._sender: threading.Thread | None = None
         self._client = ServiceClient(
@@ -370,17 +386,56 @@ class ChunkServer:
             correlation=message.correlation_data,
             indices=indices,
         )
+        timeout_ms = _device_timeout_ms(message) if self._pace else None
         if added is None:
             self._count("busy")
             log.warning("fleet.chunks.busy", device=shown(device), waiting=self._queue.max_entries)
+            if timeout_ms is not None:
+                refusal = busy_notice(waiting=self._queue.waiting_chunks, per_second=self._per_second())
+                self._notify(reply_topic, message.correlation_data, refusal, "busy_notices")
             return
         self._count("coalesced", len(indices) - added)
+        if timeout_ms is not None:
+            ahead, own = self._queue.ahead(device=device, sha256=request.sha256, chunk_size=chunk_size)
+            sent, acked = self._client.delivery_counts()
+            with self._lock:
+                # The rest of the entry being sent, and what waits for the broker's acknowledgement,
+                # are ahead of this request too.
+                ahead += self._sending_left + sent - acked
+                per_second = self._rate.per_second
+            notice = wait_notice(ahead=ahead, own=own, per_second=per_second, timeout_ms=timeout_ms)
+            if notice is not None:
+                self._notify(reply_topic, message.correlation_data, notice, "wait_notices")
+
+    def _per_second(self) -> float | None:
+        with self._lock:
+            return self._rate.per_second
+
+    def _notify(self, topic: str, correlation: bytes | None, notice: ChunkNotice, counter: str) -> None:
+        """Tell a device about its request (a reply without a chunk: only user properties).
+
+        QoS 1, as the chunks: the client's count of unacknowledged publishes (flow control, the
+        chunks ahead of a request) only adds up when every publish is acknowledged.
+        """
+        properties = PublishProperties(
+            correlation_data=correlation,
+            user_properties=notice_properties(notice),
+            message_expiry_s=self.reply_expiry_s,
+        )
+        try:
+            self._client.publish(topic, b"", qos=1, properties=properties)
+        except TransportError as exc:
+            log.warning("fleet.chunks.notice_failed", topic=topic, error=str(exc))
+            return
+        self._count(counter)
 
     def _run_sender(self) -> None:
         while not self._stopping.is_set():
             entry = self._queue.take(timeout=0.5)
             if entry is None:
                 continue
+            with self._lock:
+                self._sending_left = len(entry.indices)
             try:
                 self._serve(entry)
             except Exception:
@@ -388,6 +443,9 @@ class ChunkServer:
                 # serves every device; the device asks again.
                 self._count("publish_failed")
                 log.exception("fleet.chunks.serve_failed", device=shown(entry.device), sha256=entry.sha256)
+            finally:
+                with self._lock:
+                    self._sending_left = 0
 
     def _serve(self, entry: PendingChunks) -> None:
         model = self._model(entry.sha256)
@@ -398,6 +456,8 @@ class ChunkServer:
         for index in entry.indices:
             if self._stopping.is_set():
                 return
+            with self._lock:
+                self._sending_left -= 1
             offset = index * entry.chunk_size
             data = os.pread(model.fd, min(entry.chunk_size, model.size - offset), offset)
             for reply_index, payload in self.replies(index, data):
@@ -425,9 +485,19 @@ class ChunkServer:
             self._count("publish_failed")
             log.error("fleet.chunks.publish_failed", device=device, sha256=sha256, error=str(exc))
             return
+        _sent, acked = self._client.delivery_counts()
         with self._lock:
+            self._rate.sample(time.monotonic(), acked)
             self._counts["chunks"] += 1
             self._served[device] += len(payload)
             self._served_model[(device, sha256)] += len(payload)
         if self._on_served is not None:
             self._on_served(device, sha256, len(payload))
+
+
+def _device_timeout_ms(message: InboundMessage) -> int | None:
+    """The re-request timeout a request names (a device that understands notices), else None."""
+    for key, value in message.user_properties:
+        if key == TIMEOUT_PROPERTY and value.isdigit() and len(value) <= 9:
+            return int(value)
+    return None

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from agent.delivery.transfer.rto import RetransmitTimer
+from agent.delivery.transfer.rto import (
+    BUSY_SPREAD,
+    WAIT_MARGIN,
+    RetransmitTimer,
+    due_after_wait,
+    resume_after_busy,
+)
 
 
 @pytest.mark.parametrize(
@@ -40,3 +46,17 @@ def test_a_negative_sample_counts_as_zero() -> None:
     timer.sample(-1.0)
     assert timer.srtt == 0.0
     assert timer.timeout == 0.5
+
+
+def test_a_wait_the_server_names_comes_before_the_usual_timeout() -> None:
+    """Chunks queued for 4 s behind others are asked for again only after the stretched wait and then
+    the timeout a reply needs once they leave."""
+    assert due_after_wait(100.0, 4.0, 5.0) == pytest.approx(100.0 + WAIT_MARGIN * 4.0 + 5.0)
+    assert due_after_wait(100.0, -1.0, 5.0) == pytest.approx(105.0)
+
+
+def test_devices_told_busy_together_come_back_spread_out() -> None:
+    times = [resume_after_busy(0.0, 10.0, spread) for spread in (0.0, 0.5, 0.999)]
+    assert times[0] == pytest.approx(10.0)
+    assert times == sorted(times)
+    assert times[-1] == pytest.approx(10.0 * (1 + BUSY_SPREAD * 0.999))

@@ -12,7 +12,6 @@ import itertools
 import os
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,15 +20,16 @@ import pytest
 from agent.delivery.transfer.partial import PartialDownload
 from agent.delivery.transfer.pull import MqttPull, PullStats, fetch_model
 from agent.delivery.transfer.replies import router_for
-from agent.demo.broker import Broker
 from agent.fleet.chunks.server import ChunkServer
-from agent.protocol.delivery_errors import JobCancelledError, TransferTimeoutError
+from agent.protocol.delivery_errors import HashMismatchError, JobCancelledError, TransferTimeoutError
 from agent.protocol.manifest import DeployManifest, ModelSourceRef
+from agent.store import ModelStore
 from tests.delivery.transfer.transfer_rig import (
     KIB,
     MIB,
     Device,
     Rig,
+    Slow,
     delivery_config,
     manifest_for,
     random_model,
@@ -37,13 +37,6 @@ from tests.delivery.transfer.transfer_rig import (
 from tests.waiting import patient, wait_until
 
 CHUNK = 64 * KIB
-
-
-@pytest.fixture
-def rig(broker: Broker, tmp_path: Path) -> Iterator[Rig]:
-    r = Rig(broker, tmp_path)
-    yield r
-    r.close()
 
 
 def pull(
@@ -118,16 +111,6 @@ class NeverAnswers2(ChunkServer):
         return [] if index == 2 else [(index, data)]
 
 
-class Slow(ChunkServer):
-    """Takes 50 ms per chunk (a slow uplink)."""
-
-    delay_s = 0.05
-
-    def replies(self, index: int, data: bytes) -> list[tuple[int, bytes]]:
-        time.sleep(self.delay_s)
-        return [(index, data)]
-
-
 class Slower(Slow):
     """Takes 150 ms per chunk: longer than the device's configured chunk timeout in the test below."""
 
@@ -165,6 +148,33 @@ def test_fetch_model_transfers_a_random_file_exactly(rig: Rig) -> None:
     # A clean transfer asks for every chunk once: nothing served twice.
     assert server.served_bytes(dev.id) == manifest.size
     assert server.served_bytes(dev.id, manifest.sha256) == manifest.size
+
+
+def test_a_manifest_whose_whole_hash_contradicts_its_chunks_is_refused_where_the_file_is_adopted(
+    rig: Rig,
+) -> None:
+    """The pull checks every chunk and leaves the whole file's hash to the store, once: a signed
+    manifest whose chunks are one file's and whose SHA-256 another's gets through the pull (every chunk
+    matches) and is refused, its file removed, when the job moves it into the store."""
+    model = random_model(rig.tmp_path / "m.bin", 6 * CHUNK)
+    lying = manifest_for(model, CHUNK).model_copy(update={"sha256": "0" * 64})
+    rig.server().register(lying, model, verify=False)
+    dev = rig.device()
+    path = fetch_model(
+        lying,
+        dev.part_dir,
+        lambda done, total: None,
+        threading.Event(),
+        link=dev.link,
+        topics=dev.topics,
+        config=delivery_config(),
+    )
+    assert path.read_bytes() == model.read_bytes()
+
+    with pytest.raises(HashMismatchError):
+        ModelStore(rig.tmp_path / "models").adopt(path, lying.sha256)
+    assert not path.exists()
+    assert not (rig.tmp_path / "models" / f"{lying.sha256}.onnx").exists()
 
 
 def test_a_corrupted_chunk_is_dropped_and_fetched_again(rig: Rig) -> None:
@@ -409,12 +419,14 @@ def test_slow_answers_raise_the_timeout_instead_of_asking_again(rig: Rig) -> Non
     """A server that answers every chunk slowly (150 ms each, one at a time) against a configured
     timeout of 0.1 s: held there, a chunk times out between any two replies and is asked for again
     while still on its way (arrivals restart the timer, but not for long enough). The timer learns the
-    round trips and waits longer; run with the timer held at the floor, for comparison."""
+    round trips and waits longer; run with the timer held at the floor, for comparison. The server
+    sends no notices (``pace=False``): they would spare both runs their repeats, and this is the
+    timer's test (tests/delivery/transfer/test_pacing.py is the notices')."""
     model = random_model(rig.tmp_path / "m.bin", 12 * CHUNK)
     manifest = manifest_for(model, CHUNK)
 
     def run(*, adaptive: bool) -> PullStats:
-        server = rig.server(Slower)  # one per run: no backlog of the other run's requests
+        server = rig.server(Slower, pace=False)  # one per run: no backlog of the other run's requests
         server.register(manifest, model)
         dev = rig.device()
         partial = PartialDownload(dev.part_dir, manifest, flush_every=4, background=True)

@@ -13,21 +13,17 @@ import signal
 import subprocess
 import sys
 import threading
-import time
-from collections.abc import Iterator
 from pathlib import Path
-
-import pytest
 
 from agent.delivery.transfer.pull import fetch_model
 from agent.demo.broker import Broker
-from agent.fleet.chunks.server import ChunkServer
 from agent.protocol.manifest import DeployManifest
 from tests.delivery.transfer.transfer_rig import (
     KIB,
     MIB,
     Device,
     Rig,
+    Slow,
     delivery_config,
     manifest_for,
     random_model,
@@ -39,19 +35,10 @@ WINDOW = 4
 REPO_ROOT = Path(__file__).resolve().parents[3]
 
 
-class Throttled(ChunkServer):
+class Throttled(Slow):
     """Takes 10 ms per chunk, so a transfer lasts long enough to be interrupted half way."""
 
-    def replies(self, index: int, data: bytes) -> list[tuple[int, bytes]]:
-        time.sleep(0.01)
-        return [(index, data)]
-
-
-@pytest.fixture
-def rig(broker: Broker, tmp_path: Path) -> Iterator[Rig]:
-    r = Rig(broker, tmp_path)
-    yield r
-    r.close()
+    delay_s = 0.01
 
 
 def _fetch(dev: Device, manifest: DeployManifest, **config: float) -> Path:

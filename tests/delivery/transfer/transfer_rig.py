@@ -8,6 +8,7 @@ the session broker never see each other's requests (the servers' shared subscrip
 from __future__ import annotations
 
 import os
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -73,6 +74,16 @@ def mqtt_settings(broker: Broker, prefix: str, **overrides: Any) -> MqttSettings
     }
     values.update(overrides)
     return MqttSettings(**values)
+
+
+class Slow(ChunkServer):
+    """Takes ``delay_s`` per chunk (a slow uplink, or a server busy with a whole fleet)."""
+
+    delay_s = 0.05
+
+    def replies(self, index: int, data: bytes) -> list[tuple[int, bytes]]:
+        time.sleep(self.delay_s)
+        return [(index, data)]
 
 
 class Device:

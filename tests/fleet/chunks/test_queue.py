@@ -86,3 +86,28 @@ def test_take_waits_for_an_add_and_close_wakes_it_for_good() -> None:
     # Far from the timeout, so a loaded machine's late timer cannot blur the two.
     assert time.monotonic() - started < 30.0
     assert add(queue, "dev-c", [0]) is None  # closed: nothing goes in
+
+
+def test_a_requests_place_counts_the_chunks_of_the_entries_before_it() -> None:
+    queue = ChunkQueue()
+    add(queue, "dev-a", [0, 1, 2])
+    add(queue, "dev-b", [0, 1])
+    add(queue, "dev-c", [5])
+    assert queue.ahead(device="dev-c", sha256="a" * 64, chunk_size=1024) == (5, 1)  # at the back
+    assert queue.ahead(device="dev-b", sha256="a" * 64, chunk_size=1024) == (3, 2)  # merged, mid-line
+    add(queue, "dev-a", [3])
+    assert queue.ahead(device="dev-a", sha256="a" * 64, chunk_size=1024) == (0, 4)
+    assert queue.take(0.1) is not None
+    assert queue.ahead(device="dev-a", sha256="a" * 64, chunk_size=1024) == (0, 0)  # taken: waits no more
+    assert queue.ahead(device="dev-c", sha256="a" * 64, chunk_size=1024) == (2, 1)
+    assert queue.waiting_chunks == 3
+
+
+def test_deep_in_a_very_long_line_a_request_is_told_everything_waits_ahead() -> None:
+    """Finding a place costs a walk of the line; past a few thousand entries the walk stops and the
+    answer errs long (the device then waits longer, never asks early)."""
+    queue = ChunkQueue()
+    for n in range(5000):
+        add(queue, f"dev-{n}", [0, 1])
+    assert queue.ahead(device="dev-4500", sha256="a" * 64, chunk_size=1024) == (9998, 2)
+    assert queue.ahead(device="dev-10", sha256="a" * 64, chunk_size=1024) == (20, 2)

@@ -59,6 +59,7 @@ def ask(
     response_topic: str | None = None,
     chunk_size: int | None = CHUNK,
     device: str | None = None,
+    timeout_ms: int | None = None,
 ) -> bytes:
     """Publish a chunk request as a device would; return its correlation data."""
     correlation = uuid.uuid4().bytes
@@ -72,6 +73,7 @@ def ask(
         json.dumps(body),
         response_topic=response_topic or topics.xfer(sha256),
         correlation_data=correlation,
+        user_properties=None if timeout_ms is None else [("timeout_ms", str(timeout_ms))],
     )
     return correlation
 
@@ -301,6 +303,30 @@ def test_requests_beyond_the_waiting_limit_are_dropped_and_counted(
 
     assert [m.topic.split("/")[2] for m in probe.snapshot()] == ["dev-busy", "dev-a", "dev-a"]
     assert server.stats()["busy"] == 1
+
+
+def test_a_full_line_tells_a_device_that_names_its_timeout_when_to_come_back_and_an_older_one_nothing(
+    rig: Rig, probe: Probe, model: Path, manifest: DeployManifest
+) -> None:
+    """Notices go only to devices that ask for them (user property ``timeout_ms``): an older agent
+    would count a reply without an index as malformed."""
+    server = held_busy(rig, probe, manifest, model, max_waiting=1)
+    ask(probe, Topics(rig.prefix, "dev-a"), manifest.sha256, [1])  # the one entry allowed
+    ask(
+        probe, Topics(rig.prefix, "dev-old"), manifest.sha256, [1]
+    )  # refused: it asks again after its timeout
+    newer = ask(probe, Topics(rig.prefix, "dev-new"), manifest.sha256, [1], timeout_ms=5000)
+    wait_until(lambda: server.stats()["busy"] == 2, what="both refused")
+    probe.wait_for_count(Topics(rig.prefix, "dev-new").xfer(manifest.sha256), 1)
+    server.gate.set()
+    wait_until(lambda: len(probe.snapshot()) >= 3, what="the notice and two chunks")
+    probe.settle(0.3)
+
+    [notice] = [m for m in probe.snapshot() if "/dev-new/" in m.topic]
+    assert (notice.payload, notice.correlation_data) == (b"", newer)
+    assert props(notice) == {"retry_ms": "5000"}  # no rate measured yet: the default
+    assert not [m for m in probe.snapshot() if "/dev-old/" in m.topic]
+    assert server.stats()["busy_notices"] == 1
 
 
 def test_register_refuses_a_file_that_is_not_the_manifests(
