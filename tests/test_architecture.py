@@ -96,6 +96,7 @@ FLEET_ROOMS = (
     "samples",
     "engines",
     "metrics",
+    "trust",
     "console",
     "controller",
     "cli",
@@ -134,6 +135,8 @@ AGENT_ROOMS = (
     "spool",
     "logs",
     "mqtt",
+    # the fleet root of trust: which keys may sign what (TUF metadata), checked by the device
+    "trust",
     # what a deployable model must be: checked by the operator before signing and by the device
     "model_contract",
     # frames and models
