@@ -54,6 +54,7 @@ class TrustDir:
 
     def write(self, root: Metadata[Root]) -> Path:
         path = self.version_file(root.signed.version)
+        path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_bytes(path, root.to_bytes(), mode=0o644)
         return path
 
