@@ -78,6 +78,7 @@ class FleetRoot:
             before = self._root
             root, refused = newest_root(before, chain)
             if root is not before:
+                self.kept.parent.mkdir(parents=True, exist_ok=True)
                 atomic_write_bytes(self.kept, root.to_bytes())
                 self._root = root
         if root is not before:
