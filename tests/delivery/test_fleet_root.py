@@ -130,3 +130,41 @@ def test_an_expired_root_installs_nothing_new(make_device: HarnessFactory, tmp_p
     payload = _desired(manifest, trust / "keys" / "controller.key", release)
     assert _refused(device, manifest, payload) == "trust_expired"
     assert device.activations.requests == []
+
+
+def test_a_model_released_under_a_key_revoked_later_keeps_serving_and_is_not_released_again(
+    make_device: HarnessFactory, fleet: Path, tmp_path: Path
+) -> None:
+    keys = fleet / "keys"
+    device = make_device(config={"trust_root": fleet / "root" / "1.root.json"})
+    model = write_classifier(tmp_path / "m.onnx", input_size=64, seed=5)
+    serving = device.manifest(model, sequence=1)
+    old_release = _released(serving, [keys / "release.key"], tmp_path)
+    device.deploy(_desired(serving, keys / "controller.key", old_release))
+    assert states(device.wait_terminal(serving.job_id)) == HAPPY_PATH
+    new = make_key(keys, "release-2")
+    versions.rotate(fleet, role="release", add=[new.public], remove=[], threshold=None, expires_days=365)
+    versions.sign(fleet, keys / "root-1.key")
+    versions.sign(fleet, keys / "root-2.key")
+    versions.revoke(fleet, key_id_of(keys / "release.pub"), expires_days=365)
+    versions.sign(fleet, keys / "root-1.key")
+    versions.sign(fleet, keys / "root-3.key")
+    fleet_root = device.service.fleet_root
+    assert fleet_root is not None
+    topic = trust_root("fleet/v1")
+    try:
+        device.probe.publish(topic, TrustDir(fleet).chain().model_dump_json().encode(), retain=True)
+        wait_until(
+            lambda: fleet_root.current().signed.version == 3, 15.0, "the device to take root version 3"
+        )
+        # The serving model is neither rolled back nor re-checked; its release deployed again is refused.
+        again = device.manifest(model, sequence=2)
+        stale = _desired(again, keys / "controller.key", _released(again, [keys / "release.key"], tmp_path))
+        assert _refused(device, again, stale) == "revoked_key"
+        assert device.rollbacks == []
+        assert [r.sha256 for r in device.activations.requests] == [serving.sha256]
+        renewed = device.manifest(model, sequence=3)
+        device.deploy(_desired(renewed, keys / "controller.key", _released(renewed, [new.private], tmp_path)))
+        assert states(device.wait_terminal(renewed.job_id)) == HAPPY_PATH
+    finally:
+        device.probe.publish(topic, b"", retain=True)
