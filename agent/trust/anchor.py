@@ -64,6 +64,16 @@ class FleetRoot:
         """True once the root in force has expired."""
         return self.current().signed.is_expired(now or datetime.now(timezone.utc))
 
+    def stats(self, now: datetime | None = None) -> dict[str, float]:
+        """For telemetry (``trust.*``): the root's version, whether it expired, seconds until it does."""
+        root = self.current().signed
+        left = (root.expires - (now or datetime.now(timezone.utc))).total_seconds()
+        return {
+            "root_version": float(root.version),
+            "root_expired": float(left <= 0),
+            "root_expires_in_s": left,
+        }
+
     def take(self, payload: bytes) -> list[RootRefusedError]:
         """Take the newest version of a :class:`RootChain` payload that the rules allow; kept on disk.
 
