@@ -7,8 +7,6 @@ signs a manifest the device reads, and the release check refuses the bytes nobod
 
 from __future__ import annotations
 
-import base64
-import binascii
 from datetime import datetime
 
 from securesystemslib.exceptions import UnverifiedSignatureError
@@ -23,6 +21,7 @@ from agent.protocol.delivery_errors import (
     UnsignedError,
 )
 from agent.protocol.manifest import DeployManifest, SignedManifest, read_envelope, read_manifest
+from agent.protocol.manifest_signature import decode_signature
 from agent.trust.release import check_release
 from agent.trust.roles import CONTROLLER, revoked_keys
 
@@ -61,10 +60,7 @@ def check_controller(root: Metadata[Root], envelope: SignedManifest, job_id: str
             f"device's fleet root (version {root.signed.version}); sign with the controller key",
             job_id=job_id,
         )
-    try:
-        raw = base64.b64decode(signature, validate=True)
-    except (binascii.Error, ValueError) as exc:
-        raise BadSignatureError(f"signature is not valid base64 ({exc})", job_id=job_id) from exc
+    raw = decode_signature(signature, job_id)
     try:
         root.signed.get_key(key_id).verify_signature(
             Signature(key_id, raw.hex()), envelope.manifest.encode("utf-8")

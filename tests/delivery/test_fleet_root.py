@@ -8,11 +8,14 @@ probation runs here: a refusal happens at the gate, before any model reaches a s
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
 from agent.demo.modelzoo import write_classifier
+from agent.fleet.deploy.keys import KeyPairFiles
 from agent.fleet.trust import versions
 from agent.fleet.trust.keyring import key_id_of, make_key
 from agent.fleet.trust.releases import sign_release
@@ -45,6 +48,37 @@ def _refused(device: Harness, manifest: DeployManifest, payload: bytes) -> str |
     [status] = device.wait_terminal(manifest.job_id)
     assert status.state is JobState.REJECTED
     return status.error_code
+
+
+def _replace_key(fleet: Path, role: str) -> KeyPairFiles:
+    """Root version 2 adds a new ``role`` key, version 3 revokes the old one; each signed offline by
+    two root keys of itself and of the version before (the same keys), as `fleet trust sign` does."""
+    keys = fleet / "keys"
+    new = make_key(keys, f"{role}-2")
+    versions.rotate(fleet, role=role, add=[new.public], remove=[], threshold=None, expires_days=365)
+    versions.sign(fleet, keys / "root-1.key")
+    versions.sign(fleet, keys / "root-2.key")
+    versions.revoke(fleet, key_id_of(keys / f"{role}.pub"), expires_days=365)
+    versions.sign(fleet, keys / "root-2.key")
+    versions.sign(fleet, keys / "root-3.key")
+    return new
+
+
+@contextmanager
+def _root_taken(device: Harness, fleet: Path) -> Iterator[None]:
+    """The fleet's root chain published retained, until the device took its newest version; cleared after."""
+    fleet_root = device.service.fleet_root
+    assert fleet_root is not None
+    newest = TrustDir(fleet).versions()[-1]
+    topic = trust_root("fleet/v1")
+    device.probe.publish(topic, TrustDir(fleet).chain().model_dump_json().encode(), retain=True)
+    try:
+        wait_until(
+            lambda: fleet_root.current().signed.version == newest, 15.0, f"the device to take root {newest}"
+        )
+        yield
+    finally:
+        device.probe.publish(topic, b"", retain=True)
 
 
 @pytest.fixture
@@ -87,21 +121,8 @@ def test_a_revoked_controller_key_is_refused_once_the_new_root_arrives_over_mqtt
 ) -> None:
     keys = fleet / "keys"
     device = make_device(config={"trust_root": fleet / "root" / "1.root.json"})
-    new = make_key(keys, "controller-2")
-    versions.rotate(fleet, role="controller", add=[new.public], remove=[], threshold=None, expires_days=365)
-    versions.sign(fleet, keys / "root-1.key")
-    versions.sign(fleet, keys / "root-2.key")
-    versions.revoke(fleet, key_id_of(keys / "controller.pub"), expires_days=365)
-    versions.sign(fleet, keys / "root-2.key")
-    versions.sign(fleet, keys / "root-3.key")
-    fleet_root = device.service.fleet_root
-    assert fleet_root is not None
-    topic = trust_root("fleet/v1")
-    try:
-        device.probe.publish(topic, TrustDir(fleet).chain().model_dump_json().encode(), retain=True)
-        wait_until(
-            lambda: fleet_root.current().signed.version == 3, 15.0, "the device to take root version 3"
-        )
+    new = _replace_key(fleet, "controller")
+    with _root_taken(device, fleet):
         model = write_classifier(tmp_path / "m.onnx", input_size=64, seed=3)
         stale = device.manifest(model, sequence=1)
         release = _released(stale, [keys / "release.key"], tmp_path)
@@ -112,8 +133,6 @@ def test_a_revoked_controller_key_is_refused_once_the_new_root_arrives_over_mqtt
         assert states(device.wait_terminal(fresh.job_id)) == HAPPY_PATH
         # The taken root survives a restart (a replayed old root: tests/trust/test_root.py).
         assert (device.state_dir / "trust" / "root.json").is_file()
-    finally:
-        device.probe.publish(topic, b"", retain=True)
     device.stop()
     restarted = make_device(state_dir=device.state_dir, config={"trust_root": fleet / "root" / "1.root.json"})
     assert restarted.service.fleet_root is not None
@@ -142,21 +161,8 @@ def test_a_model_released_under_a_key_revoked_later_keeps_serving_and_is_not_rel
     old_release = _released(serving, [keys / "release.key"], tmp_path)
     device.deploy(_desired(serving, keys / "controller.key", old_release))
     assert states(device.wait_terminal(serving.job_id)) == HAPPY_PATH
-    new = make_key(keys, "release-2")
-    versions.rotate(fleet, role="release", add=[new.public], remove=[], threshold=None, expires_days=365)
-    versions.sign(fleet, keys / "root-1.key")
-    versions.sign(fleet, keys / "root-2.key")
-    versions.revoke(fleet, key_id_of(keys / "release.pub"), expires_days=365)
-    versions.sign(fleet, keys / "root-1.key")
-    versions.sign(fleet, keys / "root-3.key")
-    fleet_root = device.service.fleet_root
-    assert fleet_root is not None
-    topic = trust_root("fleet/v1")
-    try:
-        device.probe.publish(topic, TrustDir(fleet).chain().model_dump_json().encode(), retain=True)
-        wait_until(
-            lambda: fleet_root.current().signed.version == 3, 15.0, "the device to take root version 3"
-        )
+    new = _replace_key(fleet, "release")
+    with _root_taken(device, fleet):
         # The serving model is neither rolled back nor re-checked; its release deployed again is refused.
         again = device.manifest(model, sequence=2)
         stale = _desired(again, keys / "controller.key", _released(again, [keys / "release.key"], tmp_path))
@@ -166,5 +172,3 @@ def test_a_model_released_under_a_key_revoked_later_keeps_serving_and_is_not_rel
         renewed = device.manifest(model, sequence=3)
         device.deploy(_desired(renewed, keys / "controller.key", _released(renewed, [new.private], tmp_path)))
         assert states(device.wait_terminal(renewed.job_id)) == HAPPY_PATH
-    finally:
-        device.probe.publish(topic, b"", retain=True)
