@@ -393,6 +393,7 @@ def run_deploy(args: argparse.Namespace) -> int:
         waves="100%",
         max_failed="100%",
         wave_timeout_s=args.timeout,
+        release=release,
         **fields,
     )
     job_id = new_job_id(request.model_id or args.model.stem, request.version)
@@ -414,7 +415,6 @@ def run_deploy(args: argparse.Namespace) -> int:
             "on_change": view.update,
             "status_poll_s": args.status_poll,
             "wait_unknown": args.wait_unknown,
-            "release": release,
         },
     )
     try:
