@@ -440,6 +440,15 @@ class RootChain(StrictModel):
     roots: list[dict[str, Any]] = Field(
         min_length=1, max_length=MAX_ROOT_VERSIONS, description="TUF root metadata, version 1 first."
     )
+    adopt_key_id: str | None = Field(
+        None, max_length=200, description="A delivery.trusted_keys id whose key signed the first version."
+    )
+    adopt_signature: str | None = Field(
+        None,
+        max_length=200,
+        description="Base64 Ed25519 signature of the first version's canonical signed bytes: a device "
+        "without a root that trusts that key adopts the root (docs/trust.md, moving to a root).",
+    )
 
 
 class ControllerLease(StrictModel):

@@ -7,8 +7,11 @@ trusts a revoked key again. A chain message that is not taken costs nothing: the
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 import threading
+from collections.abc import Mapping
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -19,6 +22,7 @@ from tuf.api.metadata import Metadata, Root
 from agent.errors import ConfigError
 from agent.fsutil import atomic_write_bytes
 from agent.protocol.messages import MAX_ROOT_CHAIN_BYTES, RootChain
+from agent.signing import Ed25519PublicKey, verify
 from agent.trust.root import RootRefusedError, check_self_signed, newest_root, read_root
 
 log = structlog.get_logger(__name__)
@@ -34,6 +38,34 @@ def _load(path: Path, what: str) -> Metadata[Root]:
         check_self_signed(root, f"{what} {path}")
     except RootRefusedError as exc:
         raise ConfigError(str(exc)) from exc
+    return root
+
+
+def adopted_root(payload: bytes, trusted: Mapping[str, Ed25519PublicKey], kept: Path) -> FleetRoot | None:
+    """A device without a root, given a chain whose first version one of its ``trusted`` keys signed:
+    that root, kept at ``kept`` (then newer versions taken as usual); None when the chain does not
+    qualify (no adoption signature, an unknown key, a bad signature, an unusable root)."""
+    try:
+        chain = RootChain.model_validate_json(payload)
+        first = read_root(json.dumps(chain.roots[0]).encode("utf-8"), "root chain item 0")
+        check_self_signed(first)
+    except (ValidationError, RootRefusedError):
+        return None
+    key = trusted.get(chain.adopt_key_id or "")
+    if key is None or chain.adopt_signature is None:
+        return None
+    try:
+        raw = base64.b64decode(chain.adopt_signature, validate=True)
+    except (binascii.Error, ValueError):
+        return None
+    if not verify(key, first.signed_bytes, raw):
+        log.error("trust.root.adoption_refused", key_id=chain.adopt_key_id, reason="bad signature")
+        return None
+    kept.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_bytes(kept, first.to_bytes())
+    root = FleetRoot(kept, kept)
+    root.take(payload)
+    log.info("trust.root.adopted", key_id=chain.adopt_key_id, version=root.current().signed.version)
     return root
 
 

@@ -18,14 +18,15 @@ from agent.demo.modelzoo import write_classifier
 from agent.fleet.deploy.keys import KeyPairFiles
 from agent.fleet.trust import versions
 from agent.fleet.trust.keyring import key_id_of, make_key
+from agent.fleet.trust.publish import adoption
 from agent.fleet.trust.releases import sign_release
 from agent.fleet.trust.versions import TrustDir
 from agent.protocol.manifest import DeployManifest, sign_manifest
 from agent.protocol.messages import JobState
 from agent.protocol.topics import trust_root
-from agent.signing import load_private_key
+from agent.signing import generate_keypair, load_private_key, private_key_from_bytes
 from tests.delivery.conftest import HarnessFactory
-from tests.delivery.delivery_stack import HAPPY_PATH, Harness, states
+from tests.delivery.delivery_stack import HAPPY_PATH, KEY_ID, Harness, states
 from tests.waiting import wait_until
 
 # One retained _trust/root topic on the shared broker: these tests run one after another.
@@ -172,3 +173,41 @@ def test_a_model_released_under_a_key_revoked_later_keeps_serving_and_is_not_rel
         renewed = device.manifest(model, sequence=3)
         device.deploy(_desired(renewed, keys / "controller.key", _released(renewed, [new.private], tmp_path)))
         assert states(device.wait_terminal(renewed.job_id)) == HAPPY_PATH
+
+
+def test_a_device_with_trusted_keys_adopts_the_root_its_key_vouches_for_and_then_needs_releases(
+    make_device: HarnessFactory, fleet: Path, tmp_path: Path
+) -> None:
+    keys = fleet / "keys"
+    device = make_device()  # delivery.trusted_keys only, as every device before a fleet root
+    model = write_classifier(tmp_path / "m.onnx", input_size=64, seed=6)
+    old_style = device.manifest(model, sequence=1)
+    device.deploy(device.signed(old_style))
+    assert states(device.wait_terminal(old_style.job_id)) == HAPPY_PATH
+    topic = trust_root("fleet/v1")
+    chain = TrustDir(fleet).chain()
+    try:
+        # Vouched for by a key the device does not trust: ignored, old manifests keep working.
+        stranger = private_key_from_bytes(generate_keypair()[0])
+        device.probe.publish(topic, adoption(chain, stranger, KEY_ID).model_dump_json().encode(), retain=True)
+        still = device.manifest(model, sequence=2)
+        device.deploy(device.signed(still))
+        assert states(device.wait_terminal(still.job_id)) == HAPPY_PATH
+        assert device.service.fleet_root is None
+        # Vouched for by its own trusted key: adopted, kept, and from then on releases are required.
+        device.probe.publish(
+            topic, adoption(chain, device.keys.private, KEY_ID).model_dump_json().encode(), retain=True
+        )
+        wait_until(lambda: device.service.fleet_root is not None, 15.0, "the device to adopt the root")
+        unreleased = device.manifest(model, sequence=3)
+        assert _refused(device, unreleased, device.signed(unreleased)) == "unknown_key"
+        released = device.manifest(model, sequence=4)
+        device.deploy(
+            _desired(released, keys / "controller.key", _released(released, [keys / "release.key"], tmp_path))
+        )
+        assert states(device.wait_terminal(released.job_id)) == HAPPY_PATH
+    finally:
+        device.probe.publish(topic, b"", retain=True)
+    device.stop()
+    restarted = make_device(state_dir=device.state_dir)
+    assert restarted.service.fleet_root is not None

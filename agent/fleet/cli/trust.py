@@ -86,6 +86,16 @@ def add_trust_arguments(parser: argparse.ArgumentParser) -> None:
     with_expiry(release, DEFAULT_RELEASE_DAYS, "the release")
 
     publish = with_dir("publish", "send every root version to the devices, retained on {prefix}/_trust/root")
+    publish.add_argument(
+        "--adopt-key",
+        type=Path,
+        default=None,
+        help="a key devices without a root trust (fleet keygen's .key): they adopt the root "
+        "(needs --adopt-key-id)",
+    )
+    publish.add_argument(
+        "--adopt-key-id", default=None, help="that key's id in the devices' delivery.trusted_keys"
+    )
     add_broker_arguments(publish)
 
 
@@ -143,7 +153,16 @@ def _run_step(args: argparse.Namespace) -> int:
     if step == "publish":
         from agent.fleet.trust.publish import publish_chain
 
-        topic, version = publish_chain(settings_from_args(args), args.dir)
+        adopt = None
+        if args.adopt_key is not None:
+            from agent.fleet.deploy.keys import load_signing_key
+
+            if not args.adopt_key_id:
+                raise UsageError(
+                    "--adopt-key needs --adopt-key-id: the id the devices' trusted_keys know it by"
+                )
+            adopt = (load_signing_key(args.adopt_key), args.adopt_key_id)
+        topic, version = publish_chain(settings_from_args(args), args.dir, adopt=adopt)
         print(f"root chain up to version {version} published retained on {topic}")
         return 0
     raise UsageError(f"unknown fleet trust step {step!r}")

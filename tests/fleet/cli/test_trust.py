@@ -17,6 +17,8 @@ from agent.fleet.trust.keyring import key_id_of
 from agent.protocol.manifest import build_manifest
 from agent.protocol.messages import RootChain
 from agent.protocol.topics import trust_root
+from agent.signing import load_public_key
+from agent.trust.anchor import adopted_root
 from agent.trust.release import check_release
 from agent.trust.root import newest_root, read_root
 from tests.fleet.operator_side import unique_prefix
@@ -94,3 +96,29 @@ def test_release_binds_the_model_and_its_labels_as_deployed(tmp_path: Path) -> N
         postprocess=postprocess_from_args(None, labels),
     )
     check_release(root, out.read_text(), manifest, datetime.now(timezone.utc))
+
+
+def test_publish_with_an_adopt_key_vouches_for_the_root_to_devices_that_trust_that_key(
+    broker: Broker, tmp_path: Path
+) -> None:
+    trust = tmp_path / "trust"
+    assert main(["fleet", "trust", "init", "--dir", str(trust), "--root-keys", "1", "--threshold", "1"]) == 0
+    assert main(["fleet", "keygen", "--out", str(tmp_path / "old"), "--key-id", "fleet-old"]) == 0
+    prefix = unique_prefix()
+    publish = ["fleet", "trust", "publish", "--dir", str(trust), "--broker", f"{broker.host}:{broker.port}"]
+    publish += ["--prefix", prefix, "--adopt-key", str(tmp_path / "old" / "fleet-old.key")]
+    assert main(publish) == 1  # no --adopt-key-id
+    assert main([*publish, "--adopt-key-id", "fleet-old"]) == 0
+    with Probe(broker.host, broker.port) as probe:
+        probe.subscribe(trust_root(prefix))
+        [message] = probe.wait_for_count(trust_root(prefix), 1)
+    trusted = {"fleet-old": load_public_key(tmp_path / "old" / "fleet-old.pub")}
+    adopted = adopted_root(message.payload, trusted, tmp_path / "device" / "root.json")
+    assert adopted is not None
+    assert adopted.current().signed.version == 1
+    assert (
+        adopted_root(
+            message.payload, {"fleet-old": load_public_key(trust / "keys" / "release.pub")}, tmp_path / "x"
+        )
+        is None
+    )
