@@ -17,7 +17,7 @@ from agent.fleet.rollout.status_model import RolloutStatus
 from agent.protocol.chunks import ChunkRequest
 from agent.protocol.engines import EngineAsk, EngineClaim, EngineDrop, EngineOffer, EngineRecord, SignedEngine
 from agent.protocol.manifest import DeployManifest, SignedManifest
-from agent.protocol.messages import MESSAGE_MODELS
+from agent.protocol.messages import MESSAGE_MODELS, RootChain
 from agent.protocol.samples import SampleMessage
 
 EVERY_MESSAGE: tuple[type[BaseModel], ...] = (
@@ -34,4 +34,5 @@ EVERY_MESSAGE: tuple[type[BaseModel], ...] = (
     SignedEngine,
     EngineDrop,
     EngineClaim,
+    RootChain,
 )

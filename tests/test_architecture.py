@@ -99,6 +99,7 @@ FLEET_ROOMS = (
     "engines",
     "enrollment",
     "metrics",
+    "trust",
     "console",
     "controller",
     "cli",
@@ -137,6 +138,8 @@ AGENT_ROOMS = (
     "spool",
     "logs",
     "mqtt",
+    # the fleet root of trust: which keys may sign what (TUF metadata), checked by the device
+    "trust",
     # what a deployable model must be: checked by the operator before signing and by the device
     "model_contract",
     # frames and models

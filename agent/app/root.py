@@ -210,6 +210,7 @@ class Agent:
             self.models.load_initial(name, slot_config)
         self.frames.build(self.slots)
         self.metrics.add_collector(self.reports.slot_stats, prefix="slot")
+        self.metrics.add_collector(self.delivery.trust_stats, prefix="trust")
         self.frames.start_samples()
         self.frames.start()
         self.models.start_deferred_builds()

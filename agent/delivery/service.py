@@ -50,9 +50,10 @@ from agent.protocol.command_args import NoArgs, SlotArgs
 from agent.protocol.delivery_errors import DiskFullError, ReplayError
 from agent.protocol.manifest import DeployManifest
 from agent.protocol.messages import JobState, JobStatus
-from agent.protocol.topics import Topics
+from agent.protocol.topics import Topics, trust_root
 from agent.signing import Ed25519PublicKey, load_public_key
 from agent.store import ModelStore
+from agent.trust.anchor import FleetRoot, adopted_root
 
 log = structlog.get_logger(__name__)
 
@@ -127,6 +128,13 @@ class DeliveryService:
         #: Statuses the spool refused (disk full) wait there, in order, until the spool or link takes them.
         self._statuses = JobStatusSender(link, topics, on_held=self._upkeep_wake.set)
         self._ends = JobEnds(on_job_end)
+        #: Root versions taken over MQTT (or the root adopted from a trusted key), kept across restarts.
+        self._kept_root = store.root.parent / "trust" / "root.json"
+        self.fleet_root: FleetRoot | None = None
+        if config.trust_root is not None:
+            self.fleet_root = FleetRoot(config.trust_root, self._kept_root)
+        elif self._kept_root.exists():
+            self.fleet_root = FleetRoot(self._kept_root, self._kept_root)
         self._intake = DesiredIntake(
             config,
             device_id=device_id,
@@ -136,6 +144,7 @@ class DeliveryService:
             accept=self._reconcile,
             known=self._job_id_known,
             publish=self._publish,
+            fleet_root=self.fleet_root,
         )
         self._on_job_phase = on_job_phase
         self._phases: dict[str, tuple[str, JobState]] = {}  # per slot: the phase last announced
@@ -197,9 +206,14 @@ class DeliveryService:
         if not self.config.enabled:
             log.info("delivery.disabled")
             return
+        if self.fleet_root is not None or self.trusted:
+            # Before desired states: a retained newer root then arrives first on every (re)subscribe.
+            # A device without a root listens too: a root its trusted key vouches for is adopted.
+            self.link.subscribe(trust_root(self.topics.prefix), self._take_root)
         self.link.subscribe(self.topics.desired_filter, self.handle_desired)
         log.info(
             "delivery.started",
+            fleet_root=self.fleet_root.current().signed.version if self.fleet_root else None,
             trusted_keys=sorted(self.trusted),
             require_signature=self.config.require_signature,
         )
@@ -266,6 +280,23 @@ class DeliveryService:
     def held_statuses(self) -> int:
         """Job statuses waiting in memory because the spool could not store them (a full disk)."""
         return self._statuses.held
+
+    def trust_stats(self) -> dict[str, float]:
+        """For telemetry (``trust.*``): the fleet root's figures; none on a device without a root."""
+        return self.fleet_root.stats() if self.fleet_root is not None else {}
+
+    def _take_root(self, message: InboundMessage) -> None:
+        """A ``_trust/root`` chain: take the newer root versions the rules allow, or adopt the root."""
+        if self.fleet_root is None:
+            adopted = adopted_root(message.payload, self.trusted, self._kept_root)
+            if adopted is not None:
+                self.fleet_root = self._intake.fleet_root = adopted
+                self._intake.forget_refusals()
+            return
+        before = self.fleet_root.current()
+        self.fleet_root.take(message.payload)
+        if self.fleet_root.current() is not before:
+            self._intake.forget_refusals()
 
     # -- desired state ---------------------------------------------------------------------------
 

@@ -19,6 +19,12 @@ class DeliveryConfig(StrictModel):
     trusted_keys: dict[str, Path] = Field(
         default_factory=dict, description="key_id -> Ed25519 public key file (PEM or raw 32-byte base64)."
     )
+    trust_root: Path | None = Field(
+        None,
+        description="The fleet root (TUF root metadata, `edge-agent fleet trust init`): desired states must "
+        "then name a release signed by its release keys and be signed by its controller key; "
+        "trusted_keys is not used. Newer root versions arrive over MQTT (docs/trust.md).",
+    )
     max_model_bytes: int = Field(512 * 1024 * 1024, gt=0, description="Largest model accepted.")
     disk_headroom_bytes: int = Field(
         256 * 1024 * 1024,

@@ -27,10 +27,13 @@ __all__ = [
     "OnnxCheckerError",
     "RejectedError",
     "ReplayError",
+    "RevokedKeyError",
     "RolledBackError",
     "ShadowRejectedError",
     "TooLargeError",
+    "TrustExpiredError",
     "UnknownKeyError",
+    "UnreleasedError",
     "UnsignedError",
     "WrongDeviceError",
     "WrongSlotError",
@@ -90,6 +93,27 @@ class ReplayError(RejectedError):
     """A manifest whose sequence is not newer than the last one accepted for the slot."""
 
     code = "replay"
+
+
+class UnreleasedError(RejectedError):
+    """The device has a fleet root, and no threshold of its release keys signed this deployment's release.
+
+    No release, too few release signatures, or a release of other bytes or specs than the manifest's.
+    """
+
+    code = "unreleased"
+
+
+class RevokedKeyError(RejectedError):
+    """The deployment is signed by a key the device's fleet root has revoked."""
+
+    code = "revoked_key"
+
+
+class TrustExpiredError(RejectedError):
+    """The device's fleet root, or the release, has expired: nothing new is installed until it is renewed."""
+
+    code = "trust_expired"
 
 
 class TooLargeError(RejectedError):

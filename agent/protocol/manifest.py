@@ -298,6 +298,13 @@ class SignedManifest(StrictModel):
     manifest: str = Field(description="The DeployManifest JSON, exactly the bytes that were signed.")
     key_id: str | None = Field(None, description="Id of the signing key (a key of delivery.trusted_keys).")
     signature: str | None = Field(None, description="Base64 Ed25519 signature of the manifest's UTF-8 bytes.")
+    # Absent unless the fleet has a root of trust (older agents refuse unknown keys): docs/trust.md.
+    release: str | None = Field(
+        None,
+        max_length=256 * 1024,
+        description="The model's release: TUF targets metadata JSON signed by the release keys, binding the "
+        "model's bytes, artifacts and pre/postprocessing (docs/trust.md).",
+    )
 
 
 def build_manifest(
@@ -361,16 +368,22 @@ def describe_artifact(
 
 
 def sign_manifest(
-    manifest: DeployManifest, private_key: Ed25519PrivateKey | None, key_id: str | None
+    manifest: DeployManifest,
+    private_key: Ed25519PrivateKey | None,
+    key_id: str | None,
+    release: str | None = None,
 ) -> bytes:
-    """The SignedManifest JSON to publish; unsigned (no key id, no signature) when ``private_key`` is None."""
+    """The SignedManifest JSON to publish; unsigned (no key id, no signature) when ``private_key`` is None.
+
+    ``release``: the model's signed release (docs/trust.md), carried beside the manifest as is.
+    """
     text = manifest.model_dump_json(exclude_none=True)
     signature = None
     if private_key is not None:
         signature = signature_for(text, private_key)
     else:
         key_id = None
-    envelope = SignedManifest(manifest=text, key_id=key_id, signature=signature)
+    envelope = SignedManifest(manifest=text, key_id=key_id, signature=signature, release=release)
     return envelope.model_dump_json(exclude_none=True).encode("utf-8")
 
 
@@ -410,6 +423,23 @@ def parse_signed(
     Codes: bad_json, bad_manifest (with field path), bad_signature, unknown_key, unsigned,
     bad_name, wrong_device. A present signature is always checked, even when not required.
     """
+    envelope, job_id = read_envelope(payload)
+    check_signature(
+        envelope.manifest,
+        envelope.key_id,
+        envelope.signature,
+        trusted=trusted,
+        require_signature=require_signature,
+        job_id=job_id,
+    )
+    return read_manifest(envelope, job_id, device_id)
+
+
+def read_envelope(payload: bytes) -> tuple[SignedManifest, str | None]:
+    """The envelope of a ``down/desired/{slot}`` payload and the job id it names, its signature unchecked.
+
+    Codes: bad_json, bad_manifest.
+    """
     job_id = recover_job_id(payload)
     try:
         raw = json.loads(payload)
@@ -421,17 +451,13 @@ def parse_signed(
             job_id=job_id,
         )
     try:
-        envelope = SignedManifest.model_validate(raw)
+        return SignedManifest.model_validate(raw), job_id
     except ValidationError as exc:
         raise BadManifestError(f"wrong shape: {_describe(exc, '')}", job_id=job_id) from exc
-    check_signature(
-        envelope.manifest,
-        envelope.key_id,
-        envelope.signature,
-        trusted=trusted,
-        require_signature=require_signature,
-        job_id=job_id,
-    )
+
+
+def read_manifest(envelope: SignedManifest, job_id: str | None, device_id: str) -> DeployManifest:
+    """The manifest inside a checked envelope. Codes: bad_json, bad_manifest, bad_name, wrong_device."""
     try:
         body = json.loads(envelope.manifest)
     except ValueError as exc:

@@ -20,6 +20,14 @@ def signature_for(text: str, private_key: Ed25519PrivateKey) -> str:
     return base64.b64encode(sign(private_key, text.encode("utf-8"))).decode("ascii")
 
 
+def decode_signature(signature: str, job_id: str | None) -> bytes:
+    """The raw bytes of a base64 signature; :class:`BadSignatureError` when it is not base64."""
+    try:
+        return base64.b64decode(signature, validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise BadSignatureError(f"signature is not valid base64 ({exc})", job_id=job_id) from exc
+
+
 def check_signature(
     text: str,
     key_id: str | None,
@@ -49,10 +57,7 @@ def check_signature(
             f"(trusted: {known}); add its public key to delivery.trusted_keys or sign with a trusted key",
             job_id=job_id,
         )
-    try:
-        raw = base64.b64decode(signature, validate=True)
-    except (binascii.Error, ValueError) as exc:
-        raise BadSignatureError(f"signature is not valid base64 ({exc})", job_id=job_id) from exc
+    raw = decode_signature(signature, job_id)
     if not verify(trusted[key_id], text.encode("utf-8"), raw):
         raise BadSignatureError(
             f"signature does not match the manifest for key id {key_id!r}: the manifest was "

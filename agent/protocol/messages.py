@@ -452,6 +452,33 @@ class CommandReply(Envelope):
     error: str | None = None
 
 
+#: Most root versions one :class:`RootChain` carries, and the bytes its message may take.
+MAX_ROOT_VERSIONS = 64
+MAX_ROOT_CHAIN_BYTES = 1024 * 1024
+
+
+class RootChain(StrictModel):
+    """Retained on ``{prefix}/_trust/root``: every version of the fleet root, oldest first.
+
+    Each item is TUF root metadata as JSON (``{"signed": ..., "signatures": [...]}``). A device takes
+    the versions newer than its own one at a time, each only when a threshold of the previous
+    version's root keys and of its own signed it (docs/trust.md).
+    """
+
+    roots: list[dict[str, Any]] = Field(
+        min_length=1, max_length=MAX_ROOT_VERSIONS, description="TUF root metadata, version 1 first."
+    )
+    adopt_key_id: str | None = Field(
+        None, max_length=200, description="A delivery.trusted_keys id whose key signed the first version."
+    )
+    adopt_signature: str | None = Field(
+        None,
+        max_length=200,
+        description="Base64 Ed25519 signature of the first version's canonical signed bytes: a device "
+        "without a root that trusts that key adopts the root (docs/trust.md, moving to a root).",
+    )
+
+
 class ControllerLease(StrictModel):
     """``{p}/_controller/lease`` (retained): the controller that holds the prefix (docs/protocol.md).
 

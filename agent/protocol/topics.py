@@ -190,6 +190,18 @@ def enroll_client_of(topic: str, prefix: str) -> str:
     return check_level(topic[len(head) : -len("/request")], "enrollment client id")
 
 
+#: The level under the prefix that holds the fleet's trust metadata (a device id cannot start with ``_``).
+TRUST_LEVEL = "_trust"
+
+
+def trust_root(prefix: str) -> str:
+    """Retained, fleet-wide: every version of the fleet root (:class:`agent.protocol.messages.RootChain`).
+
+    Every device reads it; only the operator's trust publisher writes it.
+    """
+    return f"{check_prefix(prefix)}/{TRUST_LEVEL}/root"
+
+
 def fleet_filter(prefix: str, kind: str, direction: Literal["up", "down"] = "up") -> str:
     """Subscription filter for ``kind`` of every device, e.g. ``fleet/v1/+/up/status``.
 

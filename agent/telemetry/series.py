@@ -213,6 +213,25 @@ RULES: tuple[Rule, ...] = (
         "counter",
         "Spool counters: evicted, dropped_at_cap, expired, dropped_write_failed, ...",
     ),
+    # -- the fleet root of trust (docs/trust.md), only on a device with delivery.trust_root --
+    _rule(
+        r"trust\.root_version",
+        "trust_root_version",
+        "gauge",
+        "The version of the fleet root the device holds.",
+    ),
+    _rule(
+        r"trust\.root_expired",
+        "trust_root_expired",
+        "gauge",
+        "1 once the device's fleet root expired: it keeps serving and refuses new deployments.",
+    ),
+    _rule(
+        r"trust\.root_expires_in_s",
+        "trust_root_expires_in_seconds",
+        "gauge",
+        "Seconds until the device's fleet root expires (negative once it has).",
+    ),
     _rule(
         r"cert\.days_to_expiry",
         "certificate_days_to_expiry",

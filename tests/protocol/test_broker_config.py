@@ -31,7 +31,7 @@ from agent.fleet.chunks.server import GROUP_PREFIX, ChunkServer
 from agent.fleet.controller.config import ControllerConfig
 from agent.fleet.controller.process import FleetController
 from agent.mqtt.link import MqttLink
-from agent.protocol.topics import Topics
+from agent.protocol.topics import Topics, trust_root
 from agent.spool.queue import Spool
 from agent.telemetry.loop import TelemetryLoop
 from agent.telemetry.metrics import Metrics
@@ -370,3 +370,28 @@ def test_publishing_outside_its_tree_is_refused_counted_logged_once_and_reported
         link_a.publish(jet_b.results("cam"), b"{}", durable=True)
         wait_until(lambda: link_a.stats()["acl_denied"] == 41, what="41st refusal")
         assert [e["event"] for e in logs].count("mqtt.publish.denied") == 2
+
+
+def test_every_device_reads_the_fleet_root_and_none_can_publish_one(
+    doc_broker: DocBroker, tmp_path: Path, links: list[MqttLink]
+) -> None:
+    """A compromised device cannot offer its own root to the fleet: the documented ACL lets a device
+    read ``_trust/root`` and write nothing there (its publish is refused, the retained root stays)."""
+    topic = trust_root("fleet/v1")
+    roots: list[bytes] = []
+    link = device_link(doc_broker, "jet-a", tmp_path, links)
+    link.subscribe(topic, lambda m: roots.append(m.payload))
+    with operator_probe(doc_broker) as operator:
+        assert operator.publish(topic, b'{"roots": [{}]}', qos=1, retain=True) in (0x00, 0x10)
+        wait_until(lambda: roots == [b'{"roots": [{}]}'], what="jet-a receives the operator's root chain")
+        with Probe(
+            doc_broker.host,
+            doc_broker.device_port,
+            client_id=doc_broker.client_id("jet-b"),
+            tls=doc_broker.pki.probe_tls("jet-b"),
+        ) as thief:
+            assert thief.publish(topic, b'{"roots": [{"forged": true}]}', qos=1, retain=True) == 0x87
+        operator.subscribe(topic)
+        [kept] = operator.wait_for_count(topic, 1)
+        assert kept.payload == b'{"roots": [{}]}'
+        operator.publish(topic, b"", qos=1, retain=True)

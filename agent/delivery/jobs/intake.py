@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 from collections import deque
 from collections.abc import Callable, Mapping
+from datetime import datetime, timezone
 
 import structlog
 
@@ -25,6 +26,8 @@ from agent.protocol.delivery_errors import WrongSlotError
 from agent.protocol.manifest import DeployManifest, parse_signed, recover_job_id
 from agent.protocol.messages import JobState, JobStatus
 from agent.signing import Ed25519PublicKey
+from agent.trust.anchor import FleetRoot
+from agent.trust.deployment import check_desired
 
 log = structlog.get_logger(__name__)
 
@@ -51,8 +54,11 @@ class DesiredIntake:
         accept: Callable[[DeployManifest, str, str], None],
         known: Callable[[str], bool],
         publish: Callable[[JobStatus], None],
+        fleet_root: FleetRoot | None = None,
     ) -> None:
         self.config = config
+        #: With a fleet root, desired states are checked against it and ``trusted`` is not used.
+        self.fleet_root = fleet_root
         self.device_id = device_id
         self.trusted = trusted
         self._slot_specs = slot_specs
@@ -72,13 +78,21 @@ class DesiredIntake:
         if digest in self._rejected.get(topic_slot, ()):
             return  # the same refused payload again (retained, re-delivered on reconnect)
         try:
-            manifest = parse_signed(
-                message.payload, self.trusted, self.config.require_signature, self.device_id
-            )
+            if self.fleet_root is not None:
+                now = datetime.now(timezone.utc)
+                manifest = check_desired(self.fleet_root.current(), message.payload, self.device_id, now)
+            else:
+                manifest = parse_signed(
+                    message.payload, self.trusted, self.config.require_signature, self.device_id
+                )
             self._check_slot(manifest, topic_slot)
             self._accept(manifest, topic_slot, digest)
         except DeliveryError as exc:
             self.refuse(exc, message.payload, topic_slot, digest)
+
+    def forget_refusals(self) -> None:
+        """Forget the refused payloads: a new fleet root may accept what the old one refused."""
+        self._rejected.clear()
 
     def _check_slot(self, manifest: DeployManifest, topic_slot: str) -> None:
         if manifest.slot != topic_slot:

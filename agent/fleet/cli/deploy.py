@@ -362,6 +362,14 @@ def run_deploy(args: argparse.Namespace) -> int:
 
     if not args.model.is_file():
         raise UsageError(f"MODEL.onnx: {args.model} is not a file")
+    release = None
+    if args.release is not None:
+        from agent.fleet.trust.keyring import key_id_of
+
+        if args.key is None:
+            raise UsageError("--release needs --key: the controller key that signs the desired state")
+        release = args.release.read_text(encoding="utf-8")
+        args.key_id = args.key_id or key_id_of(args.key)
     if args.key is not None and not args.key_id:
         raise UsageError("--key needs --key-id: the id the devices' delivery.trusted_keys know the key by")
     if not args.status_poll > 0:
@@ -385,6 +393,7 @@ def run_deploy(args: argparse.Namespace) -> int:
         waves="100%",
         max_failed="100%",
         wave_timeout_s=args.timeout,
+        release=release,
         **fields,
     )
     job_id = new_job_id(request.model_id or args.model.stem, request.version)

@@ -25,6 +25,7 @@ from agent.fleet.cli.ca import add_ca_arguments, add_ca_dir, run_ca, run_revoke
 from agent.fleet.cli.connection import add_broker_arguments, settings_from_args
 from agent.fleet.cli.deploy import add_manifest_arguments, run_deploy
 from agent.fleet.cli.rollout import add_controller_arguments, run_controller_command, run_rollout
+from agent.fleet.cli.trust import add_trust_arguments, run_trust
 from agent.fleet.controller.config import DEFAULT_STATE_DIR
 from agent.fleet.deploy.run import DEFAULT_STATUS_POLL_S
 from agent.fleet.devices.command import FOLLOW_S
@@ -52,6 +53,7 @@ FLEET_COMMANDS = (
     "devices",
     "controller",
     "rollout",
+    "trust",
 )
 
 
@@ -74,6 +76,14 @@ def add_fleet_arguments(parser: argparse.ArgumentParser) -> None:
         "--unsigned", action="store_true", help="publish unsigned (devices must not require signatures)"
     )
     deploy.add_argument("--key-id", default=None, help="the key's id in the devices' delivery.trusted_keys")
+    deploy.add_argument(
+        "--release",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="the model's release from `fleet trust release`, for devices with a fleet root (--key is then "
+        "the controller key; --key-id defaults to its key id)",
+    )
     deploy.add_argument("--http-url", default=None, help="HTTP(S) URL of the same file, tried before MQTT")
     deploy.add_argument(
         "--timeout", type=float, default=600.0, help="seconds to wait for all devices (the deploy's one wave)"
@@ -99,6 +109,11 @@ def add_fleet_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add_broker_arguments(deploy)
     _add_verbose(deploy)
+
+    trust = sub.add_parser(
+        "trust", help="the fleet root of trust: keys, root versions, releases (docs/trust.md)"
+    )
+    add_trust_arguments(trust)
 
     serve = sub.add_parser("serve", help="serve model chunks from a directory until SIGTERM")
     serve.add_argument("--repo", type=Path, required=True, help="directory of model files")
@@ -342,6 +357,8 @@ def run_fleet(args: argparse.Namespace) -> int:
         return run_controller_command(args)
     if command == "rollout":
         return run_rollout(args)
+    if command == "trust":
+        return run_trust(args)
     raise AssertionError(f"unhandled fleet command {command}")
 
 

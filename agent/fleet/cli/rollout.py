@@ -60,6 +60,14 @@ def add_controller_arguments(sub: Any) -> None:
     add_target_arguments(start)
     add_manifest_arguments(start)
     start.add_argument(
+        "--release",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="the model's release from `fleet trust release`, for devices with a fleet root (the "
+        "controller's signing key must then be the root's controller key)",
+    )
+    start.add_argument(
         "--waves",
         default="100%",
         help="where each wave ends, cumulative: e.g. 5,10%%,50%%,100%% (default 100%%)",
@@ -269,6 +277,7 @@ def _start(args: argparse.Namespace) -> int:
         precision_fallback=args.precision_fallback,
         supersedes=args.supersedes,
         share_engines=args.share_engines,
+        release=args.release.read_text(encoding="utf-8") if args.release is not None else None,
         **fields,
     )
     request.plan("check", "check", 0, {}, {})  # the waves split over this selection, or the error now

@@ -87,8 +87,11 @@ class FleetDeploy:
         wait_unknown: bool = True,
         unknown_grace_s: float = DEFAULT_UNKNOWN_GRACE_S,
         manifest: DeployManifest | None = None,
+        release: str | None = None,
     ) -> None:
         """``signing_key`` None publishes unsigned manifests (devices must have require_signature off).
+
+        ``release``: the model's signed release (docs/trust.md), sent beside every device's manifest.
 
         ``manifest``: the unsigned manifest ``plan`` makes, built already (:func:`plan_manifest` with the
         plan's job id and sequence); a rollout passes the one it built for its first wave.
@@ -125,7 +128,7 @@ class FleetDeploy:
         }
         #: The exact bytes published on each device's desired topic.
         self.payloads: dict[str, bytes] = {
-            d: sign_manifest(m, signing_key, key_id) for d, m in self.manifests.items()
+            d: sign_manifest(m, signing_key, key_id, release) for d, m in self.manifests.items()
         }
         self.signed = signing_key is not None
         self.key_id = key_id if signing_key is not None else None

@@ -291,6 +291,7 @@ class RolloutRunner:
             signing_key=self._key,
             key_id=self._key_id,
             manifest=self._manifest,
+            release=self.request.release,
             **self._options,
         )
         unsent = [r.device for r in rows if r.step in (DeviceStep.PLANNED, DeviceStep.SENDING)]

@@ -27,6 +27,7 @@ from agent.protocol.proving import ProbationSpec, ShadowSpec
 from agent.specs.build import BuildSpec
 from agent.specs.postprocess import PostprocessSpec
 from agent.specs.preprocess import PreprocessSpec
+from agent.trust.release import MAX_RELEASE_BYTES
 
 #: A rollout id: what ``fleet rollout status ID`` takes; it also names the rollback job.
 ROLLOUT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,79}$")
@@ -70,6 +71,9 @@ class RolloutRequest(StrictModel):
     #: The rollout whose devices this one takes back to the model each served before it
     #: (``fleet rollout rollback``): its manifests are ways back, with no shadow and no probation.
     rollback_of: str | None = Field(None, pattern=ROLLOUT_ID.pattern)
+    #: The model's signed release (`fleet trust release`, docs/trust.md), sent beside every device's
+    #: manifest for devices with a fleet root; None for a fleet without one (and for a way back).
+    release: str | None = Field(None, max_length=MAX_RELEASE_BYTES)
 
     @model_validator(mode="after")
     def _way_back_unguarded(self) -> RolloutRequest:

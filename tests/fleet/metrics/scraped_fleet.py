@@ -77,6 +77,10 @@ def figures(index: int) -> dict[str, float]:
         "gpu.freq_mhz": 918.0,
         "emc.freq_mhz": 2133.0,
         "dla0.freq_mhz": 1600.0,
+        # A fleet root valid for a year (docs/trust.md): its alerts stay quiet.
+        "trust.root_version": 1.0,
+        "trust.root_expired": 0.0,
+        "trust.root_expires_in_s": 365 * 86400.0,
     }
 
 
