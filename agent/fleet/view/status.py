@@ -72,6 +72,7 @@ class DeviceRow:
     def camera_rows(self) -> list[dict[str, Any]]:
         """Each camera with its latest figures (agent.fleet.view.cameras.camera_rows)."""
         return camera_rows(self.cameras, self.camera_figures)
+
     #: When the client certificate the device connects with expires (``up/info``; None: not said).
     cert_not_after: float | None = None
 
@@ -369,6 +370,8 @@ def camera_note(camera: dict[str, Any], now: float) -> str:
     if camera.get("last_error"):
         text += f": {shown(camera['last_error'], 300)}"
     return text
+
+
 def cert_days(not_after: float | None, now: float) -> str:
     """Days until the device's certificate expires (``expired`` past it; ``-``: not said)."""
     if not_after is None:
