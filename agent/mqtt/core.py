@@ -253,7 +253,7 @@ class _PackedProperties(Properties):
         return packed
 
 
-_paho_decode_publish = _packet.decode_publish
+_paho_decode_publish: Callable[..., Any] = _packet.decode_publish
 
 
 def _decode_publish(header: int, packet: bytes | bytearray, protocol: Any) -> Any:
@@ -302,7 +302,9 @@ def _read_publish(header: int, view: memoryview, protocol: Any) -> Any:
 
 
 # paho's client calls the decoder through its module; every paho client of the agent is this module's.
-_packet.decode_publish = _decode_publish
+# The module is paho's private one: a paho without the names keeps its own decoder.
+if hasattr(_packet, "PublishPacket"):
+    _packet.decode_publish = _decode_publish
 
 
 def _inbound(msg: Any) -> InboundMessage:
