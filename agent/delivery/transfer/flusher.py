@@ -1,16 +1,19 @@
-"""Make a download's written chunks durable in batches: fsync the ``.part``, then the bitmap.
+"""Make a download's written chunks durable in batches: fsync the ``.part``, then record them.
 
-Crash safety rests on one ordering rule: the ``.part`` data is fsynced *before* the bitmap that
-says "these chunks are there" is replaced (atomically, through :mod:`agent.fsutil`). After a crash
-at any moment the bitmap therefore only names chunks whose bytes are on disk; chunks written but not
-yet recorded are simply fetched again. Flushing after every chunk costs three fsyncs per chunk, so
-callers batch (``flush_every``, :meth:`ChunkFlusher.flush`); the MQTT pull counts chunks not yet
-durable against its window, which keeps "bytes fetched again after a kill" within one window.
+Crash safety rests on one ordering rule: the ``.part`` data is fsynced *before* the record that
+says "these chunks are there" is written. The record is the bitmap (a snapshot, replaced atomically
+through :mod:`agent.fsutil`) plus the log of chunks made durable since
+(:mod:`agent.delivery.transfer.chunk_log`): a flush appends the batch to the log and fdatasyncs it,
+two syncs in all; the bitmap is rewritten, and the log emptied, only when the download is opened or
+asked to (``force``). After a crash at any moment the record therefore only names chunks whose
+bytes are on disk; chunks written but not yet recorded are simply fetched again. Flushing after
+every chunk costs two syncs per chunk, so callers batch (``flush_every``,
+:meth:`ChunkFlusher.flush`); the MQTT pull counts chunks not yet durable against its window,
+which keeps "bytes fetched again after a kill" within one window.
 
 With ``background=True`` the batches are flushed by a flusher thread, so the disk's fsyncs overlap
 with receiving the next chunks: the flusher takes the batch of chunks written so far, fsyncs the
-data, then writes a bitmap naming only the chunks already durable plus that batch, never a chunk
-written after the batch was taken.
+data, then records only that batch, never a chunk written after the batch was taken.
 
 This is the part of a :class:`~agent.delivery.transfer.partial.PartialDownload` that two threads share; the
 download's owner thread writes the chunks and tells this class which (:meth:`ChunkFlusher.written`).
@@ -27,6 +30,7 @@ from typing import TYPE_CHECKING
 import structlog
 
 from agent.delivery.transfer.bitmap import bitmap_record, empty_bits, set_bit
+from agent.delivery.transfer.chunk_log import ChunkLog
 from agent.fsutil import atomic_write_json
 
 if TYPE_CHECKING:
@@ -46,6 +50,7 @@ class ChunkFlusher:
         self,
         manifest: DeployManifest,
         bitmap_path: Path,
+        log_path: Path,
         *,
         flush_every: int,
         background: bool,
@@ -53,12 +58,15 @@ class ChunkFlusher:
     ) -> None:
         self.manifest = manifest
         self.bitmap_path = bitmap_path
+        self.log_path = log_path
+        self._log: ChunkLog | None = None
+        self._log_torn = False
         self.flush_every = flush_every
         self.background = background
         self.on_durable = on_durable
         #: The ``.part`` descriptor; its owner sets it when open, clears it when closed.
         self.fd: int | None = None
-        #: Times the bitmap was persisted (each costs two fsyncs and a rename).
+        #: Times written chunks were recorded durably (each costs two syncs).
         self.flushes = 0
         self._chunk_count = len(manifest.chunks)
         # Shared with the flusher thread under _cond: chunks written and not yet taken by a flush
@@ -71,7 +79,7 @@ class ChunkFlusher:
         self._flush_error: BaseException | None = None
         self._stopping = False
         self._flusher: threading.Thread | None = None
-        self._io_lock = threading.Lock()  # one flush (fsync + bitmap) at a time, either thread
+        self._io_lock = threading.Lock()  # one flush (fsync + record) at a time, either thread
         self._durable_bits = empty_bits(self._chunk_count)
 
     def mark_durable(self, index: int) -> None:
@@ -114,8 +122,9 @@ class ChunkFlusher:
             return bool(self._flushing)
 
     def flush(self, *, force: bool = False) -> None:
-        """Make written chunks durable now: fsync the ``.part``, then atomically replace the bitmap.
+        """Make written chunks durable now: fsync the ``.part``, then record them.
 
+        ``force``: rewrite the bitmap (atomically) and empty the log even when nothing is pending.
         Waits for a background flush that is running. Raises the error of a failed one.
         """
         self.raise_flush_error()
@@ -126,7 +135,7 @@ class ChunkFlusher:
                 batch, self._pending = self._pending, []
                 self._flushing = batch
             try:
-                self._persist(batch)
+                self._persist(batch, compact=force)
             except BaseException:
                 with self._cond:
                     self._pending[:0] = batch  # not recorded: still at risk
@@ -153,19 +162,31 @@ class ChunkFlusher:
             self._cond.notify_all()
         self._start_flusher()
 
-    def _persist(self, batch: list[int]) -> None:
-        """fsync the data of ``batch`` (written before this call), then record it in the bitmap."""
+    def _persist(self, batch: list[int], *, compact: bool = False) -> None:
+        """fsync the data of ``batch`` (written before this call), then record it: appended to the
+        log, or with ``compact`` in a new bitmap, after which the log is emptied."""
         assert self.fd is not None
         if batch:
             if hasattr(os, "fdatasync"):
                 os.fdatasync(self.fd)  # the data blocks are what matters; the size never changes
             else:
                 os.fsync(self.fd)
-        # Only durable chunks go into the bitmap: those of earlier flushes and this batch.
         bits = bytearray(self._durable_bits)
         for i in batch:
             set_bit(bits, i)
-        atomic_write_json(self.bitmap_path, bitmap_record(self.manifest, bits), indent=None)
+        if self._log is None:
+            # Created before the bitmap is written, whose directory fsync then keeps the log's name.
+            self._log = ChunkLog(self.log_path, self.manifest)
+            compact = True
+        if compact or self._log_torn:
+            atomic_write_json(self.bitmap_path, bitmap_record(self.manifest, bits), indent=None)
+            self._log.clear()  # everything it named is in the bitmap now
+            self._log_torn = False
+        elif batch:
+            # A failed append may leave a partial record, which hides any appended after it.
+            self._log_torn = True
+            self._log.append(batch)
+            self._log_torn = False
         self._durable_bits = bits
         self.flushes += 1
 
@@ -228,7 +249,7 @@ class ChunkFlusher:
             log.error("delivery.partial.listener_failed", error=repr(exc))
 
     def raise_flush_error(self) -> None:
-        """Raise the error of a failed background flush (an OSError from fsync or the bitmap write)."""
+        """Raise the error of a failed background flush (an OSError from a sync or a record write)."""
         with self._cond:
             error = self._flush_error
         if error is not None:
@@ -246,6 +267,12 @@ class ChunkFlusher:
         self._flusher = None
         with self._cond:
             self._stopping = False
+
+    def close_log(self) -> None:
+        """Close the log file (after :meth:`stop`); the next flush opens it again and rewrites the bitmap."""
+        if self._log is not None:
+            self._log.close()
+            self._log = None
 
     def reset(self) -> None:
         """Forget every chunk (the download's files were deleted); call after :meth:`stop`."""

@@ -1,9 +1,11 @@
-"""A model download in progress: ``<sha>.part`` (preallocated) plus ``<sha>.bitmap`` (verified chunks).
+"""A model download in progress: ``<sha>.part`` (preallocated) plus the record of verified chunks.
 
-Crash safety rests on one ordering rule: the ``.part`` data is fsynced *before* the bitmap that
-says "these chunks are there" is replaced, so after a crash the bitmap only names chunks whose
-bytes are on disk. :mod:`agent.delivery.transfer.flusher` keeps that rule (in batches, optionally on a
-flusher thread); :mod:`agent.delivery.transfer.bitmap` is the bitmap's format. This module is the
+The record is ``<sha>.bitmap`` (a snapshot) and ``<sha>.log`` (chunks recorded since). Crash safety
+rests on one ordering rule: the ``.part`` data is fsynced *before* the record that says "these
+chunks are there" is written, so after a crash the record only names chunks whose bytes are on
+disk. :mod:`agent.delivery.transfer.flusher` keeps that rule (in batches, optionally on a flusher
+thread); :mod:`agent.delivery.transfer.bitmap` and :mod:`agent.delivery.transfer.chunk_log` are the
+formats. This module is the
 download itself: the files, verified chunk writes, resume and the final whole-file check.
 
 A bitmap that does not describe the manifest (other size, chunk size or chunk list), or a ``.part``
@@ -11,8 +13,9 @@ of the wrong size, means the leftovers belong to another attempt: they are delet
 starts over. Chunks the bitmap names are re-hashed on open, so a damaged disk block costs one
 chunk, not a failed job.
 
-Layout in ``part_dir`` (see docs/delivery.md): ``<sha256>.part``, ``<sha256>.bitmap`` (JSON), and
-after :meth:`PartialDownload.finish` the verified file ``<sha256>.verified`` (bitmap removed).
+Layout in ``part_dir`` (see docs/delivery.md): ``<sha256>.part``, ``<sha256>.bitmap`` (JSON),
+``<sha256>.log`` (8-byte records), and after :meth:`PartialDownload.finish` the verified file
+``<sha256>.verified`` (bitmap and log removed).
 
 """
 
@@ -29,6 +32,7 @@ from typing import TYPE_CHECKING
 import structlog
 
 from agent.delivery.transfer.bitmap import read_bitmap
+from agent.delivery.transfer.chunk_log import read_log
 from agent.delivery.transfer.flusher import ChunkFlusher
 from agent.errors import DeliveryError
 from agent.fsutil import fsync_directory, sha256_file
@@ -79,6 +83,7 @@ class PartialDownload:
         sha = manifest.sha256
         self.part_path = self.part_dir / f"{sha}.part"
         self.bitmap_path = self.part_dir / f"{sha}.bitmap"
+        self.log_path = self.part_dir / f"{sha}.log"
         self.verified_path = self.part_dir / f"{sha}.verified"
         self.chunk_count = len(manifest.chunks)
         expected = -(-manifest.size // manifest.chunk_size) if manifest.size else 0
@@ -94,6 +99,7 @@ class PartialDownload:
         self._flusher = ChunkFlusher(
             manifest,
             self.bitmap_path,
+            self.log_path,
             flush_every=flush_every,
             background=background,
             on_durable=on_durable,
@@ -115,13 +121,16 @@ class PartialDownload:
 
     def _open(self) -> None:
         have = read_bitmap(self.bitmap_path, self.manifest)
+        if have is not None:
+            for i in read_log(self.log_path, self.manifest):
+                have[i] = 1
         part_ok = self.part_path.exists() and self.part_path.stat().st_size == self.manifest.size
         if have is None or not part_ok:
             if self.part_path.exists() or self.bitmap_path.exists():
                 log.info(
                     "delivery.partial.restart", sha256=self.manifest.sha256, reason="bitmap or part mismatch"
                 )
-            for path in (self.part_path, self.bitmap_path):
+            for path in (self.part_path, self.bitmap_path, self.log_path):
                 with contextlib.suppress(FileNotFoundError):
                     path.unlink()
             have = bytearray(self.chunk_count)
@@ -154,7 +163,7 @@ class PartialDownload:
             log.warning(
                 "delivery.partial.damaged", sha256=self.manifest.sha256, chunks=bad[:16], count=len(bad)
             )
-            self.flush(force=True)
+        self.flush(force=True)  # the bitmap names what was verified; the log starts empty
         log.info(
             "delivery.partial.resumed",
             sha256=self.manifest.sha256,
@@ -219,7 +228,7 @@ class PartialDownload:
 
     @property
     def unflushed(self) -> int:
-        """Chunks written but not yet recorded in the bitmap on disk (fetched again after a crash).
+        """Chunks written but not yet recorded on disk (fetched again after a crash).
 
         Counts the batch a background flush is making durable right now, too.
         """
@@ -232,7 +241,7 @@ class PartialDownload:
 
     @property
     def flushes(self) -> int:
-        """Times the bitmap was persisted (each costs two fsyncs and a rename)."""
+        """Times written chunks were recorded durably (each costs two syncs)."""
         return self._flusher.flushes
 
     @property
@@ -325,7 +334,8 @@ class PartialDownload:
     # -- durability (agent.delivery.transfer.flusher) ---------------------------------------------
 
     def flush(self, *, force: bool = False) -> None:
-        """Make written chunks durable now: fsync the ``.part``, then atomically replace the bitmap.
+        """Make written chunks durable now: fsync the ``.part``, then record them (``force``: rewrite
+        the bitmap and empty the log even when nothing is pending).
 
         Waits for a background flush that is running. Raises the error of a failed one.
         """
@@ -340,13 +350,13 @@ class PartialDownload:
         self._flusher.request_flush()
 
     def raise_flush_error(self) -> None:
-        """Raise the error of a failed background flush (an OSError from fsync or the bitmap write)."""
+        """Raise the error of a failed background flush (an OSError from a sync or a record write)."""
         self._flusher.raise_flush_error()
 
     # -- the end ---------------------------------------------------------------------------------
 
     def finish(self) -> Path:
-        """Check the whole file's SHA-256 and return ``<sha>.verified``; the bitmap is removed.
+        """Check the whole file's SHA-256 and return ``<sha>.verified``; bitmap and log are removed.
 
         Raises DeliveryError if chunks are missing, HashMismatchError (files deleted) if every chunk
         matched but the whole file does not (the manifest contradicts itself). Without ``whole_hash``
@@ -376,8 +386,9 @@ class PartialDownload:
             raise HashMismatchError(self._mismatch_message(actual))
         os.replace(self.part_path, self.verified_path)
         fsync_directory(self.part_dir)
-        with contextlib.suppress(FileNotFoundError):
-            self.bitmap_path.unlink()
+        for path in (self.bitmap_path, self.log_path):
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
         self._finished = True
         log.info("delivery.partial.verified", sha256=self.manifest.sha256, size=self.manifest.size)
         return self.verified_path
@@ -394,6 +405,7 @@ class PartialDownload:
         Chunks not yet taken by a flush are not flushed (call :meth:`flush` first to keep them).
         """
         self._flusher.stop()
+        self._flusher.close_log()
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
@@ -402,7 +414,7 @@ class PartialDownload:
     def discard(self) -> None:
         """Close and delete every file of this download."""
         self.close()
-        for path in (self.part_path, self.bitmap_path, self.verified_path):
+        for path in (self.part_path, self.bitmap_path, self.log_path, self.verified_path):
             with contextlib.suppress(FileNotFoundError):
                 path.unlink()
         self._have = bytearray(self.chunk_count)

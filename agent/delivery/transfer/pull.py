@@ -6,7 +6,7 @@ device are lost silently when the broker's queue for it overflows. The device in
 the request's MQTT 5 response topic ``down/xfer/{sha256}`` with user properties ``index`` and
 ``sha256``. Every chunk is verified against the manifest before it is written; a timeout, a corrupt
 chunk or a reconnect simply asks again. The window also bounds the loss on a crash: chunks written
-but not yet recorded in the bitmap occupy window slots until they are flushed, so a killed agent
+but not yet recorded on disk occupy window slots until they are flushed, so a killed agent
 fetches at most one window again. Flushes run on the partial download's flusher thread, half a
 window at a time, so the other half keeps the link busy meanwhile.
 
@@ -60,7 +60,7 @@ _MAX_BACKOFF_FACTOR = 16
 _ASKED_KEPT = 1024
 #: Longest single wait of the pull loop (so cancel, reconnects and the deadline are seen promptly).
 _TICK_S = 0.2
-#: Longest a written chunk waits for the rest of its batch before the bitmap is flushed anyway.
+#: Longest a written chunk waits for the rest of its batch before it is flushed anyway.
 _FLUSH_DELAY_S = 0.25
 
 Progress = Callable[[int, int], None]

@@ -5,9 +5,10 @@ from __future__ import annotations
 import errno
 import json
 import os
+import random
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,15 @@ import pytest
 
 from agent import fsutil
 from agent.delivery.transfer import flusher
+from agent.delivery.transfer.bitmap import read_bitmap
+from agent.delivery.transfer.chunk_log import (
+    RECORD,
+    ChunkLog,
+    decode_records,
+    encode_records,
+    log_key,
+    read_log,
+)
 from agent.delivery.transfer.partial import PartialDownload
 from agent.errors import DeliveryError
 from agent.protocol.delivery_errors import HashMismatchError
@@ -235,22 +245,25 @@ def test_a_finished_download_reopens_complete(tmp_path: Path, model: Path, manif
 # -- background flushing ----------------------------------------------------------------------------
 
 
-def _bitmap_chunks(bitmap: Path, count: int) -> set[int]:
-    bits = bytes.fromhex(json.loads(bitmap.read_text())["done"])
-    return {i for i in range(count) if bits[i >> 3] >> (i & 7) & 1}
+def _recorded_chunks(partial: PartialDownload) -> set[int]:
+    """The chunks the record on disk names: the bitmap's, plus the log's."""
+    have = read_bitmap(partial.bitmap_path, partial.manifest)
+    assert have is not None
+    return {i for i, bit in enumerate(have) if bit} | set(read_log(partial.log_path, partial.manifest))
 
 
 class _SyncGate:
-    """Wraps the real ``os.fdatasync`` and bitmap write: records their order, can hold a sync.
+    """Wraps the real ``os.fdatasync``, bitmap write and log append: records their order, can hold a sync.
 
-    ``synced``: chunks written before a sync that has completed (so their data is on disk);
-    ``bitmaps``: for every bitmap written, the chunks it names and what was ``synced`` then.
+    ``synced``: chunks written before a sync of the ``.part`` that has completed (so their data is
+    on disk); ``records``: for every bitmap written or log append, the chunks it names and what was
+    ``synced`` then.
     """
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.written: set[int] = set()
         self.synced: set[int] = set()
-        self.bitmaps: list[tuple[set[int], set[int]]] = []
+        self.records: list[tuple[set[int], set[int]]] = []
         self.entered = threading.Event()
         self.release = threading.Event()
         self.release.set()
@@ -271,17 +284,25 @@ class _SyncGate:
             if self.fail is not None:
                 raise self.fail
             real(fd)
-            self.synced |= began
+            if os.readlink(f"/proc/self/fd/{fd}").endswith(".part"):
+                self.synced |= began
 
         def atomic_write_json(path: Path, obj: Any, **kwargs: Any) -> None:
             bits = bytes.fromhex(obj["done"])
             named = {i for i in range(len(bits) * 8) if bits[i >> 3] >> (i & 7) & 1}
-            self.bitmaps.append((named, set(self.synced)))
+            self.records.append((named, set(self.synced)))
             fsutil.atomic_write_json(path, obj, **kwargs)
+
+        real_append = ChunkLog.append
+
+        def append(log: ChunkLog, indexes: Iterable[int]) -> None:
+            self.records.append((set(indexes), set(self.synced)))
+            real_append(log, indexes)
 
         monkeypatch.setattr(os, "pwrite", pwrite)
         monkeypatch.setattr(os, "fdatasync", fdatasync)
         monkeypatch.setattr(flusher, "atomic_write_json", atomic_write_json)
+        monkeypatch.setattr(ChunkLog, "append", append)
 
     def write(self, partial: PartialDownload, model: Path, index: int) -> None:
         assert partial.write_chunk(index, chunk(model, index))
@@ -301,18 +322,18 @@ def test_a_background_flush_records_only_chunks_whose_data_was_synced_first(
         gate.write(partial, model, index)
     assert partial.unflushed == 5
     assert partial.flushing
-    assert _bitmap_chunks(partial.bitmap_path, 11) == set()  # nothing durable yet
+    assert _recorded_chunks(partial) == set()  # nothing durable yet
 
     gate.release.set()
     wait_until(lambda: partial.unflushed == 0, what="both batches durable")
 
-    # [2, 3, 4] went in a second batch with a sync of its own: each bitmap names only chunks
-    # written before a sync that completed before the bitmap was written.
-    named = [bitmap for bitmap, _ in gate.bitmaps]
-    assert named[-2:] == [{0, 1}, {0, 1, 2, 3, 4}]
-    for bitmap, synced in gate.bitmaps:
-        assert bitmap <= synced
-    assert _bitmap_chunks(partial.bitmap_path, 11) == {0, 1, 2, 3, 4}
+    # [2, 3, 4] went in a second batch with a sync of its own: each record names only chunks
+    # written before a sync of the data that completed before the record was written.
+    named = [record for record, _ in gate.records]
+    assert named[-2:] == [{0, 1}, {2, 3, 4}]
+    for record, synced in gate.records:
+        assert record <= synced
+    assert _recorded_chunks(partial) == {0, 1, 2, 3, 4}
     partial.close()
     with PartialDownload(part_dir, manifest) as again:
         assert again.missing() == [5, 6, 7, 8, 9, 10]
@@ -381,7 +402,7 @@ def test_request_flush_makes_a_partial_batch_durable_and_tells_the_owner(
 
     assert told.wait(patient(5))
     assert partial.unflushed == 0
-    assert _bitmap_chunks(partial.bitmap_path, 11) == {4}
+    assert _recorded_chunks(partial) == {4}
     partial.close()
 
 
@@ -397,9 +418,64 @@ def test_a_failed_flush_keeps_its_chunks_pending_for_the_next_one(
         partial.flush()
 
     assert partial.unflushed == 1
-    assert _bitmap_chunks(partial.bitmap_path, 11) == set()
+    assert _recorded_chunks(partial) == set()
     gate.fail = None
     partial.flush()
     assert partial.unflushed == 0
-    assert _bitmap_chunks(partial.bitmap_path, 11) == {6}
+    assert _recorded_chunks(partial) == {6}
     partial.close()
+
+
+# -- the log's torn or garbled tail -----------------------------------------------------------------
+
+
+def _logged_download(part_dir: Path, model: Path, manifest: DeployManifest, indexes: list[int]) -> Path:
+    """Write and flush ``indexes`` one flush each (one log record each); return the log's path."""
+    with PartialDownload(part_dir, manifest) as partial:
+        for index in indexes:
+            assert partial.write_chunk(index, chunk(model, index))
+        assert read_log(partial.log_path, manifest) == indexes  # appended, not in a new bitmap
+        return partial.log_path
+
+
+@pytest.mark.parametrize("cut", [1, 4, 7])
+def test_a_torn_last_record_loses_only_its_own_chunk(
+    tmp_path: Path, model: Path, manifest: DeployManifest, cut: int
+) -> None:
+    log_path = _logged_download(tmp_path / "partial", model, manifest, [0, 3, 5])
+    data = log_path.read_bytes()
+    log_path.write_bytes(data[: len(data) - RECORD.size + cut])  # the last write only partly landed
+
+    with PartialDownload(tmp_path / "partial", manifest) as again:
+        assert again.missing() == [1, 2, 4, 5, 6, 7, 8, 9, 10]
+
+
+def test_a_garbled_record_is_never_read_as_a_chunk_and_hides_only_what_follows(
+    tmp_path: Path, model: Path, manifest: DeployManifest
+) -> None:
+    log_path = _logged_download(tmp_path / "partial", model, manifest, [0, 3, 5])
+    data = bytearray(log_path.read_bytes())
+    data[RECORD.size] = 7  # the second record now says chunk 7 (never written), its CRC unchanged
+    data += RECORD.pack(9, 0)  # and a record for chunk 9 with a made-up CRC
+    log_path.write_bytes(bytes(data))
+
+    assert read_log(log_path, manifest) == [0]
+    with PartialDownload(tmp_path / "partial", manifest) as again:
+        assert again.missing() == [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]
+
+
+def test_no_garbage_tail_names_a_chunk_the_log_did_not(manifest: DeployManifest) -> None:
+    key = log_key(manifest)
+    good = encode_records(key, [2, 4])
+    rng = random.Random(7)
+    for _ in range(2000):
+        tail = rng.randbytes(rng.randrange(1, 4 * RECORD.size))
+        assert decode_records(key, good + tail, len(manifest.chunks))[:2] == [2, 4]
+        assert set(decode_records(key, good + tail, len(manifest.chunks))) <= {2, 4}
+
+
+def test_another_downloads_log_names_nothing(tmp_path: Path, model: Path, manifest: DeployManifest) -> None:
+    other = manifest.model_copy(update={"chunk_size": 2 * CHUNK})
+    log_path = _logged_download(tmp_path / "partial", model, manifest, [0, 1])
+
+    assert read_log(log_path, other) == []

@@ -1,12 +1,14 @@
 """Resume across a SIGKILLed agent process, and a broker restart mid-transfer.
 
 The crash test runs the device side in a real child process (this module, run with ``child``)
-and kills it with SIGKILL half way; a new pull over the same ``partial/`` directory must finish
-while fetching at most one window of chunks again (counted by the chunk server).
+and kills it with SIGKILL half way; the record it left (bitmap and log) must name only chunks whose
+bytes are on disk, and a new pull over the same ``partial/`` directory must finish while fetching
+at most one window of chunks again (counted by the chunk server).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import signal
@@ -15,6 +17,8 @@ import sys
 import threading
 from pathlib import Path
 
+from agent.delivery.transfer.bitmap import read_bitmap
+from agent.delivery.transfer.chunk_log import read_log
 from agent.delivery.transfer.pull import fetch_model
 from agent.demo.broker import Broker
 from agent.protocol.manifest import DeployManifest
@@ -93,6 +97,13 @@ def test_a_killed_agent_resumes_and_fetches_at_most_one_window_again(rig: Rig) -
     assert served_before < manifest.size
 
     dev = rig.device(device_id)  # same id: the broker session (and any late chunk replies) carry over
+    named = _recorded_chunks(dev.part_dir, manifest)
+    # The flushes since the download opened went to the log, and every chunk the record names
+    # is on disk with its bytes, before the new process re-hashes anything.
+    assert read_log(dev.part_dir / f"{manifest.sha256}.log", manifest)
+    part = (dev.part_dir / f"{manifest.sha256}.part").read_bytes()
+    for i in named:
+        assert hashlib.sha256(part[i * CHUNK : (i + 1) * CHUNK]).hexdigest() == manifest.chunks[i]
     path = _fetch(dev, manifest)
 
     assert path.read_bytes() == model.read_bytes()
@@ -135,6 +146,14 @@ def test_a_broker_restart_mid_transfer_is_survived(private_broker: Broker, tmp_p
         assert server.stats()["mqtt_connects"] >= 2
     finally:
         rig.close()
+
+
+def _recorded_chunks(part_dir: Path, manifest: DeployManifest) -> set[int]:
+    """The chunks the durable record names: the bitmap's, plus the log's."""
+    have = read_bitmap(part_dir / f"{manifest.sha256}.bitmap", manifest)
+    assert have is not None
+    logged = read_log(part_dir / f"{manifest.sha256}.log", manifest)
+    return {i for i, bit in enumerate(have) if bit} | set(logged)
 
 
 def _child(argv: list[str]) -> None:
