@@ -444,7 +444,8 @@ def test_a_torn_last_record_loses_only_its_own_chunk(
 ) -> None:
     log_path = _logged_download(tmp_path / "partial", model, manifest, [0, 3, 5])
     data = log_path.read_bytes()
-    log_path.write_bytes(data[: len(data) - RECORD.size + cut])  # the last write only partly landed
+    torn = 2 * RECORD.size + cut  # of the third record's write, only the first bytes landed
+    log_path.write_bytes(data[:torn] + bytes(len(data) - torn))
 
     with PartialDownload(tmp_path / "partial", manifest) as again:
         assert again.missing() == [1, 2, 4, 5, 6, 7, 8, 9, 10]
@@ -456,7 +457,7 @@ def test_a_garbled_record_is_never_read_as_a_chunk_and_hides_only_what_follows(
     log_path = _logged_download(tmp_path / "partial", model, manifest, [0, 3, 5])
     data = bytearray(log_path.read_bytes())
     data[RECORD.size] = 7  # the second record now says chunk 7 (never written), its CRC unchanged
-    data += RECORD.pack(9, 0)  # and a record for chunk 9 with a made-up CRC
+    data[3 * RECORD.size : 4 * RECORD.size] = RECORD.pack(9, 0)  # chunk 9 with a made-up CRC
     log_path.write_bytes(bytes(data))
 
     assert read_log(log_path, manifest) == [0]
