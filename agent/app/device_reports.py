@@ -83,6 +83,7 @@ class DeviceReports:
                 reason=None if model else slot.empty_reason,
                 since=model.loaded_at if model else None,
                 **self.delivery.job_fields(name),
+                **self.delivery.release_fields(model.ref.sha256 if model else None),
                 workers=layouts[name].workers,
                 layout=layouts[name].reason,
                 engines=[EngineInfo.model_validate(row) for row in model.engine_shares()] if model else None,

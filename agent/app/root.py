@@ -146,6 +146,7 @@ class Agent:
             part_dir=config.state_dir / "partial",
             on_job_end=self._on_job_end,
             on_job_phase=self._on_job_end,  # up/info shows the candidate and its phase
+            on_trust_change=self._on_model_activated,  # up/info flags a model whose release key was revoked
         )
         # The engine cache's second level at the controller (used when a manifest shares engines).
         self.engines.builder.fleet = fleet_cache_for(

@@ -54,6 +54,7 @@ from agent.protocol.topics import Topics, trust_root
 from agent.signing import Ed25519PublicKey, load_public_key
 from agent.store import ModelStore
 from agent.trust.anchor import FleetRoot, adopted_root
+from agent.trust.serving import ServingReleases
 
 log = structlog.get_logger(__name__)
 
@@ -90,6 +91,7 @@ class DeliveryService:
         trusted_keys: Mapping[str, Ed25519PublicKey] | None = None,
         on_job_end: Callable[[str], None] | None = None,
         on_job_phase: Callable[[str], None] | None = None,
+        on_trust_change: Callable[[], None] | None = None,
     ) -> None:
         """``slot_specs(slot)`` gives a slot's current (preprocess, postprocess), None for an unknown slot.
         ``protect()`` gives model SHA-256s gc must keep (active and last-known-good of every slot);
@@ -100,6 +102,8 @@ class DeliveryService:
         ``on_job_phase(slot)`` likewise when a job of ``slot`` enters BUILDING, SHADOW or PROBATION (a minute
         or more in which the candidate runs or serves): ``up/info`` then shows the running job and
         its phase rather than the previous job.
+        ``on_trust_change()`` is called after a new fleet root was taken or adopted: a revoked key may
+        flag a serving model (:meth:`release_fields`), so the agent republishes ``up/info``.
         """
         self.config = config
         self.device_id = device_id
@@ -135,6 +139,9 @@ class DeliveryService:
             self.fleet_root = FleetRoot(config.trust_root, self._kept_root)
         elif self._kept_root.exists():
             self.fleet_root = FleetRoot(self._kept_root, self._kept_root)
+        #: What vouched for each model taken under the root: up/info flags one whose key was revoked.
+        self.releases = ServingReleases(self._kept_root.parent / "releases.json")
+        self._on_trust_change = on_trust_change
         self._intake = DesiredIntake(
             config,
             device_id=device_id,
@@ -145,6 +152,7 @@ class DeliveryService:
             known=self._job_id_known,
             publish=self._publish,
             fleet_root=self.fleet_root,
+            releases=self.releases,
         )
         self._on_job_phase = on_job_phase
         self._phases: dict[str, tuple[str, JobState]] = {}  # per slot: the phase last announced
@@ -250,6 +258,14 @@ class DeliveryService:
         """``up/info``'s job fields of ``slot``: last job (a refused one too), its state, last failure."""
         return self._ends.fields(slot, self._records.last(slot))
 
+    def release_fields(self, sha256: str | None) -> dict[str, Any]:
+        """``up/info``'s ``release_revoked`` of the model ``sha256`` a slot serves: why its release key
+        was revoked since it was taken (it keeps serving); nothing on a device without a root."""
+        if self.fleet_root is None or sha256 is None:
+            return {}
+        why = self.releases.revoked(self.fleet_root.current(), sha256)
+        return {"release_revoked": why} if why else {}
+
     def idle(self) -> bool:
         """True when no job runs or waits (a finished job's bookkeeping and gc are done too)."""
         with self._lock:
@@ -292,11 +308,21 @@ class DeliveryService:
             if adopted is not None:
                 self.fleet_root = self._intake.fleet_root = adopted
                 self._intake.forget_refusals()
+                self._trust_changed()
             return
         before = self.fleet_root.current()
         self.fleet_root.take(message.payload)
         if self.fleet_root.current() is not before:
             self._intake.forget_refusals()
+            self._trust_changed()
+
+    def _trust_changed(self) -> None:
+        if self._on_trust_change is None:
+            return
+        try:
+            self._on_trust_change()
+        except Exception as exc:  # noqa: BLE001 - reporting must not undo taking the root
+            log.warning("delivery.trust_change.report_failed", error=repr(exc))
 
     # -- desired state ---------------------------------------------------------------------------
 

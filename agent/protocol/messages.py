@@ -191,6 +191,12 @@ class SlotInfo(StrictModel):
         None, description="Its state: a terminal one once it ended, else the last one recorded."
     )
     last_job_error_code: str | None = Field(None, description="Its error code when it failed.")
+    release_revoked: str | None = Field(
+        None,
+        max_length=400,
+        description="Why the model it serves was released under a key the fleet root revoked since "
+        "(it keeps serving until re-released and deployed); absent otherwise and without a root.",
+    )
     last_failure: JobEnd | None = Field(
         None, description="The last job of the slot that ended FAILED, REJECTED or ROLLED_BACK."
     )

@@ -11,7 +11,7 @@ from datetime import datetime
 
 from securesystemslib.exceptions import UnverifiedSignatureError
 from securesystemslib.signer import Signature
-from tuf.api.metadata import Metadata, Root
+from tuf.api.metadata import Metadata, Root, Targets
 
 from agent.protocol.delivery_errors import (
     BadSignatureError,
@@ -76,9 +76,15 @@ def check_controller(root: Metadata[Root], envelope: SignedManifest, job_id: str
 def check_desired(root: Metadata[Root], payload: bytes, device_id: str, now: datetime) -> DeployManifest:
     """The manifest of a ``down/desired/{slot}`` payload, checked against ``root``: fresh root, the
     controller's signature, the manifest's shape, then its release. Raises a RejectedError subclass."""
+    return checked_release(root, payload, device_id, now)[0]
+
+
+def checked_release(
+    root: Metadata[Root], payload: bytes, device_id: str, now: datetime
+) -> tuple[DeployManifest, Metadata[Targets]]:
+    """:func:`check_desired`'s manifest and the release that vouched for it."""
     envelope, job_id = read_envelope(payload)
     check_fresh(root, now, job_id)
     check_controller(root, envelope, job_id)
     manifest = read_manifest(envelope, job_id, device_id)
-    check_release(root, envelope.release, manifest, now)
-    return manifest
+    return manifest, check_release(root, envelope.release, manifest, now)

@@ -27,7 +27,8 @@ from agent.protocol.manifest import DeployManifest, parse_signed, recover_job_id
 from agent.protocol.messages import JobState, JobStatus
 from agent.signing import Ed25519PublicKey
 from agent.trust.anchor import FleetRoot
-from agent.trust.deployment import check_desired
+from agent.trust.deployment import checked_release
+from agent.trust.serving import ServingReleases
 
 log = structlog.get_logger(__name__)
 
@@ -54,11 +55,14 @@ class DesiredIntake:
         accept: Callable[[DeployManifest, str, str], None],
         known: Callable[[str], bool],
         publish: Callable[[JobStatus], None],
+        releases: ServingReleases,
         fleet_root: FleetRoot | None = None,
     ) -> None:
         self.config = config
         #: With a fleet root, desired states are checked against it and ``trusted`` is not used.
         self.fleet_root = fleet_root
+        #: The release keys of each model taken under the root (a revoked one flags it in up/info).
+        self.releases = releases
         self.device_id = device_id
         self.trusted = trusted
         self._slot_specs = slot_specs
@@ -80,7 +84,10 @@ class DesiredIntake:
         try:
             if self.fleet_root is not None:
                 now = datetime.now(timezone.utc)
-                manifest = check_desired(self.fleet_root.current(), message.payload, self.device_id, now)
+                manifest, release = checked_release(
+                    self.fleet_root.current(), message.payload, self.device_id, now
+                )
+                self.releases.note(manifest.sha256, release)
             else:
                 manifest = parse_signed(
                     message.payload, self.trusted, self.config.require_signature, self.device_id

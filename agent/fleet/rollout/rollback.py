@@ -154,6 +154,8 @@ class Rollback:
         self, request: RolloutRequest, devices: tuple[str, ...], job_id: str, sequence: int
     ) -> DeployPlan:
         sha = request.model_sha256
+        # The calibration goes back with its model: it is part of the manifest a release binds.
+        calib = request.calib_sha256
         return plan_for(
             request,
             self._model_path(sha),
@@ -161,6 +163,8 @@ class Rollback:
             job_id=job_id,
             sequence=sequence,
             http_url=self._http_url(sha),
+            calib_cache=self._model_path(calib) if calib else None,
+            calib_http_url=self._http_url(calib) if calib else None,
         )
 
     # -- planning ------------------------------------------------------------------------------------
@@ -231,7 +235,16 @@ class Rollback:
         plan = way_back(
             self._plan_for(previous, tuple(detail["devices"]), str(detail["job_id"]), int(detail["sequence"]))
         )
-        deploy = FleetDeploy(self.settings, plan, signing_key=self._key, key_id=self._key_id, **self._options)
+        # The previous model's own release goes with it: a device with a fleet root refuses a way back
+        # that names none, as it refuses any desired state.
+        deploy = FleetDeploy(
+            self.settings,
+            plan,
+            signing_key=self._key,
+            key_id=self._key_id,
+            release=previous.release,
+            **self._options,
+        )
         deploy.start()
         log.info(
             "fleet.rollout.rollback_sent", rollout=self.rollout_id, devices=len(plan.devices), job=plan.job_id
@@ -248,7 +261,12 @@ class Rollback:
         if self._follow is None:
             plan = self._plan_for(self.request, tuple(waiting), self.job_id, self.sequence)
             deploy = FleetDeploy(
-                self.settings, plan, signing_key=self._key, key_id=self._key_id, **self._options
+                self.settings,
+                plan,
+                signing_key=self._key,
+                key_id=self._key_id,
+                release=self.request.release,
+                **self._options,
             )
             deploy.start()  # the same desired state again: devices that have it see the same job
             self._follow = (deploy, self._clock())

@@ -72,7 +72,8 @@ class RolloutRequest(StrictModel):
     #: (``fleet rollout rollback``): its manifests are ways back, with no shadow and no probation.
     rollback_of: str | None = Field(None, pattern=ROLLOUT_ID.pattern)
     #: The model's signed release (`fleet trust release`, docs/trust.md), sent beside every device's
-    #: manifest for devices with a fleet root; None for a fleet without one (and for a way back).
+    #: manifest for devices with a fleet root; None for a fleet without one. A way back to this model
+    #: (an abort's rollback, ``fleet rollout rollback``) carries it again.
     release: str | None = Field(None, max_length=MAX_RELEASE_BYTES)
 
     @model_validator(mode="after")

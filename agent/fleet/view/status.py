@@ -214,6 +214,8 @@ def slot_summary(info: InfoMessage) -> dict[str, dict[str, Any]]:
             "last_job": slot.last_job,
             "last_job_state": slot.last_job_state.value if slot.last_job_state else None,
             "last_job_error_code": slot.last_job_error_code,
+            # It keeps serving, released under a key revoked since (docs/trust.md).
+            "release_revoked": slot.release_revoked,
             "last_failure": slot.last_failure.model_dump(mode="json") if slot.last_failure else None,
             # A start-up build: the slot serves its ONNX model meanwhile (docs/engines.md).
             "serving": slot.serving,
@@ -273,7 +275,9 @@ def _slot_cell(name: str, slot: dict[str, Any]) -> str:
     """``main=mobilenet:4``; an empty slot says so (``main=empty``; a note line says why)."""
     if slot["model_id"] is None:
         return f"{shown(name, 24)}={shown(slot['state'] or 'empty', 16)}"
-    return f"{shown(name, 24)}={shown(slot['model_id'], 40)}:{shown(slot['version'] or '-', 24)}"
+    cell = f"{shown(name, 24)}={shown(slot['model_id'], 40)}:{shown(slot['version'] or '-', 24)}"
+    # A note line says why; the cell marks it so a wide table still shows which slot.
+    return cell + " (revoked key)" if slot.get("release_revoked") else cell
 
 
 def runs_text(runs: dict[str, Any] | None) -> str:
@@ -434,6 +438,11 @@ def format_table(rows: list[DeviceRow], now: float | None = None) -> str:
             f"{device}: slot {shown(name, 24)} is empty: {shown(s['reason'], 200)}"
             for name, s in sorted(row.slots.items())
             if s.get("reason") and not s["model_id"]
+        )
+        notes.extend(
+            f"{device}: slot {shown(name, 24)} serves a model {shown(s['release_revoked'], 400)}"
+            for name, s in sorted(row.slots.items())
+            if s.get("release_revoked")
         )
         notes.extend(
             f"{device}: slot {shown(name, 24)} runs {shown(s['runs'].get('precision') or '?', 16)}, "

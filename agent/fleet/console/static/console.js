@@ -300,6 +300,7 @@ async function devicePage(deviceId) {
     el("td", {}, badge(s.state || "-")), el("td", { className: "runs" + (s.runs && s.runs.fallback ? " fallback" : "") }, runsWords(s.runs)), el("td", {}, s.last_job),
     el("td", {}, s.last_job_state), el("td", { className: "error" }, s.last_job_error_code || ""),
     el("td", {}, [s.reason || (s.last_failure ? "last failure: " + [s.last_failure.state, s.last_failure.error_code, s.last_failure.error].filter(Boolean).join(" ") : ""),
+      s.release_revoked ? "revoked key: " + s.release_revoked : "",
       s.serving === "interim" ? "serving its ONNX model while its engine builds" : "",
       s.runs && s.runs.fallback ? "runs " + s.runs.precision + ", " + s.runs.requested + " asked: " + s.runs.fallback : "",
       s.building ? "building: " + s.building : ""].filter(Boolean).join("; "))));
