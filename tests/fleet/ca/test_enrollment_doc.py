@@ -47,3 +47,15 @@ def test_every_command_shown_parses() -> None:
     for command in commands:
         argv = shlex.split(command, comments=True)[1:]
         _parser().parse_args(argv)
+
+
+def test_every_test_the_threat_table_names_exists() -> None:
+    section = DOC.split("## What each attacker can and cannot do", 1)[1]
+    named = re.findall(r"`(tests/[\w/]+\.py)::(\w+)`|`::(\w+)`", section)
+    assert named
+    current = ""
+    for path, name, short in named:
+        if path:
+            current = path
+        text = (ROOT / current).read_text()
+        assert f"def {name or short}(" in text, f"{current}::{name or short}"
