@@ -5,17 +5,21 @@ A real mosquitto with password auth and the ACL pattern from docs/protocol.md (`
 
 from __future__ import annotations
 
+import secrets
 import subprocess
 from pathlib import Path
 
 from tests.mqtt_probe import Probe
 
+#: Each account's password for this run (made at run time: a password is never a constant).
+PASSWORDS = {user: secrets.token_urlsafe(16) for user in ("dev-a", "dev-b", "operator")}
+
 
 def _broker_with_acl(tmp_path: Path, broker_factory: object) -> object:
     passwd = tmp_path / "passwd"
-    for i, user in enumerate(("dev-a", "dev-b", "operator")):
+    for i, (user, password) in enumerate(PASSWORDS.items()):
         flags = ["-c"] if i == 0 else []
-        subprocess.run(["mosquitto_passwd", *flags, "-b", str(passwd), user, f"pw-{user}"], check=True)
+        subprocess.run(["mosquitto_passwd", *flags, "-b", str(passwd), user, password], check=True)
     acl = tmp_path / "acl"
     acl.write_text(
         "user operator\n"
@@ -33,9 +37,11 @@ def test_a_device_never_sees_another_devices_manifest(tmp_path: Path, broker_fac
     broker = _broker_with_acl(tmp_path, broker_factory)
     host, port = broker.host, broker.port  # type: ignore[attr-defined]
     with (
-        Probe(host, port, client_id="dev-a", username="dev-a", password="pw-dev-a") as dev_a,
-        Probe(host, port, client_id="dev-b", username="dev-b", password="pw-dev-b") as dev_b,
-        Probe(host, port, client_id="operator", username="operator", password="pw-operator") as operator,
+        Probe(host, port, client_id="dev-a", username="dev-a", password=PASSWORDS["dev-a"]) as dev_a,
+        Probe(host, port, client_id="dev-b", username="dev-b", password=PASSWORDS["dev-b"]) as dev_b,
+        Probe(
+            host, port, client_id="operator", username="operator", password=PASSWORDS["operator"]
+        ) as operator,
     ):
         dev_a.subscribe("fleet/v1/dev-b/down/#")  # not allowed: the broker grants it but delivers nothing
         dev_a.subscribe("fleet/v1/dev-a/down/#")

@@ -12,6 +12,7 @@ import datetime
 import ipaddress
 import os
 import re
+import secrets
 import subprocess
 import time
 from dataclasses import dataclass
@@ -28,10 +29,11 @@ from tests.waiting import patient
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "protocol.md"
 OPERATOR = "operator"
-OPERATOR_PASSWORD = "pw-operator"
+#: Passwords of this run (made at run time: a password is never a constant).
+OPERATOR_PASSWORD = secrets.token_urlsafe(16)
 #: The reader account of the doc's ACL (Telegraf in docs/operations.md).
 READER = "telegraf"
-READER_PASSWORD = "pw-telegraf"
+READER_PASSWORD = secrets.token_urlsafe(16)
 _START_TIMEOUT_S = 10.0
 _LOOPBACK = ipaddress.ip_address("127.0.0.1")
 

@@ -155,7 +155,11 @@ def connect_as(broker: DocBroker, account: str, password: str, client_id: str) -
     return acks[0]
 
 
-@pytest.mark.parametrize(("account", "password"), [(OPERATOR, OPERATOR_PASSWORD), (READER, READER_PASSWORD)])
+@pytest.mark.parametrize(
+    ("account", "password"),
+    [(OPERATOR, OPERATOR_PASSWORD), (READER, READER_PASSWORD)],
+    ids=[OPERATOR, READER],  # the passwords are made per process: never in a test's id
+)
 def test_no_operator_or_reader_account_can_use_a_devices_client_id(
     doc_broker: DocBroker, tmp_path: Path, links: list[MqttLink], account: str, password: str
 ) -> None:

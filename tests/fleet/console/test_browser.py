@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import secrets
 import shutil
 import tempfile
 import time
@@ -58,7 +59,8 @@ pytestmark = pytest.mark.slow
 
 CHROMIUM = Path("/usr/bin/chromium")
 DOCS_IMG = Path(__file__).resolve().parents[3] / "docs" / "img"
-TOKEN = "console-test-token"
+#: The console token of this run (made at run time: a token is never a constant).
+TOKEN = secrets.token_urlsafe(16)
 DEVICES = [f"jet-{i:02d}" for i in range(8)]
 #: How long the page may take to show a change (the feed sends at most one frame a second).
 SHOWS_WITHIN_MS = patient_ms(5)
