@@ -149,8 +149,19 @@ class EnrollmentDesk:
         return True
 
     def _run(self) -> None:
+        crl_due_at = time.monotonic() + self.settings.crl_check_s
         while True:
-            message = self._queue.get()
+            idle = False
+            try:
+                message = self._queue.get(timeout=max(0.0, crl_due_at - time.monotonic()))
+            except queue.Empty:
+                message, idle = None, True
+            if time.monotonic() >= crl_due_at:
+                # A controller that runs for months must keep the CRL current on its own.
+                self._renew_crl()
+                crl_due_at = time.monotonic() + self.settings.crl_check_s
+            if idle:
+                continue
             if message is None:
                 return
             try:
@@ -160,6 +171,13 @@ class EnrollmentDesk:
                     self._enrollment(message)
             except Exception:  # the desk outlives any one request
                 log.exception("fleet.enroll.request_failed", topic=shown(message.topic, 200))
+
+    def _renew_crl(self) -> None:
+        assert self.authority is not None
+        try:
+            self.authority.renew_crl_if_due()
+        except Exception:  # the desk outlives a failed write; the next check tries again
+            log.exception("fleet.enroll.crl_renewal_failed")
 
     # -- enrollment ---------------------------------------------------------------------------------
 

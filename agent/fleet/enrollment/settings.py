@@ -55,3 +55,10 @@ class EnrollmentSettings(StrictModel):
     queue: int = Field(
         1024, ge=1, le=100_000, description="Requests waiting to be read; more are dropped and counted."
     )
+    crl_check_s: float = Field(
+        3600.0,
+        ge=0.1,
+        le=86_400,
+        description="How often the desk re-issues the CRL once half its life is gone (and tells the "
+        "broker): an expired CRL makes the broker refuse every device.",
+    )
