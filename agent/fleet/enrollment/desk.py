@@ -346,6 +346,10 @@ class EnrollmentDesk:
         enrolled = self.book.enrolled(device_id)
         if enrolled is None:
             raise _Refusal("not_enrolled", f"{device_id} holds no certificate of this desk; enroll it first")
+        if self._revoked(device_id, enrolled.serial):
+            # Only a broker without the CRL and the devices ACL lets a revoked certificate publish
+            # here; a renewal would lift its revocation, so it goes through the operator instead.
+            raise _Refusal("revoked", f"{device_id}'s certificate is revoked; an operator re-enrolls it")
         if renewal.request_id == enrolled.request_id:
             return _issued_reply(renewal.request_id, enrolled.cert_pem, enrolled.chain_pem)
         wait = enrolled.issued_at + self.settings.min_renew_interval_s - time.time()

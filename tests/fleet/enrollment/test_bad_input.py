@@ -279,6 +279,22 @@ def test_a_revoked_device_asking_again_with_its_key_waits_for_the_operator(rig: 
     assert [r.revoked_at is not None for r in records] == [True, False]
 
 
+def test_a_revoked_certificate_that_reaches_up_cert_is_not_renewed(rig: EnrollRig) -> None:
+    # Under the documented broker a revoked certificate cannot publish at all; on one without the
+    # CRL and the devices ACL it could, and a renewal must not undo the revocation.
+    rig.operator("register", {"device_id": "cam-14"})
+    key = new_key()
+    assert rig.ask(signed_request("cam-14", rig.claim(), csr_pem(key, "cam-14")))["outcome"] == "issued"
+    DeviceAuthority.load(rig.ca.ca.path).revoke_device("cam-14", "stolen", tell=False)
+
+    reply = rig.renew("cam-14", csr_pem(new_key(), "cam-14"))
+
+    assert (reply["outcome"], reply["code"]) == ("refused", "revoked")
+    assert reply.get("cert_pem") is None
+    records = DeviceAuthority.load(rig.ca.ca.path).certificates_of("cam-14")
+    assert [r.revoked_at is not None for r in records] == [True]
+
+
 def test_a_burst_past_the_desks_queue_is_dropped_and_counted(tmp_path: Path, broker: Broker) -> None:
     rig = start_rig(tmp_path, broker, "queue: 1")
     try:
