@@ -280,12 +280,6 @@ class VideoSource:
             }
 
     @property
-    def last_error(self) -> str | None:
-        """Why the source last failed (credentials already stripped by the driver), None if never."""
-        with self._lock:
-            return self._last_error
-
-    @property
     def last_gap(self) -> StreamGap | None:
         """The latest time without frames across a reconnect, None if frames never stopped."""
         with self._lock:

@@ -153,7 +153,7 @@ def test_wrong_password_waits_the_longest_backoff_and_says_why_without_the_passw
 
     failures = [e for e in rec.events if e.new is S.RECONNECTING]
     assert all("refused the credentials (401 Unauthorized)" in e.reason for e in failures)
-    assert rec.source.last_error == failures[-1].reason
+    assert rec.source.report().last_error == failures[-1].reason
     # Every wait is at the top of the backoff (at least half of reconnect_max_s, with jitter), from
     # the first failure on: never a tight loop of logins that locks the camera's account.
     reopen = [e for e in rec.events if e.new is S.CONNECTING][1:]

@@ -29,14 +29,24 @@ from typing import TYPE_CHECKING
 
 import structlog
 
-from agent.delivery.transfer.bitmap import bitmap_record, empty_bits, set_bit
-from agent.delivery.transfer.chunk_log import ChunkLog
+from agent.delivery.transfer.bitmap import bitmap_record, empty_bits, read_bitmap, set_bit
+from agent.delivery.transfer.chunk_log import ChunkLog, read_log
 from agent.fsutil import atomic_write_json
 
 if TYPE_CHECKING:
     from agent.protocol.manifest import DeployManifest
 
 log = structlog.get_logger(__name__)
+
+
+def read_record(bitmap_path: Path, log_path: Path, manifest: DeployManifest) -> bytearray | None:
+    """The chunks the durable record names, one byte each (1 = durable): the bitmap with the log's
+    chunks set; None when the bitmap is missing, unreadable or for another manifest."""
+    have = read_bitmap(bitmap_path, manifest)
+    if have is not None:
+        for i in read_log(log_path, manifest):
+            have[i] = 1
+    return have
 
 
 class ChunkFlusher:

@@ -31,9 +31,7 @@ from typing import TYPE_CHECKING
 
 import structlog
 
-from agent.delivery.transfer.bitmap import read_bitmap
-from agent.delivery.transfer.chunk_log import read_log
-from agent.delivery.transfer.flusher import ChunkFlusher
+from agent.delivery.transfer.flusher import ChunkFlusher, read_record
 from agent.errors import DeliveryError
 from agent.fsutil import fsync_directory, sha256_file
 from agent.protocol.delivery_errors import DiskFullError, HashMismatchError
@@ -120,10 +118,7 @@ class PartialDownload:
     # -- opening ---------------------------------------------------------------------------------
 
     def _open(self) -> None:
-        have = read_bitmap(self.bitmap_path, self.manifest)
-        if have is not None:
-            for i in read_log(self.log_path, self.manifest):
-                have[i] = 1
+        have = read_record(self.bitmap_path, self.log_path, self.manifest)
         part_ok = self.part_path.exists() and self.part_path.stat().st_size == self.manifest.size
         if have is None or not part_ok:
             if self.part_path.exists() or self.bitmap_path.exists():

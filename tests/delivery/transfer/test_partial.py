@@ -16,7 +16,6 @@ import pytest
 
 from agent import fsutil
 from agent.delivery.transfer import flusher
-from agent.delivery.transfer.bitmap import read_bitmap
 from agent.delivery.transfer.chunk_log import (
     RECORD,
     ChunkLog,
@@ -25,6 +24,7 @@ from agent.delivery.transfer.chunk_log import (
     log_key,
     read_log,
 )
+from agent.delivery.transfer.flusher import read_record
 from agent.delivery.transfer.partial import PartialDownload
 from agent.errors import DeliveryError
 from agent.protocol.delivery_errors import HashMismatchError
@@ -247,9 +247,9 @@ def test_a_finished_download_reopens_complete(tmp_path: Path, model: Path, manif
 
 def _recorded_chunks(partial: PartialDownload) -> set[int]:
     """The chunks the record on disk names: the bitmap's, plus the log's."""
-    have = read_bitmap(partial.bitmap_path, partial.manifest)
+    have = read_record(partial.bitmap_path, partial.log_path, partial.manifest)
     assert have is not None
-    return {i for i, bit in enumerate(have) if bit} | set(read_log(partial.log_path, partial.manifest))
+    return {i for i, bit in enumerate(have) if bit}
 
 
 class _SyncGate:

@@ -17,8 +17,8 @@ import sys
 import threading
 from pathlib import Path
 
-from agent.delivery.transfer.bitmap import read_bitmap
 from agent.delivery.transfer.chunk_log import read_log
+from agent.delivery.transfer.flusher import read_record
 from agent.delivery.transfer.pull import fetch_model
 from agent.demo.broker import Broker
 from agent.protocol.manifest import DeployManifest
@@ -150,10 +150,9 @@ def test_a_broker_restart_mid_transfer_is_survived(private_broker: Broker, tmp_p
 
 def _recorded_chunks(part_dir: Path, manifest: DeployManifest) -> set[int]:
     """The chunks the durable record names: the bitmap's, plus the log's."""
-    have = read_bitmap(part_dir / f"{manifest.sha256}.bitmap", manifest)
+    have = read_record(part_dir / f"{manifest.sha256}.bitmap", part_dir / f"{manifest.sha256}.log", manifest)
     assert have is not None
-    logged = read_log(part_dir / f"{manifest.sha256}.log", manifest)
-    return {i for i, bit in enumerate(have) if bit} | set(logged)
+    return {i for i, bit in enumerate(have) if bit}
 
 
 def _child(argv: list[str]) -> None:

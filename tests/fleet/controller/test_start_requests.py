@@ -50,6 +50,7 @@ def _start(
     from agent.cli import main
 
     broker_args = ["--broker", f"{broker.host}:{broker.port}", "--prefix", prefix]
+    # Not a fault test: what is counted is the CLI's requests to the controller, not a device's guards.
     start = ["fleet", "rollout", "start", str(model), "--slot", SLOT, "--version", "2", "--no-shadow"]
     start += ["--select", "!site", "--id", rollout_id, "--retained-wait", "1", "--json", *broker_args]
     with Probe(broker.host, broker.port) as probe:
