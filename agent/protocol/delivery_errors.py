@@ -12,12 +12,15 @@ from __future__ import annotations
 from agent.errors import DeliveryError, DiskFullError, HashMismatchError, RejectedError
 
 __all__ = [
+    "AgentIncompatibleError",
+    "AgentInstallFailedError",
     "BadJsonError",
     "BadManifestError",
     "BadNameError",
     "BadOnnxError",
     "BadSignatureError",
     "Cancelled",
+    "ConfigInvalidError",
     "DiskFull",
     "DiskFullError",
     "HashMismatch",
@@ -140,6 +143,27 @@ class IncompatibleError(RejectedError):
     code = "incompatible"
 
 
+class ConfigInvalidError(RejectedError):
+    """A configuration overlay (target ``_config``) fails the agent.yaml schema, sets a key an overlay
+    may not set, or names files the device lacks; nothing was changed."""
+
+    code = "config_invalid"
+
+
+class AgentIncompatibleError(RejectedError):
+    """An agent release (target ``_agent``) is for another Python or machine, or names a wheel whose
+    tags this device cannot install; nothing was changed."""
+
+    code = "agent_incompatible"
+
+
+class AgentInstallFailedError(DeliveryError):
+    """Installing an agent release side by side failed (a dependency missing offline, pip failed, disk);
+    the running release was not touched and keeps running (job ends FAILED)."""
+
+    code = "agent_install_failed"
+
+
 class JobCancelledError(DeliveryError):
     """The job was cancelled (superseded by a newer manifest, or the agent is stopping)."""
 
@@ -194,7 +218,9 @@ class ShadowRejectedError(RejectedError):
 class RolledBackError(DeliveryError):
     """The new model served and was swapped back to the last-known-good one (job ends ROLLED_BACK).
 
-    ``code``: ``unhealthy`` (a probation figure crossed its bar) or ``operator_rollback``.
+    ``code``: ``unhealthy`` (a probation figure crossed its bar), ``operator_rollback``, and for the
+    device's own targets ``config_reverted`` (the overlay was put back) or ``agent_reverted`` (the
+    previous agent release runs again).
     """
 
     code = "unhealthy"

@@ -34,6 +34,7 @@ from agent.protocol.delivery_errors import (
     RejectedError,
     WrongDeviceError,
 )
+from agent.protocol.device_targets import DEVICE_TARGETS
 from agent.protocol.manifest_names import (
     SHA256_PATTERN,
     bad_name,
@@ -76,7 +77,8 @@ class ModelSourceRef(StrictModel):
 
 #: Most artifacts one manifest carries (a calibration, labels: a handful at most).
 MAX_ARTIFACTS = 8
-ArtifactKind = Literal["calibration"]
+#: calibration: an INT8 calibration for the build; wheel: one wheel of an agent release (``_agent``).
+ArtifactKind = Literal["calibration", "wheel"]
 
 
 class ManifestArtifact(StrictModel):
@@ -88,7 +90,8 @@ class ManifestArtifact(StrictModel):
 
     name: str = Field(description="Name the build request refers to (calibration.artifact).")
     kind: ArtifactKind = Field(
-        description="calibration: a calibration table or TensorRT calibration cache the INT8 build uses."
+        description="calibration: a calibration table or TensorRT calibration cache the INT8 build uses; "
+        "wheel: one wheel of an agent release (target _agent), named by its file name."
     )
     size: int = Field(gt=0, description="File size in bytes.")
     sha256: str = Field(pattern=SHA256_PATTERN, description="SHA-256 (lowercase hex) of the whole file.")
@@ -210,8 +213,12 @@ class DeployManifest(StrictModel):
     @classmethod
     def _slot(cls, value: str) -> str:
         check_path_safe("slot", value)
-        if not NAME_PATTERN.match(value):
-            raise bad_name("slot", value, f"is not a slot name (pattern {NAME_PATTERN.pattern})")
+        if value not in DEVICE_TARGETS and not NAME_PATTERN.match(value):
+            raise bad_name(
+                "slot",
+                value,
+                f"is not a slot name (pattern {NAME_PATTERN.pattern}) nor one of {sorted(DEVICE_TARGETS)}",
+            )
         return value
 
     @field_validator("model_id", "version")

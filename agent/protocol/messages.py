@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from agent.errors import AgentError
 from agent.model_base import StrictModel
 from agent.names import LabelKey, LabelValue
+from agent.protocol.device_targets import TargetInfo
 from agent.protocol.results import ClassScore, Detection, RawTensor
 
 
@@ -278,6 +279,16 @@ class InfoMessage(Envelope):
         default_factory=dict,
         description="Each stream's camera source by stream name: state, counters, last failure; "
         "absent from agents before it existed, read as none.",
+    )
+    config: TargetInfo | None = Field(
+        None,
+        description="The device's configuration overlay (target _config): its version, the job that "
+        "applied it, one pending, the last reverted; absent on agents that take no overlay.",
+    )
+    agent_release: TargetInfo | None = Field(
+        None,
+        description="The agent release it runs (target _agent): version, job, one pending, the last "
+        "reverted; absent on agents not installed as releases.",
     )
 
 

@@ -15,6 +15,7 @@ from typing import Any
 from tuf.api.metadata import Metadata, Root, TargetFile, Targets
 
 from agent.protocol.delivery_errors import RevokedKeyError, TrustExpiredError, UnreleasedError
+from agent.protocol.device_targets import target_kind
 from agent.protocol.manifest import DeployManifest
 from agent.trust.roles import RELEASE, revoked_keys
 
@@ -25,13 +26,19 @@ MAX_RELEASE_BYTES = 256 * 1024
 
 
 def _specs(manifest: DeployManifest) -> dict[str, Any]:
-    """What the release binds beside the bytes: the model's name and version, its pre/postprocessing."""
-    return {
+    """What the release binds beside the bytes: the model's name and version, its pre/postprocessing,
+    and for a device target (configuration, agent release) its kind, so no release of one kind is
+    taken for another."""
+    specs: dict[str, Any] = {
         "model_id": manifest.model_id,
         "version": manifest.version,
         "preprocess": manifest.preprocess.model_dump(mode="json") if manifest.preprocess else None,
         "postprocess": manifest.postprocess.model_dump(mode="json") if manifest.postprocess else None,
     }
+    kind = target_kind(manifest.slot)
+    if kind != "model":
+        specs["kind"] = kind
+    return specs
 
 
 def _targets(manifest: DeployManifest) -> dict[str, TargetFile]:
