@@ -152,6 +152,8 @@ AGENT_ROOMS = (
     "engines",
     "measure",
     "runtime",
+    # the device's own configuration and agent release as desired state (beside the model slots)
+    "lifecycle",
     # the operator side (its own rooms: FLEET_ROOMS)
     "fleet",
     # composition roots: build everything, start, stop; prove it

@@ -1,0 +1,1 @@
+"""The device's own configuration and agent release as desired state: checked, applied, watched, put back."""
