@@ -100,6 +100,7 @@ FLEET_ROOMS = (
     "enrollment",
     "metrics",
     "trust",
+    "bundle",
     "console",
     "controller",
     "cli",

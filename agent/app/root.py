@@ -37,9 +37,11 @@ from agent.enrollment.certificate import HeldCertificate, held_certificate
 from agent.enrollment.keys import CertificateFacts
 from agent.enrollment.renewal import CertificateRenewal
 from agent.errors import ConfigError
+from agent.lifecycle.bundle.inbox import ImportedStates
 from agent.logs.ring import LogRing, logs_command
 from agent.logs.setup import configure_logging
 from agent.machine.platform import detect_platform
+from agent.mqtt.inbound import InboundMessage
 from agent.mqtt.link import MqttLink
 from agent.protocol.command_args import CalibrateArgs, EvidenceArgs, LogsArgs, SnapshotArgs
 from agent.protocol.topics import Topics
@@ -83,6 +85,9 @@ class Agent:
         self.config_path = config_path
         self.stop_event = threading.Event()
         self.reload_event = threading.Event()
+        #: Set by SIGUSR1 (``edge-agent import``): hand the imported desired states in again.
+        self.import_event = threading.Event()
+        self.imported = ImportedStates(config.state_dir)
         self.metrics = Metrics()
         self.notifier = Notifier.from_env()
         config.state_dir.mkdir(parents=True, exist_ok=True)
@@ -202,6 +207,7 @@ class Agent:
         if self.metrics_endpoint is not None:
             self.metrics_endpoint.start()  # first: a taken port fails the start before anything runs
         self.delivery.start()  # subscribes before connecting: retained manifests arrive on connect
+        self.hand_in_imported()  # dispatched first, as retained ones would be; needs no broker
         if self.renewal is not None:
             self.renewal.start()  # subscribes to down/cert before connecting too
         self.link.start()
@@ -250,6 +256,7 @@ class Agent:
         signal.signal(signal.SIGTERM, on_stop)
         signal.signal(signal.SIGINT, on_stop)
         signal.signal(signal.SIGHUP, on_reload)
+        signal.signal(signal.SIGUSR1, lambda _signum, _frame: self.import_event.set())
 
     def run_forever(self) -> None:
         """Serve until the stop event; reloads run here, on the main thread."""
@@ -258,12 +265,22 @@ class Agent:
             if self.reload_event.is_set():
                 self.reload_event.clear()
                 self.reload()
+            if self.import_event.is_set():
+                self.import_event.clear()
+                self.hand_in_imported()
             cameras = self.frames.cameras_changed
             if cameras.is_set() and time.monotonic() - camera_info_at >= CAMERA_INFO_GAP_S:
                 cameras.clear()
                 camera_info_at = time.monotonic()
                 if self.link.connected:
                     self.reports.publish_info()
+
+    def hand_in_imported(self) -> None:
+        """The desired states ``edge-agent import`` kept, dispatched as if the broker had sent them
+        retained: the same intake checks them and the job runner ignores a job id it ran already."""
+        for kept in self.imported.messages(self.topics):
+            taken = self.link.hand_in(InboundMessage(kept.topic, kept.payload, qos=1, retain=True))
+            log.info("bundle.handed_in", topic=kept.topic, taken=taken)
 
     # -- reload ------------------------------------------------------------------------------
 
@@ -406,6 +423,9 @@ def run(config_path: Path) -> int:
     configure_logging(config.logging.format, config.logging.level, ring=ring)
     if not enroll_if_needed(config, Notifier.from_env()):
         return 0
+    # Ignored until the handler is in place: `edge-agent import` may signal as soon as the state
+    # directory is locked, and the default action would end the agent. start() reads the kept states.
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
     agent = Agent(config, config_path, ring)
     agent.install_signal_handlers()
     try:

@@ -17,6 +17,7 @@ from agent import __version__
 from agent.cli.broker import add_broker_arguments
 from agent.cli.build import add_build_arguments
 from agent.cli.help_format import CliParser
+from agent.cli.importing import add_import_arguments
 from agent.cli.selftest import add_selftest_arguments
 from agent.errors import AgentError, ConfigError, UsageError
 from agent.fleet.cli.main import FLEET_COMMANDS, add_fleet_arguments
@@ -63,6 +64,13 @@ def _parser() -> argparse.ArgumentParser:
 
     broker = sub.add_parser("broker", help="run a local mosquitto (for configs/local.yaml) until Ctrl-C")
     add_broker_arguments(broker)
+
+    imported = sub.add_parser(
+        "import",
+        help="check an offline bundle (from a USB stick) with this device's trust rules and hand its desired "
+        "states to the agent, running or not",
+    )
+    add_import_arguments(imported)
 
     fleet = sub.add_parser("fleet", help=f"operator commands: {', '.join(FLEET_COMMANDS)}")
     add_fleet_arguments(fleet)
@@ -136,6 +144,10 @@ def _dispatch(args: argparse.Namespace) -> int:
         from agent.app.root import run
 
         return run(args.config)
+    if args.command == "import":
+        from agent.cli.importing import run_import
+
+        return run_import(args)
     if args.command == "enroll":
         from agent.cli.enroll import run_enroll
 

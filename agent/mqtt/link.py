@@ -283,6 +283,12 @@ class MqttLink:
             self._counters.count("dropped_offline")
             log.warning("mqtt.publish.failed", topic=topic, rc=sent.error)
 
+    def hand_in(self, message: InboundMessage) -> bool:
+        """Dispatch ``message`` as if the broker had sent it: to the same subscriptions' handlers, in
+        order with received messages, on the dispatcher thread (an offline import's desired states).
+        False when the inbox is full (nothing taken)."""
+        return self._inbox.offer(message)
+
     def subscribe(self, topic_filter: str, handler: Handler, qos: int = 1) -> None:
         """Call ``handler`` (on the dispatcher thread) for every message matching ``topic_filter``.
 

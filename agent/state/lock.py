@@ -80,6 +80,25 @@ class StateDirLock:
             os.close(fd)
 
 
+def holder_pid(state_dir: Path) -> int | None:
+    """The pid of the agent that holds ``state_dir`` now, None when no process holds it."""
+    path = Path(state_dir) / LOCK_FILE_NAME
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _holder(fd)
+            return int(holder) if holder.isdigit() else None
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
+    finally:
+        os.close(fd)
+
+
 def _holder(fd: int) -> str:
     """The pid the holder wrote, or ``unknown`` (it may not have written it yet)."""
     try:

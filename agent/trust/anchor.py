@@ -112,7 +112,7 @@ class FleetRoot:
         Returns why versions were refused (empty when everything offered was taken or already held).
         """
         try:
-            chain = self._chain(payload)
+            chain = self.read_chain(payload)
         except RootRefusedError as bad:
             log.error("trust.root.refused", code=bad.code, error=str(bad))
             return [bad]
@@ -130,7 +130,8 @@ class FleetRoot:
         return refused
 
     @staticmethod
-    def _chain(payload: bytes) -> list[Metadata[Root]]:
+    def read_chain(payload: bytes) -> list[Metadata[Root]]:
+        """The root versions of a :class:`RootChain` payload, bounded; RootRefusedError when unusable."""
         if len(payload) > MAX_ROOT_CHAIN_BYTES:
             raise RootRefusedError(f"root chain is larger than {MAX_ROOT_CHAIN_BYTES} bytes", code="bad_root")
         try:

@@ -21,6 +21,7 @@ from agent.errors import UsageError
 from agent.fleet.cli import device_commands
 from agent.fleet.cli.admission import add_admission_arguments, run_admission
 from agent.fleet.cli.args import add_retained_wait, add_target_arguments
+from agent.fleet.cli.bundle import add_bundle_arguments, run_bundle
 from agent.fleet.cli.ca import add_ca_arguments, add_ca_dir, run_ca, run_revoke
 from agent.fleet.cli.connection import add_broker_arguments, settings_from_args
 from agent.fleet.cli.deploy import add_manifest_arguments, run_deploy
@@ -54,6 +55,7 @@ FLEET_COMMANDS = (
     "controller",
     "rollout",
     "trust",
+    "bundle",
 )
 
 
@@ -114,6 +116,13 @@ def add_fleet_arguments(parser: argparse.ArgumentParser) -> None:
         "trust", help="the fleet root of trust: keys, root versions, releases (docs/trust.md)"
     )
     add_trust_arguments(trust)
+
+    bundle = sub.add_parser(
+        "bundle",
+        help="write one signed file holding what the controller publishes for some devices (desired "
+        "states, root chain, files) for `edge-agent import` where there is no network (docs/bundles.md)",
+    )
+    add_bundle_arguments(bundle)
 
     serve = sub.add_parser("serve", help="serve model chunks from a directory until SIGTERM")
     serve.add_argument("--repo", type=Path, required=True, help="directory of model files")
@@ -329,6 +338,8 @@ def run_fleet(args: argparse.Namespace) -> int:
         return _keygen(args)
     if command == "deploy":
         return run_deploy(args)
+    if command == "bundle":
+        return run_bundle(args)
     if command == "serve":
         return _serve(args)
     if command == "status":

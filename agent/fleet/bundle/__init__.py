@@ -1,0 +1,1 @@
+"""Offline bundles: what the controller would send some devices, in one signed file."""

@@ -1,0 +1,126 @@
+"""Bundles made for the tests (no tests here): a fleet root made at run time (`fleet trust init`'s
+keys, none spelled anywhere), released models, desired states signed with the controller key, and
+bundle files written by the real writer; plus a hand-made tar for members no writer would make."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import tarfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from agent.fleet.bundle.retained import Published
+from agent.fleet.bundle.writer import find_files, needed_files, write_bundle
+from agent.fleet.deploy.keys import load_signing_key
+from agent.fleet.trust import versions
+from agent.fleet.trust.keyring import key_id_of
+from agent.fleet.trust.releases import sign_release
+from agent.fleet.trust.versions import TrustDir
+from agent.protocol.manifest import KIB, DeployManifest, ManifestArtifact, build_manifest, sign_manifest
+from agent.signing import Ed25519PrivateKey
+
+
+@dataclass
+class BundleTrust:
+    """A trust directory made by ``fleet trust init`` for one test."""
+
+    directory: Path
+
+    @classmethod
+    def init(cls, directory: Path) -> BundleTrust:
+        versions.init(directory, root_keys=3, threshold=2, expires_days=30)
+        return cls(directory)
+
+    @property
+    def controller_key(self) -> Path:
+        return self.directory / "keys" / "controller.key"
+
+    @property
+    def release_key(self) -> Path:
+        return self.directory / "keys" / "release.key"
+
+    @property
+    def anchor(self) -> Path:
+        return self.directory / "root" / "1.root.json"
+
+    def controller(self) -> tuple[Ed25519PrivateKey, str]:
+        return load_signing_key(self.controller_key), key_id_of(self.controller_key)
+
+    def chain(self) -> bytes:
+        return TrustDir(self.directory).chain().model_dump_json().encode("utf-8")
+
+    def desired(
+        self,
+        model: Path,
+        *,
+        device: str,
+        version: str,
+        slot: str = "cls",
+        artifacts: list[ManifestArtifact] | None = None,
+        released: bool = True,
+        sequence: int | None = None,
+    ) -> tuple[DeployManifest, bytes]:
+        """A desired state of ``model`` for ``device``, released with the release key (unless not
+        ``released``) and signed with the controller key, as `fleet deploy --release` publishes it."""
+        manifest = build_manifest(
+            model,
+            job_id=f"bundle-{device}-{slot}-{version}",
+            sequence=sequence if sequence is not None else int(version),
+            slot=slot,
+            model_id="cls",
+            version=version,
+            device=device,
+            chunk_size=4 * KIB,
+            artifacts=artifacts or (),
+        )
+        release = None
+        if released:
+            out = model.with_suffix(f".{slot}.{version}.release.json")
+            release = sign_release(manifest, [self.release_key], out, version=1, expires_days=30).read_text()
+        key, key_id = self.controller()
+        return manifest, sign_manifest(manifest, key, key_id, release=release)
+
+
+def write_test_bundle(
+    out: Path,
+    trust: BundleTrust,
+    desired: dict[str, dict[str, bytes]],
+    files_in: list[Path],
+    *,
+    key: tuple[Ed25519PrivateKey, str] | None = None,
+    with_chain: bool = True,
+) -> Path:
+    """A bundle written by the real writer for ``desired``, its files found under ``files_in``."""
+    published = Published(desired=desired, root_chain=trust.chain() if with_chain else None)
+    files = find_files(needed_files(published), files_in)
+    signing_key, key_id = key or trust.controller()
+    write_bundle(out, published, files, key=signing_key, key_id=key_id)
+    return out
+
+
+def members(bundle: Path) -> list[tuple[str, bytes]]:
+    """Every member of ``bundle`` and its bytes (small test bundles only)."""
+    with tarfile.open(bundle, "r:") as tar:
+        found = [(m, tar.extractfile(m)) for m in tar.getmembers() if m.isreg()]
+        return [(m.name, f.read()) for m, f in found if f is not None]
+
+
+def rewrite(
+    bundle: Path, out: Path, replaced: dict[str, bytes], *, inserted: tuple[int, str, bytes] | None = None
+) -> Path:
+    """``bundle`` with some members' bytes replaced (names kept), maybe a member inserted at a position."""
+    items = [(name, replaced.get(name, data)) for name, data in members(bundle)]
+    if inserted is not None:
+        position, name, data = inserted
+        items.insert(position, (name, data))
+    with tarfile.open(out, "w:", format=tarfile.PAX_FORMAT) as tar:
+        for name, data in items:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return out
+
+
+def sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
