@@ -9,6 +9,7 @@ import io
 import tarfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from agent.fleet.bundle.retained import Published
 from agent.fleet.bundle.writer import find_files, needed_files, write_bundle
@@ -60,9 +61,11 @@ class BundleTrust:
         artifacts: list[ManifestArtifact] | None = None,
         released: bool = True,
         sequence: int | None = None,
+        **fields: Any,
     ) -> tuple[DeployManifest, bytes]:
         """A desired state of ``model`` for ``device``, released with the release key (unless not
-        ``released``) and signed with the controller key, as `fleet deploy --release` publishes it."""
+        ``released``) and signed with the controller key, as `fleet deploy --release` publishes it;
+        ``fields`` are more of the manifest's (shadow, probation)."""
         manifest = build_manifest(
             model,
             job_id=f"bundle-{device}-{slot}-{version}",
@@ -73,6 +76,7 @@ class BundleTrust:
             device=device,
             chunk_size=4 * KIB,
             artifacts=artifacts or (),
+            **fields,
         )
         release = None
         if released:
