@@ -32,7 +32,7 @@ from agent.trust.bundle import INDEX_MEMBER, BundleIndex, SignedIndex, blob_memb
 from tests.e2e.daemon import AgentFiles, Daemon
 from tests.e2e.fleet_rig import ENDS_ONLY_PROBATION, count_version, ends_only_shadow, operator_settings
 from tests.fleet.controller_process import ControllerProcess
-from tests.lifecycle.bundle.bundles import BundleTrust, members, rewrite
+from tests.lifecycle.bundle.bundles import BundleTrust, device_target_states, members, rewrite
 from tests.mqtt_probe import Probe
 from tests.waiting import patient, wait_until
 
@@ -66,14 +66,16 @@ def device_files(tmp_path: Path, broker: Broker, device: str, trust: BundleTrust
     return files
 
 
-def publish_desired(broker: Broker, trust: BundleTrust, device: str, payload: bytes) -> None:
+def publish_desired(
+    broker: Broker, trust: BundleTrust, device: str, payload: bytes, *, target: str = "cls"
+) -> None:
     """What the controller publishes: the device's desired state and the root chain, retained."""
     settings = operator_settings(broker)
     publish_chain(settings, trust.directory)
     client = ServiceClient(settings)
     client.start(patient(10))
     try:
-        client.publish(Topics(PREFIX, device).desired("cls"), payload, qos=1, retain=True)
+        client.publish(Topics(PREFIX, device).desired(target), payload, qos=1, retain=True)
         assert client.wait_published(patient(10))
     finally:
         client.stop()
@@ -104,9 +106,13 @@ def import_bundle(bundle: Path, files: AgentFiles, capsys: pytest.CaptureFixture
     return code, captured.out + captured.err
 
 
-def job_states(probe: Probe, device: str, job_id: str) -> list[JobState]:
+def job_statuses(probe: Probe, device: str, job_id: str) -> list[JobStatus]:
     topic = Topics(PREFIX, device).jobs(job_id)
-    return [decode(JobStatus, m.payload).state for m in probe.snapshot() if m.topic == topic]
+    return [decode(JobStatus, m.payload) for m in probe.snapshot() if m.topic == topic]
+
+
+def job_states(probe: Probe, device: str, job_id: str) -> list[JobState]:
+    return [status.state for status in job_statuses(probe, device, job_id)]
 
 
 def job_ended(daemon: Daemon, job_id: str, state: str) -> Callable[[], bool]:
@@ -258,6 +264,52 @@ def test_bad_bundles_imported_into_a_running_agent_offline_change_nothing_then_a
         probe.wait_for(count_version("2", Topics(PREFIX, device).results("cam")), timeout=60)
         probe.wait_for(lambda _m: JobState.ACTIVE in job_states(probe, device, job_id), timeout=60)
         assert job_states(probe, device, job_id)[0] is JobState.QUEUED
+    finally:
+        probe.close()
+        code = daemon.stop()
+    assert code == 0, daemon.log()[-3000:]
+
+
+def test_configuration_and_agent_release_entries_reach_the_intake_exactly_as_over_mqtt(
+    tmp_path: Path, broker_factory: Callable[[Sequence[str]], Broker], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The same ``_config`` and ``_agent`` desired states, once from a bundle and once over MQTT, give the
+    same job states: whatever the device does with its own targets, an import does not change it."""
+    broker = persistent_broker(tmp_path, broker_factory)
+    trust = BundleTrust.init(tmp_path / "trust")
+    device = f"bundle-{uuid.uuid4().hex[:6]}"
+    files = device_files(tmp_path, broker, device, trust)
+    imported = device_target_states(trust, tmp_path / "targets", device, sequence=1)
+    over_mqtt = device_target_states(trust, tmp_path / "targets", device, sequence=2)
+    for target, (_, payload) in imported.items():
+        publish_desired(broker, trust, device, payload, target=target)
+    argv = ["fleet", "bundle", "--device", device, "--key", str(trust.controller_key)]
+    argv += ["--from", str(tmp_path / "targets"), "--broker", f"{broker.host}:{broker.port}"]
+    assert main([*argv, str(tmp_path / "targets.bundle")]) == 0
+    for target in imported:
+        publish_desired(broker, trust, device, b"", target=target)
+
+    probe = Probe(broker.host, broker.port, client_id=f"probe-{device}", session_expiry_s=600)
+    probe.subscribe(f"{PREFIX}/{device}/up/#")
+    daemon = Daemon(files.config_path, tmp_path / "agent.log")
+    try:
+        probe.wait_for(count_version("1", Topics(PREFIX, device).results("cam")), timeout=60)
+        code, out = import_bundle(tmp_path / "targets.bundle", files, capsys)
+        assert code == 0, out
+        for target, (_, payload) in over_mqtt.items():
+            publish_desired(broker, trust, device, payload, target=target)
+        ends = {m.job_id: m for m, _ in [*imported.values(), *over_mqtt.values()]}
+
+        def ended() -> bool:
+            return all(any(s.state.terminal for s in job_statuses(probe, device, job)) for job in ends)
+
+        probe.wait_for(lambda _m: ended(), timeout=60)
+        for target in imported:
+            bundled = [
+                (s.state, s.error_code) for s in job_statuses(probe, device, imported[target][0].job_id)
+            ]
+            mqtt = [(s.state, s.error_code) for s in job_statuses(probe, device, over_mqtt[target][0].job_id)]
+            assert bundled == mqtt, (target, bundled, mqtt)
     finally:
         probe.close()
         code = daemon.stop()

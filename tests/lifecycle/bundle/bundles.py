@@ -18,7 +18,15 @@ from agent.fleet.trust import versions
 from agent.fleet.trust.keyring import key_id_of
 from agent.fleet.trust.releases import sign_release
 from agent.fleet.trust.versions import TrustDir
-from agent.protocol.manifest import KIB, DeployManifest, ManifestArtifact, build_manifest, sign_manifest
+from agent.protocol.device_targets import AGENT_TARGET, CONFIG_TARGET, AgentRelease, AgentWheel
+from agent.protocol.manifest import (
+    KIB,
+    DeployManifest,
+    ManifestArtifact,
+    build_manifest,
+    describe_artifact,
+    sign_manifest,
+)
 from agent.signing import Ed25519PrivateKey
 
 
@@ -128,3 +136,56 @@ def rewrite(
 
 def sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
+
+
+def device_target_files(directory: Path) -> tuple[Path, Path, Path]:
+    """A configuration overlay, an agent release document and its one wheel, as the operator makes them."""
+    directory.mkdir(parents=True, exist_ok=True)
+    overlay = directory / "overlay.yaml"
+    overlay.write_text("version: c1\nlogging:\n  level: debug\n")
+    wheel = directory / "edge_agent-9.9.9-py3-none-any.whl"
+    wheel.write_bytes(b"PK\x03\x04" + hashlib.sha256(b"wheel").digest() * 64)
+    release = AgentRelease(
+        version="9.9.9",
+        python="3.11",
+        platforms=["x86_64", "aarch64"],
+        wheels=[AgentWheel(filename=wheel.name, sha256=sha(wheel.read_bytes()), size=wheel.stat().st_size)],
+    )
+    document = directory / "release.json"
+    document.write_text(release.model_dump_json())
+    return overlay, document, wheel
+
+
+def device_target_states(
+    trust: BundleTrust, directory: Path, device: str, *, sequence: int = 1
+) -> dict[str, tuple[DeployManifest, bytes]]:
+    """Released, signed ``_config`` and ``_agent`` desired states for ``device``, per the contract:
+    the document is the manifest's bytes, each wheel an artifact of kind ``wheel``."""
+    overlay, document, wheel = device_target_files(directory)
+    states: dict[str, tuple[DeployManifest, bytes]] = {}
+    for target, path, model_id, version, artifacts in (
+        (CONFIG_TARGET, overlay, "config", "c1", []),
+        (
+            AGENT_TARGET,
+            document,
+            "edge-agent",
+            "9.9.9",
+            [describe_artifact(wheel, name=wheel.name, kind="wheel")],
+        ),
+    ):
+        manifest = build_manifest(
+            path,
+            job_id=f"bundle-{device}-{target.strip('_')}-{sequence}",
+            sequence=sequence,
+            slot=target,
+            model_id=model_id,
+            version=version,
+            device=device,
+            chunk_size=4 * KIB,
+            artifacts=artifacts,
+        )
+        out = directory / f"{target}.{sequence}.release.json"
+        release = sign_release(manifest, [trust.release_key], out, version=1, expires_days=30).read_text()
+        key, key_id = trust.controller()
+        states[target] = (manifest, sign_manifest(manifest, key, key_id, release=release))
+    return states

@@ -16,12 +16,19 @@ from agent.fleet.deploy.keys import load_signing_key, write_keypair
 from agent.fleet.trust.keyring import key_id_of
 from agent.lifecycle.bundle.importer import import_bundle
 from agent.lifecycle.bundle.inbox import ImportedStates
-from agent.protocol.manifest import describe_artifact
+from agent.protocol.device_targets import AGENT_TARGET, CONFIG_TARGET
+from agent.protocol.manifest import describe_artifact, sign_manifest
 from agent.protocol.topics import Topics, trust_root
 from agent.store import ModelStore
 from agent.trust.bundle import BundleError, blob_member, desired_member
 from tests.e2e.daemon import AgentFiles
-from tests.lifecycle.bundle.bundles import BundleTrust, rewrite, write_test_bundle
+from tests.lifecycle.bundle.bundles import (
+    BundleTrust,
+    device_target_files,
+    device_target_states,
+    rewrite,
+    write_test_bundle,
+)
 
 DEVICE = "bundle-cam"
 OTHER = "bundle-other"
@@ -81,6 +88,53 @@ def test_a_bundle_puts_its_files_in_the_stores_and_keeps_the_desired_state_for_t
 
     again = import_bundle(setup.bundle, setup.config)  # the files are there already: nothing copied
     assert (again.copied, again.present) == (0, 2)
+
+
+def test_configuration_and_agent_release_entries_are_checked_and_kept_like_a_model(
+    setup: Setup, tmp_path: Path
+) -> None:
+    states = device_target_states(setup.trust, tmp_path / "targets", DEVICE)
+    desired = {"cls": setup.payload, **{target: payload for target, (_, payload) in states.items()}}
+    bundle = write_test_bundle(
+        tmp_path / "whole.bundle",
+        setup.trust,
+        {DEVICE: desired},
+        [setup.files.root, tmp_path / "repo", tmp_path / "targets"],
+    )
+
+    report = import_bundle(bundle, setup.config)
+
+    assert sorted((t.target, t.version) for t in report.targets) == [
+        ("_agent", "9.9.9"),
+        ("_config", "c1"),
+        ("cls", "2"),
+    ]
+    models = ModelStore(setup.config.state_dir / "models")
+    artifacts = ModelStore(setup.config.state_dir / "artifacts")
+    agent_manifest = states[AGENT_TARGET][0]
+    assert models.has(states[CONFIG_TARGET][0].sha256)  # the overlay, fetched as a model's bytes would be
+    assert models.has(agent_manifest.sha256)  # the release document
+    assert all(artifacts.has(w.sha256) for w in agent_manifest.artifacts or ())  # its wheels, as artifacts
+    topics = Topics("fleet/v1", DEVICE)
+    kept = {m.topic: m.payload for m in ImportedStates(setup.config.state_dir).messages(topics)}
+    assert kept[topics.desired(CONFIG_TARGET)] == states[CONFIG_TARGET][1]
+    assert kept[topics.desired(AGENT_TARGET)] == states[AGENT_TARGET][1]
+
+
+def test_a_configuration_released_as_a_model_is_refused(setup: Setup, tmp_path: Path) -> None:
+    overlay = device_target_files(tmp_path / "targets")[0]
+    # The overlay's bytes released for the slot cls, named by a desired state of _config: kinds differ.
+    manifest, _ = setup.trust.desired(overlay, device=DEVICE, version="c1", slot="cls", sequence=1)
+    forged = manifest.model_copy(update={"slot": CONFIG_TARGET, "job_id": "forged-config"})
+    release = (overlay.with_suffix(".cls.c1.release.json")).read_text()
+    key, key_id = setup.trust.controller()
+    payload = sign_manifest(forged, key, key_id, release=release)
+    bundle = write_test_bundle(
+        tmp_path / "kind.bundle", setup.trust, {DEVICE: {CONFIG_TARGET: payload}}, [tmp_path / "targets"]
+    )
+
+    with pytest.raises(BundleError, match=r"refused \(unreleased\)"):
+        import_bundle(bundle, setup.config)
 
 
 def test_the_import_command_prints_what_it_handed_over(
