@@ -314,3 +314,50 @@ def test_configuration_and_agent_release_entries_reach_the_intake_exactly_as_ove
         probe.close()
         code = daemon.stop()
     assert code == 0, daemon.log()[-3000:]
+
+
+def entered(daemon: Daemon, job_id: str, state: str) -> Callable[[], bool]:
+    def seen() -> bool:
+        return any(
+            e.get("event") == "delivery.job.state" and e.get("job") == job_id and e.get("state") == state
+            for e in daemon.events()
+        )
+
+    return seen
+
+
+@pytest.mark.parametrize("step", ["VERIFYING", "SHADOW", "PROBATION"])
+def test_an_imported_job_killed_at_each_step_resumes_offline_at_the_next_start_and_ends_once(
+    tmp_path: Path,
+    broker_factory: Callable[[Sequence[str]], Broker],
+    capsys: pytest.CaptureFixture[str],
+    step: str,
+) -> None:
+    broker = persistent_broker(tmp_path, broker_factory)
+    trust = BundleTrust.init(tmp_path / "trust")
+    device = f"bundle-{uuid.uuid4().hex[:6]}"
+    files = device_files(tmp_path, broker, device, trust)
+    job_id, payload = released_v2(trust, files, device)
+    publish_desired(broker, trust, device, payload)
+    bundle = make_bundle(broker, trust, files, tmp_path / "site.bundle")
+    publish_desired(broker, trust, device, b"")
+    probe = Probe(broker.host, broker.port, client_id=f"probe-{device}", session_expiry_s=600)
+    probe.subscribe(f"{PREFIX}/{device}/up/#")
+    broker.stop()
+    try:
+        code, out = import_bundle(bundle, files, capsys)
+        assert code == 0, out
+        first = Daemon(files.config_path, tmp_path / "agent-0.log")
+        wait_until(entered(first, job_id, step), timeout=90, what=f"the imported job at {step}")
+        first.kill()
+        daemon = Daemon(files.config_path, tmp_path / "agent-1.log")
+        wait_until(job_ended(daemon, job_id, "ACTIVE"), timeout=90, what="the resumed job ACTIVE")
+        broker.start()
+        probe.wait_for(count_version("2", Topics(PREFIX, device).results("cam")), timeout=60)
+        probe.wait_for(lambda _m: JobState.ACTIVE in job_states(probe, device, job_id), timeout=60)
+        code = daemon.stop()
+        assert code == 0, daemon.log()[-3000:]
+    finally:
+        probe.close()
+    terminal = {s.msg_id: s.state for s in job_statuses(probe, device, job_id) if s.state.terminal}
+    assert list(terminal.values()) == [JobState.ACTIVE], job_states(probe, device, job_id)
