@@ -20,6 +20,7 @@ TOP_LEVEL = (
     "run",
     "check-config",
     "enroll",
+    "import",
     "schema",
     "info",
     "build",
