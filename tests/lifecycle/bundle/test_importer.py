@@ -12,12 +12,14 @@ import pytest
 
 from agent.cli import main
 from agent.config import AgentConfig, load_config
+from agent.fleet.bundle.retained import Published
+from agent.fleet.bundle.writer import find_files, needed_files, write_bundle
 from agent.fleet.deploy.keys import load_signing_key, write_keypair
 from agent.fleet.trust.keyring import key_id_of
 from agent.lifecycle.bundle.importer import import_bundle
 from agent.lifecycle.bundle.inbox import ImportedStates
 from agent.protocol.device_targets import AGENT_TARGET, CONFIG_TARGET
-from agent.protocol.manifest import describe_artifact, sign_manifest
+from agent.protocol.manifest import build_manifest, describe_artifact, sign_manifest
 from agent.protocol.topics import Topics, trust_root
 from agent.store import ModelStore
 from agent.trust.bundle import BundleError, blob_member, desired_member
@@ -243,3 +245,30 @@ def test_a_bad_bundle_is_refused_naming_what_was_wrong_and_changes_nothing(
 
     assert says in str(refused.value)
     assert state_files(state) == before
+
+
+def test_a_device_without_a_fleet_root_checks_the_bundle_with_its_trusted_keys(tmp_path: Path) -> None:
+    keys = write_keypair(tmp_path / "keys")
+    files = AgentFiles(tmp_path / DEVICE, 1, DEVICE, frames=2)
+    files.write_config(delivery={"trusted_keys": {keys.key_id: str(keys.public)}})
+    config = load_config(files.config_path, require_models=False)
+    manifest = build_manifest(files.v2, job_id="plain-2", sequence=2, slot="cls", model_id="cls", version="2")
+    payload = sign_manifest(manifest, load_signing_key(keys.private), keys.key_id)
+    published = Published(desired={DEVICE: {"cls": payload}})
+    found = find_files(needed_files(published), [files.root])
+    good = write_bundle(
+        tmp_path / "plain.bundle", published, found, key=load_signing_key(keys.private), key_id=keys.key_id
+    )
+    stranger = write_keypair(tmp_path / "stranger", key_id=keys.key_id)
+    forged = write_bundle(
+        tmp_path / "forged.bundle",
+        published,
+        found,
+        key=load_signing_key(stranger.private),
+        key_id=keys.key_id,
+    )
+
+    with pytest.raises(BundleError, match="bad_signature"):
+        import_bundle(forged.path, config)
+    assert import_bundle(good.path, config).targets[0].job_id == "plain-2"
+    assert ModelStore(config.state_dir / "models").has(manifest.sha256)
