@@ -212,6 +212,10 @@ def import_bundle(path: Path, config: AgentConfig, *, now: datetime | None = Non
         ImportedStates(config.state_dir).keep(chain, desired)
     except DiskFullError as exc:
         raise BundleError(f"{path}: {exc}") from exc
+    except OSError as exc:  # writing the device's stores (the bundle's own read errors are BundleErrors)
+        raise BundleError(
+            f"{path}: cannot write into {config.state_dir} ({exc.strerror or exc}); nothing was handed to the agent"
+        ) from exc
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     report.root_version = trust.root.signed.version if trust.root is not None else None

@@ -31,6 +31,7 @@ from tests.lifecycle.bundle.bundles import (
     rewrite,
     write_test_bundle,
 )
+from tests.small_disk import small_disk
 
 DEVICE = "bundle-cam"
 OTHER = "bundle-other"
@@ -272,3 +273,21 @@ def test_a_device_without_a_fleet_root_checks_the_bundle_with_its_trusted_keys(t
         import_bundle(forged.path, config)
     assert import_bundle(good.path, config).targets[0].job_id == "plain-2"
     assert ModelStore(config.state_dir / "models").has(manifest.sha256)
+
+
+def test_a_full_disk_refuses_the_import_by_name_and_changes_nothing(setup: Setup, tmp_path: Path) -> None:
+    with small_disk(tmp_path / "disk") as disk:
+        files = AgentFiles(tmp_path / "full", 1, DEVICE, frames=2)
+        files.write_config(
+            delivery={"trust_root": str(setup.trust.anchor)}, state_dir=str(disk.path / "state")
+        )
+        config = load_config(files.config_path, require_models=False)
+        config.state_dir.mkdir()
+        (config.state_dir / "jobs.json").write_text("{}")
+        disk.fill()
+        before = state_files(config.state_dir)
+
+        with pytest.raises(BundleError, match="not enough disk space"):
+            import_bundle(setup.bundle, config)
+
+        assert state_files(config.state_dir) == before
