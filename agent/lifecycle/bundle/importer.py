@@ -214,7 +214,8 @@ def import_bundle(path: Path, config: AgentConfig, *, now: datetime | None = Non
         raise BundleError(f"{path}: {exc}") from exc
     except OSError as exc:  # writing the device's stores (the bundle's own read errors are BundleErrors)
         raise BundleError(
-            f"{path}: cannot write into {config.state_dir} ({exc.strerror or exc}); nothing was handed to the agent"
+            f"{path}: cannot write into {config.state_dir} ({exc.strerror or exc}); nothing was "
+            "handed to the agent"
         ) from exc
     finally:
         shutil.rmtree(staging, ignore_errors=True)
