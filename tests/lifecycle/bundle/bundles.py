@@ -142,7 +142,7 @@ def device_target_files(directory: Path) -> tuple[Path, Path, Path]:
     """A configuration overlay, an agent release document and its one wheel, as the operator makes them."""
     directory.mkdir(parents=True, exist_ok=True)
     overlay = directory / "overlay.yaml"
-    overlay.write_text("version: c1\nlogging:\n  level: debug\n")
+    overlay.write_text("logging:\n  level: debug\n")
     wheel = directory / "edge_agent-9.9.9-py3-none-any.whl"
     wheel.write_bytes(b"PK\x03\x04" + hashlib.sha256(b"wheel").digest() * 64)
     release = AgentRelease(
