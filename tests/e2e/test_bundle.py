@@ -283,8 +283,13 @@ def test_configuration_and_agent_release_entries_reach_the_intake_exactly_as_ove
     over_mqtt = device_target_states(trust, tmp_path / "targets", device, sequence=2)
     for target, (_, payload) in imported.items():
         publish_desired(broker, trust, device, payload, target=target)
+    # As docs/bundles.md shows it: the broker named by the controller's own configuration file.
+    controller_yaml = tmp_path / "controller.yaml"
+    controller_yaml.write_text(
+        f"mqtt: {{host: {broker.host}, port: {broker.port}, prefix: {PREFIX}}}\nstate_dir: {tmp_path / 'c'}\n"
+    )
     argv = ["fleet", "bundle", "--device", device, "--key", str(trust.controller_key)]
-    argv += ["--from", str(tmp_path / "targets"), "--broker", f"{broker.host}:{broker.port}"]
+    argv += ["--from", str(tmp_path / "targets"), "-c", str(controller_yaml)]
     assert main([*argv, str(tmp_path / "targets.bundle")]) == 0
     for target in imported:
         publish_desired(broker, trust, device, b"", target=target)
