@@ -1,0 +1,145 @@
+"""The lease in PostgreSQL (controller/db_lease.py) and the token that fences every write, on a real
+PostgreSQL started by the tests: one holder at a time, a standby that takes an expired lease, and a
+holder whose lease was taken that can write nothing more (its transition refused whole)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from agent.fleet.controller.db_lease import DatabaseLease
+from agent.fleet.controller.lease import LeaseHeldError, LeaseLostError
+from agent.fleet.rollout.pg_store import PostgresRolloutStore
+from agent.fleet.rollout.records import DeviceStep, RolloutPlan, WaveState
+from agent.fleet.statedb.models import ModelVault
+from agent.fleet.statedb.postgres import DatabaseError, FencedError, StateDatabase
+from agent.fsutil import sha256_file
+from tests.postgres_server import PostgresServer
+
+
+@pytest.fixture
+def address(postgres: PostgresServer) -> str:
+    address = postgres.conninfo(postgres.new_database())
+    StateDatabase(address).migrate()
+    return address
+
+
+@pytest.fixture
+def leases(address: str, tmp_path: Path) -> Iterator[list[DatabaseLease]]:
+    made: list[DatabaseLease] = []
+    yield made
+    for lease in made:
+        lease.release()
+
+
+def _lease(leases: list[DatabaseLease], address: str, state: Path, ttl_s: int = 30) -> DatabaseLease:
+    lease = DatabaseLease(StateDatabase(address, name="lease"), "fleet-a", state, ttl_s=ttl_s)
+    leases.append(lease)
+    return lease
+
+
+def _expire(address: str) -> None:
+    """What a holder frozen (SIGSTOP) past its ttl leaves: a row the database's clock says expired."""
+    with psycopg.connect(address, autocommit=True) as pg:
+        pg.execute("UPDATE controller_lease SET expires_at = clock_timestamp() - interval '1 second'")
+
+
+def _plan() -> RolloutPlan:
+    return RolloutPlan("r1", "main", "job-r1", "5", [["a", "b"]], spec={"waves": "1,100%"})
+
+
+def test_a_second_controller_is_refused_naming_the_holder_and_a_standby_takes_the_lease_once_it_expires(
+    address: str, leases: list[DatabaseLease], tmp_path: Path
+) -> None:
+    first = _lease(leases, address, tmp_path / "one")
+    assert first.acquire()
+    assert first.fence is not None
+    assert first.lost is None
+    second = _lease(leases, address, tmp_path / "two")
+    with pytest.raises(
+        LeaseHeldError, match=rf"held by controller {first.claim.holder}.*state_dir {tmp_path}/one"
+    ):
+        second.acquire()
+    took = threading.Event()
+    standby = threading.Thread(target=lambda: second.acquire(standby=True) and took.set(), daemon=True)
+    standby.start()
+    assert not took.wait(1.5)  # the holder renews: the standby waits
+    _expire(address)
+    standby.join(30)
+    assert took.is_set()
+    assert second.fence is not None
+    assert second.fence.token == first.fence.token + 1
+    with pytest.raises(LeaseLostError, match=rf"taken by {second.claim.holder}"):
+        first.regain()
+    assert first.lost_for_good is not None
+
+
+def test_a_holder_whose_lease_was_taken_writes_nothing_and_its_transition_is_refused_whole(
+    address: str, leases: list[DatabaseLease], tmp_path: Path
+) -> None:
+    first = _lease(leases, address, tmp_path / "one")
+    assert first.acquire()
+    old = PostgresRolloutStore(StateDatabase(address), fence=first.fence)
+    old.create(_plan())
+    old.set_wave("r1", 0, WaveState.RUNNING)
+    old.mark_sending("r1", "a")
+    _expire(address)  # frozen past its ttl ...
+    second = _lease(leases, address, tmp_path / "two")
+    assert second.acquire()  # ... and a standby took over
+    new = PostgresRolloutStore(StateDatabase(address), fence=second.fence)
+    before = (new.devices("r1"), new.events("r1"))
+
+    with pytest.raises(
+        FencedError, match=rf"token {first.fence.token}\) was taken: it is held by {second.claim.holder}"
+    ):
+        old.mark_sent("r1", "a")  # the holder wakes up and goes on where it was
+    with pytest.raises(FencedError):
+        old.mark_sending("r1", "b")
+    assert old.fenced_writes == 2
+    assert (new.devices("r1"), new.events("r1")) == before
+    assert new.mark_sent("r1", "a") == "job-r1"  # the new holder goes on from the same state
+    assert [r.step for r in new.devices("r1")] == [DeviceStep.SENT, DeviceStep.PLANNED]
+    old.close()
+    new.close()
+
+
+def test_a_released_lease_is_taken_at_once_and_its_token_keeps_counting(
+    address: str, leases: list[DatabaseLease], tmp_path: Path
+) -> None:
+    first = _lease(leases, address, tmp_path / "one")
+    assert first.acquire()
+    assert first.fence is not None
+    first.release()
+    second = _lease(leases, address, tmp_path / "two")
+    assert second.acquire()
+    assert second.fence is not None
+    assert second.fence.token == first.fence.token + 1
+
+
+def test_a_model_is_kept_in_the_database_whole_and_fetched_checked_by_another_controller(
+    address: str, leases: list[DatabaseLease], tmp_path: Path
+) -> None:
+    holder = _lease(leases, address, tmp_path / "one")
+    assert holder.acquire()
+    model = tmp_path / "one" / "m.onnx"
+    model.parent.mkdir()
+    model.write_bytes(bytes(range(256)) * 40_000)  # 10 MB: three chunks
+    sha = sha256_file(model)
+    vault = ModelVault(StateDatabase(address), fence=holder.fence)
+    assert vault.put(sha, model)
+    assert not vault.put(sha, model)  # once
+    other = ModelVault(StateDatabase(address))
+    fetched = tmp_path / "two" / "models" / f"{sha}.onnx"
+    assert other.fetch(sha, fetched)
+    assert fetched.read_bytes() == model.read_bytes()
+    assert not other.fetch("0" * 64, tmp_path / "two" / "models" / "none.onnx")
+    with psycopg.connect(address, autocommit=True) as pg:  # a damaged copy is refused, nothing written
+        pg.execute("UPDATE model_chunks SET data = 'x'::bytea WHERE idx = 1")
+    damaged = tmp_path / "three" / f"{sha}.onnx"
+    with pytest.raises(DatabaseError, match=f"model {sha[:12]} .* hashes to"):
+        other.fetch(sha, damaged)
+    assert list(damaged.parent.iterdir()) == []
