@@ -48,6 +48,7 @@ from agent.fleet.deploy.keys import load_signing_key
 from agent.fleet.devices.evidence import evidence_json, fetch_evidence
 from agent.fleet.devices.snapshot import snapshot_json, take_snapshot
 from agent.fleet.engines.hooks import engine_desk_for, engines_listing, job_facts_in, share_engines_of
+from agent.fleet.engines.pg_index import PostgresEngineStore
 from agent.fleet.enrollment.desk import EnrollmentDesk
 from agent.fleet.rollout.actions import WrongStateError, action_refusal
 from agent.fleet.rollout.finished_rollback import ROLLED_BACK_BY, plan_finished_rollback
@@ -148,6 +149,7 @@ class FleetController:
             publish=self._publish_reply,
             job_facts=job_facts_in(self.view),
             sink_for=UploadSink,
+            database=None if self._conninfo is None else StateDatabase(self._conninfo, name="engines"),
         )
         #: Devices enrolling with a claim and renewing (agent/fleet/enrollment/); None: off.
         self.enrollment = (
@@ -192,6 +194,8 @@ class FleetController:
                 StateDatabase(self._conninfo, name="store"), fence=self.lease.fence
             )
             self.vault.fence = self.lease.fence
+            if isinstance(self.engines.store, PostgresEngineStore):
+                self.engines.store.fence = self.lease.fence
         self.chunks.add_repo(self.config.models_dir)
         self.engines.start()
         self.chunks.add_repo(self.engines.store.blobs)
@@ -341,6 +345,8 @@ class FleetController:
             self.store.close()
         if self.vault is not None:
             self.vault.database.close()
+        if isinstance(self.engines.store, PostgresEngineStore):
+            self.engines.store.database.close()
         self.lease.release()  # last: nothing of this controller acts once another can take over
 
     def _unfinished(self) -> list[str]:

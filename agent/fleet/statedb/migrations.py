@@ -86,6 +86,16 @@ CREATE TABLE model_chunks (
 );
 """,
     ),
+    (
+        2,
+        """
+CREATE TABLE engine_index (
+    id       INTEGER PRIMARY KEY CHECK (id = 1),
+    doc      TEXT NOT NULL,
+    saved_at DOUBLE PRECISION NOT NULL
+);
+""",
+    ),
 )
 
 #: The newest version this controller knows.
