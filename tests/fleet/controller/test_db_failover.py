@@ -265,3 +265,51 @@ def test_a_holder_cut_from_the_database_for_10_s_keeps_nothing_half_written_and_
         assert _lease_row(postgres, name) == (1, holder.proc.pid)
     finally:
         proxy.close()
+
+
+def test_a_holder_cut_from_the_database_longer_than_its_lease_hands_over_and_steps_down_when_back(
+    tmp_path: Path,
+    broker: Broker,
+    prefix: str,
+    keys: KeyPairFiles,
+    children: list[Child],
+    postgres: PostgresServer,
+) -> None:
+    """The same 10 s cut with a 3 s lease: the standby (which still reaches the database) takes over
+    and finishes; the holder, back, finds its token taken and stops without writing."""
+    name = postgres.new_database()
+    proxy = FreezableProxy("127.0.0.1", postgres.port).start()
+    try:
+        holder, standby = _pair(
+            tmp_path,
+            broker,
+            prefix,
+            keys,
+            children,
+            _database(postgres, name, proxy.port),
+            _database(postgres, name),
+            ttl_s=3,
+        )
+        settings = operator_settings(broker, prefix)
+        names = [f"h{i}" for i in range(5)]
+        model = tiny_model(tmp_path / "m.onnx")
+        with _fleet(broker, prefix, keys, names) as fleet:
+            fleet.set_online("h1", False)
+            _start(settings, model, _guarded(model, names, "handed"))
+            wait_until(lambda: len(fleet.jobs()["h0"]) == 1, timeout=30, what="h0 ran its job")
+            proxy.refuse()
+            proxy.cut()
+            standby.wait_serving_or_exit(timeout=60)
+            assert standby.serving(), standby.text()
+            threading.Event().wait(OUTAGE_S)
+            proxy.refuse(False)
+            holder.proc.wait(patient(60))  # back: its token is another's, it stops
+            assert holder.proc.returncode != 0
+            assert "is fenced" in holder.text()
+            fleet.set_online("h1", True)
+            done = _wait_state(settings, "handed", "DONE", "ABORTED")
+            jobs = fleet.jobs()
+        _one_job_each(done, jobs, names)
+        assert _lease_row(postgres, name) == (2, standby.proc.pid)
+    finally:
+        proxy.close()

@@ -19,6 +19,7 @@ from agent.fleet.statedb.models import ModelVault
 from agent.fleet.statedb.postgres import DatabaseError, FencedError, StateDatabase
 from agent.fsutil import sha256_file
 from tests.postgres_server import PostgresServer
+from tests.waiting import patient, wait_until
 
 
 @pytest.fixture
@@ -143,3 +144,42 @@ def test_a_model_is_kept_in_the_database_whole_and_fetched_checked_by_another_co
     with pytest.raises(DatabaseError, match=f"model {sha[:12]} .* hashes to"):
         other.fetch(sha, damaged)
     assert list(damaged.parent.iterdir()) == []
+
+
+def test_a_takeover_waits_for_a_write_in_flight_which_commits_and_the_next_one_is_refused(
+    address: str, leases: list[DatabaseLease], tmp_path: Path
+) -> None:
+    """The fence's ordering: the standby's UPDATE of the lease row waits for the holder's transaction
+    that checked the token (FOR SHARE), so that write is whole and before the takeover, and none after."""
+    first = _lease(leases, address, tmp_path / "one")
+    assert first.acquire()
+    assert first.fence is not None
+    database = StateDatabase(address)
+    _expire(address)
+    second = _lease(leases, address, tmp_path / "two")
+    took = threading.Event()
+    with database.transaction(first.fence) as sql:  # the token checked: a transition in flight
+        sql.execute("CREATE TABLE written_in_flight (n INTEGER)")
+        taker = threading.Thread(target=lambda: second.acquire() and took.set(), daemon=True)
+        taker.start()
+        with psycopg.connect(address, autocommit=True) as watcher:
+            wait_until(
+                lambda: (
+                    watcher.execute(
+                        "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'edge-fleet-lease' "
+                        "AND wait_event_type = 'Lock'"
+                    ).fetchone()
+                    == (1,)
+                ),
+                timeout=30,
+                what="the standby's takeover waiting for the holder's transaction",
+            )
+        assert not took.is_set()
+        sql.execute("INSERT INTO written_in_flight VALUES (1)")
+    taker.join(patient(30))
+    assert took.is_set()
+    with psycopg.connect(address) as pg:
+        assert pg.execute("SELECT n FROM written_in_flight").fetchall() == [(1,)]
+    with pytest.raises(FencedError), database.transaction(first.fence) as sql:
+        sql.execute("INSERT INTO written_in_flight VALUES (2)")
+    database.close()

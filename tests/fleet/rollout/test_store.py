@@ -25,7 +25,7 @@ from agent.fleet.rollout.store import (
     RolloutStoreError,
     StoreDamagedError,
 )
-from agent.fleet.statedb.migrations import LATEST
+from agent.fleet.statedb.migrations import LATEST, MIGRATIONS
 from agent.transitions import IllegalTransitionError
 from tests.fleet.store_sites import StoreSite, open_store
 from tests.postgres_server import PostgresServer
@@ -331,3 +331,25 @@ def test_a_controller_killed_mid_write_resumes_with_no_device_sent_twice_or_skip
     resent = {r.device for r in store.devices("r1") if r.sends > 1}
     assert twice <= resent
     store.close()
+
+
+def test_a_database_an_older_controller_made_is_migrated_in_order_keeping_its_rollouts(
+    postgres: PostgresServer,
+) -> None:
+    address = postgres.conninfo(postgres.new_database())
+    with psycopg.connect(address, autocommit=True) as pg, pg.transaction():  # as the first release left it
+        pg.execute("CREATE TABLE schema_migrations (version INTEGER PRIMARY KEY, applied_at TIMESTAMPTZ)")
+        pg.execute(MIGRATIONS[0][1].encode())
+        pg.execute("INSERT INTO schema_migrations (version) VALUES (1)")
+    with psycopg.connect(address, autocommit=True) as pg:
+        pg.execute(
+            "INSERT INTO rollouts (id, slot, job_id, to_version, state, spec, created_at, updated_at) "
+            "VALUES ('old', 'main', 'job-old', '4', 'RUNNING', '{}', 1, 1)"
+        )
+    store = open_store(address)
+    assert store.open_rollouts() == ["old"]
+    store.close()
+    with psycopg.connect(address) as pg:
+        versions = [r[0] for r in pg.execute("SELECT version FROM schema_migrations ORDER BY version")]
+        assert versions == [version for version, _ in MIGRATIONS]
+        assert pg.execute("SELECT count(*) FROM engine_index").fetchone() == (0,)
