@@ -429,7 +429,19 @@ class FleetController:
     # -- requests ------------------------------------------------------------------------------------
 
     def _answer(self, message: InboundMessage) -> None:
-        answer_request(message, self.topics, self.handle, self._client)
+        answer_request(message, self.topics, self._handle_on_store, self._client)
+        fenced = self.store.fenced_writes if isinstance(self.store, PostgresRolloutStore) else 0
+        if fenced:  # the reply said the write was refused; not one more request or step
+            log.error("fleet.controller.lease.fenced", refused=fenced)
+            raise LeaseLostError(f"{self.lease.lost_for_good or 'the lease token was fenced'}; stopping")
+
+    def _handle_on_store(self, verb: str, message: InboundMessage) -> dict[str, Any]:
+        try:
+            return self.handle(verb, message)
+        except DatabaseUnavailableError:
+            # Its transaction may or may not have committed: the loop pauses, then reloads the rollouts.
+            self._store_down = True
+            raise
 
     def handle(self, verb: str, message: InboundMessage) -> dict[str, Any]:
         """One request's result (raises ControllerError, ValueError or ValidationError to refuse)."""

@@ -24,7 +24,8 @@ import structlog
 
 from agent.fleet.rollout.records import OPEN_STATES
 from agent.fleet.rollout.store import RolloutStore, RolloutStoreError
-from agent.fleet.statedb.postgres import DatabaseError, Fence, FencedError, Sql, StateDatabase
+from agent.fleet.statedb.postgres import DatabaseError, Fence, FencedError, StateDatabase
+from agent.fleet.statedb.sql import Sql
 
 log = structlog.get_logger(__name__)
 

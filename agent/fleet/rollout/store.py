@@ -62,7 +62,7 @@ from agent.fleet.rollout.records import (
     WaveRow,
     WaveState,
 )
-from agent.fleet.statedb.postgres import Sql
+from agent.fleet.statedb.sql import Sql
 from agent.fsutil import fsync_directory
 
 log = structlog.get_logger(__name__)

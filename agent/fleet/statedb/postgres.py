@@ -20,7 +20,7 @@ import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import psycopg
 import structlog
@@ -29,6 +29,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from agent.errors import AgentError
 from agent.fleet.statedb.migrations import LATEST, MIGRATIONS
 from agent.fleet.statedb.settings import DatabaseSettings
+from agent.fleet.statedb.sql import Rows
 from agent.secret_file import read_secret
 
 log = structlog.get_logger(__name__)
@@ -64,22 +65,6 @@ class Fence:
 
     prefix: str
     token: int
-
-
-class Rows(Protocol):
-    """What a query returns (sqlite3's and psycopg's cursors both are)."""
-
-    def fetchone(self) -> Any: ...
-
-    def fetchall(self) -> list[Any]: ...
-
-
-class Sql(Protocol):
-    """What the stores' queries run on: a sqlite3 connection or :class:`PgSql`."""
-
-    def execute(self, sql: str, parameters: Sequence[Any] = (), /) -> Rows: ...
-
-    def executemany(self, sql: str, seq_of_parameters: Any, /) -> Any: ...
 
 
 class PgSql:

@@ -11,13 +11,18 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from agent.demo.broker import Broker
+from agent.fleet.controller.client import ControllerClient, RequestRefusedError
+from agent.fleet.controller.config import ControllerConfig
 from agent.fleet.controller.db_lease import DatabaseLease
 from agent.fleet.controller.lease import LeaseHeldError, LeaseLostError
 from agent.fleet.rollout.pg_store import PostgresRolloutStore
-from agent.fleet.rollout.records import DeviceStep, RolloutPlan, WaveState
+from agent.fleet.rollout.records import DeviceStep, RolloutPlan, RolloutState, WaveState
 from agent.fleet.statedb.models import ModelVault
 from agent.fleet.statedb.postgres import DatabaseError, FencedError, StateDatabase
 from agent.fsutil import sha256_file
+from tests.fleet.controller.loop_thread import RunningController
+from tests.fleet.operator_side import operator_settings, unique_prefix
 from tests.postgres_server import PostgresServer
 from tests.waiting import patient, wait_until
 
@@ -183,3 +188,43 @@ def test_a_takeover_waits_for_a_write_in_flight_which_commits_and_the_next_one_i
     with pytest.raises(FencedError), database.transaction(first.fence) as sql:
         sql.execute("INSERT INTO written_in_flight VALUES (2)")
     database.close()
+
+
+def test_a_request_whose_write_is_fenced_is_refused_and_the_controller_stops_before_another(
+    tmp_path: Path, broker: Broker, postgres: PostgresServer
+) -> None:
+    """A real controller on PostgreSQL whose lease a standby took while it could not tell (the row's
+    token moved on): the operator's pause is refused with ``lease_fenced``, nothing of it is stored,
+    and the loop stops (LeaseLostError) instead of handling one more request or step."""
+    prefix, name = unique_prefix(), postgres.new_database()
+    settings = operator_settings(broker, prefix)
+    config = ControllerConfig.model_validate(
+        {
+            "mqtt": settings.model_dump(),
+            "state_dir": str(tmp_path / "state"),
+            "unsigned": True,
+            "lease_ttl_s": 3600,  # no renewal during the test: the write is what meets the new token
+            "database": {"url": postgres.url(name), "password_file": str(postgres.password_file)},
+        }
+    )
+    running = RunningController(config, catch=LeaseLostError)
+    try:
+        store = running.controller.store
+        assert store is not None
+        store.create(_plan())
+        with psycopg.connect(postgres.conninfo(name), autocommit=True) as pg:
+            pg.execute("UPDATE controller_lease SET token = token + 1, holder = 'ops-2:77:standby'")
+        with (
+            ControllerClient(settings, timeout=patient(20)) as client,
+            pytest.raises(RequestRefusedError, match="ops-2:77:standby") as refused,
+        ):
+            client.request("pause", {"rollout_id": "r1"})
+        assert refused.value.code == "lease_fenced"
+        wait_until(lambda: bool(running.raised), timeout=20, what="the controller's loop stopping")
+        assert isinstance(running.raised[0], LeaseLostError)
+    finally:
+        running.stop()
+    check = PostgresRolloutStore(StateDatabase(postgres.conninfo(name)))
+    assert check.rollout("r1").state is RolloutState.RUNNING
+    assert [what for what, _ in check.events("r1")] == ["created"]
+    check.close()
