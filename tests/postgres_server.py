@@ -1,9 +1,11 @@
-"""A real PostgreSQL (Debian's ``postgresql`` package) for tests: ``initdb`` and ``pg_ctl`` in a
-temporary directory, on a free loopback port, with a password made at run time.
+"""A real PostgreSQL (Debian's ``postgresql`` package) for tests: ``initdb`` in a temporary
+directory, the server on a free loopback port, with a password made at run time.
 
 One server per test worker (a session fixture starts it once), a fresh database per test
 (:meth:`PostgresServer.new_database`). As root (a container), the server runs as the ``postgres``
-user: PostgreSQL refuses to run as root.
+user: PostgreSQL refuses to run as root. The server is a child of the test process (``postgres``
+run in the foreground, not daemonized by ``pg_ctl``), so the run's process registry
+(tests/run_processes.py) ends it with the run however the run ends.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import glob
 import os
 import secrets
 import shutil
+import signal
 import subprocess
 import tempfile
 from pathlib import Path
@@ -20,7 +23,7 @@ from pathlib import Path
 import psycopg
 
 from agent.demo.broker import free_port
-from tests.waiting import patient
+from tests.waiting import patient, wait_until
 
 #: The database user the tests' controllers log in as (not a secret: the password is).
 USER = "fleet"
@@ -64,19 +67,26 @@ class PostgresServer:
             "--encoding=UTF8",
         )
         self.log = self.root / "server.log"
-        self._run(
-            "pg_ctl",
-            "-D",
-            str(self.data),
-            "-l",
-            str(self.log),
-            "-w",
-            "-t",
-            str(int(patient(30))),
-            "-o",
-            f"-p {self.port} -c listen_addresses=127.0.0.1 -k {self.root} -c max_connections=200",
-            "start",
-        )
+        with self.log.open("ab") as out:
+            self.server = subprocess.Popen(
+                [
+                    *self._as,
+                    str(self.bindir / "postgres"),
+                    "-D",
+                    str(self.data),
+                    "-p",
+                    str(self.port),
+                    "-k",
+                    str(self.root),
+                    "-c",
+                    "listen_addresses=127.0.0.1",
+                    "-c",
+                    "max_connections=200",
+                ],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+        wait_until(self._accepting, timeout=30, what=f"PostgreSQL accepting on port {self.port} ({self.log})")
 
     def _run(self, tool: str, *args: str) -> None:
         subprocess.run(
@@ -86,6 +96,15 @@ class PostgresServer:
             timeout=patient(60),
             cwd=self.root,
         )
+
+    def _accepting(self) -> bool:
+        if self.server.poll() is not None:
+            raise RuntimeError(f"PostgreSQL exited: {self.log.read_text(errors='replace')[-2000:]}")
+        try:
+            psycopg.connect(self.conninfo("postgres"), connect_timeout=2).close()
+        except psycopg.OperationalError:
+            return False
+        return True
 
     def password(self) -> str:
         return self.password_file.read_text().strip()
@@ -105,6 +124,12 @@ class PostgresServer:
         return name
 
     def stop(self) -> None:
-        with contextlib.suppress(subprocess.SubprocessError, OSError):
-            self._run("pg_ctl", "-D", str(self.data), "-m", "immediate", "stop")
+        """Immediate shutdown (SIGQUIT to the postmaster, whose pid it wrote), then the files go."""
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            os.kill(int((self.data / "postmaster.pid").read_text().split()[0]), signal.SIGQUIT)
+        try:
+            self.server.wait(patient(30))
+        except subprocess.TimeoutExpired:
+            self.server.kill()
+            self.server.wait(patient(10))
         shutil.rmtree(self.root, ignore_errors=True)

@@ -530,6 +530,9 @@ class FleetController:
         # Decided once and stored with the rollout: a resumed rollout publishes the same manifests.
         request = share_engines_of(request, self.config.engines, can_sign=self.engines.can_vouch)
         stored = stored_rollout(request, self.model_path, self.settings, self.config.select_wait_s)
+        if self.vault is not None:  # a file put in models/ by hand reaches the database too
+            for sha in filter(None, (request.model_sha256, request.calib_sha256)):
+                self.vault.put(sha, self.model_path(sha))
         self.store.create(stored)
         rollout_id = stored.rollout_id
         self.runners[rollout_id] = self._runner(rollout_id)
