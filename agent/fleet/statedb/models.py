@@ -6,8 +6,8 @@ from it), and copies each model it takes into the ``models`` and ``model_chunks`
 that took the lease over, on another host, fetches a model it lacks from there when a rollout needs it
 (:meth:`ModelVault.fetch`): its bytes checked against the SHA-256 they are stored under, then written
 temp + fsync + rename. In chunks of :data:`CHUNK_BYTES`, so neither side holds a whole model in memory
-and no value nears PostgreSQL's 1 GB limit; the ``models`` row is written last, in the same transaction,
-so a model is there whole or not at all.
+and no value nears PostgreSQL's 1 GB limit; the ``models`` row is written last, once every chunk is
+committed, so a model is there whole or not at all.
 """
 
 from __future__ import annotations
@@ -45,9 +45,10 @@ class ModelVault:
         if self.has(sha256):
             return False
         size = path.stat().st_size
-        with self.database.transaction(self.fence) as sql, path.open("rb") as source:
-            if sql.execute("SELECT 1 FROM models WHERE sha256 = ? FOR UPDATE", (sha256,)).fetchone():
-                return False
+        # The bytes first, in a transaction of their own: content-addressed chunks are the same
+        # whoever writes them, and the lease row is not held while a large model streams in (its
+        # renewal would wait for it).
+        with self.database.transaction() as sql, path.open("rb") as source:
             sql.execute("DELETE FROM model_chunks WHERE sha256 = ?", (sha256,))
             index = 0
             while chunk := source.read(CHUNK_BYTES):
@@ -55,9 +56,15 @@ class ModelVault:
                     "INSERT INTO model_chunks (sha256, idx, data) VALUES (?, ?, ?)", (sha256, index, chunk)
                 )
                 index += 1
-            sql.execute(
-                "INSERT INTO models (sha256, size, stored_at) VALUES (?, ?, ?)", (sha256, size, time.time())
-            )
+        # Then the row that makes the model exist, guarded by the lease like every other write.
+        with self.database.transaction(self.fence) as sql:
+            added = sql.execute(
+                "INSERT INTO models (sha256, size, stored_at) VALUES (?, ?, ?) "
+                "ON CONFLICT (sha256) DO NOTHING RETURNING sha256",
+                (sha256, size, time.time()),
+            ).fetchone()
+        if added is None:
+            return False
         log.info("fleet.statedb.model_stored", sha256=sha256, bytes=size)
         return True
 

@@ -149,6 +149,13 @@ def test_a_model_is_kept_in_the_database_whole_and_fetched_checked_by_another_co
     with pytest.raises(DatabaseError, match=f"model {sha[:12]} .* hashes to"):
         other.fetch(sha, damaged)
     assert list(damaged.parent.iterdir()) == []
+    _expire(address)  # the holder frozen past its lease; a standby takes it
+    assert _lease(leases, address, tmp_path / "two").acquire()
+    later = tmp_path / "one" / "later.onnx"
+    later.write_bytes(b"a model uploaded to the stale holder")
+    with pytest.raises(FencedError):
+        vault.put(sha256_file(later), later)
+    assert not other.has(sha256_file(later))  # no model row: it does not exist for anyone
 
 
 def test_a_takeover_waits_for_a_write_in_flight_which_commits_and_the_next_one_is_refused(
