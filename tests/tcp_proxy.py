@@ -28,6 +28,7 @@ class FreezableProxy:
         self._frozen_below = -1
         self._sockets: list[socket.socket] = []
         self._closed = threading.Event()
+        self._refusing = threading.Event()
         self.accepted = 0
 
     def start(self) -> FreezableProxy:
@@ -37,6 +38,14 @@ class FreezableProxy:
     def freeze(self) -> None:
         with self._lock:
             self._frozen_below = self._generation
+
+    def refuse(self, refusing: bool = True) -> None:
+        """While refusing, a new connection is closed as soon as it is accepted (a server out of reach:
+        with :meth:`cut`, an outage that lasts until ``refuse(False)``)."""
+        if refusing:
+            self._refusing.set()
+        else:
+            self._refusing.clear()
 
     def cut(self) -> None:
         """Close every connection open now, at both ends."""
@@ -53,6 +62,9 @@ class FreezableProxy:
                 client, _addr = self._listener.accept()
             except OSError:
                 return
+            if self._refusing.is_set():
+                client.close()
+                continue
             try:
                 server = socket.create_connection(self.upstream, timeout=patient(5))
             except OSError:

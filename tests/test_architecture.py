@@ -89,6 +89,7 @@ FLEET = "agent.fleet"
 #: against this order; the list is here so that a new room is a deliberate change.
 FLEET_ROOMS = (
     "base",
+    "statedb",
     "ca",
     "view",
     "devices",

@@ -65,6 +65,8 @@ if [ "$target" = test ]; then
     || want "the fleet console's browser tests drive it through Playwright (never a browser download)" chromium
   command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] \
     || want "the console's documented TLS reverse proxy is run for real (tests/fleet/console/test_proxy.py)" nginx
+  compgen -G '/usr/lib/postgresql/*/bin/pg_ctl' >/dev/null \
+    || want "the controller's store on PostgreSQL: tests start their own server (initdb, pg_ctl) on a free port" postgresql
 fi
 
 if [ ${#packages[@]} -eq 0 ]; then
@@ -118,7 +120,7 @@ elif command -v dnf >/dev/null 2>&1; then
     [python3-gi]="" [gir1.2-gst-rtsp-server-1.0]="" [gstreamer1.0-plugins-ugly]="" [gstreamer1.0-plugins-bad]=""
     [ffmpeg]=""
     [prometheus]=golang-github-prometheus
-    [prometheus-alertmanager]="" [chromium]=chromium [nginx]=nginx)
+    [prometheus-alertmanager]="" [chromium]=chromium [nginx]=nginx [postgresql]="")
   names=()
   for pkg in "${packages[@]}"; do [ -n "${fedora[$pkg]}" ] && names+=("${fedora[$pkg]}"); done
   [ ${#names[@]} -eq 0 ] || $sudo dnf install -y --setopt=install_weak_deps=False "${names[@]}"

@@ -7,7 +7,6 @@ controller writes every transition to, so the page shows what a restarted contro
 from __future__ import annotations
 
 import collections
-import sqlite3
 import time
 from typing import Any
 
@@ -15,7 +14,7 @@ from agent.fleet.rollout.building import Builds, Waits, building_devices
 from agent.fleet.rollout.precision import precision_summary, requested_precision
 from agent.fleet.rollout.records import WaveState
 from agent.fleet.rollout.report import rollback_outcome, rollout_policy
-from agent.fleet.rollout.store import RolloutStore, RolloutStoreError
+from agent.fleet.rollout.store import RolloutStore
 
 #: Rollouts the rollouts page lists: the open ones and then the latest finished ones, up to this many.
 ROLLOUTS_SHOWN = 20
@@ -25,16 +24,11 @@ def rollout_ids(store: RolloutStore, limit: int = ROLLOUTS_SHOWN) -> list[str]:
     """The open rollouts (oldest first), then the latest others, at most ``limit`` in all.
 
     The store lists only open rollouts (:meth:`RolloutStore.open_rollouts`); the finished ones
-    come from a read-only connection of our own to the same file (WAL: it reads while the
-    controller writes, and never blocks it).
+    come from :meth:`RolloutStore.recent_ids` (on SQLite, a read-only connection of its own to the
+    same file, which never blocks the controller's writes).
     """
     ids = store.open_rollouts()
-    try:
-        with sqlite3.connect(f"file:{store.path}?mode=ro", uri=True, timeout=2.0) as db:
-            rows = db.execute("SELECT id FROM rollouts ORDER BY created_at DESC, id DESC LIMIT ?", (limit,))
-            recent = [str(row[0]) for row in rows.fetchall()]
-    except sqlite3.Error as exc:
-        raise RolloutStoreError(f"rollout store {store.path}: cannot list rollouts ({exc})") from exc
+    recent = store.recent_ids(limit)
     ids += [r for r in recent if r not in ids]
     return ids[:limit]
 

@@ -21,6 +21,7 @@ from agent.errors import ConfigError
 from agent.fleet.engines.settings import EngineShareSettings
 from agent.fleet.enrollment.settings import EnrollmentSettings
 from agent.fleet.samples.store import SampleBounds
+from agent.fleet.statedb.settings import DatabaseSettings
 from agent.model_base import StrictModel
 from agent.mqtt.settings import MqttSettings
 
@@ -108,6 +109,11 @@ class ControllerConfig(StrictModel):
     )
     lease_ttl_s: int = Field(
         60, ge=3, le=86_400, description="The prefix lease's claim expires this long after its last renewal."
+    )
+    database: DatabaseSettings = Field(
+        default_factory=DatabaseSettings,
+        description="PostgreSQL for the rollouts, the lease and the model repository (docs/fleet.md, "
+        '"The store"); unset: SQLite under state_dir and the lease on the broker.',
     )
 
     samples: SampleBounds = Field(

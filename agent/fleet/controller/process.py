@@ -36,6 +36,7 @@ from agent.fleet.base.untrusted import shown
 from agent.fleet.chunks.server import ChunkServer
 from agent.fleet.controller.calls import ConsoleCalls, LoopCall
 from agent.fleet.controller.config import ControllerConfig
+from agent.fleet.controller.db_lease import DatabaseLease
 from agent.fleet.controller.lease import LeaseLostError, PrefixLease, StandbyEndedError
 from agent.fleet.controller.remembered_jobs import jobs_from_store
 from agent.fleet.controller.requests import ControllerError, answer_request, json_object
@@ -47,15 +48,24 @@ from agent.fleet.deploy.keys import load_signing_key
 from agent.fleet.devices.evidence import evidence_json, fetch_evidence
 from agent.fleet.devices.snapshot import snapshot_json, take_snapshot
 from agent.fleet.engines.hooks import engine_desk_for, engines_listing, job_facts_in, share_engines_of
+from agent.fleet.engines.pg_index import PostgresEngineStore
 from agent.fleet.enrollment.desk import EnrollmentDesk
 from agent.fleet.rollout.actions import WrongStateError, action_refusal
 from agent.fleet.rollout.finished_rollback import ROLLED_BACK_BY, plan_finished_rollback
+from agent.fleet.rollout.pg_store import PostgresRolloutStore
 from agent.fleet.rollout.records import OPERATOR_ABORT, RolloutState
 from agent.fleet.rollout.report import rollout_status
 from agent.fleet.rollout.runner import RolloutRunner
 from agent.fleet.rollout.spec import RolloutRequest, request_of
 from agent.fleet.rollout.store import RolloutStore, StoreDamagedError, StoreFullError
 from agent.fleet.samples.store import SampleStore
+from agent.fleet.statedb.models import ModelVault
+from agent.fleet.statedb.postgres import (
+    DatabaseUnavailableError,
+    FencedError,
+    StateDatabase,
+    conninfo_of,
+)
 from agent.fleet.view.live import FleetView
 from agent.mqtt.core import PublishProperties
 from agent.mqtt.inbound import InboundMessage
@@ -98,14 +108,31 @@ class FleetController:
         #: The devices' opt-in samples for retraining, bounded on disk (opened in start()).
         self.samples: SampleStore | None = None
         self.samples_rejected = 0
-        #: One controller per prefix (controller/lease.py): taken first thing in start().
-        self.lease = PrefixLease(
-            self.settings,
-            config.state_dir,
-            secret=None if self._key is None else self._key.private_bytes_raw(),
-            ttl_s=config.lease_ttl_s,
+        #: The store's database (None: SQLite under state_dir); its password read from its file.
+        self._conninfo = None if config.database.url is None else conninfo_of(config.database)
+        #: One controller per prefix (controller/lease.py, or db_lease.py with PostgreSQL): taken
+        #: first thing in start().
+        self.lease: PrefixLease | DatabaseLease
+        if self._conninfo is None:
+            self.lease = PrefixLease(
+                self.settings,
+                config.state_dir,
+                secret=None if self._key is None else self._key.private_bytes_raw(),
+                ttl_s=config.lease_ttl_s,
+            )
+        else:
+            self.lease = DatabaseLease(
+                StateDatabase(self._conninfo, name="lease"),
+                self.settings.prefix,
+                config.state_dir,
+                ttl_s=config.lease_ttl_s,
+            )
+        #: The model repository in the database, for a controller that takes over on another host.
+        self.vault = (
+            None if self._conninfo is None else ModelVault(StateDatabase(self._conninfo, name="models"))
         )
         self._paused = False  # the lease connection dropped: no request, no step until it is back
+        self._store_down = False  # the store's database could not be reached: paused likewise
         # A random shared-subscription group of this process's own: a device that knew the group could
         # join it and lose the requests mosquitto hands it (docs/protocol.md, "Broker configuration").
         # One controller holds a prefix, so no other process needs to share it; the client session
@@ -122,6 +149,7 @@ class FleetController:
             publish=self._publish_reply,
             job_facts=job_facts_in(self.view),
             sink_for=UploadSink,
+            database=None if self._conninfo is None else StateDatabase(self._conninfo, name="engines"),
         )
         #: Devices enrolling with a claim and renewing (agent/fleet/enrollment/); None: off.
         self.enrollment = (
@@ -156,7 +184,18 @@ class FleetController:
     def _start_parts(self, timeout: float) -> None:
         self.config.models_dir.mkdir(parents=True, exist_ok=True)
         # First: a damaged or emptied store (StoreDamagedError) stops the start before anything runs.
-        self.store = RolloutStore(self.config.store_path)
+        if self._conninfo is None:
+            self.store = RolloutStore(self.config.store_path)
+        else:
+            assert isinstance(self.lease, DatabaseLease)
+            assert self.vault is not None
+            # Every transition checks the lease's token: a holder that lost it writes nothing.
+            self.store = PostgresRolloutStore(
+                StateDatabase(self._conninfo, name="store"), fence=self.lease.fence
+            )
+            self.vault.fence = self.lease.fence
+            if isinstance(self.engines.store, PostgresEngineStore):
+                self.engines.store.fence = self.lease.fence
         self.chunks.add_repo(self.config.models_dir)
         self.engines.start()
         self.chunks.add_repo(self.engines.store.blobs)
@@ -228,10 +267,12 @@ class FleetController:
         controller's: that one may drive these rollouts now, so not one more request or step.
         """
         lost = self.lease.lost
-        if lost is None:
+        if lost is None and not self._store_down:
             return True
         if not self._paused:
-            log.warning("fleet.controller.lease.paused", reason=lost)
+            log.warning(
+                "fleet.controller.lease.paused", reason=lost or "the store's database cannot be reached"
+            )
             self._paused = True
         try:
             held = self.lease.regain()
@@ -240,10 +281,27 @@ class FleetController:
             raise LeaseLostError(
                 f"{exc}; stopping (systemd starts it again: it takes the lease if free)"
             ) from exc
+        if held and isinstance(self.lease, DatabaseLease):
+            held = self._reload_runners()
         if held:
             log.warning("fleet.controller.lease.resumed")
             self._paused = False
         return held
+
+    def _reload_runners(self) -> bool:
+        """After the database was out of reach: the rollouts again from the store, as a restarted
+        controller takes them (a transition whose COMMIT was cut may or may not have been kept, so
+        what the runners held in memory is not trusted). False while the store cannot be read."""
+        try:
+            unfinished = self._unfinished()
+        except DatabaseUnavailableError:
+            return False
+        for runner in self.runners.values():
+            runner.stop()
+        self.runners = {rollout_id: self._runner(rollout_id) for rollout_id in unfinished}
+        self._store_down = False
+        log.info("fleet.controller.reloaded", rollouts=len(self.runners))
+        return True
 
     def step(self) -> None:
         """Step every open rollout once; forget the ones that are over."""
@@ -254,6 +312,15 @@ class FleetController:
                 over = runner.step()
             except StoreFullError:
                 continue  # the store warned once for the episode; the step is retried at the next tick
+            except FencedError as exc:
+                # Another controller took the lease while this one could not tell (frozen, cut off).
+                fenced = self.store.fenced_writes if isinstance(self.store, PostgresRolloutStore) else 0
+                log.error("fleet.controller.lease.fenced", rollout=rollout_id, refused=fenced, error=str(exc))
+                raise LeaseLostError(f"{exc}; stopping") from exc
+            except DatabaseUnavailableError as exc:
+                log.warning("fleet.controller.store_unreachable", rollout=rollout_id, error=str(exc))
+                self._store_down = True  # the loop pauses and reloads the rollouts once it is back
+                return
             except StoreDamagedError:
                 raise  # no rollout can go on from a damaged store: the controller stops, naming the file
             except Exception:  # one rollout's trouble (a broker hiccup) must not stop the others
@@ -276,6 +343,10 @@ class FleetController:
         self.chunks.stop()
         if self.store is not None:
             self.store.close()
+        if self.vault is not None:
+            self.vault.database.close()
+        if isinstance(self.engines.store, PostgresEngineStore):
+            self.engines.store.database.close()
         self.lease.release()  # last: nothing of this controller acts once another can take over
 
     def _unfinished(self) -> list[str]:
@@ -310,7 +381,12 @@ class FleetController:
         self._client.publish(topic, payload, qos=1)
 
     def model_path(self, sha256: str) -> Path:
-        return self.config.models_dir / f"{sha256}.onnx"
+        """The model's file in the repository; with PostgreSQL, fetched from the database first when
+        this controller lacks it (it took over from another host, or its state_dir is new)."""
+        path = self.config.models_dir / f"{sha256}.onnx"
+        if self.vault is not None and not path.is_file():
+            self.vault.fetch(sha256, path)
+        return path
 
     def http_url(self, sha256: str) -> str | None:
         base = self.config.http_source
@@ -353,13 +429,29 @@ class FleetController:
     # -- requests ------------------------------------------------------------------------------------
 
     def _answer(self, message: InboundMessage) -> None:
-        answer_request(message, self.topics, self.handle, self._client)
+        answer_request(message, self.topics, self._handle_on_store, self._client)
+        fenced = self.store.fenced_writes if isinstance(self.store, PostgresRolloutStore) else 0
+        if fenced:  # the reply said the write was refused; not one more request or step
+            log.error("fleet.controller.lease.fenced", refused=fenced)
+            raise LeaseLostError(f"{self.lease.lost_for_good or 'the lease token was fenced'}; stopping")
+
+    def _handle_on_store(self, verb: str, message: InboundMessage) -> dict[str, Any]:
+        try:
+            return self.handle(verb, message)
+        except DatabaseUnavailableError:
+            # Its transaction may or may not have committed: the loop pauses, then reloads the rollouts.
+            self._store_down = True
+            raise
 
     def handle(self, verb: str, message: InboundMessage) -> dict[str, Any]:
         """One request's result (raises ControllerError, ValueError or ValidationError to refuse)."""
         assert self.store is not None
         if verb == "upload":
-            return self._uploads.take(message.payload, dict(message.user_properties))
+            taken = self._uploads.take(message.payload, dict(message.user_properties))
+            if taken["complete"] and self.vault is not None:
+                sha = dict(message.user_properties)["sha256"]
+                self.vault.put(sha, self.model_path(sha))  # a controller that takes over finds it there
+            return taken
         args: dict[str, Any] = json_object(message.payload)
         if verb == "engines":
             return engines_listing(self.engines)
@@ -438,6 +530,9 @@ class FleetController:
         # Decided once and stored with the rollout: a resumed rollout publishes the same manifests.
         request = share_engines_of(request, self.config.engines, can_sign=self.engines.can_vouch)
         stored = stored_rollout(request, self.model_path, self.settings, self.config.select_wait_s)
+        if self.vault is not None:  # a file put in models/ by hand reaches the database too
+            for sha in filter(None, (request.model_sha256, request.calib_sha256)):
+                self.vault.put(sha, self.model_path(sha))
         self.store.create(stored)
         rollout_id = stored.rollout_id
         self.runners[rollout_id] = self._runner(rollout_id)

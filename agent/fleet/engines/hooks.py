@@ -10,10 +10,12 @@ from typing import Any
 
 from agent.fleet.engines.desk import EngineDesk, JobFactsFn, PieceSink, Publish
 from agent.fleet.engines.listing import with_withdrawn
+from agent.fleet.engines.pg_index import PostgresEngineStore
 from agent.fleet.engines.settings import EngineShareSettings
 from agent.fleet.engines.store import EngineStore
 from agent.fleet.engines.trust import JobFacts, sharing_for
 from agent.fleet.rollout.spec import RolloutRequest
+from agent.fleet.statedb.postgres import StateDatabase
 from agent.fleet.view.live import FleetView
 from agent.signing import Ed25519PrivateKey
 
@@ -28,10 +30,17 @@ def engine_desk_for(
     publish: Publish,
     job_facts: JobFactsFn,
     sink_for: Callable[[Path], PieceSink],
+    database: StateDatabase | None = None,
 ) -> EngineDesk:
-    """The controller's engine desk over its store in ``directory`` (``{state_dir}/engines``);
-    ``sink_for(blobs)``: the controller's upload sink on the store's blobs directory."""
-    store = EngineStore(directory, settings, create=False)  # made once the controller holds the lease
+    """The controller's engine desk over its store in ``directory`` (``{state_dir}/engines``), its index
+    in ``database`` when the controller's store is PostgreSQL; ``sink_for(blobs)``: the controller's
+    upload sink on the store's blobs directory."""
+    # Made once the controller holds the lease.
+    store = (
+        EngineStore(directory, settings, create=False)
+        if database is None
+        else PostgresEngineStore(directory, settings, database)
+    )
     return EngineDesk(
         settings,
         store,

@@ -62,6 +62,7 @@ from agent.fleet.rollout.records import (
     WaveRow,
     WaveState,
 )
+from agent.fleet.statedb.sql import Sql
 from agent.fsutil import fsync_directory
 
 log = structlog.get_logger(__name__)
@@ -195,8 +196,13 @@ class RolloutStore:
     """The controller's rollout state in the SQLite file at ``path`` (created if missing).
 
     Thread-safe: one connection behind one lock; every public method that changes something is one
-    transaction. ``clock`` gives timestamps (seconds since the epoch).
+    transaction. ``clock`` gives timestamps (seconds since the epoch). The queries and transitions
+    are written once, for both stores: :class:`~agent.fleet.rollout.pg_store.PostgresRolloutStore`
+    runs them on PostgreSQL and replaces only what is SQLite's own (the file, its pragmas).
     """
+
+    #: What keeps a rollout's devices in their selection order (PostgreSQL has no rowid).
+    _DEVICE_ORDER = "rowid"
 
     def __init__(self, path: Path, *, clock: Callable[[], float] = time.time) -> None:
         self.path = path
@@ -322,7 +328,7 @@ class RolloutStore:
                 raise
 
     @contextmanager
-    def _reading(self) -> Iterator[sqlite3.Connection]:
+    def _reading(self) -> Iterator[Sql]:
         """The connection, under the lock, for queries; a SQLite error becomes the store's own."""
         with self._lock:
             try:
@@ -333,7 +339,7 @@ class RolloutStore:
                 raise self._error(exc) from exc
 
     @contextmanager
-    def _transaction(self) -> Iterator[sqlite3.Connection]:
+    def _transaction(self) -> Iterator[Sql]:
         """One transaction: all of it committed, or (an exception, a full disk) none of it."""
         with self._lock:
             self._make_room()
@@ -401,8 +407,8 @@ class RolloutStore:
 
     def rollout(self, rollout_id: str) -> RolloutRow:
         """One rollout; :class:`RolloutStoreError` when there is none with this id."""
-        with self._reading():
-            row = self._db.execute(
+        with self._reading() as db:
+            row = db.execute(
                 "SELECT id, slot, job_id, to_version, state, spec, reason, created_at, updated_at "
                 "FROM rollouts WHERE id = ?",
                 (rollout_id,),
@@ -413,8 +419,8 @@ class RolloutStore:
 
     def open_rollouts(self) -> list[str]:
         """Ids of the running and paused rollouts, oldest first (what a restarted controller resumes)."""
-        with self._reading():
-            rows = self._db.execute(
+        with self._reading() as db:
+            rows = db.execute(
                 "SELECT id FROM rollouts WHERE state IN (?, ?) ORDER BY created_at, id", OPEN_STATES
             ).fetchall()
         return [str(row[0]) for row in rows]
@@ -429,8 +435,8 @@ class RolloutStore:
         if wave is not None:
             query += " AND wave = ?"
             params = (rollout_id, wave)
-        with self._reading():
-            rows = self._db.execute(query + " ORDER BY wave, rowid", params).fetchall()
+        with self._reading() as db:
+            rows = db.execute(f"{query} ORDER BY wave, {self._DEVICE_ORDER}", params).fetchall()
         return [
             DeviceRow(
                 r[0],
@@ -451,8 +457,8 @@ class RolloutStore:
     def device_counts(self, rollout_id: str) -> list[tuple[int, str, str, int]]:
         """How many of the rollout's devices are at each (wave, step, end or ""), counted by SQLite:
         ``/metrics`` reads it at every scrape, where :meth:`devices` of a large rollout costs far more."""
-        with self._lock:
-            rows = self._db.execute(
+        with self._reading() as db:
+            rows = db.execute(
                 "SELECT wave, step, COALESCE(end_state, ''), COUNT(*) FROM devices WHERE rollout_id = ? "
                 "GROUP BY wave, step, end_state ORDER BY wave, step, end_state",
                 (rollout_id,),
@@ -462,13 +468,14 @@ class RolloutStore:
     def last_change(self, rollout_id: str) -> float | None:
         """When anything of the rollout last moved (Unix seconds): a device's step, end or job state, a
         wave's start or end, the rollout's state; ``/metrics`` exports it (a stalled rollout's stops)."""
-        with self._lock:
-            row = self._db.execute(
+        with self._reading() as db:
+            row = db.execute(
                 "SELECT MAX(t) FROM ("
                 "SELECT MAX(updated_at) AS t FROM devices WHERE rollout_id = ? "
-                "UNION ALL SELECT MAX(MAX(COALESCE(started_at, 0), COALESCE(ended_at, 0))) FROM waves "
-                "WHERE rollout_id = ? UNION ALL SELECT updated_at FROM rollouts WHERE id = ?)",
-                (rollout_id, rollout_id, rollout_id),
+                "UNION ALL SELECT MAX(started_at) FROM waves WHERE rollout_id = ? "
+                "UNION ALL SELECT MAX(ended_at) FROM waves WHERE rollout_id = ? "
+                "UNION ALL SELECT updated_at FROM rollouts WHERE id = ?) AS changes",
+                (rollout_id, rollout_id, rollout_id, rollout_id),
             ).fetchone()
         return None if row is None or row[0] is None else float(row[0])
 
@@ -481,16 +488,16 @@ class RolloutStore:
 
     def waves(self, rollout_id: str) -> list[tuple[WaveState, dict[str, Any] | None, str]]:
         """Each wave's state, gate figures and reason, in order."""
-        with self._reading():
-            rows = self._db.execute(
+        with self._reading() as db:
+            rows = db.execute(
                 "SELECT state, figures, reason FROM waves WHERE rollout_id = ? ORDER BY idx", (rollout_id,)
             ).fetchall()
         return [(WaveState(r[0]), None if r[1] is None else json.loads(r[1]), r[2]) for r in rows]
 
     def wave_rows(self, rollout_id: str) -> list[WaveRow]:
         """Each wave with its times (the runner's timeout and soak count from ``started_at``)."""
-        with self._reading():
-            rows = self._db.execute(
+        with self._reading() as db:
+            rows = db.execute(
                 "SELECT idx, state, figures, reason, started_at, ended_at FROM waves WHERE rollout_id = ? "
                 "ORDER BY idx",
                 (rollout_id,),
@@ -502,16 +509,16 @@ class RolloutStore:
 
     def rollouts(self, limit: int = 100) -> list[RolloutRow]:
         """The newest ``limit`` rollouts, newest first."""
-        with self._reading():
-            ids = self._db.execute(
+        with self._reading() as db:
+            ids = db.execute(
                 "SELECT id FROM rollouts ORDER BY created_at DESC, id DESC LIMIT ?", (limit,)
             ).fetchall()
         return [self.rollout(str(r[0])) for r in ids]
 
     def events(self, rollout_id: str) -> list[tuple[str, dict[str, Any]]]:
         """The rollout's transitions in the order they were committed."""
-        with self._reading():
-            rows = self._db.execute(
+        with self._reading() as db:
+            rows = db.execute(
                 "SELECT what, detail FROM events WHERE rollout_id = ? ORDER BY id", (rollout_id,)
             ).fetchall()
         return [(str(r[0]), json.loads(r[1])) for r in rows]
@@ -519,8 +526,8 @@ class RolloutStore:
     def resume(self, rollout_id: str) -> ResumePoint:
         """Where a restarted controller picks ``rollout_id`` up (see the module docstring)."""
         rollout = self.rollout(rollout_id)
-        with self._reading():
-            current = self._db.execute(
+        with self._reading() as db:
+            current = db.execute(
                 "SELECT idx, state FROM waves WHERE rollout_id = ? AND state IN (?, ?) ORDER BY idx LIMIT 1",
                 (rollout_id, WaveState.RUNNING.value, WaveState.SOAKING.value),
             ).fetchone()
@@ -543,11 +550,9 @@ class RolloutStore:
     def check(self) -> list[str]:
         """Problems with the file's consistency (``PRAGMA integrity_check`` and the store's invariants)."""
         problems: list[str] = []
-        with self._reading():
-            integrity = [str(r[0]) for r in self._db.execute("PRAGMA integrity_check").fetchall()]
-            if integrity != ["ok"]:
-                problems.extend(integrity)
-            for device, step, sent_at, end in self._db.execute(
+        with self._reading() as db:
+            problems.extend(self._integrity_problems(db))
+            for device, step, sent_at, end in db.execute(
                 "SELECT device, step, sent_at, end_state FROM devices"
             ).fetchall():
                 if step == DeviceStep.SENT.value and sent_at is None:
@@ -556,7 +561,23 @@ class RolloutStore:
                     problems.append(f"{device}: ENDED without an end")
         return problems
 
-    def _event(self, db: sqlite3.Connection, rollout_id: str, what: str, **detail: Any) -> None:
+    def _integrity_problems(self, db: Sql) -> list[str]:
+        integrity = [str(r[0]) for r in db.execute("PRAGMA integrity_check").fetchall()]
+        return [] if integrity == ["ok"] else integrity
+
+    def recent_ids(self, limit: int) -> list[str]:
+        """The newest ``limit`` rollout ids, newest first, read on a read-only connection of its own to
+        the file (WAL: it reads while the controller writes, and never waits for the store's lock)."""
+        try:
+            with sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, timeout=2.0) as db:
+                rows = db.execute(
+                    "SELECT id FROM rollouts ORDER BY created_at DESC, id DESC LIMIT ?", (limit,)
+                ).fetchall()
+        except sqlite3.Error as exc:
+            raise RolloutStoreError(f"rollout store {self.path}: cannot list rollouts ({exc})") from exc
+        return [str(row[0]) for row in rows]
+
+    def _event(self, db: Sql, rollout_id: str, what: str, **detail: Any) -> None:
         db.execute(
             "INSERT INTO events (rollout_id, at, what, detail) VALUES (?, ?, ?, ?)",
             (rollout_id, self._clock(), what, json.dumps(detail, sort_keys=True)),
@@ -630,7 +651,7 @@ class RolloutStore:
                 supersedes=plan.supersedes,
             )
 
-    def _owners(self, db: sqlite3.Connection, slot: str, devices: Sequence[str]) -> dict[str, list[str]]:
+    def _owners(self, db: Sql, slot: str, devices: Sequence[str]) -> dict[str, list[str]]:
         """Open rollouts on ``slot`` that hold any of ``devices``.
 
         A device whose job already ended still belongs to its open rollout: an abort with rollback
@@ -650,7 +671,7 @@ class RolloutStore:
             owners.setdefault(rollout_id, []).append(device)
         return owners
 
-    def _supersede(self, db: sqlite3.Connection, old: str, new: str, now: float) -> None:
+    def _supersede(self, db: Sql, old: str, new: str, now: float) -> None:
         row = db.execute("SELECT state FROM rollouts WHERE id = ?", (old,)).fetchone()
         if row is None:
             raise RolloutStoreError(f"supersedes={old}: no such rollout")
@@ -662,7 +683,7 @@ class RolloutStore:
         self._cancel_unsent(db, old, now, f"superseded by {new}")
         self._event(db, old, "superseded", by=new)
 
-    def _cancel_unsent(self, db: sqlite3.Connection, rollout_id: str, now: float, why: str) -> None:
+    def _cancel_unsent(self, db: Sql, rollout_id: str, now: float, why: str) -> None:
         db.execute(
             "UPDATE devices SET step = ?, updated_at = ? WHERE rollout_id = ? AND step = ?",
             (DeviceStep.CANCELLED.value, now, rollout_id, DeviceStep.PLANNED.value),
@@ -826,13 +847,13 @@ class RolloutStore:
             ).fetchone()
             return str(row[0])
 
-    def _rollout_state(self, db: sqlite3.Connection, rollout_id: str) -> RolloutState:
+    def _rollout_state(self, db: Sql, rollout_id: str) -> RolloutState:
         row = db.execute("SELECT state FROM rollouts WHERE id = ?", (rollout_id,)).fetchone()
         if row is None:
             raise RolloutNotFoundError(f"no rollout {rollout_id}")
         return RolloutState(row[0])
 
-    def _device_step(self, db: sqlite3.Connection, rollout_id: str, device: str) -> DeviceStep:
+    def _device_step(self, db: Sql, rollout_id: str, device: str) -> DeviceStep:
         row = db.execute(
             "SELECT step FROM devices WHERE rollout_id = ? AND device = ?", (rollout_id, device)
         ).fetchone()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import configparser
 import re
+import secrets
 import shutil
 from pathlib import Path
 
@@ -19,6 +20,10 @@ from agent.fleet.controller.config import (
     load_controller_config,
 )
 from agent.fleet.deploy.keys import write_keypair
+from agent.fleet.rollout.pg_store import PostgresRolloutStore
+from agent.fleet.rollout.store import RolloutStoreError
+from agent.fleet.statedb.postgres import StateDatabase, conninfo_of
+from tests.postgres_server import PostgresServer
 from tests.unit_files import analyze_verify, read_unit
 
 REPO = Path(__file__).resolve().parents[3]
@@ -102,3 +107,40 @@ def test_the_example_names_every_section_and_the_samples_bounds_docs_fleet_md_gi
     assert stated == defaults
     assert example["samples"] == defaults
     assert ControllerConfig.model_validate(example).samples.model_dump() == defaults
+
+
+def test_a_database_url_carrying_a_password_is_refused_naming_the_key(tmp_path: Path) -> None:
+    password = secrets.token_urlsafe(12)
+    path = tmp_path / "controller.yaml"
+    path.write_text(f"unsigned: true\ndatabase: {{url: 'postgresql://fleet:{password}@db:5432/fleet'}}\n")
+    with pytest.raises(ConfigError) as refused:
+        load_controller_config(path)
+    problems = " ".join(refused.value.problems)
+    assert "database.url" in problems
+    assert "put it in password_file" in problems
+    assert password not in str(refused.value) + problems
+
+
+def test_the_database_password_comes_from_its_file_and_the_controller_uses_it(
+    tmp_path: Path, postgres: PostgresServer
+) -> None:
+    """A real PostgreSQL that asks for a password: the controller's store opens with the one in
+    ``password_file``, a relative file is read from the config's directory, and a wrong one is refused
+    without the password in the message."""
+    name = postgres.new_database()
+    shutil.copy(postgres.password_file, tmp_path / "db.password")
+    (tmp_path / "db.password").chmod(0o600)
+    path = tmp_path / "controller.yaml"
+    path.write_text(
+        f"unsigned: true\ndatabase: {{url: '{postgres.url(name)}', password_file: db.password}}\n"
+    )
+    config = load_controller_config(path)
+    assert config.database.password_file == tmp_path / "db.password"
+    store = PostgresRolloutStore(StateDatabase(conninfo_of(config.database)))
+    assert store.open_rollouts() == []
+    store.close()
+    wrong = secrets.token_urlsafe(12)
+    (tmp_path / "db.password").write_text(wrong + "\n")
+    with pytest.raises(RolloutStoreError, match="password authentication failed") as refused:
+        PostgresRolloutStore(StateDatabase(conninfo_of(load_controller_config(path).database)))
+    assert wrong not in str(refused.value)

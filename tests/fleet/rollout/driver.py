@@ -1,11 +1,12 @@
 """A minimal controller loop over a real :class:`RolloutStore`, run as a child process to be killed.
 
-``python -m tests.fleet.rollout.driver DB PUBLOG DEVICES`` creates rollout ``r1`` (if the store has
-none) over DEVICES devices in waves ``5,10%,100%``, then drives it to the end the way the controller
-will: per device ``mark_sending`` -> *publish* -> ``mark_sent``; then the device's job ends ACTIVE;
-then the wave ends. "Publish" appends ``device job_id`` to PUBLOG and fsyncs it (it stands in for
-the retained desired state on the broker, which survives the controller). A line on stdout follows
-every committed transition, so the parent knows what the store must hold when it kills the child.
+``python -m tests.fleet.rollout.driver STORE PUBLOG DEVICES`` creates rollout ``r1`` (if the store, a
+SQLite file or a postgresql:// URL, has none) over DEVICES devices in waves ``5,10%,100%``, then
+drives it to the end the way the controller will: per device ``mark_sending`` -> *publish* ->
+``mark_sent``; then the device's job ends ACTIVE; then the wave ends. "Publish" appends
+``device job_id`` to PUBLOG and fsyncs it (it stands in for the retained desired state on the
+broker, which survives the controller). A line on stdout follows every committed transition, so
+the parent knows what the store must hold when it kills the child.
 No MQTT here on purpose: this drives the store's transitions and resume query, not the delivery.
 """
 
@@ -17,8 +18,8 @@ from pathlib import Path
 
 from agent.fleet.rollout.gate import DeviceEnd
 from agent.fleet.rollout.records import RolloutPlan, RolloutState, WaveState
-from agent.fleet.rollout.store import RolloutStore
 from agent.fleet.rollout.waves import parse_waves, split_waves
+from tests.fleet.store_sites import open_store
 
 
 def _publish(log: Path, device: str, job_id: str) -> None:
@@ -28,9 +29,9 @@ def _publish(log: Path, device: str, job_id: str) -> None:
         os.fsync(handle.fileno())
 
 
-def drive(db: Path, log: Path, count: int) -> None:
+def drive(db: str, log: Path, count: int) -> None:
     """Create ``r1`` unless it exists, then run it to DONE, resuming from whatever the store holds."""
-    store = RolloutStore(db)
+    store = open_store(db)
     if not store.open_rollouts() and not store.events("r1"):
         devices = [f"jet-{index:04d}" for index in range(count)]
         plan = RolloutPlan("r1", "main", "job-r1", "5", split_waves(devices, parse_waves("5,10%,100%")))
@@ -63,4 +64,4 @@ def drive(db: Path, log: Path, count: int) -> None:
 
 
 if __name__ == "__main__":
-    drive(Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3]))
+    drive(sys.argv[1], Path(sys.argv[2]), int(sys.argv[3]))

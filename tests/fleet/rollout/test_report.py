@@ -18,6 +18,7 @@ from agent.fleet.rollout.spec import RolloutRequest
 from agent.fleet.rollout.status_model import RolloutStatus
 from agent.fleet.rollout.store import RolloutStore
 from agent.protocol.proving import ShadowSpec
+from tests.fleet.store_sites import StoreSite
 
 DOC = Path(__file__).resolve().parents[3] / "docs" / "protocol.md"
 HEALTHY = {
@@ -37,7 +38,7 @@ UNHEALTHY_ROLLBACK = {
 }
 
 
-def _store(tmp_path: Path, devices: list[str], waves: str) -> tuple[RolloutStore, str]:
+def _store(store_site: StoreSite, devices: list[str], waves: str) -> tuple[RolloutStore, str]:
     request = RolloutRequest(
         model_sha256="0" * 64,
         model_name="mobilenet.onnx",
@@ -48,7 +49,7 @@ def _store(tmp_path: Path, devices: list[str], waves: str) -> tuple[RolloutStore
         shadow=ShadowSpec(),
         probation_s=60.0,
     )
-    store = RolloutStore(tmp_path / "rollouts.sqlite")
+    store = store_site.open()
     store.create(request.plan("r1", "job-1", 1, {}, {}))
     return store, "r1"
 
@@ -60,8 +61,8 @@ def _end(store: RolloutStore, rid: str, device: str, end: DeviceEnd, figures: di
 
 
 @pytest.fixture
-def tripped(tmp_path: Path) -> tuple[RolloutStore, str]:
-    store, rid = _store(tmp_path, ["jet-01", "jet-07", "jet-03", "jet-04"], "1,2,100%")
+def tripped(store_site: StoreSite) -> tuple[RolloutStore, str]:
+    store, rid = _store(store_site, ["jet-01", "jet-07", "jet-03", "jet-04"], "1,2,100%")
     store.set_wave(rid, 0, WaveState.RUNNING, reason="started")
     _end(store, rid, "jet-01", DeviceEnd.ACTIVE, HEALTHY)
     store.set_wave(rid, 0, WaveState.DONE, reason="gate holds")
@@ -124,9 +125,9 @@ def test_waves_count_from_one_in_the_status_document_and_the_list_says_what_its_
     store.close()
 
 
-def test_the_problem_list_is_bounded_and_says_how_many_were_left_off(tmp_path: Path) -> None:
+def test_the_problem_list_is_bounded_and_says_how_many_were_left_off(store_site: StoreSite) -> None:
     devices = [f"d{i:03d}" for i in range(MAX_LISTED + 25)]
-    store, rid = _store(tmp_path, devices, "100%")
+    store, rid = _store(store_site, devices, "100%")
     store.set_wave(rid, 0, WaveState.RUNNING, reason="started")
     for device in devices:
         _end(store, rid, device, DeviceEnd.FAILED, {"state": "FAILED", "error_code": "x" * 5000})
@@ -142,9 +143,9 @@ def test_the_problem_list_is_bounded_and_says_how_many_were_left_off(tmp_path: P
     store.close()
 
 
-def test_a_soaking_wave_says_how_long_is_left_and_until_when(tmp_path: Path) -> None:
+def test_a_soaking_wave_says_how_long_is_left_and_until_when(store_site: StoreSite) -> None:
     """Issue 22.8: "soaking 300 s" never said how much of it was left."""
-    store, rid = _store(tmp_path, ["a", "b"], "1,100%")
+    store, rid = _store(store_site, ["a", "b"], "1,100%")
     store.set_wave(rid, 0, WaveState.RUNNING, reason="started")
     _end(store, rid, "a", DeviceEnd.ACTIVE, HEALTHY)
     until = 1_795_627_073.129  # 2026-11-25 17:17:53 UTC
@@ -159,9 +160,9 @@ def test_a_soaking_wave_says_how_long_is_left_and_until_when(tmp_path: Path) -> 
 
 
 def test_an_aborted_rollout_reads_as_aborted_in_the_list_and_its_soaking_wave_as_cancelled(
-    tmp_path: Path,
+    store_site: StoreSite,
 ) -> None:
-    store, rid = _store(tmp_path, ["jet-01", "jet-02"], "1,100%")
+    store, rid = _store(store_site, ["jet-01", "jet-02"], "1,100%")
     store.set_wave(rid, 0, WaveState.RUNNING, reason="started")
     _end(store, rid, "jet-01", DeviceEnd.ACTIVE, HEALTHY)
     store.set_wave(rid, 0, WaveState.DONE, reason="gate holds")

@@ -1,4 +1,5 @@
-"""Rollout state in a real SQLite file: transitions, overlap, resume, and a SIGKILL mid-write."""
+"""Rollout state in a real SQLite file and a real PostgreSQL (each test runs on both where it is not
+about the file): transitions, overlap, resume, and a SIGKILL mid-write."""
 
 from __future__ import annotations
 
@@ -8,8 +9,11 @@ import sqlite3
 import subprocess
 import sys
 from collections import Counter
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import psycopg
 import pytest
 
 from agent.fleet.rollout.gate import DeviceEnd
@@ -21,7 +25,10 @@ from agent.fleet.rollout.store import (
     RolloutStoreError,
     StoreDamagedError,
 )
+from agent.fleet.statedb.migrations import LATEST, MIGRATIONS
 from agent.transitions import IllegalTransitionError
+from tests.fleet.store_sites import StoreSite, open_store
+from tests.postgres_server import PostgresServer
 from tests.waiting import patient
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -43,8 +50,10 @@ def _plan(
 
 
 @pytest.fixture
-def store(tmp_path: Path) -> RolloutStore:
-    return RolloutStore(tmp_path / "rollouts.sqlite")
+def store(store_site: StoreSite) -> Iterator[RolloutStore]:
+    opened = store_site.open()
+    yield opened
+    opened.close()
 
 
 def test_a_new_rollout_is_stored_with_its_waves_and_devices_planned(store: RolloutStore) -> None:
@@ -200,20 +209,38 @@ def test_aborting_cancels_the_devices_not_yet_sent(store: RolloutStore) -> None:
     ]
 
 
-def test_the_store_reopens_with_its_rollouts_and_refuses_a_newer_schema(tmp_path: Path) -> None:
-    path = tmp_path / "rollouts.sqlite"
-    first = RolloutStore(path)
+def test_the_store_reopens_with_its_rollouts_and_refuses_a_newer_schema(store_site: StoreSite) -> None:
+    first = store_site.open()
     first.create(_plan("r1", [["a"]]))
     first.close()
-    second = RolloutStore(path)
+    second = store_site.open()
     assert second.open_rollouts() == ["r1"]
     second.close()
-    with sqlite3.connect(path) as db:
-        db.execute(f"PRAGMA user_version={SCHEMA_VERSION + 1}")
-    with pytest.raises(
-        RolloutStoreError, match=f"schema {SCHEMA_VERSION + 1} was written by a newer controller"
-    ):
-        RolloutStore(path)
+    if store_site.kind == "sqlite":
+        newer = SCHEMA_VERSION + 1
+        with sqlite3.connect(store_site.address) as db:
+            db.execute(f"PRAGMA user_version={newer}")
+    else:
+        newer = LATEST + 1
+        with psycopg.connect(store_site.address, autocommit=True) as pg:
+            pg.execute("INSERT INTO schema_migrations (version) VALUES (%s)", (newer,))
+    with pytest.raises(RolloutStoreError, match=f"schema {newer} was written by a newer controller"):
+        store_site.open()
+
+
+def test_four_controllers_opening_a_new_postgresql_store_at_once_migrate_it_once(
+    postgres: PostgresServer,
+) -> None:
+    address = postgres.conninfo(postgres.new_database())
+    with ThreadPoolExecutor(4) as pool:
+        stores = list(pool.map(lambda _: open_store(address), range(4)))
+    stores[0].create(_plan("r1", [["a"]]))
+    assert [s.open_rollouts() for s in stores] == [["r1"]] * 4
+    for opened in stores:
+        opened.close()
+    with psycopg.connect(address) as pg:
+        applied = pg.execute("SELECT version FROM schema_migrations ORDER BY version").fetchall()
+        assert applied == [(version,) for version, _ in MIGRATIONS]  # each once
 
 
 def test_a_store_file_that_is_not_sqlite_is_refused_naming_it(tmp_path: Path) -> None:
@@ -223,10 +250,10 @@ def test_a_store_file_that_is_not_sqlite_is_refused_naming_it(tmp_path: Path) ->
         RolloutStore(path)
 
 
-def _driver(db: Path, log: Path, count: int) -> subprocess.Popen[str]:
+def _driver(db: str, log: Path, count: int) -> subprocess.Popen[str]:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     return subprocess.Popen(
-        [sys.executable, "-m", "tests.fleet.rollout.driver", str(db), str(log), str(count)],
+        [sys.executable, "-m", "tests.fleet.rollout.driver", db, str(log), str(count)],
         cwd=ROOT,
         env=env,
         stdout=subprocess.PIPE,
@@ -240,7 +267,7 @@ _ORDER = [DeviceStep.PLANNED, DeviceStep.SENDING, DeviceStep.SENT, DeviceStep.EN
 
 @pytest.mark.parametrize("kill_after", [4, 170, 330, 520])
 def test_a_controller_killed_mid_write_resumes_with_no_device_sent_twice_or_skipped(
-    tmp_path: Path, kill_after: int
+    tmp_path: Path, store_site: StoreSite, kill_after: int
 ) -> None:
     """SIGKILL a real child process writing transitions; the store reopens at a transition boundary.
 
@@ -249,7 +276,7 @@ def test_a_controller_killed_mid_write_resumes_with_no_device_sent_twice_or_skip
     run resumes: every device is published, with one job id, and only a device caught in SENDING
     is published again (the same retained desired state, not a second job).
     """
-    db, log, count = tmp_path / "rollouts.sqlite", tmp_path / "published.log", 200
+    db, log, count = store_site.address, tmp_path / "published.log", 200
     child = _driver(db, log, count)
     assert child.stdout is not None
     reported: dict[str, DeviceStep] = {}
@@ -268,7 +295,7 @@ def test_a_controller_killed_mid_write_resumes_with_no_device_sent_twice_or_skip
     child.wait(timeout=patient(10))
     assert child.returncode == -signal.SIGKILL
 
-    store = RolloutStore(db)
+    store = store_site.open()
     assert store.check() == []
     rows = {row.device: row for row in store.devices("r1")}
     ahead = []
@@ -292,7 +319,7 @@ def test_a_controller_killed_mid_write_resumes_with_no_device_sent_twice_or_skip
     out, _ = again.communicate(timeout=patient(60))
     assert again.returncode == 0
     assert out.splitlines()[-1] == "done"
-    store = RolloutStore(db)
+    store = store_site.open()
     assert store.rollout("r1").state is RolloutState.DONE
     assert all((r.step, r.end) == (DeviceStep.ENDED, DeviceEnd.ACTIVE) for r in store.devices("r1"))
     published = [line.split() for line in log.read_text().splitlines()]
@@ -305,3 +332,25 @@ def test_a_controller_killed_mid_write_resumes_with_no_device_sent_twice_or_skip
     resent = {r.device for r in store.devices("r1") if r.sends > 1}
     assert twice <= resent
     store.close()
+
+
+def test_a_database_an_older_controller_made_is_migrated_in_order_keeping_its_rollouts(
+    postgres: PostgresServer,
+) -> None:
+    address = postgres.conninfo(postgres.new_database())
+    with psycopg.connect(address, autocommit=True) as pg, pg.transaction():  # as the first release left it
+        pg.execute("CREATE TABLE schema_migrations (version INTEGER PRIMARY KEY, applied_at TIMESTAMPTZ)")
+        pg.execute(MIGRATIONS[0][1].encode())
+        pg.execute("INSERT INTO schema_migrations (version) VALUES (1)")
+    with psycopg.connect(address, autocommit=True) as pg:
+        pg.execute(
+            "INSERT INTO rollouts (id, slot, job_id, to_version, state, spec, created_at, updated_at) "
+            "VALUES ('old', 'main', 'job-old', '4', 'RUNNING', '{}', 1, 1)"
+        )
+    store = open_store(address)
+    assert store.open_rollouts() == ["old"]
+    store.close()
+    with psycopg.connect(address) as pg:
+        versions = [r[0] for r in pg.execute("SELECT version FROM schema_migrations ORDER BY version")]
+        assert versions == [version for version, _ in MIGRATIONS]
+        assert pg.execute("SELECT count(*) FROM engine_index").fetchone() == (0,)

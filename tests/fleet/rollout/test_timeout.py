@@ -15,12 +15,12 @@ from agent.demo.broker import Broker
 from agent.fleet.rollout.records import RolloutState
 from agent.fleet.rollout.runner import RolloutRunner
 from agent.fleet.rollout.spec import RolloutRequest
-from agent.fleet.rollout.store import RolloutStore
 from agent.fsutil import sha256_file
 from agent.protocol.messages import JobState, JobStatus, ProbationFigures, ShadowFigures, encode
 from agent.protocol.proving import ShadowSpec
 from agent.protocol.topics import Topics
 from tests.fleet.operator_side import announce, operator_settings, tiny_model, unique_prefix
+from tests.fleet.store_sites import StoreSite
 from tests.mqtt_probe import Probe
 from tests.waiting import wait_until
 
@@ -28,7 +28,7 @@ SLOT = "cls"
 
 
 def test_a_device_that_started_after_the_timeout_is_still_waited_for_after_a_restart(
-    tmp_path: Path, broker: Broker
+    tmp_path: Path, broker: Broker, store_site: StoreSite
 ) -> None:
     prefix = unique_prefix()
     settings = operator_settings(broker, prefix)
@@ -45,7 +45,7 @@ def test_a_device_that_started_after_the_timeout_is_still_waited_for_after_a_res
         shadow=ShadowSpec(frames=30, min_agreement=0.9),
         probation_s=5.0,
     )
-    store = RolloutStore(tmp_path / "rollouts.sqlite")
+    store = store_site.open()
     store.create(request.plan("late", "job-late", 42, {}, {}))
     ahead = [0.0]  # how far the runners' clock is ahead of the store's
 
