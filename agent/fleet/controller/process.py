@@ -39,7 +39,7 @@ from agent.fleet.controller.config import ControllerConfig
 from agent.fleet.controller.lease import LeaseLostError, PrefixLease, StandbyEndedError
 from agent.fleet.controller.remembered_jobs import jobs_from_store
 from agent.fleet.controller.requests import ControllerError, answer_request, json_object
-from agent.fleet.controller.start_request import stored_rollout
+from agent.fleet.controller.start_request import repository_document, stored_rollout
 from agent.fleet.controller.upload import UploadSink
 from agent.fleet.controller.web import serve_http
 from agent.fleet.deploy.decommission import decommission
@@ -369,6 +369,8 @@ class FleetController:
             return self.devices_request(verb, args)
         if verb == "start":
             return self.start_rollout(RolloutRequest.model_validate(args))
+        if verb == "document":
+            return repository_document(self.model_path, str(args.get("sha256", "")))
         if verb == "list":
             limit = int(args.get("limit", 50))
             builds = self.view.builds()  # one look at the devices for every rollout listed
