@@ -42,22 +42,26 @@ class ReleaseDir:
     wheels: tuple[tuple[str, Path], ...]  # (file name, path), in the document's order
 
 
-def wheel_tags(filename: str) -> tuple[str, str]:
-    """The python and platform tags of a wheel file name (ConfigError when it is not one)."""
+def wheel_tags(filename: str) -> tuple[str, str, str]:
+    """The python, abi and platform tags of a wheel file name (ConfigError when it is not one)."""
     match = WHEEL_FILENAME.match(filename)
     if match is None:
         raise ConfigError(f"{filename!r} is not a wheel file name (name-version-python-abi-platform.whl)")
-    return match["python"], match["platform"]
+    return match["python"], match["abi"], match["platform"]
 
 
 def python_of(filenames: list[str]) -> str | None:
-    """The one Python minor version the wheels' CPython tags name (None: all are pure ``py3``).
+    """The one Python minor version the wheels' CPython tags name (None: all are pure ``py3`` or
+    stable-ABI ``abi3``).
 
     ConfigError when two wheels are for different minor versions: no one interpreter runs both.
     """
     minors = set()
     for name in filenames:
-        for tag in wheel_tags(name)[0].split("."):
+        python, abi, _ = wheel_tags(name)
+        if abi == "abi3":
+            continue  # the stable ABI: cp37-abi3 runs on 3.7 and every later version
+        for tag in python.split("."):
             match = _CPYTHON_TAG.match(tag)
             if match is not None:
                 minors.add(f"3.{match[1]}")
@@ -73,7 +77,7 @@ def platforms_of(filenames: list[str]) -> list[str]:
     """
     machines: set[str] = set()
     for name in filenames:
-        for tag in wheel_tags(name)[1].split("."):
+        for tag in wheel_tags(name)[2].split("."):
             machines.update(m for m in _MACHINES if tag.endswith(m))
     if len(machines) > 1:
         raise ConfigError(f"the wheels are for several machines ({', '.join(sorted(machines))})")

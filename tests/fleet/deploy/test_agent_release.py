@@ -29,6 +29,7 @@ def test_a_release_names_every_wheel_by_size_and_sha256_with_python_and_machine_
         tmp_path,
         "edge_agent-0.3.0-py3-none-any.whl",
         "numpy-1.26.4-cp310-cp310-manylinux_2_17_aarch64.manylinux2014_aarch64.whl",
+        "cryptography-42.0.5-cp39-abi3-manylinux_2_28_aarch64.whl",  # the stable ABI: any later Python
     )
     release = make_release(folder, version="0.3.0")
     assert release.python == "3.10"
