@@ -10,7 +10,8 @@ document parsed as an :class:`~agent.protocol.device_targets.AgentRelease` and r
 **Simulated**: the install. Nothing is unpacked, no environment is made and no agent restarts: a
 fetched wheel is only remembered as held (by SHA-256), and the new release is confirmed at once
 after PROBATION. Bytes fetched are counted per device, which is what the fleet benchmark reads: an
-update that changes one wheel moves that wheel and the document, nothing else.
+update that changes one wheel moves that wheel and the document, nothing else. A simulated device
+switched off and on again (an offline window) starts again from the release it was started with.
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ class SimAgentRelease:
         note: Callable[[str, str], None],
         add_fetched: Callable[[int], None],
         add_pull: Callable[[PullStats], None],
+        on_release: Callable[[str], None],
         on_change: Callable[[], None],
     ) -> None:
         self._device = device_id
@@ -69,6 +71,7 @@ class SimAgentRelease:
         self._add_fetched = add_fetched
         self._add_pull = add_pull
         self._on_change = on_change
+        self._on_release = on_release
         self._lock = threading.Lock()
         self._seen: set[str] = set()
         #: The wheels this device holds, by SHA-256 (its running release's, then every one fetched).
@@ -132,6 +135,7 @@ class SimAgentRelease:
             self._status(manifest, JobState.PROBATION)
             with self._lock:
                 self._info = TargetInfo(version=manifest.version, job_id=job)
+            self._on_release(manifest.version)
             self._end(manifest, JobState.ACTIVE)
         except (AgentError, ValidationError, OSError) as exc:
             self._end(manifest, JobState.FAILED, getattr(exc, "code", "agent_install_failed"), str(exc)[:300])

@@ -102,6 +102,8 @@ class JobJournal:
         self.fetched_bytes = 0
         #: The MQTT pulls' counters (agent/delivery/transfer/pull.py PullStats), summed over the pulls.
         self.pull: collections.Counter[str] = collections.Counter()
+        #: The agent release it runs (the simulated ``_agent`` target's), once one was delivered.
+        self.agent_release: str | None = None
 
     def note(self, job_id: str, state: str) -> None:
         with self._lock:
@@ -110,6 +112,10 @@ class JobJournal:
     def add_fetched(self, size: int) -> None:
         with self._lock:
             self.fetched_bytes += size
+
+    def set_agent_release(self, version: str) -> None:
+        with self._lock:
+            self.agent_release = version
 
     def add_pull(self, stats: PullStats) -> None:
         with self._lock:
@@ -124,7 +130,9 @@ class JobJournal:
             jobs = {job: list(states) for job, states in self.jobs.items()}
             fetched = self.fetched_bytes
             pull = dict(self.pull)
+            release = self.agent_release
         return {
+            "agent_release": release,
             "jobs": jobs,
             "runs": {job: states.count("QUEUED") for job, states in jobs.items()},
             "fetched_bytes": fetched,
@@ -250,6 +258,8 @@ class SimDevice:
         for slot in setup.slots.values():
             if slot.model is not None and slot.model_path is not None:
                 link_model(slot.model_path, self.store, slot.model.sha256)
+        if setup.agent_release is not None and journal.agent_release is None:
+            journal.set_agent_release(setup.agent_release.version)
         self.agent = SimAgentRelease(
             device_id=plan.device_id,
             root=root,
@@ -261,6 +271,7 @@ class SimDevice:
             note=journal.note,
             add_fetched=journal.add_fetched,
             add_pull=journal.add_pull,
+            on_release=journal.set_agent_release,
             on_change=self.publish_info,
         )
         self.delivery = _SimDelivery(

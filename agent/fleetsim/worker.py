@@ -177,7 +177,6 @@ class SimWorker:
                 "restarts": member.restarts,
                 "unhealthy": member.plan.unhealthy,
                 "slots": slots,
-                "agent_release": device.agent.info.version if device is not None else None,
                 # Chunk replies the link's inbox had no room for (this run of the device only).
                 "inbox_dropped": device.link.counter("inbox_dropped") if device is not None else 0,
                 **member.journal.snapshot(),

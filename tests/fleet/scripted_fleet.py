@@ -59,6 +59,9 @@ class ScriptedDevice:
     last: tuple[str, JobState] | None = None
     delay_s: float = 0.0  # seconds between its job's last step and its end
     previous: dict[str, Any] | None = None  # its last-known-good model (what ``rollback`` puts back)
+    #: What its up/info says of its own targets beside a model slot (none: an older agent).
+    config: TargetInfo | None = None
+    agent_release: TargetInfo | None = None
     rollbacks: int = 0
 
 
@@ -141,8 +144,8 @@ class ScriptedFleet:
             if kind != "model"
             else {self.slot: {"model": {"slot": self.slot, **device.model}, "state": "active"}},
             streams=[],
-            config=target if kind == "config" else None,
-            agent_release=target if kind == "agent" else None,
+            config=target if kind == "config" else device.config,
+            agent_release=target if kind == "agent" else device.agent_release,
         )
         self._probe.publish(topics.info, encode(info), retain=True)
 

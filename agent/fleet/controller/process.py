@@ -60,6 +60,7 @@ from agent.fleet.view.live import FleetView
 from agent.mqtt.core import PublishProperties
 from agent.mqtt.inbound import InboundMessage
 from agent.mqtt.service_client import ServiceClient
+from agent.protocol.device_targets import target_kind
 from agent.protocol.messages import ProtocolError, decode
 from agent.protocol.samples import SampleMessage
 from agent.protocol.topics import ControllerTopics, enroll_request_filter, fleet_filter, parse
@@ -482,6 +483,8 @@ class FleetController:
     def abort(self, rollout_id: str, *, rollback: bool) -> dict[str, Any]:
         assert self.store is not None
         self._allow("abort", rollout_id)
+        if rollback:
+            self._refuse_target_way_back(rollout_id)
         self.store.note(rollout_id, "abort", rollback=rollback, by="operator")
         self.store.set_state(rollout_id, RolloutState.ABORTED, OPERATOR_ABORT)
         if rollout_id not in self.runners:
@@ -497,6 +500,7 @@ class FleetController:
         Every new rollout is planned (its model checked, the fleet's up/info read) before the first
         is stored; the finished rollout then notes them, so a second rollback of it is refused."""
         assert self.store is not None
+        self._refuse_target_way_back(rollout_id)
         found = plan_finished_rollback(self.store, rollout_id, options, new_id)
         stored = [
             stored_rollout(request, self.model_path, self.settings, self.config.select_wait_s)
@@ -513,6 +517,17 @@ class FleetController:
             "no_previous": found.no_previous,
             "unknown_previous": found.unknown_previous,
         }
+
+    def _refuse_target_way_back(self, rollout_id: str) -> None:
+        """WrongStateError for a rollback of a device target's rollout: each device puts back its own
+        last good configuration or release; the operator rolls the previous one out instead."""
+        assert self.store is not None
+        slot = self.store.rollout(rollout_id).slot
+        if target_kind(slot) != "model":
+            raise WrongStateError(
+                f"rollout {rollout_id} delivered {slot}: there is no model to go back to; each device "
+                f"puts back its own last good one by itself, roll the previous one out to go back"
+            )
 
     def _allow(self, verb: str, rollout_id: str) -> None:
         """RolloutNotFoundError for an unknown id, WrongStateError (the operator's words) for a move

@@ -147,6 +147,11 @@ def test_an_agent_release_rolls_out_with_its_wheels_and_the_gate_counts_an_agent
         assert main([*start, *_broker_args(broker, prefix)]) == 0  # one bad device is allowed: DONE
         statuses = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
         manifest = _desired(broker, prefix, "a3", AGENT_TARGET)
+        # No way back is sent for a target: each device put back its own previous release.
+        assert main(["fleet", "rollout", "rollback", "agent", *_broker_args(broker, prefix)]) != 0
+        assert "no model to go back to" in capsys.readouterr().err
+        jobs = fleet.jobs()
+    assert all(len(j) == 1 for j in jobs.values()), jobs
     assert statuses[-1]["state"] == "DONE"
     assert statuses[-1]["devices"] == {"ACTIVE": 3, "ROLLED_BACK": 1}
     assert manifest.model_id == "edge-agent"
