@@ -34,7 +34,7 @@ from agent.protocol.delivery_errors import (
     RejectedError,
     WrongDeviceError,
 )
-from agent.protocol.device_targets import DEVICE_TARGETS, MAX_RELEASE_WHEELS
+from agent.protocol.device_targets import AGENT_TARGET, DEVICE_TARGETS, MAX_RELEASE_WHEELS
 from agent.protocol.manifest_names import (
     SHA256_PATTERN,
     bad_name,
@@ -75,7 +75,7 @@ class ModelSourceRef(StrictModel):
         return self
 
 
-#: Most artifacts one manifest carries besides an agent release's wheels (a calibration: a handful).
+#: Most artifacts one manifest carries (a calibration, labels: a handful at most).
 MAX_ARTIFACTS = 8
 #: calibration: an INT8 calibration for the build; wheel: one wheel of an agent release (``_agent``).
 ArtifactKind = Literal["calibration", "wheel"]
@@ -148,9 +148,10 @@ class DeployManifest(StrictModel):
     # Absent by default: a manifest without artifacts is what older agents (extra keys forbidden) accept.
     artifacts: list[ManifestArtifact] | None = Field(
         None,
-        max_length=MAX_ARTIFACTS + MAX_RELEASE_WHEELS,
-        description="Extra signed files the build needs (an INT8 calibration), or an agent release's wheels, "
-        "fetched and verified like the model.",
+        # A model takes MAX_ARTIFACTS (checked below); an agent release one wheel per artifact.
+        max_length=MAX_RELEASE_WHEELS,
+        description="Extra signed files the build needs (an INT8 calibration), fetched and verified like the "
+        "model.",
     )
 
     @field_serializer("shadow", "probation")
@@ -248,9 +249,8 @@ class DeployManifest(StrictModel):
     @model_validator(mode="after")
     def _artifacts_referenced(self) -> DeployManifest:
         names = [a.name for a in self.artifacts or ()]
-        others = sum(1 for a in self.artifacts or () if a.kind != "wheel")
-        if others > MAX_ARTIFACTS:
-            raise ValueError(f"artifacts: at most {MAX_ARTIFACTS} besides wheels, got {others}")
+        if self.slot != AGENT_TARGET and len(names) > MAX_ARTIFACTS:
+            raise ValueError(f"artifacts: at most {MAX_ARTIFACTS} for a model, got {len(names)}")
         if len(set(names)) != len(names):
             raise ValueError(f"artifacts: names must be unique, got {names}")
         calibration = self.build.calibration if self.build is not None else None

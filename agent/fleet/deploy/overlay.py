@@ -15,14 +15,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import yaml
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from agent.config.changes import ConfigChange, safe_value
+from agent.config.changes import SECRET_NAME, ConfigChange, safe_value
 from agent.errors import ConfigError
 from agent.protocol.device_targets import MAX_OVERLAY_BYTES, OVERLAY_DENIED_KEYS, OVERLAY_KEYS
-from agent.protocol.sealed import is_sealed, seal
+from agent.protocol.sealed import SEALED_PREFIX, is_sealed, seal
 
 #: How a sealed value is shown: never its ciphertext (it changes at every seal and says nothing).
 SEALED_SHOWN = "<sealed>"
@@ -68,7 +69,35 @@ def overlay_problems(data: Mapping[str, Any]) -> list[str]:
         for denied in sorted(OVERLAY_DENIED_KEYS)
         if any(key == denied or key.startswith(denied + ".") for key in dotted)
     )
+    problems.extend(_clear_secrets(dotted))
     return problems
+
+
+def _clear_secrets(dotted: Mapping[str, Any]) -> list[str]:
+    """A secret written in clear: the operator side would keep it and send it as written."""
+    problems = []
+    for key, value in sorted(dotted.items()):
+        if not isinstance(value, str) or not value or is_sealed(value):
+            continue
+        name = key.rsplit(".", 1)[-1]
+        if SECRET_NAME.search(name) and not name.endswith("_file"):
+            problems.append(
+                f"{key}: a secret in clear; seal it to the device: `fleet config set --secret {key}=@FILE`"
+            )
+        elif "://" in value and "@" in value and _url_password(value):
+            parent = key.rsplit(".", 1)[0]
+            problems.append(
+                f"{key}: a password in the URL; leave it out and seal it as {parent}.password "
+                f"(`fleet config set --secret {parent}.password=@FILE`)"
+            )
+    return problems
+
+
+def _url_password(value: str) -> bool:
+    try:
+        return urlsplit(value).password is not None
+    except ValueError:
+        return False
 
 
 def flatten(data: Any, prefix: str = "") -> dict[str, Any]:
@@ -89,7 +118,7 @@ def with_sealed(
     parts = key.split(".")
     if not all(parts):
         raise ConfigError(f"--secret {key}: not a dotted key (streams.door.password)")
-    problems = overlay_problems({parts[0]: _nested(parts[1:], "x")})
+    problems = overlay_problems({parts[0]: _nested(parts[1:], SEALED_PREFIX)})
     if problems:
         raise ConfigError(f"--secret {key}: an overlay may not set it", problems)
     try:

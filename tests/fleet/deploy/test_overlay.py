@@ -42,6 +42,23 @@ def test_a_key_an_overlay_may_not_set_is_refused_by_name(text: str, named: str) 
     assert any(named in p for p in caught.value.problems), caught.value.problems
 
 
+def test_a_secret_written_in_clear_is_refused_naming_the_key_and_how_to_seal_it() -> None:
+    password = secrets.token_urlsafe(8)
+    text = f"streams:\n  door:\n    password: {password}\n    password_file: /run/door\n"
+    with pytest.raises(ConfigError) as caught:
+        parse_overlay(text.encode(), "overlay.yaml")
+    assert caught.value.problems == [
+        "streams.door.password: a secret in clear; seal it to the device: "
+        "`fleet config set --secret streams.door.password=@FILE`"
+    ]
+    with pytest.raises(ConfigError) as caught:
+        parse_overlay(f"streams:\n  door:\n    url: rtsp://op:{password}@cam/1\n".encode(), "overlay.yaml")
+    assert "streams.door.url: a password in the URL" in caught.value.problems[0]
+    assert password not in repr(caught.value.problems)
+    # Sealed, or a path to a secret file, or a URL without a password: taken.
+    parse_overlay(b"streams:\n  door:\n    url: rtsp://op@cam/1\n    password_file: /run/door\n", "o")
+
+
 def test_an_overlay_that_is_not_a_mapping_or_too_large_is_refused() -> None:
     with pytest.raises(ConfigError, match="a mapping"):
         parse_overlay(b"- a\n- b\n", "overlay.yaml")
