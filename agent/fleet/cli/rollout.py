@@ -336,8 +336,38 @@ def _start(args: argparse.Namespace) -> int:
         return 0
 
 
+#: ``fleet rollout start`` flags that describe a model: a target's rollout refuses them, named.
+_MODEL_FLAGS = {
+    "slot": "--slot",
+    "model_id": "--model-id",
+    "precision": "--precision",
+    "engine_device": "--engine-device",
+    "no_gpu_fallback": "--no-gpu-fallback",
+    "calib_cache": "--calib-cache",
+    "build_json": "--build-json",
+    "calibration": "--calibration",
+    "calib_frames": "--calib-frames",
+    "calib_stream": "--calib-stream",
+    "calib_dataset": "--calib-dataset",
+    "preprocess_json": "--preprocess-json",
+    "postprocess_json": "--postprocess-json",
+    "labels": "--labels",
+    "shadow_json": "--shadow-json",
+    "no_shadow": "--no-shadow",
+    "share_engines": "--share-engines",
+    "rollback_on_abort": "--rollback-on-abort",
+}
+
+
 def _start_target(args: argparse.Namespace) -> int:
     from agent.fleet.deploy.target_document import TargetDocument
+
+    given = [flag for dest, flag in _MODEL_FLAGS.items() if getattr(args, dest, None) not in (None, False)]
+    if given:
+        raise UsageError(
+            f"{', '.join(given)}: a model's flags; --overlay and --agent-release roll out a device target "
+            "(each device puts back its own last good one: there is no --rollback-on-abort)"
+        )
 
     if args.overlay is not None:
         if not args.version:

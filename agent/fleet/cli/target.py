@@ -238,6 +238,7 @@ def _diff(args: argparse.Namespace) -> int:
 
 def _set(args: argparse.Namespace) -> int:
     from agent.fleet.cli.rollout import start_target
+    from agent.fleet.cli.trust import DEFAULT_RELEASE_DAYS
     from agent.fleet.deploy.manifest import target_manifest
     from agent.fleet.deploy.overlay import dump_overlay, read_overlay
     from agent.fleet.trust.releases import sign_release
@@ -261,11 +262,12 @@ def _set(args: argparse.Namespace) -> int:
                 args.release_key,
                 out,
                 version=1,
-                expires_days=365.0,
+                expires_days=DEFAULT_RELEASE_DAYS,
             )
             document = replace(document, release=out.read_text(encoding="utf-8"))
         if args.probation_s is not None:
             document = replace(document, probation_s=args.probation_s)
+        # A one-device rollout: one wave, nothing may fail, an offline device is waited for.
         rollout = argparse.Namespace(
             **vars(args),
             waves="100%",

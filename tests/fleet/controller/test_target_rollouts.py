@@ -283,3 +283,13 @@ def test_the_controller_killed_mid_configuration_rollout_resumes_with_no_job_twi
     assert status["devices"] == {"ACTIVE": 5}
     assert all(len(j) == 1 for j in jobs.values()), jobs  # none twice, none skipped
     assert {j[0] for j in jobs.values()} == {status["job_id"]}
+
+
+def test_a_models_flags_on_a_target_rollout_are_refused_by_name_before_anything_is_sent(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    overlay = tmp_path / "overlay.yaml"
+    overlay.write_text("labels:\n  site: a\n")
+    argv = ["fleet", "rollout", "start", "--overlay", str(overlay), "--version", "1", "--device", "d"]
+    assert main([*argv, "--precision", "int8", "--rollback-on-abort", "--broker", "127.0.0.1:1"]) != 0
+    assert "--precision, --rollback-on-abort: a model's flags" in capsys.readouterr().err
