@@ -14,7 +14,13 @@ for the whole fleet: two fingerprints, the build a stand-in sleep of ``--build-s
 rollout with ``--no-share-engines`` then one with ``--share-engines``; 8. an upgrade: every engine
 key new at start, the model from a sharing deployment, each start-up build asking the fleet;
 9. enrollment: N devices holding one claim, from their first request to online with their own
-certificates over configs/mosquitto/ (bench/fleet_enroll.py; run alone with ``--scenario 9``).
+certificates over configs/mosquitto/ (bench/fleet_enroll.py; run alone with ``--scenario 9``);
+10. an agent update: every device runs agent release 0.9.0 and holds its wheels, the rollout
+(``fleet rollout start --agent-release``) brings 0.9.1, which changes only this package's wheel (a
+wheel-shaped zip of this repository's ``agent/`` package; the dependency wheels are stand-ins of
+random bytes at about the sizes of their aarch64 Python 3.10 wheels, never moved): rollout time and
+bytes pulled per device, against the release's whole size. The installs are the simulator's
+(agent/fleetsim/agent_release.py: real transfers, simulated installs).
 
 Each prints seconds per wave and to converge, the controller's CPU and peak RSS, the broker's
 counters, bytes pulled per device, where devices ended, jobs run per device (none twice, none
@@ -41,6 +47,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import zipfile
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -60,6 +67,51 @@ from agent.mqtt.settings import MqttSettings
 PREFIX = "bench/v1"
 _SYS = ("messages/received", "messages/sent", "bytes/received", "bytes/sent", "publish/messages/dropped")
 _FINAL = ("DONE", "ABORTED", "SUPERSEDED")
+
+
+#: Stand-ins for the agent's dependency wheels (aarch64, Python 3.10): file name, size in MB, about
+#: their real wheels' sizes. Random bytes: the devices hold them already, so none is ever moved.
+_DEPENDENCY_WHEELS = (
+    ("numpy-1.26.4-cp310-cp310-manylinux_2_17_aarch64.whl", 14.2),
+    ("opencv_python_headless-4.9.0.80-cp37-abi3-manylinux_2_17_aarch64.whl", 28.0),
+    ("onnxruntime-1.17.1-cp310-cp310-manylinux_2_27_aarch64.whl", 5.9),
+    ("cryptography-42.0.5-cp39-abi3-manylinux_2_28_aarch64.whl", 4.3),
+    ("pydantic_core-2.16.3-cp310-cp310-manylinux_2_17_aarch64.whl", 1.8),
+    ("PyYAML-6.0.1-cp310-cp310-manylinux_2_17_aarch64.whl", 0.7),
+    ("pydantic-2.6.4-py3-none-any.whl", 0.4),
+    ("psutil-5.9.8-cp36-abi3-manylinux_2_17_aarch64.whl", 0.3),
+    ("urllib3-2.2.1-py3-none-any.whl", 0.12),
+    ("securesystemslib-1.0.0-py3-none-any.whl", 0.1),
+    ("paho_mqtt-2.0.0-py3-none-any.whl", 0.07),
+    ("structlog-24.1.0-py3-none-any.whl", 0.06),
+    ("tuf-4.0.0-py3-none-any.whl", 0.05),
+)
+
+
+def _agent_releases(root: Path) -> tuple[Path, Path]:
+    """Releases 0.9.0 and 0.9.1: the same dependency wheels, this package's wheel changed."""
+    from agent.fleet.deploy.agent_release import make_release, write_release
+
+    shared = root / "wheels"
+    shared.mkdir()
+    for name, size_mb in _DEPENDENCY_WHEELS:
+        (shared / name).write_bytes(os.urandom(int(size_mb * 1024 * 1024)))
+    package = Path(__file__).resolve().parents[1] / "agent"
+    folders = []
+    for version in ("0.9.0", "0.9.1"):
+        folder = root / f"agent-{version}"
+        folder.mkdir()
+        for wheel in shared.iterdir():
+            os.link(wheel, folder / wheel.name)
+        with zipfile.ZipFile(
+            folder / f"edge_agent-{version}-py3-none-any.whl", "w", zipfile.ZIP_DEFLATED
+        ) as z:
+            for source in sorted(package.rglob("*.py")):
+                z.write(source, source.relative_to(package.parent))
+            z.writestr(f"edge_agent-{version}.dist-info/VERSION", version)
+        write_release(folder, make_release(folder, version=version, python="3.10", platforms=["aarch64"]))
+        folders.append(folder)
+    return folders[0], folders[1]
 
 
 def _edge_agent(*args: str) -> list[str]:
@@ -270,6 +322,7 @@ class _Scenario:
         self.v1, self.v2 = self.models[:2]
         self.sim: subprocess.Popen[bytes] | None = None
         self.http: _HttpModels | None = None
+        self.releases = _agent_releases(self.root) if number == 10 else None
 
     # -- the parts ---------------------------------------------------------------------------------
 
@@ -303,6 +356,7 @@ class _Scenario:
             "--label", "fleet=bench",
             "--label", "site=berlin,munich,paris,rome",
             *(self._engine_args() if self.number in (7, 8) else []),
+            *(["--agent-release", str(self.releases[0])] if self.releases else []),
             *extra,
         ]  # fmt: skip
         with (self.root / "fleetsim.log").open("ab") as out:
@@ -329,6 +383,7 @@ class _Scenario:
     # -- a run ---------------------------------------------------------------------------------------
 
     def run(self) -> dict[str, Any]:
+        load_at_start = os.getloadavg()
         self.broker.start()
         sys_counters = _SysCounters(self.broker)
         http_source = None
@@ -379,6 +434,11 @@ class _Scenario:
         if self.number not in (7, 8):
             result.update(self._devices_view(report, result.get("job_id")))
         result["online_s"] = round(online_s, 1)
+        # The machine is shared: the figures mean little without the load they were taken under.
+        result["load_average"] = {
+            "start": [round(x, 2) for x in load_at_start],
+            "end": [round(x, 2) for x in os.getloadavg()],
+        }
         result["controller"] = ctl
         if self.number == 6:
             result["broker"] = {k: after.get(k, 0) for k in _SYS}  # since its restart
@@ -393,6 +453,11 @@ class _Scenario:
         return result
 
     def _start_args(self, model: Path | None = None, share: bool | None = None) -> list[str]:
+        if self.releases is not None:
+            return [
+                "start", "--agent-release", str(self.releases[1]), "--select", "fleet=bench",
+                "--waves", "5%,10%,50%,100%", "--max-failed", "2%", "--retained-wait", "20",
+            ]  # fmt: skip
         guarded = self.number in (5, 6, 7)  # shadow and probation on, as operators run them
         probation = {4: "3", 5: "4", 6: "4", 7: "2"}.get(self.number, "0")
         version = (model or self.v2).stem.removeprefix("cls-v")
@@ -476,6 +541,15 @@ class _Scenario:
             "rollback": status.get("rollback"),
             "sends": status.get("sends"),
         }
+        if self.releases is not None:
+            update = self.releases[1]
+            changed = update / "edge_agent-0.9.1-py3-none-any.whl"
+            out["release"] = {
+                "wheels": len(list(update.glob("*.whl"))),
+                "bytes": sum(p.stat().st_size for p in update.glob("*.whl")),
+                "changed_wheel_bytes": changed.stat().st_size,
+                "document_bytes": (update / "agent-release.json").stat().st_size,
+            }
         if killed_at is not None:
             out["broker_killed_at_s" if self.number == 6 else "controller_killed_at_s"] = killed_at
         if self.http is not None:
@@ -595,6 +669,7 @@ class _Scenario:
                 "jobs_run_per_device": {str(k): v for k, v in sorted(runs.items())},
                 "rollout_job_twice": sum(1 for d in devices.values() if d["runs"].get(job_id, 0) > 1),
             },
+            "agent_release": dict(Counter(str(d.get("agent_release")) for d in devices.values())),
             "pulled_bytes_per_device": {
                 "mean": round(sum(fetched) / max(1, len(fetched))),
                 "max": max(fetched, default=0),
@@ -667,7 +742,9 @@ def _last_end(device: dict[str, Any], job_id: str | None) -> str:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--devices", type=int, default=1000)
-    p.add_argument("--scenario", type=int, action="append", choices=(1, 2, 3, 4, 5, 6, 7, 8, 9), default=None)
+    p.add_argument(
+        "--scenario", type=int, action="append", choices=(1, 2, 3, 4, 5, 6, 7, 8, 9, 10), default=None
+    )
     p.add_argument("--size-mb", type=float, default=5.0)
     p.add_argument("--timeout", type=float, default=900.0, help="longest a rollout may take (s)")
     p.add_argument("--poll-s", type=float, default=5.0, help="seconds between status polls")

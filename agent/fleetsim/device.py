@@ -29,11 +29,14 @@ from agent.delivery.jobs.steps import ActivationRequest, ProgressFn, no_build
 from agent.delivery.service import DeliveryService
 from agent.delivery.settings import DeliveryConfig
 from agent.delivery.transfer.pull import PullStats, fetch_model
+from agent.fleetsim.agent_release import SimAgentRelease
 from agent.fleetsim.build import BuildCounters, SimBuilds, SimPlatform, sim_platform
 from agent.fleetsim.plan import DevicePlan
 from agent.fleetsim.slot import SimSlots
+from agent.mqtt.inbound import InboundMessage
 from agent.mqtt.link import MqttLink
 from agent.mqtt.settings import MqttSettings
+from agent.protocol.device_targets import AGENT_TARGET, AgentRelease
 from agent.protocol.manifest import DeployManifest
 from agent.protocol.messages import BackendInfo, InfoMessage, ModelRef, SlotInfo, TelemetryMessage
 from agent.protocol.topics import Topics
@@ -80,6 +83,8 @@ class FleetSetup:
     build_seconds: float = 0.0
     #: The slots' models came from a deployment that shared engines: a start-up build asks the fleet.
     share_at_start: bool = False
+    #: The agent release every device runs at start (the wheels it holds); None: none reported.
+    agent_release: AgentRelease | None = None
 
 
 def add_pull_counters(totals: collections.Counter[str], counters: Mapping[str, int]) -> None:
@@ -97,6 +102,8 @@ class JobJournal:
         self.fetched_bytes = 0
         #: The MQTT pulls' counters (agent/delivery/transfer/pull.py PullStats), summed over the pulls.
         self.pull: collections.Counter[str] = collections.Counter()
+        #: The agent release it runs (the simulated ``_agent`` target's), once one was delivered.
+        self.agent_release: str | None = None
 
     def note(self, job_id: str, state: str) -> None:
         with self._lock:
@@ -105,6 +112,10 @@ class JobJournal:
     def add_fetched(self, size: int) -> None:
         with self._lock:
             self.fetched_bytes += size
+
+    def set_agent_release(self, version: str) -> None:
+        with self._lock:
+            self.agent_release = version
 
     def add_pull(self, stats: PullStats) -> None:
         with self._lock:
@@ -119,7 +130,9 @@ class JobJournal:
             jobs = {job: list(states) for job, states in self.jobs.items()}
             fetched = self.fetched_bytes
             pull = dict(self.pull)
+            release = self.agent_release
         return {
+            "agent_release": release,
             "jobs": jobs,
             "runs": {job: states.count("QUEUED") for job, states in jobs.items()},
             "fetched_bytes": fetched,
@@ -177,6 +190,21 @@ def link_model(source: Path, store: ModelStore, sha256: str) -> None:
         shutil.copyfile(source, target)  # another file system
 
 
+class _SimDelivery(DeliveryService):
+    """The agent's delivery service, with the ``_agent`` target routed to the simulated install (the
+    job runner of this tree takes slots only)."""
+
+    def __init__(self, agent: SimAgentRelease, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._agent = agent
+
+    def handle_desired(self, message: InboundMessage) -> None:
+        if message.topic.rsplit("/", 1)[-1] == AGENT_TARGET:
+            self._agent.take(message)
+            return
+        super().handle_desired(message)
+
+
 class SimDevice:
     """One device: ``start()`` connects it, ``stop()`` stops it as the agent stops (offline status)."""
 
@@ -230,7 +258,24 @@ class SimDevice:
         for slot in setup.slots.values():
             if slot.model is not None and slot.model_path is not None:
                 link_model(slot.model_path, self.store, slot.model.sha256)
-        self.delivery = DeliveryService(
+        if setup.agent_release is not None and journal.agent_release is None:
+            journal.set_agent_release(setup.agent_release.version)
+        self.agent = SimAgentRelease(
+            device_id=plan.device_id,
+            root=root,
+            link=self.link,
+            topics=self.topics,
+            delivery=setup.delivery,
+            trusted=setup.trusted,
+            running=setup.agent_release,
+            note=journal.note,
+            add_fetched=journal.add_fetched,
+            add_pull=journal.add_pull,
+            on_release=journal.set_agent_release,
+            on_change=self.publish_info,
+        )
+        self.delivery = _SimDelivery(
+            self.agent,
             setup.delivery,
             device_id=plan.device_id,
             topics=self.topics,
@@ -312,6 +357,7 @@ class SimDevice:
         """The agent's ordered stop: jobs cancelled (they resume at the next start), offline, closed."""
         self.slots.on_change = None
         self._stopped.set()
+        self.agent.stop()
         self.delivery.stop(timeout=timeout / 2)
         self.link.stop(timeout=timeout / 2)
         self.spool.close()
@@ -348,6 +394,7 @@ class SimDevice:
             backends={"onnxruntime": BackendInfo(available=True), "tensorrt": BackendInfo(available=True)},
             slots=slots,
             streams=[STREAM],
+            agent_release=self.agent.info,
         )
 
     def _serving(self, slot: str) -> Literal["requested", "interim"]:

@@ -36,6 +36,7 @@ from agent.fsutil import atomic_write_json, sha256_file
 from agent.logs.setup import configure_logging
 from agent.model_contract.graph import graph_io
 from agent.mqtt.settings import MqttSettings
+from agent.protocol.device_targets import AgentRelease
 from agent.protocol.messages import ModelRef
 from agent.signing import load_public_key
 from agent.specs.postprocess import ClassificationSpec
@@ -117,6 +118,13 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"seconds between rewrites of each worker's report (default {REPORT_EVERY_S:g}; at least "
         f"{TICK_S:g}, the control loop's tick)",
     )
+    p.add_argument(
+        "--agent-release",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="the agent release every device runs at start and whose wheels it holds (agent-release.json)",
+    )
     p.add_argument("--duration", type=float, default=0.0, help="stop after this many seconds (0: on SIGTERM)")
     p.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--t0", type=float, default=None, help=argparse.SUPPRESS)
@@ -182,7 +190,18 @@ def fleet_setup(args: argparse.Namespace) -> FleetSetup:
         else DeliveryConfig(chunk_timeout_s=args.chunk_timeout_s),
         build_seconds=args.build_seconds,
         share_at_start=args.share_at_start,
+        agent_release=_agent_release(args.agent_release),
     )
+
+
+def _agent_release(folder: Path | None) -> AgentRelease | None:
+    """The release the devices run at start, from ``--agent-release DIR`` (its agent-release.json)."""
+    if folder is None:
+        return None
+    try:
+        return AgentRelease.model_validate_json((folder / "agent-release.json").read_bytes())
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"--agent-release: {folder} holds no agent release ({exc})") from exc
 
 
 def _procs(args: argparse.Namespace) -> int:

@@ -264,6 +264,7 @@ CONTROLLER_VERBS = (
     "engines",
     "engines_release",
     "rollback",
+    "document",
     "devices_register",
     "devices_pending",
     "devices_accept",

@@ -25,6 +25,7 @@ from agent.fleet.rollout.store import RolloutStore, RolloutStoreError
 from agent.fleet.view.live import FleetView
 from agent.mqtt.inbound import InboundMessage
 from agent.protocol.command_args import EvidenceArgs, SnapshotArgs
+from agent.protocol.device_targets import TargetInfo
 from agent.protocol.messages import (
     CameraInfo,
     CommandReply,
@@ -62,10 +63,18 @@ DOCK_ERROR = (
 
 
 def info(
-    prefix: str, device: str, *, site: str = "berlin", model: str = "mobilenet", version: str = "4"
+    prefix: str,
+    device: str,
+    *,
+    site: str = "berlin",
+    model: str = "mobilenet",
+    version: str = "4",
+    config: TargetInfo | None = None,
+    agent_release: TargetInfo | None = None,
 ) -> tuple[str, bytes]:
     """A device's retained ``up/info``: one slot ``main`` serving ``model:version``, labels ``site``,
-    camera ``cam0`` streaming and camera ``dock`` reconnecting after :data:`DOCK_ERROR`."""
+    camera ``cam0`` streaming and camera ``dock`` reconnecting after :data:`DOCK_ERROR`; its
+    configuration and agent release when given."""
     now = time.time()
     message = InfoMessage(
         device_id=device,
@@ -98,6 +107,8 @@ def info(
                 last_error_at=now - 130,
             ),
         },
+        config=config,
+        agent_release=agent_release,
     )
     return Topics(prefix, device).info, encode(message)
 

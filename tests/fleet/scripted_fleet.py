@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agent.demo.broker import Broker
+from agent.protocol.device_targets import TargetInfo, target_kind
 from agent.protocol.manifest import DeployManifest, parse_signed
 from agent.protocol.messages import (
     CommandReply,
@@ -58,6 +59,9 @@ class ScriptedDevice:
     last: tuple[str, JobState] | None = None
     delay_s: float = 0.0  # seconds between its job's last step and its end
     previous: dict[str, Any] | None = None  # its last-known-good model (what ``rollback`` puts back)
+    #: What its up/info says of its own targets beside a model slot (none: an older agent).
+    config: TargetInfo | None = None
+    agent_release: TargetInfo | None = None
     rollbacks: int = 0
 
 
@@ -127,14 +131,21 @@ class ScriptedFleet:
             state="online" if device.online else "offline", session=1, agent_version="0.2.0"
         )
         self._probe.publish(topics.status, encode(status), retain=True)
+        # A device target (_config, _agent) is reported as such, beside no slot.
+        kind = target_kind(self.slot)
+        target = TargetInfo(version=str(device.model["version"]), job_id=device.model.get("job_id"))
         info = InfoMessage(
             device_id=device.name,
             agent_version="0.2.0",
             platform={},
             labels=device.labels,
             backends={},
-            slots={self.slot: {"model": {"slot": self.slot, **device.model}, "state": "active"}},
+            slots={}
+            if kind != "model"
+            else {self.slot: {"model": {"slot": self.slot, **device.model}, "state": "active"}},
             streams=[],
+            config=target if kind == "config" else device.config,
+            agent_release=target if kind == "agent" else device.agent_release,
         )
         self._probe.publish(topics.info, encode(info), retain=True)
 
@@ -175,7 +186,8 @@ class ScriptedFleet:
 
     def _walk(self, device: ScriptedDevice, manifest: DeployManifest) -> None:
         topics = Topics(self.prefix, device.name)
-        steps = list(_STEPS)
+        # A device target has nothing to validate on frames: installed (BUILDING), then watched.
+        steps = list(_STEPS) if target_kind(manifest.slot) == "model" else list(_STEPS[:-1])
         shadow = None
         if manifest.shadow is not None:
             steps.append(JobState.SHADOW)
@@ -222,6 +234,8 @@ class ScriptedFleet:
                     "version": manifest.version,
                     "sha256": manifest.sha256,
                 }
+                if target_kind(manifest.slot) != "model":
+                    device.model["job_id"] = manifest.job_id
             self._announce(device)
         with self._lock:
             device.last = (manifest.job_id, end)

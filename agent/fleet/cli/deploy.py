@@ -200,10 +200,20 @@ def probation_s_from_arg(value: float) -> float | None:
     return value or None
 
 
-def add_manifest_arguments(parser: argparse.ArgumentParser) -> None:
-    """What the desired state says besides the model file: ``fleet deploy`` and ``fleet rollout start``."""
-    parser.add_argument("--slot", required=True, help="model slot on the devices")
-    parser.add_argument("--version", required=True, help="model version reported with results")
+def add_manifest_arguments(parser: argparse.ArgumentParser, *, targets: bool = False) -> None:
+    """What the desired state says besides the model file: ``fleet deploy`` and ``fleet rollout start``
+    (``targets``: it may roll out a device target instead, which has no slot)."""
+    parser.add_argument(
+        "--slot",
+        required=not targets,
+        help="model slot on the devices" + (" (a model only)" if targets else ""),
+    )
+    parser.add_argument(
+        "--version",
+        required=not targets,
+        help="model version reported with results"
+        + ("; a configuration overlay's version" if targets else ""),
+    )
     parser.add_argument(
         "--model-id",
         default=None,

@@ -1,5 +1,6 @@
 """``edge-agent fleet ...``: the operator commands (keygen, deploy, serve, status, watch, cmd,
-snapshot, evidence, samples, engines, logs, decommission, ca, devices, controller, rollout).
+snapshot, evidence, samples, engines, logs, decommission, ca, devices, controller, rollout, trust,
+config, agent).
 
 :func:`add_fleet_arguments` fills the ``fleet`` sub-parser, :func:`run_fleet` runs the chosen
 command and returns the exit code. ``fleet deploy`` itself is :mod:`agent.fleet.cli.deploy`, the
@@ -26,6 +27,7 @@ from agent.fleet.cli.ca import add_ca_arguments, add_ca_dir, run_ca, run_revoke
 from agent.fleet.cli.connection import add_broker_arguments, settings_from_args
 from agent.fleet.cli.deploy import add_manifest_arguments, run_deploy
 from agent.fleet.cli.rollout import add_controller_arguments, run_controller_command, run_rollout
+from agent.fleet.cli.target import add_agent_arguments, add_config_arguments, run_agent, run_config
 from agent.fleet.cli.trust import add_trust_arguments, run_trust
 from agent.fleet.controller.config import DEFAULT_STATE_DIR
 from agent.fleet.deploy.run import DEFAULT_STATUS_POLL_S
@@ -56,6 +58,8 @@ FLEET_COMMANDS = (
     "rollout",
     "trust",
     "bundle",
+    "config",
+    "agent",
 )
 
 
@@ -318,6 +322,8 @@ def add_fleet_arguments(parser: argparse.ArgumentParser) -> None:
 
     add_admission_arguments(add_ca_arguments(sub))
     add_controller_arguments(sub)
+    add_config_arguments(sub)
+    add_agent_arguments(sub)
 
 
 def _add_verbose(parser: argparse.ArgumentParser) -> None:
@@ -370,6 +376,10 @@ def run_fleet(args: argparse.Namespace) -> int:
         return run_rollout(args)
     if command == "trust":
         return run_trust(args)
+    if command == "config":
+        return run_config(args)
+    if command == "agent":
+        return run_agent(args)
     raise AssertionError(f"unhandled fleet command {command}")
 
 

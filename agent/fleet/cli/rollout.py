@@ -55,10 +55,34 @@ def add_controller_arguments(sub: Any) -> None:
     rollout = sub.add_parser("rollout", help="rollouts in waves, run by the fleet controller")
     verbs = rollout.add_subparsers(dest="rollout_command", required=True, metavar="VERB")
 
-    start = verbs.add_parser("start", help="start a rollout of MODEL to the selected devices")
-    start.add_argument("model", type=Path, metavar="MODEL.onnx", help="the ONNX model file to roll out")
+    start = verbs.add_parser(
+        "start",
+        help="start a rollout of MODEL (or of an overlay, an agent release) to the selected devices",
+    )
+    start.add_argument(
+        "model",
+        type=Path,
+        nargs="?",
+        default=None,
+        metavar="MODEL.onnx",
+        help="the ONNX model file to roll out",
+    )
+    start.add_argument(
+        "--overlay",
+        type=Path,
+        default=None,
+        metavar="OVERLAY.yaml",
+        help="roll out this configuration overlay (target _config, needs --version) instead of a model",
+    )
+    start.add_argument(
+        "--agent-release",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="roll out this agent release (target _agent: a directory `fleet agent release` made) instead",
+    )
     add_target_arguments(start)
-    add_manifest_arguments(start)
+    add_manifest_arguments(start, targets=True)
     start.add_argument(
         "--release",
         type=Path,
@@ -245,6 +269,15 @@ def _start(args: argparse.Namespace) -> int:
     from agent.fleet.rollout.spec import RolloutRequest
     from agent.fsutil import sha256_file
 
+    chosen = [a for a in (args.model, args.overlay, args.agent_release) if a is not None]
+    if len(chosen) != 1:
+        raise UsageError(
+            "name one thing to roll out: MODEL.onnx, --overlay OVERLAY.yaml or --agent-release DIR"
+        )
+    if args.model is None:
+        return _start_target(args)
+    if not args.slot or not args.version:
+        raise UsageError("a model rollout needs --slot and --version")
     if not args.model.is_file():
         raise UsageError(f"MODEL.onnx: {args.model} is not a file")
     parse_waves(args.waves)  # each flag's mistake named before anything is read or sent
@@ -297,6 +330,98 @@ def _start(args: argparse.Namespace) -> int:
             )
 
         status = client.start(body, args.model, on_upload=uploading)
+        _print_status(status, as_json=args.json, lines=args.wait)
+        if args.wait:
+            return _status(client, status["rollout_id"], as_json=args.json, watch=True)
+        return 0
+
+
+#: ``fleet rollout start`` flags that describe a model: a target's rollout refuses them, named.
+_MODEL_FLAGS = {
+    "slot": "--slot",
+    "model_id": "--model-id",
+    "precision": "--precision",
+    "engine_device": "--engine-device",
+    "no_gpu_fallback": "--no-gpu-fallback",
+    "calib_cache": "--calib-cache",
+    "build_json": "--build-json",
+    "calibration": "--calibration",
+    "calib_frames": "--calib-frames",
+    "calib_stream": "--calib-stream",
+    "calib_dataset": "--calib-dataset",
+    "preprocess_json": "--preprocess-json",
+    "postprocess_json": "--postprocess-json",
+    "labels": "--labels",
+    "shadow_json": "--shadow-json",
+    "no_shadow": "--no-shadow",
+    "share_engines": "--share-engines",
+    "rollback_on_abort": "--rollback-on-abort",
+}
+
+
+def _start_target(args: argparse.Namespace) -> int:
+    from agent.fleet.deploy.target_document import TargetDocument
+
+    given = [flag for dest, flag in _MODEL_FLAGS.items() if getattr(args, dest, None) not in (None, False)]
+    if given:
+        raise UsageError(
+            f"{', '.join(given)}: a model's flags; --overlay and --agent-release roll out a device target "
+            "(each device puts back its own last good one: there is no --rollback-on-abort)"
+        )
+
+    if args.overlay is not None:
+        if not args.version:
+            raise UsageError("--overlay needs --version: the overlay's version, what devices report running")
+        document = TargetDocument.overlay_file(args.overlay, args.version)
+    else:
+        document = TargetDocument.agent_release_dir(args.agent_release, args.version)
+    fleet = FleetRead(args)
+    targets = chosen_targets(args, args.device, out=sys.stderr if args.json else None, fleet=fleet)
+    if targets is None:
+        return 0
+    return start_target(args, document, list(targets.devices))
+
+
+def start_target(args: argparse.Namespace, document: Any, devices: list[str]) -> int:
+    """Start the rollout of a device target's ``document`` (a :class:`~agent.fleet.cli.target.TargetDocument`)
+    to ``devices`` with the rollout flags of ``args``; its document and wheels uploaded as the
+    controller asks. The exit code (``--wait``: how the rollout ended)."""
+    from agent.fleet.controller.client import ControllerClient
+    from agent.fleet.deploy.plan import DEFAULT_PROBATION_S
+    from agent.fleet.rollout.spec import RolloutRequest
+
+    parse_waves(args.waves)
+    parse_max_failed(args.max_failed)
+    wave_timeout = parse_duration(args.wave_timeout, "--wave-timeout")
+    if not wave_timeout > 0:
+        raise UsageError("--wave-timeout must be above 0")
+    release = args.release.read_text(encoding="utf-8") if args.release is not None else document.release
+    request = RolloutRequest(
+        rollout_id=args.rollout_id,
+        devices=devices,
+        waves=args.waves,
+        soak_s=parse_duration(args.soak, "--soak"),
+        max_failed=args.max_failed,
+        wave_timeout_s=wave_timeout,
+        on_timeout=args.on_timeout,
+        supersedes=args.supersedes,
+        release=release,
+        # --probation-s's default is a model's: a target left at it gets its own watch window.
+        probation_s=document.probation_s
+        if args.probation_s == DEFAULT_PROBATION_S
+        else args.probation_s or None,
+        **document.request_fields(),
+    )
+    request.plan("check", "check", 0, {}, {})  # the waves split over this selection, or the error now
+    body = {k: v for k, v in request.model_dump(mode="json").items() if v is not None}
+    out = sys.stderr if args.json else sys.stdout
+    with ControllerClient(settings_from_args(args), timeout=args.timeout) as client:
+        for name, path, sha in document.wheels:
+            print(f"rollout: {name} to the controller (sent only if it lacks it)", file=out)
+            client.upload(path, sha)
+        status = client.start(
+            body, document.path, on_upload=lambda: print("rollout: uploading the document", file=out)
+        )
         _print_status(status, as_json=args.json, lines=args.wait)
         if args.wait:
             return _status(client, status["rollout_id"], as_json=args.json, watch=True)

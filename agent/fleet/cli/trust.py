@@ -65,14 +65,37 @@ def add_trust_arguments(parser: argparse.ArgumentParser) -> None:
     show = with_dir("show", "the newest root version: roles, key ids, thresholds, expiry, signatures")
     show.add_argument("--json", action="store_true", help="machine-readable output")
 
-    release = sub.add_parser("release", help="sign a model release with the release key (offline)")
-    release.add_argument("model", type=Path, metavar="MODEL.onnx", help="the ONNX model file")
+    release = sub.add_parser(
+        "release",
+        help="sign a model, a configuration overlay or an agent release with the release key (offline)",
+    )
+    release.add_argument(
+        "model", type=Path, nargs="?", default=None, metavar="MODEL.onnx", help="the ONNX model file"
+    )
+    release.add_argument(
+        "--overlay",
+        type=Path,
+        default=None,
+        metavar="OVERLAY.yaml",
+        help="sign this configuration overlay instead",
+    )
+    release.add_argument(
+        "--agent-release",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="sign this agent release instead (a directory `fleet agent release` made)",
+    )
     release.add_argument(
         "--key", type=Path, action="append", required=True, help="a release key file (repeat for a threshold)"
     )
     release.add_argument("--out", type=Path, required=True, help="the release file to write")
-    release.add_argument("--model-id", required=True, help="model name, as `fleet deploy --model-id`")
-    release.add_argument("--version", required=True, help="model version, as `fleet deploy --version`")
+    release.add_argument("--model-id", default=None, help="model name, as `fleet deploy --model-id`")
+    release.add_argument(
+        "--version",
+        default=None,
+        help="model version, as `fleet deploy --version`; an overlay's, as `fleet config set --version`",
+    )
     release.add_argument(
         "--preprocess-json", default=None, help="PreprocessSpec JSON (or @file), as deployed"
     )
@@ -185,6 +208,47 @@ def _show(metadata: dict[str, object], *, as_json: bool) -> None:
 
 
 def _release(args: argparse.Namespace) -> int:
+    chosen = [a for a in (args.model, args.overlay, args.agent_release) if a is not None]
+    if len(chosen) != 1:
+        raise UsageError(
+            "name one thing to release: MODEL.onnx, --overlay OVERLAY.yaml or --agent-release DIR"
+        )
+    if args.model is None:
+        return _target_release(args)
+    if not args.model_id or not args.version:
+        raise UsageError("a model release needs --model-id and --version, as deployed")
+    return _model_release(args)
+
+
+def _target_release(args: argparse.Namespace) -> int:
+    from agent.fleet.deploy.agent_release import read_release_dir
+    from agent.fleet.deploy.manifest import target_manifest
+    from agent.fleet.deploy.overlay import read_overlay
+    from agent.fleet.trust.releases import sign_release
+    from agent.protocol.device_targets import AGENT_TARGET, CONFIG_TARGET
+
+    if args.overlay is not None:
+        if not args.version:
+            raise UsageError(
+                "--overlay needs --version: the overlay's version, as `fleet config set --version`"
+            )
+        read_overlay(args.overlay)  # an overlay no device takes is refused before it is signed
+        manifest = target_manifest(CONFIG_TARGET, args.overlay, version=args.version)
+        what = f"configuration {args.version}"
+    else:
+        release_dir = read_release_dir(args.agent_release)
+        if args.version and args.version != release_dir.release.version:
+            raise UsageError(f"--version {args.version}: the release is {release_dir.release.version}")
+        manifest = target_manifest(
+            AGENT_TARGET, release_dir.document, version=release_dir.release.version, wheels=release_dir.wheels
+        )
+        what = f"agent release {release_dir.release.version} ({len(release_dir.wheels)} wheels)"
+    out = sign_release(manifest, args.key, args.out, version=1, expires_days=args.expires_days)
+    print(f"release of {what} ({manifest.sha256[:16]}) written to {out}")
+    return 0
+
+
+def _model_release(args: argparse.Namespace) -> int:
     from agent.fleet.cli.args import spec_arg
     from agent.fleet.cli.deploy import postprocess_from_args
     from agent.fleet.deploy.plan import CALIBRATION_ARTIFACT

@@ -109,6 +109,9 @@ def device_row(device: DeviceState) -> dict[str, Any]:
         "cameras": len(device.cameras),
         "cameras_down": sum(camera_down(camera) for camera in device.cameras.values()),
         "job": None if last is None else {"slot": last.slot, "state": last.state, "code": last.error_code},
+        # The configuration and agent release it runs, what is pending, what was put back.
+        "config": device.targets.get("config"),
+        "release": device.targets.get("agent"),
         "problems": len(device.problems),
     }
 

@@ -40,7 +40,7 @@ from agent.fleet.controller.db_lease import DatabaseLease
 from agent.fleet.controller.lease import LeaseLostError, PrefixLease, StandbyEndedError
 from agent.fleet.controller.remembered_jobs import jobs_from_store
 from agent.fleet.controller.requests import ControllerError, answer_request, json_object
-from agent.fleet.controller.start_request import stored_rollout
+from agent.fleet.controller.start_request import repository_document, stored_rollout
 from agent.fleet.controller.upload import UploadSink
 from agent.fleet.controller.web import serve_http
 from agent.fleet.deploy.decommission import decommission
@@ -70,6 +70,7 @@ from agent.fleet.view.live import FleetView
 from agent.mqtt.core import PublishProperties
 from agent.mqtt.inbound import InboundMessage
 from agent.mqtt.service_client import ServiceClient
+from agent.protocol.device_targets import target_kind
 from agent.protocol.messages import ProtocolError, decode
 from agent.protocol.samples import SampleMessage
 from agent.protocol.topics import ControllerTopics, enroll_request_filter, fleet_filter, parse
@@ -461,6 +462,8 @@ class FleetController:
             return self.devices_request(verb, args)
         if verb == "start":
             return self.start_rollout(RolloutRequest.model_validate(args))
+        if verb == "document":
+            return repository_document(self.model_path, str(args.get("sha256", "")))
         if verb == "list":
             limit = int(args.get("limit", 50))
             builds = self.view.builds()  # one look at the devices for every rollout listed
@@ -575,6 +578,8 @@ class FleetController:
     def abort(self, rollout_id: str, *, rollback: bool) -> dict[str, Any]:
         assert self.store is not None
         self._allow("abort", rollout_id)
+        if rollback:
+            self._refuse_target_way_back(rollout_id)
         self.store.note(rollout_id, "abort", rollback=rollback, by="operator")
         self.store.set_state(rollout_id, RolloutState.ABORTED, OPERATOR_ABORT)
         if rollout_id not in self.runners:
@@ -590,6 +595,7 @@ class FleetController:
         Every new rollout is planned (its model checked, the fleet's up/info read) before the first
         is stored; the finished rollout then notes them, so a second rollback of it is refused."""
         assert self.store is not None
+        self._refuse_target_way_back(rollout_id)
         found = plan_finished_rollback(self.store, rollout_id, options, new_id)
         stored = [
             stored_rollout(request, self.model_path, self.settings, self.config.select_wait_s)
@@ -606,6 +612,17 @@ class FleetController:
             "no_previous": found.no_previous,
             "unknown_previous": found.unknown_previous,
         }
+
+    def _refuse_target_way_back(self, rollout_id: str) -> None:
+        """WrongStateError for a rollback of a device target's rollout: each device puts back its own
+        last good configuration or release; the operator rolls the previous one out instead."""
+        assert self.store is not None
+        slot = self.store.rollout(rollout_id).slot
+        if target_kind(slot) != "model":
+            raise WrongStateError(
+                f"rollout {rollout_id} delivered {slot}: there is no model to go back to; each device "
+                f"puts back its own last good one by itself, roll the previous one out to go back"
+            )
 
     def _allow(self, verb: str, rollout_id: str) -> None:
         """RolloutNotFoundError for an unknown id, WrongStateError (the operator's words) for a move

@@ -9,7 +9,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from agent.errors import ConfigError
-from agent.fleet.deploy.plan import CALIBRATION_ARTIFACT, DeployPlan
+from agent.fleet.deploy.plan import CALIBRATION_ARTIFACT, TARGET_MODEL_IDS, DeployPlan
 from agent.protocol.manifest import DeployManifest, ModelSourceRef, build_manifest, describe_artifact
 from agent.protocol.topics import check_level
 from agent.specs.build import BuildSpec, CalibrationSource
@@ -47,6 +47,10 @@ def plan_manifest(plan: DeployPlan, job_id: str, sequence: int) -> DeployManifes
             )
             calibration = CalibrationSource(kind="cache", artifact=CALIBRATION_ARTIFACT)
             build = (build or BuildSpec(precision="int8")).model_copy(update={"calibration": calibration})
+        artifacts.extend(
+            describe_artifact(Path(path), name=name, kind="wheel", chunk_size=plan.chunk_size)
+            for name, path in plan.wheels
+        )
         return build_manifest(
             Path(plan.model),
             job_id=job_id,
@@ -72,3 +76,20 @@ def plan_manifest(plan: DeployPlan, job_id: str, sequence: int) -> DeployManifes
             for e in exc.errors(include_url=False)
         ]
         raise ConfigError("cannot build the deploy manifest", problems) from exc
+
+
+def target_manifest(
+    target: str, document: Path, *, version: str, wheels: tuple[tuple[str, Path], ...] = ()
+) -> DeployManifest:
+    """The manifest of a device target's ``document`` (and an agent release's ``wheels``) as a release
+    binds it: its bytes, its wheels, its kind, model id and version (ConfigError when it does not
+    validate)."""
+    plan = DeployPlan(
+        model=document,
+        devices=(),
+        slot=target,
+        version=version,
+        model_id=TARGET_MODEL_IDS[target],
+        wheels=wheels,
+    )
+    return plan_manifest(plan, "release", 1)

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from agent.protocol.device_targets import AGENT_TARGET, CONFIG_TARGET
 from agent.protocol.manifest import DEFAULT_CHUNK_SIZE
 from agent.protocol.proving import ProbationSpec, ShadowSpec
 from agent.specs.build import BuildSpec
@@ -21,6 +22,14 @@ from agent.specs.preprocess import PreprocessSpec
 #: default is the operator tool's, not the manifest's: a manifest without ``probation_s`` keeps
 #: meaning "no probation" (older manifests, older agents), and a DeployPlan keeps None.
 DEFAULT_PROBATION_S = 60.0
+
+#: The model id a device target's desired state carries (what a release binds and up/info names).
+TARGET_MODEL_IDS = {CONFIG_TARGET: "config", AGENT_TARGET: "edge-agent"}
+#: A device target's watch window unless the operator says otherwise, seconds: a configuration is
+#: watched for a minute, a new agent has two to start and report healthy.
+TARGET_PROBATION_S = {CONFIG_TARGET: 60.0, AGENT_TARGET: 120.0}
+#: The file name a target's document is uploaded under (the repository keeps it by SHA-256).
+TARGET_DOCUMENT_NAMES = {CONFIG_TARGET: "config.yaml", AGENT_TARGET: "agent-release.json"}
 
 _JOB_ID_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 
@@ -87,6 +96,8 @@ class DeployPlan:
     share_engines: bool | None = None
     #: A way back to a model the devices served before (manifest ``rollback``): no shadow, no probation.
     rollback: bool = False
+    #: An agent release's wheels (target ``_agent``): (file name, path), each a ``wheel`` artifact.
+    wheels: tuple[tuple[str, Path], ...] = ()
 
 
 #: The name ``fleet deploy --calib-cache`` gives the calibration artifact (build.calibration.artifact).

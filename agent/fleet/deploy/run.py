@@ -174,6 +174,10 @@ class FleetDeploy:
                 # Served by SHA-256 like the model: the devices pull it over the same chunk protocol.
                 artifact = self.manifest.artifact(CALIBRATION_ARTIFACT)
                 self.server.register(self.manifest.for_artifact(artifact), Path(self.plan.calib_cache))
+            for name, path in self.plan.wheels:
+                # An agent release's wheels, by SHA-256 too: a device pulls only those it lacks.
+                wheel = self.manifest.artifact(name)
+                self.server.register(self.manifest.for_artifact(wheel), Path(path), verify=False)
             self.server.start(timeout)
         try:
             self._client.start(timeout)

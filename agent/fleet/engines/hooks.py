@@ -17,6 +17,7 @@ from agent.fleet.engines.trust import JobFacts, sharing_for
 from agent.fleet.rollout.spec import RolloutRequest
 from agent.fleet.statedb.postgres import StateDatabase
 from agent.fleet.view.live import FleetView
+from agent.protocol.device_targets import target_kind
 from agent.signing import Ed25519PrivateKey
 
 
@@ -74,7 +75,10 @@ def share_engines_of(
     request: RolloutRequest, settings: EngineShareSettings, *, can_sign: bool
 ) -> RolloutRequest:
     """``request`` with its ``share_engines`` decided (stored with the rollout, so a resumed rollout
-    publishes the same manifests): its flag, else the controller's setting, never without a key."""
+    publishes the same manifests): its flag, else the controller's setting, never without a key; a
+    device target (a configuration, an agent release) has no engine to share."""
+    if target_kind(request.slot) != "model":
+        return request
     share = sharing_for(request.share_engines, settings.share, can_sign=can_sign)
     return request.model_copy(update={"share_engines": share})
 

@@ -38,7 +38,7 @@ from agent.fleet.rollout.gate import DeviceEnd, DeviceReport, WaveVerdict, judge
 from agent.fleet.rollout.precision import end_note, precision_summary, runs_of_figures, stored_runs
 from agent.fleet.rollout.records import DeviceRow, DeviceStep, RolloutState, WaveState
 from agent.fleet.rollout.rollback import Rollback
-from agent.fleet.rollout.spec import plan_for, request_of
+from agent.fleet.rollout.spec import plan_for, request_of, wheel_files
 from agent.fleet.rollout.store import RolloutStore
 from agent.mqtt.settings import MqttSettings
 from agent.protocol.manifest import DeployManifest
@@ -272,6 +272,7 @@ class RolloutRunner:
             http_url=self._http_url(sha),
             calib_cache=self._model_path(calib) if (calib := self.request.calib_sha256) else None,
             calib_http_url=self._http_url(calib) if calib else None,
+            wheels=wheel_files(self.request, self._model_path),
         )
         if self._manifest is None:  # hashed once per runner, not at every wave
             self._manifest = plan_manifest(plan, self.job_id, self.sequence)

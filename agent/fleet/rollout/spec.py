@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -22,6 +22,7 @@ from agent.fleet.rollout.gate import GatePolicy
 from agent.fleet.rollout.records import RolloutPlan
 from agent.fleet.rollout.waves import parse_max_failed, parse_waves, split_waves
 from agent.model_base import StrictModel
+from agent.protocol.device_targets import MAX_RELEASE_WHEELS, WHEEL_FILENAME, target_kind
 from agent.protocol.manifest import DEFAULT_CHUNK_SIZE, MAX_CHUNK_SIZE, MIN_CHUNK_SIZE
 from agent.protocol.proving import ProbationSpec, ShadowSpec
 from agent.specs.build import BuildSpec
@@ -35,8 +36,20 @@ ROLLOUT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,79}$")
 DEFAULT_WAVE_TIMEOUT_S = 1800.0
 
 
+class WheelRef(StrictModel):
+    """One wheel of an agent release rolled out: its file name and the repository's copy (by hash)."""
+
+    name: str = Field(pattern=WHEEL_FILENAME.pattern, max_length=200)
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+
+
 class RolloutRequest(StrictModel):
-    """A rollout as asked for: the model (by hash), where, in which waves, with which gate."""
+    """A rollout as asked for: the model (by hash), where, in which waves, with which gate.
+
+    ``slot`` may name one of the device's own targets (``_config``, ``_agent``): the "model" is then
+    the target's document (the overlay YAML, the agent release JSON), by hash like a model, and an
+    agent release's wheels are :attr:`wheels`, each a manifest artifact of kind ``wheel``.
+    """
 
     rollout_id: str | None = Field(None, pattern=ROLLOUT_ID.pattern)
     model_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
@@ -75,6 +88,36 @@ class RolloutRequest(StrictModel):
     #: manifest for devices with a fleet root; None for a fleet without one. A way back to this model
     #: (an abort's rollback, ``fleet rollout rollback``) carries it again.
     release: str | None = Field(None, max_length=MAX_RELEASE_BYTES)
+    #: An agent release's wheels (``slot`` ``_agent``), in the release document's order.
+    wheels: list[WheelRef] | None = Field(None, max_length=MAX_RELEASE_WHEELS)
+
+    @model_validator(mode="after")
+    def _target_is_a_document(self) -> RolloutRequest:
+        kind = target_kind(self.slot)
+        if kind == "model":
+            if self.wheels is not None:
+                raise ValueError("wheels belong to an agent release (target _agent), not to a model slot")
+            return self
+        model_only = {
+            "build": self.build,
+            "preprocess": self.preprocess,
+            "postprocess": self.postprocess,
+            "shadow": self.shadow,
+            "calib_sha256": self.calib_sha256,
+            "share_engines": self.share_engines,
+            "rollback_of": self.rollback_of,
+        }
+        given = sorted(name for name, value in model_only.items() if value is not None)
+        if given:
+            raise ValueError(f"a rollout of {self.slot} carries no model: leave out {', '.join(given)}")
+        if self.rollback_on_abort:
+            raise ValueError(
+                f"a rollout of {self.slot} cannot move devices back: each device puts back its own last "
+                "good one when the new one is not healthy; roll out the previous one to go back"
+            )
+        if (kind == "agent") != bool(self.wheels):
+            raise ValueError("an agent release (target _agent) names its wheels; a configuration has none")
+        return self
 
     @model_validator(mode="after")
     def _way_back_unguarded(self) -> RolloutRequest:
@@ -135,6 +178,11 @@ class RolloutRequest(StrictModel):
         )
 
 
+def wheel_files(request: RolloutRequest, model_path: Callable[[str], Path]) -> tuple[tuple[str, Path], ...]:
+    """An agent release's wheels as (file name, the repository's file), from ``model_path(sha256)``."""
+    return tuple((w.name, model_path(w.sha256)) for w in request.wheels or ())
+
+
 def request_of(spec: Mapping[str, Any]) -> RolloutRequest:
     """The request a stored rollout was created from (its ``spec``)."""
     return RolloutRequest.model_validate(spec["request"])
@@ -162,8 +210,10 @@ def plan_for(
     http_url: str | None,
     calib_cache: Path | None = None,
     calib_http_url: str | None = None,
+    wheels: tuple[tuple[str, Path], ...] = (),
 ) -> DeployPlan:
-    """The FleetDeploy plan that publishes ``request``'s desired state to ``devices``."""
+    """The FleetDeploy plan that publishes ``request``'s desired state to ``devices`` (``wheels``:
+    an agent release's, by file name, from the repository)."""
     plan = DeployPlan(
         model=model,
         devices=devices,
@@ -183,6 +233,7 @@ def plan_for(
         calib_cache=calib_cache,
         calib_http_url=calib_http_url,
         share_engines=request.share_engines,
+        wheels=wheels,
     )
     return way_back(plan) if request.rollback_of is not None else plan
 

@@ -22,6 +22,7 @@ from agent.fleet.base.untrusted import clipped
 from agent.fleet.view.cameras import camera_summary
 from agent.fleet.view.chart_history import ChartHistory
 from agent.fleet.view.status import JSON_TEXT_LIMIT, MAX_PROBLEMS, slot_summary
+from agent.fleet.view.targets import target_summary
 from agent.protocol.messages import (
     BuildProgressInfo,
     InfoMessage,
@@ -90,6 +91,8 @@ class DeviceRecord:
     slots_listed: int = 0
     cameras: dict[str, dict[str, Any]] = field(default_factory=dict)
     cert_not_after: float | None = None  # the client certificate's expiry, from up/info
+    #: Its configuration and agent release (agent.fleet.view.targets.target_summary), each field capped.
+    targets: dict[str, dict[str, Any]] = field(default_factory=dict)
     telemetry: dict[str, float] = field(default_factory=dict)
     telemetry_at: float | None = None
     heard_at: float = 0.0  # controller clock: the last message of any kind (eviction, forgetting)
@@ -185,6 +188,7 @@ def take_info(row: DeviceRecord, info: InfoMessage) -> None:
     row.slots_listed = len(info.slots)
     row.cameras = kept.get("cameras", {})
     row.cert_not_after = None if info.certificate is None else info.certificate.not_after
+    row.targets = target_summary(info)
     row.labels = kept.get("labels", {})
     row.platform = kept.get("platform", {})
     sizes = (

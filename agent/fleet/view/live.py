@@ -82,6 +82,8 @@ class DeviceState:
     #: Its cameras from up/info (agent.fleet.view.cameras.camera_summary), within INFO_BYTES.
     cameras: dict[str, dict[str, Any]] = field(default_factory=dict)
     cert_not_after: float | None = None  # the client certificate's expiry (up/info), Unix seconds
+    #: Its configuration and agent release from up/info (agent.fleet.view.targets.target_summary).
+    targets: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 class FleetView:
@@ -248,7 +250,7 @@ class FleetView:
             if row is None or not (row.labels or row.platform or row.slots):
                 return False
             row.labels, row.platform, row.slots, row.slots_listed = {}, {}, {}, 0
-            row.cameras = {}
+            row.cameras, row.targets = {}, {}
             self._changed(row)
             return True
 
@@ -350,4 +352,5 @@ class FleetView:
             slots_listed=row.slots_listed,
             cameras={name: dict(camera) for name, camera in row.cameras.items()},
             cert_not_after=row.cert_not_after,
+            targets={name: dict(target) for name, target in row.targets.items()},
         )

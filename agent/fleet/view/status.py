@@ -27,6 +27,7 @@ from typing import Any
 from agent.fleet.base.untrusted import clipped, shown
 from agent.fleet.view.build_note import build_note
 from agent.fleet.view.cameras import camera_down, camera_rows, camera_summary
+from agent.fleet.view.targets import target_cell, target_notes, target_summary
 from agent.mqtt.inbound import InboundMessage
 from agent.mqtt.service_client import ServiceClient
 from agent.mqtt.settings import MqttSettings
@@ -75,6 +76,8 @@ class DeviceRow:
 
     #: When the client certificate the device connects with expires (``up/info``; None: not said).
     cert_not_after: float | None = None
+    #: Its configuration overlay and agent release (agent.fleet.view.targets.target_summary).
+    targets: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         """The row for ``--json``, every device string cut to :data:`JSON_TEXT_LIMIT` characters."""
@@ -95,6 +98,7 @@ class DeviceRow:
                 "temp_c": self.temp_c,
                 "cameras": self.camera_rows(),
                 "cert_not_after": self.cert_not_after,
+                "targets": self.targets,
             }
         )
         return row
@@ -194,6 +198,7 @@ def _apply(rows: dict[str, DeviceRow], message: InboundMessage, prefix: str) -> 
             row.cameras = camera_summary(info)
             row.cameras_listed = len(info.cameras)
             row.cert_not_after = None if info.certificate is None else info.certificate.not_after
+            row.targets = target_summary(info)
         elif topic.kind == "telemetry":
             _apply_telemetry(row, decode(TelemetryMessage, message.payload))
     except ProtocolError as exc:
@@ -398,6 +403,8 @@ def format_table(rows: list[DeviceRow], now: float | None = None) -> str:
         "FPS",
         "CPU",
         "TEMP",
+        "CONFIG",
+        "RELEASE",
         "SLOTS (model:version)",
         "RUNS (precision, engine)",
         "CAMERAS",
@@ -423,6 +430,8 @@ def format_table(rows: list[DeviceRow], now: float | None = None) -> str:
                 figure(row.fps),
                 figure(row.cpu_percent, "%"),
                 figure(row.temp_c, "C"),
+                target_cell("config", row.targets.get("config")),
+                target_cell("agent", row.targets.get("agent")),
                 slots or "-",
                 _runs_cell(row.slots) or "-",
                 cameras_cell(cameras, row.cameras_listed) or "-",
@@ -434,6 +443,7 @@ def format_table(rows: list[DeviceRow], now: float | None = None) -> str:
         )
         notes.extend(f"{device}: malformed {shown(problem, 200)}" for problem in row.problems)
         notes.extend(f"{device}: {camera_note(c, now)}" for c in cameras if camera_down(c))
+        notes.extend(f"{device}: {note}" for note in target_notes(row.targets))
         notes.extend(
             f"{device}: slot {shown(name, 24)} is empty: {shown(s['reason'], 200)}"
             for name, s in sorted(row.slots.items())

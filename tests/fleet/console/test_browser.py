@@ -37,6 +37,7 @@ from agent.fleet.rollout.records import RolloutState, WaveState
 from agent.fleet.rollout.store import RolloutStore
 from agent.fleet.view.live import FleetView
 from agent.mqtt.service_client import ServiceClient
+from agent.protocol.device_targets import TargetInfo
 from tests.fleet.console_rig import (
     EVIDENCE_CLASSES,
     SNAPSHOT_BOX,
@@ -207,6 +208,47 @@ def test_the_devices_table_matches_the_fleet_and_a_device_going_offline_turns_of
     assert page.request.get(console.server.url + "/favicon.ico").status == 200
     icon = page.locator("link[rel=icon]").get_attribute("href")
     assert page.request.get(console.server.url + str(icon)).headers["content-type"] == "image/svg+xml"
+
+
+def test_each_devices_configuration_and_agent_release_show_with_what_is_pending_and_what_was_put_back(
+    console: Console, page: Page
+) -> None:
+    reverted = "config_reverted: stream cam0 delivered no frame for 30 s (it did before the change)"
+    release = TargetInfo(version="0.3.1")
+    console.publish(list(fleet_messages(console.prefix, DEVICES[:3])))
+    console.publish(
+        [
+            info(console.prefix, "jet-00", config=TargetInfo(version="cfg-7"), agent_release=release),
+            info(
+                console.prefix,
+                "jet-01",
+                config=TargetInfo(version="cfg-6", pending="cfg-7"),
+                agent_release=release,
+            ),
+            info(console.prefix, "jet-02", config=TargetInfo(version="cfg-6", reverted=reverted)),
+        ]
+    )
+    _arrived(console, 3)
+    wait_until(lambda: "reverted" in str(console.view.device("jet-02")), what="jet-02's targets")
+
+    page.goto(console.server.url + "/")
+    page.wait_for_selector("#devices tbody tr >> nth=2")
+    assert _cells(page, "config") == ["cfg-7", "cfg-6 -> cfg-7", "cfg-6 (put back)"]
+    assert _cells(page, "release") == ["0.3.1", "0.3.1", "-"]  # jet-02 does not report one
+    put_back = page.locator('#devices tr[data-device="jet-02"] td.config')
+    assert put_back.get_attribute("title") == reverted
+    assert "error" in (put_back.get_attribute("class") or "")
+
+    # jet-01 confirms cfg-7: the feed updates its row, nothing pending any more.
+    console.publish(
+        [info(console.prefix, "jet-01", config=TargetInfo(version="cfg-7"), agent_release=release)]
+    )
+    expect(page.locator('#devices tr[data-device="jet-01"] td.config')).to_have_text(
+        "cfg-7", timeout=SHOWS_WITHIN_MS
+    )
+
+    page.goto(console.server.url + "/device/jet-02")
+    expect(page.locator("#facts")).to_contain_text("cfg-6; put back: " + reverted)
 
 
 def test_the_filters_narrow_the_table_and_a_bad_selector_says_why(console: Console, page: Page) -> None:

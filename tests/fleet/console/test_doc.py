@@ -42,6 +42,7 @@ from agent.fleet.rollout.records import DeviceStep
 from agent.fleet.rollout.status_model import BuildingDevice
 from agent.fleet.view.build_note import build_note
 from agent.fsutil import sha256_file
+from agent.protocol.device_targets import TargetInfo
 from agent.protocol.messages import BuildProgressInfo, JobState
 from tests.fleet.console_rig import telemetry
 from tests.fleet.operator_side import operator_settings, tiny_model, unique_prefix
@@ -194,6 +195,8 @@ def real(tmp_path_factory: pytest.TempPathFactory, broker: Broker) -> Iterator[R
     )
     for scripted in fleet.devices.values():
         scripted.labels = {"site": "berlin"}
+        scripted.config = TargetInfo(version="cfg-6", job_id="config-cfg-6-x", pending="cfg-7")
+        scripted.agent_release = TargetInfo(version="0.3.1")
     # The second canary's probation fails: ROLLED_BACK, code ``unhealthy``, as an agent sends it.
     fleet.devices["jet-02"].end = JobState.ROLLED_BACK
     fleet.devices["jet-02"].error_code = "unhealthy"

@@ -43,6 +43,13 @@ def _camera(state: str, since_s: float, reconnects: int, error: str | None = Non
     }
 
 
+REVERTED = "config_reverted: stream cam0 delivered no frame for 30 s (it did before the change)"
+
+
+def _target(version: str, *, pending: str | None = None, reverted: str | None = None) -> dict[str, Any]:
+    return {"version": version, "job_id": None, "pending": pending, "reverted": reverted}
+
+
 def example_rows() -> list[DeviceRow]:
     """The three devices of the doc's example."""
     fallback = (
@@ -76,6 +83,7 @@ def example_rows() -> list[DeviceRow]:
             "stream.dock.source.last_frame_age_s": 132.0,
         },
         cert_not_after=NOW + 24 * 86400,
+        targets={"config": _target("cfg-7"), "agent": _target("0.1.0")},
     )
     jet2 = DeviceRow(
         "jet-02",
@@ -101,6 +109,7 @@ def example_rows() -> list[DeviceRow]:
         cameras_listed=1,
         camera_figures={"stream.cam0.capture_fps": 15.0, "stream.cam0.source.last_frame_age_s": 0.07},
         cert_not_after=NOW + 11 * 86400,
+        targets={"config": _target("cfg-6", pending="cfg-7"), "agent": _target("0.1.0")},
     )  # fmt: skip
     jet3 = DeviceRow(
         "jet-03",
@@ -115,6 +124,7 @@ def example_rows() -> list[DeviceRow]:
         platform=_PLATFORM_NANO,
         cameras={"cam0": _camera("streaming", 9000, 0)},
         cameras_listed=1,
+        targets={"config": _target("cfg-6", reverted=REVERTED), "agent": _target("0.1.0")},
     )
     return [jet1, jet2, jet3]
 

@@ -109,7 +109,15 @@ function listen(query, handlers) {
 
 // -- devices ---------------------------------------------------------------------------------------
 
-const COLUMNS = ["Device", "State", "Agent", "Models", "Cameras", "FPS", "p99 ms", "CPU %", "Temp °C", "Last job", "Labels"];
+const COLUMNS = ["Device", "State", "Agent", "Config", "Release", "Models", "Cameras", "FPS", "p99 ms", "CPU %", "Temp °C", "Last job", "Labels"];
+
+// One of the device's own targets (up/info's config, agent_release): what runs, "-> v" while v is
+// applied or watched, "(put back)" when the last one tried was reverted; the tooltip says why.
+function targetCell(target, name, none) {
+  if (!target) return el("td", { className: name }, "-");
+  const text = (target.version || none) + (target.pending ? " -> " + target.pending : "") + (target.reverted ? " (put back)" : "");
+  return el("td", { className: name + (target.reverted ? " error" : target.pending ? " pending" : ""), title: target.reverted || "" }, text);
+}
 
 function deviceRow(row) {
   const models = Object.entries(row.models).map(([slot, model]) => slot + "=" + model).join(" ");
@@ -122,6 +130,8 @@ function deviceRow(row) {
   return el("tr", { dataset: { device: row.id, state: row.state } },
     el("td", { className: "id" }, link), status,
     el("td", {}, row.agent),
+    targetCell(row.config, "config", "base"),
+    targetCell(row.release, "release", "-"),
     el("td", { className: "models" }, models || "-"),
     // How many cameras the device reads, and how many deliver no frames (its up/info's states).
     el("td", { className: "cameras num" + (row.cameras_down ? " error" : "") },
@@ -132,6 +142,11 @@ function deviceRow(row) {
     el("td", figure, num(row.temp_c, 0)),
     el("td", { className: "job" }, job || "-", row.problems ? el("span", { className: "error" }, " " + plural(row.problems, "malformed message")) : null),
     el("td", { className: "labels muted" }, labels));
+}
+
+function targetWords(target, none) {
+  if (!target) return none;
+  return [target.version || none, target.pending && "applying " + target.pending, target.reverted && "put back: " + target.reverted].filter(Boolean).join("; ");
 }
 
 // Whether a row's figures are old news: the device is offline, unknown, or online but silent.
@@ -328,6 +343,7 @@ async function devicePage(deviceId) {
     el("div", { className: "grid" },
       el("div", { className: "card", id: "facts" }, kv([
         ["status", row.state + (row.since ? " for " + age(row.since) : "")], ["session", row.session], ["agent", row.agent],
+        ["configuration", targetWords(row.config, "its own agent.yaml")], ["agent release", targetWords(row.release, "not reported")],
         ["telemetry", detail.telemetry_at ? age(detail.telemetry_at) + " ago" : "none heard"],
         ["fps", figure(num(row.fps))], ["p99 latency ms", figure(num(row.p99_ms))], ["CPU %", figure(num(row.cpu, 0))],
         ["certificate", certWords(detail.cert_not_after)],
