@@ -23,6 +23,7 @@ import subprocess
 import sys
 import sysconfig
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from agent.lifecycle.release.layout import STOP_AT_ENV
@@ -55,8 +56,19 @@ def build_wheel(out: Path, version: str, edit: Callable[[Path], None] | None = N
         edit(tree)
     wheels = out / "wheels"
     done = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-q"]
-        + ["-w", str(wheels), str(tree)],
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "--no-index",
+            "-q",
+            "-w",
+            str(wheels),
+            str(tree),
+        ],
         capture_output=True,
         text=True,
         timeout=patient(120),
@@ -152,8 +164,20 @@ def install_first(state: Path, wheel_dir: Path, env: dict[str, str]) -> Path:
     python = str(release / "bin" / "python")
     run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(release)], env)
     run(
-        [sys.executable, "-m", "pip", "--python", python, "install", "-q", "--no-index", "--no-deps"]
-        + ["--find-links", str(wheel_dir), f"edge-agent=={BASE_VERSION}"],
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "--python",
+            python,
+            "install",
+            "-q",
+            "--no-index",
+            "--no-deps",
+            "--find-links",
+            str(wheel_dir),
+            f"edge-agent=={BASE_VERSION}",
+        ],
         env,
     )
     run([python, "-I", "-m", "agent.lifecycle.release.launcher", str(release.parent), "--adopt"], env)
@@ -261,3 +285,51 @@ def environment(site: Path) -> dict[str, str]:
     env["PYTHONPATH"] = str(site)
     env["PYTHONUNBUFFERED"] = "1"
     return env
+
+
+@dataclass
+class Built:
+    wheels: dict[str, Path]
+    site: Path
+
+
+@dataclass
+class Device:
+    state: Path
+    env: dict[str, str]
+    delivered: Path
+    built: Built
+
+    @property
+    def releases(self) -> Path:
+        return self.state / "releases"
+
+    def link(self, name: str) -> str:
+        return (self.releases / name).readlink().name
+
+    def deliver(
+        self, version: str, *, job_id: str = "job-1", probation_s: float | None = None, **fields: object
+    ) -> None:
+        wheel = self.built.wheels[version]
+        delivered = self.delivered / job_id
+        delivered.mkdir()
+        copy = delivered / wheel.name
+        copy.write_bytes(wheel.read_bytes())
+        document = release_document(delivered / "release.json", version, [copy], **fields)
+        write_job(self.state, document, [copy], job_id=job_id, probation_s=probation_s or patient(60))
+
+    def service(self, stop_at: str | None = None) -> Service:
+        return Service(self.state, self.env, stop_at=stop_at)
+
+
+def run_update(
+    device: Device, stop_at: str | None = None, on_kill: Callable[[], None] | None = None
+) -> tuple[dict[str, object], Service]:
+    """Run the service until the job the device was given ended; stop it."""
+    service = device.service(stop_at)
+    if on_kill is not None:
+        service.on_kill = on_kill
+    try:
+        return service.run_until_done(timeout=120), service
+    finally:
+        service.stop()

@@ -6,96 +6,10 @@ from __future__ import annotations
 
 import json
 import platform
-from collections.abc import Iterator
-from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 
-from tests.lifecycle.release.releases import (
-    BASE_VERSION,
-    Service,
-    build_wheel,
-    crashing_later,
-    environment,
-    failing_at_import,
-    fingerprint,
-    install_first,
-    needing_a_missing_dependency,
-    release_document,
-    system_site,
-    write_job,
-)
-from tests.waiting import patient
-
-pytestmark = pytest.mark.slow
-
-
-@dataclass
-class Built:
-    wheels: dict[str, Path]
-    site: Path
-
-
-@pytest.fixture(scope="session")
-def built(tmp_path_factory: pytest.TempPathFactory) -> Built:
-    out = tmp_path_factory.mktemp("agent-wheels")
-    wheels = {
-        BASE_VERSION: build_wheel(out, BASE_VERSION),
-        "1.0.1": build_wheel(out, "1.0.1"),
-        "1.0.2": build_wheel(out, "1.0.2", failing_at_import),
-        "1.0.3": build_wheel(out, "1.0.3", crashing_later),
-        "1.0.4": build_wheel(out, "1.0.4", needing_a_missing_dependency),
-    }
-    return Built(wheels, system_site(out))
-
-
-@dataclass
-class Device:
-    state: Path
-    env: dict[str, str]
-    delivered: Path
-    built: Built
-
-    @property
-    def releases(self) -> Path:
-        return self.state / "releases"
-
-    def link(self, name: str) -> str:
-        return (self.releases / name).readlink().name
-
-    def deliver(
-        self, version: str, *, job_id: str = "job-1", probation_s: float | None = None, **fields: object
-    ) -> None:
-        wheel = self.built.wheels[version]
-        delivered = self.delivered / job_id
-        delivered.mkdir()
-        copy = delivered / wheel.name
-        copy.write_bytes(wheel.read_bytes())
-        document = release_document(delivered / "release.json", version, [copy], **fields)
-        write_job(self.state, document, [copy], job_id=job_id, probation_s=probation_s or patient(60))
-
-    def service(self, stop_at: str | None = None) -> Service:
-        return Service(self.state, self.env, stop_at=stop_at)
-
-
-@pytest.fixture
-def device(built: Built, tmp_path: Path) -> Iterator[Device]:
-    state = tmp_path / "state"
-    state.mkdir()
-    delivered = tmp_path / "delivered"
-    delivered.mkdir()
-    env = environment(built.site)
-    install_first(state, built.wheels[BASE_VERSION].parent, env)
-    yield Device(state, env, delivered, built)
-
-
-def run_update(device: Device, stop_at: str | None = None) -> tuple[dict[str, object], Service]:
-    service = device.service(stop_at)
-    try:
-        return service.run_until_done(timeout=120), service
-    finally:
-        service.stop()
+from tests.lifecycle.release.releases import BASE_VERSION, Device, fingerprint, run_update
 
 
 def assert_previous_runs_untouched(
@@ -115,9 +29,12 @@ def test_a_good_release_is_installed_beside_started_confirmed_and_active(device:
     assert device.link("current") == device.link("good") == "1.0.1"
     assert fingerprint(device.releases / BASE_VERSION) == before
     states = [s["state"] for s in service.lines("statuses.jsonl")]
-    assert states.count("ACTIVE") == 1 and "PROBATION" in states
+    assert states.count("ACTIVE") == 1
+    assert "PROBATION" in states
     info = service.lines("infos.jsonl")[-1]
-    assert info["version"] == "1.0.1" and info["job_id"] == "job-1" and info["pending"] is None
+    assert info["version"] == "1.0.1"
+    assert info["job_id"] == "job-1"
+    assert info["pending"] is None
     # The new release's wheel is held by hash for the next update; its own agent was really installed.
     [held] = (device.releases / "wheels").iterdir()
     assert (held / device.built.wheels["1.0.1"].name).is_file()
@@ -128,7 +45,8 @@ def test_a_release_that_fails_at_import_is_put_back(device: Device) -> None:
     device.deliver("1.0.2")
     before = fingerprint(device.releases / BASE_VERSION)
     done, service = run_update(device)
-    assert done["state"] == "ROLLED_BACK" and done["code"] == "agent_reverted"
+    assert done["state"] == "ROLLED_BACK"
+    assert done["code"] == "agent_reverted"
     assert "crashed at import" in str(done["error"])
     assert_previous_runs_untouched(device, done, before)
     assert service.lines("infos.jsonl")[-1]["reverted"].startswith("1.0.2: crashed at import")
@@ -138,11 +56,13 @@ def test_a_release_that_crashes_after_a_while_is_never_confirmed(device: Device)
     device.deliver("1.0.3")
     before = fingerprint(device.releases / BASE_VERSION)
     done, service = run_update(device)
-    assert done["state"] == "ROLLED_BACK" and done["code"] == "agent_reverted"
+    assert done["state"] == "ROLLED_BACK"
+    assert done["code"] == "agent_reverted"
     assert "exited 3 times without being confirmed" in str(done["error"])
     assert_previous_runs_untouched(device, done, before)
     trials = [s for s in service.lines("starts.jsonl") if s["release"] == "1.0.3"]
-    assert len(trials) == 3 and all(s["on_trial"] for s in trials)
+    assert len(trials) == 3
+    assert all(s["on_trial"] for s in trials)
 
 
 def test_a_release_never_healthy_is_put_back_at_its_deadline(device: Device) -> None:
@@ -150,7 +70,8 @@ def test_a_release_never_healthy_is_put_back_at_its_deadline(device: Device) -> 
     device.deliver("1.0.1", probation_s=12.0)
     before = fingerprint(device.releases / BASE_VERSION)
     done, _ = run_update(device)
-    assert done["state"] == "ROLLED_BACK" and done["code"] == "agent_reverted"
+    assert done["state"] == "ROLLED_BACK"
+    assert done["code"] == "agent_reverted"
     assert "not confirmed within 12 s" in str(done["error"])
     assert_previous_runs_untouched(device, done, before)
 
@@ -159,7 +80,8 @@ def test_a_release_whose_dependency_is_missing_offline_fails_and_nothing_switche
     device.deliver("1.0.4")
     before = fingerprint(device.releases / BASE_VERSION)
     done, service = run_update(device)
-    assert done["state"] == "FAILED" and done["code"] == "agent_install_failed"
+    assert done["state"] == "FAILED"
+    assert done["code"] == "agent_install_failed"
     assert "edge-agent-absent-dependency" in str(done["error"])
     assert_previous_runs_untouched(device, done, before)
     assert not (device.releases / "1.0.4").exists()
@@ -180,7 +102,8 @@ def test_a_release_for_another_python_or_machine_is_rejected_untouched(
     device.deliver("1.0.1", **fields)
     before = fingerprint(device.releases / BASE_VERSION)
     done, _ = run_update(device)
-    assert done["state"] == "REJECTED" and done["code"] == "agent_incompatible"
+    assert done["state"] == "REJECTED"
+    assert done["code"] == "agent_incompatible"
     assert why in str(done["error"])
     assert_previous_runs_untouched(device, done, before)
     assert sorted(p.name for p in device.releases.iterdir()) == [BASE_VERSION, "current", "good"]
