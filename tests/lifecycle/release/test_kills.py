@@ -73,9 +73,7 @@ def test_a_kill_at_any_step_of_a_good_update_still_ends_active(device: Device, s
 
 
 @pytest.mark.parametrize("step", REVERTED_STEPS)
-def test_a_kill_at_any_step_of_a_put_back_still_ends_rolled_back(
-    device: Device, step: str
-) -> None:
+def test_a_kill_at_any_step_of_a_put_back_still_ends_rolled_back(device: Device, step: str) -> None:
     done = kill_and_finish(device, "1.0.2", step)
     assert done["state"] == "ROLLED_BACK"
     assert "crashed at import" in str(done["error"])
