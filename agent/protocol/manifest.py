@@ -34,7 +34,7 @@ from agent.protocol.delivery_errors import (
     RejectedError,
     WrongDeviceError,
 )
-from agent.protocol.device_targets import DEVICE_TARGETS
+from agent.protocol.device_targets import AGENT_TARGET, DEVICE_TARGETS, MAX_RELEASE_WHEELS
 from agent.protocol.manifest_names import (
     SHA256_PATTERN,
     bad_name,
@@ -148,7 +148,8 @@ class DeployManifest(StrictModel):
     # Absent by default: a manifest without artifacts is what older agents (extra keys forbidden) accept.
     artifacts: list[ManifestArtifact] | None = Field(
         None,
-        max_length=MAX_ARTIFACTS,
+        # A model takes MAX_ARTIFACTS (checked below); an agent release one wheel per artifact.
+        max_length=MAX_RELEASE_WHEELS,
         description="Extra signed files the build needs (an INT8 calibration), fetched and verified like the "
         "model.",
     )
@@ -248,6 +249,8 @@ class DeployManifest(StrictModel):
     @model_validator(mode="after")
     def _artifacts_referenced(self) -> DeployManifest:
         names = [a.name for a in self.artifacts or ()]
+        if self.slot != AGENT_TARGET and len(names) > MAX_ARTIFACTS:
+            raise ValueError(f"artifacts: at most {MAX_ARTIFACTS} for a model, got {len(names)}")
         if len(set(names)) != len(names):
             raise ValueError(f"artifacts: names must be unique, got {names}")
         calibration = self.build.calibration if self.build is not None else None
