@@ -57,11 +57,12 @@ def install_release(
         for wheel in wheels:
             link_or_copy(wheel, staging / wheel.name)
         deadline = time.monotonic() + timeout_s
-        _run([sys.executable, "-m", "venv", "--system-site-packages", str(target)], deadline, cancel, "venv")
+        venv = [sys.executable, "-m", "venv", "--system-site-packages", str(target)]
+        run_bounded(venv, deadline, cancel, "venv")
         stop_point("venv-created")
         pip = [str(releases.python(release.version)), "-m", "pip", "install", "--isolated", "--no-index"]
         pip += ["--no-cache-dir", "--disable-pip-version-check", "--no-input", "--find-links", str(staging)]
-        _run([*pip, f"{release.distribution}=={release.version}"], deadline, cancel, "pip")
+        run_bounded([*pip, f"{release.distribution}=={release.version}"], deadline, cancel, "pip")
         stop_point("pip-done")
         record = {"version": release.version, "job_id": job_id, "wheels": [w.sha256 for w in release.wheels]}
         atomic_write_json(target / COMPLETE, record)
@@ -72,7 +73,7 @@ def install_release(
         shutil.rmtree(staging, ignore_errors=True)
 
 
-def _run(command: Sequence[str], deadline: float, cancel: threading.Event, what: str) -> None:
+def run_bounded(command: Sequence[str], deadline: float, cancel: threading.Event, what: str) -> None:
     """Run ``command`` until it ends, ``deadline`` passes or ``cancel`` is set; its error as the failure."""
     with tempfile.TemporaryFile() as output:
         process = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)

@@ -95,6 +95,11 @@ class AgentReleaseTarget:
     def stop(self) -> None:
         self._confirmation.stop()
 
+    def held(self) -> frozenset[str]:
+        """The SHA-256 of every wheel held: the job need not fetch those artifacts (install takes them
+        from the cache when they are not among the delivered files)."""
+        return self.cache.held()
+
     def info(self) -> TargetInfo:
         """``up/info``'s ``agent_release``: what runs, the job that put it there, what is on trial, what
         was put back."""
