@@ -7,15 +7,18 @@ from pathlib import Path
 import pytest
 
 from tests.lifecycle.release.releases import (
+    ABSENT,
     BASE_VERSION,
+    EXTRA,
     Built,
     Device,
+    build_extra_wheel,
     build_wheel,
     crashing_later,
     environment,
     failing_at_import,
     install_first,
-    needing_a_missing_dependency,
+    needing,
     system_site,
 )
 
@@ -28,7 +31,10 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Built:
         "1.0.1": build_wheel(out, "1.0.1"),
         "1.0.2": build_wheel(out, "1.0.2", failing_at_import),
         "1.0.3": build_wheel(out, "1.0.3", crashing_later),
-        "1.0.4": build_wheel(out, "1.0.4", needing_a_missing_dependency),
+        "1.0.4": build_wheel(out, "1.0.4", needing(ABSENT)),
+        "1.0.5": build_wheel(out, "1.0.5", needing(EXTRA)),
+        "1.0.6": build_wheel(out, "1.0.6", needing(EXTRA)),
+        "extra": build_extra_wheel(out),
     }
     return Built(wheels, system_site(out))
 

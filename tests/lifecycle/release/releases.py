@@ -55,26 +55,7 @@ def build_wheel(out: Path, version: str, edit: Callable[[Path], None] | None = N
     if edit is not None:
         edit(tree)
     wheels = out / "wheels"
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "wheel",
-            "--no-deps",
-            "--no-build-isolation",
-            "--no-index",
-            "-q",
-            "-w",
-            str(wheels),
-            str(tree),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=patient(120),
-        check=False,
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
+    pip_wheel(tree, wheels)
     shutil.rmtree(tree)
     [wheel] = wheels.glob(f"edge_agent-{version}-*.whl")
     return wheel
@@ -94,12 +75,51 @@ def crashing_later(tree: Path) -> None:
         )
 
 
-def needing_a_missing_dependency(tree: Path) -> None:
-    pyproject = tree / "pyproject.toml"
-    text = pyproject.read_text()
-    pyproject.write_text(
-        text.replace("dependencies = [\n", 'dependencies = [\n    "edge-agent-absent-dependency>=1",\n', 1)
+def needing(requirement: str) -> Callable[[Path], None]:
+    """An edit that adds ``requirement`` to the agent's dependencies."""
+
+    def edit(tree: Path) -> None:
+        pyproject = tree / "pyproject.toml"
+        text = pyproject.read_text()
+        pyproject.write_text(
+            text.replace("dependencies = [\n", f'dependencies = [\n    "{requirement}",\n', 1)
+        )
+
+    return edit
+
+
+#: A dependency no wheel and no system package provides.
+ABSENT = "edge-agent-absent-dependency>=1"
+#: A small dependency of its own wheel, shared by two releases (what the cache keeps between them).
+EXTRA = "edge-agent-test-extra==1.0"
+
+
+def build_extra_wheel(out: Path) -> Path:
+    """The wheel of :data:`EXTRA`: one module."""
+    tree = out / "tree-extra"
+    tree.mkdir()
+    (tree / "edge_agent_test_extra.py").write_text('"""A dependency two test releases share."""\n')
+    (tree / "pyproject.toml").write_text(
+        '[build-system]\nrequires = ["setuptools>=77"]\nbuild-backend = "setuptools.build_meta"\n\n'
+        '[project]\nname = "edge-agent-test-extra"\nversion = "1.0"\n\n'
+        '[tool.setuptools]\npy-modules = ["edge_agent_test_extra"]\n'
     )
+    pip_wheel(tree, out / "wheels")
+    [wheel] = (out / "wheels").glob("edge_agent_test_extra-1.0-*.whl")
+    return wheel
+
+
+def pip_wheel(tree: Path, wheels: Path) -> None:
+    """Build ``tree`` into ``wheels`` offline, with this environment's setuptools."""
+    command = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index"]
+    done = subprocess.run(
+        [*command, "-q", "-w", str(wheels), str(tree)],
+        capture_output=True,
+        text=True,
+        timeout=patient(120),
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
 
 
 def system_site(out: Path) -> Path:
@@ -308,15 +328,30 @@ class Device:
         return (self.releases / name).readlink().name
 
     def deliver(
-        self, version: str, *, job_id: str = "job-1", probation_s: float | None = None, **fields: object
+        self,
+        version: str,
+        *,
+        job_id: str = "job-1",
+        probation_s: float | None = None,
+        others: tuple[str, ...] = (),
+        others_held: bool = False,
+        **fields: object,
     ) -> None:
+        """The job of release ``version``: its document names the agent's wheel and ``others`` (keys of
+        the built wheels); those are delivered too unless the device holds them (``others_held``)."""
         wheel = self.built.wheels[version]
         delivered = self.delivered / job_id
         delivered.mkdir()
         copy = delivered / wheel.name
         copy.write_bytes(wheel.read_bytes())
-        document = release_document(delivered / "release.json", version, [copy], **fields)
-        write_job(self.state, document, [copy], job_id=job_id, probation_s=probation_s or patient(60))
+        listed = [copy, *(self.built.wheels[name] for name in others)]
+        document = release_document(delivered / "release.json", version, listed, **fields)
+        write_job(self.state, document, listed, job_id=job_id, probation_s=probation_s or patient(60))
+        if others_held:  # the job runner skips the artifacts the device holds: install takes them by hash
+            job = json.loads((self.state / "job.json").read_text())
+            job["artifacts"] = {copy.name: str(copy)}
+            (self.state / "job.json").write_text(json.dumps(job))
+        (self.state / "done.json").unlink(missing_ok=True)
 
     def service(self, stop_at: str | None = None) -> Service:
         return Service(self.state, self.env, stop_at=stop_at)
