@@ -11,6 +11,7 @@ kill left and is installed again from scratch.
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -74,9 +75,15 @@ def install_release(
 
 
 def run_bounded(command: Sequence[str], deadline: float, cancel: threading.Event, what: str) -> None:
-    """Run ``command`` until it ends, ``deadline`` passes or ``cancel`` is set; its error as the failure."""
+    """Run ``command`` until it ends, ``deadline`` passes or ``cancel`` is set; its error as the failure.
+
+    pip reads no configuration file (``PIP_CONFIG_FILE`` = the null device; ``--isolated`` alone still
+    reads the global one): a site's find-links or constraints cannot add to what the release names."""
+    env = dict(os.environ, PIP_CONFIG_FILE=os.devnull)
     with tempfile.TemporaryFile() as output:
-        process = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        process = subprocess.Popen(
+            command, stdout=output, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env
+        )
         try:
             while True:
                 try:

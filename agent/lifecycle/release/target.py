@@ -238,6 +238,8 @@ class AgentReleaseTarget:
             keep |= {outcome.version, outcome.previous}
         wheels: set[str] = set()
         for entry in self.releases.root.iterdir():
+            if entry.name.startswith(".staging-"):  # an install a kill interrupted and no job resumed
+                shutil.rmtree(entry, ignore_errors=True)
             if entry.name.startswith(".") or entry.name == WHEELS or entry.is_symlink() or not entry.is_dir():
                 continue
             if entry.name not in keep:

@@ -114,6 +114,7 @@ def test_after_a_confirmation_the_running_release_and_the_one_before_stay(state:
     for sha in ("aa" * 32, "bb" * 32):
         (releases.root / "wheels" / sha).mkdir(parents=True)
         (releases.root / "wheels" / sha / "x-1-py3-none-any.whl").write_bytes(b"x")
+    (releases.root / ".staging-0.9.5").mkdir()
     releases.switch(CURRENT, "1.1.0")
     releases.switch(GOOD, "1.1.0")
     releases.write_outcome(UpdateOutcome("job-5", "1.1.0", "active", None, "1.0.0"))
