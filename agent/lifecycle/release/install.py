@@ -65,6 +65,8 @@ def install_release(
         pip += ["--no-cache-dir", "--disable-pip-version-check", "--no-input", "--find-links", str(staging)]
         run_bounded([*pip, f"{release.distribution}=={release.version}"], deadline, cancel, "pip")
         stop_point("pip-done")
+        # pip does not fsync what it writes: without this a power cut could keep .complete and lose files.
+        os.sync()
         record = {"version": release.version, "job_id": job_id, "wheels": [w.sha256 for w in release.wheels]}
         atomic_write_json(target / COMPLETE, record)
     except BaseException:
