@@ -38,6 +38,7 @@ from agent.enrollment.certificate import HeldCertificate, held_certificate
 from agent.enrollment.keys import CertificateFacts
 from agent.enrollment.renewal import CertificateRenewal
 from agent.errors import ConfigError
+from agent.lifecycle.release.layout import RESTART_EXIT_CODE
 from agent.lifecycle.release.target import AgentReleaseTarget
 from agent.logs.ring import LogRing, logs_command
 from agent.logs.setup import configure_logging
@@ -187,7 +188,10 @@ class Agent:
         self.agent_release = AgentReleaseTarget(
             config.state_dir,
             partial(read_health, lambda: self.link.connected, self.frames.cameras, self.slots),
+            restart=self._restart_into_other_release,
         )
+        #: What ``edge-agent run`` exits with: RESTART_EXIT_CODE once another release must start.
+        self.exit_code = 0
         self.reports = DeviceReports(
             lambda: self.config,
             platform=self.platform,
@@ -342,6 +346,13 @@ class Agent:
         self.state_lock.release()
         log.info("agent.stopped")
 
+    def _restart_into_other_release(self) -> None:
+        """The agent release switched (applied, or put back): stop in order and exit with the code
+        systemd restarts on, into the release the launcher starts next."""
+        log.info("agent.restart", reason="agent release switched", exit_code=RESTART_EXIT_CODE)
+        self.exit_code = RESTART_EXIT_CODE
+        self.stop_event.set()
+
     # -- reporting ---------------------------------------------------------------------------
 
     def _status_report(self) -> dict[str, Any]:
@@ -424,4 +435,4 @@ def run(config_path: Path) -> int:
         agent.run_forever()
     finally:
         agent.stop()
-    return 0
+    return agent.exit_code
