@@ -177,10 +177,13 @@ def write_job(state: Path, document: Path, wheels: list[Path], *, job_id: str, p
     (state / "job.json").write_text(json.dumps(job))
 
 
-def install_first(state: Path, wheel_dir: Path, env: dict[str, str]) -> Path:
-    """The first install by hand (docs/operations.md): releases/<v>, then the launcher adopts it."""
-    release = state / "releases" / BASE_VERSION
-    release.parent.mkdir(parents=True)
+def install_first(
+    state: Path, wheel_dir: Path, env: dict[str, str], version: str = BASE_VERSION, *, adopt: bool = True
+) -> Path:
+    """The first install by hand (docs/operations.md): releases/<v>, then the launcher adopts it
+    (without ``adopt``: only marked complete, as the target's install leaves a release)."""
+    release = state / "releases" / version
+    release.parent.mkdir(parents=True, exist_ok=True)
     python = str(release / "bin" / "python")
     run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(release)], env)
     run(
@@ -196,10 +199,13 @@ def install_first(state: Path, wheel_dir: Path, env: dict[str, str]) -> Path:
             "--no-deps",
             "--find-links",
             str(wheel_dir),
-            f"edge-agent=={BASE_VERSION}",
+            f"edge-agent=={version}",
         ],
         env,
     )
+    if not adopt:
+        (release / ".complete").write_text(json.dumps({"version": version, "wheels": []}))
+        return release.parent
     run([python, "-I", "-m", "agent.lifecycle.release.launcher", str(release.parent), "--adopt"], env)
     return release.parent
 
@@ -215,8 +221,12 @@ class Service:
     ``stop_at`` (a step name) is given to every start until one is killed there; then never again.
     """
 
-    def __init__(self, state: Path, env: dict[str, str], *, stop_at: str | None = None) -> None:
+    def __init__(
+        self, state: Path, env: dict[str, str], *, stop_at: str | None = None, args: list[str] | None = None
+    ) -> None:
+        """``args``: what the launcher passes to the release's Python (default: the test device)."""
         self.state = state
+        self.args = args if args is not None else [str(DEVICE), str(state)]
         self.releases = state / "releases"
         self.env = env
         self.stop_at = stop_at
@@ -236,18 +246,18 @@ class Service:
             "agent.lifecycle.release.launcher",
         ]
         self.process = subprocess.Popen(
-            [*launcher, str(self.releases), "--", str(DEVICE), str(self.state)],
+            [*launcher, str(self.releases), "--", *self.args],
             cwd=self.state,
             env=env,
             stdout=self.log,
             stderr=subprocess.STDOUT,
         )
 
-    def run_until_done(self, timeout: float = 120.0) -> dict[str, object]:
-        """Start, restart after every failure, until the job ended and the release that ended it serves."""
+    def run_until(self, settled: Callable[[], bool], timeout: float, what: str) -> None:
+        """Start, and start again after every failure, until ``settled`` holds while a process runs."""
         self.start()
 
-        def settled() -> bool:
+        def running_and_settled() -> bool:
             assert self.process is not None
             code = self.process.poll()
             if code is not None:
@@ -258,9 +268,17 @@ class Service:
                     self.on_kill()
                 self.start()
                 return False
-            return (self.state / "done.json").exists() and self.serving_since_done()
+            return settled()
 
-        wait_until(settled, timeout, f"the job to end ({self.output()[-2000:]})")
+        wait_until(running_and_settled, timeout, f"{what} ({self.output()[-2000:]})")
+
+    def run_until_done(self, timeout: float = 120.0) -> dict[str, object]:
+        """Run until the job ended and the release that ended it serves."""
+        self.run_until(
+            lambda: (self.state / "done.json").exists() and self.serving_since_done(),
+            timeout,
+            "the job to end",
+        )
         done: dict[str, object] = json.loads((self.state / "done.json").read_text())
         return done
 
@@ -355,6 +373,10 @@ class Device:
 
     def service(self, stop_at: str | None = None) -> Service:
         return Service(self.state, self.env, stop_at=stop_at)
+
+    def service_with(self, args: list[str]) -> Service:
+        """The service running ``args`` (the real agent: ``-m agent run -c FILE``), not the test device."""
+        return Service(self.state, self.env, args=args)
 
 
 def run_update(
