@@ -171,6 +171,7 @@ class AgentReleaseTarget:
         outcome = self.releases.read_outcome()
         if outcome is not None and outcome.job_id == manifest.job_id:
             if outcome.outcome == "active":
+                self.keep_only_what_is_used()
                 return
             raise RolledBackError(
                 f"release {outcome.version} was put back: {outcome.reason}", code="agent_reverted"
