@@ -26,6 +26,7 @@ from agent import __version__
 from agent.app.device_reports import DeviceReports
 from agent.app.first_enrollment import enroll_if_needed
 from agent.app.frame_paths import FramePaths
+from agent.app.health_reading import read_health
 from agent.config import AgentConfig, StreamConfig, load_config
 from agent.config.changes import LIVE_STREAM_KEYS, config_changes, needs_restart
 from agent.delivery.jobs.ledger import JobsFile
@@ -38,6 +39,8 @@ from agent.enrollment.keys import CertificateFacts
 from agent.enrollment.renewal import CertificateRenewal
 from agent.errors import ConfigError
 from agent.lifecycle.bundle.inbox import ImportedStates
+from agent.lifecycle.release.layout import RESTART_EXIT_CODE
+from agent.lifecycle.release.target import AgentReleaseTarget
 from agent.logs.ring import LogRing, logs_command
 from agent.logs.setup import configure_logging
 from agent.machine.platform import detect_platform
@@ -186,6 +189,14 @@ class Agent:
             if prometheus.port is not None
             else None
         )
+        # The agent's own release (target _agent): a release on trial is watched from start-up.
+        self.agent_release = AgentReleaseTarget(
+            config.state_dir,
+            partial(read_health, lambda: self.link.connected, self.frames.cameras, self.slots),
+            restart=self._restart_into_other_release,
+        )
+        #: What ``edge-agent run`` exits with: RESTART_EXIT_CODE once another release must start.
+        self.exit_code = 0
         self.reports = DeviceReports(
             lambda: self.config,
             platform=self.platform,
@@ -198,6 +209,8 @@ class Agent:
             metrics=self.metrics,
             metrics_endpoint=self.metrics_endpoint,
             certificate=self.certificate.info,
+            # Reported once the agent runs as a release (installed by the launcher), absent before.
+            agent_release=self.agent_release.info if self.agent_release.running else lambda: None,
         )
 
     # -- start -------------------------------------------------------------------------------
@@ -234,6 +247,7 @@ class Agent:
         self.watchdog.add_check("mqtt_link", self.link.healthy)
         self.notifier.ready(status=self.reports.status_line())
         self.watchdog.start()  # after READY=1: systemd counts watchdog pings from then on
+        self.agent_release.start()  # a release on trial: confirmed after its health window, or put back
         empty = [name for name, slot in self.slots.items() if slot.current is None]
         log.info(
             "agent.started",
@@ -328,6 +342,7 @@ class Agent:
         deadline = time.monotonic() + STOP_BUDGET_S
         self.stop_event.set()
         self.notifier.stopping()
+        self.agent_release.stop()
         self.frames.stop(deadline - 2.5)
         if self.telemetry is not None:
             self.telemetry.join(max(0.1, deadline - 2.5 - time.monotonic()))
@@ -347,6 +362,13 @@ class Agent:
         self.spool.close()
         self.state_lock.release()
         log.info("agent.stopped")
+
+    def _restart_into_other_release(self) -> None:
+        """The agent release switched (applied, or put back): stop in order and exit with the code
+        systemd restarts on, into the release the launcher starts next."""
+        log.info("agent.restart", reason="agent release switched", exit_code=RESTART_EXIT_CODE)
+        self.exit_code = RESTART_EXIT_CODE
+        self.stop_event.set()
 
     # -- reporting ---------------------------------------------------------------------------
 
@@ -433,4 +455,4 @@ def run(config_path: Path) -> int:
         agent.run_forever()
     finally:
         agent.stop()
-    return 0
+    return agent.exit_code

@@ -14,7 +14,9 @@ from agent.fleet.deploy.manifest import plan_manifest
 from agent.fleet.deploy.plan import CALIBRATION_ARTIFACT, DeployPlan
 from agent.model_contract.calibration_table import write_table
 from agent.protocol.delivery_errors import BadManifestError, BadNameError, BadSignatureError
+from agent.protocol.device_targets import MAX_RELEASE_WHEELS
 from agent.protocol.manifest import (
+    MAX_ARTIFACTS,
     DeployManifest,
     build_manifest,
     describe_artifact,
@@ -117,3 +119,22 @@ def test_the_protocol_doc_example_is_valid_and_what_fleet_deploy_sends(tmp_path:
     manifest = build_manifest(model, job_id="j", sequence=1, slot="main", model_id="cls", version="1")
     parsed = DeployManifest.model_validate({**manifest.model_dump(mode="json", exclude_none=True), **example})
     assert parsed.artifact("calibration").size == example["artifacts"][0]["size"]
+
+
+def test_a_model_takes_a_handful_of_artifacts_and_an_agent_release_one_per_wheel(tmp_path: Path) -> None:
+    """An agent release carries every wheel the agent runs from (a few dozen): its manifest may name
+    up to MAX_RELEASE_WHEELS; a model's stays at MAX_ARTIFACTS."""
+    document = tmp_path / "release.json"
+    document.write_text("{}")
+    wheels = []
+    for index in range(MAX_ARTIFACTS + 1):
+        wheel = tmp_path / f"dep{index}-1.0-py3-none-any.whl"
+        wheel.write_bytes(f"wheel {index}".encode())
+        wheels.append(describe_artifact(wheel, name=wheel.name, kind="wheel"))
+    common = {"job_id": "job-1", "sequence": 1, "model_id": "edge-agent", "version": "1"}
+    release = build_manifest(document, slot="_agent", artifacts=wheels, **common)
+    assert len(release.artifacts or ()) == MAX_ARTIFACTS + 1 <= MAX_RELEASE_WHEELS
+    with pytest.raises(
+        ValueError, match=f"artifacts: at most {MAX_ARTIFACTS} for a model, got {MAX_ARTIFACTS + 1}"
+    ):
+        build_manifest(document, slot="main", artifacts=wheels, **common)

@@ -280,7 +280,8 @@ def test_unit_has_the_required_settings() -> None:
     expected = {
         "Type": "notify",
         "NotifyAccess": "main",
-        "ExecStart": "/opt/edge-agent/.venv/bin/edge-agent run -c /etc/edge-agent/agent.yaml",
+        "ExecStart": "/var/lib/edge-agent/releases/good/bin/python -I -m agent.lifecycle.release.launcher "
+        "/var/lib/edge-agent/releases -- -m agent run -c /etc/edge-agent/agent.yaml",
         "ExecReload": "/bin/kill -HUP $MAINPID",
         "WatchdogSec": "30",
         "Restart": "on-failure",
