@@ -17,6 +17,7 @@ from agent.config import AgentConfig
 from agent.delivery.service import DeliveryService
 from agent.machine.platform import Platform, platform_summary
 from agent.mqtt.link import MqttLink
+from agent.protocol.device_targets import TargetInfo
 from agent.protocol.messages import (
     BackendInfo,
     CameraInfo,
@@ -52,8 +53,10 @@ class DeviceReports:
         metrics: Metrics,
         metrics_endpoint: TelemetryEndpoint | None,
         certificate: Callable[[], CertificateInfo | None] = lambda: None,
+        config_overlay: Callable[[], TargetInfo | None] = lambda: None,
     ) -> None:
-        """``certificate``: the client certificate the device connects with, for up/info."""
+        """``certificate``: the client certificate the device connects with, for up/info;
+        ``config_overlay``: the configuration overlay it runs (target ``_config``)."""
         #: The configuration in force (a reload replaces it).
         self._config = config
         self.platform = platform
@@ -66,6 +69,7 @@ class DeviceReports:
         self.metrics = metrics
         self.metrics_endpoint = metrics_endpoint
         self.certificate = certificate
+        self.config_overlay = config_overlay
 
     def info_message(self) -> InfoMessage:
         """``up/info``: the platform, its backends, every slot (model, job, layout, engines, build)."""
@@ -111,6 +115,7 @@ class DeviceReports:
                 for name, report in self.frames.cameras().items()
             },
             certificate=self.certificate(),
+            config=self.config_overlay(),
         )
 
     def publish_info(self) -> None:

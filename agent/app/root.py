@@ -26,7 +26,8 @@ from agent import __version__
 from agent.app.device_reports import DeviceReports
 from agent.app.first_enrollment import enroll_if_needed
 from agent.app.frame_paths import FramePaths
-from agent.config import AgentConfig, StreamConfig, load_config
+from agent.app.health_probe import HealthProbe
+from agent.config import AgentConfig, StreamConfig
 from agent.config.changes import LIVE_STREAM_KEYS, config_changes, needs_restart
 from agent.delivery.jobs.ledger import JobsFile
 from agent.delivery.service import DeliveryService
@@ -37,11 +38,15 @@ from agent.enrollment.certificate import HeldCertificate, held_certificate
 from agent.enrollment.keys import CertificateFacts
 from agent.enrollment.renewal import CertificateRenewal
 from agent.errors import ConfigError
+from agent.lifecycle.config.document import opener
+from agent.lifecycle.config.startup import current_config, starting_config
+from agent.lifecycle.config.target import RESTART_EXIT_CODE, ConfigTarget, RunningAgent
 from agent.logs.ring import LogRing, logs_command
 from agent.logs.setup import configure_logging
 from agent.machine.platform import detect_platform
 from agent.mqtt.link import MqttLink
 from agent.protocol.command_args import CalibrateArgs, EvidenceArgs, LogsArgs, SnapshotArgs
+from agent.protocol.device_targets import CONFIG_TARGET
 from agent.protocol.topics import Topics
 from agent.runtime.frames.snapshot_command import SnapshotCommand
 from agent.runtime.slots.evidence import EvidenceCommand, EvidenceStore
@@ -83,6 +88,10 @@ class Agent:
         self.config_path = config_path
         self.stop_event = threading.Event()
         self.reload_event = threading.Event()
+        #: What ``edge-agent run`` exits with: RESTART_EXIT_CODE when a configuration asked for a restart.
+        self.exit_code = 0
+        self._reloaded = threading.Condition()
+        self._reloads = 0
         self.metrics = Metrics()
         self.notifier = Notifier.from_env()
         config.state_dir.mkdir(parents=True, exist_ok=True)
@@ -112,6 +121,19 @@ class Agent:
             for name in config.slots
         }
         self.store = ModelStore(config.state_dir / "models")
+        self.health = HealthProbe(lambda: self.config, self.link, self.frames, self.slots)
+        self.config_target = _config_target(
+            config,
+            config_path,
+            RunningAgent(
+                config=lambda: self.config,
+                restart_keys=self._restart_keys,
+                reload=self._reload_now,
+                restart=self._restart,
+                health=self.health,
+                changed=self._on_model_activated,
+            ),
+        )
         self.engines = EngineService(
             EngineBuilder(config.state_dir, config.engines, self.platform),
             config.engines,
@@ -147,6 +169,7 @@ class Agent:
             on_job_end=self._on_job_end,
             on_job_phase=self._on_job_end,  # up/info shows the candidate and its phase
             on_trust_change=self._on_model_activated,  # up/info flags a model whose release key was revoked
+            targets={CONFIG_TARGET: self.config_target} if self.config_target is not None else {},
         )
         # The engine cache's second level at the controller (used when a manifest shares engines).
         self.engines.builder.fleet = fleet_cache_for(
@@ -193,6 +216,7 @@ class Agent:
             metrics=self.metrics,
             metrics_endpoint=self.metrics_endpoint,
             certificate=self.certificate.info,
+            config_overlay=self.config_target.info if self.config_target is not None else lambda: None,
         )
 
     # -- start -------------------------------------------------------------------------------
@@ -269,18 +293,26 @@ class Agent:
 
     def reload(self) -> None:
         """Re-read the config; hot-swap every slot whose model changed. A bad config changes nothing."""
+        try:
+            self._reload()
+        finally:
+            with self._reloaded:
+                self._reloads += 1
+                self._reloaded.notify_all()
+
+    def _reload(self) -> None:
         if self.config_path is None:
             return
         self.notifier.reloading()
         try:
-            new = load_config(self.config_path, require_models=False)
+            new = current_config(self.config_path)
         except ConfigError as exc:
             log.error("config.reload.invalid", problems=exc.problems)
             self.notifier.ready(status="reload refused: invalid config; still serving the previous one")
             return
         changes = config_changes(self.config, new)
         running_streams = set(self.frames.cameras())
-        later = [c.key for c in changes if needs_restart(c, set(self.slots), running_streams)]
+        later = self._restart_keys(new)
         if later:
             log.warning("config.reload.restart_required", keys=later, reason="these take effect at restart")
         swapping = self.models.reload(new.slots)
@@ -303,6 +335,26 @@ class Agent:
             update={"slots": slots, "streams": streams, "watchdog": new.watchdog}
         )
         self.notifier.ready(status=self.reports.status_line())
+
+    def _restart_keys(self, new: AgentConfig) -> list[str]:
+        """The keys of ``new`` that a reload does not apply (they wait for a restart)."""
+        running_streams = set(self.frames.cameras())
+        changes = config_changes(self.config, new)
+        return [c.key for c in changes if needs_restart(c, set(self.slots), running_streams)]
+
+    def _reload_now(self) -> None:
+        """A reload on the main thread, as SIGHUP asks for one; returns once it ran (or the agent stops)."""
+        with self._reloaded:
+            done = self._reloads
+            self.reload_event.set()
+            while self._reloads == done and not self.stop_event.is_set():
+                self._reloaded.wait(0.5)
+
+    def _restart(self) -> None:
+        """Stop in order and exit with RESTART_EXIT_CODE: systemd starts the agent again."""
+        log.info("agent.restart", reason="configuration", exit_code=RESTART_EXIT_CODE)
+        self.exit_code = RESTART_EXIT_CODE
+        self.stop_event.set()
 
     # -- stop --------------------------------------------------------------------------------
 
@@ -399,9 +451,25 @@ def _certificate_reading(config: AgentConfig, renewal: CertificateRenewal | None
     return HeldCertificate(lambda: facts)
 
 
+def _config_target(
+    config: AgentConfig, config_path: Path | None, running: RunningAgent
+) -> ConfigTarget | None:
+    """The ``_config`` target of an agent started from a file (an overlay is merged over it)."""
+    if config_path is None:
+        return None
+    tls = config.mqtt.tls
+    return ConfigTarget(
+        config_path,
+        config.state_dir,
+        opener(tls.key_file if tls is not None else None, config.device_id),
+        running,
+    )
+
+
 def run(config_path: Path) -> int:
-    """``edge-agent run``: start, serve until SIGTERM, stop in order. Returns the exit code."""
-    config = load_config(config_path, require_models=False)
+    """``edge-agent run``: start, serve until SIGTERM, stop in order. Returns the exit code: 0, or
+    RESTART_EXIT_CODE when a configuration overlay needs the agent started again."""
+    config = starting_config(config_path)
     ring = LogRing(config.logging.ring_lines, config.logging.ring_bytes)
     configure_logging(config.logging.format, config.logging.level, ring=ring)
     if not enroll_if_needed(config, Notifier.from_env()):
@@ -413,4 +481,4 @@ def run(config_path: Path) -> int:
         agent.run_forever()
     finally:
         agent.stop()
-    return 0
+    return agent.exit_code
