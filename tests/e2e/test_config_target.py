@@ -146,18 +146,22 @@ def test_live_change_is_applied_hot_and_an_invalid_overlay_changes_nothing(rig: 
     assert (final.state.value, final.error_code) == ("REJECTED", "config_invalid")
     assert "mqtt" in (final.error or "")
     record = OverlayFiles(tmp_path / "state").read()
-    assert record.active is None and record.pending is None  # nothing was put in place
+    assert record.active is None
+    assert record.pending is None
 
     job = desk.publish({"streams": {"cam": {"fps_limit": 5}}}, "live-1", probation_s=2)
     final = desk.final(job)
     assert final.state.value == "ACTIVE", final.error
     assert [s.state.value for s in desk.statuses(job)][-2:] == ["PROBATION", "ACTIVE"]
-    assert agent.starts == 1 and agent.daemon.proc.poll() is None  # no restart
+    assert agent.starts == 1
+    assert agent.daemon.proc.poll() is None
     applied = agent.daemon.wait_for_event("config.overlay.applied")
     assert applied["how"] == "reload"
     wait_until(lambda: (desk.info().config or None) is not None and desk.info().config.version == "live-1")
     record = OverlayFiles(tmp_path / "state").read()
-    assert record.active is not None and record.last_good == record.active and record.pending is None
+    assert record.active is not None
+    assert record.last_good == record.active
+    assert record.pending is None
     _more_results(probe, device, 5)
 
 
@@ -187,8 +191,10 @@ def test_restart_change_confirmed_and_a_broken_camera_put_back_by_itself(rig: An
     assert "no frames on stream(s) cam" in (final.error or "")
     _more_results(probe, device, 10)  # frames flow again
     record = OverlayFiles(tmp_path / "state").read()
-    assert record.active is not None and record.active.version == "restart-1"
-    assert record.reverted is not None and record.reverted.job_id == broken
+    assert record.active is not None
+    assert record.active.version == "restart-1"
+    assert record.reverted is not None
+    assert record.reverted.job_id == broken
     wait_until(lambda: desk.info().config.version == "restart-1" and desk.info().config.reverted is not None)
     # one terminal state per job
     for job_id in (job, broken):
@@ -202,7 +208,9 @@ def test_sigkill_during_probation_resumes_with_the_overlay_it_knows(rig: Any, tm
     desk.probe.wait_for(lambda _ms: sum(s.state.value == "PROBATION" for s in desk.statuses(job)) >= 2, 60)
     agent.killed()  # during the probation after the restart
     record = OverlayFiles(tmp_path / "state").read()
-    assert record.active is not None and record.active.job_id == job and record.pending is not None
+    assert record.active is not None
+    assert record.active.job_id == job
+    assert record.pending is not None
     final = desk.final(job)
     assert final.state.value == "ACTIVE", final.error
     assert sum(1 for s in desk.statuses(job) if s.state.value in TERMINAL) == 1
@@ -212,7 +220,8 @@ def test_sigkill_during_probation_resumes_with_the_overlay_it_knows(rig: Any, tm
     desk.probe.wait_for(lambda _ms: any(s.state.value == "PROBATION" for s in desk.statuses(hot)), 60)
     agent.killed()  # during a hot change's probation: the new overlay is what starts, still pending
     record = OverlayFiles(tmp_path / "state").read()
-    assert record.active is not None and record.active.job_id == hot
+    assert record.active is not None
+    assert record.active.job_id == hot
     final = desk.final(hot)
     assert final.state.value == "ACTIVE", final.error
     assert sum(1 for s in desk.statuses(hot) if s.state.value in TERMINAL) == 1
