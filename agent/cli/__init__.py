@@ -152,8 +152,7 @@ def _dispatch(args: argparse.Namespace) -> int:
             print(f"{args.config}: ok")
         return 1 if problems else 0
     if args.command == "schema":
-        from agent.protocol.schema import write_schemas
-        from agent.schemas import EVERY_MESSAGE
+        from agent.schemas import EVERY_MESSAGE, write_schemas
 
         for path in write_schemas(args.out, EVERY_MESSAGE):
             print(path)

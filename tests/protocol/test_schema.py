@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from agent.protocol.messages import MESSAGE_MODELS, encode
-from agent.protocol.schema import write_schemas
+from agent.schemas import write_schemas
 from tests.protocol.examples import EXAMPLES
 
 
