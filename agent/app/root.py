@@ -91,6 +91,8 @@ class Agent:
         #: What ``edge-agent run`` exits with: RESTART_EXIT_CODE when a configuration asked for a restart.
         self.exit_code = 0
         self._reloaded = threading.Condition()
+        #: Set at the end of start(): a configuration's probation counts from there.
+        self.started = threading.Event()
         self._reloads = 0
         self.metrics = Metrics()
         self.notifier = Notifier.from_env()
@@ -131,6 +133,7 @@ class Agent:
                 reload=self._reload_now,
                 restart=self._restart,
                 health=self.health,
+                started=self.started,
                 changed=self._on_model_activated,
             ),
         )
@@ -252,6 +255,7 @@ class Agent:
         self.watchdog.add_check("mqtt_link", self.link.healthy)
         self.notifier.ready(status=self.reports.status_line())
         self.watchdog.start()  # after READY=1: systemd counts watchdog pings from then on
+        self.started.set()
         empty = [name for name, slot in self.slots.items() if slot.current is None]
         log.info(
             "agent.started",

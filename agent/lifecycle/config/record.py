@@ -19,6 +19,7 @@ import structlog
 import yaml
 from pydantic import Field, ValidationError
 
+from agent.errors import ConfigError
 from agent.fsutil import atomic_write_bytes, atomic_write_json
 from agent.lifecycle.health import HealthReading
 from agent.model_base import StrictModel
@@ -125,10 +126,16 @@ class OverlayFiles:
         atomic_write_bytes(self.overlay_path(sha256), yaml.safe_dump(overlay, sort_keys=True).encode())
 
     def load_overlay(self, ref: OverlayRef | None) -> dict[str, Any]:
-        """The stored overlay of ``ref`` ({} for none)."""
+        """The stored overlay of ``ref`` ({} for none); ConfigError when it cannot be read."""
         if ref is None:
             return {}
-        data = yaml.safe_load(self.overlay_path(ref.sha256).read_text(encoding="utf-8"))
+        path = self.overlay_path(ref.sha256)
+        try:
+            data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+            raise ConfigError(
+                f"overlay {ref.version}: cannot read {path}: {exc}", problems=[str(exc)]
+            ) from exc
         return data if isinstance(data, dict) else {}
 
     def secret_path(self, sha256: str, key_path: str) -> Path:

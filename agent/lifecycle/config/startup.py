@@ -59,8 +59,8 @@ def starting_config(config_path: Path) -> AgentConfig:
         return base
     try:
         return _with_overlay(config_path, files, record.active, require_models=False)
-    except (ConfigError, OSError) as exc:
-        problems = "; ".join(exc.problems) if isinstance(exc, ConfigError) else str(exc)
+    except ConfigError as exc:
+        problems = "; ".join(exc.problems) or str(exc)
         log.error("config.overlay.unloadable", version=record.active.version, problems=problems)
         if pending is not None and record.pending is not None:
             record = put_back(
@@ -70,7 +70,7 @@ def starting_config(config_path: Path) -> AgentConfig:
             if record.active is not None:
                 try:
                     return _with_overlay(config_path, files, record.active, require_models=False)
-                except (ConfigError, OSError) as again:
+                except ConfigError as again:
                     log.error("config.overlay.last_good_unloadable", error=str(again))
         return base
 

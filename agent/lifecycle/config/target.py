@@ -58,6 +58,8 @@ class RunningAgent:
     #: Stop the agent to be started again (exit code :data:`RESTART_EXIT_CODE`); returns at once.
     restart: Callable[[], None]
     health: Callable[[], HealthReading]
+    #: Set once the agent started (its streams and slots run).
+    started: threading.Event
     #: The record changed (``up/info``'s ``config`` is republished).
     changed: Callable[[], None] = lambda: None
 
@@ -120,7 +122,8 @@ class ConfigTarget:
             log.info("config.overlay.resumed", job=job_id, version=manifest.version)
             guard.enter(JobState.PROBATION)
         elif record.active is not None and record.active.job_id == job_id:
-            return  # confirmed before a restart
+            guard.enter(JobState.PROBATION)  # confirmed before a restart: the job passes through it
+            return
         else:
             pending = self._put_in_place(record, manifest, guard)
         self._watch(pending, manifest, guard)
@@ -147,6 +150,10 @@ class ConfigTarget:
 
     def _watch(self, pending: PendingChange, manifest: DeployManifest, guard: GuardReporter) -> None:
         window = manifest.probation_s if manifest.probation_s is not None else DEFAULT_PROBATION_S
+        # After a restart the job resumes while the agent still starts: the window opens once it runs.
+        while not self._agent.started.wait(0.5):
+            if guard.cancel.is_set():
+                raise JobCancelledError("the agent stopped before it started")
         self._agent.health()  # frames are counted from here
         _wait(guard.cancel, window)
         why = unhealthy_because(pending.before.health(), self._agent.health())

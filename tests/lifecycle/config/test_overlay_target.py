@@ -14,14 +14,21 @@ from cryptography.hazmat.primitives.asymmetric import ec
 
 from agent.config import load_config
 from agent.config.overlay import merge_overlay
-from agent.delivery.jobs.steps import JobReporter
+from agent.delivery.jobs.steps import GuardReporter, JobReporter
 from agent.demo.modelzoo import write_classifier
 from agent.lifecycle.config.document import opener
-from agent.lifecycle.config.record import ConfigRecord, OverlayFiles, OverlayRef, PendingChange, Reading
+from agent.lifecycle.config.record import (
+    ConfigRecord,
+    OverlayFiles,
+    OverlayRef,
+    PendingChange,
+    Reading,
+    Reverted,
+)
 from agent.lifecycle.config.startup import MAX_PENDING_STARTS, starting_config
 from agent.lifecycle.config.target import ConfigTarget, RunningAgent
 from agent.lifecycle.health import HealthReading
-from agent.protocol.delivery_errors import ConfigInvalidError
+from agent.protocol.delivery_errors import ConfigInvalidError, RolledBackError
 from agent.protocol.manifest import DeployManifest, build_manifest
 from agent.protocol.sealed import seal
 
@@ -87,6 +94,7 @@ def _idle_agent(config: Any) -> RunningAgent:
         reload=lambda: None,
         restart=lambda: None,
         health=lambda: reading,
+        started=threading.Event(),
     )
 
 
@@ -184,3 +192,38 @@ def test_a_change_the_agent_keeps_crashing_with_is_put_back(device: Device) -> N
     assert record.active is None
     assert record.reverted is not None
     assert "without staying up" in record.reverted.reason
+
+
+class Guard:
+    """What the job runner's guard records: the states the target entered."""
+
+    def __init__(self) -> None:
+        self.entered: list[str] = []
+        self.reporter = GuardReporter(
+            lambda state: self.entered.append(state.value), lambda _s, _p: None, threading.Event()
+        )
+
+
+def test_each_step_notices_it_ran_for_the_job(device: Device) -> None:
+    doc, m = device.manifest({"labels": {"site": "east"}})
+    reporter = JobReporter(lambda _f: None, threading.Event())
+    device.target.verify(doc, m)
+    device.target.install(doc, {}, m, reporter)
+    files = OverlayFiles(device.root / "state")
+    stored = files.overlay_path(m.sha256).stat().st_mtime_ns
+    device.target.install(doc, {}, m, reporter)  # again after a restart: not written twice
+    assert files.overlay_path(m.sha256).stat().st_mtime_ns == stored
+
+    # Confirmed, then killed before the job's ACTIVE was recorded: resumed, it passes PROBATION and ends.
+    ref = OverlayRef(version=m.version, job_id=m.job_id, sha256=m.sha256)
+    files.write(ConfigRecord(active=ref, last_good=ref))
+    guard = Guard()
+    device.target.apply(doc, m.model_copy(update={"probation_s": 0.0}), guard.reporter)
+    assert guard.entered == ["PROBATION"]
+    assert files.read() == ConfigRecord(active=ref, last_good=ref)
+
+    # Put back while the agent restarted: resumed, the job ends ROLLED_BACK config_reverted at once.
+    files.write(ConfigRecord(reverted=Reverted(job_id=m.job_id, version=m.version, reason="no frames")))
+    with pytest.raises(RolledBackError, match="no frames") as caught:
+        device.target.apply(doc, m, Guard().reporter)
+    assert caught.value.code == "config_reverted"
