@@ -216,7 +216,17 @@ def test_sigkill_during_probation_resumes_with_the_overlay_it_knows(rig: Any, tm
     assert sum(1 for s in desk.statuses(job) if s.state.value in TERMINAL) == 1
     wait_until(lambda: desk.info().labels.get("site") == "south")
 
-    hot = desk.publish({"streams": {"cam": {"fps_limit": 7}}}, "kill-2", probation_s=8)
+    # During the reading taken before a change (BUILDING, nothing applied yet): it starts again from there.
+    # Each overlay is whole (desired state): it keeps the labels, or removing them would need a restart.
+    south = {"site": "south"}
+    early = desk.publish({"labels": south, "streams": {"cam": {"fps_limit": 8}}}, "kill-early", probation_s=2)
+    desk.probe.wait_for(lambda _ms: any(s.state.value == "BUILDING" for s in desk.statuses(early)), 60)
+    agent.killed()
+    final = desk.final(early)
+    assert final.state.value == "ACTIVE", final.error
+    assert sum(1 for s in desk.statuses(early) if s.state.value in TERMINAL) == 1
+
+    hot = desk.publish({"labels": south, "streams": {"cam": {"fps_limit": 7}}}, "kill-2", probation_s=8)
     desk.probe.wait_for(lambda _ms: any(s.state.value == "PROBATION" for s in desk.statuses(hot)), 60)
     agent.killed()  # during a hot change's probation: the new overlay is what starts, still pending
     record = OverlayFiles(tmp_path / "state").read()
