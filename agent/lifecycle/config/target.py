@@ -41,6 +41,8 @@ log = structlog.get_logger(__name__)
 RESTART_EXIT_CODE = 75
 #: The probation window when the manifest sets none, seconds.
 DEFAULT_PROBATION_S = 60.0
+#: Longest overlay version (``up/info``'s ``config.version`` carries it).
+MAX_VERSION = 64
 #: Between the two readings that tell which streams flow before a change, seconds.
 BEFORE_SAMPLE_S = 2.0
 
@@ -95,6 +97,11 @@ class ConfigTarget:
     # -- the job's steps --------------------------------------------------------------------------
 
     def verify(self, document: Path, manifest: DeployManifest) -> None:
+        if len(manifest.version) > MAX_VERSION:
+            raise ConfigInvalidError(
+                f"version: an overlay's version has at most {MAX_VERSION} characters (up/info reports it)",
+                job_id=manifest.job_id,
+            )
         overlay = read_overlay(document, manifest.job_id)
         opened(overlay, self._open, manifest.job_id)  # opened to be sure they open; not kept
         files = {path: self.files.secret_path(manifest.sha256, path) for path in overlay.sealed}
@@ -150,10 +157,7 @@ class ConfigTarget:
 
     def _watch(self, pending: PendingChange, manifest: DeployManifest, guard: GuardReporter) -> None:
         window = manifest.probation_s if manifest.probation_s is not None else DEFAULT_PROBATION_S
-        # After a restart the job resumes while the agent still starts: the window opens once it runs.
-        while not self._agent.started.wait(0.5):
-            if guard.cancel.is_set():
-                raise JobCancelledError("the agent stopped before it started")
+        self._wait_started(guard.cancel)
         self._agent.health()  # frames are counted from here
         _wait(guard.cancel, window)
         why = unhealthy_because(pending.before.health(), self._agent.health())
@@ -182,7 +186,15 @@ class ConfigTarget:
         cancel.wait()
         raise JobCancelledError("the agent restarts to apply its configuration")
 
+    def _wait_started(self, cancel: threading.Event) -> None:
+        # A job may run while the agent still starts (resumed, or arrived on the first connect):
+        # readings mean something once its streams and slots run.
+        while not self._agent.started.wait(0.5):
+            if cancel.is_set():
+                raise JobCancelledError("the agent stopped before it started")
+
     def _before(self, cancel: threading.Event) -> HealthReading:
+        self._wait_started(cancel)
         self._agent.health()
         _wait(cancel, self._before_sample_s)
         return self._agent.health()

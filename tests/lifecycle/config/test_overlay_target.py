@@ -125,6 +125,12 @@ def test_an_invalid_overlay_is_refused_naming_the_key(device: Device, overlay: A
     assert not (device.root / "state" / "config").exists()  # nothing written
 
 
+def test_a_version_longer_than_up_info_carries_is_refused(device: Device) -> None:
+    doc, m = device.manifest({"labels": {"site": "x"}})
+    with pytest.raises(ConfigInvalidError, match="version"):
+        device.target.verify(doc, m.model_copy(update={"version": "v" * 65}))
+
+
 def test_a_sealed_password_becomes_a_0600_file_named_by_password_file(device: Device) -> None:
     clear = hashlib.sha256(str(device.root).encode()).hexdigest().encode()  # made at run time
     sealed = seal(clear, device.key.public_key(), DEVICE, "streams.cam.source.password")
