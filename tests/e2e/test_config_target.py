@@ -148,6 +148,7 @@ def test_live_change_is_applied_hot_and_an_invalid_overlay_changes_nothing(rig: 
     record = OverlayFiles(tmp_path / "state").read()
     assert record.active is None
     assert record.pending is None
+    assert not [e for e in agent.daemon.events() if e.get("event") == "config.reload.applied"]
 
     job = desk.publish({"streams": {"cam": {"fps_limit": 5}}}, "live-1", probation_s=2)
     final = desk.final(job)
