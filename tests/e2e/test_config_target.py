@@ -145,6 +145,10 @@ def test_live_change_is_applied_hot_and_an_invalid_overlay_changes_nothing(rig: 
     final = desk.final(denied)
     assert (final.state.value, final.error_code) == ("REJECTED", "config_invalid")
     assert "mqtt" in (final.error or "")
+    huge = desk.publish({"labels": {f"k{i}": "v" * 200 for i in range(1500)}}, "bad-3")
+    final = desk.final(huge)
+    assert (final.state.value, final.error_code) == ("REJECTED", "too_large")
+    assert [s.state.value for s in desk.statuses(huge)] == ["REJECTED"]  # nothing downloaded
     record = OverlayFiles(tmp_path / "state").read()
     assert record.active is None
     assert record.pending is None

@@ -22,8 +22,14 @@ from agent.delivery.jobs.steps import SlotSpecsFn
 from agent.delivery.settings import DeliveryConfig
 from agent.errors import DeliveryError
 from agent.mqtt.inbound import InboundMessage
-from agent.protocol.delivery_errors import WrongSlotError
-from agent.protocol.device_targets import DEVICE_TARGETS
+from agent.protocol.delivery_errors import TooLargeError, WrongSlotError
+from agent.protocol.device_targets import (
+    AGENT_TARGET,
+    CONFIG_TARGET,
+    DEVICE_TARGETS,
+    MAX_AGENT_RELEASE_BYTES,
+    MAX_OVERLAY_BYTES,
+)
 from agent.protocol.manifest import DeployManifest, parse_signed, recover_job_id
 from agent.protocol.messages import JobState, JobStatus
 from agent.signing import Ed25519PublicKey
@@ -33,6 +39,8 @@ from agent.trust.serving import ServingReleases
 
 log = structlog.get_logger(__name__)
 
+#: Largest document of each of the device's own targets: refused before anything is downloaded.
+_TARGET_BYTES = {CONFIG_TARGET: MAX_OVERLAY_BYTES, AGENT_TARGET: MAX_AGENT_RELEASE_BYTES}
 #: Refused payloads remembered per slot, so a retained bad manifest is reported once, not per reconnect.
 _REJECTED_MEMORY = 32
 
@@ -116,6 +124,12 @@ class DesiredIntake:
             if manifest.slot not in self._targets:
                 raise WrongSlotError(
                     f"this device does not serve the target {manifest.slot!r} (an agent without it)",
+                    job_id=manifest.job_id,
+                )
+            limit = _TARGET_BYTES[manifest.slot]
+            if manifest.size > limit:
+                raise TooLargeError(
+                    f"a {manifest.slot} document has at most {limit} bytes, not {manifest.size}",
                     job_id=manifest.job_id,
                 )
             return
