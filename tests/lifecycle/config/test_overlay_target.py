@@ -233,3 +233,46 @@ def test_each_step_notices_it_ran_for_the_job(device: Device) -> None:
     with pytest.raises(RolledBackError, match="no frames") as caught:
         device.target.apply(doc, m, Guard().reporter)
     assert caught.value.code == "config_reverted"
+
+
+def test_a_live_change_found_unhealthy_is_put_back_by_a_reload(tmp_path: Path) -> None:
+    """The running agent stands in here (its readings scripted: cam stops after the change); the
+    real agent's reverts are tests/e2e/test_config_target.py's."""
+    device = Device(tmp_path)
+    flowing = HealthReading(True, frozenset({"cam"}), frozenset({"cam"}), frozenset())
+    stalled = HealthReading(True, frozenset(), frozenset({"cam"}), frozenset())
+    readings = iter([flowing, flowing, stalled, stalled])
+    reloads: list[str] = []
+    files = OverlayFiles(tmp_path / "state")
+    started = threading.Event()
+    started.set()
+    target = ConfigTarget(
+        device.config,
+        tmp_path / "state",
+        opener(None, DEVICE),
+        RunningAgent(
+            config=lambda: load_config(device.config),
+            restart_keys=lambda _new: [],
+            reload=lambda: reloads.append(files.read().active.version if files.read().active else "none"),
+            restart=lambda: None,
+            health=lambda: next(readings),
+            started=started,
+        ),
+        before_sample_s=0.0,
+    )
+    doc, m = device.manifest({"streams": {"cam": {"fps_limit": 2}}})
+    m = m.model_copy(update={"probation_s": 0.0})
+    target.verify(doc, m)
+    target.install(doc, {}, m, JobReporter(lambda _f: None, threading.Event()))
+    guard = Guard()
+    with pytest.raises(RolledBackError, match="no frames on stream\\(s\\) cam") as caught:
+        target.apply(doc, m, guard.reporter)
+    assert caught.value.code == "config_reverted"
+    assert guard.entered == ["PROBATION"]
+    assert reloads == [m.version, "none"]  # applied, then put back (no overlay before it)
+    record = files.read()
+    assert record.active is None
+    assert record.pending is None
+    assert record.reverted is not None
+    assert record.reverted.job_id == m.job_id
+    assert target.info().reverted == record.reverted.reason
