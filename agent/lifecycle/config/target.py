@@ -102,6 +102,8 @@ class ConfigTarget:
                 f"version: an overlay's version has at most {MAX_VERSION} characters (up/info reports it)",
                 job_id=manifest.job_id,
             )
+        if self._applied(manifest.job_id):
+            return  # resumed after it was applied: checked then, and what runs now is its business
         overlay = read_overlay(document, manifest.job_id)
         opened(overlay, self._open, manifest.job_id)  # opened to be sure they open; not kept
         files = {path: self.files.secret_path(manifest.sha256, path) for path in overlay.sealed}
@@ -136,6 +138,12 @@ class ConfigTarget:
         self._watch(pending, manifest, guard)
 
     # -- applying, watching, putting back ---------------------------------------------------------
+
+    def _applied(self, job_id: str) -> bool:
+        """The record names ``job_id``: it was put in place (and may be confirmed or put back)."""
+        record = self.files.read()
+        refs = (record.active, record.pending.overlay if record.pending else None, record.reverted)
+        return any(ref is not None and ref.job_id == job_id for ref in refs)
 
     def _put_in_place(
         self, record: ConfigRecord, manifest: DeployManifest, guard: GuardReporter

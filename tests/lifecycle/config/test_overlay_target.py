@@ -223,6 +223,8 @@ def test_each_step_notices_it_ran_for_the_job(device: Device) -> None:
     # Confirmed, then killed before the job's ACTIVE was recorded: resumed, it passes PROBATION and ends.
     ref = OverlayRef(version=m.version, job_id=m.job_id, sha256=m.sha256)
     files.write(ConfigRecord(active=ref, last_good=ref))
+    device.config.write_text(device.config.read_text().replace("postprocess", "postprocessing"))
+    device.target.verify(doc, m)  # checked before it was applied: not judged again by today's file
     guard = Guard()
     device.target.apply(doc, m.model_copy(update={"probation_s": 0.0}), guard.reporter)
     assert guard.entered == ["PROBATION"]
