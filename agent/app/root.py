@@ -40,7 +40,8 @@ from agent.enrollment.renewal import CertificateRenewal
 from agent.errors import ConfigError
 from agent.lifecycle.config.document import opener
 from agent.lifecycle.config.startup import current_config, starting_config
-from agent.lifecycle.config.target import RESTART_EXIT_CODE, ConfigTarget, RunningAgent
+from agent.lifecycle.config.target import ConfigTarget
+from agent.lifecycle.running import RESTART_EXIT_CODE, RunningAgent
 from agent.logs.ring import LogRing, logs_command
 from agent.logs.setup import configure_logging
 from agent.machine.platform import detect_platform

@@ -20,7 +20,7 @@ import yaml
 from agent.demo.broker import Broker
 from agent.fleet.chunks.server import ChunkServer
 from agent.lifecycle.config.record import OverlayFiles
-from agent.lifecycle.config.target import RESTART_EXIT_CODE
+from agent.lifecycle.running import RESTART_EXIT_CODE
 from agent.mqtt.settings import MqttSettings
 from agent.protocol.manifest import build_manifest
 from agent.protocol.messages import InfoMessage, JobStatus, decode

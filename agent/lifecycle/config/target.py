@@ -5,10 +5,10 @@ validated exactly as ``edge-agent check-config`` does (``config_invalid`` naming
 changes). install: the secrets written (0600) and the overlay stored beside the running one. apply:
 the record names the new overlay (one atomic write), then a reload applies it when every changed key
 is live (:func:`agent.config.changes.needs_restart`), else the agent exits with
-:data:`RESTART_EXIT_CODE` for systemd to start it again with the overlay. Then the probation window
-(``manifest.probation_s``, :data:`DEFAULT_PROBATION_S` by default): the device is judged by
-:func:`agent.lifecycle.health.unhealthy_because` against a reading taken before the change; unhealthy,
-the last good overlay is put back the same way (reload or restart) and the job ends ``ROLLED_BACK
+:data:`~agent.lifecycle.running.RESTART_EXIT_CODE` for systemd to start it again with the overlay.
+Then the probation window (``manifest.probation_s``, :data:`DEFAULT_PROBATION_S` by default): the
+device is judged by :func:`agent.lifecycle.health.unhealthy_because` against a reading taken before
+the change; unhealthy, the last good overlay is put back the same way (reload or restart) and the job ends ``ROLLED_BACK
 config_reverted`` with the reason. Every step notices on disk that it ran for the job, so a job
 resumed after a restart (its own, or a kill) goes on from where it was.
 """
@@ -16,8 +16,7 @@ resumed after a restart (its own, or a kill) goes on from where it was.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping
 from pathlib import Path
 
 import structlog
@@ -29,6 +28,7 @@ from agent.lifecycle.config.document import OpenFn, opened, read_overlay, with_s
 from agent.lifecycle.config.record import ConfigRecord, OverlayFiles, OverlayRef, PendingChange, Reading
 from agent.lifecycle.config.startup import bounded, put_back
 from agent.lifecycle.health import HealthReading, unhealthy_because
+from agent.lifecycle.running import RunningAgent
 from agent.protocol.delivery_errors import ConfigInvalidError, JobCancelledError, RolledBackError
 from agent.protocol.device_targets import TargetInfo
 from agent.protocol.manifest import DeployManifest
@@ -36,34 +36,12 @@ from agent.protocol.messages import JobState
 
 log = structlog.get_logger(__name__)
 
-#: What ``edge-agent run`` exits with to be started again with a new (or the last good) overlay:
-#: non-zero, so systemd's ``Restart=on-failure`` restarts it (EX_TEMPFAIL).
-RESTART_EXIT_CODE = 75
 #: The probation window when the manifest sets none, seconds.
 DEFAULT_PROBATION_S = 60.0
 #: Longest overlay version (``up/info``'s ``config.version`` carries it).
 MAX_VERSION = 64
 #: Between the two readings that tell which streams flow before a change, seconds.
 BEFORE_SAMPLE_S = 2.0
-
-
-@dataclass(frozen=True)
-class RunningAgent:
-    """What the target needs of the running agent (the composition root supplies each)."""
-
-    #: The configuration that runs now.
-    config: Callable[[], AgentConfig]
-    #: The keys of ``new`` a reload cannot apply (they need a restart).
-    restart_keys: Callable[[AgentConfig], list[str]]
-    #: Reload agent.yaml with the record's active overlay; returns once it was applied.
-    reload: Callable[[], None]
-    #: Stop the agent to be started again (exit code :data:`RESTART_EXIT_CODE`); returns at once.
-    restart: Callable[[], None]
-    health: Callable[[], HealthReading]
-    #: Set once the agent started (its streams and slots run).
-    started: threading.Event
-    #: The record changed (``up/info``'s ``config`` is republished).
-    changed: Callable[[], None] = lambda: None
 
 
 class ConfigTarget:

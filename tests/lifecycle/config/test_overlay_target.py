@@ -26,8 +26,9 @@ from agent.lifecycle.config.record import (
     Reverted,
 )
 from agent.lifecycle.config.startup import MAX_PENDING_STARTS, starting_config
-from agent.lifecycle.config.target import ConfigTarget, RunningAgent
+from agent.lifecycle.config.target import ConfigTarget
 from agent.lifecycle.health import HealthReading
+from agent.lifecycle.running import RunningAgent
 from agent.protocol.delivery_errors import ConfigInvalidError, RolledBackError
 from agent.protocol.manifest import DeployManifest, build_manifest
 from agent.protocol.sealed import seal
