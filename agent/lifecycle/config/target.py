@@ -8,9 +8,9 @@ is live (:func:`agent.config.changes.needs_restart`), else the agent exits with
 :data:`~agent.lifecycle.running.RESTART_EXIT_CODE` for systemd to start it again with the overlay.
 Then the probation window (``manifest.probation_s``, :data:`DEFAULT_PROBATION_S` by default): the
 device is judged by :func:`agent.lifecycle.health.unhealthy_because` against a reading taken before
-the change; unhealthy, the last good overlay is put back the same way (reload or restart) and the job ends ``ROLLED_BACK
-config_reverted`` with the reason. Every step notices on disk that it ran for the job, so a job
-resumed after a restart (its own, or a kill) goes on from where it was.
+the change; unhealthy, the last good overlay is put back the same way (reload or restart) and the
+job ends ``ROLLED_BACK config_reverted`` with the reason. Every step notices on disk that it ran for
+the job, so a job resumed after a restart (its own, or a kill) goes on from where it was.
 """
 
 from __future__ import annotations
