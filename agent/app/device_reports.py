@@ -54,9 +54,11 @@ class DeviceReports:
         metrics_endpoint: TelemetryEndpoint | None,
         certificate: Callable[[], CertificateInfo | None] = lambda: None,
         agent_release: Callable[[], TargetInfo | None] = lambda: None,
+        config_overlay: Callable[[], TargetInfo | None] = lambda: None,
     ) -> None:
         """``certificate``: the client certificate the device connects with, for up/info;
-        ``agent_release``: the agent release that runs and the one on trial, for up/info."""
+        ``agent_release``: the agent release that runs and the one on trial;
+        ``config_overlay``: the configuration overlay it runs (target ``_config``)."""
         #: The configuration in force (a reload replaces it).
         self._config = config
         self.platform = platform
@@ -70,6 +72,7 @@ class DeviceReports:
         self.metrics_endpoint = metrics_endpoint
         self.certificate = certificate
         self.agent_release = agent_release
+        self.config_overlay = config_overlay
 
     def info_message(self) -> InfoMessage:
         """``up/info``: the platform, its backends, every slot (model, job, layout, engines, build)."""
@@ -116,6 +119,7 @@ class DeviceReports:
             },
             certificate=self.certificate(),
             agent_release=self.agent_release(),
+            config=self.config_overlay(),
         )
 
     def publish_info(self) -> None:

@@ -26,10 +26,11 @@ from agent import __version__
 from agent.app.device_reports import DeviceReports
 from agent.app.first_enrollment import enroll_if_needed
 from agent.app.frame_paths import FramePaths
-from agent.app.health_reading import read_health
-from agent.config import AgentConfig, StreamConfig, load_config
+from agent.app.health_probe import HealthProbe
+from agent.config import AgentConfig, StreamConfig
 from agent.config.changes import LIVE_STREAM_KEYS, config_changes, needs_restart
 from agent.delivery.jobs.ledger import JobsFile
+from agent.delivery.jobs.targets import DeviceTarget
 from agent.delivery.service import DeliveryService
 from agent.delivery.transfer.pull import fetch_model
 from agent.engines.building.builder import EngineBuilder
@@ -39,14 +40,19 @@ from agent.enrollment.keys import CertificateFacts
 from agent.enrollment.renewal import CertificateRenewal
 from agent.errors import ConfigError
 from agent.lifecycle.bundle.inbox import ImportedStates
-from agent.lifecycle.release.layout import RESTART_EXIT_CODE
+from agent.lifecycle.config.document import opener
+from agent.lifecycle.config.startup import current_config, starting_config
+from agent.lifecycle.config.target import ConfigTarget
 from agent.lifecycle.release.target import AgentReleaseTarget
+from agent.lifecycle.restart import RESTART_EXIT_CODE
+from agent.lifecycle.running import RunningAgent
 from agent.logs.ring import LogRing, logs_command
 from agent.logs.setup import configure_logging
 from agent.machine.platform import detect_platform
 from agent.mqtt.inbound import InboundMessage
 from agent.mqtt.link import MqttLink
 from agent.protocol.command_args import CalibrateArgs, EvidenceArgs, LogsArgs, SnapshotArgs
+from agent.protocol.device_targets import AGENT_TARGET, CONFIG_TARGET
 from agent.protocol.topics import Topics
 from agent.runtime.frames.snapshot_command import SnapshotCommand
 from agent.runtime.slots.evidence import EvidenceCommand, EvidenceStore
@@ -91,6 +97,13 @@ class Agent:
         #: Set by SIGUSR1 (``edge-agent import``): hand the imported desired states in again.
         self.import_event = threading.Event()
         self.imported = ImportedStates(config.state_dir)
+        #: What ``edge-agent run`` exits with: RESTART_EXIT_CODE when a configuration or a switched
+        #: agent release asks to be started again.
+        self.exit_code = 0
+        self._reloaded = threading.Condition()
+        #: Set at the end of start(): a configuration's probation counts from there.
+        self.started = threading.Event()
+        self._reloads = 0
         self.metrics = Metrics()
         self.notifier = Notifier.from_env()
         config.state_dir.mkdir(parents=True, exist_ok=True)
@@ -120,6 +133,20 @@ class Agent:
             for name in config.slots
         }
         self.store = ModelStore(config.state_dir / "models")
+        self.health = HealthProbe(lambda: self.config, self.link, self.frames, self.slots)
+        self.config_target = _config_target(
+            config,
+            config_path,
+            RunningAgent(
+                config=lambda: self.config,
+                restart_keys=self._restart_keys,
+                reload=self._reload_now,
+                restart=self._restart,
+                health=self.health,
+                started=self.started,
+                changed=self._on_model_activated,
+            ),
+        )
         self.engines = EngineService(
             EngineBuilder(config.state_dir, config.engines, self.platform),
             config.engines,
@@ -136,6 +163,14 @@ class Agent:
             latest_frame=self.frames.latest_frame,
             on_activated=self._on_model_activated,
             evidence=self.evidence,
+        )
+        # The agent's own release (target _agent): a release on trial is watched from start-up.
+        self.agent_release = AgentReleaseTarget(
+            config.state_dir,
+            # Its own probe: a probe's "flowing" compares with its previous reading, so two readers
+            # sharing one would see each other's intervals.
+            HealthProbe(lambda: self.config, self.link, self.frames, self.slots),
+            restart=partial(self._restart, "agent release switched"),
         )
         self.delivery = DeliveryService(
             config.delivery,
@@ -155,6 +190,7 @@ class Agent:
             on_job_end=self._on_job_end,
             on_job_phase=self._on_job_end,  # up/info shows the candidate and its phase
             on_trust_change=self._on_model_activated,  # up/info flags a model whose release key was revoked
+            targets=self._targets(),
         )
         # The engine cache's second level at the controller (used when a manifest shares engines).
         self.engines.builder.fleet = fleet_cache_for(
@@ -189,14 +225,6 @@ class Agent:
             if prometheus.port is not None
             else None
         )
-        # The agent's own release (target _agent): a release on trial is watched from start-up.
-        self.agent_release = AgentReleaseTarget(
-            config.state_dir,
-            partial(read_health, lambda: self.link.connected, self.frames.cameras, self.slots),
-            restart=self._restart_into_other_release,
-        )
-        #: What ``edge-agent run`` exits with: RESTART_EXIT_CODE once another release must start.
-        self.exit_code = 0
         self.reports = DeviceReports(
             lambda: self.config,
             platform=self.platform,
@@ -211,7 +239,16 @@ class Agent:
             certificate=self.certificate.info,
             # Reported once the agent runs as a release (installed by the launcher), absent before.
             agent_release=self.agent_release.info if self.agent_release.running else lambda: None,
+            config_overlay=self.config_target.info if self.config_target is not None else lambda: None,
         )
+
+    def _targets(self) -> dict[str, DeviceTarget]:
+        """The device's own targets the job runner serves: its agent release, and its configuration
+        overlay when agent.yaml is a file it can lay one over."""
+        targets: dict[str, DeviceTarget] = {AGENT_TARGET: self.agent_release}
+        if self.config_target is not None:
+            targets[CONFIG_TARGET] = self.config_target
+        return targets
 
     # -- start -------------------------------------------------------------------------------
 
@@ -248,6 +285,7 @@ class Agent:
         self.notifier.ready(status=self.reports.status_line())
         self.watchdog.start()  # after READY=1: systemd counts watchdog pings from then on
         self.agent_release.start()  # a release on trial: confirmed after its health window, or put back
+        self.started.set()
         empty = [name for name, slot in self.slots.items() if slot.current is None]
         log.info(
             "agent.started",
@@ -300,18 +338,26 @@ class Agent:
 
     def reload(self) -> None:
         """Re-read the config; hot-swap every slot whose model changed. A bad config changes nothing."""
+        try:
+            self._reload()
+        finally:
+            with self._reloaded:
+                self._reloads += 1
+                self._reloaded.notify_all()
+
+    def _reload(self) -> None:
         if self.config_path is None:
             return
         self.notifier.reloading()
         try:
-            new = load_config(self.config_path, require_models=False)
+            new = current_config(self.config_path)
         except ConfigError as exc:
             log.error("config.reload.invalid", problems=exc.problems)
             self.notifier.ready(status="reload refused: invalid config; still serving the previous one")
             return
         changes = config_changes(self.config, new)
         running_streams = set(self.frames.cameras())
-        later = [c.key for c in changes if needs_restart(c, set(self.slots), running_streams)]
+        later = self._restart_keys(new)
         if later:
             log.warning("config.reload.restart_required", keys=later, reason="these take effect at restart")
         swapping = self.models.reload(new.slots)
@@ -334,6 +380,26 @@ class Agent:
             update={"slots": slots, "streams": streams, "watchdog": new.watchdog}
         )
         self.notifier.ready(status=self.reports.status_line())
+
+    def _restart_keys(self, new: AgentConfig) -> list[str]:
+        """The keys of ``new`` that a reload does not apply (they wait for a restart)."""
+        running_streams = set(self.frames.cameras())
+        changes = config_changes(self.config, new)
+        return [c.key for c in changes if needs_restart(c, set(self.slots), running_streams)]
+
+    def _reload_now(self) -> None:
+        """A reload on the main thread, as SIGHUP asks for one; returns once it ran (or the agent stops)."""
+        with self._reloaded:
+            done = self._reloads
+            self.reload_event.set()
+            while self._reloads == done and not self.stop_event.is_set():
+                self._reloaded.wait(0.5)
+
+    def _restart(self, reason: str = "configuration") -> None:
+        """Stop in order and exit with RESTART_EXIT_CODE: systemd starts the agent (the launcher) again."""
+        log.info("agent.restart", reason=reason, exit_code=RESTART_EXIT_CODE)
+        self.exit_code = RESTART_EXIT_CODE
+        self.stop_event.set()
 
     # -- stop --------------------------------------------------------------------------------
 
@@ -362,13 +428,6 @@ class Agent:
         self.spool.close()
         self.state_lock.release()
         log.info("agent.stopped")
-
-    def _restart_into_other_release(self) -> None:
-        """The agent release switched (applied, or put back): stop in order and exit with the code
-        systemd restarts on, into the release the launcher starts next."""
-        log.info("agent.restart", reason="agent release switched", exit_code=RESTART_EXIT_CODE)
-        self.exit_code = RESTART_EXIT_CODE
-        self.stop_event.set()
 
     # -- reporting ---------------------------------------------------------------------------
 
@@ -438,9 +497,25 @@ def _certificate_reading(config: AgentConfig, renewal: CertificateRenewal | None
     return HeldCertificate(lambda: facts)
 
 
+def _config_target(
+    config: AgentConfig, config_path: Path | None, running: RunningAgent
+) -> ConfigTarget | None:
+    """The ``_config`` target of an agent started from a file (an overlay is merged over it)."""
+    if config_path is None:
+        return None
+    tls = config.mqtt.tls
+    return ConfigTarget(
+        config_path,
+        config.state_dir,
+        opener(tls.key_file if tls is not None else None, config.device_id),
+        running,
+    )
+
+
 def run(config_path: Path) -> int:
-    """``edge-agent run``: start, serve until SIGTERM, stop in order. Returns the exit code."""
-    config = load_config(config_path, require_models=False)
+    """``edge-agent run``: start, serve until SIGTERM, stop in order. Returns the exit code: 0, or
+    RESTART_EXIT_CODE when a configuration overlay needs the agent started again."""
+    config = starting_config(config_path)
     ring = LogRing(config.logging.ring_lines, config.logging.ring_bytes)
     configure_logging(config.logging.format, config.logging.level, ring=ring)
     if not enroll_if_needed(config, Notifier.from_env()):

@@ -67,6 +67,11 @@ class UrlSourceSpec(_Reconnect):
 
     type: Literal["url"] = "url"
     url: str = Field(description="rtsp://, http:// or https:// address of the stream.")
+    password_file: Path | None = Field(
+        None,
+        description="File holding the camera's password, put into the URL at open (the URL names the "
+        "user: rtsp://user@cam/...); a configuration overlay delivers it sealed (password:).",
+    )
     decode_threads: int = Field(
         0,
         ge=0,

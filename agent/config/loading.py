@@ -16,6 +16,7 @@ import yaml
 from pydantic import ValidationError
 
 from agent.config.models import AgentConfig, unknown_slot_what
+from agent.config.overlay import merge_overlay
 from agent.config.problems import Problem, config_error, describe, describe_value
 from agent.config.walk import drop_empty_sections, resolve_paths
 from agent.errors import ConfigError
@@ -27,7 +28,11 @@ ENV_SEPARATOR = "__"
 
 
 def load_config(
-    path: Path, environ: Mapping[str, str] | None = None, *, require_models: bool = True
+    path: Path,
+    environ: Mapping[str, str] | None = None,
+    *,
+    require_models: bool = True,
+    overlay: Mapping[str, Any] | None = None,
 ) -> AgentConfig:
     """Load and validate the configuration file at ``path``, applying environment overrides.
 
@@ -39,9 +44,14 @@ def load_config(
     The daemon passes ``require_models=False``: a missing model file must not keep a device from
     starting (it falls back to the last model that worked, from ``state.json``) nor make a reload
     fail as a whole (that slot's swap is rejected and the old model keeps serving).
+
+    ``overlay`` (a configuration overlay delivered as desired state) is merged over the file before
+    the environment (:func:`~agent.config.overlay.merge_overlay`); its relative paths are the file's.
     """
     path = Path(path)
     data = read_yaml(path)
+    if overlay:
+        data = merge_overlay(data, overlay)
     env_keys = _apply_environment(data, os.environ if environ is None else environ)
     drop_empty_sections(data, AgentConfig)
     directory = base_dir(path)

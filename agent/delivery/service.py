@@ -42,6 +42,7 @@ from agent.delivery.jobs.steps import (
     SlotSpecsFn,
     no_build,
 )
+from agent.delivery.jobs.targets import DeviceTarget, DeviceTargets
 from agent.delivery.settings import DeliveryConfig
 from agent.errors import DeliveryError
 from agent.mqtt.inbound import InboundMessage
@@ -52,11 +53,16 @@ from agent.protocol.manifest import DeployManifest
 from agent.protocol.messages import JobState, JobStatus
 from agent.protocol.topics import Topics, trust_root
 from agent.signing import Ed25519PublicKey, load_public_key
+from agent.specs.postprocess import RawSpec
+from agent.specs.preprocess import PreprocessSpec
 from agent.store import ModelStore
 from agent.trust.anchor import FleetRoot, adopted_root
 from agent.trust.serving import ServingReleases
 
 log = structlog.get_logger(__name__)
+
+#: What a target's job carries as pre/postprocessing: nothing of it is used (no model is loaded).
+_TARGET_SPECS = (PreprocessSpec(), RawSpec())
 
 #: Job states that last (an engine build, the candidate beside or in place of the model): up/info is
 #: republished as a job enters one, so its last job is the one running, not the one before.
@@ -92,6 +98,7 @@ class DeliveryService:
         on_job_end: Callable[[str], None] | None = None,
         on_job_phase: Callable[[str], None] | None = None,
         on_trust_change: Callable[[], None] | None = None,
+        targets: DeviceTargets | None = None,
     ) -> None:
         """``slot_specs(slot)`` gives a slot's current (preprocess, postprocess), None for an unknown slot.
         ``protect()`` gives model SHA-256s gc must keep (active and last-known-good of every slot);
@@ -104,7 +111,10 @@ class DeliveryService:
         its phase rather than the previous job.
         ``on_trust_change()`` is called after a new fleet root was taken or adopted: a revoked key may
         flag a serving model (:meth:`release_fields`), so the agent republishes ``up/info``.
+        ``targets``: the device's own targets it serves, by name (``_config``, ``_agent``); a manifest
+        for one that is not here is refused ``wrong_slot``.
         """
+        self.targets: dict[str, DeviceTarget] = dict(targets or {})
         self.config = config
         self.device_id = device_id
         self.topics = topics
@@ -153,6 +163,7 @@ class DeliveryService:
             publish=self._publish,
             fleet_root=self.fleet_root,
             releases=self.releases,
+            targets=self.targets,
         )
         self._on_job_phase = on_job_phase
         self._phases: dict[str, tuple[str, JobState]] = {}  # per slot: the phase last announced
@@ -385,7 +396,8 @@ class DeliveryService:
             # Interrupted by a stop or kill, and its retained manifest replaced while the agent was
             # down: it will never resume, so it ends here, recorded before the newer job's QUEUED.
             self._publish(self._records.end_interrupted(last, by=manifest.job_id))
-        specs = self._slot_specs(slot)
+        target = self.targets.get(slot)
+        specs = self._slot_specs(slot) if target is None else _TARGET_SPECS
         assert specs is not None  # checked by the intake
         job = Deployment(
             manifest,
@@ -401,6 +413,7 @@ class DeliveryService:
             preprocess=specs[0],
             postprocess=specs[1],
             protect=self._protect or set,
+            target=target,
         )
         # Recorded before anything runs: its sequence now bounds replays, and a crash mid-job resumes it.
         try:

@@ -301,3 +301,25 @@ def test_memory_threads_and_descriptors_stay_flat_over_100_reconnects(cameras: l
     assert after[0] <= before[0] + 2, "threads grew"
     assert after[1] <= before[1] + 4, "file descriptors grew"
     assert after[2] <= before[2] + 20_000, "memory grew by more than 20 MB"
+
+
+def test_the_password_from_password_file_is_put_after_the_urls_user(
+    cameras: list[RtspCamera], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    camera = _start(cameras, user="viewer", digest=True)
+    password_file = tmp_path / "door.password"
+    password_file.write_text(camera.password + "\n")
+    password_file.chmod(0o600)
+    url = f"rtsp://viewer@127.0.0.1:{camera.port}/stream"
+    rec = _record("cam", url, password_file=password_file)
+    rec.wait_until("frames", lambda: rec.frame_count() >= 3)
+    rec.stop()
+    assert all(read_marks(f.image).intact for f in rec.frames)
+
+    no_user = _record("cam", f"rtsp://127.0.0.1:{camera.port}/stream", password_file=password_file)
+    no_user.wait_until("a failed attempt", lambda: no_user.count(S.RECONNECTING) >= 1)
+    no_user.stop()
+    reason = next(e.reason for e in no_user.events if e.new is S.RECONNECTING)
+    assert "names no user for its password_file" in reason
+    logged = capsys.readouterr()
+    assert camera.password not in logged.out + logged.err

@@ -589,3 +589,18 @@ def test_an_idle_service_sleeps_until_there_is_work_and_stop_wakes_every_thread(
     assert not upkeep.is_alive()
     assert not lane.is_alive()
     assert not device.link._dispatcher.alive()
+
+
+def test_a_device_serving_no_target_refuses_config_as_a_slot_it_lacks(
+    make_device: HarnessFactory, model_v1: Path
+) -> None:
+    device = make_device()
+    _deploy_ok(device, model_v1, sequence=1)
+    before = device.state_files()
+    m = device.manifest(model_v1, sequence=2, job_id="job-config").model_copy(update={"slot": "_config"})
+    device.deploy(device.signed(m), slot="_config")
+    statuses = device.wait_terminal("job-config")
+    assert [(s.state, s.error_code) for s in statuses] == [(JobState.REJECTED, "wrong_slot")]
+    assert "does not serve the target '_config'" in (statuses[0].error or "")
+    assert device.state_files() == before
+    assert len(device.activations.requests) == 1  # the good deploy's alone

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel
 
+from agent.protocol.device_targets import TargetInfo
 from agent.protocol.messages import (
     BackendInfo,
     CameraInfo,
@@ -169,6 +170,8 @@ EXAMPLES: dict[str, BaseModel] = {
                 last_error_at=TS - 3604,
             ),
         },
+        # The configuration overlay it runs (docs/configuration-over-the-air.md).
+        config=TargetInfo(version="site-north-3", job_id="cfg-0042"),
     ),
     "TelemetryMessage": TelemetryMessage.model_validate(
         {

@@ -14,7 +14,9 @@ per-frame corruption flag.
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Any, ClassVar
+from urllib.parse import quote, urlsplit, urlunsplit
 
 import cv2
 
@@ -22,7 +24,8 @@ from agent.camera.drivers._cv2capture import capture_fps, read_frame, release, t
 from agent.camera.drivers.base import Driver, Image, as_bgr, missing_frames
 from agent.camera.drivers.rtsp_answer import describe_status
 from agent.camera.source_spec import UrlSourceSpec
-from agent.errors import CredentialsRejectedError, SourceError
+from agent.errors import ConfigError, CredentialsRejectedError, SourceError
+from agent.secret_file import read_secret
 
 #: Longest wait for the camera's answer to our own DESCRIBE after a failed open.
 ASK_TIMEOUT_S = 3.0
@@ -33,6 +36,25 @@ _CREDENTIALS = re.compile(r"//[^/@]*@")
 def redact(url: str) -> str:
     """The URL without ``user:password@``, for logs and error messages."""
     return _CREDENTIALS.sub("//***@", url)
+
+
+def with_password(url: str, password_file: Path | None) -> str:
+    """``url`` with the password in ``password_file`` after its user (read at every open: a new
+    password delivered as a file is used at the next reconnect)."""
+    if password_file is None:
+        return url
+    try:
+        password = read_secret(password_file)
+    except ConfigError as exc:
+        raise SourceError(str(exc)) from exc
+    parts = urlsplit(url)
+    if parts.username is None or parts.hostname is None:
+        raise SourceError(
+            f"camera URL {redact(url)} names no user for its password_file (rtsp://user@host/...)"
+        )
+    host = parts.netloc.rsplit("@", 1)[1]
+    netloc = f"{quote(parts.username, safe='')}:{quote(password, safe='')}@{host}"
+    return urlunsplit(parts._replace(netloc=netloc))
 
 
 class UrlDriver(Driver[UrlSourceSpec]):
@@ -47,7 +69,7 @@ class UrlDriver(Driver[UrlSourceSpec]):
         self._frames_since_open = 0
 
     def open(self) -> None:
-        url = self.spec.url
+        url = with_password(self.spec.url, self.spec.password_file)
         if not url.startswith(("rtsp://", "rtsps://", "http://", "https://")):
             raise SourceError(f"camera URL {redact(url)} must start with rtsp://, http:// or https://")
         self.close()

@@ -38,8 +38,10 @@ def fetch_artifacts(
     cancel: threading.Event,
     max_bytes: int,
     protect: Collection[str] = (),
+    held: Collection[str] = (),
 ) -> dict[str, Path]:
-    """Every artifact of ``manifest`` on disk, verified: ``{name: path}``.
+    """Every artifact of ``manifest`` on disk, verified: ``{name: path}``, except those whose SHA-256 is
+    in ``held`` (a device target keeps them itself: the wheels an agent release shares with the last).
 
     ``protect``: SHA-256s the cleanup keeps besides this job's artifacts: the calibrations the
     slots' active and last-known-good engines were built with (a rollback may rebuild from one).
@@ -57,6 +59,8 @@ def fetch_artifacts(
             )
     paths: dict[str, Path] = {}
     for artifact in artifacts:
+        if artifact.sha256 in held:
+            continue
         if store.has(artifact.sha256):
             store.touch(artifact.sha256)
             paths[artifact.name] = store.path_for(artifact.sha256)

@@ -31,6 +31,7 @@ from agent.delivery.jobs.steps import (
     GuardReporter,
     JobReporter,
 )
+from agent.delivery.jobs.targets import DeviceTarget
 from agent.delivery.verify import verify_model
 from agent.errors import AgentError, EngineError
 from agent.protocol.delivery_errors import (
@@ -73,6 +74,8 @@ JOB_TRANSITIONS = TransitionTable(
     JobState,
     {
         **{step: {after} | _FAILURES for step, after in itertools.pairwise(_STEPS)},
+        # One of the device's own targets is applied and watched straight after its install.
+        _J.BUILDING: {_J.VALIDATING, _J.PROBATION} | _FAILURES,
         _J.VALIDATING: {_J.SHADOW, _J.PROBATION, _J.ACTIVE} | _FAILURES,
         _J.SHADOW: {_J.PROBATION, _J.ACTIVE} | _FAILURES,
         _J.PROBATION: {_J.ACTIVE} | _FAILURES,
@@ -109,8 +112,12 @@ class Deployment:
         preprocess: PreprocessSpec,
         postprocess: PostprocessSpec,
         protect: Callable[[], set[str]] = set,
+        target: DeviceTarget | None = None,
     ) -> None:
+        """``target``: the job is for one of the device's own targets (``manifest.slot`` names it):
+        its verify, install and apply replace the model's verify, build and activate."""
         self.manifest = manifest
+        self._target = target
         self._publish_fn = publish
         self._record_fn = record
         self._store = store
@@ -343,6 +350,7 @@ class Deployment:
             cancel=self.cancel_event,
             max_bytes=self._max_bytes,
             protect=self._protect(),
+            held=self._target.held() if self._target is not None else (),
         )
         self._check_cancel()
         self._timed("download", started)
@@ -352,6 +360,9 @@ class Deployment:
         model = (
             self._store.adopt(fetched, m.sha256) if fetched is not None else self._store.path_for(m.sha256)
         )
+        if self._target is not None:
+            self._run_target(self._target, model, artifacts, started)
+            return
         verify_model(
             model, m, max_bytes=self._max_bytes, preprocess=self.preprocess, postprocess=self.postprocess
         )
@@ -414,6 +425,39 @@ class Deployment:
             self._timed(_TIMING.get(self.state, "validate"), self._step_started)
             raise
         self._timed(_TIMING.get(self.state, "validate"), self._step_started)
+        self.finish(JobState.ACTIVE)
+
+    def _run_target(
+        self, target: DeviceTarget, document: Path, artifacts: dict[str, Path], started: float
+    ) -> None:
+        """VERIFYING -> BUILDING (install) -> PROBATION (apply, through the guard) -> ACTIVE."""
+        m = self.manifest
+        target.verify(document, m)
+        self._timed("verify", started)
+        self._check_cancel()
+
+        started = time.monotonic()
+        self._enter(JobState.BUILDING)
+        reporter = JobReporter(
+            self._on_build_progress,
+            self.cancel_event,
+            slot=m.slot,
+            job_id=m.job_id,
+            model_id=m.model_id,
+            version=m.version,
+        )
+        target.install(document, artifacts, m, reporter)
+        self._timed("build", started)
+        self._check_cancel()
+
+        self._step_started = time.monotonic()
+        guard = GuardReporter(self._enter_guard, self._guard_figures, self.cancel_event, job_id=self.job_id)
+        try:
+            target.apply(document, m, guard)
+        except AgentError:
+            self._timed(_TIMING.get(self.state, "build"), self._step_started)
+            raise
+        self._timed(_TIMING.get(self.state, "build"), self._step_started)
         self.finish(JobState.ACTIVE)
 
     # -- the guard phases (called by the runtime from inside activate) ---------------------------

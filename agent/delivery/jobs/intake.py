@@ -2,17 +2,17 @@
 
 :class:`DesiredIntake` runs on the MQTT dispatcher thread. It parses and checks a payload
 (:func:`~agent.protocol.manifest.parse_signed`: JSON, signature, shape, names, device), checks the
-slot (the topic's, and one this device has), and hands the manifest to the delivery service. A
-refusal is logged, and published as a REJECTED job status once per job id: a job id that runs, ran
-or was refused already gets no second terminal state. A refused payload is remembered per slot, so
-a retained bad manifest is reported once, not on every reconnect.
+slot (the topic's, and one this device has or one of its own targets it serves), and hands the
+manifest to the delivery service. A refusal is logged, and published as a REJECTED job status once
+per job id: a job id that runs, ran or was refused already gets no second terminal state. A refused
+payload is remembered per slot, so a retained bad manifest is reported once, not on every reconnect.
 """
 
 from __future__ import annotations
 
 import hashlib
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from datetime import datetime, timezone
 
 import structlog
@@ -22,7 +22,14 @@ from agent.delivery.jobs.steps import SlotSpecsFn
 from agent.delivery.settings import DeliveryConfig
 from agent.errors import DeliveryError
 from agent.mqtt.inbound import InboundMessage
-from agent.protocol.delivery_errors import WrongSlotError
+from agent.protocol.delivery_errors import TooLargeError, WrongSlotError
+from agent.protocol.device_targets import (
+    AGENT_TARGET,
+    CONFIG_TARGET,
+    DEVICE_TARGETS,
+    MAX_AGENT_RELEASE_BYTES,
+    MAX_OVERLAY_BYTES,
+)
 from agent.protocol.manifest import DeployManifest, parse_signed, recover_job_id
 from agent.protocol.messages import JobState, JobStatus
 from agent.signing import Ed25519PublicKey
@@ -32,6 +39,8 @@ from agent.trust.serving import ServingReleases
 
 log = structlog.get_logger(__name__)
 
+#: Largest document of each of the device's own targets: refused before anything is downloaded.
+_TARGET_BYTES = {CONFIG_TARGET: MAX_OVERLAY_BYTES, AGENT_TARGET: MAX_AGENT_RELEASE_BYTES}
 #: Refused payloads remembered per slot, so a retained bad manifest is reported once, not per reconnect.
 _REJECTED_MEMORY = 32
 
@@ -57,8 +66,11 @@ class DesiredIntake:
         publish: Callable[[JobStatus], None],
         releases: ServingReleases,
         fleet_root: FleetRoot | None = None,
+        targets: Collection[str] = frozenset(),
     ) -> None:
+        """``targets``: the device's own targets (``_config``, ``_agent``) this device serves."""
         self.config = config
+        self._targets = frozenset(targets)
         #: With a fleet root, desired states are checked against it and ``trusted`` is not used.
         self.fleet_root = fleet_root
         #: The release keys of each model taken under the root (a revoked one flags it in up/info).
@@ -108,6 +120,19 @@ class DesiredIntake:
                 f"{topic_slot!r}; publish it on down/desired/{manifest.slot}",
                 job_id=manifest.job_id,
             )
+        if manifest.slot in DEVICE_TARGETS:
+            if manifest.slot not in self._targets:
+                raise WrongSlotError(
+                    f"this device does not serve the target {manifest.slot!r} (an agent without it)",
+                    job_id=manifest.job_id,
+                )
+            limit = _TARGET_BYTES[manifest.slot]
+            if manifest.size > limit:
+                raise TooLargeError(
+                    f"a {manifest.slot} document has at most {limit} bytes, not {manifest.size}",
+                    job_id=manifest.job_id,
+                )
+            return
         if self._slot_specs(manifest.slot) is None:
             raise WrongSlotError(
                 f"this device has no slot {manifest.slot!r}; configure it under slots: first",

@@ -18,7 +18,7 @@ The delivery service knows targets only through this protocol; the composition r
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Protocol
 
@@ -28,6 +28,10 @@ from agent.protocol.manifest import DeployManifest
 
 class DeviceTarget(Protocol):
     """One of the device's own targets; registered under its name (``_config``, ``_agent``)."""
+
+    def held(self) -> Collection[str]:
+        """The SHA-256 of artifacts the target keeps itself: the job does not fetch them (``install``
+        gets only the others)."""
 
     def verify(self, document: Path, manifest: DeployManifest) -> None:
         """Raise a :class:`~agent.errors.RejectedError` (``config_invalid``, ``agent_incompatible``)

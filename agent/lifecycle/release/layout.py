@@ -38,8 +38,6 @@ RELEASES_ENV = "EDGE_AGENT_RELEASES"
 #: Test-only: the name of a step at which the process SIGKILLs itself (see :func:`stop_point`).
 STOP_AT_ENV = "EDGE_AGENT_TEST_STOP_AT"
 
-#: The agent exits with this code to be restarted (systemd's ``Restart=on-failure``) into another release.
-RESTART_EXIT_CODE = 75
 
 # update.json ``state``: the candidate is being started and watched; confirmed (good is being moved to
 # it); reverting (current is being moved back to the previous release, ``reason`` says why).

@@ -27,7 +27,6 @@ from agent.lifecycle.release.layout import (
     COMPLETE,
     CURRENT,
     GOOD,
-    RESTART_EXIT_CODE,
     WHEELS,
     PendingUpdate,
     Releases,
@@ -35,6 +34,7 @@ from agent.lifecycle.release.layout import (
     stop_point,
 )
 from agent.lifecycle.release.wheels import WheelCache, incompatible_because
+from agent.lifecycle.restart import RESTART_EXIT_CODE
 from agent.protocol.delivery_errors import (
     AgentIncompatibleError,
     AgentInstallFailedError,

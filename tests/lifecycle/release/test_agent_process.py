@@ -19,7 +19,8 @@ import pytest
 from agent.demo.broker import Broker
 from agent.lifecycle.health import HealthReading
 from agent.lifecycle.release.confirmation import reading_record
-from agent.lifecycle.release.layout import CURRENT, GOOD, RESTART_EXIT_CODE, PendingUpdate, Releases
+from agent.lifecycle.release.layout import CURRENT, GOOD, PendingUpdate, Releases
+from agent.lifecycle.restart import RESTART_EXIT_CODE
 from agent.protocol.messages import InfoMessage, decode
 from agent.protocol.topics import Topics
 from tests.e2e.daemon import AgentFiles
