@@ -30,6 +30,7 @@ from agent.fleet.metrics.device_series import (
 )
 from agent.fleet.metrics.engine_series import EnginesFn, engine_lines
 from agent.fleet.metrics.enroll_series import EnrollFn, enroll_lines
+from agent.fleet.metrics.intake_series import IntakeFn, intake_lines
 from agent.fleet.metrics.text import FamilyHead, escape, labels_text
 from agent.fleet.rollout.records import OPERATOR_ABORT, RolloutRow, RolloutState, WaveRow
 from agent.fleet.view.live import FleetView
@@ -91,8 +92,10 @@ class FleetMetrics:
         rollout_changed: RolloutChanged | None = None,
         engines: EnginesFn | None = None,
         enrollment: EnrollFn | None = None,
+        intake: IntakeFn | None = None,
     ) -> None:
         self.view = view
+        self.intake = intake
         self.rollouts = rollouts
         self.rollout_counts = rollout_counts
         self.rollouts_mark = rollouts_mark
@@ -125,7 +128,10 @@ class FleetMetrics:
 
     def _render(self) -> bytes:
         changed = self._refresh(self.view.changes())
-        rest = (self._rollouts_text() + self._engines_text() + self._enroll_text(), self.view.refused_devices)
+        rest = (
+            self._rollouts_text() + self._engines_text() + self._enroll_text() + self._intake_text(),
+            self.view.refused_devices,
+        )
         if not changed and self._body is not None and self._body[0] == rest:
             return self._body[1]
         # "replace": the protocol's JSON parser refuses lone surrogates, but a scrape must not fail.
@@ -229,6 +235,10 @@ class FleetMetrics:
         """The enrollment desk's series, read at every scrape (its counters move on their own)."""
         return "" if self.enrollment is None else enroll_lines(self.enrollment())
 
+    def _intake_text(self) -> str:
+        """The controller's message counters, read at every scrape."""
+        return "" if self.intake is None else intake_lines(self.intake())
+
     def _rollouts(self, rows: Sequence[RolloutRow]) -> str:
         info: list[str] = [ROLLOUT.header()]
         counts: list[str] = [ROLLOUT_DEVICES.header()]
@@ -281,10 +291,12 @@ def fleet_metrics(
     rollout_changed: RolloutChanged | None = None,
     engines: EnginesFn | None = None,
     enrollment: EnrollFn | None = None,
+    intake: IntakeFn | None = None,
 ) -> FleetMetrics:
     """The fleet's ``/metrics`` content (hand it to :func:`metrics_asgi_app`); the rollouts, their
     device counts, waves, last change and the store's change mark usually come from one
-    :class:`RolloutStore`, ``engines`` from the controller's engine desk."""
+    :class:`RolloutStore`, ``engines`` from the controller's engine desk, ``intake`` from its MQTT
+    client and view."""
     return FleetMetrics(
         view,
         rollouts,
@@ -294,4 +306,5 @@ def fleet_metrics(
         rollout_changed=rollout_changed,
         engines=engines,
         enrollment=enrollment,
+        intake=intake,
     )
