@@ -71,6 +71,7 @@ def serve_http(
         enrollment=enrollment,
     )
     server = serve_console(app, settings.host, settings.port or 0, settings.allowed_hosts)
+    server.on_stop.append(metrics.keep_warm())
     log.info("fleet.controller.http", url=server.url, token=settings.token_file is not None)
     return server
 
