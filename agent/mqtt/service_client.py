@@ -37,6 +37,8 @@ log = structlog.get_logger(__name__)
 
 #: Called for every received message; its return value is ignored.
 Handler = Callable[[InboundMessage], object]
+#: Whether a received message may be dropped first when the dispatcher falls behind.
+Sheddable = Callable[[InboundMessage], bool]
 
 
 class ServiceClient:
@@ -56,15 +58,22 @@ class ServiceClient:
         max_inflight: int = 20,
         last_will: LastWill | None = None,
         reconnect: bool = True,
+        sheddable: Sheddable | None = None,
     ) -> None:
         """``last_will``: published by the broker if this client's connection ends unannounced.
 
         ``reconnect`` False: once lost, the connection stays lost (:attr:`connects` tells).
+
+        ``sheddable``: messages that may go first when the dispatcher falls behind. Once half of
+        ``inbox_size`` messages wait, those are dropped (counted in :attr:`inbox_shed`), so the other
+        half stays for the rest, which are dropped only when the inbox is full (:attr:`inbox_dropped`).
         """
         self.settings = settings
         self.client_id = client_id or f"service-{uuid.uuid4().hex[:10]}"
         self._handler = handler
         self._inbox = Inbox(inbox_size)
+        self._sheddable = sheddable
+        self._shed_at = max(1, inbox_size // 2)
         self._filters: list[tuple[str, int]] = []
         self._cond = threading.Condition()  # guards the fields below; never held while calling paho
         self._connected = False
@@ -80,6 +89,7 @@ class ServiceClient:
         # publish was answered (NO_MATCHING_SUBSCRIBERS: nobody listens on that topic).
         self._ack_codes: collections.OrderedDict[int, int] = collections.OrderedDict()
         self.inbox_dropped = 0
+        self.inbox_shed = 0
         self.callback_errors = 0
         self.handler_errors = 0
         self._dispatch: threading.Thread | None = None
@@ -146,7 +156,10 @@ class ServiceClient:
             self._core.subscribe(topic_filter, qos)
 
     def _on_message(self, message: InboundMessage) -> None:
-        if not self._inbox.offer(message):
+        sheddable = self._sheddable
+        if sheddable is not None and len(self._inbox) >= self._shed_at and sheddable(message):
+            self.inbox_shed += 1
+        elif not self._inbox.offer(message):
             self.inbox_dropped += 1
 
     # -- public API ----------------------------------------------------------------------------------
@@ -316,6 +329,7 @@ class ServiceClient:
                 "failed_acks": self._failed_acks,
                 "connects": self._connects,
                 "inbox_dropped": self.inbox_dropped,
+                "inbox_shed": self.inbox_shed,
                 "callback_errors": self.callback_errors,
                 "handler_errors": self.handler_errors,
             }

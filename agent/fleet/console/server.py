@@ -11,7 +11,7 @@ from __future__ import annotations
 import socket
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import uvicorn
@@ -42,6 +42,8 @@ class ConsoleServer:
         )
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._run, name="console-http", daemon=True)
+        #: Called by :meth:`stop` after the server ended (what was started to serve it).
+        self.on_stop: list[Callable[[], None]] = []
 
     def _run(self) -> None:
         # uvicorn installs no signal handlers outside the main thread: the controller keeps its own.
@@ -75,6 +77,8 @@ class ConsoleServer:
         self._server.should_exit = True
         self._thread.join(STOP_TIMEOUT_S + 1.0)
         self._socket.close()
+        for done in self.on_stop:
+            done()
 
 
 def serve_console(

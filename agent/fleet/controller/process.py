@@ -50,6 +50,7 @@ from agent.fleet.devices.snapshot import snapshot_json, take_snapshot
 from agent.fleet.engines.hooks import engine_desk_for, engines_listing, job_facts_in, share_engines_of
 from agent.fleet.engines.pg_index import PostgresEngineStore
 from agent.fleet.enrollment.desk import EnrollmentDesk
+from agent.fleet.metrics.intake_series import IntakeFigures
 from agent.fleet.rollout.actions import WrongStateError, action_refusal
 from agent.fleet.rollout.finished_rollback import ROLLED_BACK_BY, plan_finished_rollback
 from agent.fleet.rollout.pg_store import PostgresRolloutStore
@@ -81,6 +82,12 @@ log = structlog.get_logger(__name__)
 _TICK_S = 0.2
 #: Longest the console's snapshot button waits for the device's reply.
 SNAPSHOT_TIMEOUT_S = 10.0
+#: Received messages waiting for the dispatcher thread at most (telemetry is shed past half).
+INBOX_SIZE = 32_768
+
+
+def _is_telemetry(message: InboundMessage) -> bool:
+    return message.topic.endswith("/up/telemetry")
 
 
 class FleetController:
@@ -139,7 +146,11 @@ class FleetController:
         # One controller holds a prefix, so no other process needs to share it; the client session
         # is clean, so a restarted controller leaves no subscription under the old group behind.
         self.chunks = ChunkServer(self.settings)
-        self._client = ServiceClient(self.settings, handler=self._on_message)
+        # Telemetry goes first when the dispatcher falls behind: status, info and job states keep
+        # half the inbox (a retained burst of a whole fleet at start fits in it).
+        self._client = ServiceClient(
+            self.settings, handler=self._on_message, inbox_size=INBOX_SIZE, sheddable=_is_telemetry
+        )
         #: The second level of the devices' engine caches (agent/fleet/engines/).
         self.engines = engine_desk_for(
             config.engines,
@@ -229,6 +240,7 @@ class FleetController:
                 engines=lambda: engines_listing(self.engines),
                 desk=self.engines,
                 enrollment=self.enrollment,
+                intake=self.intake,
             )
         log.info(
             "fleet.controller.started",
@@ -373,6 +385,14 @@ class FleetController:
             key_id=None if self._key is None else self.config.key_id,
             http_url=self.http_url,
             deploy_options={"serve": False, "wait_unknown": True, "status_poll_s": self.config.status_poll_s},
+        )
+
+    def intake(self) -> IntakeFigures:
+        """What the controller took of the devices' telemetry and what it dropped unread (/metrics)."""
+        return IntakeFigures(
+            telemetry_taken=self.view.telemetry_taken,
+            telemetry_shed=self._client.inbox_shed,
+            inbox_full=self._client.inbox_dropped,
         )
 
     def _publish_reply(self, topic: str, payload: bytes, properties: PublishProperties) -> None:

@@ -19,6 +19,7 @@ from agent.fleet.engines.desk import EngineDesk
 from agent.fleet.enrollment.desk import EnrollmentDesk
 from agent.fleet.metrics.engine_series import EngineFigures
 from agent.fleet.metrics.enroll_series import EnrollFigures
+from agent.fleet.metrics.intake_series import IntakeFn
 from agent.fleet.rollout.store import RolloutStore
 from agent.fleet.view.live import FleetView
 
@@ -37,11 +38,12 @@ def serve_http(
     engines: Callable[[], dict[str, Any]] | None = None,
     desk: EngineDesk | None = None,
     enrollment: EnrollmentDesk | None = None,
+    intake: IntakeFn | None = None,
 ) -> ConsoleServer:
     """Serve the console (its buttons are ``calls``) and ``/metrics`` over ``view`` and ``store``;
     ``engines()``: the fleet's engines for the console's engines page; ``desk``: the engine desk
     whose engines and claims ``/metrics`` shows; ``enrollment``: the enrollment desk (its counts on
-    ``/metrics``, its pending list on the console)."""
+    ``/metrics``, its pending list on the console); ``intake``: the controller's message counters."""
     from agent.fleet.console.app import make_console_app
     from agent.fleet.console.server import console_token, serve_console
     from agent.fleet.metrics.exposition import fleet_metrics
@@ -56,6 +58,7 @@ def serve_http(
         rollout_changed=store.last_change,
         engines=None if desk is None else lambda: engine_figures(desk),
         enrollment=None if enrollment is None else lambda: enroll_figures(enrollment),
+        intake=intake,
     )
     app = make_console_app(
         view,
@@ -68,6 +71,7 @@ def serve_http(
         enrollment=enrollment,
     )
     server = serve_console(app, settings.host, settings.port or 0, settings.allowed_hosts)
+    server.on_stop.append(metrics.keep_warm())
     log.info("fleet.controller.http", url=server.url, token=settings.token_file is not None)
     return server
 

@@ -30,6 +30,7 @@ from agent.fleet.metrics.device_series import (
 )
 from agent.fleet.metrics.engine_series import EnginesFn, engine_lines
 from agent.fleet.metrics.enroll_series import EnrollFn, enroll_lines
+from agent.fleet.metrics.intake_series import IntakeFn, intake_lines
 from agent.fleet.metrics.text import FamilyHead, escape, labels_text
 from agent.fleet.rollout.records import OPERATOR_ABORT, RolloutRow, RolloutState, WaveRow
 from agent.fleet.view.live import FleetView
@@ -91,8 +92,10 @@ class FleetMetrics:
         rollout_changed: RolloutChanged | None = None,
         engines: EnginesFn | None = None,
         enrollment: EnrollFn | None = None,
+        intake: IntakeFn | None = None,
     ) -> None:
         self.view = view
+        self.intake = intake
         self.rollouts = rollouts
         self.rollout_counts = rollout_counts
         self.rollouts_mark = rollouts_mark
@@ -109,6 +112,7 @@ class FleetMetrics:
         self._body: tuple[tuple[str, int], bytes] | None = None
         self._gzipped: tuple[bytes, bytes] | None = None
         self.rendered_devices = 0  # devices whose lines were redone (telemetry or all), for tests
+        self._prepared = False  # prepare() redid lines since the last answer: the next one is new
 
     def render(self) -> bytes:
         """The exposition text (Prometheus text format 0.0.4), UTF-8."""
@@ -123,9 +127,40 @@ class FleetMetrics:
                 self._gzipped = (body, gzip.compress(body, compresslevel=1))
             return self._gzipped[1]
 
+    def prepare(self) -> None:
+        """Render the devices that are new or changed other than by telemetry since the last scrape
+        (:meth:`keep_warm` calls it between scrapes), so that no scrape renders a whole fleet."""
+        with self._lock:
+            self._prepared = self._refresh(self.view.changes(), telemetry=False) or self._prepared
+
+    def keep_warm(self, every_s: float = 1.0) -> Callable[[], None]:
+        """Call :meth:`prepare` in a daemon thread whenever the view moved, at most every ``every_s``
+        seconds; returns the function that stops it.
+
+        A scrape then renders at most ``every_s`` seconds of new devices, not a whole fleet's (the
+        first scrape after a start), besides the telemetry lines of the devices that sent some.
+        """
+        stop = threading.Event()
+
+        def run() -> None:
+            seen = -1
+            while not stop.is_set():
+                now = self.view.wait_change(seen, every_s)
+                if now != seen:
+                    seen = now
+                    self.prepare()
+                stop.wait(every_s)
+
+        threading.Thread(target=run, name="fleet-metrics-warm", daemon=True).start()
+        return stop.set
+
     def _render(self) -> bytes:
-        changed = self._refresh(self.view.changes())
-        rest = (self._rollouts_text() + self._engines_text() + self._enroll_text(), self.view.refused_devices)
+        changed = self._refresh(self.view.changes()) or self._prepared
+        self._prepared = False
+        rest = (
+            self._rollouts_text() + self._engines_text() + self._enroll_text() + self._intake_text(),
+            self.view.refused_devices,
+        )
         if not changed and self._body is not None and self._body[0] == rest:
             return self._body[1]
         # "replace": the protocol's JSON parser refuses lone surrogates, but a scrape must not fail.
@@ -133,8 +168,11 @@ class FleetMetrics:
         self._body = (rest, body)
         return body
 
-    def _refresh(self, changes: dict[str, tuple[int, int, bool]]) -> bool:
-        """Redo the lines of the devices that changed; False when none did (nor came or went)."""
+    def _refresh(self, changes: dict[str, tuple[int, int, bool]], *, telemetry: bool = True) -> bool:
+        """Redo the lines of the devices that changed; False when none did (nor came or went).
+
+        ``telemetry`` False: leave the devices whose only change is new telemetry figures to the
+        scrape (their lines are cheap to redo, and a fleet's telemetry moves all the time)."""
         devices = self._devices
         moved = changes.keys() != devices.keys()
         redone = self.rendered_devices
@@ -146,10 +184,10 @@ class FleetMetrics:
             if kept is not None and kept.mark == mark:
                 continue
             if kept is not None and kept.mark[1:] == mark[1:]:  # new telemetry figures, nothing else
-                telemetry = self.view.telemetry(device_id)
-                if telemetry is None:  # forgotten since changes(): it goes at the next scrape
+                figures = self.view.telemetry(device_id) if telemetry else None
+                if figures is None:  # forgotten since changes() (it goes at the next scrape), or left
                     continue
-                kept.telemetry, kept.heads = telemetry_lines(*telemetry, mark[2], kept.dev)
+                kept.telemetry, kept.heads = telemetry_lines(*figures, mark[2], kept.dev)
                 kept.mark = mark
                 self.rendered_devices += 1
                 continue
@@ -229,6 +267,10 @@ class FleetMetrics:
         """The enrollment desk's series, read at every scrape (its counters move on their own)."""
         return "" if self.enrollment is None else enroll_lines(self.enrollment())
 
+    def _intake_text(self) -> str:
+        """The controller's message counters, read at every scrape."""
+        return "" if self.intake is None else intake_lines(self.intake())
+
     def _rollouts(self, rows: Sequence[RolloutRow]) -> str:
         info: list[str] = [ROLLOUT.header()]
         counts: list[str] = [ROLLOUT_DEVICES.header()]
@@ -281,10 +323,12 @@ def fleet_metrics(
     rollout_changed: RolloutChanged | None = None,
     engines: EnginesFn | None = None,
     enrollment: EnrollFn | None = None,
+    intake: IntakeFn | None = None,
 ) -> FleetMetrics:
     """The fleet's ``/metrics`` content (hand it to :func:`metrics_asgi_app`); the rollouts, their
     device counts, waves, last change and the store's change mark usually come from one
-    :class:`RolloutStore`, ``engines`` from the controller's engine desk."""
+    :class:`RolloutStore`, ``engines`` from the controller's engine desk, ``intake`` from its MQTT
+    client and view."""
     return FleetMetrics(
         view,
         rollouts,
@@ -294,4 +338,5 @@ def fleet_metrics(
         rollout_changed=rollout_changed,
         engines=engines,
         enrollment=enrollment,
+        intake=intake,
     )

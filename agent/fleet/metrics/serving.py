@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -48,15 +49,19 @@ def metrics_asgi_app(metrics: FleetMetrics) -> Any:
 class MetricsServer:
     """``serve_metrics``'s result: the port it got and a :meth:`stop`."""
 
-    def __init__(self, server: ThreadingHTTPServer, thread: threading.Thread) -> None:
+    def __init__(
+        self, server: ThreadingHTTPServer, thread: threading.Thread, stop_warm: Callable[[], None]
+    ) -> None:
         self._server = server
         self._thread = thread
+        self._stop_warm = stop_warm
 
     @property
     def port(self) -> int:
         return int(self._server.server_port)
 
     def stop(self) -> None:
+        self._stop_warm()
         self._server.shutdown()
         self._server.server_close()
         self._thread.join(5.0)
@@ -90,4 +95,4 @@ def serve_metrics(
     server.daemon_threads = True
     thread = threading.Thread(target=server.serve_forever, name="fleet-metrics", daemon=True)
     thread.start()
-    return MetricsServer(server, thread)
+    return MetricsServer(server, thread, metrics.keep_warm())

@@ -117,6 +117,7 @@ class FleetView:
         self._swept_at = float("-inf")
         self.refused_devices = 0  # messages from devices refused (the view full, or an id too long)
         self.forgotten_devices = 0  # devices that left the view (cleared, aged out, or evicted)
+        self.telemetry_taken = 0  # up/telemetry messages of devices in the view, malformed ones too
         self._cond = threading.Condition()
 
     def topic_filters(self) -> list[str]:
@@ -159,6 +160,8 @@ class FleetView:
                     return False
             row.heard_at = now
             self._devices.move_to_end(topic.device)
+            if topic.kind == "telemetry":
+                self.telemetry_taken += 1
             if seen.problem is not None:
                 changed = note(row, f"{topic.kind}: {seen.problem}")
             else:
