@@ -120,10 +120,12 @@ def test_a_pull_killed_early_midway_or_late_fetches_at_most_one_window_again(
     rig: Rig, killed_at: float
 ) -> None:
     """A window of 16 (flushes of 8, the other half on its way meanwhile), SIGKILLed when a
-    quarter, half and three quarters of the model were served: the record names only chunks whose
-    bytes are on disk, and the next process fetches at most 16 chunks again."""
+    quarter, half and three quarters of an 8 MiB model were served: since at most one window
+    (1 MiB) is at risk, the record names chunks already, only chunks whose bytes are on disk, and
+    the next process fetches at most 16 chunks again (a restart from nothing would fetch at least
+    2 MiB again)."""
     window = 16
-    model = random_model(rig.tmp_path / "m.bin", 4 * MIB)
+    model = random_model(rig.tmp_path / "m.bin", 8 * MIB)
     manifest = manifest_for(model, CHUNK)
     server = rig.server(Throttled)
     server.register(manifest, model)
@@ -159,7 +161,6 @@ def test_a_pull_killed_early_midway_or_late_fetches_at_most_one_window_again(
     finally:
         child.kill()
         child.wait(patient(10))
-    served_before = server.served_bytes(device_id)
 
     dev = rig.device(device_id)
     named = _recorded_chunks(dev.part_dir, manifest)
@@ -172,7 +173,6 @@ def test_a_pull_killed_early_midway_or_late_fetches_at_most_one_window_again(
     assert path.read_bytes() == model.read_bytes()
     refetched = server.served_bytes(device_id) - manifest.size
     assert 0 <= refetched <= window * CHUNK
-    assert server.served_bytes(device_id) - served_before < manifest.size
 
 
 def test_a_broker_restart_mid_transfer_is_survived(private_broker: Broker, tmp_path: Path) -> None:
