@@ -23,6 +23,7 @@ What it owns, so that neither user has to know paho:
 from __future__ import annotations
 
 import contextlib
+import functools
 import socket
 import ssl
 import time
@@ -115,8 +116,31 @@ def payload_limit(max_packet: int, topic: str, properties: PublishProperties | N
 
 
 def topic_matches(topic_filter: str, topic: str) -> bool:
-    """Whether ``topic`` matches ``topic_filter`` (``+`` and ``#`` wildcards)."""
-    return bool(paho.topic_matches_sub(topic_filter, topic))
+    """Whether ``topic`` matches ``topic_filter`` (``+`` and ``#`` wildcards), as paho matches.
+
+    The dispatcher asks this for every received message and every subscription; paho's
+    ``topic_matches_sub`` builds a matcher tree per call (tens of microseconds, GIL held). A filter
+    with ``#`` anywhere but at its end is left to paho.
+    """
+    levels = _filter_levels(topic_filter)
+    if levels is None:
+        return bool(paho.topic_matches_sub(topic_filter, topic))
+    parts = topic.split("/")
+    if topic.startswith("$") and levels[0] in ("+", "#"):
+        return False  # a wildcard never matches the first level of a $ topic
+    for i, level in enumerate(levels):
+        if level == "#":
+            return True  # the rest, including no level at all ("a/#" matches "a")
+        if i >= len(parts) or (level != "+" and level != parts[i]):
+            return False
+    return len(levels) == len(parts)
+
+
+@functools.lru_cache(maxsize=256)
+def _filter_levels(topic_filter: str) -> tuple[str, ...] | None:
+    """The levels of a subscription filter, or None when ``#`` stands anywhere but last."""
+    levels = tuple(topic_filter.split("/"))
+    return None if "#" in levels[:-1] or any("#" in x and x != "#" for x in levels) else levels
 
 
 _OUTCOMES = {
@@ -235,6 +259,11 @@ def _variable_int(value: int) -> bytes:
             return bytes(out)
 
 
+#: An empty paho Properties for PUBLISH, whose tables every one the core makes shares (paho builds them anew
+#: per object, and never changes them).
+_EMPTY_PUBLISH_PROPERTIES = Properties(PacketTypes.PUBLISH)  # type: ignore[no-untyped-call]
+
+
 class _PackedProperties(Properties):
     """paho Properties whose wire form is already packed.
 
@@ -245,7 +274,8 @@ class _PackedProperties(Properties):
     """
 
     def __init__(self, packed: bytes) -> None:
-        super().__init__(PacketTypes.PUBLISH)  # type: ignore[no-untyped-call]
+        # paho's __init__ builds its name tables anew per object: these share the empty one's.
+        self.__dict__.update(_EMPTY_PUBLISH_PROPERTIES.__dict__)
         object.__setattr__(self, "_packed", packed)
 
     def pack(self) -> bytes:
@@ -287,8 +317,9 @@ def _read_publish(header: int, view: memoryview, protocol: Any) -> Any:
         length, used = VariableByteIntegers.decode(bytes(view[pos : pos + 4]))  # type: ignore[no-untyped-call]
         if pos + used + length > len(view):
             return None
-        properties = Properties(PacketTypes.PUBLISH)  # type: ignore[no-untyped-call]
-        properties.unpack(bytes(view[pos : pos + used + length]))  # type: ignore[no-untyped-call]
+        properties = _read_properties(view[pos + used : pos + used + length])
+        if properties is None:
+            return None
         pos += used + length
     return _packet.PublishPacket(
         dup=bool(header & 0x08),
@@ -299,6 +330,83 @@ def _read_publish(header: int, view: memoryview, protocol: Any) -> Any:
         properties=properties,
         payload=bytes(view[pos:]),
     )
+
+
+#: The PUBLISH properties the core reads itself: identifier -> paho's attribute name and the field's
+#: form. Any other (a subscription identifier, one paho does not know) goes to paho's decoder.
+_PUBLISH_PROPERTIES = {
+    0x01: ("PayloadFormatIndicator", "byte"),
+    0x02: ("MessageExpiryInterval", "int4"),
+    0x03: ("ContentType", "utf8"),
+    0x08: ("ResponseTopic", "utf8"),
+    0x09: ("CorrelationData", "binary"),
+    0x23: ("TopicAlias", "int2"),
+    0x26: ("UserProperty", "pair"),
+}
+
+
+def _read_properties(view: memoryview) -> Properties | None:
+    """paho's Properties for a PUBLISH property section (its length already read), or None when a
+    property is one paho should judge: unknown, repeated where paho refuses that, or out of range.
+
+    paho's own ``unpack`` scans every property name per property and slices the rest of the section
+    after each: about half the receiving thread's Python time per chunk reply, which carries four.
+    """
+    props = Properties.__new__(Properties)
+    values = props.__dict__
+    values.update(_EMPTY_PUBLISH_PROPERTIES.__dict__)
+    pos, end = 0, len(view)
+    while pos < end:
+        known = _PUBLISH_PROPERTIES.get(view[pos])
+        if known is None:
+            return None
+        name, form = known
+        pos += 1
+        value: Any
+        if form == "byte":
+            value, pos = view[pos], pos + 1
+            if value > 1:
+                return None
+        elif form in {"int2", "int4"}:
+            size = 2 if form == "int2" else 4
+            if pos + size > end:
+                return None
+            value, pos = int.from_bytes(view[pos : pos + size], "big"), pos + size
+            if value == 0 and form == "int2":
+                return None
+        elif form == "pair":
+            key, pos = _read_field(view, pos, end, text=True)
+            text, pos = _read_field(view, pos, end, text=True)
+            if key is None or text is None:
+                return None
+            values.setdefault(name, []).append((key, text))
+            continue
+        else:
+            value, pos = _read_field(view, pos, end, text=form == "utf8")
+            if value is None:
+                return None
+        if name in values:
+            return None
+        values[name] = value
+    return props if pos == end else None
+
+
+def _read_field(view: memoryview, pos: int, end: int, *, text: bool) -> tuple[Any, int]:
+    """A length-prefixed field at ``pos``: (str or bytes, the position after it), or (None, pos) when
+    it overruns the section or is text MQTT forbids (not UTF-8, a null, U+FEFF)."""
+    stop = pos + 2 + int.from_bytes(view[pos : pos + 2], "big")
+    if pos + 2 > end or stop > end:
+        return None, pos
+    data = bytes(view[pos + 2 : stop])
+    if not text:
+        return data, stop
+    try:
+        decoded = data.decode("utf-8")
+    except UnicodeDecodeError:
+        return None, pos
+    if "\x00" in decoded or "\ufeff" in decoded:
+        return None, pos
+    return decoded, stop
 
 
 # paho's client calls the decoder through its module; every paho client of the agent is this module's.

@@ -7,6 +7,7 @@ device link). It pokes paho's private attributes but needs no paho import.
 from __future__ import annotations
 
 import contextlib
+import threading
 from typing import Any
 
 
@@ -16,18 +17,23 @@ class CoalescedWake:
     paho's ``publish()`` from another thread appends the packet to its queue, then writes a byte here
     to break the loop out of ``select()``. One byte already waiting wakes the loop just as well, so
     the next ones are skipped until :meth:`rearm`, called by the network thread before every
-    ``loop()``. Nothing is lost: a publisher that skips its byte appended its packet before it looked
-    at the flag, so before the rearm, so before ``loop()`` checks ``want_write()`` and selects on
-    the socket for writing. paho keeps the pair in private attributes (paho 2.x: ``_sockpairW``,
-    recreated on reconnect); tests/mqtt/test_link.py checks that a lone publish still wakes the loop.
+    ``loop()``; the loop's own thread writes none (a PUBACK it queues while reading a message goes
+    out on its next turn, which selects for writing). Nothing is lost: a publisher that skips its
+    byte appended its packet before it looked at the flag, so before the rearm, so before ``loop()``
+    checks ``want_write()`` and selects on the socket for writing. paho keeps the pair in private
+    attributes (paho 2.x: ``_sockpairW``, recreated on reconnect); tests/mqtt/test_link.py checks
+    that a lone publish still wakes the loop.
     """
 
     def __init__(self, sock: Any) -> None:
         self._sock = sock
         self.pending = False
+        #: The thread that runs the loop (the last to rearm): a packet it queues itself needs no
+        #: wake, since its next ``loop()`` selects for writing whenever paho has something to write.
+        self.loop_thread: int | None = None
 
     def send(self, data: bytes) -> int:
-        if self.pending:
+        if self.pending or threading.get_ident() == self.loop_thread:
             return len(data)
         self.pending = True
         sent: int = self._sock.send(data)  # BlockingIOError (buffer full of wake bytes): paho ignores it
@@ -63,3 +69,4 @@ class CoalescedWake:
             wake = cls(wake)
             client._sockpairW = wake
         wake.pending = False
+        wake.loop_thread = threading.get_ident()

@@ -167,3 +167,73 @@ def test_publish_properties_pack_as_paho_packs_them(properties: PublishPropertie
     if properties.message_expiry_s is not None:
         props.MessageExpiryInterval = properties.message_expiry_s
     assert properties.to_paho().pack() == props.pack()  # type: ignore[no-untyped-call]
+
+
+def _section(*fields: bytes) -> bytes:
+    """A property section (its length, then the fields) as it would sit in a PUBLISH."""
+    body = b"".join(fields)
+    return core._variable_int(len(body)) + body
+
+
+def _text(value: bytes) -> bytes:
+    return struct.pack("!H", len(value)) + value
+
+
+@pytest.mark.parametrize(
+    "section",
+    [
+        _section(),
+        _section(b"\x01\x00"),  # payload format 0 (unspecified bytes)
+        _section(b"\x01\x01"),  # payload format 1 (UTF-8)
+        _section(b"\x02" + struct.pack("!L", 2**32 - 1)),
+        _section(b"\x03" + _text(b"application/octet-stream")),
+        _section(b"\x08" + _text("fleet/v1/dév/down/xfer/ab".encode())),
+        _section(b"\x09" + _text(b"")),  # empty correlation data
+        _section(b"\x09" + _text(bytes(range(256)))),
+        _section(b"\x23" + struct.pack("!H", 7)),
+        _section(*(b"\x26" + _text(k) + _text(v) for k, v in [(b"i", b"3"), (b"i", b"4"), (b"", b"")])),
+        _section(b"\x0b\x05"),  # a subscription identifier: left to paho
+        _section(b"\x0b\x05", b"\x26" + _text(b"a") + _text(b"b")),
+        # every form at once, in an unusual order
+        _section(
+            b"\x26" + _text("ä".encode()) + _text("ü".encode() * 300),
+            b"\x09" + _text(b"pull:9"),
+            b"\x02\x00\x00\x00\x78",
+            b"\x08" + _text(b"r/t"),
+            b"\x01\x00",
+        ),
+        # refused by paho: the core must not accept what paho refuses, nor refuse differently
+        _section(b"\x02\x00\x00\x00\x01", b"\x02\x00\x00\x00\x02"),  # a single property twice
+        _section(b"\x01\x02"),  # payload format out of range
+        _section(b"\x23\x00\x00"),  # topic alias 0
+        _section(b"\x08" + _text(b"a\x00b")),  # a null in UTF-8 text
+        _section(b"\x08" + _text("a\ufeffb".encode())),  # U+FEFF in UTF-8 text
+        _section(b"\x08" + _text(b"\xff\xfe")),  # not UTF-8
+        _section(b"\x08" + _text(b"\xed\xa0\x80")),  # an encoded surrogate
+        _section(b"\x26" + _text(b"k")),  # a user property without its value
+        _section(b"\x08\x00\x05ab"),  # a string longer than the section
+        _section(b"\x02\x00\x01"),  # a four-byte integer cut short
+        _section(b"\x11\x00\x00\x00\x01"),  # session expiry: not a PUBLISH property
+        _section(b"\x7f\x00"),  # no property at all
+    ],
+)
+def test_every_property_reads_as_paho_reads_it_or_is_refused_as_paho_refuses_it(section: bytes) -> None:
+    body = b"\x00\x03top\x12\x34" + section + b"payload"
+
+    def outcome(decode: object) -> tuple[str, str]:
+        try:
+            packet = decode(0x32, bytearray(body), paho.MQTTv5)  # type: ignore[operator]
+        except Exception as exc:  # which exception is what is compared
+            return "refused", type(exc).__name__
+        return "read", f"{packet.properties} {bytes(packet.payload)!r} {packet.mid}"
+
+    assert outcome(core._decode_publish) == outcome(core._paho_decode_publish)
+
+
+def test_a_chunk_replys_properties_are_read_by_the_core_not_handed_to_paho() -> None:
+    section = _properties().pack()  # type: ignore[no-untyped-call]
+    length, used = core.VariableByteIntegers.decode(section)  # type: ignore[no-untyped-call]
+    props = core._read_properties(memoryview(section)[used : used + length])
+    assert props is not None
+    assert props.UserProperty == [("index", "3"), ("sha256", "ab" * 32)]
+    assert (props.CorrelationData, props.MessageExpiryInterval) == (b"pull:17", 120)

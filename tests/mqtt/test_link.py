@@ -523,6 +523,51 @@ def test_publishes_from_other_threads_wake_the_loop_once_per_turn_and_none_is_le
         assert mine == [f"b{n}-{i}".encode() for i in range(500)]
 
 
+class _CountingSocket:
+    """paho's wake socket with every send counted by the thread that made it."""
+
+    def __init__(self, sock: object) -> None:
+        self.sock = sock
+        self.senders: list[int] = []
+
+    def send(self, data: bytes) -> int:
+        self.senders.append(threading.get_ident())
+        sent: int = self.sock.send(data)  # type: ignore[attr-defined]
+        return sent
+
+    def close(self) -> None:
+        self.sock.close()  # type: ignore[attr-defined]
+
+
+def test_acknowledgements_the_loop_queues_itself_go_out_on_its_next_turn_without_a_wake_byte(
+    broker: Broker, make_link: LinkFactory, device_id: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The PUBACK for each received QoS 1 message is queued by the network thread itself: it writes
+    no wake byte for it (a send and a receive per message saved), and the acknowledgement still
+    leaves on the loop's next turn, not after its select() timeout (5 s here). The broker keeps at
+    most 20 unacknowledged messages in flight to a client, so 300 messages arrive only if every
+    acknowledgement goes out promptly."""
+    monkeypatch.setattr(link_module, "_IDLE_LOOP_S", 5.0)
+    topic = f"fleet/v1/{device_id}/down/cmd/burst"
+    received: list[InboundMessage] = []
+    link = make_link(fast_settings(broker), client_id=device_id)
+    link.subscribe(f"fleet/v1/{device_id}/down/cmd/+", received.append, qos=1)
+    link.start()
+    wait_until(lambda: link.connected, what="connect")
+    wait_until(lambda: isinstance(link._core._client._sockpairW, CoalescedWake), what="the wake wrapped")
+    wake = link._core._client._sockpairW
+    counting = _CountingSocket(wake._sock)
+    wake._sock = counting
+    with Probe(broker.host, broker.port) as probe:
+        wait_subscribed(probe, link)
+        for i in range(300):
+            probe.publish(topic, f"m{i}".encode(), qos=1)
+        wait_until(lambda: len(received) >= 300, timeout=20, what="300 QoS 1 messages through the link")
+    assert sorted(m.payload for m in received) == sorted(f"m{i}".encode() for i in range(300))
+    assert link._net_thread is not None
+    assert link._net_thread.ident not in counting.senders
+
+
 def test_a_half_open_connection_is_detected_and_durable_messages_arrive_after_the_reconnect(
     broker: Broker, make_link: LinkFactory, device_id: str
 ) -> None:

@@ -17,6 +17,8 @@ import sys
 import threading
 from pathlib import Path
 
+import pytest
+
 from agent.delivery.transfer.chunk_log import read_log
 from agent.delivery.transfer.flusher import read_record
 from agent.delivery.transfer.pull import fetch_model
@@ -45,7 +47,7 @@ class Throttled(Slow):
     delay_s = 0.01
 
 
-def _fetch(dev: Device, manifest: DeployManifest, **config: float) -> Path:
+def _fetch(dev: Device, manifest: DeployManifest, window: int = WINDOW, **config: float) -> Path:
     return fetch_model(
         manifest,
         dev.part_dir,
@@ -53,7 +55,7 @@ def _fetch(dev: Device, manifest: DeployManifest, **config: float) -> Path:
         threading.Event(),
         link=dev.link,
         topics=dev.topics,
-        config=delivery_config(chunk_window=WINDOW, **config),
+        config=delivery_config(chunk_window=window, **config),
     )
 
 
@@ -113,6 +115,66 @@ def test_a_killed_agent_resumes_and_fetches_at_most_one_window_again(rig: Rig) -
     assert server.served_bytes(device_id) - served_before < manifest.size
 
 
+@pytest.mark.parametrize("killed_at", [0.25, 0.5, 0.75])
+def test_a_pull_killed_early_midway_or_late_fetches_at_most_one_window_again(
+    rig: Rig, killed_at: float
+) -> None:
+    """A window of 16 (flushes of 8, the other half on its way meanwhile), SIGKILLed when a
+    quarter, half and three quarters of an 8 MiB model were served: since at most one window
+    (1 MiB) is at risk, the record names chunks already, only chunks whose bytes are on disk, and
+    the next process fetches at most 16 chunks again (a restart from nothing would fetch at least
+    2 MiB again)."""
+    window = 16
+    model = random_model(rig.tmp_path / "m.bin", 8 * MIB)
+    manifest = manifest_for(model, CHUNK)
+    server = rig.server(Throttled)
+    server.register(manifest, model)
+    device_id = f"dev-quarter-{round(killed_at * 100)}"
+    state_dir = rig.tmp_path / device_id
+    manifest_file = rig.tmp_path / "manifest.json"
+    manifest_file.write_text(manifest.model_dump_json())
+    child = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tests.delivery.transfer.test_transfer_restart",
+            "child",
+            str(rig.broker.port),
+            rig.prefix,
+            device_id,
+            str(state_dir),
+            str(manifest_file),
+            str(window),
+        ],
+        cwd=REPO_ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        wait_until(
+            lambda: server.served_bytes(device_id) >= manifest.size * killed_at or child.poll() is not None,
+            timeout=60,
+            what=f"{killed_at:.0%} of the model served to the child",
+        )
+        assert child.poll() is None, child.stderr.read().decode() if child.stderr else ""
+        os.kill(child.pid, signal.SIGKILL)
+    finally:
+        child.kill()
+        child.wait(patient(10))
+
+    dev = rig.device(device_id)
+    named = _recorded_chunks(dev.part_dir, manifest)
+    assert named, "no flush was recorded before the kill"
+    part = (dev.part_dir / f"{manifest.sha256}.part").read_bytes()
+    for i in named:
+        assert hashlib.sha256(part[i * CHUNK : (i + 1) * CHUNK]).hexdigest() == manifest.chunks[i]
+    path = _fetch(dev, manifest, window)
+
+    assert path.read_bytes() == model.read_bytes()
+    refetched = server.served_bytes(device_id) - manifest.size
+    assert 0 <= refetched <= window * CHUNK
+
+
 def test_a_broker_restart_mid_transfer_is_survived(private_broker: Broker, tmp_path: Path) -> None:
     rig = Rig(private_broker, tmp_path)
     try:
@@ -156,12 +218,12 @@ def _recorded_chunks(part_dir: Path, manifest: DeployManifest) -> set[int]:
 
 
 def _child(argv: list[str]) -> None:
-    """The device process of the crash test: pull the manifest's model until killed."""
-    port, prefix, device_id, state_dir, manifest_file = argv
+    """The device process of the crash tests: pull the manifest's model until killed."""
+    port, prefix, device_id, state_dir, manifest_file, *window = argv
     broker = Broker(Path(state_dir) / "unused", port=int(port))  # address only; never started here
     manifest = DeployManifest.model_validate(json.loads(Path(manifest_file).read_text()))
     dev = Device(broker, prefix, device_id, Path(state_dir))
-    _fetch(dev, manifest)
+    _fetch(dev, manifest, int(window[0]) if window else WINDOW)
     dev.close()
 
 
