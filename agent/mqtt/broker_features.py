@@ -28,6 +28,7 @@ BROKER_FEATURES = (
         (
             "agent/mqtt/link.py",  # up/status, and its Last Will
             "agent/app/device_reports.py",  # up/info
+            "agent/app/root.py",  # an imported bundle's desired states, handed in as the retained ones
             "agent/fleetsim/device.py",  # the simulated devices' up/info
             "agent/fleet/deploy/run.py",  # down/desired/{slot}
             "agent/fleet/deploy/decommission.py",  # clearing a device's retained topics
