@@ -18,7 +18,7 @@ import json
 import platform
 import shutil
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +30,7 @@ from agent.fleet.controller.client import ControllerClient
 from agent.fleet.deploy.keys import KeyPairFiles, write_keypair
 from agent.fsutil import sha256_file
 from agent.mqtt.settings import MqttSettings
+from agent.protocol.device_targets import TargetInfo
 from agent.protocol.messages import InfoMessage, JobStatus, decode
 from agent.protocol.topics import Topics
 from tests.e2e.daemon import AgentFiles
@@ -81,10 +82,32 @@ class Watch:
         new = [job for job, s in self.statuses().items() if job not in known and s[0].slot == "_agent"]
         return new[0] if new else None
 
+    def job_ended(
+        self, service: Service, known: set[str], reports: Callable[[TargetInfo], bool], what: str
+    ) -> str:
+        """Keep ``service`` running until a new ``_agent`` job ended and ``up/info``'s agent release
+        ``reports`` what it should; that job's id."""
+        found: list[str] = []
+
+        def settled() -> bool:
+            job = self.job_of(known)
+            if job is None or self.ended(job) is None:
+                return False
+            found[:] = [job]
+            release = self.release()
+            return release is not None and reports(release)
+
+        service.keep_until(settled, patient(400), what)
+        return found[0]
+
+    def terminal(self, job_id: str) -> set[str]:
+        """Every terminal state the job published (one, however often it was sent)."""
+        return {s.state.value for s in self.statuses()[job_id] if s.state.terminal}
+
     def ended(self, job_id: str) -> JobStatus | None:
         return next((s for s in self.statuses().get(job_id, []) if s.state.terminal), None)
 
-    def release(self) -> Any:
+    def release(self) -> TargetInfo | None:
         infos = [m for m in self.probe.snapshot() if m.topic == self.topics.info]
         return decode(InfoMessage, infos[-1].payload).agent_release if infos else None
 
@@ -163,7 +186,7 @@ def test_an_agent_release_rolled_out_through_the_controller_is_put_back_or_confi
         stream={"source": looping},
         delivery={"trusted_keys": {keys.key_id: str(keys.public)}},
     )
-    service: Service = device.service_with(["-m", "agent", "run", "-c", str(config)])
+    service = device.service_with(["-m", "agent", "run", "-c", str(config)])
     with Probe(broker.host, broker.port) as probe:
         probe.subscribe(f"{PREFIX}/{device_id}/up/#")
         probe.subscribe(f"{PREFIX}/{device_id}/down/xfer/+")
@@ -172,86 +195,97 @@ def test_an_agent_release_rolled_out_through_the_controller_is_put_back_or_confi
             service.run_until(
                 lambda: (r := watch.release()) is not None and r.version == BASE_VERSION, 120, "1.0.0 up"
             )
-
-            # (b) A release that fails at import: put back by the device, counted by the gate.
-            roll_out(broker, release_dir(tmp_path / "broken", device, BROKEN), device_id, "agent-broken")
-            broken: list[str] = []
-
-            def broken_ended() -> bool:
-                job = watch.job_of(set())
-                if job is None or watch.ended(job) is None:
-                    return False
-                broken[:] = [job]
-                release = watch.release()
-                return (
-                    release is not None and release.version == BASE_VERSION and release.reverted is not None
-                )
-
-            service.keep_until(broken_ended, patient(300), "the broken release put back")
-            [broken_job] = broken
-            end = watch.ended(broken_job)
-            assert end is not None
-            assert (end.state.value, end.error_code) == ("ROLLED_BACK", "agent_reverted"), end.error
-            assert "crashed at import" in (end.error or "")
-            assert device.link("current") == device.link("good") == BASE_VERSION
-            reverted = watch.release()
-            assert reverted.pending is None
-            assert reverted.reverted.startswith(f"{BROKEN}: crashed at import")
-            gate = rollout_ended(broker, "agent-broken")
-            assert gate["state"] == "ABORTED", gate
-            problems = gate.get("problem_devices") or []
-            assert [(p["device"], p["error_code"]) for p in problems] == [(device_id, "agent_reverted")], gate
-            table = fleet_status(broker, capsys)
-            [line] = [x for x in table.splitlines() if x.split()[:1] == [device_id]]
-            assert f"{BASE_VERSION} (reverted)" in line
-            assert f"{device_id}: agent put back: {BROKEN}: crashed at import" in table
-
-            # (a) A good release: confirmed on the device's health, only the changed wheel pulled.
-            good = release_dir(tmp_path / "good", device, GOOD)
-            agent_wheel, extra_wheel = (
-                good / device.built.wheels[GOOD].name,
-                good / device.built.wheels["extra"].name,
-            )
-            before = watch.chunk_bytes()
-            assert sha256_file(extra_wheel) in before  # pulled by the first attempt, kept since
-            roll_out(broker, good, device_id, "agent-good")
-            good_job: list[str] = []
-
-            def confirmed() -> bool:
-                job = watch.job_of({broken_job})
-                if job is None or watch.ended(job) is None:
-                    return False
-                good_job[:] = [job]
-                release = watch.release()
-                return release is not None and release.version == GOOD and release.pending is None
-
-            service.keep_until(confirmed, patient(400), "the good release confirmed")
-            [job] = good_job
-            states = [s.state.value for s in watch.statuses()[job]]
-            end = watch.ended(job)
-            assert end is not None
-            assert end.state.value == "ACTIVE", end.error
-            for state in ("QUEUED", "BUILDING", "PROBATION", "ACTIVE"):
-                assert state in states, states
-            assert states.index("BUILDING") < states.index("PROBATION") < states.index("ACTIVE")
-            assert device.link("current") == device.link("good") == GOOD
-            assert watch.release().job_id == job
-            pulled = {sha: n for sha, n in watch.chunk_bytes().items() if n != before.get(sha)}
-            assert sha256_file(extra_wheel) not in pulled
-            assert pulled.get(sha256_file(agent_wheel)) == agent_wheel.stat().st_size
-            assert set(pulled) == {sha256_file(agent_wheel), sha256_file(good / "agent-release.json")}
-            assert rollout_ended(broker, "agent-good")["state"] == "DONE"
-            [row] = [
-                r for r in json.loads(fleet_status(broker, capsys, "--json")) if r["device"] == device_id
-            ]
-            assert row["agent_version"] == GOOD
-            assert row["targets"]["agent"] == {
-                "version": GOOD,
-                "job_id": job,
-                "pending": None,
-                "reverted": None,
-            }
-            [line] = [x for x in fleet_status(broker, capsys).splitlines() if x.split()[:1] == [device_id]]
-            assert f" {GOOD} " in f"{line} "
+            broken_job = broken_release_put_back(device, broker, service, watch, tmp_path, capsys)
+            good_release_confirmed(device, broker, service, watch, tmp_path, capsys, broken_job)
         finally:
             service.stop()
+
+
+def broken_release_put_back(
+    device: Device,
+    broker: Broker,
+    service: Service,
+    watch: Watch,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> str:
+    """A release that fails at import: put back by the device itself, counted by the gate."""
+    device_id = watch.topics.device_id
+    roll_out(broker, release_dir(tmp_path / "broken", device, BROKEN), device_id, "agent-broken")
+    job = watch.job_ended(
+        service,
+        set(),
+        lambda r: r.version == BASE_VERSION and r.reverted is not None,
+        "the broken release put back",
+    )
+    end = watch.ended(job)
+    assert end is not None
+    assert (end.state.value, end.error_code) == ("ROLLED_BACK", "agent_reverted"), end.error
+    assert "crashed at import: started 3 times and never reached start-up" in (end.error or "")
+    assert watch.terminal(job) == {"ROLLED_BACK"}
+    assert device.link("current") == device.link("good") == BASE_VERSION
+    reported = watch.release()
+    assert reported is not None
+    assert reported.pending is None
+    assert (reported.reverted or "").startswith(f"{BROKEN}: crashed at import")
+
+    gate = rollout_ended(broker, "agent-broken")
+    assert gate["state"] == "ABORTED", gate
+    problems = gate.get("problem_devices") or []
+    assert [(p["device"], p["error_code"]) for p in problems] == [(device_id, "agent_reverted")], gate
+    table = fleet_status(broker, capsys)
+    [line] = [x for x in table.splitlines() if x.split()[:1] == [device_id]]
+    assert f"{BASE_VERSION} (reverted)" in line
+    assert f"{device_id}: agent put back: {BROKEN}: crashed at import" in table
+    return job
+
+
+def good_release_confirmed(
+    device: Device,
+    broker: Broker,
+    service: Service,
+    watch: Watch,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    earlier_job: str,
+) -> None:
+    """A good release: QUEUED to ACTIVE, confirmed on the device's own health (its 60 s window), and
+    only its changed wheel pulled (the dependency was kept by hash from the earlier attempt)."""
+    device_id = watch.topics.device_id
+    good = release_dir(tmp_path / "good", device, GOOD)
+    agent_wheel = good / device.built.wheels[GOOD].name
+    extra_wheel = good / device.built.wheels["extra"].name
+    before = watch.chunk_bytes()
+    assert sha256_file(extra_wheel) in before  # pulled by the earlier attempt
+    roll_out(broker, good, device_id, "agent-good")
+    job = watch.job_ended(
+        service,
+        {earlier_job},
+        lambda r: r.version == GOOD and r.pending is None,
+        "the good release confirmed",
+    )
+    end = watch.ended(job)
+    assert end is not None
+    assert end.state.value == "ACTIVE", end.error
+    assert watch.terminal(job) == {"ACTIVE"}
+    states = [s.state.value for s in watch.statuses()[job]]
+    assert states[0] == "QUEUED", states
+    assert states.index("BUILDING") < states.index("PROBATION") < states.index("ACTIVE"), states
+    assert device.link("current") == device.link("good") == GOOD
+    kept = {p.name for p in device.releases.iterdir() if p.is_dir() and not p.is_symlink()}
+    assert kept == {BASE_VERSION, GOOD, "wheels"}  # the broken release removed once one was confirmed
+    reported = watch.release()
+    assert reported is not None
+    assert reported.job_id == job
+
+    pulled = {sha: n for sha, n in watch.chunk_bytes().items() if n != before.get(sha)}
+    assert pulled.get(sha256_file(agent_wheel)) == agent_wheel.stat().st_size
+    assert set(pulled) == {sha256_file(agent_wheel), sha256_file(good / "agent-release.json")}
+    assert rollout_ended(broker, "agent-good")["state"] == "DONE"
+
+    rows = json.loads(fleet_status(broker, capsys, "--json"))
+    [row] = [r for r in rows if r["device"] == device_id]
+    assert row["agent_version"] == GOOD
+    assert row["targets"]["agent"] == {"version": GOOD, "job_id": job, "pending": None, "reverted": None}
+    [line] = [x for x in fleet_status(broker, capsys).splitlines() if x.split()[:1] == [device_id]]
+    assert f" {GOOD} " in f"{line} "
