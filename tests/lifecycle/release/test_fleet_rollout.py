@@ -19,6 +19,7 @@ import platform
 import shutil
 import uuid
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,8 @@ from agent.cli import main
 from agent.demo.broker import Broker
 from agent.fleet.controller.client import ControllerClient
 from agent.fleet.deploy.keys import KeyPairFiles, write_keypair
+from agent.fleet.trust import versions
+from agent.fleet.trust.keyring import key_id_of
 from agent.fsutil import sha256_file
 from agent.mqtt.settings import MqttSettings
 from agent.protocol.device_targets import TargetInfo
@@ -48,15 +51,33 @@ GOOD = "1.0.5"  # needs the shared dependency (the "extra" wheel)
 DEADLINE_S = 240
 
 
-@pytest.fixture
-def keys(tmp_path: Path) -> KeyPairFiles:
-    return write_keypair(tmp_path / "keys", "ops-test")
+@dataclass(frozen=True)
+class Trust:
+    """Whom the device trusts: the controller's key alone, or a fleet root (then the release key
+    signs each agent release offline and the rollout carries the release)."""
+
+    controller: KeyPairFiles
+    delivery: dict[str, Any]  # agent.yaml's delivery section
+    release_key: Path | None
+
+
+@pytest.fixture(params=["controller-key", "fleet-root"])
+def trust(request: pytest.FixtureRequest, tmp_path: Path) -> Trust:
+    if request.param == "controller-key":
+        keys = write_keypair(tmp_path / "keys", "ops-test")
+        return Trust(keys, {"trusted_keys": {keys.key_id: str(keys.public)}}, None)
+    versions.init(tmp_path / "trust", root_keys=1, threshold=1, expires_days=30)
+    key_dir = tmp_path / "trust" / "keys"
+    private = key_dir / "controller.key"
+    controller = KeyPairFiles(key_id_of(private), private, key_dir / "controller.pub", "")
+    root = tmp_path / "trust" / "root" / "1.root.json"
+    return Trust(controller, {"trust_root": str(root)}, key_dir / "release.key")
 
 
 @pytest.fixture
-def controller(tmp_path: Path, broker: Broker, keys: KeyPairFiles) -> Iterator[ControllerProcess]:
+def controller(tmp_path: Path, broker: Broker, trust: Trust) -> Iterator[ControllerProcess]:
     (tmp_path / "controller").mkdir()
-    running = ControllerProcess(tmp_path / "controller", broker, PREFIX, keys=keys).start()
+    running = ControllerProcess(tmp_path / "controller", broker, PREFIX, keys=trust.controller).start()
     yield running
     running.kill()
 
@@ -133,13 +154,20 @@ def release_dir(root: Path, device: Device, version: str) -> Path:
     return root
 
 
-def roll_out(broker: Broker, wheels: Path, device_id: str, rollout_id: str) -> None:
-    """``fleet rollout start --agent-release`` to one device, one wave, no failure allowed."""
+def roll_out(broker: Broker, trust: Trust, wheels: Path, device_id: str, rollout_id: str) -> None:
+    """``fleet rollout start --agent-release`` to one device, one wave, no failure allowed (on a fleet
+    with a root: released first with ``fleet trust release --agent-release``)."""
+    released: list[str] = []
+    if trust.release_key is not None:
+        out = wheels.with_suffix(".release.json")
+        argv = ["fleet", "trust", "release", "--agent-release", str(wheels), "--key", str(trust.release_key)]
+        assert main([*argv, "--out", str(out)]) == 0
+        released = ["--release", str(out)]
     code = main(
         [
             "fleet", "rollout", "start", "--agent-release", str(wheels), "--device", device_id,
             "--id", rollout_id, "--waves", "1", "--max-failed", "0", "--probation-s", str(DEADLINE_S),
-            "--broker", f"{broker.host}:{broker.port}",
+            *released, "--broker", f"{broker.host}:{broker.port}",
         ]
     )  # fmt: skip
     assert code == 0
@@ -173,7 +201,7 @@ def test_an_agent_release_rolled_out_through_the_controller_is_put_back_or_confi
     device: Device,
     broker: Broker,
     controller: ControllerProcess,
-    keys: KeyPairFiles,
+    trust: Trust,
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
@@ -184,7 +212,7 @@ def test_an_agent_release_rolled_out_through_the_controller_is_put_back_or_confi
         state_dir=str(device.state),
         mqtt={"port": broker.port},
         stream={"source": looping},
-        delivery={"trusted_keys": {keys.key_id: str(keys.public)}},
+        delivery=trust.delivery,
     )
     service = device.service_with(["-m", "agent", "run", "-c", str(config)])
     with Probe(broker.host, broker.port) as probe:
@@ -195,8 +223,8 @@ def test_an_agent_release_rolled_out_through_the_controller_is_put_back_or_confi
             service.run_until(
                 lambda: (r := watch.release()) is not None and r.version == BASE_VERSION, 120, "1.0.0 up"
             )
-            broken_job = broken_release_put_back(device, broker, service, watch, tmp_path, capsys)
-            good_release_confirmed(device, broker, service, watch, tmp_path, capsys, broken_job)
+            broken_job = broken_release_put_back(device, broker, trust, service, watch, tmp_path, capsys)
+            good_release_confirmed(device, broker, trust, service, watch, tmp_path, capsys, broken_job)
         finally:
             service.stop()
 
@@ -204,6 +232,7 @@ def test_an_agent_release_rolled_out_through_the_controller_is_put_back_or_confi
 def broken_release_put_back(
     device: Device,
     broker: Broker,
+    trust: Trust,
     service: Service,
     watch: Watch,
     tmp_path: Path,
@@ -211,7 +240,7 @@ def broken_release_put_back(
 ) -> str:
     """A release that fails at import: put back by the device itself, counted by the gate."""
     device_id = watch.topics.device_id
-    roll_out(broker, release_dir(tmp_path / "broken", device, BROKEN), device_id, "agent-broken")
+    roll_out(broker, trust, release_dir(tmp_path / "broken", device, BROKEN), device_id, "agent-broken")
     job = watch.job_ended(
         service,
         set(),
@@ -243,6 +272,7 @@ def broken_release_put_back(
 def good_release_confirmed(
     device: Device,
     broker: Broker,
+    trust: Trust,
     service: Service,
     watch: Watch,
     tmp_path: Path,
@@ -257,7 +287,7 @@ def good_release_confirmed(
     extra_wheel = good / device.built.wheels["extra"].name
     before = watch.chunk_bytes()
     assert sha256_file(extra_wheel) in before  # pulled by the earlier attempt
-    roll_out(broker, good, device_id, "agent-good")
+    roll_out(broker, trust, good, device_id, "agent-good")
     job = watch.job_ended(
         service,
         {earlier_job},
