@@ -256,6 +256,10 @@ class Service:
     def run_until(self, settled: Callable[[], bool], timeout: float, what: str) -> None:
         """Start, and start again after every failure, until ``settled`` holds while a process runs."""
         self.start()
+        self.keep_until(settled, timeout, what)
+
+    def keep_until(self, settled: Callable[[], bool], timeout: float, what: str) -> None:
+        """Keep it running (started again after every failure) until ``settled`` holds while it runs."""
 
         def running_and_settled() -> bool:
             assert self.process is not None
