@@ -65,6 +65,10 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("tests/run_processes.py", "self._stopped.wait(SCAN_EVERY_S)"): "the descendants' scan's pace",
     ("tests/fleetsim/test_fleet_convergence.py", "d.wait(timeout=8)"): "a window in which an off device "
     "stays silent while the others go on, not a bound on an event",
+    ("tests/fleet/controller/test_db_failover.py", "threading.Event().wait(OUTAGE_S)"): "the database "
+    "outage the test makes, not a bound on an event",
+    ("tests/lifecycle/release/test_install.py", "time.monotonic() + 0.5"): "the install time limit the "
+    "test makes expire, not a bound on an event",
 }
 
 

@@ -20,6 +20,7 @@ from agent.protocol.device_targets import AGENT_TARGET
 from agent.protocol.messages import JobState
 from tests.fleet.operator_side import operator_settings, unique_prefix
 from tests.fleetsim.sim_fleet import SimFleet
+from tests.waiting import patient
 
 pytestmark = pytest.mark.slow
 
@@ -74,7 +75,7 @@ def test_an_update_of_one_wheel_moves_that_wheel_and_the_document_only(
     sim.wait_online()
     update = _release(tmp_path / "v2", secrets.token_bytes(60_000), "0.3.1")
     with _deploy(broker, prefix, keys, update, sim.ids) as deploy:
-        outcome = deploy.wait(timeout=120)
+        outcome = deploy.wait(timeout=patient(120))
     assert {p.state for p in outcome.devices.values()} == {JobState.ACTIVE}, outcome.devices
     changed = (update / "edge_agent-0.3.1-py3-none-any.whl").stat().st_size
     document = (update / "agent-release.json").stat().st_size
@@ -91,7 +92,7 @@ def test_a_release_for_another_machine_is_refused_agent_incompatible_and_the_run
     sim.wait_online()
     other = _release(tmp_path / "x86", secrets.token_bytes(1000), "0.3.1", machine="x86_64")
     with _deploy(broker, prefix, keys, other, sim.ids[:1]) as deploy:
-        outcome = deploy.wait(timeout=120)
+        outcome = deploy.wait(timeout=patient(120))
     [progress] = outcome.devices.values()
     assert progress.state is JobState.REJECTED
     assert progress.error_code == "agent_incompatible"

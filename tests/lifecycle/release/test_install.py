@@ -10,6 +10,7 @@ import pytest
 
 from agent.lifecycle.release.install import run_bounded
 from agent.protocol.delivery_errors import AgentInstallFailedError, JobCancelledError
+from tests.waiting import patient
 
 HANGS = [sys.executable, "-c", "import time; time.sleep(600)"]
 
@@ -23,7 +24,7 @@ def test_a_cancelled_job_stops_the_step() -> None:
     cancel = threading.Event()
     cancel.set()
     with pytest.raises(JobCancelledError, match="pip stopped"):
-        run_bounded(HANGS, time.monotonic() + 600, cancel, "pip")
+        run_bounded(HANGS, time.monotonic() + patient(600), cancel, "pip")
 
 
 def test_a_failing_step_fails_with_its_error_lines() -> None:
@@ -35,4 +36,4 @@ def test_a_failing_step_fails_with_its_error_lines() -> None:
     with pytest.raises(
         AgentInstallFailedError, match=r"pip failed \(exit 1\): ERROR: No matching distribution$"
     ):
-        run_bounded(command, time.monotonic() + 600, threading.Event(), "pip")
+        run_bounded(command, time.monotonic() + patient(600), threading.Event(), "pip")
