@@ -68,25 +68,12 @@ class Supervised:
                 self.daemon.stop()
                 self.daemon = self._start()
 
-    def events(self) -> list[dict[str, Any]]:
-        return [e for n in range(1, self.starts + 1) for e in _events(self.root / f"agent-{n}.log")]
-
     def stop(self) -> int:
         with self._lock:
             self._stopping = True
             code = self.daemon.stop()
         self._thread.join()
         return code
-
-
-def _events(log: Path) -> list[dict[str, Any]]:
-    out = []
-    for line in log.read_text(errors="replace").splitlines():
-        try:
-            out.append(json.loads(line))
-        except ValueError:
-            continue
-    return out
 
 
 def _statuses(probe: Probe, device: str, job_id: str) -> list[JobStatus]:
