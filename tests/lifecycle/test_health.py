@@ -26,6 +26,14 @@ def test_disconnected_is_unhealthy() -> None:
     assert reason == "not connected to the broker"
 
 
+def test_a_device_offline_before_the_change_need_not_connect() -> None:
+    offline = _reading(connected=False, flowing={"dock"}, streams={"dock"})
+    assert unhealthy_because(offline, offline) is None
+    reason = unhealthy_because(offline, _reading(connected=False, flowing=set(), streams={"dock"}))
+    assert reason is not None
+    assert "dock" in reason
+
+
 def test_a_stream_that_flowed_and_stopped_is_named() -> None:
     reason = unhealthy_because(BEFORE, _reading(flowing={"dock"}, streams={"dock", "gate", "yard"}))
     assert reason is not None

@@ -109,6 +109,7 @@ class DeviceAuthority:
             fingerprint=checked.fingerprint,
             issued_at=now(),
             not_after=cert.not_valid_after_utc,
+            cert_pem=pem(cert).decode("ascii"),
         )
         was_denied = self._ledger.is_denied(checked.device_id)
         self._ledger.add(record)

@@ -6,6 +6,11 @@ recording a certificate costs the same at the thousandth device as at the first,
 controller and a CLI command in another process never interleave a write. A record leaves the
 ledger a day after its certificate expires: an expired certificate is refused by the broker
 anyway, so neither the ledger nor the CRL grows with renewals.
+
+Each record keeps the certificate itself (PEM, at most :data:`MAX_CERT_PEM` bytes), so the operator
+side finds a device's current key without asking anyone for its certificate (a secret sealed to it).
+Records made before the ledger kept certificates have none; the column is added to such a ledger on
+its first use.
 """
 
 from __future__ import annotations
@@ -17,12 +22,14 @@ import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from agent.fleet.ca.pki import now
 
 #: How long after its expiry a certificate's record is kept (and a revoked one listed in the CRL).
 KEEP_AFTER_EXPIRY = datetime.timedelta(days=1)
+#: Largest certificate kept (a device certificate of this CA is under 1 KiB as PEM).
+MAX_CERT_PEM = 8 * 1024
 #: How long a writer waits for another process's transaction on the ledger.
 _BUSY_TIMEOUT_S = 30.0
 
@@ -34,11 +41,15 @@ CREATE TABLE IF NOT EXISTS certificates (
     issued_at REAL NOT NULL,
     not_after REAL NOT NULL,
     revoked_at REAL,
-    reason TEXT
+    reason TEXT,
+    cert_pem TEXT
 );
 CREATE INDEX IF NOT EXISTS certificates_by_device ON certificates (device_id, not_after);
 """
-_SELECT = "SELECT serial, device_id, fingerprint, issued_at, not_after, revoked_at, reason FROM certificates "
+_SELECT = (
+    "SELECT serial, device_id, fingerprint, issued_at, not_after, revoked_at, reason, cert_pem "
+    "FROM certificates "
+)
 
 
 class IssuedRecord(BaseModel):
@@ -53,6 +64,8 @@ class IssuedRecord(BaseModel):
     not_after: datetime.datetime
     revoked_at: datetime.datetime | None = None
     reason: str | None = None
+    #: The certificate as PEM (None in a record made before the ledger kept certificates).
+    cert_pem: str | None = Field(None, max_length=MAX_CERT_PEM)
 
 
 class IssuedLedger:
@@ -66,7 +79,7 @@ class IssuedLedger:
         with self._transaction() as db:
             db.execute(
                 "INSERT INTO certificates (serial, device_id, fingerprint, issued_at, not_after, revoked_at, "
-                "reason) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                "reason, cert_pem) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     record.serial,
                     record.device_id,
@@ -75,6 +88,7 @@ class IssuedLedger:
                     record.not_after.timestamp(),
                     _stamp(record.revoked_at),
                     record.reason,
+                    record.cert_pem,
                 ),
             )
             db.execute("DELETE FROM certificates WHERE not_after < ?", (_cutoff(),))
@@ -98,6 +112,16 @@ class IssuedLedger:
     def of_device(self, device_id: str) -> list[IssuedRecord]:
         """The records of ``device_id``, oldest first (revoked ones included)."""
         return self._select(_SELECT + "WHERE device_id = ? ORDER BY issued_at", (device_id,))
+
+    def current_certificate(self, device_id: str) -> IssuedRecord | None:
+        """The newest unrevoked, unexpired record of ``device_id`` that keeps its certificate (None when
+        there is none: never issued, revoked, expired, or issued before the ledger kept certificates)."""
+        query = _SELECT + (
+            "WHERE device_id = ? AND revoked_at IS NULL AND not_after > ? AND cert_pem IS NOT NULL "
+            "ORDER BY issued_at DESC LIMIT 1"
+        )
+        found = self._select(query, (device_id, now().timestamp()))
+        return found[0] if found else None
 
     def revoked(self) -> list[IssuedRecord]:
         """The revoked certificates the CRL lists (until a day after each expires)."""
@@ -142,6 +166,7 @@ class IssuedLedger:
             db.executescript(_SCHEMA)
             db.execute("BEGIN IMMEDIATE")
             try:
+                _migrate(db)
                 yield db
             except BaseException:
                 db.execute("ROLLBACK")
@@ -149,6 +174,13 @@ class IssuedLedger:
             db.execute("COMMIT")
         finally:
             db.close()
+
+
+def _migrate(db: sqlite3.Connection) -> None:
+    """Bring a ledger made by an older version to this schema (inside the write lock: one process does it)."""
+    columns = {str(row[1]) for row in db.execute("PRAGMA table_info(certificates)")}
+    if "cert_pem" not in columns:
+        db.execute("ALTER TABLE certificates ADD COLUMN cert_pem TEXT")
 
 
 def _cutoff() -> float:
@@ -165,7 +197,7 @@ def _time(value: object) -> datetime.datetime:
 
 
 def _record(row: tuple[object, ...]) -> IssuedRecord:
-    serial, device_id, fingerprint, issued_at, not_after, revoked_at, reason = row
+    serial, device_id, fingerprint, issued_at, not_after, revoked_at, reason, cert_pem = row
     return IssuedRecord(
         serial=str(serial),
         device_id=str(device_id),
@@ -174,4 +206,5 @@ def _record(row: tuple[object, ...]) -> IssuedRecord:
         not_after=_time(not_after),
         revoked_at=_time(revoked_at) if revoked_at is not None else None,
         reason=str(reason) if reason is not None else None,
+        cert_pem=str(cert_pem) if cert_pem is not None else None,
     )

@@ -1,15 +1,17 @@
 """A device's public key to seal a secret to: its enrollment certificate, checked against the ledger.
 
-The ledger keeps each issued certificate's key fingerprint, not the certificate: the operator hands
-the certificate in (the device's ``mqtt.tls.cert_file``, or the one ``fleet ca`` issued), and it is
-taken only when it names the device and its key is one the CA issued to that device, unrevoked and
-unexpired. A secret sealed to any other key would open elsewhere, or nowhere.
+With the CA's ledger at hand the device's current certificate is the ledger's own (the newest one
+issued to it, unrevoked and unexpired). A certificate the operator hands in (the device's
+``mqtt.tls.cert_file``) is taken only when it names the device and, with a ledger, when its key is
+one the CA issued to that device, unrevoked and unexpired. A secret sealed to any other key would
+open elsewhere, or nowhere.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from agent.errors import ConfigError
@@ -18,13 +20,35 @@ from agent.fleet.ca.pki import cn_of, key_fingerprint, now, read_cert
 
 
 def device_sealing_key(
-    cert_file: Path, device_id: str, ledger: IssuedLedger | None
+    cert_file: Path | None, device_id: str, ledger: IssuedLedger | None
 ) -> ec.EllipticCurvePublicKey:
     """The P-256 key of ``cert_file`` for ``device_id`` (ConfigError saying why it is not one to seal to).
 
-    ``ledger`` None (no CA on this machine): the certificate's name and key type are checked only.
+    ``cert_file`` None: the ledger's current certificate of the device. ``ledger`` None (no CA on this
+    machine): the certificate's name and key type are checked only.
     """
+    if cert_file is None:
+        if ledger is None:
+            raise ConfigError("no certificate to seal to: give the device's certificate or the CA's ledger")
+        return _from_ledger(device_id, ledger)
     cert = read_cert(cert_file)
+    return _checked(cert, str(cert_file), device_id, ledger)
+
+
+def _from_ledger(device_id: str, ledger: IssuedLedger) -> ec.EllipticCurvePublicKey:
+    record = ledger.current_certificate(device_id)
+    if record is None or record.cert_pem is None:
+        raise ConfigError(
+            f"the CA's ledger holds no current certificate of {device_id!r} (never issued, revoked, expired, "
+            "or issued before the ledger kept certificates); give the device's certificate"
+        )
+    cert = x509.load_pem_x509_certificate(record.cert_pem.encode("ascii"))
+    return _checked(cert, f"the ledger's certificate {record.serial}", device_id, ledger)
+
+
+def _checked(
+    cert: x509.Certificate, cert_file: str, device_id: str, ledger: IssuedLedger | None
+) -> ec.EllipticCurvePublicKey:
     name = cn_of(cert.subject)
     if name != device_id:
         raise ConfigError(f"{cert_file}: the certificate is {name!r}'s, not {device_id!r}'s")

@@ -60,14 +60,16 @@ def add_config_arguments(sub: Any) -> None:
         type=Path,
         default=None,
         metavar="CERT.pem",
-        help="the device's certificate, whose key a --secret is sealed to (needed with --secret)",
+        help="the device's certificate, whose key a --secret is sealed to (default with --ca-dir: "
+        "the one the CA's ledger keeps)",
     )
     put.add_argument(
         "--ca-dir",
         type=Path,
         default=None,
         metavar="DIR",
-        help="the controller's CA directory: the certificate's key must be one it issued DEVICE, unrevoked",
+        help="the controller's CA directory: the device's current certificate is taken from its ledger "
+        "(a --device-cert's key must be one it issued DEVICE, unrevoked)",
     )
     put.add_argument(
         "--release-key",
@@ -290,8 +292,11 @@ def _sealed(args: argparse.Namespace, data: dict[str, Any]) -> dict[str, Any]:
     from agent.fleet.ca.sealing_key import device_sealing_key
     from agent.fleet.deploy.overlay import with_sealed
 
-    if args.device_cert is None:
-        raise UsageError("--secret needs --device-cert: the device's certificate, whose key seals it")
+    if args.device_cert is None and args.ca_dir is None:
+        raise UsageError(
+            "--secret needs --ca-dir (the CA's ledger keeps the device's certificate) or --device-cert: "
+            "the device's certificate, whose key seals it"
+        )
     if args.ca_dir is not None and not CaDir(args.ca_dir).devices_cert.is_file():
         raise UsageError(f"--ca-dir {args.ca_dir}: not a CA directory (`fleet ca init` makes one)")
     ledger = IssuedLedger(CaDir(args.ca_dir).issued) if args.ca_dir is not None else None

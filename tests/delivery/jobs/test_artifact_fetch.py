@@ -7,14 +7,18 @@ unchanged through ``DeployManifest.for_artifact``).
 
 from __future__ import annotations
 
+import os
+import threading
 from pathlib import Path
+from typing import Any
 
-from agent.delivery.jobs.artifacts import KEEP
+from agent.delivery.jobs.artifacts import KEEP, fetch_artifacts
 from agent.delivery.jobs.steps import BuildOutcome, JobReporter, no_build
 from agent.model_contract.calibration_table import write_table
-from agent.protocol.manifest import describe_artifact
+from agent.protocol.manifest import DeployManifest, build_manifest, describe_artifact
 from agent.protocol.messages import JobState
 from agent.specs.build import BuildSpec, CalibrationSource
+from agent.store import ModelStore
 from tests.delivery.conftest import HarnessFactory
 
 SPEC = BuildSpec(
@@ -108,3 +112,73 @@ def test_cleanup_keeps_the_calibration_a_running_engine_was_built_with(
     assert artifacts[0].sha256 in kept
     assert artifacts[1].sha256 not in kept  # the oldest unprotected one went
     assert {a.sha256 for a in artifacts[-KEEP:]} <= kept
+
+
+class RecordingFetch:
+    """A fetch that copies the file its manifest names by SHA-256 into the part dir, remembering each
+    call (the transfer itself is tests/delivery/transfer's subject)."""
+
+    def __init__(self, files: dict[str, Path]) -> None:
+        self.files = files
+        self.asked: list[str] = []
+
+    def __call__(
+        self, manifest: DeployManifest, part_dir: Path, progress: Any, cancel: threading.Event
+    ) -> Path:
+        del progress, cancel
+        self.asked.append(manifest.sha256)
+        part = part_dir / f"{manifest.sha256}.part"
+        part.write_bytes(self.files[manifest.sha256].read_bytes())
+        return part
+
+
+def test_artifacts_a_device_target_holds_are_neither_fetched_nor_returned(tmp_path: Path) -> None:
+    wheels = []
+    for name, body in (
+        ("edge_agent-0.4.0-py3-none-any.whl", b"new"),
+        ("numpy-1.26.4-py3-none-any.whl", b"kept"),
+    ):
+        path = tmp_path / name
+        path.write_bytes(os.urandom(3000) + body)
+        wheels.append(describe_artifact(path, name=name, kind="wheel", chunk_size=1024))
+    ours, shared = wheels
+    document = tmp_path / "release.json"
+    document.write_text("{}")
+    manifest = build_manifest(
+        document,
+        job_id="agent-1",
+        sequence=1,
+        slot="_agent",
+        model_id="edge-agent",
+        version="0.4.0",
+        chunk_size=4096,
+        artifacts=wheels,
+    )
+    store = ModelStore(tmp_path / "artifacts")
+    fetch = RecordingFetch({a.sha256: tmp_path / a.name for a in wheels})
+    paths = fetch_artifacts(
+        manifest,
+        store,
+        fetch=fetch,
+        part_dir=tmp_path / "partial",
+        cancel=threading.Event(),
+        max_bytes=1 << 20,
+        held={shared.sha256},
+    )
+    assert fetch.asked == [ours.sha256]  # the held wheel is not asked for
+    assert set(paths) == {ours.name}
+    assert paths[ours.name].read_bytes() == (tmp_path / ours.name).read_bytes()
+    assert not store.has(shared.sha256)
+
+    # Nothing held: both fetched, the stored one only touched on a second job.
+    again = fetch_artifacts(
+        manifest,
+        store,
+        fetch=fetch,
+        part_dir=tmp_path / "partial",
+        cancel=threading.Event(),
+        max_bytes=1 << 20,
+    )
+    assert fetch.asked == [ours.sha256, shared.sha256]
+    assert set(again) == {ours.name, shared.name}
+    assert store.has(shared.sha256)

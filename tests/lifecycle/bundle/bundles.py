@@ -138,11 +138,13 @@ def sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def device_target_files(directory: Path) -> tuple[Path, Path, Path]:
+def device_target_files(
+    directory: Path, overlay_text: str = "logging:\n  level: debug\n"
+) -> tuple[Path, Path, Path]:
     """A configuration overlay, an agent release document and its one wheel, as the operator makes them."""
     directory.mkdir(parents=True, exist_ok=True)
     overlay = directory / "overlay.yaml"
-    overlay.write_text("logging:\n  level: debug\n")
+    overlay.write_text(overlay_text)
     wheel = directory / "edge_agent-9.9.9-py3-none-any.whl"
     wheel.write_bytes(b"PK\x03\x04" + hashlib.sha256(b"wheel").digest() * 64)
     release = AgentRelease(
@@ -157,11 +159,14 @@ def device_target_files(directory: Path) -> tuple[Path, Path, Path]:
 
 
 def device_target_states(
-    trust: BundleTrust, directory: Path, device: str, *, sequence: int = 1
+    trust: BundleTrust, directory: Path, device: str, *, sequence: int = 1, **fields: Any
 ) -> dict[str, tuple[DeployManifest, bytes]]:
     """Released, signed ``_config`` and ``_agent`` desired states for ``device``, per the contract:
-    the document is the manifest's bytes, each wheel an artifact of kind ``wheel``."""
-    overlay, document, wheel = device_target_files(directory)
+    the document is the manifest's bytes, each wheel an artifact of kind ``wheel``; ``overlay_text``
+    is the overlay's, other ``fields`` more of the manifests' (``probation_s``)."""
+    overlay, document, wheel = device_target_files(
+        directory, fields.pop("overlay_text", "logging:\n  level: debug\n")
+    )
     states: dict[str, tuple[DeployManifest, bytes]] = {}
     for target, path, model_id, version, artifacts in (
         (CONFIG_TARGET, overlay, "config", "c1", []),
@@ -183,6 +188,7 @@ def device_target_states(
             device=device,
             chunk_size=4 * KIB,
             artifacts=artifacts,
+            **fields,
         )
         out = directory / f"{target}.{sequence}.release.json"
         release = sign_release(manifest, [trust.release_key], out, version=1, expires_days=30).read_text()

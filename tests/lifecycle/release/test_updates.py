@@ -68,7 +68,7 @@ def test_a_release_that_crashes_after_a_while_is_never_confirmed(device: Device)
 
 
 def test_a_release_never_healthy_is_put_back_at_its_deadline(device: Device) -> None:
-    (device.state / "health.json").write_text(json.dumps({"connected": False}))
+    (device.state / "health.json").write_text(json.dumps({"offline_in": ["1.0.1"]}))
     device.deliver("1.0.1", probation_s=12.0)
     before = fingerprint(device.releases / BASE_VERSION)
     done, _ = run_update(device)
