@@ -209,7 +209,16 @@ class FleetEngineCache:
         result = self._ask_until_found(ask, started, say, cancel)
         if result is None:
             return None
-        return self._take(cache, key, identity, result.get("engine"), self._download, say, cancel, started)
+        return self._take(
+            cache,
+            key,
+            identity,
+            result.get("engine"),
+            download=self._download,
+            say=say,
+            cancel=cancel,
+            started=started,
+        )
 
     def _from_import(
         self,
@@ -226,7 +235,15 @@ class FleetEngineCache:
             return None
         started = time.monotonic()
         return self._take(
-            cache, key, identity, signed, self._imported.copy, say, cancel, started, imported=True
+            cache,
+            key,
+            identity,
+            signed,
+            download=self._imported.copy,
+            say=say,
+            cancel=cancel,
+            started=started,
+            imported=True,
         )
 
     def _take(
@@ -235,11 +252,11 @@ class FleetEngineCache:
         key: str,
         identity: EngineIdentity,
         engine: object,
+        *,
         download: DownloadFn,
         say: Progress,
         cancel: threading.Event | None,
         started: float,
-        *,
         imported: bool = False,
     ) -> FleetFetch | None:
         """The fleet's signed ``engine`` checked (:mod:`.trust`) and its files fetched with ``download``
@@ -259,7 +276,7 @@ class FleetEngineCache:
                     }
                 ),
                 cancel,
-                download,
+                download=download,
             )
         except (EngineRefusedError, AgentError, OSError, ValueError) as exc:
             self._count("refused")
@@ -336,6 +353,7 @@ class FleetEngineCache:
         files: list[EngineFile],
         meta: Any,
         cancel: threading.Event | None,
+        *,
         download: DownloadFn,
     ) -> CacheEntry:
         staging = self._work_dir / f"{key[:16]}-{uuid.uuid4().hex[:8]}"

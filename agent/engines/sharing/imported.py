@@ -59,12 +59,17 @@ class ImportedEngines:
         try:
             with open(path, "rb") as f:
                 data = f.read(_MAX_RECORD_BYTES + 1)
-            if len(data) > _MAX_RECORD_BYTES:
-                raise ValueError(f"larger than {_MAX_RECORD_BYTES} bytes")
-            return SignedEngine.model_validate_json(data)
         except FileNotFoundError:
             return None
-        except (OSError, ValueError, ValidationError) as exc:
+        except OSError as exc:
+            log.warning("engine.imported.unreadable", path=str(path), error=str(exc)[:300])
+            return None
+        if len(data) > _MAX_RECORD_BYTES:
+            log.warning("engine.imported.unreadable", path=str(path), error="larger than its bound")
+            return None
+        try:
+            return SignedEngine.model_validate_json(data)
+        except ValidationError as exc:
             log.warning("engine.imported.unreadable", path=str(path), error=str(exc)[:300])
             return None
 
@@ -73,12 +78,15 @@ class ImportedEngines:
         signature as the fleet download, which the cache's second level takes it in place of)."""
         source = self.files.path_for(file.sha256)
         if not source.is_file():
-            raise AgentError(f"the imported engine's file {file.name} ({file.sha256[:12]}) is not on this device")
+            raise AgentError(
+                f"the imported engine's file {file.name} ({file.sha256[:12]}) is not on this device"
+            )
         target = directory / file.name
         shutil.copyfile(source, target)
         actual = sha256_file(target)
         if actual != file.sha256:
             raise AgentError(
-                f"the imported engine's file {file.name} hashes to {actual[:12]}, not the signed {file.sha256[:12]}"
+                f"the imported engine's file {file.name} hashes to {actual[:12]}, "
+                f"not the signed {file.sha256[:12]}"
             )
         return target

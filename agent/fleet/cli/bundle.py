@@ -49,9 +49,9 @@ def run_bundle(args: argparse.Namespace) -> int:
     """Read the devices' retained desired states and the root chain, find their files, write the bundle."""
     from agent.fleet.bundle.retained import read_published
     from agent.fleet.bundle.writer import engine_files, find_files, needed_files, shared_engines, write_bundle
+    from agent.fleet.deploy.keys import load_signing_key
     from agent.fleet.engines.settings import EngineShareSettings
     from agent.fleet.engines.store import EngineStore
-    from agent.fleet.deploy.keys import load_signing_key
     from agent.fleet.trust.keyring import key_id_of
     from agent.trust.bundle import index_text
 

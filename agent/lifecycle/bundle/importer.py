@@ -41,9 +41,9 @@ from agent.state.lock import holder_pid
 from agent.store import ModelStore
 from agent.trust.anchor import FleetRoot, adopted_root
 from agent.trust.bundle import (
+    INDEX_MEMBER,
     MAX_DESIRED_BYTES,
     ROOT_MEMBER,
-    INDEX_MEMBER,
     BundleError,
     check_index_signature,
     desired_member,
@@ -208,8 +208,8 @@ def import_bundle(path: Path, config: AgentConfig, *, now: datetime | None = Non
                         wanted[artifact.sha256] = artifacts
             engines = _checked_engines(index.engines.get(config.device_id, []), trust, config.device_id)
             for record, _ in engines:
-                for file in record.files:
-                    wanted.setdefault(file.sha256, imported_engines.files)
+                for engine_file in record.files:
+                    wanted.setdefault(engine_file.sha256, imported_engines.files)
             carried = {blob.sha256 for blob in index.blobs}
             lacking = sorted(
                 sha for sha, store in wanted.items() if sha not in carried and not store.has(sha)

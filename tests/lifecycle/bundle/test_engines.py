@@ -92,7 +92,8 @@ def fleet(tmp_path: Path) -> Fleet:
     files.write_config(delivery={"trust_root": str(trust.anchor), "trusted_keys": {"ops": str(ops.public)}})
     config = load_config(files.config_path, require_models=False)
     desired = {
-        d: {"cls": trust.desired(model, device=d, version="2", share_engines=True)[1]} for d in (DEVICE, OTHER)
+        d: {"cls": trust.desired(model, device=d, version="2", share_engines=True)[1]}
+        for d in (DEVICE, OTHER)
     }
     published = Published(
         desired=desired,
@@ -150,11 +151,14 @@ def test_an_imported_engine_is_taken_offline_without_a_build_or_an_ask(fleet: Fl
     assert isinstance(requests, LocalDeskRequests)
     assert requests.verbs == []  # the controller was never asked
     entry = device.cache.get(fleet.key)
-    assert entry is not None and entry.meta.extra[FLEET_BUILT_BY] == "dev-x86"
+    assert entry is not None
+    assert entry.meta.extra[FLEET_BUILT_BY] == "dev-x86"
 
 
 def _state_files(state_dir: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(state_dir)): p.read_bytes() for p in sorted(state_dir.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(state_dir)): p.read_bytes() for p in sorted(state_dir.rglob("*")) if p.is_file()
+    }
 
 
 def test_a_tampered_engine_entry_is_refused_by_name_and_changes_nothing(fleet: Fleet, tmp_path: Path) -> None:
@@ -165,7 +169,9 @@ def test_a_tampered_engine_entry_is_refused_by_name_and_changes_nothing(fleet: F
     engines = shared_engines(fleet.published, fleet.desk.store)
     signed = engines[DEVICE][0].signed
     altered = SignedEngine(
-        record=signed.record.replace('"dev-x86"', '"dev-evil"'), key_id=signed.key_id, signature=signed.signature
+        record=signed.record.replace('"dev-x86"', '"dev-evil"'),
+        key_id=signed.key_id,
+        signature=signed.signature,
     )
     files = find_files(needed_files(fleet.published), [fleet.model.parent])
     files.update(engine_files(engines, fleet.desk.store))
@@ -174,7 +180,9 @@ def test_a_tampered_engine_entry_is_refused_by_name_and_changes_nothing(fleet: F
     forged = write_bundle(
         tmp_path / "forged.bundle", fleet.published, files, key=key, key_id=key_id, engines=swapped
     ).path
-    with pytest.raises(BundleError, match=rf"engines\[{DEVICE}\]\[0\] is refused: .*signature does not match"):
+    with pytest.raises(
+        BundleError, match=rf"engines\[{DEVICE}\]\[0\] is refused: .*signature does not match"
+    ):
         import_bundle(forged, fleet.config)
     assert _state_files(state) == before
 
