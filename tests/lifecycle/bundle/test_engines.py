@@ -193,3 +193,26 @@ def test_a_tampered_engine_entry_is_refused_by_name_and_changes_nothing(fleet: F
     with pytest.raises(BundleError, match=blob_member(engine_sha)):
         import_bundle(damaged, fleet.config)
     assert _state_files(state) == before
+
+
+def test_an_imported_engine_whose_file_changed_on_the_device_is_refused_and_built_here(
+    fleet: Fleet, tmp_path: Path
+) -> None:
+    import_bundle(write(fleet, tmp_path / "site.bundle"), fleet.config)
+    state = fleet.config.state_dir
+    kept = ImportedEngines(state)
+    record = shared_engines(fleet.published, fleet.desk.store)[DEVICE][0].record
+    engine = next(f for f in record.files if f.name == record.meta["engine_file"])
+    stored = kept.files.path_for(engine.sha256)
+    stored.chmod(0o644)
+    stored.write_bytes(b"changed after the import")
+    device = builder(state, fleet.desk, DEVICE, PLATFORM, Path(fleet.config.delivery.trusted_keys["ops"]))
+    progress: list[str] = []
+
+    with FleetEngineCache.sharing(True, "bundle-job", "cls", "2"):
+        artifact = device.build(fleet.model, SPEC, progress=progress.append)
+
+    assert artifact.effective["engine_source"]["origin"] == "built"
+    assert any("imported engine" in line and "not the signed" in line for line in progress), progress
+    assert device.fleet is not None
+    assert device.fleet.refused(fleet.key) is not None
