@@ -24,6 +24,7 @@ from agent.model_base import StrictModel
 from agent.names import NAME_PATTERN, NAME_RULE
 from agent.protocol.delivery_errors import RejectedError
 from agent.protocol.device_targets import DEVICE_TARGETS
+from agent.protocol.engines import SignedEngine
 from agent.protocol.manifest import SignedManifest
 from agent.protocol.manifest_signature import check_signature, signature_for
 from agent.protocol.messages import MAX_ROOT_CHAIN_BYTES
@@ -39,6 +40,8 @@ MAX_INDEX_BYTES = 4 * 1024 * 1024
 MAX_DESIRED_BYTES = 2 * 1024 * 1024
 #: Members a bundle may hold beside its index: the reader stops at the first one more.
 MAX_MEMBERS = 4096
+#: Shared engines carried for one device (one per slot and build plan is the usual count).
+MAX_ENGINES_PER_DEVICE = 64
 #: Bytes one carried file may take (the largest model, engine or wheel a device would fetch).
 MAX_BLOB_BYTES = 64 * 1024**3
 
@@ -81,7 +84,14 @@ class BundleIndex(StrictModel):
     root_chain: CarriedFile | None = Field(
         None, description="The retained {prefix}/_trust/root chain, when the fleet has a root."
     )
-    blobs: list[CarriedFile] = Field(description="The bytes the desired states name, each once.")
+    blobs: list[CarriedFile] = Field(
+        description="The bytes the desired states and the shared engines name, each once."
+    )
+    engines: dict[str, list[SignedEngine]] = Field(
+        default_factory=dict,
+        description="Per device id, the shared engines the controller holds for its platform, each as "
+        "the controller signed it (its files are blobs).",
+    )
 
     @field_validator("devices")
     @classmethod
@@ -93,6 +103,14 @@ class BundleIndex(StrictModel):
             if len(set(targets)) != len(targets):
                 raise ValueError(f"device {device!r} has two desired states for one target")
         return devices
+
+    @field_validator("engines")
+    @classmethod
+    def _engines(cls, engines: dict[str, list[SignedEngine]]) -> dict[str, list[SignedEngine]]:
+        for device, signed in engines.items():
+            if len(signed) > MAX_ENGINES_PER_DEVICE:
+                raise ValueError(f"device {device!r} has more than {MAX_ENGINES_PER_DEVICE} engines")
+        return engines
 
     @field_validator("blobs")
     @classmethod

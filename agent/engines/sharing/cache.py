@@ -6,7 +6,8 @@ and when the controller holds the engine it checks the signed record (:mod:`agen
 downloads every file through the same chunked MQTT pull / HTTP path as models (each file checked
 against its signed SHA-256) and stores the entry in the local cache, marked as the fleet's. Anything
 wrong (no answer, no engine, a refused signature or identity, a failed download) is a miss: the
-device builds, as it always did.
+device builds, as it always did. Before asking, it looks for the key among the engines an offline
+bundle carried (:mod:`agent.engines.sharing.imported`), taken through the same checks.
 
 One build per key for the whole fleet: when the controller holds no engine, the first asker is told
 to build it and holds the key's *claim* (:mod:`agent.engines.sharing.claims` renews it while the build,
@@ -42,6 +43,7 @@ import structlog
 from agent.engines.cache.key import EngineIdentity
 from agent.engines.cache.store import CacheEntry, EngineCache
 from agent.engines.sharing.claims import HeldClaims
+from agent.engines.sharing.imported import ImportedEngines
 from agent.engines.sharing.link import EngineRequests
 from agent.engines.sharing.startup import startup_active_status
 from agent.engines.sharing.trust import EngineRefusedError, checked_meta, verified_record
@@ -119,8 +121,10 @@ class FleetEngineCache:
         reply_timeout_s: float = 30.0,
         wait_max_s: float = 1200.0,
         claim_hold_max_s: float = 7200.0,
+        imported: ImportedEngines | None = None,
     ) -> None:
         self._requests = requests
+        self._imported = imported
         self._trusted = dict(trusted)
         self._download = download
         self._work_dir = Path(work_dir)
@@ -188,6 +192,9 @@ class FleetEngineCache:
         sharing = _SHARING.get()
         if sharing is None or self.refused(key) is not None:
             return None
+        carried = self._from_import(cache, key, identity, say, cancel)
+        if carried is not None or self.refused(key) is not None:
+            return carried
         started = time.monotonic()
         self._count("asked")
         say(f"{ASKING_THE_FLEET} for engine {key[:12]}")
@@ -202,8 +209,61 @@ class FleetEngineCache:
         result = self._ask_until_found(ask, started, say, cancel)
         if result is None:
             return None
+        return self._take(
+            cache,
+            key,
+            identity,
+            result.get("engine"),
+            download=self._download,
+            say=say,
+            cancel=cancel,
+            started=started,
+        )
+
+    def _from_import(
+        self,
+        cache: EngineCache,
+        key: str,
+        identity: EngineIdentity,
+        say: Progress,
+        cancel: threading.Event | None,
+    ) -> FleetFetch | None:
+        """The engine an offline bundle carried for ``key`` (:mod:`.imported`), checked as one from the
+        fleet; None when none was imported."""
+        signed = self._imported.signed(key) if self._imported is not None else None
+        if signed is None or self._imported is None:
+            return None
+        started = time.monotonic()
+        return self._take(
+            cache,
+            key,
+            identity,
+            signed,
+            download=self._imported.copy,
+            say=say,
+            cancel=cancel,
+            started=started,
+            imported=True,
+        )
+
+    def _take(
+        self,
+        cache: EngineCache,
+        key: str,
+        identity: EngineIdentity,
+        engine: object,
+        *,
+        download: DownloadFn,
+        say: Progress,
+        cancel: threading.Event | None,
+        started: float,
+        imported: bool = False,
+    ) -> FleetFetch | None:
+        """The fleet's signed ``engine`` checked (:mod:`.trust`) and its files fetched with ``download``
+        into ``cache``; None (build here) when anything is refused."""
+        where = "imported" if imported else "fleet"
         try:
-            signed = SignedEngine.model_validate(result.get("engine"))
+            signed = SignedEngine.model_validate(engine)
             record = verified_record(signed, self._trusted)
             meta = checked_meta(record, key, identity)
             entry = self._download_entry(
@@ -216,20 +276,23 @@ class FleetEngineCache:
                     }
                 ),
                 cancel,
+                download=download,
             )
         except (EngineRefusedError, AgentError, OSError, ValueError) as exc:
             self._count("refused")
             reason = str(exc)[:300]
-            log.warning("engine.fleet.refused", key=key, reason=reason)
-            say(f"fleet engine {key[:12]} refused: {reason}; building here")
+            log.warning(f"engine.{where}.refused", key=key, reason=reason)
+            say(f"{where} engine {key[:12]} refused: {reason}; building here")
             self._refuse(key, reason)
-            self._report_drop(key, None, "verify", reason)
+            if not imported:  # a damaged stick says nothing about the engine the controller holds
+                self._report_drop(key, None, "verify", reason)
             return None
         seconds = time.monotonic() - started
         size = sum(f.size for f in record.files)
         self._count("downloaded")
-        log.info("engine.fleet.downloaded", key=key, built_by=record.built_by, seconds=round(seconds, 3))
-        say(f"downloaded engine {key[:12]} from the fleet (built by {record.built_by}) in {seconds:.1f}s")
+        log.info(f"engine.{where}.downloaded", key=key, built_by=record.built_by, seconds=round(seconds, 3))
+        source = "an imported bundle" if imported else "the fleet"
+        say(f"downloaded engine {key[:12]} from {source} (built by {record.built_by}) in {seconds:.1f}s")
         return FleetFetch(entry, record.built_by, seconds, size)
 
     def _ask_until_found(
@@ -290,6 +353,8 @@ class FleetEngineCache:
         files: list[EngineFile],
         meta: Any,
         cancel: threading.Event | None,
+        *,
+        download: DownloadFn,
     ) -> CacheEntry:
         staging = self._work_dir / f"{key[:16]}-{uuid.uuid4().hex[:8]}"
         staging.mkdir(parents=True, exist_ok=True)
@@ -298,7 +363,7 @@ class FleetEngineCache:
             for file in files:
                 part_dir = staging / f"part-{file.sha256[:16]}"
                 part_dir.mkdir()
-                paths[file.name] = self._download(file, part_dir, cancel)
+                paths[file.name] = download(file, part_dir, cancel)
             engine = paths.pop(meta.engine_file)
             return cache.put(key, engine, meta, files=paths, move=True)
         finally:

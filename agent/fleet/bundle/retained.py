@@ -1,5 +1,6 @@
 """What the controller publishes for a device, read back from the broker: its retained desired states
-(``{prefix}/{device}/down/desired/{target}``) and the fleet's retained root chain (``_trust/root``).
+(``{prefix}/{device}/down/desired/{target}``) and the fleet's retained root chain (``_trust/root``),
+with the device's retained ``up/info`` (its platform picks the shared engines a bundle carries).
 
 A bundle carries exactly these payloads, so the device checks the same bytes it would have been sent,
 and when it connects again the broker's retained states are the ones it already ran.
@@ -24,6 +25,8 @@ class Published:
 
     desired: dict[str, dict[str, bytes]] = field(default_factory=dict)
     root_chain: bytes | None = None
+    #: Per device, its retained ``up/info`` payload (absent: the device never reported).
+    info: dict[str, bytes] = field(default_factory=dict)
 
 
 def read_published(
@@ -41,10 +44,12 @@ def read_published(
     published = Published()
     bases = {f"{settings.prefix}/{device}/down/desired/": device for device in devices}
     root_topic = trust_root(settings.prefix)
+    infos = {Topics(settings.prefix, device).info: device for device in devices}
     try:
         client.subscribe(root_topic, qos=1, timeout=timeout)
         for device in devices:
             client.subscribe(Topics(settings.prefix, device).desired_filter, qos=1, timeout=timeout)
+            client.subscribe(Topics(settings.prefix, device).info, qos=1, timeout=timeout)
         while True:
             try:
                 message = arrivals.get(timeout=quiet_s)
@@ -54,6 +59,9 @@ def read_published(
                 continue  # a cleared topic, or a live publish racing the read
             if message.topic == root_topic:
                 published.root_chain = message.payload
+                continue
+            if message.topic in infos:
+                published.info[infos[message.topic]] = message.payload
                 continue
             base, _, target = message.topic.rpartition("/")
             owner = bases.get(base + "/")

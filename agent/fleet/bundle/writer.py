@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
 import os
 import tarfile
 import time
@@ -20,12 +21,15 @@ from pathlib import Path
 
 from agent.errors import UsageError
 from agent.fleet.bundle.retained import Published
+from agent.fleet.engines.store import EngineStore, StoredEngine
 from agent.fsutil import fsync_directory, sha256_file
 from agent.protocol.delivery_errors import RejectedError
+from agent.protocol.engines import EngineRecord
 from agent.protocol.manifest import DeployManifest, read_envelope, read_manifest
 from agent.signing import Ed25519PrivateKey
 from agent.trust.bundle import (
     INDEX_MEMBER,
+    MAX_ENGINES_PER_DEVICE,
     BundleIndex,
     CarriedFile,
     DesiredEntry,
@@ -33,6 +37,10 @@ from agent.trust.bundle import (
 )
 
 _COPY_BUFFER = 1024 * 1024
+#: Largest ``up/info`` read for its platform (a device's own report: a larger one is not read).
+MAX_INFO_BYTES = 1024 * 1024
+#: The platform facts an engine's identity pins, as ``up/info`` reports them.
+_PLATFORM_FACTS = ("gpu_name", "compute_capability", "l4t_release", "machine")
 
 
 @dataclass(frozen=True)
@@ -70,6 +78,60 @@ def _files_of(manifest: DeployManifest) -> Iterable[tuple[str, int]]:
         yield artifact.sha256, artifact.size
 
 
+def device_platform(info: bytes | None) -> dict[str, object]:
+    """The ``platform`` a device's retained ``up/info`` reports (empty when absent or unreadable)."""
+    if info is None or len(info) > MAX_INFO_BYTES:
+        return {}
+    try:
+        platform = json.loads(info).get("platform")
+    except (ValueError, AttributeError):
+        return {}
+    return platform if isinstance(platform, dict) else {}
+
+
+def built_for(record: EngineRecord, platform: dict[str, object]) -> bool:
+    """Whether ``record``'s engine was built for this platform: its identity's backend version, GPU,
+    compute capability, L4T release and machine are the ones the device reports."""
+    identity = record.meta.get("identity")
+    if not platform or not isinstance(identity, dict):
+        return False
+    backend = identity.get("backend")
+    if platform.get(f"{backend}_version") != identity.get("backend_version"):
+        return False
+    return all(platform.get(fact) == identity.get(fact) for fact in _PLATFORM_FACTS)
+
+
+def shared_engines(published: Published, store: EngineStore) -> dict[str, list[StoredEngine]]:
+    """Per device whose desired states share engines, the engines ``store`` holds for those models on
+    its platform (most recently used first, at most :data:`MAX_ENGINES_PER_DEVICE`)."""
+    found: dict[str, list[StoredEngine]] = {}
+    entries = store.entries()
+    for device, targets in sorted(published.desired.items()):
+        manifests = [_manifest(payload, device, target) for target, payload in targets.items()]
+        models = {(m.model_id, m.version) for m in manifests if m.share_engines}
+        platform = device_platform(published.info.get(device))
+        mine = [e for e in entries if (e.model_id, e.version) in models and built_for(e.record, platform)]
+        if mine:
+            found[device] = mine[:MAX_ENGINES_PER_DEVICE]
+    return found
+
+
+def engine_files(engines: Mapping[str, Sequence[StoredEngine]], store: EngineStore) -> dict[str, Path]:
+    """Where each carried engine's files are in the store; raises UsageError naming a missing one."""
+    files: dict[str, Path] = {}
+    for entries in engines.values():
+        for entry in entries:
+            for file in entry.record.files:
+                path = store.blob_path(file.sha256)
+                if not path.is_file():
+                    raise UsageError(
+                        f"engine {entry.record.key[:12]}: its file {file.name} ({file.sha256}) is not in "
+                        f"{store.blobs}; it was evicted while the bundle was made, run fleet bundle again"
+                    )
+                files[file.sha256] = path
+    return files
+
+
 def find_files(needed: Mapping[str, int], directories: Sequence[Path]) -> dict[str, Path]:
     """Where each needed file is: by its store name (``<sha256>.onnx``, ``<sha256>``) first, then any
     file of the right size whose content hashes to it. Raises UsageError naming what is missing."""
@@ -99,8 +161,13 @@ def find_files(needed: Mapping[str, int], directories: Sequence[Path]) -> dict[s
     return found
 
 
-def make_index(published: Published, files: Mapping[str, Path]) -> BundleIndex:
-    """The index of a bundle carrying ``published`` and ``files``, in the order they are written."""
+def make_index(
+    published: Published,
+    files: Mapping[str, Path],
+    engines: Mapping[str, Sequence[StoredEngine]] | None = None,
+) -> BundleIndex:
+    """The index of a bundle carrying ``published``, ``engines`` and ``files``, in the order they are
+    written (``files`` holds the engines' files too)."""
     devices = {
         device: [
             DesiredEntry(target=target, sha256=hashlib.sha256(payload).hexdigest(), size=len(payload))
@@ -117,14 +184,24 @@ def make_index(published: Published, files: Mapping[str, Path]) -> BundleIndex:
         blobs=[
             CarriedFile(sha256=sha256, size=path.stat().st_size) for sha256, path in sorted(files.items())
         ],
+        engines={
+            device: [entry.signed for entry in entries] for device, entries in sorted((engines or {}).items())
+        },
     )
 
 
 def write_bundle(
-    out: Path, published: Published, files: Mapping[str, Path], *, key: Ed25519PrivateKey, key_id: str
+    out: Path,
+    published: Published,
+    files: Mapping[str, Path],
+    *,
+    key: Ed25519PrivateKey,
+    key_id: str,
+    engines: Mapping[str, Sequence[StoredEngine]] | None = None,
 ) -> BundleSummary:
-    """Write the bundle to ``out`` (temp + fsync + rename): index, root chain, desired states, files."""
-    index = make_index(published, files)
+    """Write the bundle to ``out`` (temp + fsync + rename): index (with the shared engines' signed
+    records), root chain, desired states, files."""
+    index = make_index(published, files, engines)
     part = out.with_name(out.name + ".part")
     out.parent.mkdir(parents=True, exist_ok=True)
     with open(part, "wb") as raw:

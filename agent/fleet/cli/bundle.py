@@ -33,6 +33,14 @@ def add_bundle_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="DIR",
         help=f"where the deployed files are (repeat; default {DEFAULT_STATE_DIR}/models, the controller's)",
     )
+    parser.add_argument(
+        "--engines",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help=f"the controller's engine store (default {DEFAULT_STATE_DIR}/engines): the shared engines "
+        "of devices whose desired state shares engines are carried from here",
+    )
     parser.add_argument("--json", action="store_true", help="print the bundle's index as JSON")
     add_broker_arguments(parser)
 
@@ -40,8 +48,10 @@ def add_bundle_arguments(parser: argparse.ArgumentParser) -> None:
 def run_bundle(args: argparse.Namespace) -> int:
     """Read the devices' retained desired states and the root chain, find their files, write the bundle."""
     from agent.fleet.bundle.retained import read_published
-    from agent.fleet.bundle.writer import find_files, needed_files, write_bundle
+    from agent.fleet.bundle.writer import engine_files, find_files, needed_files, shared_engines, write_bundle
     from agent.fleet.deploy.keys import load_signing_key
+    from agent.fleet.engines.settings import EngineShareSettings
+    from agent.fleet.engines.store import EngineStore
     from agent.fleet.trust.keyring import key_id_of
     from agent.trust.bundle import index_text
 
@@ -53,13 +63,18 @@ def run_bundle(args: argparse.Namespace) -> int:
     published = read_published(settings_from_args(args), devices)
     sources = args.sources or [DEFAULT_STATE_DIR / "models"]
     files = find_files(needed_files(published), sources)
-    summary = write_bundle(args.out, published, files, key=key, key_id=key_id)
+    store = EngineStore(args.engines or DEFAULT_STATE_DIR / "engines", EngineShareSettings(), create=False)
+    engines = shared_engines(published, store)
+    files.update(engine_files(engines, store))
+    summary = write_bundle(args.out, published, files, key=key, key_id=key_id, engines=engines)
     if args.json:
         print(index_text(summary.index))
         return 0
     index = summary.index
     for device, entries in index.devices.items():
-        print(f"{device}: {', '.join(entry.target for entry in entries)}")
+        shared = len(index.engines.get(device, []))
+        carried = f" (+{shared} shared engine(s))" if shared else ""
+        print(f"{device}: {', '.join(entry.target for entry in entries)}{carried}")
     chain = "with the fleet root chain" if index.root_chain is not None else "no fleet root"
     print(
         f"{summary.path}: {summary.size} bytes, {len(index.blobs)} file(s), {chain}; signed by key {key_id}"

@@ -26,11 +26,14 @@ import structlog
 from tuf.api.metadata import Metadata, Root
 
 from agent.config.models import AgentConfig
+from agent.engines.sharing.imported import ImportedEngines
+from agent.engines.sharing.trust import EngineRefusedError, verified_record
 from agent.errors import AgentError, DiskFullError
 from agent.lifecycle.bundle.inbox import ImportedStates
 from agent.lifecycle.bundle.reader import BundleStream
 from agent.protocol.delivery_errors import RejectedError
 from agent.protocol.device_targets import DEVICE_TARGETS
+from agent.protocol.engines import EngineRecord, SignedEngine
 from agent.protocol.manifest import DeployManifest, parse_signed
 from agent.protocol.messages import MAX_ROOT_CHAIN_BYTES
 from agent.signing import Ed25519PublicKey, load_public_key
@@ -38,6 +41,7 @@ from agent.state.lock import holder_pid
 from agent.store import ModelStore
 from agent.trust.anchor import FleetRoot, adopted_root
 from agent.trust.bundle import (
+    INDEX_MEMBER,
     MAX_DESIRED_BYTES,
     ROOT_MEMBER,
     BundleError,
@@ -73,6 +77,7 @@ class ImportReport:
     copied: int = 0
     present: int = 0
     copied_bytes: int = 0
+    engines: int = 0
     signalled: int | None = None
 
     def as_dict(self) -> dict[str, object]:
@@ -84,6 +89,7 @@ class ImportReport:
             "files_copied": self.copied,
             "files_present": self.present,
             "bytes_copied": self.copied_bytes,
+            "engines": self.engines,
             "agent_signalled": self.signalled,
         }
 
@@ -143,6 +149,20 @@ def _checked(
     return manifest
 
 
+def _checked_engines(
+    signed: list[SignedEngine], trust: _DeviceTrust, device: str
+) -> list[tuple[EngineRecord, SignedEngine]]:
+    """Each shared engine carried for ``device``, its signature checked as the engine cache checks one
+    the fleet sends (its identity is checked when a build asks for its key)."""
+    checked = []
+    for n, engine in enumerate(signed):
+        try:
+            checked.append((verified_record(engine, trust.trusted), engine))
+        except EngineRefusedError as exc:
+            raise BundleError(f"{INDEX_MEMBER}: engines[{device}][{n}] is refused: {exc}") from exc
+    return checked
+
+
 def import_bundle(path: Path, config: AgentConfig, *, now: datetime | None = None) -> ImportReport:
     """Check the bundle at ``path`` for this device and hand it over; :class:`BundleError` (or another
     AgentError) names what was wrong, and then nothing was changed."""
@@ -151,6 +171,7 @@ def import_bundle(path: Path, config: AgentConfig, *, now: datetime | None = Non
     report = ImportReport(device=config.device_id)
     models = ModelStore(config.state_dir / "models")
     artifacts = ModelStore(config.state_dir / "artifacts")
+    imported_engines = ImportedEngines(config.state_dir)
     staging = config.state_dir / "partial" / f"bundle-{os.getpid()}"
     shutil.rmtree(staging, ignore_errors=True)
     try:
@@ -185,6 +206,10 @@ def import_bundle(path: Path, config: AgentConfig, *, now: datetime | None = Non
                     wanted[manifest.sha256] = models
                     for artifact in manifest.artifacts or ():
                         wanted[artifact.sha256] = artifacts
+            engines = _checked_engines(index.engines.get(config.device_id, []), trust, config.device_id)
+            for record, _ in engines:
+                for engine_file in record.files:
+                    wanted.setdefault(engine_file.sha256, imported_engines.files)
             carried = {blob.sha256 for blob in index.blobs}
             lacking = sorted(
                 sha for sha, store in wanted.items() if sha not in carried and not store.has(sha)
@@ -209,6 +234,8 @@ def import_bundle(path: Path, config: AgentConfig, *, now: datetime | None = Non
             report.copied += 1
             report.copied_bytes += next(b.size for b in needed if b.sha256 == sha256)
         report.present = len(wanted) - report.copied
+        imported_engines.keep(engines)
+        report.engines = len(engines)
         ImportedStates(config.state_dir).keep(chain, desired)
     except DiskFullError as exc:
         raise BundleError(f"{path}: {exc}") from exc

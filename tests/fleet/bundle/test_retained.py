@@ -1,5 +1,6 @@
 """What `fleet bundle` reads back from a real broker: each device's retained desired states and the
-root chain, exactly as published; a device with none is named."""
+root chain, exactly as published, and each device's retained up/info (its platform picks the shared
+engines carried); a device with no desired state is named."""
 
 from __future__ import annotations
 
@@ -29,6 +30,8 @@ def test_the_retained_desired_states_and_root_chain_are_read_back_exactly(broker
             Topics(prefix, "cam-c").desired("cls"), b'{"manifest": "not asked"}', qos=1, retain=True
         )
         client.publish(trust_root(prefix), b'{"roots": []}', qos=1, retain=True)
+        client.publish(Topics(prefix, "cam-a").info, b'{"platform": {"machine": "a"}}', qos=1, retain=True)
+        client.publish(Topics(prefix, "cam-c").info, b'{"platform": {"machine": "c"}}', qos=1, retain=True)
         assert client.wait_published(patient(10))
 
         published = read_published(settings, ["cam-a", "cam-b"])
@@ -38,6 +41,7 @@ def test_the_retained_desired_states_and_root_chain_are_read_back_exactly(broker
             "cam-b": {"cls": b'{"manifest": "b"}'},
         }
         assert published.root_chain == b'{"roots": []}'
+        assert published.info == {"cam-a": b'{"platform": {"machine": "a"}}'}  # cam-b never reported
         with pytest.raises(UsageError, match="no desired state is retained for cam-d"):
             read_published(settings, ["cam-a", "cam-d"])
     finally:
@@ -45,5 +49,7 @@ def test_the_retained_desired_states_and_root_chain_are_read_back_exactly(broker
             for target in ("cls", "_config"):
                 client.publish(Topics(prefix, device).desired(target), b"", qos=1, retain=True)
         client.publish(trust_root(prefix), b"", qos=1, retain=True)
+        for device in ("cam-a", "cam-c"):
+            client.publish(Topics(prefix, device).info, b"", qos=1, retain=True)
         client.wait_published(patient(10))
         client.stop()

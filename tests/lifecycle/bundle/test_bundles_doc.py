@@ -37,3 +37,4 @@ def test_the_bounds_the_doc_gives_are_the_readers() -> None:
     assert f"desired states {bundle.MAX_DESIRED_BYTES // mib} MiB" in text
     assert f"root chain {bundle.root_chain_bound() // mib} MiB" in text
     assert f"files {bundle.MAX_BLOB_BYTES // gib} GiB" in text
+    assert f"at most {bundle.MAX_ENGINES_PER_DEVICE} per device" in text

@@ -21,6 +21,7 @@ from agent.delivery.transfer.engine_fetch import fetch_engine_file
 from agent.delivery.transfer.pull import fetch_model
 from agent.engines.service import EngineService, PreparedEngine
 from agent.engines.sharing.cache import FleetEngineCache
+from agent.engines.sharing.imported import ImportedEngines
 from agent.engines.sharing.link import MqttEngineRequests
 from agent.errors import BuildError, EngineError
 from agent.mqtt.link import MqttLink
@@ -58,6 +59,7 @@ def fleet_cache_for(
         work_dir=state_dir / "fleet-engines",
         ask_timeout_s=ask_timeout_s,
         wait_max_s=wait_max_s,
+        imported=ImportedEngines(state_dir),
     )
 
 
