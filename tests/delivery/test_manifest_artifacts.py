@@ -131,7 +131,7 @@ def test_a_model_takes_a_handful_of_artifacts_and_an_agent_release_one_per_wheel
         wheel = tmp_path / f"dep{index}-1.0-py3-none-any.whl"
         wheel.write_bytes(f"wheel {index}".encode())
         wheels.append(describe_artifact(wheel, name=wheel.name, kind="wheel"))
-    common = {"job_id": "job-1", "sequence": 1, "model_id": "edge-agent", "version": "1"}
+    common: dict[str, Any] = {"job_id": "job-1", "sequence": 1, "model_id": "edge-agent", "version": "1"}
     release = build_manifest(document, slot="_agent", artifacts=wheels, **common)
     assert len(release.artifacts or ()) == MAX_ARTIFACTS + 1 <= MAX_RELEASE_WHEELS
     with pytest.raises(

@@ -142,7 +142,7 @@ def slot_seen(controller: ControllerProcess, device: str) -> dict[str, Any]:
     status, body = controller.get(f"/api/device/{device}")
     if status != 200:
         return {}
-    slots: dict[str, Any] = json.loads(body)["slots"]
+    slots: dict[str, dict[str, Any]] = json.loads(body)["slots"]
     return slots.get("cls", {})
 
 

@@ -210,9 +210,9 @@ def test_an_overlay_rolls_out_in_waves_through_a_controller_kill_and_a_broken_ca
         )
         status = _rollout(settings, "broken")
         assert status["state"] == "ABORTED", status
-        ends = [s for s in _statuses(probe, names[0], broken) if s.state.terminal]
-        assert [(s.state, s.error_code) for s in ends] == [(JobState.ROLLED_BACK, "config_reverted")]
-        assert "no frames on stream(s) cam" in (ends[0].error or "")
+        reverted = [s for s in _statuses(probe, names[0], broken) if s.state.terminal]
+        assert [(s.state, s.error_code) for s in reverted] == [(JobState.ROLLED_BACK, "config_reverted")]
+        assert "no frames on stream(s) cam" in (reverted[0].error or "")
         _more_results(probe, names[0], 10)  # frames flow again, on the last good configuration
         record = OverlayFiles(devices[names[0]].root / "state").read()
         assert record.active is not None

@@ -18,7 +18,7 @@ import pytest
 from paho.mqtt import _packet
 from paho.mqtt.exception import MalformedPacket
 from paho.mqtt.packettypes import PacketTypes
-from paho.mqtt.properties import Properties
+from paho.mqtt.properties import Properties, VariableByteIntegers
 
 from agent.demo.broker import Broker
 from agent.mqtt import core
@@ -232,8 +232,9 @@ def test_every_property_reads_as_paho_reads_it_or_is_refused_as_paho_refuses_it(
 
 def test_a_chunk_replys_properties_are_read_by_the_core_not_handed_to_paho() -> None:
     section = _properties().pack()  # type: ignore[no-untyped-call]
-    length, used = core.VariableByteIntegers.decode(section)  # type: ignore[no-untyped-call]
+    length, used = VariableByteIntegers.decode(section)  # type: ignore[no-untyped-call]
     props = core._read_properties(memoryview(section)[used : used + length])
     assert props is not None
-    assert props.UserProperty == [("index", "3"), ("sha256", "ab" * 32)]
-    assert (props.CorrelationData, props.MessageExpiryInterval) == (b"pull:17", 120)
+    # paho sets each property as an attribute of its own name, which its types do not declare
+    assert props.UserProperty == [("index", "3"), ("sha256", "ab" * 32)]  # type: ignore[attr-defined]
+    assert (props.CorrelationData, props.MessageExpiryInterval) == (b"pull:17", 120)  # type: ignore[attr-defined]

@@ -8,6 +8,7 @@ import sys
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import cast
 
 import pytest
 
@@ -555,7 +556,8 @@ def test_acknowledgements_the_loop_queues_itself_go_out_on_its_next_turn_without
     link.start()
     wait_until(lambda: link.connected, what="connect")
     wait_until(lambda: isinstance(link._core._client._sockpairW, CoalescedWake), what="the wake wrapped")
-    wake = link._core._client._sockpairW
+    # paho types its wake socket as a socket; the core put its own wrapper there (waited for above)
+    wake = cast(CoalescedWake, link._core._client._sockpairW)
     counting = _CountingSocket(wake._sock)
     wake._sock = counting
     with Probe(broker.host, broker.port) as probe:

@@ -71,7 +71,12 @@ def test_a_second_controller_is_refused_naming_the_holder_and_a_standby_takes_th
     ):
         second.acquire()
     took = threading.Event()
-    standby = threading.Thread(target=lambda: second.acquire(standby=True) and took.set(), daemon=True)
+
+    def stand_by() -> None:
+        if second.acquire(standby=True):
+            took.set()
+
+    standby = threading.Thread(target=stand_by, daemon=True)
     standby.start()
     assert not took.wait(0.5)  # the holder renews: the standby waits
     _expire(address)
@@ -99,6 +104,7 @@ def test_a_holder_whose_lease_was_taken_writes_nothing_and_its_transition_is_ref
     new = PostgresRolloutStore(StateDatabase(address), fence=second.fence)
     before = (new.devices("r1"), new.events("r1"))
 
+    assert first.fence is not None
     with pytest.raises(
         FencedError, match=rf"token {first.fence.token}\) was taken: it is held by {second.claim.holder}"
     ):
@@ -172,7 +178,12 @@ def test_a_takeover_waits_for_a_write_in_flight_which_commits_and_the_next_one_i
     took = threading.Event()
     with database.transaction(first.fence) as sql:  # the token checked: a transition in flight
         sql.execute("CREATE TABLE written_in_flight (n INTEGER)")
-        taker = threading.Thread(target=lambda: second.acquire() and took.set(), daemon=True)
+
+        def take() -> None:
+            if second.acquire():
+                took.set()
+
+        taker = threading.Thread(target=take, daemon=True)
         taker.start()
         with psycopg.connect(address, autocommit=True) as watcher:
             wait_until(

@@ -308,6 +308,7 @@ def test_a_holder_whose_lease_connection_is_taken_stops_and_does_not_take_it_bac
     )
     loop = RunningController(config, catch=LeaseLostError)
     controller, raised = loop.controller, loop.raised
+    assert isinstance(controller.lease, PrefixLease)
     try:
         with Probe(broker.host, broker.port, client_id=controller.lease.client_id) as taker:
             loop.thread.join(patient(30))

@@ -256,7 +256,7 @@ def test_a_live_change_found_unhealthy_is_put_back_by_a_reload(tmp_path: Path) -
         RunningAgent(
             config=lambda: load_config(device.config),
             restart_keys=lambda _new: [],
-            reload=lambda: reloads.append(files.read().active.version if files.read().active else "none"),
+            reload=lambda: reloads.append(getattr(files.read().active, "version", "none")),
             restart=lambda: None,
             health=lambda: next(readings),
             started=started,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import platform
+from typing import Any
 
 import pytest
 
@@ -49,7 +50,7 @@ def test_a_release_that_fails_at_import_is_put_back(device: Device) -> None:
     assert done["code"] == "agent_reverted"
     assert "crashed at import" in str(done["error"])
     assert_previous_runs_untouched(device, done, before)
-    assert service.lines("infos.jsonl")[-1]["reverted"].startswith("1.0.2: crashed at import")
+    assert str(service.lines("infos.jsonl")[-1]["reverted"]).startswith("1.0.2: crashed at import")
 
 
 def test_a_release_that_crashes_after_a_while_is_never_confirmed(device: Device) -> None:
@@ -99,7 +100,7 @@ def test_a_release_whose_dependency_is_missing_offline_fails_and_nothing_switche
     ids=["other-python", "other-machine"],
 )
 def test_a_release_for_another_python_or_machine_is_rejected_untouched(
-    device: Device, fields: dict[str, object], why: str
+    device: Device, fields: dict[str, Any], why: str
 ) -> None:
     device.deliver("1.0.1", **fields)
     before = fingerprint(device.releases / BASE_VERSION)
