@@ -371,16 +371,8 @@ class Deployment:
 
         started = time.monotonic()
         self._enter(JobState.BUILDING)
-        reporter = JobReporter(
-            self._on_build_progress,
-            self.cancel_event,
-            slot=m.slot,
-            preprocess=m.preprocess,
-            on_build=self._on_build_phase,
-            share_engines=bool(m.share_engines),
-            job_id=m.job_id,
-            model_id=m.model_id,
-            version=m.version,
+        reporter = self._reporter(
+            preprocess=m.preprocess, on_build=self._on_build_phase, share_engines=bool(m.share_engines)
         )
         outcome = self._build(model, with_artifacts(m.build, artifacts), reporter)
         self.effective = dict(outcome.effective) or {"backend": outcome.backend}
@@ -427,6 +419,20 @@ class Deployment:
         self._timed(_TIMING.get(self.state, "validate"), self._step_started)
         self.finish(JobState.ACTIVE)
 
+    def _reporter(self, **model_build: Any) -> JobReporter:
+        """What the BUILDING step reports through: this job's progress, cancel and names (a model's
+        build adds its preprocessing, build phases and engine sharing)."""
+        m = self.manifest
+        return JobReporter(
+            self._on_build_progress,
+            self.cancel_event,
+            slot=m.slot,
+            job_id=m.job_id,
+            model_id=m.model_id,
+            version=m.version,
+            **model_build,
+        )
+
     def _run_target(
         self, target: DeviceTarget, document: Path, artifacts: dict[str, Path], started: float
     ) -> None:
@@ -438,14 +444,7 @@ class Deployment:
 
         started = time.monotonic()
         self._enter(JobState.BUILDING)
-        reporter = JobReporter(
-            self._on_build_progress,
-            self.cancel_event,
-            slot=m.slot,
-            job_id=m.job_id,
-            model_id=m.model_id,
-            version=m.version,
-        )
+        reporter = self._reporter()
         target.install(document, artifacts, m, reporter)
         self._timed("build", started)
         self._check_cancel()

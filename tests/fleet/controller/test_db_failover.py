@@ -79,40 +79,31 @@ def _pair(
     prefix: str,
     keys: KeyPairFiles,
     children: list[Child],
-    holder_db: dict[str, str],
-    standby_db: dict[str, str],
+    postgres: PostgresServer,
+    name: str,
     ttl_s: int,
+    holder_port: int | None = None,
 ) -> tuple[Child, Child]:
-    """A holder on host-a's state directory, then a standby on host-b's."""
-    holder = _spawn(
-        children,
-        _config_file(
-            tmp_path / "a.yaml",
+    """A holder on host-a's state directory (reaching database ``name`` through ``holder_port``
+    when given: a proxy the test can cut), then a standby on host-b's."""
+
+    def spawn(host: str, port: int | None, standby: bool) -> Child:
+        config = _config_file(
+            tmp_path / f"{host}.yaml",
             broker,
             prefix,
             keys,
-            tmp_path / "host-a",
-            database=holder_db,
+            tmp_path / f"host-{host}",
+            database=_database(postgres, name, port),
             lease_ttl_s=ttl_s,
-        ),
-        tmp_path / "a.log",
-    )
+            standby=standby,
+        )
+        return _spawn(children, config, tmp_path / f"{host}.log")
+
+    holder = spawn("a", holder_port, standby=False)
     holder.wait_serving_or_exit()
     assert holder.serving(), holder.text()
-    standby = _spawn(
-        children,
-        _config_file(
-            tmp_path / "b.yaml",
-            broker,
-            prefix,
-            keys,
-            tmp_path / "host-b",
-            database=standby_db,
-            lease_ttl_s=ttl_s,
-            standby=True,
-        ),
-        tmp_path / "b.log",
-    )
+    standby = spawn("b", None, standby=True)
     wait_until(lambda: "standing by" in standby.text(), timeout=30, what="the standby's line")
     assert f"pid {holder.proc.pid}" in standby.text()
     return holder, standby
@@ -146,8 +137,8 @@ def test_a_standby_on_another_state_dir_finishes_the_rollout_of_a_holder_killed_
         prefix,
         keys,
         children,
-        _database(postgres, name),
-        _database(postgres, name),
+        postgres,
+        name,
         ttl_s=5,
     )
     settings = operator_settings(broker, prefix)
@@ -188,8 +179,8 @@ def test_a_holder_frozen_past_its_lease_cannot_write_when_it_wakes_and_steps_dow
         prefix,
         keys,
         children,
-        _database(postgres, name),
-        _database(postgres, name),
+        postgres,
+        name,
         ttl_s=3,
     )
     settings = operator_settings(broker, prefix)
@@ -237,8 +228,9 @@ def test_a_holder_cut_from_the_database_for_10_s_keeps_nothing_half_written_and_
             prefix,
             keys,
             children,
-            _database(postgres, name, proxy.port),
-            _database(postgres, name),
+            postgres,
+            name,
+            holder_port=proxy.port,
             ttl_s=30,  # longer than the outage: the holder keeps the lease and goes on
         )
         settings = operator_settings(broker, prefix)
@@ -290,8 +282,9 @@ def test_a_holder_cut_from_the_database_longer_than_its_lease_hands_over_and_ste
             prefix,
             keys,
             children,
-            _database(postgres, name, proxy.port),
-            _database(postgres, name),
+            postgres,
+            name,
+            holder_port=proxy.port,
             ttl_s=3,
         )
         settings = operator_settings(broker, prefix)
