@@ -65,6 +65,9 @@ class Runner(ABC):
         self.outputs = outputs
         #: Milliseconds of one batch-1 run as loaded, when the backend measured it at load time.
         self.probe_ms: float | None = None
+        #: The whole run executes on the calling thread (no worker threads, no device): that thread's
+        #: CPU time is then the run's cost, which neither other processes nor the GIL inflate.
+        self.runs_on_caller = False
         self._closed = False
 
     def infer(self, feeds: Feeds) -> Outputs:

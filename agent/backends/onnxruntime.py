@@ -139,8 +139,12 @@ def _create_session(path: Path, so: Any, providers: Sequence[ProviderRequest]) -
 
 
 def probe_ms(session: Any, runs: int = 5) -> float | None:
-    """Median ms of a batch-1 inference on zeros (stops once a run shows the model is not small);
-    None when an input shape is not fixed."""
+    """Fastest ms of a batch-1 inference on zeros (stops once two runs show the model is not small);
+    None when an input shape is not fixed.
+
+    The fastest run, not the median: on a busy machine most runs also wait for a core or for the GIL,
+    and a small model measured by its median would be loaded as a large one.
+    """
     feeds: dict[str, Any] = {}
     for spec in _tensor_specs(session.get_inputs()):
         dims = [1 if i == 0 and not isinstance(d, int) else d for i, d in enumerate(spec.shape)]
@@ -154,11 +158,11 @@ def probe_ms(session: Any, runs: int = 5) -> float | None:
             start = time.perf_counter()
             session.run(None, feeds)
             times.append((time.perf_counter() - start) * 1000.0)
-            if times[-1] > 2 * SMALL_MODEL_MS:
+            if len(times) >= 2 and min(times) > 2 * SMALL_MODEL_MS:
                 break  # clearly not small: spare a heavy model's load the other runs
     except Exception:  # noqa: BLE001 - a model that cannot run on zeros is judged by validation, not here
         return None
-    return float(np.median(times))
+    return min(times)
 
 
 def split_threads(requested: int, cpus: int, parallel_runs: int) -> int:
@@ -245,6 +249,7 @@ class OnnxRuntimeBackend(Backend):
         if initial != options.intra_op_threads:
             threads = f"{initial} (auto: {options.parallel_runs} runs side by side on {cpus} cores)"
         took: float | None = None
+        count = initial
         if options.intra_op_threads == 0 and list(session.get_providers()) == [CPU]:
             took = probe_ms(session)
             auto = small_model_threads(initial, took, cpus)
@@ -252,8 +257,11 @@ class OnnxRuntimeBackend(Backend):
                 # Only the providers that came up the first time: their warnings were logged then.
                 session = _create_session(engine, _session_options(auto, spinning), session.get_providers())
                 threads = f"{auto} (auto: {took:.2f} ms per frame)"
+                count = auto
         runner = OnnxRuntimeRunner(session, engine, threads)
         runner.probe_ms = took
+        # One intra-op thread on the CPU provider: ONNX Runtime makes no pool and runs on the caller.
+        runner.runs_on_caller = count == 1 and list(session.get_providers()) == [CPU]
         log.info("engine.loaded", backend=self.key, model=str(engine), providers=session.get_providers())
         return runner
 

@@ -219,6 +219,9 @@ def test_a_tiny_model_loads_with_one_thread_unless_told_otherwise(tmp_path: Path
             assert auto.describe()["intra_op_threads"] == "default"
         assert explicit.describe()["intra_op_threads"] == "2"
         assert explicit.probe_ms is None, "an operator's thread count is not second-guessed by a probe"
+        # Only a run on the calling thread alone can be timed by that thread's CPU time.
+        assert auto.runs_on_caller is auto.describe()["intra_op_threads"].startswith("1 ")
+        assert explicit.runs_on_caller is False
         x = np.zeros((2, 3, 32, 32), np.float32)
         np.testing.assert_allclose(
             auto.infer({"images": x})["scores"], explicit.infer({"images": x})["scores"], rtol=1e-5
@@ -253,6 +256,7 @@ def test_a_load_for_parallel_runs_takes_its_share_and_reports_its_measured_run_t
         assert runner.probe_ms is not None
         assert runner.probe_ms > 0.0
         assert explicit.probe_ms is None  # a chosen thread count needs no measurement
+        assert (runner.runs_on_caller, explicit.runs_on_caller) == (True, True)
     finally:
         runner.close()
         explicit.close()

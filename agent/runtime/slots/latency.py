@@ -7,6 +7,13 @@ back to back (which one goes first alternates), so both meet the same load, and 
 ``new_ms / old_ms`` cancels it. The median of those ratios also ignores the frames on which the
 scheduler preempted only one of the two (a preemption makes one ratio large or small, not the median).
 
+Load the pairing cannot cancel is what lands on both runs of a pair: a machine so busy that most runs
+are preempted, and the wait for the GIL once a run ends while the agent's other threads hold it. Each
+adds milliseconds to both times and so pulls every ratio towards 1 (a model four times as costly was
+judged 2.6 under four busy processes on two cores). Where a run executes wholly on the calling thread
+(ONNX Runtime on the CPU with one intra-op thread: what the agent picks for small models) the pair
+holds that thread's CPU time instead, which neither counts (:func:`compared_times`).
+
 The probation (:mod:`agent.runtime.slots.probation`) judges :func:`judged_ratio`: the median over
 the whole probation and over its latter half, whichever is larger, so a model that turns slow late
 and stays slow is judged on the stretch where it is slow. The shadow uses :func:`median_ratio`.
@@ -24,8 +31,31 @@ MIN_PAIRS = 5
 
 
 @dataclass(frozen=True)
+class InferenceTime:
+    """One inference: its wall time, and the calling thread's CPU time when the whole run executed on
+    that thread (``Runner.runs_on_caller``; None otherwise)."""
+
+    wall_ms: float
+    cpu_ms: float | None = None
+
+
+def compared_times(old: InferenceTime, new: InferenceTime) -> tuple[float, float]:
+    """The two times a latency ratio compares: both CPU times when both runs executed on the calling
+    thread, else both wall times.
+
+    Wall time counts whatever else happened meanwhile: the preemptions by other processes and, after
+    the run, the wait for the GIL while the agent's other threads hold it. That wait is added to both
+    models alike and so pulls every ratio towards 1; the thread's CPU time leaves it out.
+    """
+    if old.cpu_ms is not None and new.cpu_ms is not None and old.cpu_ms > 0.0:
+        return old.cpu_ms, new.cpu_ms
+    return old.wall_ms, new.wall_ms
+
+
+@dataclass(frozen=True)
 class PairedTiming:
-    """Both models' inference time on one frame, timed back to back ``at_s`` seconds into the window."""
+    """Both models' inference time on one frame, timed back to back ``at_s`` seconds into the window
+    (the times :func:`compared_times` chose)."""
 
     at_s: float
     old_ms: float

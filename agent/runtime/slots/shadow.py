@@ -26,7 +26,7 @@ from agent.protocol.proving import ShadowSpec
 from agent.protocol.results import Prediction
 from agent.runtime.slots.agreement import ShadowBar, ShadowTally, Verdict, frame_agreement, topk_overlap
 from agent.runtime.slots.evidence import DisagreementHeap
-from agent.runtime.slots.latency import old_first
+from agent.runtime.slots.latency import InferenceTime, compared_times, old_first
 from agent.runtime.slots.loaded import LoadedModel
 from agent.runtime.slots.slot import ModelSlot
 
@@ -86,11 +86,11 @@ def _compare(
         if serving is None:
             return
         if old_first(tally.frames + tally.bad_outputs):
-            old, old_ms, _ = predict(serving, image)
-            new, new_ms, finite = predict(candidate, image)
+            old, old_time, _ = predict(serving, image)
+            new, new_time, finite = predict(candidate, image)
         else:
-            new, new_ms, finite = predict(candidate, image)
-            old, old_ms, _ = predict(serving, image)
+            new, new_time, finite = predict(candidate, image)
+            old, old_time, _ = predict(serving, image)
     if not finite:
         tally.bad_outputs += 1
         if evidence is not None:
@@ -98,19 +98,21 @@ def _compare(
         return
     top5 = topk_overlap(old.classes, new.classes or []) if old.classes is not None else None
     agreement = frame_agreement(old, new)
-    tally.add(agreement, old_ms, new_ms, top5=top5)
+    tally.add(agreement, *compared_times(old_time, new_time), top5=top5)
     if evidence is not None:
         evidence.offer(agreement, image, old, new)
 
 
-def predict(model: LoadedModel, image: npt.NDArray[np.uint8]) -> tuple[Prediction, float, bool]:
-    """The model's prediction on one frame, its inference time in ms, and whether outputs were finite."""
+def predict(model: LoadedModel, image: npt.NDArray[np.uint8]) -> tuple[Prediction, InferenceTime, bool]:
+    """The model's prediction on one frame, its inference time, and whether outputs were finite."""
     tensor, letterbox = preprocess(image, model.preprocess)
-    t0 = time.perf_counter()
+    cpu0, t0 = time.thread_time(), time.perf_counter()
     outputs: dict[str, Any] = model.runner.infer({model.input_name: tensor[np.newaxis]})
-    infer_ms = (time.perf_counter() - t0) * 1000.0
+    wall_ms = (time.perf_counter() - t0) * 1000.0
+    cpu_ms = (time.thread_time() - cpu0) * 1000.0 if model.runner.runs_on_caller else None
+    timed = InferenceTime(wall_ms, cpu_ms)
     finite = all(a.dtype.kind != "f" or bool(np.isfinite(a).all()) for a in outputs.values())
     if not finite:  # postprocessing NaN scores means nothing (and may raise): the frame counts as bad
-        return Prediction(), infer_ms, False
+        return Prediction(), timed, False
     prediction = model.postprocessor({name: array[0] for name, array in outputs.items()}, letterbox)
-    return prediction, infer_ms, finite
+    return prediction, timed, finite

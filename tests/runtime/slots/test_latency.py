@@ -6,7 +6,15 @@ import random
 
 import pytest
 
-from agent.runtime.slots.latency import MIN_PAIRS, PairedTiming, judged_ratio, median_ratio, old_first
+from agent.runtime.slots.latency import (
+    MIN_PAIRS,
+    InferenceTime,
+    PairedTiming,
+    compared_times,
+    judged_ratio,
+    median_ratio,
+    old_first,
+)
 
 
 def pairs(ratios: list[float], *, every_s: float = 0.5, old_ms: float = 2.0) -> list[PairedTiming]:
@@ -87,3 +95,16 @@ def test_too_few_pairs_give_no_ratio_and_a_half_without_them_is_left_out() -> No
 
 def test_pairs_alternate_which_model_goes_first() -> None:
     assert [old_first(i) for i in range(4)] == [True, False, True, False]
+
+
+def test_a_pair_compares_cpu_times_when_both_runs_were_on_the_calling_thread() -> None:
+    # The same runs: 0.4 and 1.4 ms of work, and 5 ms more of the wall clock each spent waiting.
+    old, new = InferenceTime(5.4, cpu_ms=0.4), InferenceTime(6.4, cpu_ms=1.4)
+    assert compared_times(old, new) == (0.4, 1.4)
+
+
+def test_a_pair_falls_back_to_wall_times_unless_both_sides_have_cpu_times() -> None:
+    assert compared_times(InferenceTime(2.0, cpu_ms=0.4), InferenceTime(8.0)) == (2.0, 8.0)
+    assert compared_times(InferenceTime(2.0), InferenceTime(8.0, cpu_ms=1.4)) == (2.0, 8.0)
+    # A thread clock that did not tick says nothing: the wall clock still does.
+    assert compared_times(InferenceTime(2.0, cpu_ms=0.0), InferenceTime(8.0, cpu_ms=1.4)) == (2.0, 8.0)
