@@ -57,7 +57,13 @@ def test_a_restart_with_an_empty_engine_cache_serves_at_once_and_swaps_without_a
         daemon = Daemon(config, tmp_path / "agent.log", env=paced_build.env(gate))
         try:
             # Results within seconds, while the build is held (it cannot finish: the gate is shut).
-            probe.wait_for_count(results, 10, timeout=30)
+            try:
+                probe.wait_for_count(results, 10, timeout=30)
+            except TimeoutError as exc:
+                counts = {t: len(probe.on_topic(t)) for t in {m.topic for m in probe.snapshot()}}
+                raise AssertionError(
+                    f"{exc}; per topic {counts}; the daemon's log:\n{daemon.log()[-6000:]}"
+                ) from exc
             held = probe.wait_for(
                 lambda ms: (
                     (s := _slot(ms, device)) is not None
