@@ -112,8 +112,8 @@ class ControllerConfig(StrictModel):
     )
     database: DatabaseSettings = Field(
         default_factory=DatabaseSettings,
-        description="PostgreSQL for the rollouts, the lease, the model repository and the samples (docs/fleet.md, "
-        '"The store"); unset: SQLite under state_dir and the lease on the broker.',
+        description="PostgreSQL for the rollouts, the lease, the model repository and the samples "
+        '(docs/fleet.md, "The store"); unset: SQLite under state_dir and the lease on the broker.',
     )
 
     samples: SampleBounds = Field(
