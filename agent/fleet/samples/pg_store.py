@@ -18,7 +18,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from agent.fleet.samples.store import FileSampleStore, SampleBounds, SampleStore, StoredSample, sample_of
-from agent.fleet.statedb.postgres import DEAD_LINK_S, DatabaseUnavailableError, Fence, StateDatabase
+from agent.fleet.statedb.postgres import (
+    DEAD_LINK_S,
+    DatabaseError,
+    DatabaseUnavailableError,
+    Fence,
+    StateDatabase,
+)
 from agent.protocol.samples import SampleMessage
 
 #: Samples read per query while exporting: memory stays bounded whatever the store holds.
@@ -70,6 +76,14 @@ class PostgresSampleStore(SampleStore):
         self._down_until = 0.0
         if migrate:
             database.migrate()
+            return
+        with database.session() as sql:
+            table = sql.execute("SELECT to_regclass('samples')").fetchone()
+        if table is None or table[0] is None:
+            raise DatabaseError(
+                f"{database.where} has no samples table yet: no controller of this version has opened "
+                "it (a controller started with this database.url makes its tables)"
+            )
 
     def close(self) -> None:
         self.database.close()

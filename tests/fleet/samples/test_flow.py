@@ -15,6 +15,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 import paho.mqtt.publish as mqtt_publish
+import psycopg
 import pytest
 
 from agent.cli import main
@@ -221,6 +222,21 @@ def test_the_cli_exports_from_the_state_dir_its_controller_config_names(
     with pytest.raises(SystemExit):
         main([*argv, "--state-dir", str(state_dir)])
     assert "not allowed with argument" in capsys.readouterr().err
+
+
+def test_the_cli_names_a_database_no_controller_has_made_the_tables_of(
+    tmp_path: Path, broker: Broker, prefix: str, postgres: PostgresServer
+) -> None:
+    name = postgres.new_database()
+    config = _controller_yaml(tmp_path / "c.yaml", broker, prefix, tmp_path / "host", _on(postgres, name))
+    exported = agent_cli(
+        "fleet", "samples", "export", "--format", "coco", "-c", str(config), "-o", str(tmp_path / "o")
+    )
+    assert exported.returncode == 1
+    assert f"/{name} has no samples table yet" in exported.stderr
+    assert "Traceback" not in exported.stderr
+    with psycopg.connect(postgres.conninfo(name)) as pg:  # the export made nothing
+        assert pg.execute("SELECT to_regclass('schema_migrations')").fetchone() == (None,)
 
 
 def test_the_cli_names_a_state_dir_without_samples(
