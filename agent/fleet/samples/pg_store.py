@@ -74,15 +74,22 @@ class PostgresSampleStore(SampleStore):
         #: Until then an add is refused at once: the database was just out of reach, and a sample
         #: must not hold the controller's message thread for a connect timeout each.
         self._down_until = 0.0
-        if migrate:
-            database.migrate()
-            return
-        with database.session() as sql:
+        try:
+            if migrate:
+                database.migrate()
+            else:
+                self._check_tables()
+        except DatabaseError:
+            database.close()
+            raise
+
+    def _check_tables(self) -> None:
+        with self.database.session() as sql:
             table = sql.execute("SELECT to_regclass('samples')").fetchone()
         if table is None or table[0] is None:
             raise DatabaseError(
-                f"{database.where} has no samples table yet: no controller of this version has opened "
-                "it (a controller started with this database.url makes its tables)"
+                f"{self.database.where} has no samples table yet: no controller of this version has "
+                "opened it (a controller started with this database.url makes its tables)"
             )
 
     def close(self) -> None:
