@@ -30,6 +30,8 @@ class FreezableProxy:
         self._closed = threading.Event()
         self._refusing = threading.Event()
         self.accepted = 0
+        #: Connections tried, refused ones included.
+        self.attempts = 0
 
     def start(self) -> FreezableProxy:
         threading.Thread(target=self._accept, daemon=True, name="proxy-accept").start()
@@ -62,6 +64,7 @@ class FreezableProxy:
                 client, _addr = self._listener.accept()
             except OSError:
                 return
+            self.attempts += 1
             if self._refusing.is_set():
                 client.close()
                 continue

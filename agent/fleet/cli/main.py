@@ -17,6 +17,7 @@ import json
 import sys
 import threading
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from agent.errors import UsageError
 from agent.fleet.cli import device_commands
@@ -33,6 +34,9 @@ from agent.fleet.controller.config import DEFAULT_STATE_DIR
 from agent.fleet.deploy.run import DEFAULT_STATUS_POLL_S
 from agent.fleet.devices.command import FOLLOW_S
 from agent.logs.setup import configure_logging
+
+if TYPE_CHECKING:
+    from agent.fleet.samples.store import SampleStore
 
 #: ``fleet status --telemetry-wait`` default: the agent's default telemetry interval (10 s) and a margin.
 DEFAULT_TELEMETRY_WAIT_S = 11.0
@@ -228,7 +232,7 @@ def add_fleet_arguments(parser: argparse.ArgumentParser) -> None:
     export = samples_sub.add_parser(
         "export",
         help="write the controller's samples as a dataset with the model's predictions as pre-labels "
-        "(run on the controller host: it reads STATE_DIR/samples)",
+        "(reads STATE_DIR/samples on the controller host, or the database its --config names)",
     )
     export.add_argument(
         "--format",
@@ -238,12 +242,21 @@ def add_fleet_arguments(parser: argparse.ArgumentParser) -> None:
         "(classifiers)",
     )
     export.add_argument("-o", "--output", type=Path, required=True, metavar="DIR", help="directory to write")
-    export.add_argument(
+    where = export.add_mutually_exclusive_group()
+    where.add_argument(
         "--state-dir",
         type=Path,
         default=None,
         metavar="DIR",
         help=f"the controller's state_dir, which holds samples/ (default: the unit's, {DEFAULT_STATE_DIR})",
+    )
+    where.add_argument(
+        "-c",
+        "--config",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="the controller's YAML: its database (database.url) or its state_dir holds the samples",
     )
     _add_verbose(export)
 
@@ -447,17 +460,45 @@ def _serve(args: argparse.Namespace) -> int:
 
 def _samples_export(args: argparse.Namespace) -> int:
     from agent.fleet.samples.export import export_samples, summary_json
-    from agent.fleet.samples.store import SampleStore
+    from agent.fleet.samples.store import FileSampleStore
 
-    state_dir = args.state_dir or DEFAULT_STATE_DIR
-    directory = state_dir / "samples"
-    if not directory.is_dir():
-        raise UsageError(
-            f"--state-dir {state_dir}: no samples/ there (not the controller's state_dir, or no "
-            "device has sent a sample yet)"
-        )
     if args.output.exists() and not args.output.is_dir():
         raise UsageError(f"-o {args.output} is a file; name the directory to write the dataset to")
-    summary = export_samples(SampleStore(directory), args.format, args.output)
+    store: SampleStore
+    if args.config is not None:
+        store = _configured_samples(args.config)
+    else:
+        state_dir = args.state_dir or DEFAULT_STATE_DIR
+        directory = state_dir / "samples"
+        if not directory.is_dir():
+            raise UsageError(
+                f"--state-dir {state_dir}: no samples/ there (not the controller's state_dir, or no "
+                "device has sent a sample yet)"
+            )
+        store = FileSampleStore(directory)
+    try:
+        summary = export_samples(store, args.format, args.output)
+    finally:
+        store.close()
     print(summary_json(summary, args.format, args.output))
     return 0
+
+
+def _configured_samples(config_path: Path) -> SampleStore:
+    """The samples of the controller ``config_path`` configures: in its database, or its state_dir."""
+    from agent.fleet.controller.config import load_controller_config
+    from agent.fleet.samples.pg_store import PostgresSampleStore
+    from agent.fleet.samples.store import FileSampleStore
+    from agent.fleet.statedb.postgres import StateDatabase, conninfo_of
+
+    config = load_controller_config(config_path)
+    if config.database.url is not None:
+        # Read only: the schema is the controller's to migrate, never an export's.
+        database = StateDatabase(conninfo_of(config.database), name="samples-export")
+        return PostgresSampleStore(database, migrate=False)
+    if not config.samples_dir.is_dir():
+        raise UsageError(
+            f"-c {config_path}: no samples/ in its state_dir {config.state_dir} (no device has sent a "
+            "sample yet)"
+        )
+    return FileSampleStore(config.samples_dir)

@@ -112,13 +112,14 @@ class ControllerConfig(StrictModel):
     )
     database: DatabaseSettings = Field(
         default_factory=DatabaseSettings,
-        description="PostgreSQL for the rollouts, the lease and the model repository (docs/fleet.md, "
-        '"The store"); unset: SQLite under state_dir and the lease on the broker.',
+        description="PostgreSQL for the rollouts, the lease, the model repository and the samples "
+        '(docs/fleet.md, "The store"); unset: SQLite under state_dir and the lease on the broker.',
     )
 
     samples: SampleBounds = Field(
         default_factory=SampleBounds,
-        description="The store of the devices' opt-in samples for retraining ({state_dir}/samples).",
+        description="The store of the devices' opt-in samples for retraining ({state_dir}/samples, or "
+        "the database with database.url).",
     )
 
     engines: EngineShareSettings = Field(

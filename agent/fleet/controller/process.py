@@ -59,9 +59,11 @@ from agent.fleet.rollout.report import rollout_status
 from agent.fleet.rollout.runner import RolloutRunner
 from agent.fleet.rollout.spec import RolloutRequest, request_of
 from agent.fleet.rollout.store import RolloutStore, StoreDamagedError, StoreFullError
+from agent.fleet.samples.pg_store import open_sample_store
 from agent.fleet.samples.store import SampleStore
 from agent.fleet.statedb.models import ModelVault
 from agent.fleet.statedb.postgres import (
+    DatabaseError,
     DatabaseUnavailableError,
     FencedError,
     StateDatabase,
@@ -113,7 +115,8 @@ class FleetController:
             None if config.unsigned or config.signing_key is None else load_signing_key(config.signing_key)
         )
         self._uploads = UploadSink(config.models_dir)
-        #: The devices' opt-in samples for retraining, bounded on disk (opened in start()).
+        #: The devices' opt-in samples for retraining, bounded, on disk or in the database (opened in
+        #: start()).
         self.samples: SampleStore | None = None
         self.samples_rejected = 0
         #: The store's database (None: SQLite under state_dir); its password read from its file.
@@ -212,7 +215,12 @@ class FleetController:
         self.engines.start()
         self.chunks.add_repo(self.engines.store.blobs)
         self.chunks.start(timeout)
-        self.samples = SampleStore(self.config.samples_dir, self.config.samples)
+        self.samples = open_sample_store(
+            self.config.samples_dir,
+            self.config.samples,
+            None if self._conninfo is None else StateDatabase(self._conninfo, name="samples"),
+            fence=self.lease.fence if isinstance(self.lease, DatabaseLease) else None,
+        )
         if self.enrollment is not None:
             self.enrollment.start()
         self._client.start(timeout)
@@ -360,6 +368,8 @@ class FleetController:
             self.vault.database.close()
         if isinstance(self.engines.store, PostgresEngineStore):
             self.engines.store.database.close()
+        if self.samples is not None:
+            self.samples.close()
         self.lease.release()  # last: nothing of this controller acts once another can take over
 
     def _unfinished(self) -> list[str]:
@@ -440,6 +450,10 @@ class FleetController:
                 topic=shown(message.topic, 200),
                 error=shown(str(exc), 300),
             )
+        except DatabaseError as exc:
+            # The sample was fine; the database was out of reach or the lease was taken (the lease
+            # and the loop act on those): this one sample is not kept.
+            log.warning("fleet.controller.sample_not_kept", topic=shown(message.topic, 200), error=str(exc))
 
     def call(self, fn: Callable[[], dict[str, Any]], timeout: float = 30.0) -> dict[str, Any]:
         """Run ``fn`` on the loop thread (as requests are) and return its result or raise its error."""

@@ -9,7 +9,8 @@ Two formats, the model's predictions as pre-labels:
   classification tools import.
 
 A sample of the other kind (a classifier's in ``coco``, a detector's in ``folders``) is left out
-and counted. Names are ``<device>-<slot>-<frame>-<seq>``, so they never collide.
+and counted. Names are ``<device>-<slot>-<frame>-<seq>``, so they never collide. The store is read
+oldest first; a sample the running controller evicts meanwhile is left out.
 """
 
 from __future__ import annotations
@@ -60,8 +61,7 @@ def _coco(store: SampleStore, out: Path) -> ExportSummary:
     categories: dict[int, str] = {}
     skipped = 0
     (out / "images").mkdir(exist_ok=True)
-    for stored in store:
-        sample = stored.read()
+    for stored, sample in store.read_all():
         detections = sample.prediction.detections
         if detections is None:
             skipped += 1
@@ -106,8 +106,7 @@ def _coco(store: SampleStore, out: Path) -> ExportSummary:
 def _folders(store: SampleStore, out: Path) -> ExportSummary:
     written = 0
     skipped = 0
-    for stored in store:
-        sample = stored.read()
+    for stored, sample in store.read_all():
         classes = sample.prediction.classes
         if not classes:
             skipped += 1

@@ -3,7 +3,8 @@
 Each entry is one version's SQL, applied in one transaction together with its row in
 ``schema_migrations``; a database that records a version this controller does not know was migrated
 by a newer controller and is refused. The tables mirror the SQLite store's (rollout/store.py), with
-PostgreSQL's types; ``devices.pos`` keeps the selection order SQLite's ``rowid`` keeps.
+PostgreSQL's types; ``devices.pos`` keeps the selection order SQLite's ``rowid`` keeps. ``samples``
+holds the documents the file store (samples/store.py) writes as files, ``seq`` their order.
 """
 
 from __future__ import annotations
@@ -94,6 +95,21 @@ CREATE TABLE engine_index (
     doc      TEXT NOT NULL,
     saved_at DOUBLE PRECISION NOT NULL
 );
+""",
+    ),
+    (
+        3,
+        """
+CREATE TABLE samples (
+    seq       BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    device    TEXT NOT NULL,
+    msg_id    TEXT NOT NULL,
+    size      INTEGER NOT NULL,
+    doc       BYTEA NOT NULL,
+    stored_at DOUBLE PRECISION NOT NULL,
+    UNIQUE (device, msg_id)
+);
+CREATE INDEX samples_by_device ON samples (device, seq);
 """,
     ),
 )

@@ -1,6 +1,7 @@
 """The lease in PostgreSQL (controller/db_lease.py) and the token that fences every write, on a real
 PostgreSQL started by the tests: one holder at a time, a standby that takes an expired lease, and a
-holder whose lease was taken that can write nothing more (its transition refused whole)."""
+holder whose lease was taken that can write nothing more (its transition refused whole, its sample
+not kept)."""
 
 from __future__ import annotations
 
@@ -18,11 +19,14 @@ from agent.fleet.controller.db_lease import DatabaseLease
 from agent.fleet.controller.lease import LeaseHeldError, LeaseLostError
 from agent.fleet.rollout.pg_store import PostgresRolloutStore
 from agent.fleet.rollout.records import DeviceStep, RolloutPlan, RolloutState, WaveState
+from agent.fleet.samples.pg_store import PostgresSampleStore
+from agent.fleet.samples.store import SampleBounds
 from agent.fleet.statedb.models import ModelVault
 from agent.fleet.statedb.postgres import DatabaseError, FencedError, StateDatabase
 from agent.fsutil import sha256_file
 from tests.fleet.controller.loop_thread import RunningController
 from tests.fleet.operator_side import operator_settings, unique_prefix
+from tests.fleet.samples.made import low_class, made_sample
 from tests.postgres_server import PostgresServer
 from tests.waiting import patient, wait_until
 
@@ -117,6 +121,30 @@ def test_a_holder_whose_lease_was_taken_writes_nothing_and_its_transition_is_ref
     assert [r.step for r in new.devices("r1")] == [DeviceStep.SENT, DeviceStep.PLANNED]
     old.close()
     new.close()
+
+
+def test_a_holder_whose_lease_was_taken_keeps_no_sample_and_evicts_none(
+    address: str, leases: list[DatabaseLease], tmp_path: Path
+) -> None:
+    first = _lease(leases, address, tmp_path / "one")
+    assert first.acquire()
+    bounds = SampleBounds(max_count=1)
+    old = PostgresSampleStore(StateDatabase(address), bounds, fence=first.fence)
+    kept = old.add("cam-1", made_sample(low_class(), 1))
+    _expire(address)
+    second = _lease(leases, address, tmp_path / "two")
+    assert second.acquire()
+    new = PostgresSampleStore(StateDatabase(address), bounds, fence=second.fence)
+    try:
+        with pytest.raises(FencedError, match="was taken"):
+            old.add("cam-2", made_sample(low_class(), 2))  # would have evicted cam-1's
+        assert new.samples() == [kept]
+        assert old.evicted == 0
+        assert new.add("cam-2", made_sample(low_class(), 2)) is not None  # the holder's add goes in
+        assert [s.device for s in new.samples()] == ["cam-2"]
+    finally:
+        old.close()
+        new.close()
 
 
 def test_a_released_lease_is_taken_at_once_and_its_token_keeps_counting(

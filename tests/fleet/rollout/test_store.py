@@ -354,3 +354,4 @@ def test_a_database_an_older_controller_made_is_migrated_in_order_keeping_its_ro
         versions = [r[0] for r in pg.execute("SELECT version FROM schema_migrations ORDER BY version")]
         assert versions == [version for version, _ in MIGRATIONS]
         assert pg.execute("SELECT count(*) FROM engine_index").fetchone() == (0,)
+        assert pg.execute("SELECT count(*) FROM samples").fetchone() == (0,)
