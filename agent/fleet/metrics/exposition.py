@@ -7,9 +7,10 @@ and figures, so what becomes a label is cut and counted (:mod:`agent.fleet.metri
 Each device's lines stay rendered between scrapes as bytes (:mod:`agent.fleet.metrics.kept_fleet`)
 and are redone only when :meth:`FleetView.changes` says the device moved; kept warm
 (:meth:`FleetMetrics.keep_warm`), they are redone between scrapes, so a scrape joins bytes and
-gzips. The text is written directly (:mod:`agent.fleet.metrics.text`) rather than through
-``prometheus_client``'s collectors, which format every sample at every scrape.
-:mod:`agent.fleet.metrics.serving` serves it.
+gzips, and a periodic scraper's answer is built just before its scrape is due
+(:mod:`agent.fleet.metrics.scrape_cadence`). The text is written directly
+(:mod:`agent.fleet.metrics.text`) rather than through ``prometheus_client``'s collectors, which
+format every sample at every scrape. :mod:`agent.fleet.metrics.serving` serves it.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from agent.fleet.metrics.engine_series import EnginesFn, engine_lines
 from agent.fleet.metrics.enroll_series import EnrollFn, enroll_lines
 from agent.fleet.metrics.intake_series import IntakeFn, intake_lines
 from agent.fleet.metrics.kept_fleet import KeptFleet
+from agent.fleet.metrics.scrape_cadence import ScrapeCadence
 from agent.fleet.metrics.text import FamilyHead, as_bytes, labels_text
 from agent.fleet.rollout.records import OPERATOR_ABORT, RolloutRow, RolloutState, WaveRow
 from agent.fleet.view.live import FleetView
@@ -37,6 +39,11 @@ WARM_BATCH = 200
 #: The warm pass redoes a device's telemetry lines at most this often (a scrape redoes them as new
 #: as they are): what a fleet sending faster than this costs the warm pass stays bounded.
 WARM_TELEMETRY_EVERY_S = 5.0
+#: Seconds before a periodic scraper's next scrape that the warm thread builds the answer (its
+#: figures are that much older than the view's; Prometheus' own timestamps are the scrape's).
+AHEAD_S = 1.0
+#: The oldest answer built ahead that a scrape still sends (else it builds its own).
+AHEAD_FRESH_S = 2 * AHEAD_S
 
 Rollouts = Callable[[], Sequence[RolloutRow]]
 #: A rollout's waves with their times: :meth:`RolloutStore.wave_rows`.
@@ -115,6 +122,9 @@ class FleetMetrics:
         # Scrapes waiting for the lock: the warm pass lets them in between two of its batches.
         self._turns = threading.Condition()
         self._waiting = 0
+        self._clock = clock
+        self._cadence = ScrapeCadence()
+        self._ahead: tuple[float, bytes] | None = None  # an answer built ahead: (clock when, body)
 
     @property
     def rendered_devices(self) -> int:
@@ -123,16 +133,31 @@ class FleetMetrics:
 
     def render(self) -> bytes:
         """The exposition text (Prometheus text format 0.0.4), UTF-8."""
-        with self._scrape_turn():
-            return self._render()
+        return self._answer(gzipped=False)
 
     def render_gzip(self) -> bytes:
         """:meth:`render`, gzipped (level 1: for 11 MB of exposition ~10x faster than level 9)."""
-        with self._scrape_turn():
+        return self._answer(gzipped=True)
+
+    def answer_due(self) -> float | None:
+        """When to build the next answer ahead (:meth:`prepare_answer`): :data:`AHEAD_S` before a
+        periodic scraper's next scrape is due, on ``clock``; None when none is due or it is built."""
+        with self._lock:
+            due, last = self._cadence.next_due(), self._cadence.last
+            if due is None or last is None or (self._ahead is not None and self._ahead[0] >= last):
+                return None
+            return due - AHEAD_S
+
+    def prepare_answer(self) -> None:
+        """Build the next answer now, gzipped too: the next scrape sends it if it comes within
+        :data:`AHEAD_FRESH_S` (the warm thread calls this :data:`AHEAD_S` before a periodic
+        scraper's next scrape, so that scrape joins and compresses nothing)."""
+        self.prepare()
+        with self._lock:
+            built_at = self._clock()
             body = self._render()
-            if self._gzipped is None or self._gzipped[0] is not body:
-                self._gzipped = (body, gzip.compress(body, compresslevel=1))
-            return self._gzipped[1]
+            self._gzip(body)
+            self._ahead = (built_at, body)
 
     def prepare(self) -> None:
         """Redo the lines of every device that moved since they were rendered, new telemetry
@@ -154,25 +179,29 @@ class FleetMetrics:
             self._fleet.settle()
 
     def keep_warm(self, every_s: float = 1.0) -> Callable[[], None]:
-        """Call :meth:`prepare` in a daemon thread, every ``every_s`` seconds while the view moves
-        (every 2 x ``every_s`` while it does not: devices turn stale by the clock alone); returns
+        """Call :meth:`prepare` in a daemon thread every ``every_s`` seconds (devices also turn
+        stale by the clock alone), and :meth:`prepare_answer` when :meth:`answer_due` says; returns
         the function that stops it.
 
         A scrape then finds few devices to render: those that moved since the last pass, and those
         whose telemetry moved since the warm pass last redid it (at most every
         :data:`WARM_TELEMETRY_EVERY_S`). It renders at most :data:`SCRAPE_RENDERS` devices itself
         (the first scrape after a start, while a whole fleet arrives, finds thousands): the rest show
-        at the next scrape, rendered by this thread.
+        at the next scrape, rendered by this thread. A scraper that keeps a period (Prometheus)
+        finds its answer built and gzipped, its figures at most :data:`AHEAD_FRESH_S` old.
         """
         stop = threading.Event()
         self._warm = True
 
         def run() -> None:
-            seen = -1
             while not stop.is_set():
-                seen = self.view.wait_change(seen, every_s)
-                self.prepare()  # also when nothing arrived: devices turn stale by the clock alone
-                stop.wait(every_s)
+                due = self.answer_due()
+                if due is not None and due <= self._clock():
+                    self.prepare_answer()
+                else:
+                    self.prepare()  # also when nothing arrived: devices turn stale by the clock alone
+                due = self.answer_due()
+                stop.wait(every_s if due is None else min(every_s, max(0.0, due - self._clock())))
 
         def stopped() -> None:
             self._warm = False
@@ -201,6 +230,20 @@ class FleetMetrics:
         """Wait until no scrape waits for the lock (a scrape holds it for well under a second)."""
         with self._turns:
             self._turns.wait_for(lambda: self._waiting == 0, timeout=5.0)
+
+    def _answer(self, *, gzipped: bool) -> bytes:
+        with self._scrape_turn():
+            now = self._clock()
+            self._cadence.scraped(now)
+            ahead, self._ahead = self._ahead, None
+            body = ahead[1] if ahead is not None and now - ahead[0] <= AHEAD_FRESH_S else self._render()
+            return self._gzip(body) if gzipped else body
+
+    def _gzip(self, body: bytes) -> bytes:
+        if self._gzipped is None or self._gzipped[0] is not body:
+            # mtime 0: zlib writes the gzip header and trailer itself, in the one pass
+            self._gzipped = (body, gzip.compress(body, compresslevel=1, mtime=0))
+        return self._gzipped[1]
 
     def _render(self) -> bytes:
         changes = self.view.changes()

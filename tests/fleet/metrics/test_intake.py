@@ -3,18 +3,22 @@ and /metrics kept warm between scrapes. Real mosquitto, real MQTT clients."""
 
 from __future__ import annotations
 
+import gzip
 import threading
 
 from prometheus_client.parser import text_string_to_metric_families
 
 from agent.demo.broker import Broker
 from agent.fleet.metrics.exposition import (
+    AHEAD_FRESH_S,
+    AHEAD_S,
     SCRAPE_RENDERS,
     WARM_TELEMETRY_EVERY_S,
     FleetMetrics,
     fleet_metrics,
 )
 from agent.fleet.metrics.intake_series import IntakeFigures
+from agent.fleet.metrics.scrape_cadence import MIN_PERIOD_S, ScrapeCadence
 from agent.fleet.view.live import FleetView
 from agent.mqtt.inbound import InboundMessage
 from agent.mqtt.service_client import ServiceClient
@@ -204,3 +208,39 @@ def test_kept_warm_a_scrape_renders_its_share_of_a_fleet_that_moved_at_once_and_
         assert ("edge_fleet_devices", (("state", "online"),)) not in _samples(text)
     finally:
         stop()
+
+
+def test_a_periodic_scraper_gets_the_answer_built_just_before_its_scrape_was_due() -> None:
+    now = [100.0]
+    view = FleetView(PREFIX, stale_after_s=3600.0)
+    view.apply(InboundMessage(*_status("cam-0"), qos=1, retain=True))
+    metrics = FleetMetrics(view, clock=lambda: now[0])
+    for _ in range(3):  # every 15 s, as Prometheus scrapes
+        metrics.render_gzip()
+        now[0] += 15.0
+    assert metrics.answer_due() == 145.0 - AHEAD_S
+    now[0] = 145.0 - AHEAD_S
+    metrics.prepare_answer()  # what the warm thread does then
+    assert metrics.answer_due() is None  # built
+    view.apply(InboundMessage(*_status("cam-1"), qos=1, retain=True))  # after the answer was built
+    now[0] = 145.0
+    built = gzip.decompress(metrics.render_gzip()).decode()
+    assert _samples(built)[("edge_fleet_devices", (("state", "online"),))] == 1
+    assert metrics.answer_due() == 160.0 - AHEAD_S
+    now[0] = 160.0 - AHEAD_S
+    metrics.prepare_answer()
+    now[0] = 160.0 - AHEAD_S + AHEAD_FRESH_S + 0.5  # a late scrape: the answer is too old to send
+    assert _samples(metrics.render().decode())[("edge_fleet_devices", (("state", "online"),))] == 2
+
+
+def test_a_scraper_without_a_period_builds_its_own_answers() -> None:
+    cadence = ScrapeCadence()
+    for at in (0.0, 15.0, 30.0):
+        cadence.scraped(at)
+    assert cadence.next_due() == 45.0
+    cadence.scraped(33.0)  # a second scraper, or a person: no period any more
+    assert cadence.next_due() is None
+    polling = ScrapeCadence()
+    for at in (0.0, MIN_PERIOD_S / 2, MIN_PERIOD_S):  # a test polling: faster than MIN_PERIOD_S
+        polling.scraped(at)
+    assert polling.next_due() is None
