@@ -132,7 +132,8 @@ class FleetMetrics:
         return self._fleet.rendered
 
     def render(self) -> bytes:
-        """The exposition text (Prometheus text format 0.0.4), UTF-8."""
+        """The exposition text (Prometheus text format 0.0.4), UTF-8: the view as it is now, or
+        kept warm the answer built ahead for a periodic scraper (:meth:`keep_warm`)."""
         return self._answer(gzipped=False)
 
     def render_gzip(self) -> bytes:
