@@ -16,7 +16,8 @@ loopback port), a child process; CPU and RSS from /proc, ``/metrics`` fetched as
 it (gzip).
 
 - ``idle``: the controller started after the fleet's retained messages are on the broker.
-  ``first_scrape_s``: the first scrape, as soon as the port answers; ``filled_s``: when the
+  ``first_scrape_s``: the first scrape, as soon as the port answers (``..._cpu_s``: the
+  controller's CPU seconds meanwhile, all its threads, in /proc's 10 ms ticks); ``filled_s``: when the
   controller had taken every device's status and info (its ``edge_fleet_devices`` says so, read
   from scrapes 2 s apart: those scrapes are ``fill_scrapes_s``); ``full_scrape_s``: the
   first scrape after it filled; then ``--idle-s`` seconds of the idle fleet: the controller's CPU
@@ -268,15 +269,19 @@ class Controller:
                 env=_env(),
             )
         self.started = time.monotonic()
+        self.last_cpu_s = 0.0
 
     def scrape(self, timeout: float = 60.0) -> tuple[float, str]:
-        """Seconds from the request to the last byte, and the exposition text."""
+        """Seconds from the request to the last byte, and the exposition text; the controller's CPU
+        seconds meanwhile (all its threads: the scrape and the telemetry it took) in ``last_cpu_s``."""
         request = urllib.request.Request(self.url, headers={"Accept-Encoding": "gzip"})
+        cpu = _cpu_s(self.proc.pid)
         started = time.perf_counter()
         with urllib.request.urlopen(request, timeout=timeout) as reply:
             body = reply.read()
             zipped = reply.headers.get("Content-Encoding") == "gzip"
         elapsed = time.perf_counter() - started
+        self.last_cpu_s = round(_cpu_s(self.proc.pid) - cpu, 2)
         return elapsed, (gzip.decompress(body) if zipped else body).decode()
 
     def wait_port(self, timeout: float) -> float:
@@ -356,6 +361,7 @@ def idle(
     out["port_open_s"] = round(ctl.wait_port(120), 2)
     first, text = ctl.scrape()
     out["first_scrape_s"] = round(first, 3)
+    out["first_scrape_cpu_s"] = ctl.last_cpu_s
     out["first_scrape_devices"] = online(text)
     fill: list[float] = []
     while online(text) < devices or described(text) < devices:
@@ -370,6 +376,7 @@ def idle(
     out["fill_scrapes_s"] = fill
     elapsed, text = ctl.scrape()
     out["full_scrape_s"] = round(elapsed, 3)
+    out["full_scrape_cpu_s"] = ctl.last_cpu_s
     out["series"] = sum(1 for line in text.splitlines() if line and not line.startswith("#"))
     out["bytes"] = len(text)
     out["after_fill"] = counts(text)
@@ -377,10 +384,12 @@ def idle(
     cpu0, bcpu0, pcpu0 = _cpu_s(ctl.proc.pid), _cpu_s(broker.pid or 0), fleet.cpu_s()
     started = time.monotonic()
     scrapes: list[float] = []
+    scrapes_cpu: list[float] = []
     while time.monotonic() - started < idle_s:
         time.sleep(5.0)
         elapsed, text = ctl.scrape()
         scrapes.append(round(elapsed, 3))
+        scrapes_cpu.append(ctl.last_cpu_s)
     span = time.monotonic() - started
     out["idle"] = {
         "seconds": round(span, 1),
@@ -391,6 +400,7 @@ def idle(
         "broker_rss_mb": _rss_mb(broker.pid or 0),
         "publishers_cores": round((fleet.cpu_s() - pcpu0) / span, 3),
         "scrapes_s": scrapes,
+        "scrapes_cpu_s": scrapes_cpu,
         "online": online(text),
         "counters": counts(text),
         "load": load(),

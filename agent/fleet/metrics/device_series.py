@@ -1,24 +1,24 @@
-"""One device's series on the controller's ``/metrics``: its status, info, slot and job lines and its
-telemetry lines, each rendered once and kept until the device changes (:class:`KeptDevice`).
+"""One device's series on the controller's ``/metrics``: its status, info, slot and job lines, rendered
+when the device changes other than by telemetry (its telemetry lines:
+:mod:`agent.fleet.metrics.figure_lines`).
 
 A device chooses its id, labels, slots and figures, so each is bounded here: label values are cut to
 :data:`~agent.telemetry.series.LABEL_VALUE_LIMIT` characters, a longer device id becomes
 :func:`device_label` (cut, plus a hash of the whole id), device label keys become label names by
 :func:`label_name`, at most :data:`MAX_SLOTS` slots per device get slot series, and a series that
-would repeat after cutting is written once. :mod:`agent.fleet.metrics.exposition` puts the devices'
-lines together into the exposition.
+would repeat after cutting is written once. :mod:`agent.fleet.metrics.kept_fleet` keeps the devices'
+lines between scrapes.
 """
 
 from __future__ import annotations
 
 import hashlib
 import re
-from dataclasses import dataclass, field
 from typing import Any
 
-from agent.fleet.metrics.text import FamilyHead, labels_text, number
+from agent.fleet.metrics.text import FamilyHead, labels_text
 from agent.fleet.view.live import DeviceState
-from agent.telemetry.series import LABEL_VALUE_LIMIT, series_of
+from agent.telemetry.series import LABEL_VALUE_LIMIT
 
 #: Slots per device with ``edge_slot_model_info`` and ``edge_slot_last_failure_timestamp_seconds``
 #: (the first by name; ``edge_device_slots`` still counts them all). A Jetson serves a handful.
@@ -41,11 +41,6 @@ PLATFORM_KEYS = (
 _RUNS_LABELS = ("requested", "precision", "source")
 _OURS = frozenset({"device", "agent_version", "job", "instance"})
 _BAD_LABEL_CHARS = re.compile(r"[^a-zA-Z0-9_]")
-#: Telemetry names already turned into (family, label text after ``device``, scale); bounded like
-#: :mod:`agent.telemetry.series`' own cache.
-_FIGURES: dict[str, tuple[FamilyHead, str, float] | None] = {}
-_FIGURES_LIMIT = 100_000
-
 ONLINE = FamilyHead("edge_device_online", "gauge", "1 while the device's retained status says online.")
 STALE = FamilyHead(
     "edge_device_stale", "gauge", "1 when the device is offline or sent no telemetry for stale_after_s."
@@ -129,23 +124,6 @@ def device_label(device: str) -> str:
     return f"{device[: LABEL_VALUE_LIMIT - DEVICE_HASH_CHARS - 1]}/{digest}"
 
 
-def _figure(name: str) -> tuple[FamilyHead, str, float] | None:
-    """A telemetry name's family, its labels' text after ``device`` (``,stream="cam0"``) and scale."""
-    try:
-        return _FIGURES[name]
-    except KeyError:
-        pass
-    found = series_of(name)
-    known = None
-    if found is not None:
-        rest = labels_text(found.labels)
-        known = (FamilyHead(found.metric, found.kind, found.help), f",{rest}" if rest else "", found.scale)
-    if len(_FIGURES) >= _FIGURES_LIMIT:
-        _FIGURES.clear()
-    _FIGURES[name] = known
-    return known
-
-
 class _Lines:
     """One device's sample lines by family, each series once (cut label values may repeat)."""
 
@@ -167,22 +145,6 @@ class _Lines:
 
     def joined(self) -> dict[str, str]:
         return {name: "".join(chunk) for name, chunk in self.by_family.items()}
-
-
-@dataclass
-class KeptDevice:
-    """What is kept of one device between scrapes: its rendered lines and what they were made of."""
-
-    mark: tuple[int, int, bool]  # FleetView.changes()' entry when rendered
-    dev: str  # its device label, escaped
-    state: str
-    lines: dict[str, str]  # family name -> this device's status, info and slot lines
-    labels: dict[str, str]
-    agent_version: str | None
-    telemetry: dict[str, str] = field(default_factory=dict)  # family name -> this device's lines
-    heads: dict[str, FamilyHead] = field(default_factory=dict)  # the telemetry families it has
-    info_names: tuple[tuple[str, str], ...] | None = None  # the label names info_line was made with
-    info_line: str = ""
 
 
 def device_lines(d: DeviceState, dev: str) -> dict[str, str]:
@@ -241,35 +203,3 @@ def device_lines(d: DeviceState, dev: str) -> dict[str, str]:
         )
         lines.add(JOB, f"{base},{job}", 1.0)
     return {**single, **lines.joined()}
-
-
-def telemetry_lines(
-    figures: dict[str, float], at: float | None, stale: bool, dev: str
-) -> tuple[dict[str, str], dict[str, FamilyHead]]:
-    """A device's telemetry lines (none while it is stale, but its last telemetry time ``at``) and
-    families. The path every telemetry message takes at the next scrape, so written out flat."""
-    base = f'device="{dev}"'
-    by_family: dict[str, list[str]] = {}
-    heads: dict[str, FamilyHead] = {}
-    if not stale:
-        seen: set[str] = set()
-        for name, value in figures.items():
-            known = _figure(name)
-            if known is None:
-                continue
-            head, rest, scale = known
-            key = head.name + rest  # the series, within this device
-            if key in seen:
-                continue
-            seen.add(key)
-            line = f"{head.name}{{{base}{rest}}} {number(value * scale)}\n"
-            chunk = by_family.get(head.name)
-            if chunk is None:
-                by_family[head.name] = [line]
-                heads[head.name] = head
-            else:
-                chunk.append(line)
-    lines = {name: "".join(chunk) for name, chunk in by_family.items()}
-    if at is not None:
-        lines[LAST_TELEMETRY.name] = LAST_TELEMETRY.line(base, at)
-    return lines, heads

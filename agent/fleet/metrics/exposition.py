@@ -1,43 +1,49 @@
 """The controller's ``/metrics``: the whole fleet as Prometheus series, from a :class:`FleetView`.
 
-:class:`FleetMetrics` renders the exposition from the view (and, when given, the rollout store) at
-scrape time, so nothing is kept twice and nothing drifts. The series (per device, per slot, per
-rollout, the fleet's engines) and their bounds are listed in docs/operations.md: a device chooses
-its id, labels, slots and figures, so what becomes a label is cut and counted
-(:mod:`agent.fleet.metrics.device_series`). Each device's lines stay rendered between scrapes and
-are redone only when :meth:`FleetView.changes` says the device moved, and the text is written
-directly (:mod:`agent.fleet.metrics.text`) rather than through ``prometheus_client``'s collectors,
-which format every sample at every scrape. :mod:`agent.fleet.metrics.serving` serves it.
+:class:`FleetMetrics` renders the exposition from the view (and, when given, the rollout store), so
+nothing is kept twice and nothing drifts. The series (per device, per slot, per rollout, the fleet's
+engines) and their bounds are listed in docs/operations.md: a device chooses its id, labels, slots
+and figures, so what becomes a label is cut and counted (:mod:`agent.fleet.metrics.device_series`).
+Each device's lines stay rendered between scrapes as bytes (:mod:`agent.fleet.metrics.kept_fleet`)
+and are redone only when :meth:`FleetView.changes` says the device moved; kept warm
+(:meth:`FleetMetrics.keep_warm`), they are redone between scrapes, so a scrape joins bytes and
+gzips, and a periodic scraper's answer is built just before its scrape is due
+(:mod:`agent.fleet.metrics.scrape_cadence`). The text is written directly
+(:mod:`agent.fleet.metrics.text`) rather than through ``prometheus_client``'s collectors, which
+format every sample at every scrape. :mod:`agent.fleet.metrics.serving` serves it.
 """
 
 from __future__ import annotations
 
 import gzip
 import threading
-from collections import Counter
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 
-from agent.fleet.metrics.device_series import (
-    DEVICE_FAMILIES,
-    INFO,
-    LAST_TELEMETRY,
-    KeptDevice,
-    device_label,
-    device_lines,
-    label_name,
-    label_value,
-    telemetry_lines,
-)
+from agent.fleet.metrics.device_series import label_value
 from agent.fleet.metrics.engine_series import EnginesFn, engine_lines
 from agent.fleet.metrics.enroll_series import EnrollFn, enroll_lines
 from agent.fleet.metrics.intake_series import IntakeFn, intake_lines
-from agent.fleet.metrics.text import FamilyHead, escape, labels_text
+from agent.fleet.metrics.kept_fleet import KeptFleet
+from agent.fleet.metrics.scrape_cadence import ScrapeCadence
+from agent.fleet.metrics.text import FamilyHead, as_bytes, labels_text
 from agent.fleet.rollout.records import OPERATOR_ABORT, RolloutRow, RolloutState, WaveRow
 from agent.fleet.view.live import FleetView
 
-#: Device label keys exported on ``edge_device_info`` (the most used first; a fleet with more keys
-#: than this has them in the console and in selectors, not in Prometheus).
-MAX_LABEL_KEYS = 32
+#: Devices a scrape renders itself while :meth:`FleetMetrics.keep_warm` runs (a whole fleet arriving
+#: at a start is the warm pass's; a scrape of 10,000 devices renders in well under a second).
+SCRAPE_RENDERS = 500
+#: Devices the warm pass renders before it lets a waiting scrape take the lock.
+WARM_BATCH = 200
+#: The warm pass redoes a device's telemetry lines at most this often (a scrape redoes them as new
+#: as they are): what a fleet sending faster than this costs the warm pass stays bounded.
+WARM_TELEMETRY_EVERY_S = 5.0
+#: Seconds before a periodic scraper's next scrape that the warm thread builds the answer (its
+#: figures are that much older than the view's; Prometheus' own timestamps are the scrape's).
+AHEAD_S = 1.0
+#: The oldest answer built ahead that a scrape still sends (else it builds its own).
+AHEAD_FRESH_S = 2 * AHEAD_S
 
 Rollouts = Callable[[], Sequence[RolloutRow]]
 #: A rollout's waves with their times: :meth:`RolloutStore.wave_rows`.
@@ -93,6 +99,7 @@ class FleetMetrics:
         engines: EnginesFn | None = None,
         enrollment: EnrollFn | None = None,
         intake: IntakeFn | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.view = view
         self.intake = intake
@@ -105,143 +112,166 @@ class FleetMetrics:
         self.enrollment = enrollment
         self._rollouts_kept: tuple[object, str] | None = None  # (mark, text) of the last read
         self._lock = threading.Lock()
-        self._devices: dict[str, KeptDevice] = {}
-        self._order: list[str] = []
+        self._fleet = KeptFleet(view, clock)
         # The last answer and what it was made of besides the devices (rollout text, refused count),
         # and its gzip: a scrape that finds nothing changed sends the same bytes.
         self._body: tuple[tuple[str, int], bytes] | None = None
         self._gzipped: tuple[bytes, bytes] | None = None
-        self.rendered_devices = 0  # devices whose lines were redone (telemetry or all), for tests
-        self._prepared = False  # prepare() redid lines since the last answer: the next one is new
+        self._moved = False  # the warm pass redid lines since the last answer: the next one is new
+        self._warm = False  # keep_warm() runs: a scrape leaves what is over its budget to it
+        # Scrapes waiting for the lock: the warm pass lets them in between two of its batches.
+        self._turns = threading.Condition()
+        self._waiting = 0
+        self._clock = clock
+        self._cadence = ScrapeCadence()
+        self._ahead: tuple[float, bytes] | None = None  # an answer built ahead: (clock when, body)
+
+    @property
+    def rendered_devices(self) -> int:
+        """Devices whose lines were redone (telemetry or all) since the start, for tests."""
+        return self._fleet.rendered
 
     def render(self) -> bytes:
-        """The exposition text (Prometheus text format 0.0.4), UTF-8."""
-        with self._lock:
-            return self._render()
+        """The exposition text (Prometheus text format 0.0.4), UTF-8: the view as it is now, or
+        kept warm the answer built ahead for a periodic scraper (:meth:`keep_warm`)."""
+        return self._answer(gzipped=False)
 
     def render_gzip(self) -> bytes:
         """:meth:`render`, gzipped (level 1: for 11 MB of exposition ~10x faster than level 9)."""
+        return self._answer(gzipped=True)
+
+    def answer_due(self) -> float | None:
+        """When to build the next answer ahead (:meth:`prepare_answer`): :data:`AHEAD_S` before a
+        periodic scraper's next scrape is due, on ``clock``; None when none is due or it is built."""
         with self._lock:
+            due, last = self._cadence.next_due(), self._cadence.last
+            if due is None or last is None or (self._ahead is not None and self._ahead[0] >= last):
+                return None
+            return due - AHEAD_S
+
+    def prepare_answer(self) -> None:
+        """Build the next answer now, gzipped too: the next scrape sends it if it comes within
+        :data:`AHEAD_FRESH_S` (the warm thread calls this :data:`AHEAD_S` before a periodic
+        scraper's next scrape, so that scrape joins and compresses nothing)."""
+        self.prepare()
+        with self._lock:
+            built_at = self._clock()
             body = self._render()
-            if self._gzipped is None or self._gzipped[0] is not body:
-                self._gzipped = (body, gzip.compress(body, compresslevel=1))
-            return self._gzipped[1]
+            self._gzip(body)
+            self._ahead = (built_at, body)
 
     def prepare(self) -> None:
-        """Render the devices that are new or changed other than by telemetry since the last scrape
-        (:meth:`keep_warm` calls it between scrapes), so that no scrape renders a whole fleet."""
+        """Redo the lines of every device that moved since they were rendered, new telemetry
+        included (:meth:`keep_warm` calls it between scrapes), in batches of :data:`WARM_BATCH`
+        devices that let a waiting scrape in between them."""
+        changes = self.view.changes()
         with self._lock:
-            self._prepared = self._refresh(self.view.changes(), telemetry=False) or self._prepared
+            self._moved = self._fleet.forget_gone(changes) or self._moved
+            pending = self._fleet.pending(changes)
+        for start in range(0, len(pending), WARM_BATCH):
+            self._give_way()
+            with self._lock:
+                for device_id, mark in pending[start : start + WARM_BATCH]:
+                    redone = self._fleet.render(
+                        device_id, mark, older_only=True, telemetry_every_s=WARM_TELEMETRY_EVERY_S
+                    )
+                    self._moved = redone or self._moved
+        with self._lock:
+            self._fleet.settle()
 
     def keep_warm(self, every_s: float = 1.0) -> Callable[[], None]:
-        """Call :meth:`prepare` in a daemon thread whenever the view moved, at most every ``every_s``
-        seconds; returns the function that stops it.
+        """Call :meth:`prepare` in a daemon thread every ``every_s`` seconds (devices also turn
+        stale by the clock alone), and :meth:`prepare_answer` when :meth:`answer_due` says; returns
+        the function that stops it.
 
-        A scrape then renders at most ``every_s`` seconds of new devices, not a whole fleet's (the
-        first scrape after a start), besides the telemetry lines of the devices that sent some.
+        A scrape then finds few devices to render: those that moved since the last pass, and those
+        whose telemetry moved since the warm pass last redid it (at most every
+        :data:`WARM_TELEMETRY_EVERY_S`). It renders at most :data:`SCRAPE_RENDERS` devices itself
+        (the first scrape after a start, while a whole fleet arrives, finds thousands): the rest show
+        at the next scrape, rendered by this thread. A scraper that keeps a period (Prometheus)
+        finds its answer built and gzipped, its figures at most :data:`AHEAD_FRESH_S` old.
         """
         stop = threading.Event()
+        self._warm = True
 
         def run() -> None:
-            seen = -1
             while not stop.is_set():
-                now = self.view.wait_change(seen, every_s)
-                if now != seen:
-                    seen = now
-                    self.prepare()
-                stop.wait(every_s)
+                due = self.answer_due()
+                if due is not None and due <= self._clock():
+                    self.prepare_answer()
+                else:
+                    self.prepare()  # also when nothing arrived: devices turn stale by the clock alone
+                due = self.answer_due()
+                stop.wait(every_s if due is None else min(every_s, max(0.0, due - self._clock())))
+
+        def stopped() -> None:
+            self._warm = False
+            stop.set()
 
         threading.Thread(target=run, name="fleet-metrics-warm", daemon=True).start()
-        return stop.set
+        return stopped
+
+    @contextmanager
+    def _scrape_turn(self) -> Iterator[None]:
+        """Hold the lock for a scrape, ahead of the warm pass's next batch."""
+        with self._turns:
+            self._waiting += 1
+        try:
+            self._lock.acquire()
+        finally:
+            with self._turns:
+                self._waiting -= 1
+                self._turns.notify_all()
+        try:
+            yield
+        finally:
+            self._lock.release()
+
+    def _give_way(self) -> None:
+        """Wait until no scrape waits for the lock (a scrape holds it for well under a second)."""
+        with self._turns:
+            self._turns.wait_for(lambda: self._waiting == 0, timeout=5.0)
+
+    def _answer(self, *, gzipped: bool) -> bytes:
+        with self._scrape_turn():
+            now = self._clock()
+            self._cadence.scraped(now)
+            ahead, self._ahead = self._ahead, None
+            body = ahead[1] if ahead is not None and now - ahead[0] <= AHEAD_FRESH_S else self._render()
+            return self._gzip(body) if gzipped else body
+
+    def _gzip(self, body: bytes) -> bytes:
+        if self._gzipped is None or self._gzipped[0] is not body:
+            # mtime 0: zlib writes the gzip header and trailer itself, in the one pass
+            self._gzipped = (body, gzip.compress(body, compresslevel=1, mtime=0))
+        return self._gzipped[1]
 
     def _render(self) -> bytes:
-        changed = self._refresh(self.view.changes()) or self._prepared
-        self._prepared = False
+        changes = self.view.changes()
+        fleet = self._fleet
+        moved = fleet.forget_gone(changes) or self._moved
+        self._moved = False
+        pending = fleet.pending(changes)
+        if self._warm:
+            pending = pending[:SCRAPE_RENDERS]
+        for device_id, mark in pending:
+            moved = fleet.render(device_id, mark) or moved
         rest = (
             self._rollouts_text() + self._engines_text() + self._enroll_text() + self._intake_text(),
             self.view.refused_devices,
         )
-        if not changed and self._body is not None and self._body[0] == rest:
+        if not moved and self._body is not None and self._body[0] == rest:
             return self._body[1]
-        # "replace": the protocol's JSON parser refuses lone surrogates, but a scrape must not fail.
-        body = self._text(*rest).encode("utf-8", "replace")
+        parts = fleet.lines()
+        parts.append(as_bytes(self._fleet_text(*rest)))
+        body = b"".join(parts)
         self._body = (rest, body)
         return body
 
-    def _refresh(self, changes: dict[str, tuple[int, int, bool]], *, telemetry: bool = True) -> bool:
-        """Redo the lines of the devices that changed; False when none did (nor came or went).
-
-        ``telemetry`` False: leave the devices whose only change is new telemetry figures to the
-        scrape (their lines are cheap to redo, and a fleet's telemetry moves all the time)."""
-        devices = self._devices
-        moved = changes.keys() != devices.keys()
-        redone = self.rendered_devices
-        if moved:
-            for gone in [d for d in devices if d not in changes]:
-                del devices[gone]
-        for device_id, mark in changes.items():
-            kept = devices.get(device_id)
-            if kept is not None and kept.mark == mark:
-                continue
-            if kept is not None and kept.mark[1:] == mark[1:]:  # new telemetry figures, nothing else
-                figures = self.view.telemetry(device_id) if telemetry else None
-                if figures is None:  # forgotten since changes() (it goes at the next scrape), or left
-                    continue
-                kept.telemetry, kept.heads = telemetry_lines(*figures, mark[2], kept.dev)
-                kept.mark = mark
-                self.rendered_devices += 1
-                continue
-            state = self.view.device(device_id)
-            if state is None:
-                continue
-            dev = escape(device_label(device_id))
-            kept = devices[device_id] = KeptDevice(
-                mark, dev, state.state, device_lines(state, dev), state.labels, state.agent_version
-            )
-            kept.telemetry, kept.heads = telemetry_lines(
-                state.telemetry, state.telemetry_at, state.stale, dev
-            )
-            self.rendered_devices += 1
-        if moved or len(self._order) != len(devices):
-            self._order = sorted(devices)
-        return moved or self.rendered_devices != redone
-
-    def _info_names(self) -> tuple[tuple[str, str], ...]:
-        """(label name, label key) of the device labels on ``edge_device_info``, fleet-wide."""
-        keys = Counter(k for d in self._order for k in self._devices[d].labels)
-        names: dict[str, str] = {}
-        for key in sorted(k for k, _ in keys.most_common(MAX_LABEL_KEYS)):
-            names.setdefault(label_name(key), key)  # two keys mapping to one name: the first wins
-        return tuple(names.items())
-
-    def _info_line(self, device_id: str, kept: KeptDevice, names: tuple[tuple[str, str], ...]) -> str:
-        if kept.info_names != names:
-            pairs = [("device", device_label(device_id)), ("agent_version", label_value(kept.agent_version))]
-            pairs += [(name, label_value(kept.labels.get(key))) for name, key in names]
-            kept.info_line, kept.info_names = INFO.line(labels_text(pairs), 1.0), names
-        return kept.info_line
-
-    def _text(self, rollouts: str, refused: int) -> str:
-        devices = [self._devices[d] for d in self._order]
-        parts: list[str] = []
-        for head in DEVICE_FAMILIES:
-            parts.append(head.header())
-            if head is INFO:
-                names = self._info_names()
-                parts += [self._info_line(d, self._devices[d], names) for d in self._order]
-            elif head is LAST_TELEMETRY:
-                parts += [d.telemetry.get(head.name, "") for d in devices]
-            else:
-                parts += [d.lines.get(head.name, "") for d in devices]
-        heads: dict[str, FamilyHead] = {}
-        for d in devices:
-            heads.update(d.heads)
-        for name in sorted(heads):
-            parts.append(heads[name].header())
-            parts += [d.telemetry.get(name, "") for d in devices]
-        parts.append(rollouts)
-        parts.append(FLEET.header())
-        for state_name, count in sorted(Counter(d.state for d in devices).items()):
+    def _fleet_text(self, rollouts: str, refused: int) -> str:
+        """The rollout series and the fleet's counts, after the devices' families."""
+        parts = [rollouts, FLEET.header()]
+        for state_name, count in sorted(self._fleet.states().items()):
             parts.append(FLEET.line(labels_text([("state", state_name)]), count))
         parts.append(REFUSED.header())
         parts.append(REFUSED.line("", refused))

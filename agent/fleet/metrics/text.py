@@ -26,6 +26,15 @@ def escape(value: str) -> str:
     return value  # the usual case, and the one a scrape of 10,000 devices meets 100,000 times
 
 
+def as_bytes(text: str) -> bytes:
+    """UTF-8; a lone surrogate becomes ``?`` (the protocol's JSON parser refuses one, but a scrape
+    must not fail)."""
+    try:
+        return text.encode()
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "replace")
+
+
 def number(value: float) -> str:
     """A sample value: Python's shortest round-trip form, which Prometheus' parser reads exactly
     (``1795632518.4576313``, ``918000000.0``, ``1e+16``), and its names for the non-finite ones."""

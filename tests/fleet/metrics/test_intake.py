@@ -3,13 +3,22 @@ and /metrics kept warm between scrapes. Real mosquitto, real MQTT clients."""
 
 from __future__ import annotations
 
+import gzip
 import threading
 
 from prometheus_client.parser import text_string_to_metric_families
 
 from agent.demo.broker import Broker
-from agent.fleet.metrics.exposition import fleet_metrics
+from agent.fleet.metrics.exposition import (
+    AHEAD_FRESH_S,
+    AHEAD_S,
+    SCRAPE_RENDERS,
+    WARM_TELEMETRY_EVERY_S,
+    FleetMetrics,
+    fleet_metrics,
+)
 from agent.fleet.metrics.intake_series import IntakeFigures
+from agent.fleet.metrics.scrape_cadence import MIN_PERIOD_S, ScrapeCadence
 from agent.fleet.view.live import FleetView
 from agent.mqtt.inbound import InboundMessage
 from agent.mqtt.service_client import ServiceClient
@@ -124,10 +133,10 @@ def test_a_scrape_after_prepare_renders_no_device_again_and_shows_what_changed()
     text = metrics.render().decode()
     assert metrics.rendered_devices == 21
     assert _samples(text)[("edge_fleet_devices", (("state", "offline"),))] == 1
-    # New telemetry figures are left to the scrape: a fleet's telemetry moves all the time.
+    # New telemetry figures too: the scrape after them renders nothing.
     view.apply(InboundMessage(Topics(PREFIX, "cam-4").telemetry, _telemetry(12.5), qos=0, retain=False))
     metrics.prepare()
-    assert metrics.rendered_devices == 21
+    assert metrics.rendered_devices == 22
     text = metrics.render().decode()
     assert metrics.rendered_devices == 22
     assert "12.5" in text
@@ -146,3 +155,92 @@ def test_kept_warm_the_lines_are_rendered_before_anyone_scrapes() -> None:
         stop()
     assert _samples(metrics.render().decode())[("edge_fleet_devices", (("state", "online"),))] == 5
     assert metrics.rendered_devices == 5
+
+
+def test_the_warm_pass_redoes_new_telemetry_at_most_every_few_seconds_and_a_scrape_shows_the_latest() -> None:
+    now = [0.0]
+    view = FleetView(PREFIX, stale_after_s=3600.0)
+    topic, payload = _status("cam-0")
+    view.apply(InboundMessage(topic, payload, qos=1, retain=True))
+    metrics = FleetMetrics(view, clock=lambda: now[0])
+    metrics.prepare()
+    telemetry = Topics(PREFIX, "cam-0").telemetry
+    view.apply(InboundMessage(telemetry, _telemetry(1.5), qos=0, retain=False))
+    metrics.prepare()
+    assert metrics.rendered_devices == 2
+    view.apply(InboundMessage(telemetry, _telemetry(2.5), qos=0, retain=False))
+    metrics.prepare()
+    assert metrics.rendered_devices == 2  # within WARM_TELEMETRY_EVERY_S of the last: left to the scrape
+    assert _fps(metrics.render().decode()) == 2.5
+    assert metrics.rendered_devices == 3
+    view.apply(InboundMessage(telemetry, _telemetry(3.5), qos=0, retain=False))
+    now[0] += WARM_TELEMETRY_EVERY_S
+    metrics.prepare()
+    assert metrics.rendered_devices == 4
+    assert _fps(metrics.render().decode()) == 3.5
+    assert metrics.rendered_devices == 4
+
+
+def _fps(text: str) -> float:
+    return _samples(text)[("edge_stream_frames_per_second", (("device", "cam-0"), ("stream", "cam0")))]
+
+
+def test_kept_warm_a_scrape_renders_its_share_of_a_fleet_that_moved_at_once_and_the_warm_pass_the_rest() -> (
+    None
+):
+    view = FleetView(PREFIX, stale_after_s=3600.0)
+    names = [f"cam-{n:04d}" for n in range(SCRAPE_RENDERS + 50)]
+    for name in names:
+        view.apply(InboundMessage(*_status(name), qos=1, retain=True))
+    metrics = fleet_metrics(view)
+    stop = metrics.keep_warm(every_s=3600.0)  # one pass at its start, then none within this test
+    try:
+        wait_until(lambda: metrics.rendered_devices == len(names), patient(30), "the first warm pass")
+        offline = encode(StatusMessage(state="offline", session=1, agent_version="1"))
+        for name in names:
+            view.apply(InboundMessage(Topics(PREFIX, name).status, offline, qos=1, retain=True))
+        text = metrics.render().decode()
+        assert metrics.rendered_devices == len(names) + SCRAPE_RENDERS
+        assert _samples(text)[("edge_fleet_devices", (("state", "offline"),))] == SCRAPE_RENDERS
+        metrics.prepare()  # the warm pass's next turn
+        text = metrics.render().decode()
+        assert _samples(text)[("edge_fleet_devices", (("state", "offline"),))] == len(names)
+        assert ("edge_fleet_devices", (("state", "online"),)) not in _samples(text)
+    finally:
+        stop()
+
+
+def test_a_periodic_scraper_gets_the_answer_built_just_before_its_scrape_was_due() -> None:
+    now = [100.0]
+    view = FleetView(PREFIX, stale_after_s=3600.0)
+    view.apply(InboundMessage(*_status("cam-0"), qos=1, retain=True))
+    metrics = FleetMetrics(view, clock=lambda: now[0])
+    for _ in range(3):  # every 15 s, as Prometheus scrapes
+        metrics.render_gzip()
+        now[0] += 15.0
+    assert metrics.answer_due() == 145.0 - AHEAD_S
+    now[0] = 145.0 - AHEAD_S
+    metrics.prepare_answer()  # what the warm thread does then
+    assert metrics.answer_due() is None  # built
+    view.apply(InboundMessage(*_status("cam-1"), qos=1, retain=True))  # after the answer was built
+    now[0] = 145.0
+    built = gzip.decompress(metrics.render_gzip()).decode()
+    assert _samples(built)[("edge_fleet_devices", (("state", "online"),))] == 1
+    assert metrics.answer_due() == 160.0 - AHEAD_S
+    now[0] = 160.0 - AHEAD_S
+    metrics.prepare_answer()
+    now[0] = 160.0 - AHEAD_S + AHEAD_FRESH_S + 0.5  # a late scrape: the answer is too old to send
+    assert _samples(metrics.render().decode())[("edge_fleet_devices", (("state", "online"),))] == 2
+
+
+def test_a_scraper_without_a_period_builds_its_own_answers() -> None:
+    cadence = ScrapeCadence()
+    for at in (0.0, 15.0, 30.0):
+        cadence.scraped(at)
+    assert cadence.next_due() == 45.0
+    cadence.scraped(33.0)  # a second scraper, or a person: no period any more
+    assert cadence.next_due() is None
+    polling = ScrapeCadence()
+    for at in (0.0, MIN_PERIOD_S / 2, MIN_PERIOD_S):  # a test polling: faster than MIN_PERIOD_S
+        polling.scraped(at)
+    assert polling.next_due() is None
