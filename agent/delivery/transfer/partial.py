@@ -240,6 +240,11 @@ class PartialDownload:
         return self._flusher.flushes
 
     @property
+    def flush_s(self) -> float:
+        """Seconds the flushes took in all (the data's sync and the record's)."""
+        return self._flusher.flush_s
+
+    @property
     def flush_every(self) -> int:
         """Written chunks not yet being flushed that make a flush due."""
         return self._flusher.flush_every
