@@ -16,6 +16,8 @@ same chunk size, same publishing client settings) and the medians are compared, 
 from elsewhere on the machine does not decide the ratio. Each run's CPU seconds are counted too
 (``raw_cpu_s``, ``pull_cpu_s``: receiving process, operator child and broker, medians): on a
 machine shared with other work they say more than the speeds, and ``cpu_ratio`` is raw over pull.
+``pull_flush_ms`` is what the device's flushes took in a pull (median; ``PullStats.flush_ms``): the
+time written chunks held their window slots waiting to become durable.
 The operator side (publisher, chunk server) runs in a child process, as it would on another host.
 
 ``--fsync-delay-ms`` adds a delay to every fdatasync of the device, emulating a slow disk (an SD
@@ -42,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.delivery.settings import DeliveryConfig
-from agent.delivery.transfer.pull import fetch_model
+from agent.delivery.transfer.pull import PullStats, fetch_model
 from agent.demo.broker import Broker
 from agent.fleet.chunks.server import DEFAULT_MAX_INFLIGHT, ChunkServer
 from agent.logs.setup import configure_logging
@@ -139,6 +141,7 @@ class _Device:
     def __init__(self, port: int, prefix: str, device_id: str, state_dir: Path) -> None:
         self.topics = Topics(prefix, device_id)
         self.part_dir = state_dir / "partial"
+        self.pulls: list[PullStats] = []
         self.spool = Spool(state_dir / "spool.sqlite")
         self.link = MqttLink(
             _settings(port, prefix),
@@ -161,6 +164,7 @@ class _Device:
             link=self.link,
             topics=self.topics,
             config=config,
+            on_pull=self.pulls.append,
         )
 
     def close(self) -> None:
@@ -274,6 +278,7 @@ class _PullCase:
         return {
             "pull_mb_s": round(self.manifest.size / MIB / seconds, 1),
             "pull_seconds": round(seconds, 3),
+            "flush_ms": sum(stats.flush_ms for stats in dev.pulls),
             "served_bytes": self.server.served() - base,
             "verified": verified,
         }
@@ -393,6 +398,7 @@ def main() -> None:
                     pulls: list[float] = []
                     raw_cpu: list[float] = []
                     pull_cpu: list[float] = []
+                    flush_ms: list[float] = []
                     raw_meter = _CpuMeter(raw.pub.proc.pid, broker.pid)
                     pull_meter = _CpuMeter(case.server.proc.pid, broker.pid)
                     verified = True
@@ -405,6 +411,7 @@ def main() -> None:
                         speed, cpu = pull_meter.run(functools.partial(case.speed, window))
                         pulls.append(speed["pull_mb_s"])
                         pull_cpu.append(cpu)
+                        flush_ms.append(speed["flush_ms"])
                         verified = verified and speed["verified"] and speed["served_bytes"] == manifest.size
                     raw_mb_s, pull_mb_s = _median(raws), _median(pulls)
                     raw_cpu_s, pull_cpu_s = statistics.median(raw_cpu), statistics.median(pull_cpu)
@@ -418,6 +425,7 @@ def main() -> None:
                             "raw_cpu_s": round(raw_cpu_s, 3),
                             "pull_cpu_s": round(pull_cpu_s, 3),
                             "cpu_ratio": round(raw_cpu_s / max(pull_cpu_s, 1e-9), 2),
+                            "pull_flush_ms": round(statistics.median(flush_ms)),
                             "raw_samples": [round(x) for x in raws],
                             "pull_samples": [round(x) for x in pulls],
                             "verified": verified,

@@ -5,7 +5,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import stat
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +19,7 @@ from agent.fsutil import (
     atomic_write_text,
     atomic_writer,
     sha256_file,
+    start_writeback,
 )
 
 
@@ -141,3 +144,42 @@ def test_sha256_of_empty_file(tmp_path: Path) -> None:
     target = tmp_path / "empty"
     target.write_bytes(b"")
     assert sha256_file(target) == "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
+
+
+def _resident_bytes(path: Path) -> int:
+    """Bytes of ``path`` in the page cache, by util-linux's ``fincore``."""
+    out = subprocess.run(
+        ["fincore", "--bytes", "--noheadings", "--output", "RES", str(path)],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    return int(out.stdout.strip())
+
+
+@pytest.mark.skipif(shutil.which("fincore") is None, reason="needs util-linux's fincore")
+def test_bytes_whose_writeback_was_started_stay_in_the_page_cache(tmp_path: Path) -> None:
+    """A download starts each chunk's writeback as it writes it; the whole-file hash that follows
+    must still read the file from memory, not from the disk again."""
+    path = tmp_path / "model.part"
+    chunk = os.urandom(256 * 1024)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        for index in range(16):
+            os.pwrite(fd, chunk, index * len(chunk))
+            start_writeback(fd, index * len(chunk), len(chunk))
+        os.fdatasync(fd)
+    finally:
+        os.close(fd)
+    assert _resident_bytes(path) >= 15 * len(chunk)  # a page written back at once may go
+    assert path.read_bytes() == chunk * 16
+
+
+def test_starting_writeback_where_the_descriptor_refuses_it_is_no_error() -> None:
+    """Only an earlier start of the work the fsync does anyway: a pipe (ESPIPE) is not a failure."""
+    read_end, write_end = os.pipe()
+    try:
+        os.write(write_end, b"x")
+        start_writeback(write_end, 0, 1)
+        assert os.read(read_end, 1) == b"x"
+    finally:
+        os.close(read_end)
+        os.close(write_end)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -78,6 +79,9 @@ class ChunkFlusher:
         self.fd: int | None = None
         #: Times written chunks were recorded durably (each costs two syncs).
         self.flushes = 0
+        #: Seconds those flushes took in all (the data's sync and the record's): the time a batch
+        #: holds its half of the window after it was written.
+        self.flush_s = 0.0
         self._chunk_count = len(manifest.chunks)
         # Shared with the flusher thread under _cond: chunks written and not yet taken by a flush
         # (_pending), the batch a flush is making durable (_flushing), and the bitmap of what is
@@ -176,6 +180,7 @@ class ChunkFlusher:
         """fsync the data of ``batch`` (written before this call), then record it: appended to the
         log, or with ``compact`` in a new bitmap, after which the log is emptied."""
         assert self.fd is not None
+        started = time.monotonic()
         if batch:
             if hasattr(os, "fdatasync"):
                 os.fdatasync(self.fd)  # the data blocks are what matters; the size never changes
@@ -199,6 +204,7 @@ class ChunkFlusher:
             self._log_torn = False
         self._durable_bits = bits
         self.flushes += 1
+        self.flush_s += time.monotonic() - started
 
     def _start_flusher(self) -> None:
         if self._flusher is None and self.fd is not None:

@@ -84,6 +84,9 @@ class PullStats:
     reconnect_rerequests: int = 0
     dropped_overflow: int = 0
     flushes: int = 0
+    #: What those flushes took in all, in ms (the data's sync and the record's): the time written
+    #: chunks held their window slots waiting to become durable.
+    flush_ms: int = 0
     #: Most chunks at risk at once (requested and unanswered, or written and not yet durable),
     #: seen when requesting; the window bounds it.
     max_at_risk: int = 0
@@ -189,6 +192,7 @@ class MqttPull:
             self.partial.flush()
             self.stats.dropped_overflow = router.overflow
             self.stats.flushes = self.partial.flushes
+            self.stats.flush_ms = round(self.partial.flush_s * 1000)
         log.info(
             "delivery.pull.done",
             sha256=self.manifest.sha256,

@@ -326,6 +326,8 @@ def test_requests_go_on_while_a_slow_disk_flushes_and_stay_within_the_window(
     # ... and what a crash could cost never exceeds the window.
     assert 0 < stats.max_at_risk <= 4
     assert server.served_bytes(dev.id) == manifest.size
+    # The flushes' time is counted: at least one batch paid for its two slow syncs.
+    assert stats.flush_ms >= 200
 
 
 def test_two_devices_pull_at_once_from_two_servers_sharing_the_requests(rig: Rig) -> None:
