@@ -25,6 +25,8 @@ from agent.fleet.statedb.sql import Sql
 
 #: The schema's version (``PRAGMA user_version``); a newer file is refused.
 SCHEMA_VERSION = 1
+#: The limit of a claim's uses when the caller gives none (more than any fleet enrolls).
+_UNLIMITED = 2**62
 
 _SCHEMA = """
 CREATE TABLE registered (kind TEXT NOT NULL, value TEXT NOT NULL, serial TEXT, source TEXT NOT NULL,
@@ -274,7 +276,7 @@ class EnrollmentBook:
         already: checked where it is counted, so two controllers on one database never pass it."""
         with self._writing() as db:
             if spends_claim and e.claim is not None:
-                limit = 2**62 if claim_limit is None else claim_limit
+                limit = _UNLIMITED if claim_limit is None else claim_limit
                 spent = db.execute(
                     "INSERT INTO claim_uses SELECT ?, 1 WHERE ? > 0 ON CONFLICT (claim) "
                     "DO UPDATE SET uses = claim_uses.uses + 1 WHERE claim_uses.uses < ?",
