@@ -50,6 +50,7 @@ from agent.fleet.devices.snapshot import snapshot_json, take_snapshot
 from agent.fleet.engines.hooks import engine_desk_for, engines_listing, job_facts_in, share_engines_of
 from agent.fleet.engines.pg_index import PostgresEngineStore
 from agent.fleet.enrollment.desk import EnrollmentDesk
+from agent.fleet.enrollment.pg_book import open_enrollment_book
 from agent.fleet.metrics.intake_series import IntakeFigures
 from agent.fleet.rollout.actions import WrongStateError, action_refusal
 from agent.fleet.rollout.finished_rollback import ROLLED_BACK_BY, plan_finished_rollback
@@ -222,7 +223,13 @@ class FleetController:
             fence=self.lease.fence if isinstance(self.lease, DatabaseLease) else None,
         )
         if self.enrollment is not None:
-            self.enrollment.start()
+            self.enrollment.start(
+                open_enrollment_book(
+                    self.config.enrollment_path,
+                    None if self._conninfo is None else StateDatabase(self._conninfo, name="enrollment"),
+                    fence=self.lease.fence if isinstance(self.lease, DatabaseLease) else None,
+                )
+            )
         self._client.start(timeout)
         if self.enrollment is not None:
             self._client.subscribe(enroll_request_filter(self.settings.prefix), qos=1, timeout=timeout)

@@ -5,7 +5,8 @@ expiry, the certificate itself so a repeated request gets the same one), and eac
 SQLite with ``synchronous=FULL``: every change is one transaction, on disk before the reply that
 depends on it is sent, so a restarted controller (``kill -9`` included) neither forgets a pending
 device nor issues a second certificate for a request it already answered. One lock: the desk's
-thread and the operator's requests take turns.
+thread and the operator's requests take turns. The queries are written for SQLite and PostgreSQL
+alike: a controller whose store is PostgreSQL keeps the same records there (pg_book.py).
 """
 
 from __future__ import annotations
@@ -20,9 +21,12 @@ from pathlib import Path
 from typing import Any
 
 from agent.errors import AgentError
+from agent.fleet.statedb.sql import Sql
 
 #: The schema's version (``PRAGMA user_version``); a newer file is refused.
 SCHEMA_VERSION = 1
+#: The limit of a claim's uses when the caller gives none (more than any fleet enrolls).
+_UNLIMITED = 2**62
 
 _SCHEMA = """
 CREATE TABLE registered (kind TEXT NOT NULL, value TEXT NOT NULL, serial TEXT, source TEXT NOT NULL,
@@ -44,6 +48,12 @@ class BookError(AgentError):
     """The enrollment file cannot be used (written by a newer controller)."""
 
     code = "enrollment_store"
+
+
+class ClaimUsedUpError(BookError):
+    """The claim enrolled as many devices as it may (counted in the same transaction as the spend)."""
+
+    code = "claim_used_up"
 
 
 @dataclass(frozen=True)
@@ -139,7 +149,7 @@ class EnrollmentBook:
             self._db.close()
 
     @contextmanager
-    def _writing(self) -> Iterator[sqlite3.Connection]:
+    def _writing(self) -> Iterator[Sql]:
         with self._lock:
             self._db.execute("BEGIN IMMEDIATE")
             try:
@@ -161,7 +171,8 @@ class EnrollmentBook:
         kind, value = ("id", device_id) if device_id is not None else ("serial", serial)
         with self._writing() as db:
             db.execute(
-                "INSERT OR REPLACE INTO registered VALUES (?, ?, ?, ?, ?)",
+                "INSERT INTO registered VALUES (?, ?, ?, ?, ?) ON CONFLICT (kind, value) DO UPDATE "
+                "SET serial = excluded.serial, source = excluded.source, at = excluded.at",
                 (kind, value, serial if kind == "id" else None, source, time.time()),
             )
             if device_id is not None:
@@ -198,7 +209,9 @@ class EnrollmentBook:
 
     def pending_counts(self, claim: str) -> tuple[int, int]:
         """(pending in all, pending made with ``claim``)."""
-        rows = self._rows("SELECT COUNT(*), COALESCE(SUM(claim = ?), 0) FROM pending", claim)
+        rows = self._rows(
+            "SELECT COUNT(*), COALESCE(SUM(CASE WHEN claim = ? THEN 1 ELSE 0 END), 0) FROM pending", claim
+        )
         return int(rows[0][0]), int(rows[0][1])
 
     def add_pending(self, p: Pending) -> None:
@@ -229,7 +242,11 @@ class EnrollmentBook:
         """Reject ``device_id``: it leaves the pending list; whether it was pending."""
         with self._writing() as db:
             gone = db.execute("DELETE FROM pending WHERE device_id = ?", (device_id,)).rowcount
-            db.execute("INSERT OR REPLACE INTO rejected VALUES (?, ?, ?)", (device_id, reason, time.time()))
+            db.execute(
+                "INSERT INTO rejected VALUES (?, ?, ?) ON CONFLICT (device_id) DO UPDATE "
+                "SET reason = excluded.reason, at = excluded.at",
+                (device_id, reason, time.time()),
+            )
         return bool(gone)
 
     def rejected(self, device_id: str) -> str | None:
@@ -252,23 +269,33 @@ class EnrollmentBook:
     def enrolled_total(self) -> int:
         return int(self._rows("SELECT COUNT(*) FROM enrolled")[0][0])
 
-    def enroll(self, e: Enrolled, *, spends_claim: bool) -> None:
+    def enroll(self, e: Enrolled, *, spends_claim: bool, claim_limit: int | None = None) -> None:
         """Record ``e`` (replacing an earlier certificate of that device); the device leaves the
-        pending list, and one use of its claim is counted when ``spends_claim``."""
+        pending list, and one use of its claim is counted when ``spends_claim``. With
+        ``claim_limit``, ClaimUsedUpError (nothing recorded) when the claim has that many uses
+        already: checked where it is counted, so two controllers on one database never pass it."""
         with self._writing() as db:
+            if spends_claim and e.claim is not None:
+                limit = _UNLIMITED if claim_limit is None else claim_limit
+                spent = db.execute(
+                    "INSERT INTO claim_uses SELECT ?, 1 WHERE ? > 0 ON CONFLICT (claim) "
+                    "DO UPDATE SET uses = claim_uses.uses + 1 WHERE claim_uses.uses < ?",
+                    (e.claim, limit, limit),
+                ).rowcount
+                if spent != 1:
+                    raise ClaimUsedUpError(f"claim {e.claim} has enrolled {limit} of its {limit} devices")
             db.execute(
-                "INSERT OR REPLACE INTO enrolled VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "INSERT INTO enrolled VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (device_id) "
+                "DO UPDATE SET fingerprint = excluded.fingerprint, serial = excluded.serial, "
+                "not_after = excluded.not_after, issued_at = excluded.issued_at, claim = excluded.claim, "
+                "hw_serial = excluded.hw_serial, request_id = excluded.request_id, "
+                "cert_pem = excluded.cert_pem, chain_pem = excluded.chain_pem",
                 (
                     e.device_id, e.fingerprint, e.serial, e.not_after, e.issued_at, e.claim, e.hw_serial,
                     e.request_id, e.cert_pem, e.chain_pem,
                 ),
             )  # fmt: skip
             db.execute("DELETE FROM pending WHERE device_id = ?", (e.device_id,))
-            if spends_claim and e.claim is not None:
-                db.execute(
-                    "INSERT INTO claim_uses VALUES (?, 1) ON CONFLICT(claim) DO UPDATE SET uses = uses + 1",
-                    (e.claim,),
-                )
 
     def forget_enrolled(self, device_id: str) -> bool:
         """Forget ``device_id``'s enrollment (decommissioned or revoked); whether it was enrolled."""

@@ -34,7 +34,7 @@ from agent.fleet.ca.authority import DeviceAuthority, Issued
 from agent.fleet.ca.claims import ClaimRefused, read_claims, verify_claim
 from agent.fleet.ca.csr import CheckedCsr, CsrRefused, check_csr
 from agent.fleet.enrollment.admission import Known, admit
-from agent.fleet.enrollment.book import Enrolled, EnrollmentBook, Pending
+from agent.fleet.enrollment.book import ClaimUsedUpError, Enrolled, EnrollmentBook, Pending
 from agent.fleet.enrollment.registered_file import read_registered_file
 from agent.fleet.enrollment.settings import EnrollmentSettings
 from agent.mqtt.inbound import InboundMessage
@@ -114,10 +114,11 @@ class EnrollmentDesk:
 
     # -- lifecycle ----------------------------------------------------------------------------------
 
-    def start(self) -> None:
-        """Load the CA, open the records, read the registered file, start answering."""
+    def start(self, book: EnrollmentBook | None = None) -> None:
+        """Load the CA, open the records (``book``: the controller's, in its database; none: the
+        SQLite file), read the registered file, start answering."""
         self.authority = DeviceAuthority.load(self._ca_dir)
-        self.book = EnrollmentBook(self._book_path)
+        self.book = EnrollmentBook(self._book_path) if book is None else book
         self.book.forget_registrations("file")
         if self.settings.registered_file is not None:
             for device_id, serial in read_registered_file(self.settings.registered_file):
@@ -245,14 +246,14 @@ class EnrollmentDesk:
             if now - known.pending.last_at >= TOUCH_EVERY_S:
                 self.book.touch_pending(device_id, contested=False, at=now)
             return self._pending_reply(request.request_id, verdict.code, verdict.message)
-        self._check_uses_left(claim)
+        limit = self._check_uses_left(claim)
         if verdict.action == "issue":
             issued = self._issue(
                 checked,
                 claim=claim,
                 hw_serial=request.serial,
                 request_id=request.request_id,
-                spends=True,
+                spends=limit,
             )
             return _issued_reply(request.request_id, issued.cert_pem.decode(), issued.chain_pem.decode())
         self.book.forget_pending_before(now - self.settings.pending_forget_s)
@@ -297,29 +298,44 @@ class EnrollmentDesk:
             raise _Refusal("bad_claim", f"claim {proof.name} is not in this controller's claims ledger")
         return proof.name
 
-    def _check_uses_left(self, claim: str) -> None:
+    def _check_uses_left(self, claim: str) -> int:
+        """How many devices ``claim`` may enroll (a refusal when it has enrolled them all)."""
         assert self.book is not None
         record = read_claims(self._ca_dir).get(claim)
         used = self.book.claim_uses(claim)
         if record is None or used >= record.uses:
             limit = 0 if record is None else record.uses
             raise _Refusal("claim_used_up", f"claim {claim} has enrolled {used} of its {limit} devices")
+        return record.uses
 
     def _issue(
-        self, checked: CheckedCsr, *, claim: str | None, hw_serial: str | None, request_id: str, spends: bool
+        self,
+        checked: CheckedCsr,
+        *,
+        claim: str | None,
+        hw_serial: str | None,
+        request_id: str,
+        spends: int | None,
     ) -> Issued:
-        """Sign ``checked`` and record the device as enrolled with it (``spends``: one use of ``claim``)."""
+        """Sign ``checked`` and record the device as enrolled with it (``spends``: one use of ``claim``,
+        which may enroll that many devices; None: a renewal, which spends nothing)."""
         assert self.authority is not None
         assert self.book is not None
         issued = self.authority.issue(checked, self.settings.certificate_days)
         device_id = checked.device_id
-        self.book.enroll(
-            Enrolled(
-                device_id, checked.fingerprint, issued.serial, issued.not_after.timestamp(), time.time(),
-                claim, hw_serial, request_id, issued.cert_pem.decode(), issued.chain_pem.decode(),
-            ),
-            spends_claim=spends,
-        )  # fmt: skip
+        try:
+            self.book.enroll(
+                Enrolled(
+                    device_id, checked.fingerprint, issued.serial, issued.not_after.timestamp(), time.time(),
+                    claim, hw_serial, request_id, issued.cert_pem.decode(), issued.chain_pem.decode(),
+                ),
+                spends_claim=spends is not None,
+                claim_limit=spends,
+            )  # fmt: skip
+        except ClaimUsedUpError as exc:
+            # Only another controller on the same database spending the last use meanwhile gets
+            # here: the certificate signed above is in the CA's ledger, never sent.
+            raise _Refusal("claim_used_up", str(exc)) from exc
         log.info("fleet.enroll.issued", device=device_id, serial=issued.serial, claim=claim)
         return issued
 
@@ -365,7 +381,7 @@ class EnrollmentDesk:
             claim=enrolled.claim,
             hw_serial=enrolled.hw_serial,
             request_id=renewal.request_id,
-            spends=False,
+            spends=None,
         )
         self.outcomes["renewed"] += 1
         return _issued_reply(renewal.request_id, issued.cert_pem.decode(), issued.chain_pem.decode())
@@ -416,21 +432,21 @@ class EnrollmentDesk:
                     "the old certificate and issue one for the new key",
                 )
             try:
-                self._check_uses_left(waiting.claim)
+                limit = self._check_uses_left(waiting.claim)
                 checked = _checked(waiting.csr_pem, device_id)
+                revoked: list[str] = []
+                if waiting.code in REENROLLING:
+                    assert self.authority is not None
+                    revoked = self.authority.revoke_device(device_id, "re-enrolled by an operator")
+                issued = self._issue(
+                    checked,
+                    claim=waiting.claim,
+                    hw_serial=waiting.serial,
+                    request_id=waiting.request_id,
+                    spends=limit,
+                )
             except _Refusal as refusal:
                 raise AdmissionError(refusal.code, refusal.message) from refusal
-            revoked: list[str] = []
-            if waiting.code in REENROLLING:
-                assert self.authority is not None
-                revoked = self.authority.revoke_device(device_id, "re-enrolled by an operator")
-            issued = self._issue(
-                checked,
-                claim=waiting.claim,
-                hw_serial=waiting.serial,
-                request_id=waiting.request_id,
-                spends=True,
-            )
         reply = _issued_reply(waiting.request_id, issued.cert_pem.decode(), issued.chain_pem.decode())
         self._send(enroll_reply(self.prefix, waiting.client), reply)
         return {

@@ -4,7 +4,8 @@ Each entry is one version's SQL, applied in one transaction together with its ro
 ``schema_migrations``; a database that records a version this controller does not know was migrated
 by a newer controller and is refused. The tables mirror the SQLite store's (rollout/store.py), with
 PostgreSQL's types; ``devices.pos`` keeps the selection order SQLite's ``rowid`` keeps. ``samples``
-holds the documents the file store (samples/store.py) writes as files, ``seq`` their order.
+holds the documents the file store (samples/store.py) writes as files, ``seq`` their order. The
+enrollment tables (4) are enrollment/book.py's, column for column, so its queries run on both.
 """
 
 from __future__ import annotations
@@ -110,6 +111,55 @@ CREATE TABLE samples (
     UNIQUE (device, msg_id)
 );
 CREATE INDEX samples_by_device ON samples (device, seq);
+""",
+    ),
+    (
+        4,
+        """
+CREATE TABLE registered (
+    kind   TEXT NOT NULL,
+    value  TEXT NOT NULL,
+    serial TEXT,
+    source TEXT NOT NULL,
+    at     DOUBLE PRECISION NOT NULL,
+    PRIMARY KEY (kind, value)
+);
+CREATE TABLE pending (
+    device_id   TEXT PRIMARY KEY,
+    claim       TEXT NOT NULL,
+    serial      TEXT,
+    fingerprint TEXT NOT NULL,
+    csr_pem     TEXT NOT NULL,
+    request_id  TEXT NOT NULL,
+    code        TEXT NOT NULL,
+    first_at    DOUBLE PRECISION NOT NULL,
+    last_at     DOUBLE PRECISION NOT NULL,
+    asks        INTEGER NOT NULL,
+    contested   INTEGER NOT NULL,
+    client      TEXT NOT NULL
+);
+CREATE INDEX pending_claim ON pending (claim);
+CREATE TABLE rejected (
+    device_id TEXT PRIMARY KEY,
+    reason    TEXT NOT NULL,
+    at        DOUBLE PRECISION NOT NULL
+);
+CREATE TABLE enrolled (
+    device_id  TEXT PRIMARY KEY,
+    fingerprint TEXT NOT NULL,
+    serial     TEXT NOT NULL,
+    not_after  DOUBLE PRECISION NOT NULL,
+    issued_at  DOUBLE PRECISION NOT NULL,
+    claim      TEXT,
+    hw_serial  TEXT,
+    request_id TEXT NOT NULL,
+    cert_pem   TEXT NOT NULL,
+    chain_pem  TEXT NOT NULL
+);
+CREATE TABLE claim_uses (
+    claim TEXT PRIMARY KEY,
+    uses  INTEGER NOT NULL
+);
 """,
     ),
 )

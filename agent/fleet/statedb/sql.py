@@ -15,6 +15,9 @@ class Rows(Protocol):
 
     def fetchall(self) -> list[Any]: ...
 
+    @property
+    def rowcount(self) -> int: ...
+
 
 class Sql(Protocol):
     """A connection the stores' SQL (``?`` placeholders) runs on."""

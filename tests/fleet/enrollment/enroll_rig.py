@@ -29,6 +29,7 @@ from tests.fleet.ca.ca_rig import make_ca
 from tests.fleet.controller_process import ControllerProcess
 from tests.fleet.operator_side import operator_settings, unique_prefix
 from tests.mqtt_probe import Probe
+from tests.postgres_server import PostgresServer
 
 
 def new_key() -> ec.EllipticCurvePrivateKey:
@@ -139,13 +140,33 @@ class EnrollRig:
         return self.controller.get("/metrics")[1].decode()
 
 
-def start_rig(tmp: Path, broker: Broker, extra: str = "", *, token: str | None = None) -> EnrollRig:
+def database_lines(postgres: PostgresServer | None, name: str | None = None) -> str:
+    """controller.yaml's ``database:`` on database ``name`` (none: a fresh one) of ``postgres``
+    (none: SQLite, no lines)."""
+    if postgres is None:
+        return ""
+    url = postgres.url(name or postgres.new_database())
+    return f"database: {{url: '{url}', password_file: {postgres.password_file}}}\n"
+
+
+def start_rig(
+    tmp: Path,
+    broker: Broker,
+    extra: str = "",
+    *,
+    token: str | None = None,
+    postgres: PostgresServer | None = None,
+    database: str | None = None,
+) -> EnrollRig:
     """Make the CA, start the controller with ``enrollment: {ca_dir: ..., <extra>}`` (and the
-    console ``token`` in its http.token_file, if given), subscribe to every reply."""
+    console ``token`` in its http.token_file, if given; its store in a fresh database of
+    ``postgres``, or in its ``database``, if given), subscribe to every reply."""
     ca = make_ca(tmp)
     prefix = unique_prefix()
     settings = f"ca_dir: {ca.ca.path}" + (f", {extra}" if extra else "")
-    controller = ControllerProcess(tmp, broker, prefix, extra=f"enrollment: {{{settings}}}\n")
+    controller = ControllerProcess(
+        tmp, broker, prefix, extra=f"enrollment: {{{settings}}}\n{database_lines(postgres, database)}"
+    )
     if token is not None:
         token_file = tmp / "console.token"
         token_file.write_text(token)
@@ -162,10 +183,15 @@ def start_rig(tmp: Path, broker: Broker, extra: str = "", *, token: str | None =
 
 
 def running_rig(
-    tmp: Path, broker: Broker, extra: str = "", *, token: str | None = None
+    tmp: Path,
+    broker: Broker,
+    extra: str = "",
+    *,
+    token: str | None = None,
+    postgres: PostgresServer | None = None,
 ) -> Iterator[EnrollRig]:
     """:func:`start_rig` for a fixture: the probe closed and the controller killed afterwards."""
-    rig = start_rig(tmp, broker, extra, token=token)
+    rig = start_rig(tmp, broker, extra, token=token, postgres=postgres)
     try:
         yield rig
     finally:

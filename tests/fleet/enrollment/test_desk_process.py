@@ -8,6 +8,7 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 
+import psycopg
 import pytest
 from cryptography import x509
 
@@ -16,20 +17,25 @@ from agent.demo.broker import Broker
 from agent.fleet.ca.authority import DeviceAuthority
 from agent.fleet.ca.pki import read_cert
 from agent.protocol.enrollment import enroll_client_id
+from tests.fleet.controller_process import ControllerProcess
 from tests.fleet.enrollment.enroll_rig import (
     EnrollRig,
     csr_pem,
+    database_lines,
     metric,
     new_key,
     running_rig,
     signed_request,
     start_rig,
 )
+from tests.postgres_server import PostgresServer
 
 
-@pytest.fixture
-def rig(tmp_path: Path, broker: Broker) -> Iterator[EnrollRig]:
-    yield from running_rig(tmp_path, broker, "min_renew_interval_s: 0")
+@pytest.fixture(params=["sqlite", "postgresql"])
+def rig(request: pytest.FixtureRequest, tmp_path: Path, broker: Broker) -> Iterator[EnrollRig]:
+    """The rig with the controller's store on SQLite (the book in its state dir) or PostgreSQL."""
+    postgres = None if request.param == "sqlite" else request.getfixturevalue("postgres")
+    yield from running_rig(tmp_path, broker, "min_renew_interval_s: 0", postgres=postgres)
 
 
 def _issued_for(rig: EnrollRig, reply: dict[str, object], device_id: str) -> x509.Certificate:
@@ -156,3 +162,44 @@ def test_a_device_enrolling_under_the_brokers_client_id_prefix_gets_the_acceptan
     rig.operator("accept", {"device_id": "cam-6"})
     _issued_for(rig, rig.reply(client, request.request_id, nth=2), "cam-6")
     assert rig.replies("enroll:cam-6") == []
+
+
+def test_a_controller_taking_over_on_another_host_knows_who_waits_and_who_is_enrolled(
+    tmp_path: Path, broker: Broker, postgres: PostgresServer
+) -> None:
+    """Two controllers, each with a state dir of its own, one database: the second, started once the
+    first was killed and its lease expired, lists the device that waits, answers a repeated request
+    with the certificate the first issued (no second one) and counts the claim's uses the first
+    spent. The CA directory is the same path for both here: on two hosts it is copied (docs/fleet.md)."""
+    database = postgres.new_database()
+    rig = start_rig(tmp_path, broker, postgres=postgres, database=database)
+    second: ControllerProcess | None = None
+    try:
+        claim = rig.claim("pair", uses=2)
+        rig.operator("register", {"device_id": "cam-a"})
+        known = signed_request("cam-a", claim, csr_pem(new_key(), "cam-a"))
+        first = _issued_for(rig, rig.ask(known), "cam-a")
+        waiting = signed_request("cam-b", claim, csr_pem(new_key(), "cam-b"))
+        assert rig.ask(waiting)["outcome"] == "pending"
+        rig.controller.kill()
+        with psycopg.connect(postgres.conninfo(database), autocommit=True) as pg:
+            # What the killed holder's ttl running out leaves: a row the database says expired.
+            pg.execute("UPDATE controller_lease SET expires_at = clock_timestamp() - interval '1 second'")
+        (tmp_path / "two").mkdir()
+        extra = f"enrollment: {{ca_dir: {rig.ca.ca.path}}}\n{database_lines(postgres, database)}"
+        second = ControllerProcess(tmp_path / "two", broker, rig.prefix, extra=extra).start()
+        rig.controller = second
+        assert not (tmp_path / "two" / "state" / "enrollment.sqlite").exists()
+        assert [p["device_id"] for p in rig.operator("pending")["pending"]] == ["cam-b"]
+        rig.send("enroll:cam-a", known.model_dump_json().encode())  # its reply was lost: it asks again
+        again = _issued_for(rig, rig.reply("enroll:cam-a", known.request_id, nth=2), "cam-a")
+        assert again.serial_number == first.serial_number
+        assert len(DeviceAuthority.load(rig.ca.ca.path).certificates_of("cam-a")) == 1
+        assert rig.operator("accept", {"device_id": "cam-b"})["already"] is False  # the claim's 2nd use
+        rig.operator("register", {"device_id": "cam-c"})
+        spent = rig.ask(signed_request("cam-c", claim, csr_pem(new_key(), "cam-c")))
+        assert (spent["outcome"], spent["code"]) == ("refused", "claim_used_up")
+        assert "has enrolled 2 of its 2 devices" in spent["message"]
+    finally:
+        rig.probe.close()
+        rig.controller.kill()
