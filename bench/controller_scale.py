@@ -66,6 +66,9 @@ from agent.mqtt.settings import MqttSettings
 from agent.protocol.topics import Topics
 
 PREFIX = "scale/v1"
+#: ``max_queued_messages`` of the broker configuration this project ships (configs/mosquitto):
+#: every device's retained status and info count against it when the controller subscribes.
+SHIPPED_BROKER_QUEUE = 100_000
 SAMPLE_ID = "sample-0000"
 REPO = Path(__file__).resolve().parents[1]
 #: Broker statistics read once a second ($SYS topics of mosquitto 2.0).
@@ -471,20 +474,20 @@ def main() -> int:
     p.add_argument(
         "--broker-queue",
         type=int,
-        default=None,
-        help="mosquitto's max_queued_messages (default: mosquitto's, 1000): the retained messages a "
-        "subscription gets at once count against it",
+        default=SHIPPED_BROKER_QUEUE,
+        help="mosquitto's max_queued_messages (default: configs/mosquitto's; 0: mosquitto's own, 1000, "
+        "with which only about 1,000 devices' retained messages reach a new subscription)",
     )
     p.add_argument("--fill-timeout-s", type=float, default=180.0, help="give up waiting for every device")
     p.add_argument("--port", type=int, default=0, help="the controller's HTTP port (0: a free one)")
     args = p.parse_args()
     root = Path(tempfile.mkdtemp(prefix="bench-ctl-scale-"))
-    queue = [] if args.broker_queue is None else [f"max_queued_messages {args.broker_queue}"]
+    queue = [f"max_queued_messages {args.broker_queue}"] if args.broker_queue else []
     broker = Broker(root / "broker", ["sys_interval 1", *queue])
     out: dict[str, Any] = {
         "devices": args.devices,
         "telemetry_s": args.telemetry_s,
-        "broker_max_queued_messages": args.broker_queue or "default (1000)",
+        "broker_max_queued_messages": args.broker_queue or "mosquitto default (1000)",
         "load_at_start": load(),
     }
     fleet = ctl = stats = None
