@@ -186,6 +186,10 @@ class Probe:
         self.wait_for(lambda ms: sum(1 for m in ms if m.topic == topic) >= count, timeout)
         return self.on_topic(topic)
 
+    def wait_for_more(self, topic: str, more: int, timeout: float = 10.0) -> list[Received]:
+        """Wait until ``more`` messages arrived on ``topic`` beyond those already received."""
+        return self.wait_for_count(topic, len(self.on_topic(topic)) + more, timeout)
+
     def clear(self) -> None:
         """Forget received messages."""
         with self._cond:

@@ -183,10 +183,12 @@ class _Scan(ast.NodeVisitor):
         if name in PATIENT_HELPERS or (
             name == "wait_for" and node.args and not condition and receiver != "asyncio"
         ):
-            if bound is not None and _is_patient(bound):
-                self._flag(
-                    node, f"{name} stretches its bound itself: patient() here stretches it twice", bound
-                )
+            # The bound may come by keyword or by position (the helpers differ in where it sits).
+            for arg in [*node.args, *keywords.values()]:
+                if _is_patient(arg):
+                    self._flag(
+                        node, f"{name} stretches its bound itself: patient() here stretches it twice", arg
+                    )
             return
         raw = False
         if name in RAW_WAITS:
@@ -256,6 +258,7 @@ def helper(done, proc, page, q):
     subprocess.run(["true"], timeout=30)
     page.wait_for_selector("#x", timeout=SHOWS_MS)
     wait_until(lambda: True, timeout=patient(10))
+    wait_until(lambda: True, patient(10), "by position")
     deadline = time.monotonic() + 30
     urllib.request.urlopen(url, timeout=10)
     asyncio.wait_for(task, 5)
@@ -268,6 +271,7 @@ def helper(done, proc, page, q):
         'subprocess.run(["true"], timeout=30)',
         'page.wait_for_selector("#x", timeout=SHOWS_MS)',
         "wait_until(lambda: True, timeout=patient(10))",
+        'wait_until(lambda: True, patient(10), "by position")',
         "time.monotonic() + 30",
         "urllib.request.urlopen(url, timeout=10)",
         "asyncio.wait_for(task, 5)",

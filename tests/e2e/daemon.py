@@ -32,6 +32,17 @@ def unique_results(messages: list[Received], topic: str) -> list[ResultMessage]:
     return sorted(seen.values(), key=lambda r: r.frame_index)
 
 
+#: A camera source that never answers (the discard port), replacing a file source: the file
+#: source's own keys are removed (null), since an overlay's maps merge key by key.
+UNREACHABLE_URL_SOURCE: dict[str, object] = {
+    "type": "url",
+    "url": "http://127.0.0.1:9/nothing",
+    "path": None,
+    "loop": None,
+    "realtime": None,
+}
+
+
 class AgentFiles:
     """Models v1/v2, a short video and a config for one device id, all under ``root``."""
 

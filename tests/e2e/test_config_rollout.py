@@ -30,7 +30,7 @@ from agent.lifecycle.restart import RESTART_EXIT_CODE
 from agent.protocol.manifest import DeployManifest, SignedManifest
 from agent.protocol.messages import JobState, JobStatus, decode
 from agent.protocol.topics import Topics
-from tests.e2e.daemon import Daemon
+from tests.e2e.daemon import UNREACHABLE_URL_SOURCE, Daemon
 from tests.e2e.fleet_rig import Fleet, operator_settings
 from tests.fleet.controller_process import ControllerProcess
 from tests.mqtt_probe import Probe
@@ -81,14 +81,8 @@ def _statuses(probe: Probe, device: str, job_id: str) -> list[JobStatus]:
     return [decode(JobStatus, m.payload) for m in probe.snapshot() if m.topic == topic]
 
 
-def _results(probe: Probe, device: str) -> int:
-    topic = Topics(PREFIX, device).results("cam")
-    return sum(1 for m in probe.snapshot() if m.topic == topic)
-
-
 def _more_results(probe: Probe, device: str, more: int, timeout: float = 60) -> None:
-    start = _results(probe, device)
-    probe.wait_for(lambda _m: _results(probe, device) >= start + more, timeout)
+    probe.wait_for_more(Topics(PREFIX, device).results("cam"), more, timeout)
 
 
 def _rollout(client_settings: Any, rollout_id: str) -> dict[str, Any]:
@@ -176,17 +170,13 @@ def test_an_overlay_rolls_out_in_waves_through_a_controller_kill_and_a_broken_ca
         assert "fps_limit: 5" in got["desired"]["overlay"]
 
         # The second overlay is whole: it keeps the first's keys and breaks the camera.
-        nowhere = {
-            "type": "url",
-            "url": "http://127.0.0.1:9/nothing",
-            "path": None,
-            "loop": None,
-            "realtime": None,
-        }
         second = tmp_path / "broken.yaml"
         second.write_text(
             yaml.safe_dump(
-                {"streams": {"cam": {"fps_limit": 5, "source": nowhere}}, "labels": {"site": "north"}}
+                {
+                    "streams": {"cam": {"fps_limit": 5, "source": UNREACHABLE_URL_SOURCE}},
+                    "labels": {"site": "north"},
+                }
             )
         )
         start = [

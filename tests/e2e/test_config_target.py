@@ -25,7 +25,7 @@ from agent.mqtt.settings import MqttSettings
 from agent.protocol.manifest import build_manifest
 from agent.protocol.messages import InfoMessage, JobStatus, decode
 from agent.signing import generate_keypair, private_key_from_bytes, sign
-from tests.e2e.daemon import AgentFiles, Daemon
+from tests.e2e.daemon import UNREACHABLE_URL_SOURCE, AgentFiles, Daemon
 from tests.mqtt_probe import Probe
 from tests.waiting import patient, wait_until
 
@@ -106,13 +106,8 @@ class Device:
         self.daemon = self._start()
 
 
-def _results(probe: Probe, device: str) -> int:
-    return sum(1 for m in probe.snapshot() if m.topic == f"fleet/v1/{device}/up/results/cam")
-
-
 def _more_results(probe: Probe, device: str, more: int = 10, timeout: float = 30) -> None:
-    start = _results(probe, device)
-    probe.wait_for(lambda _ms: _results(probe, device) >= start + more, timeout)
+    probe.wait_for_more(f"fleet/v1/{device}/up/results/cam", more, timeout)
 
 
 @pytest.fixture
@@ -180,15 +175,7 @@ def test_restart_change_confirmed_and_a_broken_camera_put_back_by_itself(rig: An
         lambda: desk.info().labels.get("site") == "north" and desk.info().config.version == "restart-1"
     )
 
-    # The file source's own keys are removed (null): maps merge key by key.
-    nowhere = {
-        "type": "url",
-        "url": "http://127.0.0.1:9/nothing",
-        "path": None,
-        "loop": None,
-        "realtime": None,
-    }
-    broken = desk.publish({"streams": {"cam": {"source": nowhere}}}, "broken-1", probation_s=4)
+    broken = desk.publish({"streams": {"cam": {"source": UNREACHABLE_URL_SOURCE}}}, "broken-1", probation_s=4)
     agent.restarted()  # applied through a restart
     agent.restarted()  # put back through a restart
     final = desk.final(broken)

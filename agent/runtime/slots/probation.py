@@ -27,9 +27,9 @@ from agent.protocol.messages import FailedFigure, ProbationFigures
 from agent.protocol.proving import ProbationSpec
 from agent.runtime.slots.agreement import total_variation
 from agent.runtime.slots.health import HealthFigures, judge
-from agent.runtime.slots.latency import PairedTiming, compared_times, judged_ratio, old_first
+from agent.runtime.slots.latency import PairedTiming, judged_ratio
 from agent.runtime.slots.loaded import LoadedModel
-from agent.runtime.slots.shadow import predict
+from agent.runtime.slots.shadow import predict_pair
 
 log = structlog.get_logger(__name__)
 
@@ -140,17 +140,12 @@ def _time_pair(run: ProbationRun, old: LoadedModel, new: LoadedModel, image: npt
     """Both models on ``image``, back to back (the order alternating), kept as one pair."""
     at_s = time.monotonic() - run.started
     try:
-        if old_first(len(run.pairs)):
-            _, old_time, _ = predict(old, image)
-            _, new_time, _ = predict(new, image)
-        else:
-            _, new_time, _ = predict(new, image)
-            _, old_time, _ = predict(old, image)
+        pair = predict_pair(old, new, image, len(run.pairs))
     except AgentError as exc:
         # The frame path counts the new model's errors; a pair that failed is only not a pair.
         log.warning("probation.pair_failed", slot=run.slot, error=str(exc))
         return
-    run.pairs.append(PairedTiming(at_s, *compared_times(old_time, new_time)))
+    run.pairs.append(PairedTiming(at_s, pair.old_ms, pair.new_ms))
 
 
 def _measure(

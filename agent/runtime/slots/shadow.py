@@ -14,6 +14,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -85,12 +86,8 @@ def _compare(
     with slot.lease() as serving:
         if serving is None:
             return
-        if old_first(tally.frames + tally.bad_outputs):
-            old, old_time, _ = predict(serving, image)
-            new, new_time, finite = predict(candidate, image)
-        else:
-            new, new_time, finite = predict(candidate, image)
-            old, old_time, _ = predict(serving, image)
+        pair = predict_pair(serving, candidate, image, tally.frames + tally.bad_outputs)
+    old, new, finite = pair.old, pair.new, pair.finite
     if not finite:
         tally.bad_outputs += 1
         if evidence is not None:
@@ -98,9 +95,34 @@ def _compare(
         return
     top5 = topk_overlap(old.classes, new.classes or []) if old.classes is not None else None
     agreement = frame_agreement(old, new)
-    tally.add(agreement, *compared_times(old_time, new_time), top5=top5)
+    tally.add(agreement, pair.old_ms, pair.new_ms, top5=top5)
     if evidence is not None:
         evidence.offer(agreement, image, old, new)
+
+
+@dataclass(frozen=True)
+class PredictedPair:
+    """Both models on one frame: their predictions, whether the new one's outputs were finite, and
+    the times their latency ratio compares (:func:`~agent.runtime.slots.latency.compared_times`)."""
+
+    old: Prediction
+    new: Prediction
+    finite: bool
+    old_ms: float
+    new_ms: float
+
+
+def predict_pair(
+    old: LoadedModel, new: LoadedModel, image: npt.NDArray[np.uint8], index: int
+) -> PredictedPair:
+    """Both models on ``image`` back to back, which one first alternating with the pair's ``index``."""
+    if old_first(index):
+        old_out, old_time, _ = predict(old, image)
+        new_out, new_time, finite = predict(new, image)
+    else:
+        new_out, new_time, finite = predict(new, image)
+        old_out, old_time, _ = predict(old, image)
+    return PredictedPair(old_out, new_out, finite, *compared_times(old_time, new_time))
 
 
 def predict(model: LoadedModel, image: npt.NDArray[np.uint8]) -> tuple[Prediction, InferenceTime, bool]:

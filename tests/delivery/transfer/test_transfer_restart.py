@@ -23,6 +23,7 @@ from agent.delivery.transfer.chunk_log import read_log
 from agent.delivery.transfer.flusher import read_record
 from agent.delivery.transfer.pull import fetch_model
 from agent.demo.broker import Broker
+from agent.fleet.chunks.server import ChunkServer
 from agent.protocol.manifest import DeployManifest
 from tests.delivery.transfer.transfer_rig import (
     KIB,
@@ -59,42 +60,46 @@ def _fetch(dev: Device, manifest: DeployManifest, window: int = WINDOW, **config
     )
 
 
-def test_a_killed_agent_resumes_and_fetches_at_most_one_window_again(rig: Rig) -> None:
-    model = random_model(rig.tmp_path / "m.bin", 4 * MIB)
-    manifest = manifest_for(model, CHUNK)
-    server = rig.server(Throttled)
-    server.register(manifest, model)
-    device_id = "dev-crash"
-    state_dir = rig.tmp_path / device_id
+def _kill_child_when_served(
+    rig: Rig,
+    server: ChunkServer,
+    manifest: DeployManifest,
+    device_id: str,
+    fraction: float,
+    window: int | None = None,
+) -> None:
+    """Pull ``manifest`` in a child process (``python -m`` this module) and SIGKILL it once the
+    server sent ``fraction`` of the model to ``device_id``."""
     manifest_file = rig.tmp_path / "manifest.json"
     manifest_file.write_text(manifest.model_dump_json())
+    argv = [str(rig.broker.port), rig.prefix, device_id, str(rig.tmp_path / device_id), str(manifest_file)]
     child = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "tests.delivery.transfer.test_transfer_restart",
-            "child",
-            str(rig.broker.port),
-            rig.prefix,
-            device_id,
-            str(state_dir),
-            str(manifest_file),
-        ],
+        [sys.executable, "-m", "tests.delivery.transfer.test_transfer_restart", "child", *argv]
+        + ([] if window is None else [str(window)]),
         cwd=REPO_ROOT,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
     )
     try:
         wait_until(
-            lambda: server.served_bytes(device_id) >= manifest.size // 2 or child.poll() is not None,
+            lambda: server.served_bytes(device_id) >= manifest.size * fraction or child.poll() is not None,
             timeout=60,
-            what="half of the model served to the child",
+            what=f"{fraction:.0%} of the model served to the child",
         )
         assert child.poll() is None, child.stderr.read().decode() if child.stderr else ""
         os.kill(child.pid, signal.SIGKILL)
     finally:
         child.kill()
         child.wait(patient(10))
+
+
+def test_a_killed_agent_resumes_and_fetches_at_most_one_window_again(rig: Rig) -> None:
+    model = random_model(rig.tmp_path / "m.bin", 4 * MIB)
+    manifest = manifest_for(model, CHUNK)
+    server = rig.server(Throttled)
+    server.register(manifest, model)
+    device_id = "dev-crash"
+    _kill_child_when_served(rig, server, manifest, device_id, 0.5)
     served_before = server.served_bytes(device_id)
     assert served_before < manifest.size
 
@@ -130,38 +135,7 @@ def test_a_pull_killed_early_midway_or_late_fetches_at_most_one_window_again(
     server = rig.server(Throttled)
     server.register(manifest, model)
     device_id = f"dev-quarter-{round(killed_at * 100)}"
-    state_dir = rig.tmp_path / device_id
-    manifest_file = rig.tmp_path / "manifest.json"
-    manifest_file.write_text(manifest.model_dump_json())
-    child = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "tests.delivery.transfer.test_transfer_restart",
-            "child",
-            str(rig.broker.port),
-            rig.prefix,
-            device_id,
-            str(state_dir),
-            str(manifest_file),
-            str(window),
-        ],
-        cwd=REPO_ROOT,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
-    try:
-        wait_until(
-            lambda: server.served_bytes(device_id) >= manifest.size * killed_at or child.poll() is not None,
-            timeout=60,
-            what=f"{killed_at:.0%} of the model served to the child",
-        )
-        assert child.poll() is None, child.stderr.read().decode() if child.stderr else ""
-        os.kill(child.pid, signal.SIGKILL)
-    finally:
-        child.kill()
-        child.wait(patient(10))
-
+    _kill_child_when_served(rig, server, manifest, device_id, killed_at, window)
     dev = rig.device(device_id)
     named = _recorded_chunks(dev.part_dir, manifest)
     assert named, "no flush was recorded before the kill"

@@ -72,9 +72,9 @@ def test_a_client_behind_sheds_telemetry_first_and_counts_it_keeping_every_statu
             sender.publish(topic, payload, qos=1)
         assert sender.wait_published(patient(10))
         # Every message reached the client: one in the handler, the rest waiting or shed.
-        wait_until(lambda: receiver.inbox_shed + len(receiver._inbox) == 32, patient(10), "all received")
+        wait_until(lambda: receiver.inbox_shed + len(receiver._inbox) == 32, 10, "all received")
         release.set()
-        wait_until(lambda: len(handled) == 33 - receiver.inbox_shed, patient(10), "the inbox drained")
+        wait_until(lambda: len(handled) == 33 - receiver.inbox_shed, 10, "the inbox drained")
     finally:
         release.set()
         sender.stop()
@@ -150,7 +150,7 @@ def test_kept_warm_the_lines_are_rendered_before_anyone_scrapes() -> None:
         for n in range(5):
             topic, payload = _status(f"cam-{n}")
             view.apply(InboundMessage(topic, payload, qos=1, retain=True))
-        wait_until(lambda: metrics.rendered_devices == 5, patient(10), "warmed")
+        wait_until(lambda: metrics.rendered_devices == 5, 10, "warmed")
     finally:
         stop()
     assert _samples(metrics.render().decode())[("edge_fleet_devices", (("state", "online"),))] == 5
@@ -195,7 +195,7 @@ def test_kept_warm_a_scrape_renders_its_share_of_a_fleet_that_moved_at_once_and_
     metrics = fleet_metrics(view)
     stop = metrics.keep_warm(every_s=3600.0)  # one pass at its start, then none within this test
     try:
-        wait_until(lambda: metrics.rendered_devices == len(names), patient(30), "the first warm pass")
+        wait_until(lambda: metrics.rendered_devices == len(names), 30, "the first warm pass")
         offline = encode(StatusMessage(state="offline", session=1, agent_version="1"))
         for name in names:
             view.apply(InboundMessage(Topics(PREFIX, name).status, offline, qos=1, retain=True))

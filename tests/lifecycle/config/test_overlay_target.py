@@ -211,7 +211,9 @@ class Guard:
         )
 
 
-def test_each_step_notices_it_ran_for_the_job(device: Device) -> None:
+def test_each_step_notices_it_ran_for_the_job_the_resume_with_no_probation_window_since_already_confirmed(
+    device: Device,
+) -> None:
     doc, m = device.manifest({"labels": {"site": "east"}})
     reporter = JobReporter(lambda _f: None, threading.Event())
     device.target.verify(doc, m)
