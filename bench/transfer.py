@@ -48,6 +48,7 @@ from agent.delivery.transfer.pull import PullStats, fetch_model
 from agent.demo.broker import Broker
 from agent.fleet.chunks.server import DEFAULT_MAX_INFLIGHT, ChunkServer
 from agent.logs.setup import configure_logging
+from agent.machine.process import keep_freed_buffers, shorten_gil_switch
 from agent.mqtt.inbound import InboundMessage
 from agent.mqtt.link import MqttLink
 from agent.mqtt.service_client import ServiceClient
@@ -347,7 +348,7 @@ def main() -> None:
     parser.add_argument("--size-mb", type=int, default=64)
     parser.add_argument("--window", type=int, nargs="+", default=[DeliveryConfig().chunk_window])
     parser.add_argument("--chunk-kib", type=int, nargs="+", default=[256, 1024])
-    parser.add_argument("--repeat", type=int, default=5, help="raw and pull runs per case (medians)")
+    parser.add_argument("--repeat", type=int, default=9, help="raw and pull runs per case (medians)")
     parser.add_argument("--fsync-delay-ms", type=float, default=0.0, help="emulate a slow device disk")
     parser.add_argument(
         "--broker-inflight", type=int, default=None, help="mosquitto max_inflight_messages (default 20)"
@@ -443,6 +444,9 @@ def main() -> None:
 
 if __name__ == "__main__":
     _quiet_logs()
+    # Each process of the bench, raw and pull sides alike, keeps freed buffers as every edge-agent
+    # process does (agent/machine/process.py).
+    keep_freed_buffers()
     if len(sys.argv) > 1 and sys.argv[1] == "raw":
         _child_raw(int(sys.argv[2]), sys.argv[3], Path(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6]))
     elif len(sys.argv) > 1 and sys.argv[1] == "serve":
@@ -450,4 +454,5 @@ if __name__ == "__main__":
     elif len(sys.argv) > 1 and sys.argv[1] == "pull":
         _child_pull(sys.argv[2:])
     else:
+        shorten_gil_switch()  # the device (and the raw subscriber beside it) as the agent runs
         main()

@@ -11,7 +11,6 @@ reverse). Two parts of the wiring have modules of their own: the slots' frame pa
 from __future__ import annotations
 
 import signal
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -49,6 +48,7 @@ from agent.lifecycle.running import RunningAgent
 from agent.logs.ring import LogRing, logs_command
 from agent.logs.setup import configure_logging
 from agent.machine.platform import detect_platform
+from agent.machine.process import shorten_gil_switch
 from agent.mqtt.inbound import InboundMessage
 from agent.mqtt.link import MqttLink
 from agent.protocol.command_args import CalibrateArgs, EvidenceArgs, LogsArgs, SnapshotArgs
@@ -73,11 +73,6 @@ log = structlog.get_logger(__name__)
 STOP_BUDGET_S = 8.0
 #: Time systemd is asked to allow for each slot's first load at start-up.
 INITIAL_LOAD_BUDGET_S = 300.0
-#: How long a Python thread may keep the GIL while another waits for it (CPython's default: 5 ms).
-#: The frame path's threads spend most of their time in C (decode, inference) and need the GIL back
-#: for a few microseconds after each call; behind a publisher running Python they could wait up to
-#: the full interval (docs/benchmarks.md, "Frame path").
-GIL_SWITCH_INTERVAL_S = 0.001
 #: Shortest gap between two ``up/info`` republished because a camera changed state: a camera in a
 #: reconnect loop changes state every few seconds, and each info is a retained message.
 CAMERA_INFO_GAP_S = 5.0
@@ -253,7 +248,7 @@ class Agent:
     # -- start -------------------------------------------------------------------------------
 
     def start(self) -> None:
-        sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
+        shorten_gil_switch()
         if self.metrics_endpoint is not None:
             self.metrics_endpoint.start()  # first: a taken port fails the start before anything runs
         self.delivery.start()  # subscribes before connecting: retained manifests arrive on connect

@@ -21,6 +21,7 @@ from agent.cli.importing import add_import_arguments
 from agent.cli.selftest import add_selftest_arguments
 from agent.errors import AgentError, ConfigError, UsageError
 from agent.fleet.cli.main import FLEET_COMMANDS, add_fleet_arguments
+from agent.machine.process import keep_freed_buffers
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -92,6 +93,7 @@ EXIT_CLOSED_PIPE = 141
 
 def main(argv: Sequence[str] | None = None) -> int:
     """The ``edge-agent`` entry point: run the command; every expected failure is one line on stderr."""
+    keep_freed_buffers()  # every edge-agent process: the device's and the operator side's alike
     parser = _parser()
     args = parser.parse_args(argv)
     if args.command == "check-config":
