@@ -21,6 +21,9 @@ log = structlog.get_logger(__name__)
 
 Handler = Callable[[InboundMessage], None]
 
+#: Topics whose matching handlers are remembered, at most.
+_MATCHED_KEPT = 256
+
 
 @dataclass(frozen=True)
 class Subscription:
@@ -43,12 +46,16 @@ class Dispatcher:
         self._on_connected = on_connected
         self._on_error = on_error
         self._subs: list[Subscription] = []
+        # topic -> the handlers whose filters match it: a model's chunk replies all come on one topic,
+        # and matching each filter per message was most of this thread's own work.
+        self._matched: dict[str, tuple[Handler, ...]] = {}
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
 
     def add(self, topic_filter: str, handler: Handler, qos: int) -> None:
         with self._lock:
             self._subs.append(Subscription(topic_filter, handler, qos))
+            self._matched = {}
 
     def subscriptions(self) -> list[Subscription]:
         with self._lock:
@@ -80,11 +87,19 @@ class Dispatcher:
                     self._call_guarded("on_connected", lambda s=item.session: self._on_connected(s))  # type: ignore[misc]
                 continue
             if isinstance(item, InboundMessage):
-                handlers = [
-                    s.handler for s in self.subscriptions() if topic_matches(s.topic_filter, item.topic)
-                ]
-                for handler in handlers:
+                for handler in self._handlers(item.topic):
                     self._call_guarded(item.topic, lambda h=handler, m=item: h(m))  # type: ignore[misc]
+
+    def _handlers(self, topic: str) -> tuple[Handler, ...]:
+        """The handlers whose filters match ``topic``, in subscription order (remembered per topic)."""
+        with self._lock:
+            handlers = self._matched.get(topic)
+            if handlers is None:
+                handlers = tuple(s.handler for s in self._subs if topic_matches(s.topic_filter, topic))
+                if len(self._matched) >= _MATCHED_KEPT:
+                    self._matched = {}  # topics a device sees are few; a flood of others starts over
+                self._matched[topic] = handlers
+            return handlers
 
     def _call_guarded(self, what: str, fn: Callable[[], None]) -> None:
         try:

@@ -266,8 +266,7 @@ class ChunkFlusher:
 
     def raise_flush_error(self) -> None:
         """Raise the error of a failed background flush (an OSError from a sync or a record write)."""
-        with self._cond:
-            error = self._flush_error
+        error = self._flush_error  # one read, set once by the flusher: no lock (asked per chunk)
         if error is not None:
             raise error
 

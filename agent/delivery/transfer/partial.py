@@ -42,6 +42,9 @@ if TYPE_CHECKING:
 log = structlog.get_logger(__name__)
 
 _REJECT_KINDS = ("out_of_range", "bad_length", "bad_hash", "duplicate")
+#: Writeback is started per run of adjacent written chunks this long: each call costs a fixed part
+#: (the filesystem maps the range), which one call per small chunk paid again and again.
+WRITEBACK_RUN = 1024 * 1024
 
 
 class PartialDownload:
@@ -84,6 +87,8 @@ class PartialDownload:
         self.log_path = self.part_dir / f"{sha}.log"
         self.verified_path = self.part_dir / f"{sha}.verified"
         self.chunk_count = len(manifest.chunks)
+        # Read per chunk: plain attributes, not the manifest model's.
+        self._chunk_size, self._size, self._chunk_hashes = manifest.chunk_size, manifest.size, manifest.chunks
         expected = -(-manifest.size // manifest.chunk_size) if manifest.size else 0
         if self.chunk_count != expected:
             raise DeliveryError(
@@ -106,6 +111,8 @@ class PartialDownload:
         # need not read the file again when this process wrote it all (mostly in order).
         self._prefix_hash = hashlib.sha256()
         self._prefix_end = 0
+        # Bytes written whose writeback has not been started: [start, end) of adjacent chunks.
+        self._run_start = self._run_end = 0
         self._whole_hash = whole_hash
         self._fd: int | None = None
         self._finished = self.verified_path.exists() and self.verified_path.stat().st_size == manifest.size
@@ -200,8 +207,7 @@ class PartialDownload:
 
     def chunk_length(self, index: int) -> int:
         """Length of chunk ``index`` (the last one may be short)."""
-        start = index * self.manifest.chunk_size
-        return min(self.manifest.chunk_size, self.manifest.size - start)
+        return min(self._chunk_size, self._size - index * self._chunk_size)
 
     def has(self, index: int) -> bool:
         """True when chunk ``index`` is written and verified (durable or not yet flushed)."""
@@ -283,7 +289,7 @@ class PartialDownload:
             return "duplicate"
         if len(data) != self.chunk_length(index):
             return "bad_length"
-        if (digest or hashlib.sha256(data).hexdigest()) != self.manifest.chunks[index]:
+        if (digest or hashlib.sha256(data).hexdigest()) != self._chunk_hashes[index]:
             return "bad_hash"
         return None
 
@@ -305,15 +311,16 @@ class PartialDownload:
             self.rejected[problem] += 1
             return False
         assert self._fd is not None
-        offset = index * self.manifest.chunk_size
-        view = memoryview(data)
-        while view:
-            written = os.pwrite(self._fd, view, offset)
-            view = view[written:]
+        start = offset = index * self._chunk_size
+        written = os.pwrite(self._fd, data, offset)
+        if written < len(data):  # short writes are rare: only then is the rest sliced
+            view = memoryview(data)[written:]
             offset += written
-        # The flush that makes this chunk durable then waits for less (it runs while the window is
-        # held: the shorter it is, the sooner the next chunks are asked for).
-        start_writeback(self._fd, index * self.manifest.chunk_size, len(data))
+            while view:
+                written = os.pwrite(self._fd, view, offset)
+                view = view[written:]
+                offset += written
+        self._written_run(start, len(data))
         self._have[index] = 1
         self._bytes_done += len(data)
         due = self._flusher.written(index)
@@ -321,6 +328,24 @@ class PartialDownload:
         if due:
             self._flusher.flush_due()
         return True
+
+    def _written_run(self, start: int, length: int) -> None:
+        """Start the writeback of what was written, a run of adjacent chunks at a time.
+
+        The flush that makes these chunks durable then waits for less (it runs while the window is
+        held: the shorter it is, the sooner the next chunks are asked for).
+        """
+        if start != self._run_end:
+            self._start_run_writeback()
+            self._run_start = start
+        self._run_end = start + length
+        if self._run_end - self._run_start >= WRITEBACK_RUN:
+            self._start_run_writeback()
+
+    def _start_run_writeback(self) -> None:
+        if self._run_end > self._run_start and self._fd is not None:
+            start_writeback(self._fd, self._run_start, self._run_end - self._run_start)
+        self._run_start = self._run_end
 
     def _extend_prefix_hash(self, index: int, data: bytes) -> None:
         if not self._whole_hash or index != self._prefix_end:
@@ -425,6 +450,7 @@ class PartialDownload:
         self._flusher.reset()
         self._prefix_hash = hashlib.sha256()
         self._prefix_end = 0
+        self._run_start = self._run_end = 0
         self._finished = False
 
     def __enter__(self) -> PartialDownload:

@@ -17,7 +17,6 @@ reconnect handling and reply checks share its state; ``fetch_model``'s source or
 from __future__ import annotations
 
 import collections
-import contextlib
 import queue
 import random
 import threading
@@ -33,7 +32,7 @@ import structlog
 from agent.delivery.settings import DeliveryConfig
 from agent.delivery.transfer.http_source import HttpSource
 from agent.delivery.transfer.partial import PartialDownload
-from agent.delivery.transfer.replies import ChunkReply, router_for
+from agent.delivery.transfer.replies import ChunkReply, ReplyQueue, router_for
 from agent.delivery.transfer.rto import RetransmitTimer, due_after_wait, resume_after_busy
 from agent.errors import DeliveryError
 from agent.mqtt.core import PublishProperties
@@ -161,6 +160,9 @@ class MqttPull:
         self._flush_due: float | None = None
         self._durable = threading.Event()  # set by the flusher thread: window slots were freed
         self._reported = partial.bytes_done
+        #: No chunk is asked again before this (monotonic): the last reply's time plus the timeout.
+        self._progress_due = 0.0
+        self._correlation_head = f"{self._id}:".encode()
 
     def run(self) -> None:
         """Pull until every chunk is written and flushed (progress is flushed on any exit)."""
@@ -172,8 +174,7 @@ class MqttPull:
 
         def wake() -> None:  # on the flusher thread: chunks became durable, window slots are free
             self._durable.set()
-            with contextlib.suppress(queue.Full):
-                replies.put_nowait(None)
+            replies.wake()
 
         self.partial.on_durable = wake
         started = time.monotonic()
@@ -200,7 +201,7 @@ class MqttPull:
             **self.stats.as_dict(),
         )
 
-    def _loop(self, replies: queue.Queue[ChunkReply | None]) -> None:
+    def _loop(self, replies: ReplyQueue) -> None:
         partial = self.partial
         self._todo.extend(partial.missing())
         session = self.link.session
@@ -235,7 +236,9 @@ class MqttPull:
             if self.link.connected:
                 self._durable.clear()
                 self._request(now)
-            wakes = [o.due for o in self._outstanding.values()] + [self._deadline, now + _TICK_S]
+            wakes = [self._deadline, now + _TICK_S]
+            if self._outstanding:
+                wakes.append(max(self._progress_due, min(o.due for o in self._outstanding.values())))
             if self._hold_until > now:
                 wakes.append(self._hold_until)
             if self._stall_s is not None:
@@ -248,7 +251,7 @@ class MqttPull:
                 continue
             self._report_progress()
 
-    def _take_arrived(self, replies: queue.Queue[ChunkReply | None]) -> bool:
+    def _take_arrived(self, replies: ReplyQueue) -> bool:
         """Process every reply already queued, without waiting; True when the download is complete."""
         while True:
             if self._durable.is_set() and self.link.connected:
@@ -289,6 +292,8 @@ class MqttPull:
         self.stats.reconnect_rerequests += len(lost)
 
     def _expire(self, now: float) -> None:
+        if now < self._progress_due:
+            return  # replies are flowing: what is outstanding is most likely on its way
         expired = sorted(i for i, o in self._outstanding.items() if now >= o.due)
         for index in expired:
             del self._outstanding[index]
@@ -351,35 +356,45 @@ class MqttPull:
 
     def _request_seq(self, correlation: bytes | None) -> int:
         """The sequence number of this pull's request a reply answers (-1: not one of this pull's)."""
-        pull, _, seq = (correlation or b"").decode(errors="replace").partition(":")
-        return int(seq) if pull == self._id and seq.isdigit() else -1
+        head = self._correlation_head
+        if not correlation or not correlation.startswith(head):
+            return -1
+        seq = correlation[len(head) :]
+        return int(seq) if seq.isdigit() else -1
 
     def _on_reply(self, reply: ChunkReply | None) -> None:
         if reply is None:
             return  # a wake-up: a flush ended
         message = reply.message
         self.stats.received += 1
-        props = dict(message.user_properties)
-        notice = read_notice(props) if INDEX_PROPERTY not in props else None
-        if notice is not None:
-            self._on_notice(notice, self._request_seq(message.correlation_data))
+        index_text = claimed = None
+        for key, value in message.user_properties:
+            if key == INDEX_PROPERTY:
+                index_text = value
+            elif key == SHA256_PROPERTY:
+                claimed = value
+        if index_text is None:
+            notice = read_notice(dict(message.user_properties))
+            if notice is not None:
+                self._on_notice(notice, self._request_seq(message.correlation_data))
+            else:
+                self.stats.malformed += 1
             return
         try:
-            index = int(props[INDEX_PROPERTY])
-        except (KeyError, ValueError):
+            index = int(index_text)
+        except ValueError:
             self.stats.malformed += 1
             return
-        if not 0 <= index < self.partial.chunk_count:
+        partial = self.partial
+        if not 0 <= index < partial.chunk_count:
             self.stats.out_of_range += 1
-            self.partial.rejected["out_of_range"] += 1
+            partial.rejected["out_of_range"] += 1
             return
-        if self.partial.has(index):
+        if partial.has(index):
             self.stats.duplicate += 1
-            self.partial.rejected["duplicate"] += 1
+            partial.rejected["duplicate"] += 1
             return
-        claimed = props.get(SHA256_PROPERTY)
-        expected = self.manifest.chunks[index]
-        if (claimed is not None and claimed != expected) or not self.partial.write_chunk(
+        if (claimed is not None and claimed != self.manifest.chunks[index]) or not partial.write_chunk(
             index, message.payload, reply.digest
         ):
             self.stats.corrupt += 1
@@ -389,21 +404,20 @@ class MqttPull:
             return
         self._outstanding.pop(index, None)
         now = self._last_chunk = time.monotonic()
-        asked = self._asked_at.get(self._request_seq(message.correlation_data), None)
+        asked = self._asked_at.get(self._request_seq(message.correlation_data))
         if asked is not None:
             # The reply names its request (correlation data), so even the answer to a chunk asked
             # for twice gives its true round trip.
             self.timer.sample(now - asked[0])
-            self.stats.timeout_ms = round(self.timer.timeout * 1000)
+        timeout = self.timer.timeout
+        self.stats.timeout_ms = round(timeout * 1000)
         # Progress restarts the timer of what is still outstanding (TCP's rule, RFC 6298 5.3): replies
         # are flowing, so the rest is most likely on its way behind this one, and asking for it now
         # would only have the server send it twice (at fleet scale it arrives seconds apart).
-        due = now + self.timer.timeout
-        for outstanding in self._outstanding.values():
-            outstanding.due = max(outstanding.due, due)
+        self._progress_due = now + timeout
         self.stats.written += 1
         if self._flush_due is None:
-            self._flush_due = time.monotonic() + _FLUSH_DELAY_S
+            self._flush_due = now + _FLUSH_DELAY_S
 
     def _on_notice(self, notice: ChunkNotice, seq: int) -> None:
         """The server's word about request ``seq``: wait in its line, or come back later."""
