@@ -95,6 +95,8 @@ class ChunkFlusher:
         self._flusher: threading.Thread | None = None
         self._io_lock = threading.Lock()  # one flush (fsync + record) at a time, either thread
         self._durable_bits = empty_bits(self._chunk_count)
+        #: Syncs of the data begun so far (counted before each starts; read without the lock).
+        self.syncs_started = 0
 
     def mark_durable(self, index: int) -> None:
         """Chunk ``index`` is already durable (named by the bitmap on open and re-verified)."""
@@ -182,6 +184,7 @@ class ChunkFlusher:
         assert self.fd is not None
         started = time.monotonic()
         if batch:
+            self.syncs_started += 1
             if hasattr(os, "fdatasync"):
                 os.fdatasync(self.fd)  # the data blocks are what matters; the size never changes
             else:

@@ -111,8 +111,9 @@ class PartialDownload:
         # need not read the file again when this process wrote it all (mostly in order).
         self._prefix_hash = hashlib.sha256()
         self._prefix_end = 0
-        # Bytes written whose writeback has not been started: [start, end) of adjacent chunks.
-        self._run_start = self._run_end = 0
+        # Bytes written whose writeback has not been started: [start, end) of adjacent chunks, and
+        # the flusher's count of syncs begun when the run began.
+        self._run_start = self._run_end = self._run_syncs = 0
         self._whole_hash = whole_hash
         self._fd: int | None = None
         self._finished = self.verified_path.exists() and self.verified_path.stat().st_size == manifest.size
@@ -335,7 +336,13 @@ class PartialDownload:
         The flush that makes these chunks durable then waits for less (it runs while the window is
         held: the shorter it is, the sooner the next chunks are asked for).
         """
-        if start != self._run_end:
+        syncs = self._flusher.syncs_started
+        if syncs != self._run_syncs:
+            # A sync begun since the run began writes its pages itself; started again here, the
+            # pages it already cleaned would be dropped from the cache the whole-file hash reads.
+            self._run_start = self._run_end = start
+            self._run_syncs = syncs
+        elif start != self._run_end:
             self._start_run_writeback()
             self._run_start = start
         self._run_end = start + length
@@ -451,6 +458,7 @@ class PartialDownload:
         self._prefix_hash = hashlib.sha256()
         self._prefix_end = 0
         self._run_start = self._run_end = 0
+        self._run_syncs = self._flusher.syncs_started
         self._finished = False
 
     def __enter__(self) -> PartialDownload:

@@ -6,6 +6,7 @@ import errno
 import json
 import os
 import random
+import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -480,3 +481,34 @@ def test_another_downloads_log_names_nothing(tmp_path: Path, model: Path, manife
     log_path = _logged_download(tmp_path / "partial", model, manifest, [0, 1])
 
     assert read_log(log_path, other) == []
+
+
+def _resident_bytes(path: Path) -> int:
+    """Bytes of ``path`` in the page cache, by util-linux's ``fincore``."""
+    out = subprocess.run(
+        ["fincore", "--bytes", "--noheadings", "--output", "RES", str(path)],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    return int(out.stdout.strip())
+
+
+@pytest.mark.parametrize("flush_every", [3, 5, 16])
+def test_a_download_flushed_between_its_writeback_runs_stays_in_the_page_cache(
+    tmp_path: Path, flush_every: int
+) -> None:
+    """Writeback is started per 1 MiB run of adjacent chunks, and a flush syncs in between: a run
+    started over pages that flush already cleaned would drop them from the cache, and the store's
+    whole-file hash would read them from the disk again."""
+    model = random_model(tmp_path / "m.bin", 4 * 1024 * KIB)
+    manifest = manifest_for(model, 256 * KIB)
+    data = model.read_bytes()
+    download = PartialDownload(tmp_path / "part", manifest, flush_every=flush_every, whole_hash=False)
+    try:
+        for index in range(download.chunk_count):
+            assert download.write_chunk(index, data[index * 256 * KIB : (index + 1) * 256 * KIB])
+        assert download.flushes >= download.chunk_count // flush_every
+        path = download.finish()
+    finally:
+        download.close()
+    assert _resident_bytes(path) >= len(data) - 4 * KIB  # a page written back at once may go
+    assert path.read_bytes() == data
