@@ -17,13 +17,19 @@ from elsewhere on the machine does not decide the ratio. Each run's CPU seconds 
 (``raw_cpu_s``, ``pull_cpu_s``: receiving process, operator child and broker, medians): on a
 machine shared with other work they say more than the speeds, and ``cpu_ratio`` is raw over pull.
 ``pull_flush_ms`` is what the device's flushes took in a pull (median; ``PullStats.flush_ms``): the
-time written chunks held their window slots waiting to become durable.
+time written chunks held their window slots waiting to become durable. ``pull_page_faults``: the
+minor page faults of the device's process during a pull (median).
 The operator side (publisher, chunk server) runs in a child process, as it would on another host.
+With ``--process agent`` (the default) every process of the bench makes the settings every
+edge-agent process makes (the allocator's thresholds, agent/machine/process.py), and this one, where
+the device and the raw subscriber run, the device agent's GIL switch interval too: raw and pull
+sides alike; ``--process python`` keeps the interpreter's and glibc's defaults. Medians of 9 by
+default: raw runs alone spread over 320-700 MB/s on two shared cores.
 
 ``--fsync-delay-ms`` adds a delay to every fdatasync of the device, emulating a slow disk (an SD
 card, a busy VM disk) on a fast one.
 
-    .venv/bin/python bench/transfer.py [--size-mb 64] [--window 32] [--repeat 5]
+    .venv/bin/python bench/transfer.py [--size-mb 64] [--window 32] [--repeat 9]
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ import argparse
 import functools
 import json
 import os
+import resource
 import signal
 import statistics
 import subprocess
@@ -58,6 +65,8 @@ from agent.protocol.topics import Topics
 from agent.spool.queue import Spool
 
 MIB = 1024 * 1024
+#: How the children learn ``--process``.
+_PROCESS_VAR = "BENCH_TRANSFER_PROCESS"
 
 
 def _quiet_logs() -> None:
@@ -270,9 +279,11 @@ class _PullCase:
         base = self.server.served()
         device = f"dev-{uuid.uuid4().hex[:6]}"
         dev = _Device(self.port, self.prefix, device, self.work / device)
+        faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         started = time.perf_counter()
         path = dev.fetch(self.manifest, window)
         seconds = time.perf_counter() - started
+        faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
         dev.close()
         verified = os.path.getsize(path) == self.manifest.size
         path.unlink()
@@ -280,6 +291,7 @@ class _PullCase:
             "pull_mb_s": round(self.manifest.size / MIB / seconds, 1),
             "pull_seconds": round(seconds, 3),
             "flush_ms": sum(stats.flush_ms for stats in dev.pulls),
+            "page_faults": faults,
             "served_bytes": self.server.served() - base,
             "verified": verified,
         }
@@ -359,7 +371,19 @@ def main() -> None:
         default=DEFAULT_MAX_INFLIGHT,
         help="paho max_inflight of the chunk server and of the raw publisher alike",
     )
+    parser.add_argument(
+        "--process",
+        choices=("agent", "python"),
+        default="agent",
+        help="agent: every process with the settings edge-agent makes (agent/machine/process.py); "
+        "python: the interpreter's and glibc's defaults",
+    )
     args = parser.parse_args()
+    os.environ[_PROCESS_VAR] = args.process  # for the children
+    if args.process == "agent":
+        # The device and the raw subscriber beside it, as the device agent runs.
+        keep_freed_buffers()
+        shorten_gil_switch()
 
     _slow_fsync(args.fsync_delay_ms)
     workdir = Path(tempfile.mkdtemp(prefix="bench-transfer-broker-"))
@@ -377,6 +401,7 @@ def main() -> None:
             "publisher_max_inflight": args.publisher_inflight,
             "fsync_delay_ms": args.fsync_delay_ms,
             "repeat": args.repeat,
+            "process": args.process,
             "cases": [],
         }
         for chunk_kib in args.chunk_kib:
@@ -400,6 +425,7 @@ def main() -> None:
                     raw_cpu: list[float] = []
                     pull_cpu: list[float] = []
                     flush_ms: list[float] = []
+                    page_faults: list[int] = []
                     raw_meter = _CpuMeter(raw.pub.proc.pid, broker.pid)
                     pull_meter = _CpuMeter(case.server.proc.pid, broker.pid)
                     verified = True
@@ -413,6 +439,7 @@ def main() -> None:
                         pulls.append(speed["pull_mb_s"])
                         pull_cpu.append(cpu)
                         flush_ms.append(speed["flush_ms"])
+                        page_faults.append(speed["page_faults"])
                         verified = verified and speed["verified"] and speed["served_bytes"] == manifest.size
                     raw_mb_s, pull_mb_s = _median(raws), _median(pulls)
                     raw_cpu_s, pull_cpu_s = statistics.median(raw_cpu), statistics.median(pull_cpu)
@@ -427,6 +454,7 @@ def main() -> None:
                             "pull_cpu_s": round(pull_cpu_s, 3),
                             "cpu_ratio": round(raw_cpu_s / max(pull_cpu_s, 1e-9), 2),
                             "pull_flush_ms": round(statistics.median(flush_ms)),
+                            "pull_page_faults": round(statistics.median(page_faults)),
                             "raw_samples": [round(x) for x in raws],
                             "pull_samples": [round(x) for x in pulls],
                             "verified": verified,
@@ -444,9 +472,9 @@ def main() -> None:
 
 if __name__ == "__main__":
     _quiet_logs()
-    # Each process of the bench, raw and pull sides alike, keeps freed buffers as every edge-agent
-    # process does (agent/machine/process.py).
-    keep_freed_buffers()
+    child = len(sys.argv) > 1 and sys.argv[1] in ("raw", "serve", "pull")
+    if child and os.environ.get(_PROCESS_VAR) != "python":
+        keep_freed_buffers()  # as every edge-agent process
     if len(sys.argv) > 1 and sys.argv[1] == "raw":
         _child_raw(int(sys.argv[2]), sys.argv[3], Path(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6]))
     elif len(sys.argv) > 1 and sys.argv[1] == "serve":
@@ -454,5 +482,4 @@ if __name__ == "__main__":
     elif len(sys.argv) > 1 and sys.argv[1] == "pull":
         _child_pull(sys.argv[2:])
     else:
-        shorten_gil_switch()  # the device (and the raw subscriber beside it) as the agent runs
         main()

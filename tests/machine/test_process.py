@@ -60,4 +60,3 @@ def test_the_operators_own_allocator_tuning_is_left_alone() -> None:
         "from agent.machine.process import keep_freed_buffers\nassert not keep_freed_buffers()", env
     )
     assert faults > 20 * _PAGES_PER_ROUND, faults
-

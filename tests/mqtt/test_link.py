@@ -249,6 +249,27 @@ def test_a_raising_handler_does_not_stop_later_deliveries(
     assert link.healthy()
 
 
+def test_a_handler_subscribed_later_gets_the_next_message_of_a_topic_already_delivered(
+    broker: Broker, make_link: LinkFactory, device_id: str
+) -> None:
+    """The dispatcher remembers which handlers a topic goes to; a new subscription must count at once."""
+    first: list[bytes] = []
+    second: list[bytes] = []
+    topic = f"fleet/v1/{device_id}/down/cmd/x"
+    link = make_link(fast_settings(broker), client_id=device_id)
+    link.subscribe(f"fleet/v1/{device_id}/down/cmd/+", lambda msg: first.append(msg.payload))
+    link.start()
+    with Probe(broker.host, broker.port) as probe:
+        wait_subscribed(probe, link)
+        probe.publish(topic, b"one")
+        wait_until(lambda: first == [b"one"], what="the first delivery")
+        link.subscribe(topic, lambda msg: second.append(msg.payload))
+        probe.publish(topic, b"two")
+    wait_until(lambda: len(first) == 2 and len(second) == 1, what="the second delivery to both")
+    assert first == [b"one", b"two"]
+    assert second == [b"two"]
+
+
 def test_a_failing_paho_callback_does_not_kill_the_link(
     broker: Broker, make_link: LinkFactory, device_id: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

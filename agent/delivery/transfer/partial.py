@@ -313,14 +313,11 @@ class PartialDownload:
             return False
         assert self._fd is not None
         start = offset = index * self._chunk_size
-        written = os.pwrite(self._fd, data, offset)
-        if written < len(data):  # short writes are rare: only then is the rest sliced
-            view = memoryview(data)[written:]
+        view = memoryview(data)
+        while view:
+            written = os.pwrite(self._fd, view, offset)
+            view = view[written:]
             offset += written
-            while view:
-                written = os.pwrite(self._fd, view, offset)
-                view = view[written:]
-                offset += written
         self._written_run(start, len(data))
         self._have[index] = 1
         self._bytes_done += len(data)
