@@ -7,7 +7,6 @@ import json
 import os
 import shutil
 import stat
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +20,7 @@ from agent.fsutil import (
     sha256_file,
     start_writeback,
 )
+from tests.page_cache import resident_bytes
 
 
 def _leftovers(directory: Path, target: Path) -> list[str]:
@@ -146,15 +146,6 @@ def test_sha256_of_empty_file(tmp_path: Path) -> None:
     assert sha256_file(target) == "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
 
 
-def _resident_bytes(path: Path) -> int:
-    """Bytes of ``path`` in the page cache, by util-linux's ``fincore``."""
-    out = subprocess.run(
-        ["fincore", "--bytes", "--noheadings", "--output", "RES", str(path)],
-        capture_output=True, text=True, check=True,
-    )  # fmt: skip
-    return int(out.stdout.strip())
-
-
 @pytest.mark.skipif(shutil.which("fincore") is None, reason="needs util-linux's fincore")
 def test_bytes_whose_writeback_was_started_stay_in_the_page_cache(tmp_path: Path) -> None:
     """A download starts each chunk's writeback as it writes it; the whole-file hash that follows
@@ -169,7 +160,7 @@ def test_bytes_whose_writeback_was_started_stay_in_the_page_cache(tmp_path: Path
         os.fdatasync(fd)
     finally:
         os.close(fd)
-    assert _resident_bytes(path) >= 15 * len(chunk)  # a page written back at once may go
+    assert resident_bytes(path) >= 15 * len(chunk)  # a page written back at once may go
     assert path.read_bytes() == chunk * 16
 
 

@@ -6,7 +6,6 @@ import errno
 import json
 import os
 import random
-import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -31,6 +30,7 @@ from agent.errors import DeliveryError
 from agent.protocol.delivery_errors import HashMismatchError
 from agent.protocol.manifest import DeployManifest
 from tests.delivery.transfer.transfer_rig import KIB, manifest_for, random_model
+from tests.page_cache import resident_bytes
 from tests.waiting import patient, wait_until
 
 CHUNK = 4 * KIB
@@ -483,15 +483,6 @@ def test_another_downloads_log_names_nothing(tmp_path: Path, model: Path, manife
     assert read_log(log_path, other) == []
 
 
-def _resident_bytes(path: Path) -> int:
-    """Bytes of ``path`` in the page cache, by util-linux's ``fincore``."""
-    out = subprocess.run(
-        ["fincore", "--bytes", "--noheadings", "--output", "RES", str(path)],
-        capture_output=True, text=True, check=True,
-    )  # fmt: skip
-    return int(out.stdout.strip())
-
-
 @pytest.mark.parametrize("flush_every", [3, 5, 16])
 def test_a_download_flushed_between_its_writeback_runs_stays_in_the_page_cache(
     tmp_path: Path, flush_every: int
@@ -510,5 +501,5 @@ def test_a_download_flushed_between_its_writeback_runs_stays_in_the_page_cache(
         path = download.finish()
     finally:
         download.close()
-    assert _resident_bytes(path) >= len(data) - 4 * KIB  # a page written back at once may go
+    assert resident_bytes(path) >= len(data) - 4 * KIB  # a page written back at once may go
     assert path.read_bytes() == data
