@@ -24,7 +24,7 @@ With ``--process agent`` (the default) every process of the bench makes the sett
 edge-agent process makes (the allocator's thresholds, agent/machine/process.py), and this one, where
 the device and the raw subscriber run, the device agent's GIL switch interval too: raw and pull
 sides alike; ``--process python`` keeps the interpreter's and glibc's defaults. Medians of 9 by
-default: raw runs alone spread over 320-700 MB/s on two shared cores.
+default: on shared cores single raw runs vary widely (docs/benchmarks.md, "Delivery").
 
 ``--fsync-delay-ms`` adds a delay to every fdatasync of the device, emulating a slow disk (an SD
 card, a busy VM disk) on a fast one.
@@ -472,9 +472,11 @@ def main() -> None:
 
 if __name__ == "__main__":
     _quiet_logs()
-    child = len(sys.argv) > 1 and sys.argv[1] in ("raw", "serve", "pull")
-    if child and os.environ.get(_PROCESS_VAR) != "python":
+    child = sys.argv[1] if len(sys.argv) > 1 and sys.argv[1] in ("raw", "serve", "pull") else None
+    if child is not None and os.environ.get(_PROCESS_VAR) != "python":
         keep_freed_buffers()  # as every edge-agent process
+        if child == "pull":
+            shorten_gil_switch()  # a device, as the device agent runs
     if len(sys.argv) > 1 and sys.argv[1] == "raw":
         _child_raw(int(sys.argv[2]), sys.argv[3], Path(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6]))
     elif len(sys.argv) > 1 and sys.argv[1] == "serve":

@@ -6,8 +6,8 @@ what is freed) straight from the kernel and unmaps it when freed, and hands the 
 to the kernel once more than its trim threshold lies free there; either way the next buffer of that
 size is faulted in again, page by page, while the thread copying into it holds the GIL. A chunk of a
 model transfer (256 KiB to 1 MiB, copied out of the socket and held until it is written, a window of
-them at a time) is such a buffer, as is a camera frame (6 MB at 1080p): a 64 MB pull faulted in about
-8,000 pages, 20 with the thresholds below (docs/benchmarks.md). The cost is memory kept: up to
+them at a time) is such a buffer, as is a camera frame (6 MB at 1080p): docs/benchmarks.md, "Delivery",
+counts what a model pull faulted in before and after. The cost is memory kept: up to
 :data:`TRIM_THRESHOLD` free at the top of each heap stays with the process for its next buffers.
 """
 

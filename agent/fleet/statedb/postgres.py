@@ -11,7 +11,10 @@ caller cannot know, which is why the controller rebuilds its rollouts from the s
 A write guarded by a :class:`Fence` first locks the prefix's lease row ``FOR SHARE`` and checks that
 its token is still the fence's; a standby that takes the lease bumps the token with an ``UPDATE`` of
 that row, which waits for every guarded transaction holding it, so a write either commits before the
-takeover or sees the new token and is refused (:class:`FencedError`), never after it.
+takeover or sees the new token and is refused (:class:`FencedError`), never after it. A holder frozen
+inside such a transaction (SIGSTOP, a hung host) would hold that lock for ever, its connection kept
+alive by its kernel; the server ends every session of ours that sits idle inside a transaction for
+:data:`IDLE_IN_TRANSACTION_S`, which bounds how long a takeover can wait for it.
 """
 
 from __future__ import annotations
@@ -37,6 +40,9 @@ log = structlog.get_logger(__name__)
 #: A link that carries nothing for this long is dead (libpq's tcp_user_timeout, keepalives): a write
 #: on a cut network fails in seconds instead of the kernel's retransmission minutes.
 DEAD_LINK_S = 5
+#: A session idle inside a transaction this long is ended by the server (its locks released): ours
+#: run their statements back to back, so only a frozen or hung holder sits there.
+IDLE_IN_TRANSACTION_S = 10
 #: Held while migrating: two controllers starting at once apply each migration once.
 _MIGRATION_LOCK = 0x6564676546_1EE7
 
@@ -129,6 +135,10 @@ class StateDatabase:
         if connection is None or connection.closed or connection.broken:
             self._connection = None
             connection = psycopg.connect(self.conninfo, autocommit=True)
+            connection.execute(
+                "SELECT set_config('idle_in_transaction_session_timeout', %s, false)",
+                (str(IDLE_IN_TRANSACTION_S * 1000),),
+            )
             self._connection = connection
         return connection
 

@@ -5,6 +5,8 @@ not kept)."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,7 +24,7 @@ from agent.fleet.rollout.records import DeviceStep, RolloutPlan, RolloutState, W
 from agent.fleet.samples.pg_store import PostgresSampleStore
 from agent.fleet.samples.store import SampleBounds
 from agent.fleet.statedb.models import ModelVault
-from agent.fleet.statedb.postgres import DatabaseError, FencedError, StateDatabase
+from agent.fleet.statedb.postgres import IDLE_IN_TRANSACTION_S, DatabaseError, FencedError, StateDatabase
 from agent.fsutil import sha256_file
 from tests.fleet.controller.loop_thread import RunningController
 from tests.fleet.operator_side import operator_settings, unique_prefix
@@ -190,6 +192,59 @@ def test_a_model_is_kept_in_the_database_whole_and_fetched_checked_by_another_co
     with pytest.raises(FencedError):
         vault.put(sha256_file(later), later)
     assert not other.has(sha256_file(later))  # no model row: it does not exist for anyone
+
+
+#: A holder that takes the lease (ttl 2 s), checks its token in a transaction, then stops itself
+#: (SIGSTOP) before the transaction's next statement: the lease row stays locked FOR SHARE.
+_FROZEN_HOLDER = """
+import os, signal, sys
+from pathlib import Path
+from agent.fleet.controller.db_lease import DatabaseLease
+from agent.fleet.statedb.postgres import StateDatabase
+lease = DatabaseLease(StateDatabase(sys.argv[1], name="lease"), "fleet-a", Path(sys.argv[2]), ttl_s=2)
+assert lease.acquire()
+with StateDatabase(sys.argv[1]).transaction(lease.fence) as sql:
+    sql.execute("SELECT 1")
+    print(lease.fence.token, flush=True)
+    os.kill(os.getpid(), signal.SIGSTOP)
+    sql.execute("SELECT 2")
+"""
+
+
+def _stopped(pid: int) -> bool:
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T"
+
+
+def test_a_holder_frozen_inside_a_guarded_transaction_keeps_a_standby_waiting_only_the_servers_bound(
+    address: str, leases: list[DatabaseLease], tmp_path: Path
+) -> None:
+    """A holder process stopped between two statements of a guarded write keeps the lease row locked,
+    and its kernel keeps its connection alive: the server ends that session once it has sat idle in
+    its transaction for IDLE_IN_TRANSACTION_S, so the standby takes over instead of waiting for ever."""
+    holder = subprocess.Popen(
+        [sys.executable, "-c", _FROZEN_HOLDER, address, str(tmp_path / "one")],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None
+        lines = iter(holder.stdout.readline, "")
+        token = int(next(line for line in lines if line.strip().isdigit()))  # after its log lines
+        wait_until(lambda: _stopped(holder.pid), timeout=30, what="the holder stopped in its transaction")
+        second = _lease(leases, address, tmp_path / "two")
+        took = threading.Event()
+
+        def stand_by() -> None:
+            if second.acquire(standby=True):
+                took.set()
+
+        threading.Thread(target=stand_by, daemon=True).start()
+        wait_until(took.is_set, timeout=IDLE_IN_TRANSACTION_S + 30, what="the standby's takeover")
+        assert second.fence is not None
+        assert second.fence.token == token + 1
+    finally:
+        holder.kill()
+        holder.wait(30)
 
 
 def test_a_takeover_waits_for_a_write_in_flight_which_commits_and_the_next_one_is_refused(
