@@ -193,9 +193,10 @@ class RunProcesses:
             with self._lock:
                 live = {p for p in self._live if p.running()}
                 self._live = live
-            if live:
-                for proc in _with_descendants(live):
-                    if proc not in live:
+                known = frozenset(live)  # _add changes the live set from other threads meanwhile
+            if known:
+                for proc in _with_descendants(known):
+                    if proc not in known:
                         self._add(proc)
 
     def end(self) -> None:

@@ -244,7 +244,7 @@ def test_a_holder_frozen_inside_a_guarded_transaction_keeps_a_standby_waiting_on
         assert second.fence.token == token + 1
     finally:
         holder.kill()
-        holder.wait(30)
+        holder.wait(patient(30))
 
 
 def test_a_takeover_waits_for_a_write_in_flight_which_commits_and_the_next_one_is_refused(
