@@ -337,14 +337,17 @@ class PartialDownload:
         if syncs != self._run_syncs:
             # A sync begun since the run began writes its pages itself; started again here, the
             # pages it already cleaned would be dropped from the cache the whole-file hash reads.
-            self._run_start = self._run_end = start
-            self._run_syncs = syncs
+            self._begin_run(start)
         elif start != self._run_end:
             self._start_run_writeback()
-            self._run_start = start
+            self._begin_run(start)
         self._run_end = start + length
         if self._run_end - self._run_start >= WRITEBACK_RUN:
             self._start_run_writeback()
+
+    def _begin_run(self, start: int) -> None:
+        self._run_start = self._run_end = start
+        self._run_syncs = self._flusher.syncs_started
 
     def _start_run_writeback(self) -> None:
         if self._run_end > self._run_start and self._fd is not None:
@@ -454,8 +457,7 @@ class PartialDownload:
         self._flusher.reset()
         self._prefix_hash = hashlib.sha256()
         self._prefix_end = 0
-        self._run_start = self._run_end = 0
-        self._run_syncs = self._flusher.syncs_started
+        self._begin_run(0)
         self._finished = False
 
     def __enter__(self) -> PartialDownload:

@@ -162,6 +162,7 @@ class MqttPull:
         self._reported = partial.bytes_done
         #: No chunk is asked again before this (monotonic): the last reply's time plus the timeout.
         self._progress_due = 0.0
+        #: What every request's correlation data starts with; the request's number follows.
         self._correlation_head = f"{self._id}:".encode()
 
     def run(self) -> None:
@@ -341,7 +342,7 @@ class MqttPull:
         )
         properties = PublishProperties(
             response_topic=self.topics.xfer(self.manifest.sha256),
-            correlation_data=f"{self._id}:{self._seq}".encode(),
+            correlation_data=self._correlation_head + str(self._seq).encode(),
             # Asks the server for notices when the chunks will wait about this long or more.
             user_properties=((TIMEOUT_PROPERTY, str(round(base * 1000))),),
         )
