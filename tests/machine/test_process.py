@@ -47,8 +47,10 @@ def test_an_edge_agent_process_reuses_freed_chunk_buffers_instead_of_faulting_th
         "from agent.cli import main\ntry:\n    main(['--version'])\nexcept SystemExit:\n    pass",
         _clean_env(),
     )
-    assert default > 20 * _PAGES_PER_ROUND, default  # most rounds fault their window in again
-    assert agent < _PAGES_PER_ROUND, agent  # not even one round's worth
+    # How often glibc's dynamic thresholds hand the window back varies with the machine (every
+    # round here, a quarter of them on another), so the defaults are only held to several rounds.
+    assert default > 5 * _PAGES_PER_ROUND, (default, agent)
+    assert agent < _PAGES_PER_ROUND, (default, agent)  # not even one round's worth
 
 
 def test_the_operators_own_allocator_tuning_is_left_alone() -> None:
