@@ -72,10 +72,19 @@ class ConfigDesk:
         ]
 
     def final(self, job_id: str, timeout: float = 60) -> JobStatus:
-        self.probe.wait_for(
-            lambda _ms: any(s.state.value in TERMINAL for s in self.statuses(job_id)), timeout
-        )
+        try:
+            self.probe.wait_for(
+                lambda _ms: any(s.state.value in TERMINAL for s in self.statuses(job_id)), timeout
+            )
+        except TimeoutError as timed_out:
+            # The states seen and the agents' logs (a restart writes a new one) say where it stopped.
+            seen = [s.state.value for s in self.statuses(job_id)]
+            logs = "".join(f"\n--- {p.name}\n{p.read_text(errors='replace')[-6000:]}" for p in self._logs())
+            raise AssertionError(f"{job_id}: no end within {timeout}s; states {seen}{logs}") from timed_out
         return next(s for s in self.statuses(job_id) if s.state.value in TERMINAL)
+
+    def _logs(self) -> list[Path]:
+        return sorted(self.root.glob("agent-*.log"), key=lambda p: p.stat().st_mtime)[-2:]
 
     def info(self) -> InfoMessage:
         infos = [m for m in self.probe.snapshot() if m.topic == f"fleet/v1/{self.device}/up/info"]
