@@ -103,6 +103,12 @@ class Runner(ABC):
         """What the backend effectively runs on (providers, device, precision), for status reports."""
         return {"backend": self.backend}
 
+    def on_caller(self) -> Runner | None:
+        """A runner of the same engine whose runs execute wholly on the calling thread (what a pair
+        is timed on by CPU time): this one when it already does, a new one (the caller closes it)
+        where the backend can make it, else None."""
+        return self if self.runs_on_caller else None
+
     @property
     def max_batch(self) -> int | None:
         """Largest batch the first input accepts, or None when its batch axis is dynamic."""

@@ -11,8 +11,9 @@ Load the pairing cannot cancel is what lands on both runs of a pair: a machine s
 are preempted, and the wait for the GIL once a run ends while the agent's other threads hold it. Each
 adds milliseconds to both times and so pulls every ratio towards 1 (a model four times as costly was
 judged 2.6 under four busy processes on two cores). Where a run executes wholly on the calling thread
-(ONNX Runtime on the CPU with one intra-op thread: what the agent picks for small models) the pair
-holds that thread's CPU time instead, which neither counts (:func:`compared_times`).
+(ONNX Runtime on the CPU with one intra-op thread: what the agent picks for small models, and the
+copy :mod:`agent.runtime.slots.pair_runners` makes of a model with a pool) the pair holds that
+thread's CPU time instead, which neither counts (:func:`compared_times`).
 
 The probation (:mod:`agent.runtime.slots.probation`) judges :func:`judged_ratio`: the median over
 the whole probation and over its latter half, whichever is larger, so a model that turns slow late

@@ -29,6 +29,7 @@ from agent.runtime.slots.agreement import total_variation
 from agent.runtime.slots.health import HealthFigures, judge
 from agent.runtime.slots.latency import PairedTiming, judged_ratio
 from agent.runtime.slots.loaded import LoadedModel
+from agent.runtime.slots.pair_runners import PairRunners
 from agent.runtime.slots.shadow import predict_pair
 
 log = structlog.get_logger(__name__)
@@ -101,6 +102,7 @@ def run_probation(
     """
     model.health.watch_outputs = True
     last_report = time.monotonic()
+    runners = PairRunners()
     try:
         while True:
             if run.rollback.wait(_CHECK_EVERY_S):
@@ -111,7 +113,7 @@ def run_probation(
             image = latest_frame() if latest_frame is not None else None
             run.remember(image)
             if previous is not None and image is not None:
-                _time_pair(run, previous, model, image)
+                _time_pair(run, previous, model, image, runners)
             final = time.monotonic() - run.started >= run.probation_s
             current = model.health.figures(run.started, time.monotonic())
             latency = judged_ratio(list(run.pairs), run.probation_s)
@@ -134,13 +136,20 @@ def run_probation(
                 report(run.figures)
     finally:
         model.health.watch_outputs = False
+        runners.close()
 
 
-def _time_pair(run: ProbationRun, old: LoadedModel, new: LoadedModel, image: npt.NDArray[np.uint8]) -> None:
+def _time_pair(
+    run: ProbationRun,
+    old: LoadedModel,
+    new: LoadedModel,
+    image: npt.NDArray[np.uint8],
+    runners: PairRunners,
+) -> None:
     """Both models on ``image``, back to back (the order alternating), kept as one pair."""
     at_s = time.monotonic() - run.started
     try:
-        pair = predict_pair(old, new, image, len(run.pairs))
+        pair = predict_pair(old, new, image, len(run.pairs), runners)
     except AgentError as exc:
         # The frame path counts the new model's errors; a pair that failed is only not a pair.
         log.warning("probation.pair_failed", slot=run.slot, error=str(exc))

@@ -21,6 +21,7 @@ import numpy as np
 import numpy.typing as npt
 import structlog
 
+from agent.backends.base import Runner
 from agent.camera.preprocess import preprocess
 from agent.protocol.delivery_errors import JobCancelledError
 from agent.protocol.proving import ShadowSpec
@@ -29,6 +30,7 @@ from agent.runtime.slots.agreement import ShadowBar, ShadowTally, Verdict, frame
 from agent.runtime.slots.evidence import DisagreementHeap
 from agent.runtime.slots.latency import InferenceTime, compared_times, old_first
 from agent.runtime.slots.loaded import LoadedModel
+from agent.runtime.slots.pair_runners import PairRunners
 from agent.runtime.slots.slot import ModelSlot
 
 log = structlog.get_logger(__name__)
@@ -59,21 +61,25 @@ def run_shadow(
     deadline = time.monotonic() + spec.timeout_s
     last_report = time.monotonic()
     seen: npt.NDArray[np.uint8] | None = None
-    while True:
-        if cancel.wait(gap):
-            raise JobCancelledError("shadow run cancelled")
-        timed_out = time.monotonic() >= deadline
-        image = latest_frame()
-        if image is not None and image is not seen:
-            seen = image
-            _compare(slot, candidate, image, tally, evidence)
-        verdict = tally.verdict(final=timed_out)
-        if time.monotonic() - last_report >= _REPORT_EVERY_S and verdict is None:
-            last_report = time.monotonic()
-            report(tally)
-        if verdict is not None or timed_out:
-            log.info("shadow.done", slot=slot.name, verdict=verdict, **tally.figures())
-            return tally, verdict
+    runners = PairRunners()
+    try:
+        while True:
+            if cancel.wait(gap):
+                raise JobCancelledError("shadow run cancelled")
+            timed_out = time.monotonic() >= deadline
+            image = latest_frame()
+            if image is not None and image is not seen:
+                seen = image
+                _compare(slot, candidate, image, tally, evidence, runners=runners)
+            verdict = tally.verdict(final=timed_out)
+            if time.monotonic() - last_report >= _REPORT_EVERY_S and verdict is None:
+                last_report = time.monotonic()
+                report(tally)
+            if verdict is not None or timed_out:
+                log.info("shadow.done", slot=slot.name, verdict=verdict, **tally.figures())
+                return tally, verdict
+    finally:
+        runners.close()
 
 
 def _compare(
@@ -82,11 +88,13 @@ def _compare(
     image: npt.NDArray[np.uint8],
     tally: ShadowTally,
     evidence: DisagreementHeap | None,
+    *,
+    runners: PairRunners,
 ) -> None:
     with slot.lease() as serving:
         if serving is None:
             return
-        pair = predict_pair(serving, candidate, image, tally.frames + tally.bad_outputs)
+        pair = predict_pair(serving, candidate, image, tally.frames + tally.bad_outputs, runners)
     old, new, finite = pair.old, pair.new, pair.finite
     if not finite:
         tally.bad_outputs += 1
@@ -113,25 +121,30 @@ class PredictedPair:
 
 
 def predict_pair(
-    old: LoadedModel, new: LoadedModel, image: npt.NDArray[np.uint8], index: int
+    old: LoadedModel, new: LoadedModel, image: npt.NDArray[np.uint8], index: int, runners: PairRunners
 ) -> PredictedPair:
-    """Both models on ``image`` back to back, which one first alternating with the pair's ``index``."""
+    """Both models on ``image`` back to back, which one first alternating with the pair's ``index``,
+    each on the runner ``runners`` gives it."""
     if old_first(index):
-        old_out, old_time, _ = predict(old, image)
-        new_out, new_time, finite = predict(new, image)
+        old_out, old_time, _ = predict(old, image, runners(old))
+        new_out, new_time, finite = predict(new, image, runners(new))
     else:
-        new_out, new_time, finite = predict(new, image)
-        old_out, old_time, _ = predict(old, image)
+        new_out, new_time, finite = predict(new, image, runners(new))
+        old_out, old_time, _ = predict(old, image, runners(old))
     return PredictedPair(old_out, new_out, finite, *compared_times(old_time, new_time))
 
 
-def predict(model: LoadedModel, image: npt.NDArray[np.uint8]) -> tuple[Prediction, InferenceTime, bool]:
-    """The model's prediction on one frame, its inference time, and whether outputs were finite."""
+def predict(
+    model: LoadedModel, image: npt.NDArray[np.uint8], runner: Runner | None = None
+) -> tuple[Prediction, InferenceTime, bool]:
+    """The model's prediction on one frame (on ``runner``, by default its own), its inference time,
+    and whether outputs were finite."""
+    runner = runner or model.runner
     tensor, letterbox = preprocess(image, model.preprocess)
     cpu0, t0 = time.thread_time(), time.perf_counter()
-    outputs: dict[str, Any] = model.runner.infer({model.input_name: tensor[np.newaxis]})
+    outputs: dict[str, Any] = runner.infer({model.input_name: tensor[np.newaxis]})
     wall_ms = (time.perf_counter() - t0) * 1000.0
-    cpu_ms = (time.thread_time() - cpu0) * 1000.0 if model.runner.runs_on_caller else None
+    cpu_ms = (time.thread_time() - cpu0) * 1000.0 if runner.runs_on_caller else None
     timed = InferenceTime(wall_ms, cpu_ms)
     finite = all(a.dtype.kind != "f" or bool(np.isfinite(a).all()) for a in outputs.values())
     if not finite:  # postprocessing NaN scores means nothing (and may raise): the frame counts as bad

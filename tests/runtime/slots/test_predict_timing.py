@@ -4,11 +4,12 @@ The probation's thread times a pair now and then (twice a second), and meanwhile
 threads take the GIL. Waiting for it back lands on both models' wall times alike and pulls their
 ratio towards 1 (here the wall times of a model several times costlier read about 1.3 times the
 other's). A model run on the calling thread alone is timed by that thread's CPU time, which does not
-count the wait.
+count the wait; a model given a thread pool is timed on a copy of it that runs on the caller.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 import threading
 from collections.abc import Iterator
@@ -18,8 +19,10 @@ import numpy as np
 import pytest
 
 from agent.demo.modelzoo import write_classifier
+from agent.errors import EngineError
 from agent.runtime.slots.latency import compared_times, old_first
-from agent.runtime.slots.shadow import predict
+from agent.runtime.slots.pair_runners import PairRunners
+from agent.runtime.slots.shadow import predict, predict_pair
 from agent.runtime.slots.slot import ModelSlot
 from tests.runtime.models import write_slower
 from tests.runtime.slots.test_slot import source
@@ -67,4 +70,39 @@ def test_a_costlier_model_keeps_its_cpu_time_ratio_while_the_gil_is_busy(
     serving.close()
     candidate.close()
     # Twenty-two more products of 192x192: several times the serving model's work, whatever the GIL did.
+    assert statistics.median(ratios) > 3.0, ratios
+
+
+def test_a_model_with_a_thread_pool_is_timed_by_cpu_time_on_a_copy_that_runs_on_the_caller(
+    tmp_path: Path, gil_busy: None
+) -> None:
+    """Two intra-op threads: part of each run is on ONNX Runtime's pool thread, which the caller's CPU
+    time leaves out, so the model's own runner gives no CPU time. The pair's runners load the same
+    file once more with one thread for the pairs, and close it after; the model keeps its own."""
+    base = write_classifier(tmp_path / "v1.onnx", input_size=32, num_classes=4, seed=1)
+    serving, candidate = ModelSlot("serving"), ModelSlot("candidate")
+    old = serving.load(source(write_slower(base, tmp_path / "old.onnx", dim=192, repeats=2)))
+    pooled = source(write_slower(base, tmp_path / "new.onnx", dim=192, repeats=24))
+    new = candidate.load(dataclasses.replace(pooled, intra_op_threads=2))
+    image = np.full((48, 64, 3), 90, np.uint8)
+    assert not new.runner.runs_on_caller
+    assert predict(new, image)[1].cpu_ms is None  # its own runner: wall time only
+
+    runners = PairRunners()
+    ratios = []
+    for i in range(15):
+        threading.Event().wait(0.1)
+        pair = predict_pair(old, new, image, i, runners)
+        ratios.append(pair.new_ms / pair.old_ms)
+    copy = runners(new)
+    assert copy is not new.runner
+    assert copy.runs_on_caller
+    assert runners(old) is old.runner  # already on the caller: no copy
+    assert predict(new, image, copy)[1].cpu_ms is not None
+    runners.close()
+    with pytest.raises(EngineError, match="closed"):
+        copy.infer({new.input_name: np.zeros((1, 3, 32, 32), np.float32)})
+    assert predict(new, image)[0].classes  # the model's own runner still serves
+    serving.close()
+    candidate.close()
     assert statistics.median(ratios) > 3.0, ratios
