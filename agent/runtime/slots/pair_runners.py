@@ -24,11 +24,12 @@ class PairRunners:
     """Per model, the runner its pairs run on; made at the first pair, closed by :meth:`close`."""
 
     def __init__(self) -> None:
+        # Keyed by identity: the model is held here too, so its id stays its own until close.
         self._made: dict[int, tuple[LoadedModel, Runner]] = {}
 
     def __call__(self, model: LoadedModel) -> Runner:
         made = self._made.get(id(model))
-        if made is not None and made[0] is model:
+        if made is not None:
             return made[1]
         runner = _on_caller(model)
         self._made[id(model)] = (model, runner)
