@@ -477,11 +477,11 @@ if __name__ == "__main__":
         keep_freed_buffers()  # as every edge-agent process
         if child == "pull":
             shorten_gil_switch()  # a device, as the device agent runs
-    if len(sys.argv) > 1 and sys.argv[1] == "raw":
+    if child == "raw":
         _child_raw(int(sys.argv[2]), sys.argv[3], Path(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6]))
-    elif len(sys.argv) > 1 and sys.argv[1] == "serve":
+    elif child == "serve":
         _child_server(int(sys.argv[2]), sys.argv[3], Path(sys.argv[4]), Path(sys.argv[5]), int(sys.argv[6]))
-    elif len(sys.argv) > 1 and sys.argv[1] == "pull":
+    elif child == "pull":
         _child_pull(sys.argv[2:])
     else:
         main()

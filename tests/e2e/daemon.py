@@ -58,6 +58,8 @@ class AgentFiles:
         self.config_path = root / "agent.yaml"
 
     def write_config(self, *, model: Path | None = None, version: str = "1", **overrides: Any) -> Path:
+        """agent.yaml with one slot ``cls`` and one stream ``cam``: ``stream=`` and ``slot=`` are merged
+        into those two, any other keyword into the top level (a dict one level deep)."""
         stream: dict[str, Any] = {
             "source": {"type": "file", "path": str(self.video), "loop": False, "realtime": True},
             "slot": "cls",
@@ -65,19 +67,19 @@ class AgentFiles:
             "results_qos": 1,
         }
         stream.update(overrides.pop("stream", {}))
+        slot: dict[str, Any] = {
+            "model": str(model or self.v1),
+            "model_id": "cls",
+            "version": version,
+            "preprocess": {"width": 32, "height": 32},
+            "postprocess": {"type": "classification", "top_k": 2},
+        }
+        slot.update(overrides.pop("slot", {}))
         config: dict[str, Any] = {
             "device_id": self.device_id,
             "state_dir": str(self.root / "state"),
             "mqtt": {"host": "127.0.0.1", "port": self.port, "reconnect_min_s": 0.5, "reconnect_max_s": 2.0},
-            "slots": {
-                "cls": {
-                    "model": str(model or self.v1),
-                    "model_id": "cls",
-                    "version": version,
-                    "preprocess": {"width": 32, "height": 32},
-                    "postprocess": {"type": "classification", "top_k": 2},
-                }
-            },
+            "slots": {"cls": slot},
             "streams": {"cam": stream},
             "telemetry": {"interval_s": 1.0},
             "logging": {"format": "json", "level": "info"},

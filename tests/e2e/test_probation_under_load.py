@@ -26,7 +26,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from agent.demo.modelzoo import write_classifier
 from agent.protocol.messages import JobState, JobStatus, ProbationFigures, decode
@@ -111,11 +110,9 @@ def serving(
     files = fleet.files(device_id)
     source = {"type": "url", "url": camera.url, "reconnect_min_s": 0.2, "reconnect_max_s": 1.0}
     trust = {"trusted_keys": {fleet.keys.key_id: str(fleet.keys.public)}}
-    config = yaml.safe_load(
-        files.write_config(model=model, stream={"source": source}, delivery=trust).read_text()
+    files.write_config(
+        model=model, stream={"source": source}, slot={"intra_op_threads": threads}, delivery=trust
     )
-    config["slots"]["cls"]["intra_op_threads"] = threads
-    files.config_path.write_text(yaml.safe_dump(config))
     fleet.start(files)
     topic = Topics("fleet/v1", device_id)
     probe.wait_for(count_version("1", topic.results("cam")), timeout=60)

@@ -17,7 +17,6 @@ from pathlib import Path
 import cv2
 import numpy as np
 import pytest
-import yaml
 
 from agent.cli import main
 from agent.demo.broker import Broker
@@ -36,12 +35,7 @@ PER_MINUTE = 3
 
 
 def _with_samples(files: AgentFiles, prefix: str, samples: dict[str, object] | None) -> Path:
-    config_path = files.write_config(mqtt={"prefix": prefix})
-    config = yaml.safe_load(config_path.read_text())
-    if samples is not None:
-        config["slots"]["cls"]["samples"] = samples
-    config_path.write_text(yaml.safe_dump(config))
-    return config_path
+    return files.write_config(mqtt={"prefix": prefix}, slot={} if samples is None else {"samples": samples})
 
 
 def _video_frames(path: Path) -> list[np.ndarray]:

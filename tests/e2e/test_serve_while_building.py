@@ -15,7 +15,6 @@ import uuid
 from pathlib import Path
 
 import pytest
-import yaml
 
 from agent.demo.broker import Broker
 from agent.engines.building.progress import PUBLISH_INTERVAL_S
@@ -45,11 +44,9 @@ def test_a_restart_with_an_empty_engine_cache_serves_at_once_and_swaps_without_a
     device = f"swb-{uuid.uuid4().hex[:8]}"
     files = AgentFiles(tmp_path, broker.port, device, frames=90)
     config = files.write_config(
-        stream={"source": {"type": "file", "path": str(files.video), "loop": True, "realtime": True}}
+        stream={"source": {"type": "file", "path": str(files.video), "loop": True, "realtime": True}},
+        slot={"build": {"precision": "fp32", "device": "cpu"}},
     )
-    written = yaml.safe_load(config.read_text())
-    written["slots"]["cls"]["build"] = {"precision": "fp32", "device": "cpu"}
-    config.write_text(yaml.safe_dump(written))
     gate = tmp_path / "release-build"
     results = f"fleet/v1/{device}/up/results/cam"
     with Probe(broker.host, broker.port) as probe:

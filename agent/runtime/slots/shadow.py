@@ -125,12 +125,13 @@ def predict_pair(
 ) -> PredictedPair:
     """Both models on ``image`` back to back, which one first alternating with the pair's ``index``,
     each on the runner ``runners`` gives it."""
+    old_runner, new_runner = runners(old), runners(new)
     if old_first(index):
-        old_out, old_time, _ = predict(old, image, runners(old))
-        new_out, new_time, finite = predict(new, image, runners(new))
+        old_out, old_time, _ = predict(old, image, old_runner)
+        new_out, new_time, finite = predict(new, image, new_runner)
     else:
-        new_out, new_time, finite = predict(new, image, runners(new))
-        old_out, old_time, _ = predict(old, image, runners(old))
+        new_out, new_time, finite = predict(new, image, new_runner)
+        old_out, old_time, _ = predict(old, image, old_runner)
     return PredictedPair(old_out, new_out, finite, *compared_times(old_time, new_time))
 
 
